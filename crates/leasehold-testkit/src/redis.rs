@@ -1,0 +1,451 @@
+//! A private `redis-server` on its own port and temporary directory.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
+
+use crate::process::ServerProcess;
+use crate::util;
+use crate::{free_port, free_port_with_bus};
+
+/// How long a Redis server may take to answer `PING` after it was spawned.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a `redis-cli` invocation may take.
+const CLI_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many fresh ports a first start tries when the port is taken.
+const START_ATTEMPTS: usize = 4;
+
+/// Options for [`RedisServer::start_with`].
+///
+/// Command-line settings are applied in this order, later ones winning:
+/// the defaults (`--save '' --appendonly no`), then `appendonly`,
+/// `password` and `enable_debug_command`, then `extra_args`.
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    /// Sets `--requirepass`; [`RedisServer::cli`] then authenticates with it.
+    pub password: Option<String>,
+    /// Turns the append-only file on (`--appendonly yes`), so data survives a restart.
+    pub appendonly: bool,
+    /// Adds `--enable-debug-command yes` (needed for `DEBUG SLEEP`).
+    pub enable_debug_command: bool,
+    /// Extra `redis-server` arguments, e.g. `["--maxmemory", "10mb"]`.
+    pub extra_args: Vec<String>,
+}
+
+impl RedisOptions {
+    /// Default options: no password, no persistence, no debug command.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Requires this password (`--requirepass`).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Turns the append-only file on or off.
+    pub fn appendonly(mut self, on: bool) -> Self {
+        self.appendonly = on;
+        self
+    }
+
+    /// Enables the `DEBUG` command (`--enable-debug-command yes`).
+    pub fn enable_debug_command(mut self) -> Self {
+        self.enable_debug_command = true;
+        self
+    }
+
+    /// Adds one extra `redis-server` argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_args.push(arg.into());
+        self
+    }
+
+    /// Adds several extra `redis-server` arguments.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.extra_args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// The password the server requires: `password`, or a `--requirepass`
+    /// found in `extra_args`.
+    pub fn effective_password(&self) -> Option<&str> {
+        let from_args = self
+            .extra_args
+            .windows(2)
+            .rev()
+            .find(|w| w[0] == "--requirepass")
+            .map(|w| w[1].as_str());
+        from_args.or(self.password.as_deref()).filter(|p| !p.is_empty())
+    }
+}
+
+/// How a server's port is chosen on a first start.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PortKind {
+    /// Any free port.
+    Plain,
+    /// A port whose +10000 cluster bus port is free too.
+    WithBus,
+}
+
+/// A private `redis-server` process: own port on 127.0.0.1, own temporary
+/// directory (`--dir`, log file), no RDB snapshots.
+///
+/// Dropping it kills the server (`SIGKILL`) and removes the directory.
+#[derive(Debug)]
+pub struct RedisServer {
+    // Field order matters: the process is killed before the directory goes.
+    process: Mutex<ServerProcess>,
+    port: u16,
+    dir: PathBuf,
+    opts: RedisOptions,
+    redis_server: PathBuf,
+    redis_cli: PathBuf,
+    _tmp: Option<TempDir>,
+}
+
+impl RedisServer {
+    /// Starts a server with default options and waits until it answers `PING`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `redis-server` is not installed or does not get ready within 10 s.
+    pub fn start() -> Self {
+        Self::start_with(RedisOptions::default())
+    }
+
+    /// Starts a server with `opts` and waits until it answers `PING`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `redis-server` is not installed or does not get ready within 10 s.
+    pub fn start_with(opts: RedisOptions) -> Self {
+        let tmp = tempfile::Builder::new()
+            .prefix("leasehold-redis-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory for redis: {e}"));
+        let dir = tmp.path().to_path_buf();
+        Self::launch(dir, Some(tmp), opts, PortKind::Plain)
+    }
+
+    /// Starts a server in `dir` (which must exist) on a fresh port.
+    pub(crate) fn launch(
+        dir: PathBuf,
+        tmp: Option<TempDir>,
+        opts: RedisOptions,
+        port_kind: PortKind,
+    ) -> Self {
+        let redis_server = util::find_binary("redis-server", "redis-server");
+        let redis_cli = util::find_binary("redis-cli", "redis-tools");
+        let mut last_log = String::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let port = match port_kind {
+                PortKind::Plain => free_port(),
+                PortKind::WithBus => free_port_with_bus(),
+            };
+            let process = spawn(&redis_server, &dir, port, &opts);
+            match wait_ready(&process, port, opts.effective_password().is_some()) {
+                Ok(()) => {
+                    tracing::info!(port, dir = %dir.display(), "redis-server ready");
+                    return Self {
+                        process: Mutex::new(process),
+                        port,
+                        dir,
+                        opts,
+                        redis_server,
+                        redis_cli,
+                        _tmp: tmp,
+                    };
+                }
+                Err(e) => {
+                    drop(process);
+                    let log = log_text(&dir);
+                    if e == ReadyError::Exited && is_bind_error(&log) && attempt < START_ATTEMPTS {
+                        tracing::warn!(port, attempt, "redis port taken: retrying on another port");
+                        // Keep the log readable: the next attempt appends to it.
+                        last_log = log;
+                        continue;
+                    }
+                    panic!(
+                        "redis-server on port {port} {e} (dir {})\n--- log ---\n{}",
+                        dir.display(),
+                        util::log_tail(&dir.join("log"), 8192)
+                            + &util::log_tail(&dir.join("stdout.log"), 4096)
+                    );
+                }
+            }
+        }
+        panic!("redis-server could not start after {START_ATTEMPTS} ports\n{last_log}");
+    }
+
+    fn process(&self) -> MutexGuard<'_, ServerProcess> {
+        self.process.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// `redis://127.0.0.1:port/` (never contains the password).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Like [`url`](Self::url) but with the password, if one is set:
+    /// `redis://:password@127.0.0.1:port/`.
+    pub fn authed_url(&self) -> String {
+        match self.opts.effective_password() {
+            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}/", self.port),
+            None => self.url(),
+        }
+    }
+
+    /// The options the server was started with.
+    pub fn options(&self) -> &RedisOptions {
+        &self.opts
+    }
+
+    /// The server's working directory (`--dir`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The contents of the server's log file.
+    pub fn log(&self) -> String {
+        log_text(&self.dir)
+    }
+
+    /// The PID of the current server process.
+    pub fn pid(&self) -> u32 {
+        self.process().pid()
+    }
+
+    /// Whether the server process is alive (paused counts as alive).
+    pub fn is_running(&self) -> bool {
+        self.process().is_running()
+    }
+
+    /// Whether the server is paused.
+    pub fn is_paused(&self) -> bool {
+        self.process().is_paused()
+    }
+
+    /// Freezes the server with `SIGSTOP`: connections are still accepted by
+    /// the kernel but no command is answered.
+    pub fn pause(&self) {
+        self.process().pause();
+    }
+
+    /// Continues a paused server with `SIGCONT`.
+    pub fn resume(&self) {
+        self.process().resume();
+    }
+
+    /// Kills the server with `SIGKILL` (a crash) and waits for it.
+    pub fn kill(&self) {
+        self.process().kill();
+    }
+
+    /// Sends `sig` to the server process.
+    pub fn signal(&self, sig: Signal) {
+        self.process().signal(sig);
+    }
+
+    /// Shuts the server down cleanly (`SIGTERM`: the append-only file, if on,
+    /// is flushed) and waits for it; kills it if it takes more than 30 s.
+    pub fn stop(&self) {
+        self.process()
+            .terminate(Signal::SIGTERM, Duration::from_secs(30));
+    }
+
+    /// Starts the server again on the same port and directory, after
+    /// [`kill`](Self::kill) or [`stop`](Self::stop), and waits until it
+    /// answers `PING`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the server is still running or does not get ready.
+    pub fn start_again(&self) {
+        let mut guard = self.process();
+        assert!(
+            !guard.is_running(),
+            "redis-server on port {} is still running: kill or stop it first",
+            self.port
+        );
+        let process = spawn(&self.redis_server, &self.dir, self.port, &self.opts);
+        if let Err(e) = wait_ready(&process, self.port, self.opts.effective_password().is_some()) {
+            drop(process);
+            panic!(
+                "redis-server restart on port {} {e}\n--- log ---\n{}",
+                self.port,
+                util::log_tail(&self.dir.join("log"), 8192)
+                    + &util::log_tail(&self.dir.join("stdout.log"), 4096)
+            );
+        }
+        *guard = process;
+        tracing::info!(port = self.port, "redis-server restarted");
+    }
+
+    /// Crash-restarts the server: `SIGKILL`, then start again on the same port
+    /// and directory (data survives only what the append-only file kept).
+    pub fn restart(&self) {
+        self.kill();
+        self.start_again();
+    }
+
+    /// Clean restart: [`stop`](Self::stop) then [`start_again`](Self::start_again).
+    pub fn stop_and_restart(&self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// A `redis-cli -p PORT ARGS...` command (authenticated when a password
+    /// is set), for running it in the background or with custom settings.
+    pub fn cli_command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.redis_cli);
+        cmd.arg("-h").arg("127.0.0.1").arg("-p").arg(self.port.to_string());
+        if let Some(pw) = self.opts.effective_password() {
+            cmd.env("REDISCLI_AUTH", pw);
+        }
+        cmd.args(args);
+        cmd
+    }
+
+    /// Runs `redis-cli -p PORT ARGS...` and returns its stdout without the
+    /// trailing newline (raw output: `OK`, `PONG`, a bare integer, one line
+    /// per array element; an error reply reads `ERR ...`).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `redis-cli` cannot run, exits non-zero with nothing on
+    /// stdout, or takes longer than 60 s (e.g. the server is paused).
+    pub fn cli(&self, args: &[&str]) -> String {
+        let mut cmd = self.cli_command(args);
+        let out = util::run_with_timeout(&mut cmd, CLI_TIMEOUT, "redis-cli");
+        let stdout = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
+        if !out.status.success() && stdout.is_empty() {
+            panic!(
+                "redis-cli {args:?} on port {} failed: {}",
+                self.port,
+                util::describe_output(&out)
+            );
+        }
+        stdout
+    }
+}
+
+fn log_text(dir: &Path) -> String {
+    util::read_log(&dir.join("log")) + &util::read_log(&dir.join("stdout.log"))
+}
+
+fn is_bind_error(log: &str) -> bool {
+    log.contains("Address already in use") || log.contains("bind:")
+}
+
+fn spawn(bin: &Path, dir: &Path, port: u16, opts: &RedisOptions) -> ServerProcess {
+    let mut cmd = Command::new(bin);
+    cmd.current_dir(dir)
+        .arg("--port")
+        .arg(port.to_string())
+        .arg("--bind")
+        .arg("127.0.0.1")
+        .arg("--dir")
+        .arg(dir)
+        .arg("--save")
+        .arg("")
+        .arg("--appendonly")
+        .arg(if opts.appendonly { "yes" } else { "no" })
+        .arg("--logfile")
+        .arg(dir.join("log"))
+        .arg("--daemonize")
+        .arg("no");
+    if let Some(pw) = &opts.password {
+        cmd.arg("--requirepass").arg(pw);
+    }
+    if opts.enable_debug_command {
+        cmd.arg("--enable-debug-command").arg("yes");
+    }
+    cmd.args(&opts.extra_args);
+    ServerProcess::spawn(
+        format!("redis-server:{port}"),
+        cmd,
+        &dir.join("stdout.log"),
+    )
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ReadyError {
+    Exited,
+    Timeout,
+}
+
+impl std::fmt::Display for ReadyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadyError::Exited => f.write_str("exited before it was ready"),
+            ReadyError::Timeout => write!(f, "did not answer PING within {READY_TIMEOUT:?}"),
+        }
+    }
+}
+
+fn wait_ready(process: &ServerProcess, port: u16, auth: bool) -> Result<(), ReadyError> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if !process.is_running() {
+            return Err(ReadyError::Exited);
+        }
+        if ping(port, auth) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(ReadyError::Timeout);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends an inline `PING` and checks for `+PONG` (or `-NOAUTH` when a password is set).
+pub(crate) fn ping(port: u16, auth: bool) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    let mut len = 0;
+    while len < buf.len() {
+        match stream.read(&mut buf[len..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                len += n;
+                if buf[..len].contains(&b'\n') {
+                    break;
+                }
+            }
+        }
+    }
+    let reply = &buf[..len];
+    reply.starts_with(b"+PONG") || (auth && reply.starts_with(b"-NOAUTH"))
+}

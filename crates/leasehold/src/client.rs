@@ -1,0 +1,291 @@
+//! The client: acquires leases on one store and renews them with one scheduler.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+use tokio::time::Instant;
+
+use crate::config::LeaseConfig;
+use crate::error::{Error, StoreError};
+use crate::key::{IntoKey, Key};
+use crate::lease::{Lease, LeaseShared};
+use crate::metrics as m;
+use crate::scheduler::{self, SchedulerHandle};
+use crate::store::{AcquireOutcome, Capabilities, Store};
+use crate::token::OwnerToken;
+
+/// Acquires leases on one [`Store`] and renews them with one background scheduler.
+///
+/// Cheap to clone (reference counted); clones share the scheduler. The scheduler task is
+/// spawned on the tokio runtime of the first acquisition and ends when the client and
+/// all its leases are gone.
+///
+/// ```
+/// # use std::{sync::Arc, time::Duration};
+/// # use leasehold::{LeaseClient, LeaseConfig, memory::MemoryStore};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), leasehold::Error> {
+/// let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+/// let lease = client.acquire("job:nightly-invoices", Duration::from_secs(30)).await?;
+/// let fence = lease.fence(); // send it with every protected write
+/// let result = lease.run(async { /* the work */ 42 }).await?; // cancelled if the lease is lost
+/// assert!(lease.release().await?);
+/// # let _ = (fence, result); Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LeaseClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    config: LeaseConfig,
+    capabilities: Capabilities,
+    sched: OnceLock<SchedulerHandle>,
+    rng: Mutex<Box<dyn RngCore + Send>>,
+}
+
+impl fmt::Debug for LeaseClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseClient")
+            .field("store", &self.inner.store)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseClient {
+    /// A client of `store` with `config`.
+    pub fn new(store: Arc<dyn Store>, config: LeaseConfig) -> Self {
+        Self::with_rng(store, config, StdRng::from_os_rng())
+    }
+
+    /// A client whose retry jitter comes from `rng` (for deterministic tests).
+    pub fn with_rng(
+        store: Arc<dyn Store>,
+        config: LeaseConfig,
+        rng: impl RngCore + Send + 'static,
+    ) -> Self {
+        let capabilities = store.capabilities();
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                capabilities,
+                sched: OnceLock::new(),
+                rng: Mutex::new(Box::new(rng)),
+            }),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.inner.config
+    }
+
+    fn scheduler(&self) -> &SchedulerHandle {
+        self.inner.sched.get_or_init(|| {
+            SchedulerHandle::spawn(self.inner.store.clone(), self.inner.config.clone())
+        })
+    }
+
+    /// Tries once: the lease, or [`Error::Contended`] if another owner holds it.
+    ///
+    /// An ambiguous reply (timeout or reset after the request was sent) is retried with
+    /// the same owner token up to `ambiguous_retries` times, so a grant whose reply was
+    /// lost is picked up with its fence instead of being left orphaned.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if the future is dropped while a request is in flight, a best-effort
+    /// release of that owner token is queued, and at worst the grant expires after its TTL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`], [`Error::Contended`], or [`Error::Store`].
+    pub async fn try_acquire(&self, key: impl IntoKey) -> Result<Lease, Error> {
+        self.acquire_inner(key.into_key()?, None).await
+    }
+
+    /// Acquires, waiting up to `wait` while another owner holds the lease.
+    ///
+    /// Between attempts it sleeps with full-jitter exponential backoff, never longer than
+    /// the holder's remaining TTL when the store reports it, and waits on the store's
+    /// release notification instead where the store offers one. Retryable store errors
+    /// are retried until the wait ends.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`], [`Error::WaitTimeout`] (still held when the wait ended), or
+    /// [`Error::Store`] (a non-retryable error, or the last error when the wait ended).
+    pub async fn acquire(&self, key: impl IntoKey, wait: Duration) -> Result<Lease, Error> {
+        self.acquire_inner(key.into_key()?, Some(wait)).await
+    }
+
+    async fn acquire_inner(&self, key: Key, wait: Option<Duration>) -> Result<Lease, Error> {
+        let started = Instant::now();
+        let backend = self.inner.store.backend();
+        let span = tracing::debug_span!("leasehold.acquire", %key, backend);
+        let res = tracing::Instrument::instrument(self.acquire_loop(&key, started, wait), span).await;
+        let took = started.elapsed();
+        let result = match &res {
+            Ok(_) => "acquired",
+            Err(Error::Contended { .. }) => "contended",
+            Err(Error::WaitTimeout { .. }) => "timeout",
+            Err(_) => "error",
+        };
+        m::acquire(backend, key.resource_type(), result, took);
+        match &res {
+            Ok(lease) => tracing::debug!(
+                %key,
+                owner = %lease.owner(),
+                fence = lease.fence().get(),
+                ttl_ms = lease.ttl().as_millis() as u64,
+                result,
+                duration_us = took.as_micros() as u64,
+                "acquire"
+            ),
+            Err(e) => tracing::debug!(%key, result, duration_us = took.as_micros() as u64, error = %e, "acquire"),
+        }
+        res
+    }
+
+    async fn acquire_loop(
+        &self,
+        key: &Key,
+        started: Instant,
+        wait: Option<Duration>,
+    ) -> Result<Lease, Error> {
+        let cfg = &self.inner.config;
+        let store = &self.inner.store;
+        let deadline = wait.map(|w| started + w);
+        let owner = OwnerToken::random();
+        let mut orphan = OrphanGuard {
+            client: self,
+            key,
+            owner,
+            maybe_granted: false,
+        };
+        let mut attempt: u32 = 0;
+        let mut ambiguous: u32 = 0;
+        loop {
+            orphan.maybe_granted = true;
+            let sent_at = Instant::now();
+            let reply = tokio::time::timeout(cfg.op_timeout(), store.acquire(key, &owner, cfg.ttl()))
+                .await
+                .unwrap_or_else(|_| Err(StoreError::timeout(store.backend(), "acquire", cfg.op_timeout())));
+            let err = match reply {
+                Ok(AcquireOutcome::Acquired { fence, ttl }) => {
+                    let ttl = ttl.min(cfg.ttl());
+                    let valid_until = sent_at + cfg.validity(ttl);
+                    if Instant::now() < valid_until {
+                        orphan.maybe_granted = false;
+                        let shared = Arc::new(LeaseShared::new(
+                            key.clone(),
+                            owner,
+                            fence,
+                            ttl,
+                            valid_until,
+                            store.backend(),
+                        ));
+                        let sched = self.scheduler();
+                        scheduler::track(sched, &shared, cfg);
+                        return Ok(Lease::new(shared, sched.clone(), store.clone(), cfg.op_timeout()));
+                    }
+                    // The reply came too late to leave any validity: treat it as lost.
+                    StoreError::timeout(store.backend(), "acquire", cfg.op_timeout())
+                }
+                Ok(AcquireOutcome::Held { remaining }) => {
+                    // A grant to this owner from an earlier ambiguous attempt would have
+                    // been returned as `Acquired`: nothing of ours is held.
+                    orphan.maybe_granted = false;
+                    m::contention(store.backend(), key.resource_type());
+                    let Some(deadline) = deadline else {
+                        return Err(Error::Contended {
+                            key: key.to_string(),
+                            remaining,
+                        });
+                    };
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(Error::WaitTimeout {
+                            key: key.to_string(),
+                            waited: now - started,
+                        });
+                    }
+                    self.pause(key, attempt, remaining, deadline).await;
+                    attempt = attempt.saturating_add(1);
+                    continue;
+                }
+                Err(e) => e,
+            };
+            // A failed attempt. Ambiguous replies are retried at once with the same owner.
+            if err.is_ambiguous() && ambiguous < cfg.ambiguous_retries() {
+                ambiguous += 1;
+                tracing::debug!(%key, %owner, error = %err, "ambiguous acquire reply; retrying with the same owner");
+                continue;
+            }
+            let retry_until = deadline.filter(|d| err.is_retryable() && Instant::now() < *d);
+            let Some(deadline) = retry_until else {
+                return Err(err.into());
+            };
+            tracing::debug!(%key, error = %err, "acquire failed; retrying");
+            self.pause(key, attempt, None, deadline).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// Sleeps before the next attempt: a full-jitter backoff delay bounded by the holder's
+    /// remaining TTL and the caller's deadline, or until the store notifies a release.
+    async fn pause(&self, key: &Key, attempt: u32, remaining: Option<Duration>, deadline: Instant) {
+        let until_deadline = deadline.saturating_duration_since(Instant::now());
+        if self.inner.capabilities.wait_for_release && remaining.is_some() {
+            let bound = remaining
+                .unwrap_or(until_deadline)
+                .min(until_deadline)
+                .max(Duration::from_millis(1));
+            let wait = self.inner.store.wait_released(key, bound);
+            if tokio::time::timeout(bound + self.inner.config.op_timeout(), wait)
+                .await
+                .is_ok_and(|r| r.is_ok())
+            {
+                return;
+            }
+        }
+        let mut delay = {
+            let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
+            self.inner.config.backoff().delay(attempt, &mut **rng)
+        };
+        if let Some(r) = remaining {
+            delay = delay.min(r);
+        }
+        tokio::time::sleep(delay.min(until_deadline)).await;
+    }
+}
+
+/// Queues a release of the owner token when an acquire that may have been granted ends
+/// without handing out a lease (cancelled, or failed after an ambiguous reply).
+struct OrphanGuard<'a> {
+    client: &'a LeaseClient,
+    key: &'a Key,
+    owner: OwnerToken,
+    maybe_granted: bool,
+}
+
+impl Drop for OrphanGuard<'_> {
+    fn drop(&mut self) {
+        if self.maybe_granted && tokio::runtime::Handle::try_current().is_ok() {
+            self.client
+                .scheduler()
+                .release_orphan(self.key.clone(), self.owner);
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! Lease configuration and its validation.
+
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+
+/// The longest TTL accepted: one day. Longer leases defeat the purpose of a TTL (a crashed
+/// holder would block the resource for longer) and overflow some stores' millisecond fields.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The shortest TTL accepted: 10 ms (stores count TTLs in milliseconds).
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// A configuration that breaks a rule. Each variant says which rule.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// TTL below [`MIN_TTL`] (including zero).
+    #[error("ttl {0:?} is below the minimum of 10ms")]
+    TtlTooShort(Duration),
+    /// TTL above [`MAX_TTL`].
+    #[error("ttl {0:?} is above the maximum of 24h")]
+    TtlTooLong(Duration),
+    /// The renew interval is zero or not below the TTL.
+    #[error("renew interval {renew_interval:?} must be above zero and below the ttl {ttl:?}")]
+    RenewInterval {
+        /// The configured interval.
+        renew_interval: Duration,
+        /// The configured TTL.
+        ttl: Duration,
+    },
+    /// The operation timeout is zero.
+    #[error("operation timeout must be above zero")]
+    OpTimeoutZero,
+    /// `op_timeout + renew_interval + drift × ttl + margin` does not fit in the TTL, so a
+    /// renewal could not complete before the lease expires.
+    #[error(
+        "operation timeout {op_timeout:?} + renew interval {renew_interval:?} + drift allowance {drift:?} + margin {margin:?} must be below the ttl {ttl:?}"
+    )]
+    NoRoomToRenew {
+        /// The operation timeout.
+        op_timeout: Duration,
+        /// The renew interval.
+        renew_interval: Duration,
+        /// `drift_factor × ttl`.
+        drift: Duration,
+        /// The safety margin.
+        margin: Duration,
+        /// The TTL.
+        ttl: Duration,
+    },
+    /// The drift factor is not in `0.0..0.5` (or is not a number).
+    #[error("clock drift factor {0} must be in 0.0..0.5")]
+    DriftFactor(f64),
+    /// `renew_failures_before_lost` is zero.
+    #[error("renew failures before lost must be at least 1")]
+    RenewFailuresZero,
+    /// `max_hold` is zero.
+    #[error("max hold must be above zero")]
+    MaxHoldZero,
+    /// The backoff base is zero.
+    #[error("backoff base must be above zero")]
+    BackoffBaseZero,
+    /// The backoff cap is below its base.
+    #[error("backoff cap {cap:?} is below its base {base:?}")]
+    BackoffCapBelowBase {
+        /// The base.
+        base: Duration,
+        /// The cap.
+        cap: Duration,
+    },
+}
+
+/// How a lease is held: TTL, renewal cadence, safety margins, bounds and retry policy.
+///
+/// Build one with [`LeaseConfig::builder`]; every value is validated by
+/// [`LeaseConfigBuilder::build`].
+///
+/// ## Behavior
+/// - The holder believes it holds the lease until
+///   `sent_at + ttl × (1 − drift_factor) − margin` on the monotonic clock, where `sent_at`
+///   is when the acquire or the last successful renew was *sent*.
+/// - The heartbeat renews every `renew_interval` (default `ttl / 3`); each store call is
+///   bounded by `op_timeout` (default `ttl / 6`, at most 5 s).
+/// - The lease is lost after `renew_failures_before_lost` consecutive failed renewals
+///   (default 2), at the validity deadline, on `NotOwner`, or past `max_hold` /
+///   `max_renewals`.
+/// - Waiting acquisitions retry with full-jitter exponential [`Backoff`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseConfig {
+    ttl: Duration,
+    renew_interval: Duration,
+    op_timeout: Duration,
+    drift_factor: f64,
+    margin: Duration,
+    renew_failures_before_lost: u32,
+    max_hold: Option<Duration>,
+    max_renewals: Option<u64>,
+    backoff: Backoff,
+    ambiguous_retries: u32,
+    watchdog_thread: bool,
+}
+
+impl LeaseConfig {
+    /// A builder starting from the defaults for `ttl`.
+    pub fn builder(ttl: Duration) -> LeaseConfigBuilder {
+        LeaseConfigBuilder {
+            ttl,
+            renew_interval: None,
+            op_timeout: None,
+            drift_factor: 0.01,
+            margin: Duration::from_millis(5),
+            renew_failures_before_lost: 2,
+            max_hold: None,
+            max_renewals: None,
+            backoff: Backoff::default(),
+            ambiguous_retries: 2,
+            watchdog_thread: true,
+        }
+    }
+
+    /// The defaults for `ttl`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when `ttl` is out of range.
+    pub fn new(ttl: Duration) -> Result<Self, ConfigError> {
+        Self::builder(ttl).build()
+    }
+
+    /// The time to live requested from the store.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+    /// How often the heartbeat renews.
+    pub fn renew_interval(&self) -> Duration {
+        self.renew_interval
+    }
+    /// The bound on every single store call.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+    /// The assumed bound on clock-rate drift between holder and store.
+    pub fn drift_factor(&self) -> f64 {
+        self.drift_factor
+    }
+    /// The fixed safety margin subtracted from the validity window.
+    pub fn margin(&self) -> Duration {
+        self.margin
+    }
+    /// Consecutive failed renewals after which the lease is lost.
+    pub fn renew_failures_before_lost(&self) -> u32 {
+        self.renew_failures_before_lost
+    }
+    /// The maximum time a lease may be held, if bounded.
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.max_hold
+    }
+    /// The maximum number of renewals, if bounded.
+    pub fn max_renewals(&self) -> Option<u64> {
+        self.max_renewals
+    }
+    /// The retry policy of waiting acquisitions.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+    /// How many times an acquire with an ambiguous reply is retried with the same owner.
+    pub fn ambiguous_retries(&self) -> u32 {
+        self.ambiguous_retries
+    }
+    /// Whether an OS thread watches validity deadlines (see
+    /// [`LeaseConfigBuilder::watchdog_thread`]).
+    pub fn watchdog_thread(&self) -> bool {
+        self.watchdog_thread
+    }
+
+    /// The validity window of a grant of `ttl`: `ttl × (1 − drift) − margin`, counted from
+    /// the moment the request was sent.
+    pub fn validity(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(1.0 - self.drift_factor)
+            .saturating_sub(self.margin)
+    }
+}
+
+/// Builder of a [`LeaseConfig`]: consuming setters, validated by [`build`](Self::build).
+#[derive(Debug, Clone)]
+pub struct LeaseConfigBuilder {
+    ttl: Duration,
+    renew_interval: Option<Duration>,
+    op_timeout: Option<Duration>,
+    drift_factor: f64,
+    margin: Duration,
+    renew_failures_before_lost: u32,
+    max_hold: Option<Duration>,
+    max_renewals: Option<u64>,
+    backoff: Backoff,
+    ambiguous_retries: u32,
+    watchdog_thread: bool,
+}
+
+impl LeaseConfigBuilder {
+    /// Renew every `d` (default `ttl / 3`).
+    pub fn renew_interval(mut self, d: Duration) -> Self {
+        self.renew_interval = Some(d);
+        self
+    }
+    /// Bound every store call by `d` (default `ttl / 6`, at most 5 s).
+    pub fn op_timeout(mut self, d: Duration) -> Self {
+        self.op_timeout = Some(d);
+        self
+    }
+    /// Assumed clock-rate drift, as a fraction of the TTL (default 0.01).
+    pub fn drift_factor(mut self, f: f64) -> Self {
+        self.drift_factor = f;
+        self
+    }
+    /// Fixed safety margin subtracted from the validity window (default 5 ms).
+    pub fn margin(mut self, d: Duration) -> Self {
+        self.margin = d;
+        self
+    }
+    /// Lose the lease after `n` consecutive failed renewals (default 2).
+    pub fn renew_failures_before_lost(mut self, n: u32) -> Self {
+        self.renew_failures_before_lost = n;
+        self
+    }
+    /// Stop renewing and lose the lease `d` after it was acquired (default: unbounded).
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.max_hold = Some(d);
+        self
+    }
+    /// Stop renewing and lose the lease after `n` renewals (default: unbounded).
+    pub fn max_renewals(mut self, n: u64) -> Self {
+        self.max_renewals = Some(n);
+        self
+    }
+    /// Retry policy of waiting acquisitions (default 50 ms base, 2 s cap).
+    pub fn backoff(mut self, b: Backoff) -> Self {
+        self.backoff = b;
+        self
+    }
+    /// Retries, with the same owner token, of an acquire whose reply was ambiguous
+    /// (timeout or reset after send). Default 2.
+    pub fn ambiguous_retries(mut self, n: u32) -> Self {
+        self.ambiguous_retries = n;
+        self
+    }
+    /// Whether a process-wide OS thread watches validity deadlines (default `true`).
+    ///
+    /// With it, the lost signal fires at the deadline even when the async runtime is
+    /// starved (every worker blocked by CPU work). Turn it off only in tests that run on
+    /// tokio's paused clock, which that thread cannot see.
+    pub fn watchdog_thread(mut self, on: bool) -> Self {
+        self.watchdog_thread = on;
+        self
+    }
+
+    /// Validates and builds.
+    ///
+    /// # Errors
+    /// - [`ConfigError::TtlTooShort`] / [`ConfigError::TtlTooLong`]: `ttl` outside
+    ///   [`MIN_TTL`]..=[`MAX_TTL`];
+    /// - [`ConfigError::RenewInterval`]: interval zero or not below `ttl`;
+    /// - [`ConfigError::OpTimeoutZero`];
+    /// - [`ConfigError::DriftFactor`]: drift not in `0.0..0.5`;
+    /// - [`ConfigError::NoRoomToRenew`]: `op_timeout + renew_interval + drift × ttl +
+    ///   margin ≥ ttl`;
+    /// - [`ConfigError::RenewFailuresZero`], [`ConfigError::MaxHoldZero`].
+    pub fn build(self) -> Result<LeaseConfig, ConfigError> {
+        let ttl = self.ttl;
+        if ttl < MIN_TTL {
+            return Err(ConfigError::TtlTooShort(ttl));
+        }
+        if ttl > MAX_TTL {
+            return Err(ConfigError::TtlTooLong(ttl));
+        }
+        let renew_interval = self.renew_interval.unwrap_or(ttl / 3);
+        if renew_interval.is_zero() || renew_interval >= ttl {
+            return Err(ConfigError::RenewInterval {
+                renew_interval,
+                ttl,
+            });
+        }
+        let op_timeout = self
+            .op_timeout
+            .unwrap_or_else(|| (ttl / 6).min(Duration::from_secs(5)));
+        if op_timeout.is_zero() {
+            return Err(ConfigError::OpTimeoutZero);
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return Err(ConfigError::DriftFactor(self.drift_factor));
+        }
+        let drift = ttl.mul_f64(self.drift_factor);
+        let needed = op_timeout
+            .checked_add(renew_interval)
+            .and_then(|d| d.checked_add(drift))
+            .and_then(|d| d.checked_add(self.margin));
+        if needed.is_none_or(|n| n >= ttl) {
+            return Err(ConfigError::NoRoomToRenew {
+                op_timeout,
+                renew_interval,
+                drift,
+                margin: self.margin,
+                ttl,
+            });
+        }
+        if self.renew_failures_before_lost == 0 {
+            return Err(ConfigError::RenewFailuresZero);
+        }
+        if self.max_hold.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::MaxHoldZero);
+        }
+        Ok(LeaseConfig {
+            ttl,
+            renew_interval,
+            op_timeout,
+            drift_factor: self.drift_factor,
+            margin: self.margin,
+            renew_failures_before_lost: self.renew_failures_before_lost,
+            max_hold: self.max_hold,
+            max_renewals: self.max_renewals,
+            backoff: self.backoff,
+            ambiguous_retries: self.ambiguous_retries,
+            watchdog_thread: self.watchdog_thread,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn defaults_are_valid_across_the_range() {
+        for ttl in [MIN_TTL, Duration::from_millis(300), 10 * S, MAX_TTL] {
+            let c = LeaseConfig::new(ttl).unwrap();
+            assert_eq!(c.renew_interval(), ttl / 3);
+            assert!(c.op_timeout() <= 5 * S);
+            assert!(c.validity(ttl) < ttl);
+        }
+    }
+
+    #[test]
+    fn rules() {
+        assert_eq!(
+            LeaseConfig::new(Duration::ZERO),
+            Err(ConfigError::TtlTooShort(Duration::ZERO))
+        );
+        assert!(matches!(
+            LeaseConfig::new(MAX_TTL + S),
+            Err(ConfigError::TtlTooLong(_))
+        ));
+        assert!(matches!(
+            LeaseConfig::new(Duration::MAX),
+            Err(ConfigError::TtlTooLong(_))
+        ));
+        let b = || LeaseConfig::builder(10 * S);
+        assert!(matches!(
+            b().renew_interval(10 * S).build(),
+            Err(ConfigError::RenewInterval { .. })
+        ));
+        assert!(matches!(
+            b().renew_interval(Duration::ZERO).build(),
+            Err(ConfigError::RenewInterval { .. })
+        ));
+        assert_eq!(
+            b().op_timeout(Duration::ZERO).build(),
+            Err(ConfigError::OpTimeoutZero)
+        );
+        assert!(matches!(
+            b().renew_interval(5 * S).op_timeout(5 * S).build(),
+            Err(ConfigError::NoRoomToRenew { .. })
+        ));
+        assert!(matches!(
+            b().op_timeout(Duration::MAX).build(),
+            Err(ConfigError::NoRoomToRenew { .. })
+        ));
+        assert!(matches!(
+            b().drift_factor(f64::NAN).build(),
+            Err(ConfigError::DriftFactor(_))
+        ));
+        assert!(matches!(
+            b().drift_factor(-0.1).build(),
+            Err(ConfigError::DriftFactor(_))
+        ));
+        assert_eq!(
+            b().renew_failures_before_lost(0).build(),
+            Err(ConfigError::RenewFailuresZero)
+        );
+        assert_eq!(
+            b().max_hold(Duration::ZERO).build(),
+            Err(ConfigError::MaxHoldZero)
+        );
+    }
+
+    #[test]
+    fn validity_subtracts_drift_and_margin() {
+        let c = LeaseConfig::builder(10 * S)
+            .drift_factor(0.01)
+            .margin(Duration::from_millis(5))
+            .build()
+            .unwrap();
+        assert_eq!(c.validity(10 * S), Duration::from_millis(9895));
+    }
+}

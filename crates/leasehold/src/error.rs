@@ -1,0 +1,285 @@
+//! Typed errors that say what to do next.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::config::ConfigError;
+use crate::key::KeyError;
+use crate::lease::LostReason;
+
+/// What the caller should do about an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// A transient condition: retry, preferably with backoff.
+    Retry,
+    /// The resource is held by someone else: wait or try later.
+    TryLater,
+    /// The configuration or the input is wrong (URL, credentials, permissions, key, TTL):
+    /// retrying will not help, fix it.
+    Reconfigure,
+    /// The lease is no longer held: stop the protected work, do not write with its fence.
+    OwnershipLost,
+    /// The store holds data leasehold cannot interpret (a key of the wrong type, a
+    /// corrupted value): an operator must look; it is never treated as free.
+    Investigate,
+}
+
+/// The kind of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The request was not delivered (connection refused, not connected): nothing happened
+    /// on the store. Retryable.
+    Unavailable,
+    /// The request may have been applied but no reply came in time. Retry with the same
+    /// owner token.
+    Timeout,
+    /// The connection broke after the request was sent: the outcome is unknown. Retry with
+    /// the same owner token.
+    Ambiguous,
+    /// A transient refusal by the store (busy, serialization failure, loading). Retryable.
+    Busy,
+    /// Authentication, permission, URL or schema problems. Not retryable: reconfigure.
+    Config,
+    /// The store holds something that is not a leasehold lease at this key (wrong type,
+    /// corrupted value). Not retryable; never treated as free.
+    Corrupt,
+    /// The backend does not support the operation (see its capabilities).
+    Unsupported,
+    /// Anything else.
+    Other,
+}
+
+impl StoreErrorKind {
+    /// Whether retrying the same call may succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable | Self::Timeout | Self::Ambiguous | Self::Busy
+        )
+    }
+
+    /// Whether the request may have been applied although no success was seen.
+    pub fn is_ambiguous(self) -> bool {
+        matches!(self, Self::Timeout | Self::Ambiguous)
+    }
+
+    /// A short stable name, used in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Timeout => "timeout",
+            Self::Ambiguous => "ambiguous",
+            Self::Busy => "busy",
+            Self::Config => "config",
+            Self::Corrupt => "corrupt",
+            Self::Unsupported => "unsupported",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// An error from a store, mapped by the backend into one shape so that every backend
+/// can be tested for the same outcome.
+///
+/// Backends must never put credentials into the message.
+pub struct StoreError {
+    kind: StoreErrorKind,
+    backend: &'static str,
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl StoreError {
+    /// A new error of `kind` from `backend`, with a message that says what happened.
+    pub fn new(kind: StoreErrorKind, backend: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            backend,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error. Its `Display` must not contain credentials.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// A [`StoreErrorKind::Timeout`] after `after`.
+    pub fn timeout(backend: &'static str, op: &str, after: Duration) -> Self {
+        Self::new(
+            StoreErrorKind::Timeout,
+            backend,
+            format!("{op} got no reply within {after:?}; it may have been applied"),
+        )
+    }
+
+    /// A [`StoreErrorKind::Unsupported`] for `what`.
+    pub fn unsupported(backend: &'static str, what: &str) -> Self {
+        Self::new(
+            StoreErrorKind::Unsupported,
+            backend,
+            format!("{what} is not supported by this store"),
+        )
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+    /// The backend's name (`"memory"`, `"redis"`, ...).
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+    /// The message, without the source.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+    /// Whether retrying may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.kind.is_retryable()
+    }
+    /// Whether the request may have been applied.
+    pub fn is_ambiguous(&self) -> bool {
+        self.kind.is_ambiguous()
+    }
+    /// What to do about it.
+    pub fn action(&self) -> Action {
+        match self.kind {
+            StoreErrorKind::Unavailable
+            | StoreErrorKind::Timeout
+            | StoreErrorKind::Ambiguous
+            | StoreErrorKind::Busy
+            | StoreErrorKind::Other => Action::Retry,
+            StoreErrorKind::Config | StoreErrorKind::Unsupported => Action::Reconfigure,
+            StoreErrorKind::Corrupt => Action::Investigate,
+        }
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} store: {}", self.backend, self.message)?;
+        if let Some(src) = &self.source {
+            write!(f, ": {src}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreError")
+            .field("kind", &self.kind)
+            .field("backend", &self.backend)
+            .field("message", &self.message)
+            .field("source", &self.source.as_ref().map(|s| s.to_string()))
+            .finish()
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Every error of the lease API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key breaks a rule.
+    #[error("invalid key: {0}")]
+    InvalidKey(#[from] KeyError),
+    /// The configuration breaks a rule.
+    #[error("invalid lease configuration: {0}")]
+    InvalidConfig(#[from] ConfigError),
+    /// `try_acquire`: the lease is held by another owner.
+    #[error("lease `{key}` is held by another owner{}", fmt_remaining(*.remaining))]
+    Contended {
+        /// The key.
+        key: String,
+        /// The holder's remaining TTL, when the store reports it.
+        remaining: Option<Duration>,
+    },
+    /// `acquire` with a wait: still held by another owner when the wait ran out.
+    #[error("lease `{key}` was not acquired within {waited:?}: held by another owner")]
+    WaitTimeout {
+        /// The key.
+        key: String,
+        /// How long the call waited.
+        waited: Duration,
+    },
+    /// The lease was lost (or had been lost) before the operation.
+    #[error("lease lost: {0}")]
+    LeaseLost(LostReason),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn fmt_remaining(remaining: Option<Duration>) -> String {
+    remaining
+        .map(|r| format!(" for another {r:?}"))
+        .unwrap_or_default()
+}
+
+impl Error {
+    /// What to do about it.
+    pub fn action(&self) -> Action {
+        match self {
+            Self::InvalidKey(_) | Self::InvalidConfig(_) => Action::Reconfigure,
+            Self::Contended { .. } | Self::WaitTimeout { .. } => Action::TryLater,
+            Self::LeaseLost(_) => Action::OwnershipLost,
+            Self::Store(e) => e.action(),
+        }
+    }
+
+    /// Whether retrying the same call may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.action(), Action::Retry | Action::TryLater)
+    }
+
+    /// The store error, if this is one.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            Self::Store(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions() {
+        let e = Error::from(StoreError::new(StoreErrorKind::Config, "x", "bad password"));
+        assert_eq!(e.action(), Action::Reconfigure);
+        assert!(!e.is_retryable());
+        let e = Error::from(StoreError::timeout("x", "acquire", Duration::from_secs(1)));
+        assert_eq!(e.action(), Action::Retry);
+        assert!(e.store_error().unwrap().is_ambiguous());
+        assert_eq!(
+            Error::LeaseLost(LostReason::NotOwner).action(),
+            Action::OwnershipLost
+        );
+        let e = StoreError::new(StoreErrorKind::Corrupt, "x", "wrong type");
+        assert_eq!(e.action(), Action::Investigate);
+        assert!(!e.is_retryable());
+    }
+
+    #[test]
+    fn display_includes_source() {
+        let e = StoreError::new(StoreErrorKind::Unavailable, "redis", "connect failed")
+            .with_source(std::io::Error::other("refused"));
+        assert_eq!(e.to_string(), "redis store: connect failed: refused");
+        assert!(std::error::Error::source(&e).is_some());
+    }
+}

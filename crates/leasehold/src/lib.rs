@@ -1,0 +1,63 @@
+//! # leasehold
+//!
+//! Distributed leases with fencing tokens. A [`Lease`] is an exclusive, time-bounded right
+//! to act on a named resource, held in an external [`Store`]; its [`Fence`] grows with
+//! every grant, so the storage that receives the protected writes can reject a holder
+//! that lost the lease while it was paused.
+//!
+//! This crate is the core: key, owner token, fence, configuration, the store contract, the
+//! lease handle, the renewal scheduler, the acquire policy, errors and metrics, plus an
+//! in-memory store. Backends live in their own crates behind the [`Store`] trait.
+//!
+//! ## What it guarantees, and what it does not
+//! - At most one holder believes it holds a lease at a time, *as long as* processes are
+//!   not paused longer than the validity window and clocks drift less than the configured
+//!   factor. A paused process can wake up believing it holds a lease that another process
+//!   has since acquired; [`Lease::is_valid`] then reports `false` and the lost signal fires
+//!   as soon as it runs again, but a write already under way can still land. Only the
+//!   storage that receives the write can stop it, by checking the fence in the same
+//!   transaction as the write (the guard).
+//! - A lease is not exactly-once: retries and crashes after commit repeat work. Pair the
+//!   fence check with an idempotency record.
+#![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
+
+pub mod backoff;
+mod client;
+pub mod config;
+mod error;
+mod key;
+mod lease;
+pub mod memory;
+pub mod metrics;
+mod registry;
+mod scheduler;
+mod store;
+mod token;
+mod watchdog;
+
+pub use backoff::Backoff;
+pub use client::LeaseClient;
+pub use config::{ConfigError, LeaseConfig, LeaseConfigBuilder};
+pub use error::{Action, Error, StoreError, StoreErrorKind};
+pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
+pub use lease::{Lease, LostReason, LostSignal};
+pub use registry::{OpenFuture, Registry, StoreFactory};
+pub use store::{
+    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, ReleaseOutcome, RenewOutcome, Store,
+};
+pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
+pub use tokio_util::sync::CancellationToken;
+
+#[cfg(test)]
+mod bounds {
+    fn is_send_sync<T: Send + Sync>() {}
+    #[test]
+    fn bounds() {
+        is_send_sync::<super::LeaseClient>();
+        is_send_sync::<super::Lease>();
+        is_send_sync::<super::LostSignal>();
+        is_send_sync::<super::Error>();
+        is_send_sync::<std::sync::Arc<dyn super::Store>>();
+    }
+}

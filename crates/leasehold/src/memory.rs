@@ -1,0 +1,242 @@
+//! An in-memory store: one process only. For single-process programs and for users' own
+//! tests; it passes the whole conformance suite.
+//!
+//! Expiry uses tokio's clock, so it follows paused time in tests. Fences live in process
+//! memory ([`FenceDurability::Process`]): they start again at 1 in a new process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::{StoreError, StoreErrorKind};
+use crate::key::Key;
+use crate::store::{
+    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, ReleaseOutcome, RenewOutcome, Store,
+};
+use crate::token::{Fence, OwnerToken};
+
+const BACKEND: &str = "memory";
+
+/// How an unreachable [`MemoryStore`] behaves (a fault hook for tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreachable {
+    /// Every call fails at once with [`StoreErrorKind::Unavailable`].
+    Refuse,
+    /// Every call hangs (until the caller's timeout), like a blackholed network.
+    Hang,
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    owner: OwnerToken,
+    fence: Fence,
+    expires_at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    leases: HashMap<Key, Held>,
+    /// The last fence issued per key; never removed, never lowered.
+    fences: HashMap<Key, u64>,
+    unreachable: Option<Unreachable>,
+}
+
+impl State {
+    fn live(&self, key: &Key, now: Instant) -> Option<&Held> {
+        self.leases.get(key).filter(|h| h.expires_at > now)
+    }
+}
+
+/// The in-memory store. Cloning shares the same leases.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+    released: Arc<Notify>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Fault hook: the store forgets the lease at `key` (as if it expired early or the
+    /// store lost it). The fence counter is kept.
+    pub fn forget(&self, key: &Key) {
+        self.lock().leases.remove(key);
+        self.released.notify_waiters();
+    }
+
+    /// Fault hook: makes every call fail or hang (`Some`), or work again (`None`).
+    pub fn set_unreachable(&self, mode: Option<Unreachable>) {
+        self.lock().unreachable = mode;
+    }
+
+    /// Checks reachability; hangs forever in [`Unreachable::Hang`] mode.
+    async fn reach(&self) -> Result<(), StoreError> {
+        let mode = self.lock().unreachable;
+        match mode {
+            None => Ok(()),
+            Some(Unreachable::Refuse) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                "store is unreachable (fault injected)",
+            )),
+            Some(Unreachable::Hang) => std::future::pending().await,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            wait_for_release: true,
+            reports_remaining: true,
+            list: true,
+            break_lease: true,
+            session_bound: false,
+            fence_durability: FenceDurability::Process,
+        }
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.reach().await?;
+        let now = Instant::now();
+        let mut s = self.lock();
+        if let Some(h) = s.live(key, now) {
+            if h.owner != *owner {
+                return Ok(AcquireOutcome::Held {
+                    remaining: Some(h.expires_at - now),
+                });
+            }
+            let fence = h.fence;
+            s.leases.get_mut(key).expect("live").expires_at = now + ttl;
+            return Ok(AcquireOutcome::Acquired { fence, ttl });
+        }
+        let last = s.fences.entry(key.clone()).or_insert(0);
+        *last += 1;
+        let fence = Fence(*last);
+        s.leases.insert(
+            key.clone(),
+            Held {
+                owner: *owner,
+                fence,
+                expires_at: now + ttl,
+            },
+        );
+        Ok(AcquireOutcome::Acquired { fence, ttl })
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.reach().await?;
+        let now = Instant::now();
+        let mut s = self.lock();
+        match s.leases.get_mut(key) {
+            Some(h) if h.expires_at > now && h.owner == *owner => {
+                h.expires_at = now + ttl;
+                Ok(RenewOutcome::Renewed { ttl })
+            }
+            _ => Ok(RenewOutcome::NotOwner),
+        }
+    }
+
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.reach().await?;
+        let now = Instant::now();
+        let mut s = self.lock();
+        let ours = s
+            .live(key, now)
+            .is_some_and(|h| h.owner == *owner);
+        if !ours {
+            return Ok(ReleaseOutcome::NotOwner);
+        }
+        s.leases.remove(key);
+        drop(s);
+        self.released.notify_waiters();
+        Ok(ReleaseOutcome::Released)
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.reach().await?;
+        let now = Instant::now();
+        Ok(self.lock().live(key, now).map(|h| LeaseInfo {
+            key: key.clone(),
+            owner: h.owner,
+            fence: h.fence,
+            remaining: Some(h.expires_at - now),
+        }))
+    }
+
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        self.reach().await?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let expires_at = match self.lock().live(key, Instant::now()) {
+                None => return Ok(()),
+                Some(h) => h.expires_at,
+            };
+            // Expiry is not notified: wake at the holder's expiry at the latest.
+            let wake = expires_at.min(deadline);
+            if tokio::time::timeout_at(wake, notified).await.is_err() && wake == deadline {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.reach().await?;
+        let now = Instant::now();
+        let s = self.lock();
+        let mut out: Vec<LeaseInfo> = s
+            .leases
+            .iter()
+            .filter(|(k, h)| k.as_str().starts_with(prefix) && h.expires_at > now)
+            .map(|(k, h)| LeaseInfo {
+                key: k.clone(),
+                owner: h.owner,
+                fence: h.fence,
+                remaining: Some(h.expires_at - now),
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        self.reach().await?;
+        let mut s = self.lock();
+        s.leases.remove(key);
+        let last = s.fences.entry(key.clone()).or_insert(0);
+        *last += 1;
+        let fence = Fence(*last);
+        drop(s);
+        self.released.notify_waiters();
+        Ok(fence)
+    }
+}

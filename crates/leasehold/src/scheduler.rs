@@ -1,0 +1,341 @@
+//! The renewal scheduler: one task per client renews every lease of that client.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::LeaseConfig;
+use crate::error::{StoreError, StoreErrorKind};
+use crate::key::Key;
+use crate::lease::{LeaseShared, LostReason};
+use crate::metrics as m;
+use crate::store::{RenewOutcome, Store};
+use crate::token::OwnerToken;
+use crate::watchdog;
+
+pub(crate) enum Command {
+    /// Start renewing.
+    Register(Arc<LeaseShared>),
+    /// Stop renewing (the holder is releasing it itself).
+    Deregister(Arc<LeaseShared>),
+    /// Stop renewing and release best-effort (the handle was dropped).
+    Drop(Arc<LeaseShared>),
+    /// Release a grant whose acquire was cancelled or whose reply was ambiguous.
+    ReleaseOrphan(Key, OwnerToken),
+}
+
+/// The sending side; cheap to clone. The task ends when every handle is gone and its
+/// in-flight work is done.
+#[derive(Clone, Debug)]
+pub(crate) struct SchedulerHandle {
+    tx: mpsc::UnboundedSender<Command>,
+}
+
+impl SchedulerHandle {
+    /// Spawns the scheduler on the current tokio runtime.
+    pub(crate) fn spawn(store: Arc<dyn Store>, config: LeaseConfig) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(Scheduler::new(store, config, rx).run());
+        Self { tx }
+    }
+
+    pub(crate) fn register(&self, lease: Arc<LeaseShared>) {
+        let _ = self.tx.send(Command::Register(lease));
+    }
+    pub(crate) fn deregister(&self, lease: &Arc<LeaseShared>) {
+        let _ = self.tx.send(Command::Deregister(lease.clone()));
+    }
+    pub(crate) fn drop_lease(&self, lease: Arc<LeaseShared>) {
+        let _ = self.tx.send(Command::Drop(lease));
+    }
+    pub(crate) fn release_orphan(&self, key: Key, owner: OwnerToken) {
+        let _ = self.tx.send(Command::ReleaseOrphan(key, owner));
+    }
+}
+
+struct Entry {
+    shared: Arc<LeaseShared>,
+    next_renew: Instant,
+    max_hold_at: Option<Instant>,
+    in_flight: bool,
+    failures: u32,
+    unreachable_failures: u32,
+    renewals: u64,
+}
+
+impl Entry {
+    /// The next instant at which this entry needs attention.
+    fn next_event(&self) -> Instant {
+        let mut t = self.shared.valid_until();
+        if !self.in_flight {
+            t = t.min(self.next_renew);
+        }
+        if let Some(mh) = self.max_hold_at {
+            t = t.min(mh);
+        }
+        t
+    }
+}
+
+enum Done {
+    Renew {
+        id: usize,
+        sent_at: Instant,
+        result: Result<RenewOutcome, StoreError>,
+    },
+    Release,
+}
+
+struct Scheduler {
+    store: Arc<dyn Store>,
+    config: LeaseConfig,
+    rx: mpsc::UnboundedReceiver<Command>,
+    entries: HashMap<usize, Entry>,
+    inflight: FuturesUnordered<BoxFuture<'static, Done>>,
+}
+
+/// Identity of a lease inside one scheduler: the address of its shared state, which is
+/// kept alive by the entry.
+fn id_of(shared: &Arc<LeaseShared>) -> usize {
+    Arc::as_ptr(shared) as usize
+}
+
+impl Scheduler {
+    fn new(
+        store: Arc<dyn Store>,
+        config: LeaseConfig,
+        rx: mpsc::UnboundedReceiver<Command>,
+    ) -> Self {
+        Self {
+            store,
+            config,
+            rx,
+            entries: HashMap::new(),
+            inflight: FuturesUnordered::new(),
+        }
+    }
+
+    async fn run(mut self) {
+        let mut open = true;
+        loop {
+            if !open && self.entries.is_empty() && self.inflight.is_empty() {
+                return;
+            }
+            let wake = self.entries.values().map(Entry::next_event).min();
+            tokio::select! {
+                cmd = self.rx.recv(), if open => match cmd {
+                    Some(cmd) => self.command(cmd),
+                    None => open = false,
+                },
+                Some(done) = self.inflight.next(), if !self.inflight.is_empty() => self.done(done),
+                () = sleep_until_opt(wake), if wake.is_some() => {}
+            }
+            self.tick(Instant::now());
+        }
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Register(shared) => {
+                let acquired_at = shared.acquired_at;
+                let entry = Entry {
+                    next_renew: acquired_at + self.config.renew_interval(),
+                    max_hold_at: self.config.max_hold().map(|d| acquired_at + d),
+                    shared: shared.clone(),
+                    in_flight: false,
+                    failures: 0,
+                    unreachable_failures: 0,
+                    renewals: 0,
+                };
+                self.entries.insert(id_of(&shared), entry);
+            }
+            Command::Deregister(shared) => {
+                self.entries.remove(&id_of(&shared));
+            }
+            Command::Drop(shared) => {
+                self.entries.remove(&id_of(&shared));
+                self.release(shared.key.clone(), shared.owner);
+            }
+            Command::ReleaseOrphan(key, owner) => self.release(key, owner),
+        }
+    }
+
+    fn release(&mut self, key: Key, owner: OwnerToken) {
+        let store = self.store.clone();
+        let timeout = self.config.op_timeout();
+        self.inflight.push(Box::pin(async move {
+            let res = tokio::time::timeout(timeout, store.release(&key, &owner)).await;
+            tracing::debug!(%key, %owner, result = ?res, "background release");
+            Done::Release
+        }));
+    }
+
+    /// Loses the lease of entry `id` and forgets the entry.
+    fn lose(&mut self, id: usize, reason: LostReason) {
+        if let Some(e) = self.entries.remove(&id) {
+            e.shared.mark_lost(reason);
+            if matches!(
+                reason,
+                LostReason::MaxHoldExceeded
+                    | LostReason::RenewFailed { .. }
+                    | LostReason::StoreUnavailable
+            ) {
+                // Free the resource for others as soon as the store lets us.
+                self.release(e.shared.key.clone(), e.shared.owner);
+            }
+        }
+    }
+
+    /// Does whatever is due at `now`: bounded-hold checks, deadlines, renewals.
+    fn tick(&mut self, now: Instant) {
+        let mut lost = Vec::new();
+        let mut renew = Vec::new();
+        for (&id, e) in &mut self.entries {
+            if e.shared.is_done() {
+                lost.push((id, None));
+                continue;
+            }
+            if e.max_hold_at.is_some_and(|t| now >= t) {
+                lost.push((id, Some(LostReason::MaxHoldExceeded)));
+                continue;
+            }
+            if now >= e.shared.valid_until() {
+                let reason = if e.unreachable_failures > 0 {
+                    LostReason::StoreUnavailable
+                } else {
+                    LostReason::Expired
+                };
+                lost.push((id, Some(reason)));
+                continue;
+            }
+            if !e.in_flight && now >= e.next_renew {
+                if self.config.max_renewals().is_some_and(|m| e.renewals >= m) {
+                    lost.push((id, Some(LostReason::MaxHoldExceeded)));
+                    continue;
+                }
+                e.in_flight = true;
+                renew.push((id, e.shared.clone()));
+            }
+        }
+        for (id, reason) in lost {
+            match reason {
+                Some(r) => self.lose(id, r),
+                None => {
+                    self.entries.remove(&id);
+                }
+            }
+        }
+        for (id, shared) in renew {
+            self.start_renewal(id, shared, now);
+        }
+    }
+
+    fn start_renewal(&mut self, id: usize, shared: Arc<LeaseShared>, now: Instant) {
+        let store = self.store.clone();
+        let ttl = self.config.ttl();
+        // Never wait for a reply past the deadline: it would be useless then.
+        let budget = self
+            .config
+            .op_timeout()
+            .min(shared.valid_until().saturating_duration_since(now));
+        self.inflight.push(Box::pin(async move {
+            let sent_at = Instant::now();
+            let result = tokio::time::timeout(budget, store.renew(&shared.key, &shared.owner, ttl))
+                .await
+                .unwrap_or_else(|_| Err(StoreError::timeout(store.backend(), "renew", budget)));
+            Done::Renew {
+                id,
+                sent_at,
+                result,
+            }
+        }));
+    }
+
+    fn done(&mut self, done: Done) {
+        let Done::Renew {
+            id,
+            sent_at,
+            result,
+        } = done
+        else {
+            return;
+        };
+        let now = Instant::now();
+        let Some(e) = self.entries.get_mut(&id) else {
+            return; // released or lost meanwhile
+        };
+        e.in_flight = false;
+        let latency = now.saturating_duration_since(sent_at);
+        let backend = self.store.backend();
+        let rt = e.shared.key.resource_type().to_owned();
+        match result {
+            Ok(RenewOutcome::Renewed { ttl }) => {
+                m::renewed(backend, &rt, "renewed", latency);
+                let until = sent_at + self.config.validity(ttl.min(self.config.ttl()));
+                if now < until && e.shared.extend(until, now) {
+                    e.failures = 0;
+                    e.unreachable_failures = 0;
+                    e.renewals += 1;
+                    e.next_renew = sent_at + self.config.renew_interval();
+                    tracing::trace!(key = %e.shared.key, fence = e.shared.fence.get(), latency_us = latency.as_micros() as u64, "renewed");
+                } else {
+                    // The reply came after the deadline (a frozen process, a starved
+                    // runtime): the lease was not provably held in between.
+                    self.lose(id, LostReason::Expired);
+                }
+            }
+            Ok(RenewOutcome::NotOwner) => {
+                m::renewed(backend, &rt, "not_owner", latency);
+                self.lose(id, LostReason::NotOwner);
+            }
+            Err(err) => {
+                m::renewed(backend, &rt, "error", latency);
+                e.failures += 1;
+                if matches!(
+                    err.kind(),
+                    StoreErrorKind::Unavailable | StoreErrorKind::Timeout | StoreErrorKind::Ambiguous
+                ) {
+                    e.unreachable_failures += 1;
+                }
+                tracing::warn!(key = %e.shared.key, owner = %e.shared.owner, fence = e.shared.fence.get(), failures = e.failures, error = %err, "renewal failed");
+                if e.failures >= self.config.renew_failures_before_lost() {
+                    let reason = if e.unreachable_failures == e.failures {
+                        LostReason::StoreUnavailable
+                    } else {
+                        LostReason::RenewFailed {
+                            attempts: e.failures,
+                        }
+                    };
+                    self.lose(id, reason);
+                } else {
+                    e.next_renew = now + retry_delay(&self.config);
+                }
+            }
+        }
+    }
+}
+
+/// Delay before retrying a failed renewal: a quarter of the renew interval.
+fn retry_delay(config: &LeaseConfig) -> Duration {
+    config.renew_interval() / 4
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Registers a lease with the scheduler and, if configured, the watchdog thread.
+pub(crate) fn track(sched: &SchedulerHandle, shared: &Arc<LeaseShared>, config: &LeaseConfig) {
+    sched.register(shared.clone());
+    if config.watchdog_thread() {
+        watchdog::watch(shared);
+    }
+}

@@ -1,0 +1,176 @@
+//! The store contract every backend implements (DESIGN §3).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::token::{Fence, OwnerToken};
+
+/// The reply to [`Store::acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// The lease is ours. A same-owner re-acquire returns the same fence.
+    Acquired {
+        /// The fence of this grant.
+        fence: Fence,
+        /// The TTL the store granted (stores that round TTLs report what they set).
+        ttl: Duration,
+    },
+    /// Another owner holds the lease.
+    Held {
+        /// The holder's remaining TTL, when the store reports it.
+        remaining: Option<Duration>,
+    },
+}
+
+/// The reply to [`Store::renew`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// Extended.
+    Renewed {
+        /// The TTL the store granted.
+        ttl: Duration,
+    },
+    /// The lease is not held by this owner (expired, released, or taken by another).
+    NotOwner,
+}
+
+/// The reply to [`Store::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// Deleted.
+    Released,
+    /// The lease was not held by this owner; nothing was changed.
+    NotOwner,
+}
+
+/// What [`Store::inspect`] reports about a held lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// The key.
+    pub key: Key,
+    /// The holder's token.
+    pub owner: OwnerToken,
+    /// The holder's fence.
+    pub fence: Fence,
+    /// The remaining TTL, when the store reports it.
+    pub remaining: Option<Duration>,
+}
+
+/// How far a backend's fences survive the store itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FenceDurability {
+    /// Fences live in process memory: they die with the process.
+    Process,
+    /// Fences survive a store restart when the store persists data, and are floored at
+    /// the store's clock in microseconds so they do not go back after data loss
+    /// (unless the store's clock moved back by more than the outage).
+    ClockFloored,
+    /// Fences are stored durably by a transactional database.
+    Durable,
+    /// Fences come from a cluster-wide monotonic number (etcd revision, ZooKeeper zxid).
+    Consensus,
+}
+
+/// What a backend can do. The conformance suite checks each claim, and checks that a
+/// backend which lacks an optional capability says so by returning
+/// [`StoreErrorKind::Unsupported`](crate::StoreErrorKind::Unsupported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// [`Store::wait_released`] notifies on release instead of returning `Unsupported`.
+    pub wait_for_release: bool,
+    /// [`AcquireOutcome::Held`] and [`LeaseInfo`] carry the remaining TTL.
+    pub reports_remaining: bool,
+    /// [`Store::list`] works.
+    pub list: bool,
+    /// [`Store::break_lease`] works.
+    pub break_lease: bool,
+    /// The lease is bound to a session (advisory lock, `GET_LOCK`): the store ends it when
+    /// the session dies; its TTL is enforced by the holder, not the store.
+    pub session_bound: bool,
+    /// How far fences survive the store.
+    pub fence_durability: FenceDurability,
+}
+
+impl Capabilities {
+    /// The minimal set: none of the optional operations, fences in process memory.
+    pub const fn minimal() -> Self {
+        Self {
+            wait_for_release: false,
+            reports_remaining: false,
+            list: false,
+            break_lease: false,
+            session_bound: false,
+            fence_durability: FenceDurability::Process,
+        }
+    }
+}
+
+/// A backend: the four atomic operations of DESIGN §3 against one real external system,
+/// plus optional hooks. Used as a trait object (`Arc<dyn Store>`), so the store can be
+/// chosen at run time from a URL (see [`Registry`](crate::Registry)).
+///
+/// Every operation is one atomic step on the store. Expiry is measured on the store's own
+/// clock. Implementations need not apply timeouts: the caller bounds every call.
+///
+/// # Cancel safety
+/// Callers may drop any of these futures (on timeout). An operation that was sent may
+/// still take effect; the holder treats that as an ambiguous reply.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// The backend's name, used as the `backend` metric label (`"memory"`, `"redis"`).
+    fn backend(&self) -> &'static str;
+
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// If `key` is free or expired: issue a fence higher than every fence ever issued for
+    /// `key`, record `owner` and the fence, set the TTL. If held by `owner` already: extend
+    /// it and return the same fence. Otherwise report it held.
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError>;
+
+    /// Compare-and-extend: extend the TTL only if `owner` holds `key`.
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError>;
+
+    /// Compare-and-delete: remove the lease only if `owner` holds `key`.
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError>;
+
+    /// The current holder of `key`, if any.
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError>;
+
+    /// Returns when `key` may have become free (released or expired), or when `timeout`
+    /// has passed, whichever is first; `Ok` either way. The caller re-checks by acquiring.
+    /// Backends without notifications return `Unsupported` (the default).
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        let _ = (key, timeout);
+        Err(StoreError::unsupported(self.backend(), "waiting for release"))
+    }
+
+    /// The held leases whose keys start with `prefix`. Default: `Unsupported`.
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        let _ = prefix;
+        Err(StoreError::unsupported(self.backend(), "listing leases"))
+    }
+
+    /// Admin: remove whatever lease holds `key` *and advance its fence*, so writes by the
+    /// evicted holder are rejected by the guard. Returns the fence now recorded.
+    /// Default: `Unsupported`.
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let _ = key;
+        Err(StoreError::unsupported(self.backend(), "breaking a lease"))
+    }
+}
