@@ -42,6 +42,9 @@ pub enum StoreErrorKind {
     Busy,
     /// Authentication, permission, URL or schema problems. Not retryable: reconfigure.
     Config,
+    /// The call's arguments are invalid for this store (a TTL out of range, a key the
+    /// backend cannot hold). Not retryable: fix the input.
+    InvalidInput,
     /// The store holds something that is not a leasehold lease at this key (wrong type,
     /// corrupted value). Not retryable; never treated as free.
     Corrupt,
@@ -73,6 +76,7 @@ impl StoreErrorKind {
             Self::Ambiguous => "ambiguous",
             Self::Busy => "busy",
             Self::Config => "config",
+            Self::InvalidInput => "invalid_input",
             Self::Corrupt => "corrupt",
             Self::Unsupported => "unsupported",
             Self::Other => "other",
@@ -117,6 +121,24 @@ impl StoreError {
         )
     }
 
+    /// Checks a TTL passed to a store call: it must lie in
+    /// [`MIN_TTL`](crate::config::MIN_TTL)..=[`MAX_TTL`](crate::config::MAX_TTL), so no
+    /// store ever sees a zero, negative or overflowing expiry.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] when it does not.
+    pub fn check_ttl(backend: &'static str, ttl: Duration) -> Result<(), Self> {
+        if (crate::config::MIN_TTL..=crate::config::MAX_TTL).contains(&ttl) {
+            Ok(())
+        } else {
+            Err(Self::new(
+                StoreErrorKind::InvalidInput,
+                backend,
+                format!("ttl {ttl:?} is outside 10ms..=24h"),
+            ))
+        }
+    }
+
     /// A [`StoreErrorKind::Unsupported`] for `what`.
     pub fn unsupported(backend: &'static str, what: &str) -> Self {
         Self::new(
@@ -154,7 +176,9 @@ impl StoreError {
             | StoreErrorKind::Ambiguous
             | StoreErrorKind::Busy
             | StoreErrorKind::Other => Action::Retry,
-            StoreErrorKind::Config | StoreErrorKind::Unsupported => Action::Reconfigure,
+            StoreErrorKind::Config
+            | StoreErrorKind::InvalidInput
+            | StoreErrorKind::Unsupported => Action::Reconfigure,
             StoreErrorKind::Corrupt => Action::Investigate,
         }
     }

@@ -118,6 +118,7 @@ impl Store for MemoryStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
         self.reach().await?;
         let now = Instant::now();
         let mut s = self.lock();
@@ -151,6 +152,7 @@ impl Store for MemoryStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
         self.reach().await?;
         let now = Instant::now();
         let mut s = self.lock();

@@ -1,0 +1,467 @@
+//! The cases. Each takes a [`Fixture`], panics on failure, and uses its own keys.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken,
+    ReleaseOutcome, RenewOutcome, StoreErrorKind,
+};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::Fixture;
+
+fn key(name: &str) -> Key {
+    Key::new(format!("conformance:{name}")).expect("valid key")
+}
+
+/// Generous slack for scheduling delays on a loaded machine.
+fn slack(fx: &Fixture) -> Duration {
+    fx.ttl / 2 + Duration::from_millis(200)
+}
+
+async fn acquire_raw(fx: &Fixture, key: &Key, owner: &OwnerToken, ttl: Duration) -> AcquireOutcome {
+    fx.store
+        .acquire(key, owner, ttl)
+        .await
+        .unwrap_or_else(|e| panic!("acquire {key}: {e}"))
+}
+
+fn fence_of(outcome: AcquireOutcome) -> Fence {
+    match outcome {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        AcquireOutcome::Held { .. } => panic!("expected Acquired, got {outcome:?}"),
+    }
+}
+
+/// Acquire, inspect, release; the key is then free.
+pub async fn acquire_release(fx: &Fixture) {
+    let k = key("acquire-release");
+    let client = fx.client();
+    let lease = client.try_acquire(&k).await.expect("free key is acquired");
+    assert!(lease.is_valid());
+    let info = fx.store.inspect(&k).await.unwrap().expect("held lease is visible");
+    assert_eq!(info.owner, *lease.owner());
+    assert_eq!(info.fence, lease.fence());
+    let owner = *lease.owner();
+    assert!(lease.release().await.expect("release"), "release of a held lease reports held");
+    assert_eq!(fx.store.inspect(&k).await.unwrap(), None, "released key is free");
+    assert_eq!(
+        fx.store.release(&k, &owner).await.unwrap(),
+        ReleaseOutcome::NotOwner,
+        "a second release finds nothing"
+    );
+    let again = client.try_acquire(&k).await.expect("re-acquire after release");
+    again.release().await.unwrap();
+}
+
+/// A held key is refused to another owner with a typed error.
+pub async fn contended_try_acquire(fx: &Fixture) {
+    let k = key("contended");
+    let client = fx.client();
+    let holder = client.try_acquire(&k).await.unwrap();
+    match client.try_acquire(&k).await {
+        Err(Error::Contended { remaining, .. }) => {
+            if fx.store.capabilities().reports_remaining {
+                let r = remaining.expect("store claims to report the remaining TTL");
+                assert!(r <= fx.ttl, "remaining {r:?} above ttl");
+            }
+        }
+        other => panic!("expected Contended, got {other:?}"),
+    }
+    let raw = acquire_raw(fx, &k, &OwnerToken::random(), fx.ttl).await;
+    assert!(matches!(raw, AcquireOutcome::Held { .. }), "{raw:?}");
+    holder.release().await.unwrap();
+}
+
+/// 32 concurrent contenders: never two holders at once, fences strictly increase in
+/// grant order.
+pub async fn concurrent_contenders_exclusive_and_fences_increase(fx: &Fixture) {
+    const N: usize = 32;
+    let k = key("contenders");
+    let config = LeaseConfig::builder(fx.ttl)
+        .backoff(leasehold::Backoff::new(Duration::from_millis(2), Duration::from_millis(50)).unwrap())
+        .build()
+        .unwrap();
+    let client = LeaseClient::new(fx.store.clone(), config);
+    let holders = Arc::new(AtomicUsize::new(0));
+    let grants = Arc::new(Mutex::new(Vec::<Fence>::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..N {
+        let (client, k, holders, grants) = (client.clone(), k.clone(), holders.clone(), grants.clone());
+        let wait = fx.ttl * 60;
+        tasks.push(tokio::spawn(async move {
+            let lease = client.acquire(&k, wait).await.expect("every contender gets a turn");
+            let before = holders.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(before, 0, "two holders at once");
+            grants.lock().unwrap().push(lease.fence());
+            assert!(lease.is_valid(), "lease valid while held");
+            sleep(Duration::from_millis(2)).await;
+            holders.fetch_sub(1, Ordering::SeqCst);
+            assert!(lease.release().await.expect("release"), "lease still held at release");
+        }));
+    }
+    for t in tasks {
+        t.await.expect("contender task");
+    }
+    let grants = grants.lock().unwrap();
+    assert_eq!(grants.len(), N);
+    for w in grants.windows(2) {
+        assert!(w[0] < w[1], "fences must strictly increase across grants: {grants:?}");
+    }
+}
+
+/// An acquire retried by the same owner (after an ambiguous reply) returns the same fence
+/// and extends the lease.
+pub async fn same_owner_reacquire_returns_same_fence(fx: &Fixture) {
+    let k = key("same-owner");
+    let owner = OwnerToken::random();
+    let f1 = fence_of(acquire_raw(fx, &k, &owner, fx.ttl).await);
+    sleep(fx.ttl / 2).await;
+    let f2 = fence_of(acquire_raw(fx, &k, &owner, fx.ttl).await);
+    assert_eq!(f1, f2, "same owner re-acquire must return the same fence");
+    sleep(fx.ttl * 3 / 4).await;
+    let info = fx.store.inspect(&k).await.unwrap().expect("re-acquire extended the TTL");
+    assert_eq!(info.owner, owner);
+    assert_eq!(fx.store.release(&k, &owner).await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// Fences grow across acquire/release cycles and break; none repeats.
+pub async fn fence_never_reused_after_release(fx: &Fixture) {
+    let k = key("fence-release");
+    let mut last: Option<Fence> = None;
+    for _ in 0..5 {
+        let owner = OwnerToken::random();
+        let f = fence_of(acquire_raw(fx, &k, &owner, fx.ttl).await);
+        if let Some(l) = last {
+            assert!(f > l, "fence {f} after release is not above {l}");
+        }
+        last = Some(f);
+        assert_eq!(fx.store.release(&k, &owner).await.unwrap(), ReleaseOutcome::Released);
+    }
+}
+
+/// After a lease expires, another owner acquires it with a higher fence.
+pub async fn fence_never_reused_after_expiry(fx: &Fixture) {
+    let k = key("fence-expiry");
+    let short = fx.ttl / 4;
+    let a = OwnerToken::random();
+    let fa = fence_of(acquire_raw(fx, &k, &a, short).await);
+    sleep(short + slack(fx)).await;
+    let b = OwnerToken::random();
+    let fb = match acquire_raw(fx, &k, &b, fx.ttl).await {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        held => panic!("an expired lease must be free, got {held:?}"),
+    };
+    assert!(fb > fa, "fence {fb} after expiry is not above {fa}");
+    fx.store.release(&k, &b).await.unwrap();
+}
+
+/// A late release (and renew) by an old owner leaves the new owner's lease intact.
+pub async fn late_release_leaves_new_owner_intact(fx: &Fixture) {
+    let k = key("late-release");
+    let short = fx.ttl / 4;
+    let a = OwnerToken::random();
+    fence_of(acquire_raw(fx, &k, &a, short).await);
+    sleep(short + slack(fx)).await;
+    let b = OwnerToken::random();
+    let fb = fence_of(acquire_raw(fx, &k, &b, fx.ttl).await);
+    assert_eq!(fx.store.release(&k, &a).await.unwrap(), ReleaseOutcome::NotOwner);
+    assert_eq!(fx.store.renew(&k, &a, fx.ttl).await.unwrap(), RenewOutcome::NotOwner);
+    let info = fx.store.inspect(&k).await.unwrap().expect("B still holds");
+    assert_eq!((info.owner, info.fence), (b, fb), "old owner touched the new lease");
+    fx.store.release(&k, &b).await.unwrap();
+}
+
+/// Only the owner can renew or release.
+pub async fn only_owner_renews_or_releases(fx: &Fixture) {
+    let k = key("only-owner");
+    let a = OwnerToken::random();
+    let fa = fence_of(acquire_raw(fx, &k, &a, fx.ttl).await);
+    let b = OwnerToken::random();
+    assert_eq!(fx.store.renew(&k, &b, fx.ttl).await.unwrap(), RenewOutcome::NotOwner);
+    assert_eq!(fx.store.release(&k, &b).await.unwrap(), ReleaseOutcome::NotOwner);
+    let info = fx.store.inspect(&k).await.unwrap().expect("A still holds");
+    assert_eq!((info.owner, info.fence), (a, fa));
+    assert!(matches!(
+        fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    assert_eq!(fx.store.release(&k, &a).await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(
+        fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
+        RenewOutcome::NotOwner,
+        "renew after release must not resurrect the lease"
+    );
+    assert_eq!(fx.store.inspect(&k).await.unwrap(), None);
+}
+
+/// Renewing extends the TTL and keeps the fence.
+pub async fn renew_extends_ttl(fx: &Fixture) {
+    let k = key("renew");
+    let a = OwnerToken::random();
+    let short = fx.ttl / 2;
+    let fa = fence_of(acquire_raw(fx, &k, &a, short).await);
+    for _ in 0..3 {
+        sleep(short / 2).await;
+        assert!(matches!(
+            fx.store.renew(&k, &a, short).await.unwrap(),
+            RenewOutcome::Renewed { .. }
+        ));
+    }
+    // 1.5 × the TTL has passed since the acquire: only renewals kept it.
+    let info = fx.store.inspect(&k).await.unwrap().expect("renewed lease still held");
+    assert_eq!((info.owner, info.fence), (a, fa), "renewal must not change the fence");
+    fx.store.release(&k, &a).await.unwrap();
+}
+
+/// `inspect` reports owner, fence and (when claimed) the remaining TTL; nothing for a free
+/// key.
+pub async fn inspect_reports_holder(fx: &Fixture) {
+    let k = key("inspect");
+    assert_eq!(fx.store.inspect(&k).await.unwrap(), None);
+    let a = OwnerToken::random();
+    let fa = fence_of(acquire_raw(fx, &k, &a, fx.ttl).await);
+    let info = fx.store.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(info.key, k);
+    assert_eq!((info.owner, info.fence), (a, fa));
+    if fx.store.capabilities().reports_remaining {
+        let r = info.remaining.expect("store claims to report remaining TTL");
+        assert!(r <= fx.ttl && r > Duration::ZERO, "remaining {r:?}");
+    }
+    fx.store.release(&k, &a).await.unwrap();
+}
+
+/// Bounded renewal: past `max_hold` the heartbeat stops and the lease is lost with
+/// `MaxHoldExceeded`, and the store frees the key.
+pub async fn max_hold_fires_lost(fx: &Fixture) {
+    let k = key("max-hold");
+    let max_hold = fx.ttl * 3 / 2;
+    let config = LeaseConfig::builder(fx.ttl).max_hold(max_hold).build().unwrap();
+    let client = LeaseClient::new(fx.store.clone(), config);
+    let start = Instant::now();
+    let lease = client.try_acquire(&k).await.unwrap();
+    let reason = timeout(max_hold + slack(fx), lease.lost())
+        .await
+        .expect("lost fires once max hold is exceeded");
+    assert_eq!(reason, LostReason::MaxHoldExceeded);
+    assert!(start.elapsed() >= max_hold, "lost fired before max hold");
+    assert!(!lease.is_valid());
+    let free_by = Instant::now() + fx.ttl + slack(fx);
+    loop {
+        if fx.store.inspect(&k).await.unwrap().is_none() {
+            break;
+        }
+        assert!(Instant::now() < free_by, "key still held after max hold");
+        sleep(fx.ttl / 10).await;
+    }
+    assert!(!lease.release().await.unwrap(), "release after max hold finds nothing");
+}
+
+/// When the store forgets the lease, the lost signal fires (`NotOwner`) within one renew
+/// interval (plus one operation).
+pub async fn lost_within_one_renew_interval_after_forget(fx: &Fixture) {
+    let k = key("forget");
+    let client = fx.client();
+    let lease = client.try_acquire(&k).await.unwrap();
+    fx.faults.forget(&k).await;
+    let bound = client.config().renew_interval() + client.config().op_timeout() + slack(fx);
+    let reason = timeout(bound, lease.lost())
+        .await
+        .expect("lost fires within one renew interval of the store forgetting the lease");
+    assert_eq!(reason, LostReason::NotOwner);
+    assert!(matches!(lease.ensure_valid(), Err(Error::LeaseLost(LostReason::NotOwner))));
+    // Someone else can take it, with a higher fence.
+    let next = client.try_acquire(&k).await.expect("forgotten key is free");
+    assert!(next.fence() > lease.fence());
+    assert!(!lease.release().await.unwrap());
+    next.release().await.unwrap();
+}
+
+/// When the store becomes unreachable, the lost signal fires before the store-side expiry
+/// (the last confirmed renewal's send time + TTL).
+pub async fn lost_before_expiry_when_unreachable(fx: &Fixture) {
+    let k = key("unreachable");
+    let client = fx.client();
+    let cfg = client.config().clone();
+    let lease = client.try_acquire(&k).await.unwrap();
+    sleep(cfg.renew_interval() + cfg.renew_interval() / 2).await; // at least one renewal
+    assert!(lease.is_valid());
+    fx.faults.make_unreachable().await;
+    let reason = timeout(fx.ttl * 2, lease.lost()).await;
+    let lost_at = Instant::now();
+    fx.faults.restore().await;
+    let reason = reason.expect("lost fires while the store is unreachable");
+    assert!(
+        matches!(
+            reason,
+            LostReason::StoreUnavailable | LostReason::RenewFailed { .. } | LostReason::Expired
+        ),
+        "{reason:?}"
+    );
+    // valid_until = last confirmed send + ttl × (1 − drift) − margin; the store keeps the
+    // lease until at least last send + ttl.
+    let store_expiry_at_least = lease.valid_until() + (cfg.ttl() - cfg.validity(cfg.ttl()));
+    assert!(
+        lost_at < store_expiry_at_least,
+        "lost fired {:?} after the store-side expiry",
+        lost_at - store_expiry_at_least
+    );
+    drop(lease);
+}
+
+/// A waiting acquire gets the lease once the holder releases it, with a higher fence.
+pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
+    let k = key("wait");
+    let client = fx.client();
+    let holder = client.try_acquire(&k).await.unwrap();
+    let fa = holder.fence();
+    let waiter = {
+        let (client, k) = (client.clone(), k.clone());
+        let wait = fx.ttl * 10;
+        tokio::spawn(async move { client.acquire(&k, wait).await })
+    };
+    sleep(fx.ttl / 2).await;
+    assert!(!waiter.is_finished(), "waiter must not acquire a held lease");
+    assert!(holder.release().await.unwrap());
+    let lease = timeout(fx.ttl * 4, waiter)
+        .await
+        .expect("waiter acquires soon after release")
+        .unwrap()
+        .expect("waiter acquires");
+    assert!(lease.fence() > fa);
+    // A wait that runs out reports WaitTimeout.
+    let short = fx.ttl / 5;
+    match client.acquire(&k, short).await {
+        Err(Error::WaitTimeout { .. }) => {}
+        other => panic!("expected WaitTimeout, got {other:?}"),
+    }
+    lease.release().await.unwrap();
+}
+
+/// Bad input gets typed errors, never a panic or a silent success.
+pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
+    let client = fx.client();
+    for bad in [String::new(), "a\0b".into(), "x\ny".into(), "k".repeat(leasehold::MAX_KEY_LEN + 1)] {
+        match client.try_acquire(bad.as_str()).await {
+            Err(Error::InvalidKey(_)) => {}
+            other => panic!("key {bad:?}: expected InvalidKey, got {other:?}"),
+        }
+    }
+    let owner = OwnerToken::random();
+    let k = key("bad-ttl");
+    for ttl in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX, Duration::from_secs(u64::MAX / 1000 + 1)] {
+        match fx.store.acquire(&k, &owner, ttl).await {
+            Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "ttl {ttl:?}: {e}"),
+            Ok(o) => panic!("ttl {ttl:?} accepted: {o:?}"),
+        }
+        match fx.store.renew(&k, &owner, ttl).await {
+            Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "renew ttl {ttl:?}: {e}"),
+            Ok(o) => panic!("renew ttl {ttl:?} accepted: {o:?}"),
+        }
+    }
+    assert_eq!(fx.store.inspect(&k).await.unwrap(), None, "a rejected acquire left a lease");
+    // Keys at the edges of the rules work and stay distinct.
+    let edge = [
+        format!("conformance:{}", "k".repeat(leasehold::MAX_KEY_LEN - 12)),
+        "conformance:ünïcødé ✓".to_owned(),
+        "conformance:{tag}x".to_owned(),
+        "conformance:}{".to_owned(),
+        "}conformance:{}".to_owned(),
+        "{}".to_owned(),
+        "conformance:a*b?[c]".to_owned(),
+        "conformance:with space/and'quote\"".to_owned(),
+    ];
+    let mut held = Vec::new();
+    for name in &edge {
+        let k = Key::new(name).unwrap();
+        let lease = client.try_acquire(&k).await.unwrap_or_else(|e| panic!("key {name:?}: {e}"));
+        held.push(lease);
+    }
+    for lease in held {
+        let info = fx.store.inspect(lease.key()).await.unwrap().expect("edge key held");
+        assert_eq!(info.owner, *lease.owner(), "keys collided: {:?}", lease.key());
+        assert!(lease.release().await.unwrap());
+    }
+}
+
+/// Each claim in the capabilities holds, and each missing capability answers
+/// `Unsupported`.
+pub async fn capabilities_are_honest(fx: &Fixture) {
+    let caps = fx.store.capabilities();
+    let k = key("caps");
+    let a = OwnerToken::random();
+    let fa = fence_of(acquire_raw(fx, &k, &a, fx.ttl * 4).await);
+
+    // Held reports the remaining TTL exactly when claimed.
+    match acquire_raw(fx, &k, &OwnerToken::random(), fx.ttl).await {
+        AcquireOutcome::Held { remaining } => {
+            assert_eq!(remaining.is_some(), caps.reports_remaining, "reports_remaining claim: {remaining:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // wait_released
+    let started = Instant::now();
+    let wait = {
+        let (store, k) = (fx.store.clone(), k.clone());
+        let t = fx.ttl * 8;
+        tokio::spawn(async move { store.wait_released(&k, t).await })
+    };
+    if caps.wait_for_release {
+        sleep(fx.ttl / 4).await;
+        assert!(!wait.is_finished(), "wait_released returned while held");
+        assert_eq!(fx.store.release(&k, &a).await.unwrap(), ReleaseOutcome::Released);
+        timeout(fx.ttl * 2, wait)
+            .await
+            .expect("wait_released returns soon after the release")
+            .unwrap()
+            .expect("wait_released ok");
+        assert!(started.elapsed() < fx.ttl * 4, "notified only at expiry");
+    } else {
+        let err = wait.await.unwrap().expect_err("wait_released must say Unsupported");
+        assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
+        fx.store.release(&k, &a).await.unwrap();
+    }
+
+    // list
+    let b = OwnerToken::random();
+    let fb = fence_of(acquire_raw(fx, &k, &b, fx.ttl * 4).await);
+    assert!(fb > fa);
+    let other = Key::new("elsewhere:caps").unwrap();
+    let c = OwnerToken::random();
+    fence_of(acquire_raw(fx, &other, &c, fx.ttl * 4).await);
+    match fx.store.list("conformance:caps").await {
+        Ok(list) if caps.list => {
+            let keys: Vec<_> = list.iter().map(|i| i.key.clone()).collect();
+            assert_eq!(keys, vec![k.clone()], "list by prefix");
+            assert_eq!((list[0].owner, list[0].fence), (b, fb));
+        }
+        Ok(list) => panic!("list works but capabilities say it does not: {list:?}"),
+        Err(e) => {
+            assert!(!caps.list, "capabilities claim list, but: {e}");
+            assert_eq!(e.kind(), StoreErrorKind::Unsupported, "{e}");
+        }
+    }
+
+    // break_lease
+    match fx.store.break_lease(&k).await {
+        Ok(broken) if caps.break_lease => {
+            assert!(broken > fb, "break must advance the fence: {broken} vs {fb}");
+            assert_eq!(fx.store.inspect(&k).await.unwrap(), None, "break removes the lease");
+            assert_eq!(fx.store.renew(&k, &b, fx.ttl).await.unwrap(), RenewOutcome::NotOwner);
+            let d = OwnerToken::random();
+            let fd = fence_of(acquire_raw(fx, &k, &d, fx.ttl).await);
+            assert!(fd > broken, "next grant {fd} must be above the broken fence {broken}");
+            fx.store.release(&k, &d).await.unwrap();
+        }
+        Ok(f) => panic!("break works but capabilities say it does not: {f}"),
+        Err(e) => {
+            assert!(!caps.break_lease, "capabilities claim break_lease, but: {e}");
+            assert_eq!(e.kind(), StoreErrorKind::Unsupported, "{e}");
+            fx.store.release(&k, &b).await.unwrap();
+        }
+    }
+    fx.store.release(&other, &c).await.unwrap();
+}

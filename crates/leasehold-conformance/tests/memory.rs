@@ -1,0 +1,36 @@
+//! The conformance suite on the in-memory store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::memory::{MemoryStore, Unreachable};
+use leasehold::Key;
+use leasehold_conformance::{Faults, Fixture};
+
+struct MemoryFaults(MemoryStore);
+
+#[async_trait]
+impl Faults for MemoryFaults {
+    async fn forget(&self, key: &Key) {
+        self.0.forget(key);
+    }
+    async fn make_unreachable(&self) {
+        self.0.set_unreachable(Some(Unreachable::Hang));
+    }
+    async fn restore(&self) {
+        self.0.set_unreachable(None);
+    }
+}
+
+async fn fixture() -> Fixture {
+    let store = MemoryStore::new();
+    Fixture {
+        store: Arc::new(store.clone()),
+        faults: Arc::new(MemoryFaults(store)),
+        ttl: Duration::from_millis(600),
+        guard: Box::new(()),
+    }
+}
+
+leasehold_conformance::conformance_suite!(fixture);
