@@ -41,18 +41,33 @@ pub async fn acquire_release(fx: &Fixture) {
     let client = fx.client();
     let lease = client.try_acquire(&k).await.expect("free key is acquired");
     assert!(lease.is_valid());
-    let info = fx.store.inspect(&k).await.unwrap().expect("held lease is visible");
+    let info = fx
+        .store
+        .inspect(&k)
+        .await
+        .unwrap()
+        .expect("held lease is visible");
     assert_eq!(info.owner, *lease.owner());
     assert_eq!(info.fence, lease.fence());
     let owner = *lease.owner();
-    assert!(lease.release().await.expect("release"), "release of a held lease reports held");
-    assert_eq!(fx.store.inspect(&k).await.unwrap(), None, "released key is free");
+    assert!(
+        lease.release().await.expect("release"),
+        "release of a held lease reports held"
+    );
+    assert_eq!(
+        fx.store.inspect(&k).await.unwrap(),
+        None,
+        "released key is free"
+    );
     assert_eq!(
         fx.store.release(&k, &owner).await.unwrap(),
         ReleaseOutcome::NotOwner,
         "a second release finds nothing"
     );
-    let again = client.try_acquire(&k).await.expect("re-acquire after release");
+    let again = client
+        .try_acquire(&k)
+        .await
+        .expect("re-acquire after release");
     again.release().await.unwrap();
 }
 
@@ -81,7 +96,9 @@ pub async fn concurrent_contenders_exclusive_and_fences_increase(fx: &Fixture) {
     const N: usize = 32;
     let k = key("contenders");
     let config = LeaseConfig::builder(fx.ttl)
-        .backoff(leasehold::Backoff::new(Duration::from_millis(2), Duration::from_millis(50)).unwrap())
+        .backoff(
+            leasehold::Backoff::new(Duration::from_millis(2), Duration::from_millis(50)).unwrap(),
+        )
         .build()
         .unwrap();
     let client = LeaseClient::new(fx.store.clone(), config);
@@ -89,17 +106,24 @@ pub async fn concurrent_contenders_exclusive_and_fences_increase(fx: &Fixture) {
     let grants = Arc::new(Mutex::new(Vec::<Fence>::new()));
     let mut tasks = Vec::new();
     for _ in 0..N {
-        let (client, k, holders, grants) = (client.clone(), k.clone(), holders.clone(), grants.clone());
+        let (client, k, holders, grants) =
+            (client.clone(), k.clone(), holders.clone(), grants.clone());
         let wait = fx.ttl * 60;
         tasks.push(tokio::spawn(async move {
-            let lease = client.acquire(&k, wait).await.expect("every contender gets a turn");
+            let lease = client
+                .acquire(&k, wait)
+                .await
+                .expect("every contender gets a turn");
             let before = holders.fetch_add(1, Ordering::SeqCst);
             assert_eq!(before, 0, "two holders at once");
             grants.lock().unwrap().push(lease.fence());
             assert!(lease.is_valid(), "lease valid while held");
             sleep(Duration::from_millis(2)).await;
             holders.fetch_sub(1, Ordering::SeqCst);
-            assert!(lease.release().await.expect("release"), "lease still held at release");
+            assert!(
+                lease.release().await.expect("release"),
+                "lease still held at release"
+            );
         }));
     }
     for t in tasks {
@@ -108,7 +132,10 @@ pub async fn concurrent_contenders_exclusive_and_fences_increase(fx: &Fixture) {
     let grants = grants.lock().unwrap();
     assert_eq!(grants.len(), N);
     for w in grants.windows(2) {
-        assert!(w[0] < w[1], "fences must strictly increase across grants: {grants:?}");
+        assert!(
+            w[0] < w[1],
+            "fences must strictly increase across grants: {grants:?}"
+        );
     }
 }
 
@@ -122,9 +149,17 @@ pub async fn same_owner_reacquire_returns_same_fence(fx: &Fixture) {
     let f2 = fence_of(acquire_raw(fx, &k, &owner, fx.ttl).await);
     assert_eq!(f1, f2, "same owner re-acquire must return the same fence");
     sleep(fx.ttl * 3 / 4).await;
-    let info = fx.store.inspect(&k).await.unwrap().expect("re-acquire extended the TTL");
+    let info = fx
+        .store
+        .inspect(&k)
+        .await
+        .unwrap()
+        .expect("re-acquire extended the TTL");
     assert_eq!(info.owner, owner);
-    assert_eq!(fx.store.release(&k, &owner).await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(
+        fx.store.release(&k, &owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
 }
 
 /// Fences grow across acquire/release cycles and break; none repeats.
@@ -138,7 +173,10 @@ pub async fn fence_never_reused_after_release(fx: &Fixture) {
             assert!(f > l, "fence {f} after release is not above {l}");
         }
         last = Some(f);
-        assert_eq!(fx.store.release(&k, &owner).await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(
+            fx.store.release(&k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
     }
 }
 
@@ -167,10 +205,20 @@ pub async fn late_release_leaves_new_owner_intact(fx: &Fixture) {
     sleep(short + slack(fx)).await;
     let b = OwnerToken::random();
     let fb = fence_of(acquire_raw(fx, &k, &b, fx.ttl).await);
-    assert_eq!(fx.store.release(&k, &a).await.unwrap(), ReleaseOutcome::NotOwner);
-    assert_eq!(fx.store.renew(&k, &a, fx.ttl).await.unwrap(), RenewOutcome::NotOwner);
+    assert_eq!(
+        fx.store.release(&k, &a).await.unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    assert_eq!(
+        fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
+        RenewOutcome::NotOwner
+    );
     let info = fx.store.inspect(&k).await.unwrap().expect("B still holds");
-    assert_eq!((info.owner, info.fence), (b, fb), "old owner touched the new lease");
+    assert_eq!(
+        (info.owner, info.fence),
+        (b, fb),
+        "old owner touched the new lease"
+    );
     fx.store.release(&k, &b).await.unwrap();
 }
 
@@ -180,15 +228,24 @@ pub async fn only_owner_renews_or_releases(fx: &Fixture) {
     let a = OwnerToken::random();
     let fa = fence_of(acquire_raw(fx, &k, &a, fx.ttl).await);
     let b = OwnerToken::random();
-    assert_eq!(fx.store.renew(&k, &b, fx.ttl).await.unwrap(), RenewOutcome::NotOwner);
-    assert_eq!(fx.store.release(&k, &b).await.unwrap(), ReleaseOutcome::NotOwner);
+    assert_eq!(
+        fx.store.renew(&k, &b, fx.ttl).await.unwrap(),
+        RenewOutcome::NotOwner
+    );
+    assert_eq!(
+        fx.store.release(&k, &b).await.unwrap(),
+        ReleaseOutcome::NotOwner
+    );
     let info = fx.store.inspect(&k).await.unwrap().expect("A still holds");
     assert_eq!((info.owner, info.fence), (a, fa));
     assert!(matches!(
         fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
         RenewOutcome::Renewed { .. }
     ));
-    assert_eq!(fx.store.release(&k, &a).await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(
+        fx.store.release(&k, &a).await.unwrap(),
+        ReleaseOutcome::Released
+    );
     assert_eq!(
         fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
         RenewOutcome::NotOwner,
@@ -211,8 +268,17 @@ pub async fn renew_extends_ttl(fx: &Fixture) {
         ));
     }
     // 1.5 × the TTL has passed since the acquire: only renewals kept it.
-    let info = fx.store.inspect(&k).await.unwrap().expect("renewed lease still held");
-    assert_eq!((info.owner, info.fence), (a, fa), "renewal must not change the fence");
+    let info = fx
+        .store
+        .inspect(&k)
+        .await
+        .unwrap()
+        .expect("renewed lease still held");
+    assert_eq!(
+        (info.owner, info.fence),
+        (a, fa),
+        "renewal must not change the fence"
+    );
     fx.store.release(&k, &a).await.unwrap();
 }
 
@@ -227,7 +293,9 @@ pub async fn inspect_reports_holder(fx: &Fixture) {
     assert_eq!(info.key, k);
     assert_eq!((info.owner, info.fence), (a, fa));
     if fx.store.capabilities().reports_remaining {
-        let r = info.remaining.expect("store claims to report remaining TTL");
+        let r = info
+            .remaining
+            .expect("store claims to report remaining TTL");
         assert!(r <= fx.ttl && r > Duration::ZERO, "remaining {r:?}");
     }
     fx.store.release(&k, &a).await.unwrap();
@@ -238,7 +306,10 @@ pub async fn inspect_reports_holder(fx: &Fixture) {
 pub async fn max_hold_fires_lost(fx: &Fixture) {
     let k = key("max-hold");
     let max_hold = fx.ttl * 3 / 2;
-    let config = LeaseConfig::builder(fx.ttl).max_hold(max_hold).build().unwrap();
+    let config = LeaseConfig::builder(fx.ttl)
+        .max_hold(max_hold)
+        .build()
+        .unwrap();
     let client = LeaseClient::new(fx.store.clone(), config);
     let start = Instant::now();
     let lease = client.try_acquire(&k).await.unwrap();
@@ -256,7 +327,10 @@ pub async fn max_hold_fires_lost(fx: &Fixture) {
         assert!(Instant::now() < free_by, "key still held after max hold");
         sleep(fx.ttl / 10).await;
     }
-    assert!(!lease.release().await.unwrap(), "release after max hold finds nothing");
+    assert!(
+        !lease.release().await.unwrap(),
+        "release after max hold finds nothing"
+    );
 }
 
 /// When the store forgets the lease, the lost signal fires (`NotOwner`) within one renew
@@ -271,7 +345,10 @@ pub async fn lost_within_one_renew_interval_after_forget(fx: &Fixture) {
         .await
         .expect("lost fires within one renew interval of the store forgetting the lease");
     assert_eq!(reason, LostReason::NotOwner);
-    assert!(matches!(lease.ensure_valid(), Err(Error::LeaseLost(LostReason::NotOwner))));
+    assert!(matches!(
+        lease.ensure_valid(),
+        Err(Error::LeaseLost(LostReason::NotOwner))
+    ));
     // Someone else can take it, with a higher fence.
     let next = client.try_acquire(&k).await.expect("forgotten key is free");
     assert!(next.fence() > lease.fence());
@@ -323,7 +400,10 @@ pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
         tokio::spawn(async move { client.acquire(&k, wait).await })
     };
     sleep(fx.ttl / 2).await;
-    assert!(!waiter.is_finished(), "waiter must not acquire a held lease");
+    assert!(
+        !waiter.is_finished(),
+        "waiter must not acquire a held lease"
+    );
     assert!(holder.release().await.unwrap());
     let lease = timeout(fx.ttl * 4, waiter)
         .await
@@ -343,7 +423,12 @@ pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
 /// Bad input gets typed errors, never a panic or a silent success.
 pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
     let client = fx.client();
-    for bad in [String::new(), "a\0b".into(), "x\ny".into(), "k".repeat(leasehold::MAX_KEY_LEN + 1)] {
+    for bad in [
+        String::new(),
+        "a\0b".into(),
+        "x\ny".into(),
+        "k".repeat(leasehold::MAX_KEY_LEN + 1),
+    ] {
         match client.try_acquire(bad.as_str()).await {
             Err(Error::InvalidKey(_)) => {}
             other => panic!("key {bad:?}: expected InvalidKey, got {other:?}"),
@@ -351,17 +436,30 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
     }
     let owner = OwnerToken::random();
     let k = key("bad-ttl");
-    for ttl in [Duration::ZERO, Duration::from_nanos(1), Duration::MAX, Duration::from_secs(u64::MAX / 1000 + 1)] {
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::MAX,
+        Duration::from_secs(u64::MAX / 1000 + 1),
+    ] {
         match fx.store.acquire(&k, &owner, ttl).await {
             Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "ttl {ttl:?}: {e}"),
             Ok(o) => panic!("ttl {ttl:?} accepted: {o:?}"),
         }
         match fx.store.renew(&k, &owner, ttl).await {
-            Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "renew ttl {ttl:?}: {e}"),
+            Err(e) => assert_eq!(
+                e.kind(),
+                StoreErrorKind::InvalidInput,
+                "renew ttl {ttl:?}: {e}"
+            ),
             Ok(o) => panic!("renew ttl {ttl:?} accepted: {o:?}"),
         }
     }
-    assert_eq!(fx.store.inspect(&k).await.unwrap(), None, "a rejected acquire left a lease");
+    assert_eq!(
+        fx.store.inspect(&k).await.unwrap(),
+        None,
+        "a rejected acquire left a lease"
+    );
     // Keys at the edges of the rules work and stay distinct.
     let edge = [
         format!("conformance:{}", "k".repeat(leasehold::MAX_KEY_LEN - 12)),
@@ -376,12 +474,25 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
     let mut held = Vec::new();
     for name in &edge {
         let k = Key::new(name).unwrap();
-        let lease = client.try_acquire(&k).await.unwrap_or_else(|e| panic!("key {name:?}: {e}"));
+        let lease = client
+            .try_acquire(&k)
+            .await
+            .unwrap_or_else(|e| panic!("key {name:?}: {e}"));
         held.push(lease);
     }
     for lease in held {
-        let info = fx.store.inspect(lease.key()).await.unwrap().expect("edge key held");
-        assert_eq!(info.owner, *lease.owner(), "keys collided: {:?}", lease.key());
+        let info = fx
+            .store
+            .inspect(lease.key())
+            .await
+            .unwrap()
+            .expect("edge key held");
+        assert_eq!(
+            info.owner,
+            *lease.owner(),
+            "keys collided: {:?}",
+            lease.key()
+        );
         assert!(lease.release().await.unwrap());
     }
 }
@@ -397,7 +508,11 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
     // Held reports the remaining TTL exactly when claimed.
     match acquire_raw(fx, &k, &OwnerToken::random(), fx.ttl).await {
         AcquireOutcome::Held { remaining } => {
-            assert_eq!(remaining.is_some(), caps.reports_remaining, "reports_remaining claim: {remaining:?}");
+            assert_eq!(
+                remaining.is_some(),
+                caps.reports_remaining,
+                "reports_remaining claim: {remaining:?}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -412,7 +527,10 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
     if caps.wait_for_release {
         sleep(fx.ttl / 4).await;
         assert!(!wait.is_finished(), "wait_released returned while held");
-        assert_eq!(fx.store.release(&k, &a).await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(
+            fx.store.release(&k, &a).await.unwrap(),
+            ReleaseOutcome::Released
+        );
         timeout(fx.ttl * 2, wait)
             .await
             .expect("wait_released returns soon after the release")
@@ -420,7 +538,10 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
             .expect("wait_released ok");
         assert!(started.elapsed() < fx.ttl * 4, "notified only at expiry");
     } else {
-        let err = wait.await.unwrap().expect_err("wait_released must say Unsupported");
+        let err = wait
+            .await
+            .unwrap()
+            .expect_err("wait_released must say Unsupported");
         assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
         fx.store.release(&k, &a).await.unwrap();
     }
@@ -448,17 +569,33 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
     // break_lease
     match fx.store.break_lease(&k).await {
         Ok(broken) if caps.break_lease => {
-            assert!(broken > fb, "break must advance the fence: {broken} vs {fb}");
-            assert_eq!(fx.store.inspect(&k).await.unwrap(), None, "break removes the lease");
-            assert_eq!(fx.store.renew(&k, &b, fx.ttl).await.unwrap(), RenewOutcome::NotOwner);
+            assert!(
+                broken > fb,
+                "break must advance the fence: {broken} vs {fb}"
+            );
+            assert_eq!(
+                fx.store.inspect(&k).await.unwrap(),
+                None,
+                "break removes the lease"
+            );
+            assert_eq!(
+                fx.store.renew(&k, &b, fx.ttl).await.unwrap(),
+                RenewOutcome::NotOwner
+            );
             let d = OwnerToken::random();
             let fd = fence_of(acquire_raw(fx, &k, &d, fx.ttl).await);
-            assert!(fd > broken, "next grant {fd} must be above the broken fence {broken}");
+            assert!(
+                fd > broken,
+                "next grant {fd} must be above the broken fence {broken}"
+            );
             fx.store.release(&k, &d).await.unwrap();
         }
         Ok(f) => panic!("break works but capabilities say it does not: {f}"),
         Err(e) => {
-            assert!(!caps.break_lease, "capabilities claim break_lease, but: {e}");
+            assert!(
+                !caps.break_lease,
+                "capabilities claim break_lease, but: {e}"
+            );
             assert_eq!(e.kind(), StoreErrorKind::Unsupported, "{e}");
             fx.store.release(&k, &b).await.unwrap();
         }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold::memory::{MemoryStore, Unreachable};
 use leasehold::{
-    AcquireOutcome, Capabilities, Fence, Key, LeaseInfo, OwnerToken, ReleaseOutcome,
-    RenewOutcome, Store, StoreError,
+    AcquireOutcome, Capabilities, Fence, Key, LeaseInfo, OwnerToken, ReleaseOutcome, RenewOutcome,
+    Store, StoreError,
 };
 use leasehold_conformance::{Faults, Fixture, cases};
 
@@ -59,11 +59,19 @@ impl Store for Broken {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn acquire(&self, key: &Key, owner: &OwnerToken, ttl: Duration) -> Result<AcquireOutcome, StoreError> {
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
         let out = self.inner.acquire(key, owner, self.ttl(ttl)).await?;
         Ok(match (self.flaw, out) {
             (Flaw::FenceNeverAdvances, AcquireOutcome::Acquired { ttl, .. }) => {
-                AcquireOutcome::Acquired { fence: Fence(1), ttl }
+                AcquireOutcome::Acquired {
+                    fence: Fence(1),
+                    ttl,
+                }
             }
             (Flaw::IgnoresExpiry, AcquireOutcome::Acquired { fence, .. }) => {
                 AcquireOutcome::Acquired { fence, ttl }
@@ -71,7 +79,12 @@ impl Store for Broken {
             (_, out) => out,
         })
     }
-    async fn renew(&self, key: &Key, owner: &OwnerToken, ttl: Duration) -> Result<RenewOutcome, StoreError> {
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
         let owner = self.as_owner(key, owner).await;
         let out = self.inner.renew(key, &owner, self.ttl(ttl)).await?;
         Ok(match out {
@@ -122,7 +135,10 @@ impl Faults for MemoryFaults {
 fn fixture(flaw: Flaw) -> Fixture {
     let inner = MemoryStore::new();
     Fixture {
-        store: Arc::new(Broken { inner: inner.clone(), flaw }),
+        store: Arc::new(Broken {
+            inner: inner.clone(),
+            flaw,
+        }),
         faults: Arc::new(MemoryFaults(inner)),
         ttl: Duration::from_millis(600),
         guard: Box::new(()),

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::memory::{MemoryStore, Unreachable};
 use leasehold::Key;
+use leasehold::memory::{MemoryStore, Unreachable};
 use leasehold_conformance::{Faults, Fixture};
 
 struct MemoryFaults(MemoryStore);

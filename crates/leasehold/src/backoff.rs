@@ -46,7 +46,10 @@ impl Backoff {
     /// The ceiling for retry `attempt`: `min(cap, base × 2^attempt)`, without overflow.
     pub fn ceiling(&self, attempt: u32) -> Duration {
         let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
-        self.base.checked_mul(factor).unwrap_or(self.cap).min(self.cap)
+        self.base
+            .checked_mul(factor)
+            .unwrap_or(self.cap)
+            .min(self.cap)
     }
 
     /// A random delay for retry `attempt`, uniform in `0..=ceiling(attempt)`.
@@ -101,7 +104,9 @@ mod tests {
         let b = Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).unwrap();
         let draw = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
-            (0..64).map(|a| b.delay(a % 8, &mut rng)).collect::<Vec<_>>()
+            (0..64)
+                .map(|a| b.delay(a % 8, &mut rng))
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));

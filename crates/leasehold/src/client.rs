@@ -134,7 +134,8 @@ impl LeaseClient {
         let started = Instant::now();
         let backend = self.inner.store.backend();
         let span = tracing::debug_span!("leasehold.acquire", %key, backend);
-        let res = tracing::Instrument::instrument(self.acquire_loop(&key, started, wait), span).await;
+        let res =
+            tracing::Instrument::instrument(self.acquire_loop(&key, started, wait), span).await;
         let took = started.elapsed();
         let result = match &res {
             Ok(_) => "acquired",
@@ -153,7 +154,9 @@ impl LeaseClient {
                 duration_us = took.as_micros() as u64,
                 "acquire"
             ),
-            Err(e) => tracing::debug!(%key, result, duration_us = took.as_micros() as u64, error = %e, "acquire"),
+            Err(e) => {
+                tracing::debug!(%key, result, duration_us = took.as_micros() as u64, error = %e, "acquire")
+            }
         }
         res
     }
@@ -179,9 +182,16 @@ impl LeaseClient {
         loop {
             orphan.maybe_granted = true;
             let sent_at = Instant::now();
-            let reply = tokio::time::timeout(cfg.op_timeout(), store.acquire(key, &owner, cfg.ttl()))
-                .await
-                .unwrap_or_else(|_| Err(StoreError::timeout(store.backend(), "acquire", cfg.op_timeout())));
+            let reply =
+                tokio::time::timeout(cfg.op_timeout(), store.acquire(key, &owner, cfg.ttl()))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(StoreError::timeout(
+                            store.backend(),
+                            "acquire",
+                            cfg.op_timeout(),
+                        ))
+                    });
             let err = match reply {
                 Ok(AcquireOutcome::Acquired { fence, ttl }) => {
                     let ttl = ttl.min(cfg.ttl());
@@ -198,7 +208,12 @@ impl LeaseClient {
                         ));
                         let sched = self.scheduler();
                         scheduler::track(sched, &shared, cfg);
-                        return Ok(Lease::new(shared, sched.clone(), store.clone(), cfg.op_timeout()));
+                        return Ok(Lease::new(
+                            shared,
+                            sched.clone(),
+                            store.clone(),
+                            cfg.op_timeout(),
+                        ));
                     }
                     // The reply came too late to leave any validity: treat it as lost.
                     StoreError::timeout(store.backend(), "acquire", cfg.op_timeout())

@@ -109,7 +109,7 @@ impl LeaseConfig {
             renew_interval: None,
             op_timeout: None,
             drift_factor: 0.01,
-            margin: Duration::from_millis(5),
+            margin: None,
             renew_failures_before_lost: 2,
             max_hold: None,
             max_renewals: None,
@@ -188,7 +188,7 @@ pub struct LeaseConfigBuilder {
     renew_interval: Option<Duration>,
     op_timeout: Option<Duration>,
     drift_factor: f64,
-    margin: Duration,
+    margin: Option<Duration>,
     renew_failures_before_lost: u32,
     max_hold: Option<Duration>,
     max_renewals: Option<u64>,
@@ -213,9 +213,10 @@ impl LeaseConfigBuilder {
         self.drift_factor = f;
         self
     }
-    /// Fixed safety margin subtracted from the validity window (default 5 ms).
+    /// Fixed safety margin subtracted from the validity window (default 5 ms, or
+    /// `ttl / 20` for TTLs under 100 ms).
     pub fn margin(mut self, d: Duration) -> Self {
-        self.margin = d;
+        self.margin = Some(d);
         self
     }
     /// Lose the lease after `n` consecutive failed renewals (default 2).
@@ -290,16 +291,19 @@ impl LeaseConfigBuilder {
             return Err(ConfigError::DriftFactor(self.drift_factor));
         }
         let drift = ttl.mul_f64(self.drift_factor);
+        let margin = self
+            .margin
+            .unwrap_or_else(|| Duration::from_millis(5).min(ttl / 20));
         let needed = op_timeout
             .checked_add(renew_interval)
             .and_then(|d| d.checked_add(drift))
-            .and_then(|d| d.checked_add(self.margin));
+            .and_then(|d| d.checked_add(margin));
         if needed.is_none_or(|n| n >= ttl) {
             return Err(ConfigError::NoRoomToRenew {
                 op_timeout,
                 renew_interval,
                 drift,
-                margin: self.margin,
+                margin,
                 ttl,
             });
         }
@@ -314,7 +318,7 @@ impl LeaseConfigBuilder {
             renew_interval,
             op_timeout,
             drift_factor: self.drift_factor,
-            margin: self.margin,
+            margin,
             renew_failures_before_lost: self.renew_failures_before_lost,
             max_hold: self.max_hold,
             max_renewals: self.max_renewals,

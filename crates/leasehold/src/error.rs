@@ -176,9 +176,9 @@ impl StoreError {
             | StoreErrorKind::Ambiguous
             | StoreErrorKind::Busy
             | StoreErrorKind::Other => Action::Retry,
-            StoreErrorKind::Config
-            | StoreErrorKind::InvalidInput
-            | StoreErrorKind::Unsupported => Action::Reconfigure,
+            StoreErrorKind::Config | StoreErrorKind::InvalidInput | StoreErrorKind::Unsupported => {
+                Action::Reconfigure
+            }
             StoreErrorKind::Corrupt => Action::Investigate,
         }
     }

@@ -201,7 +201,11 @@ impl LeaseShared {
         }
         s.ended = true;
         if s.lost.is_none() {
-            m::hold_ended(self.backend, self.key.resource_type(), self.acquired_at.elapsed());
+            m::hold_ended(
+                self.backend,
+                self.key.resource_type(),
+                self.acquired_at.elapsed(),
+            );
         }
         true
     }

@@ -169,9 +169,7 @@ impl Store for MemoryStore {
         self.reach().await?;
         let now = Instant::now();
         let mut s = self.lock();
-        let ours = s
-            .live(key, now)
-            .is_some_and(|h| h.owner == *owner);
+        let ours = s.live(key, now).is_some_and(|h| h.owner == *owner);
         if !ours {
             return Ok(ReleaseOutcome::NotOwner);
         }

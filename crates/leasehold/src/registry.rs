@@ -91,7 +91,11 @@ impl Registry {
         let scheme = url
             .split_once("://")
             .map(|(s, _)| s)
-            .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)))
+            .filter(|s| {
+                !s.is_empty()
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+            })
             .ok_or_else(|| {
                 StoreError::new(
                     StoreErrorKind::Config,
@@ -104,7 +108,10 @@ impl Registry {
             StoreError::new(
                 StoreErrorKind::Config,
                 "registry",
-                format!("unknown store URL scheme `{scheme}`; known: {}", known.join(", ")),
+                format!(
+                    "unknown store URL scheme `{scheme}`; known: {}",
+                    known.join(", ")
+                ),
             )
         })?;
         factory.open(url).await

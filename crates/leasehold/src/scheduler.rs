@@ -298,7 +298,9 @@ impl Scheduler {
                 e.failures += 1;
                 if matches!(
                     err.kind(),
-                    StoreErrorKind::Unavailable | StoreErrorKind::Timeout | StoreErrorKind::Ambiguous
+                    StoreErrorKind::Unavailable
+                        | StoreErrorKind::Timeout
+                        | StoreErrorKind::Ambiguous
                 ) {
                     e.unreachable_failures += 1;
                 }

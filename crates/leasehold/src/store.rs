@@ -157,7 +157,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Backends without notifications return `Unsupported` (the default).
     async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
         let _ = (key, timeout);
-        Err(StoreError::unsupported(self.backend(), "waiting for release"))
+        Err(StoreError::unsupported(
+            self.backend(),
+            "waiting for release",
+        ))
     }
 
     /// The held leases whose keys start with `prefix`. Default: `Unsupported`.

@@ -62,7 +62,9 @@ pub(crate) fn watch(lease: &Arc<LeaseShared>) {
 impl Watchdog {
     fn push(&self, item: Item) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let earliest = q.peek().is_none_or(|Reverse(top)| item.deadline < top.deadline);
+        let earliest = q
+            .peek()
+            .is_none_or(|Reverse(top)| item.deadline < top.deadline);
         q.push(Reverse(item));
         drop(q);
         if earliest {

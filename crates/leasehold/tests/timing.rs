@@ -1,0 +1,521 @@
+//! Deterministic tests of heartbeat, deadline, backoff and acquire logic on tokio's paused
+//! clock: time only moves when every task is idle (or when the test advances it), so the
+//! figures below are exact, not wall-clock measurements.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::memory::{MemoryStore, Unreachable};
+use leasehold::{
+    AcquireOutcome, Backoff, Capabilities, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo,
+    LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::time::{Instant, advance, sleep};
+
+const S: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+/// What a [`Scripted`] store does on top of the memory store.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+enum Fault {
+    #[default]
+    None,
+    /// Renewals are applied at once but their reply takes this long.
+    SlowRenew(Duration),
+    /// Renewals fail with an error of this kind.
+    RenewError(StoreErrorKind),
+    /// The next acquire is applied, then reported as an ambiguous failure.
+    AcquireAppliedThenAmbiguous,
+    /// Acquires are applied, then the reply never comes.
+    AcquireAppliedThenHang,
+}
+
+/// A recorded call: operation, when, by which owner.
+type Call = (&'static str, Instant, OwnerToken);
+
+/// A memory store that records every call (operation, time) and can misbehave.
+#[derive(Debug, Clone, Default)]
+struct Scripted {
+    inner: MemoryStore,
+    calls: Arc<Mutex<Vec<Call>>>,
+    fault: Arc<Mutex<Fault>>,
+    hide_wait_for_release: bool,
+}
+
+impl Scripted {
+    fn set(&self, f: Fault) {
+        *self.fault.lock().unwrap() = f;
+    }
+    fn fault(&self) -> Fault {
+        *self.fault.lock().unwrap()
+    }
+    fn log(&self, op: &'static str, owner: &OwnerToken) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((op, Instant::now(), *owner));
+    }
+    fn count(&self, op: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.0 == op)
+            .count()
+    }
+    fn times(&self, op: &str) -> Vec<Instant> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.0 == op)
+            .map(|c| c.1)
+            .collect()
+    }
+    fn owners(&self, op: &str) -> Vec<OwnerToken> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.0 == op)
+            .map(|c| c.2)
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Store for Scripted {
+    fn backend(&self) -> &'static str {
+        "scripted"
+    }
+    fn capabilities(&self) -> Capabilities {
+        let mut c = self.inner.capabilities();
+        if self.hide_wait_for_release {
+            c.wait_for_release = false;
+        }
+        c
+    }
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.log("acquire", owner);
+        let out = self.inner.acquire(key, owner, ttl).await?;
+        match self.fault() {
+            Fault::AcquireAppliedThenAmbiguous => {
+                self.set(Fault::None);
+                Err(StoreError::new(
+                    StoreErrorKind::Ambiguous,
+                    "scripted",
+                    "connection reset after send",
+                ))
+            }
+            Fault::AcquireAppliedThenHang => std::future::pending().await,
+            _ => Ok(out),
+        }
+    }
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.log("renew", owner);
+        match self.fault() {
+            Fault::SlowRenew(d) => {
+                // Applied at once; the reply takes `d`.
+                let out = self.inner.renew(key, owner, ttl).await;
+                sleep(d).await;
+                out
+            }
+            Fault::RenewError(kind) => Err(StoreError::new(kind, "scripted", "injected")),
+            _ => self.inner.renew(key, owner, ttl).await,
+        }
+    }
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.log("release", owner);
+        self.inner.release(key, owner).await
+    }
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.inner.inspect(key).await
+    }
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        if self.hide_wait_for_release {
+            return Err(StoreError::unsupported("scripted", "wait"));
+        }
+        self.inner.wait_released(key, timeout).await
+    }
+}
+
+fn config(ttl: Duration) -> leasehold::LeaseConfigBuilder {
+    // The watchdog thread runs on the real clock; these tests run on the paused one.
+    LeaseConfig::builder(ttl).watchdog_thread(false)
+}
+
+fn client(store: &Scripted, cfg: LeaseConfig) -> LeaseClient {
+    LeaseClient::with_rng(Arc::new(store.clone()), cfg, StdRng::seed_from_u64(7))
+}
+
+fn key() -> Key {
+    Key::new("job:timing").unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_renews_every_third_of_the_ttl() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let t0 = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    sleep(10 * S + 500 * MS).await;
+    let times: Vec<_> = store.times("renew").iter().map(|t| *t - t0).collect();
+    assert_eq!(times, (1..=10).map(|i| i * S).collect::<Vec<_>>());
+    assert!(lease.is_valid());
+    // valid_until counts from the last renewal's send time: 10 s + 3 s × 0.99 − 5 ms.
+    assert_eq!(lease.valid_until() - t0, 10 * S + 2965 * MS);
+    assert!(lease.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn frozen_process_is_lost_on_resume_without_renewing() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    // The whole process freezes for 10 s: the clock jumps, every timer is due at once.
+    advance(10 * S).await;
+    // The first code to run after the freeze sees the lease lost, before any task ran.
+    assert!(!lease.is_valid());
+    assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
+    assert!(matches!(
+        lease.ensure_valid(),
+        Err(Error::LeaseLost(LostReason::Expired))
+    ));
+    sleep(5 * S).await;
+    assert_eq!(
+        store.count("renew"),
+        0,
+        "a lease past its deadline must not be renewed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn frozen_scheduler_reports_lost_even_if_nobody_checks() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    let lost = lease.lost();
+    advance(10 * S).await;
+    // Only the scheduler runs here (the test does not call is_valid).
+    assert_eq!(lost.wait().await, LostReason::Expired);
+    assert_eq!(store.count("renew"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn freeze_while_a_renewal_is_in_flight_is_lost_not_extended() {
+    let store = Scripted::default();
+    store.set(Fault::SlowRenew(100 * MS));
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    sleep(S + 10 * MS).await; // the first renewal is in flight
+    assert_eq!(store.count("renew"), 1);
+    let before = lease.valid_until();
+    advance(10 * S).await; // frozen; the reply is processed after the deadline
+    sleep(MS).await;
+    assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
+    assert_eq!(
+        lease.valid_until(),
+        before,
+        "a late reply must not move the deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn consecutive_unreachable_renewals_lose_the_lease_before_the_deadline() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let t0 = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    store.inner.set_unreachable(Some(Unreachable::Hang));
+    let reason = lease.lost().await;
+    let lost_after = Instant::now() - t0;
+    assert_eq!(reason, LostReason::StoreUnavailable);
+    // renew at 1 s, times out at 1.5 s (op timeout = ttl/6); retry at 1.75 s, times out at
+    // 2.25 s: two consecutive failures. The deadline would have been 2.965 s.
+    assert_eq!(lost_after, 2250 * MS);
+    assert!(lost_after < c.config().validity(3 * S));
+    assert_eq!(store.count("renew"), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn renew_errors_count_towards_renew_failed() {
+    let store = Scripted::default();
+    store.set(Fault::RenewError(StoreErrorKind::Other));
+    let c = client(
+        &store,
+        config(3 * S).renew_failures_before_lost(3).build().unwrap(),
+    );
+    let t0 = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    let reason = lease.lost().await;
+    assert_eq!(reason, LostReason::RenewFailed { attempts: 3 });
+    // 1 s, then retries every 250 ms.
+    let times: Vec<_> = store.times("renew").iter().map(|t| *t - t0).collect();
+    assert_eq!(times, vec![1000 * MS, 1250 * MS, 1500 * MS]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_failed_renewal_then_success_keeps_the_lease() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    store.set(Fault::RenewError(StoreErrorKind::Unavailable));
+    sleep(1100 * MS).await;
+    store.set(Fault::None);
+    sleep(5 * S).await;
+    assert!(lease.is_valid(), "{:?}", lease.lost_reason());
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_forgetting_the_lease_fires_not_owner_within_one_interval() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    sleep(1500 * MS).await;
+    let forgotten_at = Instant::now();
+    store.inner.forget(&key());
+    assert_eq!(lease.lost().await, LostReason::NotOwner);
+    assert_eq!(Instant::now() - forgotten_at, 500 * MS); // the renewal at 2 s
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_stops_the_heartbeat_and_frees_the_key() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).max_hold(4500 * MS).build().unwrap());
+    let t0 = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    assert_eq!(lease.lost().await, LostReason::MaxHoldExceeded);
+    assert_eq!(Instant::now() - t0, 4500 * MS);
+    sleep(MS).await;
+    assert_eq!(
+        store.inner.inspect(&key()).await.unwrap(),
+        None,
+        "released on max hold"
+    );
+    assert_eq!(store.count("renew"), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_renewals_bounds_the_hold() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).max_renewals(2).build().unwrap());
+    let t0 = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    assert_eq!(lease.lost().await, LostReason::MaxHoldExceeded);
+    assert_eq!(Instant::now() - t0, 3 * S);
+    assert_eq!(store.count("renew"), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ambiguous_acquire_is_retried_with_the_same_owner_and_fence() {
+    let store = Scripted::default();
+    store.set(Fault::AcquireAppliedThenAmbiguous);
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    let owners = store.owners("acquire");
+    assert_eq!(owners.len(), 2);
+    assert_eq!(owners[0], owners[1], "the retry must reuse the owner token");
+    assert_eq!(
+        lease.fence(),
+        Fence(1),
+        "the retry returns the grant it made, not a new one"
+    );
+    let info = store.inner.inspect(&key()).await.unwrap().unwrap();
+    assert_eq!(info.owner, *lease.owner());
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_that_never_answers_times_out_and_leaves_no_orphan() {
+    let store = Scripted::default();
+    store.set(Fault::AcquireAppliedThenHang);
+    let c = client(&store, config(3 * S).ambiguous_retries(1).build().unwrap());
+    let err = c.try_acquire(key()).await.unwrap_err();
+    assert_eq!(err.store_error().unwrap().kind(), StoreErrorKind::Timeout);
+    assert_eq!(store.count("acquire"), 2);
+    store.set(Fault::None);
+    sleep(MS).await;
+    assert_eq!(
+        store.count("release"),
+        1,
+        "the possibly granted owner is released"
+    );
+    assert_eq!(store.inner.inspect(&key()).await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelled_acquire_releases_what_it_may_have_been_granted() {
+    let store = Scripted::default();
+    store.set(Fault::AcquireAppliedThenHang);
+    let c = client(&store, config(3 * S).build().unwrap());
+    let res = tokio::time::timeout(100 * MS, c.try_acquire(key())).await;
+    assert!(res.is_err(), "cancelled");
+    store.set(Fault::None);
+    sleep(MS).await;
+    assert_eq!(store.owners("release"), store.owners("acquire"));
+    assert_eq!(store.inner.inspect(&key()).await.unwrap(), None);
+}
+
+/// Acquire timestamps of one waiter against a holder that never releases.
+async fn waiter_attempts(seed: u64) -> Vec<Duration> {
+    let store = Scripted {
+        hide_wait_for_release: true,
+        ..Default::default()
+    };
+    let holder = OwnerToken::random();
+    // Held for 10 s and never renewed.
+    store.inner.acquire(&key(), &holder, 10 * S).await.unwrap();
+    let cfg = config(3 * S)
+        .backoff(Backoff::new(100 * MS, 2 * S).unwrap())
+        .build()
+        .unwrap();
+    let c = LeaseClient::with_rng(Arc::new(store.clone()), cfg, StdRng::seed_from_u64(seed));
+    let t0 = Instant::now();
+    let err = c.acquire(key(), 5 * S).await.unwrap_err();
+    assert!(matches!(err, Error::WaitTimeout { .. }), "{err}");
+    assert_eq!(
+        Instant::now() - t0,
+        5 * S,
+        "gives up exactly at the deadline"
+    );
+    store.times("acquire").iter().map(|t| *t - t0).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_uses_full_jitter_backoff_with_an_injected_rng() {
+    let a = waiter_attempts(1).await;
+    assert_eq!(a, waiter_attempts(1).await, "same seed, same schedule");
+    assert_ne!(a, waiter_attempts(2).await, "other seed, other schedule");
+    let b = Backoff::new(100 * MS, 2 * S).unwrap();
+    for (i, w) in a.windows(2).enumerate() {
+        let gap = w[1] - w[0];
+        assert!(
+            gap <= b.ceiling(i as u32),
+            "gap {gap:?} above ceiling of attempt {i}"
+        );
+    }
+    assert!(a.len() >= 4, "{a:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_sleeps_no_longer_than_the_holders_remaining_ttl() {
+    let store = Scripted {
+        hide_wait_for_release: true,
+        ..Default::default()
+    };
+    let holder = OwnerToken::random();
+    store
+        .inner
+        .acquire(&key(), &holder, 300 * MS)
+        .await
+        .unwrap();
+    // A huge backoff: without the bound the waiter would sleep up to 20 s.
+    let cfg = config(3 * S)
+        .backoff(Backoff::new(20 * S, 20 * S).unwrap())
+        .build()
+        .unwrap();
+    let c = LeaseClient::with_rng(Arc::new(store.clone()), cfg, StdRng::seed_from_u64(3));
+    let t0 = Instant::now();
+    let lease = c.acquire(key(), 60 * S).await.unwrap();
+    assert!(Instant::now() - t0 <= 300 * MS, "{:?}", Instant::now() - t0);
+    assert_eq!(lease.fence(), Fence(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_wakes_on_release_notification() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let holder = c.try_acquire(key()).await.unwrap();
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move { c.acquire(key(), 60 * S).await })
+    };
+    sleep(7 * S).await;
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let lease = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        Instant::now(),
+        released_at,
+        "hand-off without polling delay"
+    );
+    assert_eq!(lease.fence(), Fence(2));
+    // While the holder was alive, the waiter woke only when its lease could have expired.
+    assert!(store.count("acquire") <= 5, "{}", store.count("acquire"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_cancels_work_when_the_lease_is_lost() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    let token = lease.lost_token();
+    let forget = {
+        let store = store.clone();
+        async move {
+            sleep(1500 * MS).await;
+            store.inner.forget(&key());
+        }
+    };
+    tokio::spawn(forget);
+    let res = lease.run(sleep(60 * S)).await;
+    assert!(
+        matches!(res, Err(Error::LeaseLost(LostReason::NotOwner))),
+        "{res:?}"
+    );
+    assert!(token.is_cancelled());
+    // Work on a lost lease does not even start.
+    assert!(lease.run(async { unreachable!() }).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_lease_releases_it_in_the_background() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    drop(lease);
+    sleep(MS).await;
+    assert_eq!(store.inner.inspect(&key()).await.unwrap(), None);
+    sleep(5 * S).await;
+    assert_eq!(store.count("renew"), 0, "no renewals after drop");
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_after_takeover_reports_false_and_leaves_the_new_holder() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let a = c.try_acquire(key()).await.unwrap();
+    store.inner.forget(&key());
+    let b = c.try_acquire(key()).await.unwrap();
+    assert!(!a.release().await.unwrap());
+    assert!(b.is_valid());
+    assert_eq!(
+        store.inner.inspect(&key()).await.unwrap().unwrap().owner,
+        *b.owner()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_clock_jump_changes_nothing() {
+    // Deadlines live on the monotonic clock only: there is no wall clock to jump. Here the
+    // monotonic clock moves normally while renewals continue: the lease stays valid.
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    for _ in 0..100 {
+        sleep(500 * MS).await;
+        assert!(lease.is_valid());
+    }
+}
