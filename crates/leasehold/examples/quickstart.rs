@@ -43,11 +43,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let key = "job:nightly-invoices";
 
     // Worker A runs on its own runtime thread, so freezing that thread freezes A entirely.
-    let rt_a = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt_a = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let client_a = LeaseClient::new(store.clone(), config.clone());
     let lease_a = rt_a.block_on(client_a.try_acquire(key))?;
     println!("{} A acquired {key} with fence {}", t(), lease_a.fence());
-    ledger.write(lease_a.fence(), "A: invoice batch 1").expect("A holds the lease");
+    ledger
+        .write(lease_a.fence(), "A: invoice batch 1")
+        .expect("A holds the lease");
     println!("{} A wrote invoice batch 1", t());
 
     let a_thread = {
@@ -72,20 +76,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ),
             }
             rt_a.block_on(async move {
-                println!("{} A releases: still held = {}", t(), lease_a.release().await.unwrap_or(false));
+                println!(
+                    "{} A releases: still held = {}",
+                    t(),
+                    lease_a.release().await.unwrap_or(false)
+                );
             });
         })
     };
 
-    let rt_b = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt_b = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt_b.block_on(async {
         let client_b = LeaseClient::new(store.clone(), config.clone());
         let lease_b = client_b.acquire(key, Duration::from_secs(10)).await?;
-        println!("{} B acquired {key} with fence {} (A's lease expired in the store)", t(), lease_b.fence());
-        ledger.write(lease_b.fence(), "B: invoice batch 2").expect("B holds the lease");
+        println!(
+            "{} B acquired {key} with fence {} (A's lease expired in the store)",
+            t(),
+            lease_b.fence()
+        );
+        ledger
+            .write(lease_b.fence(), "B: invoice batch 2")
+            .expect("B holds the lease");
         println!("{} B wrote invoice batch 2", t());
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        println!("{} B releases: still held = {}", t(), lease_b.release().await?);
+        println!(
+            "{} B releases: still held = {}",
+            t(),
+            lease_b.release().await?
+        );
         Ok::<_, leasehold::Error>(())
     })?;
     a_thread.join().expect("worker A");

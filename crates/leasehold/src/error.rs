@@ -242,6 +242,19 @@ pub enum Error {
     /// The lease was lost (or had been lost) before the operation.
     #[error("lease lost: {0}")]
     LeaseLost(LostReason),
+    /// A guard rejected a write: its fence is below the highest accepted for the resource,
+    /// so the writer lost its lease. Roll back; never retry with the same fence.
+    #[error(
+        "write to `{resource}` with fence {fence} rejected: fence {current} was already accepted (ownership lost)"
+    )]
+    FenceRejected {
+        /// The protected resource.
+        resource: String,
+        /// The rejected fence.
+        fence: crate::Fence,
+        /// The highest fence accepted.
+        current: crate::Fence,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -259,7 +272,7 @@ impl Error {
         match self {
             Self::InvalidKey(_) | Self::InvalidConfig(_) => Action::Reconfigure,
             Self::Contended { .. } | Self::WaitTimeout { .. } => Action::TryLater,
-            Self::LeaseLost(_) => Action::OwnershipLost,
+            Self::LeaseLost(_) | Self::FenceRejected { .. } => Action::OwnershipLost,
             Self::Store(e) => e.action(),
         }
     }
