@@ -56,7 +56,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let a_thread = {
         let ledger = ledger.clone();
-        let t = t.clone();
+
         std::thread::spawn(move || {
             println!("{} A is frozen (think: a 3 s GC pause)", t());
             std::thread::sleep(Duration::from_secs(3)); // nothing of A runs, not even renewal
