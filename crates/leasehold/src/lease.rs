@@ -73,6 +73,10 @@ struct State {
 
 /// State shared by the handle, the renewal scheduler and the deadline watchdog.
 pub(crate) struct LeaseShared {
+    /// Process-wide unique id.
+    pub(crate) id: u64,
+    /// Whether the watchdog thread watches it.
+    watched: std::sync::atomic::AtomicBool,
     pub(crate) key: Key,
     pub(crate) owner: OwnerToken,
     pub(crate) fence: Fence,
@@ -104,7 +108,10 @@ impl LeaseShared {
         valid_until: Instant,
         backend: &'static str,
     ) -> Self {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            watched: std::sync::atomic::AtomicBool::new(false),
             key,
             owner,
             fence,
@@ -117,6 +124,22 @@ impl LeaseShared {
                 ended: false,
             }),
             lost: CancellationToken::new(),
+        }
+    }
+
+    /// Hands the lease to the watchdog thread until it ends.
+    pub(crate) fn watch(self: &Arc<Self>) {
+        self.watched
+            .store(true, std::sync::atomic::Ordering::Release);
+        crate::watchdog::watch(self);
+    }
+
+    fn unwatch(&self) {
+        if self
+            .watched
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            crate::watchdog::unwatch(self.id);
         }
     }
 
@@ -178,6 +201,7 @@ impl LeaseShared {
             s.lost = Some(reason);
         }
         self.lost.cancel();
+        self.unwatch();
         let held = self.acquired_at.elapsed();
         m::lease_lost(self.backend, self.key.resource_type(), reason, held);
         tracing::warn!(
@@ -195,12 +219,16 @@ impl LeaseShared {
     /// Marks the lease ended by its holder (released or dropped). Returns false if it had
     /// already ended.
     pub(crate) fn end(&self) -> bool {
-        let mut s = self.lock();
-        if s.ended {
-            return false;
-        }
-        s.ended = true;
-        if s.lost.is_none() {
+        let lost = {
+            let mut s = self.lock();
+            if s.ended {
+                return false;
+            }
+            s.ended = true;
+            s.lost.is_some()
+        };
+        self.unwatch();
+        if !lost {
             m::hold_ended(
                 self.backend,
                 self.key.resource_type(),
@@ -255,6 +283,11 @@ impl Lease {
     /// The key.
     pub fn key(&self) -> &Key {
         &self.shared.key
+    }
+
+    #[cfg(test)]
+    pub(crate) fn shared_id(&self) -> u64 {
+        self.shared.id
     }
 
     /// This holder's owner token.

@@ -16,7 +16,6 @@ use crate::lease::{LeaseShared, LostReason};
 use crate::metrics as m;
 use crate::store::{RenewOutcome, Store};
 use crate::token::OwnerToken;
-use crate::watchdog;
 
 pub(crate) enum Command {
     /// Start renewing.
@@ -84,7 +83,7 @@ impl Entry {
 
 enum Done {
     Renew {
-        id: usize,
+        id: u64,
         sent_at: Instant,
         result: Result<RenewOutcome, StoreError>,
     },
@@ -95,14 +94,12 @@ struct Scheduler {
     store: Arc<dyn Store>,
     config: LeaseConfig,
     rx: mpsc::UnboundedReceiver<Command>,
-    entries: HashMap<usize, Entry>,
+    entries: HashMap<u64, Entry>,
     inflight: FuturesUnordered<BoxFuture<'static, Done>>,
 }
 
-/// Identity of a lease inside one scheduler: the address of its shared state, which is
-/// kept alive by the entry.
-fn id_of(shared: &Arc<LeaseShared>) -> usize {
-    Arc::as_ptr(shared) as usize
+fn id_of(shared: &LeaseShared) -> u64 {
+    shared.id
 }
 
 impl Scheduler {
@@ -176,7 +173,7 @@ impl Scheduler {
     }
 
     /// Loses the lease of entry `id` and forgets the entry.
-    fn lose(&mut self, id: usize, reason: LostReason) {
+    fn lose(&mut self, id: u64, reason: LostReason) {
         if let Some(e) = self.entries.remove(&id) {
             e.shared.mark_lost(reason);
             if matches!(
@@ -235,7 +232,7 @@ impl Scheduler {
         }
     }
 
-    fn start_renewal(&mut self, id: usize, shared: Arc<LeaseShared>, now: Instant) {
+    fn start_renewal(&mut self, id: u64, shared: Arc<LeaseShared>, now: Instant) {
         let store = self.store.clone();
         let ttl = self.config.ttl();
         // Never wait for a reply past the deadline: it would be useless then.
@@ -338,6 +335,6 @@ async fn sleep_until_opt(t: Option<Instant>) {
 pub(crate) fn track(sched: &SchedulerHandle, shared: &Arc<LeaseShared>, config: &LeaseConfig) {
     sched.register(shared.clone());
     if config.watchdog_thread() {
-        watchdog::watch(shared);
+        shared.watch();
     }
 }

@@ -1,38 +1,24 @@
 //! A process-wide OS thread that fires lost signals at validity deadlines even when the
 //! async runtime is starved (every worker blocked by CPU work), so user code selecting on
 //! the lost signal from another runtime or thread still learns in time.
+//!
+//! Leases are removed when they end, so the thread only ever holds live leases and wakes
+//! only at real deadlines.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Instant as StdInstant;
 
 use crate::lease::LeaseShared;
 
-struct Item {
-    deadline: StdInstant,
-    lease: Weak<LeaseShared>,
-}
-
-impl PartialEq for Item {
-    fn eq(&self, other: &Self) -> bool {
-        self.deadline == other.deadline
-    }
-}
-impl Eq for Item {}
-impl PartialOrd for Item {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Item {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.deadline.cmp(&other.deadline)
-    }
+#[derive(Default)]
+struct Queue {
+    by_deadline: BTreeSet<(StdInstant, u64)>,
+    leases: HashMap<u64, (StdInstant, Weak<LeaseShared>)>,
 }
 
 struct Watchdog {
-    queue: Mutex<BinaryHeap<Reverse<Item>>>,
+    queue: Mutex<Queue>,
     wake: Condvar,
 }
 
@@ -40,7 +26,7 @@ fn instance() -> &'static Watchdog {
     static W: OnceLock<&'static Watchdog> = OnceLock::new();
     W.get_or_init(|| {
         let w: &'static Watchdog = Box::leak(Box::new(Watchdog {
-            queue: Mutex::new(BinaryHeap::new()),
+            queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
         }));
         std::thread::Builder::new()
@@ -51,64 +37,107 @@ fn instance() -> &'static Watchdog {
     })
 }
 
-/// Watches `lease` until it ends, is lost, or passes its deadline.
+/// Watches `lease` until [`unwatch`] or its deadline passes without a renewal.
 pub(crate) fn watch(lease: &Arc<LeaseShared>) {
-    instance().push(Item {
-        deadline: lease.valid_until().into_std(),
-        lease: Arc::downgrade(lease),
-    });
+    let w = instance();
+    let deadline = lease.valid_until().into_std();
+    let mut q = w.lock();
+    let earliest = q.by_deadline.first().is_none_or(|(top, _)| deadline < *top);
+    q.by_deadline.insert((deadline, lease.id));
+    q.leases.insert(lease.id, (deadline, Arc::downgrade(lease)));
+    drop(q);
+    if earliest {
+        w.wake.notify_one();
+    }
+}
+
+/// Stops watching lease `id` (it ended).
+pub(crate) fn unwatch(id: u64) {
+    let w = instance();
+    let mut q = w.lock();
+    if let Some((deadline, _)) = q.leases.remove(&id) {
+        q.by_deadline.remove(&(deadline, id));
+    }
 }
 
 impl Watchdog {
-    fn push(&self, item: Item) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let earliest = q
-            .peek()
-            .is_none_or(|Reverse(top)| item.deadline < top.deadline);
-        q.push(Reverse(item));
-        drop(q);
-        if earliest {
-            self.wake.notify_one();
-        }
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn run(&self) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self.lock();
         loop {
             let now = StdInstant::now();
-            let Some(Reverse(top)) = q.peek() else {
+            let Some(&(deadline, id)) = q.by_deadline.first() else {
                 q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
                 continue;
             };
-            if top.deadline > now {
-                let wait = top.deadline - now;
+            if deadline > now {
                 q = self
                     .wake
-                    .wait_timeout(q, wait)
+                    .wait_timeout(q, deadline - now)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
                 continue;
             }
-            let Some(Reverse(item)) = q.pop() else {
+            q.by_deadline.remove(&(deadline, id));
+            let Some((_, weak)) = q.leases.remove(&id) else {
                 continue;
             };
-            let Some(lease) = item.lease.upgrade() else {
+            let Some(lease) = weak.upgrade() else {
                 continue;
             };
             drop(q);
             if !lease.is_done() {
-                let deadline = lease.valid_until().into_std();
-                if deadline <= now {
+                let current = lease.valid_until().into_std();
+                if current <= now {
                     // check() fires the lost signal with `Expired`.
                     lease.check(tokio::time::Instant::from_std(now));
                 } else {
-                    self.push(Item {
-                        deadline,
-                        lease: item.lease,
-                    });
+                    // Renewed meanwhile: watch the new deadline.
+                    let mut q = self.lock();
+                    q.by_deadline.insert((current, id));
+                    q.leases.insert(id, (current, weak));
                 }
             }
-            q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q = self.lock();
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) fn is_watched(id: u64) -> bool {
+    instance().lock().leases.contains_key(&id)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::memory::MemoryStore;
+    use crate::{LeaseClient, LeaseConfig};
+
+    #[tokio::test]
+    async fn ended_leases_leave_the_watchdog() {
+        let client = LeaseClient::new(
+            Arc::new(MemoryStore::new()),
+            LeaseConfig::new(Duration::from_secs(30)).unwrap(),
+        );
+        for i in 0..100 {
+            let lease = client.try_acquire(format!("w:{i}")).await.unwrap();
+            let id = lease.shared_id();
+            assert!(super::is_watched(id));
+            if i % 2 == 0 {
+                lease.release().await.unwrap();
+            } else {
+                drop(lease);
+            }
+            assert!(
+                !super::is_watched(id),
+                "lease {i} still watched after it ended"
+            );
         }
     }
 }
