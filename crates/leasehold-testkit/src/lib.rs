@@ -1,1 +1,62 @@
-//! x
+//! Test support for leasehold backend suites.
+//!
+//! * Private servers, each started as a direct child of the test process on
+//!   its own port and temporary directory, and killed on drop:
+//!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`MariaDb`].
+//! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
+//!   resets connections ([`ProxyMode`]).
+//! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
+//!   line by line, pause it with `SIGSTOP`, kill it.
+//! * [`free_port`] / [`free_port_with_bus`].
+//!
+//! Setup failures panic with a clear message; a missing server binary panics
+//! with "X not found: install package Y" (tests never skip silently).
+//!
+//! The server types are synchronous (they shell out to `redis-cli`, `psql`,
+//! ...): from an async test, call them directly during setup or through
+//! `tokio::task::spawn_blocking` when the runtime must keep running.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use leasehold_testkit::{FaultProxy, ProxyMode, RedisServer, WorkerProcess};
+//!
+//! let redis = RedisServer::start();
+//! let proxy = FaultProxy::start(redis.addr());
+//! // Point the client under test at the proxy ...
+//! let url = format!("redis://{}/", proxy.addr());
+//! # let _ = url;
+//! // ... then break the network, or the server.
+//! proxy.set_mode(ProxyMode::DropReplies);
+//! redis.pause();
+//! redis.resume();
+//!
+//! let mut cmd = std::process::Command::new("my-worker");
+//! cmd.arg(redis.url());
+//! let worker = WorkerProcess::spawn(cmd);
+//! worker.wait_for_line(|l| l.starts_with("acquired"), Duration::from_secs(30));
+//! worker.pause(); // a GC pause longer than the TTL
+//! ```
+#![forbid(unsafe_code)]
+
+mod cluster;
+mod mariadb;
+mod port;
+mod postgres;
+mod process;
+mod proxy;
+mod redis;
+mod util;
+mod worker;
+
+pub use cluster::RedisCluster;
+pub use mariadb::{MariaDb, MariaDbOptions};
+pub use port::{free_port, free_port_with_bus};
+pub use postgres::{Postgres, PostgresOptions, postgres_bin_dir};
+pub use process::ServerProcess;
+pub use proxy::{FaultProxy, ProxyMode};
+pub use redis::{RedisOptions, RedisServer};
+pub use worker::WorkerProcess;
+
+/// Re-export of [`nix::sys::signal::Signal`], the type taken by the
+/// `signal` methods.
+pub use nix::sys::signal::Signal;

@@ -24,7 +24,9 @@ fn bindable(port: u16) -> bool {
 }
 
 fn handed_out() -> std::sync::MutexGuard<'static, BTreeSet<u16>> {
-    HANDED_OUT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Returns a TCP port on 127.0.0.1 that was free a moment ago.

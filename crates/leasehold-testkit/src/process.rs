@@ -130,7 +130,8 @@ impl ServerProcess {
         st.status
     }
 
-    /// Stops the process and all its descendants with `SIGSTOP`.
+    /// Stops the process and all its descendants with `SIGSTOP`, and waits
+    /// until they have all stopped.
     ///
     /// # Panics
     ///
@@ -141,10 +142,23 @@ impl ServerProcess {
         let pid = self.nix_pid();
         // Stop the parent first so that it cannot fork while we walk the tree.
         send(pid, Signal::SIGSTOP);
-        for child in util::descendants(pid.as_raw()) {
+        let descendants = util::descendants(pid.as_raw());
+        for &child in &descendants {
             send(Pid::from_raw(child), Signal::SIGSTOP);
         }
         st.paused = true;
+        // Signal delivery is asynchronous: return only once every process
+        // has actually stopped, so the caller's next step sees a frozen server.
+        let all_stopped =
+            util::poll_until(Duration::from_secs(10), Duration::from_millis(1), || {
+                std::iter::once(pid.as_raw())
+                .chain(descendants.iter().copied())
+                .all(|p| !matches!(util::proc_stat(p), Some((state, _)) if !"TtZX".contains(state)))
+                .then_some(())
+            });
+        if all_stopped.is_none() {
+            tracing::warn!(name = %self.name, pid = self.pid, "not every process stopped within 10 s");
+        }
         tracing::debug!(name = %self.name, pid = self.pid, "paused");
     }
 

@@ -87,7 +87,9 @@ impl RedisOptions {
             .rev()
             .find(|w| w[0] == "--requirepass")
             .map(|w| w[1].as_str());
-        from_args.or(self.password.as_deref()).filter(|p| !p.is_empty())
+        from_args
+            .or(self.password.as_deref())
+            .filter(|p| !p.is_empty())
     }
 }
 
@@ -291,7 +293,11 @@ impl RedisServer {
             self.port
         );
         let process = spawn(&self.redis_server, &self.dir, self.port, &self.opts);
-        if let Err(e) = wait_ready(&process, self.port, self.opts.effective_password().is_some()) {
+        if let Err(e) = wait_ready(
+            &process,
+            self.port,
+            self.opts.effective_password().is_some(),
+        ) {
             drop(process);
             panic!(
                 "redis-server restart on port {} {e}\n--- log ---\n{}",
@@ -321,7 +327,10 @@ impl RedisServer {
     /// is set), for running it in the background or with custom settings.
     pub fn cli_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(&self.redis_cli);
-        cmd.arg("-h").arg("127.0.0.1").arg("-p").arg(self.port.to_string());
+        cmd.arg("-h")
+            .arg("127.0.0.1")
+            .arg("-p")
+            .arg(self.port.to_string());
         if let Some(pw) = self.opts.effective_password() {
             cmd.env("REDISCLI_AUTH", pw);
         }
@@ -384,11 +393,7 @@ fn spawn(bin: &Path, dir: &Path, port: u16, opts: &RedisOptions) -> ServerProces
         cmd.arg("--enable-debug-command").arg("yes");
     }
     cmd.args(&opts.extra_args);
-    ServerProcess::spawn(
-        format!("redis-server:{port}"),
-        cmd,
-        &dir.join("stdout.log"),
-    )
+    ServerProcess::spawn(format!("redis-server:{port}"), cmd, &dir.join("stdout.log"))
 }
 
 #[derive(Debug, PartialEq, Eq)]

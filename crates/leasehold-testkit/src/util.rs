@@ -12,7 +12,14 @@ use std::time::{Duration, Instant};
 
 /// Directories searched in addition to `$PATH` (CI environments sometimes run
 /// with a `PATH` that lacks the `sbin` directories where `mariadbd` lives).
-const EXTRA_DIRS: &[&str] = &["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+const EXTRA_DIRS: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
 
 /// Finds an executable by name, panicking with an install hint when it is missing.
 pub(crate) fn find_binary(name: &str, package: &str) -> PathBuf {
@@ -36,7 +43,9 @@ fn is_executable(path: &Path) -> bool {
 /// Runs a command to completion with captured stdout/stderr, killing it and
 /// panicking if it does not finish within `timeout`.
 pub(crate) fn run_with_timeout(cmd: &mut Command, timeout: Duration, what: &str) -> Output {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd
         .spawn()
         .unwrap_or_else(|e| panic!("failed to run {what} ({:?}): {e}", cmd.get_program()));
@@ -182,7 +191,11 @@ pub(crate) fn descendants(root: i32) -> Vec<i32> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
     if let Ok(entries) = fs::read_dir("/proc") {
         for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
                 continue;
             };
             if let Some((state, ppid)) = proc_stat(pid)

@@ -1,0 +1,355 @@
+//! A private MariaDB server on its own port, socket and temporary directory.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::unistd::User;
+use tempfile::TempDir;
+
+use crate::free_port;
+use crate::process::ServerProcess;
+use crate::util;
+
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const SQL_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+const START_ATTEMPTS: usize = 4;
+
+/// Options for [`MariaDb::start_with`].
+#[derive(Debug, Clone, Default)]
+pub struct MariaDbOptions {
+    /// Extra `mariadbd` arguments, e.g. `["--innodb-lock-wait-timeout=5"]`.
+    pub extra_args: Vec<String>,
+}
+
+impl MariaDbOptions {
+    /// Default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one extra `mariadbd` argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.extra_args.push(arg.into());
+        self
+    }
+}
+
+/// A private MariaDB server: `mariadb-install-db` into a temporary directory
+/// owned by the `mysql` OS user, then `mariadbd --no-defaults --user=mysql`
+/// on its own port (127.0.0.1 only) and socket, with an empty database
+/// `test`. The `root` user has no password.
+///
+/// Dropping it kills the server (`SIGKILL`) and removes the directory.
+#[derive(Debug)]
+pub struct MariaDb {
+    // Field order matters: the process is killed before the directory goes.
+    process: Mutex<ServerProcess>,
+    port: u16,
+    dir: PathBuf,
+    mariadbd: PathBuf,
+    opts: MariaDbOptions,
+    _tmp: TempDir,
+}
+
+impl MariaDb {
+    /// Starts a server with default options, waits until it answers and
+    /// creates the database `test`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if MariaDB is not installed or setup fails.
+    pub fn start() -> Self {
+        Self::start_with(MariaDbOptions::default())
+    }
+
+    /// Starts a server with `opts`, waits until it answers and creates the
+    /// database `test`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if MariaDB is not installed or setup fails.
+    pub fn start_with(opts: MariaDbOptions) -> Self {
+        let mariadbd = util::find_binary("mariadbd", "mariadb-server");
+        let install_db = util::find_binary("mariadb-install-db", "mariadb-server");
+        util::find_binary("mariadb", "mariadb-client");
+        util::find_binary("mariadb-admin", "mariadb-client");
+        let user = User::from_name("mysql")
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("OS user mysql not found: install package mariadb-server"));
+        // /tmp rather than $TMPDIR: the mysql user must be able to reach it,
+        // and the socket path must stay short.
+        let tmp = tempfile::Builder::new()
+            .prefix("leasehold-mariadb-")
+            .tempdir_in("/tmp")
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory for mariadb: {e}"));
+        let dir = tmp.path().to_path_buf();
+        std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+            .unwrap_or_else(|e| panic!("cannot chown {} to mysql: {e}", dir.display()));
+
+        let mut cmd = Command::new(install_db);
+        cmd.current_dir(&dir)
+            .arg("--no-defaults")
+            .arg("--user=mysql")
+            .arg(format!("--datadir={}", dir.join("data").display()))
+            .args([
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                "--skip-name-resolve",
+            ]);
+        let started = Instant::now();
+        let out = util::run_with_timeout(&mut cmd, INSTALL_TIMEOUT, "mariadb-install-db");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db failed: {}",
+            util::describe_output(&out)
+        );
+        tracing::debug!(elapsed = ?started.elapsed(), "mariadb-install-db done");
+
+        for attempt in 1..=START_ATTEMPTS {
+            let port = free_port();
+            let process = spawn(&mariadbd, &dir, port, &opts);
+            match wait_ready(&process, port) {
+                Ok(()) => {
+                    let db = Self {
+                        process: Mutex::new(process),
+                        port,
+                        dir,
+                        mariadbd,
+                        opts,
+                        _tmp: tmp,
+                    };
+                    db.sql_in(None, "CREATE DATABASE IF NOT EXISTS test")
+                        .unwrap_or_else(|e| panic!("CREATE DATABASE test failed: {e}"));
+                    tracing::info!(port, "mariadb ready");
+                    return db;
+                }
+                Err(e) => {
+                    drop(process);
+                    let log = util::read_log(&dir.join("err.log"));
+                    if e == ReadyError::Exited
+                        && (log.contains("Address already in use")
+                            || log.contains("Do you already have another"))
+                        && attempt < START_ATTEMPTS
+                    {
+                        tracing::warn!(
+                            port,
+                            attempt,
+                            "mariadb port taken: retrying on another port"
+                        );
+                        continue;
+                    }
+                    panic!(
+                        "mariadbd on port {port} {e}\n--- err.log ---\n{}\n--- stdout ---\n{}",
+                        util::log_tail(&dir.join("err.log"), 8192),
+                        util::log_tail(&dir.join("stdout.log"), 4096)
+                    );
+                }
+            }
+        }
+        unreachable!("the last start attempt either returns or panics")
+    }
+
+    fn process(&self) -> MutexGuard<'_, ServerProcess> {
+        self.process.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// `mysql://root@127.0.0.1:PORT/test`.
+    pub fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/test", self.port)
+    }
+
+    /// The server's Unix socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.join("sock")
+    }
+
+    /// The server's error log.
+    pub fn log(&self) -> String {
+        util::read_log(&self.dir.join("err.log"))
+    }
+
+    /// The server's PID.
+    pub fn pid(&self) -> u32 {
+        self.process().pid()
+    }
+
+    /// Whether the server is alive (paused counts as alive).
+    pub fn is_running(&self) -> bool {
+        self.process().is_running()
+    }
+
+    /// Whether the server is paused.
+    pub fn is_paused(&self) -> bool {
+        self.process().is_paused()
+    }
+
+    /// Freezes the server with `SIGSTOP`.
+    pub fn pause(&self) {
+        self.process().pause();
+    }
+
+    /// Continues a paused server.
+    pub fn resume(&self) {
+        self.process().resume();
+    }
+
+    /// Kills the server with `SIGKILL` (a crash).
+    pub fn kill(&self) {
+        self.process().kill();
+    }
+
+    /// Sends `sig` to the server.
+    pub fn signal(&self, sig: Signal) {
+        self.process().signal(sig);
+    }
+
+    /// Clean shutdown (`SIGTERM`) and wait.
+    pub fn stop(&self) {
+        self.process().terminate(Signal::SIGTERM, STOP_TIMEOUT);
+    }
+
+    /// Starts the server again on the same data directory and port after
+    /// [`stop`](Self::stop) or [`kill`](Self::kill), and waits until it answers.
+    ///
+    /// # Panics
+    ///
+    /// Panics if it is still running or does not get ready.
+    pub fn start_again(&self) {
+        let mut guard = self.process();
+        assert!(
+            !guard.is_running(),
+            "mariadbd on port {} is still running: stop it first",
+            self.port
+        );
+        let process = spawn(&self.mariadbd, &self.dir, self.port, &self.opts);
+        if let Err(e) = wait_ready(&process, self.port) {
+            drop(process);
+            panic!(
+                "mariadbd restart on port {} {e}\n--- err.log ---\n{}",
+                self.port,
+                util::log_tail(&self.dir.join("err.log"), 8192)
+            );
+        }
+        *guard = process;
+        tracing::info!(port = self.port, "mariadb restarted");
+    }
+
+    /// Crash-restart: [`kill`](Self::kill) then [`start_again`](Self::start_again).
+    pub fn restart(&self) {
+        self.kill();
+        self.start_again();
+    }
+
+    /// A `mariadb` client command connected as `root` over TCP, in batch mode
+    /// without column names (`-N -B`); append `-e STATEMENT` and a database.
+    pub fn client_command(&self) -> Command {
+        let mut cmd = Command::new(util::find_binary("mariadb", "mariadb-client"));
+        cmd.arg("--no-defaults")
+            .arg("-h127.0.0.1")
+            .arg(format!("-P{}", self.port))
+            .args(["-uroot", "--connect-timeout=10", "-N", "-B"]);
+        cmd
+    }
+
+    fn sql_in(&self, db: Option<&str>, stmt: &str) -> Result<String, String> {
+        let mut cmd = self.client_command();
+        cmd.arg("-e").arg(stmt);
+        if let Some(db) = db {
+            cmd.arg(db);
+        }
+        let out = util::run_with_timeout(&mut cmd, SQL_TIMEOUT, "mariadb");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+        } else {
+            Err(util::describe_output(&out))
+        }
+    }
+
+    /// Runs `stmt` in database `test`; returns stdout (tab-separated columns,
+    /// one line per row, no header) or the error output.
+    pub fn try_sql(&self, stmt: &str) -> Result<String, String> {
+        self.sql_in(Some("test"), stmt)
+    }
+
+    /// Runs `stmt` in database `test` and returns stdout (tab-separated
+    /// columns, one line per row, no header) without the trailing newline.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the statement fails or takes more than 60 s.
+    pub fn sql(&self, stmt: &str) -> String {
+        self.try_sql(stmt)
+            .unwrap_or_else(|e| panic!("SQL {stmt:?} on port {} failed: {e}", self.port))
+    }
+}
+
+fn spawn(mariadbd: &Path, dir: &Path, port: u16, opts: &MariaDbOptions) -> ServerProcess {
+    let mut cmd = Command::new(mariadbd);
+    cmd.current_dir(dir)
+        .arg("--no-defaults")
+        .arg("--user=mysql")
+        .arg(format!("--datadir={}", dir.join("data").display()))
+        .arg(format!("--socket={}", dir.join("sock").display()))
+        .arg(format!("--pid-file={}", dir.join("pid").display()))
+        .arg(format!("--port={port}"))
+        .arg("--bind-address=127.0.0.1")
+        .arg("--skip-name-resolve")
+        .arg(format!("--log-error={}", dir.join("err.log").display()))
+        .args(&opts.extra_args);
+    ServerProcess::spawn(format!("mariadbd:{port}"), cmd, &dir.join("stdout.log"))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum ReadyError {
+    Exited,
+    Timeout,
+}
+
+impl std::fmt::Display for ReadyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadyError::Exited => f.write_str("exited before it was ready"),
+            ReadyError::Timeout => write!(f, "did not answer within {READY_TIMEOUT:?}"),
+        }
+    }
+}
+
+fn wait_ready(process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+    let admin = util::find_binary("mariadb-admin", "mariadb-client");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if !process.is_running() {
+            return Err(ReadyError::Exited);
+        }
+        let mut cmd = Command::new(&admin);
+        cmd.arg("--no-defaults")
+            .arg("-h127.0.0.1")
+            .arg(format!("-P{port}"))
+            .args(["-uroot", "--connect-timeout=5", "ping"]);
+        let out = util::run_with_timeout(&mut cmd, Duration::from_secs(30), "mariadb-admin ping");
+        if out.status.success() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(ReadyError::Timeout);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,478 @@
+//! A private PostgreSQL cluster on its own port and temporary directory.
+
+use std::fs;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nix::unistd::User;
+use tempfile::TempDir;
+
+use crate::free_port;
+use crate::process::ServerProcess;
+use crate::util;
+
+const INITDB_TIMEOUT: Duration = Duration::from_secs(120);
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const PSQL_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+const START_ATTEMPTS: usize = 4;
+
+/// Options for [`Postgres::start_with`].
+#[derive(Debug, Clone, Default)]
+pub struct PostgresOptions {
+    /// Keep `fsync` on. Off by default (`-c fsync=off`) for speed; durability
+    /// and crash tests must turn it on.
+    pub fsync: bool,
+    /// Extra server settings, each passed as `-c name=value`.
+    pub settings: Vec<(String, String)>,
+}
+
+impl PostgresOptions {
+    /// Default options: `fsync=off`, no extra settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Turns `fsync` on or off.
+    pub fn fsync(mut self, on: bool) -> Self {
+        self.fsync = on;
+        self
+    }
+
+    /// Adds a `-c name=value` server setting.
+    pub fn setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// A private PostgreSQL server: `initdb` into a temporary directory owned by
+/// the `postgres` OS user (trust authentication, superuser `postgres`), then
+/// `postgres -D DIR/data -p PORT -k DIR -c listen_addresses=127.0.0.1`, both
+/// run as `postgres` through `setpriv` (which execs, so the child is the
+/// postmaster).
+///
+/// [`pause`](Self::pause) and [`kill`](Self::kill) act on the postmaster and
+/// all its backends. Dropping it shuts the server down (immediate mode, then
+/// `SIGKILL` if needed) and removes the directory.
+#[derive(Debug)]
+pub struct Postgres {
+    // Field order matters: the process is stopped before the directory goes.
+    process: Mutex<ServerProcess>,
+    port: u16,
+    dir: PathBuf,
+    bin: PathBuf,
+    setpriv: PathBuf,
+    opts: PostgresOptions,
+    _tmp: TempDir,
+}
+
+/// Finds `/usr/lib/postgresql/<version>/bin` (the highest version present).
+///
+/// # Panics
+///
+/// Panics with an install hint if PostgreSQL is not installed.
+pub fn postgres_bin_dir() -> PathBuf {
+    let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("postgres").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|(_, bin)| bin)
+        .unwrap_or_else(|| panic!("postgres not found: install package postgresql"))
+}
+
+fn pg_binary(bin: &Path, name: &str) -> PathBuf {
+    let path = bin.join(name);
+    assert!(
+        path.is_file(),
+        "{name} not found in {}: install package postgresql",
+        bin.display()
+    );
+    path
+}
+
+impl Postgres {
+    /// Starts a server with default options (`fsync=off`) and waits until it
+    /// accepts connections.
+    ///
+    /// # Panics
+    ///
+    /// Panics if PostgreSQL or `setpriv` is missing, or setup fails.
+    pub fn start() -> Self {
+        Self::start_with(PostgresOptions::default())
+    }
+
+    /// Starts a server with `opts` and waits until it accepts connections.
+    ///
+    /// # Panics
+    ///
+    /// Panics if PostgreSQL or `setpriv` is missing, or setup fails.
+    pub fn start_with(opts: PostgresOptions) -> Self {
+        let bin = postgres_bin_dir();
+        let setpriv = util::find_binary("setpriv", "util-linux");
+        let initdb = pg_binary(&bin, "initdb");
+        let user = User::from_name("postgres")
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("OS user postgres not found: install package postgresql"));
+        // /tmp rather than $TMPDIR: the postgres user must be able to reach it,
+        // and the socket path (DIR/.s.PGSQL.PORT) must stay short.
+        let tmp = tempfile::Builder::new()
+            .prefix("leasehold-pg-")
+            .tempdir_in("/tmp")
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory for postgres: {e}"));
+        let dir = tmp.path().to_path_buf();
+        std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+            .unwrap_or_else(|e| panic!("cannot chown {} to postgres: {e}", dir.display()));
+
+        let mut cmd = as_postgres(&setpriv, &initdb);
+        cmd.current_dir(&dir)
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"])
+            .arg("--locale=C.UTF-8");
+        let started = Instant::now();
+        let out = util::run_with_timeout(&mut cmd, INITDB_TIMEOUT, "initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            util::describe_output(&out)
+        );
+        tracing::debug!(elapsed = ?started.elapsed(), "initdb done");
+
+        for attempt in 1..=START_ATTEMPTS {
+            let port = free_port();
+            let process = spawn(&setpriv, &bin, &dir, port, &opts);
+            match wait_ready(&process, &bin, port) {
+                Ok(()) => {
+                    tracing::info!(port, dir = %dir.display(), "postgres ready");
+                    return Self {
+                        process: Mutex::new(process),
+                        port,
+                        dir,
+                        bin,
+                        setpriv,
+                        opts,
+                        _tmp: tmp,
+                    };
+                }
+                Err(e) => {
+                    drop(process);
+                    let log = util::read_log(&dir.join("postgres.log"));
+                    if e == ReadyError::Exited
+                        && log.contains("could not bind")
+                        && attempt < START_ATTEMPTS
+                    {
+                        tracing::warn!(
+                            port,
+                            attempt,
+                            "postgres port taken: retrying on another port"
+                        );
+                        continue;
+                    }
+                    panic!(
+                        "postgres on port {port} {e}\n--- log ---\n{}",
+                        util::log_tail(&dir.join("postgres.log"), 8192)
+                    );
+                }
+            }
+        }
+        unreachable!("the last start attempt either returns or panics")
+    }
+
+    fn process(&self) -> MutexGuard<'_, ServerProcess> {
+        self.process.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        self.url_for_db("postgres")
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DB`.
+    pub fn url_for_db(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The data directory (`DIR/data`).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// The directory holding the Unix socket (`-k`).
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory with the PostgreSQL binaries in use.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin
+    }
+
+    /// The options the server was started with.
+    pub fn options(&self) -> &PostgresOptions {
+        &self.opts
+    }
+
+    /// The server log (stdout and stderr of every start).
+    pub fn log(&self) -> String {
+        util::read_log(&self.dir.join("postgres.log"))
+    }
+
+    /// The postmaster's PID.
+    pub fn pid(&self) -> u32 {
+        self.process().pid()
+    }
+
+    /// Whether the postmaster is alive (paused counts as alive).
+    pub fn is_running(&self) -> bool {
+        self.process().is_running()
+    }
+
+    /// Whether the server is paused.
+    pub fn is_paused(&self) -> bool {
+        self.process().is_paused()
+    }
+
+    /// Freezes the postmaster and all its backends with `SIGSTOP`.
+    pub fn pause(&self) {
+        self.process().pause();
+    }
+
+    /// Continues a paused server.
+    pub fn resume(&self) {
+        self.process().resume();
+    }
+
+    /// Kills the postmaster and all its backends with `SIGKILL` (a crash).
+    pub fn kill(&self) {
+        self.process().kill();
+    }
+
+    /// Sends `sig` to the postmaster only.
+    pub fn signal(&self, sig: Signal) {
+        self.process().signal(sig);
+    }
+
+    /// Fast shutdown (`SIGINT`: sessions are ended, a checkpoint is written).
+    pub fn stop(&self) {
+        self.process().terminate(Signal::SIGINT, STOP_TIMEOUT);
+    }
+
+    /// Immediate shutdown (`SIGQUIT`, like `pg_ctl stop -m immediate`): no
+    /// checkpoint, the next start runs crash recovery.
+    pub fn stop_immediate(&self) {
+        self.process().terminate(Signal::SIGQUIT, STOP_TIMEOUT);
+    }
+
+    /// Starts the server again on the same data directory and port, after
+    /// [`stop`](Self::stop), [`stop_immediate`](Self::stop_immediate) or
+    /// [`kill`](Self::kill), and waits until it accepts connections.
+    ///
+    /// # Panics
+    ///
+    /// Panics if it is still running or does not get ready.
+    pub fn start_again(&self) {
+        let mut guard = self.process();
+        assert!(
+            !guard.is_running(),
+            "postgres on port {} is still running: stop it first",
+            self.port
+        );
+        let process = spawn(&self.setpriv, &self.bin, &self.dir, self.port, &self.opts);
+        if let Err(e) = wait_ready(&process, &self.bin, self.port) {
+            drop(process);
+            panic!(
+                "postgres restart on port {} {e}\n--- log ---\n{}",
+                self.port,
+                util::log_tail(&self.dir.join("postgres.log"), 8192)
+            );
+        }
+        *guard = process;
+        tracing::info!(port = self.port, "postgres restarted");
+    }
+
+    /// Fast shutdown then start again.
+    pub fn restart(&self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// A `psql` command connected as `postgres` to database `postgres` over
+    /// TCP, with `-X -q -A -t -v ON_ERROR_STOP=1` (no psqlrc, unaligned
+    /// tuples only).
+    pub fn psql_command(&self) -> Command {
+        let mut cmd = Command::new(pg_binary(&self.bin, "psql"));
+        cmd.current_dir(&self.dir)
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+            ])
+            .arg(self.port.to_string())
+            .args(["-U", "postgres", "-d", "postgres"])
+            .env("PGCONNECT_TIMEOUT", "10");
+        cmd
+    }
+
+    /// Runs `sql` with `psql -c` and returns stdout without the trailing
+    /// newline, or the error output if psql failed.
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
+        let mut cmd = self.psql_command();
+        cmd.arg("-c").arg(sql);
+        let out = util::run_with_timeout(&mut cmd, PSQL_TIMEOUT, "psql");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
+        } else {
+            Err(util::describe_output(&out))
+        }
+    }
+
+    /// Runs `sql` with `psql -c` and returns stdout without the trailing
+    /// newline (one line per row, columns separated by `|`).
+    ///
+    /// # Panics
+    ///
+    /// Panics if psql fails or takes more than 60 s.
+    pub fn psql(&self, sql: &str) -> String {
+        self.try_psql(sql)
+            .unwrap_or_else(|e| panic!("psql {sql:?} on port {} failed: {e}", self.port))
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let process = self.process();
+        if process.is_running() {
+            // An immediate shutdown lets the postmaster reap its backends and
+            // remove its shared memory; a bare SIGKILL would leak both.
+            process.terminate(Signal::SIGQUIT, Duration::from_secs(20));
+        } else {
+            drop(process);
+            self.remove_stale_shared_memory();
+        }
+    }
+}
+
+impl Postgres {
+    /// After a `SIGKILL`, the System V shared memory segment named in
+    /// `postmaster.pid` is left behind: mark it for removal.
+    fn remove_stale_shared_memory(&self) {
+        let Ok(pidfile) = fs::read_to_string(self.data_dir().join("postmaster.pid")) else {
+            return;
+        };
+        let Some(shmid) = pidfile
+            .lines()
+            .nth(6)
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|id| id.parse::<u64>().ok())
+        else {
+            return;
+        };
+        if let Some(ipcrm) = util::try_find_binary("ipcrm") {
+            let mut cmd = Command::new(ipcrm);
+            cmd.arg("-m").arg(shmid.to_string());
+            let _ = util::run_with_timeout(&mut cmd, Duration::from_secs(10), "ipcrm");
+        }
+    }
+}
+
+fn as_postgres(setpriv: &Path, program: &Path) -> Command {
+    let mut cmd = Command::new(setpriv);
+    cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
+        .arg(program);
+    cmd
+}
+
+fn spawn(
+    setpriv: &Path,
+    bin: &Path,
+    dir: &Path,
+    port: u16,
+    opts: &PostgresOptions,
+) -> ServerProcess {
+    let mut cmd = as_postgres(setpriv, &pg_binary(bin, "postgres"));
+    cmd.current_dir(dir)
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("-k")
+        .arg(dir)
+        .args(["-c", "listen_addresses=127.0.0.1"]);
+    if !opts.fsync {
+        cmd.args(["-c", "fsync=off"]);
+    }
+    for (name, value) in &opts.settings {
+        cmd.arg("-c").arg(format!("{name}={value}"));
+    }
+    ServerProcess::spawn(format!("postgres:{port}"), cmd, &dir.join("postgres.log"))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum ReadyError {
+    Exited,
+    Timeout,
+}
+
+impl std::fmt::Display for ReadyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadyError::Exited => f.write_str("exited before it was ready"),
+            ReadyError::Timeout => write!(f, "was not ready within {READY_TIMEOUT:?}"),
+        }
+    }
+}
+
+fn wait_ready(process: &ServerProcess, bin: &Path, port: u16) -> Result<(), ReadyError> {
+    let pg_isready = pg_binary(bin, "pg_isready");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if !process.is_running() {
+            return Err(ReadyError::Exited);
+        }
+        let mut cmd = Command::new(&pg_isready);
+        cmd.args(["-q", "-h", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .args(["-U", "postgres", "-t", "5"]);
+        if util::run_with_timeout(&mut cmd, Duration::from_secs(30), "pg_isready")
+            .status
+            .success()
+        {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(ReadyError::Timeout);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
