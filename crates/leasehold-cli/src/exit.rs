@@ -1,0 +1,14 @@
+//! Exit codes. The child's own status passes through; leasehold's own outcomes use codes
+//! from `sysexits.h`, as `flock(1)` does, so they do not collide with common child codes.
+
+/// Bad flags, a bad URL or a bad duration (`flock` uses 64 too).
+pub const USAGE: u8 = 64;
+/// The store failed (unreachable, authentication, permissions, corrupt data).
+pub const STORE: u8 = 69;
+/// The lease was lost while the command ran; the command was stopped.
+pub const LEASE_LOST: u8 = 70;
+/// The lease was not acquired: held by another owner past `--wait`, or at once with
+/// `--no-wait`. `--conflict-exit-code` changes it (like `flock -E`).
+pub const NOT_ACQUIRED: u8 = 75;
+/// The command could not be started (not found, not executable).
+pub const CANNOT_EXECUTE: u8 = 126;

@@ -1,0 +1,205 @@
+//! `leasehold`: run a command under a distributed lease, and inspect, list or break leases.
+#![forbid(unsafe_code)]
+
+mod admin;
+mod exit;
+mod run;
+mod stores;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+
+const EXAMPLES: &str = "\
+Examples:
+  leasehold run --key nightly-invoices -- ./generate-invoices.sh
+  leasehold run --key db:migrate --ttl 30s --wait 5m --store redis://cache:6379/ -- ./migrate
+  leasehold inspect nightly-invoices --json
+  leasehold list job:
+  leasehold break nightly-invoices
+
+Without --store or LEASEHOLD_STORE, leases live in an embedded SQLite database in
+$XDG_STATE_HOME/leasehold/ (one host only).";
+
+/// Distributed leases with fencing tokens.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold", version, about, after_help = EXAMPLES)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args)]
+struct Global {
+    /// Store URL (redis://, rediss://, redis+cluster://, postgres://, mysql://, sqlite://,
+    /// memory://). Default: the embedded SQLite database.
+    #[arg(long, env = "LEASEHOLD_STORE", global = true, hide_env_values = true)]
+    store: Option<String>,
+    /// Log format on standard error.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    /// Log level filter (e.g. `info`, `leasehold=debug`); `RUST_LOG` works too.
+    #[arg(long, default_value = "warn", global = true, env = "LEASEHOLD_LOG")]
+    log: String,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+    #[arg(long, global = true)]
+    metrics_addr: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a command while holding a lease; stop it before the lease could expire under it.
+    #[command(after_help = run::HELP)]
+    Run(run::RunArgs),
+    /// Show who holds a lease.
+    #[command(after_help = "Example:\n  leasehold inspect nightly-invoices --json")]
+    Inspect {
+        /// The lease key.
+        key: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List held leases whose keys start with PREFIX.
+    #[command(after_help = "Example:\n  leasehold list job:")]
+    List {
+        /// Key prefix (default: all).
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Admin: remove a lease and advance its fence, so the evicted holder's writes are
+    /// rejected by the guard.
+    #[command(after_help = "Example:\n  leasehold break nightly-invoices")]
+    Break {
+        /// The lease key.
+        key: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print shell completions.
+    #[command(
+        after_help = "Example:\n  leasehold completions bash > /etc/bash_completion.d/leasehold"
+    )]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// Parses a duration like `10s`, `1m30s`, `250ms`.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 10s, 1m30s, 250ms)"))
+}
+
+/// Prints a one-line error and returns the exit code.
+pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("leasehold: {msg}");
+    ExitCode::from(code)
+}
+
+fn init_logging(global: &Global) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&global.log))
+        .map_err(|e| format!("bad --log filter: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match global.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(exit::USAGE);
+            }
+            // One line: clap's message without its usage block.
+            let rendered = e.to_string();
+            let message: Vec<&str> = rendered
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .map(str::trim)
+                .filter(|l| {
+                    !l.is_empty()
+                        && !l.starts_with("tip:")
+                        && !l.starts_with("For more information")
+                })
+                .collect();
+            let message = message.join(" ");
+            let message = message.strip_prefix("error: ").unwrap_or(&message);
+            return fail(
+                exit::USAGE,
+                format_args!("{message} (see leasehold --help)"),
+            );
+        }
+    };
+    if let Err(e) = init_logging(&cli.global) {
+        return fail(exit::USAGE, e);
+    }
+    if let Command::Completions { shell } = cli.command {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "leasehold",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(exit::STORE, format_args!("cannot start the runtime: {e}")),
+    };
+    runtime.block_on(async_main(cli))
+}
+
+async fn async_main(cli: Cli) -> ExitCode {
+    if let Some(addr) = cli.global.metrics_addr {
+        let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install();
+        if let Err(e) = installed {
+            return fail(
+                exit::USAGE,
+                format_args!("cannot serve metrics on {addr}: {e}"),
+            );
+        }
+        leasehold::metrics::describe();
+    }
+    let url = cli.global.store.clone().unwrap_or_else(stores::default_url);
+    match cli.command {
+        Command::Run(args) => run::run(&url, args).await,
+        Command::Inspect { key, json } => admin::inspect(&url, &key, json).await,
+        Command::List { prefix, json } => admin::list(&url, &prefix, json).await,
+        Command::Break { key, json } => admin::break_lease(&url, &key, json).await,
+        Command::Completions { .. } => unreachable!("handled before the runtime starts"),
+    }
+}

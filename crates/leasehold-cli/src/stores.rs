@@ -1,0 +1,33 @@
+//! Which stores the command can reach, and the default one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use leasehold::{Registry, Store, StoreError};
+
+/// The registry of every store linked into the command.
+pub fn registry() -> Registry {
+    Registry::new()
+}
+
+/// The store URL when neither `--store` nor `LEASEHOLD_STORE` names one: the embedded
+/// SQLite database in the user's state directory.
+pub fn default_url() -> String {
+    let dir = state_dir();
+    format!("sqlite://{}", dir.join("leases.db").display())
+}
+
+/// `$XDG_STATE_HOME/leasehold`, or `~/.local/state/leasehold`.
+pub fn state_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("leasehold")
+}
+
+/// Opens the store named by `url`.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    registry().open(url).await
+}
