@@ -1,0 +1,13 @@
+//! Chaos run and history checker for leasehold.
+//!
+//! Workers record every event as a JSON line stamped with `CLOCK_MONOTONIC` nanoseconds;
+//! the guard keeps an audit row per protected write in the same transaction; the checker
+//! replays both and checks the invariants C1–C10 of `FAULTS.md`. Its own tests feed it
+//! hand-made bad histories, and a control run without the guard must make it fail.
+#![forbid(unsafe_code)]
+
+pub mod checker;
+pub mod history;
+
+pub use checker::{CheckConfig, Violation, check};
+pub use history::{AuditRow, Event, FinalState, Op, Phase, parse_lines};
