@@ -1,0 +1,778 @@
+//! The advisory-lock store: a session-level `pg_try_advisory_lock` on a connection
+//! dedicated to each holder.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::{
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, Connection};
+
+use crate::config::{DEFAULT_ADVISORY_TABLE, PgConfig, TableName};
+use crate::table::{MIN_REMAINING, col, fence_of, info_of, like_prefix, micros, ttl_us};
+use crate::{BACKEND_ADVISORY, error, schema};
+
+const BACKEND: &str = BACKEND_ADVISORY;
+
+/// How many idle dedicated connections are kept for reuse by later acquisitions.
+const IDLE_CONNECTIONS: usize = 4;
+
+/// How long `break_lease` waits for the evicted holder's session to end.
+const TERMINATE_WAIT_MS: i64 = 5000;
+
+/// The 64-bit advisory lock id of `key`: the first 8 bytes of the SHA-256 digest of the
+/// key's UTF-8 bytes, read as a big-endian signed integer.
+///
+/// Stable across versions, platforms and languages; in SQL it is
+/// `('x' || left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 16))::bit(64)::bigint`.
+/// In `pg_locks` the lock shows as `locktype = 'advisory'`, `classid` = the high 32 bits,
+/// `objid` = the low 32 bits, `objsubid = 1`. Two keys share a lock only if their digests
+/// share 64 bits (for a billion keys, a chance of about 3 in 100 000); they would then
+/// exclude each other, which is safe, while keeping separate fences.
+pub fn advisory_lock_id(key: &str) -> i64 {
+    let digest = Sha256::digest(key.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// `(classid, objid)` of a bigint advisory lock as `pg_locks` shows them.
+fn lock_parts(id: i64) -> (i64, i64) {
+    let u = id as u64;
+    ((u >> 32) as i64, (u & 0xffff_ffff) as i64)
+}
+
+/// Matches the row `a`'s advisory lock in `pg_locks x` (granted, in this database).
+const LOCK_OF_ROW: &str = "x.locktype = 'advisory' AND x.objsubid = 1 AND x.granted \
+     AND x.classid::bigint = ((a.lock_id >> 32) & 4294967295) \
+     AND x.objid::bigint = (a.lock_id & 4294967295) \
+     AND x.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())";
+
+struct Sql {
+    precheck: Arc<str>,
+    acquire: Arc<str>,
+    renew: Arc<str>,
+    release: Arc<str>,
+    inspect: Arc<str>,
+    list: Arc<str>,
+    break_lease: Arc<str>,
+    terminate_holder: Arc<str>,
+}
+
+impl Sql {
+    fn new(t: &TableName) -> Self {
+        let t = t.sql();
+        let remaining = "GREATEST(0, (extract(epoch FROM (a.expires_at - clock_timestamp())) * 1000000)::bigint)";
+        // Through the pool: is the lock held by any session, and for how long (per row)?
+        let precheck = format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks x WHERE x.locktype = 'advisory' \
+               AND x.objsubid = 1 AND x.granted AND x.classid::bigint = $2 AND x.objid::bigint = $3 \
+               AND x.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())) AS held, \
+             (SELECT {remaining} FROM {t} a WHERE a.key = $1 AND a.owner IS NOT NULL) AS remaining_us"
+        );
+        // On the dedicated connection, one statement: try the lock; if granted, advance the
+        // fence counter row while holding it, record owner and pid, set the server-side
+        // idle timeout that enforces the TTL and the connection's application_name.
+        let acquire = format!(
+            "WITH l AS MATERIALIZED ( \
+               SELECT pg_try_advisory_lock($1) AS got, pg_backend_pid() AS pid, clock_timestamp() AS t \
+             ), up AS ( \
+               INSERT INTO {t} AS a (key, lock_id, owner, fence, holder_pid, expires_at) \
+               SELECT $2, $1, $3, GREATEST(1, (extract(epoch FROM l.t) * 1000000)::bigint), l.pid, \
+                      l.t + $4::bigint * interval '1 microsecond' \
+               FROM l WHERE l.got \
+               ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, owner = EXCLUDED.owner, \
+                 fence = GREATEST(a.fence + 1, EXCLUDED.fence), holder_pid = EXCLUDED.holder_pid, \
+                 expires_at = EXCLUDED.expires_at \
+               RETURNING a.fence \
+             ) \
+             SELECT l.got, l.pid, (SELECT fence FROM up) AS fence, \
+               CASE WHEN l.got THEN set_config('idle_session_timeout', $5, false) || \
+                                    set_config('application_name', $6, false) END AS settings, \
+               CASE WHEN NOT l.got THEN (SELECT {remaining} FROM {t} a WHERE a.key = $2 AND a.owner IS NOT NULL) \
+                 END AS remaining_us \
+             FROM l"
+        );
+        // On the holder's connection: still this session's lock, still this owner's row?
+        // Then extend the row and reset the idle timeout.
+        let renew = format!(
+            "WITH l AS MATERIALIZED ( \
+               SELECT pg_backend_pid() AS pid, EXISTS (SELECT 1 FROM pg_catalog.pg_locks x \
+                 WHERE x.locktype = 'advisory' AND x.pid = pg_backend_pid() AND x.objsubid = 1 \
+                   AND x.granted AND x.classid::bigint = $2 AND x.objid::bigint = $3) AS held \
+             ), up AS ( \
+               UPDATE {t} a SET expires_at = clock_timestamp() + $5::bigint * interval '1 microsecond' \
+               FROM l WHERE a.key = $1 AND a.owner = $4 AND a.holder_pid = l.pid AND l.held \
+               RETURNING a.fence \
+             ) \
+             SELECT l.pid, l.held, f.fence, \
+               CASE WHEN f.fence IS NOT NULL THEN set_config('idle_session_timeout', $6, false) END AS idle \
+             FROM l LEFT JOIN (SELECT fence FROM up) f ON true"
+        );
+        // On the holder's connection: clear the row first, then unlock (the unlock is
+        // evaluated on the aggregate's single row, after the update ran), and reset the
+        // session for reuse.
+        let release = format!(
+            "WITH u AS ( \
+               UPDATE {t} SET owner = NULL, holder_pid = NULL, expires_at = clock_timestamp() \
+               WHERE key = $1 AND owner = $2 AND holder_pid = pg_backend_pid() RETURNING 1 \
+             ), n AS (SELECT count(*) AS n FROM u) \
+             SELECT n.n AS cleared, pg_advisory_unlock($3) AS unlocked, \
+               set_config('idle_session_timeout', '0', false) || set_config('application_name', $4, false) AS reset \
+             FROM n"
+        );
+        let inspect = format!(
+            "SELECT a.key, a.owner, a.fence, {remaining} AS remaining_us FROM {t} a \
+             WHERE a.key = $1 AND a.owner IS NOT NULL \
+               AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks x WHERE x.pid = a.holder_pid AND {LOCK_OF_ROW})"
+        );
+        let list = format!(
+            "SELECT a.key, a.owner, a.fence, {remaining} AS remaining_us FROM {t} a \
+             WHERE a.key LIKE $1 ESCAPE '\\' AND a.owner IS NOT NULL \
+               AND EXISTS (SELECT 1 FROM pg_catalog.pg_locks x WHERE x.pid = a.holder_pid AND {LOCK_OF_ROW}) \
+             ORDER BY a.key"
+        );
+        // Advance the fence and clear the owner (so the holder's next renewal fails even
+        // before its session ends), then end whichever session holds the lock.
+        let break_lease = format!(
+            "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), up AS ( \
+               INSERT INTO {t} AS a (key, lock_id, owner, fence, holder_pid, expires_at) \
+               SELECT $1, $2, NULL, GREATEST(1, (extract(epoch FROM n.t) * 1000000)::bigint), NULL, n.t FROM n \
+               ON CONFLICT (key) DO UPDATE SET owner = NULL, holder_pid = NULL, \
+                 expires_at = LEAST(a.expires_at, EXCLUDED.expires_at), \
+                 fence = GREATEST(a.fence + 1, EXCLUDED.fence) \
+               RETURNING a.fence \
+             ) \
+             SELECT (SELECT fence FROM up) AS fence, \
+               (SELECT count(pg_catalog.pg_terminate_backend(h.pid, {TERMINATE_WAIT_MS})) FROM ( \
+                  SELECT x.pid FROM pg_catalog.pg_locks x WHERE x.locktype = 'advisory' \
+                    AND x.objsubid = 1 AND x.granted AND x.classid::bigint = $3 AND x.objid::bigint = $4 \
+                    AND x.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()) \
+                  OFFSET 0) h) AS terminated"
+        );
+        let terminate_holder = "SELECT count(pg_catalog.pg_terminate_backend(h.pid, 5000)) FROM ( \
+               SELECT x.pid FROM pg_catalog.pg_locks x WHERE x.locktype = 'advisory' \
+                 AND x.objsubid = 1 AND x.granted AND x.classid::bigint = $1 AND x.objid::bigint = $2 \
+                 AND x.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()) \
+               OFFSET 0) h"
+            .to_owned();
+        Self {
+            precheck: precheck.into(),
+            acquire: acquire.into(),
+            renew: renew.into(),
+            release: release.into(),
+            inspect: inspect.into(),
+            list: list.into(),
+            break_lease: break_lease.into(),
+            terminate_holder: terminate_holder.into(),
+        }
+    }
+}
+
+/// One held lease: its dedicated session.
+struct Holder {
+    owner: OwnerToken,
+    fence: Fence,
+    /// `pg_backend_pid()` at acquisition; a change means the connection is not one session.
+    pid: i32,
+    /// `None` once the session is known to be gone.
+    conn: tokio::sync::Mutex<Option<PgConnection>>,
+}
+
+struct Inner {
+    pool: PgPool,
+    connect: PgConnectOptions,
+    app_prefix: String,
+    table: TableName,
+    target: String,
+    sql: Sql,
+    holders: Mutex<HashMap<Key, Arc<Holder>>>,
+    idle: Mutex<Vec<PgConnection>>,
+}
+
+/// A lease store on PostgreSQL session-level advisory locks (backend name
+/// `"postgres-advisory"`, URL scheme `postgres+advisory://`).
+///
+/// ## Behavior
+/// - **The lock is the lease.** Acquire takes `pg_try_advisory_lock(id)` on a connection
+///   dedicated to that lease (not pooled while held), with
+///   `id = `[`advisory_lock_id`]`(key)`. In the same statement, while the lock is held, it
+///   advances the key's fence counter row (`GREATEST(last + 1, database clock in µs)`),
+///   records the owner and the session's `pg_backend_pid()`, names the session
+///   `application_name = <prefix>/<owner token>`, and sets the session's
+///   `idle_session_timeout` to the TTL.
+/// - **TTL.** The TTL is enforced by the server's `idle_session_timeout` (PostgreSQL 14
+///   or newer): a holder that does not renew within the TTL — paused, partitioned, or
+///   simply not renewing — has its session ended by the server, which releases the lock.
+///   The holder's own deadline (DESIGN §4) comes earlier, so the holder always believes
+///   it lost the lease before the server frees it.
+/// - **Renew** is one round trip on the holder's connection that checks the lock is still
+///   held by this very session (`pg_locks`, `pid = pg_backend_pid()`), extends the row and
+///   resets the idle timeout. When the session was terminated
+///   (`pg_terminate_backend`, server restart, network reset) the renewal fails, the store
+///   answers `NotOwner`, and the lease is lost **within one renew interval** (FAULTS 16).
+/// - **Release** clears the row, then unlocks, in one statement, and keeps the connection
+///   for reuse. Dropping the store closes every held session, releasing its locks.
+/// - Only the store instance (the process) that acquired a lease can renew or release it:
+///   the lock belongs to its session. Others see it through `inspect`/`list` (which
+///   report a row only while its recorded session holds the lock) and can
+///   [`break_lease`](Store::break_lease) it, which advances the fence and ends the holder's
+///   session with `pg_terminate_backend` (needs the same role, or membership in
+///   `pg_signal_backend`).
+/// - Connections: one pool (default 10) for inspect/list/break and acquisition pre-checks,
+///   plus one dedicated connection per held lease and up to 4 idle ones kept for reuse.
+///   Mind `max_connections` when holding many leases at once.
+///
+/// ## Cancel safety
+/// Every operation may be dropped at an await (the caller's timeout): a dropped acquire
+/// drops its session, which releases any lock it took (nothing is orphaned); a dropped
+/// renew or release leaves the holder's session with a reply pending, which the next
+/// call on it waits for.
+///
+/// ## Transaction-pooling proxies break session locks
+/// PgBouncer in `transaction` (or `statement`) pooling mode hands each transaction to
+/// whichever server connection is free: the advisory lock stays on the server connection
+/// that ran the acquire, the next statement (a renewal) may run on another, and another
+/// client may be handed the connection that holds the lock and release it or run its own
+/// work while it is held. `idle_session_timeout` is also applied to the wrong session.
+/// Connect this store **directly to PostgreSQL, or through a pooler in `session` mode**.
+/// What can be detected is detected: each renewal compares `pg_backend_pid()` with the
+/// pid recorded at acquisition and fails with [`StoreErrorKind::Config`] ("backend pid
+/// changed") when it differs, after which the lease is lost. Use the lease-table store
+/// ([`PgLeaseStore`](crate::PgLeaseStore)) behind transaction-pooling proxies.
+///
+/// ## Failure model
+/// A session-bound lease ends with its session. The fence counter row is durable like any
+/// committed row; after a crash the server restarts with no locks held, and the next
+/// grant's fence is above every earlier one.
+#[derive(Clone)]
+pub struct PgAdvisoryStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for PgAdvisoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgAdvisoryStore")
+            .field("target", &self.inner.target)
+            .field("table", &self.inner.table)
+            .field("held", &self.lock_holders().len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn ms_setting(ttl: Duration) -> String {
+    // Whole milliseconds, rounded up: the server never ends the session early.
+    let ms = ttl.as_micros().div_ceil(1000).max(1);
+    ms.to_string()
+}
+
+fn truncate_app_name(s: String) -> String {
+    // application_name is truncated by the server at 63 bytes; cut on a char boundary.
+    if s.len() <= 63 {
+        return s;
+    }
+    let mut end = 63;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+impl PgAdvisoryStore {
+    /// Connects the pool as `config` says (one connection is opened at once, so a wrong
+    /// address or password fails here); dedicated connections use the same settings. The
+    /// table defaults to `leasehold_advisory`. Does not create it: call
+    /// [`migrate`](Self::migrate).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for authentication and other configuration problems,
+    /// [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
+        let prefix = config.get_application_name().to_owned();
+        let pool = crate::config::open_pool(config, BACKEND).await?;
+        let table = config.table_or(DEFAULT_ADVISORY_TABLE);
+        let sql = Sql::new(&table);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                connect: config.options_named(&prefix),
+                app_prefix: prefix,
+                table,
+                target: config.target(),
+                sql,
+                holders: Mutex::new(HashMap::new()),
+                idle: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Creates the table if it does not exist (idempotent, safe to run concurrently). The
+    /// SQL is [`schema_sql`](Self::schema_sql).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: one transaction.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when the role may not create the table.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        schema::migrate(
+            &self.inner.pool,
+            BACKEND,
+            &[&self.inner.table],
+            self.schema_sql(),
+        )
+        .await
+    }
+
+    /// The DDL that [`migrate`](Self::migrate) runs.
+    pub fn schema_sql(&self) -> String {
+        schema::advisory_table_sql(&self.inner.table)
+    }
+
+    /// The table in use.
+    pub fn table(&self) -> &TableName {
+        &self.inner.table
+    }
+
+    /// The pool used for inspect, list, break and pre-checks.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The `application_name` of the session that holds `owner`'s lease:
+    /// `<prefix>/<owner token in hex>`, cut to 63 bytes.
+    pub fn application_name_for(&self, owner: &OwnerToken) -> String {
+        truncate_app_name(format!("{}/{owner}", self.inner.app_prefix))
+    }
+
+    /// The keys this store instance holds sessions for, with their backend pids.
+    pub fn lock_holders(&self) -> Vec<(Key, i32)> {
+        let mut v: Vec<_> = self
+            .holders()
+            .iter()
+            .map(|(k, h)| (k.clone(), h.pid))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Ends whichever session holds `key`'s advisory lock (`pg_terminate_backend`, waiting
+    /// up to 5 s for it to end) without touching the fence row. A fault hook for tests:
+    /// the holder loses the lease at its next renewal. Returns how many sessions ended.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; the termination may already have been sent.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] without the privilege to terminate the session.
+    pub async fn terminate_holder(&self, key: &Key) -> Result<u64, StoreError> {
+        let (hi, lo) = lock_parts(advisory_lock_id(key.as_str()));
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.terminate_holder.clone()))
+            .bind(hi)
+            .bind(lo)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(BACKEND, "terminate holder", e))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    fn holders(&self) -> MutexGuard<'_, HashMap<Key, Arc<Holder>>> {
+        self.inner.holders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn holder(&self, key: &Key) -> Option<Arc<Holder>> {
+        self.holders().get(key).cloned()
+    }
+
+    /// Forgets `holder` for `key` if it is still the one recorded.
+    fn forget(&self, key: &Key, holder: &Arc<Holder>) {
+        let mut map = self.holders();
+        if map.get(key).is_some_and(|h| Arc::ptr_eq(h, holder)) {
+            map.remove(key);
+        }
+    }
+
+    fn take_idle(&self) -> Option<PgConnection> {
+        self.inner
+            .idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+    }
+
+    fn put_idle(&self, conn: PgConnection) {
+        let mut idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < IDLE_CONNECTIONS {
+            idle.push(conn);
+        } else {
+            drop(idle);
+            close(conn);
+        }
+    }
+
+    async fn connect_dedicated(&self) -> Result<PgConnection, StoreError> {
+        PgConnection::connect_with(&self.inner.connect)
+            .await
+            .map_err(|e| error::map(BACKEND, "connecting a holder session", e))
+    }
+
+    /// Renews on the holder's session. `Ok(false)`: the lock is gone (the holder is
+    /// forgotten and its session closed).
+    async fn renew_on(
+        &self,
+        key: &Key,
+        holder: &Arc<Holder>,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let (hi, lo) = lock_parts(advisory_lock_id(key.as_str()));
+        let mut guard = holder.conn.lock().await;
+        let Some(conn) = guard.as_mut() else {
+            drop(guard);
+            self.forget(key, holder);
+            return Ok(false);
+        };
+        let res = sqlx::query(AssertSqlSafe(self.inner.sql.renew.clone()))
+            .bind(key.as_str())
+            .bind(hi)
+            .bind(lo)
+            .bind(&holder.owner.as_bytes()[..])
+            .bind(ttl_us(ttl))
+            .bind(ms_setting(ttl))
+            .fetch_one(&mut *conn)
+            .await;
+        let row = match res {
+            Ok(row) => row,
+            Err(e) if error::is_connection_loss(&e) => {
+                // The session is gone, and its lock with it.
+                tracing::debug!(%key, error = %error::map(BACKEND, "renew", e), "holder session lost");
+                if let Some(c) = guard.take() {
+                    close(c);
+                }
+                drop(guard);
+                self.forget(key, holder);
+                return Ok(false);
+            }
+            Err(e) => return Err(error::map(BACKEND, "renew", e)),
+        };
+        let pid: i32 = col(BACKEND, &row, "pid")?;
+        let held: bool = col(BACKEND, &row, "held")?;
+        let fence: Option<i64> = col(BACKEND, &row, "fence")?;
+        if pid != holder.pid {
+            if let Some(c) = guard.take() {
+                close(c);
+            }
+            drop(guard);
+            self.forget(key, holder);
+            return Err(StoreError::new(
+                StoreErrorKind::Config,
+                BACKEND,
+                format!(
+                    "backend pid changed from {} to {pid} on the holder's connection: session-level \
+                     advisory locks need one server session per connection (a transaction-pooling \
+                     proxy such as PgBouncer in transaction mode breaks them); the lease is lost",
+                    holder.pid
+                ),
+            ));
+        }
+        if !held || fence.is_none() {
+            if let Some(c) = guard.take() {
+                close(c);
+            }
+            drop(guard);
+            self.forget(key, holder);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+/// Closes a connection in the background (graceful Terminate), or drops it.
+fn close(conn: PgConnection) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(2), conn.close()).await;
+        });
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let holders = std::mem::take(self.holders.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for (_, h) in holders {
+            if let Ok(h) = Arc::try_unwrap(h)
+                && let Some(conn) = h.conn.into_inner()
+            {
+                close(conn);
+            }
+        }
+        for conn in std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner())) {
+            close(conn);
+        }
+    }
+}
+
+#[async_trait]
+impl Store for PgAdvisoryStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::minimal();
+        caps.reports_remaining = true;
+        caps.list = true;
+        caps.break_lease = true;
+        caps.session_bound = true;
+        caps.fence_durability = FenceDurability::Durable;
+        caps
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        if let Some(h) = self.holder(key)
+            && h.owner == *owner
+        {
+            // A retry by the holder (after an ambiguous reply): extend, same fence.
+            if self.renew_on(key, &h, ttl).await? {
+                return Ok(AcquireOutcome::Acquired {
+                    fence: h.fence,
+                    ttl,
+                });
+            }
+        }
+        let lock_id = advisory_lock_id(key.as_str());
+        let (hi, lo) = lock_parts(lock_id);
+        // A kept idle session may have been ended meanwhile (server restart, a DBA's
+        // idle timeout): then try once more on a fresh session. A dead session cannot have
+        // taken the lock, so the retry is safe.
+        let mut reused = self.take_idle();
+        let row = loop {
+            let from_idle = reused.is_some();
+            let mut conn = match reused.take() {
+                Some(c) => c,
+                None => {
+                    // Opening a session costs a fork on the server: first ask the pool
+                    // whether the lock is taken at all.
+                    let row = sqlx::query(AssertSqlSafe(self.inner.sql.precheck.clone()))
+                        .bind(key.as_str())
+                        .bind(hi)
+                        .bind(lo)
+                        .fetch_one(&self.inner.pool)
+                        .await
+                        .map_err(|e| error::map(BACKEND, "acquire", e))?;
+                    if col::<bool>(BACKEND, &row, "held")? {
+                        let remaining: Option<i64> = col(BACKEND, &row, "remaining_us")?;
+                        return Ok(AcquireOutcome::Held {
+                            remaining: Some(
+                                remaining
+                                    .map(micros)
+                                    .unwrap_or(Duration::ZERO)
+                                    .max(MIN_REMAINING),
+                            ),
+                        });
+                    }
+                    self.connect_dedicated().await?
+                }
+            };
+            // If this future is dropped from here on, `conn` is dropped with it: the
+            // session ends and any lock it took is released.
+            let res = sqlx::query(AssertSqlSafe(self.inner.sql.acquire.clone()))
+                .bind(lock_id)
+                .bind(key.as_str())
+                .bind(&owner.as_bytes()[..])
+                .bind(ttl_us(ttl))
+                .bind(ms_setting(ttl))
+                .bind(self.application_name_for(owner))
+                .fetch_one(&mut conn)
+                .await;
+            match res {
+                Ok(row) => break (row, conn),
+                Err(e) if from_idle && error::is_connection_loss(&e) => {
+                    close(conn);
+                    continue;
+                }
+                Err(e) => {
+                    // The lock may have been taken before the error: ending the session
+                    // releases it.
+                    close(conn);
+                    return Err(error::map(BACKEND, "acquire", e));
+                }
+            }
+        };
+        let (row, conn) = row;
+        let got: bool = col(BACKEND, &row, "got")?;
+        if !got {
+            let remaining: Option<i64> = col(BACKEND, &row, "remaining_us")?;
+            self.put_idle(conn);
+            return Ok(AcquireOutcome::Held {
+                remaining: Some(
+                    remaining
+                        .map(micros)
+                        .unwrap_or(Duration::ZERO)
+                        .max(MIN_REMAINING),
+                ),
+            });
+        }
+        let decoded = (|| -> Result<(i32, Fence), StoreError> {
+            let pid: i32 = col(BACKEND, &row, "pid")?;
+            let fence: Option<i64> = col(BACKEND, &row, "fence")?;
+            let fence = fence.ok_or_else(|| {
+                StoreError::new(StoreErrorKind::Other, BACKEND, "acquire returned no fence")
+            })?;
+            Ok((pid, fence_of(BACKEND, fence)?))
+        })();
+        let (pid, fence) = match decoded {
+            Ok(v) => v,
+            Err(e) => {
+                close(conn);
+                return Err(e);
+            }
+        };
+        let holder = Arc::new(Holder {
+            owner: *owner,
+            fence,
+            pid,
+            conn: tokio::sync::Mutex::new(Some(conn)),
+        });
+        // Replaces a stale local holder of another owner, whose session must be gone since
+        // this session got the lock.
+        let old = self.holders().insert(key.clone(), holder);
+        if let Some(old) = old
+            && let Ok(old) = Arc::try_unwrap(old)
+            && let Some(c) = old.conn.into_inner()
+        {
+            close(c);
+        }
+        Ok(AcquireOutcome::Acquired { fence, ttl })
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        let Some(h) = self.holder(key).filter(|h| h.owner == *owner) else {
+            return Ok(RenewOutcome::NotOwner);
+        };
+        Ok(if self.renew_on(key, &h, ttl).await? {
+            RenewOutcome::Renewed { ttl }
+        } else {
+            RenewOutcome::NotOwner
+        })
+    }
+
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        let Some(h) = self.holder(key).filter(|h| h.owner == *owner) else {
+            return Ok(ReleaseOutcome::NotOwner);
+        };
+        let lock_id = advisory_lock_id(key.as_str());
+        let mut guard = h.conn.lock().await;
+        let Some(conn) = guard.as_mut() else {
+            drop(guard);
+            self.forget(key, &h);
+            return Ok(ReleaseOutcome::NotOwner);
+        };
+        let res = sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
+            .bind(key.as_str())
+            .bind(&owner.as_bytes()[..])
+            .bind(lock_id)
+            .bind(self.inner.app_prefix.as_str())
+            .fetch_one(&mut *conn)
+            .await;
+        let conn = guard.take().expect("checked above");
+        drop(guard);
+        self.forget(key, &h);
+        let row = match res {
+            Ok(row) => row,
+            Err(e) if error::is_connection_loss(&e) => {
+                close(conn);
+                return Ok(ReleaseOutcome::NotOwner);
+            }
+            Err(e) => {
+                // Ending the session releases the lock whatever the error was.
+                close(conn);
+                return Err(error::map(BACKEND, "release", e));
+            }
+        };
+        let cleared: i64 = col(BACKEND, &row, "cleared")?;
+        let unlocked: bool = col(BACKEND, &row, "unlocked")?;
+        if cleared == 1 && unlocked {
+            self.put_idle(conn);
+            Ok(ReleaseOutcome::Released)
+        } else {
+            close(conn);
+            Ok(ReleaseOutcome::NotOwner)
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(self.inner.sql.inspect.clone()))
+            .bind(key.as_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(BACKEND, "inspect", e))?;
+        row.map(|r| info_of(BACKEND, &r)).transpose()
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        let rows = sqlx::query(AssertSqlSafe(self.inner.sql.list.clone()))
+            .bind(like_prefix(prefix))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(BACKEND, "list", e))?;
+        rows.iter().map(|r| info_of(BACKEND, r)).collect()
+    }
+
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let lock_id = advisory_lock_id(key.as_str());
+        let (hi, lo) = lock_parts(lock_id);
+        let row = sqlx::query(AssertSqlSafe(self.inner.sql.break_lease.clone()))
+            .bind(key.as_str())
+            .bind(lock_id)
+            .bind(hi)
+            .bind(lo)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| error::map(BACKEND, "break", e))?;
+        let fence: i64 = col(BACKEND, &row, "fence")?;
+        fence_of(BACKEND, fence)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_id_is_stable() {
+        // First 8 bytes of SHA-256("") = e3b0c44298fc1c14.
+        assert_eq!(advisory_lock_id(""), 0xe3b0_c442_98fc_1c14_u64 as i64);
+        assert_eq!(lock_parts(advisory_lock_id("")), (0xe3b0_c442, 0x98fc_1c14));
+        assert_ne!(advisory_lock_id("a"), advisory_lock_id("b"));
+    }
+
+    #[test]
+    fn settings() {
+        assert_eq!(ms_setting(Duration::from_micros(10_001)), "11");
+        assert_eq!(ms_setting(Duration::from_secs(2)), "2000");
+        let long = truncate_app_name(format!("{}/{}", "é".repeat(40), "x"));
+        assert!(long.len() <= 63);
+    }
+}

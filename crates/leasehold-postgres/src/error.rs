@@ -1,0 +1,221 @@
+//! Mapping of sqlx and PostgreSQL errors into [`StoreError`], without credentials.
+
+use std::fmt;
+use std::io;
+
+use leasehold::{StoreError, StoreErrorKind};
+
+/// A sqlx error reduced to text that never contains credentials: the SQLSTATE and the
+/// server's message for database errors, the I/O error kind and message otherwise. Kept
+/// as the source of a [`StoreError`].
+#[derive(Debug)]
+pub(crate) struct PgCause {
+    text: String,
+}
+
+impl fmt::Display for PgCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for PgCause {}
+
+/// The SQLSTATE of a database error, if it is one.
+pub(crate) fn sqlstate(err: &sqlx::Error) -> Option<&str> {
+    match err {
+        sqlx::Error::Database(db) => db.code().map(|c| match c {
+            std::borrow::Cow::Borrowed(s) => s,
+            // PgDatabaseError always borrows; other drivers are not linked here.
+            std::borrow::Cow::Owned(_) => "",
+        }),
+        _ => None,
+    }
+}
+
+fn io_kind(e: &io::Error) -> StoreErrorKind {
+    use io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused | K::NotConnected | K::AddrNotAvailable | K::AddrInUse => {
+            StoreErrorKind::Unavailable
+        }
+        K::TimedOut | K::WouldBlock => StoreErrorKind::Timeout,
+        // Reset, broken pipe, unexpected end of stream: the request may have been sent.
+        _ => StoreErrorKind::Ambiguous,
+    }
+}
+
+/// Classifies a SQLSTATE. `None` for codes that do not say anything specific.
+fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
+    use StoreErrorKind as K;
+    match code {
+        // serialization_failure, deadlock_detected: retry the whole transaction.
+        "40001" | "40P01" => (K::Busy, Some("serialization failure or deadlock: retry")),
+        // lock_not_available, too_many_connections, cannot_connect_now (starting up).
+        "55P03" => (K::Busy, Some("lock not available")),
+        "53300" => (K::Busy, Some("too many connections")),
+        "57P03" => (
+            K::Unavailable,
+            Some("the server is starting up or shutting down"),
+        ),
+        // query_canceled (statement_timeout, pg_cancel_backend).
+        "57014" => (
+            K::Timeout,
+            Some("the statement was cancelled (statement_timeout?)"),
+        ),
+        // admin_shutdown (pg_terminate_backend, fast shutdown), crash_shutdown.
+        "57P01" | "57P02" => (K::Ambiguous, Some("the server ended the session")),
+        // idle_session_timeout, idle_in_transaction_session_timeout.
+        "57P05" | "25P03" => (K::Ambiguous, Some("the server ended an idle session")),
+        "25006" => (
+            K::Unavailable,
+            Some("the server is read-only (connected to a standby?)"),
+        ),
+        "3D000" => (K::Config, Some("the database does not exist")),
+        "3F000" => (
+            K::Config,
+            Some("the schema does not exist: run migrate() or create it"),
+        ),
+        "42P01" => (
+            K::Config,
+            Some("a leasehold table does not exist: run migrate() or the schema SQL"),
+        ),
+        "42883" => (
+            K::Config,
+            Some("a function does not exist (PostgreSQL 14 or newer is required)"),
+        ),
+        "42501" => (K::Config, Some("permission denied: grant the role access")),
+        "22021" | "22001" | "22003" | "22P02" => (K::InvalidInput, None),
+        c if c.starts_with("28") => (K::Config, Some("authentication failed")),
+        c if c.starts_with("08") => {
+            // 08001/08004: could not connect / rejected: nothing was sent.
+            if c == "08001" || c == "08004" {
+                (K::Unavailable, Some("could not connect"))
+            } else {
+                (K::Ambiguous, Some("the connection failed"))
+            }
+        }
+        c if c.starts_with("53") => (K::Busy, Some("the server is out of resources")),
+        c if c.starts_with("42") => (K::Config, Some("the SQL was refused by the server")),
+        c if c.starts_with("23") => (
+            K::Corrupt,
+            Some("a leasehold table holds rows that break its constraints"),
+        ),
+        _ => (K::Other, None),
+    }
+}
+
+/// The kind a sqlx error maps to.
+pub(crate) fn kind_of(err: &sqlx::Error) -> StoreErrorKind {
+    match err {
+        sqlx::Error::Database(_) => sqlstate_kind(sqlstate(err).unwrap_or("")).0,
+        sqlx::Error::Io(e) => io_kind(e),
+        sqlx::Error::PoolTimedOut => StoreErrorKind::Unavailable,
+        sqlx::Error::PoolClosed => StoreErrorKind::Unavailable,
+        sqlx::Error::Configuration(_) | sqlx::Error::Tls(_) => StoreErrorKind::Config,
+        sqlx::Error::InvalidArgument(_) => StoreErrorKind::InvalidInput,
+        sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => StoreErrorKind::Ambiguous,
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
+        sqlx::Error::TypeNotFound { .. } => StoreErrorKind::Config,
+        _ => StoreErrorKind::Other,
+    }
+}
+
+/// Whether the error means the connection itself is gone (so a session-bound lock held on
+/// it is gone too).
+pub(crate) fn is_connection_loss(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(_) => {
+            let code = sqlstate(err).unwrap_or("");
+            matches!(code, "57P01" | "57P02" | "57P05" | "25P03") || code.starts_with("08")
+        }
+        _ => false,
+    }
+}
+
+/// Text describing `err`, with no credentials: sqlx never puts the password into these
+/// variants' messages, and the connect options (which hold it) are never formatted.
+fn describe(err: &sqlx::Error) -> String {
+    match err {
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            format!("{} (SQLSTATE {code})", db.message())
+        }
+        sqlx::Error::Io(e) => format!("I/O error ({:?}): {e}", e.kind()),
+        sqlx::Error::Configuration(e) => format!("configuration error: {e}"),
+        other => other.to_string(),
+    }
+}
+
+/// Maps `err`, raised by operation `op`, into a [`StoreError`] of `backend`.
+pub(crate) fn map(backend: &'static str, op: &str, err: sqlx::Error) -> StoreError {
+    let kind = kind_of(&err);
+    let hint = match &err {
+        sqlx::Error::Database(_) => sqlstate_kind(sqlstate(&err).unwrap_or("")).1,
+        sqlx::Error::PoolTimedOut => Some("no connection could be had from the pool in time"),
+        sqlx::Error::PoolClosed => Some("the connection pool is closed"),
+        _ => None,
+    };
+    let message = match hint {
+        Some(h) => format!("{op} failed: {h}"),
+        None => format!("{op} failed"),
+    };
+    StoreError::new(kind, backend, message).with_source(PgCause {
+        text: describe(&err),
+    })
+}
+
+/// Maps a sqlx error (for example the error of the caller's own `COMMIT` after a guarded
+/// write) into a [`StoreError`] with the same classification leasehold's PostgreSQL stores
+/// and guard use:
+///
+/// | condition | kind |
+/// | --- | --- |
+/// | SQLSTATE 40001 (serialization failure), 40P01 (deadlock), 55P03, 53xxx | [`Busy`](StoreErrorKind::Busy): retry the transaction |
+/// | connection refused, pool timed out, 08001/08004, 57P03, 25006 (read-only) | [`Unavailable`](StoreErrorKind::Unavailable) |
+/// | reset or closed after sending, 57P01/57P02 (session terminated), other 08xxx | [`Ambiguous`](StoreErrorKind::Ambiguous): it may have committed |
+/// | 57014 (statement cancelled), I/O timeout | [`Timeout`](StoreErrorKind::Timeout) |
+/// | 28xxx (authentication), 42501 (permission), 3D000, 3F000, 42P01 (missing database, schema or table: run `migrate`), other 42xxx, TLS, bad URL | [`Config`](StoreErrorKind::Config) |
+/// | 22xxx data errors | [`InvalidInput`](StoreErrorKind::InvalidInput) |
+/// | 23xxx constraint violations in leasehold tables, undecodable rows | [`Corrupt`](StoreErrorKind::Corrupt) |
+///
+/// The message never contains the connection password.
+pub fn store_error(err: sqlx::Error) -> StoreError {
+    map(crate::GUARD_BACKEND, "statement", err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates() {
+        assert_eq!(sqlstate_kind("40001").0, StoreErrorKind::Busy);
+        assert_eq!(sqlstate_kind("40P01").0, StoreErrorKind::Busy);
+        assert_eq!(sqlstate_kind("28P01").0, StoreErrorKind::Config);
+        assert_eq!(sqlstate_kind("28000").0, StoreErrorKind::Config);
+        assert_eq!(sqlstate_kind("42501").0, StoreErrorKind::Config);
+        assert_eq!(sqlstate_kind("42P01").0, StoreErrorKind::Config);
+        assert_eq!(sqlstate_kind("3D000").0, StoreErrorKind::Config);
+        assert_eq!(sqlstate_kind("57P01").0, StoreErrorKind::Ambiguous);
+        assert_eq!(sqlstate_kind("08006").0, StoreErrorKind::Ambiguous);
+        assert_eq!(sqlstate_kind("08001").0, StoreErrorKind::Unavailable);
+        assert_eq!(sqlstate_kind("57014").0, StoreErrorKind::Timeout);
+        assert_eq!(sqlstate_kind("23514").0, StoreErrorKind::Corrupt);
+        assert_eq!(sqlstate_kind("XX000").0, StoreErrorKind::Other);
+    }
+
+    #[test]
+    fn io_errors() {
+        let e = sqlx::Error::Io(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(kind_of(&e), StoreErrorKind::Unavailable);
+        let e = sqlx::Error::Io(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert_eq!(kind_of(&e), StoreErrorKind::Ambiguous);
+        assert!(is_connection_loss(&e));
+        assert_eq!(
+            kind_of(&sqlx::Error::PoolTimedOut),
+            StoreErrorKind::Unavailable
+        );
+    }
+}

@@ -1,0 +1,343 @@
+//! FAULTS rows 16 (PostgreSQL session killed), 18 (immediate shutdown under load, fsync
+//! on) and 9 (clean restart) against a private PostgreSQL.
+
+mod common;
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken, RenewOutcome,
+    Store,
+};
+use leasehold_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use leasehold_postgres::sqlx::{self, Connection, PgConnection, PgPool};
+use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgGuard, guard, store_error};
+use leasehold_testkit::PostgresOptions;
+use tokio::time::{Instant, timeout};
+
+const TTL: Duration = Duration::from_secs(2);
+
+/// Terminates every session named `app` and waits until they are gone. Returns how many.
+async fn terminate(admin: &PgPool, app: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(app)
+    .fetch_one(admin)
+    .await
+    .unwrap()
+}
+
+/// FAULTS 16, advisory lock: `pg_terminate_backend` on the holder's session (found by its
+/// application_name) loses the lease within one renew interval; another owner then
+/// acquires with a higher fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f16_advisory_holder_terminated_loses_within_one_renew_interval() {
+    let pg = common::start_pg(PostgresOptions::new()).await;
+    let admin = common::admin_pool(&pg).await;
+    let store = PgAdvisoryStore::connect(&PgConfig::from_url(&pg.url()).unwrap())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let config = LeaseConfig::new(TTL).unwrap();
+    let client = LeaseClient::new(Arc::new(store.clone()), config.clone());
+    let lease = client.try_acquire("job:f16").await.unwrap();
+    let app = store.application_name_for(lease.owner());
+    let sessions: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+            .bind(&app)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+    assert_eq!(sessions, 1, "the holder's session is named {app}");
+
+    tokio::time::sleep(config.renew_interval() / 2).await;
+    let killed_at = Instant::now();
+    assert_eq!(terminate(&admin, &app).await, 1);
+    let bound = config.renew_interval() + config.op_timeout() + Duration::from_millis(500);
+    let reason = timeout(bound, lease.lost())
+        .await
+        .expect("lost within one renew interval of the session's end");
+    assert_eq!(reason, LostReason::NotOwner);
+    eprintln!("lost {:?} after the kill", killed_at.elapsed());
+    assert!(!lease.is_valid());
+
+    let next = client
+        .try_acquire("job:f16")
+        .await
+        .expect("the lock is free");
+    assert!(next.fence() > lease.fence());
+    assert!(!lease.release().await.unwrap());
+    assert!(next.release().await.unwrap());
+}
+
+/// FAULTS 16, guard: a guarded write whose session is terminated before COMMIT rolls back
+/// entirely (guard and data), and the commit error says the outcome is ambiguous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f16_guarded_write_in_killed_transaction_rolls_back() {
+    let pg = common::start_pg(PostgresOptions::new()).await;
+    let admin = common::admin_pool(&pg).await;
+    guard::migrate(&admin).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE f16_data (v text NOT NULL)")
+        .execute(&admin)
+        .await
+        .unwrap();
+    let resource = "ledger:f16";
+    let mut tx = admin.begin().await.unwrap();
+    assert!(
+        guard::check_and_advance(&mut tx, resource, Fence(10))
+            .await
+            .unwrap()
+            .is_accepted()
+    );
+    sqlx::query("INSERT INTO f16_data VALUES ('committed')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let opts = PgConnectOptions::from_str(&pg.url())
+        .unwrap()
+        .application_name("f16-writer");
+    let mut conn = PgConnection::connect_with(&opts).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    assert!(
+        guard::check_and_advance(&mut tx, resource, Fence(20))
+            .await
+            .unwrap()
+            .is_accepted()
+    );
+    sqlx::query("INSERT INTO f16_data VALUES ('killed')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(terminate(&admin, "f16-writer").await, 1);
+    let err = store_error(tx.commit().await.expect_err("commit on a killed session"));
+    assert!(err.is_retryable(), "{err}");
+    drop(conn);
+
+    let mut c = admin.acquire().await.unwrap();
+    assert_eq!(
+        PgGuard::new().current(&mut c, resource).await.unwrap(),
+        Some(Fence(10)),
+        "the guard advance rolled back"
+    );
+    let rows: Vec<String> = sqlx::query_scalar("SELECT v FROM f16_data")
+        .fetch_all(&admin)
+        .await
+        .unwrap();
+    assert_eq!(rows, vec!["committed".to_owned()]);
+}
+
+/// FAULTS 16, lease table: killing the pool's sessions does not lose the lease: the next
+/// renewal reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f16_table_lease_survives_killed_sessions() {
+    let pg = common::start_pg(PostgresOptions::new()).await;
+    let admin = common::admin_pool(&pg).await;
+    let store = common::table_store(&format!("{}?application_name=f16-table", pg.url())).await;
+    let config = LeaseConfig::new(TTL).unwrap();
+    let client = LeaseClient::new(Arc::new(store.clone()), config.clone());
+    let lease = client.try_acquire("job:f16-table").await.unwrap();
+    tokio::time::sleep(config.renew_interval() + config.renew_interval() / 2).await;
+    assert!(terminate(&admin, "f16-table").await >= 1);
+    tokio::time::sleep(config.renew_interval() * 3).await;
+    assert!(lease.is_valid(), "lost: {:?}", lease.lost_reason());
+    let info = store
+        .inspect(&Key::new("job:f16-table").unwrap())
+        .await
+        .unwrap()
+        .expect("still held");
+    assert_eq!((info.owner, info.fence), (*lease.owner(), lease.fence()));
+    assert!(lease.release().await.unwrap());
+}
+
+/// FAULTS 9 (PostgreSQL): a clean restart keeps leases and fences; the pool reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f9_clean_restart_keeps_leases() {
+    let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
+    let store = common::table_store(&pg.url()).await;
+    let key = Key::new("job:f9").unwrap();
+    let owner = OwnerToken::random();
+    let AcquireOutcome::Acquired { fence, .. } = store
+        .acquire(&key, &owner, Duration::from_secs(60))
+        .await
+        .unwrap()
+    else {
+        panic!("free key")
+    };
+    let p = pg.clone();
+    tokio::task::spawn_blocking(move || p.restart())
+        .await
+        .unwrap();
+    // The first use of a pooled connection after the restart may fail; the next works.
+    let mut renewed = None;
+    for _ in 0..3 {
+        match store.renew(&key, &owner, Duration::from_secs(60)).await {
+            Ok(r) => {
+                renewed = Some(r);
+                break;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+    }
+    assert!(matches!(renewed, Some(RenewOutcome::Renewed { .. })));
+    let info = store.inspect(&key).await.unwrap().unwrap();
+    assert_eq!((info.owner, info.fence), (owner, fence));
+}
+
+/// FAULTS 18: `pg_ctl stop -m immediate` (SIGQUIT) under load with fsync on. Every
+/// acknowledged (committed) guarded write and guard value survives crash recovery, and the
+/// next lease fence is above every acknowledged one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
+    let pg = Arc::new(common::start_pg(PostgresOptions::new().fsync(true)).await);
+    assert_eq!(common::psql(&pg, "SHOW fsync").await, "on");
+    let url = pg.url();
+    let pool = PgPoolOptions::new()
+        .max_connections(6)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&url)
+        .await
+        .unwrap();
+    guard::migrate(&pool).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE f18_data (fence bigint PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = common::table_store(&url).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let next_fence = Arc::new(AtomicU64::new(1));
+    let acked = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let lease_fences = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (pool, stop, next_fence, acked, errors) = (
+            pool.clone(),
+            stop.clone(),
+            next_fence.clone(),
+            acked.clone(),
+            errors.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let fence = next_fence.fetch_add(1, Ordering::SeqCst);
+                let attempt = async {
+                    let mut tx = pool.begin().await?;
+                    let d = guard::check_and_advance(&mut tx, "ledger:f18", Fence(fence))
+                        .await
+                        .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+                    if d.is_accepted() {
+                        sqlx::query("INSERT INTO f18_data (fence) VALUES ($1)")
+                            .bind(fence as i64)
+                            .execute(&mut *tx)
+                            .await?;
+                        tx.commit().await?;
+                        Ok::<bool, sqlx::Error>(true)
+                    } else {
+                        tx.rollback().await?;
+                        Ok(false)
+                    }
+                };
+                match timeout(Duration::from_secs(5), attempt).await {
+                    Ok(Ok(true)) => acked.lock().unwrap().push(fence),
+                    Ok(Ok(false)) => {}
+                    _ => {
+                        errors.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }));
+    }
+    {
+        let (store, stop, lease_fences) = (store.clone(), stop.clone(), lease_fences.clone());
+        tasks.push(tokio::spawn(async move {
+            let key = Key::new("job:f18").unwrap();
+            while !stop.load(Ordering::SeqCst) {
+                let owner = OwnerToken::random();
+                match timeout(Duration::from_secs(5), store.acquire(&key, &owner, TTL)).await {
+                    Ok(Ok(AcquireOutcome::Acquired { fence, .. })) => {
+                        lease_fences.lock().unwrap().push(fence.get());
+                        let _ = timeout(Duration::from_secs(5), store.release(&key, &owner)).await;
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = acked.lock().unwrap().len();
+    assert!(before > 0, "load is running");
+    let p = pg.clone();
+    tokio::task::spawn_blocking(move || p.stop_immediate())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(
+        errors.load(Ordering::SeqCst) > 0,
+        "writes failed while the server was down"
+    );
+    let p = pg.clone();
+    tokio::task::spawn_blocking(move || p.start_again())
+        .await
+        .unwrap();
+
+    let admin = common::admin_pool(&pg).await;
+    let acked = acked.lock().unwrap().clone();
+    let stored: Vec<i64> = sqlx::query_scalar("SELECT fence FROM f18_data ORDER BY fence")
+        .fetch_all(&admin)
+        .await
+        .unwrap();
+    let stored: std::collections::BTreeSet<u64> = stored.into_iter().map(|f| f as u64).collect();
+    for f in &acked {
+        assert!(
+            stored.contains(f),
+            "acknowledged write {f} lost in the crash"
+        );
+    }
+    let max_acked = acked.iter().copied().max().unwrap();
+    let mut c = admin.acquire().await.unwrap();
+    let current = PgGuard::new()
+        .current(&mut c, "ledger:f18")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        current.get() >= max_acked,
+        "guard {current} below acknowledged {max_acked}"
+    );
+    assert_eq!(
+        Some(current.get()),
+        stored.iter().copied().max(),
+        "guard and data agree"
+    );
+
+    let max_lease = lease_fences.lock().unwrap().iter().copied().max().unwrap();
+    let store = common::table_store(&pg.url()).await;
+    let AcquireOutcome::Acquired { fence, .. } = store
+        .acquire(&Key::new("job:f18").unwrap(), &OwnerToken::random(), TTL)
+        .await
+        .unwrap()
+    else {
+        panic!("the key is free after the crash (or expires)")
+    };
+    assert!(
+        fence.get() > max_lease,
+        "fence {fence} not above acknowledged {max_lease}"
+    );
+    eprintln!(
+        "f18: {} guarded writes acknowledged ({before} before the stop), {} lease grants, all present",
+        acked.len(),
+        lease_fences.lock().unwrap().len()
+    );
+}
