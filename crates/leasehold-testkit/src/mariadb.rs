@@ -93,8 +93,16 @@ impl MariaDb {
         std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
             .unwrap_or_else(|e| panic!("cannot chown {} to mysql: {e}", dir.display()));
 
+        // A private temporary directory: parallel installs sharing /tmp delete each
+        // other's temporary tables ("Unknown table 'mysql.tmp_user_sys'").
+        let server_tmp = dir.join("tmp");
+        std::fs::create_dir(&server_tmp)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", server_tmp.display()));
+        std::os::unix::fs::chown(&server_tmp, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+            .unwrap_or_else(|e| panic!("cannot chown {} to mysql: {e}", server_tmp.display()));
         let mut cmd = Command::new(install_db);
         cmd.current_dir(&dir)
+            .env("TMPDIR", &server_tmp)
             .arg("--no-defaults")
             .arg("--user=mysql")
             .arg(format!("--datadir={}", dir.join("data").display()))
@@ -312,6 +320,7 @@ fn spawn(mariadbd: &Path, dir: &Path, port: u16, opts: &MariaDbOptions) -> Serve
         .arg("--bind-address=127.0.0.1")
         .arg("--skip-name-resolve")
         .arg(format!("--log-error={}", dir.join("err.log").display()))
+        .arg(format!("--tmpdir={}", dir.join("tmp").display()))
         .args(&opts.extra_args);
     ServerProcess::spawn(format!("mariadbd:{port}"), cmd, &dir.join("stdout.log"))
 }

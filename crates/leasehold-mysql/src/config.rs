@@ -1,0 +1,499 @@
+//! [`MySqlConfig`]: where the server is and how to talk to it. The password is a secret.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use leasehold::{StoreError, StoreErrorKind};
+use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
+
+/// The default bound on each operation: 5 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default bound on opening a connection: 5 s.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default size of the connection pool: 8.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+/// The default MySQL port.
+pub const DEFAULT_PORT: u16 = 3306;
+
+const SCHEMES: &[&str] = &["mysql", "mariadb", "mysql+getlock", "mariadb+getlock"];
+
+/// A password that never shows in `Debug` or `Display`.
+#[derive(Clone, PartialEq, Eq)]
+struct Secret(String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Where a MariaDB/MySQL server is and how the stores use it.
+///
+/// Built from a URL ([`from_url`](Self::from_url)) or with [`new`](Self::new) and consuming
+/// setters. The password never appears in `Debug`, `Display` (which prints the URL with
+/// `<redacted>` in its place) or in errors.
+///
+/// ```
+/// let c = leasehold_mysql::MySqlConfig::from_url("mysql://app:s3cret@db.internal:3307/leases?timeout=2s")?;
+/// assert_eq!(c.to_string(), "mysql://app:<redacted>@db.internal:3307/leases?timeout=2000ms&connect_timeout=5000ms&max_connections=8&migrate=true");
+/// assert!(!format!("{c:?}").contains("s3cret"));
+/// # Ok::<(), leasehold::StoreError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MySqlConfig {
+    host: String,
+    port: u16,
+    socket: Option<PathBuf>,
+    user: String,
+    password: Option<Secret>,
+    database: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+    max_connections: u32,
+    migrate: bool,
+}
+
+fn config_error(msg: impl Into<String>) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, crate::BACKEND, msg)
+}
+
+impl MySqlConfig {
+    /// A configuration for `database` on `host` (port 3306, user `root`, no password) with
+    /// the default bounds.
+    pub fn new(host: impl Into<String>, database: impl Into<String>) -> Self {
+        Self {
+            host: host.into(),
+            port: DEFAULT_PORT,
+            socket: None,
+            user: "root".into(),
+            password: None,
+            database: database.into(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            migrate: true,
+        }
+    }
+
+    /// Parses a URL:
+    ///
+    /// ```text
+    /// mysql://[user[:password]@]host[:port]/database[?param=value&...]
+    /// mariadb://...                  the same
+    /// mysql+getlock://...            the same, for the GET_LOCK store (see the factory)
+    /// ```
+    ///
+    /// User and password are percent-decoded; IPv6 hosts go in brackets. Parameters:
+    /// `timeout` (bound on each operation, default `5s`), `connect_timeout` (default `5s`),
+    /// `max_connections` (pool size, default 8), `migrate` (`true`: create missing tables at
+    /// connect, the default; `false`: never issue DDL), `socket` (a Unix socket path, used
+    /// instead of host and port). Durations: `500ms`, `5s`, `1m` or a number of ms.
+    /// Unknown parameters are rejected.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`], whose message never contains the password.
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            config_error("a MySQL URL looks like mysql://user:password@host:port/database")
+        })?;
+        if !SCHEMES.contains(&scheme) {
+            return Err(config_error(format!(
+                "URL scheme `{scheme}` is not one of {}",
+                SCHEMES.join(", ")
+            )));
+        }
+        if rest.contains('#') {
+            return Err(config_error("a MySQL URL has no #fragment"));
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, database) = rest
+            .split_once('/')
+            .ok_or_else(|| config_error("the MySQL URL names no database (…/database)"))?;
+        let database = percent_decode(database, "database")?;
+        if database.is_empty() || database.contains('/') {
+            return Err(config_error("the MySQL URL names no database (…/database)"));
+        }
+        // The password may contain '@' (percent-encoded or not): split at the last '@'.
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let mut config = Self::new(String::new(), database);
+        if let Some(userinfo) = userinfo {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            config.user = percent_decode(user, "user name")?;
+            config.password = password
+                .map(|p| percent_decode(p, "password").map(Secret))
+                .transpose()
+                .map_err(|_| {
+                    config_error("the password in the MySQL URL is badly percent-encoded")
+                })?;
+        }
+        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+            let (h, after) = v6
+                .split_once(']')
+                .ok_or_else(|| config_error("unclosed [ in the MySQL URL's host"))?;
+            match after {
+                "" => (h, None),
+                p => (
+                    h,
+                    Some(p.strip_prefix(':').ok_or_else(|| {
+                        config_error("garbage after the IPv6 host in the MySQL URL")
+                    })?),
+                ),
+            }
+        } else {
+            match hostport.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (hostport, None),
+            }
+        };
+        config.host = percent_decode(host, "host")?;
+        if let Some(p) = port {
+            config.port = p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| config_error(format!("bad port `{p}` in the MySQL URL")))?;
+        }
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or_else(|| config_error(format!("URL parameter `{pair}` has no value")))?;
+            let value = percent_decode(value, name)?;
+            match name {
+                "timeout" => config.timeout = parse_duration(name, &value)?,
+                "connect_timeout" => config.connect_timeout = parse_duration(name, &value)?,
+                "max_connections" => {
+                    config.max_connections = value.parse().map_err(|_| {
+                        config_error(format!("max_connections `{value}` is not a number"))
+                    })?;
+                }
+                "migrate" => {
+                    config.migrate = match value.as_str() {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => {
+                            return Err(config_error(format!(
+                                "migrate must be true or false, not `{value}`"
+                            )));
+                        }
+                    }
+                }
+                "socket" => config.socket = Some(PathBuf::from(value)),
+                other => {
+                    return Err(config_error(format!(
+                        "unknown MySQL URL parameter `{other}` (known: timeout, connect_timeout, max_connections, migrate, socket)"
+                    )));
+                }
+            }
+        }
+        if config.host.is_empty() && config.socket.is_none() {
+            return Err(config_error("the MySQL URL names no host"));
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The TCP port (default 3306).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Connect through this Unix socket instead of host and port.
+    pub fn socket(mut self, path: impl Into<PathBuf>) -> Self {
+        self.socket = Some(path.into());
+        self
+    }
+
+    /// The user name (default `root`).
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = user.into();
+        self
+    }
+
+    /// The password (default none).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(Secret(password.into()));
+        self
+    }
+
+    /// Bound on each operation (default 5 s). An operation past it fails with
+    /// [`StoreErrorKind::Timeout`] and its connection is closed. It is also the server-side
+    /// bound on waiting for a row lock (`innodb_lock_wait_timeout`, whole seconds, at
+    /// least 1).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Bound on opening a connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The pool size (default 8; the GET_LOCK store opens one more connection per held
+    /// lease).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Whether connecting creates missing tables (default `true`). With `false` the stores
+    /// never issue DDL: create the tables from the published schema first.
+    pub fn migrate(mut self, on: bool) -> Self {
+        self.migrate = on;
+        self
+    }
+
+    /// The host.
+    pub fn get_host(&self) -> &str {
+        &self.host
+    }
+    /// The port.
+    pub fn get_port(&self) -> u16 {
+        self.port
+    }
+    /// The user.
+    pub fn get_user(&self) -> &str {
+        &self.user
+    }
+    /// The database.
+    pub fn get_database(&self) -> &str {
+        &self.database
+    }
+    /// The operation bound.
+    pub fn get_timeout(&self) -> Duration {
+        self.timeout
+    }
+    /// The connect bound.
+    pub fn get_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+    /// The pool size.
+    pub fn get_max_connections(&self) -> u32 {
+        self.max_connections
+    }
+    /// Whether connecting creates missing tables.
+    pub fn get_migrate(&self) -> bool {
+        self.migrate
+    }
+
+    /// Checks every value.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for an empty database name, bounds outside 1 ms..=10 min
+    /// or a pool size outside 1..=1000.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        if self.database.is_empty() {
+            return Err(config_error("no database"));
+        }
+        for (name, d) in [
+            ("timeout", self.timeout),
+            ("connect_timeout", self.connect_timeout),
+        ] {
+            if d < Duration::from_millis(1) || d > Duration::from_secs(600) {
+                return Err(config_error(format!(
+                    "{name} {d:?} must be within 1ms..=10min"
+                )));
+            }
+        }
+        if !(1..=1000).contains(&self.max_connections) {
+            return Err(config_error(format!(
+                "max_connections {} must be within 1..=1000",
+                self.max_connections
+            )));
+        }
+        Ok(())
+    }
+
+    /// The password, for scrubbing error texts.
+    pub(crate) fn secret(&self) -> Option<&str> {
+        self.password
+            .as_ref()
+            .map(|s| s.0.as_str())
+            .filter(|s| !s.is_empty())
+    }
+
+    /// `innodb_lock_wait_timeout` for the session: the operation bound in whole seconds.
+    pub(crate) fn lock_wait_secs(&self) -> u64 {
+        self.timeout.as_secs().max(1)
+    }
+
+    pub(crate) fn connect_options(&self) -> MySqlConnectOptions {
+        let mut o = MySqlConnectOptions::new()
+            .username(&self.user)
+            .database(&self.database)
+            // This build has no TLS backend: never try it (MariaDB would offer it).
+            .ssl_mode(MySqlSslMode::Disabled)
+            .timezone(Some("+00:00".to_owned()))
+            .charset("utf8mb4");
+        if let Some(socket) = &self.socket {
+            o = o.socket(socket);
+        } else {
+            o = o.host(&self.host).port(self.port);
+        }
+        if let Some(p) = &self.password {
+            o = o.password(&p.0);
+        }
+        o
+    }
+}
+
+impl fmt::Display for MySqlConfig {
+    /// The URL, with `<redacted>` for the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "mysql://{}", encode(&self.user))?;
+        if self.password.is_some() {
+            f.write_str(":<redacted>")?;
+        }
+        if self.host.contains(':') {
+            write!(f, "@[{}]", self.host)?;
+        } else {
+            write!(f, "@{}", encode(&self.host))?;
+        }
+        write!(
+            f,
+            ":{}/{}?timeout={}ms&connect_timeout={}ms&max_connections={}&migrate={}",
+            self.port,
+            encode(&self.database),
+            self.timeout.as_millis(),
+            self.connect_timeout.as_millis(),
+            self.max_connections,
+            self.migrate
+        )?;
+        if let Some(s) = &self.socket {
+            write!(f, "&socket={}", encode(&s.to_string_lossy()))?;
+        }
+        Ok(())
+    }
+}
+
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn percent_decode(s: &str, what: &str) -> Result<String, StoreError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let v = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| config_error(format!("bad percent-encoding in the URL's {what}")))?;
+            out.push(v);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| config_error(format!("the URL's {what} does not decode to UTF-8")))
+}
+
+fn parse_duration(name: &str, value: &str) -> Result<Duration, StoreError> {
+    let bad = || {
+        config_error(format!(
+            "{name} `{value}` is not a duration (500ms, 5s, 1m or a number of milliseconds)"
+        ))
+    };
+    let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => value.split_at(i),
+        None => (value, "ms"),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs).ok_or_else(bad),
+        _ => Err(bad()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms() {
+        let c = MySqlConfig::from_url("mysql://root@127.0.0.1:3310/test").unwrap();
+        assert_eq!(
+            (c.get_host(), c.get_port(), c.get_user(), c.get_database()),
+            ("127.0.0.1", 3310, "root", "test")
+        );
+        assert_eq!(c.secret(), None);
+        let c = MySqlConfig::from_url(
+            "mariadb+getlock://u%40x:p%3Aw%40d@[::1]/db?timeout=250ms&connect_timeout=1s&max_connections=3&migrate=false",
+        )
+        .unwrap();
+        assert_eq!((c.get_host(), c.get_port()), ("::1", 3306));
+        assert_eq!(c.get_user(), "u@x");
+        assert_eq!(c.secret(), Some("p:w@d"));
+        assert_eq!(c.get_timeout(), Duration::from_millis(250));
+        assert_eq!(c.get_connect_timeout(), Duration::from_secs(1));
+        assert_eq!(c.get_max_connections(), 3);
+        assert!(!c.get_migrate());
+        let shown = c.to_string();
+        assert!(
+            !shown.contains("p:w@d") && !shown.contains("p%3Aw%40d"),
+            "{shown}"
+        );
+        let again = MySqlConfig::from_url(&shown.replace("<redacted>", "p%3Aw%40d")).unwrap();
+        assert_eq!(again, c);
+        let c = MySqlConfig::from_url("mysql://h/d?socket=%2Ftmp%2Fmy.sock").unwrap();
+        assert_eq!(
+            c.socket.as_deref(),
+            Some(std::path::Path::new("/tmp/my.sock"))
+        );
+        // '@' in a raw password: the last '@' ends the user info.
+        let c = MySqlConfig::from_url("mysql://u:a@b@h/d").unwrap();
+        assert_eq!((c.secret(), c.get_host()), (Some("a@b"), "h"));
+    }
+
+    #[test]
+    fn bad_urls_never_echo_the_password() {
+        for bad in [
+            "postgres://u:SENTINEL@h/d",
+            "mysql://u:SENTINEL@h",
+            "mysql://u:SENTINEL@h/",
+            "mysql://u:SENTINEL@h:99999/d",
+            "mysql://u:SENTINEL@h:0/d",
+            "mysql://u:SENTINEL@h:x/d",
+            "mysql://u:SENTINEL@/d",
+            "mysql://u:SENTINEL@[::1/d",
+            "mysql://u:SENTINEL@h/d?timeout=0",
+            "mysql://u:SENTINEL@h/d?timeout=fast",
+            "mysql://u:SENTINEL@h/d?max_connections=0",
+            "mysql://u:SENTINEL@h/d?migrate=maybe",
+            "mysql://u:SENTINEL@h/d?password=x",
+            "mysql://u:SENTINEL%zz@h/d",
+            "mysql://u:SENTINEL@h/d#x",
+        ] {
+            let e = MySqlConfig::from_url(bad).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}: {e}");
+            assert!(!e.to_string().contains("SENTINEL"), "{e}");
+            assert!(!format!("{e:?}").contains("SENTINEL"), "{e:?}");
+        }
+    }
+}

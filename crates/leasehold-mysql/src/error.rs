@@ -1,0 +1,170 @@
+//! Mapping `sqlx` / MariaDB errors into [`StoreError`], without credentials.
+
+use leasehold::{StoreError, StoreErrorKind};
+use sqlx::mysql::MySqlDatabaseError;
+
+/// An error inside an operation: from the server or the driver, or decided by the store.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Sql(sqlx::Error),
+    Store(StoreError),
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// Whether the request had been sent when the error happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Getting a connection: nothing was sent.
+    Connect,
+    /// A statement was (or may have been) sent.
+    Statement,
+}
+
+impl Failure {
+    /// Whether the connection must not be used again.
+    pub(crate) fn poisons_connection(&self) -> bool {
+        match self {
+            Self::Store(e) => e.kind().is_ambiguous(),
+            Self::Sql(e @ sqlx::Error::Database(_)) => {
+                // Errors that end the session: the connection is dead.
+                matches!(error_number(e), Some(1053 | 1927 | 2006 | 2013))
+            }
+            Self::Sql(e) => !matches!(e, sqlx::Error::RowNotFound),
+        }
+    }
+
+    pub(crate) fn into_store(
+        self,
+        backend: &'static str,
+        op: &str,
+        phase: Phase,
+        secret: Option<&str>,
+    ) -> StoreError {
+        match self {
+            Self::Store(e) => e,
+            Self::Sql(e) => map_sqlx(e, backend, op, phase, secret),
+        }
+    }
+}
+
+/// The server's error number, for a database error.
+pub(crate) fn error_number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()?
+        .try_downcast_ref::<MySqlDatabaseError>()
+        .map(MySqlDatabaseError::number)
+}
+
+/// Deadlock (1213): the server rolled the statement's transaction back.
+pub(crate) fn is_deadlock(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(1213)
+}
+
+/// Duplicate key (1062).
+pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
+    error_number(e) == Some(1062)
+}
+
+/// Error numbers and what they mean here:
+///
+/// | server error | kind |
+/// | --- | --- |
+/// | 1205 lock wait timeout, 1213 deadlock, 1040/1203 too many connections, 1290/1792 read-only, 1637 too many transactions, 1020 record changed | `Busy` |
+/// | 1044/1045/1698 access denied, 1142/1143/1227/1095 no privilege, 1049 unknown database, 1146 no table, 1054 unknown column, 1251/2059 authentication plugin | `Config` |
+/// | 1690 value out of range (an exhausted fence) | `Corrupt` |
+/// | 1366/1406 bad value, data too long | `InvalidInput` |
+/// | 1053 shutdown, 1317 interrupted, 1927 connection killed, 2006/2013 connection lost | `Ambiguous` |
+///
+/// Driver errors: I/O and protocol errors are `Unavailable` while connecting (nothing was
+/// sent) and `Ambiguous` after; a pool that cannot hand out a connection is `Unavailable`;
+/// TLS and configuration errors are `Config`; values that do not decode are `Corrupt`.
+pub(crate) fn map_sqlx(
+    e: sqlx::Error,
+    backend: &'static str,
+    op: &str,
+    phase: Phase,
+    secret: Option<&str>,
+) -> StoreError {
+    let lost = if phase == Phase::Connect {
+        StoreErrorKind::Unavailable
+    } else {
+        StoreErrorKind::Ambiguous
+    };
+    let kind = match &e {
+        sqlx::Error::Database(_) => match error_number(&e) {
+            Some(1205 | 1213 | 1040 | 1203 | 1290 | 1792 | 1637 | 1020) => StoreErrorKind::Busy,
+            Some(
+                1044 | 1045 | 1698 | 1142 | 1143 | 1227 | 1095 | 1049 | 1146 | 1054 | 1251 | 2059,
+            ) => StoreErrorKind::Config,
+            Some(1690) => StoreErrorKind::Corrupt,
+            Some(1366 | 1406) => StoreErrorKind::InvalidInput,
+            Some(1053 | 1317 | 1927 | 2006 | 2013) => StoreErrorKind::Ambiguous,
+            _ => StoreErrorKind::Other,
+        },
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => lost,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => StoreErrorKind::Unavailable,
+        sqlx::Error::Tls(_) | sqlx::Error::Configuration(_) | sqlx::Error::InvalidArgument(_) => {
+            StoreErrorKind::Config
+        }
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
+        _ => StoreErrorKind::Other,
+    };
+    let what = match kind {
+        StoreErrorKind::Busy => {
+            "the server refused for now (lock wait, deadlock, too many connections, read-only)"
+        }
+        StoreErrorKind::Config => {
+            "access denied, unknown database or missing tables (run migrate), or bad settings"
+        }
+        StoreErrorKind::Corrupt => "a stored value leasehold cannot read",
+        StoreErrorKind::InvalidInput => "the server refused a value",
+        StoreErrorKind::Unavailable => "cannot reach the server",
+        StoreErrorKind::Ambiguous => "the connection broke; the request may have been applied",
+        _ => "the server failed",
+    };
+    scrub(
+        StoreError::new(kind, backend, format!("{op}: {what}")).with_source(e),
+        secret,
+    )
+}
+
+/// Makes sure `secret` appears nowhere in the error: if its text would show it, the source
+/// is replaced by a scrubbed copy of its message.
+pub(crate) fn scrub(e: StoreError, secret: Option<&str>) -> StoreError {
+    let Some(secret) = secret else { return e };
+    let shown = e.to_string();
+    if !shown.contains(secret) && !format!("{e:?}").contains(secret) {
+        return e;
+    }
+    let source = std::error::Error::source(&e)
+        .map(|s| s.to_string().replace(secret, "<redacted>"))
+        .unwrap_or_default();
+    let message = e.message().replace(secret, "<redacted>");
+    StoreError::new(e.kind(), e.backend(), format!("{message}: {source}"))
+}
+
+/// Maps an error of your own statements on a MariaDB/MySQL database (e.g. the protected
+/// write or the `COMMIT` next to the [`guard`](crate::guard)) into a [`StoreError`] with the
+/// classification the stores and the guard use: deadlock (1213) and lock wait timeout
+/// (1205) are [`Busy`](StoreErrorKind::Busy) — roll back and retry the transaction; access
+/// and schema errors are [`Config`](StoreErrorKind::Config); a broken connection after
+/// sending is [`Ambiguous`](StoreErrorKind::Ambiguous) (it may have committed).
+pub fn store_error(err: sqlx::Error) -> StoreError {
+    map_sqlx(
+        err,
+        crate::BACKEND_TABLE,
+        "statement",
+        Phase::Statement,
+        None,
+    )
+}

@@ -1,0 +1,743 @@
+//! [`MySqlGetLockStore`]: leases as `GET_LOCK` locks, each held by its own session.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::{
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
+use sha2::{Digest, Sha256};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::config::MySqlConfig;
+use crate::conn::{Db, with_conn};
+use crate::error::{Failure, Phase};
+use crate::lease_store::like_prefix;
+use crate::schema::{LOCKS_SCHEMA, now_us};
+
+/// The backend name of [`MySqlGetLockStore`].
+pub const BACKEND_GETLOCK: &str = "mysql-getlock";
+
+/// The prefix of a lock name that is the key itself.
+pub const LOCK_NAME_PREFIX: &str = "leasehold:";
+/// The prefix of a lock name that is a hash of the key.
+pub const HASHED_LOCK_NAME_PREFIX: &str = "leasehold#";
+/// The longest lock name MySQL accepts (MySQL 5.7+ refuses longer names).
+pub const MAX_LOCK_NAME_LEN: usize = 64;
+
+/// The `GET_LOCK` name of a lease key.
+///
+/// - A key of at most 54 bytes made only of `a-z`, `0-9` and `: . _ / @ -` is used as it
+///   is: `leasehold:` + key (at most 64 characters). Such names compare the same on every
+///   server whatever its collation (MySQL compares lock names case-insensitively on some
+///   versions; these names have no case to fold).
+/// - Any other key (longer, upper case, spaces, non-ASCII, …) is hashed:
+///   `leasehold#` + the first 54 hex digits (216 bits) of the SHA-256 of the key's UTF-8
+///   bytes — 64 characters.
+///
+/// The two forms never collide (`:` versus `#`). The table `leasehold_locks` maps every
+/// name back to its key, and a name found mapped to another key is reported as
+/// [`StoreErrorKind::Corrupt`].
+///
+/// ```
+/// use leasehold::Key;
+/// use leasehold_mysql::lock_name;
+/// assert_eq!(lock_name(&Key::new("job:invoices").unwrap()), "leasehold:job:invoices");
+/// let hashed = lock_name(&Key::new("Job:Invoices").unwrap());
+/// assert!(hashed.starts_with("leasehold#") && hashed.len() == 64);
+/// ```
+pub fn lock_name(key: &Key) -> String {
+    let k = key.as_str();
+    let plain = LOCK_NAME_PREFIX.len() + k.len() <= MAX_LOCK_NAME_LEN
+        && k.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b":._/@-".contains(&b));
+    if plain {
+        return format!("{LOCK_NAME_PREFIX}{k}");
+    }
+    let digest = Sha256::digest(k.as_bytes());
+    let mut name = String::with_capacity(MAX_LOCK_NAME_LEN);
+    name.push_str(HASHED_LOCK_NAME_PREFIX);
+    for b in digest.iter() {
+        name.push_str(&format!("{b:02x}"));
+    }
+    name.truncate(MAX_LOCK_NAME_LEN);
+    name
+}
+
+enum Cmd {
+    /// Check the lock is still held by the session; if so, push the local expiry to
+    /// `sent + ttl`.
+    Renew {
+        ttl: Duration,
+        sent: Instant,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
+    /// `RELEASE_LOCK` and end the session.
+    Release {
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
+}
+
+struct Holder {
+    id: u64,
+    owner: OwnerToken,
+    fence: Fence,
+    connection_id: u64,
+    cmds: mpsc::Sender<Cmd>,
+}
+
+type Held = Arc<Mutex<HashMap<Key, Holder>>>;
+
+fn lock(held: &Mutex<HashMap<Key, Holder>>) -> MutexGuard<'_, HashMap<Key, Holder>> {
+    held.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A leasehold [`Store`] on MariaDB/MySQL user locks (`GET_LOCK`): each held lease owns a
+/// dedicated connection (a server session) holding `GET_LOCK(name, 0)`. The server ends
+/// the lock with the session — a killed connection, a crashed holder process — so the
+/// lease is *session bound* ([`Capabilities::session_bound`]).
+///
+/// - **Names**: see [`lock_name`] (keys longer than 54 bytes or with other characters than
+///   `a-z0-9:._/@-` are hashed).
+/// - **Fences**: a row per lock name in `leasehold_locks`
+///   ([`LOCKS_SCHEMA`](crate::LOCKS_SCHEMA)), advanced to `max(last + 1, server clock in
+///   µs)` by the new holder's session *while it holds the lock*, in one transaction that
+///   also records the holder's owner token and `CONNECTION_ID()`.
+/// - **TTL**: the server does not expire user locks. The store enforces the TTL in the
+///   holder's process: each lock's session is released when `ttl` passes after the last
+///   acquire or renew was sent without another renewal. A holder process that is frozen
+///   (`SIGSTOP`) keeps its session, so the lock outlives the TTL until it runs again (its
+///   lease client then reports the lease lost) or its connection dies; a crashed process
+///   frees it at once.
+/// - **Renew** checks `IS_USED_LOCK(name) = CONNECTION_ID()` on the lock's own session; a
+///   session that was killed or broke answers `NotOwner`.
+/// - **Process bound**: only the store instance that acquired a lease can renew or release
+///   it (it owns the session); another instance answers `NotOwner`. Dropping the store
+///   ends all its sessions, releasing their locks.
+/// - **Break** releases a lease held by this store, or `KILL`s the session holding the
+///   lock (which needs the privilege to kill that connection), then advances the fence.
+/// - **Inspect / list** read `leasehold_locks` and `IS_USED_LOCK`; the remaining TTL is
+///   unknown to other processes, so it is not reported.
+pub struct MySqlGetLockStore {
+    db: Arc<Db>,
+    held: Held,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for MySqlGetLockStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlGetLockStore")
+            .field("config", &self.db.config.to_string())
+            .field("held", &lock(&self.held).len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn corrupt(key: &str, what: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Corrupt,
+        BACKEND_GETLOCK,
+        format!("the lock row of `{key}` is not leasehold's: {what}"),
+    )
+}
+
+fn parse_owner(key: &str, owner: &str) -> Result<OwnerToken, StoreError> {
+    OwnerToken::from_str(owner).map_err(|_| corrupt(key, "the owner is not 32 hex digits"))
+}
+
+const RECORD_HOLDER: &str = concat!(
+    "INSERT INTO leasehold_locks (lock_name, lease_key, fence, owner, connection_id) ",
+    "VALUES (?, ?, GREATEST(1, ",
+    now_us!(),
+    "), ?, CONNECTION_ID()) ",
+    "ON DUPLICATE KEY UPDATE fence = GREATEST(fence + 1, ",
+    now_us!(),
+    "), ",
+    "owner = ?, connection_id = CONNECTION_ID()"
+);
+
+const BREAK: &str = concat!(
+    "INSERT INTO leasehold_locks (lock_name, lease_key, fence, owner, connection_id) ",
+    "VALUES (?, ?, GREATEST(1, ",
+    now_us!(),
+    "), NULL, NULL) ",
+    "ON DUPLICATE KEY UPDATE fence = GREATEST(fence + 1, ",
+    now_us!(),
+    "), ",
+    "owner = NULL, connection_id = NULL"
+);
+
+/// Advances the fence and records the holder, in one transaction on the lock's session.
+async fn record_holder(
+    conn: &mut MySqlConnection,
+    name: &str,
+    key: &str,
+    owner: &OwnerToken,
+) -> Result<u64, Failure> {
+    let hex = owner.to_hex();
+    let mut tx = conn.begin().await?;
+    sqlx::query(RECORD_HOLDER)
+        .bind(name)
+        .bind(key)
+        .bind(&hex)
+        .bind(&hex)
+        .execute(&mut *tx)
+        .await?;
+    let (fence, stored_key): (u64, Vec<u8>) =
+        sqlx::query_as("SELECT fence, lease_key FROM leasehold_locks WHERE lock_name = ?")
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+    if stored_key != key.as_bytes() {
+        return Err(Failure::Store(corrupt(
+            key,
+            "its lock name is recorded for another key",
+        )));
+    }
+    tx.commit().await?;
+    Ok(fence)
+}
+
+async fn still_held(conn: &mut MySqlConnection, name: &str) -> Result<bool, sqlx::Error> {
+    let held: Option<i64> =
+        sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) = CONNECTION_ID() AS SIGNED)")
+            .bind(name)
+            .fetch_one(conn)
+            .await?;
+    Ok(held == Some(1))
+}
+
+async fn release_lock(conn: &mut MySqlConnection, name: &str) -> Result<bool, sqlx::Error> {
+    let released: Option<i64> = sqlx::query_scalar("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
+        .bind(name)
+        .fetch_one(conn)
+        .await?;
+    Ok(released == Some(1))
+}
+
+/// Owns one lock's session until the lease ends: answers renew and release, and releases
+/// the lock when its TTL passes without a renewal.
+struct Keeper {
+    db: Arc<Db>,
+    held: Weak<Mutex<HashMap<Key, Holder>>>,
+    key: Key,
+    name: String,
+    id: u64,
+}
+
+impl Keeper {
+    async fn run(
+        self,
+        mut conn: MySqlConnection,
+        mut deadline: Instant,
+        mut cmds: mpsc::Receiver<Cmd>,
+    ) {
+        let end = loop {
+            tokio::select! {
+                cmd = cmds.recv() => match cmd {
+                    None => break "store dropped",
+                    Some(Cmd::Renew { ttl, sent, reply }) => {
+                        match self.call("renew", still_held(&mut conn, &self.name)).await {
+                            Ok(true) => {
+                                deadline = deadline.max(sent + ttl);
+                                let _ = reply.send(Ok(true));
+                            }
+                            Ok(false) => {
+                                let _ = reply.send(Ok(false));
+                                break "lock no longer held by its session";
+                            }
+                            // The session is gone (killed, connection broken): so is its lock.
+                            Err(e) if matches!(e.kind(), StoreErrorKind::Ambiguous | StoreErrorKind::Unavailable) => {
+                                tracing::warn!(key = %self.key, error = %e, "mysql lock session lost");
+                                let _ = reply.send(Ok(false));
+                                break "session lost";
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(e));
+                                break "renewal failed";
+                            }
+                        }
+                    }
+                    Some(Cmd::Release { reply }) => {
+                        let r = self.call("release", release_lock(&mut conn, &self.name)).await;
+                        let _ = reply.send(r);
+                        break "released";
+                    }
+                },
+                () = tokio::time::sleep_until(deadline) => {
+                    let _ = self.call("expire", release_lock(&mut conn, &self.name)).await;
+                    break "expired";
+                }
+            }
+        };
+        tracing::debug!(key = %self.key, end, "mysql lock session ends");
+        if let Some(held) = self.held.upgrade() {
+            let mut held = lock(&held);
+            if held.get(&self.key).is_some_and(|h| h.id == self.id) {
+                held.remove(&self.key);
+            }
+        }
+        // Closing politely is bounded; dropping the connection closes its socket, and the
+        // server then ends the session and frees the lock.
+        let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
+    }
+
+    async fn call<T>(
+        &self,
+        op: &str,
+        fut: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        self.db
+            .bounded(op, async {
+                fut.await
+                    .map_err(|e| self.db.error(e.into(), op, Phase::Statement))
+            })
+            .await
+    }
+}
+
+impl MySqlGetLockStore {
+    /// A store for `config`, without connecting: the first operation connects.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for an invalid configuration.
+    pub fn new(config: MySqlConfig) -> Result<Self, StoreError> {
+        Ok(Self {
+            db: Arc::new(Db::new(config, BACKEND_GETLOCK)?),
+            held: Arc::default(),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// A store for `config`, connected now; with `migrate` on (the default) the table
+    /// `leasehold_locks` is created if missing, otherwise its presence is checked.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves at most a created table behind.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for a wrong password, an unknown database or a missing
+    /// table; [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    pub async fn connect(config: MySqlConfig) -> Result<Self, StoreError> {
+        let store = Self::new(config)?;
+        if store.db.config.get_migrate() {
+            store.migrate().await?;
+        } else {
+            with_conn!(store.db, "connect", |conn| async move {
+                sqlx::query("SELECT 1 FROM leasehold_locks LIMIT 0")
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })?;
+        }
+        tracing::debug!(config = %store.db.config, "mysql GET_LOCK store connected");
+        Ok(store)
+    }
+
+    /// Parses `url` (see [`MySqlConfig::from_url`]) and [`connect`](Self::connect)s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`connect`](Self::connect).
+    ///
+    /// # Errors
+    /// As [`MySqlConfig::from_url`] and [`connect`](Self::connect).
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::connect(MySqlConfig::from_url(url)?).await
+    }
+
+    /// Creates `leasehold_locks` ([`LOCKS_SCHEMA`](crate::LOCKS_SCHEMA)) unless it exists.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the table is created by one statement, or not.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] without the privilege to create it.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        self.db
+            .bounded(
+                "migrate",
+                self.db.ensure_tables("leasehold_locks", LOCKS_SCHEMA),
+            )
+            .await
+    }
+
+    /// The configuration (its `Display` hides the password).
+    pub fn config(&self) -> &MySqlConfig {
+        &self.db.config
+    }
+
+    /// The connection pool used for everything but the lock sessions.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.db.pool
+    }
+
+    /// The server's `CONNECTION_ID()` of the session holding `key`, if this store holds it.
+    /// (What an operator would `KILL` to take the lease away.)
+    pub fn connection_id(&self, key: &Key) -> Option<u64> {
+        lock(&self.held).get(key).map(|h| h.connection_id)
+    }
+
+    /// How many leases this store holds (open lock sessions).
+    pub fn held_count(&self) -> usize {
+        lock(&self.held).len()
+    }
+
+    /// The command channel of `key`'s keeper if `owner` holds it here (and its fence).
+    fn holder_of(&self, key: &Key, owner: &OwnerToken) -> Option<(mpsc::Sender<Cmd>, Fence)> {
+        lock(&self.held)
+            .get(key)
+            .filter(|h| h.owner == *owner)
+            .map(|h| (h.cmds.clone(), h.fence))
+    }
+
+    /// Sends a command to a keeper; `None` if the keeper is gone.
+    async fn ask(
+        cmds: &mpsc::Sender<Cmd>,
+        make: impl FnOnce(oneshot::Sender<Result<bool, StoreError>>) -> Cmd,
+    ) -> Option<Result<bool, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        cmds.send(make(tx)).await.ok()?;
+        rx.await.ok()
+    }
+
+    async fn acquire_fresh(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        name: &str,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Result<AcquireOutcome, StoreError> {
+        // Cheap check first, so contenders do not open a session each time.
+        let used: Option<u64> = with_conn!(self.db, "acquire", |conn| async move {
+            Ok(
+                sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+                    .bind(name)
+                    .fetch_one(conn)
+                    .await?,
+            )
+        })?;
+        if used.is_some() {
+            return Ok(AcquireOutcome::Held { remaining: None });
+        }
+        let mut conn = self.db.dedicated("acquire").await?;
+        let got: (Option<i64>, u64) = sqlx::query_as(
+            "SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS UNSIGNED)",
+        )
+        .bind(name)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| self.db.error(e.into(), "acquire", Phase::Statement))?;
+        let (got, connection_id) = got;
+        match got {
+            Some(1) => {}
+            Some(0) => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
+                return Ok(AcquireOutcome::Held { remaining: None });
+            }
+            _ => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    BACKEND_GETLOCK,
+                    format!("GET_LOCK failed for `{key}`"),
+                ));
+            }
+        }
+        // We hold the lock; if this future is dropped from here on, dropping `conn` ends
+        // the session and the server frees the lock.
+        let fence = record_holder(&mut conn, name, key.as_str(), owner)
+            .await
+            .map_err(|f| self.db.error(f, "acquire", Phase::Statement))?;
+        let fence = Fence(fence);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(8);
+        let keeper = Keeper {
+            db: self.db.clone(),
+            held: Arc::downgrade(&self.held),
+            key: key.clone(),
+            name: name.to_owned(),
+            id,
+        };
+        // Any previous holder entry for this key is stale (we got the lock): dropping its
+        // sender ends its keeper.
+        lock(&self.held).insert(
+            key.clone(),
+            Holder {
+                id,
+                owner: *owner,
+                fence,
+                connection_id,
+                cmds: tx,
+            },
+        );
+        tokio::spawn(keeper.run(conn, sent + ttl, rx));
+        Ok(AcquireOutcome::Acquired { fence, ttl })
+    }
+}
+
+#[async_trait]
+impl Store for MySqlGetLockStore {
+    fn backend(&self) -> &'static str {
+        BACKEND_GETLOCK
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::minimal();
+        caps.list = true;
+        caps.break_lease = true;
+        caps.session_bound = true;
+        caps.fence_durability = FenceDurability::Durable;
+        caps
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND_GETLOCK, ttl)?;
+        let sent = Instant::now();
+        if let Some((cmds, fence)) = self.holder_of(key, owner) {
+            // A retry by the holder: extend, same fence.
+            match Self::ask(&cmds, |reply| Cmd::Renew { ttl, sent, reply }).await {
+                Some(Ok(true)) => return Ok(AcquireOutcome::Acquired { fence, ttl }),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(false)) | None => {}
+            }
+        }
+        let name = lock_name(key);
+        self.db
+            .bounded("acquire", self.acquire_fresh(key, owner, &name, ttl, sent))
+            .await
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND_GETLOCK, ttl)?;
+        let sent = Instant::now();
+        let Some((cmds, _)) = self.holder_of(key, owner) else {
+            return Ok(RenewOutcome::NotOwner);
+        };
+        match Self::ask(&cmds, |reply| Cmd::Renew { ttl, sent, reply }).await {
+            Some(Ok(true)) => Ok(RenewOutcome::Renewed { ttl }),
+            Some(Ok(false)) | None => Ok(RenewOutcome::NotOwner),
+            Some(Err(e)) => Err(e),
+        }
+    }
+
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        let cmds = {
+            let mut held = lock(&self.held);
+            match held.get(key) {
+                Some(h) if h.owner == *owner => held.remove(key).map(|h| h.cmds),
+                _ => None,
+            }
+        };
+        let Some(cmds) = cmds else {
+            return Ok(ReleaseOutcome::NotOwner);
+        };
+        match Self::ask(&cmds, |reply| Cmd::Release { reply }).await {
+            Some(Ok(true)) => Ok(ReleaseOutcome::Released),
+            Some(Ok(false)) | None => Ok(ReleaseOutcome::NotOwner),
+            Some(Err(e)) => Err(e),
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        type Row = (Option<u64>, Option<String>, Option<u64>, Option<u64>);
+        let name = lock_name(key);
+        let (used, owner, fence, holder): Row =
+            with_conn!(self.db, "inspect", |conn| async move {
+                Ok(sqlx::query_as(
+                    "SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED), l.owner, l.fence, l.connection_id \
+                     FROM (SELECT 1 AS one) d LEFT JOIN leasehold_locks l ON l.lock_name = ?",
+                )
+                .bind(&name)
+                .bind(&name)
+                .fetch_one(conn)
+                .await?)
+            })?;
+        let Some(used) = used else { return Ok(None) };
+        match (owner, fence, holder) {
+            (Some(owner), Some(fence), Some(holder)) if holder == used => Ok(Some(LeaseInfo {
+                key: key.clone(),
+                owner: parse_owner(key.as_str(), &owner)?,
+                fence: Fence(fence),
+                remaining: None,
+            })),
+            _ => Err(StoreError::new(
+                StoreErrorKind::Busy,
+                BACKEND_GETLOCK,
+                format!("the lock of `{key}` is being acquired; ask again"),
+            )),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        type Row = (Vec<u8>, Option<String>, u64, Option<u64>, Option<u64>);
+        let pattern = like_prefix(prefix);
+        let rows: Vec<Row> = with_conn!(self.db, "list", |conn| async move {
+            Ok(sqlx::query_as(
+                "SELECT lease_key, owner, fence, connection_id, CAST(IS_USED_LOCK(lock_name) AS UNSIGNED) \
+                 FROM leasehold_locks WHERE lease_key LIKE ? ESCAPE '!' ORDER BY lease_key",
+            )
+            .bind(pattern)
+            .fetch_all(conn)
+            .await?)
+        })?;
+        let mut out = Vec::new();
+        for (name, owner, fence, holder, used) in rows {
+            let (Some(owner), Some(holder), Some(used)) = (owner, holder, used) else {
+                continue;
+            };
+            if holder != used {
+                continue;
+            }
+            let name = String::from_utf8(name).map_err(|_| corrupt("?", "the key is not UTF-8"))?;
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let key = Key::new(&name).map_err(|_| corrupt(&name, "not a valid key"))?;
+            out.push(LeaseInfo {
+                owner: parse_owner(&name, &owner)?,
+                key,
+                fence: Fence(fence),
+                remaining: None,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let local = lock(&self.held).remove(key).map(|h| h.cmds);
+        if let Some(cmds) = local
+            && let Some(Err(e)) = Self::ask(&cmds, |reply| Cmd::Release { reply }).await
+        {
+            tracing::warn!(key = %key, error = %e, "releasing the lock to break it failed; its session is closed");
+        }
+        let name = lock_name(key);
+        let (fence, killed) = with_conn!(self.db, "break", |conn| async move {
+            let mut tx = conn.begin().await?;
+            // Lock the row: a new holder cannot record itself until the break commits.
+            sqlx::query("SELECT fence FROM leasehold_locks WHERE lock_name = ? FOR UPDATE")
+                .bind(&name)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let used: Option<u64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+                .bind(&name)
+                .fetch_one(&mut *tx)
+                .await?;
+            if let Some(id) = used {
+                sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            sqlx::query(BREAK)
+                .bind(&name)
+                .bind(key.as_str())
+                .execute(&mut *tx)
+                .await?;
+            let fence: u64 =
+                sqlx::query_scalar("SELECT fence FROM leasehold_locks WHERE lock_name = ?")
+                    .bind(&name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            tx.commit().await?;
+            Ok::<_, Failure>((fence, used))
+        })?;
+        if let Some(id) = killed {
+            // KILL is asynchronous: wait (within the operation bound) until the killed
+            // session has let the lock go.
+            let name = lock_name(key);
+            self.db
+                .bounded("break", async {
+                    loop {
+                        let used: Option<u64> = with_conn!(self.db, "break", |conn| async {
+                            Ok(
+                                sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+                                    .bind(&name)
+                                    .fetch_one(conn)
+                                    .await?,
+                            )
+                        })?;
+                        if used != Some(id) {
+                            return Ok(());
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+                .await?;
+        }
+        tracing::info!(key = %key, fence, killed, "mysql GET_LOCK lease broken");
+        Ok(Fence(fence))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(k: &str) -> String {
+        lock_name(&Key::new(k).unwrap())
+    }
+
+    #[test]
+    fn plain_names_are_the_key() {
+        assert_eq!(name("job:invoices"), "leasehold:job:invoices");
+        let longest = "a".repeat(MAX_LOCK_NAME_LEN - LOCK_NAME_PREFIX.len());
+        assert_eq!(name(&longest), format!("leasehold:{longest}"));
+        assert_eq!(name(&longest).len(), MAX_LOCK_NAME_LEN);
+    }
+
+    #[test]
+    fn other_names_are_hashed_to_64_characters() {
+        let too_long = "a".repeat(MAX_LOCK_NAME_LEN - LOCK_NAME_PREFIX.len() + 1);
+        for k in [
+            too_long.as_str(),
+            "Job:Invoices",
+            "job invoices",
+            "jöb",
+            "{}",
+            "job:a*b",
+            &"k".repeat(leasehold::MAX_KEY_LEN),
+        ] {
+            let n = name(k);
+            assert!(n.starts_with(HASHED_LOCK_NAME_PREFIX), "{k}: {n}");
+            assert_eq!(n.len(), MAX_LOCK_NAME_LEN, "{k}: {n}");
+            assert!(n.is_ascii());
+        }
+        // Case, spaces and lengths never collide.
+        let keys = ["Job:x", "job:X", "JOB:X", "job:x ", " job:x", "job:x"];
+        let names: std::collections::BTreeSet<_> = keys.iter().map(|k| name(k)).collect();
+        assert_eq!(names.len(), keys.len());
+        // Deterministic (documented form): SHA-256 of the key's bytes, 54 hex digits.
+        assert_eq!(
+            name("Job:Invoices"),
+            format!(
+                "leasehold#{}",
+                &Sha256::digest(b"Job:Invoices")
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()[..54]
+            )
+        );
+    }
+
+    #[test]
+    fn like_prefixes_are_literal() {
+        assert_eq!(like_prefix("a_b%c!"), "a!_b!%c!!%");
+        assert_eq!(like_prefix(""), "%");
+    }
+}

@@ -1,0 +1,232 @@
+//! The storage-side fence guard and the idempotency record, in MariaDB/MySQL (DESIGN §6).
+//!
+//! Both work inside **your** transaction on **your** database, so that checking the fence,
+//! writing the data and advancing the guard commit or roll back together:
+//!
+//! ```no_run
+//! # use leasehold::{Fence, Idempotency};
+//! # use sqlx::Connection;
+//! # async fn write(conn: &mut sqlx::MySqlConnection, fence: Fence) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut tx = conn.begin().await?;
+//! match leasehold_mysql::guard::record_once(&mut tx, "invoice-2024-06").await? {
+//!     Idempotency::AlreadyDone => return Ok(()), // committed before: skip the work
+//!     Idempotency::FirstTime => {}
+//! }
+//! leasehold_mysql::guard::check_and_advance(&mut tx, "invoices", fence)
+//!     .await?
+//!     .into_result("invoices", fence)?; // Err(FenceRejected): ownership lost, stop
+//! sqlx::query("INSERT INTO invoices (month) VALUES ('2024-06')").execute(&mut *tx).await?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The check reads the guard row with `SELECT … FOR UPDATE`, which locks it until your
+//! transaction ends: writers of one resource pass the guard one at a time, in commit
+//! order, at any isolation level (READ COMMITTED, REPEATABLE READ, SERIALIZABLE). A
+//! deadlock or a lock wait timeout — likely when many writers race to create the row of a
+//! new resource under REPEATABLE READ or SERIALIZABLE, whose gap locks conflict — comes
+//! back as [`StoreErrorKind::Busy`]: roll back and retry the whole transaction. It is
+//! never an acceptance.
+//!
+//! Create the tables with [`migrate`] (or by hand from
+//! [`GUARD_SCHEMA`]).
+
+use leasehold::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
+use sqlx::{Connection, MySqlConnection, MySqlPool};
+
+use crate::error::{Phase, is_duplicate, map_sqlx};
+use crate::schema::GUARD_SCHEMA;
+
+/// The backend name in the guard's errors.
+const BACKEND: &str = crate::BACKEND_TABLE;
+
+/// The longest resource name or job id accepted, in bytes.
+pub const MAX_NAME_LEN: usize = 512;
+
+fn invalid(msg: impl Into<String>) -> StoreError {
+    StoreError::new(StoreErrorKind::InvalidInput, BACKEND, msg)
+}
+
+fn sql_error(e: sqlx::Error, op: &str) -> StoreError {
+    map_sqlx(e, BACKEND, op, Phase::Statement, None)
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), StoreError> {
+    if name.is_empty() {
+        return Err(invalid(format!("the {what} is empty")));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(invalid(format!(
+            "the {what} is {} bytes long; the maximum is {MAX_NAME_LEN}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_in_transaction(conn: &MySqlConnection, what: &str) -> Result<(), StoreError> {
+    if conn.is_in_transaction() {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "{what} must run inside a transaction begun with sqlx (`begin()`), together with \
+             the write it protects"
+        )))
+    }
+}
+
+fn resource_type(resource: &str) -> &str {
+    match resource.split_once(':') {
+        Some((prefix, _)) if !prefix.is_empty() => prefix,
+        _ => "none",
+    }
+}
+
+/// Creates the guard table `leasehold_guard` and the idempotency table
+/// `leasehold_idempotency` in the database of `pool` if they do not exist (idempotent).
+///
+/// # Cancel safety
+/// Cancel safe: each table is created by one statement, or not.
+///
+/// # Errors
+/// [`StoreErrorKind::Config`] without the privilege to create tables.
+pub async fn migrate(pool: &MySqlPool) -> Result<(), StoreError> {
+    sqlx::raw_sql(GUARD_SCHEMA)
+        .execute(pool)
+        .await
+        .map_err(|e| sql_error(e, "migrate guard"))?;
+    Ok(())
+}
+
+async fn locked_fence(
+    conn: &mut MySqlConnection,
+    resource: &str,
+) -> Result<Option<u64>, StoreError> {
+    sqlx::query_scalar("SELECT fence FROM leasehold_guard WHERE resource = ? FOR UPDATE")
+        .bind(resource)
+        .fetch_optional(conn)
+        .await
+        .map_err(|e| sql_error(e, "guard check"))
+}
+
+/// Checks `fence` against the highest fence accepted for `resource` and, if it is not
+/// lower, records it: [`GuardDecision::Accepted`] — go on with the write in this
+/// transaction. A lower fence is [`GuardDecision::Rejected`] (the writer lost its lease;
+/// roll back, do not retry with this fence) and is counted in
+/// `leasehold_fence_rejected_total`. Equal fences (several writes by one holder) are
+/// accepted.
+///
+/// The guard row stays locked until your transaction ends. Call it inside the transaction
+/// of the protected write (see the module docs); the decision holds only if that
+/// transaction commits.
+///
+/// # Cancel safety
+/// Cancel safe as far as the data goes: a dropped call leaves the transaction open with or
+/// without the guard row advanced; roll it back (dropping an sqlx transaction does).
+///
+/// # Errors
+/// [`StoreErrorKind::InvalidInput`] for an empty or oversized (> 512 bytes) resource name
+/// or a connection not inside a transaction; [`StoreErrorKind::Busy`] for a deadlock or a
+/// lock wait timeout (roll back, retry the whole transaction); [`StoreErrorKind::Config`]
+/// when the table is missing or not accessible.
+pub async fn check_and_advance(
+    conn: &mut MySqlConnection,
+    resource: &str,
+    fence: Fence,
+) -> Result<GuardDecision, StoreError> {
+    check_name("resource name", resource)?;
+    check_in_transaction(conn, "the fence guard")?;
+    let f = fence.get();
+    let mut current = locked_fence(conn, resource).await?;
+    if current.is_none() {
+        // First write to this resource: create its row. A concurrent first writer may win
+        // the insert; its row is then there to lock.
+        match sqlx::query("INSERT INTO leasehold_guard (resource, fence) VALUES (?, ?)")
+            .bind(resource)
+            .bind(f)
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => return Ok(GuardDecision::Accepted { previous: None }),
+            Err(e) if is_duplicate(&e) => {
+                current = locked_fence(conn, resource).await?;
+            }
+            Err(e) => return Err(sql_error(e, "guard advance")),
+        }
+    }
+    let Some(current) = current else {
+        return Err(StoreError::new(
+            StoreErrorKind::Busy,
+            BACKEND,
+            "the guard row was created and removed concurrently; retry the transaction",
+        ));
+    };
+    if f < current {
+        leasehold::metrics::fence_rejected(resource_type(resource));
+        tracing::warn!(resource, %fence, current, "stale fence rejected by the mysql guard");
+        return Ok(GuardDecision::Rejected {
+            current: Fence(current),
+        });
+    }
+    sqlx::query(
+        "UPDATE leasehold_guard SET fence = ?, accepted_at = CURRENT_TIMESTAMP(6) WHERE resource = ?",
+    )
+    .bind(f)
+    .bind(resource)
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| sql_error(e, "guard advance"))?;
+    Ok(GuardDecision::Accepted {
+        previous: Some(Fence(current)),
+    })
+}
+
+/// The highest fence accepted for `resource`, if any (a plain, non-locking read).
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
+///
+/// # Errors
+/// [`StoreErrorKind::InvalidInput`] for a bad resource name; database errors as in
+/// [`check_and_advance`].
+pub async fn current(
+    conn: &mut MySqlConnection,
+    resource: &str,
+) -> Result<Option<Fence>, StoreError> {
+    check_name("resource name", resource)?;
+    let f: Option<u64> = sqlx::query_scalar("SELECT fence FROM leasehold_guard WHERE resource = ?")
+        .bind(resource)
+        .fetch_optional(conn)
+        .await
+        .map_err(|e| sql_error(e, "guard read"))?;
+    Ok(f.map(Fence))
+}
+
+/// Records `job_id` in the idempotency table: [`Idempotency::FirstTime`] — do the work in
+/// this transaction; [`Idempotency::AlreadyDone`] — a committed transaction recorded it
+/// before, skip the work. The record commits or rolls back with your transaction; a
+/// concurrent transaction recording the same id waits for yours to end.
+///
+/// # Cancel safety
+/// Cancel safe as far as the data goes, as [`check_and_advance`].
+///
+/// # Errors
+/// [`StoreErrorKind::InvalidInput`] for an empty or oversized (> 512 bytes) job id or a
+/// connection not inside a transaction; [`StoreErrorKind::Busy`] for a lock wait timeout
+/// behind another transaction recording the same id.
+pub async fn record_once(
+    conn: &mut MySqlConnection,
+    job_id: &str,
+) -> Result<Idempotency, StoreError> {
+    check_name("job id", job_id)?;
+    check_in_transaction(conn, "the idempotency record")?;
+    match sqlx::query("INSERT INTO leasehold_idempotency (job_id) VALUES (?)")
+        .bind(job_id)
+        .execute(conn)
+        .await
+    {
+        Ok(_) => Ok(Idempotency::FirstTime),
+        Err(e) if is_duplicate(&e) => Ok(Idempotency::AlreadyDone),
+        Err(e) => Err(sql_error(e, "idempotency record")),
+    }
+}

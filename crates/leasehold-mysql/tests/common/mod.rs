@@ -1,0 +1,150 @@
+//! Shared test support: a private MariaDB, an admin pool straight to it, fault hooks.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::Key;
+use leasehold_conformance::Faults;
+use leasehold_testkit::{FaultProxy, MariaDb, MariaDbOptions, ProxyMode};
+use sqlx::MySqlPool;
+use sqlx::mysql::MySqlPoolOptions;
+
+/// A private MariaDB with its own temporary-files directory.
+pub struct Server {
+    pub db: MariaDb,
+    _tmp: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Server {
+    type Target = MariaDb;
+    fn deref(&self) -> &MariaDb {
+        &self.db
+    }
+}
+
+/// Starts a private MariaDB (blocking the calling worker thread, not the runtime).
+///
+/// Concurrent `mariadb-install-db` runs sharing `/tmp` sometimes delete each other's
+/// temporary tables and fail ("Unknown table 'mysql.tmp_user_sys'"), and the test kit
+/// gives them no other `TMPDIR`: a failed install is retried. Each server gets its own
+/// `--tmpdir`.
+pub fn start_db() -> Server {
+    tokio::task::block_in_place(|| {
+        let tmp = tempfile::Builder::new()
+            .prefix("leasehold-mysql-tmp-")
+            .tempdir_in("/tmp")
+            .expect("temporary directory");
+        let mysql = nix::unistd::User::from_name("mysql")
+            .ok()
+            .flatten()
+            .expect("OS user mysql: install mariadb-server");
+        std::os::unix::fs::chown(
+            tmp.path(),
+            Some(mysql.uid.as_raw()),
+            Some(mysql.gid.as_raw()),
+        )
+        .expect("chown the server's tmpdir");
+        let options = MariaDbOptions::new()
+            .arg("--innodb-buffer-pool-size=32M")
+            .arg("--max-connections=300")
+            .arg(format!("--tmpdir={}", tmp.path().display()));
+        for attempt in 1.. {
+            let start = std::panic::AssertUnwindSafe(|| MariaDb::start_with(options.clone()));
+            match std::panic::catch_unwind(start) {
+                Ok(db) => return Server { db, _tmp: tmp },
+                Err(e) if attempt < 6 => {
+                    let msg = e
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .unwrap_or("?");
+                    if !msg.contains("mariadb-install-db failed") {
+                        std::panic::resume_unwind(e);
+                    }
+                    eprintln!("mariadb-install-db collided with another install: retrying");
+                    std::thread::sleep(Duration::from_millis(100 * attempt));
+                }
+                Err(e) => std::panic::resume_unwind(e),
+            }
+        }
+        unreachable!()
+    })
+}
+
+/// A pool straight to the server (not through any proxy), as root.
+pub async fn admin(db: &MariaDb) -> MySqlPool {
+    MySqlPoolOptions::new()
+        .max_connections(4)
+        .connect(&db.url())
+        .await
+        .expect("admin connection")
+}
+
+/// Which store a fixture tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Table,
+    GetLock,
+}
+
+/// `forget`: clear the lease row (table) or KILL the lock's session (GET_LOCK, FAULTS 19);
+/// `make_unreachable`: blackhole the proxy the store talks through.
+pub struct MyFaults {
+    pub admin: MySqlPool,
+    pub proxy: Arc<FaultProxy>,
+    pub kind: Kind,
+}
+
+/// KILLs the session holding `key`'s GET_LOCK; returns its connection id.
+pub async fn kill_lock_holder(admin: &MySqlPool, key: &Key) -> u64 {
+    let id: Option<u64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+        .bind(leasehold_mysql::lock_name(key))
+        .fetch_one(admin)
+        .await
+        .unwrap();
+    let id = id.unwrap_or_else(|| panic!("nobody holds the lock of {key}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
+        .execute(admin)
+        .await
+        .unwrap();
+    id
+}
+
+#[async_trait]
+impl Faults for MyFaults {
+    async fn forget(&self, key: &Key) {
+        match self.kind {
+            Kind::Table => {
+                sqlx::query(
+                    "UPDATE leasehold_leases SET owner = NULL, expires_at_us = NULL WHERE lease_key = ?",
+                )
+                .bind(key.as_str())
+                .execute(&self.admin)
+                .await
+                .unwrap();
+            }
+            Kind::GetLock => {
+                kill_lock_holder(&self.admin, key).await;
+            }
+        }
+    }
+
+    async fn make_unreachable(&self) {
+        self.proxy.set_mode(ProxyMode::Blackhole);
+    }
+
+    async fn restore(&self) {
+        self.proxy.set_mode(ProxyMode::Pass);
+    }
+}
+
+/// The URL of `db` through `proxy`, with short bounds for tests.
+pub fn url_through(proxy: &FaultProxy, scheme: &str) -> String {
+    format!(
+        "{scheme}://root@127.0.0.1:{}/test?timeout=1s&connect_timeout=1s&max_connections=16",
+        proxy.port()
+    )
+}
+
+pub const TTL: Duration = Duration::from_millis(1500);

@@ -1,0 +1,200 @@
+//! MariaDB store specifics: secrets, least privilege, URLs and the registry, corrupt rows,
+//! server clock floors, and a crash restart of the server (FAULTS 9 for the lease table).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOutcome, Key, OwnerToken, Registry, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+};
+use leasehold_mysql::{MySqlConfig, MySqlFactory, MySqlGetLockStore, MySqlLeaseStore};
+
+const TTL: Duration = Duration::from_secs(5);
+const SENTINEL: &str = "Sentinel-pw-7f3a9c";
+
+fn fence_of(o: AcquireOutcome) -> u64 {
+    match o {
+        AcquireOutcome::Acquired { fence, .. } => fence.get(),
+        held => panic!("expected Acquired, got {held:?}"),
+    }
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    assert!(
+        !text.contains(SENTINEL),
+        "{what} shows the password: {text}"
+    );
+}
+
+fn registry() -> Registry {
+    let mut r = Registry::new();
+    r.register(Arc::new(MySqlFactory));
+    r
+}
+
+/// A sentinel password never shows; wrong passwords and missing tables are configuration
+/// errors; an account limited to `SELECT, INSERT, UPDATE` on the existing tables works
+/// (connecting with `migrate` on sends no DDL when the tables exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_and_least_privilege() {
+    let db = common::start_db();
+    let port = db.port();
+    db.sql(&format!(
+        "CREATE USER 'app'@'127.0.0.1' IDENTIFIED BY '{SENTINEL}'; \
+         GRANT SELECT, INSERT, UPDATE ON test.* TO 'app'@'127.0.0.1'"
+    ));
+    let url = |scheme: &str, password: &str| {
+        format!("{scheme}://app:{password}@127.0.0.1:{port}/test?connect_timeout=5s")
+    };
+
+    // No tables yet and no CREATE privilege: a configuration error naming migrate.
+    for scheme in ["mysql", "mysql+getlock"] {
+        let e = registry().open(&url(scheme, SENTINEL)).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+        assert_no_secret("error", &e.to_string());
+        assert_no_secret("error", &format!("{e:?}"));
+    }
+    // Wrong password.
+    let e = registry()
+        .open(&url("mysql", &format!("{SENTINEL}-wrong")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert_no_secret("error", &e.to_string());
+    assert_no_secret("error", &format!("{e:?}"));
+
+    // The owner of the schema creates the tables; the limited account then works.
+    let root = db.url();
+    MySqlLeaseStore::open(&root).await.unwrap();
+    MySqlGetLockStore::open(&root).await.unwrap();
+    let k = Key::new("job:lp").unwrap();
+    for scheme in ["mysql", "mysql+getlock"] {
+        let store = registry().open(&url(scheme, SENTINEL)).await.expect(scheme);
+        assert_no_secret("Debug", &format!("{store:?}"));
+        let a = OwnerToken::random();
+        let f = fence_of(store.acquire(&k, &a, TTL).await.unwrap());
+        assert!(matches!(
+            store.renew(&k, &a, TTL).await.unwrap(),
+            RenewOutcome::Renewed { .. }
+        ));
+        assert_eq!(store.inspect(&k).await.unwrap().unwrap().fence.get(), f);
+        assert_eq!(store.list("job:").await.unwrap().len(), 1);
+        assert_eq!(
+            store.release(&k, &a).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        assert!(store.break_lease(&k).await.unwrap().get() > f);
+    }
+    let config = MySqlConfig::from_url(&url("mysql", SENTINEL)).unwrap();
+    assert_no_secret("Display", &config.to_string());
+    assert_no_secret("Debug", &format!("{config:?}"));
+    let store = MySqlLeaseStore::connect(config).await.unwrap();
+    assert_no_secret("Debug", &format!("{store:?}"));
+
+    // With the server gone, errors still carry no password.
+    db.stop();
+    let e = store
+        .acquire(&k, &OwnerToken::random(), TTL)
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert_no_secret("error", &e.to_string());
+    assert_no_secret("error", &format!("{e:?}"));
+}
+
+/// Corrupt rows are typed errors, never free and never overwritten; break repairs them.
+/// Fences are floored at the server clock; prefixes are literal; a crash restart of the
+/// server keeps leases and fences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_rows_clock_floor_and_restart() {
+    let db = common::start_db();
+    let store = MySqlLeaseStore::open(&format!("{}?timeout=2s&connect_timeout=2s", db.url()))
+        .await
+        .unwrap();
+    let owner = OwnerToken::random();
+
+    for (name, row) in [
+        ("bad:owner", "'not-hex', 7, 9000000000000000"),
+        (
+            "bad:no-expiry",
+            "'00112233445566778899aabbccddeeff', 7, NULL",
+        ),
+    ] {
+        db.sql(&format!(
+            "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) VALUES ('{name}', {row})"
+        ));
+        let k = Key::new(name).unwrap();
+        let e = store.acquire(&k, &owner, TTL).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{name}: {e}");
+        let e = store.inspect(&k).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{name}: {e}");
+        let fence = db.sql(&format!(
+            "SELECT fence FROM leasehold_leases WHERE lease_key = '{name}'"
+        ));
+        assert_eq!(fence, "7", "{name}: a corrupt row was overwritten");
+        let broken = store.break_lease(&k).await.unwrap();
+        assert!(broken.get() > 7);
+        assert!(fence_of(store.acquire(&k, &owner, TTL).await.unwrap()) > broken.get());
+    }
+
+    // Fences are floored at the server's clock in µs.
+    let server_us: u64 = db
+        .sql("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)")
+        .parse()
+        .unwrap();
+    let k = Key::new("job:restart").unwrap();
+    let f1 = fence_of(
+        store
+            .acquire(&k, &owner, Duration::from_secs(60))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        f1 >= server_us,
+        "fence {f1} below the server clock {server_us}"
+    );
+    // Prefixes are literal: `_` and `%` match themselves only.
+    let b = OwnerToken::random();
+    for name in ["lst:a_b", "lst:axb", "lst:a%"] {
+        fence_of(
+            store
+                .acquire(&Key::new(name).unwrap(), &b, TTL)
+                .await
+                .unwrap(),
+        );
+    }
+    let names = |v: Vec<leasehold::LeaseInfo>| -> Vec<String> {
+        v.into_iter().map(|i| i.key.to_string()).collect()
+    };
+    assert_eq!(names(store.list("lst:a_").await.unwrap()), ["lst:a_b"]);
+    assert_eq!(names(store.list("lst:a%").await.unwrap()), ["lst:a%"]);
+    assert_eq!(
+        names(store.list("lst:").await.unwrap()),
+        ["lst:a%", "lst:a_b", "lst:axb"]
+    );
+
+    // Crash restart: the lease and its fence survive; the pool reconnects.
+    tokio::task::block_in_place(|| db.restart());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let info = loop {
+        match store.inspect(&k).await {
+            Ok(info) => break info,
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert!(tokio::time::Instant::now() < deadline, "no recovery: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let info = info.expect("the lease survived the restart");
+    assert_eq!((info.owner, info.fence.get()), (owner, f1));
+    assert_eq!(fence_of(store.acquire(&k, &owner, TTL).await.unwrap()), f1);
+    assert_eq!(
+        store.release(&k, &owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let f2 = fence_of(store.acquire(&k, &OwnerToken::random(), TTL).await.unwrap());
+    assert!(f2 > f1);
+}

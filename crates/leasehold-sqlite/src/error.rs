@@ -1,0 +1,99 @@
+//! Mapping `sqlx` / SQLite errors into [`StoreError`].
+
+use leasehold::{StoreError, StoreErrorKind};
+
+use crate::BACKEND;
+
+/// An error inside an operation: either from SQLite or already decided by the store.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Sql(sqlx::Error),
+    Store(StoreError),
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl Failure {
+    /// Whether the connection may be broken and must not go back to the pool.
+    pub(crate) fn poisons_connection(&self) -> bool {
+        matches!(
+            self,
+            Self::Sql(sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed | sqlx::Error::Protocol(_))
+        )
+    }
+
+    pub(crate) fn into_store(self, op: &str) -> StoreError {
+        match self {
+            Self::Store(e) => e,
+            Self::Sql(e) => map_sqlx(e, op),
+        }
+    }
+}
+
+/// SQLite's primary result code of a database error (the low byte of the extended code).
+pub(crate) fn primary_code(e: &sqlx::Error) -> Option<i32> {
+    let code = e.as_database_error()?.code()?;
+    code.parse::<i32>().ok().map(|c| c & 0xff)
+}
+
+/// Maps an `sqlx` error to the store's error kinds:
+///
+/// | SQLite | kind |
+/// | --- | --- |
+/// | `SQLITE_BUSY`, `SQLITE_LOCKED` (the busy timeout ran out), pool exhausted | `Busy` |
+/// | `SQLITE_CANTOPEN`, `SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH`, no such table | `Config` |
+/// | `SQLITE_CORRUPT`, `SQLITE_NOTADB`, a value that does not decode | `Corrupt` |
+/// | `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, file I/O, pool closed | `Unavailable` |
+/// | the connection's worker thread died | `Ambiguous` |
+pub(crate) fn map_sqlx(e: sqlx::Error, op: &str) -> StoreError {
+    let kind = match &e {
+        sqlx::Error::Database(db) => {
+            let primary = primary_code(&e);
+            match primary {
+                Some(5 | 6) => StoreErrorKind::Busy,
+                Some(3 | 8 | 14 | 23) => StoreErrorKind::Config,
+                Some(11 | 26) => StoreErrorKind::Corrupt,
+                Some(7 | 10 | 13) => StoreErrorKind::Unavailable,
+                Some(1) if db.message().contains("no such table") => StoreErrorKind::Config,
+                _ => StoreErrorKind::Other,
+            }
+        }
+        sqlx::Error::PoolTimedOut => StoreErrorKind::Busy,
+        sqlx::Error::PoolClosed | sqlx::Error::Io(_) => StoreErrorKind::Unavailable,
+        sqlx::Error::WorkerCrashed => StoreErrorKind::Ambiguous,
+        sqlx::Error::Configuration(_) | sqlx::Error::InvalidArgument(_) => StoreErrorKind::Config,
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
+        _ => StoreErrorKind::Other,
+    };
+    let what = match kind {
+        StoreErrorKind::Busy => {
+            "the database is locked by another connection (the busy timeout ran out)"
+        }
+        StoreErrorKind::Config => "the database cannot be opened or lacks leasehold's tables",
+        StoreErrorKind::Corrupt => "the database holds a value leasehold cannot read",
+        StoreErrorKind::Unavailable => "the database file cannot be used",
+        StoreErrorKind::Ambiguous => "the SQLite worker died while the request was in flight",
+        _ => "SQLite failed",
+    };
+    StoreError::new(kind, BACKEND, format!("{op}: {what}")).with_source(e)
+}
+
+/// Maps an error of your own statements on a SQLite database (e.g. the protected write or
+/// the `COMMIT` next to the [`guard`](crate::guard)) into a [`StoreError`] with the
+/// classification the store and the guard use: `SQLITE_BUSY`/`SQLITE_LOCKED` (including a
+/// stale snapshot, `SQLITE_BUSY_SNAPSHOT`) are [`Busy`](StoreErrorKind::Busy) — roll back
+/// and retry the transaction; a missing table or an unwritable file is
+/// [`Config`](StoreErrorKind::Config); a corrupt file is [`Corrupt`](StoreErrorKind::Corrupt).
+pub fn store_error(err: sqlx::Error) -> StoreError {
+    map_sqlx(err, "statement")
+}

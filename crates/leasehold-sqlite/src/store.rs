@@ -1,0 +1,592 @@
+//! [`SqliteStore`]: the [`Store`] implementation.
+
+use std::future::Future;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::{
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::{Connection, Sqlite};
+
+use crate::BACKEND;
+use crate::config::{SqliteConfig, Synchronous};
+use crate::error::Failure;
+use crate::schema::{self, now_us};
+
+/// A leasehold [`Store`] in one SQLite database file, shared by every process of one host
+/// that opens the same file.
+///
+/// Each write is one SQLite transaction: `BEGIN IMMEDIATE` (which takes the database's
+/// write lock, waiting at most the busy timeout), read the lease row, decide, write,
+/// `COMMIT`. An acquire first reads the row without the lock and answers `Held` at once
+/// when another owner's lease is live. Writers of one store take turns on an async mutex
+/// (first come, first served) rather than in SQLite's busy handler. Expiry is measured on
+/// the **host's wall clock**, read while the write lock is held; see the crate docs for
+/// the schema and the failure model.
+///
+/// Cheap to share: wrap it in an `Arc` (it is `Send + Sync`). It owns a small pool of
+/// connections; an operation that is cancelled or times out closes its connection rather
+/// than returning it to the pool.
+pub struct SqliteStore {
+    config: SqliteConfig,
+    pool: SqlitePool,
+    op_bound: Duration,
+    /// This process's writers take turns here (FIFO) instead of in SQLite's busy handler,
+    /// which sleeps in steps of up to 100 ms; other processes still meet the busy timeout.
+    writer: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("config", &self.config.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A pooled connection that is closed instead of returned to the pool unless the operation
+/// using it ran to its end (it was not cancelled, timed out or broken).
+struct Checkout {
+    conn: PoolConnection<Sqlite>,
+    keep: bool,
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if !self.keep {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// One lease row as stored.
+type RawRow = (Option<String>, i64, Option<i64>);
+
+/// What a lease row means at `now`.
+enum State {
+    /// No row: the key was never used.
+    Missing,
+    /// Held by `owner` until `expires_at_us`.
+    Live {
+        owner: OwnerToken,
+        fence: i64,
+        expires_at_us: i64,
+    },
+    /// Released or expired; `fence` is the last fence issued.
+    Free { fence: i64 },
+}
+
+fn corrupt(key: &str, what: impl std::fmt::Display) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Corrupt,
+        BACKEND,
+        format!("the lease row of `{key}` is not a leasehold lease: {what}"),
+    )
+}
+
+fn interpret(key: &str, row: Option<RawRow>, now: i64) -> Result<State, StoreError> {
+    let Some((owner, fence, expires)) = row else {
+        return Ok(State::Missing);
+    };
+    if fence <= 0 {
+        return Err(corrupt(key, format!("fence {fence} is not positive")));
+    }
+    match owner {
+        None => Ok(State::Free { fence }),
+        Some(hex) => {
+            let owner = OwnerToken::from_str(&hex)
+                .map_err(|_| corrupt(key, "the owner is not 32 hex digits"))?;
+            let expires_at_us =
+                expires.ok_or_else(|| corrupt(key, "an owner without an expiry"))?;
+            if expires_at_us > now {
+                Ok(State::Live {
+                    owner,
+                    fence,
+                    expires_at_us,
+                })
+            } else {
+                Ok(State::Free { fence })
+            }
+        }
+    }
+}
+
+/// `max(last + 1, now)`: the next fence, floored at the host clock in microseconds.
+fn next_fence(key: &str, last: i64, now: i64) -> Result<i64, StoreError> {
+    let next = last
+        .checked_add(1)
+        .ok_or_else(|| corrupt(key, "the fence is exhausted"))?;
+    Ok(next.max(now).max(1))
+}
+
+fn fence_u64(fence: i64) -> Fence {
+    Fence(u64::try_from(fence).unwrap_or(0))
+}
+
+fn remaining(expires_at_us: i64, now: i64) -> Duration {
+    Duration::from_micros(u64::try_from(expires_at_us.saturating_sub(now)).unwrap_or(0))
+}
+
+fn ttl_us(ttl: Duration) -> Result<i64, StoreError> {
+    StoreError::check_ttl(BACKEND, ttl)?;
+    // check_ttl bounds it to 24 h, far below i64::MAX µs.
+    Ok(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX))
+}
+
+const SELECT_ROW: &str =
+    "SELECT owner, fence, expires_at_us FROM leasehold_leases WHERE lease_key = ?1";
+
+async fn read_row(conn: &mut SqliteConnection, key: &str) -> Result<Option<RawRow>, Failure> {
+    Ok(sqlx::query_as::<_, RawRow>(SELECT_ROW)
+        .bind(key)
+        .fetch_optional(conn)
+        .await?)
+}
+
+async fn acquire_tx(
+    conn: &mut SqliteConnection,
+    key: &str,
+    owner: &OwnerToken,
+    ttl_us: i64,
+) -> Result<AcquireOutcome, Failure> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let now = now_us();
+    let expires = now.saturating_add(ttl_us);
+    let fence = match interpret(key, read_row(&mut tx, key).await?, now)? {
+        State::Live {
+            owner: holder,
+            fence,
+            expires_at_us,
+        } => {
+            if holder != *owner {
+                tx.rollback().await?;
+                return Ok(AcquireOutcome::Held {
+                    remaining: Some(remaining(expires_at_us, now)),
+                });
+            }
+            sqlx::query("UPDATE leasehold_leases SET expires_at_us = ?1 WHERE lease_key = ?2")
+                .bind(expires)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+            fence
+        }
+        State::Free { fence: last } => {
+            let fence = next_fence(key, last, now)?;
+            sqlx::query(
+                "UPDATE leasehold_leases SET owner = ?1, fence = ?2, expires_at_us = ?3 \
+                 WHERE lease_key = ?4",
+            )
+            .bind(owner.to_hex())
+            .bind(fence)
+            .bind(expires)
+            .bind(key)
+            .execute(&mut *tx)
+            .await?;
+            fence
+        }
+        State::Missing => {
+            let fence = next_fence(key, 0, now)?;
+            sqlx::query(
+                "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) \
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .bind(key)
+            .bind(owner.to_hex())
+            .bind(fence)
+            .bind(expires)
+            .execute(&mut *tx)
+            .await?;
+            fence
+        }
+    };
+    tx.commit().await?;
+    Ok(AcquireOutcome::Acquired {
+        fence: fence_u64(fence),
+        ttl: Duration::from_micros(u64::try_from(ttl_us).unwrap_or(0)),
+    })
+}
+
+/// Renews (`Some(ttl_us)`) or releases (`None`) the live lease of `owner` in one write
+/// transaction; whether it was held.
+async fn update_own_tx(
+    conn: &mut SqliteConnection,
+    key: &str,
+    owner: &OwnerToken,
+    renew_ttl_us: Option<i64>,
+) -> Result<bool, Failure> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let now = now_us();
+    let query = match renew_ttl_us {
+        Some(ttl_us) => sqlx::query(
+            "UPDATE leasehold_leases SET expires_at_us = ?4 \
+             WHERE lease_key = ?1 AND owner = ?2 AND expires_at_us > ?3",
+        )
+        .bind(key)
+        .bind(owner.to_hex())
+        .bind(now)
+        .bind(now.saturating_add(ttl_us)),
+        None => sqlx::query(
+            "UPDATE leasehold_leases SET owner = NULL, expires_at_us = NULL \
+             WHERE lease_key = ?1 AND owner = ?2 AND expires_at_us > ?3",
+        )
+        .bind(key)
+        .bind(owner.to_hex())
+        .bind(now),
+    };
+    let done = query.execute(&mut *tx).await?.rows_affected();
+    tx.commit().await?;
+    Ok(done == 1)
+}
+
+async fn break_tx(conn: &mut SqliteConnection, key: &str) -> Result<Fence, Failure> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let now = now_us();
+    // Only the fence matters: breaking is also how an operator clears a corrupt owner.
+    let last: Option<i64> =
+        sqlx::query_scalar("SELECT fence FROM leasehold_leases WHERE lease_key = ?1")
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let fence = next_fence(key, last.unwrap_or(0).max(0), now)?;
+    sqlx::query(
+        "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) \
+         VALUES (?1, NULL, ?2, NULL) \
+         ON CONFLICT (lease_key) DO UPDATE SET owner = NULL, fence = excluded.fence, expires_at_us = NULL",
+    )
+    .bind(key)
+    .bind(fence)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(fence_u64(fence))
+}
+
+async fn list_rows(
+    conn: &mut SqliteConnection,
+    prefix: &str,
+) -> Result<Vec<(String, RawRow)>, Failure> {
+    let now = now_us();
+    let rows: Vec<(String, Option<String>, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT lease_key, owner, fence, expires_at_us FROM leasehold_leases \
+         WHERE owner IS NOT NULL AND expires_at_us > ?1 \
+           AND substr(lease_key, 1, length(?2)) = ?2 \
+         ORDER BY lease_key",
+    )
+    .bind(now)
+    .bind(prefix)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(k, o, f, e)| (k, (o, f, e)))
+        .collect())
+}
+
+/// Runs `$body` (which yields `Result<T, Failure>`) with `$conn: &mut SqliteConnection`
+/// from the pool, bounded by the store's operation bound; with `write`, behind the store's
+/// writer mutex. The connection is closed rather than pooled if the body is cancelled,
+/// times out or breaks it.
+macro_rules! with_conn {
+    ($store:expr, $op:expr, write = $write:expr, |$conn:ident| $body:expr) => {{
+        let store: &SqliteStore = &$store;
+        let op: &str = $op;
+        store
+            .bounded(op, async {
+                let _writer = if $write {
+                    Some(store.writer.lock().await)
+                } else {
+                    None
+                };
+                let mut checkout = store.checkout(op).await?;
+                let result: Result<_, Failure> = {
+                    let $conn: &mut SqliteConnection = &mut checkout.conn;
+                    $body.await
+                };
+                checkout.keep = match &result {
+                    Ok(_) => true,
+                    Err(f) => !f.poisons_connection(),
+                };
+                result.map_err(|f| f.into_store(op))
+            })
+            .await
+    }};
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its parent directory if missing) the database file of
+    /// `config`, switches it to WAL, and creates leasehold's tables if missing
+    /// ([`migrate`](Self::migrate)).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves at most a created file or directory behind.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for an invalid configuration or a file or directory that
+    /// cannot be created or opened; [`StoreErrorKind::Busy`] when another process holds the
+    /// database locked for longer than the busy timeout.
+    pub async fn connect(config: SqliteConfig) -> Result<Self, StoreError> {
+        config.validate()?;
+        let path = config.path();
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Config,
+                    BACKEND,
+                    format!(
+                        "cannot create the directory {} of the SQLite database",
+                        parent.display()
+                    ),
+                )
+                .with_source(e)
+            })?;
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match config.get_synchronous() {
+                Synchronous::Full => SqliteSynchronous::Full,
+                Synchronous::Normal => SqliteSynchronous::Normal,
+            })
+            .busy_timeout(config.get_busy_timeout())
+            .foreign_keys(false);
+        let busy = config.get_busy_timeout();
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.get_max_connections())
+            .min_connections(0)
+            .acquire_timeout(busy + Duration::from_secs(1))
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        let store = Self {
+            // A transaction waits at most the busy timeout for the lock (BEGIN IMMEDIATE),
+            // and queues behind this process's other writers. Past twice the busy timeout
+            // plus slack, something is wrong with the file system: give up, never hang.
+            op_bound: busy * 2 + Duration::from_secs(5),
+            writer: tokio::sync::Mutex::new(()),
+            config,
+            pool,
+        };
+        store.migrate().await?;
+        tracing::debug!(config = %store.config, "sqlite store opened");
+        Ok(store)
+    }
+
+    /// Parses `url` (see [`SqliteConfig::from_url`]) and [`connect`](Self::connect)s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`connect`](Self::connect).
+    ///
+    /// # Errors
+    /// As [`SqliteConfig::from_url`] and [`connect`](Self::connect).
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::connect(SqliteConfig::from_url(url)?).await
+    }
+
+    /// Creates the lease table and the guard tables if they do not exist (idempotent; see
+    /// [`LEASES_SCHEMA`](crate::LEASES_SCHEMA) and [`GUARD_SCHEMA`](crate::GUARD_SCHEMA)).
+    /// [`connect`](Self::connect) calls it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each table is created by one statement, or not.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when the file cannot be written, [`StoreErrorKind::Busy`]
+    /// when it stays locked past the busy timeout.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        with_conn!(self, "migrate", write = true, |conn| async move {
+            sqlx::raw_sql(schema::LEASES_SCHEMA)
+                .execute(&mut *conn)
+                .await?;
+            crate::guard::migrate_in(conn).await
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SqliteConfig {
+        &self.config
+    }
+
+    /// The connection pool, e.g. to run the [`guard`](crate::guard) in the same database
+    /// file. Begin guard transactions with `begin_with("BEGIN IMMEDIATE")`.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Closes every pooled connection (waiting for operations in flight).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the pool is marked closed at the first poll; connections still close.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn checkout(&self, op: &str) -> Result<Checkout, StoreError> {
+        let conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| Failure::from(e).into_store(op))?;
+        Ok(Checkout { conn, keep: false })
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &str,
+        fut: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.op_bound, fut)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::timeout(BACKEND, op, self.op_bound)))
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::minimal();
+        caps.reports_remaining = true;
+        caps.list = true;
+        caps.break_lease = true;
+        caps.fence_durability = match self.config.get_synchronous() {
+            Synchronous::Full => FenceDurability::Durable,
+            Synchronous::Normal => FenceDurability::ClockFloored,
+        };
+        caps
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let ttl_us = ttl_us(ttl)?;
+        // A lease held by another owner needs no write lock: a plain read tells (WAL
+        // readers never wait), so contenders do not queue behind the writers.
+        let row = with_conn!(self, "acquire", write = false, |conn| read_row(
+            conn,
+            key.as_str()
+        ))?;
+        let now = now_us();
+        if let State::Live {
+            owner: holder,
+            expires_at_us,
+            ..
+        } = interpret(key.as_str(), row, now)?
+            && holder != *owner
+        {
+            return Ok(AcquireOutcome::Held {
+                remaining: Some(remaining(expires_at_us, now)),
+            });
+        }
+        with_conn!(self, "acquire", write = true, |conn| acquire_tx(
+            conn,
+            key.as_str(),
+            owner,
+            ttl_us
+        ))
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let ttl_us = ttl_us(ttl)?;
+        let held = with_conn!(self, "renew", write = true, |conn| update_own_tx(
+            conn,
+            key.as_str(),
+            owner,
+            Some(ttl_us)
+        ))?;
+        Ok(if held {
+            RenewOutcome::Renewed { ttl }
+        } else {
+            RenewOutcome::NotOwner
+        })
+    }
+
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        let held = with_conn!(self, "release", write = true, |conn| update_own_tx(
+            conn,
+            key.as_str(),
+            owner,
+            None
+        ))?;
+        Ok(if held {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotOwner
+        })
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        let row = with_conn!(self, "inspect", write = false, |conn| read_row(
+            conn,
+            key.as_str()
+        ))?;
+        let now = now_us();
+        Ok(match interpret(key.as_str(), row, now)? {
+            State::Live {
+                owner,
+                fence,
+                expires_at_us,
+            } => Some(LeaseInfo {
+                key: key.clone(),
+                owner,
+                fence: fence_u64(fence),
+                remaining: Some(remaining(expires_at_us, now)),
+            }),
+            State::Missing | State::Free { .. } => None,
+        })
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        let rows = with_conn!(self, "list", write = false, |conn| list_rows(conn, prefix))?;
+        let now = now_us();
+        let mut out = Vec::with_capacity(rows.len());
+        for (name, row) in rows {
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let key = Key::new(&name).map_err(|e| corrupt(&name, e))?;
+            if let State::Live {
+                owner,
+                fence,
+                expires_at_us,
+            } = interpret(&name, Some(row), i64::MIN)?
+            {
+                out.push(LeaseInfo {
+                    key,
+                    owner,
+                    fence: fence_u64(fence),
+                    remaining: Some(remaining(expires_at_us, now)),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let fence = with_conn!(self, "break", write = true, |conn| break_tx(
+            conn,
+            key.as_str()
+        ))?;
+        tracing::info!(key = %key, %fence, "sqlite lease broken");
+        Ok(fence)
+    }
+}

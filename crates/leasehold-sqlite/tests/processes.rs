@@ -1,0 +1,498 @@
+//! Several OS processes on one SQLite file.
+//!
+//! The child processes are this test binary run again with `LEASEHOLD_SQLITE_WORKER` set:
+//! the `worker_entry` test then runs the worker named by it instead of returning at once
+//! (without the variable it is an empty test that passes).
+//!
+//! - `processes_contend_exclusive_and_fences_increase`: four processes contend for one key
+//!   and write through the guard; their hold windows (stamped with `CLOCK_MONOTONIC`,
+//!   shared by every process of the host) never overlap and fences grow in time order.
+//! - `holder_paused_past_ttl_is_fenced_off` (FAULTS 1 on SQLite): a holder process frozen
+//!   with `SIGSTOP` past its TTL loses the lease to the test, and when it runs again its
+//!   lost signal fires and the guard rejects its write.
+//! - `holder_killed_is_taken_over_within_ttl` (FAULTS 3).
+//! - `writer_paused_mid_transaction_gives_bounded_busy` and
+//!   `writer_killed_mid_transaction_leaves_no_half_written_row` (FAULTS 20).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOutcome, Backoff, Error, GuardDecision, Key, LeaseClient, LeaseConfig, OwnerToken,
+    Store, StoreErrorKind,
+};
+use leasehold_sqlite::{SqliteConfig, SqliteStore, guard};
+use leasehold_testkit::WorkerProcess;
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+use tokio::time::{Instant, sleep, timeout};
+
+const WORKER_ENV: &str = "LEASEHOLD_SQLITE_WORKER";
+const LONG: Duration = Duration::from_secs(60);
+const TTL: Duration = Duration::from_secs(2);
+
+fn mono_ns() -> u128 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
+    t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128
+}
+
+fn worker(mode: &str, args: &[&str]) -> WorkerProcess {
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([
+        "worker_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ])
+    .env(WORKER_ENV, mode)
+    .env("LEASEHOLD_SQLITE_ARGS", args.join("\u{1f}"));
+    WorkerProcess::spawn(cmd)
+}
+
+fn out(line: impl std::fmt::Display) {
+    println!("@{line}");
+}
+
+fn field<T: std::str::FromStr>(line: &str, i: usize) -> T {
+    line.split_whitespace()
+        .nth(i)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("field {i} of `{line}`"))
+}
+
+async fn open(path: &Path) -> SqliteStore {
+    SqliteStore::connect(SqliteConfig::new(path).busy_timeout(Duration::from_secs(1)))
+        .await
+        .expect("open the store")
+}
+
+const DATA_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS mp_writes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, fence INTEGER NOT NULL, pid INTEGER NOT NULL)";
+
+/// Entry point of the child processes; an empty test when not a child.
+#[test]
+fn worker_entry() {
+    let Ok(mode) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    let args: Vec<String> = std::env::var("LEASEHOLD_SQLITE_ARGS")
+        .unwrap_or_default()
+        .split('\u{1f}')
+        .map(str::to_owned)
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        match mode.as_str() {
+            "contend" => contend(&args).await,
+            "hold" => hold(&args).await,
+            "hold-tx" => hold_tx(&args).await,
+            other => panic!("unknown worker mode {other}"),
+        }
+    });
+}
+
+fn client_config() -> LeaseConfig {
+    LeaseConfig::builder(TTL)
+        .backoff(Backoff::new(Duration::from_millis(5), Duration::from_millis(100)).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Contends `rounds` times for `mp:shared`; in each hold, one guarded write to `mp_writes`.
+async fn contend(args: &[String]) {
+    let path = PathBuf::from(&args[0]);
+    let rounds: usize = args[1].parse().unwrap();
+    let store = Arc::new(open(&path).await);
+    let client = LeaseClient::new(store.clone(), client_config());
+    let key = Key::new("mp:shared").unwrap();
+    let pid = std::process::id();
+    for _ in 0..rounds {
+        let lease = client.acquire(&key, LONG).await.expect("acquire");
+        let t1 = mono_ns();
+        let fence = lease.fence();
+        let mut conn = store.pool().acquire().await.unwrap();
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        let decision = guard::check_and_advance(&mut tx, "mp:data", fence)
+            .await
+            .unwrap();
+        assert!(decision.is_accepted(), "{decision:?}");
+        sqlx::query("INSERT INTO mp_writes (fence, pid) VALUES (?1, ?2)")
+            .bind(fence.get() as i64)
+            .bind(pid as i64)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        drop(conn);
+        sleep(Duration::from_millis(15)).await;
+        let valid = lease.is_valid();
+        let t2 = mono_ns();
+        out(format_args!(
+            "grant {} {t1} {t2} {valid} {pid}",
+            fence.get()
+        ));
+        assert!(lease.release().await.expect("release"), "still held");
+    }
+    out("done");
+}
+
+/// Holds `fa:held` until its lost signal fires, then tries a guarded write with its fence.
+async fn hold(args: &[String]) {
+    let path = PathBuf::from(&args[0]);
+    let store = Arc::new(open(&path).await);
+    let client = LeaseClient::new(store.clone(), client_config());
+    let lease = client.try_acquire("fa:held").await.expect("acquire");
+    out(format_args!("held {}", lease.fence().get()));
+    let reason = lease.lost().await;
+    out(format_args!("lost {}", reason.as_str()));
+    let mut conn = store.pool().acquire().await.unwrap();
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    match guard::check_and_advance(&mut tx, "fa:data", lease.fence())
+        .await
+        .unwrap()
+    {
+        GuardDecision::Accepted { .. } => {
+            tx.commit().await.unwrap();
+            out("write accepted");
+        }
+        GuardDecision::Rejected { current } => {
+            tx.rollback().await.unwrap();
+            out(format_args!("write rejected {}", current.get()));
+        }
+    }
+    let held = lease.release().await.expect("release");
+    out(format_args!("release {held}"));
+}
+
+/// Opens a write transaction, writes a lease row and enough filler to spill pages into the
+/// WAL, then waits (without committing) until the file `args[1]` exists, and rolls back.
+async fn hold_tx(args: &[String]) {
+    let path = PathBuf::from(&args[0]);
+    let go = PathBuf::from(&args[1]);
+    let mut conn = SqliteConnectOptions::new()
+        .filename(&path)
+        .busy_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("connect");
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    sqlx::query(
+        "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) \
+         VALUES ('f20:half-written', ?1, 999, 9000000000000000)",
+    )
+    .bind(OwnerToken::random().to_hex())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::raw_sql("CREATE TABLE filler (b BLOB)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // 6 MB, above SQLite's default 2 MB page cache: pages spill into the WAL uncommitted.
+    for _ in 0..6 {
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000) \
+             INSERT INTO filler SELECT randomblob(1024) FROM n",
+        )
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    }
+    out("in-tx");
+    while !go.exists() {
+        sleep(Duration::from_millis(20)).await;
+    }
+    tx.rollback().await.unwrap();
+    out("rolled-back");
+}
+
+/// Runs blocking test-kit calls (waiting for a worker's line) without stalling the runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+fn wait_line(w: &WorkerProcess, prefix: &str) -> String {
+    let prefixed = format!("@{prefix}");
+    w.wait_for_line(|l| l.starts_with(&prefixed), LONG)
+        .unwrap_or_else(|| panic!("no `{prefix}` line from the worker: {:?}", w.lines()))
+        .trim_start_matches('@')
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_contend_exclusive_and_fences_increase() {
+    const PROCS: usize = 4;
+    const ROUNDS: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mp.db");
+    let store = open(&path).await;
+    sqlx::raw_sql(DATA_SCHEMA)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let path_s = path.to_str().unwrap().to_owned();
+    let rounds = ROUNDS.to_string();
+    let workers: Vec<_> = (0..PROCS)
+        .map(|_| worker("contend", &[&path_s, &rounds]))
+        .collect();
+    blocking(|| {
+        for w in &workers {
+            wait_line(w, "done");
+            let status = w.wait_timeout(LONG).expect("worker exits");
+            assert!(status.success(), "worker failed: {status:?}");
+        }
+    });
+
+    let mut grants: Vec<(u64, u128, u128)> = Vec::new();
+    let mut pids = std::collections::BTreeSet::new();
+    for w in &workers {
+        for line in w.lines().iter().filter(|l| l.starts_with("@grant ")) {
+            let line = &line[1..];
+            assert_eq!(
+                field::<String>(line, 4),
+                "true",
+                "lease lost while held: {line}"
+            );
+            grants.push((field(line, 1), field(line, 2), field(line, 3)));
+            pids.insert(field::<u32>(line, 5));
+        }
+    }
+    assert_eq!(grants.len(), PROCS * ROUNDS);
+    assert_eq!(pids.len(), PROCS, "every process held the lease");
+    grants.sort_by_key(|g| g.1);
+    for w in grants.windows(2) {
+        let ((f1, _, end1), (f2, start2, _)) = (w[0], w[1]);
+        assert!(end1 < start2, "hold windows overlap: {grants:?}");
+        assert!(f1 < f2, "fences must grow in time order: {grants:?}");
+    }
+    // The guarded writes, in commit order, carry growing fences too.
+    let written: Vec<i64> = sqlx::query_scalar("SELECT fence FROM mp_writes ORDER BY seq")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    let expected: Vec<i64> = grants.iter().map(|g| g.0 as i64).collect();
+    assert_eq!(written, expected);
+}
+
+/// Freezes `w` with SIGSTOP, but never in the middle of one of its write transactions
+/// (a renewal): that would be FAULTS 20, tested on its own below.
+async fn pause_outside_transaction(w: &WorkerProcess, path: &Path) {
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .busy_timeout(Duration::from_millis(200));
+    for _ in 0..20 {
+        w.pause();
+        let mut conn = options.connect().await.unwrap();
+        let free = sqlx::raw_sql("BEGIN IMMEDIATE; ROLLBACK")
+            .execute(&mut conn)
+            .await
+            .is_ok();
+        conn.close().await.ok();
+        if free {
+            return;
+        }
+        w.resume();
+        sleep(Duration::from_millis(30)).await;
+    }
+    panic!("the worker always held the write lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_paused_past_ttl_is_fenced_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fa.db");
+    let store = Arc::new(open(&path).await);
+    let holder = worker("hold", &[path.to_str().unwrap()]);
+    let held: u64 = field(&blocking(|| wait_line(&holder, "held")), 1);
+
+    pause_outside_transaction(&holder, &path).await;
+    sleep(TTL * 3 / 2).await;
+    let client = LeaseClient::new(store.clone(), client_config());
+    let lease = client
+        .acquire("fa:held", TTL * 2)
+        .await
+        .expect("the frozen holder's lease expired");
+    assert!(lease.fence().get() > held);
+    let mut conn = store.pool().acquire().await.unwrap();
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert!(
+        guard::check_and_advance(&mut tx, "fa:data", lease.fence())
+            .await
+            .unwrap()
+            .is_accepted()
+    );
+    tx.commit().await.unwrap();
+    drop(conn);
+
+    holder.resume();
+    let (lost, write, release) = blocking(|| {
+        (
+            wait_line(&holder, "lost"),
+            wait_line(&holder, "write"),
+            wait_line(&holder, "release"),
+        )
+    });
+    assert!(
+        ["lost expired", "lost not_owner", "lost renew_failed"].contains(&lost.as_str()),
+        "{lost}"
+    );
+    assert_eq!(write, format!("write rejected {}", lease.fence().get()));
+    assert_eq!(release, "release false");
+    let info = store.inspect(lease.key()).await.unwrap().expect("B holds");
+    assert_eq!(
+        (info.owner, info.fence),
+        (*lease.owner(), lease.fence()),
+        "the stale holder touched the new lease"
+    );
+    assert!(lease.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_killed_is_taken_over_within_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kill.db");
+    let store = Arc::new(open(&path).await);
+    let holder = worker("hold", &[path.to_str().unwrap()]);
+    let held: u64 = field(&blocking(|| wait_line(&holder, "held")), 1);
+    holder.kill();
+    let killed_at = Instant::now();
+    let client = LeaseClient::new(store.clone(), client_config());
+    let lease = client
+        .acquire("fa:held", TTL * 5)
+        .await
+        .expect("taken over after the holder died");
+    assert!(lease.fence().get() > held);
+    assert!(
+        killed_at.elapsed() < TTL * 3,
+        "takeover took {:?}",
+        killed_at.elapsed()
+    );
+    assert!(lease.release().await.unwrap());
+}
+
+/// FAULTS 20, paused: a process frozen inside a write transaction makes every write of the
+/// store fail with `Busy` after the busy timeout (never hang); reads still work and do not
+/// see its uncommitted row; once it rolls back the store works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_paused_mid_transaction_gives_bounded_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f20.db");
+    let go = dir.path().join("go");
+    let store = Arc::new(open(&path).await);
+    let child = worker("hold-tx", &[path.to_str().unwrap(), go.to_str().unwrap()]);
+    blocking(|| wait_line(&child, "in-tx"));
+    child.pause();
+
+    let k = Key::new("f20:other").unwrap();
+    let owner = OwnerToken::random();
+    let bound = store.config().get_busy_timeout() + Duration::from_secs(15);
+    for op in ["acquire", "renew", "release", "break"] {
+        let r = timeout(bound, async {
+            match op {
+                "acquire" => store.acquire(&k, &owner, TTL).await.map(|_| ()),
+                "renew" => store.renew(&k, &owner, TTL).await.map(|_| ()),
+                "release" => store.release(&k, &owner).await.map(|_| ()),
+                _ => store.break_lease(&k).await.map(|_| ()),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{op} hung behind a paused writer"));
+        let e = r.expect_err("a write cannot succeed while another process holds the lock");
+        assert_eq!(e.kind(), StoreErrorKind::Busy, "{op}: {e}");
+        assert!(e.is_retryable());
+    }
+    // Through the lease client: a retryable store error, not Contended, not a hang (its
+    // operation timeout, TTL / 6, is below the busy timeout here, so it reports Timeout).
+    let client = LeaseClient::new(store.clone(), client_config());
+    match timeout(bound, client.try_acquire(&k))
+        .await
+        .expect("no hang")
+    {
+        Err(Error::Store(e)) => assert!(
+            matches!(e.kind(), StoreErrorKind::Busy | StoreErrorKind::Timeout),
+            "{e}"
+        ),
+        other => panic!("expected a retryable store error, got {other:?}"),
+    }
+    // Readers are not blocked and do not see the uncommitted row.
+    let half = Key::new("f20:half-written").unwrap();
+    assert_eq!(store.inspect(&half).await.unwrap(), None);
+    assert!(store.list("f20:").await.unwrap().is_empty());
+
+    std::fs::write(&go, b"go").unwrap();
+    child.resume();
+    blocking(|| {
+        wait_line(&child, "rolled-back");
+        assert!(child.wait_timeout(LONG).expect("exits").success());
+    });
+    assert!(matches!(
+        store.acquire(&k, &owner, TTL).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    assert_eq!(store.inspect(&half).await.unwrap(), None);
+}
+
+/// FAULTS 20, killed: `kill -9` of a process in the middle of a write transaction (with
+/// uncommitted pages already in the WAL) leaves no trace of it, and the lock is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_killed_mid_transaction_leaves_no_half_written_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f20k.db");
+    let go = dir.path().join("never");
+    let store = Arc::new(open(&path).await);
+    let child = worker("hold-tx", &[path.to_str().unwrap(), go.to_str().unwrap()]);
+    blocking(|| wait_line(&child, "in-tx"));
+    let wal = std::fs::metadata(dir.path().join("f20k.db-wal"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    assert!(
+        wal > 1_000_000,
+        "uncommitted pages spilled into the WAL: {wal}"
+    );
+
+    let k = Key::new("f20:other").unwrap();
+    let owner = OwnerToken::random();
+    let e = timeout(LONG, store.acquire(&k, &owner, TTL))
+        .await
+        .expect("no hang")
+        .expect_err("busy while the writer lives");
+    assert_eq!(e.kind(), StoreErrorKind::Busy, "{e}");
+
+    child.kill();
+    let r = timeout(LONG, store.acquire(&k, &owner, TTL))
+        .await
+        .expect("no hang")
+        .expect("the lock died with its process");
+    assert!(matches!(r, AcquireOutcome::Acquired { .. }), "{r:?}");
+    let half = Key::new("f20:half-written").unwrap();
+    assert_eq!(store.inspect(&half).await.unwrap(), None);
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM leasehold_leases WHERE lease_key = ?1")
+            .bind(half.as_str())
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(rows, 0, "half-written row present");
+    let filler: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sqlite_schema WHERE name = 'filler'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(filler, 0, "the uncommitted table is visible");
+    let check: String = sqlx::query_scalar("PRAGMA integrity_check")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(check, "ok");
+    // A new process opening the file afterwards sees the same.
+    let again = open(&path).await;
+    assert_eq!(again.inspect(&half).await.unwrap(), None);
+    assert!(store.release(&k, &owner).await.is_ok());
+}

@@ -1,0 +1,199 @@
+//! SQLite store specifics: URLs and the registry, WAL, fences across reopening, corrupt rows.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use leasehold::{
+    AcquireOutcome, FenceDurability, Key, OwnerToken, Registry, ReleaseOutcome, Store,
+    StoreErrorKind,
+};
+use leasehold_sqlite::{SqliteConfig, SqliteFactory, SqliteStore, Synchronous};
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn fence_of(o: AcquireOutcome) -> u64 {
+    match o {
+        AcquireOutcome::Acquired { fence, .. } => fence.get(),
+        held => panic!("expected Acquired, got {held:?}"),
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+#[tokio::test]
+async fn registry_opens_url_creating_directories_in_wal_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a b/c/leases.db");
+    let url = format!(
+        "sqlite://{}?busy_timeout=750ms",
+        path.to_str().unwrap().replace(' ', "%20")
+    );
+    let mut registry = Registry::new();
+    registry.register(Arc::new(SqliteFactory));
+    let store = registry.open(&url).await.expect("open");
+    assert_eq!(store.backend(), "sqlite");
+    assert!(path.exists(), "the file was created");
+    let caps = store.capabilities();
+    assert!(caps.list && caps.break_lease && caps.reports_remaining);
+    assert!(!caps.session_bound && !caps.wait_for_release);
+    assert_eq!(caps.fence_durability, FenceDurability::Durable);
+
+    let direct = SqliteStore::open(&url).await.unwrap();
+    assert_eq!(
+        direct.config().get_busy_timeout(),
+        Duration::from_millis(750)
+    );
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(direct.pool())
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(direct.pool())
+        .await
+        .unwrap();
+    assert_eq!(sync, 2, "FULL");
+    let normal = SqliteStore::connect(SqliteConfig::new(&path).synchronous(Synchronous::Normal))
+        .await
+        .unwrap();
+    assert_eq!(
+        normal.capabilities().fence_durability,
+        FenceDurability::ClockFloored
+    );
+    assert!(format!("{direct:?}").contains("sqlite://"));
+}
+
+#[tokio::test]
+async fn unusable_paths_are_config_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    // The parent "directory" is a file.
+    let e = SqliteStore::open(&format!("sqlite://{}/x.db", file.display()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    // A file that is not a database.
+    let e = SqliteStore::connect(SqliteConfig::new(&file))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e.kind(), StoreErrorKind::Corrupt | StoreErrorKind::Config),
+        "{e}"
+    );
+    let mut registry = Registry::new();
+    registry.register(Arc::new(SqliteFactory));
+    let e = registry.open("sqlite:///x.db?nope=1").await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+}
+
+#[tokio::test]
+async fn fences_are_clock_floored_and_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.db");
+    let k = Key::new("job:persist").unwrap();
+    let a = OwnerToken::random();
+    let before = now_us();
+    let f1 = {
+        let store = SqliteStore::connect(SqliteConfig::new(&path))
+            .await
+            .unwrap();
+        let f = fence_of(store.acquire(&k, &a, TTL).await.unwrap());
+        store.close().await;
+        f
+    };
+    assert!(
+        f1 >= before,
+        "fence {f1} is floored at the host clock {before}"
+    );
+    // A new store (another process, a restart) sees the lease and its owner.
+    let store = SqliteStore::connect(SqliteConfig::new(&path))
+        .await
+        .unwrap();
+    let info = store.inspect(&k).await.unwrap().expect("lease persisted");
+    assert_eq!((info.owner, info.fence.get()), (a, f1));
+    assert!(info.remaining.unwrap() <= TTL);
+    assert_eq!(fence_of(store.acquire(&k, &a, TTL).await.unwrap()), f1);
+    assert_eq!(
+        store.release(&k, &a).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let f2 = fence_of(store.acquire(&k, &OwnerToken::random(), TTL).await.unwrap());
+    assert!(f2 > f1);
+    let f3 = store.break_lease(&k).await.unwrap().get();
+    assert!(f3 > f2);
+    // Breaking a key never used gives a floored fence too.
+    let fresh = store
+        .break_lease(&Key::new("job:never").unwrap())
+        .await
+        .unwrap();
+    assert!(fresh.get() >= before);
+    // list sees only live leases with the prefix, in key order.
+    let b = OwnerToken::random();
+    for name in ["job:l2", "job:l1", "jobx:l3"] {
+        fence_of(
+            store
+                .acquire(&Key::new(name).unwrap(), &b, TTL)
+                .await
+                .unwrap(),
+        );
+    }
+    let listed: Vec<String> = store
+        .list("job:l")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.key.to_string())
+        .collect();
+    assert_eq!(listed, ["job:l1", "job:l2"]);
+    // Wildcards in the prefix are literal.
+    assert!(store.list("job:_").await.unwrap().is_empty());
+    assert!(store.list("job:%").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn corrupt_rows_are_typed_errors_never_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::connect(SqliteConfig::new(dir.path().join("c.db")))
+        .await
+        .unwrap();
+    let owner = OwnerToken::random();
+    for (name, row_owner, fence, expires) in [
+        ("bad:owner", Some("not-hex"), 7i64, Some(i64::MAX)),
+        (
+            "bad:no-expiry",
+            Some("00112233445566778899aabbccddeeff"),
+            7,
+            None,
+        ),
+        ("bad:fence", None, -3, None),
+    ] {
+        sqlx::query(
+            "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) VALUES (?1, ?2, ?3, ?4)",
+        )
+        .bind(name)
+        .bind(row_owner)
+        .bind(fence)
+        .bind(expires)
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let k = Key::new(name).unwrap();
+        let e = store.acquire(&k, &owner, TTL).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{name}: {e}");
+        assert!(!e.is_retryable());
+        let e = store.inspect(&k).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{name}: {e}");
+        // The operator's way out: break the lease, which rewrites the row.
+        let broken = store.break_lease(&k).await.unwrap();
+        assert!(broken.get() > 7);
+        assert!(fence_of(store.acquire(&k, &owner, TTL).await.unwrap()) > broken.get());
+    }
+    let e = store.list("bad:").await;
+    assert!(e.is_ok(), "all repaired: {e:?}");
+}
