@@ -1,0 +1,855 @@
+//! [`RedisConfig`]: where the store connects and how, parsed from a URL or built.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use leasehold::{StoreError, StoreErrorKind};
+
+use crate::BACKEND;
+use crate::keys::{DEFAULT_PREFIX, validate_prefix};
+
+/// Default per-operation timeout.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default connect timeout.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default number of retries the cluster client makes on redirections and transient
+/// errors within one operation (bounded by the operation timeout anyway).
+pub const DEFAULT_CLUSTER_RETRIES: u32 = 6;
+
+const DEFAULT_PORT: u16 = 6379;
+
+fn config_error(msg: impl Into<String>) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
+}
+
+/// A password that never shows in `Debug` or `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Secret(String);
+
+impl Secret {
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// A `host:port` pair.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeAddr {
+    /// Host name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+}
+
+impl NodeAddr {
+    /// A node address.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        Self {
+            host: host.into(),
+            port,
+        }
+    }
+}
+
+impl fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Standalone server or Cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// One server (a primary).
+    Standalone {
+        /// The server.
+        node: NodeAddr,
+    },
+    /// A Redis Cluster reached through one or more seed nodes; the client discovers the
+    /// rest with `CLUSTER SLOTS` and follows `MOVED`/`ASK` redirections.
+    Cluster {
+        /// The seed nodes.
+        seeds: Vec<NodeAddr>,
+    },
+}
+
+/// TLS settings (`rediss://`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsSettings {
+    /// PEM file with the CA certificate(s) to trust instead of the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM files with a client certificate chain and its private key (mutual TLS).
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// Where and how a [`RedisStore`](crate::RedisStore) connects.
+///
+/// Parse one from a URL with [`RedisConfig::from_url`] (see the crate docs for the URL
+/// forms) or build one with [`RedisConfigBuilder`]. The password never appears in `Debug`
+/// or `Display` (which prints the URL with the password replaced by `<redacted>`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    topology: Topology,
+    tls: Option<TlsSettings>,
+    db: u32,
+    username: Option<String>,
+    password: Option<Secret>,
+    prefix: String,
+    op_timeout: Duration,
+    connect_timeout: Duration,
+    notifications: bool,
+    cluster_retries: u32,
+    address_map: Vec<(NodeAddr, NodeAddr)>,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("topology", &self.topology)
+            .field("tls", &self.tls)
+            .field("db", &self.db)
+            .field("username", &self.username)
+            .field("password", &self.password)
+            .field("prefix", &self.prefix)
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("notifications", &self.notifications)
+            .field("cluster_retries", &self.cluster_retries)
+            .field("address_map", &self.address_map)
+            .finish()
+    }
+}
+
+impl fmt::Display for RedisConfig {
+    /// The configuration as a URL, with the password replaced by `<redacted>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = match (&self.topology, self.tls.is_some()) {
+            (Topology::Standalone { .. }, false) => "redis",
+            (Topology::Standalone { .. }, true) => "rediss",
+            (Topology::Cluster { .. }, false) => "redis+cluster",
+            (Topology::Cluster { .. }, true) => "rediss+cluster",
+        };
+        write!(f, "{scheme}://")?;
+        match (&self.username, &self.password) {
+            (Some(u), Some(_)) => write!(f, "{}:<redacted>@", pct_encode(u))?,
+            (Some(u), None) => write!(f, "{}@", pct_encode(u))?,
+            (None, Some(_)) => f.write_str(":<redacted>@")?,
+            (None, None) => {}
+        }
+        match &self.topology {
+            Topology::Standalone { node } => write!(f, "{node}/{}", self.db)?,
+            Topology::Cluster { seeds } => {
+                for (i, s) in seeds.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{s}")?;
+                }
+                f.write_str("/")?;
+            }
+        }
+        write!(
+            f,
+            "?prefix={}&timeout={}ms&connect_timeout={}ms",
+            pct_encode(&self.prefix),
+            self.op_timeout.as_millis(),
+            self.connect_timeout.as_millis()
+        )?;
+        if !self.notifications {
+            f.write_str("&notify=false")?;
+        }
+        if let Some(tls) = &self.tls {
+            if let Some(ca) = &tls.ca_file {
+                write!(f, "&tls_ca={}", pct_encode(&ca.to_string_lossy()))?;
+            }
+            if let Some((cert, key)) = &tls.client_cert {
+                write!(
+                    f,
+                    "&tls_cert={}&tls_key={}",
+                    pct_encode(&cert.to_string_lossy()),
+                    pct_encode(&key.to_string_lossy())
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RedisConfig {
+    /// Parses a store URL (see the crate docs for the forms and parameters).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for a malformed URL, an unknown scheme or parameter, a bad
+    /// port, database index, duration or prefix. The message never contains the password.
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        RedisConfigBuilder::from_url(url)?.build()
+    }
+
+    /// A builder holding this configuration, to change some of it.
+    pub fn into_builder(self) -> RedisConfigBuilder {
+        RedisConfigBuilder { cfg: self }
+    }
+
+    /// Standalone or Cluster, and the addresses.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+    /// Whether this is a Cluster configuration.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.topology, Topology::Cluster { .. })
+    }
+    /// The logical database (`SELECT`); always 0 for a Cluster.
+    pub fn db(&self) -> u32 {
+        self.db
+    }
+    /// TLS settings, when TLS is on (`rediss`).
+    pub fn tls(&self) -> Option<&TlsSettings> {
+        self.tls.as_ref()
+    }
+    /// The ACL user name, if any.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
+    }
+    /// Whether a password is set (the password itself is not readable).
+    pub fn has_password(&self) -> bool {
+        self.password.is_some()
+    }
+    pub(crate) fn password(&self) -> Option<&Secret> {
+        self.password.as_ref()
+    }
+    /// The namespace prefix of every Redis key and channel the store uses.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    /// The bound on each store operation (connecting included).
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+    /// The bound on establishing a connection.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+    /// Whether releases are published and [`wait_released`](leasehold::Store::wait_released)
+    /// listens for them (pub/sub).
+    pub fn notifications(&self) -> bool {
+        self.notifications
+    }
+    /// Retries of the cluster client within one operation.
+    pub fn cluster_retries(&self) -> u32 {
+        self.cluster_retries
+    }
+    /// Node address remapping: connect to the second address when the first is named (by
+    /// the URL or by the Cluster's `CLUSTER SLOTS`).
+    pub fn address_map(&self) -> &[(NodeAddr, NodeAddr)] {
+        &self.address_map
+    }
+
+    pub(crate) fn map_addr(&self, addr: &NodeAddr) -> NodeAddr {
+        self.address_map
+            .iter()
+            .find(|(from, _)| from == addr)
+            .map(|(_, to)| to.clone())
+            .unwrap_or_else(|| addr.clone())
+    }
+}
+
+/// Builds a [`RedisConfig`]: consuming setters, validated by [`build`](Self::build).
+///
+/// ```
+/// # use std::time::Duration;
+/// # use leasehold_redis::RedisConfigBuilder;
+/// let cfg = RedisConfigBuilder::standalone("127.0.0.1", 6379)
+///     .prefix("billing:leases:")
+///     .op_timeout(Duration::from_secs(1))
+///     .build()?;
+/// assert_eq!(cfg.prefix(), "billing:leases:");
+/// # Ok::<(), leasehold::StoreError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisConfigBuilder {
+    cfg: RedisConfig,
+}
+
+impl RedisConfigBuilder {
+    fn with_topology(topology: Topology) -> Self {
+        Self {
+            cfg: RedisConfig {
+                topology,
+                tls: None,
+                db: 0,
+                username: None,
+                password: None,
+                prefix: DEFAULT_PREFIX.to_owned(),
+                op_timeout: DEFAULT_OP_TIMEOUT,
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+                notifications: true,
+                cluster_retries: DEFAULT_CLUSTER_RETRIES,
+                address_map: Vec::new(),
+            },
+        }
+    }
+
+    /// A standalone server at `host:port`, database 0.
+    pub fn standalone(host: impl Into<String>, port: u16) -> Self {
+        Self::with_topology(Topology::Standalone {
+            node: NodeAddr::new(host, port),
+        })
+    }
+
+    /// A Cluster reached through `seeds`.
+    pub fn cluster(seeds: impl IntoIterator<Item = NodeAddr>) -> Self {
+        Self::with_topology(Topology::Cluster {
+            seeds: seeds.into_iter().collect(),
+        })
+    }
+
+    /// Parses a store URL into a builder.
+    ///
+    /// # Errors
+    /// As [`RedisConfig::from_url`].
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        parse_url(url)
+    }
+
+    /// The logical database (standalone only; `build` rejects it for a Cluster).
+    pub fn db(mut self, db: u32) -> Self {
+        self.cfg.db = db;
+        self
+    }
+    /// Turns TLS on with these settings (`rediss`).
+    pub fn tls(mut self, tls: TlsSettings) -> Self {
+        self.cfg.tls = Some(tls);
+        self
+    }
+    /// Turns TLS off.
+    pub fn no_tls(mut self) -> Self {
+        self.cfg.tls = None;
+        self
+    }
+    /// The ACL user name.
+    pub fn username(mut self, user: impl Into<String>) -> Self {
+        self.cfg.username = Some(user.into());
+        self
+    }
+    /// The password (`AUTH`).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.cfg.password = Some(Secret(password.into()));
+        self
+    }
+    /// The namespace prefix (default `leasehold:`): no braces, glob characters, whitespace
+    /// or control characters, at most 128 bytes.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.cfg.prefix = prefix.into();
+        self
+    }
+    /// The bound on each operation (default 5 s).
+    pub fn op_timeout(mut self, d: Duration) -> Self {
+        self.cfg.op_timeout = d;
+        self
+    }
+    /// The bound on connecting (default 2 s; an operation that must connect first is still
+    /// bounded by the operation timeout).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.cfg.connect_timeout = d;
+        self
+    }
+    /// Whether to publish releases and wait for them with pub/sub (default on).
+    pub fn notifications(mut self, on: bool) -> Self {
+        self.cfg.notifications = on;
+        self
+    }
+    /// Retries of the cluster client within one operation (default 6).
+    pub fn cluster_retries(mut self, n: u32) -> Self {
+        self.cfg.cluster_retries = n;
+        self
+    }
+    /// Connect to `to` whenever `from` is named, by the configuration or by the Cluster
+    /// topology (NAT, port forwarding, test proxies).
+    pub fn map_address(mut self, from: NodeAddr, to: NodeAddr) -> Self {
+        self.cfg.address_map.retain(|(f, _)| *f != from);
+        self.cfg.address_map.push((from, to));
+        self
+    }
+
+    /// Validates and builds.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when: the prefix is invalid; a timeout is zero or above
+    /// 24 h; a Cluster
+    /// has no seed or a database other than 0; a host is empty or a port is 0.
+    pub fn build(self) -> Result<RedisConfig, StoreError> {
+        let cfg = self.cfg;
+        validate_prefix(&cfg.prefix)?;
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        if cfg.op_timeout.is_zero() || cfg.op_timeout > DAY {
+            return Err(config_error(
+                "the operation timeout must be above zero and at most 24h",
+            ));
+        }
+        if cfg.connect_timeout.is_zero() || cfg.connect_timeout > DAY {
+            return Err(config_error(
+                "the connect timeout must be above zero and at most 24h",
+            ));
+        }
+        let nodes: Vec<&NodeAddr> = match &cfg.topology {
+            Topology::Standalone { node, .. } => vec![node],
+            Topology::Cluster { seeds } => {
+                if seeds.is_empty() {
+                    return Err(config_error("a cluster needs at least one seed node"));
+                }
+                if cfg.db != 0 {
+                    return Err(config_error(
+                        "Redis Cluster has database 0 only; remove the database index",
+                    ));
+                }
+                seeds.iter().collect()
+            }
+        };
+        for n in nodes
+            .into_iter()
+            .chain(cfg.address_map.iter().map(|(_, to)| to))
+        {
+            if n.host.is_empty() {
+                return Err(config_error("a node address has an empty host"));
+            }
+            if n.port == 0 {
+                return Err(config_error("a node address has port 0"));
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+// ----------------------------------------------------------------------------------------
+// URL parsing. Never echo the URL (it may carry a password) in an error.
+
+fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| config_error("a Redis store URL looks like redis://host:port/"))?;
+    let (cluster, tls) = match scheme {
+        "redis" => (false, false),
+        "rediss" => (false, true),
+        "redis+cluster" => (true, false),
+        "rediss+cluster" => (true, true),
+        other => {
+            let shown: String = other.chars().take(32).collect();
+            return Err(config_error(format!(
+                "unsupported URL scheme `{shown}`; use redis, rediss, redis+cluster or rediss+cluster"
+            )));
+        }
+    };
+    // Split off the fragment and the query.
+    let (rest, fragment) = match rest.split_once('#') {
+        Some((r, f)) => (r, Some(f)),
+        None => (rest, None),
+    };
+    if fragment.is_some() {
+        return Err(config_error(
+            "URL fragments (such as #insecure) are not supported; TLS is always verified (use tls_ca=)",
+        ));
+    }
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, ""),
+    };
+    // The userinfo ends at the last '@' (a password may contain '@' only percent-encoded,
+    // but be lenient and split at the last one).
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+        None => (None, authority),
+    };
+    let (username, password) = match userinfo {
+        None => (None, None),
+        Some(ui) => {
+            let (u, p) = match ui.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (ui, None),
+            };
+            let u = pct_decode(u).ok_or_else(|| {
+                config_error("the user name in the URL is not valid percent-encoded UTF-8")
+            })?;
+            let p = match p {
+                Some(p) => Some(pct_decode(p).ok_or_else(|| {
+                    config_error("the password in the URL is not valid percent-encoded UTF-8")
+                })?),
+                None => None,
+            };
+            ((!u.is_empty()).then_some(u), p.filter(|p| !p.is_empty()))
+        }
+    };
+    let mut nodes = Vec::new();
+    for h in hosts.split(',') {
+        nodes.push(parse_host_port(h)?);
+    }
+    if nodes.is_empty() || hosts.is_empty() {
+        return Err(config_error("the URL names no host"));
+    }
+    let path = path.trim_end_matches('/');
+    let mut b = if cluster {
+        if !path.is_empty() && path != "0" {
+            return Err(config_error(
+                "Redis Cluster has database 0 only; remove the database index from the URL",
+            ));
+        }
+        RedisConfigBuilder::cluster(nodes)
+    } else {
+        if nodes.len() > 1 {
+            return Err(config_error(
+                "several hosts need the cluster scheme (redis+cluster:// or rediss+cluster://)",
+            ));
+        }
+        let db = if path.is_empty() {
+            0
+        } else {
+            path.parse::<u32>().map_err(|_| {
+                config_error("the database index in the URL path must be a number (e.g. /0)")
+            })?
+        };
+        let node = nodes.pop().expect("one node");
+        RedisConfigBuilder::standalone(node.host, node.port).db(db)
+    };
+    if let Some(u) = username {
+        b = b.username(u);
+    }
+    if let Some(p) = password {
+        b = b.password(p);
+    }
+    let mut tls_settings = TlsSettings::default();
+    let mut tls_cert: Option<PathBuf> = None;
+    let mut tls_key: Option<PathBuf> = None;
+    for pair in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let name = pct_decode(name).ok_or_else(|| {
+            config_error("a URL parameter name is not valid percent-encoded UTF-8")
+        })?;
+        let value = pct_decode(value).ok_or_else(|| {
+            config_error(format!(
+                "the value of URL parameter `{name}` is not valid percent-encoded UTF-8"
+            ))
+        })?;
+        match name.as_str() {
+            "prefix" => b = b.prefix(value),
+            "timeout" => b = b.op_timeout(parse_duration(&name, &value)?),
+            "connect_timeout" => b = b.connect_timeout(parse_duration(&name, &value)?),
+            "notify" => b = b.notifications(parse_bool(&name, &value)?),
+            "cluster_retries" if cluster => {
+                b = b.cluster_retries(value.parse().map_err(|_| {
+                    config_error("URL parameter `cluster_retries` must be a whole number")
+                })?)
+            }
+            "tls_ca" | "tls_cert" | "tls_key" if !tls => {
+                return Err(config_error(format!(
+                    "URL parameter `{name}` needs TLS: use rediss:// or rediss+cluster://"
+                )));
+            }
+            "tls_ca" => tls_settings.ca_file = Some(PathBuf::from(value)),
+            "tls_cert" => tls_cert = Some(PathBuf::from(value)),
+            "tls_key" => tls_key = Some(PathBuf::from(value)),
+            other => {
+                let shown: String = other.chars().take(32).collect();
+                return Err(config_error(format!(
+                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, cluster_retries, tls_ca, tls_cert, tls_key"
+                )));
+            }
+        }
+    }
+    match (tls_cert, tls_key) {
+        (Some(c), Some(k)) => tls_settings.client_cert = Some((c, k)),
+        (None, None) => {}
+        _ => {
+            return Err(config_error(
+                "URL parameters `tls_cert` and `tls_key` go together",
+            ));
+        }
+    }
+    if tls {
+        b = b.tls(tls_settings);
+    }
+    Ok(b)
+}
+
+fn parse_host_port(s: &str) -> Result<NodeAddr, StoreError> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or_else(|| config_error("an IPv6 host in the URL lacks its closing `]`"))?;
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| config_error("unexpected text after an IPv6 host in the URL"))?,
+            ),
+        };
+        (h, port)
+    } else {
+        match s.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(config_error("a host in the URL is empty"));
+    }
+    if host
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '@' | '/' | '?' | '#'))
+    {
+        return Err(config_error(
+            "a host in the URL contains invalid characters",
+        ));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(p) if p > 0 => p,
+            _ => {
+                return Err(config_error(
+                    "a port in the URL is not a number between 1 and 65535",
+                ));
+            }
+        },
+    };
+    Ok(NodeAddr::new(host, port))
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool, StoreError> {
+    match v {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(config_error(format!(
+            "URL parameter `{name}` must be true or false"
+        ))),
+    }
+}
+
+/// `250ms`, `2s`, `1m`, or a bare number of milliseconds.
+pub(crate) fn parse_duration(name: &str, v: &str) -> Result<Duration, StoreError> {
+    let bad = || {
+        config_error(format!(
+            "URL parameter `{name}` must be a duration such as 500ms, 2s or 1m"
+        ))
+    };
+    let (num, unit_ms): (&str, u64) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (v, 1)
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let ms = n.checked_mul(unit_ms).ok_or_else(bad)?;
+    if ms == 0 || ms > 24 * 3600 * 1000 {
+        return Err(config_error(format!(
+            "URL parameter `{name}` must be above zero and at most 24h"
+        )));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+fn pct_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn pct_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~:/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(feature = "tls")]
+pub(crate) fn read_pem(path: &std::path::Path, what: &str) -> Result<Vec<u8>, StoreError> {
+    std::fs::read(path).map_err(|e| {
+        config_error(format!(
+            "cannot read the TLS {what} file {}: {e}",
+            path.display()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const PW: &str = "s3ntinel-PASSWORD-x";
+
+    #[test]
+    fn standalone_forms() {
+        let c = RedisConfig::from_url("redis://127.0.0.1:7000/").unwrap();
+        assert_eq!(
+            c.topology(),
+            &Topology::Standalone {
+                node: NodeAddr::new("127.0.0.1", 7000),
+            }
+        );
+        assert_eq!(c.prefix(), "leasehold:");
+        assert_eq!(c.op_timeout(), DEFAULT_OP_TIMEOUT);
+        let c = RedisConfig::from_url(
+            "redis://app:pa%40ss@host/3?prefix=billing%3Aleases%3A&timeout=250ms&connect_timeout=1s&notify=false",
+        )
+        .unwrap();
+        assert_eq!(
+            c.topology(),
+            &Topology::Standalone {
+                node: NodeAddr::new("host", 6379),
+            }
+        );
+        assert_eq!(c.db(), 3);
+        assert_eq!(c.username(), Some("app"));
+        assert_eq!(c.password().unwrap().expose(), "pa@ss");
+        assert_eq!(c.prefix(), "billing:leases:");
+        assert_eq!(c.op_timeout(), Duration::from_millis(250));
+        assert_eq!(c.connect_timeout(), Duration::from_secs(1));
+        assert!(!c.notifications());
+        let c = RedisConfig::from_url("redis://[::1]:7001").unwrap();
+        assert_eq!(
+            c.topology(),
+            &Topology::Standalone {
+                node: NodeAddr::new("::1", 7001),
+            }
+        );
+        let c = RedisConfig::from_url("rediss://h:1/?tls_ca=/etc/ca.pem").unwrap();
+        assert_eq!(
+            c.tls().unwrap().ca_file.as_deref(),
+            Some(Path::new("/etc/ca.pem"))
+        );
+    }
+
+    #[test]
+    fn cluster_forms() {
+        let c = RedisConfig::from_url("redis+cluster://:pw@a:1,b:2,[::1]:3/?prefix=x:").unwrap();
+        assert_eq!(
+            c.topology(),
+            &Topology::Cluster {
+                seeds: vec![
+                    NodeAddr::new("a", 1),
+                    NodeAddr::new("b", 2),
+                    NodeAddr::new("::1", 3)
+                ]
+            }
+        );
+        assert!(c.has_password());
+        assert!(c.tls().is_none());
+        assert!(
+            RedisConfig::from_url("rediss+cluster://a:1")
+                .unwrap()
+                .tls()
+                .is_some()
+        );
+        assert!(RedisConfig::from_url("redis+cluster://a:1/2").is_err());
+        assert!(RedisConfig::from_url("redis://a:1,b:2").is_err());
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors_without_secrets() {
+        for url in [
+            format!("redis://u:{PW}@h:notaport/"),
+            format!("redis://u:{PW}@h:0/"),
+            format!("redis://u:{PW}@h:70000/"),
+            format!("redis://u:{PW}@h/x"),
+            format!("redis://u:{PW}@h/?prefix={{a}}"),
+            format!("redis://u:{PW}@h/?timeout=0"),
+            format!("redis://u:{PW}@h/?timeout=abc"),
+            format!("redis://u:{PW}@h/?what=1"),
+            format!("redis://u:{PW}@h/?tls_ca=/x"),
+            format!("redis://u:{PW}@h/#insecure"),
+            format!("nope://u:{PW}@h/"),
+            format!("u:{PW}@h"),
+            format!("redis://u:{PW}@/"),
+            format!("redis://u:{PW}%zz@h/"),
+        ] {
+            let e = RedisConfig::from_url(&url).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Config, "{url}");
+            assert!(!e.to_string().contains(PW), "{e}");
+            assert!(!format!("{e:?}").contains(PW), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn display_and_debug_redact_the_password() {
+        let c = RedisConfig::from_url(&format!("redis://app:{PW}@h:1/2?prefix=p:")).unwrap();
+        let shown = c.to_string();
+        assert!(!shown.contains(PW), "{shown}");
+        assert!(
+            shown.starts_with("redis://app:<redacted>@h:1/2?prefix=p:"),
+            "{shown}"
+        );
+        assert!(!format!("{c:?}").contains(PW));
+        // Display round-trips (apart from the password).
+        let again = RedisConfig::from_url(&shown).unwrap();
+        assert_eq!(again.topology(), c.topology());
+        assert_eq!(again.prefix(), c.prefix());
+        let c = RedisConfig::from_url(&format!("redis+cluster://:{PW}@a:1,b:2")).unwrap();
+        assert!(!c.to_string().contains(PW));
+        assert!(!format!("{c:?}").contains(PW));
+    }
+
+    #[test]
+    fn builder_rules() {
+        let ok = || RedisConfigBuilder::standalone("h", 1);
+        assert!(ok().build().is_ok());
+        for b in [
+            ok().op_timeout(Duration::ZERO),
+            ok().op_timeout(Duration::MAX),
+            ok().connect_timeout(Duration::ZERO),
+            ok().prefix("{"),
+            RedisConfigBuilder::standalone("", 1),
+            RedisConfigBuilder::standalone("h", 0),
+            RedisConfigBuilder::cluster([]),
+            RedisConfigBuilder::cluster([NodeAddr::new("h", 1)]).db(1),
+            ok().map_address(NodeAddr::new("a", 1), NodeAddr::new("b", 0)),
+        ] {
+            assert_eq!(b.build().unwrap_err().kind(), StoreErrorKind::Config);
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("t", "2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("t", "1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(
+            parse_duration("t", "750").unwrap(),
+            Duration::from_millis(750)
+        );
+        assert!(parse_duration("t", "-1s").is_err());
+        assert!(parse_duration("t", "99999999999999999999s").is_err());
+        assert!(parse_duration("t", "25h").is_err());
+    }
+}

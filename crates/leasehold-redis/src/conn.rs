@@ -1,0 +1,515 @@
+//! Connections: one multiplexed connection (standalone) or one cluster connection, replaced
+//! after any I/O error or timeout.
+//!
+//! Why not `redis::aio::ConnectionManager`: it reconnects after a *broken* connection but
+//! keeps using a connection whose request timed out. A connection on which a request got
+//! no reply is suspect (a half-open TCP connection to a vanished host answers nothing
+//! until the kernel gives up, minutes later; a middlebox that lost bytes shifts every
+//! later reply by one), so this holder drops it and connects afresh on the next call.
+//! Connecting is lazy, serialised (one attempt at a time) and bounded by the connect
+//! timeout; there is no background retry loop.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, RedisResult, Script, Value,
+};
+use tokio::time::{Instant, timeout, timeout_at};
+
+use leasehold::{StoreError, StoreErrorKind};
+
+use crate::BACKEND;
+use crate::config::{NodeAddr, RedisConfig, Topology};
+use crate::error::{self, Phase};
+use crate::scripts::{Reply, ReplyError};
+
+/// The current connection and its generation.
+struct Holder<C> {
+    current: Mutex<Option<(u64, C)>>,
+    connecting: tokio::sync::Mutex<()>,
+    generation: AtomicU64,
+}
+
+impl<C: Clone> Holder<C> {
+    fn new() -> Self {
+        Self {
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn peek(&self) -> Option<(u64, C)> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The current connection, or a new one from `connect`. Cancel safe: a dropped call
+    /// leaves no connection half set up.
+    async fn get<F, Fut>(&self, connect: F) -> RedisResult<(u64, C)>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = RedisResult<C>>,
+    {
+        if let Some(c) = self.peek() {
+            return Ok(c);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(c) = self.peek() {
+            return Ok(c);
+        }
+        let conn = connect().await?;
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((generation, conn.clone()));
+        Ok((generation, conn))
+    }
+
+    /// Drops the connection of `generation` if it is still the current one.
+    fn invalidate(&self, generation: u64) {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *cur = None;
+            tracing::debug!(
+                generation,
+                "redis connection dropped; the next call reconnects"
+            );
+        }
+    }
+}
+
+enum Kind {
+    Standalone {
+        client: Client,
+        config: AsyncConnectionConfig,
+        holder: Holder<MultiplexedConnection>,
+    },
+    Cluster {
+        client: redis::cluster::ClusterClient,
+        holder: Holder<ClusterConnection>,
+    },
+}
+
+/// The store's connection to Redis.
+pub(crate) struct Conn {
+    kind: Kind,
+    op_timeout: Duration,
+    connect_timeout: Duration,
+    secret: Option<String>,
+    next_id: AtomicU64,
+    /// A `redis::Client` for a dedicated pub/sub connection (standalone: the server;
+    /// cluster: each seed in turn — classic pub/sub messages reach every node).
+    pubsub_clients: Vec<Client>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field(
+                "kind",
+                &match self.kind {
+                    Kind::Standalone { .. } => "standalone",
+                    Kind::Cluster { .. } => "cluster",
+                },
+            )
+            .field("op_timeout", &self.op_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn config_err(msg: impl Into<String>) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
+}
+
+#[cfg(feature = "tls")]
+fn tls_certificates(cfg: &RedisConfig) -> Result<Option<redis::TlsCertificates>, StoreError> {
+    let Some(tls) = cfg.tls() else {
+        return Ok(None);
+    };
+    // Pick ring as rustls' provider unless the application installed one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let root_cert = match &tls.ca_file {
+        Some(p) => Some(crate::config::read_pem(p, "CA")?),
+        None => None,
+    };
+    let client_tls = match &tls.client_cert {
+        Some((cert, key)) => Some(redis::ClientTlsConfig {
+            client_cert: crate::config::read_pem(cert, "client certificate")?,
+            client_key: crate::config::read_pem(key, "client key")?,
+        }),
+        None => None,
+    };
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+fn node_info(cfg: &RedisConfig, node: &NodeAddr) -> Result<ConnectionInfo, StoreError> {
+    let node = cfg.map_addr(node);
+    let addr = if cfg.tls().is_some() {
+        if !cfg!(feature = "tls") {
+            return Err(config_err(
+                "TLS (rediss) needs leasehold-redis built with its `tls` feature",
+            ));
+        }
+        ConnectionAddr::TcpTls {
+            host: node.host,
+            port: node.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(node.host, node.port)
+    };
+    let mut redis = RedisConnectionInfo::default()
+        .set_db(i64::from(cfg.db()))
+        .set_skip_set_lib_name();
+    if let Some(u) = cfg.username() {
+        redis = redis.set_username(u);
+    }
+    if let Some(p) = cfg.password() {
+        redis = redis.set_password(p.expose());
+    }
+    let info = addr
+        .into_connection_info()
+        .map_err(|e| error::map("configuring", Phase::Connect, &e, None))?;
+    Ok(info.set_redis_settings(redis))
+}
+
+fn client_for(cfg: &RedisConfig, node: &NodeAddr) -> Result<Client, StoreError> {
+    let info = node_info(cfg, node)?;
+    let secret = cfg.password().map(|p| p.expose());
+    #[cfg(feature = "tls")]
+    if let Some(certs) = tls_certificates(cfg)? {
+        return Client::build_with_tls(info, certs)
+            .map_err(|e| error::map("configuring TLS", Phase::Connect, &e, secret));
+    }
+    Client::open(info).map_err(|e| error::map("configuring", Phase::Connect, &e, secret))
+}
+
+impl Conn {
+    /// Prepares the connection (does not connect yet).
+    pub(crate) fn new(cfg: &RedisConfig) -> Result<Self, StoreError> {
+        let secret = cfg.password().map(|p| p.expose().to_owned());
+        let (kind, pubsub_clients) = match cfg.topology() {
+            Topology::Standalone { node } => {
+                let client = client_for(cfg, node)?;
+                // No per-command response timeout inside the connection: every operation
+                // runs under one deadline of its own (see `run`), which also covers the
+                // NOSCRIPT reload, and a request that misses it drops the connection.
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(cfg.connect_timeout()))
+                    .set_response_timeout(None);
+                (
+                    Kind::Standalone {
+                        client: client.clone(),
+                        config,
+                        holder: Holder::new(),
+                    },
+                    vec![client],
+                )
+            }
+            Topology::Cluster { seeds } => {
+                let infos = seeds
+                    .iter()
+                    .map(|s| node_info(cfg, s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut b = redis::cluster::ClusterClientBuilder::new(infos)
+                    .connection_timeout(cfg.connect_timeout())
+                    .response_timeout(cfg.op_timeout())
+                    .overall_response_timeout(Some(cfg.op_timeout()))
+                    .retries(cfg.cluster_retries())
+                    .min_retry_wait(10)
+                    .max_retry_wait(200);
+                if !cfg.address_map().is_empty() {
+                    b = b.node_address_map(
+                        cfg.address_map()
+                            .iter()
+                            .map(|(from, to)| {
+                                (
+                                    redis::cluster::NodeAddress::new(from.host.as_str(), from.port),
+                                    redis::cluster::NodeAddress::new(to.host.as_str(), to.port),
+                                )
+                            })
+                            .collect(),
+                    );
+                }
+                #[cfg(feature = "tls")]
+                if let Some(certs) = tls_certificates(cfg)? {
+                    b = b.certs(certs);
+                }
+                let client = b.build().map_err(|e| {
+                    error::map(
+                        "configuring the cluster client",
+                        Phase::Connect,
+                        &e,
+                        secret.as_deref(),
+                    )
+                })?;
+                let pubsub = seeds
+                    .iter()
+                    .map(|s| client_for(cfg, s))
+                    .collect::<Result<Vec<_>, _>>()?;
+                (
+                    Kind::Cluster {
+                        client,
+                        holder: Holder::new(),
+                    },
+                    pubsub,
+                )
+            }
+        };
+        let seed = u64::from_le_bytes(
+            leasehold::OwnerToken::random().as_bytes()[..8]
+                .try_into()
+                .expect("8 bytes"),
+        );
+        Ok(Self {
+            kind,
+            op_timeout: cfg.op_timeout(),
+            connect_timeout: cfg.connect_timeout(),
+            secret,
+            next_id: AtomicU64::new(seed >> 12),
+            pubsub_clients,
+        })
+    }
+
+    pub(crate) fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    pub(crate) fn secret(&self) -> Option<&str> {
+        self.secret.as_deref()
+    }
+
+    pub(crate) fn pubsub_clients(&self) -> &[Client] {
+        &self.pubsub_clients
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.kind, Kind::Cluster { .. })
+    }
+
+    fn map(&self, op: &str, phase: Phase, e: &RedisError) -> StoreError {
+        error::map(op, phase, e, self.secret())
+    }
+
+    /// Connects now (used by `open` so that a bad address or password is reported at once).
+    pub(crate) async fn connect(&self) -> Result<(), StoreError> {
+        let deadline = Instant::now() + self.connect_timeout;
+        self.handle(deadline, "connecting").await.map(|_| ())
+    }
+
+    async fn handle(&self, deadline: Instant, op: &str) -> Result<Handle, StoreError> {
+        let ct = self.connect_timeout;
+        let res = match &self.kind {
+            Kind::Standalone {
+                client,
+                config,
+                holder,
+            } => timeout_at(
+                deadline,
+                holder.get(|| async {
+                    timeout(
+                        ct,
+                        client.get_multiplexed_async_connection_with_config(config),
+                    )
+                    .await
+                    .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
+                }),
+            )
+            .await
+            .map(|r| r.map(|(g, c)| Handle::Standalone(g, c))),
+            Kind::Cluster { client, holder } => timeout_at(
+                deadline,
+                holder.get(|| async {
+                    timeout(ct, client.get_async_connection())
+                        .await
+                        .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
+                }),
+            )
+            .await
+            .map(|r| r.map(|(g, c)| Handle::Cluster(g, c))),
+        };
+        match res {
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                format!("{op}: could not connect in time; nothing was sent"),
+            )),
+            Ok(Err(e)) => Err(self.map(op, Phase::Connect, &e)),
+            Ok(Ok(h)) => Ok(h),
+        }
+    }
+
+    fn invalidate(&self, h: &Handle) {
+        match (&self.kind, h) {
+            (Kind::Standalone { holder, .. }, Handle::Standalone(g, _)) => holder.invalidate(*g),
+            (Kind::Cluster { holder, .. }, Handle::Cluster(g, _)) => holder.invalidate(*g),
+            _ => {}
+        }
+    }
+
+    /// A fresh request id (echoed by every script).
+    fn request_id(&self) -> String {
+        self.next_id.fetch_add(1, Ordering::Relaxed).to_string()
+    }
+
+    /// Runs `script` with `keys` and `[request id] + args` and parses the reply, all within
+    /// the operation timeout. Connection-level failures drop the connection.
+    pub(crate) async fn run<T>(
+        &self,
+        op: &'static str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        parse: impl FnOnce(&Value, &str) -> Reply<T>,
+    ) -> Result<T, StoreError> {
+        let deadline = Instant::now() + self.op_timeout;
+        let mut h = self.handle(deadline, op).await?;
+        let id = self.request_id();
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        inv.arg(id.as_str());
+        for a in args {
+            inv.arg(*a);
+        }
+        let in_flight = InFlight::new(self, &h);
+        let res = match &mut h {
+            Handle::Standalone(_, c) => timeout_at(deadline, inv.invoke_async::<Value>(c)).await,
+            Handle::Cluster(_, c) => timeout_at(deadline, inv.invoke_async::<Value>(c)).await,
+        };
+        in_flight.disarm();
+        let value = match res {
+            Err(_) => {
+                self.invalidate(&h);
+                return Err(StoreError::timeout(BACKEND, op, self.op_timeout));
+            }
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_unrecoverable_error() {
+                    self.invalidate(&h);
+                }
+                return Err(self.map(op, Phase::Request, &e));
+            }
+            Ok(Ok(v)) => v,
+        };
+        match parse(&value, &id) {
+            Ok(t) => Ok(t),
+            Err(ReplyError::WrongId) => {
+                self.invalidate(&h);
+                Err(StoreError::new(
+                    StoreErrorKind::Ambiguous,
+                    BACKEND,
+                    format!(
+                        "{op}: the reply belongs to another request (the connection lost bytes); \
+                         the connection was dropped and the request may have been applied"
+                    ),
+                ))
+            }
+            Err(ReplyError::Shape(what)) => Err(StoreError::new(
+                StoreErrorKind::Corrupt,
+                BACKEND,
+                format!("{op}: unexpected reply from the script ({what})"),
+            )),
+        }
+    }
+
+    /// Runs a plain command (no script) within the operation timeout, on the node that
+    /// `routing` names (cluster) or the server.
+    pub(crate) async fn command(
+        &self,
+        op: &'static str,
+        cmd: &redis::Cmd,
+        routing: Option<redis::cluster_routing::RoutingInfo>,
+    ) -> Result<Value, StoreError> {
+        let deadline = Instant::now() + self.op_timeout;
+        let mut h = self.handle(deadline, op).await?;
+        let in_flight = InFlight::new(self, &h);
+        let res = match (&mut h, routing) {
+            (Handle::Standalone(_, c), _) => {
+                timeout_at(deadline, cmd.query_async::<Value>(c)).await
+            }
+            (Handle::Cluster(_, c), Some(r)) => {
+                timeout_at(deadline, c.route_command(cmd.clone(), r)).await
+            }
+            (Handle::Cluster(_, c), None) => {
+                timeout_at(deadline, cmd.query_async::<Value>(c)).await
+            }
+        };
+        in_flight.disarm();
+        match res {
+            Err(_) => {
+                self.invalidate(&h);
+                Err(StoreError::timeout(BACKEND, op, self.op_timeout))
+            }
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_unrecoverable_error() {
+                    self.invalidate(&h);
+                }
+                Err(self.map(op, Phase::Request, &e))
+            }
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+}
+
+enum Handle {
+    Standalone(u64, MultiplexedConnection),
+    Cluster(u64, ClusterConnection),
+}
+
+impl Handle {
+    fn generation(&self) -> u64 {
+        match self {
+            Handle::Standalone(g, _) | Handle::Cluster(g, _) => *g,
+        }
+    }
+}
+
+/// Drops the connection if the request future is dropped (cancelled by the caller)
+/// between sending and receiving its reply: a reply that never arrived leaves the
+/// connection suspect, exactly like a timeout.
+struct InFlight<'a> {
+    conn: &'a Conn,
+    generation: u64,
+    armed: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(conn: &'a Conn, h: &Handle) -> Self {
+        Self {
+            conn,
+            generation: h.generation(),
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            match &self.conn.kind {
+                Kind::Standalone { holder, .. } => holder.invalidate(self.generation),
+                Kind::Cluster { holder, .. } => holder.invalidate(self.generation),
+            }
+        }
+    }
+}

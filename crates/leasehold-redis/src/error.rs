@@ -1,0 +1,283 @@
+//! Mapping `redis` errors into [`StoreError`]s, with credentials scrubbed.
+
+use std::fmt;
+
+use leasehold::{StoreError, StoreErrorKind};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::BACKEND;
+use crate::scripts::CORRUPT_CODE;
+
+/// Where in an operation an error happened: it decides whether the request may have
+/// been applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Establishing the connection (TCP, TLS, AUTH, SELECT): nothing was sent.
+    Connect,
+    /// Sending the request or waiting for its reply.
+    Request,
+}
+
+/// The text of an underlying error, already scrubbed of credentials. Used as the
+/// [`source`](std::error::Error::source) of a [`StoreError`].
+#[derive(Debug, Clone)]
+pub struct Cause(String);
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Cause {}
+
+/// Removes every occurrence of `secret` (raw and percent-encoded) from `text`.
+pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
+    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+        return text.to_owned();
+    };
+    let mut out = text.replace(secret, "<redacted>");
+    let encoded: String = secret
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    if encoded != secret {
+        out = out.replace(&encoded, "<redacted>");
+    }
+    out
+}
+
+/// Maps a `redis` error from `op` in `phase` to a [`StoreError`].
+pub(crate) fn map(op: &str, phase: Phase, e: &RedisError, secret: Option<&str>) -> StoreError {
+    let (kind, what) = classify(phase, e);
+    StoreError::new(kind, BACKEND, format!("{op}: {what}"))
+        .with_source(Cause(scrub(&e.to_string(), secret)))
+}
+
+fn server_code(e: &RedisError) -> Option<&str> {
+    e.code()
+}
+
+/// Whether a TLS handshake failed (an untrusted or invalid certificate, a protocol
+/// mismatch): a configuration problem, not a transient one.
+#[cfg(feature = "tls")]
+fn is_tls_failure(e: &RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    fn is_rustls(err: &(dyn std::error::Error + 'static)) -> bool {
+        if err.is::<rustls::Error>() {
+            return true;
+        }
+        // The redis crate keeps I/O errors in an `Arc<dyn Error>`; tokio-rustls puts the
+        // rustls error inside an `io::Error`, whose `source()` skips it.
+        if let Some(shared) = err.downcast_ref::<Shared>() {
+            return is_rustls(&**shared);
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+        {
+            return inner.is::<rustls::Error>();
+        }
+        false
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(err) = cur {
+        if is_rustls(err) {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+#[cfg(not(feature = "tls"))]
+fn is_tls_failure(_: &RedisError) -> bool {
+    false
+}
+
+/// The cluster client reports a failed initial connection as a generic I/O error whose
+/// detail is the text of the last node's error: look for the markers of a configuration
+/// problem in it.
+fn flattened_config_failure(e: &RedisError) -> Option<&'static str> {
+    let detail = e.detail()?;
+    if ["AuthenticationFailed", "WRONGPASS", "NOAUTH"]
+        .iter()
+        .any(|m| detail.contains(m))
+    {
+        return Some("authentication failed; check the user name and password");
+    }
+    if detail.contains("NOPERM") {
+        return Some(
+            "permission denied by the server's ACL; see the README for the ACL leasehold needs",
+        );
+    }
+    if detail.contains("invalid peer certificate") {
+        return Some(
+            "the TLS handshake failed (certificate not trusted or invalid for the host; see tls_ca)",
+        );
+    }
+    None
+}
+
+fn classify(phase: Phase, e: &RedisError) -> (StoreErrorKind, &'static str) {
+    use StoreErrorKind as K;
+    if phase == Phase::Connect && is_tls_failure(e) {
+        return (
+            K::Config,
+            "the TLS handshake failed (certificate not trusted or invalid for the host; see tls_ca)",
+        );
+    }
+    if phase == Phase::Connect
+        && let Some(what) = flattened_config_failure(e)
+    {
+        return (K::Config, what);
+    }
+    // Codes first: script errors and server refusals.
+    match server_code(e) {
+        Some(CORRUPT_CODE) => {
+            return (
+                K::Corrupt,
+                "the store holds data that is not a leasehold lease at this key",
+            );
+        }
+        Some("WRONGTYPE") => {
+            return (K::Corrupt, "a key of the wrong type is in the way");
+        }
+        Some("NOAUTH" | "WRONGPASS") => {
+            return (
+                K::Config,
+                "authentication failed; check the user name and password",
+            );
+        }
+        Some("NOPERM") => {
+            return (
+                K::Config,
+                "permission denied by the server's ACL; see the README for the ACL leasehold needs",
+            );
+        }
+        Some("BUSY") => return (K::Busy, "the server is busy running a script"),
+        Some("OOM") => return (K::Busy, "the server is out of memory"),
+        Some("MISCONF") => return (K::Busy, "the server refuses writes (MISCONF)"),
+        _ => {}
+    }
+    match e.kind() {
+        ErrorKind::AuthenticationFailed => (
+            K::Config,
+            "authentication failed; check the user name and password",
+        ),
+        ErrorKind::InvalidClientConfig => (K::Config, "invalid client configuration"),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => (
+            K::Config,
+            "permission denied by the server's ACL; see the README for the ACL leasehold needs",
+        ),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask,
+        ) => (
+            K::Busy,
+            "the server refused for now (loading, cluster reconfiguring or read-only)",
+        ),
+        ErrorKind::Server(ServerErrorKind::CrossSlot) => (
+            K::Other,
+            "CROSSSLOT: the keys of one operation hash to different slots (a bug)",
+        ),
+        ErrorKind::Server(_) | ErrorKind::Extension => (K::Other, "the server refused the request"),
+        ErrorKind::ClusterConnectionNotFound => {
+            (K::Unavailable, "no connection to the cluster node")
+        }
+        ErrorKind::Client if phase == Phase::Connect => (
+            K::Config,
+            "the connection could not be set up (TLS or client settings)",
+        ),
+        ErrorKind::Io | ErrorKind::Parse | ErrorKind::Client => {
+            if e.is_connection_refusal() {
+                (K::Unavailable, "connection refused; nothing was sent")
+            } else if phase == Phase::Connect {
+                if e.is_timeout() {
+                    (K::Unavailable, "connecting timed out; nothing was sent")
+                } else {
+                    (K::Unavailable, "could not connect; nothing was sent")
+                }
+            } else if e.is_timeout() {
+                (
+                    K::Timeout,
+                    "no reply in time; the request may have been applied",
+                )
+            } else {
+                (
+                    K::Ambiguous,
+                    "the connection broke after the request was sent; it may have been applied",
+                )
+            }
+        }
+        _ => (K::Other, "unexpected client error"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scrub_removes_raw_and_encoded_secrets() {
+        let s = "a s3ntinel-PASSWORD-x b s3ntinel%2DPASSWORD c p%40ss p@ss";
+        assert_eq!(
+            scrub(s, Some("s3ntinel-PASSWORD-x")),
+            "a <redacted> b s3ntinel%2DPASSWORD c p%40ss p@ss"
+        );
+        assert_eq!(
+            scrub("x p%40ss y p@ss", Some("p@ss")),
+            "x <redacted> y <redacted>"
+        );
+        assert_eq!(scrub("x", None), "x");
+        assert_eq!(scrub("x", Some("")), "x");
+    }
+
+    #[test]
+    fn kinds() {
+        let io = |k: std::io::ErrorKind| RedisError::from(std::io::Error::from(k));
+        let m = |p, e: &RedisError| map("acquire", p, e, None).kind();
+        use StoreErrorKind as K;
+        assert_eq!(
+            m(Phase::Connect, &io(std::io::ErrorKind::ConnectionRefused)),
+            K::Unavailable
+        );
+        assert_eq!(
+            m(Phase::Connect, &io(std::io::ErrorKind::TimedOut)),
+            K::Unavailable
+        );
+        assert_eq!(
+            m(Phase::Request, &io(std::io::ErrorKind::TimedOut)),
+            K::Timeout
+        );
+        assert_eq!(
+            m(Phase::Request, &io(std::io::ErrorKind::ConnectionReset)),
+            K::Ambiguous
+        );
+        assert_eq!(
+            m(Phase::Request, &io(std::io::ErrorKind::BrokenPipe)),
+            K::Ambiguous
+        );
+        let auth = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
+        assert_eq!(m(Phase::Connect, &auth), K::Config);
+        let ext = |code: &str| redis::make_extension_error(code.to_owned(), Some("x".to_owned()));
+        assert_eq!(m(Phase::Request, &ext("WRONGPASS")), K::Config);
+        assert_eq!(m(Phase::Request, &ext("NOAUTH")), K::Config);
+        assert_eq!(m(Phase::Request, &ext(CORRUPT_CODE)), K::Corrupt);
+        assert_eq!(m(Phase::Request, &ext("WRONGTYPE")), K::Corrupt);
+        assert_eq!(m(Phase::Request, &ext("BUSY")), K::Busy);
+    }
+}

@@ -1,0 +1,231 @@
+//! Redis key layout: namespace prefix, hash tag, escaping.
+//!
+//! For a lease key `k` and the namespace prefix `p`:
+//!
+//! | what | Redis key / channel |
+//! | --- | --- |
+//! | lease | `p{e}` |
+//! | fence | `p{e}:fence` |
+//! | release notifications | `p{e}:released` (a pub/sub channel) |
+//!
+//! where `e` is `k` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`). The prefix
+//! may not contain braces, so the first `{` of both keys is the one we put there, and `e`
+//! contains no `}`, so the hash tag is exactly `e`, which is never empty: the lease key and
+//! the fence key always hash to the same Cluster slot, whatever the user's key looks like
+//! (`{a}x`, `}`, `{}`, `a}{b}`...). The encoding is injective and prefix-preserving, so
+//! [`list`](leasehold::Store::list) can scan by a key prefix and decode what it finds.
+
+use leasehold::{Key, StoreError, StoreErrorKind};
+
+use crate::BACKEND;
+
+/// The longest namespace prefix accepted, in bytes.
+pub const MAX_PREFIX_LEN: usize = 128;
+
+/// The default namespace prefix.
+pub const DEFAULT_PREFIX: &str = "leasehold:";
+
+/// Checks a namespace prefix: at most [`MAX_PREFIX_LEN`] bytes, no `{` or `}` (they would
+/// change the hash tag), no control characters, no whitespace, no glob characters
+/// (`*?[]\`, which would make `SCAN MATCH` and ACL key patterns ambiguous). May be empty.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
+    let bad = |why: &str| {
+        Err(StoreError::new(
+            StoreErrorKind::Config,
+            BACKEND,
+            format!("invalid key prefix: {why}"),
+        ))
+    };
+    if prefix.len() > MAX_PREFIX_LEN {
+        return bad(&format!(
+            "{} bytes long, the maximum is {MAX_PREFIX_LEN}",
+            prefix.len()
+        ));
+    }
+    if let Some(c) = prefix.chars().find(|c| {
+        matches!(c, '{' | '}' | '*' | '?' | '[' | ']' | '\\') || c.is_control() || c.is_whitespace()
+    }) {
+        return bad(&format!(
+            "it contains {c:?}; braces, glob characters, whitespace and control characters are not allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Percent-encodes `%`, `{` and `}`.
+pub(crate) fn encode(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Reverses [`encode`]; `None` for anything `encode` cannot produce.
+pub(crate) fn decode(enc: &str) -> Option<String> {
+    let mut out = String::with_capacity(enc.len());
+    let mut rest = enc;
+    while let Some(i) = rest.find(['%', '{', '}']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let c = match tail.get(..3) {
+            Some("%25") => '%',
+            Some("%7B") => '{',
+            Some("%7D") => '}',
+            _ => return None,
+        };
+        out.push(c);
+        rest = &tail[3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// Escapes glob characters for `SCAN MATCH`.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The Redis names used for one lease key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyNames {
+    pub(crate) lease: String,
+    pub(crate) fence: String,
+    pub(crate) channel: String,
+}
+
+/// The namespace: a validated prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    prefix: String,
+}
+
+impl Layout {
+    pub(crate) fn new(prefix: &str) -> Result<Self, StoreError> {
+        validate_prefix(prefix)?;
+        Ok(Self {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    pub(crate) fn names(&self, key: &Key) -> KeyNames {
+        let lease = format!("{}{{{}}}", self.prefix, encode(key.as_str()));
+        KeyNames {
+            fence: format!("{lease}:fence"),
+            channel: format!("{lease}:released"),
+            lease,
+        }
+    }
+
+    /// The `SCAN MATCH` pattern of the lease keys whose lease key starts with `key_prefix`.
+    pub(crate) fn scan_pattern(&self, key_prefix: &str) -> String {
+        format!(
+            "{}{{{}*",
+            glob_escape(&self.prefix),
+            glob_escape(&encode(key_prefix))
+        )
+    }
+
+    /// The lease key named by a Redis key found by `SCAN`, if it is a lease key (not a
+    /// fence key, not a foreign key that happens to match).
+    pub(crate) fn parse_lease_name(&self, redis_key: &str) -> Option<Key> {
+        let inner = redis_key
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        if inner.contains('}') {
+            return None;
+        }
+        Key::new(decode(inner)?).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Redis Cluster's hash tag rule: the part between the first `{` and the first `}`
+    /// after it, if non-empty; otherwise the whole key.
+    fn hash_tag(k: &str) -> &str {
+        if let Some(open) = k.find('{')
+            && let Some(len) = k[open + 1..].find('}')
+            && len > 0
+        {
+            return &k[open + 1..open + 1 + len];
+        }
+        k
+    }
+
+    #[test]
+    fn lease_and_fence_share_the_hash_tag() {
+        let l = Layout::new("leasehold:").unwrap();
+        for k in [
+            "a",
+            "{a}x",
+            "x{a}",
+            "{}a",
+            "{}{a}",
+            "{{a}}",
+            "a}{b}",
+            "}",
+            "}a",
+            "{",
+            "{}",
+            "%",
+            "%7D",
+            "job:é{ü}",
+            "a%7Db",
+        ] {
+            let key = Key::new(k).unwrap();
+            let n = l.names(&key);
+            assert_eq!(hash_tag(&n.lease), hash_tag(&n.fence), "{k}");
+            assert!(!hash_tag(&n.lease).is_empty());
+            assert_eq!(hash_tag(&n.lease), encode(k), "{k}");
+            assert_eq!(l.parse_lease_name(&n.lease), Some(key.clone()), "{k}");
+            assert_eq!(l.parse_lease_name(&n.fence), None, "{k}");
+        }
+    }
+
+    #[test]
+    fn encoding_is_injective_and_prefix_preserving() {
+        for k in ["a%b", "a{b", "a}b", "%7B", "{", "%", "plain", "%%{{}}"] {
+            assert_eq!(decode(&encode(k)).as_deref(), Some(k));
+            assert!(!encode(k).contains('}'));
+            assert!(encode(&format!("{k}tail")).starts_with(&encode(k)));
+        }
+        assert_eq!(decode("%7"), None);
+        assert_eq!(decode("a}"), None);
+        assert_eq!(decode("%41"), None);
+    }
+
+    #[test]
+    fn prefix_rules() {
+        assert!(Layout::new("").is_ok());
+        assert!(Layout::new("app:leases:").is_ok());
+        for bad in ["{x}", "a}", "a*", "a b", "a\nb", "a?", "a[", "a\\"] {
+            let e = Layout::new(bad).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}");
+        }
+        assert!(Layout::new(&"x".repeat(MAX_PREFIX_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn scan_pattern_escapes_globs() {
+        let l = Layout::new("ns:").unwrap();
+        assert_eq!(l.scan_pattern("job:"), "ns:{job:*");
+        assert_eq!(l.scan_pattern("a*[?]\\{"), "ns:{a\\*\\[\\?\\]\\\\%7B*");
+        assert_eq!(l.scan_pattern(""), "ns:{*");
+    }
+}

@@ -1,0 +1,403 @@
+//! The Lua scripts, one per operation, and strict parsing of their replies.
+//!
+//! Every script takes a request id as `ARGV[1]` and returns it as the first element of
+//! its reply. The store checks it, so a reply can never be taken for the reply to another
+//! request, even on a connection that lost bytes (a middlebox that swallowed a request
+//! would otherwise shift every later reply by one).
+//!
+//! Errors raised by the scripts start with `LHCORRUPT` (mapped to
+//! [`StoreErrorKind::Corrupt`](leasehold::StoreErrorKind::Corrupt)); other errors of the
+//! commands they call (`NOPERM`, `OOM`, ...) are passed through unchanged.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use leasehold::{Fence, OwnerToken};
+use redis::{Script, Value};
+
+/// The error code of a script that found something that is not a leasehold lease.
+pub(crate) const CORRUPT_CODE: &str = "LHCORRUPT";
+
+/// Helpers shared by the scripts.
+///
+/// * `read_lease(k)` → `false` (no lease), `{owner, fence}`, or `nil, err`.
+/// * `read_fence(k)` → the last fence as a number (0 if none), or `nil, err`.
+/// * `next_fence(last)` → `max(last + 1, TIME in µs)`, or `nil, err`.
+///
+/// Fences stay below 2^53 so that Lua's doubles hold them exactly (the clock floor is
+/// about 1.8e15 today, 2^53 µs is in the year 2255); a larger stored value is reported as
+/// corrupt rather than rounded.
+const PRELUDE: &str = r#"
+local MAXF = 9007199254740992
+local function read_lease(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' and v.err then
+    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
+      return nil, 'LHCORRUPT the lease key holds a value of another type (not a string), not a leasehold lease'
+    end
+    return nil, v.err
+  end
+  if not v then return false end
+  local owner, fence = string.match(v, '^([0-9a-f]+):([1-9][0-9]*)$')
+  if owner == nil or #owner ~= 32 or #fence > 16 or tonumber(fence) >= MAXF then
+    return nil, 'LHCORRUPT the lease key holds a string that is not a leasehold lease (owner:fence)'
+  end
+  return {owner, fence}
+end
+local function read_fence(k)
+  local v = redis.pcall('GET', k)
+  if type(v) == 'table' and v.err then
+    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
+      return nil, 'LHCORRUPT the fence key holds a value of another type (not a string)'
+    end
+    return nil, v.err
+  end
+  if not v then return 0 end
+  if not string.match(v, '^[1-9][0-9]*$') or #v > 16 or tonumber(v) >= MAXF then
+    return nil, 'LHCORRUPT the fence key holds a value that is not a fence (a positive integer below 2^53)'
+  end
+  return tonumber(v)
+end
+local function next_fence(last)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local f = last + 1
+  if now > f then f = now end
+  if f >= MAXF then return nil, 'LHCORRUPT the fence would pass 2^53' end
+  return f
+end
+"#;
+
+/// KEYS: lease, fence. ARGV: id, owner, ttl ms.
+/// → `{id, 1, fence, ttl}` acquired (fresh, or same owner: extended, same fence);
+///   `{id, 0, pttl}` held by another owner.
+const ACQUIRE: &str = r#"
+local lease, err = read_lease(KEYS[1])
+if err then return redis.error_reply(err) end
+if lease then
+  if lease[1] == ARGV[2] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return {ARGV[1], 1, lease[2], tonumber(ARGV[3])}
+  end
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry') end
+  return {ARGV[1], 0, pttl}
+end
+local last, ferr = read_fence(KEYS[2])
+if ferr then return redis.error_reply(ferr) end
+local f, nerr = next_fence(last)
+if nerr then return redis.error_reply(nerr) end
+local fs = string.format('%d', f)
+redis.call('SET', KEYS[2], fs)
+redis.call('SET', KEYS[1], ARGV[2] .. ':' .. fs, 'PX', ARGV[3])
+return {ARGV[1], 1, fs, tonumber(ARGV[3])}
+"#;
+
+/// KEYS: lease. ARGV: id, owner, ttl ms. → `{id, 1}` renewed, `{id, 0}` not the owner.
+const RENEW: &str = r#"
+local lease, err = read_lease(KEYS[1])
+if err then return redis.error_reply(err) end
+if lease and lease[1] == ARGV[2] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {ARGV[1], 1}
+end
+return {ARGV[1], 0}
+"#;
+
+/// KEYS: lease. ARGV: id, owner, channel ('' = don't publish).
+/// → `{id, 1}` released, `{id, 0}` not the owner.
+const RELEASE: &str = r#"
+local lease, err = read_lease(KEYS[1])
+if err then return redis.error_reply(err) end
+if lease and lease[1] == ARGV[2] then
+  redis.call('DEL', KEYS[1])
+  if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], lease[2]) end
+  return {ARGV[1], 1}
+end
+return {ARGV[1], 0}
+"#;
+
+/// KEYS: lease. ARGV: id. → `{id}` free, `{id, owner, fence, pttl}` held.
+const INSPECT: &str = r#"
+local lease, err = read_lease(KEYS[1])
+if err then return redis.error_reply(err) end
+if not lease then return {ARGV[1]} end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry') end
+return {ARGV[1], lease[1], lease[2], pttl}
+"#;
+
+/// KEYS: lease, fence. ARGV: id, channel ('' = don't publish). → `{id, fence}`.
+/// A corrupt lease value is reported, not deleted: it may be someone else's data.
+const BREAK: &str = r#"
+local lease, err = read_lease(KEYS[1])
+if err then return redis.error_reply(err) end
+local last, ferr = read_fence(KEYS[2])
+if ferr then return redis.error_reply(ferr) end
+if lease then
+  local held = tonumber(lease[2])
+  if held > last then last = held end
+end
+local f, nerr = next_fence(last)
+if nerr then return redis.error_reply(nerr) end
+local fs = string.format('%d', f)
+redis.call('SET', KEYS[2], fs)
+if lease then
+  redis.call('DEL', KEYS[1])
+  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], fs) end
+end
+return {ARGV[1], fs}
+"#;
+
+/// The five scripts, compiled once (their SHA1 computed once).
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) acquire: Script,
+    pub(crate) renew: Script,
+    pub(crate) release: Script,
+    pub(crate) inspect: Script,
+    pub(crate) break_lease: Script,
+}
+
+/// The scripts, built on first use.
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    acquire: Script::new(&format!("{PRELUDE}{ACQUIRE}")),
+    renew: Script::new(&format!("{PRELUDE}{RENEW}")),
+    release: Script::new(&format!("{PRELUDE}{RELEASE}")),
+    inspect: Script::new(&format!("{PRELUDE}{INSPECT}")),
+    break_lease: Script::new(&format!("{PRELUDE}{BREAK}")),
+});
+
+/// The source of each script, for the benchmark's raw baseline and for documentation.
+pub mod source {
+    /// The acquire script (with its prelude). KEYS: lease, fence. ARGV: request id, owner
+    /// hex, TTL in ms.
+    pub fn acquire() -> String {
+        format!("{}{}", super::PRELUDE, super::ACQUIRE)
+    }
+    /// The release script (with its prelude). KEYS: lease. ARGV: request id, owner hex,
+    /// channel (empty: no notification).
+    pub fn release() -> String {
+        format!("{}{}", super::PRELUDE, super::RELEASE)
+    }
+    /// The renew script (with its prelude). KEYS: lease. ARGV: request id, owner hex, TTL
+    /// in ms.
+    pub fn renew() -> String {
+        format!("{}{}", super::PRELUDE, super::RENEW)
+    }
+}
+
+/// Why a reply could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReplyError {
+    /// The reply does not carry this request's id: it belongs to another request.
+    WrongId,
+    /// The reply does not have the shape this script returns.
+    Shape(&'static str),
+}
+
+pub(crate) type Reply<T> = Result<T, ReplyError>;
+
+/// A parsed acquire reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    Granted { fence: Fence, ttl: Duration },
+    Held { remaining: Duration },
+}
+
+fn as_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn as_str(v: &Value) -> Option<&str> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// A fence as the scripts write it: a positive decimal below 2^53, no leading zero.
+pub(crate) fn parse_fence(s: &str) -> Option<Fence> {
+    if s.is_empty() || s.len() > 16 || s.starts_with('0') || !s.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let n: u64 = s.parse().ok()?;
+    (n < (1u64 << 53)).then_some(Fence(n))
+}
+
+fn parse_owner(s: &str) -> Option<OwnerToken> {
+    if s.len() != 32 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+fn ms(i: i64) -> Option<Duration> {
+    u64::try_from(i).ok().map(Duration::from_millis)
+}
+
+/// Splits `{id, rest...}` and checks the id.
+fn items<'v>(v: &'v Value, id: &str) -> Reply<&'v [Value]> {
+    let Value::Array(items) = v else {
+        return Err(ReplyError::Shape("not an array"));
+    };
+    match items.first().and_then(as_str) {
+        Some(got) if got == id => Ok(&items[1..]),
+        _ => Err(ReplyError::WrongId),
+    }
+}
+
+pub(crate) fn parse_acquire(v: &Value, id: &str) -> Reply<Acquired> {
+    let it = items(v, id)?;
+    match (it.first().and_then(as_int), it.len()) {
+        (Some(1), 3) => {
+            let fence = as_str(&it[1])
+                .and_then(parse_fence)
+                .ok_or(ReplyError::Shape("bad fence"))?;
+            let ttl = as_int(&it[2])
+                .and_then(ms)
+                .ok_or(ReplyError::Shape("bad ttl"))?;
+            Ok(Acquired::Granted { fence, ttl })
+        }
+        (Some(0), 2) => {
+            let remaining = as_int(&it[1])
+                .and_then(ms)
+                .ok_or(ReplyError::Shape("bad pttl"))?;
+            Ok(Acquired::Held { remaining })
+        }
+        _ => Err(ReplyError::Shape("unexpected acquire reply")),
+    }
+}
+
+/// Renew and release: `{id, 1}` or `{id, 0}`.
+pub(crate) fn parse_flag(v: &Value, id: &str) -> Reply<bool> {
+    let it = items(v, id)?;
+    match (it.len(), it.first().and_then(as_int)) {
+        (1, Some(1)) => Ok(true),
+        (1, Some(0)) => Ok(false),
+        _ => Err(ReplyError::Shape("unexpected flag reply")),
+    }
+}
+
+/// Inspect: `None` when free, else owner, fence, remaining.
+pub(crate) fn parse_inspect(v: &Value, id: &str) -> Reply<Option<(OwnerToken, Fence, Duration)>> {
+    let it = items(v, id)?;
+    match it.len() {
+        0 => Ok(None),
+        3 => {
+            let owner = as_str(&it[0])
+                .and_then(parse_owner)
+                .ok_or(ReplyError::Shape("bad owner"))?;
+            let fence = as_str(&it[1])
+                .and_then(parse_fence)
+                .ok_or(ReplyError::Shape("bad fence"))?;
+            let remaining = as_int(&it[2])
+                .and_then(ms)
+                .ok_or(ReplyError::Shape("bad pttl"))?;
+            Ok(Some((owner, fence, remaining)))
+        }
+        _ => Err(ReplyError::Shape("unexpected inspect reply")),
+    }
+}
+
+pub(crate) fn parse_break(v: &Value, id: &str) -> Reply<Fence> {
+    let it = items(v, id)?;
+    match it {
+        [f] => as_str(f)
+            .and_then(parse_fence)
+            .ok_or(ReplyError::Shape("bad fence")),
+        _ => Err(ReplyError::Shape("unexpected break reply")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn fences_are_strict() {
+        assert_eq!(parse_fence("1"), Some(Fence(1)));
+        assert_eq!(
+            parse_fence("1764000000000000"),
+            Some(Fence(1_764_000_000_000_000))
+        );
+        for bad in [
+            "",
+            "0",
+            "01",
+            "-1",
+            "1.5",
+            "1e5",
+            " 1",
+            "9007199254740992",
+            "99999999999999999",
+        ] {
+            assert_eq!(parse_fence(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn replies_must_echo_the_request_id() {
+        let ok = Value::Array(vec![bulk("7"), Value::Int(1)]);
+        assert_eq!(parse_flag(&ok, "7"), Ok(true));
+        assert_eq!(parse_flag(&ok, "8"), Err(ReplyError::WrongId));
+        assert_eq!(
+            parse_flag(&Value::Int(1), "7"),
+            Err(ReplyError::Shape("not an array"))
+        );
+        let acq = Value::Array(vec![bulk("9"), Value::Int(1), bulk("42"), Value::Int(1000)]);
+        assert_eq!(
+            parse_acquire(&acq, "9"),
+            Ok(Acquired::Granted {
+                fence: Fence(42),
+                ttl: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(parse_acquire(&acq, "1"), Err(ReplyError::WrongId));
+        let held = Value::Array(vec![bulk("9"), Value::Int(0), Value::Int(250)]);
+        assert_eq!(
+            parse_acquire(&held, "9"),
+            Ok(Acquired::Held {
+                remaining: Duration::from_millis(250)
+            })
+        );
+        let held_neg = Value::Array(vec![bulk("9"), Value::Int(0), Value::Int(-1)]);
+        assert!(parse_acquire(&held_neg, "9").is_err());
+    }
+
+    #[test]
+    fn inspect_replies() {
+        let owner = OwnerToken::random();
+        let v = Value::Array(vec![
+            bulk("1"),
+            bulk(&owner.to_hex()),
+            bulk("5"),
+            Value::Int(10),
+        ]);
+        assert_eq!(
+            parse_inspect(&v, "1"),
+            Ok(Some((owner, Fence(5), Duration::from_millis(10))))
+        );
+        assert_eq!(parse_inspect(&Value::Array(vec![bulk("1")]), "1"), Ok(None));
+        let upper = Value::Array(vec![
+            bulk("1"),
+            bulk(&owner.to_hex().to_uppercase()),
+            bulk("5"),
+            Value::Int(10),
+        ]);
+        assert!(
+            parse_inspect(&upper, "1").is_err() || owner.to_hex() == owner.to_hex().to_uppercase()
+        );
+    }
+}

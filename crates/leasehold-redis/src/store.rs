@@ -1,0 +1,477 @@
+//! [`RedisStore`]: the [`Store`] implementation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::{
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
+use redis::Value;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use tokio::time::Instant;
+
+use crate::BACKEND;
+use crate::config::RedisConfig;
+use crate::conn::Conn;
+use crate::keys::{KeyNames, Layout};
+use crate::notify::Notifier;
+use crate::scripts::{self, Acquired, SCRIPTS};
+
+/// A leasehold [`Store`] on Redis (one server) or Redis Cluster.
+///
+/// Each operation is one Lua script (`EVALSHA`, loaded on `NOSCRIPT`) touching the lease
+/// key and the fence key of one lease, which share a hash tag (one Cluster slot). See the
+/// crate docs for the key layout, the URL forms and the failure model.
+///
+/// [`backend`](Store::backend) is `"redis"` for both a single server and a Cluster
+/// ([`is_cluster`](Self::is_cluster) tells them apart), so metrics and errors carry one
+/// label per product.
+///
+/// Cheap to share: wrap it in an `Arc` (it is `Send + Sync`); all clones of the `Arc` use
+/// one multiplexed connection (or one cluster connection) and, once someone waits for a
+/// release, one pub/sub connection.
+pub struct RedisStore {
+    config: RedisConfig,
+    layout: Layout,
+    conn: Conn,
+    notifier: Option<Arc<Notifier>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("config", &self.config.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The TTL in whole milliseconds, after [`StoreError::check_ttl`] (10 ms ..= 24 h), so no
+/// zero, negative or overflowing expiry is ever sent.
+fn ttl_ms(ttl: Duration) -> Result<u64, StoreError> {
+    StoreError::check_ttl(BACKEND, ttl)?;
+    Ok(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl RedisStore {
+    /// A store for `config`, without connecting: the first operation connects.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when the TLS files cannot be read or the client cannot be
+    /// configured.
+    pub fn new(config: RedisConfig) -> Result<Self, StoreError> {
+        let layout = Layout::new(config.prefix())?;
+        let conn = Conn::new(&config)?;
+        let notifier = config.notifications().then(|| {
+            Arc::new(Notifier::new(
+                conn.pubsub_clients().to_vec(),
+                conn.connect_timeout(),
+                conn.op_timeout(),
+                conn.secret().map(str::to_owned),
+            ))
+        });
+        Ok(Self {
+            config,
+            layout,
+            conn,
+            notifier,
+        })
+    }
+
+    /// A store for `config`, connected (and authenticated) now, within the connect timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves no connection behind.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`StoreErrorKind::Config`] for a wrong password or a TLS
+    /// failure; [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
+        let store = Self::new(config)?;
+        store.conn.connect().await?;
+        tracing::debug!(config = %store.config, "redis store connected");
+        Ok(store)
+    }
+
+    /// Parses `url` (see the crate docs) and connects.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`connect`](Self::connect).
+    ///
+    /// # Errors
+    /// As [`RedisConfig::from_url`] and [`connect`](Self::connect).
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::connect(RedisConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.conn.is_cluster()
+    }
+
+    /// The Redis key of the lease for `key` (`<prefix>{<escaped key>}`), e.g. for an
+    /// operator's `redis-cli`. The fence key is this plus `:fence`.
+    pub fn lease_key(&self, key: &Key) -> String {
+        self.layout.names(key).lease
+    }
+
+    /// The Redis key of the fence counter for `key` (`<prefix>{<escaped key>}:fence`).
+    pub fn fence_key(&self, key: &Key) -> String {
+        self.layout.names(key).fence
+    }
+
+    fn channel(&self, names: &KeyNames) -> String {
+        if self.notifier.is_some() {
+            names.channel.clone()
+        } else {
+            String::new()
+        }
+    }
+
+    async fn inspect_names(
+        &self,
+        key: &Key,
+        names: &KeyNames,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        let got = self
+            .conn
+            .run(
+                "inspect",
+                &SCRIPTS.inspect,
+                &[&names.lease],
+                &[],
+                scripts::parse_inspect,
+            )
+            .await?;
+        Ok(got.map(|(owner, fence, remaining)| LeaseInfo {
+            key: key.clone(),
+            owner,
+            fence,
+            remaining: Some(remaining),
+        }))
+    }
+
+    /// The primaries of the cluster (from `CLUSTER SLOTS`), as routable addresses.
+    async fn primaries(&self) -> Result<Vec<(String, u16)>, StoreError> {
+        let v = self
+            .conn
+            .command(
+                "list",
+                redis::cmd("CLUSTER").arg("SLOTS"),
+                Some(RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)),
+            )
+            .await?;
+        let bad = || {
+            StoreError::new(
+                StoreErrorKind::Other,
+                BACKEND,
+                "list: unexpected CLUSTER SLOTS reply",
+            )
+        };
+        let Value::Array(ranges) = v else {
+            return Err(bad());
+        };
+        let mut out: Vec<(String, u16)> = Vec::new();
+        for r in ranges {
+            let Value::Array(parts) = r else {
+                return Err(bad());
+            };
+            let Some(Value::Array(master)) = parts.get(2) else {
+                return Err(bad());
+            };
+            let host = match master.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => return Err(bad()),
+            };
+            let port = match master.get(1) {
+                Some(Value::Int(p)) => u16::try_from(*p).map_err(|_| bad())?,
+                _ => return Err(bad()),
+            };
+            if !out.iter().any(|(h, p)| *h == host && *p == port) {
+                out.push((host, port));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `SCAN` one node (or the server) for lease keys matching `pattern`.
+    async fn scan(
+        &self,
+        pattern: &str,
+        node: Option<(String, u16)>,
+    ) -> Result<Vec<Key>, StoreError> {
+        let mut cursor = 0u64;
+        let mut keys = Vec::new();
+        loop {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(500);
+            let routing = node.as_ref().map(|(host, port)| {
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                })
+            });
+            let v = self.conn.command("list", &cmd, routing).await?;
+            let (next, found) = match v {
+                Value::Array(mut parts) if parts.len() == 2 => {
+                    let found = parts.pop().expect("2");
+                    let next = parts.pop().expect("1");
+                    (next, found)
+                }
+                _ => {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Other,
+                        BACKEND,
+                        "list: unexpected SCAN reply",
+                    ));
+                }
+            };
+            cursor = match next {
+                Value::BulkString(b) => std::str::from_utf8(&b)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0),
+                Value::Int(i) => u64::try_from(i).unwrap_or(0),
+                _ => 0,
+            };
+            if let Value::Array(found) = found {
+                for k in found {
+                    if let Value::BulkString(b) = k
+                        && let Ok(s) = std::str::from_utf8(&b)
+                        && let Some(key) = self.layout.parse_lease_name(s)
+                    {
+                        keys.push(key);
+                    }
+                }
+            }
+            if cursor == 0 {
+                return Ok(keys);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut c = Capabilities::minimal();
+        c.wait_for_release = self.notifier.is_some();
+        c.reports_remaining = true;
+        c.list = true;
+        c.break_lease = true;
+        c.session_bound = false;
+        c.fence_durability = FenceDurability::ClockFloored;
+        c
+    }
+
+    /// # Cancel safety
+    /// Cancel safe in the sense of the trait: a dropped call may still be applied by the
+    /// server (a retry with the same owner then returns the same fence).
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let ms = ttl_ms(ttl)?.to_string();
+        let names = self.layout.names(key);
+        let owner = owner.to_hex();
+        let got = self
+            .conn
+            .run(
+                "acquire",
+                &SCRIPTS.acquire,
+                &[&names.lease, &names.fence],
+                &[&owner, &ms],
+                scripts::parse_acquire,
+            )
+            .await?;
+        Ok(match got {
+            Acquired::Granted { fence, ttl } => AcquireOutcome::Acquired { fence, ttl },
+            Acquired::Held { remaining } => AcquireOutcome::Held {
+                remaining: Some(remaining),
+            },
+        })
+    }
+
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let ms_value = ttl_ms(ttl)?;
+        let ms = ms_value.to_string();
+        let names = self.layout.names(key);
+        let owner = owner.to_hex();
+        let renewed = self
+            .conn
+            .run(
+                "renew",
+                &SCRIPTS.renew,
+                &[&names.lease],
+                &[&owner, &ms],
+                scripts::parse_flag,
+            )
+            .await?;
+        Ok(if renewed {
+            RenewOutcome::Renewed {
+                ttl: Duration::from_millis(ms_value),
+            }
+        } else {
+            RenewOutcome::NotOwner
+        })
+    }
+
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        let names = self.layout.names(key);
+        let owner = owner.to_hex();
+        let channel = self.channel(&names);
+        let released = self
+            .conn
+            .run(
+                "release",
+                &SCRIPTS.release,
+                &[&names.lease],
+                &[&owner, &channel],
+                scripts::parse_flag,
+            )
+            .await?;
+        Ok(if released {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotOwner
+        })
+    }
+
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        let names = self.layout.names(key);
+        self.inspect_names(key, &names).await
+    }
+
+    /// Subscribes to the key's release channel, checks whether the lease is still held,
+    /// and waits for a release message, the holder's expiry or `timeout`, whichever comes
+    /// first. Expiry publishes nothing: the wait ends at the remaining TTL instead.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the subscription is dropped (in the background) when the last waiter
+    /// on a key leaves.
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Err(StoreError::unsupported(
+                BACKEND,
+                "waiting for release (notifications are off: notify=false)",
+            ));
+        };
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+        let names = self.layout.names(key);
+        let reg = notifier.register(&names.channel);
+        let notified = reg.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        notifier.subscribe(&reg).await?;
+        let Some(info) = self.inspect_names(key, &names).await? else {
+            return Ok(());
+        };
+        let wake = info
+            .remaining
+            .map_or(deadline, |r| deadline.min(Instant::now() + r));
+        let _ = tokio::time::timeout_at(wake, notified).await;
+        Ok(())
+    }
+
+    /// `SCAN MATCH` over the namespace (on every primary of a Cluster), then one inspect
+    /// per lease found. Not a snapshot: leases taken or released meanwhile may or may not
+    /// be listed. Each command is bounded by the operation timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        let pattern = self.layout.scan_pattern(prefix);
+        let mut keys = if self.conn.is_cluster() {
+            let mut keys = Vec::new();
+            for node in self.primaries().await? {
+                keys.extend(self.scan(&pattern, Some(node)).await?);
+            }
+            keys
+        } else {
+            self.scan(&pattern, None).await?
+        };
+        keys.sort();
+        keys.dedup();
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if !key.as_str().starts_with(prefix) {
+                continue;
+            }
+            if let Some(info) = self.inspect(&key).await? {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes whatever lease holds `key` and advances its fence to
+    /// `max(last + 1, server TIME in µs)`. A value that is not a leasehold lease is
+    /// reported as [`StoreErrorKind::Corrupt`] and left in place.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire); a retry advances the fence once more.
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let names = self.layout.names(key);
+        let channel = self.channel(&names);
+        self.conn
+            .run(
+                "break",
+                &SCRIPTS.break_lease,
+                &[&names.lease, &names.fence],
+                &[&channel],
+                scripts::parse_break,
+            )
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold::config::MAX_TTL;
+
+    #[test]
+    fn ttl_rules() {
+        assert_eq!(ttl_ms(Duration::from_secs(1)).unwrap(), 1000);
+        assert_eq!(ttl_ms(Duration::from_micros(10_500)).unwrap(), 10);
+        assert_eq!(
+            ttl_ms(Duration::ZERO).unwrap_err().kind(),
+            StoreErrorKind::InvalidInput
+        );
+        assert!(ttl_ms(Duration::from_micros(999)).is_err());
+        assert!(ttl_ms(MAX_TTL + Duration::from_millis(1)).is_err());
+        assert!(ttl_ms(Duration::MAX).is_err());
+        assert!(ttl_ms(MAX_TTL).is_ok());
+    }
+}

@@ -1,0 +1,305 @@
+//! Redis Cluster specifics against a private 3-master cluster: hash tags checked with the
+//! server's `CLUSTER KEYSLOT`, slot migration while a lease is held (FAULTS row 15),
+//! listing across primaries, a node killed and restarted without its data.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Cluster;
+use leasehold::{
+    AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, RenewOutcome,
+    Store, StoreErrorKind,
+};
+use leasehold_redis::{RedisConfig, RedisFactory, RedisStore};
+use tokio::time::{sleep, timeout};
+
+fn key(s: &str) -> Key {
+    Key::new(s).unwrap()
+}
+
+async fn acquired(store: &dyn Store, k: &Key, o: &OwnerToken, ttl: Duration) -> Fence {
+    match store.acquire(k, o, ttl).await.unwrap() {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        other => panic!("{k}: expected Acquired, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tricky_keys_keep_lease_and_fence_in_one_slot() {
+    let c = Cluster::start().await;
+    let tricky = [
+        "{a}x",
+        "x{a}",
+        "{}a",
+        "{}{a}",
+        "{{a}}",
+        "a}{b}",
+        "}",
+        "}a",
+        "{",
+        "{}",
+        "a{",
+        "%",
+        "%7D",
+        "{a",
+        "a}",
+        "}{",
+        "job:{tenant-1}:x",
+        "job:ü{é}",
+    ];
+    let ttl = Duration::from_secs(10);
+    let mut slots = std::collections::HashSet::new();
+    for name in tricky {
+        let k = key(name);
+        let (lease_key, fence_key) = (c.store.lease_key(&k), c.store.fence_key(&k));
+        let (ls, fs) = tokio::task::block_in_place(|| {
+            (c.cluster.keyslot(&lease_key), c.cluster.keyslot(&fence_key))
+        });
+        assert_eq!(
+            ls, fs,
+            "{name:?}: {lease_key} and {fence_key} are in different slots"
+        );
+        slots.insert(ls);
+        // The scripts run (no CROSSSLOT) and the keys stay distinct.
+        let o = OwnerToken::random();
+        acquired(&*c.store, &k, &o, ttl).await;
+        assert_eq!(
+            c.store.inspect(&k).await.unwrap().unwrap().owner,
+            o,
+            "{name:?}"
+        );
+    }
+    assert!(slots.len() > 5, "keys should spread over slots: {slots:?}");
+    for name in tricky {
+        let k = key(name);
+        let info = c.store.inspect(&k).await.unwrap().unwrap();
+        assert_eq!(
+            c.store.release(&k, &info.owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_15_slot_migrated_while_held() {
+    let c = Cluster::start().await;
+    // Generous: a renewal cancelled by its timeout makes the store reconnect to the whole
+    // cluster, which must fit in the next renewal's timeout on a loaded machine.
+    let ttl = Duration::from_secs(3);
+    let client = LeaseClient::new(c.store.clone(), LeaseConfig::new(ttl).unwrap());
+    let k = key("job:migrating");
+    let lease = client.try_acquire(&k).await.unwrap();
+    let lease_key = c.store.lease_key(&k);
+    let fence_key = c.store.fence_key(&k);
+    let cluster = c.cluster.clone();
+    let (slot, from) = tokio::task::block_in_place(|| {
+        let slot = cluster.keyslot(&lease_key);
+        (slot, cluster.node_index_for_slot(slot))
+    });
+    let to = (from + 1) % 3;
+    let (source, target) = (&c.cluster.nodes()[from], &c.cluster.nodes()[to]);
+    let slot_s = slot.to_string();
+
+    // Half way: IMPORTING/MIGRATING set, the lease key moved, the fence key not yet.
+    tokio::task::block_in_place(|| {
+        assert_eq!(
+            target.cli(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot_s,
+                "IMPORTING",
+                c.cluster.node_id(from)
+            ]),
+            "OK"
+        );
+        assert_eq!(
+            source.cli(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot_s,
+                "MIGRATING",
+                c.cluster.node_id(to)
+            ]),
+            "OK"
+        );
+        let port = target.port().to_string();
+        assert_eq!(
+            source.cli(&["MIGRATE", "127.0.0.1", &port, &lease_key, "0", "5000"]),
+            "OK"
+        );
+    });
+    // The holder's renew (one key) follows ASK to the target.
+    assert_eq!(
+        c.store.renew(&k, lease.owner(), ttl).await.unwrap(),
+        RenewOutcome::Renewed { ttl }
+    );
+    let info = c.store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!((info.owner, info.fence), (*lease.owner(), lease.fence()));
+    // Another owner's acquire (two keys, split between the nodes for now) never gets it:
+    // the cluster answers TRYAGAIN until the slot is whole again.
+    let contender = {
+        let store = c.store.clone();
+        let k = k.clone();
+        tokio::spawn(async move { store.acquire(&k, &OwnerToken::random(), ttl).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    // Finish the migration.
+    tokio::task::block_in_place(|| {
+        let port = target.port().to_string();
+        assert_eq!(
+            source.cli(&["MIGRATE", "127.0.0.1", &port, &fence_key, "0", "5000"]),
+            "OK"
+        );
+        let set = ["CLUSTER", "SETSLOT", &slot_s, "NODE", c.cluster.node_id(to)];
+        for node in c.cluster.nodes() {
+            assert_eq!(node.cli(&set), "OK");
+        }
+    });
+    match contender.await.unwrap() {
+        Ok(AcquireOutcome::Held { .. }) => {}
+        Err(e) if e.is_retryable() => {}
+        other => panic!("a contender during the migration got {other:?}"),
+    }
+    // The lease kept renewing through the move (MOVED followed), never lost.
+    sleep(ttl).await;
+    assert!(
+        lease.is_valid(),
+        "lost during the migration: {:?}",
+        lease.lost_reason()
+    );
+    let info = c.store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!((info.owner, info.fence), (*lease.owner(), lease.fence()));
+    assert_eq!(
+        tokio::task::block_in_place(|| c.cluster.node_index_for_slot(slot)),
+        to
+    );
+    // A second, complete migration with the testkit's helper, then release and re-grant.
+    let cluster = c.cluster.clone();
+    tokio::task::spawn_blocking(move || cluster.migrate_slot(slot, to, from))
+        .await
+        .unwrap();
+    sleep(ttl / 2).await;
+    assert!(lease.is_valid());
+    let before = lease.fence();
+    assert!(lease.release().await.unwrap());
+    let next = client.try_acquire(&k).await.unwrap();
+    assert!(next.fence() > before);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_covers_every_primary() {
+    let c = Cluster::start().await;
+    let ttl = Duration::from_secs(10);
+    let mut held = Vec::new();
+    for i in 0..30 {
+        let k = key(&format!("job:spread-{i}"));
+        let o = OwnerToken::random();
+        let f = acquired(&*c.store, &k, &o, ttl).await;
+        held.push((k, o, f));
+    }
+    acquired(&*c.store, &key("other:x"), &OwnerToken::random(), ttl).await;
+    let nodes: std::collections::HashSet<usize> = tokio::task::block_in_place(|| {
+        held.iter()
+            .map(|(k, _, _)| {
+                c.cluster
+                    .node_index_for_slot(c.cluster.keyslot(&c.store.lease_key(k)))
+            })
+            .collect()
+    });
+    assert_eq!(nodes.len(), 3, "the keys should land on every node");
+    let list = c.store.list("job:spread-").await.unwrap();
+    assert_eq!(list.len(), 30);
+    for info in list {
+        let (_, o, f) = held.iter().find(|(k, _, _)| *k == info.key).unwrap();
+        assert_eq!((info.owner, info.fence), (*o, *f));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_urls_open_through_the_registry() {
+    let c = Cluster::start().await;
+    let seeds: Vec<String> = c
+        .cluster
+        .ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let mut registry = leasehold::Registry::new();
+    registry.register(Arc::new(RedisFactory));
+    // A dead seed first: the client tries the next one.
+    let url = format!(
+        "redis+cluster://127.0.0.1:{},{}/?prefix=reg:&timeout=2s",
+        leasehold_testkit::free_port(),
+        seeds.join(",")
+    );
+    let store = registry.open(&url).await.unwrap();
+    let k = key("job:registry");
+    let o = OwnerToken::random();
+    let f = acquired(&*store, &k, &o, Duration::from_secs(5)).await;
+    assert_eq!(
+        c.cli(&["GET", "reg:{job:registry}"]).await,
+        format!("{}:{f}", o.to_hex())
+    );
+    let cfg = RedisConfig::from_url(&url).unwrap();
+    assert!(cfg.is_cluster());
+    assert_eq!(RedisConfig::from_url(&cfg.to_string()).unwrap(), cfg);
+    // No live seed: Unavailable, quickly.
+    let dead = format!(
+        "redis+cluster://127.0.0.1:{},127.0.0.1:{}/?connect_timeout=500ms",
+        leasehold_testkit::free_port(),
+        leasehold_testkit::free_port()
+    );
+    let e = timeout(Duration::from_secs(5), RedisStore::open(&dead))
+        .await
+        .expect("bounded")
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_kill_9_and_restart_fences_never_go_back() {
+    let c = Cluster::start().await;
+    let ttl = Duration::from_secs(5);
+    let k = key("job:node-crash");
+    let mut highest = Fence(0);
+    for _ in 0..50 {
+        let o = OwnerToken::random();
+        let f = acquired(&*c.store, &k, &o, ttl).await;
+        assert!(f > highest);
+        highest = f;
+        c.store.release(&k, &o).await.unwrap();
+    }
+    let cluster = c.cluster.clone();
+    let fence_key = c.store.fence_key(&k);
+    tokio::task::spawn_blocking(move || {
+        let node = cluster.node_for_slot(cluster.keyslot(&fence_key));
+        node.restart(); // SIGKILL, start again at once: same id and slots, no data
+        cluster.wait_state_ok(Duration::from_secs(30));
+        assert_eq!(
+            node.cli(&["EXISTS", &fence_key]),
+            "0",
+            "the fence key was lost"
+        );
+    })
+    .await
+    .unwrap();
+    let mut next = None;
+    for _ in 0..20 {
+        match c.store.acquire(&k, &OwnerToken::random(), ttl).await {
+            Ok(AcquireOutcome::Acquired { fence, .. }) => {
+                next = Some(fence);
+                break;
+            }
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let next = next.expect("acquire after the node restart");
+    assert!(next > highest, "fence went back: {next} <= {highest}");
+}

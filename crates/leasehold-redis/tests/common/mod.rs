@@ -1,0 +1,202 @@
+//! Helpers shared by the integration tests: private servers, stores through a fault
+//! proxy, fault hooks for the conformance suite.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::Key;
+use leasehold_conformance::{Faults, Fixture};
+use leasehold_redis::{NodeAddr, RedisConfig, RedisConfigBuilder, RedisStore};
+use leasehold_testkit::{FaultProxy, ProxyMode, RedisCluster, RedisOptions, RedisServer};
+
+/// A fresh key prefix per test, so tests that share a server never collide.
+pub fn prefix(test: &str) -> String {
+    format!("lh-test:{test}:")
+}
+
+/// A standalone server, a fault proxy in front of it, and a store through the proxy.
+pub struct Standalone {
+    pub server: Arc<RedisServer>,
+    pub proxy: Arc<FaultProxy>,
+    pub store: Arc<RedisStore>,
+}
+
+impl Standalone {
+    pub async fn start() -> Self {
+        Self::start_with(RedisOptions::new(), |b| b).await
+    }
+
+    pub async fn start_with(
+        opts: RedisOptions,
+        tweak: impl FnOnce(RedisConfigBuilder) -> RedisConfigBuilder,
+    ) -> Self {
+        let server = Arc::new(
+            tokio::task::spawn_blocking(move || RedisServer::start_with(opts))
+                .await
+                .unwrap(),
+        );
+        let proxy = Arc::new(FaultProxy::start(server.addr()));
+        let mut b = RedisConfigBuilder::standalone("127.0.0.1", proxy.port())
+            .op_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(1));
+        if let Some(pw) = server.options().effective_password() {
+            b = b.password(pw);
+        }
+        let store = Arc::new(RedisStore::new(tweak(b).build().unwrap()).unwrap());
+        Self {
+            server,
+            proxy,
+            store,
+        }
+    }
+
+    /// `redis-cli` against the server directly (not through the proxy), off the runtime.
+    pub async fn cli(&self, args: &[&str]) -> String {
+        let server = self.server.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            server.cli(&args)
+        })
+        .await
+        .unwrap()
+    }
+}
+
+/// A 3-master cluster, one fault proxy per node, and a store that reaches every node
+/// through its proxy (the cluster's own addresses are remapped to the proxies).
+pub struct Cluster {
+    pub cluster: Arc<RedisCluster>,
+    pub proxies: Vec<Arc<FaultProxy>>,
+    pub store: Arc<RedisStore>,
+    pub config: RedisConfig,
+}
+
+impl Cluster {
+    pub async fn start() -> Self {
+        Self::start_with(|b| b).await
+    }
+
+    pub async fn start_with(tweak: impl FnOnce(RedisConfigBuilder) -> RedisConfigBuilder) -> Self {
+        let cluster = Arc::new(
+            tokio::task::spawn_blocking(|| RedisCluster::start(3))
+                .await
+                .unwrap(),
+        );
+        let proxies: Vec<Arc<FaultProxy>> = cluster
+            .addrs()
+            .into_iter()
+            .map(|a| Arc::new(FaultProxy::start(a)))
+            .collect();
+        let mut b = RedisConfigBuilder::cluster(
+            proxies.iter().map(|p| NodeAddr::new("127.0.0.1", p.port())),
+        )
+        .op_timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(1));
+        for (node, proxy) in cluster.ports().into_iter().zip(&proxies) {
+            b = b.map_address(
+                NodeAddr::new("127.0.0.1", node),
+                NodeAddr::new("127.0.0.1", proxy.port()),
+            );
+        }
+        let config = tweak(b).build().unwrap();
+        let store = Arc::new(RedisStore::new(config.clone()).unwrap());
+        Self {
+            cluster,
+            proxies,
+            store,
+            config,
+        }
+    }
+
+    /// `redis-cli -c` against a live node, off the runtime.
+    pub async fn cli(&self, args: &[&str]) -> String {
+        let cluster = self.cluster.clone();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            cluster.cli(&args)
+        })
+        .await
+        .unwrap()
+    }
+
+    pub fn set_mode(&self, mode: ProxyMode) {
+        for p in &self.proxies {
+            p.set_mode(mode);
+        }
+    }
+}
+
+/// Conformance fault hooks: `forget` deletes the lease key directly on the server,
+/// `make_unreachable` blackholes the proxies.
+pub struct RedisFaults {
+    pub store: Arc<RedisStore>,
+    pub proxies: Vec<Arc<FaultProxy>>,
+    pub cli: Box<dyn Fn(Vec<String>) -> String + Send + Sync>,
+}
+
+#[async_trait]
+impl Faults for RedisFaults {
+    async fn forget(&self, key: &Key) {
+        let lease_key = self.store.lease_key(key);
+        let cli = &self.cli;
+        let out = tokio::task::block_in_place(|| cli(vec!["DEL".into(), lease_key]));
+        assert_eq!(out.trim(), "1", "forget: the lease key was not there");
+    }
+
+    async fn make_unreachable(&self) {
+        for p in &self.proxies {
+            p.set_mode(ProxyMode::Blackhole);
+        }
+    }
+
+    async fn restore(&self) {
+        for p in &self.proxies {
+            p.set_mode(ProxyMode::Pass);
+        }
+    }
+}
+
+/// The conformance fixture on a standalone server.
+pub async fn standalone_fixture() -> Fixture {
+    let s = Standalone::start().await;
+    let server = s.server.clone();
+    let faults = RedisFaults {
+        store: s.store.clone(),
+        proxies: vec![s.proxy.clone()],
+        cli: Box::new(move |args| {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            server.cli(&args)
+        }),
+    };
+    Fixture {
+        store: s.store.clone(),
+        faults: Arc::new(faults),
+        ttl: Duration::from_secs(1),
+        guard: Box::new(s),
+    }
+}
+
+/// The conformance fixture on a 3-master cluster.
+pub async fn cluster_fixture() -> Fixture {
+    let c = Cluster::start().await;
+    let cluster = c.cluster.clone();
+    let faults = RedisFaults {
+        store: c.store.clone(),
+        proxies: c.proxies.clone(),
+        cli: Box::new(move |args| {
+            let mut full = vec!["-c"];
+            full.extend(args.iter().map(String::as_str));
+            cluster.any_live_node().cli(&full)
+        }),
+    };
+    Fixture {
+        store: c.store.clone(),
+        faults: Arc::new(faults),
+        ttl: Duration::from_secs(1),
+        guard: Box::new(c),
+    }
+}

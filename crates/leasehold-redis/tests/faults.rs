@@ -1,0 +1,640 @@
+//! FAULTS rows against real `redis-server` processes: a paused holder process (1), a paused
+//! server (4), lost replies and resets through the fault proxy (5, 8), a blackhole (7),
+//! restarts without persistence and `kill -9` (9, 10), cancelled acquisitions (24).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Standalone;
+use leasehold::{
+    AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+};
+use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_testkit::{ProxyMode, RedisOptions, WorkerProcess};
+use tokio::time::{Instant, sleep, timeout};
+
+fn key(s: &str) -> Key {
+    Key::new(s).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------
+// The guard: a fenced write on the Redis side. The protected value and the highest fence
+// accepted live in one hash; a write with a lower fence is rejected atomically.
+
+const GUARD: &str = r#"
+local cur = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+local f = tonumber(ARGV[1])
+if f < cur then return 0 end
+redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2])
+return 1
+"#;
+
+async fn guarded_write(url: &str, guard_key: &str, fence: Fence, value: &str) -> bool {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let accepted: i64 = redis::Script::new(GUARD)
+        .key(guard_key)
+        .arg(fence.get())
+        .arg(value)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    accepted == 1
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 1: a worker process holding a lease is SIGSTOPped past its TTL.
+
+const WORKER_ENV: &str = "LEASEHOLD_REDIS_TEST_WORKER";
+
+/// Not a test: the worker process of `row_01_paused_holder_process`. The test binary runs
+/// itself with this test selected and the worker's settings in the environment; without
+/// them this returns at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_entry_point() {
+    let Ok(url) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    let k = key(&std::env::var("LH_KEY").unwrap());
+    let go = PathBuf::from(std::env::var("LH_GO").unwrap());
+    let guard_key = std::env::var("LH_GUARD").unwrap();
+    let ttl = Duration::from_millis(std::env::var("LH_TTL_MS").unwrap().parse().unwrap());
+    let store = Arc::new(RedisStore::open(&url).await.unwrap());
+    let client = LeaseClient::new(store.clone(), LeaseConfig::new(ttl).unwrap());
+    let lease = client.try_acquire(&k).await.unwrap();
+    println!("ACQUIRED fence={} owner={}", lease.fence(), lease.owner());
+    // Work until told to write (the test pauses this process meanwhile).
+    while !go.exists() {
+        sleep(Duration::from_millis(20)).await;
+    }
+    // About to write: check the lease first, as a careful worker does.
+    let valid = lease.is_valid();
+    let signal_fired = lease.lost().is_lost();
+    println!(
+        "CHECK valid={valid} signal_fired={signal_fired} reason={:?}",
+        lease.lost_reason()
+    );
+    // A careless worker writes anyway with its fence: the guard must reject it.
+    let accepted = guarded_write(&url, &guard_key, lease.fence(), "written-by-A").await;
+    println!("WRITE accepted={accepted}");
+    let renew = store.renew(&k, lease.owner(), ttl).await.unwrap();
+    println!("RENEW {renew:?}");
+    let owner = *lease.owner();
+    let held = lease.release().await.unwrap();
+    println!("RELEASE held={held}");
+    let raw = store.release(&k, &owner).await.unwrap();
+    println!("RAWRELEASE {raw:?}");
+    println!("DONE");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_01_paused_holder_process() {
+    let s = Standalone::start().await;
+    let url = s.server.url();
+    let ttl = Duration::from_secs(1);
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let k = key("job:paused-holder");
+    let guard_key = "guard:paused-holder";
+
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "worker_entry_point",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(WORKER_ENV, &url)
+    .env("LH_KEY", k.as_str())
+    .env("LH_GO", &go)
+    .env("LH_GUARD", guard_key)
+    .env("LH_TTL_MS", ttl.as_millis().to_string());
+    let worker = WorkerProcess::spawn(cmd);
+    // libtest prints "test worker_entry_point ... " before the worker's first line.
+    let line = tokio::task::block_in_place(|| {
+        worker.wait_for_line(|l| l.contains("ACQUIRED "), Duration::from_secs(30))
+    })
+    .expect("the worker acquires");
+    worker.pause();
+    let fence_a: u64 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("fence="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // A is frozen past its TTL; B takes over and writes.
+    sleep(ttl * 3 / 2).await;
+    let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(ttl).unwrap());
+    let b = client.acquire(&k, ttl * 3).await.expect("B acquires");
+    assert!(
+        b.fence().get() > fence_a,
+        "B's fence {} <= A's {fence_a}",
+        b.fence()
+    );
+    assert!(guarded_write(&url, guard_key, b.fence(), "written-by-B").await);
+    // A resumes.
+    std::fs::write(&go, b"go").unwrap();
+    worker.resume();
+    let done = tokio::task::block_in_place(|| {
+        worker.wait_for_line(|l| l.ends_with("DONE"), Duration::from_secs(30))
+    });
+    let lines = worker.lines();
+    assert!(done.is_some(), "worker did not finish: {lines:#?}");
+    let find = |p: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.find(p).map(|i| l[i..].to_owned()))
+            .unwrap_or_else(|| panic!("no {p} line in {lines:#?}"))
+    };
+    // Its lost signal fired before it wrote; the guard rejected the write.
+    let check = find("CHECK");
+    assert!(check.contains("valid=false"), "{check}");
+    assert!(check.contains("signal_fired=true"), "{check}");
+    assert_eq!(find("WRITE"), "WRITE accepted=false");
+    // Its renew and release said "not yours" and left B intact.
+    assert_eq!(find("RENEW"), "RENEW NotOwner");
+    assert_eq!(find("RELEASE"), "RELEASE held=false");
+    assert_eq!(find("RAWRELEASE"), "RAWRELEASE NotOwner");
+    let info = s.store.inspect(&k).await.unwrap().expect("B still holds");
+    assert_eq!((info.owner, info.fence), (*b.owner(), b.fence()));
+    assert_eq!(
+        s.cli(&["HGET", guard_key, "value"]).await,
+        "written-by-B",
+        "the guard kept B's write"
+    );
+    assert!(b.is_valid());
+    assert_eq!(
+        s.store.renew(&k, b.owner(), ttl).await.unwrap(),
+        RenewOutcome::Renewed { ttl }
+    );
+    assert!(b.release().await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 4: the server is paused past the TTL.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_04_server_paused_lost_fires_before_store_expiry() {
+    let s = Standalone::start().await;
+    let ttl = Duration::from_secs(2);
+    let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(ttl).unwrap());
+    let k = key("job:server-paused");
+    let lease = client.try_acquire(&k).await.unwrap();
+    sleep(ttl / 2).await; // renewals happen
+    assert!(lease.is_valid());
+    // The store-side expiry, measured on the server just before the pause: at least
+    // `asked + pttl`. If a renewal lands between the measurement and the pause, measure
+    // again (the bound would be stale).
+    let mut conn = redis::Client::open(s.server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let lease_key = s.store.lease_key(&k);
+    let store_expiry_at_least = loop {
+        let v0 = lease.valid_until();
+        let asked = Instant::now();
+        let pttl: u64 = redis::cmd("PTTL")
+            .arg(&lease_key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        s.server.pause();
+        sleep(Duration::from_millis(50)).await; // a reply already on its way is processed
+        if lease.valid_until() == v0 {
+            break asked + Duration::from_millis(pttl);
+        }
+        s.server.resume();
+        sleep(Duration::from_millis(100)).await;
+    };
+    let reason = timeout(ttl * 2, lease.lost()).await;
+    let lost_at = Instant::now();
+    let valid_until = lease.valid_until();
+    s.server.resume();
+    let reason = reason.expect("lost fires while the server is paused");
+    assert!(
+        matches!(
+            reason,
+            LostReason::Expired | LostReason::RenewFailed { .. } | LostReason::StoreUnavailable
+        ),
+        "{reason:?}"
+    );
+    assert!(
+        lost_at < store_expiry_at_least,
+        "lost fired {:?} after the store-side expiry",
+        lost_at - store_expiry_at_least
+    );
+    assert!(
+        lost_at <= valid_until + Duration::from_millis(500),
+        "lost fired {:?} after the local deadline",
+        lost_at - valid_until
+    );
+    // The resumed server expires the lease by its wall clock; nobody holds it afterwards.
+    sleep(
+        store_expiry_at_least.saturating_duration_since(Instant::now())
+            + Duration::from_millis(100),
+    )
+    .await;
+    assert_eq!(s.store.inspect(&k).await.unwrap(), None);
+    let next = client.try_acquire(&k).await.unwrap();
+    assert!(next.fence() > lease.fence());
+    assert!(!lease.release().await.unwrap());
+    next.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Rows 5 and 8: a reply lost after the request was applied; a reset mid-command.
+
+/// The owner and fence recorded in Redis for `k`.
+async fn raw_lease(s: &Standalone, k: &Key) -> Option<(String, u64)> {
+    let v = s.cli(&["GET", &s.store.lease_key(k)]).await;
+    let (o, f) = v.split_once(':')?;
+    Some((o.to_owned(), f.parse().ok()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_05_lost_reply_retry_returns_same_lease_and_fence() {
+    let s = Standalone::start().await;
+    let ttl = Duration::from_secs(3);
+    let k = key("job:lost-reply");
+    let owner = OwnerToken::random();
+    // Warm up: connected, scripts loaded (a NOSCRIPT reply lost would hide the fault).
+    let warm = OwnerToken::random();
+    s.store.acquire(&k, &warm, ttl).await.unwrap();
+    s.store.release(&k, &warm).await.unwrap();
+    // The request is applied, the reply is dropped.
+    s.proxy.set_mode(ProxyMode::DropReplies);
+    let first = timeout(Duration::from_millis(500), s.store.acquire(&k, &owner, ttl)).await;
+    assert!(first.is_err(), "no reply can arrive: {first:?}");
+    let (raw_owner, raw_fence) = raw_lease(&s, &k).await.expect("the acquire was applied");
+    assert_eq!(raw_owner, owner.to_hex());
+    // The retry with the same owner (on a fresh connection) returns that grant.
+    s.proxy.set_mode(ProxyMode::Pass);
+    match s.store.acquire(&k, &owner, ttl).await.unwrap() {
+        AcquireOutcome::Acquired { fence, .. } => assert_eq!(fence.get(), raw_fence),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        s.store.release(&k, &owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(raw_lease(&s, &k).await, None, "nothing orphaned");
+
+    // End to end: the lease client retries its ambiguous acquire with the same owner.
+    let cfg = LeaseConfig::builder(ttl)
+        .op_timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let client = LeaseClient::new(s.store.clone(), cfg);
+    s.proxy.set_mode(ProxyMode::DropReplies);
+    let pending = {
+        let (client, k) = (client.clone(), k.clone());
+        tokio::spawn(async move { client.try_acquire(&k).await })
+    };
+    sleep(Duration::from_millis(200)).await; // the first attempt is applied, its reply lost
+    let applied = raw_lease(&s, &k).await.expect("first attempt applied");
+    s.proxy.set_mode(ProxyMode::Pass);
+    let lease = pending.await.unwrap().expect("the retry gets the lease");
+    assert_eq!(lease.owner().to_hex(), applied.0, "same owner");
+    assert_eq!(lease.fence().get(), applied.1, "same fence");
+    assert!(lease.release().await.unwrap());
+    assert_eq!(raw_lease(&s, &k).await, None, "nothing orphaned");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_08_reset_mid_command_then_idempotent_retry() {
+    let s = Standalone::start().await;
+    let ttl = Duration::from_secs(3);
+    let k = key("job:reset");
+    let owner = OwnerToken::random();
+    // Hold every chunk 300 ms: the request reaches the server at ~300 ms, its reply would
+    // come back at ~600 ms; reset the connection in between.
+    s.proxy
+        .set_mode(ProxyMode::Delay(Duration::from_millis(300)));
+    let pending = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move { store.acquire(&k, &owner, ttl).await })
+    };
+    sleep(Duration::from_millis(450)).await;
+    s.proxy.reset_all();
+    let e = pending
+        .await
+        .unwrap()
+        .expect_err("the connection was reset");
+    assert!(
+        matches!(
+            e.kind(),
+            StoreErrorKind::Ambiguous | StoreErrorKind::Timeout
+        ),
+        "reset after send must be ambiguous: {e}"
+    );
+    assert!(e.is_retryable());
+    s.proxy.set_mode(ProxyMode::Pass);
+    let applied = raw_lease(&s, &k).await;
+    // The retry reconnects and returns the same grant (or grants it, if the request was
+    // lost with the connection): never a second lease.
+    let fence = match s.store.acquire(&k, &owner, ttl).await.unwrap() {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        other => panic!("{other:?}"),
+    };
+    if let Some((o, f)) = applied {
+        assert_eq!((o, f), (owner.to_hex(), fence.get()));
+    }
+    assert_eq!(raw_lease(&s, &k).await, Some((owner.to_hex(), fence.get())));
+    // A reset while idle: the next calls reconnect.
+    s.proxy.reset_all();
+    sleep(Duration::from_millis(50)).await;
+    let mut renewed = None;
+    for _ in 0..3 {
+        match s.store.renew(&k, &owner, ttl).await {
+            Ok(r) => {
+                renewed = Some(r);
+                break;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+    }
+    assert_eq!(renewed, Some(RenewOutcome::Renewed { ttl }));
+    assert_eq!(
+        s.store.release(&k, &owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert!(s.proxy.connections() >= 2, "reconnected");
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 7: blackhole.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_07_blackhole_every_call_returns_within_its_timeout() {
+    let op_timeout = Duration::from_millis(500);
+    let s = Standalone::start_with(RedisOptions::new(), |b| {
+        b.op_timeout(op_timeout)
+            .connect_timeout(Duration::from_millis(300))
+    })
+    .await;
+    let k = key("job:blackhole");
+    let owner = OwnerToken::random();
+    s.store
+        .acquire(&k, &owner, Duration::from_secs(60))
+        .await
+        .unwrap();
+    s.proxy.set_mode(ProxyMode::Blackhole);
+    let bound = op_timeout + Duration::from_millis(700);
+    let store: &RedisStore = &s.store;
+    let ttl = Duration::from_secs(5);
+    macro_rules! bounded {
+        ($name:literal, $call:expr) => {{
+            let started = Instant::now();
+            let res = timeout(Duration::from_secs(10), $call)
+                .await
+                .unwrap_or_else(|_| panic!("{} hung", $name));
+            let took = started.elapsed();
+            assert!(took <= bound, "{} took {took:?}", $name);
+            let e = res.expect_err($name);
+            assert!(
+                matches!(
+                    e.kind(),
+                    StoreErrorKind::Timeout | StoreErrorKind::Unavailable
+                ),
+                "{}: {e}",
+                $name
+            );
+        }};
+    }
+    bounded!("acquire", store.acquire(&k, &OwnerToken::random(), ttl));
+    bounded!("renew", store.renew(&k, &owner, ttl));
+    bounded!("release", store.release(&k, &owner));
+    bounded!("inspect", store.inspect(&k));
+    bounded!("list", store.list("job:"));
+    bounded!("break", store.break_lease(&k));
+    bounded!(
+        "wait_released",
+        store.wait_released(&k, Duration::from_secs(5))
+    );
+    // Connecting is bounded too.
+    let cfg = RedisConfig::from_url(&format!(
+        "redis://127.0.0.1:{}/?timeout=500ms&connect_timeout=300ms",
+        s.proxy.port()
+    ))
+    .unwrap();
+    let started = Instant::now();
+    let r = timeout(Duration::from_secs(10), RedisStore::connect(cfg))
+        .await
+        .expect("connect hung");
+    assert!(started.elapsed() <= bound);
+    // (A blackholed TCP accept "connects"; without AUTH nothing is asked at connect time.)
+    drop(r);
+    // The lease client: a waiting acquire ends by its deadline.
+    let client = LeaseClient::new(
+        s.store.clone(),
+        LeaseConfig::new(Duration::from_secs(3)).unwrap(),
+    );
+    let started = Instant::now();
+    let r = timeout(
+        Duration::from_secs(10),
+        client.acquire("job:blackhole-2", Duration::from_secs(1)),
+    )
+    .await
+    .expect("acquire hung");
+    assert!(r.is_err());
+    assert!(started.elapsed() <= Duration::from_secs(1) + bound);
+    // Back to normal: the suspect connection was dropped, calls work again.
+    s.proxy.set_mode(ProxyMode::Pass);
+    let info = s.store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(info.owner, owner);
+    assert_eq!(
+        s.store.release(&k, &owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
+/// The proxy swallows the request bytes of a call that the caller then cancels; a
+/// connection reused after that would hand each later call the reply of an earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn swallowed_requests_never_shift_replies() {
+    let s = Standalone::start().await;
+    let ttl = Duration::from_secs(5);
+    let (a, b) = (key("job:shift-a"), key("job:shift-b"));
+    let (oa, ob) = (OwnerToken::random(), OwnerToken::random());
+    s.store.acquire(&a, &oa, ttl).await.unwrap();
+    s.proxy.set_mode(ProxyMode::Blackhole);
+    for _ in 0..3 {
+        let _ = timeout(Duration::from_millis(100), s.store.inspect(&a)).await;
+    }
+    s.proxy.set_mode(ProxyMode::Pass);
+    for _ in 0..20 {
+        let info = s.store.inspect(&a).await.unwrap().unwrap();
+        assert_eq!(info.owner, oa);
+        match s.store.acquire(&b, &ob, ttl).await.unwrap() {
+            AcquireOutcome::Acquired { .. } => {}
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.store.inspect(&b).await.unwrap().unwrap().owner, ob);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Rows 9 and 10: restarts.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_09_restart_without_persistence_holder_loses_fence_grows() {
+    let s = Standalone::start().await;
+    let ttl = Duration::from_secs(2);
+    let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(ttl).unwrap());
+    let k = key("job:restart");
+    let lease = client.try_acquire(&k).await.unwrap();
+    let before = lease.fence();
+    // A clean restart of a server without persistence loses everything.
+    tokio::task::block_in_place(|| s.server.stop_and_restart());
+    assert_eq!(
+        s.cli(&["EXISTS", &s.store.fence_key(&k)]).await,
+        "0",
+        "data lost"
+    );
+    let reason = timeout(ttl * 2, lease.lost())
+        .await
+        .expect("the holder's renewal reports the loss");
+    assert_eq!(reason, LostReason::NotOwner);
+    let next = client.try_acquire(&k).await.unwrap();
+    assert!(
+        next.fence() > before,
+        "fence went back after the restart: {} <= {before}",
+        next.fence()
+    );
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_09_restart_with_persistence_keeps_the_lease() {
+    let s = Standalone::start_with(RedisOptions::new().appendonly(true), |b| b).await;
+    let k = key("job:persisted");
+    let owner = OwnerToken::random();
+    let ttl = Duration::from_secs(20);
+    let fence = match s.store.acquire(&k, &owner, ttl).await.unwrap() {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        other => panic!("{other:?}"),
+    };
+    tokio::task::block_in_place(|| s.server.stop_and_restart());
+    let mut info = None;
+    for _ in 0..5 {
+        match s.store.inspect(&k).await {
+            Ok(i) => {
+                info = i;
+                break;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+    }
+    let info = info.expect("the lease survived the restart");
+    assert_eq!((info.owner, info.fence), (owner, fence));
+    assert_eq!(
+        s.store.renew(&k, &owner, ttl).await.unwrap(),
+        RenewOutcome::Renewed { ttl }
+    );
+    assert_eq!(
+        s.store.release(&k, &owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_10_kill_9_and_immediate_restart_fences_never_go_back() {
+    let s = Standalone::start().await;
+    let ttl = Duration::from_secs(5);
+    let k = key("job:kill9");
+    let mut highest = Fence(0);
+    for _ in 0..200 {
+        let o = OwnerToken::random();
+        let f = match s.store.acquire(&k, &o, ttl).await.unwrap() {
+            AcquireOutcome::Acquired { fence, .. } => fence,
+            other => panic!("{other:?}"),
+        };
+        assert!(f > highest);
+        highest = f;
+        s.store.release(&k, &o).await.unwrap();
+    }
+    // Leave one holder: its lease dies with the server.
+    let holder = OwnerToken::random();
+    if let AcquireOutcome::Acquired { fence, .. } = s.store.acquire(&k, &holder, ttl).await.unwrap()
+    {
+        highest = fence;
+    }
+    tokio::task::block_in_place(|| s.server.restart()); // SIGKILL, start again at once
+    assert_eq!(
+        s.cli(&["EXISTS", &s.store.fence_key(&k)]).await,
+        "0",
+        "the fence key was lost"
+    );
+    let mut next = None;
+    for _ in 0..5 {
+        match s.store.acquire(&k, &OwnerToken::random(), ttl).await {
+            Ok(AcquireOutcome::Acquired { fence, .. }) => {
+                next = Some(fence);
+                break;
+            }
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+    }
+    let next = next.expect("acquire after the restart");
+    assert!(next > highest, "fence went back: {next} <= {highest}");
+    // The old holder's calls say it lost the lease.
+    assert_eq!(
+        s.store.renew(&k, &holder, ttl).await.unwrap(),
+        RenewOutcome::NotOwner
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Row 24: acquisitions cancelled in flight leave nothing behind after 3 × TTL.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_24_cancelled_acquires_leave_nothing_behind() {
+    let s = Standalone::start().await;
+    let ttl = Duration::from_millis(500);
+    let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(ttl).unwrap());
+    // Slow the link so cancellations land at every stage of a call.
+    s.proxy
+        .set_mode(ProxyMode::Delay(Duration::from_millis(15)));
+    let mut cancelled = 0;
+    for i in 0..60u64 {
+        let k = format!("job:cancel-{}", i % 10);
+        let cut = Duration::from_millis(i % 40);
+        let (store, client) = (s.store.clone(), client.clone());
+        let r = if i % 2 == 0 {
+            timeout(cut, async move { client.try_acquire(k).await.map(drop) }).await
+        } else {
+            timeout(cut, async move {
+                store
+                    .acquire(&Key::new(k).unwrap(), &OwnerToken::random(), ttl)
+                    .await
+                    .map(drop)
+                    .map_err(Error::from)
+            })
+            .await
+        };
+        if r.is_err() {
+            cancelled += 1;
+        }
+    }
+    assert!(
+        cancelled > 10,
+        "too few cancellations to mean anything: {cancelled}"
+    );
+    s.proxy.set_mode(ProxyMode::Pass);
+    sleep(ttl * 3).await;
+    let left = s
+        .cli(&["--scan", "--pattern", "leasehold:{job:cancel-*}"])
+        .await;
+    assert_eq!(left.trim(), "", "leases left behind");
+    assert!(s.store.list("job:cancel-").await.unwrap().is_empty());
+    // And the keys are usable.
+    let lease = client.try_acquire("job:cancel-0").await.unwrap();
+    lease.release().await.unwrap();
+}

@@ -1,0 +1,444 @@
+//! Redis-specific behaviour of the store against a private `redis-server`: fences floored
+//! at the server clock, typed errors for foreign data at the lease and fence keys, script
+//! reloading, listing, breaking, release notifications, URLs.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Standalone;
+use leasehold::{
+    AcquireOutcome, Action, Error, Fence, Key, LeaseClient, LeaseConfig, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+};
+use leasehold_redis::{RedisConfig, RedisFactory, RedisStore};
+use tokio::time::{Instant, sleep, timeout};
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn key(s: &str) -> Key {
+    Key::new(s).unwrap()
+}
+
+async fn fence_of(store: &dyn Store, k: &Key, owner: &OwnerToken) -> Fence {
+    match store.acquire(k, owner, TTL).await.unwrap() {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+/// Server `TIME` in microseconds.
+async fn server_time_us(s: &Standalone) -> u64 {
+    let t = s.cli(&["TIME"]).await;
+    let mut it = t.lines();
+    let secs: u64 = it.next().unwrap().trim().parse().unwrap();
+    let us: u64 = it.next().unwrap().trim().parse().unwrap();
+    secs * 1_000_000 + us
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_are_floored_at_server_time_and_strictly_grow() {
+    let s = Standalone::start().await;
+    let k = key("job:floor");
+    let before = server_time_us(&s).await;
+    let a = OwnerToken::random();
+    let f1 = fence_of(&*s.store, &k, &a).await;
+    let after = server_time_us(&s).await;
+    assert!(
+        (before..=after).contains(&f1.get()),
+        "{before} <= {f1} <= {after}"
+    );
+    // The fence key holds the last fence; it never expires.
+    let fence_key = s.store.fence_key(&k);
+    assert_eq!(s.cli(&["GET", &fence_key]).await, f1.to_string());
+    assert_eq!(s.cli(&["PTTL", &fence_key]).await, "-1");
+    // The lease value is owner:fence with an expiry.
+    let lease_key = s.store.lease_key(&k);
+    assert_eq!(
+        s.cli(&["GET", &lease_key]).await,
+        format!("{}:{}", a.to_hex(), f1)
+    );
+    let pttl: i64 = s.cli(&["PTTL", &lease_key]).await.parse().unwrap();
+    assert!(pttl > 0 && pttl <= 5000, "{pttl}");
+    // Same owner: same fence, TTL extended.
+    assert_eq!(fence_of(&*s.store, &k, &a).await, f1);
+    assert_eq!(
+        s.store.release(&k, &a).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let mut last = f1;
+    for _ in 0..50 {
+        let o = OwnerToken::random();
+        let f = fence_of(&*s.store, &k, &o).await;
+        assert!(f > last, "{f} after {last}");
+        last = f;
+        s.store.release(&k, &o).await.unwrap();
+    }
+    // A fence key ahead of the clock wins: last + 1.
+    s.cli(&["SET", &fence_key, "9000000000000000"]).await;
+    let o = OwnerToken::random();
+    assert_eq!(
+        fence_of(&*s.store, &k, &o).await,
+        Fence(9_000_000_000_000_001)
+    );
+}
+
+/// Checks that `op` on a lease whose Redis data was replaced by a foreign value fails with
+/// `Corrupt` and leaves the value alone.
+async fn assert_all_ops_corrupt(s: &Standalone, k: &Key, what: &str) {
+    let o = OwnerToken::random();
+    let e = s.store.acquire(k, &o, TTL).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: acquire: {e}");
+    assert_eq!(e.action(), Action::Investigate);
+    let e = s.store.renew(k, &o, TTL).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: renew: {e}");
+    let e = s.store.release(k, &o).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: release: {e}");
+    let e = s.store.inspect(k).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: inspect: {e}");
+    let e = s.store.break_lease(k).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: break: {e}");
+    // Through the lease client: a typed error, not "held", not retried until the wait ends.
+    let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(TTL).unwrap());
+    let started = Instant::now();
+    match client.acquire(k, Duration::from_secs(10)).await {
+        Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: {e}"),
+        other => panic!("{what}: expected a Corrupt store error, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{what}: retried"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_type_at_the_lease_key_is_corrupt_and_untouched() {
+    let s = Standalone::start().await;
+    let k = key("job:wrongtype");
+    let lk = s.store.lease_key(&k);
+    // `SET NX` on a list answers nil; leasehold must not mistake the key for free or held.
+    s.cli(&["RPUSH", &lk, "someone", "else's", "list"]).await;
+    assert_all_ops_corrupt(&s, &k, "list").await;
+    assert_eq!(s.cli(&["TYPE", &lk]).await, "list");
+    assert_eq!(s.cli(&["LLEN", &lk]).await, "3");
+    s.cli(&["DEL", &lk]).await;
+    s.cli(&["HSET", &lk, "f", "v"]).await;
+    assert_all_ops_corrupt(&s, &k, "hash").await;
+    assert_eq!(s.cli(&["TYPE", &lk]).await, "hash");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_lease_values_are_corrupt_and_untouched() {
+    let s = Standalone::start().await;
+    let hex = OwnerToken::random().to_hex();
+    let bad = [
+        "garbage".to_owned(),
+        String::new(),
+        hex.clone(),
+        format!("{hex}:"),
+        format!("{hex}:0"),
+        format!("{hex}:-5"),
+        format!("{hex}:007"),
+        format!("{hex}:1.5"),
+        format!("{hex}:5:extra"),
+        format!("{}:5", hex.to_uppercase()),
+        format!("{}:5", &hex[..31]),
+        format!("{hex}0:5"),
+        format!("{hex}:99999999999999999"),
+        format!("{hex}:9007199254740992"),
+    ];
+    for (i, v) in bad.iter().enumerate() {
+        let k = key(&format!("job:corrupt-{i}"));
+        let lk = s.store.lease_key(&k);
+        s.cli(&["SET", &lk, v, "PX", "60000"]).await;
+        assert_all_ops_corrupt(&s, &k, &format!("value {v:?}")).await;
+        assert_eq!(s.cli(&["GET", &lk]).await, *v, "value was overwritten");
+    }
+    // A well-formed value without an expiry would never free itself: corrupt too (but its
+    // owner may still renew, which sets an expiry).
+    let k = key("job:no-expiry");
+    let lk = s.store.lease_key(&k);
+    s.cli(&["SET", &lk, &format!("{hex}:5")]).await;
+    let o = OwnerToken::random();
+    let e = s.store.acquire(&k, &o, TTL).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+    let e = s.store.inspect(&k).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+    assert_eq!(s.cli(&["PTTL", &lk]).await, "-1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_fence_key_is_corrupt_and_untouched() {
+    let s = Standalone::start().await;
+    for (i, v) in ["abc", "0", "-5", "1.5", "01", "9007199254740992", " 7"]
+        .iter()
+        .enumerate()
+    {
+        let k = key(&format!("job:fence-{i}"));
+        let fk = s.store.fence_key(&k);
+        s.cli(&["SET", &fk, v]).await;
+        let e = s
+            .store
+            .acquire(&k, &OwnerToken::random(), TTL)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "fence {v:?}: {e}");
+        let e = s.store.break_lease(&k).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "fence {v:?}: {e}");
+        assert_eq!(s.cli(&["GET", &fk]).await, *v);
+        assert_eq!(
+            s.store.inspect(&k).await.unwrap(),
+            None,
+            "no lease was created"
+        );
+    }
+    let k = key("job:fence-list");
+    let fk = s.store.fence_key(&k);
+    s.cli(&["RPUSH", &fk, "x"]).await;
+    let e = s
+        .store
+        .acquire(&k, &OwnerToken::random(), TTL)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+    assert_eq!(s.cli(&["TYPE", &fk]).await, "list");
+    assert_eq!(s.cli(&["EXISTS", &s.store.lease_key(&k)]).await, "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_after_script_flush() {
+    let s = Standalone::start().await;
+    let k = key("job:noscript");
+    let o = OwnerToken::random();
+    let f = fence_of(&*s.store, &k, &o).await;
+    assert_eq!(s.cli(&["SCRIPT", "FLUSH"]).await, "OK");
+    assert_eq!(
+        s.store.renew(&k, &o, TTL).await.unwrap(),
+        RenewOutcome::Renewed { ttl: TTL }
+    );
+    s.cli(&["SCRIPT", "FLUSH"]).await;
+    assert_eq!(s.store.inspect(&k).await.unwrap().unwrap().fence, f);
+    s.cli(&["SCRIPT", "FLUSH"]).await;
+    assert_eq!(
+        s.store.release(&k, &o).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_finds_only_leases_under_the_prefix() {
+    let s = Standalone::start().await;
+    let mut held = Vec::new();
+    for name in ["job:a", "job:b{x}", "job:*glob?", "other:c"] {
+        let k = key(name);
+        let o = OwnerToken::random();
+        let f = fence_of(&*s.store, &k, &o).await;
+        held.push((k, o, f));
+    }
+    // Foreign keys in the namespace are ignored, not misparsed.
+    s.cli(&["SET", "leasehold:{job:%zz}", "x"]).await;
+    s.cli(&["SET", "leasehold:{job:foreign", "x"]).await;
+    let list = s.store.list("job:").await.unwrap();
+    let keys: Vec<&str> = list.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["job:*glob?", "job:a", "job:b{x}"]);
+    for info in &list {
+        let (_, o, f) = held.iter().find(|(k, _, _)| *k == info.key).unwrap();
+        assert_eq!((info.owner, info.fence), (*o, *f));
+        assert!(info.remaining.unwrap() <= TTL);
+    }
+    // A glob character in the prefix is literal.
+    let list = s.store.list("job:*").await.unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(s.store.list("").await.unwrap().len(), 4);
+    assert!(s.store.list("nothing:").await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_advances_the_fence_and_frees_the_key() {
+    let s = Standalone::start().await;
+    let k = key("job:break");
+    // Breaking a free key still advances the fence (stale holders of older grants lose).
+    let f0 = s.store.break_lease(&k).await.unwrap();
+    let o = OwnerToken::random();
+    let f1 = fence_of(&*s.store, &k, &o).await;
+    assert!(f1 > f0);
+    let f2 = s.store.break_lease(&k).await.unwrap();
+    assert!(f2 > f1);
+    assert_eq!(s.store.inspect(&k).await.unwrap(), None);
+    assert_eq!(
+        s.store.renew(&k, &o, TTL).await.unwrap(),
+        RenewOutcome::NotOwner
+    );
+    assert_eq!(
+        s.store.release(&k, &o).await.unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    assert!(fence_of(&*s.store, &k, &OwnerToken::random()).await > f2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_released_wakes_on_release_on_expiry_and_at_once_when_free() {
+    let s = Standalone::start().await;
+    let k = key("job:wait");
+    // Free: returns at once.
+    let started = Instant::now();
+    s.store
+        .wait_released(&k, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Held: wakes on release, long before the TTL or the wait runs out.
+    let o = OwnerToken::random();
+    fence_of(&*s.store, &k, &o).await;
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, k) = (s.store.clone(), k.clone());
+            tokio::spawn(async move {
+                store
+                    .wait_released(&k, Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                Instant::now()
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(300)).await;
+    assert!(waiters.iter().all(|w| !w.is_finished()));
+    let released_at = Instant::now();
+    s.store.release(&k, &o).await.unwrap();
+    for w in waiters {
+        let woke = timeout(Duration::from_secs(3), w).await.unwrap().unwrap();
+        assert!(woke >= released_at);
+    }
+    // Held, never released: wakes at the holder's expiry.
+    let o = OwnerToken::random();
+    s.store
+        .acquire(&k, &o, Duration::from_millis(600))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    s.store
+        .wait_released(&k, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    // The channel is unsubscribed once nobody waits (checked on the server).
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        s.cli(&["PUBSUB", "NUMSUB", "leasehold:{job:wait}:released"])
+            .await
+            .lines()
+            .nth(1),
+        Some("0")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_off_means_wait_released_is_unsupported() {
+    let s = Standalone::start_with(leasehold_testkit::RedisOptions::new(), |b| {
+        b.notifications(false)
+    })
+    .await;
+    assert!(!s.store.capabilities().wait_for_release);
+    let e = s
+        .store
+        .wait_released(&key("job:x"), Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unsupported);
+    // Waiting acquisitions still work (by backoff).
+    let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(TTL).unwrap());
+    let a = client.try_acquire("job:x").await.unwrap();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move { client.acquire("job:x", Duration::from_secs(10)).await })
+    };
+    sleep(Duration::from_millis(200)).await;
+    assert!(a.release().await.unwrap());
+    let b = timeout(Duration::from_secs(8), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    b.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urls_open_through_the_registry_with_prefix_and_db() {
+    let s = Standalone::start().await;
+    let mut registry = leasehold::Registry::new();
+    registry.register(Arc::new(RedisFactory));
+    let url = format!(
+        "redis://127.0.0.1:{}/3?prefix=app%3Aleases%3A&timeout=1s",
+        s.server.port()
+    );
+    let store = registry.open(&url).await.unwrap();
+    assert_eq!(store.backend(), "redis");
+    let k = key("job:url");
+    let o = OwnerToken::random();
+    fence_of(&*store, &k, &o).await;
+    // In database 3, under the prefix.
+    assert_eq!(
+        s.cli(&["-n", "3", "EXISTS", "app:leases:{job:url}"]).await,
+        "1"
+    );
+    assert_eq!(
+        s.cli(&["-n", "3", "EXISTS", "app:leases:{job:url}:fence"])
+            .await,
+        "1"
+    );
+    assert_eq!(s.cli(&["EXISTS", "app:leases:{job:url}"]).await, "0");
+    // Config Display round-trips through the URL parser.
+    let cfg = RedisConfig::from_url(&url).unwrap();
+    assert_eq!(RedisConfig::from_url(&cfg.to_string()).unwrap(), cfg);
+    // Bad URLs and unreachable servers: typed errors, quickly.
+    let e = registry
+        .open(&format!(
+            "redis://127.0.0.1:{}/?prefix=%7Bx",
+            s.server.port()
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let closed = leasehold_testkit::free_port();
+    let started = Instant::now();
+    let e = registry
+        .open(&format!("redis://127.0.0.1:{closed}/"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    assert!(e.is_retryable());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // A store opened lazily reports the same at its first operation.
+    let lazy =
+        RedisStore::new(RedisConfig::from_url(&format!("redis://127.0.0.1:{closed}/")).unwrap())
+            .unwrap();
+    let e = lazy.inspect(&k).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_share_one_connection() {
+    let s = Standalone::start().await;
+    let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(TTL).unwrap());
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for j in 0..10 {
+                    let lease = client
+                        .try_acquire(format!("job:many-{i}-{j}"))
+                        .await
+                        .unwrap();
+                    assert!(lease.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(s.proxy.connections(), 1, "one multiplexed connection");
+}
