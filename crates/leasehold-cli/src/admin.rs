@@ -48,8 +48,15 @@ pub(crate) fn store_failure(e: &StoreError) -> ExitCode {
     fail(code, e)
 }
 
+/// Opens the store. A configuration error while opening means the URL is wrong (scheme,
+/// host, port, parameters, credentials): a usage error, not a store failure.
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, ExitCode> {
-    stores::open(url).await.map_err(|e| store_failure(&e))
+    stores::open(url).await.map_err(|e| match e.kind() {
+        StoreErrorKind::Config | StoreErrorKind::InvalidInput => {
+            fail(exit::USAGE, format_args!("bad store URL: {e}"))
+        }
+        _ => store_failure(&e),
+    })
 }
 
 fn parse_key(key: &str) -> Result<Key, ExitCode> {

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod admin;
+mod demo;
 mod exit;
 mod run;
 mod stores;
@@ -42,9 +43,10 @@ struct Global {
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
-    /// Log level filter (e.g. `info`, `leasehold=debug`); `RUST_LOG` works too.
-    #[arg(long, default_value = "warn", global = true, env = "LEASEHOLD_LOG")]
-    log: String,
+    /// Log level filter (e.g. `info`, `leasehold=debug`; default `warn`, `error` for the
+    /// demo); `RUST_LOG` works too.
+    #[arg(long, global = true, env = "LEASEHOLD_LOG")]
+    log: Option<String>,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
     #[arg(long, global = true)]
     metrics_addr: Option<SocketAddr>,
@@ -90,6 +92,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the paused-worker story: a stale write rejected by the guard (or, with
+    /// --unfenced, corrupting the data).
+    #[command(after_help = demo::HELP)]
+    Demo(demo::DemoArgs),
     /// Print shell completions.
     #[command(
         after_help = "Example:\n  leasehold completions bash > /etc/bash_completion.d/leasehold"
@@ -111,9 +117,10 @@ pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(code)
 }
 
-fn init_logging(global: &Global) -> Result<(), String> {
+fn init_logging(global: &Global, default: &str) -> Result<(), String> {
+    let level = global.log.as_deref().unwrap_or(default);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&global.log))
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .map_err(|e| format!("bad --log filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -158,7 +165,13 @@ fn main() -> ExitCode {
             );
         }
     };
-    if let Err(e) = init_logging(&cli.global) {
+    // The demo shows lost leases and rejected writes in its timeline; no need to warn.
+    let default_level = if matches!(cli.command, Command::Demo(_)) {
+        "error"
+    } else {
+        "warn"
+    };
+    if let Err(e) = init_logging(&cli.global, default_level) {
         return fail(exit::USAGE, e);
     }
     if let Command::Completions { shell } = cli.command {
@@ -200,6 +213,7 @@ async fn async_main(cli: Cli) -> ExitCode {
         Command::Inspect { key, json } => admin::inspect(&url, &key, json).await,
         Command::List { prefix, json } => admin::list(&url, &prefix, json).await,
         Command::Break { key, json } => admin::break_lease(&url, &key, json).await,
+        Command::Demo(args) => demo::demo(args).await,
         Command::Completions { .. } => unreachable!("handled before the runtime starts"),
     }
 }

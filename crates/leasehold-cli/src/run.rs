@@ -25,7 +25,8 @@ the grace runs out, before the lease can expire in the store. SIGINT, SIGTERM an
 are forwarded to it. The lease is released when it exits.
 
 Exit status: the command's own (128+N if killed by signal N), or
-  64  bad usage (flags, URL, key, durations)
+  64  bad usage (flags, key, durations, a store URL that cannot be opened as given:
+      scheme, host, port, parameters or credentials)
   69  store error (unreachable, authentication, permissions)
   70  lease lost while the command ran (it was stopped)
   75  not acquired: held by another owner past --wait, or at once with --no-wait
@@ -151,6 +152,15 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> u8 {
             "LEASEHOLD_VALID_UNTIL",
             unix_ms_at(lease.valid_until()).to_string(),
         );
+    // Handlers first, so a signal that arrives as soon as the command starts is forwarded.
+    let (Ok(mut sigint), Ok(mut sigterm), Ok(mut sighup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        eprintln!("leasehold: cannot install signal handlers");
+        return exit::STORE;
+    };
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -159,16 +169,6 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> u8 {
         }
     };
     let pgid = Pid::from_raw(child.id().map(|id| id as i32).unwrap_or(0));
-    let (Ok(mut sigint), Ok(mut sigterm), Ok(mut sighup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        signal_group(pgid, Signal::SIGKILL);
-        let _ = child.wait().await;
-        eprintln!("leasehold: cannot install signal handlers");
-        return exit::STORE;
-    };
     let lost = lease.lost();
     // Once stopping: when to send SIGKILL.
     let mut kill_at: Option<Instant> = None;

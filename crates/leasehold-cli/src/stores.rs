@@ -7,14 +7,19 @@ use leasehold::{Registry, Store, StoreError};
 
 /// The registry of every store linked into the command.
 pub fn registry() -> Registry {
-    Registry::new()
+    let mut r = Registry::new();
+    r.register(Arc::new(leasehold_sqlite::SqliteFactory));
+    r.register(Arc::new(leasehold_redis::RedisFactory));
+    r.register(Arc::new(leasehold_postgres::PgFactory));
+    r.register(Arc::new(leasehold_mysql::MySqlFactory));
+    r
 }
 
 /// The store URL when neither `--store` nor `LEASEHOLD_STORE` names one: the embedded
 /// SQLite database in the user's state directory.
 pub fn default_url() -> String {
-    let dir = state_dir();
-    format!("sqlite://{}", dir.join("leases.db").display())
+    // SqliteConfig's Display is a URL that encodes awkward path characters.
+    leasehold_sqlite::SqliteConfig::new(state_dir().join("leases.db")).to_string()
 }
 
 /// `$XDG_STATE_HOME/leasehold`, or `~/.local/state/leasehold`.
