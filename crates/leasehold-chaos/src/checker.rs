@@ -24,6 +24,9 @@ pub struct CheckConfig {
     /// C2/C3 relaxed: the failure model admits fence reuse and overlapping windows (FAULTS
     /// rows 10, 11, 13). C1 is never relaxed.
     pub lossy_store: bool,
+    /// A store restart loses the leases it held (Redis without persistence, FAULTS rows
+    /// 9–10): C3 is relaxed for a window during which the store restarted. C1 still holds.
+    pub restart_loses_leases: bool,
 }
 
 impl CheckConfig {
@@ -35,6 +38,7 @@ impl CheckConfig {
             takeover_bound_ns: ttl_ns * 3,
             quiet_ns: ttl_ns * 3,
             lossy_store: false,
+            restart_loses_leases: false,
         }
     }
 }
@@ -197,6 +201,11 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
         }
     }
 
+    let restarts: Vec<u64> = events
+        .iter()
+        .filter(|e| e.op == Some(Op::Fault) && e.detail.starts_with("restart-store"))
+        .map(|e| e.t)
+        .collect();
     // C3: windows of different owners do not overlap.
     if !cfg.lossy_store {
         let mut by_key: HashMap<&str, Vec<&Window>> = HashMap::new();
@@ -210,7 +219,9 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
                     if b.start >= a.end() {
                         break;
                     }
-                    if a.owner != b.owner {
+                    let restarted = cfg.restart_loses_leases
+                        && restarts.iter().any(|&t| a.start <= t && t <= b.start);
+                    if a.owner != b.owner && !restarted {
                         v.push(Violation {
                             invariant: "C3",
                             detail: format!(
@@ -317,18 +328,38 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
         }
     }
 
-    // C6: stale calls never extend or remove another owner's lease.
+    // C6: stale calls never extend or remove another owner's lease. A call may take effect
+    // anywhere between its invoke and its reply, so it is stale only if another owner had
+    // acquired the key before the call was even sent.
     for e in &events {
         if !matches!(e.op, Some(Op::Renew) | Some(Op::Release)) || e.phase != Some(Phase::Ok) {
             continue;
         }
+        let sent = events
+            .iter()
+            .filter(|i| {
+                i.op == e.op
+                    && i.phase == Some(Phase::Invoke)
+                    && i.owner == e.owner
+                    && i.key == e.key
+                    && i.t <= e.t
+            })
+            .map(|i| i.t)
+            .max()
+            .unwrap_or(e.t);
         let latest = windows
             .iter()
-            .filter(|w| w.key == e.key && w.start <= e.t)
+            .filter(|w| w.key == e.key && w.start <= sent)
             .max_by_key(|w| w.start);
         if let Some(latest) = latest
             && latest.owner != e.owner
-            && window_of(&e.key, &e.owner).is_some_and(|own| own.fence < latest.fence)
+            && window_of(&e.key, &e.owner).is_some_and(|own| {
+                own.fence < latest.fence
+                    && !(cfg.restart_loses_leases
+                        && restarts
+                            .iter()
+                            .any(|&t| own.start <= t && t <= latest.start))
+            })
         {
             v.push(Violation {
                 invariant: "C6",
@@ -413,10 +444,10 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
     }
 
     // C9: after a holder is killed, another takes over within the bound.
-    for f in events
-        .iter()
-        .filter(|e| e.op == Some(Op::Fault) && e.detail.starts_with("kill9"))
-    {
+    let crashes = events.iter().filter(|e| {
+        e.op == Some(Op::Fault) && e.detail.starts_with("kill9") && !e.detail.contains("end-of-run")
+    });
+    for f in crashes {
         let victim = &f.key;
         let held: Vec<&Window> = windows
             .iter()

@@ -8,6 +8,18 @@
 
 pub mod checker;
 pub mod history;
+pub mod mono;
+pub mod report;
+pub mod run;
+pub mod worker;
 
 pub use checker::{CheckConfig, Violation, check};
 pub use history::{AuditRow, Event, FinalState, Op, Phase, parse_lines};
+
+/// The stores the harness can run against.
+pub fn registry() -> leasehold::Registry {
+    let mut r = leasehold::Registry::new();
+    r.register(std::sync::Arc::new(leasehold_redis::RedisFactory));
+    r.register(std::sync::Arc::new(leasehold_postgres::PgFactory));
+    r
+}

@@ -219,7 +219,8 @@ fn c5_stale_write_accepted_after_a_newer_one() {
 #[test]
 fn c6_stale_release_succeeded() {
     let (mut h, s) = clean();
-    // A releases successfully after B acquired.
+    // A sends a release after B acquired, and it succeeds.
+    h.push(ev(445 * MS, "a", Op::Release, Phase::Invoke, "A"));
     h.push(ev(450 * MS, "a", Op::Release, Phase::Ok, "A"));
     assert!(invariants(&h, &s, &cfg()).contains(&"C6"));
 }
@@ -296,4 +297,46 @@ fn history_round_trips_through_json_lines() {
         .collect();
     assert_eq!(leasehold_chaos::parse_lines(&text).unwrap(), h);
     assert!(leasehold_chaos::parse_lines("{not json}").is_err());
+}
+
+#[test]
+fn c6_release_sent_before_the_takeover_is_fine() {
+    // A's release is sent before B acquires, but its reply arrives after: not stale.
+    let mut h = acquired(10 * MS, "a", "A", 1);
+    h.push(ev(400 * MS, "a", Op::Release, Phase::Invoke, "A"));
+    h.extend(acquired(405 * MS, "b", "B", 2));
+    h.push(ev(410 * MS, "a", Op::Release, Phase::Ok, "A"));
+    h.extend(released(500 * MS, "b", "B"));
+    let v = check(&h, &FinalState::default(), &cfg());
+    assert!(!v.iter().any(|v| v.invariant == "C6"), "{v:?}");
+}
+
+#[test]
+fn c3_overlap_after_a_store_restart_is_allowed_only_when_restarts_lose_leases() {
+    let mut h = acquired(10 * MS, "a", "A", 1);
+    h.push(fault(100 * MS, "store", "restart-store"));
+    h.extend(acquired(200 * MS, "b", "B", 2));
+    h.extend(released(300 * MS, "b", "B"));
+    h.extend(released(400 * MS, "a", "A"));
+    assert!(invariants(&h, &FinalState::default(), &cfg()).contains(&"C3"));
+    let lossy = CheckConfig {
+        restart_loses_leases: true,
+        ..cfg()
+    };
+    assert!(!invariants(&h, &FinalState::default(), &lossy).contains(&"C3"));
+}
+
+#[test]
+fn c9_ignores_the_end_of_run_kill() {
+    let mut h = acquired(10 * MS, "a", "A", 1);
+    h.push(fault(100 * MS, "a", "kill9 end-of-run"));
+    h.push(Event {
+        t: 10_000 * MS,
+        worker: "harness".into(),
+        op: Some(Op::Inspect),
+        phase: Some(Phase::Ok),
+        key: "job:k".into(),
+        ..Default::default()
+    });
+    assert!(!invariants(&h, &FinalState::default(), &cfg()).contains(&"C9"));
 }

@@ -1,0 +1,287 @@
+//! A worker process: loops acquire → read-modify-write through the guard → release, and
+//! records every event.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold::{GuardDecision, LeaseClient, LeaseConfig, Registry, Store};
+use leasehold_postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
+use rand::Rng;
+
+use crate::history::{Event, Op, Phase};
+use crate::mono::{instant_ns, mono_ns};
+
+/// What a worker needs to know.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Its name in the history.
+    pub name: String,
+    /// The lease store's URL.
+    pub lease_url: String,
+    /// The PostgreSQL holding the protected data and the guard.
+    pub pg_url: String,
+    /// The lease key (also the protected resource).
+    pub key: String,
+    /// The lease TTL.
+    pub ttl: Duration,
+    /// Skip the guard (the control run).
+    pub unfenced: bool,
+    /// Where to append the events.
+    pub events: std::path::PathBuf,
+}
+
+/// Appends events as JSON lines, one `write` per line.
+#[derive(Clone)]
+pub struct Recorder {
+    file: Arc<Mutex<File>>,
+    worker: String,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("worker", &self.worker)
+            .finish()
+    }
+}
+
+impl Recorder {
+    /// A recorder appending to `path`.
+    ///
+    /// # Errors
+    /// When the file cannot be opened.
+    pub fn open(path: &std::path::Path, worker: &str) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Self {
+            file: Arc::new(Mutex::new(file)),
+            worker: worker.to_owned(),
+        })
+    }
+
+    /// Records `e` (its `t` and `worker` are filled in when zero/empty).
+    pub fn record(&self, mut e: Event) {
+        if e.t == 0 {
+            e.t = mono_ns();
+        }
+        if e.worker.is_empty() {
+            e.worker = self.worker.clone();
+        }
+        let mut line = serde_json::to_string(&e).expect("serializable");
+        line.push('\n');
+        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+fn event(op: Op, phase: Phase, key: &str, owner: &str) -> Event {
+    Event {
+        op: Some(op),
+        phase: Some(phase),
+        key: key.into(),
+        owner: owner.into(),
+        ..Default::default()
+    }
+}
+
+/// Creates the protected data's tables (idempotent).
+///
+/// # Errors
+/// Database errors, as text.
+pub async fn prepare_data(pool: &PgPool, key: &str) -> Result<(), String> {
+    leasehold_postgres::guard::migrate(pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS chaos_counter (resource text PRIMARY KEY, value bigint NOT NULL);
+         CREATE TABLE IF NOT EXISTS chaos_audit (seq bigserial PRIMARY KEY, resource text NOT NULL, fence bigint NOT NULL, owner text NOT NULL);",
+    )
+    .execute(pool)
+    .await
+    .map_err(|e| e.to_string())?;
+    sqlx::query("INSERT INTO chaos_counter VALUES ($1, 0) ON CONFLICT DO NOTHING")
+        .bind(key)
+        .execute(pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+enum WriteOutcome {
+    Accepted(u64),
+    Rejected(u64),
+    Failed(String),
+    Unknown(String),
+}
+
+/// One protected write: guard check (unless unfenced), read-modify-write of the counter
+/// with a pause in the middle, an audit row; all in one transaction.
+async fn protected_write(
+    pool: &PgPool,
+    spec: &WorkerSpec,
+    owner: &str,
+    fence: leasehold::Fence,
+) -> WriteOutcome {
+    let mut tx = match pool.begin().await {
+        Ok(tx) => tx,
+        Err(e) => return WriteOutcome::Failed(e.to_string()),
+    };
+    // A writer blocked behind a frozen one gives up instead of queueing forever.
+    let timeout_ms = (spec.ttl.as_millis() / 2).max(100);
+    if let Err(e) = sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+        .bind(format!("{timeout_ms}ms"))
+        .execute(&mut *tx)
+        .await
+    {
+        return WriteOutcome::Failed(e.to_string());
+    }
+    if !spec.unfenced {
+        match leasehold_postgres::guard::check_and_advance(&mut tx, &spec.key, fence).await {
+            Ok(GuardDecision::Accepted { .. }) => {}
+            Ok(GuardDecision::Rejected { current }) => {
+                return WriteOutcome::Rejected(current.get());
+            }
+            Err(e) => return WriteOutcome::Failed(e.to_string()),
+        }
+    }
+    let read: Result<i64, _> =
+        sqlx::query_scalar("SELECT value FROM chaos_counter WHERE resource = $1")
+            .bind(&spec.key)
+            .fetch_one(&mut *tx)
+            .await;
+    let value = match read {
+        Ok(v) => v,
+        Err(e) => return WriteOutcome::Failed(e.to_string()),
+    };
+    let pause = rand::rng().random_range(0..10);
+    tokio::time::sleep(Duration::from_millis(pause)).await;
+    let update = sqlx::query("UPDATE chaos_counter SET value = $2 WHERE resource = $1")
+        .bind(&spec.key)
+        .bind(value + 1)
+        .execute(&mut *tx)
+        .await;
+    if let Err(e) = update {
+        return WriteOutcome::Failed(e.to_string());
+    }
+    let seq: Result<i64, _> = sqlx::query_scalar(
+        "INSERT INTO chaos_audit (resource, fence, owner) VALUES ($1, $2, $3) RETURNING seq",
+    )
+    .bind(&spec.key)
+    .bind(fence.get() as i64)
+    .bind(owner)
+    .fetch_one(&mut *tx)
+    .await;
+    let seq = match seq {
+        Ok(s) => s as u64,
+        Err(e) => return WriteOutcome::Failed(e.to_string()),
+    };
+    match tx.commit().await {
+        Ok(()) => WriteOutcome::Accepted(seq),
+        Err(e) => WriteOutcome::Unknown(e.to_string()),
+    }
+}
+
+/// Runs the worker loop until the process is killed or `stop` fires.
+///
+/// # Errors
+/// Set-up failures (store, database, event file), as text.
+pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
+    let rec = Recorder::open(&spec.events, &spec.name).map_err(|e| e.to_string())?;
+    let store: Arc<dyn Store> = registry
+        .open(&spec.lease_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(spec.ttl * 2)
+        .connect(&spec.pg_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let config = LeaseConfig::new(spec.ttl).map_err(|e| e.to_string())?;
+    let client = LeaseClient::new(store, config);
+    let key = spec.key.clone();
+    println!("READY {}", spec.name);
+    loop {
+        rec.record(event(Op::Acquire, Phase::Invoke, &key, ""));
+        let lease = match client.acquire(&key, spec.ttl * 5).await {
+            Ok(l) => l,
+            Err(e) => {
+                let mut ev = event(Op::Acquire, Phase::Fail, &key, "");
+                ev.detail = e.to_string();
+                rec.record(ev);
+                tokio::time::sleep(spec.ttl / 4).await;
+                continue;
+            }
+        };
+        let owner = lease.owner().to_hex();
+        let fence = lease.fence();
+        let mut ev = event(Op::Acquire, Phase::Ok, &key, &owner);
+        ev.fence = Some(fence.get());
+        ev.ttl_ms = Some(spec.ttl.as_millis() as u64);
+        ev.valid_until = Some(instant_ns(lease.valid_until()));
+        rec.record(ev);
+        {
+            let (rec, lost, key, owner) = (rec.clone(), lease.lost(), key.clone(), owner.clone());
+            tokio::spawn(async move {
+                let reason = lost.wait().await;
+                let mut ev = event(Op::Lost, Phase::Ok, &key, &owner);
+                ev.fence = Some(fence.get());
+                ev.detail = reason.as_str().to_owned();
+                rec.record(ev);
+            });
+        }
+        // Some work under the lease.
+        let work = rand::rng().random_range(0..spec.ttl.as_millis() as u64 / 4);
+        tokio::time::sleep(Duration::from_millis(work)).await;
+        if lease.is_valid() {
+            // The validity the holder relies on for the write.
+            let mut ev = event(Op::Renew, Phase::Ok, &key, &owner);
+            ev.valid_until = Some(instant_ns(lease.valid_until()));
+            rec.record(ev);
+            // The injector may freeze us right here, between the check and the write:
+            // the phantom write that only the guard can stop.
+            println!("PREPARING {}", spec.name);
+            let window = rand::rng().random_range(50..200);
+            tokio::time::sleep(Duration::from_millis(window)).await;
+            let mut ev = event(Op::Write, Phase::Invoke, &key, &owner);
+            ev.fence = Some(fence.get());
+            rec.record(ev);
+            let mut ev = event(Op::Write, Phase::Ok, &key, &owner);
+            ev.fence = Some(fence.get());
+            match protected_write(&pool, &spec, &owner, fence).await {
+                WriteOutcome::Accepted(seq) => ev.seq = Some(seq),
+                WriteOutcome::Rejected(current) => {
+                    ev.phase = Some(Phase::Fail);
+                    ev.detail = format!("rejected: fence {current} accepted");
+                }
+                WriteOutcome::Failed(e) => {
+                    ev.phase = Some(Phase::Fail);
+                    ev.detail = e;
+                }
+                WriteOutcome::Unknown(e) => {
+                    ev.phase = Some(Phase::Unknown);
+                    ev.detail = e;
+                }
+            }
+            rec.record(ev);
+        }
+        rec.record(event(Op::Release, Phase::Invoke, &key, &owner));
+        let mut ev = event(Op::Release, Phase::Ok, &key, &owner);
+        match lease.release().await {
+            Ok(true) => {}
+            Ok(false) => {
+                ev.phase = Some(Phase::Fail);
+                ev.detail = "not owner".into();
+            }
+            Err(e) => {
+                ev.phase = Some(Phase::Unknown);
+                ev.detail = e.to_string();
+            }
+        }
+        rec.record(ev);
+    }
+}
