@@ -98,8 +98,12 @@ impl MariaDb {
         let server_tmp = dir.join("tmp");
         std::fs::create_dir(&server_tmp)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", server_tmp.display()));
-        std::os::unix::fs::chown(&server_tmp, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-            .unwrap_or_else(|e| panic!("cannot chown {} to mysql: {e}", server_tmp.display()));
+        std::os::unix::fs::chown(
+            &server_tmp,
+            Some(user.uid.as_raw()),
+            Some(user.gid.as_raw()),
+        )
+        .unwrap_or_else(|e| panic!("cannot chown {} to mysql: {e}", server_tmp.display()));
         let mut cmd = Command::new(install_db);
         cmd.current_dir(&dir)
             .env("TMPDIR", &server_tmp)
