@@ -67,6 +67,8 @@ impl fmt::Display for LostReason {
 struct State {
     valid_until: Instant,
     lost: Option<LostReason>,
+    /// The holder is releasing it: stop renewing.
+    releasing: bool,
     /// Released, dropped or lost: no more metrics or lost signals.
     ended: bool,
 }
@@ -121,6 +123,7 @@ impl LeaseShared {
             state: Mutex::new(State {
                 valid_until,
                 lost: None,
+                releasing: false,
                 ended: false,
             }),
             lost: CancellationToken::new(),
@@ -159,7 +162,13 @@ impl LeaseShared {
     /// Lost or ended: the scheduler and the watchdog can forget it.
     pub(crate) fn is_done(&self) -> bool {
         let s = self.lock();
-        s.ended || s.lost.is_some()
+        s.ended || s.releasing || s.lost.is_some()
+    }
+
+    /// The holder started releasing: the scheduler stops renewing it (lazily, at its next
+    /// look) without being sent a message.
+    pub(crate) fn begin_release(&self) {
+        self.lock().releasing = true;
     }
 
     /// Moves the deadline to `until` after a confirmed renewal; refuses (false) once the
@@ -389,7 +398,7 @@ impl Lease {
     /// [`Error::Store`] when the store could not be reached in time; the lease then expires
     /// store-side after its TTL.
     pub async fn release(self) -> Result<bool, Error> {
-        self.sched.deregister(&self.shared);
+        self.shared.begin_release();
         let res = tokio::time::timeout(
             self.op_timeout,
             self.store.release(&self.shared.key, &self.shared.owner),

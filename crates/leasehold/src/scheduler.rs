@@ -1,12 +1,12 @@
 //! The renewal scheduler: one task per client renews every lease of that client.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use crate::config::LeaseConfig;
@@ -17,11 +17,10 @@ use crate::metrics as m;
 use crate::store::{RenewOutcome, Store};
 use crate::token::OwnerToken;
 
+/// The longest the scheduler sleeps without looking at new and ended leases.
+const IDLE: Duration = Duration::from_secs(1);
+
 pub(crate) enum Command {
-    /// Start renewing.
-    Register(Arc<LeaseShared>),
-    /// Stop renewing (the holder is releasing it itself).
-    Deregister(Arc<LeaseShared>),
     /// Stop renewing and release best-effort (the handle was dropped).
     Drop(Arc<LeaseShared>),
     /// Release a grant whose acquire was cancelled or whose reply was ambiguous.
@@ -30,24 +29,55 @@ pub(crate) enum Command {
 
 /// The sending side; cheap to clone. The task ends when every handle is gone and its
 /// in-flight work is done.
+///
+/// New leases go through an inbox that wakes the task only when the lease needs attention
+/// before the task's planned wake-up; ended leases are dropped when the task next looks.
+/// So an acquire/release pair costs the scheduler no wake-up at all on the hot path.
 #[derive(Clone, Debug)]
 pub(crate) struct SchedulerHandle {
     tx: mpsc::UnboundedSender<Command>,
+    inbox: Arc<Inbox>,
+}
+
+#[derive(Debug, Default)]
+struct Inbox {
+    state: Mutex<InboxState>,
+    wake: Notify,
+}
+
+#[derive(Debug, Default)]
+struct InboxState {
+    new: Vec<Arc<LeaseShared>>,
+    /// When the task will wake up by itself; `None` while it is awake (it drains the inbox
+    /// before sleeping again).
+    planned: Option<Instant>,
+}
+
+impl Inbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InboxState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl SchedulerHandle {
     /// Spawns the scheduler on the current tokio runtime.
     pub(crate) fn spawn(store: Arc<dyn Store>, config: LeaseConfig) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(Scheduler::new(store, config, rx).run());
-        Self { tx }
+        let inbox = Arc::new(Inbox::default());
+        tokio::spawn(Scheduler::new(store, config, rx, inbox.clone()).run());
+        Self { tx, inbox }
     }
 
-    pub(crate) fn register(&self, lease: Arc<LeaseShared>) {
-        let _ = self.tx.send(Command::Register(lease));
-    }
-    pub(crate) fn deregister(&self, lease: &Arc<LeaseShared>) {
-        let _ = self.tx.send(Command::Deregister(lease.clone()));
+    /// Starts renewing `lease`, whose first event is at `first_event`.
+    pub(crate) fn register(&self, lease: Arc<LeaseShared>, first_event: Instant) {
+        let wake = {
+            let mut st = self.inbox.lock();
+            st.new.push(lease);
+            st.planned.is_some_and(|planned| first_event < planned)
+        };
+        if wake {
+            self.inbox.wake.notify_one();
+        }
     }
     pub(crate) fn drop_lease(&self, lease: Arc<LeaseShared>) {
         let _ = self.tx.send(Command::Drop(lease));
@@ -94,6 +124,7 @@ struct Scheduler {
     store: Arc<dyn Store>,
     config: LeaseConfig,
     rx: mpsc::UnboundedReceiver<Command>,
+    inbox: Arc<Inbox>,
     entries: HashMap<u64, Entry>,
     inflight: FuturesUnordered<BoxFuture<'static, Done>>,
 }
@@ -107,11 +138,13 @@ impl Scheduler {
         store: Arc<dyn Store>,
         config: LeaseConfig,
         rx: mpsc::UnboundedReceiver<Command>,
+        inbox: Arc<Inbox>,
     ) -> Self {
         Self {
             store,
             config,
             rx,
+            inbox,
             entries: HashMap::new(),
             inflight: FuturesUnordered::new(),
         }
@@ -120,40 +153,58 @@ impl Scheduler {
     async fn run(mut self) {
         let mut open = true;
         loop {
+            let new = std::mem::take(&mut self.inbox.lock().new);
+            for shared in new {
+                self.add(shared);
+            }
+            self.tick(Instant::now());
             if !open && self.entries.is_empty() && self.inflight.is_empty() {
+                // Every handle is gone, so nothing can arrive in the inbox any more.
                 return;
             }
-            let wake = self.entries.values().map(Entry::next_event).min();
+            let wake = self
+                .entries
+                .values()
+                .map(Entry::next_event)
+                .min()
+                .unwrap_or_else(|| Instant::now() + IDLE)
+                .min(Instant::now() + IDLE);
+            {
+                let mut st = self.inbox.lock();
+                if !st.new.is_empty() {
+                    continue;
+                }
+                st.planned = Some(wake);
+            }
             tokio::select! {
                 cmd = self.rx.recv(), if open => match cmd {
                     Some(cmd) => self.command(cmd),
                     None => open = false,
                 },
                 Some(done) = self.inflight.next(), if !self.inflight.is_empty() => self.done(done),
-                () = sleep_until_opt(wake), if wake.is_some() => {}
+                () = self.inbox.wake.notified() => {}
+                () = tokio::time::sleep_until(wake) => {}
             }
-            self.tick(Instant::now());
+            self.inbox.lock().planned = None;
         }
+    }
+
+    fn add(&mut self, shared: Arc<LeaseShared>) {
+        let acquired_at = shared.acquired_at;
+        let entry = Entry {
+            next_renew: acquired_at + self.config.renew_interval(),
+            max_hold_at: self.config.max_hold().map(|d| acquired_at + d),
+            shared: shared.clone(),
+            in_flight: false,
+            failures: 0,
+            unreachable_failures: 0,
+            renewals: 0,
+        };
+        self.entries.insert(id_of(&shared), entry);
     }
 
     fn command(&mut self, cmd: Command) {
         match cmd {
-            Command::Register(shared) => {
-                let acquired_at = shared.acquired_at;
-                let entry = Entry {
-                    next_renew: acquired_at + self.config.renew_interval(),
-                    max_hold_at: self.config.max_hold().map(|d| acquired_at + d),
-                    shared: shared.clone(),
-                    in_flight: false,
-                    failures: 0,
-                    unreachable_failures: 0,
-                    renewals: 0,
-                };
-                self.entries.insert(id_of(&shared), entry);
-            }
-            Command::Deregister(shared) => {
-                self.entries.remove(&id_of(&shared));
-            }
             Command::Drop(shared) => {
                 self.entries.remove(&id_of(&shared));
                 self.release(shared.key.clone(), shared.owner);
@@ -324,17 +375,20 @@ fn retry_delay(config: &LeaseConfig) -> Duration {
     config.renew_interval() / 4
 }
 
-async fn sleep_until_opt(t: Option<Instant>) {
-    match t {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Registers a lease with the scheduler and, if configured, the watchdog thread.
 pub(crate) fn track(sched: &SchedulerHandle, shared: &Arc<LeaseShared>, config: &LeaseConfig) {
-    sched.register(shared.clone());
+    sched.register(shared.clone(), first_event(shared, config));
     if config.watchdog_thread() {
         shared.watch();
     }
+}
+
+/// The first instant a new lease needs the scheduler: its first renewal, its deadline or
+/// its maximum hold, whichever is first.
+fn first_event(shared: &LeaseShared, config: &LeaseConfig) -> Instant {
+    let mut t = (shared.acquired_at + config.renew_interval()).min(shared.valid_until());
+    if let Some(mh) = config.max_hold() {
+        t = t.min(shared.acquired_at + mh);
+    }
+    t
 }

@@ -7,14 +7,20 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Instant as StdInstant;
+use std::time::{Duration, Instant as StdInstant};
 
 use crate::lease::LeaseShared;
+
+/// The longest the thread sleeps when it has nothing earlier to do; a lease whose
+/// deadline is later than the thread's planned wake-up is added without waking it.
+const IDLE: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Queue {
     by_deadline: BTreeSet<(StdInstant, u64)>,
     leases: HashMap<u64, (StdInstant, Weak<LeaseShared>)>,
+    /// When the thread wakes up by itself; `None` while it is awake.
+    sleeping_until: Option<StdInstant>,
 }
 
 struct Watchdog {
@@ -42,7 +48,8 @@ pub(crate) fn watch(lease: &Arc<LeaseShared>) {
     let w = instance();
     let deadline = lease.valid_until().into_std();
     let mut q = w.lock();
-    let earliest = q.by_deadline.first().is_none_or(|(top, _)| deadline < *top);
+    // Wake the thread only if it would otherwise sleep past this deadline.
+    let earliest = q.sleeping_until.is_some_and(|until| deadline < until);
     q.by_deadline.insert((deadline, lease.id));
     q.leases.insert(lease.id, (deadline, Arc::downgrade(lease)));
     drop(q);
@@ -69,18 +76,21 @@ impl Watchdog {
         let mut q = self.lock();
         loop {
             let now = StdInstant::now();
-            let Some(&(deadline, id)) = q.by_deadline.first() else {
-                q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner());
-                continue;
+            let first = q.by_deadline.first().copied();
+            let (deadline, id) = match first {
+                Some((deadline, id)) if deadline <= now => (deadline, id),
+                _ => {
+                    let until = first.map_or(now + IDLE, |(d, _)| d.min(now + IDLE));
+                    q.sleeping_until = Some(until);
+                    q = self
+                        .wake
+                        .wait_timeout(q, until - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                    q.sleeping_until = None;
+                    continue;
+                }
             };
-            if deadline > now {
-                q = self
-                    .wake
-                    .wait_timeout(q, deadline - now)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-                continue;
-            }
             q.by_deadline.remove(&(deadline, id));
             let Some((_, weak)) = q.leases.remove(&id) else {
                 continue;
