@@ -197,40 +197,7 @@ impl MariaDb {
         util::read_log(&self.dir.join("err.log"))
     }
 
-    /// The server's PID.
-    pub fn pid(&self) -> u32 {
-        self.process().pid()
-    }
-
-    /// Whether the server is alive (paused counts as alive).
-    pub fn is_running(&self) -> bool {
-        self.process().is_running()
-    }
-
-    /// Whether the server is paused.
-    pub fn is_paused(&self) -> bool {
-        self.process().is_paused()
-    }
-
-    /// Freezes the server with `SIGSTOP`.
-    pub fn pause(&self) {
-        self.process().pause();
-    }
-
-    /// Continues a paused server.
-    pub fn resume(&self) {
-        self.process().resume();
-    }
-
-    /// Kills the server with `SIGKILL` (a crash).
-    pub fn kill(&self) {
-        self.process().kill();
-    }
-
-    /// Sends `sig` to the server.
-    pub fn signal(&self, sig: Signal) {
-        self.process().signal(sig);
-    }
+    crate::process::control_methods!();
 
     /// Clean shutdown (`SIGTERM`) and wait.
     pub fn stop(&self) {

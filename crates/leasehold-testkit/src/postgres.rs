@@ -242,40 +242,7 @@ impl Postgres {
         util::read_log(&self.dir.join("postgres.log"))
     }
 
-    /// The postmaster's PID.
-    pub fn pid(&self) -> u32 {
-        self.process().pid()
-    }
-
-    /// Whether the postmaster is alive (paused counts as alive).
-    pub fn is_running(&self) -> bool {
-        self.process().is_running()
-    }
-
-    /// Whether the server is paused.
-    pub fn is_paused(&self) -> bool {
-        self.process().is_paused()
-    }
-
-    /// Freezes the postmaster and all its backends with `SIGSTOP`.
-    pub fn pause(&self) {
-        self.process().pause();
-    }
-
-    /// Continues a paused server.
-    pub fn resume(&self) {
-        self.process().resume();
-    }
-
-    /// Kills the postmaster and all its backends with `SIGKILL` (a crash).
-    pub fn kill(&self) {
-        self.process().kill();
-    }
-
-    /// Sends `sig` to the postmaster only.
-    pub fn signal(&self, sig: Signal) {
-        self.process().signal(sig);
-    }
+    crate::process::control_methods!();
 
     /// Fast shutdown (`SIGINT`: sessions are ended, a checkpoint is written).
     pub fn stop(&self) {

@@ -332,3 +332,46 @@ fn reap_orphans(pids: &[i32], timeout: Duration) {
         tracing::warn!(?pending, "killed processes still present");
     }
 }
+
+/// Expands, inside a server's `impl` block, to the process-control methods that delegate to
+/// its `process()` guard, so every server offers the same controls with the same docs.
+macro_rules! control_methods {
+    () => {
+        /// The PID of the current server process.
+        pub fn pid(&self) -> u32 {
+            self.process().pid()
+        }
+
+        /// Whether the server process is alive (paused counts as alive).
+        pub fn is_running(&self) -> bool {
+            self.process().is_running()
+        }
+
+        /// Whether the server is paused.
+        pub fn is_paused(&self) -> bool {
+            self.process().is_paused()
+        }
+
+        /// Freezes the server (and its child processes) with `SIGSTOP`: the kernel still
+        /// accepts connections, but nothing is answered.
+        pub fn pause(&self) {
+            self.process().pause();
+        }
+
+        /// Continues a paused server with `SIGCONT`.
+        pub fn resume(&self) {
+            self.process().resume();
+        }
+
+        /// Kills the server with `SIGKILL` (a crash) and waits for it.
+        pub fn kill(&self) {
+            self.process().kill();
+        }
+
+        /// Sends `sig` to the server process.
+        pub fn signal(&self, sig: nix::sys::signal::Signal) {
+            self.process().signal(sig);
+        }
+    };
+}
+pub(crate) use control_methods;

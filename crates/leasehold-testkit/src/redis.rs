@@ -235,41 +235,7 @@ impl RedisServer {
         log_text(&self.dir)
     }
 
-    /// The PID of the current server process.
-    pub fn pid(&self) -> u32 {
-        self.process().pid()
-    }
-
-    /// Whether the server process is alive (paused counts as alive).
-    pub fn is_running(&self) -> bool {
-        self.process().is_running()
-    }
-
-    /// Whether the server is paused.
-    pub fn is_paused(&self) -> bool {
-        self.process().is_paused()
-    }
-
-    /// Freezes the server with `SIGSTOP`: connections are still accepted by
-    /// the kernel but no command is answered.
-    pub fn pause(&self) {
-        self.process().pause();
-    }
-
-    /// Continues a paused server with `SIGCONT`.
-    pub fn resume(&self) {
-        self.process().resume();
-    }
-
-    /// Kills the server with `SIGKILL` (a crash) and waits for it.
-    pub fn kill(&self) {
-        self.process().kill();
-    }
-
-    /// Sends `sig` to the server process.
-    pub fn signal(&self, sig: Signal) {
-        self.process().signal(sig);
-    }
+    crate::process::control_methods!();
 
     /// Shuts the server down cleanly (`SIGTERM`: the append-only file, if on,
     /// is flushed) and waits for it; kills it if it takes more than 30 s.
