@@ -645,17 +645,8 @@ pub(crate) fn parse_duration(name: &str, v: &str) -> Result<Duration, StoreError
             "URL parameter `{name}` must be a duration such as 500ms, 2s or 1m"
         ))
     };
-    let (num, unit_ms): (&str, u64) = if let Some(n) = v.strip_suffix("ms") {
-        (n, 1)
-    } else if let Some(n) = v.strip_suffix('s') {
-        (n, 1000)
-    } else if let Some(n) = v.strip_suffix('m') {
-        (n, 60_000)
-    } else {
-        (v, 1)
-    };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    let ms = n.checked_mul(unit_ms).ok_or_else(bad)?;
+    let d = leasehold::url::parse_duration(v).ok_or_else(bad)?;
+    let ms = u64::try_from(d.as_millis()).map_err(|_| bad())?;
     if ms == 0 || ms > 24 * 3600 * 1000 {
         return Err(config_error(format!(
             "URL parameter `{name}` must be above zero and at most 24h"
@@ -665,20 +656,7 @@ pub(crate) fn parse_duration(name: &str, v: &str) -> Result<Duration, StoreError
 }
 
 fn pct_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    leasehold::url::percent_decode(s)
 }
 
 fn pct_encode(s: &str) -> String {

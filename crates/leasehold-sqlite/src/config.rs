@@ -240,44 +240,17 @@ impl fmt::Display for SqliteConfig {
 }
 
 fn percent_decode(s: &str) -> Result<String, StoreError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| config_error("bad percent-encoding in the SQLite URL"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| config_error("the SQLite URL does not decode to UTF-8"))
+    leasehold::url::percent_decode(s)
+        .ok_or_else(|| config_error("the SQLite URL is not valid percent-encoded UTF-8"))
 }
 
 /// `500ms`, `5s`, `1m`, or a plain number of milliseconds.
 fn parse_duration(name: &str, value: &str) -> Result<Duration, StoreError> {
-    let bad = || {
+    leasehold::url::parse_duration(value).ok_or_else(|| {
         config_error(format!(
             "{name} `{value}` is not a duration (500ms, 5s, 1m or a number of milliseconds)"
         ))
-    };
-    let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => value.split_at(i),
-        None => (value, "ms"),
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => n.checked_mul(60).map(Duration::from_secs).ok_or_else(bad),
-        _ => Err(bad()),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ mod registry;
 mod scheduler;
 mod store;
 mod token;
+pub mod url;
 mod watchdog;
 
 pub use backoff::Backoff;
