@@ -470,3 +470,46 @@ fn demo_shows_the_guard_rejecting_the_stale_write_and_corruption_without_it() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("unfenced writes"));
 }
+
+#[test]
+fn metrics_endpoint_and_json_logs() {
+    let env = Env::new();
+    let port = leasehold_testkit::free_port();
+    let pidfile = env.path("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut holder = env.cmd();
+    holder
+        .args([
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--log-format",
+            "json",
+            "--log",
+            "info",
+        ])
+        .args(["run", "--key", "job:metrics", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped());
+    let holder = holder.spawn().unwrap();
+    wait_for_file(&pidfile, Duration::from_secs(20));
+    let body = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    };
+    assert!(body.contains("leasehold_acquire_total"), "{body}");
+    assert!(body.contains("result=\"acquired\""), "{body}");
+    assert!(body.contains("resource_type=\"job\""), "{body}");
+    kill(Pid::from_raw(holder.id() as i32), Signal::SIGTERM).unwrap();
+    let out = holder.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("lease acquired"))
+        .unwrap_or_else(|| panic!("{err}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    assert_eq!(v["fields"]["key"], "job:metrics", "{line}");
+}
