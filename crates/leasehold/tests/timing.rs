@@ -31,6 +31,8 @@ enum Fault {
     AcquireAppliedThenAmbiguous,
     /// Acquires are applied, then the reply never comes.
     AcquireAppliedThenHang,
+    /// Acquires are applied at once but their reply takes this long.
+    SlowAcquire(Duration),
 }
 
 /// A recorded call: operation, when, by which owner.
@@ -116,6 +118,10 @@ impl Store for Scripted {
                 ))
             }
             Fault::AcquireAppliedThenHang => std::future::pending().await,
+            Fault::SlowAcquire(d) => {
+                sleep(d).await;
+                Ok(out)
+            }
             _ => Ok(out),
         }
     }
@@ -518,4 +524,31 @@ async fn client_clock_jump_changes_nothing() {
         sleep(500 * MS).await;
         assert!(lease.is_valid());
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn near_miss_freeze_keeps_the_lease() {
+    // FAULTS row 2: frozen for just under the validity window (2.965 s of a 3 s TTL).
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    advance(2900 * MS).await;
+    assert!(lease.is_valid(), "still inside the window");
+    sleep(10 * S).await;
+    assert!(lease.is_valid(), "{:?}", lease.lost_reason());
+    assert!(store.count("renew") >= 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_acquire_reply_shortens_the_validity_window() {
+    // FAULTS row 6: the reply takes 0.4 × TTL; the window still counts from the send.
+    let store = Scripted::default();
+    store.set(Fault::SlowAcquire(1200 * MS));
+    let cfg = config(3 * S).op_timeout(1900 * MS).build().unwrap();
+    let c = client(&store, cfg);
+    let sent = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    assert_eq!(Instant::now() - sent, 1200 * MS);
+    assert_eq!(lease.valid_until() - sent, 2965 * MS);
+    assert_eq!(lease.remaining(), 1765 * MS);
 }
