@@ -513,3 +513,48 @@ fn metrics_endpoint_and_json_logs() {
     let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
     assert_eq!(v["fields"]["key"], "job:metrics", "{line}");
 }
+
+#[test]
+fn max_hold_stops_a_command_that_ignores_sigterm() {
+    let env = Env::new();
+    let pidfile = env.path("child.pid");
+    // The command ignores SIGTERM: only SIGKILL, sent within the grace, stops it.
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+        pidfile.display()
+    );
+    let started = Instant::now();
+    let out = env
+        .cmd()
+        .args([
+            "run",
+            "--key",
+            "job:maxhold",
+            "--ttl",
+            "2s",
+            "--max-hold",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(70), "{}", stderr(&out));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let err = stderr(&out);
+    assert!(
+        err.contains("maximum hold") && err.contains("killing"),
+        "{err}"
+    );
+    let child: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!alive(child), "the command is gone");
+    let out = env.run(&["inspect", "job:maxhold", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["held"], false, "released after max hold");
+}
