@@ -44,6 +44,7 @@ mod port;
 mod postgres;
 mod process;
 mod proxy;
+mod ready;
 mod redis;
 mod util;
 mod worker;

@@ -12,13 +12,13 @@ use tempfile::TempDir;
 
 use crate::free_port;
 use crate::process::ServerProcess;
+use crate::ready::{self, ReadyError};
 use crate::util;
 
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const SQL_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
-const START_ATTEMPTS: usize = 4;
 
 /// Options for [`MariaDb::start_with`].
 #[derive(Debug, Clone, Default)]
@@ -124,48 +124,36 @@ impl MariaDb {
         );
         tracing::debug!(elapsed = ?started.elapsed(), "mariadb-install-db done");
 
-        for attempt in 1..=START_ATTEMPTS {
-            let port = free_port();
-            let process = spawn(&mariadbd, &dir, port, &opts);
-            match wait_ready(&process, port) {
-                Ok(()) => {
-                    let db = Self {
-                        process: Mutex::new(process),
-                        port,
-                        dir,
-                        mariadbd,
-                        opts,
-                        _tmp: tmp,
-                    };
-                    db.sql_in(None, "CREATE DATABASE IF NOT EXISTS test")
-                        .unwrap_or_else(|e| panic!("CREATE DATABASE test failed: {e}"));
-                    tracing::info!(port, "mariadb ready");
-                    return db;
-                }
-                Err(e) => {
-                    drop(process);
-                    let log = util::read_log(&dir.join("err.log"));
-                    if e == ReadyError::Exited
-                        && (log.contains("Address already in use")
-                            || log.contains("Do you already have another"))
-                        && attempt < START_ATTEMPTS
-                    {
-                        tracing::warn!(
-                            port,
-                            attempt,
-                            "mariadb port taken: retrying on another port"
-                        );
-                        continue;
-                    }
-                    panic!(
-                        "mariadbd on port {port} {e}\n--- err.log ---\n{}\n--- stdout ---\n{}",
-                        util::log_tail(&dir.join("err.log"), 8192),
-                        util::log_tail(&dir.join("stdout.log"), 4096)
-                    );
-                }
-            }
-        }
-        unreachable!("the last start attempt either returns or panics")
+        let (process, port) = ready::start_on_free_port(
+            "mariadbd",
+            free_port,
+            |port| spawn(&mariadbd, &dir, port, &opts),
+            wait_ready,
+            || {
+                let log = util::read_log(&dir.join("err.log"));
+                log.contains("Address already in use")
+                    || log.contains("Do you already have another")
+            },
+            || {
+                format!(
+                    "--- err.log ---\n{}\n--- stdout ---\n{}",
+                    util::log_tail(&dir.join("err.log"), 8192),
+                    util::log_tail(&dir.join("stdout.log"), 4096)
+                )
+            },
+        );
+        let db = Self {
+            process: Mutex::new(process),
+            port,
+            dir,
+            mariadbd,
+            opts,
+            _tmp: tmp,
+        };
+        db.sql_in(None, "CREATE DATABASE IF NOT EXISTS test")
+            .unwrap_or_else(|e| panic!("CREATE DATABASE test failed: {e}"));
+        tracing::info!(port, "mariadb ready");
+        db
     }
 
     fn process(&self) -> MutexGuard<'_, ServerProcess> {
@@ -296,40 +284,16 @@ fn spawn(mariadbd: &Path, dir: &Path, port: u16, opts: &MariaDbOptions) -> Serve
     ServerProcess::spawn(format!("mariadbd:{port}"), cmd, &dir.join("stdout.log"))
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum ReadyError {
-    Exited,
-    Timeout,
-}
-
-impl std::fmt::Display for ReadyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadyError::Exited => f.write_str("exited before it was ready"),
-            ReadyError::Timeout => write!(f, "did not answer within {READY_TIMEOUT:?}"),
-        }
-    }
-}
-
 fn wait_ready(process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
     let admin = util::find_binary("mariadb-admin", "mariadb-client");
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        if !process.is_running() {
-            return Err(ReadyError::Exited);
-        }
+    ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
         let mut cmd = Command::new(&admin);
         cmd.arg("--no-defaults")
             .arg("-h127.0.0.1")
             .arg(format!("-P{port}"))
             .args(["-uroot", "--connect-timeout=5", "ping"]);
-        let out = util::run_with_timeout(&mut cmd, Duration::from_secs(30), "mariadb-admin ping");
-        if out.status.success() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(ReadyError::Timeout);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        util::run_with_timeout(&mut cmd, Duration::from_secs(30), "mariadb-admin ping")
+            .status
+            .success()
+    })
 }

@@ -13,13 +13,13 @@ use tempfile::TempDir;
 
 use crate::free_port;
 use crate::process::ServerProcess;
+use crate::ready::{self, ReadyError};
 use crate::util;
 
 const INITDB_TIMEOUT: Duration = Duration::from_secs(120);
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const PSQL_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
-const START_ATTEMPTS: usize = 4;
 
 /// Options for [`Postgres::start_with`].
 #[derive(Debug, Clone, Default)]
@@ -153,44 +153,29 @@ impl Postgres {
         );
         tracing::debug!(elapsed = ?started.elapsed(), "initdb done");
 
-        for attempt in 1..=START_ATTEMPTS {
-            let port = free_port();
-            let process = spawn(&setpriv, &bin, &dir, port, &opts);
-            match wait_ready(&process, &bin, port) {
-                Ok(()) => {
-                    tracing::info!(port, dir = %dir.display(), "postgres ready");
-                    return Self {
-                        process: Mutex::new(process),
-                        port,
-                        dir,
-                        bin,
-                        setpriv,
-                        opts,
-                        _tmp: tmp,
-                    };
-                }
-                Err(e) => {
-                    drop(process);
-                    let log = util::read_log(&dir.join("postgres.log"));
-                    if e == ReadyError::Exited
-                        && log.contains("could not bind")
-                        && attempt < START_ATTEMPTS
-                    {
-                        tracing::warn!(
-                            port,
-                            attempt,
-                            "postgres port taken: retrying on another port"
-                        );
-                        continue;
-                    }
-                    panic!(
-                        "postgres on port {port} {e}\n--- log ---\n{}",
-                        util::log_tail(&dir.join("postgres.log"), 8192)
-                    );
-                }
-            }
+        let (process, port) = ready::start_on_free_port(
+            "postgres",
+            free_port,
+            |port| spawn(&setpriv, &bin, &dir, port, &opts),
+            |process, port| wait_ready(process, &bin, port),
+            || util::read_log(&dir.join("postgres.log")).contains("could not bind"),
+            || {
+                format!(
+                    "--- log ---\n{}",
+                    util::log_tail(&dir.join("postgres.log"), 8192)
+                )
+            },
+        );
+        tracing::info!(port, dir = %dir.display(), "postgres ready");
+        Self {
+            process: Mutex::new(process),
+            port,
+            dir,
+            bin,
+            setpriv,
+            opts,
+            _tmp: tmp,
         }
-        unreachable!("the last start attempt either returns or panics")
     }
 
     fn process(&self) -> MutexGuard<'_, ServerProcess> {
@@ -405,41 +390,15 @@ fn spawn(
     ServerProcess::spawn(format!("postgres:{port}"), cmd, &dir.join("postgres.log"))
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum ReadyError {
-    Exited,
-    Timeout,
-}
-
-impl std::fmt::Display for ReadyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadyError::Exited => f.write_str("exited before it was ready"),
-            ReadyError::Timeout => write!(f, "was not ready within {READY_TIMEOUT:?}"),
-        }
-    }
-}
-
 fn wait_ready(process: &ServerProcess, bin: &Path, port: u16) -> Result<(), ReadyError> {
     let pg_isready = pg_binary(bin, "pg_isready");
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        if !process.is_running() {
-            return Err(ReadyError::Exited);
-        }
+    ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
         let mut cmd = Command::new(&pg_isready);
         cmd.args(["-q", "-h", "127.0.0.1", "-p"])
             .arg(port.to_string())
             .args(["-U", "postgres", "-t", "5"]);
-        if util::run_with_timeout(&mut cmd, Duration::from_secs(30), "pg_isready")
+        util::run_with_timeout(&mut cmd, Duration::from_secs(30), "pg_isready")
             .status
             .success()
-        {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(ReadyError::Timeout);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
 }

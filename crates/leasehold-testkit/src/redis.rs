@@ -5,12 +5,13 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
 use crate::process::ServerProcess;
+use crate::ready::{self, ReadyError};
 use crate::util;
 use crate::{free_port, free_port_with_bus};
 
@@ -18,8 +19,6 @@ use crate::{free_port, free_port_with_bus};
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a `redis-cli` invocation may take.
 const CLI_TIMEOUT: Duration = Duration::from_secs(60);
-/// How many fresh ports a first start tries when the port is taken.
-const START_ATTEMPTS: usize = 4;
 
 /// Options for [`RedisServer::start_with`].
 ///
@@ -151,45 +150,35 @@ impl RedisServer {
     ) -> Self {
         let redis_server = util::find_binary("redis-server", "redis-server");
         let redis_cli = util::find_binary("redis-cli", "redis-tools");
-        let mut last_log = String::new();
-        for attempt in 1..=START_ATTEMPTS {
-            let port = match port_kind {
+        let auth = opts.effective_password().is_some();
+        let (process, port) = ready::start_on_free_port(
+            "redis-server",
+            || match port_kind {
                 PortKind::Plain => free_port(),
                 PortKind::WithBus => free_port_with_bus(),
-            };
-            let process = spawn(&redis_server, &dir, port, &opts);
-            match wait_ready(&process, port, opts.effective_password().is_some()) {
-                Ok(()) => {
-                    tracing::info!(port, dir = %dir.display(), "redis-server ready");
-                    return Self {
-                        process: Mutex::new(process),
-                        port,
-                        dir,
-                        opts,
-                        redis_server,
-                        redis_cli,
-                        _tmp: tmp,
-                    };
-                }
-                Err(e) => {
-                    drop(process);
-                    let log = log_text(&dir);
-                    if e == ReadyError::Exited && is_bind_error(&log) && attempt < START_ATTEMPTS {
-                        tracing::warn!(port, attempt, "redis port taken: retrying on another port");
-                        // Keep the log readable: the next attempt appends to it.
-                        last_log = log;
-                        continue;
-                    }
-                    panic!(
-                        "redis-server on port {port} {e} (dir {})\n--- log ---\n{}",
-                        dir.display(),
-                        util::log_tail(&dir.join("log"), 8192)
-                            + &util::log_tail(&dir.join("stdout.log"), 4096)
-                    );
-                }
-            }
+            },
+            |port| spawn(&redis_server, &dir, port, &opts),
+            |process, port| wait_ready(process, port, auth),
+            || is_bind_error(&log_text(&dir)),
+            || {
+                format!(
+                    "(dir {})\n--- log ---\n{}{}",
+                    dir.display(),
+                    util::log_tail(&dir.join("log"), 8192),
+                    util::log_tail(&dir.join("stdout.log"), 4096)
+                )
+            },
+        );
+        tracing::info!(port, dir = %dir.display(), "redis-server ready");
+        Self {
+            process: Mutex::new(process),
+            port,
+            dir,
+            opts,
+            redis_server,
+            redis_cli,
+            _tmp: tmp,
         }
-        panic!("redis-server could not start after {START_ATTEMPTS} ports\n{last_log}");
     }
 
     fn process(&self) -> MutexGuard<'_, ServerProcess> {
@@ -362,35 +351,10 @@ fn spawn(bin: &Path, dir: &Path, port: u16, opts: &RedisOptions) -> ServerProces
     ServerProcess::spawn(format!("redis-server:{port}"), cmd, &dir.join("stdout.log"))
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum ReadyError {
-    Exited,
-    Timeout,
-}
-
-impl std::fmt::Display for ReadyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ReadyError::Exited => f.write_str("exited before it was ready"),
-            ReadyError::Timeout => write!(f, "did not answer PING within {READY_TIMEOUT:?}"),
-        }
-    }
-}
-
 fn wait_ready(process: &ServerProcess, port: u16, auth: bool) -> Result<(), ReadyError> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        if !process.is_running() {
-            return Err(ReadyError::Exited);
-        }
-        if ping(port, auth) {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(ReadyError::Timeout);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
+        ping(port, auth)
+    })
 }
 
 /// Sends an inline `PING` and checks for `+PONG` (or `-NOAUTH` when a password is set).
