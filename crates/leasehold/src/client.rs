@@ -182,16 +182,13 @@ impl LeaseClient {
         loop {
             orphan.maybe_granted = true;
             let sent_at = Instant::now();
-            let reply =
-                tokio::time::timeout(cfg.op_timeout(), store.acquire(key, &owner, cfg.ttl()))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(StoreError::timeout(
-                            store.backend(),
-                            "acquire",
-                            cfg.op_timeout(),
-                        ))
-                    });
+            let reply = StoreError::bounded(
+                store.backend(),
+                "acquire",
+                cfg.op_timeout(),
+                store.acquire(key, &owner, cfg.ttl()),
+            )
+            .await;
             let err = match reply {
                 Ok(AcquireOutcome::Acquired { fence, ttl }) => {
                     let ttl = ttl.min(cfg.ttl());
@@ -262,9 +259,8 @@ impl LeaseClient {
     /// remaining TTL and the caller's deadline, or until the store notifies a release.
     async fn pause(&self, key: &Key, attempt: u32, remaining: Option<Duration>, deadline: Instant) {
         let until_deadline = deadline.saturating_duration_since(Instant::now());
-        if self.inner.capabilities.wait_for_release && remaining.is_some() {
-            let bound = remaining
-                .unwrap_or(until_deadline)
+        if let Some(holder_left) = remaining.filter(|_| self.inner.capabilities.wait_for_release) {
+            let bound = holder_left
                 .min(until_deadline)
                 .max(Duration::from_millis(1));
             let wait = self.inner.store.wait_released(key, bound);

@@ -139,6 +139,19 @@ impl StoreError {
         }
     }
 
+    /// Awaits a store call for at most `limit`; past it, a [`StoreErrorKind::Timeout`]
+    /// (the call may still have been applied).
+    pub(crate) async fn bounded<T>(
+        backend: &'static str,
+        op: &str,
+        limit: Duration,
+        call: impl std::future::Future<Output = Result<T, Self>>,
+    ) -> Result<T, Self> {
+        tokio::time::timeout(limit, call)
+            .await
+            .unwrap_or_else(|_| Err(Self::timeout(backend, op, limit)))
+    }
+
     /// A [`StoreErrorKind::Unsupported`] for `what`.
     pub fn unsupported(backend: &'static str, what: &str) -> Self {
         Self::new(

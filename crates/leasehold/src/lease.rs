@@ -399,18 +399,13 @@ impl Lease {
     /// store-side after its TTL.
     pub async fn release(self) -> Result<bool, Error> {
         self.shared.begin_release();
-        let res = tokio::time::timeout(
+        let res = StoreError::bounded(
+            self.store.backend(),
+            "release",
             self.op_timeout,
             self.store.release(&self.shared.key, &self.shared.owner),
         )
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::timeout(
-                self.store.backend(),
-                "release",
-                self.op_timeout,
-            ))
-        });
+        .await;
         if res.is_ok() {
             // Ended only once the store answered; otherwise Drop retries the release.
             self.shared.end();

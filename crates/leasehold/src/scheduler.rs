@@ -129,10 +129,6 @@ struct Scheduler {
     inflight: FuturesUnordered<BoxFuture<'static, Done>>,
 }
 
-fn id_of(shared: &LeaseShared) -> u64 {
-    shared.id
-}
-
 impl Scheduler {
     fn new(
         store: Arc<dyn Store>,
@@ -200,13 +196,13 @@ impl Scheduler {
             unreachable_failures: 0,
             renewals: 0,
         };
-        self.entries.insert(id_of(&shared), entry);
+        self.entries.insert(shared.id, entry);
     }
 
     fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Drop(shared) => {
-                self.entries.remove(&id_of(&shared));
+                self.entries.remove(&shared.id);
                 self.release(shared.key.clone(), shared.owner);
             }
             Command::ReleaseOrphan(key, owner) => self.release(key, owner),
@@ -293,9 +289,13 @@ impl Scheduler {
             .min(shared.valid_until().saturating_duration_since(now));
         self.inflight.push(Box::pin(async move {
             let sent_at = Instant::now();
-            let result = tokio::time::timeout(budget, store.renew(&shared.key, &shared.owner, ttl))
-                .await
-                .unwrap_or_else(|_| Err(StoreError::timeout(store.backend(), "renew", budget)));
+            let result = StoreError::bounded(
+                store.backend(),
+                "renew",
+                budget,
+                store.renew(&shared.key, &shared.owner, ttl),
+            )
+            .await;
             Done::Renew {
                 id,
                 sent_at,
