@@ -17,6 +17,9 @@
 //!   as soon as it runs again, but a write already under way can still land. Only the
 //!   storage that receives the write can stop it, by checking the fence in the same
 //!   transaction as the write (the guard).
+//! - Releasing is the holder's act. A lost lease stays in the store until its holder
+//!   releases or drops the [`Lease`], or until the store expires it: the library never
+//!   frees a lease while the code that believed it held it may still be running.
 //! - A lease is not exactly-once: retries and crashes after commit repeat work. Pair the
 //!   fence check with an idempotency record.
 #![forbid(unsafe_code)]

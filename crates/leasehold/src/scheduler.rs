@@ -220,18 +220,12 @@ impl Scheduler {
     }
 
     /// Loses the lease of entry `id` and forgets the entry.
+    ///
+    /// The lease stays in the store: the holder's code may still be running, so only the
+    /// holder frees it (by releasing or dropping its handle), or the store expires it.
     fn lose(&mut self, id: u64, reason: LostReason) {
         if let Some(e) = self.entries.remove(&id) {
             e.shared.mark_lost(reason);
-            if matches!(
-                reason,
-                LostReason::MaxHoldExceeded
-                    | LostReason::RenewFailed { .. }
-                    | LostReason::StoreUnavailable
-            ) {
-                // Free the resource for others as soon as the store lets us.
-                self.release(e.shared.key.clone(), e.shared.owner);
-            }
         }
     }
 

@@ -298,20 +298,63 @@ async fn store_forgetting_the_lease_fires_not_owner_within_one_interval() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn max_hold_stops_the_heartbeat_and_frees_the_key() {
+async fn max_hold_stops_the_heartbeat_and_the_holder_frees_the_key() {
     let store = Scripted::default();
     let c = client(&store, config(3 * S).max_hold(4500 * MS).build().unwrap());
     let t0 = Instant::now();
     let lease = c.try_acquire(key()).await.unwrap();
     assert_eq!(lease.lost().await, LostReason::MaxHoldExceeded);
     assert_eq!(Instant::now() - t0, 4500 * MS);
-    sleep(MS).await;
-    assert_eq!(
-        store.inner.inspect(&key()).await.unwrap(),
-        None,
-        "released on max hold"
-    );
     assert_eq!(store.count("renew"), 4);
+    // The holder's work may still run: the lease stays in the store until the holder lets
+    // go of it (or it expires), never freed behind its back.
+    sleep(MS).await;
+    let info = store.inner.inspect(&key()).await.unwrap();
+    assert_eq!(info.map(|i| i.owner), Some(*lease.owner()));
+    assert_eq!(store.count("release"), 0);
+    // Releasing is the holder's act: it frees the key at once.
+    assert!(lease.release().await.unwrap());
+    assert_eq!(store.inner.inspect(&key()).await.unwrap(), None);
+}
+
+/// Issue 10.1: a lease lost for any reason stays in the store while its handle is alive;
+/// the holder's drop frees it.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_stays_in_the_store_until_its_holder_drops_it() {
+    for fault in [
+        Fault::RenewError(StoreErrorKind::Other), // RenewFailed
+        Fault::RenewError(StoreErrorKind::Unavailable), // StoreUnavailable
+    ] {
+        let store = Scripted::default();
+        let c = client(&store, config(3 * S).build().unwrap());
+        let lease = c.try_acquire(key()).await.unwrap();
+        store.set(fault);
+        let reason = lease.lost().await;
+        assert!(
+            matches!(
+                reason,
+                LostReason::RenewFailed { .. } | LostReason::StoreUnavailable
+            ),
+            "{reason:?}"
+        );
+        sleep(100 * MS).await;
+        assert_eq!(
+            store.count("release"),
+            0,
+            "{fault:?}: released behind the holder's back"
+        );
+        let info = store.inner.inspect(&key()).await.unwrap();
+        assert_eq!(info.map(|i| i.owner), Some(*lease.owner()), "{fault:?}");
+        store.set(Fault::None);
+        drop(lease);
+        sleep(MS).await;
+        assert_eq!(store.count("release"), 1, "{fault:?}");
+        assert_eq!(
+            store.inner.inspect(&key()).await.unwrap(),
+            None,
+            "{fault:?}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
