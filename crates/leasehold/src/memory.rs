@@ -109,6 +109,7 @@ impl Store for MemoryStore {
             break_lease: true,
             session_bound: false,
             fence_durability: FenceDurability::Process,
+            may_evict: false,
         }
     }
 

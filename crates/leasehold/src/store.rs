@@ -94,6 +94,11 @@ pub struct Capabilities {
     pub session_bound: bool,
     /// How far fences survive the store.
     pub fence_durability: FenceDurability,
+    /// The store may drop a held lease before its TTL on its own (Redis under an evicting
+    /// `maxmemory-policy`, accepted explicitly): a second holder can then be let in while
+    /// the first still believes it holds the lease. Exclusion is not guaranteed; only the
+    /// fence, checked by the storage that receives the writes, protects the data.
+    pub may_evict: bool,
 }
 
 impl Capabilities {
@@ -106,6 +111,7 @@ impl Capabilities {
             break_lease: false,
             session_bound: false,
             fence_durability: FenceDurability::Process,
+            may_evict: false,
         }
     }
 }
