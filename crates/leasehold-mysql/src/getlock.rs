@@ -117,7 +117,11 @@ fn lock(held: &Mutex<HashMap<Key, Holder>>) -> MutexGuard<'_, HashMap<Key, Holde
 ///   lease client then reports the lease lost) or its connection dies; a crashed process
 ///   frees it at once.
 /// - **Renew** checks `IS_USED_LOCK(name) = CONNECTION_ID()` on the lock's own session; a
-///   session that was killed or broke answers `NotOwner`.
+///   session that was killed or broke answers `NotOwner`, and so does a check that gets no
+///   reply within the store's `timeout`: the session is then closed (freeing the lock) only
+///   after that `NotOwner` was handed to the renewal's caller, or, if the caller gave up
+///   first, to its next renewal (or at the TTL). An error answered by the server on a
+///   live session stays a retryable error and the lock stays held.
 /// - **Process bound**: only the store instance that acquired a lease can renew or release
 ///   it (it owns the session); another instance answers `NotOwner`. Dropping the store
 ///   ends all its sessions, releasing their locks.
@@ -222,8 +226,25 @@ async fn release_lock(conn: &mut MySqlConnection, name: &str) -> Result<bool, sq
     Ok(released == Some(1))
 }
 
+/// What a statement on a lock's session came to.
+enum Answer<T> {
+    Done(T),
+    /// The server answered with an error and the session is intact (it still holds its
+    /// lock): the call may be retried.
+    Refused(StoreError),
+    /// No usable answer (timeout, broken connection, a reply that cannot be read): the
+    /// session cannot be used again, and may be gone already with its lock.
+    Unusable(StoreError),
+}
+
 /// Owns one lock's session until the lease ends: answers renew and release, and releases
 /// the lock when its TTL passes without a renewal.
+///
+/// The session (and so the lock) ends only once its holder cannot believe it still holds
+/// the lease: after a renewal was answered `NotOwner`, a release, the TTL, or the store
+/// being dropped. A session that became unusable while nobody waited for the answer (the
+/// caller gave up on the renewal first) is kept open, *stale*, until the next renewal can
+/// be told `NotOwner` or the TTL passes.
 struct Keeper {
     db: Arc<Db>,
     held: Weak<Mutex<HashMap<Key, Holder>>>,
@@ -239,40 +260,63 @@ impl Keeper {
         mut deadline: Instant,
         mut cmds: mpsc::Receiver<Cmd>,
     ) {
+        let mut stale = false;
         let end = loop {
             tokio::select! {
                 cmd = cmds.recv() => match cmd {
                     None => break "store dropped",
+                    Some(Cmd::Renew { reply, .. }) if stale => {
+                        if reply.send(Ok(false)).is_ok() {
+                            break "lost reported";
+                        }
+                    }
                     Some(Cmd::Renew { ttl, sent, reply }) => {
                         match self.call("renew", still_held(&mut conn, &self.name)).await {
-                            Ok(true) => {
+                            Answer::Done(true) => {
                                 deadline = deadline.max(sent + ttl);
                                 let _ = reply.send(Ok(true));
                             }
-                            Ok(false) => {
+                            Answer::Done(false) => {
                                 let _ = reply.send(Ok(false));
                                 break "lock no longer held by its session";
                             }
-                            // The session is gone (killed, connection broken): so is its lock.
-                            Err(e) if matches!(e.kind(), StoreErrorKind::Ambiguous | StoreErrorKind::Unavailable) => {
-                                tracing::warn!(key = %self.key, error = %e, "mysql lock session lost");
-                                let _ = reply.send(Ok(false));
-                                break "session lost";
-                            }
-                            Err(e) => {
+                            // The session still holds the lock: a retryable failure.
+                            Answer::Refused(e) => {
                                 let _ = reply.send(Err(e));
-                                break "renewal failed";
+                            }
+                            // The session is gone or about to be (we close it): so is its
+                            // lock, and the lease with it. The holder must hear `NotOwner`
+                            // before the lock is let go, never a retryable error.
+                            Answer::Unusable(e) => {
+                                tracing::warn!(key = %self.key, error = %e, "mysql lock session lost");
+                                if reply.send(Ok(false)).is_ok() {
+                                    break "session lost";
+                                }
+                                stale = true;
                             }
                         }
                     }
+                    Some(Cmd::Release { reply }) if stale => {
+                        let _ = reply.send(Err(StoreError::new(
+                            StoreErrorKind::Ambiguous,
+                            BACKEND_GETLOCK,
+                            "release: the lock's session stopped answering; it is closed, which frees the lock",
+                        )));
+                        break "released (stale session closed)";
+                    }
                     Some(Cmd::Release { reply }) => {
-                        let r = self.call("release", release_lock(&mut conn, &self.name)).await;
+                        let r = match self.call("release", release_lock(&mut conn, &self.name)).await {
+                            Answer::Done(released) => Ok(released),
+                            Answer::Refused(e) | Answer::Unusable(e) => Err(e),
+                        };
                         let _ = reply.send(r);
                         break "released";
                     }
                 },
                 () = tokio::time::sleep_until(deadline) => {
-                    let _ = self.call("expire", release_lock(&mut conn, &self.name)).await;
+                    if !stale {
+                        let _ = self.call("expire", release_lock(&mut conn, &self.name)).await;
+                    }
                     break "expired";
                 }
             }
@@ -284,22 +328,40 @@ impl Keeper {
                 held.remove(&self.key);
             }
         }
+        // Commands queued meanwhile get no answer: their callers see `NotOwner` at once
+        // rather than after the close below.
+        drop(cmds);
         // Closing politely is bounded; dropping the connection closes its socket, and the
         // server then ends the session and frees the lock.
         let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
     }
 
+    /// Runs `fut` on the session, bounded by the operation timeout.
     async fn call<T>(
         &self,
         op: &str,
         fut: impl std::future::Future<Output = Result<T, sqlx::Error>>,
-    ) -> Result<T, StoreError> {
-        self.db
-            .bounded(op, async {
-                fut.await
-                    .map_err(|e| self.db.error(e.into(), op, Phase::Statement))
-            })
-            .await
+    ) -> Answer<T> {
+        match tokio::time::timeout(self.db.config.get_timeout(), fut).await {
+            Ok(Ok(v)) => Answer::Done(v),
+            Ok(Err(e)) => {
+                let f = Failure::from(e);
+                let usable = !f.poisons_connection();
+                let e = self.db.error(f, op, Phase::Statement);
+                if usable {
+                    Answer::Refused(e)
+                } else {
+                    Answer::Unusable(e)
+                }
+            }
+            // The statement may still be running, its reply still on its way: the
+            // connection is out of step and is never used again.
+            Err(_) => Answer::Unusable(StoreError::timeout(
+                BACKEND_GETLOCK,
+                op,
+                self.db.config.get_timeout(),
+            )),
+        }
     }
 }
 

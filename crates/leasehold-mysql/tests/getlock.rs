@@ -8,18 +8,30 @@
 //!   frozen holder process keeps its session, so the lock outlives the TTL until it wakes,
 //!   then its lost signal fires and the lock is free; a `kill -9`ed holder frees it at once.
 //!
+//! - `renewal_timeout_loses_lease_before_lock_is_free` (issue 10.2, FAULTS 7): a renewal
+//!   blackholed past the store's operation bound makes the keeper end its session (which
+//!   frees the lock); the holder must be told `NotOwner` by that very renewal, so that no
+//!   other process ever holds the lock while the first still believes it holds the lease.
+//! - `renewal_abandoned_by_its_caller_keeps_the_lock_until_lost_is_reported`: the same when
+//!   the heartbeat's own bound is the shorter one and it gives up on the renewal before the
+//!   keeper does: the lock must stay held until the holder has been told it lost it.
+//!
 //! Child processes are this test binary run again with `LEASEHOLD_MYSQL_WORKER` set (see
 //! `worker_entry`, an empty test otherwise).
 
 mod common;
 
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{Error, Key, LeaseClient, LeaseConfig, LostReason, Store};
+use async_trait::async_trait;
+use leasehold::{
+    AcquireOutcome, Capabilities, Error, Fence, Key, Lease, LeaseClient, LeaseConfig, LeaseInfo,
+    LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
 use leasehold_mysql::{MySqlGetLockStore, lock_name};
-use leasehold_testkit::WorkerProcess;
+use leasehold_testkit::{FaultProxy, ProxyMode, WorkerProcess};
 use tokio::time::{Instant, sleep, timeout};
 
 const WORKER_ENV: &str = "LEASEHOLD_MYSQL_WORKER";
@@ -211,4 +223,238 @@ async fn holder_process_paused_then_killed() {
         killed_at.elapsed()
     );
     assert!(lease.release().await.unwrap());
+}
+
+/// What one renewal through [`Recorded`] returned, and when.
+type Renewal = (Instant, Result<RenewOutcome, StoreErrorKind>);
+
+/// A store that delegates to the GET_LOCK store and records every renewal that returned
+/// (a renewal whose caller gave up first is not recorded).
+#[derive(Debug)]
+struct Recorded {
+    inner: Arc<MySqlGetLockStore>,
+    renewals: Mutex<Vec<Renewal>>,
+}
+
+impl Recorded {
+    fn renewals(&self) -> Vec<Renewal> {
+        self.renewals.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Store for Recorded {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.inner.acquire(key, owner, ttl).await
+    }
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let r = self.inner.renew(key, owner, ttl).await;
+        let seen = r.as_ref().copied().map_err(StoreError::kind);
+        self.renewals.lock().unwrap().push((Instant::now(), seen));
+        r
+    }
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.inner.release(key, owner).await
+    }
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.inner.inspect(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        self.inner.break_lease(key).await
+    }
+}
+
+/// What happened when a renewal of A's lease was blackholed.
+struct Takeover {
+    /// A's renewals after the blackhole began.
+    renewals: Vec<Renewal>,
+    /// When A's keeper let its session go (A's store no longer lists the lease).
+    session_ended: Instant,
+    /// When A's lost signal fired, and why.
+    lost: (Instant, LostReason),
+    /// When B's acquire returned, and whether A still believed it held the lease then.
+    taken: (Instant, bool),
+    fences: (Fence, Fence),
+}
+
+/// A holds `key` through a fault proxy with the store bound `store_timeout` and the
+/// heartbeat configuration `config`; right after a successful renewal the proxy blackholes
+/// A's traffic. As soon as A's keeper has ended its session (its store forgets the lease;
+/// the socket's end is held by the blackhole), the proxy passes again, so the server frees
+/// the lock at once. Meanwhile B, straight to the server, tries to acquire every few
+/// milliseconds, and looks at A's lease the moment it gets the lock.
+async fn blackholed_renewal(key: &str, store_timeout: &str, config: LeaseConfig) -> Takeover {
+    let db = common::start_db();
+    let proxy = FaultProxy::start(db.addr());
+    let a_store = Arc::new(
+        MySqlGetLockStore::open(&format!(
+            "mysql+getlock://root@127.0.0.1:{}/test?timeout={store_timeout}&connect_timeout=2s",
+            proxy.port()
+        ))
+        .await
+        .expect("open A's store"),
+    );
+    let recorded = Arc::new(Recorded {
+        inner: a_store.clone(),
+        renewals: Mutex::default(),
+    });
+    let client_a = LeaseClient::new(recorded.clone(), config);
+    let client_b = LeaseClient::new(open(&getlock_url(&db)).await, self::config());
+    let key = Key::new(key).unwrap();
+
+    let lease: Arc<Lease> = Arc::new(client_a.try_acquire(&key).await.expect("A acquires"));
+    timeout(LONG, async {
+        while !recorded
+            .renewals()
+            .iter()
+            .any(|(_, r)| matches!(r, Ok(RenewOutcome::Renewed { .. })))
+        {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("A renews once through the healthy proxy");
+    let healthy = recorded.renewals().len();
+    proxy.set_mode(ProxyMode::Blackhole);
+
+    let lost = {
+        let signal = lease.lost();
+        tokio::spawn(async move {
+            let reason = signal.wait().await;
+            (Instant::now(), reason)
+        })
+    };
+    let taker = {
+        let lease = lease.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(taken) = client_b.try_acquire(&key).await {
+                    let at = Instant::now();
+                    let a_believes = lease.is_valid();
+                    return (at, a_believes, taken);
+                }
+                sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+
+    let session_ended = timeout(LONG, async {
+        while a_store.held_count() > 0 {
+            sleep(Duration::from_millis(2)).await;
+        }
+        Instant::now()
+    })
+    .await
+    .expect("A's keeper ends its session");
+    proxy.set_mode(ProxyMode::Pass);
+
+    let (taken_at, a_believes, taken) = timeout(LONG, taker)
+        .await
+        .expect("B acquires once A's session is gone")
+        .unwrap();
+    let lost = timeout(LONG, lost)
+        .await
+        .expect("A's lost signal fires")
+        .unwrap();
+    let renewals = recorded.renewals()[healthy..].to_vec();
+    let fences = (lease.fence(), taken.fence());
+    assert!(taken.release().await.unwrap());
+    Takeover {
+        renewals,
+        session_ended,
+        lost,
+        taken: (taken_at, a_believes),
+        fences,
+    }
+}
+
+/// No moment where B holds the lock while A believes it holds the lease.
+fn assert_no_overlap(t: &Takeover) {
+    let (lost_at, reason) = t.lost;
+    let (taken_at, a_believes) = t.taken;
+    assert!(
+        !a_believes && lost_at <= taken_at,
+        "B acquired fence {} while A (fence {}) still believed it held the lease: A lost it \
+         ({reason:?}) {:?} after B got it; A's keeper ended its session {:?} before B got it; \
+         A's renewals since the blackhole: {:?}",
+        t.fences.1.get(),
+        t.fences.0.get(),
+        lost_at.saturating_duration_since(taken_at),
+        taken_at.saturating_duration_since(t.session_ended),
+        t.renewals,
+    );
+    assert!(t.fences.1 > t.fences.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_timeout_loses_lease_before_lock_is_free() {
+    // The keeper's bound (the store's `timeout`, 400 ms) is well under the heartbeat's
+    // (1 s), so the keeper answers that renewal itself.
+    let config = LeaseConfig::builder(Duration::from_secs(3))
+        .op_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let t = blackholed_renewal("job:slow-renew", "400ms", config).await;
+    assert_no_overlap(&t);
+    let (lost_at, reason) = t.lost;
+    assert_eq!(reason, LostReason::NotOwner, "{:?}", t.renewals);
+    // The very renewal that timed out reports the loss: no retryable error first.
+    let (answered_at, answer) = *t
+        .renewals
+        .iter()
+        .find(|(_, r)| !matches!(r, Ok(RenewOutcome::Renewed { .. })))
+        .expect("a renewal failed");
+    assert_eq!(
+        answer,
+        Ok(RenewOutcome::NotOwner),
+        "the renewal that timed out: {:?}",
+        t.renewals
+    );
+    assert!(
+        lost_at.saturating_duration_since(answered_at) < Duration::from_secs(1),
+        "lost fired {:?} after the renewal answered",
+        lost_at.saturating_duration_since(answered_at)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_abandoned_by_its_caller_keeps_the_lock_until_lost_is_reported() {
+    // The heartbeat gives up on a renewal after 300 ms, the keeper only after 1 s: by then
+    // nobody waits for its answer. Retries come 300 ms apart; 3 failures lose the lease.
+    let config = LeaseConfig::builder(Duration::from_secs(3))
+        .renew_interval(Duration::from_millis(1200))
+        .op_timeout(Duration::from_millis(300))
+        .renew_failures_before_lost(3)
+        .build()
+        .unwrap();
+    let t = blackholed_renewal("job:abandoned-renew", "1s", config).await;
+    assert_no_overlap(&t);
+    // Normally the next renewal after the keeper's timeout is told `NotOwner`; on a
+    // starved machine the validity deadline may come first.
+    assert!(
+        matches!(t.lost.1, LostReason::NotOwner | LostReason::Expired),
+        "{:?}: {:?}",
+        t.lost.1,
+        t.renewals
+    );
 }
