@@ -54,7 +54,8 @@ impl Backoff {
 
     /// A random delay for retry `attempt`, uniform in `0..=ceiling(attempt)`.
     pub fn delay<R: Rng + ?Sized>(&self, attempt: u32, rng: &mut R) -> Duration {
-        let ceiling = self.ceiling(attempt).as_nanos() as u64;
+        // Saturates at u64::MAX ns (584 years) instead of truncating a huge ceiling.
+        let ceiling = u64::try_from(self.ceiling(attempt).as_nanos()).unwrap_or(u64::MAX);
         Duration::from_nanos(rng.random_range(0..=ceiling))
     }
 }

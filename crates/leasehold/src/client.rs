@@ -1,17 +1,20 @@
 //! The client: acquires leases on one store and renews them with one scheduler.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::clock::{At, Clock, LeaseClock};
 use crate::config::LeaseConfig;
 use crate::error::{Error, StoreError};
 use crate::key::{IntoKey, Key};
-use crate::lease::{Lease, LeaseShared};
+use crate::lease::{Grant, Lease, LeaseShared};
 use crate::metrics as m;
 use crate::scheduler::{self, SchedulerHandle};
 use crate::store::{AcquireOutcome, Capabilities, Store};
@@ -44,8 +47,107 @@ struct Inner {
     store: Arc<dyn Store>,
     config: LeaseConfig,
     capabilities: Capabilities,
+    clock: LeaseClock,
     sched: OnceLock<SchedulerHandle>,
     rng: Mutex<Box<dyn RngCore + Send>>,
+    /// Lease handles alive (not yet released or dropped).
+    live: Arc<Live>,
+    /// Set by [`LeaseClient::shutdown`]: no new leases.
+    closing: AtomicBool,
+}
+
+/// Counts a client's live lease handles; wakes [`LeaseClient::shutdown`] at zero.
+#[derive(Debug, Default)]
+pub(crate) struct Live {
+    count: AtomicUsize,
+    zero: Notify,
+}
+
+/// One live lease handle, counted until it is dropped.
+#[derive(Debug)]
+pub(crate) struct LiveGuard(Arc<Live>);
+
+impl LiveGuard {
+    fn new(live: &Arc<Live>) -> Self {
+        live.count.fetch_add(1, Ordering::AcqRel);
+        Self(live.clone())
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.zero.notify_waiters();
+        }
+    }
+}
+
+/// What [`LeaseClient::shutdown`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Lease handles alive when the shutdown began.
+    pub held: usize,
+    /// Lease handles still alive when the deadline passed: their work did not stop in
+    /// time. They are not released (their code may still be running); renewal has
+    /// stopped, so the store expires them after their TTL, and dropping them later still
+    /// queues a release.
+    pub still_held: usize,
+    /// Whether every release was answered (or timed out) before the deadline.
+    pub releases_done: bool,
+}
+
+/// Builder of a [`LeaseClient`], for the optional parts: the random source of retry jitter
+/// and the clock leases are timed on.
+pub struct LeaseClientBuilder {
+    store: Arc<dyn Store>,
+    config: LeaseConfig,
+    rng: Option<Box<dyn RngCore + Send>>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl fmt::Debug for LeaseClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseClientBuilder")
+            .field("store", &self.store)
+            .field("config", &self.config)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseClientBuilder {
+    /// Retry jitter from `rng` (for deterministic tests). Default: seeded from the OS.
+    pub fn rng(mut self, rng: impl RngCore + Send + 'static) -> Self {
+        self.rng = Some(Box::new(rng));
+        self
+    }
+
+    /// Time leases on `clock` (for tests that model a host suspend with a
+    /// [`ManualClock`](crate::clock::ManualClock)). Default:
+    /// [`SystemClock`](crate::clock::SystemClock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The client.
+    pub fn build(self) -> LeaseClient {
+        let capabilities = self.store.capabilities();
+        let rng = self.rng.unwrap_or_else(|| Box::new(StdRng::from_os_rng()));
+        LeaseClient {
+            inner: Arc::new(Inner {
+                store: self.store,
+                config: self.config,
+                capabilities,
+                clock: self.clock.map(LeaseClock::new).unwrap_or_default(),
+                sched: OnceLock::new(),
+                rng: Mutex::new(rng),
+                live: Arc::default(),
+                closing: AtomicBool::new(false),
+            }),
+        }
+    }
 }
 
 impl fmt::Debug for LeaseClient {
@@ -60,7 +162,17 @@ impl fmt::Debug for LeaseClient {
 impl LeaseClient {
     /// A client of `store` with `config`.
     pub fn new(store: Arc<dyn Store>, config: LeaseConfig) -> Self {
-        Self::with_rng(store, config, StdRng::from_os_rng())
+        Self::builder(store, config).build()
+    }
+
+    /// A builder, for a client with an injected random source or clock.
+    pub fn builder(store: Arc<dyn Store>, config: LeaseConfig) -> LeaseClientBuilder {
+        LeaseClientBuilder {
+            store,
+            config,
+            rng: None,
+            clock: None,
+        }
     }
 
     /// A client whose retry jitter comes from `rng` (for deterministic tests).
@@ -69,15 +181,71 @@ impl LeaseClient {
         config: LeaseConfig,
         rng: impl RngCore + Send + 'static,
     ) -> Self {
-        let capabilities = store.capabilities();
-        Self {
-            inner: Arc::new(Inner {
-                store,
-                config,
-                capabilities,
-                sched: OnceLock::new(),
-                rng: Mutex::new(Box::new(rng)),
-            }),
+        Self::builder(store, config).rng(rng).build()
+    }
+
+    /// Shuts the client down gracefully, within `timeout` (for a process that received
+    /// SIGTERM):
+    ///
+    /// 1. no new leases are granted ([`Error::ShuttingDown`]);
+    /// 2. every renewal stops, and every held lease's lost signal fires with
+    ///    [`LostReason::Shutdown`](crate::LostReason::Shutdown) (not counted as a lost
+    ///    lease in metrics), so the work under it stops — [`Lease::run`] cancels its
+    ///    future, code selecting on [`Lease::lost`] wakes up;
+    /// 3. it waits until every lease handle has been released or dropped (the work has
+    ///    stopped), and until those releases have been answered;
+    /// 4. it returns when all that is done, or when `timeout` has passed.
+    ///
+    /// Releasing stays the holder's act: a lease whose handle is still alive at the
+    /// deadline is **not** released behind its code's back; it expires in the store after
+    /// its TTL (see [`ShutdownReport::still_held`]). Drop or release the lease as soon
+    /// as the work under it has stopped and rolled back, and the next holder gets it at
+    /// once.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future stops only the waiting; renewal stays stopped and
+    /// the client keeps refusing new leases.
+    pub async fn shutdown(&self, timeout: Duration) -> ShutdownReport {
+        let deadline = crate::clock::saturating_add(Instant::now(), timeout);
+        self.inner.closing.store(true, Ordering::Release);
+        let live = &self.inner.live;
+        let held = live.count.load(Ordering::Acquire);
+        let Some(sched) = self.inner.sched.get() else {
+            // Never acquired anything: nothing to stop.
+            return ShutdownReport {
+                held,
+                still_held: 0,
+                releases_done: true,
+            };
+        };
+        let _ = tokio::time::timeout_at(deadline, sched.shutdown()).await;
+        let stopped = tokio::time::timeout_at(deadline, async {
+            loop {
+                let zero = live.zero.notified();
+                tokio::pin!(zero);
+                zero.as_mut().enable();
+                if live.count.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                zero.await;
+            }
+        })
+        .await;
+        let still_held = if stopped.is_ok() {
+            0
+        } else {
+            live.count.load(Ordering::Acquire)
+        };
+        // Drops queued their releases before their count went down: a flush after them
+        // waits for those releases to be answered.
+        let releases_done = tokio::time::timeout_at(deadline, sched.flush())
+            .await
+            .is_ok();
+        tracing::info!(held, still_held, releases_done, "lease client shut down");
+        ShutdownReport {
+            held,
+            still_held,
+            releases_done,
         }
     }
 
@@ -93,8 +261,20 @@ impl LeaseClient {
 
     fn scheduler(&self) -> &SchedulerHandle {
         self.inner.sched.get_or_init(|| {
-            SchedulerHandle::spawn(self.inner.store.clone(), self.inner.config.clone())
+            SchedulerHandle::spawn(
+                self.inner.store.clone(),
+                self.inner.config.clone(),
+                self.inner.clock.clone(),
+            )
         })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn scheduler_visits(&self) -> u64 {
+        self.inner
+            .sched
+            .get()
+            .map_or(0, |s| s.visits.load(Ordering::Relaxed))
     }
 
     /// Tries once: the lease, or [`Error::Contended`] if another owner holds it.
@@ -108,12 +288,14 @@ impl LeaseClient {
     /// release of that owner token is queued, and at worst the grant expires after its TTL.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`], [`Error::Contended`], or [`Error::Store`].
+    /// [`Error::InvalidKey`], [`Error::Contended`], [`Error::ShuttingDown`], or
+    /// [`Error::Store`].
     pub async fn try_acquire(&self, key: impl IntoKey) -> Result<Lease, Error> {
         self.acquire_inner(key.into_key()?, None).await
     }
 
-    /// Acquires, waiting up to `wait` while another owner holds the lease.
+    /// Acquires, waiting up to `wait` while another owner holds the lease. Any `wait` is
+    /// accepted: `Duration::MAX` waits as long as it takes.
     ///
     /// Between attempts it sleeps with full-jitter exponential backoff, never longer than
     /// the holder's remaining TTL when the store reports it, and waits on the store's
@@ -124,8 +306,9 @@ impl LeaseClient {
     /// Cancel safe, as [`try_acquire`](Self::try_acquire).
     ///
     /// # Errors
-    /// [`Error::InvalidKey`], [`Error::WaitTimeout`] (still held when the wait ended), or
-    /// [`Error::Store`] (a non-retryable error, or the last error when the wait ended).
+    /// [`Error::InvalidKey`], [`Error::WaitTimeout`] (still held when the wait ended),
+    /// [`Error::ShuttingDown`], or [`Error::Store`] (a non-retryable error, or the last
+    /// error when the wait ended).
     pub async fn acquire(&self, key: impl IntoKey, wait: Duration) -> Result<Lease, Error> {
         self.acquire_inner(key.into_key()?, Some(wait)).await
     }
@@ -169,7 +352,8 @@ impl LeaseClient {
     ) -> Result<Lease, Error> {
         let cfg = &self.inner.config;
         let store = &self.inner.store;
-        let deadline = wait.map(|w| started + w);
+        let clock = &self.inner.clock;
+        let deadline = wait.map(|w| crate::clock::saturating_add(started, w));
         let owner = OwnerToken::random();
         let mut orphan = OrphanGuard {
             client: self,
@@ -180,8 +364,11 @@ impl LeaseClient {
         let mut attempt: u32 = 0;
         let mut ambiguous: u32 = 0;
         loop {
+            if self.inner.closing.load(Ordering::Acquire) {
+                return Err(Error::ShuttingDown);
+            }
             orphan.maybe_granted = true;
-            let sent_at = Instant::now();
+            let sent_at: At = clock.now();
             let reply = StoreError::bounded(
                 store.backend(),
                 "acquire",
@@ -192,17 +379,19 @@ impl LeaseClient {
             let err = match reply {
                 Ok(AcquireOutcome::Acquired { fence, ttl }) => {
                     let ttl = ttl.min(cfg.ttl());
-                    let valid_until = sent_at + cfg.validity(ttl);
-                    if Instant::now() < valid_until {
+                    let valid_until = sent_at.add(cfg.validity(ttl));
+                    if clock.now() < valid_until {
                         orphan.maybe_granted = false;
-                        let shared = Arc::new(LeaseShared::new(
-                            key.clone(),
+                        let grant = Grant {
+                            key: key.clone(),
                             owner,
                             fence,
                             ttl,
+                            sent_at,
                             valid_until,
-                            store.backend(),
-                        ));
+                        };
+                        let shared =
+                            Arc::new(LeaseShared::new(grant, store.backend(), clock.clone()));
                         let sched = self.scheduler();
                         scheduler::track(sched, &shared, cfg);
                         return Ok(Lease::new(
@@ -210,6 +399,7 @@ impl LeaseClient {
                             sched.clone(),
                             store.clone(),
                             cfg.op_timeout(),
+                            LiveGuard::new(&self.inner.live),
                         ));
                     }
                     // The reply came too late to leave any validity: treat it as lost.
@@ -264,7 +454,8 @@ impl LeaseClient {
                 .min(until_deadline)
                 .max(Duration::from_millis(1));
             let wait = self.inner.store.wait_released(key, bound);
-            if tokio::time::timeout(bound + self.inner.config.op_timeout(), wait)
+            let limit = bound.saturating_add(self.inner.config.op_timeout());
+            if tokio::time::timeout(limit, wait)
                 .await
                 .is_ok_and(|r| r.is_ok())
             {

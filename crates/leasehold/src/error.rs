@@ -23,6 +23,8 @@ pub enum Action {
     /// The store holds data leasehold cannot interpret (a key of the wrong type, a
     /// corrupted value): an operator must look; it is never treated as free.
     Investigate,
+    /// The client is shutting down: stop, do not retry.
+    Stop,
 }
 
 /// The kind of a [`StoreError`].
@@ -268,6 +270,10 @@ pub enum Error {
         /// The highest fence accepted.
         current: crate::Fence,
     },
+    /// The client is shutting down ([`LeaseClient::shutdown`](crate::LeaseClient::shutdown)):
+    /// it grants no new leases.
+    #[error("the lease client is shutting down: no new leases")]
+    ShuttingDown,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -286,6 +292,7 @@ impl Error {
             Self::InvalidKey(_) | Self::InvalidConfig(_) => Action::Reconfigure,
             Self::Contended { .. } | Self::WaitTimeout { .. } => Action::TryLater,
             Self::LeaseLost(_) | Self::FenceRejected { .. } => Action::OwnershipLost,
+            Self::ShuttingDown => Action::Stop,
             Self::Store(e) => e.action(),
         }
     }

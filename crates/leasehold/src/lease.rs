@@ -4,11 +4,13 @@ use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use crate::clock::{At, LeaseClock};
 use crate::error::{Error, StoreError};
 use crate::key::Key;
 use crate::metrics as m;
@@ -36,6 +38,9 @@ pub enum LostReason {
     /// The store could not be reached (timeouts, refused connections) until the lease
     /// could no longer be proven.
     StoreUnavailable,
+    /// The client is shutting down ([`LeaseClient::shutdown`](crate::LeaseClient::shutdown)):
+    /// renewal stopped on purpose. Not counted as a lost lease in metrics.
+    Shutdown,
 }
 
 impl LostReason {
@@ -47,6 +52,7 @@ impl LostReason {
             Self::Expired => "expired",
             Self::MaxHoldExceeded => "max_hold_exceeded",
             Self::StoreUnavailable => "store_unavailable",
+            Self::Shutdown => "shutdown",
         }
     }
 }
@@ -59,18 +65,30 @@ impl fmt::Display for LostReason {
             Self::Expired => f.write_str("the validity deadline passed without a renewal"),
             Self::MaxHoldExceeded => f.write_str("the maximum hold time or renewals was reached"),
             Self::StoreUnavailable => f.write_str("the store was unreachable"),
+            Self::Shutdown => f.write_str("the client is shutting down"),
         }
     }
 }
 
 #[derive(Debug)]
 struct State {
-    valid_until: Instant,
+    valid_until: At,
     lost: Option<LostReason>,
     /// The holder is releasing it: stop renewing.
     releasing: bool,
     /// Released, dropped or lost: no more metrics or lost signals.
     ended: bool,
+}
+
+/// What the store granted, and when the granting request was sent.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    pub(crate) key: Key,
+    pub(crate) owner: OwnerToken,
+    pub(crate) fence: Fence,
+    pub(crate) ttl: Duration,
+    pub(crate) sent_at: At,
+    pub(crate) valid_until: At,
 }
 
 /// State shared by the handle, the renewal scheduler and the deadline watchdog.
@@ -83,8 +101,10 @@ pub(crate) struct LeaseShared {
     pub(crate) owner: OwnerToken,
     pub(crate) fence: Fence,
     pub(crate) ttl: Duration,
-    pub(crate) acquired_at: Instant,
+    /// When the request that granted the lease was sent: every schedule counts from it.
+    pub(crate) acquired_at: At,
     pub(crate) backend: &'static str,
+    pub(crate) clock: LeaseClock,
     state: Mutex<State>,
     lost: CancellationToken,
 }
@@ -102,26 +122,20 @@ impl fmt::Debug for LeaseShared {
 }
 
 impl LeaseShared {
-    pub(crate) fn new(
-        key: Key,
-        owner: OwnerToken,
-        fence: Fence,
-        ttl: Duration,
-        valid_until: Instant,
-        backend: &'static str,
-    ) -> Self {
+    pub(crate) fn new(grant: Grant, backend: &'static str, clock: LeaseClock) -> Self {
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             watched: std::sync::atomic::AtomicBool::new(false),
-            key,
-            owner,
-            fence,
-            ttl,
-            acquired_at: Instant::now(),
+            key: grant.key,
+            owner: grant.owner,
+            fence: grant.fence,
+            ttl: grant.ttl,
+            acquired_at: grant.sent_at,
             backend,
+            clock,
             state: Mutex::new(State {
-                valid_until,
+                valid_until: grant.valid_until,
                 lost: None,
                 releasing: false,
                 ended: false,
@@ -151,11 +165,19 @@ impl LeaseShared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn valid_until(&self) -> Instant {
+    pub(crate) fn valid_until(&self) -> At {
         self.lock().valid_until
     }
 
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        self.lock().lost
+    }
+
+    /// The lost reason after checking the deadline on the spot (firing the signal if it
+    /// has passed). `None` while held, and for a lease its holder released or is
+    /// releasing.
+    pub(crate) fn reason_now(&self) -> Option<LostReason> {
+        self.check(self.clock.now());
         self.lock().lost
     }
 
@@ -174,7 +196,7 @@ impl LeaseShared {
     /// Moves the deadline to `until` after a confirmed renewal; refuses (false) once the
     /// lease is lost or ended, or when the old deadline has already passed: a lease past its
     /// deadline is lost, whatever a late reply says.
-    pub(crate) fn extend(&self, until: Instant, now: Instant) -> bool {
+    pub(crate) fn extend(&self, until: At, now: At) -> bool {
         let mut s = self.lock();
         if s.ended || s.lost.is_some() || now >= s.valid_until {
             return false;
@@ -185,10 +207,13 @@ impl LeaseShared {
 
     /// Checks the deadline at `now`; fires the lost signal when it has passed.
     /// Returns whether the lease is still valid.
-    pub(crate) fn check(&self, now: Instant) -> bool {
+    pub(crate) fn check(&self, now: At) -> bool {
         let (expired, lost) = {
             let s = self.lock();
-            (now >= s.valid_until, s.lost.is_some() || s.ended)
+            (
+                now >= s.valid_until,
+                s.lost.is_some() || s.ended || s.releasing,
+            )
         };
         if lost {
             return false;
@@ -201,17 +226,25 @@ impl LeaseShared {
     }
 
     /// Fires the lost signal with `reason`, once. Returns whether this call fired it.
+    ///
+    /// A lease its holder is releasing (or has released) is never reported lost: the
+    /// holder let go of it, whatever a late renewal reply or the deadline says.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
         {
             let mut s = self.lock();
-            if s.lost.is_some() || s.ended {
+            if s.lost.is_some() || s.ended || s.releasing {
                 return false;
             }
             s.lost = Some(reason);
         }
         self.lost.cancel();
         self.unwatch();
-        let held = self.acquired_at.elapsed();
+        let held = self.clock.now().since(self.acquired_at);
+        if reason == LostReason::Shutdown {
+            m::hold_ended(self.backend, self.key.resource_type(), "shutdown", held);
+            tracing::info!(key = %self.key, owner = %self.owner, fence = self.fence.get(), "renewal stopped: client shutting down");
+            return true;
+        }
         m::lease_lost(self.backend, self.key.resource_type(), reason, held);
         tracing::warn!(
             key = %self.key,
@@ -241,7 +274,8 @@ impl LeaseShared {
             m::hold_ended(
                 self.backend,
                 self.key.resource_type(),
-                self.acquired_at.elapsed(),
+                "released",
+                self.clock.now().since(self.acquired_at),
             );
         }
         true
@@ -266,6 +300,8 @@ pub struct Lease {
     sched: SchedulerHandle,
     store: Arc<dyn Store>,
     op_timeout: Duration,
+    /// Counts this handle among its client's live leases until it is gone.
+    _live: crate::client::LiveGuard,
 }
 
 impl fmt::Debug for Lease {
@@ -280,12 +316,14 @@ impl Lease {
         sched: SchedulerHandle,
         store: Arc<dyn Store>,
         op_timeout: Duration,
+        live: crate::client::LiveGuard,
     ) -> Self {
         Self {
             shared,
             sched,
             store,
             op_timeout,
+            _live: live,
         }
     }
 
@@ -314,24 +352,29 @@ impl Lease {
         self.shared.ttl
     }
 
-    /// The local validity deadline on the monotonic clock: the lease is believed held
-    /// until then, and is lost if no renewal is confirmed before it.
+    /// The local validity deadline, as an instant on tokio's clock: the lease is believed
+    /// held until then, and is lost if no renewal is confirmed before it.
+    ///
+    /// The deadline itself is kept on a clock that also counts host suspension
+    /// (`CLOCK_BOOTTIME` on Linux, see [`clock`](crate::clock)); this converts it with the
+    /// suspension seen so far, so a later suspend brings the real deadline earlier than
+    /// the instant returned here. Ask [`remaining`](Self::remaining) or
+    /// [`is_valid`](Self::is_valid) for the truth at a given moment.
     pub fn valid_until(&self) -> Instant {
-        self.shared.valid_until()
+        self.shared.clock.to_tokio(self.shared.valid_until())
     }
 
-    /// Time left before the validity deadline (zero once passed).
+    /// Time left before the validity deadline (zero once passed), on the clock that
+    /// counts host suspension.
     pub fn remaining(&self) -> Duration {
-        self.shared
-            .valid_until()
-            .saturating_duration_since(Instant::now())
+        self.shared.valid_until().since(self.shared.clock.now())
     }
 
     /// Whether the lease is still believed held. Checks the deadline on the spot, so a
-    /// process that was frozen past it sees `false` (and the lost signal fires) as soon as
-    /// it runs again, before any background task does.
+    /// process that was frozen or suspended past it sees `false` (and the lost signal
+    /// fires) as soon as it runs again, before any background task does.
     pub fn is_valid(&self) -> bool {
-        self.shared.check(Instant::now())
+        self.shared.check(self.shared.clock.now())
     }
 
     /// The fence, if the lease is still valid; otherwise [`Error::LeaseLost`].
@@ -348,9 +391,10 @@ impl Lease {
         }
     }
 
-    /// Why the lease was lost, once it was.
+    /// Why the lease was lost, once it was. Checks the deadline on the spot, as
+    /// [`is_valid`](Self::is_valid) does.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        self.shared.lost_reason()
+        self.shared.reason_now()
     }
 
     /// The lost signal: a cloneable, `'static` handle that resolves with the reason when
@@ -362,13 +406,23 @@ impl Lease {
     }
 
     /// The lost signal as a [`CancellationToken`] (a child token: cancelling it does not
-    /// affect the lease).
+    /// affect the lease), for code that already selects on tokens.
+    ///
+    /// A token cannot look at a clock: it is cancelled by the background tasks (the
+    /// renewal scheduler, and the watchdog thread at the deadline), so after a process
+    /// freeze it may lag the deadline by the time those take to run again. Right before a
+    /// protected write, ask [`is_valid`](Self::is_valid) (or select on
+    /// [`lost`](Self::lost), which checks the clock each time it is polled).
     pub fn lost_token(&self) -> CancellationToken {
         self.shared.lost.child_token()
     }
 
     /// Runs `work` under the lease: returns its output, or [`Error::LeaseLost`] as soon as
     /// the lease is lost, dropping (cancelling) `work` at that point.
+    ///
+    /// Each time it is polled it checks the deadline on the clock before polling `work`,
+    /// so `work` is never polled again once the deadline has passed, even if no
+    /// background task has run since (a process resumed after a freeze).
     ///
     /// # Cancel safety
     /// Cancel safe as far as this method goes: dropping it drops `work`.
@@ -378,12 +432,15 @@ impl Lease {
     /// already, in which case `work` is not polled).
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
         self.ensure_valid()?;
-        let lost = self.lost();
-        tokio::select! {
-            biased;
-            reason = lost.wait() => Err(Error::LeaseLost(reason)),
-            out = work => Ok(out),
-        }
+        let mut lost = std::pin::pin!(self.lost().wait());
+        let mut work = std::pin::pin!(work);
+        std::future::poll_fn(move |cx| {
+            if let Poll::Ready(reason) = lost.as_mut().poll(cx) {
+                return Poll::Ready(Err(Error::LeaseLost(reason)));
+            }
+            work.as_mut().poll(cx).map(Ok)
+        })
+        .await
     }
 
     /// Stops renewing and releases the lease (compare-and-delete on the store).
@@ -398,6 +455,7 @@ impl Lease {
     /// [`Error::Store`] when the store could not be reached in time; the lease then expires
     /// store-side after its TTL.
     pub async fn release(self) -> Result<bool, Error> {
+        // From here on the lease never reports lost: its holder let go of it.
         self.shared.begin_release();
         let res = StoreError::bounded(
             self.store.backend(),
@@ -451,30 +509,68 @@ impl fmt::Debug for LostSignal {
 }
 
 impl LostSignal {
-    /// Waits until the lease is lost.
+    /// A future that resolves with the reason when the lease is lost.
+    ///
+    /// Each time it is polled it first compares the deadline with the clock, so it
+    /// resolves as soon as it is polled after the deadline, even if no background task
+    /// has run since (a process resumed after a freeze). It never resolves for a lease
+    /// its holder released.
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes.
-    pub async fn wait(&self) -> LostReason {
-        self.shared.lost.cancelled().await;
-        self.shared.lost_reason().unwrap_or(LostReason::Expired)
+    pub fn wait(&self) -> LostFuture {
+        LostFuture {
+            shared: self.shared.clone(),
+            cancelled: Box::pin(self.shared.lost.clone().cancelled_owned()),
+        }
     }
 
-    /// The reason, if already lost.
+    /// The reason, if already lost. Checks the deadline on the spot.
     pub fn reason(&self) -> Option<LostReason> {
-        self.shared.lost_reason()
+        self.shared.reason_now()
     }
 
-    /// Whether the lease has been lost.
+    /// Whether the lease has been lost. Checks the deadline on the spot.
     pub fn is_lost(&self) -> bool {
-        self.shared.lost.is_cancelled()
+        self.reason().is_some()
+    }
+}
+
+/// The future of [`LostSignal::wait`]: resolves with the [`LostReason`] when the lease is
+/// lost, checking the deadline against the clock each time it is polled.
+#[must_use = "futures do nothing unless polled"]
+pub struct LostFuture {
+    shared: Arc<LeaseShared>,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl fmt::Debug for LostFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostFuture")
+            .field("key", &self.shared.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for LostFuture {
+    type Output = LostReason;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<LostReason> {
+        if let Some(reason) = self.shared.reason_now() {
+            return Poll::Ready(reason);
+        }
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            // Cancelled only by mark_lost, which set the reason first.
+            return Poll::Ready(self.shared.lost_reason().unwrap_or(LostReason::Expired));
+        }
+        Poll::Pending
     }
 }
 
 impl IntoFuture for LostSignal {
     type Output = LostReason;
-    type IntoFuture = Pin<Box<dyn Future<Output = LostReason> + Send>>;
+    type IntoFuture = LostFuture;
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move { self.wait().await })
+        self.wait()
     }
 }

@@ -193,7 +193,7 @@ impl Store for MemoryStore {
 
     async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
         self.reach().await?;
-        let deadline = Instant::now() + timeout;
+        let deadline = crate::clock::saturating_add(Instant::now(), timeout);
         loop {
             let notified = self.released.notified();
             tokio::pin!(notified);

@@ -1,14 +1,20 @@
 //! The renewal scheduler: one task per client renews every lease of that client.
+//!
+//! Each lease has one next event (its next renewal, its validity deadline or its maximum
+//! hold, whichever is first) in a min-heap, so the work per event is `O(log n)` in the
+//! number of leases the client holds, never a walk over all of them: a client holding
+//! 100,000 leases does the same work per renewal as one holding ten.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::{Notify, mpsc};
-use tokio::time::Instant;
+use tokio::sync::{Notify, mpsc, oneshot};
 
+use crate::clock::{At, LeaseClock, SUSPEND_CHECK};
 use crate::config::LeaseConfig;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
@@ -17,7 +23,7 @@ use crate::metrics as m;
 use crate::store::{RenewOutcome, Store};
 use crate::token::OwnerToken;
 
-/// The longest the scheduler sleeps without looking at new and ended leases.
+/// The longest the scheduler sleeps when it holds no lease.
 const IDLE: Duration = Duration::from_secs(1);
 
 pub(crate) enum Command {
@@ -25,6 +31,11 @@ pub(crate) enum Command {
     Drop(Arc<LeaseShared>),
     /// Release a grant whose acquire was cancelled or whose reply was ambiguous.
     ReleaseOrphan(Key, OwnerToken),
+    /// Stop renewing every lease and fire its lost signal with `Shutdown`; leases
+    /// registered later get the same at once.
+    Shutdown(oneshot::Sender<()>),
+    /// Answer once no release is in flight.
+    Flush(oneshot::Sender<()>),
 }
 
 /// The sending side; cheap to clone. The task ends when every handle is gone and its
@@ -37,6 +48,8 @@ pub(crate) enum Command {
 pub(crate) struct SchedulerHandle {
     tx: mpsc::UnboundedSender<Command>,
     inbox: Arc<Inbox>,
+    #[cfg(test)]
+    pub(crate) visits: Arc<std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Debug, Default)]
@@ -50,7 +63,7 @@ struct InboxState {
     new: Vec<Arc<LeaseShared>>,
     /// When the task will wake up by itself; `None` while it is awake (it drains the inbox
     /// before sleeping again).
-    planned: Option<Instant>,
+    planned: Option<At>,
 }
 
 impl Inbox {
@@ -61,15 +74,37 @@ impl Inbox {
 
 impl SchedulerHandle {
     /// Spawns the scheduler on the current tokio runtime.
-    pub(crate) fn spawn(store: Arc<dyn Store>, config: LeaseConfig) -> Self {
+    pub(crate) fn spawn(store: Arc<dyn Store>, config: LeaseConfig, clock: LeaseClock) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = Arc::new(Inbox::default());
-        tokio::spawn(Scheduler::new(store, config, rx, inbox.clone()).run());
-        Self { tx, inbox }
+        let sched = Scheduler {
+            store,
+            config,
+            clock,
+            rx,
+            inbox: inbox.clone(),
+            entries: HashMap::new(),
+            heap: BinaryHeap::new(),
+            inflight: FuturesUnordered::new(),
+            releases_in_flight: 0,
+            flush_waiters: Vec::new(),
+            shutting_down: false,
+            #[cfg(test)]
+            visits: Default::default(),
+        };
+        #[cfg(test)]
+        let visits = sched.visits.clone();
+        tokio::spawn(sched.run());
+        Self {
+            tx,
+            inbox,
+            #[cfg(test)]
+            visits,
+        }
     }
 
     /// Starts renewing `lease`, whose first event is at `first_event`.
-    pub(crate) fn register(&self, lease: Arc<LeaseShared>, first_event: Instant) {
+    pub(crate) fn register(&self, lease: Arc<LeaseShared>, first_event: At) {
         let wake = {
             let mut st = self.inbox.lock();
             st.new.push(lease);
@@ -85,21 +120,38 @@ impl SchedulerHandle {
     pub(crate) fn release_orphan(&self, key: Key, owner: OwnerToken) {
         let _ = self.tx.send(Command::ReleaseOrphan(key, owner));
     }
+    /// Stops every renewal; resolves once the scheduler has fired every lost signal.
+    pub(crate) async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Command::Shutdown(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+    /// Resolves once every release queued so far has been answered or timed out.
+    pub(crate) async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Command::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
 }
 
 struct Entry {
     shared: Arc<LeaseShared>,
-    next_renew: Instant,
-    max_hold_at: Option<Instant>,
+    next_renew: At,
+    max_hold_at: Option<At>,
     in_flight: bool,
     failures: u32,
     unreachable_failures: u32,
     renewals: u64,
+    /// Bumped whenever the entry is rescheduled: heap items of older generations are
+    /// stale and skipped.
+    generation: u64,
 }
 
 impl Entry {
     /// The next instant at which this entry needs attention.
-    fn next_event(&self) -> Instant {
+    fn next_event(&self) -> At {
         let mut t = self.shared.valid_until();
         if !self.in_flight {
             t = t.min(self.next_renew);
@@ -114,7 +166,7 @@ impl Entry {
 enum Done {
     Renew {
         id: u64,
-        sent_at: Instant,
+        sent_at: At,
         result: Result<RenewOutcome, StoreError>,
     },
     Release,
@@ -123,29 +175,22 @@ enum Done {
 struct Scheduler {
     store: Arc<dyn Store>,
     config: LeaseConfig,
+    clock: LeaseClock,
     rx: mpsc::UnboundedReceiver<Command>,
     inbox: Arc<Inbox>,
     entries: HashMap<u64, Entry>,
+    /// `(when, lease id, generation)`, earliest first.
+    heap: BinaryHeap<Reverse<(At, u64, u64)>>,
     inflight: FuturesUnordered<BoxFuture<'static, Done>>,
+    releases_in_flight: usize,
+    flush_waiters: Vec<oneshot::Sender<()>>,
+    shutting_down: bool,
+    /// Entries looked at, for the test that bounds the work per event.
+    #[cfg(test)]
+    visits: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Scheduler {
-    fn new(
-        store: Arc<dyn Store>,
-        config: LeaseConfig,
-        rx: mpsc::UnboundedReceiver<Command>,
-        inbox: Arc<Inbox>,
-    ) -> Self {
-        Self {
-            store,
-            config,
-            rx,
-            inbox,
-            entries: HashMap::new(),
-            inflight: FuturesUnordered::new(),
-        }
-    }
-
     async fn run(mut self) {
         let mut open = true;
         loop {
@@ -153,18 +198,23 @@ impl Scheduler {
             for shared in new {
                 self.add(shared);
             }
-            self.tick(Instant::now());
+            self.run_due(self.clock.now());
             if !open && self.entries.is_empty() && self.inflight.is_empty() {
                 // Every handle is gone, so nothing can arrive in the inbox any more.
                 return;
             }
-            let wake = self
-                .entries
-                .values()
-                .map(Entry::next_event)
-                .min()
-                .unwrap_or_else(|| Instant::now() + IDLE)
-                .min(Instant::now() + IDLE);
+            let now = self.clock.now();
+            // While leases are held, look at the clock often enough to notice a host
+            // suspend (timers sleep on the monotonic clock, which stops meanwhile).
+            let cap = if self.entries.is_empty() {
+                IDLE
+            } else {
+                SUSPEND_CHECK
+            };
+            let mut wake = now.add(cap);
+            if let Some(Reverse((t, _, _))) = self.heap.peek() {
+                wake = wake.min(*t);
+            }
             {
                 let mut st = self.inbox.lock();
                 if !st.new.is_empty() {
@@ -172,6 +222,7 @@ impl Scheduler {
                 }
                 st.planned = Some(wake);
             }
+            let sleep_until = self.clock.to_tokio(wake);
             tokio::select! {
                 cmd = self.rx.recv(), if open => match cmd {
                     Some(cmd) => self.command(cmd),
@@ -179,24 +230,39 @@ impl Scheduler {
                 },
                 Some(done) = self.inflight.next(), if !self.inflight.is_empty() => self.done(done),
                 () = self.inbox.wake.notified() => {}
-                () = tokio::time::sleep_until(wake) => {}
+                () = tokio::time::sleep_until(sleep_until) => {}
             }
             self.inbox.lock().planned = None;
         }
     }
 
     fn add(&mut self, shared: Arc<LeaseShared>) {
+        if self.shutting_down {
+            shared.mark_lost(LostReason::Shutdown);
+            return;
+        }
+        // Every schedule counts from the send of the request that granted the lease.
         let acquired_at = shared.acquired_at;
         let entry = Entry {
-            next_renew: acquired_at + self.config.renew_interval(),
-            max_hold_at: self.config.max_hold().map(|d| acquired_at + d),
+            next_renew: acquired_at.add(self.config.renew_interval()),
+            max_hold_at: self.config.max_hold().map(|d| acquired_at.add(d)),
             shared: shared.clone(),
             in_flight: false,
             failures: 0,
             unreachable_failures: 0,
             renewals: 0,
+            generation: 0,
         };
         self.entries.insert(shared.id, entry);
+        self.schedule(shared.id);
+    }
+
+    /// Pushes entry `id`'s next event onto the heap (making older items stale).
+    fn schedule(&mut self, id: u64) {
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.generation += 1;
+            self.heap.push(Reverse((e.next_event(), id, e.generation)));
+        }
     }
 
     fn command(&mut self, cmd: Command) {
@@ -206,12 +272,28 @@ impl Scheduler {
                 self.release(shared.key.clone(), shared.owner);
             }
             Command::ReleaseOrphan(key, owner) => self.release(key, owner),
+            Command::Shutdown(reply) => {
+                self.shutting_down = true;
+                for (_, e) in self.entries.drain() {
+                    e.shared.mark_lost(LostReason::Shutdown);
+                }
+                self.heap.clear();
+                let _ = reply.send(());
+            }
+            Command::Flush(reply) => {
+                if self.releases_in_flight == 0 {
+                    let _ = reply.send(());
+                } else {
+                    self.flush_waiters.push(reply);
+                }
+            }
         }
     }
 
     fn release(&mut self, key: Key, owner: OwnerToken) {
         let store = self.store.clone();
         let timeout = self.config.op_timeout();
+        self.releases_in_flight += 1;
         self.inflight.push(Box::pin(async move {
             let res = tokio::time::timeout(timeout, store.release(&key, &owner)).await;
             tracing::debug!(%key, %owner, result = ?res, "background release");
@@ -229,60 +311,66 @@ impl Scheduler {
         }
     }
 
-    /// Does whatever is due at `now`: bounded-hold checks, deadlines, renewals.
-    fn tick(&mut self, now: Instant) {
-        let mut lost = Vec::new();
-        let mut renew = Vec::new();
-        for (&id, e) in &mut self.entries {
-            if e.shared.is_done() {
-                lost.push((id, None));
-                continue;
+    /// Handles every heap item due at `now`.
+    fn run_due(&mut self, now: At) {
+        while let Some(&Reverse((t, id, generation))) = self.heap.peek() {
+            if t > now {
+                break;
             }
-            if e.max_hold_at.is_some_and(|t| now >= t) {
-                lost.push((id, Some(LostReason::MaxHoldExceeded)));
-                continue;
-            }
-            if now >= e.shared.valid_until() {
-                let reason = if e.unreachable_failures > 0 {
-                    LostReason::StoreUnavailable
-                } else {
-                    LostReason::Expired
-                };
-                lost.push((id, Some(reason)));
-                continue;
-            }
-            if !e.in_flight && now >= e.next_renew {
-                if self.config.max_renewals().is_some_and(|m| e.renewals >= m) {
-                    lost.push((id, Some(LostReason::MaxHoldExceeded)));
-                    continue;
-                }
-                e.in_flight = true;
-                renew.push((id, e.shared.clone()));
-            }
-        }
-        for (id, reason) in lost {
-            match reason {
-                Some(r) => self.lose(id, r),
-                None => {
-                    self.entries.remove(&id);
-                }
-            }
-        }
-        for (id, shared) in renew {
-            self.start_renewal(id, shared, now);
+            self.heap.pop();
+            self.visit(id, generation, now);
         }
     }
 
-    fn start_renewal(&mut self, id: u64, shared: Arc<LeaseShared>, now: Instant) {
+    /// Does whatever is due for entry `id` at `now`: bounded-hold checks, the deadline,
+    /// the renewal.
+    fn visit(&mut self, id: u64, generation: u64, now: At) {
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        if e.generation != generation {
+            return;
+        }
+        #[cfg(test)]
+        self.visits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if e.shared.is_done() {
+            self.entries.remove(&id);
+            return;
+        }
+        if e.max_hold_at.is_some_and(|t| now >= t) {
+            return self.lose(id, LostReason::MaxHoldExceeded);
+        }
+        if now >= e.shared.valid_until() {
+            let reason = if e.unreachable_failures > 0 {
+                LostReason::StoreUnavailable
+            } else {
+                LostReason::Expired
+            };
+            return self.lose(id, reason);
+        }
+        if !e.in_flight && now >= e.next_renew {
+            if self.config.max_renewals().is_some_and(|m| e.renewals >= m) {
+                return self.lose(id, LostReason::MaxHoldExceeded);
+            }
+            e.in_flight = true;
+            let shared = e.shared.clone();
+            self.start_renewal(id, shared, now);
+        }
+        self.schedule(id);
+    }
+
+    fn start_renewal(&mut self, id: u64, shared: Arc<LeaseShared>, now: At) {
         let store = self.store.clone();
         let ttl = self.config.ttl();
+        let clock = self.clock.clone();
         // Never wait for a reply past the deadline: it would be useless then.
         let budget = self
             .config
             .op_timeout()
-            .min(shared.valid_until().saturating_duration_since(now));
+            .min(shared.valid_until().since(now));
         self.inflight.push(Box::pin(async move {
-            let sent_at = Instant::now();
+            let sent_at = clock.now();
             let result = StoreError::bounded(
                 store.backend(),
                 "renew",
@@ -299,44 +387,52 @@ impl Scheduler {
     }
 
     fn done(&mut self, done: Done) {
-        let Done::Renew {
-            id,
-            sent_at,
-            result,
-        } = done
-        else {
-            return;
+        let (id, sent_at, result) = match done {
+            Done::Renew {
+                id,
+                sent_at,
+                result,
+            } => (id, sent_at, result),
+            Done::Release => {
+                self.releases_in_flight -= 1;
+                if self.releases_in_flight == 0 {
+                    for w in self.flush_waiters.drain(..) {
+                        let _ = w.send(());
+                    }
+                }
+                return;
+            }
         };
-        let now = Instant::now();
+        let now = self.clock.now();
         let Some(e) = self.entries.get_mut(&id) else {
             return; // released or lost meanwhile
         };
         e.in_flight = false;
-        let latency = now.saturating_duration_since(sent_at);
+        let latency = now.since(sent_at);
         let backend = self.store.backend();
-        let rt = e.shared.key.resource_type().to_owned();
+        let rt = e.shared.key.resource_type();
         match result {
             Ok(RenewOutcome::Renewed { ttl }) => {
-                m::renewed(backend, &rt, "renewed", latency);
-                let until = sent_at + self.config.validity(ttl.min(self.config.ttl()));
+                m::renewed(backend, rt, "renewed", latency);
+                let until = sent_at.add(self.config.validity(ttl.min(self.config.ttl())));
                 if now < until && e.shared.extend(until, now) {
                     e.failures = 0;
                     e.unreachable_failures = 0;
                     e.renewals += 1;
-                    e.next_renew = sent_at + self.config.renew_interval();
+                    e.next_renew = sent_at.add(self.config.renew_interval());
                     tracing::trace!(key = %e.shared.key, fence = e.shared.fence.get(), latency_us = latency.as_micros() as u64, "renewed");
                 } else {
                     // The reply came after the deadline (a frozen process, a starved
                     // runtime): the lease was not provably held in between.
-                    self.lose(id, LostReason::Expired);
+                    return self.lose(id, LostReason::Expired);
                 }
             }
             Ok(RenewOutcome::NotOwner) => {
-                m::renewed(backend, &rt, "not_owner", latency);
-                self.lose(id, LostReason::NotOwner);
+                m::renewed(backend, rt, "not_owner", latency);
+                return self.lose(id, LostReason::NotOwner);
             }
             Err(err) => {
-                m::renewed(backend, &rt, "error", latency);
+                m::renewed(backend, rt, "error", latency);
                 e.failures += 1;
                 if matches!(
                     err.kind(),
@@ -355,12 +451,12 @@ impl Scheduler {
                             attempts: e.failures,
                         }
                     };
-                    self.lose(id, reason);
-                } else {
-                    e.next_renew = now + retry_delay(&self.config);
+                    return self.lose(id, reason);
                 }
+                e.next_renew = now.add(retry_delay(&self.config));
             }
         }
+        self.schedule(id);
     }
 }
 
@@ -378,11 +474,54 @@ pub(crate) fn track(sched: &SchedulerHandle, shared: &Arc<LeaseShared>, config: 
 }
 
 /// The first instant a new lease needs the scheduler: its first renewal, its deadline or
-/// its maximum hold, whichever is first.
-fn first_event(shared: &LeaseShared, config: &LeaseConfig) -> Instant {
-    let mut t = (shared.acquired_at + config.renew_interval()).min(shared.valid_until());
+/// its maximum hold, whichever is first, all counted from the acquire's send.
+fn first_event(shared: &LeaseShared, config: &LeaseConfig) -> At {
+    let mut t = shared
+        .acquired_at
+        .add(config.renew_interval())
+        .min(shared.valid_until());
     if let Some(mh) = config.max_hold() {
-        t = t.min(shared.acquired_at + mh);
+        t = t.min(shared.acquired_at.add(mh));
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::memory::MemoryStore;
+    use crate::{LeaseClient, LeaseConfig};
+
+    /// The scheduler looks at one entry per renewal (and a few more per lease), however
+    /// many leases it holds: 10,000 leases with renewals spread over the interval cost
+    /// about one visit per renewal. A scheduler that walks every lease at each wake-up
+    /// would make about 10,000 visits per renewal here.
+    #[tokio::test(start_paused = true)]
+    async fn work_per_renewal_does_not_grow_with_the_number_of_leases() {
+        const N: u64 = 10_000;
+        let ttl = Duration::from_secs(3);
+        let cfg = LeaseConfig::builder(ttl)
+            .watchdog_thread(false)
+            .build()
+            .unwrap();
+        let client = LeaseClient::new(Arc::new(MemoryStore::new()), cfg);
+        let mut leases = Vec::new();
+        for i in 0..N {
+            leases.push(client.try_acquire(format!("w:{i}")).await.unwrap());
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        }
+        let hold = Duration::from_secs(30);
+        tokio::time::sleep(hold).await;
+        assert!(leases.iter().all(|l| l.is_valid()));
+        // Renewals every ttl / 3 = 1 s, over ~31 s.
+        let renewals = N * 31;
+        let visits = client.scheduler_visits();
+        assert!(visits >= renewals / 2, "{visits} visits: not renewing?");
+        assert!(
+            visits <= 2 * renewals + 3 * N,
+            "{visits} visits for about {renewals} renewals of {N} leases"
+        );
+    }
 }

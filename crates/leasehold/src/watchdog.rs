@@ -3,24 +3,49 @@
 //! the lost signal from another runtime or thread still learns in time.
 //!
 //! Leases are removed when they end, so the thread only ever holds live leases and wakes
-//! only at real deadlines.
+//! only at real deadlines — and, while it holds leases, every
+//! [`SUSPEND_CHECK`](crate::clock::SUSPEND_CHECK) to notice a host suspend (deadlines
+//! count suspended time; its sleep does not).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
+use crate::clock::SUSPEND_CHECK;
 use crate::lease::LeaseShared;
 
-/// The longest the thread sleeps when it has nothing earlier to do; a lease whose
-/// deadline is later than the thread's planned wake-up is added without waking it.
+/// The longest the thread sleeps when it watches no lease; a lease whose deadline is
+/// later than the thread's planned wake-up is added without waking it.
 const IDLE: Duration = Duration::from_secs(1);
+
+/// Set when a clock moved by a suspend, so every deadline must be converted again.
+static CLOCK_MOVED: AtomicBool = AtomicBool::new(false);
 
 #[derive(Default)]
 struct Queue {
+    /// Deadlines converted to the monotonic clock with the suspension known when they
+    /// were queued.
     by_deadline: BTreeSet<(StdInstant, u64)>,
     leases: HashMap<u64, (StdInstant, Weak<LeaseShared>)>,
     /// When the thread wakes up by itself; `None` while it is awake.
     sleeping_until: Option<StdInstant>,
+    /// The host's suspended time when the deadlines were last converted.
+    suspended: Duration,
+}
+
+/// The monotonic instant at which `lease`'s deadline passes, given the suspension so far.
+fn monotonic_deadline(lease: &LeaseShared) -> StdInstant {
+    lease.clock.to_tokio(lease.valid_until()).into_std()
+}
+
+/// A clock moved forward by a suspend (a [`ManualClock`](crate::clock::ManualClock) in
+/// tests): convert every deadline again at once.
+pub(crate) fn clock_moved() {
+    CLOCK_MOVED.store(true, Ordering::Release);
+    if let Some(w) = INSTANCE.get() {
+        w.wake.notify_one();
+    }
 }
 
 struct Watchdog {
@@ -28,9 +53,10 @@ struct Watchdog {
     wake: Condvar,
 }
 
+static INSTANCE: OnceLock<&'static Watchdog> = OnceLock::new();
+
 fn instance() -> &'static Watchdog {
-    static W: OnceLock<&'static Watchdog> = OnceLock::new();
-    W.get_or_init(|| {
+    INSTANCE.get_or_init(|| {
         let w: &'static Watchdog = Box::leak(Box::new(Watchdog {
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -46,7 +72,7 @@ fn instance() -> &'static Watchdog {
 /// Watches `lease` until [`unwatch`] or its deadline passes without a renewal.
 pub(crate) fn watch(lease: &Arc<LeaseShared>) {
     let w = instance();
-    let deadline = lease.valid_until().into_std();
+    let deadline = monotonic_deadline(lease);
     let mut q = w.lock();
     // Wake the thread only if it would otherwise sleep past this deadline.
     let earliest = q.sleeping_until.is_some_and(|until| deadline < until);
@@ -72,15 +98,36 @@ impl Watchdog {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Converts every queued deadline again after a suspend moved the clocks.
+    fn rekey(q: &mut Queue) {
+        let leases = std::mem::take(&mut q.leases);
+        q.by_deadline.clear();
+        for (id, (old, weak)) in leases {
+            let deadline = weak.upgrade().map_or(old, |l| monotonic_deadline(&l));
+            q.by_deadline.insert((deadline, id));
+            q.leases.insert(id, (deadline, weak));
+        }
+    }
+
     fn run(&self) {
         let mut q = self.lock();
         loop {
+            let suspended = crate::clock::system_suspended();
+            if CLOCK_MOVED.swap(false, Ordering::AcqRel) || suspended != q.suspended {
+                q.suspended = suspended;
+                Self::rekey(&mut q);
+            }
             let now = StdInstant::now();
             let first = q.by_deadline.first().copied();
             let (deadline, id) = match first {
                 Some((deadline, id)) if deadline <= now => (deadline, id),
                 _ => {
-                    let until = first.map_or(now + IDLE, |(d, _)| d.min(now + IDLE));
+                    let cap = if q.leases.is_empty() {
+                        IDLE
+                    } else {
+                        SUSPEND_CHECK
+                    };
+                    let until = first.map_or(now + cap, |(d, _)| d.min(now + cap));
                     q.sleeping_until = Some(until);
                     q = self
                         .wake
@@ -99,17 +146,14 @@ impl Watchdog {
                 continue;
             };
             drop(q);
-            if !lease.is_done() {
-                let current = lease.valid_until().into_std();
-                if current <= now {
-                    // check() fires the lost signal with `Expired`.
-                    lease.check(tokio::time::Instant::from_std(now));
-                } else {
-                    // Renewed meanwhile: watch the new deadline.
-                    let mut q = self.lock();
-                    q.by_deadline.insert((current, id));
-                    q.leases.insert(id, (current, weak));
-                }
+            // check() fires the lost signal with `Expired` once the deadline has passed.
+            if !lease.is_done() && lease.check(lease.clock.now()) {
+                // Renewed meanwhile: watch the new deadline (never in the past, so a
+                // rounding difference between the clocks cannot make the thread spin).
+                let current = monotonic_deadline(&lease).max(now + Duration::from_millis(1));
+                let mut q = self.lock();
+                q.by_deadline.insert((current, id));
+                q.leases.insert(id, (current, weak));
             }
             q = self.lock();
         }

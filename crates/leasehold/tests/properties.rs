@@ -71,3 +71,86 @@ proptest! {
         }
     }
 }
+
+/// Durations from zero to `Duration::MAX`, with the edges and powers of two weighted in.
+fn any_duration() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        Just(Duration::ZERO),
+        Just(Duration::from_nanos(1)),
+        Just(Duration::MAX),
+        Just(Duration::from_secs(u64::MAX)),
+        (0u32..64).prop_map(|p| Duration::from_secs(1u64 << p)),
+        (any::<u64>(), 0u32..1_000_000_000).prop_map(|(s, n)| Duration::new(s, n)),
+        (0u64..120_000).prop_map(Duration::from_millis),
+    ]
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Issue 10.4: no duration makes the library panic. A configuration either builds or
+    /// is refused with an error; whatever builds can acquire, renew and release; any wait
+    /// is accepted (`Duration::MAX` waits as long as it takes).
+    #[test]
+    fn no_duration_panics(
+        ttl in any_duration(),
+        renew in proptest::option::of(any_duration()),
+        op in proptest::option::of(any_duration()),
+        margin in proptest::option::of(any_duration()),
+        max_hold in proptest::option::of(any_duration()),
+        wait in any_duration(),
+        base in any_duration(),
+        cap in any_duration(),
+    ) {
+        use std::sync::Arc;
+        use leasehold::memory::MemoryStore;
+        use leasehold::{LeaseClient, OwnerToken, Store};
+        use rand::SeedableRng;
+
+        if let Ok(b) = Backoff::new(base, cap) {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+            for attempt in [0, 1, 63, 64, u32::MAX] {
+                prop_assert!(b.delay(attempt, &mut rng) <= b.ceiling(attempt));
+            }
+        }
+        let mut b = LeaseConfig::builder(ttl).watchdog_thread(false);
+        if let Some(d) = renew { b = b.renew_interval(d); }
+        if let Some(d) = op { b = b.op_timeout(d); }
+        if let Some(d) = margin { b = b.margin(d); }
+        if let Some(d) = max_hold { b = b.max_hold(d); }
+        // A configuration that is refused is fine; a panic is not.
+        let cfg = b.build().or_else(|_| {
+            let mut b = LeaseConfig::builder(Duration::from_secs(3)).watchdog_thread(false);
+            if let Some(d) = max_hold.filter(|d| !d.is_zero()) { b = b.max_hold(d); }
+            b.build()
+        });
+        let cfg = cfg.unwrap();
+        paused_runtime().block_on(async move {
+            let store = MemoryStore::new();
+            let key = Key::new("job:durations").unwrap();
+            // Another owner holds the key for 200 ms, never renewed.
+            store.acquire(&key, &OwnerToken::random(), Duration::from_millis(200)).await.unwrap();
+            let client = LeaseClient::new(Arc::new(store.clone()), cfg);
+            match client.acquire(&key, wait).await {
+                Ok(lease) => {
+                    prop_assert!(wait >= Duration::from_millis(150), "acquired after waiting {wait:?}");
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    let _ = lease.release().await;
+                }
+                Err(leasehold::Error::WaitTimeout { .. }) => {
+                    prop_assert!(wait <= Duration::from_millis(250), "gave up within {wait:?}");
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+            Ok(())
+        })?;
+    }
+}

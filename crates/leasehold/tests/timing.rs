@@ -33,6 +33,12 @@ enum Fault {
     AcquireAppliedThenHang,
     /// Acquires are applied at once but their reply takes this long.
     SlowAcquire(Duration),
+    /// Acquires are applied at once but their reply takes the first duration, and every
+    /// renewal (applied at once) answers after the second.
+    SlowAcquireThenSlowRenew(Duration, Duration),
+    /// Renewals reach the store after the first duration (then are applied); releases are
+    /// applied at once and answer after the second.
+    LateRenewSlowRelease(Duration, Duration),
 }
 
 /// A recorded call: operation, when, by which owner.
@@ -118,7 +124,7 @@ impl Store for Scripted {
                 ))
             }
             Fault::AcquireAppliedThenHang => std::future::pending().await,
-            Fault::SlowAcquire(d) => {
+            Fault::SlowAcquire(d) | Fault::SlowAcquireThenSlowRenew(d, _) => {
                 sleep(d).await;
                 Ok(out)
             }
@@ -139,13 +145,26 @@ impl Store for Scripted {
                 sleep(d).await;
                 out
             }
+            Fault::SlowAcquireThenSlowRenew(_, d) => {
+                let out = self.inner.renew(key, owner, ttl).await;
+                sleep(d).await;
+                out
+            }
+            Fault::LateRenewSlowRelease(d, _) => {
+                sleep(d).await;
+                self.inner.renew(key, owner, ttl).await
+            }
             Fault::RenewError(kind) => Err(StoreError::new(kind, "scripted", "injected")),
             _ => self.inner.renew(key, owner, ttl).await,
         }
     }
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         self.log("release", owner);
-        self.inner.release(key, owner).await
+        let out = self.inner.release(key, owner).await;
+        if let Fault::LateRenewSlowRelease(_, d) = self.fault() {
+            sleep(d).await;
+        }
+        out
     }
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         self.inner.inspect(key).await
@@ -594,4 +613,105 @@ async fn slow_acquire_reply_shortens_the_validity_window() {
     assert_eq!(Instant::now() - sent, 1200 * MS);
     assert_eq!(lease.valid_until() - sent, 2965 * MS);
     assert_eq!(lease.remaining(), 1765 * MS);
+}
+
+/// Issue 10.6: the first renewal and `max_hold` count from the acquire's send, not from
+/// its reply. TTL 1 s, renew interval 600 ms, op timeout 350 ms, a 300 ms acquire reply:
+/// timed from the reply, the first renewal would be sent at 900 ms with 85 ms left before
+/// the 985 ms deadline, and a store answering in 100 ms would lose the lease.
+#[tokio::test(start_paused = true)]
+async fn the_first_renewal_counts_from_the_acquire_send() {
+    let store = Scripted::default();
+    store.set(Fault::SlowAcquireThenSlowRenew(300 * MS, 100 * MS));
+    let cfg = config(S)
+        .renew_interval(600 * MS)
+        .op_timeout(350 * MS)
+        .build()
+        .unwrap();
+    let c = client(&store, cfg);
+    let sent = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    assert_eq!(Instant::now() - sent, 300 * MS);
+    sleep(5 * S).await;
+    assert!(lease.is_valid(), "lost: {:?}", lease.lost_reason());
+    let renews: Vec<_> = store.times("renew").iter().map(|t| *t - sent).collect();
+    assert_eq!(
+        renews[0],
+        600 * MS,
+        "first renewal timed from the send: {renews:?}"
+    );
+    assert!(renews.len() >= 8, "{renews:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_counts_from_the_acquire_send() {
+    let store = Scripted::default();
+    store.set(Fault::SlowAcquire(300 * MS));
+    let cfg = config(3 * S)
+        .op_timeout(400 * MS)
+        .max_hold(2 * S)
+        .build()
+        .unwrap();
+    let c = client(&store, cfg);
+    let sent = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    store.set(Fault::None);
+    assert_eq!(lease.lost().await, LostReason::MaxHoldExceeded);
+    assert_eq!(Instant::now() - sent, 2 * S);
+}
+
+/// Issue 10.7: a release racing an in-flight renewal. The renewal reaches the store after
+/// the release deleted the key, so the store answers `NotOwner`; the holder released the
+/// lease, so it must not be reported lost (nor counted as lost).
+#[tokio::test(start_paused = true)]
+async fn a_release_racing_a_renewal_never_reports_lost() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    let lost = lease.lost();
+    // The renewal is sent at 1 s and lands at 1.15 s; the release is applied at 1.1 s and
+    // answers at 1.4 s.
+    store.set(Fault::LateRenewSlowRelease(150 * MS, 300 * MS));
+    sleep(1100 * MS).await;
+    assert_eq!(store.count("renew"), 1, "a renewal is in flight");
+    assert!(lease.release().await.unwrap());
+    sleep(S).await;
+    assert_eq!(lost.reason(), None, "a released lease reported lost");
+    assert!(!lost.is_lost());
+}
+
+/// Issue 10.4: `Duration::MAX` is the usual way to say "wait forever": accepted, never an
+/// overflow.
+#[tokio::test(start_paused = true)]
+async fn waiting_duration_max_waits_as_long_as_it_takes() {
+    let store = Scripted::default();
+    let holder = OwnerToken::random();
+    store.inner.acquire(&key(), &holder, 10 * S).await.unwrap();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let t0 = Instant::now();
+    let lease = c.acquire(key(), Duration::MAX).await.unwrap();
+    assert!(Instant::now() - t0 >= 10 * S);
+    assert!(lease.release().await.unwrap());
+    assert!(
+        store
+            .inner
+            .wait_released(&key(), Duration::MAX)
+            .await
+            .is_ok()
+    );
+}
+
+/// Issue 10.4: `max_hold(Duration::MAX)` means unbounded; it used to panic after the store
+/// had granted the lease, leaving the key blocked until its TTL.
+#[tokio::test(start_paused = true)]
+async fn max_hold_duration_max_is_unbounded() {
+    let store = Scripted::default();
+    let c = client(
+        &store,
+        config(3 * S).max_hold(Duration::MAX).build().unwrap(),
+    );
+    let lease = c.try_acquire(key()).await.unwrap();
+    sleep(60 * S).await;
+    assert!(lease.is_valid());
+    assert!(lease.release().await.unwrap());
 }

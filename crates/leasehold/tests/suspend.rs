@@ -1,0 +1,156 @@
+//! Issue 10.3 and 10.11: every question about a lease reads the clock on the spot, and
+//! the clock counts host suspension. A [`ManualClock`] models a suspend (or a freeze) as a
+//! jump of the lease clock that no task and no timer sees happen, which is exactly the
+//! moment these APIs must get right.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
+use std::time::{Duration, Instant as StdInstant};
+
+use leasehold::clock::{ManualClock, SUSPEND_CHECK};
+use leasehold::memory::MemoryStore;
+use leasehold::{Error, Key, LeaseClient, LeaseConfig, LostReason, Store};
+use tokio::time::sleep;
+
+const S: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+fn client(store: &MemoryStore, clock: &Arc<ManualClock>, watchdog: bool) -> LeaseClient {
+    let cfg = LeaseConfig::builder(3 * S)
+        .watchdog_thread(watchdog)
+        .build()
+        .unwrap();
+    LeaseClient::builder(Arc::new(store.clone()), cfg)
+        .clock(clock.clone())
+        .build()
+}
+
+fn key(n: &str) -> Key {
+    Key::new(format!("job:{n}")).unwrap()
+}
+
+/// Issue 10.3, deterministic: the deadline passes while nothing runs (the watchdog thread
+/// is off, and no task gets a turn between the jump and the questions).
+#[tokio::test(start_paused = true)]
+async fn lost_apis_check_the_clock_on_the_spot() {
+    let store = MemoryStore::new();
+    let clock = Arc::new(ManualClock::new());
+    let c = client(&store, &clock, false);
+
+    let lease = c.try_acquire(key("a")).await.unwrap();
+    let lost = lease.lost();
+    let token = lease.lost_token();
+    clock.suspend(10 * S);
+    // No background task has run: the token (which cannot read a clock) lags...
+    assert!(
+        !token.is_cancelled(),
+        "the test must not let the scheduler run"
+    );
+    // ...but every question reads the clock.
+    assert!(lost.is_lost());
+    assert_eq!(lost.reason(), Some(LostReason::Expired));
+    assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
+    assert!(token.is_cancelled(), "asking fired the signal for everyone");
+
+    let lease = c.try_acquire(key("b")).await.unwrap();
+    let mut wait = lease.lost().wait();
+    assert!(futures::poll!(&mut wait).is_pending());
+    clock.suspend(10 * S);
+    assert_eq!(futures::poll!(&mut wait), Poll::Ready(LostReason::Expired));
+
+    // `run` never polls the work again once the deadline has passed, even if the freeze
+    // happened inside the work and no task ran since.
+    let lease = c.try_acquire(key("c")).await.unwrap();
+    let polls = AtomicUsize::new(0);
+    let work = std::future::poll_fn(|cx| {
+        if polls.fetch_add(1, Ordering::SeqCst) == 0 {
+            clock.suspend(10 * S);
+        }
+        cx.waker().wake_by_ref();
+        Poll::<()>::Pending
+    });
+    let res = lease.run(work).await;
+    assert!(
+        matches!(res, Err(Error::LeaseLost(LostReason::Expired))),
+        "{res:?}"
+    );
+    assert_eq!(
+        polls.load(Ordering::SeqCst),
+        1,
+        "work polled after the deadline"
+    );
+}
+
+/// Issue 10.11: a suspend longer than the validity window loses the lease even if nobody
+/// asks: the scheduler notices within `SUSPEND_CHECK`, renews nothing, and the store
+/// still lists the holder (releasing is the holder's act).
+#[tokio::test(start_paused = true)]
+async fn a_host_suspend_past_the_deadline_loses_the_lease() {
+    let store = MemoryStore::new();
+    let clock = Arc::new(ManualClock::new());
+    let c = client(&store, &clock, false);
+    let lease = c.try_acquire(key("suspend")).await.unwrap();
+    let token = lease.lost_token();
+    sleep(1500 * MS).await; // renewed at 1 s: valid until 3.965 s
+    assert!(lease.is_valid());
+    clock.suspend(5 * S);
+    tokio::time::timeout(SUSPEND_CHECK + MS, token.cancelled())
+        .await
+        .expect("the scheduler notices a suspend within SUSPEND_CHECK");
+    assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
+    assert!(lease.remaining().is_zero());
+    let info = store.inspect(&key("suspend")).await.unwrap();
+    assert_eq!(info.map(|i| i.owner), Some(*lease.owner()));
+}
+
+/// A suspend shorter than the validity left keeps the lease: the next renewal is due at
+/// once and extends it.
+#[tokio::test(start_paused = true)]
+async fn a_short_suspend_keeps_the_lease() {
+    let store = MemoryStore::new();
+    let clock = Arc::new(ManualClock::new());
+    let c = client(&store, &clock, false);
+    let lease = c.try_acquire(key("short")).await.unwrap();
+    sleep(1500 * MS).await; // valid until 3.965 s
+    let before = lease.remaining();
+    clock.suspend(S);
+    assert_eq!(lease.remaining(), before - S);
+    sleep(10 * S).await;
+    assert!(lease.is_valid(), "{:?}", lease.lost_reason());
+}
+
+/// Issue 10.11, with the watchdog thread: the runtime is blocked (nothing async runs), the
+/// clock jumps past the deadline, and the thread fires the lost signal, seen from another
+/// thread.
+#[test]
+fn the_watchdog_thread_sees_a_suspend_while_the_runtime_is_blocked() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = MemoryStore::new();
+    let clock = Arc::new(ManualClock::new());
+    let (lease, token) = rt.block_on(async {
+        let c = client(&store, &clock, true);
+        let lease = c.try_acquire(key("watchdog")).await.unwrap();
+        let token = lease.lost_token();
+        (lease, token)
+    });
+    let watcher = std::thread::spawn(move || {
+        futures::executor::block_on(token.cancelled());
+        StdInstant::now()
+    });
+    let suspended_at = rt.block_on(async {
+        std::thread::sleep(200 * MS);
+        clock.suspend(20 * S);
+        let at = StdInstant::now();
+        std::thread::sleep(1500 * MS);
+        at
+    });
+    let fired_at = watcher.join().unwrap();
+    let after = fired_at.saturating_duration_since(suspended_at);
+    assert!(after < 1200 * MS, "fired {after:?} after the suspend");
+    assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
+    rt.block_on(async { drop(lease) });
+}
