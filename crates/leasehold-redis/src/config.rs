@@ -16,6 +16,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default number of retries the cluster client makes on redirections and transient
 /// errors within one operation (bounded by the operation timeout anyway).
 pub const DEFAULT_CLUSTER_RETRIES: u32 = 6;
+/// Default interval at which the store reads `maxmemory-policy` again on a connection it
+/// already checked (see [`RedisConfigBuilder::policy_check`]).
+pub const DEFAULT_POLICY_CHECK: Duration = Duration::from_secs(10);
 
 const DEFAULT_PORT: u16 = 6379;
 
@@ -111,6 +114,8 @@ pub struct RedisConfig {
     notifications: bool,
     cluster_retries: u32,
     address_map: Vec<(NodeAddr, NodeAddr)>,
+    allow_eviction: bool,
+    policy_check: Duration,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -127,6 +132,8 @@ impl fmt::Debug for RedisConfig {
             .field("notifications", &self.notifications)
             .field("cluster_retries", &self.cluster_retries)
             .field("address_map", &self.address_map)
+            .field("allow_eviction", &self.allow_eviction)
+            .field("policy_check", &self.policy_check)
             .finish()
     }
 }
@@ -168,6 +175,11 @@ impl fmt::Display for RedisConfig {
         )?;
         if !self.notifications {
             f.write_str("&notify=false")?;
+        }
+        if self.allow_eviction {
+            f.write_str("&allow_eviction=true")?;
+        } else {
+            write!(f, "&policy_check={}ms", self.policy_check.as_millis())?;
         }
         if let Some(tls) = &self.tls {
             if let Some(ca) = &tls.ca_file {
@@ -254,6 +266,15 @@ impl RedisConfig {
     pub fn address_map(&self) -> &[(NodeAddr, NodeAddr)] {
         &self.address_map
     }
+    /// Whether an evicting `maxmemory-policy` is accepted (`allow_eviction=true`): see
+    /// [`RedisConfigBuilder::allow_eviction`].
+    pub fn allow_eviction(&self) -> bool {
+        self.allow_eviction
+    }
+    /// How often the policy is read again on a connection already checked.
+    pub fn policy_check(&self) -> Duration {
+        self.policy_check
+    }
 
     pub(crate) fn map_addr(&self, addr: &NodeAddr) -> NodeAddr {
         self.address_map
@@ -296,6 +317,8 @@ impl RedisConfigBuilder {
                 notifications: true,
                 cluster_retries: DEFAULT_CLUSTER_RETRIES,
                 address_map: Vec::new(),
+                allow_eviction: false,
+                policy_check: DEFAULT_POLICY_CHECK,
             },
         }
     }
@@ -374,6 +397,32 @@ impl RedisConfigBuilder {
         self.cfg.cluster_retries = n;
         self
     }
+    /// Accepts a server whose `maxmemory-policy` may evict keys (default off).
+    ///
+    /// Every policy except `noeviction` may evict a held lease key before its TTL
+    /// (`volatile-*` evict keys with a TTL, which every lease has; `allkeys-*` evict any
+    /// key), and a second holder is then let in while the first still believes it holds
+    /// the lease. Off, the store reads the policy with `INFO memory` on every new
+    /// connection, on every primary of a Cluster, and again every
+    /// [`policy_check`](Self::policy_check), and refuses to work
+    /// ([`StoreErrorKind::Config`], with an [`EvictingPolicy`](crate::EvictingPolicy) as
+    /// its source) while any of them evicts. On, it logs a warning instead and reports
+    /// [`Capabilities::may_evict`](leasehold::Capabilities::may_evict): exclusion is then
+    /// not guaranteed and only the fence, checked by the storage that receives the
+    /// writes, protects the data.
+    pub fn allow_eviction(mut self, allow: bool) -> Self {
+        self.cfg.allow_eviction = allow;
+        self
+    }
+    /// How often the store reads `maxmemory-policy` again on a connection it already
+    /// checked (default 10 s), to find a policy changed on a running server or a Cluster
+    /// node the cluster client reconnected by itself. Each check is one `INFO memory` per
+    /// server (per primary of a Cluster), made before the operation that finds it due. Not
+    /// used with [`allow_eviction`](Self::allow_eviction).
+    pub fn policy_check(mut self, d: Duration) -> Self {
+        self.cfg.policy_check = d;
+        self
+    }
     /// Connect to `to` whenever `from` is named, by the configuration or by the Cluster
     /// topology (NAT, port forwarding, test proxies).
     pub fn map_address(mut self, from: NodeAddr, to: NodeAddr) -> Self {
@@ -385,8 +434,8 @@ impl RedisConfigBuilder {
     /// Validates and builds.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Config`] when: the prefix is invalid; a timeout is zero or above
-    /// 24 h; a Cluster
+    /// [`StoreErrorKind::Config`] when: the prefix is invalid; a timeout or the policy
+    /// check interval is zero or above 24 h; a Cluster
     /// has no seed or a database other than 0; a host is empty or a port is 0.
     pub fn build(self) -> Result<RedisConfig, StoreError> {
         let cfg = self.cfg;
@@ -400,6 +449,11 @@ impl RedisConfigBuilder {
         if cfg.connect_timeout.is_zero() || cfg.connect_timeout > DAY {
             return Err(config_error(
                 "the connect timeout must be above zero and at most 24h",
+            ));
+        }
+        if cfg.policy_check.is_zero() || cfg.policy_check > DAY {
+            return Err(config_error(
+                "the policy check interval must be above zero and at most 24h",
             ));
         }
         let nodes: Vec<&NodeAddr> = match &cfg.topology {
@@ -548,6 +602,8 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             "timeout" => b = b.op_timeout(parse_duration(&name, &value)?),
             "connect_timeout" => b = b.connect_timeout(parse_duration(&name, &value)?),
             "notify" => b = b.notifications(parse_bool(&name, &value)?),
+            "allow_eviction" => b = b.allow_eviction(parse_bool(&name, &value)?),
+            "policy_check" => b = b.policy_check(parse_duration(&name, &value)?),
             "cluster_retries" if cluster => {
                 b = b.cluster_retries(value.parse().map_err(|_| {
                     config_error("URL parameter `cluster_retries` must be a whole number")
@@ -564,7 +620,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             other => {
                 let shown: String = other.chars().take(32).collect();
                 return Err(config_error(format!(
-                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, cluster_retries, tls_ca, tls_cert, tls_key"
+                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, cluster_retries, tls_ca, tls_cert, tls_key"
                 )));
             }
         }
@@ -797,6 +853,55 @@ mod tests {
         let c = RedisConfig::from_url(&format!("redis+cluster://:{PW}@a:1,b:2")).unwrap();
         assert!(!c.to_string().contains(PW));
         assert!(!format!("{c:?}").contains(PW));
+    }
+
+    #[test]
+    fn eviction_parameters() {
+        let c = RedisConfig::from_url("redis://h/").unwrap();
+        assert!(!c.allow_eviction());
+        assert_eq!(c.policy_check(), DEFAULT_POLICY_CHECK);
+        for (v, want) in [
+            ("true", true),
+            ("1", true),
+            ("false", false),
+            ("off", false),
+        ] {
+            let c = RedisConfig::from_url(&format!("redis://h/?allow_eviction={v}")).unwrap();
+            assert_eq!(c.allow_eviction(), want, "{v}");
+        }
+        let c = RedisConfig::from_url("redis+cluster://a:1/?policy_check=250ms").unwrap();
+        assert_eq!(c.policy_check(), Duration::from_millis(250));
+        for bad in [
+            "allow_eviction=maybe",
+            "allow_eviction=",
+            "allow_eviction",
+            "allow_eviction=TRUE%00",
+            "policy_check=0",
+            "policy_check=-1s",
+            "policy_check=25h",
+            "policy_check=soon",
+        ] {
+            let e = RedisConfig::from_url(&format!("redis://u:{PW}@h/?{bad}")).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}");
+            let name = bad.split('=').next().unwrap();
+            assert!(e.to_string().contains(name), "{bad}: {e}");
+            assert!(!e.to_string().contains(PW));
+        }
+        // Display round-trips both.
+        let c = RedisConfig::from_url("redis://h/?allow_eviction=yes").unwrap();
+        assert!(c.to_string().contains("allow_eviction=true"), "{c}");
+        assert_eq!(RedisConfig::from_url(&c.to_string()).unwrap(), c);
+        let c = RedisConfig::from_url("redis://h/?policy_check=2s").unwrap();
+        assert!(c.to_string().contains("policy_check=2000ms"), "{c}");
+        assert_eq!(RedisConfig::from_url(&c.to_string()).unwrap(), c);
+        assert_eq!(
+            RedisConfigBuilder::standalone("h", 1)
+                .policy_check(Duration::ZERO)
+                .build()
+                .unwrap_err()
+                .kind(),
+            StoreErrorKind::Config
+        );
     }
 
     #[test]

@@ -8,10 +8,17 @@
 //! later reply by one), so this holder drops it and connects afresh on the next call.
 //! Connecting is lazy, serialised (one attempt at a time) and bounded by the connect
 //! timeout; there is no background retry loop.
+//!
+//! A new connection is used only after the server's `maxmemory-policy` has been read
+//! (`INFO memory`; on a Cluster, on every primary) and found not to evict keys, or the
+//! configuration accepts eviction (FAULTS row 25). The policy is read again, before the
+//! next operation, once the last check is older than the configured `policy_check`: it
+//! finds a policy changed on a running server, and Cluster nodes that the cluster client
+//! reconnected (or discovered) by itself, which this holder cannot see.
 
 use std::future::Future;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -27,11 +34,25 @@ use leasehold::{StoreError, StoreErrorKind};
 use crate::BACKEND;
 use crate::config::{NodeAddr, RedisConfig, Topology};
 use crate::error::{self, Phase};
+use crate::policy;
 use crate::scripts::{Reply, ReplyError};
+
+/// How long a refusal for an evicting policy is remembered: calls within it fail at once
+/// instead of each connecting and asking again (a burst of heartbeats would otherwise
+/// open one connection after the other). Shorter when `policy_check` is.
+const REFUSAL_HOLD: Duration = Duration::from_secs(1);
+
+/// The current connection, its generation, and when its server's eviction policy was
+/// last found acceptable.
+struct Slot<C> {
+    generation: u64,
+    conn: C,
+    checked: Instant,
+}
 
 /// The current connection and its generation.
 struct Holder<C> {
-    current: Mutex<Option<(u64, C)>>,
+    current: Mutex<Option<Slot<C>>>,
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
 }
@@ -45,42 +66,104 @@ impl<C: Clone> Holder<C> {
         }
     }
 
-    fn peek(&self) -> Option<(u64, C)> {
+    /// The current connection, if any, and whether its check is older than `max_age`
+    /// (`None`: never re-checked).
+    fn peek(&self, max_age: Option<Duration>) -> Option<(u64, C, bool)> {
         self.current
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .as_ref()
+            .map(|s| {
+                let due = max_age.is_some_and(|age| s.checked.elapsed() >= age);
+                (s.generation, s.conn.clone(), due)
+            })
     }
 
-    /// The current connection, or a new one from `connect`. Cancel safe: a dropped call
-    /// leaves no connection half set up.
-    async fn get<F, Fut>(&self, connect: F) -> RedisResult<(u64, C)>
+    /// The current connection, checked again with `check` when its last check is older
+    /// than `max_age`; or a new one from `connect`, used only once `check` accepts it.
+    /// A connection that fails its check is dropped, so the next call connects and checks
+    /// afresh. Cancel safe: a dropped call leaves no connection half set up, and a
+    /// connection whose check was cancelled in flight is dropped.
+    async fn get<F, Fut, K, KFut>(
+        &self,
+        max_age: Option<Duration>,
+        connect: F,
+        check: K,
+    ) -> Result<(u64, C), StoreError>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = RedisResult<C>>,
+        Fut: Future<Output = Result<C, StoreError>>,
+        K: FnOnce(C) -> KFut,
+        KFut: Future<Output = Result<(), StoreError>>,
     {
-        if let Some(c) = self.peek() {
-            return Ok(c);
+        if let Some((g, c, false)) = self.peek(max_age) {
+            return Ok((g, c));
         }
         let _one_at_a_time = self.connecting.lock().await;
-        if let Some(c) = self.peek() {
-            return Ok(c);
+        match self.peek(max_age) {
+            Some((g, c, false)) => return Ok((g, c)),
+            Some((g, c, true)) => {
+                let dropped_unless_checked = Invalidate {
+                    holder: self,
+                    generation: g,
+                    armed: true,
+                };
+                check(c.clone()).await?;
+                dropped_unless_checked.disarm();
+                if let Some(s) = self
+                    .current
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                    .filter(|s| s.generation == g)
+                {
+                    s.checked = Instant::now();
+                }
+                return Ok((g, c));
+            }
+            None => {}
         }
         let conn = connect().await?;
+        check(conn.clone()).await?;
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((generation, conn.clone()));
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Slot {
+            generation,
+            conn: conn.clone(),
+            checked: Instant::now(),
+        });
         Ok((generation, conn))
     }
 
     /// Drops the connection of `generation` if it is still the current one.
     fn invalidate(&self, generation: u64) {
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if cur.as_ref().is_some_and(|(g, _)| *g == generation) {
+        if cur.as_ref().is_some_and(|s| s.generation == generation) {
             *cur = None;
             tracing::debug!(
                 generation,
                 "redis connection dropped; the next call reconnects"
             );
+        }
+    }
+}
+
+/// Drops a connection unless disarmed: its check failed or was cancelled in flight.
+struct Invalidate<'a, C: Clone> {
+    holder: &'a Holder<C>,
+    generation: u64,
+    armed: bool,
+}
+
+impl<C: Clone> Invalidate<'_, C> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<C: Clone> Drop for Invalidate<'_, C> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.holder.invalidate(self.generation);
         }
     }
 }
@@ -100,8 +183,20 @@ enum Kind {
 /// The store's connection to Redis.
 pub(crate) struct Conn {
     kind: Kind,
+    /// For the dedicated connections that check each Cluster primary's policy.
+    config: RedisConfig,
     op_timeout: Duration,
     connect_timeout: Duration,
+    /// Whether an evicting `maxmemory-policy` is accepted (with a warning).
+    allow_eviction: bool,
+    /// Re-check interval of the policy (`None` when eviction is accepted).
+    policy_check: Option<Duration>,
+    /// Whether a policy check has succeeded once: until then every Cluster primary must
+    /// answer it; afterwards, one that cannot be reached is skipped (it cannot grant while
+    /// unreachable) and checked again at the next check.
+    checked_once: AtomicBool,
+    /// The last refusal for an evicting policy, and when.
+    refused: Mutex<Option<(Instant, crate::EvictingPolicy)>>,
     secret: Option<String>,
     next_id: AtomicU64,
     /// A `redis::Client` for a dedicated pub/sub connection (standalone: the server;
@@ -274,8 +369,13 @@ impl Conn {
         );
         Ok(Self {
             kind,
+            config: cfg.clone(),
             op_timeout: cfg.op_timeout(),
             connect_timeout: cfg.connect_timeout(),
+            allow_eviction: cfg.allow_eviction(),
+            policy_check: (!cfg.allow_eviction()).then(|| cfg.policy_check()),
+            checked_once: AtomicBool::new(false),
+            refused: Mutex::new(None),
             secret,
             next_id: AtomicU64::new(seed >> 12),
             pubsub_clients,
@@ -314,6 +414,10 @@ impl Conn {
 
     async fn handle(&self, deadline: Instant, op: &str) -> Result<Handle, StoreError> {
         let ct = self.connect_timeout;
+        let connect_failed = |e: RedisError| self.map(op, Phase::Connect, &e);
+        // Called under the holder's connect lock, so that callers queued behind a refusal
+        // see it.
+        let refused_recently = || self.refused_recently(op);
         let res = match &self.kind {
             Kind::Standalone {
                 client,
@@ -321,24 +425,36 @@ impl Conn {
                 holder,
             } => timeout_at(
                 deadline,
-                holder.get(|| async {
-                    timeout(
-                        ct,
-                        client.get_multiplexed_async_connection_with_config(config),
-                    )
-                    .await
-                    .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
-                }),
+                holder.get(
+                    self.policy_check,
+                    || async {
+                        refused_recently()?;
+                        timeout(
+                            ct,
+                            client.get_multiplexed_async_connection_with_config(config),
+                        )
+                        .await
+                        .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
+                        .map_err(connect_failed)
+                    },
+                    |c| self.check_standalone(op, c),
+                ),
             )
             .await
             .map(|r| r.map(|(g, c)| Handle::Standalone(g, c))),
             Kind::Cluster { client, holder } => timeout_at(
                 deadline,
-                holder.get(|| async {
-                    timeout(ct, client.get_async_connection())
-                        .await
-                        .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
-                }),
+                holder.get(
+                    self.policy_check,
+                    || async {
+                        refused_recently()?;
+                        timeout(ct, client.get_async_connection())
+                            .await
+                            .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
+                            .map_err(connect_failed)
+                    },
+                    |c| self.check_cluster(op, c),
+                ),
             )
             .await
             .map(|r| r.map(|(g, c)| Handle::Cluster(g, c))),
@@ -347,10 +463,152 @@ impl Conn {
             Err(_) => Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 BACKEND,
-                format!("{op}: could not connect in time; nothing was sent"),
+                format!(
+                    "{op}: could not connect and check the server's eviction policy in time; \
+                     nothing was sent"
+                ),
             )),
-            Ok(Err(e)) => Err(self.map(op, Phase::Connect, &e)),
-            Ok(Ok(h)) => Ok(h),
+            Ok(r) => r,
+        }
+    }
+
+    /// The refusal of the last check, again, if it is recent (see [`REFUSAL_HOLD`]).
+    fn refused_recently(&self, op: &str) -> Result<(), StoreError> {
+        let hold = self
+            .policy_check
+            .map_or(REFUSAL_HOLD, |p| p.min(REFUSAL_HOLD));
+        match &*self.refused.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((at, p)) if at.elapsed() < hold => Err(error::evicting(op, p.node(), p.policy())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads `maxmemory-policy` on the server's own connection.
+    async fn check_standalone(
+        &self,
+        op: &str,
+        mut c: MultiplexedConnection,
+    ) -> Result<(), StoreError> {
+        let Topology::Standalone { node } = self.config.topology() else {
+            unreachable!("a standalone connection has a standalone topology");
+        };
+        let reply = policy::info_memory().query_async::<Value>(&mut c).await;
+        self.judge(op, &node.to_string(), reply)?;
+        self.checked_once.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads `maxmemory-policy` on every primary that `CLUSTER SLOTS` lists, each on a
+    /// dedicated short-lived connection (so that a primary that does not answer leaves no
+    /// suspect request on the cluster connection), all at once, each within the connect
+    /// timeout.
+    async fn check_cluster(&self, op: &str, mut c: ClusterConnection) -> Result<(), StoreError> {
+        let slots = c
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                redis::cluster_routing::RoutingInfo::SingleNode(
+                    redis::cluster_routing::SingleNodeRoutingInfo::Random,
+                ),
+            )
+            .await
+            .map_err(|e| self.map(op, Phase::Connect, &e))?;
+        let primaries = policy::cluster_primaries(&slots).ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::Other,
+                BACKEND,
+                format!("{op}: unexpected CLUSTER SLOTS reply"),
+            )
+        })?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
+        let replies = futures::future::join_all(primaries.iter().map(|node| {
+            let config = &config;
+            async move {
+                let client = client_for(&self.config, node)?;
+                let asked = async {
+                    let mut conn = client
+                        .get_multiplexed_async_connection_with_config(config)
+                        .await?;
+                    policy::info_memory().query_async::<Value>(&mut conn).await
+                };
+                Ok::<_, StoreError>(
+                    timeout(self.connect_timeout, asked)
+                        .await
+                        .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e)))),
+                )
+            }
+        }))
+        .await;
+        let first = !self.checked_once.load(Ordering::Relaxed);
+        for (node, reply) in primaries.iter().zip(replies) {
+            let node = node.to_string();
+            let reply = reply?;
+            if let Err(e) = &reply
+                && !first
+                && !error::is_noperm(e)
+                && self.map(op, Phase::Connect, e).is_retryable()
+            {
+                // It cannot grant a lease while we cannot reach it either; checked again
+                // at the next check.
+                tracing::warn!(node = %node, error = %error::scrub(&e.to_string(), self.secret()), "redis cluster primary not reachable to check its maxmemory-policy; checked again at the next check");
+                continue;
+            }
+            self.judge(op, &node, reply)?;
+        }
+        self.checked_once.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Accepts or refuses a server from its `INFO memory` reply.
+    fn judge(&self, op: &str, node: &str, reply: RedisResult<Value>) -> Result<(), StoreError> {
+        let policy = match reply {
+            Ok(v) => policy::policy_from_info(&v),
+            Err(e) if error::is_noperm(&e) => {
+                if self.allow_eviction {
+                    tracing::warn!(node = %node, "redis maxmemory-policy not readable (INFO is not allowed for this user); eviction accepted by allow_eviction=true: exclusion can break, only fences protect the data");
+                    return Ok(());
+                }
+                return Err(StoreError::new(
+                    StoreErrorKind::Config,
+                    BACKEND,
+                    format!(
+                        "{op}: cannot read maxmemory-policy on {node}: the server's ACL does not \
+                         allow INFO for this user; grant it `+info` (see the README's ACL \
+                         line), or accept eviction explicitly with the URL parameter \
+                         allow_eviction=true, knowing that exclusion can then break and only \
+                         the fence protects the data"
+                    ),
+                )
+                .with_source(error::Cause::scrubbed(&e, self.secret())));
+            }
+            Err(e) => return Err(self.map(op, Phase::Connect, &e)),
+        };
+        match policy {
+            Some(p) if policy::is_safe(&p) => {
+                tracing::debug!(node = %node, policy = %p, "redis maxmemory-policy does not evict");
+                *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                Ok(())
+            }
+            Some(p) if self.allow_eviction => {
+                tracing::warn!(node = %node, policy = %p, "redis maxmemory-policy may evict held lease keys; accepted by allow_eviction=true: exclusion can break, only fences protect the data");
+                Ok(())
+            }
+            Some(p) => {
+                tracing::warn!(node = %node, policy = %p, "redis maxmemory-policy may evict held lease keys; refusing the server (see allow_eviction)");
+                *self.refused.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((Instant::now(), crate::EvictingPolicy::new(node, &p)));
+                Err(error::evicting(op, node, &p))
+            }
+            None if self.allow_eviction => {
+                tracing::warn!(node = %node, "redis maxmemory-policy unknown (INFO memory does not report it); eviction accepted by allow_eviction=true");
+                Ok(())
+            }
+            None => Err(error::policy_unknown(
+                op,
+                node,
+                "`INFO memory` does not report maxmemory_policy",
+            )),
         }
     }
 

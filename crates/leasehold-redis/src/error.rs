@@ -31,6 +31,98 @@ impl fmt::Display for Cause {
 
 impl std::error::Error for Cause {}
 
+impl Cause {
+    /// The text of `e`, scrubbed of `secret`.
+    pub(crate) fn scrubbed(e: &RedisError, secret: Option<&str>) -> Self {
+        Self(scrub(&e.to_string(), secret))
+    }
+}
+
+/// Whether the server's ACL refused the command.
+pub(crate) fn is_noperm(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM") || matches!(e.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
+}
+
+/// The source of the [`StoreError`] (kind [`StoreErrorKind::Config`]) by which the store
+/// refuses a server whose `maxmemory-policy` may evict keys: which server, which policy.
+///
+/// ```no_run
+/// # async fn f() {
+/// # let url = "";
+/// if let Err(e) = leasehold_redis::RedisStore::open(url).await {
+///     let evicting = std::error::Error::source(&e)
+///         .and_then(|s| s.downcast_ref::<leasehold_redis::EvictingPolicy>());
+///     if let Some(p) = evicting {
+///         eprintln!("{} evicts keys ({})", p.node(), p.policy());
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictingPolicy {
+    node: String,
+    policy: String,
+}
+
+impl EvictingPolicy {
+    pub(crate) fn new(node: impl Into<String>, policy: impl Into<String>) -> Self {
+        Self {
+            node: node.into(),
+            policy: policy.into(),
+        }
+    }
+
+    /// The server (`host:port`, as the configuration or the Cluster names it).
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The `maxmemory-policy` it reported (`allkeys-lru`, `volatile-ttl`, ...).
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+}
+
+impl fmt::Display for EvictingPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "maxmemory-policy {} on {}", self.policy, self.node)
+    }
+}
+
+impl std::error::Error for EvictingPolicy {}
+
+/// What to do about a server that may evict: the two ways out.
+const EVICTION_WAYS_OUT: &str = "set `maxmemory-policy noeviction` on the server (on every \
+     primary of a Cluster), or accept eviction explicitly with the URL parameter \
+     allow_eviction=true, knowing that exclusion can then break and only the fence, checked \
+     by the storage that receives the writes, protects the data";
+
+/// The refusal of a server whose `maxmemory-policy` may evict a held lease key.
+pub(crate) fn evicting(op: &str, node: &str, policy: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Config,
+        BACKEND,
+        format!(
+            "{op}: Redis at {node} has maxmemory-policy {policy}, which can evict a held lease \
+             key before its TTL and let a second holder in; refusing to use it: \
+             {EVICTION_WAYS_OUT}"
+        ),
+    )
+    .with_source(EvictingPolicy::new(node, policy))
+}
+
+/// The refusal of a server whose `maxmemory-policy` cannot be read.
+pub(crate) fn policy_unknown(op: &str, node: &str, why: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Config,
+        BACKEND,
+        format!(
+            "{op}: cannot tell whether Redis at {node} may evict lease keys \
+             (maxmemory-policy): {why}; refusing to use it: {EVICTION_WAYS_OUT}"
+        ),
+    )
+}
+
 /// Removes every occurrence of `secret` (raw and percent-encoded) from `text`.
 pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
     let Some(secret) = secret.filter(|s| !s.is_empty()) else {
@@ -56,8 +148,7 @@ pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
 /// Maps a `redis` error from `op` in `phase` to a [`StoreError`].
 pub(crate) fn map(op: &str, phase: Phase, e: &RedisError, secret: Option<&str>) -> StoreError {
     let (kind, what) = classify(phase, e);
-    StoreError::new(kind, BACKEND, format!("{op}: {what}"))
-        .with_source(Cause(scrub(&e.to_string(), secret)))
+    StoreError::new(kind, BACKEND, format!("{op}: {what}")).with_source(Cause::scrubbed(e, secret))
 }
 
 fn server_code(e: &RedisError) -> Option<&str> {

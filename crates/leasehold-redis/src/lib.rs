@@ -36,6 +36,8 @@
 //! | `timeout` | `5s` | bound on each operation, connecting included (`500ms`, `2s`, `1m`, or a number of ms) |
 //! | `connect_timeout` | `2s` | bound on establishing a connection |
 //! | `notify` | `true` | publish releases and let waiters subscribe (`false`: `wait_released` is unsupported) |
+//! | `allow_eviction` | `false` | accept a server whose `maxmemory-policy` may evict keys (see "Eviction"): opens with a warning and [`Capabilities::may_evict`](leasehold::Capabilities::may_evict); exclusion is then not guaranteed |
+//! | `policy_check` | `10s` | how often the eviction policy is read again on a connection already checked |
 //! | `cluster_retries` | `6` | cluster only: retries on `MOVED`/`ASK`/`TRYAGAIN` within one operation |
 //! | `tls_ca` | system roots | TLS only: PEM file of the CA(s) to trust |
 //! | `tls_cert`, `tls_key` | none | TLS only: PEM files of a client certificate and key (mutual TLS) |
@@ -86,6 +88,7 @@
 //! | connection broken after sending, reply for another request | `Ambiguous` (may have been applied) |
 //! | `LOADING`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `READONLY`, `BUSY`, `OOM`, `MISCONF` | `Busy` |
 //! | `NOAUTH`, `WRONGPASS`, authentication failure, `NOPERM`, bad URL, TLS handshake failure | `Config` |
+//! | an evicting `maxmemory-policy` (source: [`EvictingPolicy`]), `INFO` not allowed, no policy in `INFO` | `Config` |
 //! | a TTL outside 10 ms ..= 24 h (checked before anything is sent) | `InvalidInput` |
 //! | wrong type or bad value at the lease or fence key | `Corrupt` |
 //!
@@ -105,6 +108,25 @@
 //! the lease when it resumes, never later; the holder gives the lease up at its local
 //! deadline before that.
 //!
+//! ## Eviction
+//!
+//! Under any `maxmemory-policy` but `noeviction` Redis may delete a held lease key before
+//! its TTL (`volatile-*` evict keys with a TTL, as every lease key has; `allkeys-*` any
+//! key) and a second holder then acquires while the first still holds it by its own
+//! clock. Fence keys have no TTL: `volatile-*` never evict them, and a fence key evicted
+//! by an `allkeys-*` policy is a data loss as above (the next fence is floored at the
+//! server's clock: fences do not go back). The store therefore reads `maxmemory_policy`
+//! with `INFO memory` on every new connection (when opening and after every reconnect), on
+//! every primary of a Cluster, and again once the last check is older than `policy_check`,
+//! and refuses any policy but `noeviction` with a [`StoreErrorKind::Config`] error whose
+//! source is an [`EvictingPolicy`], unless the URL accepts eviction with
+//! `allow_eviction=true` (a warning is logged and
+//! [`Capabilities::may_evict`](leasehold::Capabilities::may_evict) is set). A user that may
+//! not run `INFO` is refused too (fail closed). A refusal after a reconnect fails every
+//! operation, renewals included, so a held lease is lost by its deadline.
+//!
+//! [`StoreErrorKind::Config`]: leasehold::StoreErrorKind::Config
+//!
 //! ## Cluster
 //!
 //! `redis+cluster://` uses the `redis` crate's async cluster client: it discovers the
@@ -117,10 +139,11 @@
 //! ## Least privilege
 //!
 //! Everything works for an ACL user limited to the prefix and these commands (Redis 7
-//! checks the commands a script runs too); on a Cluster add `+cluster|slots +ping`:
+//! checks the commands a script runs too; `+info` reads the eviction policy); on a Cluster
+//! add `+cluster|slots +ping`:
 //!
 //! ```text
-//! ACL SETUSER leasehold on >CHANGE-ME resetkeys ~leasehold:* resetchannels &leasehold:* -@all +evalsha +script|load +get +set +pexpire +pttl +del +time +publish +subscribe +unsubscribe +scan
+//! ACL SETUSER leasehold on >CHANGE-ME resetkeys ~leasehold:* resetchannels &leasehold:* -@all +evalsha +script|load +get +set +pexpire +pttl +del +time +publish +subscribe +unsubscribe +scan +info
 //! ```
 //!
 //! ## Cancel safety
@@ -138,14 +161,15 @@ mod error;
 mod factory;
 mod keys;
 mod notify;
+mod policy;
 mod scripts;
 mod store;
 
 pub use config::{
-    DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, NodeAddr, RedisConfig,
-    RedisConfigBuilder, TlsSettings, Topology,
+    DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_POLICY_CHECK,
+    NodeAddr, RedisConfig, RedisConfigBuilder, TlsSettings, Topology,
 };
-pub use error::Cause;
+pub use error::{Cause, EvictingPolicy};
 pub use factory::RedisFactory;
 pub use keys::{DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use scripts::source as script_source;

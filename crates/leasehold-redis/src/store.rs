@@ -167,38 +167,14 @@ impl RedisStore {
                 Some(RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random)),
             )
             .await?;
-        let bad = || {
+        let primaries = crate::policy::cluster_primaries(&v).ok_or_else(|| {
             StoreError::new(
                 StoreErrorKind::Other,
                 BACKEND,
                 "list: unexpected CLUSTER SLOTS reply",
             )
-        };
-        let Value::Array(ranges) = v else {
-            return Err(bad());
-        };
-        let mut out: Vec<(String, u16)> = Vec::new();
-        for r in ranges {
-            let Value::Array(parts) = r else {
-                return Err(bad());
-            };
-            let Some(Value::Array(master)) = parts.get(2) else {
-                return Err(bad());
-            };
-            let host = match master.first() {
-                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                Some(Value::SimpleString(s)) => s.clone(),
-                _ => return Err(bad()),
-            };
-            let port = match master.get(1) {
-                Some(Value::Int(p)) => u16::try_from(*p).map_err(|_| bad())?,
-                _ => return Err(bad()),
-            };
-            if !out.iter().any(|(h, p)| *h == host && *p == port) {
-                out.push((host, port));
-            }
-        }
-        Ok(out)
+        })?;
+        Ok(primaries.into_iter().map(|n| (n.host, n.port)).collect())
     }
 
     /// `SCAN` one node (or the server) for lease keys matching `pattern`.
@@ -276,6 +252,8 @@ impl Store for RedisStore {
         c.break_lease = true;
         c.session_bound = false;
         c.fence_durability = FenceDurability::ClockFloored;
+        // Refused at every (re)connection and policy check unless accepted explicitly.
+        c.may_evict = self.config.allow_eviction();
         c
     }
 

@@ -325,6 +325,9 @@ async fn row_08_reset_mid_command_then_idempotent_retry() {
     let ttl = Duration::from_secs(3);
     let k = key("job:reset");
     let owner = OwnerToken::random();
+    // Connected (and the server's eviction policy checked) first, so that the acquire is
+    // the first thing sent through the slow proxy.
+    s.store.inspect(&k).await.unwrap();
     // Hold every chunk 300 ms: the request reaches the server at ~300 ms, its reply would
     // come back at ~600 ms; reset the connection in between.
     s.proxy

@@ -211,6 +211,8 @@ fn acl_rules(prefix: &str) -> Vec<String> {
         "+subscribe",
         "+unsubscribe",
         "+scan",
+        // Reading maxmemory-policy (`INFO memory`) when connecting: FAULTS row 25.
+        "+info",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -292,9 +294,9 @@ async fn least_privilege_acl_user_standalone() {
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
     assert!(e.to_string().contains("permission"), "{e}");
-    // Without EVALSHA: a configuration error too.
+    // Without EVALSHA (but with INFO, so that it opens): a configuration error too.
     s.cli(&[
-        "ACL", "SETUSER", "noeval", "on", ">x", "~*", "&*", "-@all", "+get",
+        "ACL", "SETUSER", "noeval", "on", ">x", "~*", "&*", "-@all", "+get", "+info",
     ])
     .await;
     let url = format!("redis://noeval:x@127.0.0.1:{}/", s.server.port());
@@ -351,4 +353,39 @@ async fn least_privilege_acl_user_cluster() {
             node.port()
         );
     }
+}
+
+/// A user that may not run `INFO` cannot show that the server never evicts keys: the
+/// store refuses to open (fail closed) with a configuration error that names what to
+/// grant, unless the URL accepts eviction explicitly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_user_without_info_is_refused_clearly() {
+    let s = Standalone::start().await;
+    let prefix = "acl-app:";
+    let mut args = vec!["ACL".to_owned(), "SETUSER".to_owned(), "noinfo".to_owned()];
+    args.extend(acl_rules(prefix));
+    args.push("-info".to_owned());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(s.cli(&argv).await, "OK");
+    let url = format!(
+        "redis://noinfo:acl-pass@127.0.0.1:{}/?prefix={prefix}",
+        s.server.port()
+    );
+    let e = RedisStore::open(&url).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert!(!e.is_retryable());
+    let text = e.to_string();
+    for needle in ["+info", "maxmemory-policy", "allow_eviction=true"] {
+        assert!(text.contains(needle), "`{needle}` missing from: {text}");
+    }
+    // Accepted explicitly: works without INFO, and says it may evict.
+    let store = Arc::new(
+        RedisStore::open(&format!("{url}&allow_eviction=true"))
+            .await
+            .unwrap(),
+    );
+    assert!(store.capabilities().may_evict);
+    let client = LeaseClient::new(store, LeaseConfig::new(Duration::from_secs(1)).unwrap());
+    let lease = client.try_acquire("job:noinfo").await.unwrap();
+    assert!(lease.release().await.unwrap());
 }
