@@ -558,3 +558,33 @@ fn max_hold_stops_a_command_that_ignores_sigterm() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["held"], false, "released after max hold");
 }
+
+#[test]
+fn memory_store_is_refused_by_every_subcommand() {
+    let env = Env::new();
+    let cases: &[&[&str]] = &[
+        &["run", "--key", "k", "--", "true"],
+        &["inspect", "k"],
+        &["list"],
+        &["break", "k"],
+    ];
+    for args in cases {
+        for via_env in [false, true] {
+            let mut cmd = env.cmd();
+            if via_env {
+                cmd.env("LEASEHOLD_STORE", "memory://");
+            } else {
+                cmd.args(["--store", "memory://"]);
+            }
+            let out = cmd.args(*args).output().unwrap();
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(64), "{args:?}: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.starts_with("leasehold: ") && err.contains("memory://"),
+                "{err}"
+            );
+            assert!(out.stdout.is_empty(), "{args:?}");
+        }
+    }
+}
