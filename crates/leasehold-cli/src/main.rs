@@ -109,8 +109,53 @@ enum Command {
 }
 
 /// Parses a duration like `10s`, `1m30s`, `250ms`.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 10s, 1m30s, 250ms)"))
+}
+
+/// The longest `--wait` and `--max-hold`: a year. Longer values are refused at parse time
+/// (leave `--max-hold` out for an unbounded hold), so no deadline computed from them can
+/// overflow the clock.
+const MAX_WAIT: (Duration, &str) = (Duration::from_secs(365 * 24 * 60 * 60), "365d");
+
+/// Parses a duration and checks it against inclusive bounds given with their spelling.
+fn parse_in(s: &str, min: (Duration, &str), max: (Duration, &str)) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < min.0 {
+        Err(format!("must be at least {}", min.1))
+    } else if d > max.0 {
+        Err(format!("must be at most {}", max.1))
+    } else {
+        Ok(d)
+    }
+}
+
+/// A lease TTL: the library's range, 10ms to 24h.
+pub(crate) fn parse_ttl(s: &str) -> Result<Duration, String> {
+    parse_in(
+        s,
+        (leasehold::config::MIN_TTL, "10ms"),
+        (leasehold::config::MAX_TTL, "24h"),
+    )
+}
+
+/// `--wait`: 0 (one attempt) to a year.
+pub(crate) fn parse_wait(s: &str) -> Result<Duration, String> {
+    parse_in(s, (Duration::ZERO, "0"), MAX_WAIT)
+}
+
+/// `--max-hold`: above zero, up to a year.
+pub(crate) fn parse_max_hold(s: &str) -> Result<Duration, String> {
+    parse_in(s, (Duration::from_nanos(1), "1ns"), MAX_WAIT)
+}
+
+/// `--grace`: 0 to 12h (half the longest TTL; checked against the actual TTL later).
+pub(crate) fn parse_grace(s: &str) -> Result<Duration, String> {
+    parse_in(
+        s,
+        (Duration::ZERO, "0"),
+        (leasehold::config::MAX_TTL / 2, "12h"),
+    )
 }
 
 /// Prints a one-line error and returns the exit code.

@@ -12,7 +12,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
 
 use crate::admin::{connect, store_failure};
-use crate::{exit, fail, parse_duration};
+use crate::{exit, fail, parse_grace, parse_max_hold, parse_ttl, parse_wait};
 
 pub(crate) const HELP: &str = "\
 The command runs in its own process group with LEASEHOLD_KEY, LEASEHOLD_FENCE,
@@ -45,19 +45,20 @@ pub(crate) struct RunArgs {
     #[arg(long, short)]
     key: String,
     /// Lease TTL: how long the lease outlives a crashed holder.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_ttl)]
     ttl: Duration,
-    /// How long to wait for a held lease.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, conflicts_with = "no_wait")]
+    /// How long to wait for a held lease (0 to 365d; 0 tries once).
+    #[arg(long, default_value = "30s", value_parser = parse_wait, conflicts_with = "no_wait")]
     wait: Duration,
     /// Fail at once if the lease is held.
     #[arg(long)]
     no_wait: bool,
-    /// Stop the command after this long, however healthy the lease (bounded renewal).
-    #[arg(long, value_parser = parse_duration)]
+    /// Stop the command after this long, however healthy the lease (bounded renewal; up to
+    /// 365d).
+    #[arg(long, value_parser = parse_max_hold)]
     max_hold: Option<Duration>,
     /// Time between SIGTERM and SIGKILL (default: TTL/5). Must be below TTL/2.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_grace)]
     grace: Option<Duration>,
     /// Exit status when the lease is not acquired (default 75).
     #[arg(long, default_value_t = exit::NOT_ACQUIRED)]

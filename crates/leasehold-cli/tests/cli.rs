@@ -588,3 +588,97 @@ fn memory_store_is_refused_by_every_subcommand() {
         }
     }
 }
+
+#[test]
+fn extreme_durations_never_panic() {
+    let env = Env::new();
+    let huge = [
+        "500000000000y",
+        "584942417355y",
+        "18446744073709551615s",
+        "18446744073709551615s 999999999ns",
+        "99999999999999999999999999ns",
+    ];
+    // (flag, value): refused with exit 64 and one line.
+    let mut refused: Vec<(&str, &str)> = vec![
+        ("--ttl", "0"),
+        ("--ttl", "0s"),
+        ("--ttl", "1ns"),
+        ("--ttl", "9ms"),
+        ("--ttl", "25h"),
+        ("--wait", "400d"),
+        ("--max-hold", "0"),
+        ("--max-hold", "0s"),
+        ("--max-hold", "400d"),
+        ("--grace", "5s"),
+        ("--grace", "1y"),
+    ];
+    for flag in ["--ttl", "--wait", "--max-hold", "--grace"] {
+        refused.extend(huge.iter().map(|v| (flag, *v)));
+    }
+    for (i, (flag, value)) in refused.iter().enumerate() {
+        let key = format!("job:dur{i}");
+        let out = env.run(&["run", "--key", &key, flag, value, "--", "true"]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(64), "{flag} {value}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{flag} {value}: {err}");
+        assert!(err.starts_with("leasehold: "), "{flag} {value}: {err}");
+    }
+    // Accepted: the command runs and its status passes through.
+    let accepted: &[(&str, &str)] = &[
+        ("--ttl", "10ms"),
+        ("--ttl", "24h"),
+        ("--wait", "0"),
+        ("--wait", "1ns"),
+        ("--wait", "365d"),
+        ("--max-hold", "365d"),
+        ("--grace", "0"),
+        ("--grace", "1ns"),
+    ];
+    for (i, (flag, value)) in accepted.iter().enumerate() {
+        let key = format!("job:ok{i}");
+        let out = env.run(&[
+            "run", "--key", &key, flag, value, "--", "sh", "-c", "exit 5",
+        ]);
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "{flag} {value}: {err}");
+        // A 10 ms lease may time out on the way or be lost before the command ends (one
+        // line, store error or lease lost); anything else is a bug.
+        let ok = match *value {
+            "10ms" => {
+                matches!(out.status.code(), Some(5 | 69 | 70))
+                    && err.lines().filter(|l| l.starts_with("leasehold: ")).count() <= 1
+            }
+            _ => out.status.code() == Some(5),
+        };
+        assert!(ok, "{flag} {value}: {:?} {err}", out.status);
+    }
+    // While held by another run, a zero or tiny wait is a conflict, not a hang or a panic.
+    let pidfile = env.path("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut holder = env.cmd();
+    holder.args(["run", "--key", "job:held", "--", "sh", "-c", &script]);
+    let _holder = WorkerProcess::spawn(holder);
+    wait_for_file(&pidfile, Duration::from_secs(20));
+    for wait in ["0", "1ns"] {
+        let out = env.run(&["run", "--key", "job:held", "--wait", wait, "--", "true"]);
+        assert_eq!(
+            out.status.code(),
+            Some(75),
+            "--wait {wait}: {}",
+            stderr(&out)
+        );
+    }
+    // --max-hold 1ns: the lease is lost at once and the command stopped.
+    let out = env.run(&[
+        "run",
+        "--key",
+        "job:tiny-hold",
+        "--max-hold",
+        "1ns",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    assert_eq!(out.status.code(), Some(70), "{}", stderr(&out));
+}
