@@ -4,6 +4,7 @@
 mod admin;
 mod demo;
 mod exit;
+mod guard;
 mod run;
 mod stores;
 
@@ -98,6 +99,9 @@ enum Command {
     /// --unfenced, corrupting the data).
     #[command(after_help = demo::HELP)]
     Demo(demo::DemoArgs),
+    /// Internal: the guard process of `leasehold run` (see `leasehold run --help`).
+    #[command(name = guard::SUBCOMMAND, hide = true)]
+    Guard,
     /// Print shell completions.
     #[command(
         after_help = "Example:\n  leasehold completions bash > /etc/bash_completion.d/leasehold"
@@ -212,6 +216,9 @@ fn main() -> ExitCode {
             );
         }
     };
+    if let Command::Guard = cli.command {
+        return guard::main();
+    }
     // The demo shows lost leases and rejected writes in its timeline; no need to warn.
     let default_level = if matches!(cli.command, Command::Demo(_)) {
         "error"
@@ -229,6 +236,9 @@ fn main() -> ExitCode {
             &mut std::io::stdout(),
         );
         return ExitCode::SUCCESS;
+    }
+    if matches!(cli.command, Command::Run(_)) {
+        run::block_sigttou();
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -261,6 +271,8 @@ async fn async_main(cli: Cli) -> ExitCode {
         Command::List { prefix, json } => admin::list(&url, &prefix, json).await,
         Command::Break { key, json } => admin::break_lease(&url, &key, json).await,
         Command::Demo(args) => demo::demo(args).await,
-        Command::Completions { .. } => unreachable!("handled before the runtime starts"),
+        Command::Completions { .. } | Command::Guard => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
