@@ -1369,3 +1369,60 @@ fn interactive_ctrl_z_stops_the_job_and_fg_resumes_the_command_in_the_foreground
 fn interactive_ctrl_z_stops_a_script_calling_leasehold_and_fg_resumes_it() {
     ctrl_z_and_fg(true);
 }
+
+/// The store becomes unreachable under a command that ignores SIGTERM: SIGKILL comes at
+/// the latest at the validity deadline, so the command's last record precedes the
+/// store-side expiry.
+#[test]
+fn unreachable_store_kills_a_command_ignoring_sigterm_before_the_lease_expires() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let env = Env::new();
+    let ticks = env.path("ticks.log");
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let mut holder = env.cmd();
+    holder.args([
+        "--store",
+        &url,
+        "run",
+        "--key",
+        "job:netsplit-kill",
+        "--ttl",
+        "4s",
+        "--grace",
+        "1900ms",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; \"$0\" -c \"$1\" \"$2\"",
+        python(),
+        TICKER,
+        ticks.to_str().unwrap(),
+    ]);
+    let holder = WorkerProcess::spawn(holder);
+    wait_for_file(&ticks, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(1500)); // a renewal went through
+    proxy.set_mode(ProxyMode::Blackhole);
+    // A renewal sent just before the blackhole lands; none can follow.
+    std::thread::sleep(Duration::from_millis(200));
+    let keys = redis.cli(&["--scan"]);
+    let lease_key = keys
+        .lines()
+        .find(|k| !k.ends_with(":fence") && !k.is_empty())
+        .unwrap_or_else(|| panic!("no lease key in {keys:?}"))
+        .to_owned();
+    let pttl: u128 = redis.cli(&["pttl", &lease_key]).trim().parse().unwrap();
+    let store_expiry = boottime_ns() + pttl * 1_000_000;
+    assert!(pttl > 0, "lease key without expiry: {pttl}");
+    let status = holder
+        .wait_timeout(Duration::from_secs(20))
+        .expect("leasehold exits");
+    assert_eq!(status.code(), Some(70));
+    let last = stamps(&ticks).into_iter().max().unwrap();
+    assert!(
+        last < store_expiry,
+        "the command ran {} ms past the store-side expiry",
+        (last - store_expiry) / 1_000_000
+    );
+    proxy.set_mode(ProxyMode::Pass);
+}
