@@ -1,7 +1,7 @@
 //! The guard: a tiny process that kills the command's process group when `leasehold run`
 //! can no longer do it itself (killed, frozen, stopped).
 //!
-//! `leasehold run` starts it (this same binary, hidden subcommand [`SUBCOMMAND`]) before
+//! `leasehold run` starts it (this same binary, first argument [`SUBCOMMAND`]) before
 //! the command, in its own session, with its standard input reading a pipe whose write end
 //! only `leasehold run` holds (close-on-exec, so the command does not inherit it). Over
 //! that pipe come lines:
@@ -30,7 +30,8 @@ use nix::sys::signal::{SigSet, Signal, killpg};
 use nix::time::{ClockId, clock_gettime};
 use nix::unistd::Pid;
 
-/// The hidden subcommand that runs the guard.
+/// The first argument that makes `leasehold` the guard (checked before the command line
+/// is parsed, so no help or completion lists it).
 pub(crate) const SUBCOMMAND: &str = "__guard";
 
 /// How long `leasehold run` waits for a new guard to say it is ready.

@@ -99,9 +99,6 @@ enum Command {
     /// --unfenced, corrupting the data).
     #[command(after_help = demo::HELP)]
     Demo(demo::DemoArgs),
-    /// Internal: the guard process of `leasehold run` (see `leasehold run --help`).
-    #[command(name = guard::SUBCOMMAND, hide = true)]
-    Guard,
     /// Print shell completions.
     #[command(
         after_help = "Example:\n  leasehold completions bash > /etc/bash_completion.d/leasehold"
@@ -184,6 +181,10 @@ fn init_logging(global: &Global, default: &str) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // The guard process of `leasehold run` (see `guard`): not a subcommand users see.
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(guard::SUBCOMMAND)) {
+        return guard::main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -216,9 +217,6 @@ fn main() -> ExitCode {
             );
         }
     };
-    if let Command::Guard = cli.command {
-        return guard::main();
-    }
     // The demo shows lost leases and rejected writes in its timeline; no need to warn.
     let default_level = if matches!(cli.command, Command::Demo(_)) {
         "error"
@@ -271,8 +269,6 @@ async fn async_main(cli: Cli) -> ExitCode {
         Command::List { prefix, json } => admin::list(&url, &prefix, json).await,
         Command::Break { key, json } => admin::break_lease(&url, &key, json).await,
         Command::Demo(args) => demo::demo(args).await,
-        Command::Completions { .. } | Command::Guard => {
-            unreachable!("handled before the runtime starts")
-        }
+        Command::Completions { .. } => unreachable!("handled before the runtime starts"),
     }
 }
