@@ -50,7 +50,17 @@ pub(crate) fn store_failure(e: &StoreError) -> ExitCode {
 
 /// Opens the store. A configuration error while opening means the URL is wrong (scheme,
 /// host, port, parameters, credentials): a usage error, not a store failure.
+///
+/// `memory://` is refused: every `leasehold` process would get its own empty store, so two
+/// runs of one key would both run, and `inspect` or `list` would never see a lease.
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, ExitCode> {
+    if stores::is_memory(url) {
+        return Err(fail(
+            exit::USAGE,
+            "memory:// keeps leases inside one process, so separate leasehold commands \
+             would never exclude each other; use sqlite:// (the default) or a shared store",
+        ));
+    }
     stores::open(url).await.map_err(|e| match e.kind() {
         StoreErrorKind::Config | StoreErrorKind::InvalidInput => {
             fail(exit::USAGE, format_args!("bad store URL: {e}"))

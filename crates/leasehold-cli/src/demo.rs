@@ -10,7 +10,7 @@ use leasehold::{Fence, GuardDecision, LeaseClient, LeaseConfig};
 use leasehold_sqlite::{SqliteConfig, SqliteStore, guard};
 use sqlx::SqlitePool;
 
-use crate::{exit, fail, parse_duration};
+use crate::{exit, fail, parse_ttl};
 
 pub(crate) const HELP: &str = "\
 Two workers share one lease on the embedded SQLite store and issue invoices numbered from
@@ -34,7 +34,7 @@ pub(crate) struct DemoArgs {
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
     /// The lease TTL of the story.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_ttl)]
     ttl: Duration,
 }
 

@@ -4,6 +4,7 @@
 mod admin;
 mod demo;
 mod exit;
+mod guard;
 mod run;
 mod stores;
 
@@ -36,8 +37,10 @@ struct Cli {
 
 #[derive(Debug, Args)]
 struct Global {
-    /// Store URL (redis://, rediss://, redis+cluster://, postgres://, mysql://, sqlite://,
-    /// memory://). Default: the embedded SQLite database.
+    /// Store URL (redis://, rediss://, redis+cluster://, postgres://, postgres+advisory://,
+    /// mysql://, mysql+getlock://, sqlite://). Default: the embedded SQLite database.
+    /// memory:// is refused: each process would get its own store, so nothing would be
+    /// excluded.
     #[arg(long, env = "LEASEHOLD_STORE", global = true, hide_env_values = true)]
     store: Option<String>,
     /// Log format on standard error.
@@ -107,8 +110,53 @@ enum Command {
 }
 
 /// Parses a duration like `10s`, `1m30s`, `250ms`.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (try e.g. 10s, 1m30s, 250ms)"))
+}
+
+/// The longest `--wait` and `--max-hold`: a year. Longer values are refused at parse time
+/// (leave `--max-hold` out for an unbounded hold), so no deadline computed from them can
+/// overflow the clock.
+const MAX_WAIT: (Duration, &str) = (Duration::from_secs(365 * 24 * 60 * 60), "365d");
+
+/// Parses a duration and checks it against inclusive bounds given with their spelling.
+fn parse_in(s: &str, min: (Duration, &str), max: (Duration, &str)) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < min.0 {
+        Err(format!("must be at least {}", min.1))
+    } else if d > max.0 {
+        Err(format!("must be at most {}", max.1))
+    } else {
+        Ok(d)
+    }
+}
+
+/// A lease TTL: the library's range, 10ms to 24h.
+pub(crate) fn parse_ttl(s: &str) -> Result<Duration, String> {
+    parse_in(
+        s,
+        (leasehold::config::MIN_TTL, "10ms"),
+        (leasehold::config::MAX_TTL, "24h"),
+    )
+}
+
+/// `--wait`: 0 (one attempt) to a year.
+pub(crate) fn parse_wait(s: &str) -> Result<Duration, String> {
+    parse_in(s, (Duration::ZERO, "0"), MAX_WAIT)
+}
+
+/// `--max-hold`: above zero, up to a year.
+pub(crate) fn parse_max_hold(s: &str) -> Result<Duration, String> {
+    parse_in(s, (Duration::from_nanos(1), "1ns"), MAX_WAIT)
+}
+
+/// `--grace`: 0 to 12h (half the longest TTL; checked against the actual TTL later).
+pub(crate) fn parse_grace(s: &str) -> Result<Duration, String> {
+    parse_in(
+        s,
+        (Duration::ZERO, "0"),
+        (leasehold::config::MAX_TTL / 2, "12h"),
+    )
 }
 
 /// Prints a one-line error and returns the exit code.
@@ -133,6 +181,10 @@ fn init_logging(global: &Global, default: &str) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // The guard process of `leasehold run` (see `guard`): not a subcommand users see.
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(guard::SUBCOMMAND)) {
+        return guard::main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -182,6 +234,9 @@ fn main() -> ExitCode {
             &mut std::io::stdout(),
         );
         return ExitCode::SUCCESS;
+    }
+    if matches!(cli.command, Command::Run(_)) {
+        run::block_sigttou();
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

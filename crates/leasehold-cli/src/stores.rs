@@ -32,6 +32,13 @@ pub fn state_dir() -> PathBuf {
     base.join("leasehold")
 }
 
+/// Whether `url` names the in-memory store, which the library keeps for tests and
+/// single-process programs: useless across processes, so the command refuses it.
+pub fn is_memory(url: &str) -> bool {
+    url.split_once("://")
+        .is_some_and(|(scheme, _)| scheme == "memory")
+}
+
 /// Opens the store named by `url`.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     registry().open(url).await
