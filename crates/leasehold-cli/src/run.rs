@@ -149,8 +149,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> ExitCode {
     if !outcome.group_gone {
         // Releasing (or dropping, which releases) could let the next holder in while a
         // process of the command may still act: leave the lease to expire in the store.
-        // We exit right away, so it is renewed no more.
-        std::mem::forget(lease);
+        lease.abandon();
         return ExitCode::from(outcome.code);
     }
     match lease.release().await {

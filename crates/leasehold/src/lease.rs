@@ -261,6 +261,11 @@ impl LeaseShared {
     /// Marks the lease ended by its holder (released or dropped). Returns false if it had
     /// already ended.
     pub(crate) fn end(&self) -> bool {
+        self.end_as("released")
+    }
+
+    /// [`end`](Self::end), recording `how` as the `end` label of the hold duration.
+    pub(crate) fn end_as(&self, how: &'static str) -> bool {
         let lost = {
             let mut s = self.lock();
             if s.ended {
@@ -274,7 +279,7 @@ impl LeaseShared {
             m::hold_ended(
                 self.backend,
                 self.key.resource_type(),
-                "released",
+                how,
                 self.clock.now().since(self.acquired_at),
             );
         }
@@ -480,6 +485,27 @@ impl Lease {
             Ok(ReleaseOutcome::NotOwner) => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+impl Lease {
+    /// Stops renewing the lease **without** releasing it: it stays in the store until it
+    /// expires there, one TTL after its last renewal at most.
+    ///
+    /// For a holder that cannot be sure its work has stopped (`leasehold run` when a
+    /// process of the command may still be running): releasing, or dropping (which
+    /// releases), would let the next holder in while that work may still act. The lost
+    /// signal does not fire; the hold is recorded with the `end` label `abandoned`.
+    pub fn abandon(self) {
+        self.shared.begin_release();
+        self.shared.end_as("abandoned");
+        tracing::warn!(
+            key = %self.shared.key,
+            owner = %self.shared.owner,
+            fence = self.shared.fence.get(),
+            "lease abandoned: not renewed, not released; it expires in the store"
+        );
+        // Drop sees the lease ended and queues no release.
     }
 }
 

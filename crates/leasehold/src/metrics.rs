@@ -8,7 +8,7 @@
 //! | `leasehold_acquire_total` | counter | `result`: acquired, contended, timeout, error |
 //! | `leasehold_acquire_duration_seconds` | histogram | `result` |
 //! | `leasehold_contention_total` | counter | |
-//! | `leasehold_hold_duration_seconds` | histogram | `end`: released, lost, shutdown |
+//! | `leasehold_hold_duration_seconds` | histogram | `end`: released, lost, shutdown, abandoned |
 //! | `leasehold_renew_total` | counter | `result`: renewed, not_owner, error |
 //! | `leasehold_renew_latency_seconds` | histogram | |
 //! | `leasehold_lease_lost_total` | counter | `reason` (see [`LostReason::as_str`]; a [shutdown](crate::LeaseClient::shutdown) is not a loss and is not counted) |
@@ -87,7 +87,7 @@ pub(crate) fn renewed(backend: &'static str, rt: &str, result: &'static str, lat
         .record(latency.as_secs_f64());
 }
 
-/// A hold that ended without a loss: `end` is `released` or `shutdown`.
+/// A hold that ended without a loss: `end` is `released`, `shutdown` or `abandoned`.
 pub(crate) fn hold_ended(backend: &'static str, rt: &str, end: &'static str, held: Duration) {
     histogram!(HOLD_DURATION, "backend" => backend, "resource_type" => rt.to_owned(), "end" => end)
         .record(held.as_secs_f64());

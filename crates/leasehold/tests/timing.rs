@@ -715,3 +715,24 @@ async fn max_hold_duration_max_is_unbounded() {
     assert!(lease.is_valid());
     assert!(lease.release().await.unwrap());
 }
+
+/// `abandon` stops renewing without releasing: the lease stays in the store until it
+/// expires there, and never reports lost.
+#[tokio::test(start_paused = true)]
+async fn abandon_stops_renewing_and_leaves_the_lease_to_expire() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    let lost = lease.lost();
+    let owner = *lease.owner();
+    sleep(1500 * MS).await; // renewed once, at 1 s
+    lease.abandon();
+    sleep(MS).await;
+    assert_eq!(store.count("release"), 0);
+    let info = store.inner.inspect(&key()).await.unwrap().unwrap();
+    assert_eq!(info.owner, owner);
+    sleep(3 * S).await;
+    assert_eq!(store.count("renew"), 1, "renewed after it was abandoned");
+    assert_eq!(store.inner.inspect(&key()).await.unwrap(), None, "expired");
+    assert_eq!(lost.reason(), None);
+}
