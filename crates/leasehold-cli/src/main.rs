@@ -17,7 +17,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 const EXAMPLES: &str = "\
 Examples:
   leasehold run --key nightly-invoices -- ./generate-invoices.sh
-  leasehold run --key db:migrate --ttl 30s --wait 5m --store redis://cache:6379/ -- ./migrate
+  leasehold run --key db:migrate --ttl 30s --wait 5m --store redis://locks:6379/ -- ./migrate
   leasehold inspect nightly-invoices --json
   leasehold list job:
   leasehold break nightly-invoices
