@@ -16,6 +16,7 @@ use crate::error::{Error, StoreError};
 use crate::key::{IntoKey, Key};
 use crate::lease::{Grant, Lease, LeaseShared};
 use crate::metrics as m;
+use crate::observer::LeaseObserver;
 use crate::scheduler::{self, SchedulerHandle};
 use crate::store::{AcquireOutcome, Capabilities, Store};
 use crate::token::OwnerToken;
@@ -48,6 +49,7 @@ struct Inner {
     config: LeaseConfig,
     capabilities: Capabilities,
     clock: LeaseClock,
+    observer: Option<Arc<dyn LeaseObserver>>,
     sched: OnceLock<SchedulerHandle>,
     rng: Mutex<Box<dyn RngCore + Send>>,
     /// Lease handles alive (not yet released or dropped).
@@ -104,6 +106,7 @@ pub struct LeaseClientBuilder {
     config: LeaseConfig,
     rng: Option<Box<dyn RngCore + Send>>,
     clock: Option<Arc<dyn Clock>>,
+    observer: Option<Arc<dyn LeaseObserver>>,
 }
 
 impl fmt::Debug for LeaseClientBuilder {
@@ -131,6 +134,12 @@ impl LeaseClientBuilder {
         self
     }
 
+    /// Report every renewal to `observer` (for histories and audits).
+    pub fn observer(mut self, observer: Arc<dyn LeaseObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
     /// The client.
     pub fn build(self) -> LeaseClient {
         let capabilities = self.store.capabilities();
@@ -141,6 +150,7 @@ impl LeaseClientBuilder {
                 config: self.config,
                 capabilities,
                 clock: self.clock.map(LeaseClock::new).unwrap_or_default(),
+                observer: self.observer,
                 sched: OnceLock::new(),
                 rng: Mutex::new(rng),
                 live: Arc::default(),
@@ -172,6 +182,7 @@ impl LeaseClient {
             config,
             rng: None,
             clock: None,
+            observer: None,
         }
     }
 
@@ -265,6 +276,7 @@ impl LeaseClient {
                 self.inner.store.clone(),
                 self.inner.config.clone(),
                 self.inner.clock.clone(),
+                self.inner.observer.clone(),
             )
         })
     }

@@ -58,6 +58,7 @@ mod key;
 mod lease;
 pub mod memory;
 pub mod metrics;
+mod observer;
 mod registry;
 mod scheduler;
 mod store;
@@ -72,6 +73,7 @@ pub use error::{Action, Error, StoreError, StoreErrorKind};
 pub use guard::{GuardDecision, Idempotency};
 pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
 pub use lease::{Lease, LostFuture, LostReason, LostSignal};
+pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use registry::{OpenFuture, Registry, StoreFactory};
 pub use store::{
     AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, ReleaseOutcome, RenewOutcome, Store,

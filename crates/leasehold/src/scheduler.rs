@@ -20,6 +20,7 @@ use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::lease::{LeaseShared, LostReason};
 use crate::metrics as m;
+use crate::observer::{LeaseObserver, RenewalEvent, RenewalPhase};
 use crate::store::{RenewOutcome, Store};
 use crate::token::OwnerToken;
 
@@ -74,13 +75,19 @@ impl Inbox {
 
 impl SchedulerHandle {
     /// Spawns the scheduler on the current tokio runtime.
-    pub(crate) fn spawn(store: Arc<dyn Store>, config: LeaseConfig, clock: LeaseClock) -> Self {
+    pub(crate) fn spawn(
+        store: Arc<dyn Store>,
+        config: LeaseConfig,
+        clock: LeaseClock,
+        observer: Option<Arc<dyn LeaseObserver>>,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let inbox = Arc::new(Inbox::default());
         let sched = Scheduler {
             store,
             config,
             clock,
+            observer,
             rx,
             inbox: inbox.clone(),
             entries: HashMap::new(),
@@ -166,6 +173,7 @@ impl Entry {
 enum Done {
     Renew {
         id: u64,
+        shared: Arc<LeaseShared>,
         sent_at: At,
         result: Result<RenewOutcome, StoreError>,
     },
@@ -176,6 +184,7 @@ struct Scheduler {
     store: Arc<dyn Store>,
     config: LeaseConfig,
     clock: LeaseClock,
+    observer: Option<Arc<dyn LeaseObserver>>,
     rx: mpsc::UnboundedReceiver<Command>,
     inbox: Arc<Inbox>,
     entries: HashMap<u64, Entry>,
@@ -364,6 +373,7 @@ impl Scheduler {
         let store = self.store.clone();
         let ttl = self.config.ttl();
         let clock = self.clock.clone();
+        let observer = self.observer.clone();
         // Never wait for a reply past the deadline: it would be useless then.
         let budget = self
             .config
@@ -371,6 +381,9 @@ impl Scheduler {
             .min(shared.valid_until().since(now));
         self.inflight.push(Box::pin(async move {
             let sent_at = clock.now();
+            if let Some(o) = &observer {
+                observe(o.as_ref(), &shared, RenewalPhase::Sent, sent_at);
+            }
             let result = StoreError::bounded(
                 store.backend(),
                 "renew",
@@ -380,6 +393,7 @@ impl Scheduler {
             .await;
             Done::Renew {
                 id,
+                shared,
                 sent_at,
                 result,
             }
@@ -387,12 +401,13 @@ impl Scheduler {
     }
 
     fn done(&mut self, done: Done) {
-        let (id, sent_at, result) = match done {
+        let (id, shared, sent_at, result) = match done {
             Done::Renew {
                 id,
+                shared,
                 sent_at,
                 result,
-            } => (id, sent_at, result),
+            } => (id, shared, sent_at, result),
             Done::Release => {
                 self.releases_in_flight -= 1;
                 if self.releases_in_flight == 0 {
@@ -405,17 +420,41 @@ impl Scheduler {
         };
         let now = self.clock.now();
         let Some(e) = self.entries.get_mut(&id) else {
-            return; // released or lost meanwhile
+            // Released, lost or shut down meanwhile: the reply changes nothing.
+            if let Some(o) = &self.observer {
+                let phase = match result {
+                    Ok(RenewOutcome::Renewed { .. }) => RenewalPhase::Refused,
+                    Ok(RenewOutcome::NotOwner) => RenewalPhase::NotOwner,
+                    Err(_) => RenewalPhase::Failed,
+                };
+                observe(o.as_ref(), &shared, phase, now);
+            }
+            return;
         };
         e.in_flight = false;
         let latency = now.since(sent_at);
         let backend = self.store.backend();
         let rt = e.shared.key.resource_type();
+        let observer = self.observer.clone();
+        let report = |shared: &LeaseShared, phase| {
+            if let Some(o) = &observer {
+                observe(o.as_ref(), shared, phase, now);
+            }
+        };
         match result {
             Ok(RenewOutcome::Renewed { ttl }) => {
                 m::renewed(backend, rt, "renewed", latency);
                 let until = sent_at.add(self.config.validity(ttl.min(self.config.ttl())));
-                if now < until && e.shared.extend(until, now) {
+                let accepted = now < until && e.shared.extend(until, now);
+                report(
+                    &e.shared,
+                    if accepted {
+                        RenewalPhase::Accepted
+                    } else {
+                        RenewalPhase::Refused
+                    },
+                );
+                if accepted {
                     e.failures = 0;
                     e.unreachable_failures = 0;
                     e.renewals += 1;
@@ -429,10 +468,12 @@ impl Scheduler {
             }
             Ok(RenewOutcome::NotOwner) => {
                 m::renewed(backend, rt, "not_owner", latency);
+                report(&e.shared, RenewalPhase::NotOwner);
                 return self.lose(id, LostReason::NotOwner);
             }
             Err(err) => {
                 m::renewed(backend, rt, "error", latency);
+                report(&e.shared, RenewalPhase::Failed);
                 e.failures += 1;
                 if matches!(
                     err.kind(),
@@ -458,6 +499,18 @@ impl Scheduler {
         }
         self.schedule(id);
     }
+}
+
+/// Reports a renewal event of `shared` at `now` to `observer`.
+fn observe(observer: &dyn LeaseObserver, shared: &LeaseShared, phase: RenewalPhase, now: At) {
+    observer.renewal(&RenewalEvent {
+        key: &shared.key,
+        owner: &shared.owner,
+        fence: shared.fence,
+        phase,
+        remaining: shared.valid_until().since(now),
+        lost: shared.lost_reason().is_some(),
+    });
 }
 
 /// Delay before retrying a failed renewal: a quarter of the renew interval.

@@ -736,3 +736,53 @@ async fn abandon_stops_renewing_and_leaves_the_lease_to_expire() {
     assert_eq!(store.inner.inspect(&key()).await.unwrap(), None, "expired");
     assert_eq!(lost.reason(), None);
 }
+
+/// The observer hook sees each renewal's send and answer, and whether the client accepted
+/// it: a reply that comes after the deadline is `Refused`, never `Accepted`.
+#[tokio::test(start_paused = true)]
+async fn the_observer_sees_every_renewal_and_whether_it_was_accepted() {
+    use leasehold::{LeaseObserver, RenewalEvent, RenewalPhase};
+    #[derive(Debug, Default)]
+    struct Log(Mutex<Vec<(RenewalPhase, Duration, bool, Instant)>>);
+    impl LeaseObserver for Log {
+        fn renewal(&self, e: &RenewalEvent<'_>) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((e.phase, e.remaining, e.lost, Instant::now()));
+        }
+    }
+    let store = Scripted::default();
+    let log = Arc::new(Log::default());
+    let c = LeaseClient::builder(Arc::new(store.clone()), config(3 * S).build().unwrap())
+        .observer(log.clone())
+        .build();
+    let t0 = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    sleep(2500 * MS).await;
+    {
+        let events = log.0.lock().unwrap();
+        let phases: Vec<_> = events.iter().map(|e| e.0).collect();
+        use RenewalPhase::*;
+        assert_eq!(phases, [Sent, Accepted, Sent, Accepted]);
+        assert_eq!(events[0].3 - t0, S);
+        assert_eq!(
+            events[1].1,
+            2965 * MS,
+            "remaining after the accepted renewal"
+        );
+    }
+    // A freeze while a renewal is in flight: its late reply is refused.
+    store.set(Fault::SlowRenew(100 * MS));
+    sleep(600 * MS).await; // the renewal at 3 s is in flight
+    advance(10 * S).await;
+    sleep(MS).await;
+    assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
+    let events = log.0.lock().unwrap();
+    let last = events.last().unwrap();
+    assert_eq!((last.0, last.1), (RenewalPhase::Refused, Duration::ZERO));
+    assert!(
+        !events.iter().any(|e| e.0 == RenewalPhase::Accepted && e.2),
+        "accepted after lost"
+    );
+}
