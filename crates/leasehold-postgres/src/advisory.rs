@@ -295,9 +295,21 @@ impl PgAdvisoryStore {
     /// Cancel safe.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Config`] for authentication and other configuration problems,
-    /// [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    /// [`StoreErrorKind::Config`] for authentication and other configuration problems, and
+    /// for a config that says it goes through a transaction-pooling proxy
+    /// ([`Pooler::Transaction`](crate::Pooler::Transaction)): session locks cannot work
+    /// there. [`StoreErrorKind::Unavailable`] when the server cannot be reached.
     pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
+        if config.get_pooler() == crate::config::Pooler::Transaction {
+            return Err(StoreError::new(
+                StoreErrorKind::Config,
+                BACKEND,
+                "the advisory-lock store cannot work behind a transaction-pooling proxy \
+                 (leasehold_pooler=transaction): its locks live in a database session. Use \
+                 the lease-table store (postgres://…?leasehold_pooler=transaction), or \
+                 connect directly or through a pooler in session mode",
+            ));
+        }
         let prefix = config.get_application_name().to_owned();
         let pool = crate::config::open_pool(config, BACKEND).await?;
         let table = config.table_or(DEFAULT_ADVISORY_TABLE);

@@ -132,6 +132,7 @@ pub const DEFAULT_APPLICATION_NAME: &str = "leasehold";
 /// | `leasehold_table` | the lease table | `leasehold_leases` (`leasehold_advisory` for the advisory store) |
 /// | `leasehold_pool_size` | the pool's maximum connections | 10 |
 /// | `leasehold_migrate` | `true`: create the table when the store is opened | `false` |
+/// | `leasehold_pooler` | `transaction`: connected through a transaction-pooling proxy such as PgBouncer in `transaction` mode (see [`Pooler`]) | `none` |
 ///
 /// An unknown `leasehold_*` parameter is a configuration error (a typo must not be
 /// ignored).
@@ -141,7 +142,27 @@ pub struct PgConfig {
     table: Option<TableName>,
     pool_size: u32,
     migrate: bool,
+    pooler: Pooler,
     application_name: String,
+}
+
+/// What sits between the stores and PostgreSQL.
+///
+/// A transaction-pooling proxy (PgBouncer in `transaction` mode) hands each transaction to
+/// whichever server connection is free, so nothing may outlive a transaction on a
+/// connection: not a session lock, not a named prepared statement (sqlx names and caches
+/// statements per client connection; PgBouncer before 1.21 does not track them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Pooler {
+    /// A direct connection, or a pooler in `session` mode.
+    #[default]
+    None,
+    /// A transaction-pooling proxy: the lease-table store sends each operation as one
+    /// simple-protocol statement (values inlined as escaped literals, one round trip, no
+    /// prepared statement), and the advisory-lock store refuses to open (its locks live in
+    /// a session).
+    Transaction,
 }
 
 impl fmt::Debug for PgConfig {
@@ -151,6 +172,7 @@ impl fmt::Debug for PgConfig {
             .field("table", &self.table)
             .field("pool_size", &self.pool_size)
             .field("migrate", &self.migrate)
+            .field("pooler", &self.pooler)
             .field("application_name", &self.application_name)
             .finish()
     }
@@ -187,6 +209,7 @@ impl PgConfig {
         let mut table = None;
         let mut pool_size = 10;
         let mut migrate = false;
+        let mut pooler = Pooler::None;
         let mut rest: Vec<(String, String)> = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match &*k {
@@ -206,9 +229,20 @@ impl PgConfig {
                         _ => return Err(config_err("leasehold_migrate must be true or false")),
                     }
                 }
+                "leasehold_pooler" => {
+                    pooler = match &*v {
+                        "none" | "session" => Pooler::None,
+                        "transaction" => Pooler::Transaction,
+                        _ => {
+                            return Err(config_err(
+                                "leasehold_pooler must be none, session or transaction",
+                            ));
+                        }
+                    }
+                }
                 k if k.starts_with("leasehold_") => {
                     return Err(config_err(format!(
-                        "unknown URL parameter `{k}`; known: leasehold_schema, leasehold_table, leasehold_pool_size, leasehold_migrate"
+                        "unknown URL parameter `{k}`; known: leasehold_schema, leasehold_table, leasehold_pool_size, leasehold_migrate, leasehold_pooler"
                     )));
                 }
                 _ => rest.push((k.into_owned(), v.into_owned())),
@@ -249,6 +283,7 @@ impl PgConfig {
             table,
             pool_size,
             migrate,
+            pooler,
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
         })
         .map(|c| c.with_app_name_from_url())
@@ -268,9 +303,21 @@ impl PgConfig {
             table: None,
             pool_size: 10,
             migrate: false,
+            pooler: Pooler::None,
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
         }
         .with_app_name_from_url()
+    }
+
+    /// What sits between the stores and PostgreSQL (default [`Pooler::None`]).
+    pub fn pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
+        self
+    }
+
+    /// The configured [`Pooler`].
+    pub fn get_pooler(&self) -> Pooler {
+        self.pooler
     }
 
     /// Uses `table` instead of the store's default table.

@@ -85,6 +85,16 @@ fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
             Some("a function does not exist (PostgreSQL 14 or newer is required)"),
         ),
         "42501" => (K::Config, Some("permission denied: grant the role access")),
+        // duplicate_prepared_statement, invalid_sql_statement_name: a named prepared
+        // statement met a server connection it was not made on.
+        "42P05" | "26000" => (
+            K::Config,
+            Some(
+                "a prepared statement is missing or duplicated on the server connection: \
+                 behind a transaction-pooling proxy (PgBouncer in transaction mode), add \
+                 leasehold_pooler=transaction to the URL",
+            ),
+        ),
         "22021" | "22001" | "22003" | "22P02" => (K::InvalidInput, None),
         c if c.starts_with("28") => (K::Config, Some("authentication failed")),
         c if c.starts_with("08") => {

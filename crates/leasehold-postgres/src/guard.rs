@@ -236,7 +236,10 @@ impl PgGuard {
             )
         })?;
         let map = |e| error::map(BACKEND, "guard check", e);
+        // Unnamed statements (`persistent(false)`): they live only as long as the
+        // transaction, so the guard also works through a transaction-pooling proxy.
         let accepted = sqlx::query(AssertSqlSafe(self.check.clone()))
+            .persistent(false)
             .bind(resource)
             .bind(f)
             .fetch_optional(&mut *conn)
@@ -251,6 +254,7 @@ impl PgGuard {
         // Rejected: the row is locked by this transaction, so this read is the value that
         // refused the write.
         let current: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.current.clone()))
+            .persistent(false)
             .bind(resource)
             .fetch_optional(&mut *conn)
             .await
@@ -287,6 +291,7 @@ impl PgGuard {
     ) -> Result<Option<Fence>, StoreError> {
         check_name("resource", resource)?;
         let v: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.current.clone()))
+            .persistent(false)
             .bind(resource)
             .fetch_optional(conn)
             .await
@@ -314,6 +319,7 @@ impl PgGuard {
     ) -> Result<Idempotency, StoreError> {
         check_name("job id", job_id)?;
         let done = sqlx::query(AssertSqlSafe(self.record.clone()))
+            .persistent(false)
             .bind(job_id)
             .execute(conn)
             .await

@@ -55,7 +55,8 @@ mod table;
 pub use advisory::{PgAdvisoryStore, advisory_lock_id};
 pub use config::{
     DEFAULT_ADVISORY_TABLE, DEFAULT_APPLICATION_NAME, DEFAULT_GUARD_TABLE,
-    DEFAULT_IDEMPOTENCY_TABLE, DEFAULT_LEASE_TABLE, MAX_IDENTIFIER_LEN, PgConfig, TableName,
+    DEFAULT_IDEMPOTENCY_TABLE, DEFAULT_LEASE_TABLE, MAX_IDENTIFIER_LEN, PgConfig, Pooler,
+    TableName,
 };
 pub use error::store_error;
 pub use factory::PgFactory;

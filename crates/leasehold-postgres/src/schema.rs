@@ -81,7 +81,10 @@ pub(crate) async fn migrate(
 ) -> Result<(), StoreError> {
     let map = |e| error::map(backend, "migrate", e);
     let mut tx = pool.begin().await.map_err(map)?;
+    // Unnamed statements (`persistent(false)`) inside one transaction: the migration also
+    // works through a transaction-pooling proxy.
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .persistent(false)
         .bind(migrate_lock_id())
         .execute(&mut *tx)
         .await
@@ -92,6 +95,7 @@ pub(crate) async fn migrate(
             "SELECT to_regclass({}) IS NOT NULL",
             t.regclass_literal()
         )))
+        .persistent(false)
         .fetch_one(&mut *tx)
         .await
         .map_err(map)?;
@@ -100,6 +104,7 @@ pub(crate) async fn migrate(
             let has_schema: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1)",
             )
+            .persistent(false)
             .bind(schema)
             .fetch_one(&mut *tx)
             .await

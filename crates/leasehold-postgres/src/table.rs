@@ -12,7 +12,7 @@ use leasehold::{
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::config::{DEFAULT_LEASE_TABLE, PgConfig, TableName};
+use crate::config::{DEFAULT_LEASE_TABLE, PgConfig, Pooler, TableName};
 use crate::{BACKEND_TABLE, error, schema};
 
 const BACKEND: &str = BACKEND_TABLE;
@@ -110,7 +110,84 @@ impl Sql {
     }
 }
 
-/// Escapes `prefix` for `LIKE … ESCAPE '\'` and appends `%`.
+/// A parameter of a statement: bound in the extended protocol, or inlined as an escaped
+/// literal in the simple protocol (behind a transaction-pooling proxy).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    Int(i64),
+}
+
+/// Renders `sql` with `$n` replaced by the literal of `args[n - 1]`, in one pass (so a
+/// literal's own text is never substituted again). Text becomes an `E'…'` string with
+/// backslashes and quotes escaped (its meaning does not depend on
+/// `standard_conforming_strings`), bytes a `decode('…', 'hex')`, integers a `bigint`.
+/// The statements are leasehold's own: they hold no `$` inside quotes.
+///
+/// # Errors
+/// A text value with a NUL character (PostgreSQL text cannot hold one).
+pub(crate) fn inline(sql: &str, args: &[Arg<'_>]) -> Result<String, StoreError> {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut chars = sql.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c != '$' {
+            out.push(c);
+            continue;
+        }
+        let mut end = i + 1;
+        while let Some(&(j, d)) = chars.peek() {
+            if !d.is_ascii_digit() {
+                break;
+            }
+            end = j + 1;
+            chars.next();
+        }
+        let Some(arg) = sql[i + 1..end]
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_sub(1))
+            .and_then(|n| args.get(n))
+        else {
+            out.push_str(&sql[i..end]);
+            continue;
+        };
+        match arg {
+            Arg::Text(t) => {
+                if t.contains('\0') {
+                    return Err(StoreError::new(
+                        StoreErrorKind::InvalidInput,
+                        BACKEND,
+                        "a text value contains a NUL character",
+                    ));
+                }
+                out.push_str("E'");
+                for ch in t.chars() {
+                    match ch {
+                        '\\' => out.push_str("\\\\"),
+                        '\'' => out.push_str("''"),
+                        _ => out.push(ch),
+                    }
+                }
+                out.push('\'');
+            }
+            Arg::Bytes(b) => {
+                out.push_str("decode('");
+                for byte in *b {
+                    let _ = write!(out, "{byte:02x}");
+                }
+                out.push_str("', 'hex')");
+            }
+            Arg::Int(n) => {
+                let _ = write!(out, "({n})::bigint");
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Escapes `prefix` for `LIKE … ESCAPE` (backslash) and appends `%`.
 pub(crate) fn like_prefix(prefix: &str) -> String {
     let mut out = String::with_capacity(prefix.len() + 1);
     for c in prefix.chars() {
@@ -242,6 +319,8 @@ struct Inner {
     table: TableName,
     target: String,
     sql: Sql,
+    /// Behind a transaction-pooling proxy: simple-protocol statements only.
+    simple: bool,
 }
 
 impl fmt::Debug for PgLeaseStore {
@@ -267,9 +346,9 @@ impl PgLeaseStore {
     pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
         let pool = crate::config::open_pool(config, BACKEND).await?;
         let mut store = Self::with_pool(pool, config.table_or(DEFAULT_LEASE_TABLE));
-        Arc::get_mut(&mut store.inner)
-            .expect("not shared yet")
-            .target = config.target();
+        let inner = Arc::get_mut(&mut store.inner).expect("not shared yet");
+        inner.target = config.target();
+        inner.simple = config.get_pooler() == Pooler::Transaction;
         Ok(store)
     }
 
@@ -282,6 +361,7 @@ impl PgLeaseStore {
                 table,
                 target: "(caller's pool)".to_owned(),
                 sql,
+                simple: false,
             }),
         }
     }
@@ -331,6 +411,56 @@ impl PgLeaseStore {
     fn map(op: &str) -> impl Fn(sqlx::Error) -> StoreError + '_ {
         move |e| error::map(BACKEND, op, e)
     }
+
+    /// Runs `sql` with `args` and returns its rows: a prepared statement, or behind a
+    /// transaction pooler one simple-protocol statement with the values inlined.
+    async fn rows(
+        &self,
+        op: &str,
+        sql: &Arc<str>,
+        args: &[Arg<'_>],
+    ) -> Result<Vec<PgRow>, StoreError> {
+        if self.inner.simple {
+            let text = inline(sql, args)?;
+            return sqlx::raw_sql(AssertSqlSafe(text))
+                .fetch_all(&self.inner.pool)
+                .await
+                .map_err(Self::map(op));
+        }
+        let mut q = sqlx::query(AssertSqlSafe(sql.clone()));
+        for a in args {
+            q = match *a {
+                Arg::Text(t) => q.bind(t),
+                Arg::Bytes(b) => q.bind(b),
+                Arg::Int(n) => q.bind(n),
+            };
+        }
+        q.fetch_all(&self.inner.pool).await.map_err(Self::map(op))
+    }
+
+    /// Runs `sql` with `args` and returns the number of rows it changed.
+    async fn execute(&self, op: &str, sql: &Arc<str>, args: &[Arg<'_>]) -> Result<u64, StoreError> {
+        if self.inner.simple {
+            let text = inline(sql, args)?;
+            return sqlx::raw_sql(AssertSqlSafe(text))
+                .execute(&self.inner.pool)
+                .await
+                .map(|r| r.rows_affected())
+                .map_err(Self::map(op));
+        }
+        let mut q = sqlx::query(AssertSqlSafe(sql.clone()));
+        for a in args {
+            q = match *a {
+                Arg::Text(t) => q.bind(t),
+                Arg::Bytes(b) => q.bind(b),
+                Arg::Int(n) => q.bind(n),
+            };
+        }
+        q.execute(&self.inner.pool)
+            .await
+            .map(|r| r.rows_affected())
+            .map_err(Self::map(op))
+    }
 }
 
 #[async_trait]
@@ -355,13 +485,16 @@ impl Store for PgLeaseStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        let row = sqlx::query(AssertSqlSafe(self.inner.sql.acquire.clone()))
-            .bind(key.as_str())
-            .bind(&owner.as_bytes()[..])
-            .bind(ttl_us(ttl))
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(Self::map("acquire"))?;
+        let args = [
+            Arg::Text(key.as_str()),
+            Arg::Bytes(&owner.as_bytes()[..]),
+            Arg::Int(ttl_us(ttl)),
+        ];
+        let row = self
+            .rows("acquire", &self.inner.sql.acquire, &args)
+            .await?
+            .into_iter()
+            .next();
         let Some(row) = row else {
             // The key's first row was inserted concurrently, after this statement's
             // snapshot: held, remaining unknown.
@@ -389,14 +522,13 @@ impl Store for PgLeaseStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        let done = sqlx::query(AssertSqlSafe(self.inner.sql.renew.clone()))
-            .bind(key.as_str())
-            .bind(&owner.as_bytes()[..])
-            .bind(ttl_us(ttl))
-            .execute(&self.inner.pool)
-            .await
-            .map_err(Self::map("renew"))?;
-        Ok(if done.rows_affected() == 1 {
+        let args = [
+            Arg::Text(key.as_str()),
+            Arg::Bytes(&owner.as_bytes()[..]),
+            Arg::Int(ttl_us(ttl)),
+        ];
+        let changed = self.execute("renew", &self.inner.sql.renew, &args).await?;
+        Ok(if changed == 1 {
             RenewOutcome::Renewed { ttl }
         } else {
             RenewOutcome::NotOwner
@@ -404,13 +536,11 @@ impl Store for PgLeaseStore {
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
-            .bind(key.as_str())
-            .bind(&owner.as_bytes()[..])
-            .execute(&self.inner.pool)
-            .await
-            .map_err(Self::map("release"))?;
-        Ok(if done.rows_affected() == 1 {
+        let args = [Arg::Text(key.as_str()), Arg::Bytes(&owner.as_bytes()[..])];
+        let changed = self
+            .execute("release", &self.inner.sql.release, &args)
+            .await?;
+        Ok(if changed == 1 {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotOwner
@@ -418,29 +548,36 @@ impl Store for PgLeaseStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        let row = sqlx::query(AssertSqlSafe(self.inner.sql.inspect.clone()))
-            .bind(key.as_str())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(Self::map("inspect"))?;
-        row.map(|r| info_of(BACKEND, &r)).transpose()
+        let rows = self
+            .rows(
+                "inspect",
+                &self.inner.sql.inspect,
+                &[Arg::Text(key.as_str())],
+            )
+            .await?;
+        rows.first().map(|r| info_of(BACKEND, r)).transpose()
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        let rows = sqlx::query(AssertSqlSafe(self.inner.sql.list.clone()))
-            .bind(like_prefix(prefix))
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(Self::map("list"))?;
+        let pattern = like_prefix(prefix);
+        let rows = self
+            .rows("list", &self.inner.sql.list, &[Arg::Text(&pattern)])
+            .await?;
         rows.iter().map(|r| info_of(BACKEND, r)).collect()
     }
 
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
-        let fence: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.break_lease.clone()))
-            .bind(key.as_str())
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(Self::map("break"))?;
+        let rows = self
+            .rows(
+                "break",
+                &self.inner.sql.break_lease,
+                &[Arg::Text(key.as_str())],
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Corrupt, BACKEND, "break returned no row")
+        })?;
+        let fence: i64 = col(BACKEND, row, "fence")?;
         fence_of(BACKEND, fence)
     }
 }
@@ -448,6 +585,20 @@ impl Store for PgLeaseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inlined_literals_are_escaped_in_one_pass() {
+        let out = inline(
+            "SELECT $1, $2, $3, $4",
+            &[Arg::Text("a'b\\c$2"), Arg::Bytes(&[0, 0xab]), Arg::Int(-7)],
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            r"SELECT E'a''b\\c$2', decode('00ab', 'hex'), (-7)::bigint, $4"
+        );
+        assert!(inline("SELECT $1", &[Arg::Text("a\0b")]).is_err());
+    }
 
     #[test]
     fn like_escaping() {

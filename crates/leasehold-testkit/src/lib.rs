@@ -2,7 +2,7 @@
 //!
 //! * Private servers, each started as a direct child of the test process on
 //!   its own port and temporary directory, and killed on drop:
-//!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`MariaDb`].
+//!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`].
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
@@ -40,6 +40,7 @@
 
 mod cluster;
 mod mariadb;
+mod pgbouncer;
 mod port;
 mod postgres;
 mod process;
@@ -51,6 +52,7 @@ mod worker;
 
 pub use cluster::RedisCluster;
 pub use mariadb::{MariaDb, MariaDbOptions};
+pub use pgbouncer::{PgBouncer, PoolMode};
 pub use port::{free_port, free_port_with_bus};
 pub use postgres::{Postgres, PostgresOptions, postgres_bin_dir};
 pub use process::ServerProcess;
