@@ -187,6 +187,22 @@ pub(crate) fn inline(sql: &str, args: &[Arg<'_>]) -> Result<String, StoreError> 
     Ok(out)
 }
 
+/// `sql` as a prepared statement with `args` bound.
+fn bound<'q>(
+    sql: &Arc<str>,
+    args: &[Arg<'q>],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let mut q = sqlx::query(AssertSqlSafe(sql.clone()));
+    for a in args {
+        q = match *a {
+            Arg::Text(t) => q.bind(t),
+            Arg::Bytes(b) => q.bind(b),
+            Arg::Int(n) => q.bind(n),
+        };
+    }
+    q
+}
+
 /// Escapes `prefix` for `LIKE … ESCAPE` (backslash) and appends `%`.
 pub(crate) fn like_prefix(prefix: &str) -> String {
     let mut out = String::with_capacity(prefix.len() + 1);
@@ -427,15 +443,10 @@ impl PgLeaseStore {
                 .await
                 .map_err(Self::map(op));
         }
-        let mut q = sqlx::query(AssertSqlSafe(sql.clone()));
-        for a in args {
-            q = match *a {
-                Arg::Text(t) => q.bind(t),
-                Arg::Bytes(b) => q.bind(b),
-                Arg::Int(n) => q.bind(n),
-            };
-        }
-        q.fetch_all(&self.inner.pool).await.map_err(Self::map(op))
+        bound(sql, args)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(Self::map(op))
     }
 
     /// Runs `sql` with `args` and returns the number of rows it changed.
@@ -448,15 +459,8 @@ impl PgLeaseStore {
                 .map(|r| r.rows_affected())
                 .map_err(Self::map(op));
         }
-        let mut q = sqlx::query(AssertSqlSafe(sql.clone()));
-        for a in args {
-            q = match *a {
-                Arg::Text(t) => q.bind(t),
-                Arg::Bytes(b) => q.bind(b),
-                Arg::Int(n) => q.bind(n),
-            };
-        }
-        q.execute(&self.inner.pool)
+        bound(sql, args)
+            .execute(&self.inner.pool)
             .await
             .map(|r| r.rows_affected())
             .map_err(Self::map(op))
