@@ -1,8 +1,9 @@
 //! Several OS processes on one SQLite file.
 //!
-//! The child processes are this test binary run again with `LEASEHOLD_SQLITE_WORKER` set:
-//! the `worker_entry` test then runs the worker named by it instead of returning at once
-//! (without the variable it is an empty test that passes).
+//! The child processes are this test binary run again with the spawning test selected and
+//! `LEASEHOLD_SQLITE_WORKER` set: that test, at its top, runs the worker named by the
+//! variable instead of its own body (see `worker` and `run_worker_if_child`). No test
+//! exists only to be a worker.
 //!
 //! - `processes_contend_exclusive_and_fences_increase`: four processes contend for one key
 //!   and write through the guard; their hold windows (stamped with `CLOCK_MONOTONIC`,
@@ -38,18 +39,18 @@ fn mono_ns() -> u128 {
     t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128
 }
 
-fn worker(mode: &str, args: &[&str]) -> WorkerProcess {
+/// Starts this test binary again, running only the test `test` (the caller), as the worker
+/// `mode`: `test` must begin with `if run_worker_if_child().await { return; }`.
+fn worker(test: &str, mode: &str, args: &[&str]) -> WorkerProcess {
+    WorkerProcess::spawn(worker_command(test, mode, args))
+}
+
+fn worker_command(test: &str, mode: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args([
-        "worker_entry",
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-        "-q",
-    ])
-    .env(WORKER_ENV, mode)
-    .env("LEASEHOLD_SQLITE_ARGS", args.join("\u{1f}"));
-    WorkerProcess::spawn(cmd)
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(WORKER_ENV, mode)
+        .env("LEASEHOLD_SQLITE_ARGS", args.join("\u{1f}"));
+    cmd
 }
 
 fn out(line: impl std::fmt::Display) {
@@ -72,30 +73,25 @@ async fn open(path: &Path) -> SqliteStore {
 const DATA_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS mp_writes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, fence INTEGER NOT NULL, pid INTEGER NOT NULL)";
 
-/// Entry point of the child processes; an empty test when not a child.
-#[test]
-fn worker_entry() {
+/// In a child process started by [`worker`]: runs the worker named by `WORKER_ENV` (on the
+/// caller's runtime) and returns `true`, so that the test returns at once. In the test
+/// process itself: `false`.
+async fn run_worker_if_child() -> bool {
     let Ok(mode) = std::env::var(WORKER_ENV) else {
-        return;
+        return false;
     };
     let args: Vec<String> = std::env::var("LEASEHOLD_SQLITE_ARGS")
         .unwrap_or_default()
         .split('\u{1f}')
         .map(str::to_owned)
         .collect();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        match mode.as_str() {
-            "contend" => contend(&args).await,
-            "hold" => hold(&args).await,
-            "hold-tx" => hold_tx(&args).await,
-            other => panic!("unknown worker mode {other}"),
-        }
-    });
+    match mode.as_str() {
+        "contend" => contend(&args).await,
+        "hold" => hold(&args).await,
+        "hold-tx" => hold_tx(&args).await,
+        other => panic!("unknown worker mode {other}"),
+    }
+    true
 }
 
 fn client_config() -> LeaseConfig {
@@ -228,6 +224,9 @@ fn wait_line(w: &WorkerProcess, prefix: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_contend_exclusive_and_fences_increase() {
+    if run_worker_if_child().await {
+        return;
+    }
     const PROCS: usize = 4;
     const ROUNDS: usize = 8;
     let dir = tempfile::tempdir().unwrap();
@@ -240,7 +239,13 @@ async fn processes_contend_exclusive_and_fences_increase() {
     let path_s = path.to_str().unwrap().to_owned();
     let rounds = ROUNDS.to_string();
     let workers: Vec<_> = (0..PROCS)
-        .map(|_| worker("contend", &[&path_s, &rounds]))
+        .map(|_| {
+            worker(
+                "processes_contend_exclusive_and_fences_increase",
+                "contend",
+                &[&path_s, &rounds],
+            )
+        })
         .collect();
     blocking(|| {
         for w in &workers {
@@ -306,10 +311,17 @@ async fn pause_outside_transaction(w: &WorkerProcess, path: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_paused_past_ttl_is_fenced_off() {
+    if run_worker_if_child().await {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fa.db");
     let store = Arc::new(open(&path).await);
-    let holder = worker("hold", &[path.to_str().unwrap()]);
+    let holder = worker(
+        "holder_paused_past_ttl_is_fenced_off",
+        "hold",
+        &[path.to_str().unwrap()],
+    );
     let held: u64 = field(&blocking(|| wait_line(&holder, "held")), 1);
 
     pause_outside_transaction(&holder, &path).await;
@@ -356,10 +368,17 @@ async fn holder_paused_past_ttl_is_fenced_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_killed_is_taken_over_within_ttl() {
+    if run_worker_if_child().await {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kill.db");
     let store = Arc::new(open(&path).await);
-    let holder = worker("hold", &[path.to_str().unwrap()]);
+    let holder = worker(
+        "holder_killed_is_taken_over_within_ttl",
+        "hold",
+        &[path.to_str().unwrap()],
+    );
     let held: u64 = field(&blocking(|| wait_line(&holder, "held")), 1);
     holder.kill();
     let killed_at = Instant::now();
@@ -382,11 +401,18 @@ async fn holder_killed_is_taken_over_within_ttl() {
 /// see its uncommitted row; once it rolls back the store works again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_paused_mid_transaction_gives_bounded_busy() {
+    if run_worker_if_child().await {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f20.db");
     let go = dir.path().join("go");
     let store = Arc::new(open(&path).await);
-    let child = worker("hold-tx", &[path.to_str().unwrap(), go.to_str().unwrap()]);
+    let child = worker(
+        "writer_paused_mid_transaction_gives_bounded_busy",
+        "hold-tx",
+        &[path.to_str().unwrap(), go.to_str().unwrap()],
+    );
     blocking(|| wait_line(&child, "in-tx"));
     child.pause();
 
@@ -443,11 +469,18 @@ async fn writer_paused_mid_transaction_gives_bounded_busy() {
 /// uncommitted pages already in the WAL) leaves no trace of it, and the lock is free at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_killed_mid_transaction_leaves_no_half_written_row() {
+    if run_worker_if_child().await {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f20k.db");
     let go = dir.path().join("never");
     let store = Arc::new(open(&path).await);
-    let child = worker("hold-tx", &[path.to_str().unwrap(), go.to_str().unwrap()]);
+    let child = worker(
+        "writer_killed_mid_transaction_leaves_no_half_written_row",
+        "hold-tx",
+        &[path.to_str().unwrap(), go.to_str().unwrap()],
+    );
     blocking(|| wait_line(&child, "in-tx"));
     let wal = std::fs::metadata(dir.path().join("f20k.db-wal"))
         .map(|m| m.len())
