@@ -61,10 +61,10 @@ pub trait HostClock: Send + Sync + fmt::Debug + 'static {
 }
 
 /// The host's wall clock in microseconds since the Unix epoch (0 before 1970). Only for
-/// fence floors, informational timestamps and converting leases of the old file format,
-/// whose expiries are on this clock.
+/// fence floors, informational timestamps, converting leases of the old file format
+/// (whose expiries are on this clock) and, off Linux/Android, the documented fallback.
 pub(crate) fn wall_us() -> i64 {
-    #[allow(clippy::disallowed_methods)] // a floor and timestamps, never an expiry
+    #[allow(clippy::disallowed_methods)] // fence floor and timestamps (expiry: off Linux only)
     let now = std::time::SystemTime::now();
     now.duration_since(std::time::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
