@@ -37,6 +37,9 @@ impl Env {
     }
 }
 
+/// The wall clock, to compare with what the shell commands under test stamp with
+/// `date +%s%N` (and with `LEASEHOLD_VALID_UNTIL`): they have no other clock.
+#[allow(clippy::disallowed_methods)] // compared with `date` in the commands under test
 fn now_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

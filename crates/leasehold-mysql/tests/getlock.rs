@@ -16,8 +16,9 @@
 //!   the heartbeat's own bound is the shorter one and it gives up on the renewal before the
 //!   keeper does: the lock must stay held until the holder has been told it lost it.
 //!
-//! Child processes are this test binary run again with `LEASEHOLD_MYSQL_WORKER` set (see
-//! `worker_entry`, an empty test otherwise).
+//! Child processes are this test binary run again with the spawning test selected and
+//! `LEASEHOLD_MYSQL_WORKER` set: that test runs the worker instead of its body
+//! (`run_worker_if_child`). No test exists only to be a worker.
 
 mod common;
 
@@ -53,38 +54,29 @@ fn getlock_url(db: &common::Server) -> String {
     db.url().replacen("mysql://", "mysql+getlock://", 1)
 }
 
-/// Entry point of the child processes; an empty test when not a child.
-#[test]
-fn worker_entry() {
+/// In a child process started by [`worker`]: holds `gl:held` (`@held <fence>`) until its
+/// lost signal fires (`@lost <reason>`), then waits to be killed; returns `true` so the
+/// test returns. In the test process: `false`.
+async fn run_worker_if_child() -> bool {
     let Ok(url) = std::env::var(WORKER_ENV) else {
-        return;
+        return false;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let store = open(&url).await;
-        let client = LeaseClient::new(store, config());
-        let lease = client.try_acquire("gl:held").await.expect("acquire");
-        println!("@held {}", lease.fence().get());
-        let reason = lease.lost().await;
-        println!("@lost {}", reason.as_str());
-        sleep(LONG).await;
-    });
+    let store = open(&url).await;
+    let client = LeaseClient::new(store, config());
+    let lease = client.try_acquire("gl:held").await.expect("acquire");
+    println!("@held {}", lease.fence().get());
+    let reason = lease.lost().await;
+    println!("@lost {}", reason.as_str());
+    sleep(LONG).await;
+    true
 }
 
-fn worker(url: &str) -> WorkerProcess {
+/// Starts this test binary again running only `test` (the caller, which begins with
+/// `run_worker_if_child`), as the worker.
+fn worker(test: &str, url: &str) -> WorkerProcess {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "worker_entry",
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-        "-q",
-    ])
-    .env(WORKER_ENV, url);
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(WORKER_ENV, url);
     WorkerProcess::spawn(cmd)
 }
 
@@ -175,6 +167,10 @@ async fn killed_session_loses_lease_and_another_acquires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_process_paused_then_killed() {
+    const TEST: &str = "holder_process_paused_then_killed";
+    if run_worker_if_child().await {
+        return;
+    }
     let db = common::start_db();
     let url = getlock_url(&db);
     let store = open(&url).await;
@@ -182,7 +178,7 @@ async fn holder_process_paused_then_killed() {
     let key = Key::new("gl:held").unwrap();
 
     // Paused past its TTL: the session (and the lock) outlive the TTL while it is frozen.
-    let holder = worker(&url);
+    let holder = worker(TEST, &url);
     let held: u64 = wait_line(&holder, "held")[5..].parse().unwrap();
     holder.pause();
     sleep(common::TTL * 2).await;
@@ -208,7 +204,7 @@ async fn holder_process_paused_then_killed() {
     drop(holder);
 
     // Killed: the server ends its session and the lock at once.
-    let holder = worker(&url);
+    let holder = worker(TEST, &url);
     let held: u64 = wait_line(&holder, "held")[5..].parse().unwrap();
     holder.kill();
     let killed_at = Instant::now();

@@ -19,6 +19,8 @@ use leasehold_testkit::PostgresOptions;
 use tokio::time::{Instant, timeout};
 
 const TTL: Duration = Duration::from_secs(2);
+/// A generous bound on waiting for something observable.
+const LONG: Duration = Duration::from_secs(60);
 
 /// Terminates every session named `app` and waits until they are gone. Returns how many.
 async fn terminate(admin: &PgPool, app: &str) -> i64 {
@@ -271,22 +273,30 @@ async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Under load: guarded writes and lease grants acknowledged (however slowly they come).
+    let loaded = Instant::now();
+    while acked.lock().unwrap().len() < 20 || lease_fences.lock().unwrap().len() < 3 {
+        assert!(loaded.elapsed() < LONG, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let before = acked.lock().unwrap().len();
-    assert!(before > 0, "load is running");
     let p = pg.clone();
     tokio::task::spawn_blocking(move || p.stop_immediate())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Keep the load on the stopped server until writes are seen failing.
+    let stopped = Instant::now();
+    while errors.load(Ordering::SeqCst) == 0 {
+        assert!(
+            stopped.elapsed() < LONG,
+            "no write failed while the server was down"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop.store(true, Ordering::SeqCst);
     for t in tasks {
         t.await.unwrap();
     }
-    assert!(
-        errors.load(Ordering::SeqCst) > 0,
-        "writes failed while the server was down"
-    );
     let p = pg.clone();
     tokio::task::spawn_blocking(move || p.start_again())
         .await
@@ -324,12 +334,22 @@ async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
 
     let max_lease = lease_fences.lock().unwrap().iter().copied().max().unwrap();
     let store = common::table_store(&pg.url()).await;
-    let AcquireOutcome::Acquired { fence, .. } = store
-        .acquire(&Key::new("job:f18").unwrap(), &OwnerToken::random(), TTL)
-        .await
-        .unwrap()
-    else {
-        panic!("the key is free after the crash (or expires)")
+    // The last grant may still be held: the stop can cut off its release, and the server
+    // may be back before its TTL has run out. Wait for the store to say the key is free,
+    // as a waiter does; it never stays held longer than one TTL.
+    let key = Key::new("job:f18").unwrap();
+    let owner = OwnerToken::random();
+    let waiting = Instant::now();
+    let fence = loop {
+        match store.acquire(&key, &owner, TTL).await.unwrap() {
+            AcquireOutcome::Acquired { fence, .. } => break fence,
+            AcquireOutcome::Held { remaining } => {
+                let remaining = remaining.expect("the table store reports it");
+                assert!(remaining <= TTL, "held for {remaining:?} after the crash");
+                assert!(waiting.elapsed() < LONG, "the key never became free");
+                tokio::time::sleep(remaining + Duration::from_millis(10)).await;
+            }
+        }
     };
     assert!(
         fence.get() > max_lease,

@@ -4,8 +4,9 @@
 //! holds only B's write, and B's lease is intact. Twice: lease and guard in PostgreSQL,
 //! and lease in Redis with the guard in PostgreSQL.
 //!
-//! The workers are this test binary run again (`story_worker`, an ignored test that acts
-//! only when `LEASEHOLD_WORKER` is set), so each is its own OS process.
+//! The workers are this test binary run again, each its own OS process: the story test
+//! that starts them runs itself with `LEASEHOLD_WORKER` set, and at its top runs the
+//! worker instead of its body (`run_worker_if_child`). No test exists only to be a worker.
 
 mod common;
 
@@ -101,39 +102,30 @@ async fn worker(name: String) {
     println!("RELEASED held={held}");
 }
 
-/// Entry point of the worker processes; does nothing in a normal test run.
-#[test]
-#[ignore = "worker process entry point, run by the story tests"]
-fn story_worker() {
+/// In a worker process (`LEASEHOLD_WORKER` set): runs the worker and returns `true`, so
+/// that the test returns at once. In the test process: `false`.
+async fn run_worker_if_child() -> bool {
     let Ok(name) = std::env::var("LEASEHOLD_WORKER") else {
-        return;
+        return false;
     };
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(worker(name));
+    worker(name).await;
+    true
 }
 
+/// Starts this test binary again running only the test `test` (the caller, which begins
+/// with `run_worker_if_child`), as worker `name`.
 fn spawn_worker(
+    test: &str,
     name: &str,
     store_url: &str,
     guard_url: &str,
     extra: &[(&str, &Path)],
 ) -> WorkerProcess {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "story_worker",
-        "--nocapture",
-        "--ignored",
-        "--test-threads",
-        "1",
-    ])
-    .env("LEASEHOLD_WORKER", name)
-    .env("LEASEHOLD_STORE_URL", store_url)
-    .env("LEASEHOLD_GUARD_URL", guard_url);
+    cmd.args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env("LEASEHOLD_WORKER", name)
+        .env("LEASEHOLD_STORE_URL", store_url)
+        .env("LEASEHOLD_GUARD_URL", guard_url);
     for (k, v) in extra {
         cmd.env(k, v);
     }
@@ -159,7 +151,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     tokio::task::spawn_blocking(f).await.unwrap()
 }
 
-async fn story(store_url: String, pg_url: String, files: PathBuf) {
+async fn story(test: &str, store_url: String, pg_url: String, files: PathBuf) {
     let admin = PgPool::connect(&pg_url).await.unwrap();
     guard::migrate(&admin).await.unwrap();
     sqlx::raw_sql(
@@ -173,7 +165,13 @@ async fn story(store_url: String, pg_url: String, files: PathBuf) {
 
     let go = files.join("go");
     let done = files.join("done");
-    let a = spawn_worker("A", &store_url, &pg_url, &[("LEASEHOLD_GO_FILE", &go)]);
+    let a = spawn_worker(
+        test,
+        "A",
+        &store_url,
+        &pg_url,
+        &[("LEASEHOLD_GO_FILE", &go)],
+    );
     let (a, fa) = blocking(move || {
         let l = wait_line(&a, "ACQUIRED");
         (a, field(&l, "fence").parse::<u64>().unwrap())
@@ -183,7 +181,13 @@ async fn story(store_url: String, pg_url: String, files: PathBuf) {
     a.pause();
     tokio::time::sleep(TTL * 3 / 2).await;
 
-    let b = spawn_worker("B", &store_url, &pg_url, &[("LEASEHOLD_DONE_FILE", &done)]);
+    let b = spawn_worker(
+        test,
+        "B",
+        &store_url,
+        &pg_url,
+        &[("LEASEHOLD_DONE_FILE", &done)],
+    );
     let (b, fb) = blocking(move || {
         let acquired = wait_line(&b, "ACQUIRED");
         let wrote = wait_line(&b, "WROTE");
@@ -248,16 +252,34 @@ async fn story(store_url: String, pg_url: String, files: PathBuf) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn story_lease_and_guard_in_postgres() {
+    if run_worker_if_child().await {
+        return;
+    }
     let pg = common::start_pg(PostgresOptions::new()).await;
     let files = tempfile::tempdir().unwrap();
     let store_url = format!("{}?leasehold_migrate=true", pg.url());
-    story(store_url, pg.url(), files.path().to_owned()).await;
+    story(
+        "story_lease_and_guard_in_postgres",
+        store_url,
+        pg.url(),
+        files.path().to_owned(),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn story_lease_in_redis_guard_in_postgres() {
+    if run_worker_if_child().await {
+        return;
+    }
     let pg = common::start_pg(PostgresOptions::new()).await;
     let redis = blocking(RedisServer::start).await;
     let files = tempfile::tempdir().unwrap();
-    story(redis.url(), pg.url(), files.path().to_owned()).await;
+    story(
+        "story_lease_in_redis_guard_in_postgres",
+        redis.url(),
+        pg.url(),
+        files.path().to_owned(),
+    )
+    .await;
 }

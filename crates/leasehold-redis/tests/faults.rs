@@ -52,13 +52,12 @@ async fn guarded_write(url: &str, guard_key: &str, fence: Fence, value: &str) ->
 
 const WORKER_ENV: &str = "LEASEHOLD_REDIS_TEST_WORKER";
 
-/// Not a test: the worker process of `row_01_paused_holder_process`. The test binary runs
-/// itself with this test selected and the worker's settings in the environment; without
-/// them this returns at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn worker_entry_point() {
+/// The worker process of `row_01_paused_holder_process`: the test binary runs that test
+/// again with the worker's settings in the environment, and the test runs this instead of
+/// its body. Returns `true` in the worker, `false` in the test process.
+async fn run_worker_if_child() -> bool {
     let Ok(url) = std::env::var(WORKER_ENV) else {
-        return;
+        return false;
     };
     let k = key(&std::env::var("LH_KEY").unwrap());
     let go = PathBuf::from(std::env::var("LH_GO").unwrap());
@@ -90,10 +89,14 @@ async fn worker_entry_point() {
     let raw = store.release(&k, &owner).await.unwrap();
     println!("RAWRELEASE {raw:?}");
     println!("DONE");
+    true
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_01_paused_holder_process() {
+    if run_worker_if_child().await {
+        return;
+    }
     let s = Standalone::start().await;
     let url = s.server.url();
     let ttl = Duration::from_secs(1);
@@ -104,7 +107,7 @@ async fn row_01_paused_holder_process() {
 
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([
-        "worker_entry_point",
+        "row_01_paused_holder_process",
         "--exact",
         "--nocapture",
         "--test-threads=1",
@@ -115,7 +118,7 @@ async fn row_01_paused_holder_process() {
     .env("LH_GUARD", guard_key)
     .env("LH_TTL_MS", ttl.as_millis().to_string());
     let worker = WorkerProcess::spawn(cmd);
-    // libtest prints "test worker_entry_point ... " before the worker's first line.
+    // libtest prints "test row_01_paused_holder_process ... " before the worker's first line.
     let line = tokio::task::block_in_place(|| {
         worker.wait_for_line(|l| l.contains("ACQUIRED "), Duration::from_secs(30))
     })
@@ -282,10 +285,20 @@ async fn row_05_lost_reply_retry_returns_same_lease_and_fence() {
     s.store.release(&k, &warm).await.unwrap();
     // The request is applied, the reply is dropped.
     s.proxy.set_mode(ProxyMode::DropReplies);
-    let first = timeout(Duration::from_millis(500), s.store.acquire(&k, &owner, ttl)).await;
-    assert!(first.is_err(), "no reply can arrive: {first:?}");
-    let (raw_owner, raw_fence) = raw_lease(&s, &k).await.expect("the acquire was applied");
+    let mut first = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move { store.acquire(&k, &owner, ttl).await })
+    };
+    let (raw_owner, raw_fence) = applied(&s, &k).await;
     assert_eq!(raw_owner, owner.to_hex());
+    // No reply can arrive: the call ends, if at all, with an error (its own timeout).
+    if let Ok(r) = timeout(Duration::from_millis(300), &mut first).await {
+        assert!(r.unwrap().is_err(), "a reply got through the proxy");
+    }
+    // Cancelled between send and reply: the store drops that connection (once the
+    // cancelled call is gone, which awaiting the aborted task makes sure of).
+    first.abort();
+    let _ = first.await;
     // The retry with the same owner (on a fresh connection) returns that grant.
     s.proxy.set_mode(ProxyMode::Pass);
     match s.store.acquire(&k, &owner, ttl).await.unwrap() {
@@ -298,9 +311,12 @@ async fn row_05_lost_reply_retry_returns_same_lease_and_fence() {
     );
     assert_eq!(raw_lease(&s, &k).await, None, "nothing orphaned");
 
-    // End to end: the lease client retries its ambiguous acquire with the same owner.
+    // End to end: the lease client retries its ambiguous acquire with the same owner. It
+    // retries (every 400 ms) for long enough to see the first attempt applied, however
+    // slowly, before the replies are let through.
     let cfg = LeaseConfig::builder(ttl)
         .op_timeout(Duration::from_millis(400))
+        .ambiguous_retries(150)
         .build()
         .unwrap();
     let client = LeaseClient::new(s.store.clone(), cfg);
@@ -309,14 +325,30 @@ async fn row_05_lost_reply_retry_returns_same_lease_and_fence() {
         let (client, k) = (client.clone(), k.clone());
         tokio::spawn(async move { client.try_acquire(&k).await })
     };
-    sleep(Duration::from_millis(200)).await; // the first attempt is applied, its reply lost
-    let applied = raw_lease(&s, &k).await.expect("first attempt applied");
+    // The first attempt is applied, its reply lost (and so are the retries').
+    let applied = applied(&s, &k).await;
+    assert!(!pending.is_finished(), "no reply can arrive");
     s.proxy.set_mode(ProxyMode::Pass);
     let lease = pending.await.unwrap().expect("the retry gets the lease");
     assert_eq!(lease.owner().to_hex(), applied.0, "same owner");
     assert_eq!(lease.fence().get(), applied.1, "same fence");
     assert!(lease.release().await.unwrap());
     assert_eq!(raw_lease(&s, &k).await, None, "nothing orphaned");
+}
+
+/// Waits (generously) until Redis holds a lease for `k`: the request was applied.
+async fn applied(s: &Standalone, k: &Key) -> (String, u64) {
+    let since = Instant::now();
+    loop {
+        if let Some(lease) = raw_lease(s, k).await {
+            return lease;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "the acquire never reached the server"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,11 +2,13 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
+use crate::clock::{ClockHandle, HostClock, SystemHostClock};
 
 /// The default bound on waiting for SQLite's write lock: 5 s.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,8 +30,8 @@ pub enum Synchronous {
     /// `NORMAL`: the WAL is synced only at checkpoints. A commit that returned survives a
     /// crash of the *process* (`kill -9`) but the last commits may be rolled back by an OS
     /// crash or a power loss. Fences stay above every earlier fence after such a loss as
-    /// long as the host clock did not move back (they are floored at the clock), but a
-    /// lease granted just before the loss is forgotten.
+    /// long as the wall clock did not move back by more than the outage (they are floored
+    /// at it), but a lease granted just before the loss is forgotten.
     Normal,
 }
 
@@ -62,6 +64,7 @@ pub struct SqliteConfig {
     busy_timeout: Duration,
     synchronous: Synchronous,
     max_connections: u32,
+    clock: Option<ClockHandle>,
 }
 
 fn config_error(msg: impl Into<String>) -> StoreError {
@@ -77,6 +80,7 @@ impl SqliteConfig {
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             synchronous: Synchronous::Full,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            clock: None,
         }
     }
 
@@ -172,6 +176,22 @@ impl SqliteConfig {
         self
     }
 
+    /// The clock leases expire on (default [`SystemHostClock`]: `CLOCK_BOOTTIME` and the
+    /// boot id). For tests: inject a [`ManualHostClock`](crate::ManualHostClock). Every
+    /// process sharing the file must read clocks that agree. Not part of the URL.
+    pub fn clock(mut self, clock: Arc<dyn HostClock>) -> Self {
+        self.clock = Some(ClockHandle(clock));
+        self
+    }
+
+    /// The clock leases expire on.
+    pub fn get_clock(&self) -> Arc<dyn HostClock> {
+        match &self.clock {
+            Some(c) => c.0.clone(),
+            None => Arc::new(SystemHostClock),
+        }
+    }
+
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -218,7 +238,8 @@ impl SqliteConfig {
 }
 
 impl fmt::Display for SqliteConfig {
-    /// The configuration as a URL that [`SqliteConfig::from_url`] parses back.
+    /// The configuration as a URL that [`SqliteConfig::from_url`] parses back (without an
+    /// injected clock).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("sqlite://")?;
         let mut buf = [0u8; 4];

@@ -36,8 +36,9 @@ use leasehold::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
 use sqlx::{Connection, SqliteConnection, SqlitePool};
 
 use crate::BACKEND;
+use crate::clock::wall_us;
 use crate::error::{Failure, map_sqlx};
-use crate::schema::{GUARD_SCHEMA, now_us};
+use crate::schema::GUARD_SCHEMA;
 
 /// The longest resource name or job id accepted, in bytes.
 pub const MAX_NAME_LEN: usize = 512;
@@ -157,7 +158,7 @@ pub async fn check_and_advance(
     )
     .bind(resource)
     .bind(f)
-    .bind(now_us())
+    .bind(wall_us())
     .execute(&mut *conn)
     .await
     .map_err(|e| map_sqlx(e, "guard advance"))?;
@@ -210,7 +211,7 @@ pub async fn record_once(
          ON CONFLICT (job_id) DO NOTHING",
     )
     .bind(job_id)
-    .bind(now_us())
+    .bind(wall_us())
     .execute(conn)
     .await
     .map_err(|e| map_sqlx(e, "idempotency record"))?

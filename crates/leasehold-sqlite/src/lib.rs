@@ -41,9 +41,17 @@
 //! ## Schema
 //!
 //! [`SqliteStore::connect`] creates the tables if missing ([`SqliteStore::migrate`]):
-//! [`LEASES_SCHEMA`] (one row per lease key ever used: owner, fence, expiry) and
+//! [`LEASES_SCHEMA`] (one row per lease key ever used: owner, fence, boot id, expiry on
+//! that boot's `CLOCK_BOOTTIME`) and
 //! [`GUARD_SCHEMA`] (the guard and idempotency tables). Rows of the lease table are never
 //! deleted: the fence of a key must survive its leases. The database runs in WAL mode.
+//!
+//! That is file format 2. A lease table of format 1 (earlier versions: `expires_at_us` on
+//! the wall clock) is converted once by `connect`, in one write transaction: a held lease
+//! keeps the time it had left (at most 24 h) on the boot clock. An older leasehold still
+//! running on a converted file fails every operation (the column it reads is gone), so
+//! neither version ever misreads the other's expiry. Upgrade the processes of a file
+//! together.
 //!
 //! ## Operations
 //!
@@ -54,27 +62,38 @@
 //! lock; the writers of one store take turns on an async mutex (first come, first served)
 //! instead of in SQLite's busy handler, which sleeps in steps of up to 100 ms.
 //!
-//! - acquire: free, expired or missing → fence = `max(last + 1, now in µs)`, owner, expiry
-//!   = now + TTL; held by the same owner → new expiry, same fence; held by another →
-//!   `Held` with the remaining TTL.
-//! - renew / release: compare owner and expiry, then extend / clear owner and expiry
-//!   (the row and its fence stay).
-//! - break: clear owner and expiry, fence = `max(last + 1, now in µs)` — also how an
+//! - acquire: free, expired (run out, or set under another boot id) or missing → fence =
+//!   `max(last + 1, wall clock in µs)`, owner, boot id, expiry = boot clock + TTL; held by
+//!   the same owner → new expiry, same fence; held by another → `Held` with the remaining
+//!   TTL.
+//! - renew / release: compare owner, boot id and expiry, then extend / clear owner and
+//!   expiry (the row and its fence stay).
+//! - break: clear owner and expiry, fence = `max(last + 1, wall clock in µs)` — also how an
 //!   operator clears a row whose owner is corrupt.
 //! - inspect / list: a plain read (WAL readers are never blocked by the writer).
 //!
 //! A row holding something else than a leasehold lease (an owner that is not 32 hex
-//! digits, an owner without expiry, a fence ≤ 0) is [`leasehold::StoreErrorKind::Corrupt`],
-//! never treated as free.
+//! digits, an owner without boot id or expiry, an expiry more than 24 h ahead, a fence ≤ 0)
+//! is [`leasehold::StoreErrorKind::Corrupt`], never treated as free.
 //!
 //! ## Failure model
 //!
-//! - **Host clock.** Expiry is measured on the host's wall clock (`CLOCK_REALTIME`, as
-//!   SQLite's own `'now'`), read while the write lock is held. A wall-clock jump on the host
-//!   shifts every expiry: forward by an hour and every lease expires at once; back by an
-//!   hour and they last an hour longer. Holders never depend on it (their deadlines use the
-//!   monotonic clock), so a jump forward can only let a second holder in early — which the
-//!   guard catches — and a jump back only delays takeovers. Run NTP in slewing mode.
+//! - **Boot clock, not wall clock** ([`HostClock`]). Expiry is measured on the host's
+//!   `CLOCK_BOOTTIME` (suspended time included, the clock of the holder's own deadline),
+//!   tagged with the kernel's boot id, read while the write lock is held. Neither can be
+//!   stepped: a wall-clock jump changes no expiry. A lease set under another boot id has
+//!   expired (its holder died with the host). Elsewhere than Linux/Android the store falls
+//!   back to the wall clock, where a step forward expires leases early (the guard catches
+//!   the first holder's writes) and a step back delays takeovers.
+//! - **Fences floored at the wall clock**: `max(last + 1, wall clock in µs)`. The counter
+//!   keeps fences growing while commits are durable; the floor keeps them growing after an
+//!   OS crash rolled back the last commits (`synchronous=normal`), since the boot clock
+//!   restarts at zero on each boot and the wall clock is the only host clock that keeps
+//!   growing across reboots. A wall-clock step back cannot lower a fence (`last + 1`).
+//! - **One time namespace.** Every process sharing the file must read the same
+//!   `CLOCK_BOOTTIME`: processes of one host in one time namespace. A process in a time
+//!   namespace of its own with a boot-time offset (`unshare --time`, some container
+//!   runtimes) sees the same boot id but another clock: **not supported**.
 //! - **One host only.** SQLite's locking works between processes of one host on a local
 //!   file system. Do **not** put the file on a network file system (NFS, SMB, CIFS):
 //!   their locks are unreliable, and WAL needs shared memory. For several hosts use a
@@ -89,8 +108,8 @@
 //! - **Durability.** With `synchronous=full` (the default) a commit is on disk before it
 //!   returns: fences never go back ([`leasehold::FenceDurability::Durable`]). With
 //!   `synchronous=normal` an OS crash or power loss may roll back the last commits; fences
-//!   are still floored at the host clock in microseconds, so they stay above every earlier
-//!   fence unless the clock moved back by more than the outage
+//!   are still floored at the wall clock in microseconds, so they stay above every earlier
+//!   fence unless the wall clock moved back by more than the outage
 //!   ([`leasehold::FenceDurability::ClockFloored`]).
 //! - **No release notification**: waiters sleep with backoff, capped by the holder's
 //!   remaining TTL.
@@ -104,6 +123,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+mod clock;
 mod config;
 mod error;
 mod factory;
@@ -111,6 +131,7 @@ pub mod guard;
 mod schema;
 mod store;
 
+pub use clock::{HostClock, HostTime, ManualHostClock, SystemHostClock};
 pub use config::{
     DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, MAX_BUSY_TIMEOUT, MAX_CONNECTIONS, SqliteConfig,
     Synchronous,

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,9 +18,10 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Sqlite};
 
 use crate::BACKEND;
+use crate::clock::{HostClock, HostTime};
 use crate::config::{SqliteConfig, Synchronous};
 use crate::error::Failure;
-use crate::schema::{self, now_us};
+use crate::schema;
 
 /// A leasehold [`Store`] in one SQLite database file, shared by every process of one host
 /// that opens the same file.
@@ -29,8 +31,9 @@ use crate::schema::{self, now_us};
 /// `COMMIT`. An acquire first reads the row without the lock and answers `Held` at once
 /// when another owner's lease is live. Writers of one store take turns on an async mutex
 /// (first come, first served) rather than in SQLite's busy handler. Expiry is measured on
-/// the **host's wall clock**, read while the write lock is held; see the crate docs for
-/// the schema and the failure model.
+/// the host's `CLOCK_BOOTTIME` tagged with the boot id ([`HostClock`]), read while the
+/// write lock is held, never on the wall clock; see the crate docs for the schema and the
+/// failure model.
 ///
 /// Cheap to share: wrap it in an `Arc` (it is `Send + Sync`). It owns a small pool of
 /// connections; an operation that is cancelled or times out closes its connection rather
@@ -38,6 +41,7 @@ use crate::schema::{self, now_us};
 pub struct SqliteStore {
     config: SqliteConfig,
     pool: SqlitePool,
+    clock: Arc<dyn HostClock>,
     op_bound: Duration,
     /// This process's writers take turns here (FIFO) instead of in SQLite's busy handler,
     /// which sleeps in steps of up to 100 ms; other processes still meet the busy timeout.
@@ -67,18 +71,21 @@ impl Drop for Checkout {
     }
 }
 
-/// One lease row as stored.
-type RawRow = (Option<String>, i64, Option<i64>);
+/// One lease row as stored: owner, fence, boot id, expiry.
+type RawRow = (Option<String>, i64, Option<String>, Option<i64>);
+
+/// The longest TTL a store call accepts, in µs: no live lease expires further ahead.
+const MAX_TTL_US: i64 = leasehold::config::MAX_TTL.as_micros() as i64;
 
 /// What a lease row means at `now`.
 enum State {
     /// No row: the key was never used.
     Missing,
-    /// Held by `owner` until `expires_at_us`.
+    /// Held by `owner` until `expires_us` (on the current boot's clock).
     Live {
         owner: OwnerToken,
         fence: i64,
-        expires_at_us: i64,
+        expires_us: i64,
     },
     /// Released or expired; `fence` is the last fence issued.
     Free { fence: i64 },
@@ -92,47 +99,52 @@ fn corrupt(key: &str, what: impl std::fmt::Display) -> StoreError {
     )
 }
 
-fn interpret(key: &str, row: Option<RawRow>, now: i64) -> Result<State, StoreError> {
-    let Some((owner, fence, expires)) = row else {
+fn interpret(key: &str, row: Option<RawRow>, now: &HostTime) -> Result<State, StoreError> {
+    let Some((owner, fence, boot_id, expires)) = row else {
         return Ok(State::Missing);
     };
     if fence <= 0 {
         return Err(corrupt(key, format!("fence {fence} is not positive")));
     }
-    match owner {
-        None => Ok(State::Free { fence }),
-        Some(hex) => {
-            let owner = OwnerToken::from_str(&hex)
-                .map_err(|_| corrupt(key, "the owner is not 32 hex digits"))?;
-            let expires_at_us =
-                expires.ok_or_else(|| corrupt(key, "an owner without an expiry"))?;
-            if expires_at_us > now {
-                Ok(State::Live {
-                    owner,
-                    fence,
-                    expires_at_us,
-                })
-            } else {
-                Ok(State::Free { fence })
-            }
-        }
+    let Some(hex) = owner else {
+        return Ok(State::Free { fence });
+    };
+    let owner =
+        OwnerToken::from_str(&hex).map_err(|_| corrupt(key, "the owner is not 32 hex digits"))?;
+    let (Some(boot_id), Some(expires_us)) = (boot_id, expires) else {
+        return Err(corrupt(key, "an owner without an expiry"));
+    };
+    if boot_id != now.boot_id || expires_us <= now.boottime_us {
+        // Set under another boot (whose clock is gone), or run out.
+        return Ok(State::Free { fence });
     }
+    if expires_us - now.boottime_us > MAX_TTL_US {
+        return Err(corrupt(
+            key,
+            "it expires further ahead than the longest TTL (24 h)",
+        ));
+    }
+    Ok(State::Live {
+        owner,
+        fence,
+        expires_us,
+    })
 }
 
-/// `max(last + 1, now)`: the next fence, floored at the host clock in microseconds.
-fn next_fence(key: &str, last: i64, now: i64) -> Result<i64, StoreError> {
+/// `max(last + 1, floor)`: the next fence, floored at the wall clock in microseconds.
+fn next_fence(key: &str, last: i64, floor: i64) -> Result<i64, StoreError> {
     let next = last
         .checked_add(1)
         .ok_or_else(|| corrupt(key, "the fence is exhausted"))?;
-    Ok(next.max(now).max(1))
+    Ok(next.max(floor).max(1))
 }
 
 fn fence_u64(fence: i64) -> Fence {
     Fence(u64::try_from(fence).unwrap_or(0))
 }
 
-fn remaining(expires_at_us: i64, now: i64) -> Duration {
-    Duration::from_micros(u64::try_from(expires_at_us.saturating_sub(now)).unwrap_or(0))
+fn remaining(expires_us: i64, now: &HostTime) -> Duration {
+    Duration::from_micros(u64::try_from(expires_us.saturating_sub(now.boottime_us)).unwrap_or(0))
 }
 
 fn ttl_us(ttl: Duration) -> Result<i64, StoreError> {
@@ -142,7 +154,7 @@ fn ttl_us(ttl: Duration) -> Result<i64, StoreError> {
 }
 
 const SELECT_ROW: &str =
-    "SELECT owner, fence, expires_at_us FROM leasehold_leases WHERE lease_key = ?1";
+    "SELECT owner, fence, boot_id, expires_boot_us FROM leasehold_leases WHERE lease_key = ?1";
 
 async fn read_row(conn: &mut SqliteConnection, key: &str) -> Result<Option<RawRow>, Failure> {
     Ok(sqlx::query_as::<_, RawRow>(SELECT_ROW)
@@ -153,26 +165,27 @@ async fn read_row(conn: &mut SqliteConnection, key: &str) -> Result<Option<RawRo
 
 async fn acquire_tx(
     conn: &mut SqliteConnection,
+    clock: &dyn HostClock,
     key: &str,
     owner: &OwnerToken,
     ttl_us: i64,
 ) -> Result<AcquireOutcome, Failure> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    let now = now_us();
-    let expires = now.saturating_add(ttl_us);
-    let fence = match interpret(key, read_row(&mut tx, key).await?, now)? {
+    let now = clock.now()?;
+    let expires = now.boottime_us.saturating_add(ttl_us);
+    let fence = match interpret(key, read_row(&mut tx, key).await?, &now)? {
         State::Live {
             owner: holder,
             fence,
-            expires_at_us,
+            expires_us,
         } => {
             if holder != *owner {
                 tx.rollback().await?;
                 return Ok(AcquireOutcome::Held {
-                    remaining: Some(remaining(expires_at_us, now)),
+                    remaining: Some(remaining(expires_us, &now)),
                 });
             }
-            sqlx::query("UPDATE leasehold_leases SET expires_at_us = ?1 WHERE lease_key = ?2")
+            sqlx::query("UPDATE leasehold_leases SET expires_boot_us = ?1 WHERE lease_key = ?2")
                 .bind(expires)
                 .bind(key)
                 .execute(&mut *tx)
@@ -180,13 +193,14 @@ async fn acquire_tx(
             fence
         }
         State::Free { fence: last } => {
-            let fence = next_fence(key, last, now)?;
+            let fence = next_fence(key, last, clock.wall_clock_us())?;
             sqlx::query(
-                "UPDATE leasehold_leases SET owner = ?1, fence = ?2, expires_at_us = ?3 \
-                 WHERE lease_key = ?4",
+                "UPDATE leasehold_leases SET owner = ?1, fence = ?2, boot_id = ?3, \
+                 expires_boot_us = ?4 WHERE lease_key = ?5",
             )
             .bind(owner.to_hex())
             .bind(fence)
+            .bind(&now.boot_id)
             .bind(expires)
             .bind(key)
             .execute(&mut *tx)
@@ -194,14 +208,15 @@ async fn acquire_tx(
             fence
         }
         State::Missing => {
-            let fence = next_fence(key, 0, now)?;
+            let fence = next_fence(key, 0, clock.wall_clock_us())?;
             sqlx::query(
-                "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) \
-                 VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO leasehold_leases (lease_key, owner, fence, boot_id, expires_boot_us) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
             )
             .bind(key)
             .bind(owner.to_hex())
             .bind(fence)
+            .bind(&now.boot_id)
             .bind(expires)
             .execute(&mut *tx)
             .await?;
@@ -219,48 +234,55 @@ async fn acquire_tx(
 /// transaction; whether it was held.
 async fn update_own_tx(
     conn: &mut SqliteConnection,
+    clock: &dyn HostClock,
     key: &str,
     owner: &OwnerToken,
     renew_ttl_us: Option<i64>,
 ) -> Result<bool, Failure> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    let now = now_us();
+    let now = clock.now()?;
     let query = match renew_ttl_us {
         Some(ttl_us) => sqlx::query(
-            "UPDATE leasehold_leases SET expires_at_us = ?4 \
-             WHERE lease_key = ?1 AND owner = ?2 AND expires_at_us > ?3",
+            "UPDATE leasehold_leases SET expires_boot_us = ?5 \
+             WHERE lease_key = ?1 AND owner = ?2 AND boot_id = ?3 AND expires_boot_us > ?4",
         )
         .bind(key)
         .bind(owner.to_hex())
-        .bind(now)
-        .bind(now.saturating_add(ttl_us)),
+        .bind(&now.boot_id)
+        .bind(now.boottime_us)
+        .bind(now.boottime_us.saturating_add(ttl_us)),
         None => sqlx::query(
-            "UPDATE leasehold_leases SET owner = NULL, expires_at_us = NULL \
-             WHERE lease_key = ?1 AND owner = ?2 AND expires_at_us > ?3",
+            "UPDATE leasehold_leases SET owner = NULL, boot_id = NULL, expires_boot_us = NULL \
+             WHERE lease_key = ?1 AND owner = ?2 AND boot_id = ?3 AND expires_boot_us > ?4",
         )
         .bind(key)
         .bind(owner.to_hex())
-        .bind(now),
+        .bind(&now.boot_id)
+        .bind(now.boottime_us),
     };
     let done = query.execute(&mut *tx).await?.rows_affected();
     tx.commit().await?;
     Ok(done == 1)
 }
 
-async fn break_tx(conn: &mut SqliteConnection, key: &str) -> Result<Fence, Failure> {
+async fn break_tx(
+    conn: &mut SqliteConnection,
+    clock: &dyn HostClock,
+    key: &str,
+) -> Result<Fence, Failure> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    let now = now_us();
     // Only the fence matters: breaking is also how an operator clears a corrupt owner.
     let last: Option<i64> =
         sqlx::query_scalar("SELECT fence FROM leasehold_leases WHERE lease_key = ?1")
             .bind(key)
             .fetch_optional(&mut *tx)
             .await?;
-    let fence = next_fence(key, last.unwrap_or(0).max(0), now)?;
+    let fence = next_fence(key, last.unwrap_or(0).max(0), clock.wall_clock_us())?;
     sqlx::query(
-        "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) \
-         VALUES (?1, NULL, ?2, NULL) \
-         ON CONFLICT (lease_key) DO UPDATE SET owner = NULL, fence = excluded.fence, expires_at_us = NULL",
+        "INSERT INTO leasehold_leases (lease_key, owner, fence, boot_id, expires_boot_us) \
+         VALUES (?1, NULL, ?2, NULL, NULL) \
+         ON CONFLICT (lease_key) DO UPDATE SET owner = NULL, fence = excluded.fence, \
+         boot_id = NULL, expires_boot_us = NULL",
     )
     .bind(key)
     .bind(fence)
@@ -272,23 +294,74 @@ async fn break_tx(conn: &mut SqliteConnection, key: &str) -> Result<Fence, Failu
 
 async fn list_rows(
     conn: &mut SqliteConnection,
+    now: &HostTime,
     prefix: &str,
 ) -> Result<Vec<(String, RawRow)>, Failure> {
-    let now = now_us();
-    let rows: Vec<(String, Option<String>, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT lease_key, owner, fence, expires_at_us FROM leasehold_leases \
-         WHERE owner IS NOT NULL AND expires_at_us > ?1 \
-           AND substr(lease_key, 1, length(?2)) = ?2 \
+    type Row = (String, Option<String>, i64, Option<String>, Option<i64>);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT lease_key, owner, fence, boot_id, expires_boot_us FROM leasehold_leases \
+         WHERE owner IS NOT NULL AND boot_id = ?1 AND expires_boot_us > ?2 \
+           AND substr(lease_key, 1, length(?3)) = ?3 \
          ORDER BY lease_key",
     )
-    .bind(now)
+    .bind(&now.boot_id)
+    .bind(now.boottime_us)
     .bind(prefix)
     .fetch_all(conn)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(k, o, f, e)| (k, (o, f, e)))
+        .map(|(k, o, f, b, e)| (k, (o, f, b, e)))
         .collect())
+}
+
+/// The format of the lease table: `None` when it does not exist, 1 (expiry on the wall
+/// clock, `expires_at_us`), 2 (expiry on the boot clock, `boot_id` + `expires_boot_us`).
+async fn lease_table_format(conn: &mut SqliteConnection) -> Result<Option<u8>, Failure> {
+    let columns: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_table_info('leasehold_leases')")
+            .fetch_all(conn)
+            .await?;
+    let has = |c: &str| columns.iter().any(|n| n == c);
+    Ok(if columns.is_empty() {
+        None
+    } else if has("boot_id") && has("expires_boot_us") && !has("expires_at_us") {
+        Some(2)
+    } else if has("expires_at_us") && !has("boot_id") {
+        Some(1)
+    } else {
+        return Err(Failure::Store(StoreError::new(
+            StoreErrorKind::Config,
+            BACKEND,
+            format!("the table leasehold_leases has columns leasehold does not know: {columns:?}"),
+        )));
+    })
+}
+
+/// Rewrites a lease table of format 1 (expiry on the wall clock) into format 2, inside
+/// the caller's write transaction (see [`schema::CONVERT_FROM_FORMAT_1`]). The last read
+/// of the wall clock for an expiry: what a held lease had left on it carries over, at most
+/// the longest TTL. A leasehold of format 1 still running on the file then fails every
+/// operation (its column is gone): it can never misread a lease of format 2.
+async fn convert_from_format_1(
+    conn: &mut SqliteConnection,
+    clock: &dyn HostClock,
+) -> Result<(), Failure> {
+    let now = clock.now()?;
+    let wall = clock.wall_clock_us();
+    let [create, copy, drop, rename] = schema::CONVERT_FROM_FORMAT_1;
+    sqlx::raw_sql(create).execute(&mut *conn).await?;
+    sqlx::query(copy)
+        .bind(wall)
+        .bind(&now.boot_id)
+        .bind(now.boottime_us)
+        .bind(MAX_TTL_US)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::raw_sql(drop).execute(&mut *conn).await?;
+    sqlx::raw_sql(rename).execute(&mut *conn).await?;
+    tracing::info!("sqlite lease table converted to format 2 (expiry on CLOCK_BOOTTIME)");
+    Ok(())
 }
 
 /// Runs `$body` (which yields `Result<T, Failure>`) with `$conn: &mut SqliteConnection`
@@ -367,6 +440,7 @@ impl SqliteStore {
             .test_before_acquire(false)
             .connect_lazy_with(options);
         let store = Self {
+            clock: config.get_clock(),
             // A transaction waits at most the busy timeout for the lock (BEGIN IMMEDIATE),
             // and queues behind this process's other writers. Past twice the busy timeout
             // plus slack, something is wrong with the file system: give up, never hang.
@@ -402,10 +476,23 @@ impl SqliteStore {
     /// [`StoreErrorKind::Config`] when the file cannot be written, [`StoreErrorKind::Busy`]
     /// when it stays locked past the busy timeout.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        let clock = self.clock.clone();
         with_conn!(self, "migrate", write = true, |conn| async move {
-            sqlx::raw_sql(schema::LEASES_SCHEMA)
-                .execute(&mut *conn)
-                .await?;
+            // A plain read first: a file already in the current format needs no write lock
+            // (a frozen writer elsewhere must not make opening the store fail).
+            if lease_table_format(conn).await? != Some(2) {
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                match lease_table_format(&mut tx).await? {
+                    None => {
+                        sqlx::raw_sql(schema::LEASES_SCHEMA)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    Some(1) => convert_from_format_1(&mut tx, &*clock).await?,
+                    _ => {}
+                }
+                tx.commit().await?;
+            }
             crate::guard::migrate_in(conn).await
         })
     }
@@ -480,20 +567,21 @@ impl Store for SqliteStore {
             conn,
             key.as_str()
         ))?;
-        let now = now_us();
+        let now = self.clock.now()?;
         if let State::Live {
             owner: holder,
-            expires_at_us,
+            expires_us,
             ..
-        } = interpret(key.as_str(), row, now)?
+        } = interpret(key.as_str(), row, &now)?
             && holder != *owner
         {
             return Ok(AcquireOutcome::Held {
-                remaining: Some(remaining(expires_at_us, now)),
+                remaining: Some(remaining(expires_us, &now)),
             });
         }
         with_conn!(self, "acquire", write = true, |conn| acquire_tx(
             conn,
+            &*self.clock,
             key.as_str(),
             owner,
             ttl_us
@@ -509,6 +597,7 @@ impl Store for SqliteStore {
         let ttl_us = ttl_us(ttl)?;
         let held = with_conn!(self, "renew", write = true, |conn| update_own_tx(
             conn,
+            &*self.clock,
             key.as_str(),
             owner,
             Some(ttl_us)
@@ -523,6 +612,7 @@ impl Store for SqliteStore {
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         let held = with_conn!(self, "release", write = true, |conn| update_own_tx(
             conn,
+            &*self.clock,
             key.as_str(),
             owner,
             None
@@ -539,25 +629,27 @@ impl Store for SqliteStore {
             conn,
             key.as_str()
         ))?;
-        let now = now_us();
-        Ok(match interpret(key.as_str(), row, now)? {
+        let now = self.clock.now()?;
+        Ok(match interpret(key.as_str(), row, &now)? {
             State::Live {
                 owner,
                 fence,
-                expires_at_us,
+                expires_us,
             } => Some(LeaseInfo {
                 key: key.clone(),
                 owner,
                 fence: fence_u64(fence),
-                remaining: Some(remaining(expires_at_us, now)),
+                remaining: Some(remaining(expires_us, &now)),
             }),
             State::Missing | State::Free { .. } => None,
         })
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        let rows = with_conn!(self, "list", write = false, |conn| list_rows(conn, prefix))?;
-        let now = now_us();
+        let now = self.clock.now()?;
+        let rows = with_conn!(self, "list", write = false, |conn| list_rows(
+            conn, &now, prefix
+        ))?;
         let mut out = Vec::with_capacity(rows.len());
         for (name, row) in rows {
             if !name.starts_with(prefix) {
@@ -567,14 +659,14 @@ impl Store for SqliteStore {
             if let State::Live {
                 owner,
                 fence,
-                expires_at_us,
-            } = interpret(&name, Some(row), i64::MIN)?
+                expires_us,
+            } = interpret(&name, Some(row), &now)?
             {
                 out.push(LeaseInfo {
                     key,
                     owner,
                     fence: fence_u64(fence),
-                    remaining: Some(remaining(expires_at_us, now)),
+                    remaining: Some(remaining(expires_us, &now)),
                 });
             }
         }
@@ -584,6 +676,7 @@ impl Store for SqliteStore {
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         let fence = with_conn!(self, "break", write = true, |conn| break_tx(
             conn,
+            &*self.clock,
             key.as_str()
         ))?;
         tracing::info!(key = %key, %fence, "sqlite lease broken");

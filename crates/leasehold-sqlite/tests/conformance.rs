@@ -27,7 +27,8 @@ impl Faults for SqliteFaults {
     async fn forget(&self, key: &Key) {
         let mut conn = self.options.connect().await.expect("fault connection");
         sqlx::query(
-            "UPDATE leasehold_leases SET owner = NULL, expires_at_us = NULL WHERE lease_key = ?1",
+            "UPDATE leasehold_leases SET owner = NULL, boot_id = NULL, expires_boot_us = NULL \
+             WHERE lease_key = ?1",
         )
         .bind(key.as_str())
         .execute(&mut conn)

@@ -1,8 +1,9 @@
 //! Several OS processes on one SQLite file.
 //!
-//! The child processes are this test binary run again with `LEASEHOLD_SQLITE_WORKER` set:
-//! the `worker_entry` test then runs the worker named by it instead of returning at once
-//! (without the variable it is an empty test that passes).
+//! The child processes are this test binary run again with the spawning test selected and
+//! `LEASEHOLD_SQLITE_WORKER` set: that test, at its top, runs the worker named by the
+//! variable instead of its own body (see `worker` and `run_worker_if_child`). No test
+//! exists only to be a worker.
 //!
 //! - `processes_contend_exclusive_and_fences_increase`: four processes contend for one key
 //!   and write through the guard; their hold windows (stamped with `CLOCK_MONOTONIC`,
@@ -13,6 +14,11 @@
 //! - `holder_killed_is_taken_over_within_ttl` (FAULTS 3).
 //! - `writer_paused_mid_transaction_gives_bounded_busy` and
 //!   `writer_killed_mid_transaction_leaves_no_half_written_row` (FAULTS 20).
+//! - `a_wall_clock_jump_in_another_process_changes_nothing` (FAULTS 14): processes whose
+//!   wall clock is an hour ahead / behind (libfaketime) neither take a held lease nor wait
+//!   an hour for an abandoned one.
+//! - `a_holder_and_a_waiter_in_two_processes_agree_on_the_clock`: the remaining time one
+//!   process sees is the one another process's clock set, to the microsecond.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,23 +39,39 @@ const WORKER_ENV: &str = "LEASEHOLD_SQLITE_WORKER";
 const LONG: Duration = Duration::from_secs(60);
 const TTL: Duration = Duration::from_secs(2);
 
+/// `CLOCK_BOOTTIME` in µs: the clock every process of the host shares (unless it runs in
+/// a time namespace of its own).
+fn boottime_us() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).expect("clock");
+    t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000
+}
+
+/// This process's wall clock, in seconds since the Unix epoch.
+#[allow(clippy::disallowed_methods)] // to check that libfaketime moved a worker's wall clock
+fn wall_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
 fn mono_ns() -> u128 {
     let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
     t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128
 }
 
-fn worker(mode: &str, args: &[&str]) -> WorkerProcess {
+/// Starts this test binary again, running only the test `test` (the caller), as the worker
+/// `mode`: `test` must begin with `if run_worker_if_child().await { return; }`.
+fn worker(test: &str, mode: &str, args: &[&str]) -> WorkerProcess {
+    WorkerProcess::spawn(worker_command(test, mode, args))
+}
+
+fn worker_command(test: &str, mode: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args([
-        "worker_entry",
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-        "-q",
-    ])
-    .env(WORKER_ENV, mode)
-    .env("LEASEHOLD_SQLITE_ARGS", args.join("\u{1f}"));
-    WorkerProcess::spawn(cmd)
+    cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(WORKER_ENV, mode)
+        .env("LEASEHOLD_SQLITE_ARGS", args.join("\u{1f}"));
+    cmd
 }
 
 fn out(line: impl std::fmt::Display) {
@@ -72,30 +94,27 @@ async fn open(path: &Path) -> SqliteStore {
 const DATA_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS mp_writes (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, fence INTEGER NOT NULL, pid INTEGER NOT NULL)";
 
-/// Entry point of the child processes; an empty test when not a child.
-#[test]
-fn worker_entry() {
+/// In a child process started by [`worker`]: runs the worker named by `WORKER_ENV` (on the
+/// caller's runtime) and returns `true`, so that the test returns at once. In the test
+/// process itself: `false`.
+async fn run_worker_if_child() -> bool {
     let Ok(mode) = std::env::var(WORKER_ENV) else {
-        return;
+        return false;
     };
     let args: Vec<String> = std::env::var("LEASEHOLD_SQLITE_ARGS")
         .unwrap_or_default()
         .split('\u{1f}')
         .map(str::to_owned)
         .collect();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        match mode.as_str() {
-            "contend" => contend(&args).await,
-            "hold" => hold(&args).await,
-            "hold-tx" => hold_tx(&args).await,
-            other => panic!("unknown worker mode {other}"),
-        }
-    });
+    match mode.as_str() {
+        "contend" => contend(&args).await,
+        "hold" => hold(&args).await,
+        "hold-tx" => hold_tx(&args).await,
+        "probe" => probe(&args).await,
+        "grant" => grant(&args).await,
+        other => panic!("unknown worker mode {other}"),
+    }
+    true
 }
 
 fn client_config() -> LeaseConfig {
@@ -171,6 +190,51 @@ async fn hold(args: &[String]) {
     out(format_args!("release {held}"));
 }
 
+/// Prints its wall clock (`@wall <s>`); asks once for the key `args[1]` (`@first held` or
+/// `@first acquired`, and then releases it); waits for it up to `args[2]` ms through the
+/// lease client: `@acquired <fence> <CLOCK_BOOTTIME µs after the reply>` or `@timeout`.
+async fn probe(args: &[String]) {
+    out(format_args!("wall {}", wall_secs()));
+    let store = Arc::new(open(Path::new(&args[0])).await);
+    let key = Key::new(&args[1]).unwrap();
+    let wait = Duration::from_millis(args[2].parse().unwrap());
+    let owner = OwnerToken::random();
+    match store.acquire(&key, &owner, TTL).await.expect("acquire") {
+        AcquireOutcome::Held { .. } => out("first held"),
+        AcquireOutcome::Acquired { .. } => {
+            out("first acquired");
+            store.release(&key, &owner).await.expect("release");
+            return;
+        }
+    }
+    let client = LeaseClient::new(store.clone(), client_config());
+    match client.acquire(&key, wait).await {
+        Ok(lease) => {
+            let at = boottime_us();
+            out(format_args!("acquired {} {at}", lease.fence().get()));
+            lease.release().await.expect("release");
+        }
+        Err(Error::WaitTimeout { .. }) => out("timeout"),
+        Err(e) => panic!("acquire: {e}"),
+    }
+}
+
+/// Acquires the key `args[1]` once for `args[2]` ms and never renews nor releases it:
+/// `@granted <fence> <CLOCK_BOOTTIME µs before sending> <… after the reply>`.
+async fn grant(args: &[String]) {
+    let store = open(Path::new(&args[0])).await;
+    let key = Key::new(&args[1]).unwrap();
+    let ttl = Duration::from_millis(args[2].parse().unwrap());
+    let sent = boottime_us();
+    let outcome = store.acquire(&key, &OwnerToken::random(), ttl).await;
+    let replied = boottime_us();
+    let AcquireOutcome::Acquired { fence, .. } = outcome.expect("acquire") else {
+        panic!("the key is held")
+    };
+    out(format_args!("granted {} {sent} {replied}", fence.get()));
+    sleep(LONG).await;
+}
+
 /// Opens a write transaction, writes a lease row and enough filler to spill pages into the
 /// WAL, then waits (without committing) until the file `args[1]` exists, and rolls back.
 async fn hold_tx(args: &[String]) {
@@ -184,8 +248,8 @@ async fn hold_tx(args: &[String]) {
         .expect("connect");
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
     sqlx::query(
-        "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) \
-         VALUES ('f20:half-written', ?1, 999, 9000000000000000)",
+        "INSERT INTO leasehold_leases (lease_key, owner, fence, boot_id, expires_boot_us) \
+         VALUES ('f20:half-written', ?1, 999, 'x', 9000000000000000)",
     )
     .bind(OwnerToken::random().to_hex())
     .execute(&mut *tx)
@@ -228,6 +292,9 @@ fn wait_line(w: &WorkerProcess, prefix: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_contend_exclusive_and_fences_increase() {
+    if run_worker_if_child().await {
+        return;
+    }
     const PROCS: usize = 4;
     const ROUNDS: usize = 8;
     let dir = tempfile::tempdir().unwrap();
@@ -240,7 +307,13 @@ async fn processes_contend_exclusive_and_fences_increase() {
     let path_s = path.to_str().unwrap().to_owned();
     let rounds = ROUNDS.to_string();
     let workers: Vec<_> = (0..PROCS)
-        .map(|_| worker("contend", &[&path_s, &rounds]))
+        .map(|_| {
+            worker(
+                "processes_contend_exclusive_and_fences_increase",
+                "contend",
+                &[&path_s, &rounds],
+            )
+        })
         .collect();
     blocking(|| {
         for w in &workers {
@@ -306,10 +379,17 @@ async fn pause_outside_transaction(w: &WorkerProcess, path: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_paused_past_ttl_is_fenced_off() {
+    if run_worker_if_child().await {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fa.db");
     let store = Arc::new(open(&path).await);
-    let holder = worker("hold", &[path.to_str().unwrap()]);
+    let holder = worker(
+        "holder_paused_past_ttl_is_fenced_off",
+        "hold",
+        &[path.to_str().unwrap()],
+    );
     let held: u64 = field(&blocking(|| wait_line(&holder, "held")), 1);
 
     pause_outside_transaction(&holder, &path).await;
@@ -356,10 +436,17 @@ async fn holder_paused_past_ttl_is_fenced_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_killed_is_taken_over_within_ttl() {
+    if run_worker_if_child().await {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kill.db");
     let store = Arc::new(open(&path).await);
-    let holder = worker("hold", &[path.to_str().unwrap()]);
+    let holder = worker(
+        "holder_killed_is_taken_over_within_ttl",
+        "hold",
+        &[path.to_str().unwrap()],
+    );
     let held: u64 = field(&blocking(|| wait_line(&holder, "held")), 1);
     holder.kill();
     let killed_at = Instant::now();
@@ -382,11 +469,18 @@ async fn holder_killed_is_taken_over_within_ttl() {
 /// see its uncommitted row; once it rolls back the store works again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_paused_mid_transaction_gives_bounded_busy() {
+    if run_worker_if_child().await {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f20.db");
     let go = dir.path().join("go");
     let store = Arc::new(open(&path).await);
-    let child = worker("hold-tx", &[path.to_str().unwrap(), go.to_str().unwrap()]);
+    let child = worker(
+        "writer_paused_mid_transaction_gives_bounded_busy",
+        "hold-tx",
+        &[path.to_str().unwrap(), go.to_str().unwrap()],
+    );
     blocking(|| wait_line(&child, "in-tx"));
     child.pause();
 
@@ -443,11 +537,18 @@ async fn writer_paused_mid_transaction_gives_bounded_busy() {
 /// uncommitted pages already in the WAL) leaves no trace of it, and the lock is free at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_killed_mid_transaction_leaves_no_half_written_row() {
+    if run_worker_if_child().await {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f20k.db");
     let go = dir.path().join("never");
     let store = Arc::new(open(&path).await);
-    let child = worker("hold-tx", &[path.to_str().unwrap(), go.to_str().unwrap()]);
+    let child = worker(
+        "writer_killed_mid_transaction_leaves_no_half_written_row",
+        "hold-tx",
+        &[path.to_str().unwrap(), go.to_str().unwrap()],
+    );
     blocking(|| wait_line(&child, "in-tx"));
     let wal = std::fs::metadata(dir.path().join("f20k.db-wal"))
         .map(|m| m.len())
@@ -495,4 +596,146 @@ async fn writer_killed_mid_transaction_leaves_no_half_written_row() {
     let again = open(&path).await;
     assert_eq!(again.inspect(&half).await.unwrap(), None);
     assert!(store.release(&k, &owner).await.is_ok());
+}
+
+/// FAULTS 14 on SQLite: a process whose wall clock is an hour ahead still sees the lease of
+/// a process with a normal clock as held, and a process whose wall clock is an hour behind
+/// takes over an abandoned lease when its TTL has run out, not an hour later. Expiry is on
+/// `CLOCK_BOOTTIME`, which libfaketime leaves alone here (`DONT_FAKE_MONOTONIC=1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_jump_in_another_process_changes_nothing() {
+    const TEST: &str = "a_wall_clock_jump_in_another_process_changes_nothing";
+    if run_worker_if_child().await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("jump.db");
+    let path_s = path.to_str().unwrap();
+    let store = open(&path).await;
+    let held = Key::new("fj:held").unwrap();
+    let abandoned = Key::new("fj:abandoned").unwrap();
+    let short = Duration::from_secs(2);
+    // This process holds one key for a minute and abandons another one with a short TTL
+    // (neither is renewed).
+    let acquired = |o: AcquireOutcome| matches!(o, AcquireOutcome::Acquired { .. });
+    assert!(acquired(
+        store
+            .acquire(&held, &OwnerToken::random(), LONG)
+            .await
+            .unwrap()
+    ));
+    let sent = boottime_us();
+    assert!(acquired(
+        store
+            .acquire(&abandoned, &OwnerToken::random(), short)
+            .await
+            .unwrap()
+    ));
+
+    let ahead_clock = leasehold_testkit::FakeWallClock::new();
+    ahead_clock.set("+1h");
+    let mut cmd = worker_command(TEST, "probe", &[path_s, held.as_str(), "1500"]);
+    ahead_clock.apply(&mut cmd);
+    let ahead = WorkerProcess::spawn(cmd);
+    let behind_clock = leasehold_testkit::FakeWallClock::new();
+    behind_clock.set("-1h");
+    let mut cmd = worker_command(TEST, "probe", &[path_s, abandoned.as_str(), "30000"]);
+    behind_clock.apply(&mut cmd);
+    let behind = WorkerProcess::spawn(cmd);
+
+    let (ahead_lines, behind_lines) = blocking(|| {
+        let read = |w: &WorkerProcess, last: &str| {
+            let wall: u64 = field(&wait_line(w, "wall"), 1);
+            let first = wait_line(w, "first");
+            let end = if first == "first held" {
+                w.wait_for_line(|l| l.starts_with(last) || l.starts_with("@timeout"), LONG)
+                    .unwrap_or_else(|| panic!("no outcome: {:?}", w.lines()))
+                    .trim_start_matches('@')
+                    .to_owned()
+            } else {
+                first.clone()
+            };
+            assert!(w.wait_timeout(LONG).expect("exits").success());
+            (wall, first, end)
+        };
+        (read(&ahead, "@acquired"), read(&behind, "@acquired"))
+    });
+    let now = wall_secs();
+    // The fake clocks took effect: the workers' wall clocks are an hour off.
+    assert!(
+        ahead_lines.0 > now + 3000,
+        "ahead: {ahead_lines:?} (now {now})"
+    );
+    assert!(
+        behind_lines.0 + 3000 < now,
+        "behind: {behind_lines:?} (now {now})"
+    );
+    // An hour ahead: the held lease is still held, and stays so for as long as it waited.
+    assert_eq!(ahead_lines.1, "first held", "{ahead_lines:?}");
+    assert_eq!(ahead_lines.2, "timeout", "{ahead_lines:?}");
+    // An hour behind: the abandoned lease is taken over once its TTL has run out.
+    assert_eq!(behind_lines.1, "first held", "{behind_lines:?}");
+    assert!(
+        behind_lines.2.starts_with("acquired "),
+        "the abandoned lease was not taken over: {behind_lines:?}"
+    );
+    let taken_at: u64 = field(&behind_lines.2, 2);
+    assert!(
+        taken_at >= sent + short.as_micros() as u64,
+        "taken over before the TTL ran out: {taken_at} < {sent} + {short:?}"
+    );
+    let info = store.inspect(&held).await.unwrap().expect("still held");
+    assert!(info.remaining.unwrap() > Duration::ZERO);
+}
+
+/// The store's clock is one clock for every process of the host: a waiter reads the
+/// remaining time of a lease another process granted itself exactly as that process's
+/// clock set it, and takes the lease over only once it has run out on that clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_and_a_waiter_in_two_processes_agree_on_the_clock() {
+    const TEST: &str = "a_holder_and_a_waiter_in_two_processes_agree_on_the_clock";
+    if run_worker_if_child().await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agree.db");
+    let store = Arc::new(open(&path).await);
+    let key = Key::new("agree:one").unwrap();
+    let ttl = Duration::from_secs(3);
+    let ttl_us = ttl.as_micros() as u64;
+    let holder = worker(
+        TEST,
+        "grant",
+        &[path.to_str().unwrap(), key.as_str(), "3000"],
+    );
+    let granted = blocking(|| wait_line(&holder, "granted"));
+    let (fence, h_sent, h_replied): (u64, u64, u64) =
+        (field(&granted, 1), field(&granted, 2), field(&granted, 3));
+    // The holder set the expiry at some instant in [h_sent, h_replied]; this process reads
+    // the clock at some instant in [w_sent, w_replied]: the remaining time it sees lies in
+    // [h_sent + ttl - w_replied, h_replied + ttl - w_sent] (to the µs), on one clock.
+    let w_sent = boottime_us();
+    let info = store.inspect(&key).await.unwrap().expect("held");
+    let w_replied = boottime_us();
+    assert_eq!(info.fence.get(), fence);
+    let seen = info.remaining.unwrap().as_micros() as u64;
+    let (low, high) = (
+        (h_sent + ttl_us).saturating_sub(w_replied),
+        h_replied + ttl_us - w_sent,
+    );
+    assert!(
+        (low..=high + 1).contains(&seen),
+        "remaining {seen} µs outside [{low}, {high}]: the processes disagree on the clock"
+    );
+    // The waiter gets the lease only after it ran out on the holder's clock.
+    let client = LeaseClient::new(store.clone(), client_config());
+    let lease = client.acquire(&key, LONG).await.expect("taken over");
+    let taken = boottime_us();
+    assert!(lease.fence().get() > fence);
+    assert!(
+        taken >= h_sent + ttl_us,
+        "taken at {taken}, before the holder's expiry ({h_sent} + {ttl_us})"
+    );
+    assert!(holder.is_running(), "the holder neither died nor released");
+    assert!(lease.release().await.unwrap());
 }

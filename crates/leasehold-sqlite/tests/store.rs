@@ -7,7 +7,9 @@ use leasehold::{
     AcquireOutcome, FenceDurability, Key, OwnerToken, Registry, ReleaseOutcome, Store,
     StoreErrorKind,
 };
-use leasehold_sqlite::{SqliteConfig, SqliteFactory, SqliteStore, Synchronous};
+use leasehold_sqlite::{
+    HostClock, ManualHostClock, SqliteConfig, SqliteFactory, SqliteStore, Synchronous,
+};
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -18,6 +20,7 @@ fn fence_of(o: AcquireOutcome) -> u64 {
     }
 }
 
+#[allow(clippy::disallowed_methods)] // fences are floored at the wall clock: that is what is checked
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -159,26 +162,50 @@ async fn fences_are_clock_floored_and_survive_reopening() {
 #[tokio::test]
 async fn corrupt_rows_are_typed_errors_never_free() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::connect(SqliteConfig::new(dir.path().join("c.db")))
-        .await
-        .unwrap();
+    let clock = Arc::new(ManualHostClock::new());
+    let store =
+        SqliteStore::connect(SqliteConfig::new(dir.path().join("c.db")).clock(clock.clone()))
+            .await
+            .unwrap();
+    let now = clock.now().unwrap();
     let owner = OwnerToken::random();
-    for (name, row_owner, fence, expires) in [
-        ("bad:owner", Some("not-hex"), 7i64, Some(i64::MAX)),
+    let valid = "00112233445566778899aabbccddeeff";
+    let boot = Some(now.boot_id.as_str());
+    let day_us = 24 * 3_600_000_000i64;
+    for (name, row_owner, fence, boot_id, expires) in [
         (
-            "bad:no-expiry",
-            Some("00112233445566778899aabbccddeeff"),
+            "bad:owner",
+            Some("not-hex"),
+            7i64,
+            boot,
+            Some(now.boottime_us + 1_000_000),
+        ),
+        ("bad:no-expiry", Some(valid), 7, boot, None),
+        (
+            "bad:no-boot",
+            Some(valid),
             7,
             None,
+            Some(now.boottime_us + 1_000_000),
         ),
-        ("bad:fence", None, -3, None),
+        ("bad:fence", None, -3, None, None),
+        // Further ahead than any TTL: not a lease this store wrote.
+        (
+            "bad:far",
+            Some(valid),
+            7,
+            boot,
+            Some(now.boottime_us + day_us + 1),
+        ),
     ] {
         sqlx::query(
-            "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO leasehold_leases (lease_key, owner, fence, boot_id, expires_boot_us) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
         )
         .bind(name)
         .bind(row_owner)
         .bind(fence)
+        .bind(boot_id)
         .bind(expires)
         .execute(store.pool())
         .await

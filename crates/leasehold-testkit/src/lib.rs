@@ -7,6 +7,7 @@
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
 //!   line by line, pause it with `SIGSTOP`, kill it.
+//! * [`FakeWallClock`]: step the wall clock of one child process (libfaketime).
 //! * [`free_port`] / [`free_port_with_bus`].
 //!
 //! Setup failures panic with a clear message; a missing server binary panics
@@ -39,6 +40,7 @@
 #![forbid(unsafe_code)]
 
 mod cluster;
+mod faketime;
 mod mariadb;
 mod pgbouncer;
 mod port;
@@ -51,6 +53,7 @@ mod util;
 mod worker;
 
 pub use cluster::RedisCluster;
+pub use faketime::{FakeWallClock, faketime_library};
 pub use mariadb::{MariaDb, MariaDbOptions};
 pub use pgbouncer::{PgBouncer, PoolMode};
 pub use port::{free_port, free_port_with_bus};

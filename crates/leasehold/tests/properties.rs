@@ -48,28 +48,117 @@ proptest! {
         prop_assert!(b.ceiling(0) == base);
     }
 
+    /// Any mix of values, valid or not: `build` accepts exactly the configurations the
+    /// rules allow (an oracle, so a `build` that refused everything fails here), and what
+    /// it accepts leaves room to renew.
     #[test]
-    fn a_valid_configuration_always_leaves_room_to_renew(
-        ttl_ms in 0u64..(2 * 24 * 3600 * 1000),
-        renew_ms in proptest::option::of(0u64..100_000),
-        op_ms in proptest::option::of(0u64..100_000),
-        drift in -0.1f64..0.6,
+    fn a_configuration_builds_exactly_when_it_leaves_room_to_renew(
+        (ttl, renew, op, drift) in mixed_configuration(),
     ) {
-        let mut b = LeaseConfig::builder(Duration::from_millis(ttl_ms)).drift_factor(drift);
-        if let Some(r) = renew_ms {
-            b = b.renew_interval(Duration::from_millis(r));
-        }
-        if let Some(o) = op_ms {
-            b = b.op_timeout(Duration::from_millis(o));
-        }
-        if let Ok(c) = b.build() {
-            let ttl = c.ttl();
-            let spent = c.op_timeout() + c.renew_interval() + ttl.mul_f64(c.drift_factor()) + c.margin();
-            prop_assert!(spent < ttl);
-            prop_assert!(c.validity(ttl) < ttl);
-            prop_assert!(c.validity(ttl) > c.renew_interval());
+        let built = build(ttl, renew, op, drift);
+        prop_assert_eq!(built.is_ok(), allowed(ttl, renew, op, drift), "{:?}", built);
+        if let Ok(c) = built {
+            prop_assert!(leaves_room_to_renew(&c));
         }
     }
+
+    /// Configurations valid by construction (every value within its range, the budget
+    /// split so that `op + renew + drift × ttl + margin < ttl`) always build.
+    #[test]
+    fn a_valid_configuration_always_builds_and_leaves_room_to_renew(
+        ttl_ms in 10u64..=(24 * 3600 * 1000),
+        drift in 0.0f64..0.45,
+        renew_share in 0.01f64..0.6,
+        op_share in 0.01f64..0.35,
+        default_renew in any::<bool>(),
+    ) {
+        let ttl = Duration::from_millis(ttl_ms);
+        let margin = Duration::from_millis(5).min(ttl / 20);
+        // What is left once drift and margin are taken, with room for rounding.
+        let budget = ttl.saturating_sub(ttl.mul_f64(drift)).saturating_sub(margin).mul_f64(0.98);
+        let op = budget.mul_f64(op_share).max(Duration::from_nanos(1));
+        let renew = if default_renew && ttl / 3 + op < budget {
+            None
+        } else {
+            Some(budget.mul_f64(renew_share).max(Duration::from_nanos(1)))
+        };
+        let built = build(ttl, renew, Some(op), drift);
+        prop_assert!(built.is_ok(), "refused: {:?}", built);
+        prop_assert!(leaves_room_to_renew(&built.unwrap()));
+    }
+}
+
+/// The arguments of the first property: TTLs from zero to two days (half of them above
+/// the longest), optional renew intervals and timeouts up to 100 s, drift -0.1..0.6.
+fn mixed_configuration()
+-> impl Strategy<Value = (Duration, Option<Duration>, Option<Duration>, f64)> {
+    (
+        (0u64..(2 * 24 * 3600 * 1000)).prop_map(Duration::from_millis),
+        proptest::option::of((0u64..100_000).prop_map(Duration::from_millis)),
+        proptest::option::of((0u64..100_000).prop_map(Duration::from_millis)),
+        -0.1f64..0.6,
+    )
+}
+
+fn build(
+    ttl: Duration,
+    renew: Option<Duration>,
+    op: Option<Duration>,
+    drift: f64,
+) -> Result<LeaseConfig, leasehold::ConfigError> {
+    let mut b = LeaseConfig::builder(ttl).drift_factor(drift);
+    if let Some(r) = renew {
+        b = b.renew_interval(r);
+    }
+    if let Some(o) = op {
+        b = b.op_timeout(o);
+    }
+    b.build()
+}
+
+/// The rules of `LeaseConfigBuilder::build` for these four settings, written out again.
+fn allowed(ttl: Duration, renew: Option<Duration>, op: Option<Duration>, drift: f64) -> bool {
+    use leasehold::config::{MAX_TTL, MIN_TTL};
+    if !(MIN_TTL..=MAX_TTL).contains(&ttl) || !(0.0..0.5).contains(&drift) {
+        return false;
+    }
+    let renew = renew.unwrap_or(ttl / 3);
+    let op = op.unwrap_or_else(|| (ttl / 6).min(Duration::from_secs(5)));
+    let margin = Duration::from_millis(5).min(ttl / 20);
+    !renew.is_zero()
+        && renew < ttl
+        && !op.is_zero()
+        && op + renew + ttl.mul_f64(drift) + margin < ttl
+}
+
+fn leaves_room_to_renew(c: &LeaseConfig) -> bool {
+    let ttl = c.ttl();
+    let spent = c.op_timeout() + c.renew_interval() + ttl.mul_f64(c.drift_factor()) + c.margin();
+    spent < ttl && c.validity(ttl) < ttl && c.validity(ttl) > c.renew_interval()
+}
+
+/// The first property cannot pass on refusals alone: over a fixed sample of its inputs, a
+/// good share builds and a good share is refused.
+#[test]
+fn the_mixed_configurations_are_neither_all_accepted_nor_all_refused() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
+    let strategy = mixed_configuration();
+    let (mut accepted, total) = (0, 2000);
+    for _ in 0..total {
+        let (ttl, renew, op, drift) = strategy.new_tree(&mut runner).unwrap().current();
+        if build(ttl, renew, op, drift).is_ok() {
+            accepted += 1;
+        }
+    }
+    assert!(
+        (total / 10..=total * 9 / 10).contains(&accepted),
+        "{accepted} of {total} built"
+    );
 }
 
 /// Durations from zero to `Duration::MAX`, with the edges and powers of two weighted in.

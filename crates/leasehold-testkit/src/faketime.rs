@@ -1,0 +1,100 @@
+//! [`FakeWallClock`]: steps the wall clock of *one* process with libfaketime (Debian
+//! package `faketime`), never the host's.
+//!
+//! The process is started with libfaketime preloaded and `DONT_FAKE_MONOTONIC=1`, so only
+//! `CLOCK_REALTIME` (what `SystemTime::now` reads) moves: `CLOCK_MONOTONIC` and
+//! `CLOCK_BOOTTIME` stay the host's. The offset is read from a file that
+//! [`set`](FakeWallClock::set) rewrites; the process sees a change within
+//! [`FakeWallClock::PICKUP`] (libfaketime caches it for a second).
+//!
+//! libfaketime cannot start Debian's `redis-server` (jemalloc): use it on the client
+//! processes under test (Rust programs on glibc's allocator work).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Where Debian and others install the preload library.
+const CANDIDATES: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+    "/usr/local/lib/faketime/libfaketime.so.1",
+];
+
+/// The libfaketime preload library, if installed.
+pub fn faketime_library() -> Option<PathBuf> {
+    let arch_dirs = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("faketime/libfaketime.so.1"));
+    CANDIDATES
+        .iter()
+        .map(PathBuf::from)
+        .chain(arch_dirs)
+        .find(|p| p.is_file())
+}
+
+/// The wall-clock offset of the processes started through [`apply`](Self::apply).
+#[derive(Debug)]
+pub struct FakeWallClock {
+    dir: tempfile::TempDir,
+    library: PathBuf,
+}
+
+impl FakeWallClock {
+    /// How long after [`set`](Self::set) a process may still see the previous offset.
+    pub const PICKUP: Duration = Duration::from_secs(2);
+
+    /// A clock at offset `+0`.
+    ///
+    /// # Panics
+    /// "libfaketime not found: install package faketime" when the library is missing.
+    pub fn new() -> Self {
+        let library = faketime_library().expect("libfaketime not found: install package faketime");
+        let dir = tempfile::Builder::new()
+            .prefix("leasehold-faketime-")
+            .tempdir()
+            .expect("temporary directory");
+        let clock = Self { dir, library };
+        clock.set("+0");
+        clock
+    }
+
+    fn spec(&self) -> PathBuf {
+        self.dir.path().join("offset")
+    }
+
+    /// Sets the offset of the wall clock from the real one, in libfaketime's relative
+    /// syntax: `+0`, `+1h`, `-2h`, `+90m`, `-30s`.
+    pub fn set(&self, offset: &str) {
+        assert!(
+            offset.starts_with('+') || offset.starts_with('-'),
+            "a relative offset such as +1h, not {offset:?}"
+        );
+        let tmp = self.dir.path().join("offset.tmp");
+        std::fs::write(&tmp, format!("{offset}\n")).expect("write the offset");
+        std::fs::rename(&tmp, self.spec()).expect("replace the offset");
+    }
+
+    /// The preload library.
+    pub fn library(&self) -> &Path {
+        &self.library
+    }
+
+    /// Makes `cmd` run under this clock: only its wall clock is offset.
+    pub fn apply(&self, cmd: &mut Command) {
+        cmd.env("LD_PRELOAD", &self.library)
+            .env("FAKETIME_TIMESTAMP_FILE", self.spec())
+            .env("FAKETIME_CACHE_DURATION", "1")
+            .env("DONT_FAKE_MONOTONIC", "1")
+            .env_remove("FAKETIME");
+    }
+}
+
+impl Default for FakeWallClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
