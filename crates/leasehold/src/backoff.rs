@@ -77,6 +77,15 @@ mod tests {
     use rand::rngs::StdRng;
 
     #[test]
+    fn getters_return_what_was_given() {
+        let b = Backoff::new(Duration::from_millis(7), Duration::from_millis(70)).unwrap();
+        assert_eq!(
+            (b.base(), b.cap()),
+            (Duration::from_millis(7), Duration::from_millis(70))
+        );
+    }
+
+    #[test]
     fn validation() {
         assert_eq!(
             Backoff::new(Duration::ZERO, Duration::from_secs(1)),

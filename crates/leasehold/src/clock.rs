@@ -72,11 +72,7 @@ fn read_suspended_ns() -> u64 {
     let boot = clock_gettime(ClockId::CLOCK_BOOTTIME);
     let mono = clock_gettime(ClockId::CLOCK_MONOTONIC);
     match (boot, mono) {
-        (Ok(b), Ok(m)) => {
-            let b = Duration::from(b);
-            let m = Duration::from(m);
-            u64::try_from(b.saturating_sub(m).as_nanos()).unwrap_or(u64::MAX)
-        }
+        (Ok(b), Ok(m)) => suspended_ns(b.into(), m.into()),
         _ => 0,
     }
 }
@@ -84,6 +80,12 @@ fn read_suspended_ns() -> u64 {
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn read_suspended_ns() -> u64 {
     0
+}
+
+/// The suspended time, in ns, from a `CLOCK_BOOTTIME` and a `CLOCK_MONOTONIC` reading:
+/// their difference, zero if the readings came out in the other order.
+fn suspended_ns(boot: Duration, mono: Duration) -> u64 {
+    u64::try_from(boot.saturating_sub(mono).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A clock for tests: [`suspend`](Self::suspend) moves the lease clock forward without
@@ -180,6 +182,21 @@ mod tests {
             assert!(s >= last);
             last = s;
         }
+    }
+
+    #[test]
+    fn suspended_time_is_boottime_minus_monotonic() {
+        let s = Duration::from_secs;
+        assert_eq!(suspended_ns(s(10), s(7)), 3_000_000_000);
+        assert_eq!(suspended_ns(s(7), s(10)), 0);
+        assert_eq!(suspended_ns(Duration::MAX, Duration::ZERO), u64::MAX);
+    }
+
+    #[test]
+    fn far_means_a_century() {
+        let t = Instant::now();
+        let far = saturating_add(t, Duration::MAX) - t;
+        assert_eq!(far, Duration::from_secs(100 * 365 * 24 * 60 * 60));
     }
 
     #[test]

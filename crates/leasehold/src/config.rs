@@ -346,6 +346,51 @@ mod tests {
     }
 
     #[test]
+    fn the_ttl_range_is_10_ms_to_24_h() {
+        assert_eq!(MAX_TTL, Duration::from_secs(86_400));
+        assert!(LeaseConfig::new(Duration::from_secs(86_400)).is_ok());
+        assert!(matches!(
+            LeaseConfig::new(Duration::from_secs(86_400) + Duration::from_millis(1)),
+            Err(ConfigError::TtlTooLong(_))
+        ));
+        assert_eq!(MIN_TTL, Duration::from_millis(10));
+    }
+
+    #[test]
+    fn every_setting_is_kept() {
+        let backoff = Backoff::new(Duration::from_millis(3), Duration::from_millis(9)).unwrap();
+        let c = LeaseConfig::builder(10 * S)
+            .renew_interval(2 * S)
+            .op_timeout(S)
+            .drift_factor(0.02)
+            .margin(Duration::from_millis(7))
+            .renew_failures_before_lost(4)
+            .max_hold(60 * S)
+            .max_renewals(9)
+            .backoff(backoff)
+            .ambiguous_retries(5)
+            .watchdog_thread(false)
+            .build()
+            .unwrap();
+        assert_eq!(c.ttl(), 10 * S);
+        assert_eq!(c.renew_interval(), 2 * S);
+        assert_eq!(c.op_timeout(), S);
+        assert_eq!(c.drift_factor(), 0.02);
+        assert_eq!(c.margin(), Duration::from_millis(7));
+        assert_eq!(c.renew_failures_before_lost(), 4);
+        assert_eq!(c.max_hold(), Some(60 * S));
+        assert_eq!(c.max_renewals(), Some(9));
+        assert_eq!(c.backoff(), backoff);
+        assert_eq!(c.ambiguous_retries(), 5);
+        assert!(!c.watchdog_thread());
+        let d = LeaseConfig::new(10 * S).unwrap();
+        assert_eq!(d.ambiguous_retries(), 2);
+        assert!(d.watchdog_thread());
+        assert_eq!(d.max_hold(), None);
+        assert_eq!(d.max_renewals(), None);
+    }
+
+    #[test]
     fn rules() {
         assert_eq!(
             LeaseConfig::new(Duration::ZERO),

@@ -34,10 +34,10 @@ async fn shutdown_stops_the_work_then_releases_each_lease() {
     for i in 0..3 {
         let lease = c.try_acquire(key(i)).await.unwrap();
         workers.push(tokio::spawn(async move {
-            // The work runs until the lease is lost; then it rolls back (100 ms) and lets
-            // go of the lease.
+            // The work runs until the lease is lost; then it rolls back (100, 200 and
+            // 300 ms) and lets go of the lease.
             let res = lease.run(sleep(3600 * S)).await;
-            sleep(100 * MS).await;
+            sleep(100 * MS * (i as u32 + 1)).await;
             drop(lease);
             res
         }));
@@ -47,8 +47,8 @@ async fn shutdown_stops_the_work_then_releases_each_lease() {
     let report = c.shutdown(10 * S).await;
     assert_eq!(
         Instant::now() - t0,
-        100 * MS,
-        "returns once the work stopped"
+        300 * MS,
+        "returns once the last work stopped"
     );
     assert_eq!(report.held, 3);
     assert_eq!(report.still_held, 0);

@@ -33,6 +33,8 @@ enum Fault {
     AcquireAppliedThenHang,
     /// Acquires are applied at once but their reply takes this long.
     SlowAcquire(Duration),
+    /// Acquires fail at once with an error of this kind (nothing applied).
+    AcquireError(StoreErrorKind),
     /// Acquires are applied at once but their reply takes the first duration, and every
     /// renewal (applied at once) answers after the second.
     SlowAcquireThenSlowRenew(Duration, Duration),
@@ -113,6 +115,9 @@ impl Store for Scripted {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         self.log("acquire", owner);
+        if let Fault::AcquireError(kind) = self.fault() {
+            return Err(StoreError::new(kind, "scripted", "injected"));
+        }
         let out = self.inner.acquire(key, owner, ttl).await?;
         match self.fault() {
             Fault::AcquireAppliedThenAmbiguous => {
@@ -785,4 +790,49 @@ async fn the_observer_sees_every_renewal_and_whether_it_was_accepted() {
         !events.iter().any(|e| e.0 == RenewalPhase::Accepted && e.2),
         "accepted after lost"
     );
+}
+
+/// A waiting acquire retries retryable store errors (with backoff) until its deadline,
+/// then returns the last error, exactly at the deadline; a non-retryable error is
+/// returned at once.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_acquire_retries_retryable_errors_until_its_deadline_only() {
+    let store = Scripted::default();
+    store.set(Fault::AcquireError(StoreErrorKind::Unavailable));
+    let c = client(&store, config(3 * S).build().unwrap());
+    let t0 = Instant::now();
+    let err = c.acquire(key(), 5 * S).await.unwrap_err();
+    assert_eq!(
+        Instant::now() - t0,
+        5 * S,
+        "gives up exactly at the deadline"
+    );
+    assert_eq!(
+        err.store_error().map(|e| e.kind()),
+        Some(StoreErrorKind::Unavailable)
+    );
+    assert!(store.count("acquire") >= 3, "{}", store.count("acquire"));
+
+    let store = Scripted::default();
+    store.set(Fault::AcquireError(StoreErrorKind::Config));
+    let c = client(&store, config(3 * S).build().unwrap());
+    let t0 = Instant::now();
+    let err = c.acquire(key(), 5 * S).await.unwrap_err();
+    assert_eq!(Instant::now(), t0, "a configuration error is not retried");
+    assert_eq!(store.count("acquire"), 1);
+    assert_eq!(
+        err.store_error().map(|e| e.kind()),
+        Some(StoreErrorKind::Config)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn debug_output_names_the_client_and_its_store() {
+    let store = Scripted::default();
+    let cfg = config(3 * S).build().unwrap();
+    let b = LeaseClient::builder(Arc::new(store.clone()), cfg.clone());
+    assert!(format!("{b:?}").contains("LeaseClientBuilder"));
+    let c = client(&store, cfg);
+    let s = format!("{c:?}");
+    assert!(s.contains("LeaseClient") && s.contains("Scripted"), "{s}");
 }
