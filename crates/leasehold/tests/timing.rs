@@ -549,8 +549,20 @@ async fn run_cancels_work_when_the_lease_is_lost() {
         "{res:?}"
     );
     assert!(token.is_cancelled());
-    // Work on a lost lease does not even start.
-    assert!(lease.run(async { unreachable!() }).await.is_err());
+    // Work on a lost lease does not even start, and the error keeps the reason.
+    assert!(matches!(
+        lease.run(async { unreachable!() }).await,
+        Err(Error::LeaseLost(LostReason::NotOwner))
+    ));
+    assert!(matches!(
+        lease.ensure_valid(),
+        Err(Error::LeaseLost(LostReason::NotOwner))
+    ));
+    let debug = format!("{lease:?} {:?}", lease.lost());
+    assert!(
+        debug.contains("job:timing") && debug.contains("NotOwner"),
+        "{debug}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -835,4 +847,36 @@ async fn debug_output_names_the_client_and_its_store() {
     let c = client(&store, cfg);
     let s = format!("{c:?}");
     assert!(s.contains("LeaseClient") && s.contains("Scripted"), "{s}");
+}
+
+#[test]
+fn lost_reasons_say_what_happened() {
+    let cases = [
+        (
+            LostReason::NotOwner,
+            "not_owner",
+            "no longer lists this owner",
+        ),
+        (
+            LostReason::RenewFailed { attempts: 3 },
+            "renew_failed",
+            "3 consecutive renewals failed",
+        ),
+        (LostReason::Expired, "expired", "deadline passed"),
+        (
+            LostReason::MaxHoldExceeded,
+            "max_hold_exceeded",
+            "maximum hold",
+        ),
+        (
+            LostReason::StoreUnavailable,
+            "store_unavailable",
+            "unreachable",
+        ),
+        (LostReason::Shutdown, "shutdown", "shutting down"),
+    ];
+    for (reason, label, text) in cases {
+        assert_eq!(reason.as_str(), label);
+        assert!(reason.to_string().contains(text), "{reason}");
+    }
 }
