@@ -17,4 +17,5 @@ async fn open(url: String) -> Arc<dyn leasehold::Store> {
 }
 
 leasehold_conformance::conformance_suite!(fixture);
+leasehold_conformance::fault_suite!(fixture);
 leasehold_conformance::holder_process!(open);

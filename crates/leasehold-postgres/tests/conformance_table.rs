@@ -68,4 +68,5 @@ async fn fixture() -> Fixture {
 }
 
 leasehold_conformance::conformance_suite!(fixture);
+leasehold_conformance::fault_suite!(fixture);
 leasehold_conformance::holder_process!(open);
