@@ -29,11 +29,20 @@
 //! without a storage-side guard declares [`GuardSupport::Absent`]; a store that lives in
 //! one process's memory declares [`OtherProcesses::ThisProcessOnly`], and its capabilities
 //! must then say its fences die with the process. An undeclared extra fails its case.
+//! Session-bound stores (advisory locks, `GET_LOCK`) are held to what their capability
+//! says: the `kill -9` case lets them free the lease when the session ends, and the fault
+//! cases let a cut, reset or unreachable session end its lease (never claim it is still
+//! held).
 //!
 //! The suite proves it can fail: `tests/broken_stores.rs` runs each case against stores
 //! with one deliberate flaw each (a racy read-then-write acquire, a renew that does
 //! nothing, an inspect that lies, …) and checks, from a hand-written table, that every
-//! case fails on at least one of them, at the assertion that guards against that flaw.
+//! case fails on at least one of them, at the assertion that guards against that flaw
+//! (a failure for any other reason, such as a setup panic, does not count).
+//!
+//! [`fault_store::FaultStore`] wraps any store to inject a lost reply or a hung call after
+//! (or instead of) applying it; the ambiguous-reply case uses it, so it runs on every
+//! backend without a proxy.
 #![forbid(unsafe_code)]
 
 use std::any::Any;
