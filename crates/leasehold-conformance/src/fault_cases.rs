@@ -440,9 +440,12 @@ pub async fn row_06_slow_replies_shorten_validity_and_too_slow_fails(fx: &Fixtur
     );
     assert!(lease.release().await.unwrap(), "slow replies: release");
 
-    // Slower than the TTL: the lease client and a raw call both give up.
+    // Slower than the TTL (half the fixture's, to keep the case short): the lease client
+    // (default configuration) and a raw call both give up.
+    let short = ttl / 2;
+    let client = LeaseClient::new(fx.store.clone(), LeaseConfig::new(short).expect("config"));
     let (k2, k3) = (key("too-slow"), key("too-slow-raw"));
-    let big = ttl * 3 / 2;
+    let big = short * 3 / 2;
     net.set_mode(ProxyMode::Delay(big));
     let r = client.try_acquire(&k2).await;
     assert!(
@@ -450,18 +453,14 @@ pub async fn row_06_slow_replies_shorten_validity_and_too_slow_fails(fx: &Fixtur
         "slow replies: an acquire slower than its TTL must fail, got {:?}",
         r.map(|l| l.fence())
     );
-    let raw = timeout(
-        cfg.op_timeout(),
-        fx.store.acquire(&k3, &OwnerToken::random(), ttl),
-    )
-    .await;
+    let raw = timeout(short, fx.store.acquire(&k3, &OwnerToken::random(), short)).await;
     assert!(
         !matches!(raw, Ok(Ok(_))),
         "slow replies: a raw acquire answered through a link slower than the TTL: {raw:?}"
     );
     net.set_mode(ProxyMode::Pass);
     // Held bytes arrive within `big`; a late grant lives a TTL; then it must be gone.
-    sleep(ttl * 3).await;
+    sleep(short * 3).await;
     for k in [&k2, &k3] {
         let left = direct_inspect(fx, k).await;
         assert_eq!(
@@ -485,16 +484,18 @@ pub async fn row_07_blackhole_no_answer_and_recovery(fx: &Fixture) {
     let caps = fx.store.capabilities();
     let k = key("blackhole");
     let owner = OwnerToken::random();
-    let long = fx.ttl * 6;
+    let limit = match net.op_bound {
+        Some(b) => b + Duration::from_secs(2),
+        None => fx.ttl,
+    };
+    // Outlives the blackhole: every call below ends within `limit`, the waiting acquire
+    // within 2 × TTL.
+    let long = fx.ttl * 3 + limit + Duration::from_secs(2);
     fence_of(
         "setup",
         until_ok(fx, "setup acquire", || fx.store.acquire(&k, &owner, long)).await,
     );
     net.set_mode(ProxyMode::Blackhole);
-    let limit = match net.op_bound {
-        Some(b) => b + Duration::from_secs(2),
-        None => fx.ttl,
-    };
     /// What a call through the blackhole may answer: nothing, an error, or — for the
     /// renewal and the release of a session-bound store, which ends the session it
     /// cannot reach and the lease with it — `NotOwner`.
@@ -751,8 +752,8 @@ pub async fn row_24_cancelled_acquires_leave_nothing_behind(fx: &Fixture) {
         .build()
         .expect("config");
     let client = LeaseClient::new(fx.store.clone(), cfg);
-    let keys: Vec<Key> = (0..10).map(|i| key(&format!("cancel-{i}"))).collect();
-    let delay = Duration::from_millis(15);
+    let keys: Vec<Key> = (0..20).map(|i| key(&format!("cancel-{i}"))).collect();
+    let delay = Duration::from_millis(5);
     net.set_mode(ProxyMode::Delay(delay));
     // How long one acquire takes through the slow link, once connected.
     let mut span = Duration::MAX;
@@ -768,9 +769,9 @@ pub async fn row_24_cancelled_acquires_leave_nothing_behind(fx: &Fixture) {
     }
     let span = span.max(delay * 2);
     let mut cancelled = 0;
-    for i in 0..60u32 {
+    for i in 0..40u32 {
         let k = keys[i as usize % keys.len()].clone();
-        let cut = span * (i % 16) / 5; // from 0 to 3 × an acquire
+        let cut = span * (i % 16) / 6; // from 0 to 2.5 × an acquire
         let (store, client) = (fx.store.clone(), client.clone());
         let r = if i % 2 == 0 {
             timeout(cut, async move { client.try_acquire(k).await.map(drop) }).await
@@ -788,9 +789,10 @@ pub async fn row_24_cancelled_acquires_leave_nothing_behind(fx: &Fixture) {
             cancelled += 1;
         }
     }
+    eprintln!("cancelled acquires: {cancelled} of 40 cut in flight (an acquire takes {span:?})");
     assert!(
-        cancelled > 10,
-        "setup: too few cancellations to mean anything: {cancelled}"
+        cancelled >= 8,
+        "setup: too few cancellations (of 40) to mean anything: {cancelled}"
     );
     net.set_mode(ProxyMode::Pass);
     sleep(ttl * 3).await;
