@@ -19,8 +19,8 @@ use async_trait::async_trait;
 use futures::FutureExt;
 use leasehold::memory::{MemoryStore, Unreachable};
 use leasehold::{
-    AcquireOutcome, Capabilities, Fence, Key, LeaseInfo, OwnerToken, ReleaseOutcome, RenewOutcome,
-    Store, StoreError,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError,
 };
 use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, Network};
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
@@ -63,10 +63,15 @@ enum Flaw {
     /// Each call is given 200 ms; a call that fails or takes longer is answered with a guess
     /// ("free", "not yours") instead of an error.
     GuessesWhenUnreachable,
+    /// The fixture declares neither a guard (nor its absence) nor whether other processes
+    /// can open the store: the cases that need them must fail, not skip.
+    Undeclared,
+    /// The capabilities claim durable fences for a store in process memory.
+    ClaimsDurableFences,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 14] = [
+    const ALL: [Flaw; 16] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -81,6 +86,8 @@ impl Flaw {
         Flaw::GuardIgnoresFence,
         Flaw::ExpiresEarly,
         Flaw::GuessesWhenUnreachable,
+        Flaw::Undeclared,
+        Flaw::ClaimsDurableFences,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -198,7 +205,11 @@ impl Store for Broken {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        if self.flaw == Flaw::ClaimsDurableFences {
+            caps.fence_durability = FenceDurability::Durable;
+        }
+        caps
     }
 
     async fn acquire(
@@ -383,13 +394,15 @@ fn memory_fixture(flaw: Flaw) -> Fixture {
         ignores_fence: flaw == Flaw::GuardIgnoresFence,
         ..MemoryGuard::default()
     };
-    Fixture::new(
+    let fx = Fixture::new(
         Arc::new(Broken::new(Arc::new(inner.clone()), flaw)),
         Arc::new(MemoryFaults(inner)),
         Duration::from_millis(600),
-    )
-    .guard(Arc::new(guard))
-    .this_process_only()
+    );
+    if flaw == Flaw::Undeclared {
+        return fx;
+    }
+    fx.guard(Arc::new(guard)).this_process_only()
 }
 
 /// The fault hooks of the Redis-backed fixture: none of the cases run on it uses them.
@@ -653,6 +666,24 @@ const KILLS: &[Kill] = &[
         "not taken over within",
     ),
     kill(
+        "stale_writer_rejected_by_guard",
+        Undeclared,
+        Memory,
+        "the fixture must declare its storage-side guard",
+    ),
+    kill(
+        "holder_killed_is_taken_over_after_its_ttl",
+        Undeclared,
+        Memory,
+        "the fixture must declare whether another process can open its store",
+    ),
+    kill(
+        "holder_killed_is_taken_over_after_its_ttl",
+        ClaimsDurableFences,
+        Memory,
+        "must say its fences live in process memory",
+    ),
+    kill(
         "bad_input_gets_typed_errors",
         AcceptsAnyTtl,
         Memory,
@@ -795,6 +826,8 @@ flaw_tests! {
     guard_that_ignores_fences_is_caught: GuardIgnoresFence,
     early_expiry_is_caught: ExpiresEarly,
     guessing_when_unreachable_is_caught: GuessesWhenUnreachable,
+    undeclared_extras_are_caught: Undeclared,
+    fences_claimed_durable_are_caught: ClaimsDurableFences,
 }
 
 #[test]
