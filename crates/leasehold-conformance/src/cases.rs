@@ -1,16 +1,21 @@
 //! The cases. Each takes a [`Fixture`], panics on failure, and uses its own keys.
+//!
+//! Each assertion's message says what went wrong in words that the broken-store tests
+//! look for (`tests/broken_stores.rs`): change one and change its entry there.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::{
-    AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken,
-    ReleaseOutcome, RenewOutcome, StoreErrorKind,
+    AcquireOutcome, Error, Fence, FenceDurability, Key, LeaseClient, LeaseConfig, LostReason,
+    OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::Fixture;
+use crate::fault_store::{FaultStore, Injection, Op, Swallowed};
+use crate::holder::Holder;
+use crate::{Fixture, GuardSupport, OtherProcesses};
 
 fn key(name: &str) -> Key {
     Key::new(format!("conformance:{name}")).expect("valid key")
@@ -104,31 +109,60 @@ pub async fn concurrent_contenders_exclusive_and_fences_increase(fx: &Fixture) {
     let client = LeaseClient::new(fx.store.clone(), config);
     let holders = Arc::new(AtomicUsize::new(0));
     let grants = Arc::new(Mutex::new(Vec::<Fence>::new()));
+    // Violations are collected, not asserted in the tasks, so that the failure says which
+    // rule broke first ("two holders at once" before anything it causes).
+    let violations = Arc::new(Mutex::new(Vec::<String>::new()));
     let mut tasks = Vec::new();
     for _ in 0..N {
-        let (client, k, holders, grants) =
-            (client.clone(), k.clone(), holders.clone(), grants.clone());
+        let (client, k, holders, grants, violations) = (
+            client.clone(),
+            k.clone(),
+            holders.clone(),
+            grants.clone(),
+            violations.clone(),
+        );
         let wait = fx.ttl * 60;
         tasks.push(tokio::spawn(async move {
-            let lease = client
-                .acquire(&k, wait)
-                .await
-                .expect("every contender gets a turn");
+            let lease = match client.acquire(&k, wait).await {
+                Ok(lease) => lease,
+                Err(e) => {
+                    violations
+                        .lock()
+                        .unwrap()
+                        .push(format!("a contender got no turn: {e}"));
+                    return;
+                }
+            };
             let before = holders.fetch_add(1, Ordering::SeqCst);
-            assert_eq!(before, 0, "two holders at once");
+            if before != 0 {
+                violations
+                    .lock()
+                    .unwrap()
+                    .push(format!("two holders at once ({} others)", before));
+            }
             grants.lock().unwrap().push(lease.fence());
-            assert!(lease.is_valid(), "lease valid while held");
+            if !lease.is_valid() {
+                violations
+                    .lock()
+                    .unwrap()
+                    .push("lease invalid while held".into());
+            }
             sleep(Duration::from_millis(2)).await;
             holders.fetch_sub(1, Ordering::SeqCst);
-            assert!(
-                lease.release().await.expect("release"),
-                "lease still held at release"
-            );
+            match lease.release().await {
+                Ok(true) => {}
+                other => violations
+                    .lock()
+                    .unwrap()
+                    .push(format!("lease not held at its release: {other:?}")),
+            }
         }));
     }
     for t in tasks {
         t.await.expect("contender task");
     }
+    let violations = violations.lock().unwrap();
+    assert!(violations.is_empty(), "exclusion violated: {violations:?}");
     let grants = grants.lock().unwrap();
     assert_eq!(grants.len(), N);
     for w in grants.windows(2) {
@@ -147,7 +181,10 @@ pub async fn same_owner_reacquire_returns_same_fence(fx: &Fixture) {
     let f1 = fence_of(acquire_raw(fx, &k, &owner, fx.ttl).await);
     sleep(fx.ttl / 2).await;
     let f2 = fence_of(acquire_raw(fx, &k, &owner, fx.ttl).await);
-    assert_eq!(f1, f2, "same owner re-acquire must return the same fence");
+    assert_eq!(
+        f1, f2,
+        "same owner re-acquire must return the same fence (a retry after an ambiguous reply)"
+    );
     sleep(fx.ttl * 3 / 4).await;
     let info = fx
         .store
@@ -207,11 +244,13 @@ pub async fn late_release_leaves_new_owner_intact(fx: &Fixture) {
     let fb = fence_of(acquire_raw(fx, &k, &b, fx.ttl).await);
     assert_eq!(
         fx.store.release(&k, &a).await.unwrap(),
-        ReleaseOutcome::NotOwner
+        ReleaseOutcome::NotOwner,
+        "a late release by the old owner must find nothing"
     );
     assert_eq!(
         fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
-        RenewOutcome::NotOwner
+        RenewOutcome::NotOwner,
+        "a late renewal by the old owner must find nothing"
     );
     let info = fx.store.inspect(&k).await.unwrap().expect("B still holds");
     assert_eq!(
@@ -230,21 +269,31 @@ pub async fn only_owner_renews_or_releases(fx: &Fixture) {
     let b = OwnerToken::random();
     assert_eq!(
         fx.store.renew(&k, &b, fx.ttl).await.unwrap(),
-        RenewOutcome::NotOwner
+        RenewOutcome::NotOwner,
+        "only the owner may renew"
     );
     assert_eq!(
         fx.store.release(&k, &b).await.unwrap(),
-        ReleaseOutcome::NotOwner
+        ReleaseOutcome::NotOwner,
+        "only the owner may release"
     );
     let info = fx.store.inspect(&k).await.unwrap().expect("A still holds");
-    assert_eq!((info.owner, info.fence), (a, fa));
-    assert!(matches!(
-        fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
-        RenewOutcome::Renewed { .. }
-    ));
+    assert_eq!(
+        (info.owner, info.fence),
+        (a, fa),
+        "another owner's calls touched the lease"
+    );
+    assert!(
+        matches!(
+            fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
+            RenewOutcome::Renewed { .. }
+        ),
+        "the owner's renewal must succeed"
+    );
     assert_eq!(
         fx.store.release(&k, &a).await.unwrap(),
-        ReleaseOutcome::Released
+        ReleaseOutcome::Released,
+        "the owner's release must succeed"
     );
     assert_eq!(
         fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
@@ -262,10 +311,13 @@ pub async fn renew_extends_ttl(fx: &Fixture) {
     let fa = fence_of(acquire_raw(fx, &k, &a, short).await);
     for _ in 0..3 {
         sleep(short / 2).await;
-        assert!(matches!(
-            fx.store.renew(&k, &a, short).await.unwrap(),
-            RenewOutcome::Renewed { .. }
-        ));
+        assert!(
+            matches!(
+                fx.store.renew(&k, &a, short).await.unwrap(),
+                RenewOutcome::Renewed { .. }
+            ),
+            "the owner's renewal of a live lease must succeed"
+        );
     }
     // 1.5 × the TTL has passed since the acquire: only renewals kept it.
     let info = fx
@@ -286,7 +338,11 @@ pub async fn renew_extends_ttl(fx: &Fixture) {
 /// key.
 pub async fn inspect_reports_holder(fx: &Fixture) {
     let k = key("inspect");
-    assert_eq!(fx.store.inspect(&k).await.unwrap(), None);
+    assert_eq!(
+        fx.store.inspect(&k).await.unwrap(),
+        None,
+        "inspect reports a lease on a key never acquired"
+    );
     let a = OwnerToken::random();
     let fa = fence_of(acquire_raw(fx, &k, &a, fx.ttl).await);
     let info = fx.store.inspect(&k).await.unwrap().expect("held");
@@ -298,7 +354,15 @@ pub async fn inspect_reports_holder(fx: &Fixture) {
             .expect("store claims to report remaining TTL");
         assert!(r <= fx.ttl && r > Duration::ZERO, "remaining {r:?}");
     }
-    fx.store.release(&k, &a).await.unwrap();
+    assert_eq!(
+        fx.store.release(&k, &a).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        fx.store.inspect(&k).await.unwrap(),
+        None,
+        "inspect reports a released lease"
+    );
 }
 
 /// Bounded renewal: past `max_hold` the heartbeat stops and the lease is lost with
@@ -351,7 +415,12 @@ pub async fn lost_within_one_renew_interval_after_forget(fx: &Fixture) {
     ));
     // Someone else can take it, with a higher fence.
     let next = client.try_acquire(&k).await.expect("forgotten key is free");
-    assert!(next.fence() > lease.fence());
+    assert!(
+        next.fence() > lease.fence(),
+        "the next grant's fence {} must be above the forgotten lease's {}",
+        next.fence(),
+        lease.fence()
+    );
     assert!(!lease.release().await.unwrap());
     next.release().await.unwrap();
 }
@@ -410,7 +479,11 @@ pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
         .expect("waiter acquires soon after release")
         .unwrap()
         .expect("waiter acquires");
-    assert!(lease.fence() > fa);
+    assert!(
+        lease.fence() > fa,
+        "the waiter's fence {} must be above the released holder's {fa}",
+        lease.fence()
+    );
     // A wait that runs out reports WaitTimeout.
     let short = fx.ttl / 5;
     match client.acquire(&k, short).await {
@@ -444,7 +517,7 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
     ] {
         match fx.store.acquire(&k, &owner, ttl).await {
             Err(e) => assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "ttl {ttl:?}: {e}"),
-            Ok(o) => panic!("ttl {ttl:?} accepted: {o:?}"),
+            Ok(o) => panic!("a bad ttl was accepted by acquire: {ttl:?} -> {o:?}"),
         }
         match fx.store.renew(&k, &owner, ttl).await {
             Err(e) => assert_eq!(
@@ -452,7 +525,7 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
                 StoreErrorKind::InvalidInput,
                 "renew ttl {ttl:?}: {e}"
             ),
-            Ok(o) => panic!("renew ttl {ttl:?} accepted: {o:?}"),
+            Ok(o) => panic!("a bad ttl was accepted by renew: {ttl:?} -> {o:?}"),
         }
     }
     assert_eq!(
@@ -601,4 +674,235 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
         }
     }
     fx.store.release(&other, &c).await.unwrap();
+}
+
+/// A renewal by an owner whose own lease expired (and nobody else took it) is refused: a
+/// renewal extends a live lease, it never grants a new one (the holder would believe it
+/// held the lease without a break while another owner could have held it meanwhile).
+pub async fn renewal_after_own_expiry_is_refused(fx: &Fixture) {
+    let k = key("renew-after-expiry");
+    let short = fx.ttl / 4;
+    let a = OwnerToken::random();
+    let fa = fence_of(acquire_raw(fx, &k, &a, short).await);
+    sleep(short + slack(fx)).await;
+    assert_eq!(
+        fx.store.inspect(&k).await.unwrap(),
+        None,
+        "an expired lease must be free"
+    );
+    assert_eq!(
+        fx.store.renew(&k, &a, fx.ttl).await.unwrap(),
+        RenewOutcome::NotOwner,
+        "a renewal after the owner's own lease expired must be refused"
+    );
+    assert_eq!(
+        fx.store.inspect(&k).await.unwrap(),
+        None,
+        "a refused renewal must not resurrect the lease"
+    );
+    let b = OwnerToken::random();
+    let fb = fence_of(acquire_raw(fx, &k, &b, fx.ttl).await);
+    assert!(fb > fa, "fence {fb} after expiry is not above {fa}");
+    fx.store.release(&k, &b).await.unwrap();
+}
+
+/// The fence of the grant a swallowed acquire reply carried.
+fn swallowed_grant(fs: &FaultStore) -> Fence {
+    match fs.take_swallowed().as_slice() {
+        [Swallowed::Acquire(Ok(AcquireOutcome::Acquired { fence, .. }))] => *fence,
+        other => panic!("setup: the injected acquire was not granted: {other:?}"),
+    }
+}
+
+/// An acquire applied by the store whose reply is lost (injected with [`FaultStore`]):
+/// the retry with the same owner returns the same lease and fence, the client's own retry
+/// does the same, and nothing is left behind.
+pub async fn ambiguous_acquire_reply_returns_same_lease(fx: &Fixture) {
+    let k = key("ambiguous");
+    let fs = Arc::new(FaultStore::new(fx.store.clone()));
+    // The store call itself: the reply is lost after the grant.
+    let owner = OwnerToken::random();
+    fs.inject(Op::Acquire, Injection::AmbiguousAfterApply);
+    let err = fs
+        .acquire(&k, &owner, fx.ttl)
+        .await
+        .expect_err("setup: the injected acquire fails");
+    assert!(err.is_ambiguous(), "setup: {err}");
+    let lost = swallowed_grant(&fs);
+    let retried = fence_of(acquire_raw(fx, &k, &owner, fx.ttl).await);
+    assert_eq!(
+        retried, lost,
+        "ambiguous reply: the retry must return the fence of the grant whose reply was lost"
+    );
+    let info = fx.store.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(
+        (info.owner, info.fence),
+        (owner, lost),
+        "ambiguous reply: a second lease"
+    );
+    assert_eq!(
+        fx.store.release(&k, &owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    // The lease client: an ambiguous error, then a reply that never comes (its operation
+    // timeout ends the call): each time it retries with the same owner.
+    let client = LeaseClient::new(fs.clone(), fx.config());
+    let mut last = lost;
+    for injection in [Injection::AmbiguousAfterApply, Injection::HangAfterApply] {
+        fs.inject(Op::Acquire, injection);
+        let lease = client
+            .try_acquire(&k)
+            .await
+            .unwrap_or_else(|e| panic!("{injection:?}: the client's retry fails: {e}"));
+        let lost = swallowed_grant(&fs);
+        assert_eq!(
+            lease.fence(),
+            lost,
+            "ambiguous reply ({injection:?}): the client's retry must return the fence of the \
+             grant whose reply was lost"
+        );
+        assert!(
+            lost > last,
+            "fence {lost} after release is not above {last}"
+        );
+        last = lost;
+        let info = fx.store.inspect(&k).await.unwrap().expect("held");
+        assert_eq!((info.owner, info.fence), (*lease.owner(), lost));
+        assert!(lease.release().await.unwrap(), "release of a held lease");
+        assert_eq!(
+            fx.store.inspect(&k).await.unwrap(),
+            None,
+            "ambiguous reply ({injection:?}): a lease was left behind"
+        );
+    }
+}
+
+/// The stale writer (DESIGN §8): A holds the lease and writes; A is paused past its TTL;
+/// B acquires and writes; A's late write with its old fence is rejected by the storage-side
+/// guard, in the same transaction as the write. A store without a guard must say so.
+pub async fn stale_writer_rejected_by_guard(fx: &Fixture) {
+    let writes = match &fx.guard {
+        GuardSupport::Undeclared => panic!(
+            "the fixture must declare its storage-side guard (Fixture::guard) or that it has \
+             none (Fixture::no_guard)"
+        ),
+        GuardSupport::Absent(why) => {
+            assert!(
+                !why.trim().is_empty(),
+                "a store without a guard must say why"
+            );
+            return;
+        }
+        GuardSupport::Writes(w) => w.clone(),
+    };
+    let resource = "conformance:guarded";
+    let k = key("guarded");
+    let short = fx.ttl / 4;
+    let a = OwnerToken::random();
+    let fa = fence_of(acquire_raw(fx, &k, &a, short).await);
+    assert!(
+        writes.write(resource, fa, "written by A").await.unwrap(),
+        "guard: the holder's first write must be accepted"
+    );
+    // A is paused past its TTL; B takes over and writes.
+    sleep(short + slack(fx)).await;
+    let b = OwnerToken::random();
+    let fb = fence_of(acquire_raw(fx, &k, &b, fx.ttl).await);
+    assert!(
+        fb > fa,
+        "guard: the new holder's fence {fb} must be above the old holder's {fa}"
+    );
+    assert!(
+        writes.write(resource, fb, "written by B").await.unwrap(),
+        "guard: the new holder's write must be accepted"
+    );
+    // A wakes up and writes with its old fence.
+    assert!(
+        !writes.write(resource, fa, "late write by A").await.unwrap(),
+        "guard: the guard accepted a stale write (fence {fa} after {fb})"
+    );
+    assert!(
+        writes
+            .write(resource, fb, "written by B again")
+            .await
+            .unwrap(),
+        "guard: equal fences (one holder writing again) must be accepted"
+    );
+    assert_eq!(
+        writes.read(resource).await.unwrap().as_deref(),
+        Some("written by B again"),
+        "guard: a rejected write must leave nothing behind"
+    );
+    fx.store.release(&k, &b).await.unwrap();
+}
+
+/// A holder process killed with `kill -9` (FAULTS row 3): while it lives nobody else gets
+/// the lease; after its death a waiter gets it, not before the store-side TTL has run out
+/// (a session-bound store may free it when the session ends, at once), and within the
+/// TTL and a generous margin, with a higher fence.
+///
+/// A store that only this process can open must say so, and its capabilities must then
+/// say that its fences die with the process.
+pub async fn holder_killed_is_taken_over_after_its_ttl(fx: &Fixture) {
+    let caps = fx.store.capabilities();
+    let url = match &fx.processes {
+        OtherProcesses::Undeclared => panic!(
+            "the fixture must declare whether another process can open its store \
+             (Fixture::other_processes or Fixture::this_process_only)"
+        ),
+        OtherProcesses::ThisProcessOnly => {
+            assert_eq!(
+                caps.fence_durability,
+                FenceDurability::Process,
+                "a store only this process can open must say its fences live in process memory"
+            );
+            return;
+        }
+        OtherProcesses::Url(url) => url.clone(),
+    };
+    let k = key("kill-9");
+    let cfg = fx.config();
+    let holder = Holder::spawn(&url, &k, fx.ttl).await;
+    let sent_after = holder.go();
+    let (dead_fence, _) = holder.held().await;
+    let client = fx.client();
+    match client.try_acquire(&k).await {
+        Err(Error::Contended { .. }) => {}
+        Ok(lease) => panic!(
+            "kill -9: a live holder's lease was granted to another owner (fence {})",
+            lease.fence()
+        ),
+        Err(e) => panic!("kill -9: a contender's try_acquire failed: {e}"),
+    }
+    holder.kill();
+    let killed_at = Instant::now();
+    let wait = fx.ttl * 3 + Duration::from_secs(2);
+    let lease = client.acquire(&k, wait).await.unwrap_or_else(|e| {
+        panic!(
+            "kill -9: not taken over within {wait:?} of the holder's death (TTL {:?}): {e}",
+            fx.ttl
+        )
+    });
+    let taken_at = Instant::now();
+    // The store granted the dead holder's lease after `sent_after`, for at least the TTL
+    // on its clock (which may run slow by the drift the configuration allows).
+    let expires_at_least = sent_after + fx.ttl.mul_f64(1.0 - cfg.drift_factor());
+    if !caps.session_bound {
+        assert!(
+            taken_at >= expires_at_least,
+            "kill -9: taken over before the TTL ran out ({:?} early)",
+            expires_at_least - taken_at
+        );
+    }
+    eprintln!(
+        "kill -9: taken over {:?} after the kill (session bound: {})",
+        taken_at - killed_at,
+        caps.session_bound
+    );
+    assert!(
+        lease.fence() > dead_fence,
+        "kill -9: the next fence {} must be above the dead holder's {dead_fence}",
+        lease.fence()
+    );
+    assert!(lease.release().await.unwrap());
 }

@@ -2,28 +2,63 @@
 //!
 //! Each case is a plain `async fn(&Fixture)` that panics on failure. A backend's tests
 //! provide an async function returning a [`Fixture`] (the store, its fault hooks, a base
-//! TTL, and whatever keeps its server alive) and expand [`conformance_suite!`], which
-//! generates one `#[tokio::test]` per case, so every backend runs every case and a
-//! missing case is impossible.
+//! TTL, what it offers beyond the store, and whatever keeps its server alive) and expand
+//! the macros:
+//!
+//! - [`conformance_suite!`] generates one `#[tokio::test]` per case of [`cases`] (listed
+//!   in [`CASES`]), so every backend runs every case and a missing case is impossible.
+//! - [`fault_suite!`] generates one test per case of [`fault_cases`] (listed in
+//!   [`FAULT_CASES`]): FAULTS rows 2, 4, 5, 6, 7, 8 and 24 through the fault proxy, for
+//!   networked backends (their fixture declares a [`Network`]).
+//! - [`holder_process!`] generates the entry point of the holder process that the
+//!   `kill -9` case and the near-miss case run (the test binary re-executed); a fixture
+//!   whose store another process can open declares it with
+//!   [`Fixture::other_processes`].
 //!
 //! ```ignore
 //! async fn fixture() -> leasehold_conformance::Fixture { /* start a server … */ }
+//! async fn open(url: String) -> std::sync::Arc<dyn leasehold::Store> { /* connect … */ }
 //! leasehold_conformance::conformance_suite!(fixture);
+//! leasehold_conformance::fault_suite!(fixture);
+//! leasehold_conformance::holder_process!(open);
 //! ```
 //!
-//! Capabilities are parameters, not reasons to skip: a backend that lacks one must say
-//! so through [`Capabilities`](leasehold::Capabilities), and the suite checks that it
-//! answers `Unsupported` for it.
+//! Capabilities and extras are parameters, not reasons to skip: a backend that lacks one
+//! must say so, and the suite checks what it says. A missing optional operation answers
+//! `Unsupported` (checked against [`Capabilities`](leasehold::Capabilities)); a store
+//! without a storage-side guard declares [`GuardSupport::Absent`]; a store that lives in
+//! one process's memory declares [`OtherProcesses::ThisProcessOnly`], and its capabilities
+//! must then say its fences die with the process. An undeclared extra fails its case.
+//! Session-bound stores (advisory locks, `GET_LOCK`) are held to what their capability
+//! says: the `kill -9` case lets them free the lease when the session ends, and the fault
+//! cases let a cut, reset or unreachable session end its lease (never claim it is still
+//! held).
+//!
+//! The suite proves it can fail: `tests/broken_stores.rs` runs each case against stores
+//! with one deliberate flaw each (a racy read-then-write acquire, a renew that does
+//! nothing, an inspect that lies, …) and checks, from a hand-written table, that every
+//! case fails on at least one of them, at the assertion that guards against that flaw
+//! (a failure for any other reason, such as a setup panic, does not count).
+//!
+//! [`fault_store::FaultStore`] wraps any store to inject a lost reply or a hung call after
+//! (or instead of) applying it; the ambiguous-reply case uses it, so it runs on every
+//! backend without a proxy.
 #![forbid(unsafe_code)]
 
 use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{Key, LeaseClient, LeaseConfig, Store};
+use leasehold::{Fence, Key, LeaseClient, LeaseConfig, Store, StoreError};
+use leasehold_testkit::{FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer};
 
 pub mod cases;
+pub mod fault_cases;
+pub mod fault_store;
+pub mod holder;
 
 /// Fault hooks a backend's fixture provides to the suite.
 #[async_trait]
@@ -37,7 +72,196 @@ pub trait Faults: Send + Sync {
     async fn restore(&self);
 }
 
-/// What each case runs against.
+/// Writes through a backend's storage-side guard (DESIGN §6), for the stale-writer case.
+#[async_trait]
+pub trait FencedWrites: Send + Sync {
+    /// In **one transaction** of the guarded storage: checks `fence` against the highest
+    /// fence accepted for `resource`; if it is not lower, writes `value` as `resource`'s
+    /// value, advances the guard and commits (`Ok(true)`); otherwise rolls back, leaving
+    /// nothing behind (`Ok(false)`).
+    async fn write(&self, resource: &str, fence: Fence, value: &str) -> Result<bool, StoreError>;
+    /// The value of the last accepted write to `resource`, if any.
+    async fn read(&self, resource: &str) -> Result<Option<String>, StoreError>;
+}
+
+/// Whether the backend has a storage-side guard the suite can write through.
+#[derive(Clone, Default)]
+pub enum GuardSupport {
+    /// The fixture did not say: the guard case fails, asking it to declare one.
+    #[default]
+    Undeclared,
+    /// The backend has no guard; the reason is part of the declaration.
+    Absent(&'static str),
+    /// Writes through the backend's guard.
+    Writes(Arc<dyn FencedWrites>),
+}
+
+impl std::fmt::Debug for GuardSupport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Undeclared => f.write_str("Undeclared"),
+            Self::Absent(why) => f.debug_tuple("Absent").field(why).finish(),
+            Self::Writes(_) => f.write_str("Writes(..)"),
+        }
+    }
+}
+
+/// Whether another OS process can open the store under test (for the `kill -9` and the
+/// near-miss freeze cases, whose holder is a separate process).
+#[derive(Debug, Clone, Default)]
+pub enum OtherProcesses {
+    /// The fixture did not say: the cases that need a holder process fail.
+    #[default]
+    Undeclared,
+    /// The store lives in this process's memory: no other process can open it. The
+    /// `kill -9` case then checks that its capabilities say its fences die with the
+    /// process ([`FenceDurability::Process`](leasehold::FenceDurability::Process)).
+    ThisProcessOnly,
+    /// Another process opens the store by passing this string to the `open` function
+    /// given to [`holder_process!`], which the test file must expand.
+    Url(String),
+}
+
+/// A server process (or a group of them) that a fault case can freeze with `SIGSTOP`.
+pub trait Pausable: Send + Sync {
+    /// Freezes every process of the server (`SIGSTOP`); returns once they are stopped.
+    fn pause(&self);
+    /// Continues them (`SIGCONT`).
+    fn resume(&self);
+}
+
+impl Pausable for RedisServer {
+    fn pause(&self) {
+        RedisServer::pause(self);
+    }
+    fn resume(&self) {
+        RedisServer::resume(self);
+    }
+}
+
+impl Pausable for RedisCluster {
+    fn pause(&self) {
+        for node in self.nodes() {
+            node.pause();
+        }
+    }
+    fn resume(&self) {
+        for node in self.nodes() {
+            node.resume();
+        }
+    }
+}
+
+impl Pausable for Postgres {
+    fn pause(&self) {
+        Postgres::pause(self);
+    }
+    fn resume(&self) {
+        Postgres::resume(self);
+    }
+}
+
+impl Pausable for MariaDb {
+    fn pause(&self) {
+        MariaDb::pause(self);
+    }
+    fn resume(&self) {
+        MariaDb::resume(self);
+    }
+}
+
+impl<T: Pausable + ?Sized> Pausable for Arc<T> {
+    fn pause(&self) {
+        (**self).pause();
+    }
+    fn resume(&self) {
+        (**self).resume();
+    }
+}
+
+/// What the fault cases ([`fault_suite!`]) need of a networked backend.
+pub struct Network {
+    /// The fault proxies between [`Fixture::store`] and its server(s): one per server
+    /// (per Cluster node). Every fault is applied to all of them.
+    pub proxies: Vec<Arc<FaultProxy>>,
+    /// A second store on the same server(s), **not** through the proxies: it sees what the
+    /// server holds while the proxies misbehave.
+    pub direct: Arc<dyn Store>,
+    /// The server process(es), for FAULTS row 4.
+    pub servers: Arc<dyn Pausable>,
+    /// The longest a call of [`Fixture::store`] waits for an unresponsive server before it
+    /// fails by itself, if the store bounds its calls (`None`: only the caller's timeout
+    /// ends such a call, as the `Store` trait allows).
+    pub op_bound: Option<Duration>,
+    /// Whether an acquire whose reply is lost (dropped by the proxy, or reset after the
+    /// request reached the server) has always been applied: the store's acquire is one
+    /// request and one reply on a warm connection. The lost-reply and reset cases then
+    /// insist on seeing the applied grant, so that they cannot pass vacuously.
+    pub lost_reply_applies: bool,
+}
+
+impl std::fmt::Debug for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Network")
+            .field("proxies", &self.proxies)
+            .field("direct", &self.direct)
+            .field("op_bound", &self.op_bound)
+            .field("lost_reply_applies", &self.lost_reply_applies)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Network {
+    /// The proxies, the direct store and the server processes; the store does not bound
+    /// its calls, and a dropped reply is not assumed to follow an applied acquire.
+    pub fn new(
+        proxies: Vec<Arc<FaultProxy>>,
+        direct: Arc<dyn Store>,
+        servers: Arc<dyn Pausable>,
+    ) -> Self {
+        Self {
+            proxies,
+            direct,
+            servers,
+            op_bound: None,
+            lost_reply_applies: false,
+        }
+    }
+
+    /// Declares that the store ends each call by itself within `bound`.
+    pub fn op_bound(mut self, bound: Duration) -> Self {
+        self.op_bound = Some(bound);
+        self
+    }
+
+    /// Declares whether an acquire whose reply is dropped has always been applied.
+    pub fn lost_reply_applies(mut self, yes: bool) -> Self {
+        self.lost_reply_applies = yes;
+        self
+    }
+
+    /// Switches every proxy to `mode`.
+    pub fn set_mode(&self, mode: ProxyMode) {
+        for p in &self.proxies {
+            p.set_mode(mode);
+        }
+    }
+
+    /// Resets every connection of every proxy.
+    pub fn reset_all(&self) {
+        for p in &self.proxies {
+            p.reset_all();
+        }
+    }
+
+    /// How many connections the proxies have accepted.
+    pub fn connections(&self) -> usize {
+        self.proxies.iter().map(|p| p.connections()).sum()
+    }
+}
+
+/// What each case runs against. Build it with [`Fixture::new`] and the declarations that
+/// follow it.
 pub struct Fixture {
     /// The store under test.
     pub store: Arc<dyn Store>,
@@ -46,8 +270,14 @@ pub struct Fixture {
     /// The base TTL of timed cases: long enough for a renewal round trip on a loaded
     /// machine (e.g. 1 s for a local server).
     pub ttl: Duration,
+    /// The storage-side guard, or why there is none.
+    pub guard: GuardSupport,
+    /// Whether (and how) another process can open the store.
+    pub processes: OtherProcesses,
+    /// The network between the store and its server, for the fault cases.
+    pub network: Option<Network>,
     /// Keeps servers, proxies and temporary directories alive for the case.
-    pub guard: Box<dyn Any + Send + Sync>,
+    pub keep_alive: Box<dyn Any + Send + Sync>,
 }
 
 impl std::fmt::Debug for Fixture {
@@ -55,11 +285,67 @@ impl std::fmt::Debug for Fixture {
         f.debug_struct("Fixture")
             .field("store", &self.store)
             .field("ttl", &self.ttl)
+            .field("guard", &self.guard)
+            .field("processes", &self.processes)
+            .field("network", &self.network)
             .finish_non_exhaustive()
     }
 }
 
 impl Fixture {
+    /// A fixture with nothing declared beyond the store: the guard and holder-process
+    /// cases fail until the backend declares what it has ([`guard`](Self::guard) or
+    /// [`no_guard`](Self::no_guard); [`other_processes`](Self::other_processes) or
+    /// [`this_process_only`](Self::this_process_only)).
+    pub fn new(store: Arc<dyn Store>, faults: Arc<dyn Faults>, ttl: Duration) -> Self {
+        Self {
+            store,
+            faults,
+            ttl,
+            guard: GuardSupport::Undeclared,
+            processes: OtherProcesses::Undeclared,
+            network: None,
+            keep_alive: Box::new(()),
+        }
+    }
+
+    /// Keeps `value` (servers, proxies, directories) alive as long as the fixture.
+    pub fn keep_alive(mut self, value: impl Any + Send + Sync) -> Self {
+        self.keep_alive = Box::new(value);
+        self
+    }
+
+    /// Declares the backend's storage-side guard.
+    pub fn guard(mut self, writes: Arc<dyn FencedWrites>) -> Self {
+        self.guard = GuardSupport::Writes(writes);
+        self
+    }
+
+    /// Declares that the backend has no storage-side guard, and why.
+    pub fn no_guard(mut self, why: &'static str) -> Self {
+        self.guard = GuardSupport::Absent(why);
+        self
+    }
+
+    /// Declares that another process opens the store from `url` (with the function given
+    /// to [`holder_process!`]).
+    pub fn other_processes(mut self, url: impl Into<String>) -> Self {
+        self.processes = OtherProcesses::Url(url.into());
+        self
+    }
+
+    /// Declares that the store lives in this process only.
+    pub fn this_process_only(mut self) -> Self {
+        self.processes = OtherProcesses::ThisProcessOnly;
+        self
+    }
+
+    /// Declares the network between the store and its server, for [`fault_suite!`].
+    pub fn network(mut self, network: Network) -> Self {
+        self.network = Some(network);
+        self
+    }
+
     /// The default configuration for this fixture's TTL.
     pub fn config(&self) -> LeaseConfig {
         LeaseConfig::new(self.ttl).expect("fixture ttl is valid")
@@ -71,13 +357,31 @@ impl Fixture {
     }
 }
 
-/// Calls `$crate::$mac!($args ; case, case, …)` with the one list of every case, so the
-/// generated tests and [`CASES`] cannot drift apart.
+/// The future of one case.
+pub type CaseFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// One case of the suite, by name.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// The case's function name.
+    pub name: &'static str,
+    /// Runs the case.
+    pub run: for<'a> fn(&'a Fixture) -> CaseFuture<'a>,
+}
+
+impl std::fmt::Debug for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Case").field("name", &self.name).finish()
+    }
+}
+
+/// Calls `$crate::$mac!($args ; case, case, …)` with the one list of every case of
+/// [`cases`], so the generated tests and [`CASES`] cannot drift apart.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __with_cases {
     ($mac:ident ! ($($args:tt)*)) => {
-        $crate::$mac! { $($args)* ;
+        $crate::$mac! { $($args)* ; cases ;
             acquire_release,
             contended_try_acquire,
             concurrent_contenders_exclusive_and_fences_increase,
@@ -87,27 +391,62 @@ macro_rules! __with_cases {
             late_release_leaves_new_owner_intact,
             only_owner_renews_or_releases,
             renew_extends_ttl,
+            renewal_after_own_expiry_is_refused,
             inspect_reports_holder,
             max_hold_fires_lost,
             lost_within_one_renew_interval_after_forget,
             lost_before_expiry_when_unreachable,
             waiting_acquire_gets_released_lease,
+            ambiguous_acquire_reply_returns_same_lease,
+            stale_writer_rejected_by_guard,
+            holder_killed_is_taken_over_after_its_ttl,
             bad_input_gets_typed_errors,
             capabilities_are_honest,
         }
     };
 }
 
+/// Calls `$crate::$mac!($args ; case, case, …)` with the one list of every case of
+/// [`fault_cases`].
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __case_names {
-    (; $($case:ident),* $(,)?) => {
-        &[$(stringify!($case)),*]
+macro_rules! __with_fault_cases {
+    ($mac:ident ! ($($args:tt)*)) => {
+        $crate::$mac! { $($args)* ; fault_cases ;
+            row_02_near_miss_freeze_keeps_the_lease,
+            row_04_server_paused_lost_before_store_expiry,
+            row_05_lost_reply_retry_returns_same_lease,
+            row_06_slow_replies_shorten_validity_and_too_slow_fails,
+            row_07_blackhole_no_answer_and_recovery,
+            row_08_reset_mid_command_idempotent_retry,
+            row_24_cancelled_acquires_leave_nothing_behind,
+        }
     };
 }
 
-/// The names of every case, as [`conformance_suite!`] generates them.
-pub const CASES: &[&str] = __with_cases!(__case_names!());
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_table {
+    (; $module:ident ; $($case:ident),* $(,)?) => {
+        &[$(
+            $crate::Case {
+                name: stringify!($case),
+                run: {
+                    fn run(fx: &$crate::Fixture) -> $crate::CaseFuture<'_> {
+                        ::std::boxed::Box::pin($crate::$module::$case(fx))
+                    }
+                    run
+                },
+            }
+        ),*]
+    };
+}
+
+/// Every case of [`cases`], as [`conformance_suite!`] generates them.
+pub const CASES: &[Case] = __with_cases!(__case_table!());
+
+/// Every case of [`fault_cases`], as [`fault_suite!`] generates them.
+pub const FAULT_CASES: &[Case] = __with_fault_cases!(__case_table!());
 
 /// Generates one `#[tokio::test]` per conformance case, each calling `$fixture().await`.
 ///
@@ -120,16 +459,42 @@ macro_rules! conformance_suite {
     };
 }
 
+/// Generates one `#[tokio::test]` per fault case (FAULTS rows 2, 4, 5, 6, 7, 8, 24),
+/// each calling `$fixture().await`, whose fixture must declare a [`Network`] (and, for
+/// row 2, [`Fixture::other_processes`] with [`holder_process!`] expanded).
+#[macro_export]
+macro_rules! fault_suite {
+    ($fixture:path) => {
+        $crate::__with_fault_cases!(__case_tests!($fixture));
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __case_tests {
-    ($fixture:path ; $($case:ident),* $(,)?) => {
+    ($fixture:path ; $module:ident ; $($case:ident),* $(,)?) => {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let fixture = $fixture().await;
-                $crate::cases::$case(&fixture).await;
+                $crate::$module::$case(&fixture).await;
             }
         )*
+    };
+}
+
+/// Generates the entry point of the holder process (an ignored test named
+/// `__leasehold_conformance_holder`, which the suite runs by re-executing the test
+/// binary). `$open` is a path to an `async fn(String) -> Arc<dyn Store>` that opens the
+/// store from the string given to [`Fixture::other_processes`]. Expand it once, at the
+/// root of the test file.
+#[macro_export]
+macro_rules! holder_process {
+    ($open:path) => {
+        #[test]
+        #[ignore = "not a test: the holder process that the conformance suite starts"]
+        fn __leasehold_conformance_holder() {
+            $crate::holder::child_main($open);
+        }
     };
 }

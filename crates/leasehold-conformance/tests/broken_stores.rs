@@ -1,20 +1,35 @@
-//! The suite must be able to fail: deliberately broken stores make the cases that guard
-//! against their flaw panic.
+//! The suite must be able to fail. Each broken store below has one deliberate flaw; the
+//! hand-written table [`KILLS`] says which case each flaw must make fail and at which
+//! assertion (a words of its panic message), and the tests check both: a case that passes
+//! against its broken store, or fails for another reason (a setup panic, another
+//! assertion), fails the test. [`every_case_is_killed`] fails when a case of the suite is
+//! killed by no broken store; [`the_hand_written_list_is_the_suite`] compares the
+//! hand-written list of cases with the one the suite's macros generate tests from.
+//!
+//! Most broken stores wrap the in-memory store. The holder-process case (`kill -9`) and
+//! the fault cases need a store that another process can open and that a fault proxy can
+//! sit in front of: their broken stores wrap a Redis store on a private `redis-server`.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use leasehold::memory::{MemoryStore, Unreachable};
 use leasehold::{
-    AcquireOutcome, Capabilities, Fence, Key, LeaseInfo, OwnerToken, ReleaseOutcome, RenewOutcome,
-    Store, StoreError,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError,
 };
-use leasehold_conformance::{Faults, Fixture, cases};
+use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, Network};
+use leasehold_redis::{RedisConfigBuilder, RedisStore};
+use leasehold_testkit::{FaultProxy, RedisServer};
 
-#[derive(Debug, Clone, Copy)]
+// ---------------------------------------------------------------------------------------
+// The flaws.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Flaw {
     /// Every grant gets fence 1.
     FenceNeverAdvances,
@@ -22,17 +37,92 @@ enum Flaw {
     AnyOwner,
     /// Leases never expire.
     IgnoresExpiry,
+    /// Acquire reads, then writes: it checks that the key is free, waits a little (a
+    /// widened race window, so the race is lost every time, not by luck), then overwrites
+    /// whatever lease came in between.
+    RacyAcquire,
+    /// A same-owner acquire (a retry after an ambiguous reply) issues a new fence: every
+    /// acquire re-grants the lease after it is granted.
+    NewFenceOnRetry,
+    /// Renew answers `Renewed` without asking the store.
+    RenewDoesNothing,
+    /// Renew of a lease that expired (and nobody else took) grants it again.
+    RenewAfterOwnExpiry,
+    /// Inspect answers from a cache of grants that never sees releases or expiry.
+    InspectLies,
+    /// List leaves out the last lease.
+    ListMisses,
+    /// The capabilities claim the remaining TTL is reported, but it is not.
+    ClaimsTooMuch,
+    /// TTLs out of range are clamped into range instead of refused.
+    AcceptsAnyTtl,
+    /// The storage-side guard accepts every fence (the store itself is sound).
+    GuardIgnoresFence,
+    /// The store keeps a lease for a quarter of the TTL it reports.
+    ExpiresEarly,
+    /// Each call is given 200 ms; a call that fails or takes longer is answered with a guess
+    /// ("free", "not yours") instead of an error.
+    GuessesWhenUnreachable,
+    /// The fixture declares neither a guard (nor its absence) nor whether other processes
+    /// can open the store: the cases that need them must fail, not skip.
+    Undeclared,
+    /// The capabilities claim durable fences for a store in process memory.
+    ClaimsDurableFences,
 }
+
+impl Flaw {
+    const ALL: [Flaw; 16] = [
+        Flaw::FenceNeverAdvances,
+        Flaw::AnyOwner,
+        Flaw::IgnoresExpiry,
+        Flaw::RacyAcquire,
+        Flaw::NewFenceOnRetry,
+        Flaw::RenewDoesNothing,
+        Flaw::RenewAfterOwnExpiry,
+        Flaw::InspectLies,
+        Flaw::ListMisses,
+        Flaw::ClaimsTooMuch,
+        Flaw::AcceptsAnyTtl,
+        Flaw::GuardIgnoresFence,
+        Flaw::ExpiresEarly,
+        Flaw::GuessesWhenUnreachable,
+        Flaw::Undeclared,
+        Flaw::ClaimsDurableFences,
+    ];
+
+    fn parse(s: &str) -> Flaw {
+        *Self::ALL
+            .iter()
+            .find(|f| format!("{f:?}") == s)
+            .unwrap_or_else(|| panic!("no flaw {s}"))
+    }
+}
+
+/// Far beyond any test.
+const FOREVER: Duration = Duration::from_secs(24 * 60 * 60);
+/// The window between the read and the write of [`Flaw::RacyAcquire`]: every contender of
+/// the exclusion case reads "free" before the first one writes.
+const RACE_WINDOW: Duration = Duration::from_millis(20);
+/// How long [`Flaw::GuessesWhenUnreachable`] gives a call.
+const GUESS_AFTER: Duration = Duration::from_millis(200);
 
 #[derive(Debug)]
 struct Broken {
-    inner: MemoryStore,
+    inner: Arc<dyn Store>,
     flaw: Flaw,
+    /// The grants seen, for [`Flaw::InspectLies`].
+    cache: Mutex<HashMap<Key, LeaseInfo>>,
 }
 
-const FOREVER: Duration = Duration::from_secs(24 * 60 * 60);
-
 impl Broken {
+    fn new(inner: Arc<dyn Store>, flaw: Flaw) -> Self {
+        Self {
+            inner,
+            flaw,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// The owner to act as: the real holder when the flaw ignores owners.
     async fn as_owner(&self, key: &Key, owner: &OwnerToken) -> OwnerToken {
         match self.flaw {
@@ -43,29 +133,92 @@ impl Broken {
             _ => *owner,
         }
     }
+
+    /// The TTL the store really sets.
     fn ttl(&self, ttl: Duration) -> Duration {
+        let valid = StoreError::check_ttl("broken", ttl).is_ok();
         match self.flaw {
-            Flaw::IgnoresExpiry if StoreError::check_ttl("broken", ttl).is_ok() => FOREVER,
+            Flaw::IgnoresExpiry if valid => FOREVER,
+            Flaw::ExpiresEarly if valid => (ttl / 4).max(leasehold::config::MIN_TTL),
+            Flaw::AcceptsAnyTtl => {
+                ttl.clamp(leasehold::config::MIN_TTL, leasehold::config::MAX_TTL)
+            }
             _ => ttl,
         }
     }
+
+    async fn guess<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+        guess: T,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(GUESS_AFTER, call).await {
+            Ok(Ok(v)) => Ok(v),
+            _ => Ok(guess),
+        }
+    }
+
+    async fn acquire_inner(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        match self.flaw {
+            Flaw::RacyAcquire => match self.inner.inspect(key).await? {
+                Some(info) if info.owner != *owner => Ok(AcquireOutcome::Held {
+                    remaining: info.remaining,
+                }),
+                Some(_) => self.inner.acquire(key, owner, ttl).await,
+                None => {
+                    tokio::time::sleep(RACE_WINDOW).await;
+                    // The blind write: whatever was granted in between is overwritten.
+                    self.inner.break_lease(key).await?;
+                    self.inner.acquire(key, owner, ttl).await
+                }
+            },
+            Flaw::NewFenceOnRetry => match self.inner.acquire(key, owner, ttl).await? {
+                AcquireOutcome::Acquired { .. } => {
+                    self.inner.break_lease(key).await?;
+                    self.inner.acquire(key, owner, ttl).await
+                }
+                held => Ok(held),
+            },
+            Flaw::GuessesWhenUnreachable => {
+                self.guess(
+                    self.inner.acquire(key, owner, ttl),
+                    AcquireOutcome::Held { remaining: None },
+                )
+                .await
+            }
+            _ => self.inner.acquire(key, owner, ttl).await,
+        }
+    }
 }
+
+use std::future::Future;
 
 #[async_trait]
 impl Store for Broken {
     fn backend(&self) -> &'static str {
         "broken"
     }
+
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        if self.flaw == Flaw::ClaimsDurableFences {
+            caps.fence_durability = FenceDurability::Durable;
+        }
+        caps
     }
+
     async fn acquire(
         &self,
         key: &Key,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let out = self.inner.acquire(key, owner, self.ttl(ttl)).await?;
+        let out = self.acquire_inner(key, owner, self.ttl(ttl)).await?;
         Ok(match (self.flaw, out) {
             (Flaw::FenceNeverAdvances, AcquireOutcome::Acquired { ttl, .. }) => {
                 AcquireOutcome::Acquired {
@@ -73,49 +226,124 @@ impl Store for Broken {
                     ttl,
                 }
             }
-            (Flaw::IgnoresExpiry, AcquireOutcome::Acquired { fence, .. }) => {
-                AcquireOutcome::Acquired { fence, ttl }
+            (
+                Flaw::IgnoresExpiry | Flaw::ExpiresEarly | Flaw::AcceptsAnyTtl,
+                AcquireOutcome::Acquired { fence, .. },
+            ) => AcquireOutcome::Acquired { fence, ttl },
+            (Flaw::InspectLies, out @ AcquireOutcome::Acquired { fence, .. }) => {
+                let info = LeaseInfo {
+                    key: key.clone(),
+                    owner: *owner,
+                    fence,
+                    remaining: Some(ttl),
+                };
+                self.cache.lock().unwrap().insert(key.clone(), info);
+                out
+            }
+            (Flaw::ClaimsTooMuch, AcquireOutcome::Held { .. }) => {
+                AcquireOutcome::Held { remaining: None }
             }
             (_, out) => out,
         })
     }
+
     async fn renew(
         &self,
         key: &Key,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
-        let owner = self.as_owner(key, owner).await;
-        let out = self.inner.renew(key, &owner, self.ttl(ttl)).await?;
+        let real_ttl = self.ttl(ttl);
+        let out = match self.flaw {
+            Flaw::RenewDoesNothing => {
+                StoreError::check_ttl("broken", ttl)?;
+                RenewOutcome::Renewed { ttl }
+            }
+            Flaw::GuessesWhenUnreachable => {
+                self.guess(
+                    self.inner.renew(key, owner, real_ttl),
+                    RenewOutcome::NotOwner,
+                )
+                .await?
+            }
+            Flaw::RenewAfterOwnExpiry => match self.inner.renew(key, owner, real_ttl).await? {
+                RenewOutcome::NotOwner if self.inner.inspect(key).await?.is_none() => {
+                    match self.inner.acquire(key, owner, real_ttl).await? {
+                        AcquireOutcome::Acquired { ttl, .. } => RenewOutcome::Renewed { ttl },
+                        AcquireOutcome::Held { .. } => RenewOutcome::NotOwner,
+                    }
+                }
+                out => out,
+            },
+            _ => {
+                let owner = self.as_owner(key, owner).await;
+                self.inner.renew(key, &owner, real_ttl).await?
+            }
+        };
         Ok(match out {
             RenewOutcome::Renewed { .. } => RenewOutcome::Renewed { ttl },
             o => o,
         })
     }
+
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        if self.flaw == Flaw::GuessesWhenUnreachable {
+            return self
+                .guess(self.inner.release(key, owner), ReleaseOutcome::NotOwner)
+                .await;
+        }
         let owner = self.as_owner(key, owner).await;
         self.inner.release(key, &owner).await
     }
+
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        let info = self.inner.inspect(key).await?;
+        let info = match self.flaw {
+            Flaw::GuessesWhenUnreachable => self.guess(self.inner.inspect(key), None).await?,
+            Flaw::InspectLies => match self.inner.inspect(key).await? {
+                None => self.cache.lock().unwrap().get(key).cloned(),
+                some => some,
+            },
+            _ => self.inner.inspect(key).await?,
+        };
         Ok(info.map(|mut i| {
-            if let Flaw::FenceNeverAdvances = self.flaw {
-                i.fence = Fence(1);
+            match self.flaw {
+                Flaw::FenceNeverAdvances => i.fence = Fence(1),
+                Flaw::IgnoresExpiry => {
+                    i.remaining = i.remaining.map(|r| r.min(Duration::from_secs(1)));
+                }
+                Flaw::ClaimsTooMuch => i.remaining = None,
+                _ => {}
             }
-            i.remaining = i.remaining.map(|r| r.min(Duration::from_secs(1)));
             i
         }))
     }
+
     async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
         self.inner.wait_released(key, timeout).await
     }
+
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.inner.list(prefix).await
+        let mut list = match self.flaw {
+            Flaw::GuessesWhenUnreachable => self.guess(self.inner.list(prefix), vec![]).await?,
+            _ => self.inner.list(prefix).await?,
+        };
+        match self.flaw {
+            Flaw::ListMisses => {
+                list.pop();
+            }
+            Flaw::ClaimsTooMuch => list.iter_mut().for_each(|i| i.remaining = None),
+            _ => {}
+        }
+        Ok(list)
     }
+
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         self.inner.break_lease(key).await
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Fixtures.
 
 struct MemoryFaults(MemoryStore);
 
@@ -132,69 +360,518 @@ impl Faults for MemoryFaults {
     }
 }
 
-fn fixture(flaw: Flaw) -> Fixture {
+/// An in-memory guard (for the stale-writer case on memory-backed broken stores).
+#[derive(Default)]
+struct MemoryGuard {
+    rows: Mutex<HashMap<String, (Fence, String)>>,
+    ignores_fence: bool,
+}
+
+#[async_trait]
+impl FencedWrites for MemoryGuard {
+    async fn write(&self, resource: &str, fence: Fence, value: &str) -> Result<bool, StoreError> {
+        let mut rows = self.rows.lock().unwrap();
+        let stale = rows.get(resource).is_some_and(|(f, _)| fence < *f);
+        if stale && !self.ignores_fence {
+            return Ok(false);
+        }
+        rows.insert(resource.to_owned(), (fence, value.to_owned()));
+        Ok(true)
+    }
+    async fn read(&self, resource: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .rows
+            .lock()
+            .unwrap()
+            .get(resource)
+            .map(|(_, v)| v.clone()))
+    }
+}
+
+fn memory_fixture(flaw: Flaw) -> Fixture {
     let inner = MemoryStore::new();
-    Fixture {
-        store: Arc::new(Broken {
-            inner: inner.clone(),
-            flaw,
-        }),
-        faults: Arc::new(MemoryFaults(inner)),
-        ttl: Duration::from_millis(600),
-        guard: Box::new(()),
+    let guard = MemoryGuard {
+        ignores_fence: flaw == Flaw::GuardIgnoresFence,
+        ..MemoryGuard::default()
+    };
+    let fx = Fixture::new(
+        Arc::new(Broken::new(Arc::new(inner.clone()), flaw)),
+        Arc::new(MemoryFaults(inner)),
+        Duration::from_millis(600),
+    );
+    if flaw == Flaw::Undeclared {
+        return fx;
+    }
+    fx.guard(Arc::new(guard)).this_process_only()
+}
+
+/// The fault hooks of the Redis-backed fixture: none of the cases run on it uses them.
+struct NoFaults;
+
+#[async_trait]
+impl Faults for NoFaults {
+    async fn forget(&self, _: &Key) {
+        panic!("setup: the Redis-backed broken fixture has no `forget` hook");
+    }
+    async fn make_unreachable(&self) {
+        panic!("setup: the Redis-backed broken fixture has no `make_unreachable` hook");
+    }
+    async fn restore(&self) {}
+}
+
+/// A private `redis-server`, a fault proxy in front of it, the broken store through the
+/// proxy and a sound store straight to the server.
+async fn redis_fixture(flaw: Flaw) -> Fixture {
+    let server = Arc::new(
+        tokio::task::spawn_blocking(RedisServer::start)
+            .await
+            .expect("redis-server"),
+    );
+    let proxy = Arc::new(FaultProxy::start(server.addr()));
+    let op_bound = Duration::from_secs(2);
+    let config = RedisConfigBuilder::standalone("127.0.0.1", proxy.port())
+        .op_timeout(op_bound)
+        .connect_timeout(Duration::from_secs(1))
+        .build()
+        .expect("config");
+    let store = Arc::new(RedisStore::new(config).expect("store"));
+    let direct = Arc::new(RedisStore::open(&server.url()).await.expect("direct store"));
+    let network = Network::new(vec![proxy.clone()], direct, server.clone())
+        .op_bound(op_bound)
+        .lost_reply_applies(true);
+    Fixture::new(
+        Arc::new(Broken::new(store, flaw)),
+        Arc::new(NoFaults),
+        Duration::from_secs(1),
+    )
+    .no_guard("Redis has no storage-side guard")
+    .other_processes(format!("{flaw:?}|{}", server.url()))
+    .network(network)
+    .keep_alive((server, proxy))
+}
+
+/// Opens the Redis-backed broken store in the holder process: `<flaw>|<url>`.
+async fn open(spec: String) -> Arc<dyn Store> {
+    let (flaw, url) = spec.split_once('|').expect("flaw|url");
+    let store = RedisStore::open(url).await.expect("open the store");
+    Arc::new(Broken::new(Arc::new(store), Flaw::parse(flaw)))
+}
+
+leasehold_conformance::holder_process!(open);
+
+// ---------------------------------------------------------------------------------------
+// Which flaw kills which case, and why.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum On {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug)]
+struct Kill {
+    case: &'static str,
+    flaw: Flaw,
+    on: On,
+    /// Words of the panic message of the assertion that must fail.
+    reason: &'static str,
+}
+
+const fn kill(case: &'static str, flaw: Flaw, on: On, reason: &'static str) -> Kill {
+    Kill {
+        case,
+        flaw,
+        on,
+        reason,
     }
 }
 
-type Case = fn(&'static Fixture) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+use Flaw::*;
+use On::{Memory, Redis};
 
-/// Runs `case` against a store with `flaw` and asserts that it fails.
-async fn must_fail(flaw: Flaw, name: &str, case: Case) {
-    let fx: &'static Fixture = Box::leak(Box::new(fixture(flaw)));
-    let outcome = tokio::spawn(case(fx)).await;
+/// Every case of the suite and of the fault suite, written out by hand.
+const ALL_CASES: &[&str] = &[
+    "acquire_release",
+    "contended_try_acquire",
+    "concurrent_contenders_exclusive_and_fences_increase",
+    "same_owner_reacquire_returns_same_fence",
+    "fence_never_reused_after_release",
+    "fence_never_reused_after_expiry",
+    "late_release_leaves_new_owner_intact",
+    "only_owner_renews_or_releases",
+    "renew_extends_ttl",
+    "renewal_after_own_expiry_is_refused",
+    "inspect_reports_holder",
+    "max_hold_fires_lost",
+    "lost_within_one_renew_interval_after_forget",
+    "lost_before_expiry_when_unreachable",
+    "waiting_acquire_gets_released_lease",
+    "ambiguous_acquire_reply_returns_same_lease",
+    "stale_writer_rejected_by_guard",
+    "holder_killed_is_taken_over_after_its_ttl",
+    "bad_input_gets_typed_errors",
+    "capabilities_are_honest",
+    "row_02_near_miss_freeze_keeps_the_lease",
+    "row_04_server_paused_lost_before_store_expiry",
+    "row_05_lost_reply_retry_returns_same_lease",
+    "row_06_slow_replies_shorten_validity_and_too_slow_fails",
+    "row_07_blackhole_no_answer_and_recovery",
+    "row_08_reset_mid_command_idempotent_retry",
+    "row_24_cancelled_acquires_leave_nothing_behind",
+];
+
+const KILLS: &[Kill] = &[
+    kill(
+        "acquire_release",
+        InspectLies,
+        Memory,
+        "released key is free",
+    ),
+    kill(
+        "contended_try_acquire",
+        ClaimsTooMuch,
+        Memory,
+        "store claims to report the remaining TTL",
+    ),
+    kill(
+        "concurrent_contenders_exclusive_and_fences_increase",
+        RacyAcquire,
+        Memory,
+        "two holders at once",
+    ),
+    kill(
+        "concurrent_contenders_exclusive_and_fences_increase",
+        FenceNeverAdvances,
+        Memory,
+        "fences must strictly increase",
+    ),
+    kill(
+        "same_owner_reacquire_returns_same_fence",
+        NewFenceOnRetry,
+        Memory,
+        "same owner re-acquire must return the same fence",
+    ),
+    kill(
+        "fence_never_reused_after_release",
+        FenceNeverAdvances,
+        Memory,
+        "after release is not above",
+    ),
+    kill(
+        "fence_never_reused_after_expiry",
+        IgnoresExpiry,
+        Memory,
+        "an expired lease must be free",
+    ),
+    kill(
+        "fence_never_reused_after_expiry",
+        FenceNeverAdvances,
+        Memory,
+        "after expiry is not above",
+    ),
+    kill(
+        "late_release_leaves_new_owner_intact",
+        AnyOwner,
+        Memory,
+        "a late release by the old owner must find nothing",
+    ),
+    kill(
+        "only_owner_renews_or_releases",
+        AnyOwner,
+        Memory,
+        "only the owner may renew",
+    ),
+    kill(
+        "only_owner_renews_or_releases",
+        RenewAfterOwnExpiry,
+        Memory,
+        "renew after release must not resurrect the lease",
+    ),
+    kill(
+        "renew_extends_ttl",
+        RenewDoesNothing,
+        Memory,
+        "renewed lease still held",
+    ),
+    kill(
+        "renewal_after_own_expiry_is_refused",
+        RenewAfterOwnExpiry,
+        Memory,
+        "a renewal after the owner's own lease expired must be refused",
+    ),
+    kill(
+        "inspect_reports_holder",
+        InspectLies,
+        Memory,
+        "inspect reports a released lease",
+    ),
+    kill(
+        "max_hold_fires_lost",
+        IgnoresExpiry,
+        Memory,
+        "key still held after max hold",
+    ),
+    kill(
+        "lost_within_one_renew_interval_after_forget",
+        RenewAfterOwnExpiry,
+        Memory,
+        "lost fires within one renew interval",
+    ),
+    kill(
+        "lost_within_one_renew_interval_after_forget",
+        FenceNeverAdvances,
+        Memory,
+        "must be above the forgotten lease's",
+    ),
+    kill(
+        "lost_before_expiry_when_unreachable",
+        RenewDoesNothing,
+        Memory,
+        "lost fires while the store is unreachable",
+    ),
+    kill(
+        "waiting_acquire_gets_released_lease",
+        FenceNeverAdvances,
+        Memory,
+        "must be above the released holder's",
+    ),
+    kill(
+        "ambiguous_acquire_reply_returns_same_lease",
+        NewFenceOnRetry,
+        Memory,
+        "the retry must return the fence of the grant whose reply was lost",
+    ),
+    kill(
+        "stale_writer_rejected_by_guard",
+        GuardIgnoresFence,
+        Memory,
+        "the guard accepted a stale write",
+    ),
+    kill(
+        "stale_writer_rejected_by_guard",
+        FenceNeverAdvances,
+        Memory,
+        "must be above the old holder's",
+    ),
+    kill(
+        "holder_killed_is_taken_over_after_its_ttl",
+        ExpiresEarly,
+        Redis,
+        "taken over before the TTL ran out",
+    ),
+    kill(
+        "holder_killed_is_taken_over_after_its_ttl",
+        IgnoresExpiry,
+        Redis,
+        "not taken over within",
+    ),
+    kill(
+        "stale_writer_rejected_by_guard",
+        Undeclared,
+        Memory,
+        "the fixture must declare its storage-side guard",
+    ),
+    kill(
+        "holder_killed_is_taken_over_after_its_ttl",
+        Undeclared,
+        Memory,
+        "the fixture must declare whether another process can open its store",
+    ),
+    kill(
+        "holder_killed_is_taken_over_after_its_ttl",
+        ClaimsDurableFences,
+        Memory,
+        "must say its fences live in process memory",
+    ),
+    kill(
+        "bad_input_gets_typed_errors",
+        AcceptsAnyTtl,
+        Memory,
+        "a bad ttl was accepted",
+    ),
+    kill(
+        "capabilities_are_honest",
+        ClaimsTooMuch,
+        Memory,
+        "reports_remaining claim",
+    ),
+    kill(
+        "capabilities_are_honest",
+        ListMisses,
+        Memory,
+        "list by prefix",
+    ),
+    kill(
+        "row_02_near_miss_freeze_keeps_the_lease",
+        ExpiresEarly,
+        Redis,
+        "two holders during a near-miss freeze",
+    ),
+    kill(
+        "row_04_server_paused_lost_before_store_expiry",
+        RenewDoesNothing,
+        Redis,
+        "lost fires while the server is paused",
+    ),
+    kill(
+        "row_05_lost_reply_retry_returns_same_lease",
+        NewFenceOnRetry,
+        Redis,
+        "the retry must return the fence of the grant whose reply was lost",
+    ),
+    kill(
+        "row_06_slow_replies_shorten_validity_and_too_slow_fails",
+        IgnoresExpiry,
+        Redis,
+        "a too-slow acquire left a lease behind",
+    ),
+    kill(
+        "row_07_blackhole_no_answer_and_recovery",
+        GuessesWhenUnreachable,
+        Redis,
+        "answered through a blackhole",
+    ),
+    kill(
+        "row_08_reset_mid_command_idempotent_retry",
+        NewFenceOnRetry,
+        Redis,
+        "the retry must return the fence of the grant whose reply was lost",
+    ),
+    kill(
+        "row_24_cancelled_acquires_leave_nothing_behind",
+        IgnoresExpiry,
+        Redis,
+        "a lease was left behind after 3 × TTL",
+    ),
+];
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else {
+        "<a panic without a message>".to_owned()
+    }
+}
+
+/// Runs the case of `kill` against its broken store and checks that it fails, at the
+/// assertion `kill.reason` names.
+async fn must_fail(kill: &Kill) {
+    let case = CASES
+        .iter()
+        .chain(FAULT_CASES)
+        .find(|c| c.name == kill.case)
+        .unwrap_or_else(|| panic!("no case named {}", kill.case));
+    let fx = match kill.on {
+        On::Memory => memory_fixture(kill.flaw),
+        On::Redis => redis_fixture(kill.flaw).await,
+    };
+    let outcome = AssertUnwindSafe((case.run)(&fx)).catch_unwind().await;
+    drop(fx);
     match outcome {
-        Err(e) if e.is_panic() => {}
-        other => panic!("case {name} passed against a store with {flaw:?}: {other:?}"),
+        Ok(()) => panic!(
+            "case {} passed against a store with {:?} ({:?})",
+            kill.case, kill.flaw, kill.on
+        ),
+        Err(payload) => {
+            let message = panic_message(&*payload);
+            assert!(
+                message.contains(kill.reason),
+                "case {} failed against a store with {:?}, but not with `{}`: {message}",
+                kill.case,
+                kill.flaw,
+                kill.reason
+            );
+            eprintln!("{} killed by {:?}: {message}", kill.case, kill.flaw);
+        }
     }
 }
 
-macro_rules! must_fail {
-    ($flaw:expr, $($case:ident),+ $(,)?) => {
-        $( must_fail($flaw, stringify!($case), |fx| Box::pin(cases::$case(fx))).await; )+
+/// Runs every entry of [`KILLS`] with `flaw`.
+async fn flaw_is_caught(flaw: Flaw) {
+    let kills: Vec<&Kill> = KILLS.iter().filter(|k| k.flaw == flaw).collect();
+    assert!(!kills.is_empty(), "{flaw:?} kills no case in KILLS");
+    for k in kills {
+        must_fail(k).await;
+    }
+}
+
+macro_rules! flaw_tests {
+    ($($test:ident: $flaw:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                flaw_is_caught(Flaw::$flaw).await;
+            }
+        )*
+
+        /// Every flaw has a test above.
+        const TESTED: &[Flaw] = &[$(Flaw::$flaw),*];
     };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fence_that_never_advances_is_caught() {
-    must_fail!(
-        Flaw::FenceNeverAdvances,
-        concurrent_contenders_exclusive_and_fences_increase,
-        fence_never_reused_after_release,
-        fence_never_reused_after_expiry,
-        lost_within_one_renew_interval_after_forget,
-        waiting_acquire_gets_released_lease,
-    );
+flaw_tests! {
+    fence_that_never_advances_is_caught: FenceNeverAdvances,
+    renew_or_release_for_any_owner_is_caught: AnyOwner,
+    ignoring_expiry_is_caught: IgnoresExpiry,
+    racy_read_then_write_acquire_is_caught: RacyAcquire,
+    new_fence_on_same_owner_retry_is_caught: NewFenceOnRetry,
+    renew_that_does_nothing_is_caught: RenewDoesNothing,
+    renew_after_own_expiry_is_caught: RenewAfterOwnExpiry,
+    inspect_that_lies_is_caught: InspectLies,
+    list_that_misses_leases_is_caught: ListMisses,
+    capabilities_that_claim_too_much_are_caught: ClaimsTooMuch,
+    out_of_range_ttls_accepted_are_caught: AcceptsAnyTtl,
+    guard_that_ignores_fences_is_caught: GuardIgnoresFence,
+    early_expiry_is_caught: ExpiresEarly,
+    guessing_when_unreachable_is_caught: GuessesWhenUnreachable,
+    undeclared_extras_are_caught: Undeclared,
+    fences_claimed_durable_are_caught: ClaimsDurableFences,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renew_or_release_for_any_owner_is_caught() {
-    must_fail!(
-        Flaw::AnyOwner,
-        only_owner_renews_or_releases,
-        late_release_leaves_new_owner_intact,
-    );
+#[test]
+fn every_flaw_has_a_test() {
+    let tested: BTreeSet<Flaw> = TESTED.iter().copied().collect();
+    let all: BTreeSet<Flaw> = Flaw::ALL.iter().copied().collect();
+    assert_eq!(tested, all, "a flaw without a test (or a test twice)");
+    assert_eq!(TESTED.len(), Flaw::ALL.len());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ignoring_expiry_is_caught() {
-    must_fail!(
-        Flaw::IgnoresExpiry,
-        fence_never_reused_after_expiry,
-        late_release_leaves_new_owner_intact,
+#[test]
+fn the_hand_written_list_is_the_suite() {
+    let generated: Vec<&str> = CASES.iter().chain(FAULT_CASES).map(|c| c.name).collect();
+    let generated_set: BTreeSet<&str> = generated.iter().copied().collect();
+    let written: BTreeSet<&str> = ALL_CASES.iter().copied().collect();
+    assert_eq!(
+        generated.len(),
+        generated_set.len(),
+        "a case listed twice by the macros"
+    );
+    assert_eq!(
+        ALL_CASES.len(),
+        written.len(),
+        "a case written twice in ALL_CASES"
+    );
+    let missing: Vec<_> = generated_set.difference(&written).collect();
+    let extra: Vec<_> = written.difference(&generated_set).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "ALL_CASES differs from the suite: not written {missing:?}, not in the suite {extra:?}"
     );
 }
 
 #[test]
-fn every_case_is_listed() {
-    assert_eq!(leasehold_conformance::CASES.len(), 16);
-    assert!(leasehold_conformance::CASES.contains(&"capabilities_are_honest"));
+fn every_case_is_killed() {
+    let killed: BTreeSet<&str> = KILLS.iter().map(|k| k.case).collect();
+    let never: Vec<&&str> = ALL_CASES.iter().filter(|c| !killed.contains(**c)).collect();
+    assert!(
+        never.is_empty(),
+        "cases that no broken store makes fail: {never:?}"
+    );
+    let unknown: Vec<&&str> = killed.iter().filter(|c| !ALL_CASES.contains(c)).collect();
+    assert!(unknown.is_empty(), "KILLS names unknown cases: {unknown:?}");
+    for k in KILLS {
+        assert!(!k.reason.trim().is_empty(), "{k:?}: no reason");
+    }
 }

@@ -25,12 +25,13 @@ impl Faults for MemoryFaults {
 
 async fn fixture() -> Fixture {
     let store = MemoryStore::new();
-    Fixture {
-        store: Arc::new(store.clone()),
-        faults: Arc::new(MemoryFaults(store)),
-        ttl: Duration::from_millis(600),
-        guard: Box::new(()),
-    }
+    Fixture::new(
+        Arc::new(store.clone()),
+        Arc::new(MemoryFaults(store)),
+        Duration::from_millis(600),
+    )
+    .no_guard("the in-memory store has no storage-side guard")
+    .this_process_only()
 }
 
 leasehold_conformance::conformance_suite!(fixture);

@@ -1,32 +1,21 @@
-//! The conformance suite on the MariaDB GET_LOCK store, one private server per case,
-//! reached through a fault proxy (blackholed for `make_unreachable`); `forget` KILLs the
-//! session holding the lock (FAULTS 19).
+//! The conformance suite and the shared fault cases (FAULTS rows 2, 4, 5, 6, 7, 8, 24) on
+//! the MariaDB GET_LOCK store, one private server per case, reached through a fault proxy
+//! (blackholed for `make_unreachable`); `forget` KILLs the session holding the lock
+//! (FAULTS 19); the guard case writes through the MySQL guard; the holder process of the
+//! `kill -9` and near-miss cases opens the store straight to the server.
 
 mod common;
 
 use std::sync::Arc;
 
-use leasehold_conformance::Fixture;
-use leasehold_mysql::MySqlGetLockStore;
-use leasehold_testkit::FaultProxy;
+async fn fixture() -> leasehold_conformance::Fixture {
+    common::conformance_fixture(common::Kind::GetLock).await
+}
 
-async fn fixture() -> Fixture {
-    let db = common::start_db();
-    let proxy = Arc::new(FaultProxy::start(db.addr()));
-    let store = MySqlGetLockStore::open(&common::url_through(&proxy, "mysql+getlock"))
-        .await
-        .expect("open the store");
-    let admin = common::admin(&db).await;
-    Fixture {
-        store: Arc::new(store),
-        faults: Arc::new(common::MyFaults {
-            admin,
-            proxy,
-            kind: common::Kind::GetLock,
-        }),
-        ttl: common::TTL,
-        guard: Box::new(db),
-    }
+async fn open(url: String) -> Arc<dyn leasehold::Store> {
+    common::open_store(common::Kind::GetLock, url).await
 }
 
 leasehold_conformance::conformance_suite!(fixture);
+leasehold_conformance::fault_suite!(fixture);
+leasehold_conformance::holder_process!(open);

@@ -1,5 +1,7 @@
-//! The conformance suite on the advisory-lock store, against a private PostgreSQL behind
-//! a fault proxy.
+//! The conformance suite and the shared fault cases (FAULTS rows 2, 4, 5, 6, 7, 8, 24) on
+//! the advisory-lock store, against a private PostgreSQL behind a fault proxy; the guard
+//! case writes through the PostgreSQL guard; the holder process of the `kill -9` and
+//! near-miss cases opens the store straight to the server.
 
 mod common;
 
@@ -7,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::Key;
-use leasehold_conformance::{Faults, Fixture};
+use leasehold::{Key, Store};
+use leasehold_conformance::{Faults, Fixture, Network};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig};
 use leasehold_testkit::{FaultProxy, PostgresOptions, ProxyMode};
 
@@ -34,24 +36,39 @@ impl Faults for AdvisoryFaults {
     }
 }
 
-async fn fixture() -> Fixture {
-    let pg = common::start_pg(PostgresOptions::new()).await;
-    let proxy = Arc::new(FaultProxy::start(pg.addr()));
-    let config = PgConfig::from_url(&common::url_for(proxy.addr())).unwrap();
-    let store = PgAdvisoryStore::connect(&config).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    let admin = PgAdvisoryStore::connect(&PgConfig::from_url(&pg.url()).unwrap())
+async fn connect(url: &str) -> PgAdvisoryStore {
+    PgAdvisoryStore::connect(&PgConfig::from_url(url).unwrap())
         .await
-        .expect("admin");
-    Fixture {
-        store: Arc::new(store),
-        faults: Arc::new(AdvisoryFaults {
+        .expect("connect")
+}
+
+/// Opens the store in the holder process.
+async fn open(url: String) -> Arc<dyn Store> {
+    Arc::new(connect(&url).await)
+}
+
+async fn fixture() -> Fixture {
+    let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
+    let proxy = Arc::new(FaultProxy::start(pg.addr()));
+    let store = connect(&common::url_for(proxy.addr())).await;
+    store.migrate().await.expect("migrate");
+    let admin = connect(&pg.url()).await;
+    let writes = common::PgWrites::new(common::admin_pool(&pg).await).await;
+    let network = Network::new(vec![proxy.clone()], Arc::new(admin.clone()), pg.clone());
+    Fixture::new(
+        Arc::new(store),
+        Arc::new(AdvisoryFaults {
             admin,
             proxy: proxy.clone(),
         }),
-        ttl: Duration::from_secs(2),
-        guard: Box::new((pg, proxy)),
-    }
+        Duration::from_secs(2),
+    )
+    .guard(Arc::new(writes))
+    .other_processes(pg.url())
+    .network(network)
+    .keep_alive((pg, proxy))
 }
 
 leasehold_conformance::conformance_suite!(fixture);
+leasehold_conformance::fault_suite!(fixture);
+leasehold_conformance::holder_process!(open);

@@ -1,6 +1,9 @@
-//! The shared conformance suite against a private standalone `redis-server`, reached
-//! through a fault proxy.
+//! The shared conformance suite and the shared fault cases (FAULTS rows 2, 4, 5, 6, 7, 8,
+//! 24) against a private standalone `redis-server`, reached through a fault proxy; the
+//! holder process of the `kill -9` and near-miss cases opens it from its URL.
 
 mod common;
 
 leasehold_conformance::conformance_suite!(common::standalone_fixture);
+leasehold_conformance::fault_suite!(common::standalone_fixture);
+leasehold_conformance::holder_process!(common::open_store);

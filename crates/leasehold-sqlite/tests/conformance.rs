@@ -5,16 +5,21 @@
 //! (`BEGIN EXCLUSIVE`), exactly what a writer stuck in a transaction in another process
 //! does: every write of the store then waits out its busy timeout and fails with `Busy`.
 //! Reads keep working (WAL), which the suite does not need to block.
+//!
+//! The guard case writes through the SQLite guard (in the same file); the holder process
+//! of the `kill -9` case opens the store from its `sqlite://` URL. SQLite is not
+//! networked: the shared fault cases (`fault_suite!`) do not apply; FAULTS rows 1, 3 and
+//! 20 on SQLite are in `processes.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::Key;
-use leasehold_conformance::{Faults, Fixture};
-use leasehold_sqlite::{SqliteConfig, SqliteStore};
+use leasehold::{Fence, Key, Store, StoreError};
+use leasehold_conformance::{Faults, FencedWrites, Fixture};
+use leasehold_sqlite::{SqliteConfig, SqliteStore, guard, store_error};
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 use tokio::sync::Mutex;
 
 struct SqliteFaults {
@@ -57,6 +62,50 @@ impl Faults for SqliteFaults {
     }
 }
 
+/// Writes through the SQLite guard: the guard check and an upsert of `conformance_data`,
+/// in one transaction.
+struct SqliteWrites {
+    pool: SqlitePool,
+}
+
+#[async_trait]
+impl FencedWrites for SqliteWrites {
+    async fn write(&self, resource: &str, fence: Fence, value: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(store_error)?;
+        if !guard::check_and_advance(&mut tx, resource, fence)
+            .await?
+            .is_accepted()
+        {
+            tx.rollback().await.map_err(store_error)?;
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO conformance_data (resource, value) VALUES (?1, ?2) \
+             ON CONFLICT (resource) DO UPDATE SET value = excluded.value",
+        )
+        .bind(resource)
+        .bind(value)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(true)
+    }
+
+    async fn read(&self, resource: &str) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar("SELECT value FROM conformance_data WHERE resource = ?1")
+            .bind(resource)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(store_error)
+    }
+}
+
+/// Opens the store in the holder process.
+async fn open(url: String) -> Arc<dyn Store> {
+    Arc::new(SqliteStore::open(&url).await.expect("open the store"))
+}
+
 async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("nested/dir/leases.db");
@@ -65,15 +114,32 @@ async fn fixture() -> Fixture {
     let options = SqliteConnectOptions::new()
         .filename(&path)
         .busy_timeout(Duration::from_secs(10));
-    Fixture {
-        store: Arc::new(store),
-        faults: Arc::new(SqliteFaults {
+    // The store's own connections hold the guard tables (it creates them).
+    let pool = store.pool().clone();
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS conformance_data (resource TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("data table");
+    let path = path.to_str().expect("a UTF-8 path");
+    assert!(
+        !path.contains(['?', '#', '%']),
+        "{path}: needs escaping in a URL"
+    );
+    let url = format!("sqlite://{path}?busy_timeout=2s");
+    Fixture::new(
+        Arc::new(store),
+        Arc::new(SqliteFaults {
             options,
             locker: Mutex::new(None),
         }),
-        ttl: Duration::from_millis(1500),
-        guard: Box::new(dir),
-    }
+        Duration::from_millis(1500),
+    )
+    .guard(Arc::new(SqliteWrites { pool }))
+    .other_processes(url)
+    .keep_alive(dir)
 }
 
 leasehold_conformance::conformance_suite!(fixture);
+leasehold_conformance::holder_process!(open);

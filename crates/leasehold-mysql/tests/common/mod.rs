@@ -148,3 +148,130 @@ pub fn url_through(proxy: &FaultProxy, scheme: &str) -> String {
 }
 
 pub const TTL: Duration = Duration::from_millis(1500);
+
+impl leasehold_conformance::Pausable for Server {
+    fn pause(&self) {
+        self.db.pause();
+    }
+    fn resume(&self) {
+        self.db.resume();
+    }
+}
+
+/// The conformance suite's stale-writer case writes through the MySQL guard: the guard
+/// check and an upsert of `conformance_data`, in one transaction.
+pub struct MyWrites {
+    pool: MySqlPool,
+}
+
+impl MyWrites {
+    /// Creates the guard tables and the data table on `pool`.
+    pub async fn new(pool: MySqlPool) -> Self {
+        leasehold_mysql::guard::migrate(&pool)
+            .await
+            .expect("guard tables");
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS conformance_data \
+             (resource VARCHAR(255) PRIMARY KEY, value TEXT NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .expect("data table");
+        Self { pool }
+    }
+}
+
+#[async_trait]
+impl leasehold_conformance::FencedWrites for MyWrites {
+    async fn write(
+        &self,
+        resource: &str,
+        fence: leasehold::Fence,
+        value: &str,
+    ) -> Result<bool, leasehold::StoreError> {
+        use leasehold_mysql::store_error;
+        let mut tx = self.pool.begin().await.map_err(store_error)?;
+        if !leasehold_mysql::guard::check_and_advance(&mut tx, resource, fence)
+            .await?
+            .is_accepted()
+        {
+            tx.rollback().await.map_err(store_error)?;
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO conformance_data (resource, value) VALUES (?, ?) \
+             ON DUPLICATE KEY UPDATE value = VALUES(value)",
+        )
+        .bind(resource)
+        .bind(value)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(true)
+    }
+
+    async fn read(&self, resource: &str) -> Result<Option<String>, leasehold::StoreError> {
+        sqlx::query_scalar("SELECT value FROM conformance_data WHERE resource = ?")
+            .bind(resource)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(leasehold_mysql::store_error)
+    }
+}
+
+/// The URL of `db` itself (not through a proxy), with the same bounds as
+/// [`url_through`].
+pub fn url_direct(db: &MariaDb, scheme: &str) -> String {
+    format!(
+        "{scheme}://root@127.0.0.1:{}/test?timeout=1s&connect_timeout=1s&max_connections=16",
+        db.port()
+    )
+}
+
+/// The conformance fixture for `kind`: the store through a fault proxy, a direct store,
+/// the guard, the holder process's URL.
+pub async fn conformance_fixture(kind: Kind) -> leasehold_conformance::Fixture {
+    let db = Arc::new(start_db());
+    let proxy = Arc::new(FaultProxy::start(db.addr()));
+    let scheme = match kind {
+        Kind::Table => "mysql",
+        Kind::GetLock => "mysql+getlock",
+    };
+    let store = open_store(kind, url_through(&proxy, scheme)).await;
+    let direct_url = url_direct(&db, scheme);
+    let direct = open_store(kind, direct_url.clone()).await;
+    let admin = admin(&db).await;
+    let writes = MyWrites::new(admin.clone()).await;
+    let network = leasehold_conformance::Network::new(vec![proxy.clone()], direct, db.clone())
+        .op_bound(Duration::from_secs(1));
+    leasehold_conformance::Fixture::new(
+        store,
+        Arc::new(MyFaults {
+            admin,
+            proxy: proxy.clone(),
+            kind,
+        }),
+        TTL,
+    )
+    .guard(Arc::new(writes))
+    .other_processes(direct_url)
+    .network(network)
+    .keep_alive((db, proxy))
+}
+
+/// Opens a store of `kind` from `url`.
+pub async fn open_store(kind: Kind, url: String) -> Arc<dyn leasehold::Store> {
+    match kind {
+        Kind::Table => Arc::new(
+            leasehold_mysql::MySqlLeaseStore::open(&url)
+                .await
+                .expect("open the store"),
+        ),
+        Kind::GetLock => Arc::new(
+            leasehold_mysql::MySqlGetLockStore::open(&url)
+                .await
+                .expect("open the store"),
+        ),
+    }
+}

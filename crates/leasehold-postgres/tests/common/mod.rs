@@ -72,3 +72,64 @@ where
 }
 
 pub fn unused(_: &sqlx::Error) {}
+
+/// The conformance suite's stale-writer case writes through the PostgreSQL guard: the
+/// guard check and an upsert of `conformance_data`, in one transaction.
+pub struct PgWrites {
+    pool: PgPool,
+}
+
+impl PgWrites {
+    /// Creates the guard tables and the data table on `pool`.
+    pub async fn new(pool: PgPool) -> Self {
+        leasehold_postgres::guard::migrate(&pool)
+            .await
+            .expect("guard tables");
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS conformance_data (resource text PRIMARY KEY, value text NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .expect("data table");
+        Self { pool }
+    }
+}
+
+#[async_trait::async_trait]
+impl leasehold_conformance::FencedWrites for PgWrites {
+    async fn write(
+        &self,
+        resource: &str,
+        fence: leasehold::Fence,
+        value: &str,
+    ) -> Result<bool, leasehold::StoreError> {
+        use leasehold_postgres::store_error;
+        let mut tx = self.pool.begin().await.map_err(store_error)?;
+        if !leasehold_postgres::guard::check_and_advance(&mut tx, resource, fence)
+            .await?
+            .is_accepted()
+        {
+            tx.rollback().await.map_err(store_error)?;
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO conformance_data (resource, value) VALUES ($1, $2) \
+             ON CONFLICT (resource) DO UPDATE SET value = EXCLUDED.value",
+        )
+        .bind(resource)
+        .bind(value)
+        .execute(&mut *tx)
+        .await
+        .map_err(store_error)?;
+        tx.commit().await.map_err(store_error)?;
+        Ok(true)
+    }
+
+    async fn read(&self, resource: &str) -> Result<Option<String>, leasehold::StoreError> {
+        sqlx::query_scalar("SELECT value FROM conformance_data WHERE resource = $1")
+            .bind(resource)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(leasehold_postgres::store_error)
+    }
+}

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::Key;
-use leasehold_conformance::{Faults, Fixture};
+use leasehold::{Key, Store};
+use leasehold_conformance::{Faults, Fixture, Network};
 use leasehold_redis::{NodeAddr, RedisConfig, RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, ProxyMode, RedisCluster, RedisOptions, RedisServer};
 
@@ -160,7 +160,11 @@ impl Faults for RedisFaults {
     }
 }
 
-/// The conformance fixture on a standalone server.
+const NO_GUARD: &str = "Redis has no storage-side guard in leasehold: fence the writes in \
+                        the database that receives them";
+
+/// The conformance fixture on a standalone server: the store reaches it through a fault
+/// proxy; other processes open it from its URL.
 pub async fn standalone_fixture() -> Fixture {
     let s = Standalone::start().await;
     let server = s.server.clone();
@@ -172,15 +176,20 @@ pub async fn standalone_fixture() -> Fixture {
             server.cli(&args)
         }),
     };
-    Fixture {
-        store: s.store.clone(),
-        faults: Arc::new(faults),
-        ttl: Duration::from_secs(1),
-        guard: Box::new(s),
-    }
+    let url = s.server.authed_url();
+    let direct = open_store(url.clone()).await;
+    let network = Network::new(vec![s.proxy.clone()], direct, s.server.clone())
+        .op_bound(s.store.config().op_timeout())
+        .lost_reply_applies(true);
+    Fixture::new(s.store.clone(), Arc::new(faults), Duration::from_secs(1))
+        .no_guard(NO_GUARD)
+        .other_processes(url)
+        .network(network)
+        .keep_alive(s)
 }
 
-/// The conformance fixture on a 3-master cluster.
+/// The conformance fixture on a 3-master cluster, each node behind its own fault proxy;
+/// other processes open it from a `redis+cluster://` URL naming every node.
 pub async fn cluster_fixture() -> Fixture {
     let c = Cluster::start().await;
     let cluster = c.cluster.clone();
@@ -193,10 +202,26 @@ pub async fn cluster_fixture() -> Fixture {
             cluster.any_live_node().cli(&full)
         }),
     };
-    Fixture {
-        store: c.store.clone(),
-        faults: Arc::new(faults),
-        ttl: Duration::from_secs(1),
-        guard: Box::new(c),
-    }
+    let nodes: Vec<String> = c
+        .cluster
+        .ports()
+        .into_iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!("redis+cluster://{}/", nodes.join(","));
+    let direct = open_store(url.clone()).await;
+    let network = Network::new(c.proxies.clone(), direct, c.cluster.clone())
+        .op_bound(c.config.op_timeout())
+        .lost_reply_applies(true);
+    Fixture::new(c.store.clone(), Arc::new(faults), Duration::from_secs(1))
+        .no_guard(NO_GUARD)
+        .other_processes(url)
+        .network(network)
+        .keep_alive(c)
+}
+
+/// Opens a store from a URL (in the holder process of the conformance suite, and for the
+/// fixtures' direct stores).
+pub async fn open_store(url: String) -> Arc<dyn Store> {
+    Arc::new(RedisStore::open(&url).await.expect("open the store"))
 }

@@ -1,0 +1,819 @@
+//! The shared fault cases: FAULTS rows 2, 4, 5, 6, 7, 8 and 24, for every networked
+//! backend, through the fault proxies of its fixture's [`Network`].
+//!
+//! Each case panics on failure; its messages say what went wrong in words the broken-store
+//! tests look for (`tests/broken_stores.rs`). Timing margins are generous: no case asserts
+//! that anything is fast, only that bounds which protect the data hold.
+
+use std::future::Future;
+use std::time::Duration;
+
+use leasehold::{
+    AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo, LostReason, OwnerToken,
+    ReleaseOutcome, RenewOutcome, StoreError,
+};
+use leasehold_testkit::ProxyMode;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+
+use crate::holder::Holder;
+use crate::{Fixture, Network, OtherProcesses};
+
+fn key(name: &str) -> Key {
+    Key::new(format!("conformance:{name}")).expect("valid key")
+}
+
+fn net(fx: &Fixture) -> &Network {
+    fx.network.as_ref().expect(
+        "the fault cases need Fixture::network (the proxies, a direct store, the server processes)",
+    )
+}
+
+/// How long one call may take when nothing is wrong (a loaded machine, a reconnect).
+fn call_bound(fx: &Fixture) -> Duration {
+    let net_bound = fx.network.as_ref().and_then(|n| n.op_bound);
+    fx.ttl + net_bound.unwrap_or(Duration::ZERO) + Duration::from_secs(1)
+}
+
+/// Calls `f` until it answers: retryable errors and calls without an answer within
+/// [`call_bound`] are retried for up to 15 s (a store reconnecting after a fault).
+async fn until_ok<T, F, Fut>(fx: &Fixture, what: &str, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    until_ok_within(fx, what, Duration::from_secs(15), f).await
+}
+
+/// [`until_ok`], retrying for up to `within`.
+async fn until_ok_within<T, F, Fut>(fx: &Fixture, what: &str, within: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let deadline = Instant::now() + within;
+    let per_call = call_bound(fx);
+    loop {
+        let last = match timeout(per_call, f()).await {
+            Ok(Ok(v)) => return v,
+            Ok(Err(e)) if e.is_retryable() => e.to_string(),
+            Ok(Err(e)) => panic!("{what}: {e}"),
+            Err(_) => format!("no answer within {per_call:?}"),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the store did not answer once the fault was gone: {last}"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What the server holds at `k`, seen past the proxies.
+async fn direct_inspect(fx: &Fixture, k: &Key) -> Option<LeaseInfo> {
+    let direct = net(fx).direct.clone();
+    until_ok(fx, "inspect on the direct store", || direct.inspect(k)).await
+}
+
+/// Checks the grant a retry by `owner` got against the grant seen applied before it.
+///
+/// The retry must return the grant whose reply was lost, same fence. A session-bound store
+/// ends a session whose call was cancelled or cut (its documented cancel behaviour), and
+/// the lease with it: its retry may be a fresh grant, with a higher fence. Either way
+/// there is never a second lease (checked by the caller).
+fn check_retry(
+    fx: &Fixture,
+    what: &str,
+    applied: Option<&LeaseInfo>,
+    owner: OwnerToken,
+    fence: Fence,
+) {
+    let Some(info) = applied else { return };
+    assert_eq!(
+        info.owner, owner,
+        "{what}: the applied grant is another owner's"
+    );
+    if fx.store.capabilities().session_bound && fence != info.fence {
+        assert!(
+            fence > info.fence,
+            "{what}: a fresh grant after the session ended must have a higher fence ({fence} after {})",
+            info.fence
+        );
+        eprintln!(
+            "{what}: the session of the lost reply's grant ended; the retry got a fresh grant"
+        );
+    } else {
+        assert_eq!(
+            fence, info.fence,
+            "{what}: the retry must return the fence of the grant whose reply was lost"
+        );
+    }
+}
+
+/// The same owner retries its acquire until it is granted. A session-bound store ends the
+/// session of a cancelled call asynchronously: until it has, the retry may find that
+/// session's lock (the owner's own dying grant) and answer `Held`; that may last moments,
+/// never the TTL.
+async fn retry_same_owner(
+    fx: &Fixture,
+    what: &str,
+    k: &Key,
+    owner: OwnerToken,
+    ttl: Duration,
+) -> Fence {
+    let session = fx.store.capabilities().session_bound;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let outcome = until_ok(fx, what, || fx.store.acquire(k, &owner, ttl)).await;
+        match outcome {
+            AcquireOutcome::Acquired { fence, .. } => return fence,
+            AcquireOutcome::Held { .. } if session && Instant::now() < deadline => {
+                sleep(Duration::from_millis(20)).await;
+            }
+            held => panic!("{what}: the retry with the same owner must be granted, got {held:?}"),
+        }
+    }
+}
+
+fn fence_of(what: &str, outcome: AcquireOutcome) -> Fence {
+    match outcome {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        AcquireOutcome::Held { .. } => panic!("{what}: expected Acquired, got {outcome:?}"),
+    }
+}
+
+/// FAULTS row 2, near miss: a holder process frozen (`SIGSTOP`) for a little less than its
+/// validity window keeps its lease: nobody else gets it during or after the freeze, its
+/// lost signal never fires, its renewals go on, and it still holds the lease when it
+/// releases it.
+pub async fn row_02_near_miss_freeze_keeps_the_lease(fx: &Fixture) {
+    let OtherProcesses::Url(url) = &fx.processes else {
+        panic!("row 2 needs a holder process: the fixture must declare Fixture::other_processes")
+    };
+    let k = key("near-miss");
+    let cfg = fx.config();
+    let window = cfg.validity(fx.ttl);
+    let holder = Holder::spawn(url, &k, fx.ttl).await;
+    let sent_after = holder.go();
+    let (fence, owner) = holder.held().await;
+    holder.pause();
+    let paused_at = Instant::now();
+    // Its deadline is at least `sent_after + window` (later if it renewed before the
+    // pause): resume it at 70 % of that, which leaves it time to be scheduled and renew
+    // before the deadline on a loaded machine.
+    let check_at = sent_after + window * 55 / 100;
+    let resume_at = sent_after + window * 7 / 10;
+    eprintln!(
+        "near miss: frozen from {:?} to {:?} after the acquire's send (window {window:?})",
+        paused_at - sent_after,
+        resume_at - sent_after
+    );
+    sleep_until(check_at).await;
+    let contender = fx.client();
+    match contender.try_acquire(&k).await {
+        Err(Error::Contended { .. }) => {}
+        Ok(lease) => panic!(
+            "near miss: two holders during a near-miss freeze (fences {fence} and {})",
+            lease.fence()
+        ),
+        Err(e) => panic!("near miss: the contender's try_acquire failed: {e}"),
+    }
+    let info = direct_inspect(fx, &k).await;
+    assert_eq!(
+        info.map(|i| (i.owner, i.fence)),
+        Some((owner, fence)),
+        "near miss: the store must keep a lease frozen for less than its validity window"
+    );
+    sleep_until(resume_at).await;
+    holder.resume();
+    // The heartbeat renews at once after the freeze, then on its schedule.
+    sleep(cfg.renew_interval() * 2 + cfg.op_timeout()).await;
+    match contender.try_acquire(&k).await {
+        Err(Error::Contended { .. }) => {}
+        Ok(lease) => panic!(
+            "near miss: two holders after a near-miss freeze (fences {fence} and {})",
+            lease.fence()
+        ),
+        Err(e) => panic!("near miss: the contender's try_acquire failed: {e}"),
+    }
+    let (status, released, lines) = holder.finish().await;
+    assert!(
+        !lines.iter().any(|l| l.starts_with("LOST")),
+        "near miss: the lost signal fired after a freeze shorter than the validity window: \
+         {lines:?}"
+    );
+    assert_eq!(
+        status,
+        ["valid=true", "lost=None"],
+        "near miss: the holder must still hold a valid lease"
+    );
+    assert_eq!(
+        released, "true",
+        "near miss: the holder no longer held the lease at its release"
+    );
+    let next = contender
+        .acquire(&k, fx.ttl * 3)
+        .await
+        .expect("near miss: the released key is free");
+    assert!(
+        next.fence() > fence,
+        "near miss: the next fence must be higher"
+    );
+    assert!(next.release().await.unwrap());
+}
+
+/// FAULTS row 4: the server is frozen (`SIGSTOP`) past the TTL. Renewals time out; the
+/// lost signal fires at the local deadline, before the store-side expiry. Afterwards the
+/// lost lease is not taken over while its holder keeps its handle; the holder's release
+/// frees it and the next fence is higher.
+pub async fn row_04_server_paused_lost_before_store_expiry(fx: &Fixture) {
+    let net = net(fx);
+    let caps = fx.store.capabilities();
+    let k = key("server-paused");
+    let client = fx.client();
+    let cfg = client.config().clone();
+    let lease = client.try_acquire(&k).await.expect("setup: acquire");
+    sleep(cfg.renew_interval() * 3 / 2).await; // at least one renewal
+    assert!(
+        lease.is_valid(),
+        "setup: the lease is valid before the pause"
+    );
+    let servers = net.servers.clone();
+    tokio::task::block_in_place(|| servers.pause());
+    let reason = timeout(fx.ttl * 2, lease.lost()).await;
+    let lost_at = Instant::now();
+    let valid_until = lease.valid_until();
+    servers.resume();
+    let reason = reason.unwrap_or_else(|_| {
+        panic!(
+            "server paused: lost fires while the server is paused (still valid after {:?})",
+            fx.ttl * 2
+        )
+    });
+    let expected = matches!(
+        reason,
+        LostReason::Expired | LostReason::RenewFailed { .. } | LostReason::StoreUnavailable
+    ) || (caps.session_bound && reason == LostReason::NotOwner);
+    assert!(
+        expected,
+        "server paused: lost for the wrong reason: {reason:?}"
+    );
+    // The store keeps the lease until at least the last confirmed renewal's send + TTL.
+    let store_expiry_at_least = valid_until + (cfg.ttl() - cfg.validity(cfg.ttl()));
+    assert!(
+        lost_at < store_expiry_at_least,
+        "server paused: lost fired {:?} after the store-side expiry",
+        lost_at - store_expiry_at_least
+    );
+    // While its holder may still run, the lost lease is not given to anyone else (a
+    // renewal queued in the frozen server's socket may even have extended it).
+    if let Some(info) = direct_inspect(fx, &k).await {
+        assert_eq!(
+            info.owner,
+            *lease.owner(),
+            "server paused: taken over while its holder may run"
+        );
+        if info.remaining.is_some_and(|r| r > fx.ttl / 4) {
+            match client.try_acquire(&k).await {
+                Ok(other) => panic!(
+                    "server paused: a second holder (fence {}) while the first holds its handle",
+                    other.fence()
+                ),
+                Err(e) => eprintln!("server paused: a contender is refused: {e}"),
+            }
+        }
+    }
+    // The holder stops its work and lets go.
+    let old = lease.fence();
+    let _ = lease.release().await;
+    let next = client
+        .acquire(&k, fx.ttl * 3 + Duration::from_secs(5))
+        .await
+        .expect("server paused: the key is free once its holder let go");
+    assert!(
+        next.fence() > old,
+        "server paused: the next fence {} must be above {old}",
+        next.fence()
+    );
+    assert!(next.release().await.unwrap());
+}
+
+/// FAULTS row 5: the proxy forwards an acquire and drops its reply. The retry with the
+/// same owner returns the grant that was applied (same fence), never a second lease; after
+/// the release nothing is left. The same end to end through the lease client, whose
+/// ambiguous-reply retry reuses its owner.
+pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
+    let net = net(fx);
+    let k = key("lost-reply");
+    let ttl = fx.ttl * 5;
+    // Warm up: connected, statements prepared, scripts loaded.
+    let warm = OwnerToken::random();
+    until_ok(fx, "warm-up acquire", || fx.store.acquire(&k, &warm, ttl)).await;
+    until_ok(fx, "warm-up release", || fx.store.release(&k, &warm)).await;
+
+    let owner = OwnerToken::random();
+    net.set_mode(ProxyMode::DropReplies);
+    match timeout(call_bound(fx), fx.store.acquire(&k, &owner, ttl)).await {
+        Ok(Ok(o)) => {
+            panic!("lost reply: an acquire answered through a proxy that drops replies: {o:?}")
+        }
+        Ok(Err(e)) => assert!(
+            e.is_retryable(),
+            "lost reply: a call without a reply must fail with a retryable error: {e}"
+        ),
+        Err(_) => {}
+    }
+    let applied = direct_inspect(fx, &k).await;
+    if net.lost_reply_applies {
+        assert!(
+            applied.is_some(),
+            "lost reply: setup: the acquire whose reply was dropped was not applied"
+        );
+    }
+    net.set_mode(ProxyMode::Pass);
+    let fence = retry_same_owner(fx, "lost reply", &k, owner, ttl).await;
+    check_retry(fx, "lost reply", applied.as_ref(), owner, fence);
+    let info = direct_inspect(fx, &k).await.map(|i| (i.owner, i.fence));
+    assert_eq!(info, Some((owner, fence)), "lost reply: a second lease");
+    assert_eq!(
+        until_ok(fx, "lost reply: release", || fx.store.release(&k, &owner)).await,
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        direct_inspect(fx, &k).await,
+        None,
+        "lost reply: a lease was left behind"
+    );
+
+    // End to end: the client's first attempt is applied, its reply lost; it retries.
+    let cfg = LeaseConfig::builder(ttl)
+        .op_timeout(fx.ttl / 2)
+        .build()
+        .expect("config");
+    let client = LeaseClient::new(fx.store.clone(), cfg);
+    net.set_mode(ProxyMode::DropReplies);
+    let session = fx.store.capabilities().session_bound;
+    let pending = {
+        let (client, k) = (client.clone(), k.clone());
+        tokio::spawn(async move {
+            if session {
+                // See `retry_same_owner`: a moment may pass before the cut session ends.
+                client.acquire(&k, Duration::from_secs(3)).await
+            } else {
+                client.try_acquire(&k).await
+            }
+        })
+    };
+    sleep(fx.ttl / 4).await;
+    let applied = direct_inspect(fx, &k).await;
+    if net.lost_reply_applies {
+        assert!(
+            applied.is_some(),
+            "lost reply: setup: the client's first attempt, whose reply was dropped, was not applied"
+        );
+    }
+    net.set_mode(ProxyMode::Pass);
+    let lease = pending
+        .await
+        .expect("task")
+        .expect("lost reply: the client's retry gets the lease");
+    check_retry(
+        fx,
+        "lost reply (lease client)",
+        applied.as_ref(),
+        *lease.owner(),
+        lease.fence(),
+    );
+    let info = direct_inspect(fx, &k).await.map(|i| (i.owner, i.fence));
+    assert_eq!(
+        info,
+        Some((*lease.owner(), lease.fence())),
+        "lost reply: a second lease"
+    );
+    assert!(lease.release().await.unwrap(), "lost reply: release");
+    assert_eq!(
+        direct_inspect(fx, &k).await,
+        None,
+        "lost reply: a lease was left behind"
+    );
+}
+
+/// FAULTS row 6: slow replies. With every chunk held a while, an acquire still succeeds
+/// and its validity window counts from the send (so it is shorter by the time the reply
+/// took). With the link slower than the TTL, acquisitions fail, and whatever they were
+/// granted late is gone within 3 × TTL.
+pub async fn row_06_slow_replies_shorten_validity_and_too_slow_fails(fx: &Fixture) {
+    let net = net(fx);
+    let ttl = fx.ttl;
+    // Room for slow calls: an operation may take 80 % of the TTL.
+    let cfg = LeaseConfig::builder(ttl)
+        .op_timeout(ttl * 4 / 5)
+        .renew_interval(ttl / 10)
+        .build()
+        .expect("config");
+    let client = LeaseClient::new(fx.store.clone(), cfg.clone());
+    let k = key("slow");
+    until_ok(fx, "warm up", || fx.store.inspect(&k)).await;
+    // Every chunk held `delay` each way: a round trip takes at least twice that, and an
+    // acquire may take a dozen (to open a dedicated session).
+    let delay = ttl / 60;
+    net.set_mode(ProxyMode::Delay(delay));
+    let before = Instant::now();
+    let lease = client
+        .try_acquire(&k)
+        .await
+        .expect("slow replies: an acquire within its timeout succeeds");
+    let after = Instant::now();
+    net.set_mode(ProxyMode::Pass);
+    let took = after - before;
+    assert!(
+        took >= delay * 2,
+        "setup: the proxy did not slow the acquire ({took:?})"
+    );
+    // The attempt that got the lease was sent at least one slowed round trip (2 × delay)
+    // before its reply came: counted from that send, the window ends at least that much
+    // before `after + validity`; counted from the reply, it would end about then.
+    let longest = after + cfg.validity(lease.ttl()) - delay;
+    assert!(
+        lease.valid_until() <= longest,
+        "slow replies: the validity window must count from the send, not the reply (it ends \
+         {:?} after the reply, whose acquire took {took:?})",
+        lease.valid_until() - after
+    );
+    assert!(lease.release().await.unwrap(), "slow replies: release");
+
+    // Slower than the TTL (half the fixture's, to keep the case short): the lease client
+    // (default configuration) and a raw call both give up.
+    let short = ttl / 2;
+    let client = LeaseClient::new(fx.store.clone(), LeaseConfig::new(short).expect("config"));
+    let (k2, k3) = (key("too-slow"), key("too-slow-raw"));
+    let big = short * 3 / 2;
+    net.set_mode(ProxyMode::Delay(big));
+    let r = client.try_acquire(&k2).await;
+    assert!(
+        r.is_err(),
+        "slow replies: an acquire slower than its TTL must fail, got {:?}",
+        r.map(|l| l.fence())
+    );
+    let raw = timeout(short, fx.store.acquire(&k3, &OwnerToken::random(), short)).await;
+    assert!(
+        !matches!(raw, Ok(Ok(_))),
+        "slow replies: a raw acquire answered through a link slower than the TTL: {raw:?}"
+    );
+    net.set_mode(ProxyMode::Pass);
+    // Held bytes arrive within `big`; a late grant lives a TTL; then it must be gone.
+    sleep(short * 3).await;
+    for k in [&k2, &k3] {
+        let left = direct_inspect(fx, k).await;
+        assert_eq!(
+            left, None,
+            "slow replies: a too-slow acquire left a lease behind after 3 × TTL"
+        );
+    }
+    let again = client
+        .acquire(&k2, ttl * 3)
+        .await
+        .expect("slow replies: the key is usable afterwards");
+    assert!(again.release().await.unwrap());
+}
+
+/// FAULTS row 7: a blackhole. No call answers through it: each fails (within the store's
+/// own bound, when it declares one) or is ended by the caller; a waiting acquire ends by
+/// its deadline. Once the network is back the store works again and the lease held before
+/// is intact.
+pub async fn row_07_blackhole_no_answer_and_recovery(fx: &Fixture) {
+    let net = net(fx);
+    let caps = fx.store.capabilities();
+    let k = key("blackhole");
+    let owner = OwnerToken::random();
+    let limit = match net.op_bound {
+        Some(b) => b + Duration::from_secs(2),
+        None => fx.ttl,
+    };
+    // Outlives the blackhole: every call below ends within `limit`, the waiting acquire
+    // within 2 × TTL.
+    let long = fx.ttl * 3 + limit + Duration::from_secs(2);
+    fence_of(
+        "setup",
+        until_ok(fx, "setup acquire", || fx.store.acquire(&k, &owner, long)).await,
+    );
+    net.set_mode(ProxyMode::Blackhole);
+    /// What a call through the blackhole may answer: nothing, an error, or — for the
+    /// renewal and the release of a session-bound store, which ends the session it
+    /// cannot reach and the lease with it — `NotOwner`.
+    async fn check<T: std::fmt::Debug>(
+        net: &Network,
+        limit: Duration,
+        name: &str,
+        call: impl Future<Output = Result<T, StoreError>>,
+        may_answer: impl Fn(&T) -> bool,
+    ) {
+        match timeout(limit, call).await {
+            Ok(Ok(v)) if may_answer(&v) => {
+                eprintln!("blackhole: {name} gave up the session: {v:?}");
+            }
+            Ok(Ok(v)) => panic!("blackhole: {name} answered through a blackhole: {v:?}"),
+            Ok(Err(e)) => assert!(
+                e.is_retryable(),
+                "blackhole: {name} failed with a non-retryable error: {e}"
+            ),
+            Err(_) => assert!(
+                net.op_bound.is_none(),
+                "blackhole: {name} did not end by itself within the store's bound {:?}",
+                net.op_bound
+            ),
+        }
+    }
+    let session = caps.session_bound;
+    let other = OwnerToken::random();
+    let fresh = key("blackhole-fresh");
+    let client = fx.client();
+    let wait = fx.ttl;
+    // Every call runs at once: each must end (or be ended) on its own.
+    let mut calls: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>>> = vec![
+        Box::pin(check(
+            net,
+            limit,
+            "acquire",
+            fx.store.acquire(&fresh, &other, fx.ttl),
+            |_| false,
+        )),
+        Box::pin(check(
+            net,
+            limit,
+            "contended acquire",
+            fx.store.acquire(&k, &other, fx.ttl),
+            |_| false,
+        )),
+        Box::pin(check(
+            net,
+            limit,
+            "renew",
+            fx.store.renew(&k, &owner, long),
+            |r| session && *r == RenewOutcome::NotOwner,
+        )),
+        Box::pin(check(
+            net,
+            limit,
+            "release",
+            fx.store.release(&k, &owner),
+            |r| session && *r == ReleaseOutcome::NotOwner,
+        )),
+        Box::pin(check(net, limit, "inspect", fx.store.inspect(&k), |_| {
+            false
+        })),
+        // A waiting acquire ends by its deadline (plus its last attempts' bounds).
+        Box::pin(async {
+            let bound = wait + client.config().op_timeout() * 3 + Duration::from_secs(2);
+            let r = timeout(bound, client.acquire(&fresh, wait))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("blackhole: a waiting acquire did not end by {bound:?}")
+                });
+            assert!(
+                r.is_err(),
+                "blackhole: a waiting acquire answered through a blackhole: {:?}",
+                r.map(|l| l.fence())
+            );
+        }),
+    ];
+    if caps.list {
+        calls.push(Box::pin(check(
+            net,
+            limit,
+            "list",
+            fx.store.list("conformance:"),
+            |_| false,
+        )));
+    }
+    if caps.break_lease {
+        calls.push(Box::pin(check(
+            net,
+            limit,
+            "break",
+            fx.store.break_lease(&fresh),
+            |_| false,
+        )));
+    }
+    futures::future::join_all(calls).await;
+    net.set_mode(ProxyMode::Pass);
+    // The store works again. The lease held before is intact — unless the store is
+    // session-bound and ended the session it could not reach.
+    let info = until_ok(fx, "blackhole: inspect once the network is back", || {
+        fx.store.inspect(&k)
+    })
+    .await;
+    match info {
+        Some(info) => assert_eq!(
+            info.owner, owner,
+            "blackhole: the lease held before the blackhole changed hands"
+        ),
+        None => assert!(
+            session,
+            "blackhole: the lease held before the blackhole is gone"
+        ),
+    }
+    // A session-bound store may only answer once the server has ended a session whose
+    // requests were lost (its TTL after the last request it received).
+    let released = until_ok_within(
+        fx,
+        "blackhole: release",
+        long + Duration::from_secs(15),
+        || fx.store.release(&k, &owner),
+    )
+    .await;
+    assert!(
+        released == ReleaseOutcome::Released || session,
+        "blackhole: the release of the lease held before the blackhole: {released:?}"
+    );
+    assert_eq!(
+        direct_inspect(fx, &k).await,
+        None,
+        "blackhole: a lease was left behind"
+    );
+    assert_eq!(
+        direct_inspect(fx, &fresh).await,
+        None,
+        "blackhole: a lease was left behind"
+    );
+}
+
+/// FAULTS row 8: the connection is reset after the request reached the server. The call
+/// fails with a retryable error (or the store retries by itself); the retry with the same
+/// owner returns the same grant, never a second lease; a reset while idle makes the next
+/// calls reconnect.
+pub async fn row_08_reset_mid_command_idempotent_retry(fx: &Fixture) {
+    let net = net(fx);
+    let k = key("reset");
+    let ttl = fx.ttl * 5;
+    let owner = OwnerToken::random();
+    // Warm up: connected, statements prepared, scripts loaded.
+    let warm = OwnerToken::random();
+    until_ok(fx, "warm-up acquire", || fx.store.acquire(&k, &warm, ttl)).await;
+    until_ok(fx, "warm-up release", || fx.store.release(&k, &warm)).await;
+    // Every chunk held `delay`: the request reaches the server at `delay`, its reply would
+    // come back at twice that; reset in between.
+    let delay = fx.ttl / 4;
+    net.set_mode(ProxyMode::Delay(delay));
+    let pending = {
+        let (store, k) = (fx.store.clone(), k.clone());
+        let bound = call_bound(fx);
+        tokio::spawn(async move { timeout(bound, store.acquire(&k, &owner, ttl)).await })
+    };
+    sleep(delay * 3 / 2).await;
+    net.reset_all();
+    let first = pending.await.expect("task");
+    let first_fence = match first {
+        Ok(Ok(AcquireOutcome::Acquired { fence, .. })) => Some(fence), // retried by itself
+        Ok(Ok(held)) => panic!("reset: {held:?}"),
+        Ok(Err(e)) => {
+            assert!(
+                e.is_retryable(),
+                "reset: a reset mid-command must be a retryable error: {e}"
+            );
+            None
+        }
+        Err(_) => None,
+    };
+    net.set_mode(ProxyMode::Pass);
+    let applied = direct_inspect(fx, &k).await;
+    if net.lost_reply_applies {
+        assert!(
+            applied.is_some() || first_fence.is_some(),
+            "reset: setup: the acquire reset after it reached the server was not applied"
+        );
+    }
+    let fence = retry_same_owner(fx, "reset", &k, owner, ttl).await;
+    check_retry(fx, "reset", applied.as_ref(), owner, fence);
+    if let Some(f) = first_fence {
+        let first = LeaseInfo {
+            key: k.clone(),
+            owner,
+            fence: f,
+            remaining: None,
+        };
+        check_retry(fx, "reset", Some(&first), owner, fence);
+    }
+    let info = direct_inspect(fx, &k).await.map(|i| (i.owner, i.fence));
+    assert_eq!(info, Some((owner, fence)), "reset: a second lease");
+    // A reset while idle: the next calls reconnect. A session-bound lease ends with its
+    // session: its renewal must then say so, and the lease must be gone.
+    let before = net.connections();
+    net.reset_all();
+    sleep(Duration::from_millis(50)).await;
+    let renewed = until_ok(fx, "reset: renew after an idle reset", || {
+        fx.store.renew(&k, &owner, ttl)
+    })
+    .await;
+    if fx.store.capabilities().session_bound {
+        assert_eq!(
+            renewed,
+            RenewOutcome::NotOwner,
+            "reset: a session-bound lease must end with its session"
+        );
+        let gone_by = Instant::now() + Duration::from_secs(10);
+        while let Some(info) = direct_inspect(fx, &k).await {
+            assert!(
+                Instant::now() < gone_by,
+                "reset: a session-bound lease outlived its session: {info:?}"
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+        let next = fx
+            .client()
+            .try_acquire(&k)
+            .await
+            .expect("reset: the key is free once its session ended");
+        assert!(next.fence() > fence, "reset: the next fence must be higher");
+        assert!(next.release().await.unwrap());
+    } else {
+        assert!(
+            matches!(renewed, RenewOutcome::Renewed { .. }),
+            "reset: the owner's renewal after a reset: {renewed:?}"
+        );
+        assert_eq!(
+            until_ok(fx, "reset: release", || fx.store.release(&k, &owner)).await,
+            ReleaseOutcome::Released
+        );
+    }
+    assert!(
+        net.connections() > before,
+        "reset: the store answered without reconnecting after every connection was reset"
+    );
+}
+
+/// FAULTS row 24: acquisitions (through the lease client and raw store calls) cancelled at
+/// every stage of a slow call leave nothing behind after 3 × TTL, and the keys stay
+/// usable.
+pub async fn row_24_cancelled_acquires_leave_nothing_behind(fx: &Fixture) {
+    let net = net(fx);
+    let caps = fx.store.capabilities();
+    let ttl = fx.ttl / 2;
+    let cfg = LeaseConfig::builder(ttl)
+        .op_timeout(ttl * 2 / 5)
+        .build()
+        .expect("config");
+    let client = LeaseClient::new(fx.store.clone(), cfg);
+    let keys: Vec<Key> = (0..20).map(|i| key(&format!("cancel-{i}"))).collect();
+    let delay = Duration::from_millis(5);
+    net.set_mode(ProxyMode::Delay(delay));
+    // How long one acquire takes through the slow link, once connected.
+    let mut span = Duration::MAX;
+    for _ in 0..3 {
+        let probe = OwnerToken::random();
+        let started = Instant::now();
+        until_ok(fx, "probe acquire", || {
+            fx.store.acquire(&keys[0], &probe, ttl)
+        })
+        .await;
+        span = span.min(started.elapsed());
+        until_ok(fx, "probe release", || fx.store.release(&keys[0], &probe)).await;
+    }
+    let span = span.max(delay * 2);
+    let mut cancelled = 0;
+    for i in 0..40u32 {
+        let k = keys[i as usize % keys.len()].clone();
+        let cut = span * (i % 16) / 6; // from 0 to 2.5 × an acquire
+        let (store, client) = (fx.store.clone(), client.clone());
+        let r = if i % 2 == 0 {
+            timeout(cut, async move { client.try_acquire(k).await.map(drop) }).await
+        } else {
+            timeout(cut, async move {
+                store
+                    .acquire(&k, &OwnerToken::random(), ttl)
+                    .await
+                    .map(drop)
+                    .map_err(Error::from)
+            })
+            .await
+        };
+        if r.is_err() {
+            cancelled += 1;
+        }
+    }
+    eprintln!("cancelled acquires: {cancelled} of 40 cut in flight (an acquire takes {span:?})");
+    assert!(
+        cancelled >= 8,
+        "setup: too few cancellations (of 40) to mean anything: {cancelled}"
+    );
+    net.set_mode(ProxyMode::Pass);
+    sleep(ttl * 3).await;
+    for k in &keys {
+        let left = direct_inspect(fx, k).await;
+        assert_eq!(
+            left, None,
+            "cancelled acquires: a lease was left behind after 3 × TTL"
+        );
+    }
+    if caps.list {
+        let direct = net.direct.clone();
+        let listed = until_ok(fx, "list", || direct.list("conformance:cancel-")).await;
+        assert!(
+            listed.is_empty(),
+            "cancelled acquires: a lease was left behind after 3 × TTL (list): {listed:?}"
+        );
+    }
+    let lease = client
+        .acquire(&keys[0], fx.ttl * 3)
+        .await
+        .expect("cancelled acquires: the keys are usable afterwards");
+    assert!(lease.release().await.unwrap());
+}
