@@ -228,8 +228,14 @@ pub async fn row_04_server_paused_lost_before_store_expiry(fx: &Fixture) {
     let net = net(fx);
     let caps = fx.store.capabilities();
     let k = key("server-paused");
-    let client = fx.client();
-    let cfg = client.config().clone();
+    // A safety margin of a fifth of the TTL between the holder's deadline and the
+    // store-side expiry, so that "before the expiry" is not decided by a few ms of
+    // scheduling on a loaded machine.
+    let cfg = LeaseConfig::builder(fx.ttl)
+        .margin(fx.ttl / 5)
+        .build()
+        .expect("setup: config");
+    let client = LeaseClient::new(fx.store.clone(), cfg.clone());
     let lease = client.try_acquire(&k).await.expect("setup: acquire");
     sleep(cfg.renew_interval() * 3 / 2).await; // at least one renewal
     assert!(
@@ -238,8 +244,10 @@ pub async fn row_04_server_paused_lost_before_store_expiry(fx: &Fixture) {
     );
     let servers = net.servers.clone();
     tokio::task::block_in_place(|| servers.pause());
-    let reason = timeout(fx.ttl * 2, lease.lost()).await;
-    let lost_at = Instant::now();
+    let lost = lease.lost();
+    let reason = timeout(fx.ttl * 2, lost.wait()).await;
+    // When the library declared it lost, not when this task woke up.
+    let lost_at = lost.lost_at().unwrap_or_else(Instant::now);
     let valid_until = lease.valid_until();
     servers.resume();
     let reason = reason.unwrap_or_else(|_| {

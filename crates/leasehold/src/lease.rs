@@ -74,6 +74,8 @@ impl fmt::Display for LostReason {
 struct State {
     valid_until: At,
     lost: Option<LostReason>,
+    /// When the lost signal fired, on the lease clock.
+    lost_at: Option<At>,
     /// The holder is releasing it: stop renewing.
     releasing: bool,
     /// Released, dropped or lost: no more metrics or lost signals.
@@ -137,6 +139,7 @@ impl LeaseShared {
             state: Mutex::new(State {
                 valid_until: grant.valid_until,
                 lost: None,
+                lost_at: None,
                 releasing: false,
                 ended: false,
             }),
@@ -236,6 +239,7 @@ impl LeaseShared {
                 return false;
             }
             s.lost = Some(reason);
+            s.lost_at = Some(self.clock.now());
         }
         self.lost.cancel();
         self.unwatch();
@@ -559,6 +563,16 @@ impl LostSignal {
     /// Whether the lease has been lost. Checks the deadline on the spot.
     pub fn is_lost(&self) -> bool {
         self.reason().is_some()
+    }
+
+    /// When the lost signal fired, as an instant on tokio's clock (converted with the
+    /// host suspension seen so far, as [`Lease::valid_until`] is): the moment the library
+    /// — the watchdog thread, the renewal scheduler, or a question asked on the spot —
+    /// declared the lease lost, whenever the code waiting on the signal wakes up. `None`
+    /// while it has not fired.
+    pub fn lost_at(&self) -> Option<Instant> {
+        let at = self.shared.lock().lost_at?;
+        Some(self.shared.clock.to_tokio(at))
     }
 }
 

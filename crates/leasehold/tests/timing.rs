@@ -327,8 +327,11 @@ async fn max_hold_stops_the_heartbeat_and_the_holder_frees_the_key() {
     let c = client(&store, config(3 * S).max_hold(4500 * MS).build().unwrap());
     let t0 = Instant::now();
     let lease = c.try_acquire(key()).await.unwrap();
+    let lost = lease.lost();
+    assert_eq!(lost.lost_at(), None);
     assert_eq!(lease.lost().await, LostReason::MaxHoldExceeded);
     assert_eq!(Instant::now() - t0, 4500 * MS);
+    assert_eq!(lost.lost_at(), Some(t0 + 4500 * MS), "when it fired");
     assert_eq!(store.count("renew"), 4);
     // The holder's work may still run: the lease stays in the store until the holder lets
     // go of it (or it expires), never freed behind its back.
