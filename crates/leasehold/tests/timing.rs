@@ -883,3 +883,41 @@ fn lost_reasons_say_what_happened() {
         assert!(reason.to_string().contains(text), "{reason}");
     }
 }
+
+/// While its holder is releasing it, a lease is not renewed: a renewal due while the
+/// release is in flight is never sent.
+#[tokio::test(start_paused = true)]
+async fn a_lease_being_released_is_not_renewed() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    sleep(900 * MS).await;
+    // The release is applied at once and answers after 500 ms; the renewal was due at 1 s.
+    store.set(Fault::LateRenewSlowRelease(Duration::ZERO, 500 * MS));
+    assert!(lease.release().await.unwrap());
+    sleep(2 * S).await;
+    assert_eq!(store.count("renew"), 0, "renewed while being released");
+}
+
+/// A renewal reply that arrives after the deadline, even one whose new deadline would
+/// still lie ahead, never revives the lease: the process was not provably holding it in
+/// between (a freeze while the renewal was in flight).
+#[tokio::test(start_paused = true)]
+async fn a_reply_after_the_deadline_never_revives_the_lease() {
+    for i in 0..10 {
+        let store = Scripted::default();
+        store.set(Fault::SlowRenew(100 * MS));
+        let c = client(&store, config(3 * S).build().unwrap());
+        let lease = c.try_acquire(key()).await.unwrap();
+        sleep(S + 10 * MS).await; // the renewal sent at 1 s is in flight
+        // Frozen until 3.1 s: past the 2.965 s deadline, before the 3.965 s the reply
+        // would give.
+        advance(2090 * MS).await;
+        sleep(MS).await;
+        assert_eq!(
+            lease.lost_reason(),
+            Some(LostReason::Expired),
+            "round {i}: a late reply revived the lease"
+        );
+    }
+}
