@@ -454,3 +454,34 @@ async fn renewal_abandoned_by_its_caller_keeps_the_lock_until_lost_is_reported()
         t.renewals
     );
 }
+
+/// FAULTS 9 for `GET_LOCK`: a server restart ends every session, and with it the lock.
+/// The holder learns it at its next renewal (lost, never renewed as if held); the next
+/// grant's fence is above the old one (the counter row is durable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_ends_the_lock_and_fences_still_grow() {
+    let db = common::start_db();
+    let url = getlock_url(&db);
+    let store = open(&url).await;
+    let client = LeaseClient::new(store.clone(), config());
+    let lease = client.try_acquire("gl:restart").await.unwrap();
+    let old = lease.fence();
+    tokio::task::block_in_place(|| db.restart());
+    let reason = timeout(LONG, lease.lost())
+        .await
+        .expect("the holder learns its session ended");
+    assert!(
+        matches!(
+            reason,
+            LostReason::NotOwner | LostReason::RenewFailed { .. } | LostReason::StoreUnavailable
+        ),
+        "{reason:?}"
+    );
+    drop(lease);
+    let next = client
+        .acquire("gl:restart", LONG)
+        .await
+        .expect("the key is free after the restart");
+    assert!(next.fence() > old, "{} <= {old}", next.fence());
+    assert!(next.release().await.unwrap());
+}

@@ -1,5 +1,6 @@
 //! FAULTS rows 16 (PostgreSQL session killed), 18 (immediate shutdown under load, fsync
-//! on) and 9 (clean restart) against a private PostgreSQL.
+//! on) and 9 (clean restart: the lease table keeps its leases, the advisory store loses
+//! them with their sessions) against a private PostgreSQL.
 
 mod common;
 
@@ -360,4 +361,43 @@ async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
         acked.len(),
         lease_fences.lock().unwrap().len()
     );
+}
+
+/// FAULTS 9, advisory store: a restart ends every session, and with it the session lock.
+/// The holder learns it at its next renewal (lost, never renewed as if held); the next
+/// grant's fence is above the old one (the counter row is durable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f9_restart_ends_advisory_leases_and_fences_still_grow() {
+    let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
+    let url = pg.url();
+    let store = Arc::new(
+        PgAdvisoryStore::connect(&PgConfig::from_str(&url).unwrap())
+            .await
+            .unwrap(),
+    );
+    store.migrate().await.unwrap();
+    let client = LeaseClient::new(store.clone(), LeaseConfig::new(TTL).unwrap());
+    let lease = client.try_acquire("job:f9-advisory").await.unwrap();
+    let old = lease.fence();
+    let p = pg.clone();
+    tokio::task::spawn_blocking(move || p.restart())
+        .await
+        .unwrap();
+    let reason = timeout(LONG, lease.lost())
+        .await
+        .expect("the holder learns its session ended");
+    assert!(
+        matches!(
+            reason,
+            LostReason::NotOwner | LostReason::RenewFailed { .. } | LostReason::StoreUnavailable
+        ),
+        "{reason:?}"
+    );
+    drop(lease);
+    let next = client
+        .acquire("job:f9-advisory", LONG)
+        .await
+        .expect("the key is free after the restart");
+    assert!(next.fence() > old, "{} <= {old}", next.fence());
+    assert!(next.release().await.unwrap());
 }
