@@ -135,6 +135,21 @@ fn metrics_have_the_documented_names_and_labels() {
         ),
         1
     );
+    // One hold ended by a release (the second lease), one by a loss (the first).
+    let holds = |end: &str| {
+        snapshot
+            .iter()
+            .filter(|(n, labels, _)| {
+                n == "leasehold_hold_duration_seconds"
+                    && labels.iter().any(|(k, v)| k == "end" && v == end)
+            })
+            .map(|(_, _, v)| match v {
+                DebugValue::Histogram(h) => h.len(),
+                _ => 0,
+            })
+            .sum::<usize>()
+    };
+    assert_eq!((holds("released"), holds("lost")), (1, 1));
     let names: std::collections::BTreeSet<_> = snapshot.iter().map(|s| s.0.as_str()).collect();
     for name in [
         "leasehold_acquire_duration_seconds",

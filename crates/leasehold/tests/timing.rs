@@ -561,11 +561,15 @@ async fn run_cancels_work_when_the_lease_is_lost() {
         lease.ensure_valid(),
         Err(Error::LeaseLost(LostReason::NotOwner))
     ));
-    let debug = format!("{lease:?} {:?}", lease.lost());
-    assert!(
-        debug.contains("job:timing") && debug.contains("NotOwner"),
-        "{debug}"
-    );
+    for debug in [
+        format!("{lease:?}"),
+        format!("{:?}", lease.lost()),
+        format!("{:?}", lease.lost().wait()),
+    ] {
+        assert!(debug.contains("job:timing"), "{debug}");
+    }
+    assert!(format!("{:?}", lease.lost()).contains("NotOwner"));
+    assert_eq!(lease.ttl(), 3 * S);
 }
 
 #[tokio::test(start_paused = true)]
