@@ -925,3 +925,42 @@ async fn a_reply_after_the_deadline_never_revives_the_lease() {
         );
     }
 }
+
+/// A lease acquired while the scheduler sleeps idle (its last lease gone) wakes it when its
+/// first renewal is due before the planned wake-up: a 300 ms lease is renewed at 100 ms.
+#[tokio::test(start_paused = true)]
+async fn a_new_lease_wakes_an_idle_scheduler_in_time() {
+    let store = Scripted::default();
+    let c = client(&store, config(300 * MS).build().unwrap());
+    let a = c.try_acquire(key()).await.unwrap();
+    assert!(a.release().await.unwrap());
+    sleep(200 * MS).await; // the scheduler has forgotten `a` and sleeps for a second
+    let t0 = Instant::now();
+    let b = c.try_acquire(key()).await.unwrap();
+    sleep(S).await;
+    assert!(b.is_valid(), "{:?}", b.lost_reason());
+    assert_eq!(store.times("renew")[0] - t0, 100 * MS);
+}
+
+/// Shutdown returns once the releases queued by the dropped leases were answered, not
+/// before: a release answering after 200 ms delays it by those 200 ms.
+#[tokio::test(start_paused = true)]
+async fn shutdown_waits_for_the_releases_to_be_answered() {
+    let store = Scripted::default();
+    let c = client(&store, config(3 * S).build().unwrap());
+    let lease = c.try_acquire(key()).await.unwrap();
+    store.set(Fault::LateRenewSlowRelease(Duration::ZERO, 200 * MS));
+    tokio::spawn(async move {
+        let _ = lease.lost().await;
+        drop(lease); // queues a release on the scheduler
+    });
+    let t0 = Instant::now();
+    let report = c.shutdown(5 * S).await;
+    assert!(report.releases_done);
+    assert_eq!(
+        Instant::now() - t0,
+        200 * MS,
+        "returned before the release was answered"
+    );
+    assert_eq!(store.count("release"), 1);
+}
