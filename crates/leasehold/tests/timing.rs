@@ -964,3 +964,22 @@ async fn shutdown_waits_for_the_releases_to_be_answered() {
     );
     assert_eq!(store.count("release"), 1);
 }
+
+/// Renewals that time out without reaching the failure count lose the lease at its
+/// deadline with `StoreUnavailable` (the store could not be reached), not `Expired`.
+#[tokio::test(start_paused = true)]
+async fn unreachable_until_the_deadline_is_store_unavailable() {
+    let store = Scripted::default();
+    let c = client(
+        &store,
+        config(3 * S)
+            .renew_failures_before_lost(100)
+            .build()
+            .unwrap(),
+    );
+    let t0 = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    store.inner.set_unreachable(Some(Unreachable::Hang));
+    assert_eq!(lease.lost().await, LostReason::StoreUnavailable);
+    assert_eq!(Instant::now() - t0, 2965 * MS, "at the deadline");
+}
