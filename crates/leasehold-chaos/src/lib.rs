@@ -11,6 +11,7 @@ pub mod history;
 pub mod mono;
 pub mod report;
 pub mod run;
+pub mod schedule;
 pub mod worker;
 
 pub use checker::{CheckConfig, Violation, check};
