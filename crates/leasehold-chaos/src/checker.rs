@@ -242,9 +242,6 @@ fn after_running(freezes: &[(u64, u64)], from: u64, run: u64) -> u64 {
     let mut t = from;
     let mut left = run;
     for &(s, c) in freezes {
-        if c <= t {
-            continue;
-        }
         if s > t {
             let gap = s - t;
             if gap >= left {
@@ -252,7 +249,7 @@ fn after_running(freezes: &[(u64, u64)], from: u64, run: u64) -> u64 {
             }
             left -= gap;
         }
-        t = c;
+        t = t.max(c);
     }
     t.saturating_add(left)
 }
@@ -316,7 +313,8 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
             continue;
         }
         let fence = e.fence.unwrap_or(w.fence);
-        let outcome = events[i + 1..].iter().find(|o| {
+        // The first reply after the invoke (the invoke itself is skipped by its phase).
+        let outcome = events[i..].iter().find(|o| {
             o.op == Some(Op::Write)
                 && o.owner == e.owner
                 && o.key == e.key
@@ -441,12 +439,10 @@ fn c3(events: &[Event], windows: &[Window], cfg: &CheckConfig, v: &mut Vec<Viola
     }
     for ws in by_key.values_mut() {
         ws.sort_by_key(|w| w.start);
-        for (i, a) in ws.iter().enumerate() {
-            for b in &ws[i + 1..] {
-                if b.start >= a.end() {
-                    break;
-                }
-                if a.owner == b.owner {
+        // Each window against every window that started before it (or with it).
+        for (j, b) in ws.iter().enumerate() {
+            for a in &ws[..j] {
+                if a.owner == b.owner || b.start >= a.end() {
                     continue;
                 }
                 let restarted = cfg.restart_loses_leases

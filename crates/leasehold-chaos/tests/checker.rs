@@ -561,6 +561,12 @@ fn c4a_a_freeze_starting_at_the_due_does_not_move_it() {
     h.push(fault(3000 * MS, "a#0", FaultKind::Sigcont));
     h.push(lost(DUE + 1, "a#0", "A", 1));
     assert_rules(&h, &FinalState::default(), &cfg(), &["C4a"]);
+    // ... and the due is still D + slack, not earlier.
+    let mut h = holder_until_deadline();
+    h.push(fault(DUE, "a#0", FaultKind::Sigstop));
+    h.push(fault(3000 * MS, "a#0", FaultKind::Sigcont));
+    h.push(lost(DUE, "a#0", "A", 1));
+    assert_rules(&h, &FinalState::default(), &cfg(), &[]);
 }
 
 #[test]
@@ -1102,6 +1108,28 @@ fn c6c_a_reply_without_its_send_counts_from_the_reply() {
     assert_rules(&h, &FinalState::default(), &cfg(), &["C6c"]);
 }
 
+#[test]
+fn c6c_the_send_is_the_callers_own_invoke() {
+    // A's release is sent at 399 ms, before B's grant; B releases in between (410 ms);
+    // A's reply comes at 450 ms. B's release is not A's send.
+    let mut h = acquired(10 * MS, "a#0", "A", 1);
+    h.push(ev(399 * MS, "a#0", Op::Release, Phase::Invoke, "A"));
+    h.extend(acquired(400 * MS, "b#0", "B", 2));
+    h.extend(released(410 * MS, "b#0", "B"));
+    h.push(ev(450 * MS, "a#0", Op::Release, Phase::Ok, "A"));
+    assert_rules(&h, &FinalState::default(), &cfg(), &[]);
+}
+
+#[test]
+fn c6c_a_grant_at_the_same_instant_as_the_callers_own_is_no_later_grant() {
+    // Both granted at 10 ms (C3 says so); A's release after that is not stale.
+    let mut h = acquired(10 * MS, "a#0", "A", 1);
+    h.extend(acquired(10 * MS, "b#0", "B", 2));
+    h.extend(released(300 * MS, "a#0", "A"));
+    h.extend(released(400 * MS, "b#0", "B"));
+    assert_rules(&h, &FinalState::default(), &cfg(), &["C3"]);
+}
+
 // ---------------------------------------------------------------- C7
 
 #[test]
@@ -1110,6 +1138,19 @@ fn c7a_an_acknowledged_write_is_missing() {
     let mut s = state(vec![row(1, 1, "A")]);
     s.counters[0].1 = 1;
     assert_rules(&h, &s, &cfg(), &["C7a"]);
+}
+
+#[test]
+fn c7a_only_acknowledged_writes_must_be_in_the_audit() {
+    // A write that got a sequence number but was rolled back (rejected) is not there.
+    let (mut h, s) = clean();
+    h.push(Event {
+        fence: Some(2),
+        seq: Some(9),
+        detail: "rolled back".into(),
+        ..ev(450 * MS, "b#0", Op::Write, Phase::Fail, "B")
+    });
+    assert_rules(&h, &s, &cfg(), &[]);
 }
 
 #[test]
@@ -1265,6 +1306,24 @@ fn c10_lost_with_no_fault() {
     h.push(check_ev(500 * MS, "a#0", "A", 1, true));
     h.extend(released(510 * MS, "a#0", "A"));
     assert_rules(&h, &FinalState::default(), &cfg(), &["C10"]);
+}
+
+#[test]
+fn c10_names_the_lost_reason_or_the_check_that_saw_it() {
+    let detail = |h: &[Event]| {
+        check(h, &FinalState::default(), &cfg())
+            .into_iter()
+            .find(|v| v.rule == "C10")
+            .map(|v| v.detail)
+            .unwrap_or_default()
+    };
+    let d = detail(&lost_with(500 * MS, vec![]));
+    assert!(d.contains("(fence 1, expired)"), "{d}");
+    let mut h = acquired(10 * MS, "a#0", "A", 1);
+    h.push(check_ev(500 * MS, "a#0", "A", 1, true));
+    h.extend(released(510 * MS, "a#0", "A"));
+    let d = detail(&h);
+    assert!(d.contains("(fence 1, observed by a check)"), "{d}");
 }
 
 #[test]
