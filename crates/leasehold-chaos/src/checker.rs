@@ -44,6 +44,18 @@
 //!
 //! C10's fault-free counterpart is the fault-free run, which must show no lost
 //! observation and no rejected write at all.
+//!
+//! # What the rules cannot see
+//!
+//! - A write invoked before its window ended and committed after it: the audit has no
+//!   commit instant, so C5 cannot judge it; C1 flags it only if a newer fence's write
+//!   committed first.
+//! - A grant no acquire call returned (an orphan after an ambiguous reply), unless it is
+//!   still in the store at the final inspection (C8b) or carries a fence another owner
+//!   holds (C2).
+//! - The library's renewals are seen through its observer, stamped when the observer is
+//!   called: C6 trusts that the request goes out after `Sent` and that `remaining` and
+//!   `lost` were read at the event.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;

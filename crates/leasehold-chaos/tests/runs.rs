@@ -85,7 +85,7 @@ fn run(name: &str, args: &[&str]) -> Run {
 fn with_the_guard(store: &str, seed: &str) {
     let r = run(
         &format!("{store}-fenced"),
-        &["--store", store, "--duration", "20s", "--seed", seed],
+        &["--store", store, "--duration", "18s", "--seed", seed],
     );
     assert_eq!(r.rules(), BTreeSet::new(), "{}", r.text);
     let fired = r.planned_and_fired();

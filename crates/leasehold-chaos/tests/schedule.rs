@@ -28,8 +28,9 @@ fn different_seeds_give_different_schedules() {
 
 #[test]
 fn every_kind_is_planned_for_every_seed() {
-    for seed in 0..500 {
-        let p = plan(seed, FaultSet::All, 4, RUN, TTL);
+    // 18 s: the bounded runs of `scripts/test`.
+    for (seed, run) in (0..500).flat_map(|s| [(s, RUN), (s, Duration::from_secs(18))]) {
+        let p = plan(seed, FaultSet::All, 4, run, TTL);
         let kinds: BTreeSet<PlanKind> = p.iter().map(|f| f.kind).collect();
         assert!(kinds.contains(&PlanKind::StaleWrite), "seed {seed}: {p:?}");
         for k in PlanKind::RANDOM {
