@@ -18,7 +18,7 @@ use leasehold_testkit::{FaultProxy, Postgres, ProxyMode, RedisServer, WorkerProc
 
 use crate::checker::{CheckConfig, Violation, check};
 use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
-use crate::schedule::{FaultSet, PlanKind, PlannedFault, plan};
+use crate::schedule::{FaultSet, HOLDER, PlanKind, PlannedFault, plan};
 use crate::worker::Recorder;
 
 /// Which store holds the leases (the guard and the data are always in PostgreSQL).
@@ -123,11 +123,31 @@ struct Slot {
     frozen_until: Option<Instant>,
     /// The proxy's fault ends at this instant.
     proxy_until: Option<Instant>,
+    /// Stdout lines of the current incarnation read so far.
+    seen: usize,
+    /// The fence it holds, by its own last `ACQUIRED` / `RELEASING` line.
+    holding: Option<u64>,
 }
 
 impl Slot {
     fn id(&self) -> String {
         format!("{}#{}", self.name, self.incarnation)
+    }
+
+    /// Reads the new stdout lines: what the worker holds now.
+    fn follow(&mut self) {
+        let n = self.process.line_count();
+        if n <= self.seen {
+            return;
+        }
+        for line in &self.process.lines()[self.seen..n] {
+            if let Some(f) = line.strip_prefix("ACQUIRED ") {
+                self.holding = f.trim().parse().ok();
+            } else if line.starts_with("RELEASING") {
+                self.holding = None;
+            }
+        }
+        self.seen = n;
     }
 }
 
@@ -250,6 +270,8 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 lease_url,
                 frozen_until: None,
                 proxy_until: None,
+                seen: 0,
+                holding: None,
             }
         })
         .collect();
@@ -284,13 +306,17 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     let mut next = 0;
     let mut deferred: Vec<PlannedFault> = Vec::new();
     let mut script: Option<Script> = None;
+    let mut last_kill: Option<Instant> = None;
     let mut next_inspect = started;
     // The run goes on past its duration until the stale write and every deferred fault
     // are done (bounded).
     let cap = spec.duration + ttl * 4;
     loop {
         let elapsed = started.elapsed();
-        let pending = script.is_some() || !deferred.is_empty();
+        // A kill's takeover bound (3×TTL, C9) must pass before the end-of-run kill.
+        let pending = script.is_some()
+            || !deferred.is_empty()
+            || last_kill.is_some_and(|k| k.elapsed() < ttl * 3);
         if elapsed >= cap || (elapsed >= spec.duration && !pending) {
             if pending {
                 notes.push(
@@ -302,6 +328,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         std::thread::sleep(Duration::from_millis(5));
         let now = Instant::now();
         for s in &mut slots {
+            s.follow();
             if s.frozen_until.is_some_and(|t| now >= t) {
                 s.process.resume();
                 s.frozen_until = None;
@@ -421,7 +448,27 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         }
         let due = std::mem::take(&mut deferred);
         for f in due {
-            let slot = slot_index(&f.target);
+            // The holder: a worker that holds the lease by its own account and is neither
+            // frozen nor cut off (the one with the highest fence if several believe so).
+            let slot = if f.target == HOLDER {
+                slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, s)| {
+                        s.holding.is_some()
+                            && s.frozen_until.is_none()
+                            && s.proxy_until.is_none()
+                            && !matches!(&script, Some(Script::Frozen { slot, .. }) if slot == i)
+                    })
+                    .max_by_key(|(_, s)| s.holding)
+                    .map(|(i, _)| i)
+            } else {
+                slot_index(&f.target)
+            };
+            if f.target == HOLDER && slot.is_none() {
+                deferred.push(f);
+                continue;
+            }
             if f.kind == PlanKind::StaleWrite {
                 script = Some(Script::Armed {
                     from: slots.iter().map(|s| s.process.line_count()).collect(),
@@ -446,19 +493,23 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 ));
             }
             let hold = Duration::from_millis(f.hold_ms);
+            let why = if f.target == HOLDER { "holder" } else { "" };
             match (f.kind, slot) {
                 (PlanKind::Sigstop, Some(i)) => {
                     let s = &mut slots[i];
                     s.process.pause();
                     s.frozen_until = Some(Instant::now() + hold);
-                    fault(&rec, &s.id(), FaultKind::Sigstop, "");
+                    fault(&rec, &s.id(), FaultKind::Sigstop, why);
                 }
                 (PlanKind::Kill9, Some(i)) => {
                     let s = &mut slots[i];
-                    fault(&rec, &s.id(), FaultKind::Kill9, "");
+                    fault(&rec, &s.id(), FaultKind::Kill9, why);
                     s.process.kill();
                     s.incarnation += 1;
                     s.process = spawn_worker(spec, &s.id(), &s.lease_url, &pg_url);
+                    s.seen = 0;
+                    s.holding = None;
+                    last_kill = Some(Instant::now());
                     // The new incarnation's lines start from zero.
                     match &mut script {
                         Some(Script::Armed { from }) => from[i] = 0,
@@ -484,7 +535,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                         }
                         _ => (ProxyMode::Reset, FaultKind::ProxyReset),
                     };
-                    fault(&rec, &slots[i].name, recorded, "");
+                    fault(&rec, &slots[i].name, recorded, why);
                     servers.proxies[i].set_mode(mode);
                     slots[i].proxy_until = Some(Instant::now() + hold);
                 }

@@ -32,7 +32,7 @@ pub enum PlanKind {
     StaleWrite,
     /// `SIGSTOP` the target slot's worker for `hold`, wherever it is.
     Sigstop,
-    /// `kill -9` the target slot's worker and start a new incarnation.
+    /// `kill -9` the lease holder's worker and start a new incarnation.
     Kill9,
     /// Kill the store and start it again at once.
     RestartStore,
@@ -80,7 +80,8 @@ pub struct PlannedFault {
     pub offset_ms: u64,
     /// What.
     pub kind: PlanKind,
-    /// On what: a worker slot (`w2`), `store`, or `next-writer` (the stale write).
+    /// On what: a worker slot (`w2`), `holder` (whichever worker holds the lease when it
+    /// fires), `store`, or `next-writer` (the stale write).
     pub target: String,
     /// How long it lasts, in ms (0 for instant faults and the stale write, which lasts
     /// until another holder has written).
@@ -90,17 +91,26 @@ pub struct PlannedFault {
 /// The stale write's target: the next worker to prepare a write.
 pub const NEXT_WRITER: &str = "next-writer";
 
+/// A fault's target: the worker that holds the lease when the fault fires.
+pub const HOLDER: &str = "holder";
+
 /// The schedule of a run: drawn from `seed` alone.
 ///
 /// The stale write is armed at TTL/2 (its target is whichever worker prepares a write
 /// next: the lease holder, which no seed can choose). With [`FaultSet::All`], from 1.5×TTL
-/// on, a fault every 0.4–0.9×TTL, the first seven one of each
-/// kind in the seed's order, then kinds drawn at random, until a TTL before the end
-/// (kills stop 2.5×TTL before the end, so a takeover can be seen). A fault that needs a
-/// slot goes to one with nothing else planned on it at that time (a freeze, a proxy fault
-/// and half a TTL after). At run time a fault whose slot is busy (its worker frozen by the
-/// stale write, or a fault fired late) waits until the slot is free, and the run goes on
-/// (bounded) until every planned fault has fired.
+/// on, a fault every 0.4–0.9×TTL, the first seven one of each kind in the seed's order
+/// (a kill among the first three),
+/// then kinds drawn at random, until a TTL before the end (kills stop 2.5×TTL before the
+/// end, so a takeover can be seen).
+///
+/// Targets: a kill always hits the [`HOLDER`] (the worker that holds the lease when the
+/// fault fires: a takeover is only seen after a holder dies); a freeze or a proxy fault
+/// hits the holder or a fixed slot, as the seed says (a fixed slot when a lasting fault on
+/// the holder is still planned then). A fixed slot is one with nothing
+/// else planned on it at that time (and half a TTL after); freezes and proxy faults on
+/// the holder do not overlap each other. At run time a fault whose target is busy (frozen, its path
+/// faulty, or no holder yet) waits until it is free, and the run goes on (bounded) until
+/// every planned fault has fired.
 pub fn plan(
     seed: u64,
     set: FaultSet,
@@ -116,6 +126,7 @@ pub fn plan(
         return out;
     }
     let mut busy = vec![0u64; workers];
+    let mut holder_busy = 0u64;
     out.push(PlannedFault {
         offset_ms: ttl_ms / 2,
         kind: PlanKind::StaleWrite,
@@ -127,6 +138,12 @@ pub fn plan(
     }
     let mut pending = PlanKind::RANDOM.to_vec();
     pending.shuffle(&mut rng);
+    // A kill needs time after it for a takeover: among the first three.
+    if let Some(k) = pending.iter().position(|&k| k == PlanKind::Kill9)
+        && k >= 3
+    {
+        pending.swap(k, rng.random_range(0..3));
+    }
     let mut t = ttl_ms * 3 / 2;
     while t < end {
         let kind = pending
@@ -142,11 +159,19 @@ pub fn plan(
             _ => 0,
         };
         let step = (ttl_ms as f64 * rng.random_range(0.4..0.9)) as u64;
+        let at_holder = kind == PlanKind::Kill9 || rng.random_bool(0.5);
         let target = if kind == PlanKind::RestartStore {
             Some("store".to_owned())
         } else if kind == PlanKind::Kill9 && t + ttl_ms * 5 / 2 > end + ttl_ms {
             None
+        } else if kind == PlanKind::Kill9 {
+            // Instant: at run time it hits a holder that is not frozen or cut off.
+            Some(HOLDER.to_owned())
+        } else if at_holder && holder_busy <= t {
+            holder_busy = t + hold_ms + ttl_ms / 2;
+            Some(HOLDER.to_owned())
         } else {
+            // A fixed slot (also when the holder is taken by an earlier fault).
             let free: Vec<usize> = (0..workers).filter(|&i| busy[i] <= t).collect();
             (!free.is_empty()).then(|| {
                 let i = free[rng.random_range(0..free.len())];
@@ -164,8 +189,8 @@ pub fn plan(
             if !pending.is_empty() {
                 pending.remove(0);
             }
-        } else if kind == PlanKind::Kill9 && !pending.is_empty() {
-            // Too late for a kill: try the next pending kind here instead.
+        } else if !pending.is_empty() {
+            // No target for it now: the next pending kind goes first next time.
             pending.rotate_left(1);
         }
         t += step;

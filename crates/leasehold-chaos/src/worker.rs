@@ -225,12 +225,12 @@ fn probe(lease: &leasehold::Lease) -> (u64, bool) {
 
 /// Runs the worker loop until the process is killed.
 ///
-/// Each round: acquire; some work; a validity check (`check` event); if valid, print
+/// Each round: acquire (print `ACQUIRED <fence>`); some work; a validity check (`check` event); if valid, print
 /// `PREPARING <fence>` and wait a moment (the injector's stale write freezes the worker
 /// here), print `WRITING <fence>`, probe `is_lost()` and record it with the write's
 /// `invoke`, write through the guard regardless of the probe (the write is under way:
 /// the phantom write only the guard can stop), print `WROTE <fence>` once it is
-/// acknowledged; release; pause a moment so that the others get their turn.
+/// acknowledged; print `RELEASING <fence>` and release; pause a moment so that the others get their turn.
 ///
 /// # Errors
 /// Set-up failures (store, database, event file), as text.
@@ -271,6 +271,7 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
         ev.ttl_ms = Some(spec.ttl.as_millis() as u64);
         ev.valid_until = Some(instant_ns(lease.valid_until()));
         rec.record(ev);
+        println!("ACQUIRED {}", fence.get());
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let watcher = {
             let (rec, lost, key, owner) = (rec.clone(), lease.lost(), key.clone(), owner.clone());
@@ -289,7 +290,7 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
             })
         };
         // Some work under the lease.
-        let work = rand::rng().random_range(0..spec.ttl.as_millis() as u64 * 3 / 4);
+        let work = rand::rng().random_range(0..spec.ttl.as_millis() as u64);
         tokio::time::sleep(Duration::from_millis(work)).await;
         let (t, lost) = probe(&lease);
         let mut ev = event(Op::Check, Phase::Ok, &key, &owner);
@@ -338,6 +339,7 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
                 println!("WROTE {}", fence.get());
             }
         }
+        println!("RELEASING {}", fence.get());
         rec.record(event(Op::Release, Phase::Invoke, &key, &owner));
         let mut ev = event(Op::Release, Phase::Ok, &key, &owner);
         match lease.release().await {

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use leasehold_chaos::schedule::{FaultSet, NEXT_WRITER, PlanKind, plan};
+use leasehold_chaos::schedule::{FaultSet, HOLDER, NEXT_WRITER, PlanKind, plan};
 
 const TTL: Duration = Duration::from_secs(2);
 const RUN: Duration = Duration::from_secs(20);
@@ -29,7 +29,7 @@ fn different_seeds_give_different_schedules() {
 #[test]
 fn every_kind_is_planned_for_every_seed() {
     // 18 s: the bounded runs of `scripts/test`.
-    for (seed, run) in (0..500).flat_map(|s| [(s, RUN), (s, Duration::from_secs(18))]) {
+    for (seed, run) in (0..2000).flat_map(|s| [(s, RUN), (s, Duration::from_secs(18))]) {
         let p = plan(seed, FaultSet::All, 4, run, TTL);
         let kinds: BTreeSet<PlanKind> = p.iter().map(|f| f.kind).collect();
         assert!(kinds.contains(&PlanKind::StaleWrite), "seed {seed}: {p:?}");
@@ -40,7 +40,7 @@ fn every_kind_is_planned_for_every_seed() {
 }
 
 #[test]
-fn planned_faults_fit_the_run_and_never_share_a_slot() {
+fn planned_faults_fit_the_run_and_never_share_a_target() {
     let ttl = TTL.as_millis() as u64;
     for seed in 0..500 {
         let p = plan(seed, FaultSet::All, 4, RUN, TTL);
@@ -57,18 +57,24 @@ fn planned_faults_fit_the_run_and_never_share_a_slot() {
                 PlanKind::StaleWrite => assert_eq!(f.target, NEXT_WRITER),
                 PlanKind::RestartStore => assert_eq!(f.target, "store"),
                 PlanKind::Kill9 => {
+                    assert_eq!(f.target, HOLDER);
                     assert!(f.offset_ms + ttl * 5 / 2 <= RUN.as_millis() as u64, "{f:?}")
                 }
-                _ => assert!(f.target.starts_with('w'), "{f:?}"),
+                _ => assert!(f.target.starts_with('w') || f.target == HOLDER, "{f:?}"),
             }
         }
-        // On one slot, a fault starts only after the previous one ended plus TTL/2.
+        // On one slot, or on the holder, a fault starts only after the previous one
+        // ended plus TTL/2.
         for a in &p {
             for b in p
                 .iter()
                 .filter(|b| b.offset_ms > a.offset_ms && b.target == a.target)
             {
-                if a.target.starts_with('w') {
+                if a.target.starts_with('w')
+                    || (a.target == HOLDER
+                        && a.kind != PlanKind::Kill9
+                        && b.kind != PlanKind::Kill9)
+                {
                     assert!(
                         b.offset_ms >= a.offset_ms + a.hold_ms + ttl / 2,
                         "seed {seed}: {a:?} {b:?}"
@@ -77,6 +83,25 @@ fn planned_faults_fit_the_run_and_never_share_a_slot() {
             }
         }
     }
+}
+
+#[test]
+fn both_the_holder_and_fixed_slots_are_targets() {
+    let targets: BTreeSet<String> = (0..20)
+        .flat_map(|seed| plan(seed, FaultSet::All, 4, RUN, TTL))
+        .filter(|f| f.kind == PlanKind::Sigstop || f.kind == PlanKind::ProxyBlackhole)
+        .map(|f| {
+            if f.target == HOLDER {
+                f.target
+            } else {
+                "slot".into()
+            }
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        BTreeSet::from([HOLDER.to_owned(), "slot".to_owned()])
+    );
 }
 
 #[test]
