@@ -37,7 +37,7 @@
 //! | C6c | a renewal the store answered *renewed* (`renew ok`, or `renew fail` `refused`) or a release it answered *released* (`release ok`) sent at or after another owner's later grant of the key was recorded | none |
 //! | C7a | an acknowledged write (`write ok`) whose `seq` is missing from the audit | none |
 //! | C7b | a counter that differs from its number of audit rows (a lost update) | none |
-//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | none |
+//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (DESIGN §4, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen) |
 //! | C8b | the final inspection (`inspect` `final`, after every worker is gone and the bound has passed) shows a lease | none |
 //! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
 //! | C10 | a window's first lost observation that no fault on its own incarnation or path explains | a fault explains it when it is a freeze of that incarnation, a proxy fault on its slot's own proxy (until `proxy-pass`), or a store restart (until `store-back`), that started at or before the observation and ended no more than `fault_reach` before it: a lease whose renewals a fault broke or delayed is lost by its deadline, within a TTL of the last renewal sent before the fault ended |
@@ -363,7 +363,7 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
 
     c6(events, &windows, &mut v);
     c7(events, state, &mut v);
-    c8(events, &audit, &mut v);
+    c8(events, &audit, cfg, &mut v);
     c9(events, &windows, cfg, run_end, &mut v);
     c10(events, &windows, cfg, &mut v);
     v
@@ -390,28 +390,43 @@ fn c1(audit: &[&AuditRow], v: &mut Vec<Violation>) {
     }
 }
 
-/// Every `(key, owner, fence)` the history and the audit record, with where it was seen.
-fn grants<'a>(events: &'a [Event], audit: &[&'a AuditRow]) -> Vec<(&'a str, &'a str, u64, String)> {
+/// One sighting of an owner with a fence: when (`u64::MAX` for the audit, which has no
+/// time), whether an acquire returned it to a worker, and where it was seen.
+struct Seen<'a> {
+    key: &'a str,
+    owner: &'a str,
+    fence: u64,
+    t: u64,
+    returned: bool,
+    what: String,
+}
+
+/// Every `(key, owner, fence)` the history and the audit record.
+fn grants<'a>(events: &'a [Event], audit: &[&'a AuditRow]) -> Vec<Seen<'a>> {
     let mut out = Vec::new();
     for e in events {
         if let (Some(fence), false) = (e.fence, e.owner.is_empty()) {
             let op =
                 e.op.map_or("?".to_owned(), |o| format!("{o:?}").to_lowercase());
-            out.push((
-                e.key.as_str(),
-                e.owner.as_str(),
+            out.push(Seen {
+                key: e.key.as_str(),
+                owner: e.owner.as_str(),
                 fence,
-                format!("{op} by {}", e.worker),
-            ));
+                t: e.t,
+                returned: e.op == Some(Op::Acquire) && e.phase == Some(Phase::Ok),
+                what: format!("{op} by {}", e.worker),
+            });
         }
     }
     for r in audit {
-        out.push((
-            r.resource.as_str(),
-            r.owner.as_str(),
-            r.fence,
-            format!("audit row #{}", r.seq),
-        ));
+        out.push(Seen {
+            key: r.resource.as_str(),
+            owner: r.owner.as_str(),
+            fence: r.fence,
+            t: u64::MAX,
+            returned: false,
+            what: format!("audit row #{}", r.seq),
+        });
     }
     out
 }
@@ -419,12 +434,12 @@ fn grants<'a>(events: &'a [Event], audit: &[&'a AuditRow]) -> Vec<(&'a str, &'a 
 /// C2: a fence of a key belongs to one owner.
 fn c2(events: &[Event], audit: &[&AuditRow], v: &mut Vec<Violation>) {
     let mut owners: BTreeMap<(&str, u64), BTreeMap<&str, String>> = BTreeMap::new();
-    for (key, owner, fence, seen) in grants(events, audit) {
+    for g in grants(events, audit) {
         owners
-            .entry((key, fence))
+            .entry((g.key, g.fence))
             .or_default()
-            .entry(owner)
-            .or_insert(seen);
+            .entry(g.owner)
+            .or_insert(g.what);
     }
     for ((key, fence), by) in owners {
         if by.len() > 1 {
@@ -718,19 +733,46 @@ fn c7(events: &[Event], state: &FinalState, v: &mut Vec<Violation>) {
     }
 }
 
+/// One fence of one owner, as first seen.
+struct Fenced {
+    first: u64,
+    fence: u64,
+    returned: bool,
+    what: String,
+}
+
 /// C8: one owner token, one fence; nothing left over at the end.
-fn c8(events: &[Event], audit: &[&AuditRow], v: &mut Vec<Violation>) {
-    let mut fences: BTreeMap<(&str, &str), BTreeMap<u64, String>> = BTreeMap::new();
-    for (key, owner, fence, seen) in grants(events, audit) {
-        fences
-            .entry((key, owner))
+fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Violation>) {
+    // Per owner and fence: first sighting, whether an acquire returned it, where seen.
+    let mut fences: BTreeMap<(&str, &str), BTreeMap<u64, Fenced>> = BTreeMap::new();
+    for g in grants(events, audit) {
+        let f = fences
+            .entry((g.key, g.owner))
             .or_default()
-            .entry(fence)
-            .or_insert(seen);
+            .entry(g.fence)
+            .or_insert(Fenced {
+                first: g.t,
+                fence: g.fence,
+                returned: false,
+                what: g.what,
+            });
+        f.first = f.first.min(g.t);
+        f.returned |= g.returned;
     }
     for ((key, owner), by) in fences {
-        if by.len() > 1 {
-            let list: Vec<String> = by.iter().map(|(f, s)| format!("{f} ({s})")).collect();
+        let mut seen: Vec<Fenced> = by.into_values().collect();
+        seen.sort_by_key(|f| (f.first, f.fence));
+        // A fresh grant after an ambiguous reply: the earlier grant was never returned to
+        // the caller (so nobody renewed it) and had expired (a TTL after it was first
+        // seen) when the later, higher one was.
+        let fresh = |a: &Fenced, b: &Fenced| {
+            !a.returned && b.fence > a.fence && b.first >= a.first.saturating_add(cfg.ttl_ns)
+        };
+        if seen.windows(2).any(|p| !fresh(&p[0], &p[1])) {
+            let list: Vec<String> = seen
+                .iter()
+                .map(|f| format!("{} ({})", f.fence, f.what))
+                .collect();
             v.push(violation(
                 "C8",
                 "C8a",

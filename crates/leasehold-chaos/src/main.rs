@@ -57,6 +57,13 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Check a recorded run again (its directory: events, final-state.json,
+    /// summary.json), e.g. after a change to the checker. Exits 1 on violations.
+    Check {
+        /// The run's output directory.
+        #[arg(long, default_value = "target/chaos")]
+        out: PathBuf,
+    },
     /// (internal) One worker process.
     #[command(hide = true)]
     Worker {
@@ -110,6 +117,23 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Check { out } => match recheck(&out) {
+            Ok(violations) => {
+                for v in &violations {
+                    println!("{v}");
+                }
+                println!("{} violations", violations.len());
+                if violations.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => {
+                eprintln!("leasehold-chaos: {e}");
+                ExitCode::from(2)
+            }
+        },
         Cmd::Run {
             store,
             workers,
@@ -183,4 +207,30 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Checks the run recorded in `out` again.
+fn recheck(out: &std::path::Path) -> Result<Vec<leasehold_chaos::Violation>, String> {
+    let read =
+        |name: &str| std::fs::read_to_string(out.join(name)).map_err(|e| format!("{name}: {e}"));
+    let summary: serde_json::Value =
+        serde_json::from_str(&read("summary.json")?).map_err(|e| e.to_string())?;
+    let state: leasehold_chaos::FinalState =
+        serde_json::from_str(&read(run::STATE_FILE)?).map_err(|e| e.to_string())?;
+    let store = match summary["store"].as_str() {
+        Some("Redis") => StoreKind::Redis,
+        Some("Postgres") => StoreKind::Postgres,
+        other => return Err(format!("unknown store {other:?} in summary.json")),
+    };
+    let ttl = Duration::from_millis(
+        summary["ttl_ms"]
+            .as_u64()
+            .ok_or("no ttl_ms in summary.json")?,
+    );
+    let events = run::read_events(out)?;
+    Ok(leasehold_chaos::check(
+        &events,
+        &state,
+        &run::check_config(store, ttl),
+    ))
 }

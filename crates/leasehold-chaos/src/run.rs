@@ -574,23 +574,12 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     inspect("final");
     let state = rt.block_on(collect(&pg_url))?;
     drop(servers);
-
-    let mut events = Vec::new();
-    for entry in std::fs::read_dir(&spec.out)
-        .map_err(|e| e.to_string())?
-        .flatten()
-    {
-        if entry.path().extension().is_some_and(|x| x == "jsonl") {
-            let text = std::fs::read_to_string(entry.path()).map_err(|e| e.to_string())?;
-            events.extend(parse_lines(&text)?);
-        }
-    }
-    events.sort_by_key(|e| e.t);
-    let cfg = CheckConfig {
-        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10).
-        restart_loses_leases: spec.store == StoreKind::Redis,
-        ..CheckConfig::for_ttl_ns(ttl.as_nanos() as u64)
-    };
+    let _ = std::fs::write(
+        spec.out.join(STATE_FILE),
+        serde_json::to_string(&state).unwrap_or_default(),
+    );
+    let events = read_events(&spec.out)?;
+    let cfg = check_config(spec.store, ttl);
     let violations = check(&events, &state, &cfg);
     Ok(Report {
         events,
@@ -600,6 +589,34 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         fired,
         notes,
     })
+}
+
+/// The final state of the protected data, as saved in a run's directory.
+pub const STATE_FILE: &str = "final-state.json";
+
+/// Every event of a run's directory, sorted by time.
+///
+/// # Errors
+/// Unreadable files or bad lines, as text.
+pub fn read_events(dir: &Path) -> Result<Vec<Event>, String> {
+    let mut events = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
+        if entry.path().extension().is_some_and(|x| x == "jsonl") {
+            let text = std::fs::read_to_string(entry.path()).map_err(|e| e.to_string())?;
+            events.extend(parse_lines(&text)?);
+        }
+    }
+    events.sort_by_key(|e| e.t);
+    Ok(events)
+}
+
+/// The checker's configuration for a run on `store` with `ttl`.
+pub fn check_config(store: StoreKind, ttl: Duration) -> CheckConfig {
+    CheckConfig {
+        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10).
+        restart_loses_leases: store == StoreKind::Redis,
+        ..CheckConfig::for_ttl_ns(ttl.as_nanos() as u64)
+    }
 }
 
 /// Reads the final state of the protected data.

@@ -1174,6 +1174,48 @@ fn c8a_one_owner_recorded_with_two_fences() {
     assert_rules(&h, &s, &cfg(), &["C8a"]);
 }
 
+/// The store records owner O with fence 5 at 10 ms and 500 ms (the acquire's reply was
+/// lost; `returned`: an acquire did return it at 20 ms, released at 30 ms); O's retry is
+/// granted fence `f2` at `f2_at`.
+fn regranted(f2_at: u64, f2: u64, returned: bool) -> Vec<Event> {
+    let mut h = vec![ev(5 * MS, "a#0", Op::Acquire, Phase::Invoke, "")];
+    h.push(inspect(10 * MS, "O", Some(5), ""));
+    if returned {
+        h.push(Event {
+            fence: Some(5),
+            valid_until: Some(900 * MS),
+            ..ev(20 * MS, "a#0", Op::Acquire, Phase::Ok, "O")
+        });
+        h.extend(released(30 * MS, "a#0", "O"));
+    }
+    h.push(inspect(500 * MS, "O", Some(5), ""));
+    h.extend(acquired(f2_at, "a#0", "O", f2));
+    h.extend(released(f2_at + 100 * MS, "a#0", "O"));
+    h
+}
+
+#[test]
+fn c8a_a_fresh_grant_to_the_same_owner_is_exempt_only_a_ttl_after_an_unreturned_one() {
+    let none = FinalState::default();
+    // A TTL after the first sighting (not the last): the unreturned grant had expired.
+    assert_rules(&regranted(10 * MS + TTL, 9, false), &none, &cfg(), &[]);
+    assert_rules(
+        &regranted(10 * MS + TTL - 1, 9, false),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+    // The earlier grant was returned to a worker (and renewable): no exemption.
+    assert_rules(
+        &regranted(10 * MS + 3 * TTL, 9, true),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+    // A fresh grant has a higher fence.
+    assert_rules(&regranted(10 * MS + TTL, 4, false), &none, &cfg(), &["C8a"]);
+}
+
 #[test]
 fn c8b_a_lease_left_over_after_the_run() {
     let (mut h, s) = clean();
