@@ -184,6 +184,23 @@ enum Script {
         marks: Vec<usize>,
         miss_checked: bool,
     },
+    /// Woken after a newer write: left alone until it has written and released.
+    Woken {
+        slot: usize,
+        since: Instant,
+        /// Lines from its `PREPARING` on.
+        from: usize,
+    },
+}
+
+impl Script {
+    /// The slot the script holds (no other fault may touch it meanwhile).
+    fn slot(&self) -> Option<usize> {
+        match self {
+            Self::Armed { .. } => None,
+            Self::Frozen { slot, .. } | Self::Woken { slot, .. } => Some(*slot),
+        }
+    }
 }
 
 /// The first line at index `from` or later that starts with `word `, with its index and
@@ -371,6 +388,11 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 }
                 frozen.or(Some(Script::Armed { from }))
             }
+            Some(Script::Woken { slot, since, from }) => {
+                // Left alone until its stale write is done (it releases after it).
+                let done = find_line(&slots[slot].process, from, "RELEASING").is_some();
+                (!done && now < since + ttl * 2).then_some(Script::Woken { slot, since, from })
+            }
             Some(Script::Frozen {
                 slot,
                 since,
@@ -420,7 +442,11 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                     s.process.resume();
                     fault(&rec, &s.id(), FaultKind::Sigcont, "stale-write");
                     *fired.entry(PlanKind::StaleWrite).or_default() += 1;
-                    None
+                    Some(Script::Woken {
+                        slot,
+                        since: now,
+                        from: line + 1,
+                    })
                 } else if now >= since + ttl * 8 {
                     s.process.resume();
                     fault(&rec, &s.id(), FaultKind::Sigcont, "stale-write gave up");
@@ -458,7 +484,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                         s.holding.is_some()
                             && s.frozen_until.is_none()
                             && s.proxy_until.is_none()
-                            && !matches!(&script, Some(Script::Frozen { slot, .. }) if slot == i)
+                            && script.as_ref().and_then(Script::slot) != Some(*i)
                     })
                     .max_by_key(|(_, s)| s.holding)
                     .map(|(i, _)| i)
@@ -478,7 +504,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             let busy = slot.is_some_and(|i| {
                 slots[i].frozen_until.is_some()
                     || slots[i].proxy_until.is_some()
-                    || matches!(&script, Some(Script::Frozen { slot, .. }) if *slot == i)
+                    || script.as_ref().and_then(Script::slot) == Some(i)
             });
             if busy {
                 deferred.push(f);
@@ -514,7 +540,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                     match &mut script {
                         Some(Script::Armed { from }) => from[i] = 0,
                         Some(Script::Frozen { marks, .. }) => marks[i] = 0,
-                        None => {}
+                        Some(Script::Woken { .. }) | None => {}
                     }
                 }
                 (PlanKind::RestartStore, _) => {
