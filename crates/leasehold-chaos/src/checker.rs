@@ -1,42 +1,96 @@
 //! The invariants C1–C10 of `FAULTS.md`, checked over a recorded history.
 //!
-//! Times are `CLOCK_MONOTONIC` nanoseconds. A holder's *window* on a key runs from its
-//! acquire's success to the earliest of its last validity deadline, its lost signal and its
-//! release call.
+//! Times are `CLOCK_MONOTONIC` nanoseconds. What each event's time means (before or after
+//! the act it records) is in [`history`](crate::history); every rule below only draws a
+//! conclusion that those meanings make certain.
+//!
+//! # Windows, deadlines, lost observations
+//!
+//! A holder's *window* on a key belongs to one owner token. It starts at the acquire's
+//! `ok` and ends at its *end*: the earliest of
+//! - its *deadline* `D`: the `valid_until` of the acquire, raised by each renewal the
+//!   client accepted (`renew ok`) before the window's first lost observation or release;
+//!   the deadline *in force at* `t` counts only the renewals recorded by `t`. Every
+//!   recorded deadline is at or after the client's real one (the worker reads its clock
+//!   after the client did), so "at or after `D`" implies "at or after the real deadline";
+//! - its first *lost observation*: a `lost` event, or a `check` or write probe that
+//!   answered lost;
+//! - its release's `invoke`.
+//!
+//! An incarnation is *frozen* from each `sigstop` against it until the next `sigcont` (or
+//! for ever). Its *running-time due* for a deadline `D` is the instant at which it has run
+//! (not frozen) for `lost_slack` after `D`.
+//!
+//! # The rules, exactly as checked
+//!
+//! | rule | flags | exemption (and its justification) |
+//! | --- | --- | --- |
+//! | C1 | an audit row, in `seq` (commit) order, with a lower fence than an earlier row of the same resource | none (FAULTS: "Always") |
+//! | C2 | one fence of one key recorded with two owners, by any of: acquire replies, the store's inspections, audit rows, worker events | `lossy_store` (FAULTS rows 10–11 admit fence reuse; C1 still holds) |
+//! | C3 | two windows of different owners on one key that overlap | `lossy_store` (rows 10, 11, 13); `restart_loses_leases` and a store restart at `r` with `a.start ≤ r ≤ b.start` (rows 9–10: a store without persistence forgets the first holder's lease while it still runs) |
+//! | C4a | a window whose deadline `D` passed while held (no lost observation or release before `D`) without a lost observation by its running-time due | the incarnation was killed by the due (a dead process fires nothing); the holder released it by the due (DESIGN §4: a lease its holder released never reports lost); the history ends before the due |
+//! | C4b | a `check` or write probe answering *not lost* at or after its window's deadline, or after the window's `lost` event was recorded. This is the "first act after resume" rule: a process frozen past its deadline must get *lost* from its first question after the `sigcont` | a probe at or after the holder's release invoke (DESIGN §4: a lease its holder released never reports lost) |
+//! | C4c | a write invoked at or after its window's deadline with no lost observation at or before it (its own probe counts) | none |
+//! | C5 | a write invoked at or after its window's end, accepted (`ok`, or `unknown` with its owner's row in the audit) | accepted only while no write with a higher fence on that resource had been acknowledged (`write ok`) before it started: the guard compares fences (DESIGN §6) and cannot know that a window ended until a newer holder's write is in |
+//! | C6a | a renewal sent (`renew invoke`) with no validity left (`remaining_ns` 0), or after its lost signal fired (the observer's `lost` flag, or a `lost` event recorded at or before the send), or at or after the deadline in force | none |
+//! | C6b | a renewal accepted by the client (`renew ok`) with no validity left or with the lost signal already fired | none |
+//! | C6c | a renewal the store answered *renewed* (`renew ok`, or `renew fail` `refused`) or a release it answered *released* (`release ok`) sent at or after another owner's later grant of the key was recorded | none |
+//! | C7a | an acknowledged write (`write ok`) whose `seq` is missing from the audit | none |
+//! | C7b | a counter that differs from its number of audit rows (a lost update) | none |
+//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (DESIGN §4, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen) |
+//! | C8b | the final inspection (`inspect` `final`, after every worker is gone and the bound has passed) shows a lease | none |
+//! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
+//! | C10 | a window's first lost observation that no fault on its own incarnation or path explains | a fault explains it when it is a freeze of that incarnation, a proxy fault on its slot's own proxy (until `proxy-pass`), or a store restart (until `store-back`), that started at or before the observation and ended no more than `fault_reach` before it: a lease whose renewals a fault broke or delayed is lost by its deadline, within a TTL of the last renewal sent before the fault ended |
+//!
+//! C10's fault-free counterpart is the fault-free run, which must show no lost
+//! observation and no rejected write at all.
+//!
+//! # What the rules cannot see
+//!
+//! - A write invoked before its window ended and committed after it: the audit has no
+//!   commit instant, so C5 cannot judge it; C1 flags it only if a newer fence's write
+//!   committed first.
+//! - A grant no acquire call returned (an orphan after an ambiguous reply), unless it is
+//!   still in the store at the final inspection (C8b) or carries a fence another owner
+//!   holds (C2).
+//! - The library's renewals are seen through its observer, stamped when the observer is
+//!   called: C6 trusts that the request goes out after `Sent` and that `remaining` and
+//!   `lost` were read at the event.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
-use crate::history::{AuditRow, Event, FinalState, Op, Phase};
+use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, slot_of};
 
 /// Bounds and allowances of one check.
 #[derive(Debug, Clone)]
 pub struct CheckConfig {
     /// The lease TTL.
     pub ttl_ns: u64,
-    /// How late after a deadline a lost signal may fire in a process that was not paused
-    /// (scheduling delay).
+    /// C4a: how long, in the incarnation's running time after its deadline, its lost
+    /// signal may take to be observed (the watchdog thread's and the watcher task's
+    /// scheduling delay on a loaded host).
     pub lost_slack_ns: u64,
     /// C9: a takeover must happen within this bound after the holder is killed.
     pub takeover_bound_ns: u64,
-    /// C10: a lost signal needs a fault within this long before it.
-    pub quiet_ns: u64,
+    /// C10: how long after a fault ended it may still explain a lost signal.
+    pub fault_reach_ns: u64,
     /// C2/C3 relaxed: the failure model admits fence reuse and overlapping windows (FAULTS
     /// rows 10, 11, 13). C1 is never relaxed.
     pub lossy_store: bool,
     /// A store restart loses the leases it held (Redis without persistence, FAULTS rows
-    /// 9–10): C3 is relaxed for a window during which the store restarted. C1 still holds.
+    /// 9–10): C3 is relaxed for a pair of windows with a restart between their starts.
     pub restart_loses_leases: bool,
 }
 
 impl CheckConfig {
-    /// Defaults for a TTL: lost slack TTL/4, takeover bound 3×TTL, quiet period 3×TTL.
+    /// Defaults for a TTL: lost slack TTL/4, takeover bound 3×TTL, fault reach 1×TTL.
     pub fn for_ttl_ns(ttl_ns: u64) -> Self {
         Self {
             ttl_ns,
             lost_slack_ns: ttl_ns / 4,
             takeover_bound_ns: ttl_ns * 3,
-            quiet_ns: ttl_ns * 3,
+            fault_reach_ns: ttl_ns,
             lossy_store: false,
             restart_loses_leases: false,
         }
@@ -48,13 +102,24 @@ impl CheckConfig {
 pub struct Violation {
     /// `"C1"` … `"C10"`.
     pub invariant: &'static str,
+    /// The rule of the invariant that flagged it (`"C4a"`, …; the invariant itself when
+    /// it has one rule).
+    pub rule: &'static str,
     /// What was seen.
     pub detail: String,
 }
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.invariant, self.detail)
+        write!(f, "{} ({}): {}", self.invariant, self.rule, self.detail)
+    }
+}
+
+fn violation(invariant: &'static str, rule: &'static str, detail: String) -> Violation {
+    Violation {
+        invariant,
+        rule,
+        detail,
     }
 }
 
@@ -66,15 +131,33 @@ struct Window {
     worker: String,
     fence: u64,
     start: u64,
-    deadline: u64,
-    lost_at: Option<u64>,
+    /// `(recorded at, deadline from then on)`, in time order; the first is the acquire's.
+    steps: Vec<(u64, u64)>,
+    /// The first `lost` event.
+    lost_event: Option<u64>,
+    /// The first lost observation (a `lost` event, a check or probe answering lost).
+    lost_seen: Option<u64>,
     released_at: Option<u64>,
 }
 
 impl Window {
+    /// The final deadline.
+    fn deadline(&self) -> u64 {
+        self.steps.last().map_or(self.start, |s| s.1)
+    }
+
+    /// The deadline in force at `t` (renewals recorded by `t`).
+    fn deadline_at(&self, t: u64) -> u64 {
+        self.steps
+            .iter()
+            .take_while(|s| s.0 <= t)
+            .last()
+            .map_or(self.start, |s| s.1)
+    }
+
     fn end(&self) -> u64 {
-        let mut end = self.deadline;
-        if let Some(l) = self.lost_at {
+        let mut end = self.deadline();
+        if let Some(l) = self.lost_seen {
             end = end.min(l);
         }
         if let Some(r) = self.released_at {
@@ -84,19 +167,74 @@ impl Window {
     }
 }
 
-/// Pause intervals per worker from `sigstop`/`sigcont` faults.
-fn pauses(events: &[Event]) -> HashMap<String, Vec<(u64, u64)>> {
-    let mut open: HashMap<String, u64> = HashMap::new();
-    let mut out: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
-    for e in events.iter().filter(|e| e.op == Some(Op::Fault)) {
-        let target = e.key.clone();
-        match e.detail.split_whitespace().next() {
-            Some("sigstop") => {
-                open.insert(target, e.t);
+/// Whether `e` observed its lease lost: a `lost` event, or a check or write probe that
+/// answered lost.
+fn observes_lost(e: &Event) -> bool {
+    match e.op {
+        Some(Op::Lost) => true,
+        Some(Op::Check) => e.lost == Some(true),
+        Some(Op::Write) => e.phase == Some(Phase::Invoke) && e.lost == Some(true),
+        _ => false,
+    }
+}
+
+fn windows(events: &[Event]) -> Vec<Window> {
+    let mut out: Vec<Window> = Vec::new();
+    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+    for e in events {
+        let k = (e.key.as_str(), e.owner.as_str());
+        if e.op == Some(Op::Acquire) && e.phase == Some(Phase::Ok) {
+            index.insert(k, out.len());
+            out.push(Window {
+                key: e.key.clone(),
+                owner: e.owner.clone(),
+                worker: e.worker.clone(),
+                fence: e.fence.unwrap_or(0),
+                start: e.t,
+                steps: vec![(e.t, e.valid_until.unwrap_or(e.t))],
+                lost_event: None,
+                lost_seen: None,
+                released_at: None,
+            });
+            continue;
+        }
+        let Some(&i) = index.get(&k) else { continue };
+        let w = &mut out[i];
+        if observes_lost(e) {
+            w.lost_seen.get_or_insert(e.t);
+        }
+        match (e.op, e.phase) {
+            (Some(Op::Renew), Some(Phase::Ok))
+                if w.lost_seen.is_none() && w.released_at.is_none() =>
+            {
+                let until = e.valid_until.unwrap_or(0).max(w.deadline());
+                w.steps.push((e.t, until));
             }
-            Some("sigcont") | Some("kill9") => {
-                if let Some(start) = open.remove(&target) {
-                    out.entry(target).or_default().push((start, e.t));
+            (Some(Op::Lost), _) => {
+                w.lost_event.get_or_insert(e.t);
+            }
+            (Some(Op::Release), Some(Phase::Invoke)) => {
+                w.released_at.get_or_insert(e.t);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Per incarnation: frozen intervals `(sigstop, sigcont)` (`u64::MAX`: never resumed),
+/// in time order.
+fn freezes(events: &[Event]) -> HashMap<&str, Vec<(u64, u64)>> {
+    let mut open: HashMap<&str, u64> = HashMap::new();
+    let mut out: HashMap<&str, Vec<(u64, u64)>> = HashMap::new();
+    for e in events.iter().filter(|e| e.op == Some(Op::Fault)) {
+        match e.fault {
+            Some(FaultKind::Sigstop) => {
+                open.entry(e.key.as_str()).or_insert(e.t);
+            }
+            Some(FaultKind::Sigcont) => {
+                if let Some(start) = open.remove(e.key.as_str()) {
+                    out.entry(e.key.as_str()).or_default().push((start, e.t));
                 }
             }
             _ => {}
@@ -105,49 +243,48 @@ fn pauses(events: &[Event]) -> HashMap<String, Vec<(u64, u64)>> {
     for (target, start) in open {
         out.entry(target).or_default().push((start, u64::MAX));
     }
+    for v in out.values_mut() {
+        v.sort_unstable();
+    }
     out
 }
 
-fn windows(events: &[Event]) -> Vec<Window> {
-    let mut out: Vec<Window> = Vec::new();
-    let mut index: HashMap<(String, String), usize> = HashMap::new();
-    for e in events {
-        let k = (e.key.clone(), e.owner.clone());
-        match (e.op, e.phase) {
-            (Some(Op::Acquire), Some(Phase::Ok)) => {
-                index.insert(k, out.len());
-                out.push(Window {
-                    key: e.key.clone(),
-                    owner: e.owner.clone(),
-                    worker: e.worker.clone(),
-                    fence: e.fence.unwrap_or(0),
-                    start: e.t,
-                    deadline: e.valid_until.unwrap_or(e.t),
-                    lost_at: None,
-                    released_at: None,
-                });
+/// The instant at which a process with these freezes has run for `run` ns after `from`.
+fn after_running(freezes: &[(u64, u64)], from: u64, run: u64) -> u64 {
+    let mut t = from;
+    let mut left = run;
+    for &(s, c) in freezes {
+        if s > t {
+            let gap = s - t;
+            if gap >= left {
+                return t + left;
             }
-            (Some(Op::Renew), Some(Phase::Ok)) => {
-                if let Some(&i) = index.get(&k) {
-                    let w = &mut out[i];
-                    if w.lost_at.is_none() && w.released_at.is_none() {
-                        w.deadline = w.deadline.max(e.valid_until.unwrap_or(0));
-                    }
-                }
-            }
-            (Some(Op::Lost), _) => {
-                if let Some(&i) = index.get(&k) {
-                    out[i].lost_at.get_or_insert(e.t);
-                }
-            }
-            (Some(Op::Release), Some(Phase::Invoke)) => {
-                if let Some(&i) = index.get(&k) {
-                    out[i].released_at.get_or_insert(e.t);
-                }
-            }
-            _ => {}
+            left -= gap;
+        }
+        t = t.max(c);
+    }
+    t.saturating_add(left)
+}
+
+/// Intervals during which a fault was in effect, per target.
+fn fault_spans(
+    events: &[Event],
+    start: fn(FaultKind) -> bool,
+    end: fn(FaultKind) -> bool,
+) -> Vec<(&str, u64, u64)> {
+    let mut open: HashMap<&str, u64> = HashMap::new();
+    let mut out = Vec::new();
+    for e in events.iter().filter(|e| e.op == Some(Op::Fault)) {
+        let Some(kind) = e.fault else { continue };
+        if start(kind) {
+            open.entry(e.key.as_str()).or_insert(e.t);
+        } else if end(kind)
+            && let Some(s) = open.remove(e.key.as_str())
+        {
+            out.push((e.key.as_str(), s, e.t));
         }
     }
+    out.extend(open.into_iter().map(|(k, s)| (k, s, u64::MAX)));
     out
 }
 
@@ -155,227 +292,412 @@ fn windows(events: &[Event]) -> Vec<Window> {
 pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Violation> {
     let mut events = events.to_vec();
     events.sort_by_key(|e| e.t);
+    let events = &events[..];
     let mut v = Vec::new();
-    let windows = windows(&events);
-    let pauses = pauses(&events);
-    let paused_at = |worker: &str, t: u64| {
-        pauses
-            .get(worker)
-            .is_some_and(|ps| ps.iter().any(|&(a, b)| a <= t && t <= b))
-    };
-    let run_end = events.last().map_or(0, |e| e.t);
-
-    // C1: accepted writes, in commit order, never go back in fence per resource.
-    let mut audit: Vec<&AuditRow> = state.audit.iter().collect();
-    audit.sort_by_key(|r| r.seq);
-    let mut highest: HashMap<&str, &AuditRow> = HashMap::new();
-    for row in &audit {
-        if let Some(prev) = highest.get(row.resource.as_str())
-            && row.fence < prev.fence
-        {
-            v.push(Violation {
-                invariant: "C1",
-                detail: format!(
-                    "{}: write #{} with fence {} committed after write #{} with fence {}",
-                    row.resource, row.seq, row.fence, prev.seq, prev.fence
-                ),
-            });
-            continue;
-        }
-        highest.insert(row.resource.as_str(), row);
-    }
-
-    // C2: a fence is issued to one owner only.
-    if !cfg.lossy_store {
-        let mut issued: BTreeMap<(&str, u64), &str> = BTreeMap::new();
-        for w in &windows {
-            match issued.get(&(w.key.as_str(), w.fence)) {
-                Some(&o) if o != w.owner => v.push(Violation {
-                    invariant: "C2",
-                    detail: format!("{}: fence {} issued to {o} and {}", w.key, w.fence, w.owner),
-                }),
-                _ => {
-                    issued.insert((w.key.as_str(), w.fence), w.owner.as_str());
-                }
-            }
-        }
-    }
-
-    let restarts: Vec<u64> = events
-        .iter()
-        .filter(|e| e.op == Some(Op::Fault) && e.detail.starts_with("restart-store"))
-        .map(|e| e.t)
-        .collect();
-    // C3: windows of different owners do not overlap.
-    if !cfg.lossy_store {
-        let mut by_key: HashMap<&str, Vec<&Window>> = HashMap::new();
-        for w in &windows {
-            by_key.entry(w.key.as_str()).or_default().push(w);
-        }
-        for ws in by_key.values_mut() {
-            ws.sort_by_key(|w| w.start);
-            for (i, a) in ws.iter().enumerate() {
-                for b in &ws[i + 1..] {
-                    if b.start >= a.end() {
-                        break;
-                    }
-                    let restarted = cfg.restart_loses_leases
-                        && restarts.iter().any(|&t| a.start <= t && t <= b.start);
-                    if a.owner != b.owner && !restarted {
-                        v.push(Violation {
-                            invariant: "C3",
-                            detail: format!(
-                                "{}: {} (fence {}) held until {} but {} (fence {}) acquired at {}",
-                                a.key,
-                                a.worker,
-                                a.fence,
-                                a.end(),
-                                b.worker,
-                                b.fence,
-                                b.start
-                            ),
-                        });
-                    }
-                }
-            }
-        }
-    }
-
+    let windows = windows(events);
     let window_of = |key: &str, owner: &str| {
         windows
             .iter()
             .rev()
             .find(|w| w.key == key && w.owner == owner)
     };
+    let run_end = events.last().map_or(0, |e| e.t);
+    let mut audit: Vec<&AuditRow> = state.audit.iter().collect();
+    audit.sort_by_key(|r| r.seq);
 
-    // C4: the lost signal fires by the window's end (or when a paused process resumes), and
-    // no write starts after the window ended.
-    for w in &windows {
-        if w.released_at.is_some_and(|r| r <= w.deadline) {
+    c1(&audit, &mut v);
+    if !cfg.lossy_store {
+        c2(events, &audit, &mut v);
+        c3(events, &windows, cfg, &mut v);
+    }
+    c4(events, &windows, cfg, run_end, &mut v);
+
+    // C5: a write started after its window ended is not accepted once a newer holder's
+    // write had been acknowledged.
+    for (i, e) in events.iter().enumerate() {
+        if e.op != Some(Op::Write) || e.phase != Some(Phase::Invoke) {
             continue;
         }
-        let due = w.deadline.saturating_add(cfg.lost_slack_ns);
-        match w.lost_at {
-            Some(l) if l <= due || paused_at(&w.worker, w.deadline) => {}
-            Some(l) => v.push(Violation {
-                invariant: "C4",
-                detail: format!(
-                    "{}: {} lost signal fired {} ns after its deadline",
-                    w.key,
-                    w.worker,
-                    l - w.deadline
-                ),
-            }),
-            None if run_end > due
-                && !paused_at(&w.worker, w.deadline)
-                && !killed(&events, &w.worker, w.deadline) =>
-            {
-                v.push(Violation {
-                    invariant: "C4",
-                    detail: format!(
-                        "{}: {} passed its deadline without a lost signal",
-                        w.key, w.worker
-                    ),
-                })
-            }
-            None => {}
-        }
-    }
-    for e in events
-        .iter()
-        .filter(|e| e.op == Some(Op::Write) && e.phase == Some(Phase::Invoke))
-    {
-        if let Some(w) = window_of(&e.key, &e.owner)
-            && e.t > w.end()
-            && !paused_at(&e.worker, e.t.saturating_sub(cfg.lost_slack_ns))
-        {
-            v.push(Violation {
-                invariant: "C4",
-                detail: format!(
-                    "{}: {} started a write {} ns after its window ended",
-                    e.key,
-                    e.worker,
-                    e.t - w.end()
-                ),
-            });
-        }
-    }
-
-    // C5: a write that started after its window ended is never accepted after a newer
-    // grant's write.
-    let seq_of_fence: Vec<(u64, &str, u64)> = audit
-        .iter()
-        .map(|r| (r.seq, r.resource.as_str(), r.fence))
-        .collect();
-    for e in events
-        .iter()
-        .filter(|e| e.op == Some(Op::Write) && e.phase == Some(Phase::Ok))
-    {
-        let (Some(seq), Some(fence)) = (e.seq, e.fence) else {
+        let Some(w) = window_of(&e.key, &e.owner) else {
             continue;
         };
-        let newer_before = seq_of_fence
-            .iter()
-            .any(|&(s, r, f)| r == e.key && s < seq && f > fence);
-        if newer_before {
-            v.push(Violation {
-                invariant: "C5",
-                detail: format!(
-                    "{}: {} write #{seq} with fence {fence} accepted after a newer holder's write",
-                    e.key, e.worker
+        if e.t < w.end() {
+            continue;
+        }
+        let fence = e.fence.unwrap_or(w.fence);
+        // The first reply after the invoke (the invoke itself is skipped by its phase).
+        let outcome = events[i..].iter().find(|o| {
+            o.op == Some(Op::Write)
+                && o.owner == e.owner
+                && o.key == e.key
+                && o.phase != Some(Phase::Invoke)
+        });
+        let accepted = match outcome.and_then(|o| o.phase) {
+            Some(Phase::Ok) => true,
+            Some(Phase::Unknown) => audit
+                .iter()
+                .any(|r| r.owner == e.owner && r.resource == e.key),
+            _ => false,
+        };
+        let newer = events.iter().find(|o| {
+            o.t <= e.t
+                && o.op == Some(Op::Write)
+                && o.phase == Some(Phase::Ok)
+                && o.key == e.key
+                && o.fence.is_some_and(|f| f > fence)
+        });
+        if accepted && let Some(newer) = newer {
+            v.push(violation(
+                "C5",
+                "C5",
+                format!(
+                    "{}: {} started a write with fence {fence} {} ns after its window ended, after a write with fence {} was acknowledged, and it was accepted",
+                    e.key,
+                    e.worker,
+                    e.t - w.end(),
+                    newer.fence.unwrap_or(0)
                 ),
-            });
+            ));
         }
     }
 
-    // C6: stale calls never extend or remove another owner's lease. A call may take effect
-    // anywhere between its invoke and its reply, so it is stale only if another owner had
-    // acquired the key before the call was even sent.
-    for e in &events {
-        if !matches!(e.op, Some(Op::Renew) | Some(Op::Release)) || e.phase != Some(Phase::Ok) {
+    c6(events, &windows, &mut v);
+    c7(events, state, &mut v);
+    c8(events, &audit, cfg, &mut v);
+    c9(events, &windows, cfg, run_end, &mut v);
+    c10(events, &windows, cfg, &mut v);
+    v
+}
+
+/// C1: accepted writes, in commit order, never go back in fence per resource.
+fn c1(audit: &[&AuditRow], v: &mut Vec<Violation>) {
+    let mut highest: HashMap<&str, &AuditRow> = HashMap::new();
+    for row in audit {
+        if let Some(prev) = highest.get(row.resource.as_str())
+            && row.fence < prev.fence
+        {
+            v.push(violation(
+                "C1",
+                "C1",
+                format!(
+                    "{}: write #{} with fence {} committed after write #{} with fence {}",
+                    row.resource, row.seq, row.fence, prev.seq, prev.fence
+                ),
+            ));
             continue;
         }
-        let sent = events
-            .iter()
-            .filter(|i| {
-                i.op == e.op
-                    && i.phase == Some(Phase::Invoke)
-                    && i.owner == e.owner
-                    && i.key == e.key
-                    && i.t <= e.t
-            })
-            .map(|i| i.t)
-            .max()
-            .unwrap_or(e.t);
-        let latest = windows
-            .iter()
-            .filter(|w| w.key == e.key && w.start <= sent)
-            .max_by_key(|w| w.start);
-        if let Some(latest) = latest
-            && latest.owner != e.owner
-            && window_of(&e.key, &e.owner).is_some_and(|own| {
-                own.fence < latest.fence
-                    && !(cfg.restart_loses_leases
-                        && restarts
-                            .iter()
-                            .any(|&t| own.start <= t && t <= latest.start))
-            })
+        highest.insert(row.resource.as_str(), row);
+    }
+}
+
+/// One sighting of an owner with a fence: when (`u64::MAX` for the audit, which has no
+/// time), whether an acquire returned it to a worker, and where it was seen.
+struct Seen<'a> {
+    key: &'a str,
+    owner: &'a str,
+    fence: u64,
+    t: u64,
+    returned: bool,
+    what: String,
+}
+
+/// Every `(key, owner, fence)` the history and the audit record.
+fn grants<'a>(events: &'a [Event], audit: &[&'a AuditRow]) -> Vec<Seen<'a>> {
+    let mut out = Vec::new();
+    for e in events {
+        if let (Some(fence), false) = (e.fence, e.owner.is_empty()) {
+            let op =
+                e.op.map_or("?".to_owned(), |o| format!("{o:?}").to_lowercase());
+            out.push(Seen {
+                key: e.key.as_str(),
+                owner: e.owner.as_str(),
+                fence,
+                t: e.t,
+                returned: e.op == Some(Op::Acquire) && e.phase == Some(Phase::Ok),
+                what: format!("{op} by {}", e.worker),
+            });
+        }
+    }
+    for r in audit {
+        out.push(Seen {
+            key: r.resource.as_str(),
+            owner: r.owner.as_str(),
+            fence: r.fence,
+            t: u64::MAX,
+            returned: false,
+            what: format!("audit row #{}", r.seq),
+        });
+    }
+    out
+}
+
+/// C2: a fence of a key belongs to one owner.
+fn c2(events: &[Event], audit: &[&AuditRow], v: &mut Vec<Violation>) {
+    let mut owners: BTreeMap<(&str, u64), BTreeMap<&str, String>> = BTreeMap::new();
+    for g in grants(events, audit) {
+        owners
+            .entry((g.key, g.fence))
+            .or_default()
+            .entry(g.owner)
+            .or_insert(g.what);
+    }
+    for ((key, fence), by) in owners {
+        if by.len() > 1 {
+            let list: Vec<String> = by.iter().map(|(o, s)| format!("{o} ({s})")).collect();
+            v.push(violation(
+                "C2",
+                "C2",
+                format!("{key}: fence {fence} recorded for {}", list.join(" and ")),
+            ));
+        }
+    }
+}
+
+/// C3: windows of different owners on one key do not overlap.
+fn c3(events: &[Event], windows: &[Window], cfg: &CheckConfig, v: &mut Vec<Violation>) {
+    let restarts: Vec<u64> = events
+        .iter()
+        .filter(|e| e.op == Some(Op::Fault) && e.fault == Some(FaultKind::RestartStore))
+        .map(|e| e.t)
+        .collect();
+    let mut by_key: BTreeMap<&str, Vec<&Window>> = BTreeMap::new();
+    for w in windows {
+        by_key.entry(w.key.as_str()).or_default().push(w);
+    }
+    for ws in by_key.values_mut() {
+        ws.sort_by_key(|w| w.start);
+        // Each window against every window that started before it (or with it).
+        for (j, b) in ws.iter().enumerate() {
+            for a in &ws[..j] {
+                if a.owner == b.owner || b.start >= a.end() {
+                    continue;
+                }
+                let restarted = cfg.restart_loses_leases
+                    && restarts.iter().any(|&t| a.start <= t && t <= b.start);
+                if !restarted {
+                    v.push(violation(
+                        "C3",
+                        "C3",
+                        format!(
+                            "{}: {} (fence {}) held until {} but {} (fence {}) acquired at {}",
+                            a.key,
+                            a.worker,
+                            a.fence,
+                            a.end(),
+                            b.worker,
+                            b.fence,
+                            b.start
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// C4: the lost signal is observed by the deadline (in running time), every question
+/// asked after it answers lost, and no write starts after it before that.
+fn c4(
+    events: &[Event],
+    windows: &[Window],
+    cfg: &CheckConfig,
+    run_end: u64,
+    v: &mut Vec<Violation>,
+) {
+    let freezes = freezes(events);
+    let no_freezes = Vec::new();
+    let killed_by = |worker: &str, t: u64| {
+        events.iter().any(|e| {
+            e.op == Some(Op::Fault)
+                && matches!(e.fault, Some(FaultKind::Kill9 | FaultKind::EndKill))
+                && e.key == worker
+                && e.t <= t
+        })
+    };
+    // C4a.
+    for w in windows {
+        // A window that ended before its deadline (lost or released) passes below: its
+        // observation or release is before the due.
+        let d = w.deadline();
+        let fr = freezes.get(w.worker.as_str()).unwrap_or(&no_freezes);
+        let due = after_running(fr, d, cfg.lost_slack_ns);
+        if w.lost_seen.is_some_and(|l| l <= due)
+            || w.released_at.is_some_and(|r| r <= due)
+            || killed_by(&w.worker, due)
+            || run_end < due
         {
-            v.push(Violation {
-                invariant: "C6",
-                detail: format!(
-                    "{}: {} {:?} succeeded while {} (fence {}) held the lease",
+            continue;
+        }
+        let when = match w.lost_seen {
+            Some(l) => format!("{} ns after its due", l - due),
+            None => "never".to_owned(),
+        };
+        v.push(violation(
+            "C4",
+            "C4a",
+            format!(
+                "{}: {} (fence {}) passed its deadline; its lost signal was observed {when}",
+                w.key, w.worker, w.fence
+            ),
+        ));
+    }
+    let window_of = |key: &str, owner: &str| {
+        windows
+            .iter()
+            .rev()
+            .find(|w| w.key == key && w.owner == owner)
+    };
+    for e in events {
+        let probe = match (e.op, e.phase) {
+            (Some(Op::Check), _) => "check",
+            (Some(Op::Write), Some(Phase::Invoke)) => "write probe",
+            _ => continue,
+        };
+        let Some(w) = window_of(&e.key, &e.owner) else {
+            continue;
+        };
+        // C4b.
+        if e.lost == Some(false) && w.released_at.is_none_or(|r| r > e.t) {
+            let d = w.deadline();
+            if e.t >= d {
+                v.push(violation(
+                    "C4",
+                    "C4b",
+                    format!(
+                        "{}: {} {probe} answered not lost {} ns after its deadline",
+                        e.key,
+                        e.worker,
+                        e.t - d
+                    ),
+                ));
+            } else if let Some(l) = w.lost_event.filter(|&l| e.t > l) {
+                v.push(violation(
+                    "C4",
+                    "C4b",
+                    format!(
+                        "{}: {} {probe} answered not lost {} ns after its lost signal fired",
+                        e.key,
+                        e.worker,
+                        e.t - l
+                    ),
+                ));
+            }
+        }
+        // C4c.
+        if probe == "write probe" && e.t >= w.deadline() && w.lost_seen.is_none_or(|l| l > e.t) {
+            v.push(violation(
+                "C4",
+                "C4c",
+                format!(
+                    "{}: {} started a write {} ns after its deadline before observing its lost signal",
+                    e.key,
+                    e.worker,
+                    e.t - w.deadline()
+                ),
+            ));
+        }
+    }
+}
+
+/// C6: the library's renewals stop at the deadline and the lost signal, and stale calls
+/// never extend or remove another owner's lease.
+fn c6(events: &[Event], windows: &[Window], v: &mut Vec<Violation>) {
+    let window_of = |key: &str, owner: &str| {
+        windows
+            .iter()
+            .rev()
+            .find(|w| w.key == key && w.owner == owner)
+    };
+    for (i, e) in events.iter().enumerate() {
+        let Some(w) = window_of(&e.key, &e.owner) else {
+            continue;
+        };
+        match (e.op, e.phase) {
+            // C6a.
+            (Some(Op::Renew), Some(Phase::Invoke)) => {
+                let d = w.deadline_at(e.t);
+                let why = if e.remaining_ns == Some(0) {
+                    Some("with no validity left".to_owned())
+                } else if e.lost == Some(true) {
+                    Some("after its lost signal fired".to_owned())
+                } else if let Some(l) = w.lost_event.filter(|&l| l <= e.t) {
+                    Some(format!("{} ns after its lost event", e.t - l))
+                } else if e.t >= d {
+                    Some(format!("{} ns after its deadline", e.t - d))
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    v.push(violation(
+                        "C6",
+                        "C6a",
+                        format!("{}: {} sent a renewal {why}", e.key, e.worker),
+                    ));
+                }
+            }
+            // C6b.
+            (Some(Op::Renew), Some(Phase::Ok))
+                if e.remaining_ns == Some(0) || e.lost == Some(true) =>
+            {
+                v.push(violation(
+                    "C6",
+                    "C6b",
+                    format!(
+                        "{}: {} accepted a renewal {}",
+                        e.key,
+                        e.worker,
+                        if e.lost == Some(true) {
+                            "after its lost signal fired"
+                        } else {
+                            "with no validity left"
+                        }
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        // C6c.
+        let said_yes = match (e.op, e.phase) {
+            (Some(Op::Renew), Some(Phase::Ok)) => true,
+            (Some(Op::Renew), Some(Phase::Fail)) => e.detail == "refused",
+            (Some(Op::Release), Some(Phase::Ok)) => true,
+            _ => false,
+        };
+        if !said_yes {
+            continue;
+        }
+        let sent = events[..i]
+            .iter()
+            .rev()
+            .find(|s| {
+                s.op == e.op
+                    && s.phase == Some(Phase::Invoke)
+                    && s.owner == e.owner
+                    && s.key == e.key
+            })
+            .map_or(e.t, |s| s.t);
+        if let Some(newer) = windows
+            .iter()
+            .find(|o| o.key == e.key && o.owner != e.owner && o.start > w.start && o.start <= sent)
+        {
+            v.push(violation(
+                "C6",
+                "C6c",
+                format!(
+                    "{}: {}'s {:?} sent after {} (fence {}) acquired the key was answered yes",
                     e.key,
                     e.worker,
                     e.op.unwrap_or(Op::Renew),
-                    latest.worker,
-                    latest.fence
+                    newer.worker,
+                    newer.fence
                 ),
-            });
+            ));
         }
     }
+}
 
-    // C7: nothing acknowledged is lost.
+/// C7: nothing acknowledged is lost.
+fn c7(events: &[Event], state: &FinalState, v: &mut Vec<Violation>) {
     for e in events
         .iter()
         .filter(|e| e.op == Some(Op::Write) && e.phase == Some(Phase::Ok))
@@ -383,13 +705,14 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
         if let Some(seq) = e.seq
             && !state.audit.iter().any(|r| r.seq == seq)
         {
-            v.push(Violation {
-                invariant: "C7",
-                detail: format!(
+            v.push(violation(
+                "C7",
+                "C7a",
+                format!(
                     "{}: acknowledged write #{seq} by {} is missing",
                     e.key, e.worker
                 ),
-            });
+            ));
         }
     }
     for (resource, value) in &state.counters {
@@ -399,103 +722,161 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
             .filter(|r| &r.resource == resource)
             .count() as u64;
         if *value != rows {
-            v.push(Violation {
-                invariant: "C7",
-                detail: format!(
+            v.push(violation(
+                "C7",
+                "C7b",
+                format!(
                     "{resource}: counter is {value} after {rows} accepted increments (lost updates)"
                 ),
-            });
+            ));
         }
     }
+}
 
-    // C8: one lease per acquire call; nothing left over at the end.
-    let mut open_calls: HashMap<&str, u32> = HashMap::new();
-    for e in events.iter().filter(|e| e.op == Some(Op::Acquire)) {
-        match e.phase {
-            Some(Phase::Invoke) => {
-                open_calls.insert(e.worker.as_str(), 0);
-            }
-            Some(Phase::Ok) => {
-                let n = open_calls.entry(e.worker.as_str()).or_insert(0);
-                *n += 1;
-                if *n > 1 {
-                    v.push(Violation {
-                        invariant: "C8",
-                        detail: format!(
-                            "{}: one acquire call of {} returned {n} leases",
-                            e.key, e.worker
-                        ),
-                    });
-                }
-            }
-            _ => {}
+/// One fence of one owner, as first seen.
+struct Fenced {
+    first: u64,
+    fence: u64,
+    returned: bool,
+    what: String,
+}
+
+/// C8: one owner token, one fence; nothing left over at the end.
+fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Violation>) {
+    // Per owner and fence: first sighting, whether an acquire returned it, where seen.
+    let mut fences: BTreeMap<(&str, &str), BTreeMap<u64, Fenced>> = BTreeMap::new();
+    for g in grants(events, audit) {
+        let f = fences
+            .entry((g.key, g.owner))
+            .or_default()
+            .entry(g.fence)
+            .or_insert(Fenced {
+                first: g.t,
+                fence: g.fence,
+                returned: false,
+                what: g.what,
+            });
+        f.first = f.first.min(g.t);
+        f.returned |= g.returned;
+    }
+    for ((key, owner), by) in fences {
+        let mut seen: Vec<Fenced> = by.into_values().collect();
+        seen.sort_by_key(|f| (f.first, f.fence));
+        // A fresh grant after an ambiguous reply: the earlier grant was never returned to
+        // the caller (so nobody renewed it) and had expired (a TTL after it was first
+        // seen) when the later, higher one was.
+        let fresh = |a: &Fenced, b: &Fenced| {
+            !a.returned && b.fence > a.fence && b.first >= a.first.saturating_add(cfg.ttl_ns)
+        };
+        if seen.windows(2).any(|p| !fresh(&p[0], &p[1])) {
+            let list: Vec<String> = seen
+                .iter()
+                .map(|f| format!("{} ({})", f.fence, f.what))
+                .collect();
+            v.push(violation(
+                "C8",
+                "C8a",
+                format!(
+                    "{key}: owner {owner} recorded with fences {}",
+                    list.join(" and ")
+                ),
+            ));
         }
     }
     for e in events
         .iter()
-        .filter(|e| e.op == Some(Op::Inspect) && e.phase == Some(Phase::Ok))
+        .filter(|e| e.op == Some(Op::Inspect) && e.phase == Some(Phase::Ok) && e.detail == "final")
     {
         if !e.owner.is_empty() {
-            v.push(Violation {
-                invariant: "C8",
-                detail: format!("{}: lease of {} left over after the run", e.key, e.owner),
-            });
+            v.push(violation(
+                "C8",
+                "C8b",
+                format!("{}: lease of {} left over after the run", e.key, e.owner),
+            ));
         }
     }
+}
 
-    // C9: after a holder is killed, another takes over within the bound.
-    let crashes = events.iter().filter(|e| {
-        e.op == Some(Op::Fault) && e.detail.starts_with("kill9") && !e.detail.contains("end-of-run")
-    });
-    for f in crashes {
-        let victim = &f.key;
-        let held: Vec<&Window> = windows
+/// C9: after a holder is killed, another takes over within the bound.
+fn c9(
+    events: &[Event],
+    windows: &[Window],
+    cfg: &CheckConfig,
+    run_end: u64,
+    v: &mut Vec<Violation>,
+) {
+    for f in events
+        .iter()
+        .filter(|e| e.op == Some(Op::Fault) && e.fault == Some(FaultKind::Kill9))
+    {
+        let bound = f.t.saturating_add(cfg.takeover_bound_ns);
+        if run_end < bound {
+            continue;
+        }
+        for w in windows
             .iter()
-            .filter(|w| &w.worker == victim && w.start <= f.t && f.t < w.end())
-            .collect();
-        for w in held {
-            let bound = f.t.saturating_add(cfg.takeover_bound_ns);
-            if run_end <= bound {
-                continue;
-            }
+            .filter(|w| w.worker == f.key && w.start <= f.t && f.t < w.end())
+        {
             let taken = windows
                 .iter()
                 .any(|o| o.key == w.key && o.start > f.t && o.start <= bound);
             if !taken {
-                v.push(Violation {
-                    invariant: "C9",
-                    detail: format!(
-                        "{}: nobody took over within the bound after {} was killed",
-                        w.key, victim
+                v.push(violation(
+                    "C9",
+                    "C9",
+                    format!(
+                        "{}: nobody took over within {} ms after {} was killed",
+                        w.key,
+                        cfg.takeover_bound_ns / 1_000_000,
+                        f.key
                     ),
-                });
+                ));
             }
         }
     }
-
-    // C10: no lost signal without a fault shortly before.
-    let faults: Vec<u64> = events
-        .iter()
-        .filter(|e| e.op == Some(Op::Fault))
-        .map(|e| e.t)
-        .collect();
-    for e in events.iter().filter(|e| e.op == Some(Op::Lost)) {
-        let from = e.t.saturating_sub(cfg.quiet_ns);
-        if !faults.iter().any(|&t| from <= t && t <= e.t) {
-            v.push(Violation {
-                invariant: "C10",
-                detail: format!(
-                    "{}: {} lost its lease ({}) with no fault before it",
-                    e.key, e.worker, e.detail
-                ),
-            });
-        }
-    }
-    v
 }
 
-fn killed(events: &[Event], worker: &str, before: u64) -> bool {
-    events.iter().any(|e| {
-        e.op == Some(Op::Fault) && e.key == worker && e.detail.starts_with("kill9") && e.t <= before
-    })
+/// C10: every lost signal has a fault on its own incarnation or path shortly before.
+fn c10(events: &[Event], windows: &[Window], cfg: &CheckConfig, v: &mut Vec<Violation>) {
+    let freezes = freezes(events);
+    let proxy = fault_spans(events, FaultKind::is_proxy_fault, |k| {
+        k == FaultKind::ProxyPass
+    });
+    let store = fault_spans(
+        events,
+        |k| k == FaultKind::RestartStore,
+        |k| k == FaultKind::StoreBack,
+    );
+    let near = |l: u64, (s, e): (u64, u64)| s <= l && l <= e.saturating_add(cfg.fault_reach_ns);
+    for w in windows {
+        let Some(l) = w.lost_seen else { continue };
+        let frozen = freezes
+            .get(w.worker.as_str())
+            .is_some_and(|fs| fs.iter().any(|&f| near(l, f)));
+        let path = proxy
+            .iter()
+            .any(|&(target, s, e)| target == slot_of(&w.worker) && near(l, (s, e)));
+        let restarted = store
+            .iter()
+            .any(|&(target, s, e)| target == "store" && near(l, (s, e)));
+        if !(frozen || path || restarted) {
+            let reason = events
+                .iter()
+                .find(|e| e.op == Some(Op::Lost) && e.owner == w.owner)
+                .map_or("observed by a check", |e| e.detail.as_str());
+            v.push(violation(
+                "C10",
+                "C10",
+                format!(
+                    "{}: {} lost its lease (fence {}, {reason}) with no fault on its process or path before it",
+                    w.key, w.worker, w.fence
+                ),
+            ));
+        }
+    }
+}
+
+/// The distinct invariant rules in `violations`, sorted.
+pub fn rules(violations: &[Violation]) -> BTreeSet<&'static str> {
+    violations.iter().map(|v| v.rule).collect()
 }

@@ -11,10 +11,11 @@ pub mod history;
 pub mod mono;
 pub mod report;
 pub mod run;
+pub mod schedule;
 pub mod worker;
 
 pub use checker::{CheckConfig, Violation, check};
-pub use history::{AuditRow, Event, FinalState, Op, Phase, parse_lines};
+pub use history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
 
 /// The stores the harness can run against.
 pub fn registry() -> leasehold::Registry {

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use leasehold_chaos::run::{RunSpec, StoreKind};
+use leasehold_chaos::schedule::FaultSet;
 use leasehold_chaos::worker::WorkerSpec;
 use leasehold_chaos::{report, run, worker};
 
@@ -24,9 +25,11 @@ fn duration(s: &str) -> Result<Duration, String> {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Run N workers against a private store with faults, then check the history.
-    /// Exits 0 when the outcome is the expected one: no violation with the guard, at least
-    /// one without (--unfenced).
+    /// Run N workers against a private store with the seed's faults, then check the
+    /// history. Exits 0 when the run showed what it must: with the guard, no violation,
+    /// every planned fault kind fired and at least one stale write rejected (without
+    /// faults: no lost signal and no rejected write); without the guard (--unfenced), the
+    /// scripted stale write flagged under C1 and C5.
     Run {
         /// The lease store.
         #[arg(long, value_enum, default_value = "redis")]
@@ -43,15 +46,23 @@ enum Cmd {
         /// The control run: the same workload with the guard switched off.
         #[arg(long)]
         unfenced: bool,
-        /// Run without faults.
-        #[arg(long)]
-        no_faults: bool,
+        /// Which faults: all (every kind, plus the scripted stale write), stale-write
+        /// (only the scripted stale write: the control runs), none.
+        #[arg(long, value_enum, default_value = "all")]
+        faults: FaultSet,
         /// Output directory (events, summary, timeline).
         #[arg(long, default_value = "target/chaos")]
         out: PathBuf,
         /// Seed of the fault schedule.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+    },
+    /// Check a recorded run again (its directory: events, final-state.json,
+    /// summary.json), e.g. after a change to the checker. Exits 1 on violations.
+    Check {
+        /// The run's output directory.
+        #[arg(long, default_value = "target/chaos")]
+        out: PathBuf,
     },
     /// (internal) One worker process.
     #[command(hide = true)]
@@ -106,13 +117,30 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Check { out } => match recheck(&out) {
+            Ok(violations) => {
+                for v in &violations {
+                    println!("{v}");
+                }
+                println!("{} violations", violations.len());
+                if violations.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                }
+            }
+            Err(e) => {
+                eprintln!("leasehold-chaos: {e}");
+                ExitCode::from(2)
+            }
+        },
         Cmd::Run {
             store,
             workers,
             duration,
             ttl,
             unfenced,
-            no_faults,
+            faults,
             out,
             seed,
         } => {
@@ -122,7 +150,7 @@ fn main() -> ExitCode {
                 duration,
                 ttl,
                 unfenced,
-                faults: !no_faults,
+                faults,
                 out: out.clone(),
                 seed,
             };
@@ -134,17 +162,32 @@ fn main() -> ExitCode {
                 }
             };
             let title = format!(
-                "leasehold chaos run: {store:?} store, {workers} workers, {duration:?}, guard {}",
+                "leasehold chaos run: {store:?} store, {workers} workers, {duration:?}, TTL {ttl:?}, faults {}, seed {seed}, guard {}",
+                faults
+                    .to_possible_value()
+                    .map_or("?".into(), |v| v.get_name().to_owned()),
                 if unfenced { "OFF (control)" } else { "on" }
             );
             println!("{title}\n{}", report::table(&report));
             let _ = std::fs::write(out.join("timeline.html"), report::html(&report, &title));
+            let failed = run::verdict(&spec, &report);
             let summary = serde_json::json!({
                 "store": format!("{store:?}"),
                 "unfenced": unfenced,
+                "faults": faults,
+                "seed": seed,
+                "ttl_ms": ttl.as_millis() as u64,
+                "duration_ms": duration.as_millis() as u64,
+                "schedule": report.schedule,
+                "fired": report.fired.iter().map(|(k, n)| (k.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "operations": report::summary(&report),
-                "faults": report.faults,
-                "violations": report.violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+                "violations": report.violations.iter().map(|v| serde_json::json!({
+                    "invariant": v.invariant,
+                    "rule": v.rule,
+                    "detail": v.detail,
+                })).collect::<Vec<_>>(),
+                "notes": report.notes,
+                "failed_expectations": failed,
             });
             let _ = std::fs::write(
                 run::summary_path(&out),
@@ -154,22 +197,40 @@ fn main() -> ExitCode {
                 "events, summary.json and timeline.html in {}",
                 out.display()
             );
-            let expected = if unfenced {
-                !report.violations.is_empty()
-            } else {
-                report.violations.is_empty()
-            };
-            if expected {
+            if failed.is_empty() {
                 ExitCode::SUCCESS
-            } else if unfenced {
-                eprintln!(
-                    "control run found no violation: the checker or the workload cannot fail"
-                );
-                ExitCode::from(1)
             } else {
-                eprintln!("{} violations", report.violations.len());
+                for f in &failed {
+                    eprintln!("leasehold-chaos: {f}");
+                }
                 ExitCode::from(1)
             }
         }
     }
+}
+
+/// Checks the run recorded in `out` again.
+fn recheck(out: &std::path::Path) -> Result<Vec<leasehold_chaos::Violation>, String> {
+    let read =
+        |name: &str| std::fs::read_to_string(out.join(name)).map_err(|e| format!("{name}: {e}"));
+    let summary: serde_json::Value =
+        serde_json::from_str(&read("summary.json")?).map_err(|e| e.to_string())?;
+    let state: leasehold_chaos::FinalState =
+        serde_json::from_str(&read(run::STATE_FILE)?).map_err(|e| e.to_string())?;
+    let store = match summary["store"].as_str() {
+        Some("Redis") => StoreKind::Redis,
+        Some("Postgres") => StoreKind::Postgres,
+        other => return Err(format!("unknown store {other:?} in summary.json")),
+    };
+    let ttl = Duration::from_millis(
+        summary["ttl_ms"]
+            .as_u64()
+            .ok_or("no ttl_ms in summary.json")?,
+    );
+    let events = run::read_events(out)?;
+    Ok(leasehold_chaos::check(
+        &events,
+        &state,
+        &run::check_config(store, ttl),
+    ))
 }

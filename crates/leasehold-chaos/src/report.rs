@@ -5,34 +5,68 @@ use std::fmt::Write;
 
 use crate::history::{Op, Phase};
 use crate::run::Report;
+use crate::schedule::PlanKind;
 
-/// Counts worth a line each.
+/// Key of [`summary`]: acquisitions granted (`acquire ok`).
+pub const ACQUISITIONS: &str = "acquisitions";
+/// Key of [`summary`]: audit rows (writes the protected storage accepted).
+pub const WRITES_ACCEPTED: &str = "writes accepted (audit rows)";
+/// Key of [`summary`]: writes the guard rejected.
+pub const WRITES_REJECTED: &str = "writes rejected by the guard";
+/// Key of [`summary`]: writes that failed otherwise (rolled back, connection lost).
+pub const WRITES_FAILED: &str = "writes failed otherwise";
+/// Key of [`summary`]: `lost` events (the lost signal resolved).
+pub const LOST_SIGNALS: &str = "lost signals";
+/// Key of [`summary`]: checks and write probes that answered lost.
+pub const LOST_OBSERVATIONS: &str = "checks answering lost";
+/// Key of [`summary`]: renewals sent by the library.
+pub const RENEWALS_SENT: &str = "renewals sent";
+/// Key of [`summary`]: renewals the client accepted.
+pub const RENEWALS_ACCEPTED: &str = "renewals accepted";
+/// Key of [`summary`]: renewals the store renewed but the client refused (too late).
+pub const RENEWALS_REFUSED: &str = "renewals refused (late)";
+/// Key of [`summary`]: inspections of the store by the harness.
+pub const INSPECTIONS: &str = "store inspections";
+
+/// Counts worth a line each (keys: the constants of this module).
 pub fn summary(report: &Report) -> BTreeMap<String, u64> {
-    let mut m = BTreeMap::new();
+    let mut m: BTreeMap<String, u64> = [
+        ACQUISITIONS,
+        WRITES_ACCEPTED,
+        WRITES_REJECTED,
+        WRITES_FAILED,
+        LOST_SIGNALS,
+        LOST_OBSERVATIONS,
+        RENEWALS_SENT,
+        RENEWALS_ACCEPTED,
+        RENEWALS_REFUSED,
+        INSPECTIONS,
+    ]
+    .into_iter()
+    .map(|k| (k.to_owned(), 0))
+    .collect();
+    let mut bump = |k: &str| *m.entry(k.to_owned()).or_default() += 1;
     for e in &report.events {
-        let (Some(op), Some(phase)) = (e.op, e.phase) else {
-            continue;
-        };
-        if op == Op::Fault || op == Op::Inspect {
-            continue;
+        match (e.op, e.phase) {
+            (Some(Op::Acquire), Some(Phase::Ok)) => bump(ACQUISITIONS),
+            (Some(Op::Write), Some(Phase::Fail)) if e.detail.starts_with("rejected") => {
+                bump(WRITES_REJECTED)
+            }
+            (Some(Op::Write), Some(Phase::Fail | Phase::Unknown)) => bump(WRITES_FAILED),
+            (Some(Op::Lost), _) => bump(LOST_SIGNALS),
+            (Some(Op::Check), _) | (Some(Op::Write), Some(Phase::Invoke))
+                if e.lost == Some(true) =>
+            {
+                bump(LOST_OBSERVATIONS)
+            }
+            (Some(Op::Renew), Some(Phase::Invoke)) => bump(RENEWALS_SENT),
+            (Some(Op::Renew), Some(Phase::Ok)) => bump(RENEWALS_ACCEPTED),
+            (Some(Op::Renew), Some(Phase::Fail)) if e.detail == "refused" => bump(RENEWALS_REFUSED),
+            (Some(Op::Inspect), _) => bump(INSPECTIONS),
+            _ => {}
         }
-        *m.entry(format!("{op:?} {phase:?}").to_lowercase())
-            .or_default() += 1;
     }
-    let rejected = report
-        .events
-        .iter()
-        .filter(|e| {
-            e.op == Some(Op::Write)
-                && e.phase == Some(Phase::Fail)
-                && e.detail.starts_with("rejected")
-        })
-        .count() as u64;
-    m.insert("writes rejected by the guard".into(), rejected);
-    m.insert(
-        "writes accepted (audit rows)".into(),
-        report.state.audit.len() as u64,
-    );
+    m.insert(WRITES_ACCEPTED.into(), report.state.audit.len() as u64);
     m
 }
 
@@ -43,20 +77,28 @@ pub fn table(report: &Report) -> String {
     for (k, v) in summary(report) {
         let _ = writeln!(s, "  {k:<38} {v:>8}");
     }
-    let _ = writeln!(s, "{:<40} {:>8}", "faults", "count");
-    for (k, v) in &report.faults {
-        let _ = writeln!(s, "  {k:<38} {v:>8}");
+    let _ = writeln!(s, "{:<40} {:>8}", "faults (planned / fired)", "");
+    let mut planned: BTreeMap<PlanKind, u64> = BTreeMap::new();
+    for f in &report.schedule {
+        *planned.entry(f.kind).or_default() += 1;
     }
-    let mut by_inv: BTreeMap<&str, u64> = BTreeMap::new();
+    for (k, n) in &planned {
+        let fired = report.fired.get(k).copied().unwrap_or(0);
+        let _ = writeln!(s, "  {:<38} {n:>3} / {fired:>3}", k.as_str());
+    }
+    let mut by_rule: BTreeMap<&str, u64> = BTreeMap::new();
     for v in &report.violations {
-        *by_inv.entry(v.invariant).or_default() += 1;
+        *by_rule.entry(v.rule).or_default() += 1;
     }
     let _ = writeln!(s, "{:<40} {:>8}", "violations", report.violations.len());
-    for (k, v) in by_inv {
+    for (k, v) in by_rule {
         let _ = writeln!(s, "  {k:<38} {v:>8}");
     }
     for v in report.violations.iter().take(10) {
         let _ = writeln!(s, "  - {v}");
+    }
+    for n in &report.notes {
+        let _ = writeln!(s, "note: {n}");
     }
     s
 }
@@ -76,7 +118,7 @@ pub fn html(report: &Report, title: &str) -> String {
     let mut workers: Vec<&str> = report
         .events
         .iter()
-        .filter(|e| e.worker.starts_with('w'))
+        .filter(|e| e.worker.starts_with('w') && e.worker.contains('#'))
         .map(|e| e.worker.as_str())
         .collect();
     workers.sort_unstable();
@@ -139,18 +181,19 @@ pub fn html(report: &Report, title: &str) -> String {
                 );
             }
             (Op::Fault, _) => {
-                let ty = if e.key.starts_with('w') {
+                let ty = if workers.contains(&e.key.as_str()) {
                     y(&e.key)
                 } else {
                     20.0
                 };
                 let _ = write!(
                     svg,
-                    "<line x1=\"{0:.1}\" x2=\"{0:.1}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#555\"><title>{3} {4}</title></line>",
+                    "<line x1=\"{0:.1}\" x2=\"{0:.1}\" y1=\"{1}\" y2=\"{2}\" stroke=\"#555\"><title>{3} {4} {5}</title></line>",
                     x(e.t),
                     ty - 12.0,
                     ty + 12.0,
                     esc(&e.key),
+                    e.fault.map_or("", |k| k.as_str()),
                     esc(&e.detail)
                 );
             }

@@ -1,18 +1,24 @@
 //! The orchestrator: private servers, worker processes, the fault injector, and the check.
+//!
+//! Every worker slot (`w1` … `wN`) reaches the lease store through its own fault proxy
+//! (its own path to the store), and its data through a direct connection to PostgreSQL.
+//! Each process of a slot is an incarnation (`w1#0`, then `w1#1` after a kill); every
+//! fault is recorded against the incarnation or the path it hit. The faults follow the
+//! seed's [`schedule`](crate::schedule), drawn before the run starts.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leasehold::Store;
 use leasehold_postgres::sqlx::{self, postgres::PgPoolOptions};
 use leasehold_testkit::{FaultProxy, Postgres, ProxyMode, RedisServer, WorkerProcess};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use crate::checker::{CheckConfig, Violation, check};
-use crate::history::{AuditRow, Event, FinalState, Op, Phase, parse_lines};
-use crate::mono::mono_ns;
+use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
+use crate::schedule::{FaultSet, HOLDER, PlanKind, PlannedFault, plan};
 use crate::worker::Recorder;
 
 /// Which store holds the leases (the guard and the data are always in PostgreSQL).
@@ -37,8 +43,8 @@ pub struct RunSpec {
     pub ttl: Duration,
     /// The control run: guard off.
     pub unfenced: bool,
-    /// Inject faults.
-    pub faults: bool,
+    /// Which faults to inject.
+    pub faults: FaultSet,
     /// Where the events, the summary and the timeline go.
     pub out: PathBuf,
     /// Seed of the fault schedule.
@@ -54,8 +60,13 @@ pub struct Report {
     pub state: FinalState,
     /// Broken invariants.
     pub violations: Vec<Violation>,
-    /// Faults injected, by kind.
-    pub faults: BTreeMap<String, u64>,
+    /// The schedule drawn from the seed.
+    pub schedule: Vec<PlannedFault>,
+    /// Planned faults that fired, by kind (the stale write counts once its frozen worker
+    /// was woken after another holder's write).
+    pub fired: BTreeMap<PlanKind, u64>,
+    /// What the injector noted that is not an event (a missed freeze, a late fault).
+    pub notes: Vec<String>,
 }
 
 const KEY: &str = "chaos:counter";
@@ -63,7 +74,7 @@ const KEY: &str = "chaos:counter";
 struct Servers {
     pg: Postgres,
     redis: Option<RedisServer>,
-    proxy: FaultProxy,
+    proxies: Vec<FaultProxy>,
 }
 
 impl Servers {
@@ -95,36 +106,116 @@ fn worker_command(spec: &RunSpec, name: &str, lease_url: &str, pg_url: &str) -> 
     .arg("--ttl")
     .arg(format!("{}ms", spec.ttl.as_millis()))
     .arg("--events")
-    .arg(spec.out.join(format!("{name}.jsonl")));
+    .arg(spec.out.join(format!("{}.jsonl", name.replace('#', "-"))));
     if spec.unfenced {
         c.arg("--unfenced");
     }
     c
 }
 
-fn spawn_worker(spec: &RunSpec, name: &str, lease_url: &str, pg_url: &str) -> WorkerProcess {
-    let w = WorkerProcess::spawn(worker_command(spec, name, lease_url, pg_url));
+/// One worker slot: its current incarnation and its own proxy.
+struct Slot {
+    name: String,
+    incarnation: u32,
+    process: WorkerProcess,
+    lease_url: String,
+    /// A random freeze ends at this instant.
+    frozen_until: Option<Instant>,
+    /// The proxy's fault ends at this instant.
+    proxy_until: Option<Instant>,
+    /// Stdout lines of the current incarnation read so far.
+    seen: usize,
+    /// The fence it holds, by its own last `ACQUIRED` / `RELEASING` line.
+    holding: Option<u64>,
+}
+
+impl Slot {
+    fn id(&self) -> String {
+        format!("{}#{}", self.name, self.incarnation)
+    }
+
+    /// Reads the new stdout lines: what the worker holds now.
+    fn follow(&mut self) {
+        let n = self.process.line_count();
+        if n <= self.seen {
+            return;
+        }
+        for line in &self.process.lines()[self.seen..n] {
+            if let Some(f) = line.strip_prefix("ACQUIRED ") {
+                self.holding = f.trim().parse().ok();
+            } else if line.starts_with("RELEASING") {
+                self.holding = None;
+            }
+        }
+        self.seen = n;
+    }
+}
+
+fn spawn_worker(spec: &RunSpec, id: &str, lease_url: &str, pg_url: &str) -> WorkerProcess {
+    let w = WorkerProcess::spawn(worker_command(spec, id, lease_url, pg_url));
     w.wait_for_line(|l| l.starts_with("READY"), Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("worker {name} did not start: {:?}", w.lines()));
+        .unwrap_or_else(|| panic!("worker {id} did not start: {:?}", w.lines()));
     w
 }
 
-fn fault(rec: &Recorder, target: &str, detail: &str, counts: &mut BTreeMap<String, u64>) {
+fn fault(rec: &Recorder, target: &str, kind: FaultKind, detail: &str) {
     rec.record(Event {
         op: Some(Op::Fault),
         key: target.into(),
+        fault: Some(kind),
         detail: detail.into(),
         ..Default::default()
     });
-    let kind = detail
-        .split_whitespace()
-        .take(2)
-        .collect::<Vec<_>>()
-        .join(" ");
-    *counts.entry(kind).or_default() += 1;
 }
 
-/// Runs the workload with faults, then checks the history.
+/// The scripted stale write, once armed.
+enum Script {
+    /// Waiting for a worker (not frozen, its path not faulty) to print `PREPARING`
+    /// (lines from these indexes on, per slot).
+    Armed { from: Vec<usize> },
+    /// Frozen between its check and its write.
+    Frozen {
+        slot: usize,
+        since: Instant,
+        /// Its `PREPARING` line.
+        line: usize,
+        fence: u64,
+        /// Every slot's line count at the freeze.
+        marks: Vec<usize>,
+        miss_checked: bool,
+    },
+    /// Woken after a newer write: left alone until it has written and released.
+    Woken {
+        slot: usize,
+        since: Instant,
+        /// Lines from its `PREPARING` on.
+        from: usize,
+    },
+}
+
+impl Script {
+    /// The slot the script holds (no other fault may touch it meanwhile).
+    fn slot(&self) -> Option<usize> {
+        match self {
+            Self::Armed { .. } => None,
+            Self::Frozen { slot, .. } | Self::Woken { slot, .. } => Some(*slot),
+        }
+    }
+}
+
+/// The first line at index `from` or later that starts with `word `, with its index and
+/// the number after the word.
+fn find_line(w: &WorkerProcess, from: usize, word: &str) -> Option<(usize, u64)> {
+    if w.line_count() <= from {
+        return None;
+    }
+    w.lines().iter().enumerate().skip(from).find_map(|(i, l)| {
+        let rest = l.strip_prefix(word)?.strip_prefix(' ')?;
+        Some((i, rest.trim().parse().ok()?))
+    })
+}
+
+/// Runs the workload with the seed's faults, then checks the history.
 ///
 /// # Errors
 /// Set-up failures, as text.
@@ -138,30 +229,35 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             let _ = std::fs::remove_file(entry.path());
         }
     }
+    let schedule = plan(
+        spec.seed,
+        spec.faults,
+        spec.workers,
+        spec.duration,
+        spec.ttl,
+    );
     let pg = Postgres::start();
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
     let upstream = redis.as_ref().map_or(pg.addr(), |r| r.addr());
-    let proxy = FaultProxy::start(upstream);
-    let servers = Servers { pg, redis, proxy };
+    let proxies = (0..spec.workers)
+        .map(|_| FaultProxy::start(upstream))
+        .collect();
+    let servers = Servers { pg, redis, proxies };
     let pg_url = servers.pg.url();
-    let (lease_url, direct_lease_url) = match spec.store {
-        StoreKind::Redis => (
-            format!("redis://127.0.0.1:{}/", servers.proxy.port()),
-            servers.redis.as_ref().map(|r| r.url()).unwrap_or_default(),
-        ),
-        StoreKind::Postgres => (
-            format!(
-                "postgres://postgres@127.0.0.1:{}/postgres",
-                servers.proxy.port()
-            ),
-            format!("{pg_url}?leasehold_migrate=true"),
-        ),
+    let lease_url_via = |proxy: &FaultProxy| match spec.store {
+        StoreKind::Redis => format!("redis://127.0.0.1:{}/", proxy.port()),
+        StoreKind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
+    };
+    let direct_lease_url = match spec.store {
+        StoreKind::Redis => servers.redis.as_ref().map(|r| r.url()).unwrap_or_default(),
+        StoreKind::Postgres => format!("{pg_url}?leasehold_migrate=true"),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    rt.block_on(async {
+    // The harness's own view of the store (not through any proxy), for inspections.
+    let store: Arc<dyn Store> = rt.block_on(async {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .connect(&pg_url)
@@ -172,149 +268,385 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         crate::registry()
             .open(&direct_lease_url)
             .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>(())
+            .map_err(|e| e.to_string())
     })?;
+    let key = leasehold::Key::new(KEY).map_err(|e| e.to_string())?;
 
-    let names: Vec<String> = (1..=spec.workers).map(|i| format!("w{i}")).collect();
-    let mut workers: Vec<WorkerProcess> = names
+    let mut slots: Vec<Slot> = servers
+        .proxies
         .iter()
-        .map(|n| spawn_worker(spec, n, &lease_url, &pg_url))
+        .enumerate()
+        .map(|(i, proxy)| {
+            let name = format!("w{}", i + 1);
+            let lease_url = lease_url_via(proxy);
+            let process = spawn_worker(spec, &format!("{name}#0"), &lease_url, &pg_url);
+            Slot {
+                name,
+                incarnation: 0,
+                process,
+                lease_url,
+                frozen_until: None,
+                proxy_until: None,
+                seen: 0,
+                holding: None,
+            }
+        })
         .collect();
     let rec =
         Recorder::open(&spec.out.join("injector.jsonl"), "injector").map_err(|e| e.to_string())?;
-    let mut counts = BTreeMap::new();
-    let mut rng = StdRng::seed_from_u64(spec.seed);
+    let inspect = |detail: &str| {
+        let got =
+            rt.block_on(async { tokio::time::timeout(spec.ttl / 4, store.inspect(&key)).await });
+        if let Ok(Ok(held)) = got {
+            rec.record(Event {
+                worker: "harness".into(),
+                op: Some(Op::Inspect),
+                phase: Some(Phase::Ok),
+                key: KEY.into(),
+                owner: held.as_ref().map(|h| h.owner.to_hex()).unwrap_or_default(),
+                fence: held.map(|h| h.fence.get()),
+                detail: detail.into(),
+                ..Default::default()
+            });
+        }
+    };
+    let mut fired: BTreeMap<PlanKind, u64> = BTreeMap::new();
+    let mut notes = Vec::new();
     let ttl = spec.ttl;
+    let slot_index = |target: &str| {
+        target
+            .strip_prefix('w')
+            .and_then(|n| n.parse::<usize>().ok())
+            .map(|n| n - 1)
+    };
     let started = Instant::now();
-    // Per worker: resume at this instant, if paused.
-    let mut paused: Vec<Option<Instant>> = vec![None; workers.len()];
-    let mut seen_lines: Vec<usize> = vec![0; workers.len()];
-    let mut next_fault = started + ttl * 2;
-    let mut proxy_restore: Option<Instant> = None;
-    while started.elapsed() < spec.duration {
-        std::thread::sleep(Duration::from_millis(20));
-        let now = Instant::now();
-        for (i, w) in workers.iter().enumerate() {
-            if paused[i].is_some_and(|t| now >= t) {
-                w.resume();
-                paused[i] = None;
-                fault(&rec, &names[i], "sigcont", &mut counts);
-            }
-        }
-        if let Some(t) = proxy_restore
-            && now >= t
-        {
-            servers.proxy.reset_all();
-            servers.proxy.set_mode(ProxyMode::Pass);
-            proxy_restore = None;
-            fault(&rec, "proxy", "proxy pass", &mut counts);
-        }
-        if !spec.faults {
-            continue;
-        }
-        // Freeze a worker between its validity check and its write, now and then.
-        for (i, w) in workers.iter().enumerate() {
-            let n = w.line_count();
-            let preparing = n > seen_lines[i]
-                && w.lines()[seen_lines[i]..]
-                    .iter()
-                    .any(|l| l.starts_with("PREPARING"));
-            seen_lines[i] = n;
-            if preparing && paused[i].is_none() && rng.random_bool(0.2) {
-                w.pause();
-                paused[i] = Some(now + ttl * 5 / 2);
-                fault(&rec, &names[i], "sigstop before-write", &mut counts);
-            }
-        }
-        if now < next_fault {
-            continue;
-        }
-        next_fault = now
-            + Duration::from_millis(
-                rng.random_range(ttl.as_millis() as u64..ttl.as_millis() as u64 * 3),
-            );
-        let i = rng.random_range(0..workers.len());
-        match rng.random_range(0..6) {
-            0 if paused[i].is_none() => {
-                workers[i].pause();
-                let d = ttl.mul_f64(rng.random_range(0.3..2.5));
-                paused[i] = Some(now + d);
-                fault(&rec, &names[i], "sigstop random", &mut counts);
-            }
-            1 if paused[i].is_none() => {
-                fault(&rec, &names[i], "kill9", &mut counts);
-                workers[i].kill();
-                workers[i] = spawn_worker(spec, &names[i], &lease_url, &pg_url);
-                seen_lines[i] = 0;
-            }
-            2 => {
-                fault(&rec, "store", "restart-store", &mut counts);
-                servers.restart_store();
-            }
-            3 if proxy_restore.is_none() => {
-                let mode = match rng.random_range(0..4) {
-                    0 => ProxyMode::Delay(ttl * 2 / 5),
-                    1 => ProxyMode::DropReplies,
-                    2 => ProxyMode::Blackhole,
-                    _ => ProxyMode::Reset,
-                };
-                fault(
-                    &rec,
-                    "proxy",
-                    &format!("proxy {mode:?}").to_lowercase(),
-                    &mut counts,
+    let mut next = 0;
+    let mut deferred: Vec<PlannedFault> = Vec::new();
+    let mut script: Option<Script> = None;
+    let mut last_kill: Option<Instant> = None;
+    let mut next_inspect = started;
+    // The run goes on past its duration until the stale write and every deferred fault
+    // are done (bounded).
+    let cap = spec.duration + ttl * 4;
+    loop {
+        let elapsed = started.elapsed();
+        // A kill's takeover bound (3×TTL, C9) must pass before the end-of-run kill.
+        let pending = script.is_some()
+            || !deferred.is_empty()
+            || last_kill.is_some_and(|k| k.elapsed() < ttl * 3);
+        if elapsed >= cap || (elapsed >= spec.duration && !pending) {
+            if pending {
+                notes.push(
+                    "the stale write or a deferred fault did not complete before the cap".into(),
                 );
-                servers.proxy.set_mode(mode);
-                proxy_restore = Some(now + ttl.mul_f64(rng.random_range(0.3..1.5)));
             }
-            _ => {}
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        let now = Instant::now();
+        for s in &mut slots {
+            s.follow();
+            if s.frozen_until.is_some_and(|t| now >= t) {
+                s.process.resume();
+                s.frozen_until = None;
+                fault(&rec, &s.id(), FaultKind::Sigcont, "");
+            }
+            if s.proxy_until.is_some_and(|t| now >= t) {
+                let proxy = &servers.proxies[slot_index(&s.name).unwrap_or(0)];
+                proxy.set_mode(ProxyMode::Pass);
+                proxy.reset_all();
+                s.proxy_until = None;
+                fault(&rec, &s.name, FaultKind::ProxyPass, "");
+            }
+        }
+        if now >= next_inspect {
+            inspect("");
+            next_inspect = now + ttl / 4;
+        }
+        // The scripted stale write.
+        script = match script.take() {
+            None => None,
+            Some(Script::Armed { mut from }) => {
+                let mut frozen = None;
+                for (i, s) in slots.iter().enumerate() {
+                    let Some((line, fence)) = find_line(&s.process, from[i], "PREPARING") else {
+                        continue;
+                    };
+                    from[i] = line + 1;
+                    if s.frozen_until.is_none() && s.proxy_until.is_none() && frozen.is_none() {
+                        s.process.pause();
+                        fault(&rec, &s.id(), FaultKind::Sigstop, "stale-write");
+                        frozen = Some(Script::Frozen {
+                            slot: i,
+                            since: Instant::now(),
+                            line,
+                            fence,
+                            marks: slots.iter().map(|s| s.process.line_count()).collect(),
+                            miss_checked: false,
+                        });
+                    }
+                }
+                frozen.or(Some(Script::Armed { from }))
+            }
+            Some(Script::Woken { slot, since, from }) => {
+                // Left alone until its stale write is done (it releases after it).
+                let done = find_line(&slots[slot].process, from, "RELEASING").is_some();
+                (!done && now < since + ttl * 2).then_some(Script::Woken { slot, since, from })
+            }
+            Some(Script::Frozen {
+                slot,
+                since,
+                line,
+                fence,
+                marks,
+                miss_checked,
+            }) => {
+                let s = &slots[slot];
+                let newer = slots
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != slot)
+                    .any(|(i, o)| {
+                        let mut from = marks[i];
+                        while let Some((l, f)) = find_line(&o.process, from, "WROTE") {
+                            if f > fence {
+                                return true;
+                            }
+                            from = l + 1;
+                        }
+                        false
+                    });
+                if !miss_checked && now >= since + Duration::from_millis(50) {
+                    if find_line(&s.process, line, "WRITING").is_some() {
+                        // Frozen too late: it was already writing. Wake it, try again.
+                        s.process.resume();
+                        fault(&rec, &s.id(), FaultKind::Sigcont, "stale-write missed");
+                        notes.push(format!(
+                            "stale write on {} missed its freeze; re-armed",
+                            s.id()
+                        ));
+                        Some(Script::Armed {
+                            from: slots.iter().map(|s| s.process.line_count()).collect(),
+                        })
+                    } else {
+                        Some(Script::Frozen {
+                            slot,
+                            since,
+                            line,
+                            fence,
+                            marks,
+                            miss_checked: true,
+                        })
+                    }
+                } else if miss_checked && newer {
+                    s.process.resume();
+                    fault(&rec, &s.id(), FaultKind::Sigcont, "stale-write");
+                    *fired.entry(PlanKind::StaleWrite).or_default() += 1;
+                    Some(Script::Woken {
+                        slot,
+                        since: now,
+                        from: line + 1,
+                    })
+                } else if now >= since + ttl * 8 {
+                    s.process.resume();
+                    fault(&rec, &s.id(), FaultKind::Sigcont, "stale-write gave up");
+                    notes.push(format!(
+                        "stale write on {}: no newer write in 8 TTL",
+                        s.id()
+                    ));
+                    None
+                } else {
+                    Some(Script::Frozen {
+                        slot,
+                        since,
+                        line,
+                        fence,
+                        marks,
+                        miss_checked,
+                    })
+                }
+            }
+        };
+        // Planned faults that are due (deferred ones first).
+        while next < schedule.len() && elapsed >= Duration::from_millis(schedule[next].offset_ms) {
+            deferred.push(schedule[next].clone());
+            next += 1;
+        }
+        let due = std::mem::take(&mut deferred);
+        for f in due {
+            // The holder: a worker that holds the lease by its own account and is neither
+            // frozen nor cut off (the one with the highest fence if several believe so).
+            let slot = if f.target == HOLDER {
+                slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, s)| {
+                        s.holding.is_some()
+                            && s.frozen_until.is_none()
+                            && s.proxy_until.is_none()
+                            && script.as_ref().and_then(Script::slot) != Some(*i)
+                    })
+                    .max_by_key(|(_, s)| s.holding)
+                    .map(|(i, _)| i)
+            } else {
+                slot_index(&f.target)
+            };
+            if f.target == HOLDER && slot.is_none() {
+                deferred.push(f);
+                continue;
+            }
+            if f.kind == PlanKind::StaleWrite {
+                script = Some(Script::Armed {
+                    from: slots.iter().map(|s| s.process.line_count()).collect(),
+                });
+                continue;
+            }
+            let busy = slot.is_some_and(|i| {
+                slots[i].frozen_until.is_some()
+                    || slots[i].proxy_until.is_some()
+                    || script.as_ref().and_then(Script::slot) == Some(i)
+            });
+            if busy {
+                deferred.push(f);
+                continue;
+            }
+            let late = elapsed.as_millis() as u64 - f.offset_ms;
+            if late > ttl.as_millis() as u64 / 2 {
+                notes.push(format!(
+                    "{} on {} fired {late} ms late",
+                    f.kind.as_str(),
+                    f.target
+                ));
+            }
+            let hold = Duration::from_millis(f.hold_ms);
+            let why = if f.target == HOLDER { "holder" } else { "" };
+            match (f.kind, slot) {
+                (PlanKind::Sigstop, Some(i)) => {
+                    let s = &mut slots[i];
+                    s.process.pause();
+                    s.frozen_until = Some(Instant::now() + hold);
+                    fault(&rec, &s.id(), FaultKind::Sigstop, why);
+                }
+                (PlanKind::Kill9, Some(i)) => {
+                    let s = &mut slots[i];
+                    fault(&rec, &s.id(), FaultKind::Kill9, why);
+                    s.process.kill();
+                    s.incarnation += 1;
+                    s.process = spawn_worker(spec, &s.id(), &s.lease_url, &pg_url);
+                    s.seen = 0;
+                    s.holding = None;
+                    last_kill = Some(Instant::now());
+                    // The new incarnation's lines start from zero.
+                    match &mut script {
+                        Some(Script::Armed { from }) => from[i] = 0,
+                        Some(Script::Frozen { marks, .. }) => marks[i] = 0,
+                        Some(Script::Woken { .. }) | None => {}
+                    }
+                }
+                (PlanKind::RestartStore, _) => {
+                    fault(&rec, "store", FaultKind::RestartStore, "");
+                    servers.restart_store();
+                    fault(&rec, "store", FaultKind::StoreBack, "");
+                }
+                (kind, Some(i)) => {
+                    let (mode, recorded) = match kind {
+                        PlanKind::ProxyDelay => {
+                            (ProxyMode::Delay(ttl * 2 / 5), FaultKind::ProxyDelay)
+                        }
+                        PlanKind::ProxyDropReplies => {
+                            (ProxyMode::DropReplies, FaultKind::ProxyDropReplies)
+                        }
+                        PlanKind::ProxyBlackhole => {
+                            (ProxyMode::Blackhole, FaultKind::ProxyBlackhole)
+                        }
+                        _ => (ProxyMode::Reset, FaultKind::ProxyReset),
+                    };
+                    fault(&rec, &slots[i].name, recorded, why);
+                    servers.proxies[i].set_mode(mode);
+                    slots[i].proxy_until = Some(Instant::now() + hold);
+                }
+                (kind, None) => {
+                    notes.push(format!(
+                        "{} has no valid target {}",
+                        kind.as_str(),
+                        f.target
+                    ));
+                    continue;
+                }
+            }
+            *fired.entry(f.kind).or_default() += 1;
         }
     }
-    // Wind down: resume everyone, stop the workers, let their leases run out.
-    for (i, w) in workers.iter().enumerate() {
-        if paused[i].is_some() {
-            w.resume();
-            fault(&rec, &names[i], "sigcont", &mut counts);
+    // Wind down: resume everyone, restore every path, stop the workers, let their leases
+    // run out in the store, and look at it one last time.
+    for s in &mut slots {
+        if s.frozen_until.take().is_some() {
+            s.process.resume();
+            fault(&rec, &s.id(), FaultKind::Sigcont, "end of run");
         }
     }
-    servers.proxy.set_mode(ProxyMode::Pass);
-    std::thread::sleep(ttl);
-    for (i, w) in workers.iter().enumerate() {
-        fault(&rec, &names[i], "kill9 end-of-run", &mut counts);
-        w.kill();
+    for (i, s) in slots.iter_mut().enumerate() {
+        if s.proxy_until.take().is_some() {
+            servers.proxies[i].set_mode(ProxyMode::Pass);
+            fault(&rec, &s.name, FaultKind::ProxyPass, "end of run");
+        }
     }
-    std::thread::sleep(ttl * 3);
-    let state = rt.block_on(collect(&pg_url, &direct_lease_url, &rec))?;
+    std::thread::sleep(ttl / 2);
+    for s in &slots {
+        fault(&rec, &s.id(), FaultKind::EndKill, "");
+        s.process.kill();
+    }
+    std::thread::sleep(ttl * 3 / 2);
+    inspect("final");
+    let state = rt.block_on(collect(&pg_url))?;
     drop(servers);
+    let _ = std::fs::write(
+        spec.out.join(STATE_FILE),
+        serde_json::to_string(&state).unwrap_or_default(),
+    );
+    let events = read_events(&spec.out)?;
+    let cfg = check_config(spec.store, ttl);
+    let violations = check(&events, &state, &cfg);
+    Ok(Report {
+        events,
+        state,
+        violations,
+        schedule,
+        fired,
+        notes,
+    })
+}
 
+/// The final state of the protected data, as saved in a run's directory.
+pub const STATE_FILE: &str = "final-state.json";
+
+/// Every event of a run's directory, sorted by time.
+///
+/// # Errors
+/// Unreadable files or bad lines, as text.
+pub fn read_events(dir: &Path) -> Result<Vec<Event>, String> {
     let mut events = Vec::new();
-    for entry in std::fs::read_dir(&spec.out)
-        .map_err(|e| e.to_string())?
-        .flatten()
-    {
+    for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
         if entry.path().extension().is_some_and(|x| x == "jsonl") {
             let text = std::fs::read_to_string(entry.path()).map_err(|e| e.to_string())?;
             events.extend(parse_lines(&text)?);
         }
     }
     events.sort_by_key(|e| e.t);
-    let cfg = CheckConfig {
-        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10).
-        restart_loses_leases: spec.store == StoreKind::Redis,
-        ..CheckConfig::for_ttl_ns(ttl.as_nanos() as u64)
-    };
-    let violations = check(&events, &state, &cfg);
-    Ok(Report {
-        events,
-        state,
-        violations,
-        faults: counts,
-    })
+    Ok(events)
 }
 
-/// Reads the final state of the protected data and checks the store for leftovers.
-async fn collect(pg_url: &str, lease_url: &str, rec: &Recorder) -> Result<FinalState, String> {
+/// The checker's configuration for a run on `store` with `ttl`.
+pub fn check_config(store: StoreKind, ttl: Duration) -> CheckConfig {
+    CheckConfig {
+        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10).
+        restart_loses_leases: store == StoreKind::Redis,
+        ..CheckConfig::for_ttl_ns(ttl.as_nanos() as u64)
+    }
+}
+
+/// Reads the final state of the protected data.
+async fn collect(pg_url: &str) -> Result<FinalState, String> {
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect(pg_url)
@@ -329,21 +661,6 @@ async fn collect(pg_url: &str, lease_url: &str, rec: &Recorder) -> Result<FinalS
         .fetch_all(&pool)
         .await
         .map_err(|e| e.to_string())?;
-    let store = crate::registry()
-        .open(lease_url)
-        .await
-        .map_err(|e| e.to_string())?;
-    let key = leasehold::Key::new(KEY).map_err(|e| e.to_string())?;
-    let held = store.inspect(&key).await.map_err(|e| e.to_string())?;
-    rec.record(Event {
-        t: mono_ns(),
-        worker: "harness".into(),
-        op: Some(Op::Inspect),
-        phase: Some(Phase::Ok),
-        key: KEY.into(),
-        owner: held.map(|h| h.owner.to_hex()).unwrap_or_default(),
-        ..Default::default()
-    });
     Ok(FinalState {
         audit: rows
             .into_iter()
@@ -356,6 +673,63 @@ async fn collect(pg_url: &str, lease_url: &str, rec: &Recorder) -> Result<FinalS
             .collect(),
         counters: counters.into_iter().map(|(r, v)| (r, v as u64)).collect(),
     })
+}
+
+/// What a run must show, beyond its violations, for its kind; the failed expectations
+/// (empty: the run showed what it must).
+///
+/// - Guard on: no violation. With faults, every kind in the schedule fired at least
+///   once and the guard rejected at least one write. Without faults, no lost signal
+///   (no `lost` event, no check or probe answering lost) and no rejected write.
+/// - Guard off (control): the scripted stale write fired and the checker flagged it
+///   under both C1 and C5.
+pub fn verdict(spec: &RunSpec, report: &Report) -> Vec<String> {
+    let counts = crate::report::summary(report);
+    let count = |k: &str| counts.get(k).copied().unwrap_or(0);
+    let mut failed = Vec::new();
+    let planned: std::collections::BTreeSet<PlanKind> =
+        report.schedule.iter().map(|f| f.kind).collect();
+    for kind in &planned {
+        if report.fired.get(kind).copied().unwrap_or(0) == 0 {
+            failed.push(format!("planned fault kind {} never fired", kind.as_str()));
+        }
+    }
+    if spec.unfenced {
+        let rules = crate::checker::rules(&report.violations);
+        for needed in ["C1", "C5"] {
+            if !rules.contains(needed) {
+                failed.push(format!(
+                    "control run: the stale write was not flagged under {needed}"
+                ));
+            }
+        }
+        if spec.faults == FaultSet::None {
+            failed.push("a control run needs the scripted stale write".into());
+        }
+        return failed;
+    }
+    if !report.violations.is_empty() {
+        failed.push(format!("{} violations", report.violations.len()));
+    }
+    match spec.faults {
+        FaultSet::None => {
+            for k in [
+                crate::report::LOST_SIGNALS,
+                crate::report::LOST_OBSERVATIONS,
+                crate::report::WRITES_REJECTED,
+            ] {
+                if count(k) != 0 {
+                    failed.push(format!("fault-free run: {} {k}", count(k)));
+                }
+            }
+        }
+        FaultSet::StaleWrite | FaultSet::All => {
+            if count(crate::report::WRITES_REJECTED) == 0 {
+                failed.push("the guard rejected no stale write".into());
+            }
+        }
+    }
+    failed
 }
 
 /// Where a report's files go.

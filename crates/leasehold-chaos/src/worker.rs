@@ -6,7 +6,10 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{GuardDecision, LeaseClient, LeaseConfig, Registry, Store};
+use leasehold::{
+    GuardDecision, LeaseClient, LeaseConfig, LeaseObserver, Registry, RenewalEvent, RenewalPhase,
+    Store,
+};
 use leasehold_postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
 use rand::Rng;
 
@@ -16,7 +19,7 @@ use crate::mono::{instant_ns, mono_ns};
 /// What a worker needs to know.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
-    /// Its name in the history.
+    /// Its incarnation in the history (`w2#1`).
     pub name: String,
     /// The lease store's URL.
     pub lease_url: String,
@@ -185,7 +188,49 @@ async fn protected_write(
     }
 }
 
-/// Runs the worker loop until the process is killed or `stop` fires.
+/// Records the library's own renewals (send and answer) through its observer hook.
+#[derive(Debug)]
+struct RenewalRecorder(Recorder);
+
+impl LeaseObserver for RenewalRecorder {
+    fn renewal(&self, r: &RenewalEvent<'_>) {
+        let t = mono_ns();
+        let remaining = r.remaining.as_nanos() as u64;
+        let (phase, detail) = match r.phase {
+            RenewalPhase::Sent => (Phase::Invoke, "sent"),
+            RenewalPhase::Accepted => (Phase::Ok, "accepted"),
+            RenewalPhase::Refused => (Phase::Fail, "refused"),
+            RenewalPhase::NotOwner => (Phase::Fail, "not_owner"),
+            _ => (Phase::Unknown, "failed"),
+        };
+        let mut ev = event(Op::Renew, phase, r.key.as_str(), &r.owner.to_hex());
+        ev.t = t;
+        ev.fence = Some(r.fence.get());
+        ev.remaining_ns = Some(remaining);
+        ev.lost = Some(r.lost);
+        if phase == Phase::Ok {
+            ev.valid_until = Some(t + remaining);
+        }
+        ev.detail = detail.into();
+        self.0.record(ev);
+    }
+}
+
+/// Asks the lease whether it is lost, on the spot; returns `(t, answer)` where `t` was
+/// read before asking.
+fn probe(lease: &leasehold::Lease) -> (u64, bool) {
+    let t = mono_ns();
+    (t, lease.lost().is_lost())
+}
+
+/// Runs the worker loop until the process is killed.
+///
+/// Each round: acquire (print `ACQUIRED <fence>`); some work; a validity check (`check` event); if valid, print
+/// `PREPARING <fence>` and wait a moment (the injector's stale write freezes the worker
+/// here), print `WRITING <fence>`, probe `is_lost()` and record it with the write's
+/// `invoke`, write through the guard regardless of the probe (the write is under way:
+/// the phantom write only the guard can stop), print `WROTE <fence>` once it is
+/// acknowledged; print `RELEASING <fence>` and release; pause a moment so that the others get their turn.
 ///
 /// # Errors
 /// Set-up failures (store, database, event file), as text.
@@ -202,7 +247,9 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let config = LeaseConfig::new(spec.ttl).map_err(|e| e.to_string())?;
-    let client = LeaseClient::new(store, config);
+    let client = LeaseClient::builder(store, config)
+        .observer(Arc::new(RenewalRecorder(rec.clone())))
+        .build();
     let key = spec.key.clone();
     println!("READY {}", spec.name);
     loop {
@@ -224,51 +271,75 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
         ev.ttl_ms = Some(spec.ttl.as_millis() as u64);
         ev.valid_until = Some(instant_ns(lease.valid_until()));
         rec.record(ev);
-        {
+        println!("ACQUIRED {}", fence.get());
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let watcher = {
             let (rec, lost, key, owner) = (rec.clone(), lease.lost(), key.clone(), owner.clone());
             tokio::spawn(async move {
-                let reason = lost.wait().await;
-                let mut ev = event(Op::Lost, Phase::Ok, &key, &owner);
-                ev.fence = Some(fence.get());
-                ev.detail = reason.as_str().to_owned();
-                rec.record(ev);
-            });
-        }
+                // Lost first: a signal that fired before the release is still recorded.
+                tokio::select! {
+                    biased;
+                    reason = lost.wait() => {
+                        let mut ev = event(Op::Lost, Phase::Ok, &key, &owner);
+                        ev.fence = Some(fence.get());
+                        ev.detail = reason.as_str().to_owned();
+                        rec.record(ev);
+                    }
+                    _ = done_rx => {}
+                }
+            })
+        };
         // Some work under the lease.
-        let work = rand::rng().random_range(0..spec.ttl.as_millis() as u64 / 4);
+        let work = rand::rng().random_range(0..spec.ttl.as_millis() as u64);
         tokio::time::sleep(Duration::from_millis(work)).await;
-        if lease.is_valid() {
-            // The validity the holder relies on for the write.
-            let mut ev = event(Op::Renew, Phase::Ok, &key, &owner);
-            ev.valid_until = Some(instant_ns(lease.valid_until()));
-            rec.record(ev);
+        let (t, lost) = probe(&lease);
+        let mut ev = event(Op::Check, Phase::Ok, &key, &owner);
+        ev.t = t;
+        ev.fence = Some(fence.get());
+        ev.lost = Some(lost);
+        rec.record(ev);
+        if !lost {
             // The injector may freeze us right here, between the check and the write:
             // the phantom write that only the guard can stop.
-            println!("PREPARING {}", spec.name);
-            let window = rand::rng().random_range(50..200);
+            println!("PREPARING {}", fence.get());
+            let window = rand::rng().random_range(100..200);
             tokio::time::sleep(Duration::from_millis(window)).await;
+            println!("WRITING {}", fence.get());
+            let (t, lost) = probe(&lease);
             let mut ev = event(Op::Write, Phase::Invoke, &key, &owner);
+            ev.t = t;
             ev.fence = Some(fence.get());
+            ev.lost = Some(lost);
             rec.record(ev);
             let mut ev = event(Op::Write, Phase::Ok, &key, &owner);
             ev.fence = Some(fence.get());
-            match protected_write(&pool, &spec, &owner, fence).await {
-                WriteOutcome::Accepted(seq) => ev.seq = Some(seq),
+            let acknowledged = match protected_write(&pool, &spec, &owner, fence).await {
+                WriteOutcome::Accepted(seq) => {
+                    ev.seq = Some(seq);
+                    true
+                }
                 WriteOutcome::Rejected(current) => {
                     ev.phase = Some(Phase::Fail);
                     ev.detail = format!("rejected: fence {current} accepted");
+                    false
                 }
                 WriteOutcome::Failed(e) => {
                     ev.phase = Some(Phase::Fail);
                     ev.detail = e;
+                    false
                 }
                 WriteOutcome::Unknown(e) => {
                     ev.phase = Some(Phase::Unknown);
                     ev.detail = e;
+                    false
                 }
-            }
+            };
             rec.record(ev);
+            if acknowledged {
+                println!("WROTE {}", fence.get());
+            }
         }
+        println!("RELEASING {}", fence.get());
         rec.record(event(Op::Release, Phase::Invoke, &key, &owner));
         let mut ev = event(Op::Release, Phase::Ok, &key, &owner);
         match lease.release().await {
@@ -283,5 +354,10 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
             }
         }
         rec.record(ev);
+        let _ = done_tx.send(());
+        let _ = watcher.await;
+        // Let the others in now and then (a holder that loops at once wins most races).
+        let pause = rand::rng().random_range(0..spec.ttl.as_millis() as u64 / 8);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }

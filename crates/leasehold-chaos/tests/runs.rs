@@ -1,12 +1,62 @@
-//! Bounded chaos runs (FAULTS "History checker"): with the guard the checker finds no
-//! violation on either store; the control run without the guard must make it fail.
+//! Bounded chaos runs (FAULTS "History checker"), each read back from its
+//! `summary.json` (never from the human table):
+//! - with the guard, on each store, every planned fault kind fires, the guard rejects at
+//!   least one stale write, and the checker finds no violation;
+//! - without the guard, on each store, the scripted stale write is flagged under C1 and
+//!   C5, every time (it is scripted, not left to chance), and nothing else is flagged but
+//!   the lost updates it may cause (C7b);
+//! - without faults, no lost signal, no check answering lost, no rejected write, no
+//!   violation.
+//!
 //! Long soaks: `cargo run -p leasehold-chaos -- run --duration 30m`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 
-fn run(name: &str, args: &[&str]) -> (bool, String) {
+use serde_json::Value;
+
+struct Run {
+    ok: bool,
+    text: String,
+    summary: Value,
+}
+
+impl Run {
+    /// The rule ids of the violations (`C4a`, `C1`, …), exactly as recorded.
+    fn rules(&self) -> BTreeSet<String> {
+        self.summary["violations"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no violations array:\n{}", self.text))
+            .iter()
+            .map(|v| v["rule"].as_str().expect("rule").to_owned())
+            .collect()
+    }
+
+    fn count(&self, key: &str) -> u64 {
+        self.summary["operations"][key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no count {key:?}:\n{}", self.text))
+    }
+
+    /// Planned fault kinds and how often each fired.
+    fn planned_and_fired(&self) -> BTreeMap<String, u64> {
+        self.summary["schedule"]
+            .as_array()
+            .expect("schedule")
+            .iter()
+            .map(|f| {
+                let kind = f["kind"].as_str().expect("kind").to_owned();
+                let fired = self.summary["fired"][&kind].as_u64().unwrap_or(0);
+                (kind, fired)
+            })
+            .collect()
+    }
+}
+
+fn run(name: &str, args: &[&str]) -> Run {
     let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{name}"));
+    let _ = std::fs::remove_file(out_dir.join("summary.json"));
     let out = Command::new(env!("CARGO_BIN_EXE_leasehold-chaos"))
         .arg("run")
         .args(args)
@@ -15,58 +65,135 @@ fn run(name: &str, args: &[&str]) -> (bool, String) {
         .output()
         .expect("run leasehold-chaos");
     let text = format!(
-        "{}\n{}\n(events and timeline in {})",
+        "{}\n{}\n(events, summary.json and timeline in {})",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
         out_dir.display()
     );
     println!("{text}");
-    (out.status.success(), text)
+    let summary = std::fs::read_to_string(out_dir.join("summary.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_else(|| panic!("no summary.json:\n{text}"));
+    Run {
+        ok: out.status.success(),
+        text,
+        summary,
+    }
+}
+
+fn with_the_guard(store: &str, seed: &str) {
+    let r = run(
+        &format!("{store}-fenced"),
+        &["--store", store, "--duration", "18s", "--seed", seed],
+    );
+    assert_eq!(r.rules(), BTreeSet::new(), "{}", r.text);
+    let fired = r.planned_and_fired();
+    let kinds: BTreeSet<&str> = fired.keys().map(String::as_str).collect();
+    let all = BTreeSet::from([
+        "stale-write",
+        "sigstop",
+        "kill9",
+        "restart-store",
+        "proxy-delay",
+        "proxy-drop-replies",
+        "proxy-blackhole",
+        "proxy-reset",
+    ]);
+    assert_eq!(kinds, all, "{}", r.text);
+    for (kind, n) in &fired {
+        assert!(*n >= 1, "{kind} never fired:\n{}", r.text);
+    }
+    assert!(
+        r.count("writes rejected by the guard") >= 1,
+        "the guard rejected nothing:\n{}",
+        r.text
+    );
+    assert!(r.count("acquisitions") >= 5, "{}", r.text);
+    assert!(r.count("renewals accepted") >= 1, "{}", r.text);
+    assert_eq!(
+        r.summary["failed_expectations"],
+        Value::Array(vec![]),
+        "{}",
+        r.text
+    );
+    assert!(r.ok, "{}", r.text);
+}
+
+fn without_the_guard(store: &str, seed: &str) {
+    let r = run(
+        &format!("{store}-control"),
+        &[
+            "--store",
+            store,
+            "--unfenced",
+            "--faults",
+            "stale-write",
+            "--duration",
+            "8s",
+            "--seed",
+            seed,
+        ],
+    );
+    let rules = r.rules();
+    assert!(
+        rules.contains("C1") && rules.contains("C5"),
+        "the stale write must be flagged under C1 and C5:\n{}",
+        r.text
+    );
+    let allowed = BTreeSet::from(["C1".to_owned(), "C5".to_owned(), "C7b".to_owned()]);
+    assert!(rules.is_subset(&allowed), "{rules:?}:\n{}", r.text);
+    assert_eq!(
+        r.planned_and_fired().get("stale-write"),
+        Some(&1),
+        "{}",
+        r.text
+    );
+    assert_eq!(r.count("writes rejected by the guard"), 0, "{}", r.text);
+    assert!(r.ok, "{}", r.text);
 }
 
 #[test]
 fn redis_store_with_the_guard_has_no_violation() {
-    let (ok, text) = run(
-        "redis",
-        &["--store", "redis", "--duration", "30s", "--seed", "11"],
-    );
-    assert!(ok, "{text}");
-    assert!(
-        text.contains("violations                                      0"),
-        "{text}"
-    );
+    with_the_guard("redis", "11");
 }
 
 #[test]
 fn postgres_store_with_the_guard_has_no_violation() {
-    let (ok, text) = run(
-        "postgres",
-        &["--store", "postgres", "--duration", "30s", "--seed", "12"],
-    );
-    assert!(ok, "{text}");
-    assert!(
-        text.contains("violations                                      0"),
-        "{text}"
-    );
+    with_the_guard("postgres", "12");
 }
 
 #[test]
-fn control_run_without_the_guard_is_caught() {
-    let (ok, text) = run(
-        "control",
+fn redis_control_run_without_the_guard_is_caught() {
+    without_the_guard("redis", "13");
+}
+
+#[test]
+fn postgres_control_run_without_the_guard_is_caught() {
+    without_the_guard("postgres", "14");
+}
+
+#[test]
+fn fault_free_run_loses_nothing_and_rejects_nothing() {
+    let r = run(
+        "fault-free",
         &[
             "--store",
-            "redis",
-            "--unfenced",
+            "postgres",
+            "--faults",
+            "none",
             "--duration",
-            "20s",
+            "8s",
             "--seed",
-            "13",
+            "15",
         ],
     );
-    assert!(
-        ok,
-        "the checker must report a violation without the guard:\n{text}"
-    );
-    assert!(text.contains("C1") || text.contains("C7"), "{text}");
+    assert_eq!(r.rules(), BTreeSet::new(), "{}", r.text);
+    assert_eq!(r.count("lost signals"), 0, "{}", r.text);
+    assert_eq!(r.count("checks answering lost"), 0, "{}", r.text);
+    assert_eq!(r.count("writes rejected by the guard"), 0, "{}", r.text);
+    assert!(r.count("writes accepted (audit rows)") >= 3, "{}", r.text);
+    assert!(r.count("renewals accepted") >= 1, "{}", r.text);
+    assert_eq!(r.summary["schedule"], Value::Array(vec![]), "{}", r.text);
+    assert!(r.ok, "{}", r.text);
 }
