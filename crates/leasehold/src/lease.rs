@@ -197,11 +197,11 @@ impl LeaseShared {
     }
 
     /// Moves the deadline to `until` after a confirmed renewal; refuses (false) once the
-    /// lease is lost or ended, or when the old deadline has already passed: a lease past its
-    /// deadline is lost, whatever a late reply says.
+    /// lease is lost, ended or being released, or when the old deadline has already
+    /// passed: a lease past its deadline is lost, whatever a late reply says.
     pub(crate) fn extend(&self, until: At, now: At) -> bool {
         let mut s = self.lock();
-        if s.ended || s.lost.is_some() || now >= s.valid_until {
+        if s.ended || s.releasing || s.lost.is_some() || now >= s.valid_until {
             return false;
         }
         s.valid_until = s.valid_until.max(until);

@@ -178,6 +178,10 @@ enum Done {
         result: Result<RenewOutcome, StoreError>,
     },
     Release,
+    /// A renewal not sent: the lease was past its deadline, lost or let go by then.
+    Skipped {
+        id: u64,
+    },
 }
 
 struct Scheduler {
@@ -381,6 +385,12 @@ impl Scheduler {
             .min(shared.valid_until().since(now));
         self.inflight.push(Box::pin(async move {
             let sent_at = clock.now();
+            // Looked at again when the request is really about to go (the task may have
+            // been preempted or the process frozen since the scheduler decided to renew):
+            // a renewal is never sent for a lease past its deadline, lost or let go.
+            if sent_at >= shared.valid_until() || shared.is_done() {
+                return Done::Skipped { id };
+            }
             if let Some(o) = &observer {
                 observe(o.as_ref(), &shared, RenewalPhase::Sent, sent_at);
             }
@@ -408,6 +418,14 @@ impl Scheduler {
                 sent_at,
                 result,
             } => (id, shared, sent_at, result),
+            Done::Skipped { id } => {
+                if let Some(e) = self.entries.get_mut(&id) {
+                    e.in_flight = false;
+                    // Its next event (the deadline, now past) loses it, unless it ended.
+                    self.schedule(id);
+                }
+                return;
+            }
             Done::Release => {
                 self.releases_in_flight -= 1;
                 if self.releases_in_flight == 0 {

@@ -35,6 +35,9 @@ enum Fault {
     SlowAcquire(Duration),
     /// Acquires fail at once with an error of this kind (nothing applied).
     AcquireError(StoreErrorKind),
+    /// Renewals and releases are applied at once; renewals answer after the first
+    /// duration, releases after the second.
+    SlowRenewSlowRelease(Duration, Duration),
     /// Acquires are applied at once but their reply takes the first duration, and every
     /// renewal (applied at once) answers after the second.
     SlowAcquireThenSlowRenew(Duration, Duration),
@@ -150,7 +153,7 @@ impl Store for Scripted {
                 sleep(d).await;
                 out
             }
-            Fault::SlowAcquireThenSlowRenew(_, d) => {
+            Fault::SlowAcquireThenSlowRenew(_, d) | Fault::SlowRenewSlowRelease(d, _) => {
                 let out = self.inner.renew(key, owner, ttl).await;
                 sleep(d).await;
                 out
@@ -166,7 +169,8 @@ impl Store for Scripted {
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         self.log("release", owner);
         let out = self.inner.release(key, owner).await;
-        if let Fault::LateRenewSlowRelease(_, d) = self.fault() {
+        if let Fault::LateRenewSlowRelease(_, d) | Fault::SlowRenewSlowRelease(_, d) = self.fault()
+        {
             sleep(d).await;
         }
         out
@@ -982,4 +986,33 @@ async fn unreachable_until_the_deadline_is_store_unavailable() {
     store.inner.set_unreachable(Some(Unreachable::Hang));
     assert_eq!(lease.lost().await, LostReason::StoreUnavailable);
     assert_eq!(Instant::now() - t0, 2965 * MS, "at the deadline");
+}
+
+/// A renewal answered `Renewed` while its holder is releasing the lease does not extend
+/// it: the observer sees it refused.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_during_the_release_is_refused() {
+    use leasehold::{LeaseObserver, RenewalEvent, RenewalPhase};
+    #[derive(Debug, Default)]
+    struct Phases(Mutex<Vec<RenewalPhase>>);
+    impl LeaseObserver for Phases {
+        fn renewal(&self, e: &RenewalEvent<'_>) {
+            self.0.lock().unwrap().push(e.phase);
+        }
+    }
+    let store = Scripted::default();
+    let phases = Arc::new(Phases::default());
+    let c = LeaseClient::builder(Arc::new(store.clone()), config(3 * S).build().unwrap())
+        .observer(phases.clone())
+        .build();
+    let lease = c.try_acquire(key()).await.unwrap();
+    // The renewal sent at 1 s answers at 1.2 s; the release begun at 1.1 s answers at 1.4 s.
+    store.set(Fault::SlowRenewSlowRelease(200 * MS, 300 * MS));
+    sleep(1100 * MS).await;
+    assert!(lease.release().await.unwrap());
+    sleep(S).await;
+    assert_eq!(
+        *phases.0.lock().unwrap(),
+        [RenewalPhase::Sent, RenewalPhase::Refused]
+    );
 }
