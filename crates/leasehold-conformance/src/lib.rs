@@ -10,17 +10,18 @@
 //! - [`fault_suite!`] generates one test per case of [`fault_cases`] (listed in
 //!   [`FAULT_CASES`]): FAULTS rows 2, 4, 5, 6, 7, 8 and 24 through the fault proxy, for
 //!   networked backends (their fixture declares a [`Network`]).
-//! - [`holder_process!`] generates the entry point of the holder process that the
-//!   `kill -9` case and the near-miss case run (the test binary re-executed); a fixture
-//!   whose store another process can open declares it with
-//!   [`Fixture::other_processes`].
+//! - A holder process, for the `kill -9` case and the near-miss case: the test binary run
+//!   again with only the running test selected, which then plays the holder
+//!   ([`holder::run_if_child`], called first by every generated test when the suite is
+//!   given `holder = open`). A fixture whose store another process can open declares it
+//!   with [`Fixture::other_processes`].
 //!
 //! ```ignore
 //! async fn fixture() -> leasehold_conformance::Fixture { /* start a server … */ }
 //! async fn open(url: String) -> std::sync::Arc<dyn leasehold::Store> { /* connect … */ }
-//! leasehold_conformance::conformance_suite!(fixture);
-//! leasehold_conformance::fault_suite!(fixture);
-//! leasehold_conformance::holder_process!(open);
+//! // `open` opens the store in a holder process (cases that kill or freeze a holder).
+//! leasehold_conformance::conformance_suite!(fixture, holder = open);
+//! leasehold_conformance::fault_suite!(fixture, holder = open);
 //! ```
 //!
 //! Capabilities and extras are parameters, not reasons to skip: a backend that lacks one
@@ -118,7 +119,7 @@ pub enum OtherProcesses {
     /// process ([`FenceDurability::Process`](leasehold::FenceDurability::Process)).
     ThisProcessOnly,
     /// Another process opens the store by passing this string to the `open` function
-    /// given to [`holder_process!`], which the test file must expand.
+    /// given to the suite macros (`holder = open`).
     Url(String),
 }
 
@@ -328,7 +329,7 @@ impl Fixture {
     }
 
     /// Declares that another process opens the store from `url` (with the function given
-    /// to [`holder_process!`]).
+    /// to the suite macros as `holder = open`).
     pub fn other_processes(mut self, url: impl Into<String>) -> Self {
         self.processes = OtherProcesses::Url(url.into());
         self
@@ -450,29 +451,39 @@ pub const FAULT_CASES: &[Case] = __with_fault_cases!(__case_table!());
 
 /// Generates one `#[tokio::test]` per conformance case, each calling `$fixture().await`.
 ///
-/// `$fixture` is a path to an `async fn() -> Fixture`. The calling crate needs `tokio`
-/// (with the `macros` and `rt-multi-thread` features) as a dev-dependency.
+/// `$fixture` is a path to an `async fn() -> Fixture`. With `holder = $open`, a path to an
+/// `async fn(String) -> Arc<dyn Store>` that opens the store from the string given to
+/// [`Fixture::other_processes`], each test first plays the holder process when it was
+/// started as one ([`holder::run_if_child`]). The calling crate needs `tokio` (with the
+/// `macros` and `rt-multi-thread` features) as a dev-dependency.
 #[macro_export]
 macro_rules! conformance_suite {
     ($fixture:path) => {
-        $crate::__with_cases!(__case_tests!($fixture));
+        $crate::__with_cases!(__case_tests!($fixture, none));
+    };
+    ($fixture:path, holder = $open:path) => {
+        $crate::__with_cases!(__case_tests!($fixture, $open));
     };
 }
 
 /// Generates one `#[tokio::test]` per fault case (FAULTS rows 2, 4, 5, 6, 7, 8, 24),
 /// each calling `$fixture().await`, whose fixture must declare a [`Network`] (and, for
-/// row 2, [`Fixture::other_processes`] with [`holder_process!`] expanded).
+/// row 2, [`Fixture::other_processes`] and a `holder = $open`, as in
+/// [`conformance_suite!`]).
 #[macro_export]
 macro_rules! fault_suite {
     ($fixture:path) => {
-        $crate::__with_fault_cases!(__case_tests!($fixture));
+        $crate::__with_fault_cases!(__case_tests!($fixture, none));
+    };
+    ($fixture:path, holder = $open:path) => {
+        $crate::__with_fault_cases!(__case_tests!($fixture, $open));
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __case_tests {
-    ($fixture:path ; $module:ident ; $($case:ident),* $(,)?) => {
+    ($fixture:path, none ; $module:ident ; $($case:ident),* $(,)?) => {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
@@ -481,20 +492,16 @@ macro_rules! __case_tests {
             }
         )*
     };
-}
-
-/// Generates the entry point of the holder process (an ignored test named
-/// `__leasehold_conformance_holder`, which the suite runs by re-executing the test
-/// binary). `$open` is a path to an `async fn(String) -> Arc<dyn Store>` that opens the
-/// store from the string given to [`Fixture::other_processes`]. Expand it once, at the
-/// root of the test file.
-#[macro_export]
-macro_rules! holder_process {
-    ($open:path) => {
-        #[test]
-        #[ignore = "not a test: the holder process that the conformance suite starts"]
-        fn __leasehold_conformance_holder() {
-            $crate::holder::child_main($open);
-        }
+    ($fixture:path, $open:path ; $module:ident ; $($case:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                if $crate::holder::run_if_child($open).await {
+                    return;
+                }
+                let fixture = $fixture().await;
+                $crate::$module::$case(&fixture).await;
+            }
+        )*
     };
 }

@@ -16,6 +16,5 @@ async fn open(url: String) -> Arc<dyn leasehold::Store> {
     common::open_store(common::Kind::GetLock, url).await
 }
 
-leasehold_conformance::conformance_suite!(fixture);
-leasehold_conformance::fault_suite!(fixture);
-leasehold_conformance::holder_process!(open);
+leasehold_conformance::conformance_suite!(fixture, holder = open);
+leasehold_conformance::fault_suite!(fixture, holder = open);

@@ -69,6 +69,5 @@ async fn fixture() -> Fixture {
     .keep_alive((pg, proxy))
 }
 
-leasehold_conformance::conformance_suite!(fixture);
-leasehold_conformance::fault_suite!(fixture);
-leasehold_conformance::holder_process!(open);
+leasehold_conformance::conformance_suite!(fixture, holder = open);
+leasehold_conformance::fault_suite!(fixture, holder = open);

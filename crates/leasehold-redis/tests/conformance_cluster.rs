@@ -4,6 +4,5 @@
 
 mod common;
 
-leasehold_conformance::conformance_suite!(common::cluster_fixture);
-leasehold_conformance::fault_suite!(common::cluster_fixture);
-leasehold_conformance::holder_process!(common::open_store);
+leasehold_conformance::conformance_suite!(common::cluster_fixture, holder = common::open_store);
+leasehold_conformance::fault_suite!(common::cluster_fixture, holder = common::open_store);

@@ -141,5 +141,4 @@ async fn fixture() -> Fixture {
     .keep_alive(dir)
 }
 
-leasehold_conformance::conformance_suite!(fixture);
-leasehold_conformance::holder_process!(open);
+leasehold_conformance::conformance_suite!(fixture, holder = open);
