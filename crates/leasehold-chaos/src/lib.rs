@@ -17,10 +17,8 @@ pub mod worker;
 pub use checker::{CheckConfig, Violation, check};
 pub use history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
 
-/// The stores the harness can run against.
+/// The stores the harness can run against: every store the `leasehold` crate is built
+/// with here (Redis and PostgreSQL).
 pub fn registry() -> leasehold::Registry {
-    let mut r = leasehold::Registry::new();
-    r.register(std::sync::Arc::new(leasehold_redis::RedisFactory));
-    r.register(std::sync::Arc::new(leasehold_postgres::PgFactory));
-    r
+    leasehold::registry()
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold::Store;
-use leasehold_postgres::sqlx::{self, postgres::PgPoolOptions};
+use leasehold::postgres::sqlx::{self, postgres::PgPoolOptions};
 use leasehold_testkit::{FaultProxy, Postgres, ProxyMode, RedisServer, WorkerProcess};
 
 use crate::checker::{CheckConfig, Violation, check};

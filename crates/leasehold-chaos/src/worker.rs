@@ -6,11 +6,11 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold::postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
 use leasehold::{
     GuardDecision, LeaseClient, LeaseConfig, LeaseObserver, Registry, RenewalEvent, RenewalPhase,
     Store,
 };
-use leasehold_postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
 use rand::Rng;
 
 use crate::history::{Event, Op, Phase};
@@ -96,7 +96,7 @@ fn event(op: Op, phase: Phase, key: &str, owner: &str) -> Event {
 /// # Errors
 /// Database errors, as text.
 pub async fn prepare_data(pool: &PgPool, key: &str) -> Result<(), String> {
-    leasehold_postgres::guard::migrate(pool)
+    leasehold::postgres::guard::migrate(pool)
         .await
         .map_err(|e| e.to_string())?;
     sqlx::raw_sql(
@@ -143,7 +143,7 @@ async fn protected_write(
         return WriteOutcome::Failed(e.to_string());
     }
     if !spec.unfenced {
-        match leasehold_postgres::guard::check_and_advance(&mut tx, &spec.key, fence).await {
+        match leasehold::postgres::guard::check_and_advance(&mut tx, &spec.key, fence).await {
             Ok(GuardDecision::Accepted { .. }) => {}
             Ok(GuardDecision::Rejected { current }) => {
                 return WriteOutcome::Rejected(current.get());

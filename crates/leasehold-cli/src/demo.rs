@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use leasehold::sqlite::{SqliteConfig, SqliteStore, guard};
 use leasehold::{Fence, GuardDecision, LeaseClient, LeaseConfig};
-use leasehold_sqlite::{SqliteConfig, SqliteStore, guard};
 use sqlx::SqlitePool;
 
 use crate::{exit, fail, parse_ttl};

@@ -3,23 +3,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use leasehold::{Registry, Store, StoreError};
-
-/// The registry of every store linked into the command.
-pub fn registry() -> Registry {
-    let mut r = Registry::new();
-    r.register(Arc::new(leasehold_sqlite::SqliteFactory));
-    r.register(Arc::new(leasehold_redis::RedisFactory));
-    r.register(Arc::new(leasehold_postgres::PgFactory));
-    r.register(Arc::new(leasehold_mysql::MySqlFactory));
-    r
-}
+use leasehold::{Store, StoreError};
 
 /// The store URL when neither `--store` nor `LEASEHOLD_STORE` names one: the embedded
 /// SQLite database in the user's state directory.
 pub fn default_url() -> String {
     // SqliteConfig's Display is a URL that encodes awkward path characters.
-    leasehold_sqlite::SqliteConfig::new(state_dir().join("leases.db")).to_string()
+    leasehold::sqlite::SqliteConfig::new(state_dir().join("leases.db")).to_string()
 }
 
 /// `$XDG_STATE_HOME/leasehold`, or `~/.local/state/leasehold`.
@@ -39,7 +29,7 @@ pub fn is_memory(url: &str) -> bool {
         .is_some_and(|(scheme, _)| scheme == "memory")
 }
 
-/// Opens the store named by `url`.
+/// Opens the store named by `url` (every store is linked into the command).
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    registry().open(url).await
+    leasehold::open(url).await
 }

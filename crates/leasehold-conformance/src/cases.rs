@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Error, Fence, FenceDurability, Key, LeaseClient, LeaseConfig, LostReason,
     OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
@@ -102,7 +102,8 @@ pub async fn concurrent_contenders_exclusive_and_fences_increase(fx: &Fixture) {
     let k = key("contenders");
     let config = LeaseConfig::builder(fx.ttl)
         .backoff(
-            leasehold::Backoff::new(Duration::from_millis(2), Duration::from_millis(50)).unwrap(),
+            leasehold_core::Backoff::new(Duration::from_millis(2), Duration::from_millis(50))
+                .unwrap(),
         )
         .build()
         .unwrap();
@@ -500,7 +501,7 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
         String::new(),
         "a\0b".into(),
         "x\ny".into(),
-        "k".repeat(leasehold::MAX_KEY_LEN + 1),
+        "k".repeat(leasehold_core::MAX_KEY_LEN + 1),
     ] {
         match client.try_acquire(bad.as_str()).await {
             Err(Error::InvalidKey(_)) => {}
@@ -535,7 +536,10 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
     );
     // Keys at the edges of the rules work and stay distinct.
     let edge = [
-        format!("conformance:{}", "k".repeat(leasehold::MAX_KEY_LEN - 12)),
+        format!(
+            "conformance:{}",
+            "k".repeat(leasehold_core::MAX_KEY_LEN - 12)
+        ),
         "conformance:ünïcødé ✓".to_owned(),
         "conformance:{tag}x".to_owned(),
         "conformance:}{".to_owned(),

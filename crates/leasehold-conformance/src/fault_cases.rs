@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo, LostReason, OwnerToken,
     ReleaseOutcome, RenewOutcome, StoreError,
 };

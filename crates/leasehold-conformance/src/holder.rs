@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{Fence, Key, LeaseClient, LeaseConfig, OwnerToken, Store};
+use leasehold_core::{Fence, Key, LeaseClient, LeaseConfig, OwnerToken, Store};
 use leasehold_testkit::WorkerProcess;
 use tokio::time::{Instant, sleep};
 

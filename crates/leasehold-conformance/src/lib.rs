@@ -18,7 +18,7 @@
 //!
 //! ```ignore
 //! async fn fixture() -> leasehold_conformance::Fixture { /* start a server … */ }
-//! async fn open(url: String) -> std::sync::Arc<dyn leasehold::Store> { /* connect … */ }
+//! async fn open(url: String) -> std::sync::Arc<dyn leasehold_core::Store> { /* connect … */ }
 //! // `open` opens the store in a holder process (cases that kill or freeze a holder).
 //! leasehold_conformance::conformance_suite!(fixture, holder = open);
 //! leasehold_conformance::fault_suite!(fixture, holder = open);
@@ -26,7 +26,7 @@
 //!
 //! Capabilities and extras are parameters, not reasons to skip: a backend that lacks one
 //! must say so, and the suite checks what it says. A missing optional operation answers
-//! `Unsupported` (checked against [`Capabilities`](leasehold::Capabilities)); a store
+//! `Unsupported` (checked against [`Capabilities`](leasehold_core::Capabilities)); a store
 //! without a storage-side guard declares [`GuardSupport::Absent`]; a store that lives in
 //! one process's memory declares [`OtherProcesses::ThisProcessOnly`], and its capabilities
 //! must then say its fences die with the process. An undeclared extra fails its case.
@@ -53,7 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{Fence, Key, LeaseClient, LeaseConfig, Store, StoreError};
+use leasehold_core::{Fence, Key, LeaseClient, LeaseConfig, Store, StoreError};
 use leasehold_testkit::{FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer};
 
 pub mod cases;
@@ -116,7 +116,7 @@ pub enum OtherProcesses {
     Undeclared,
     /// The store lives in this process's memory: no other process can open it. The
     /// `kill -9` case then checks that its capabilities say its fences die with the
-    /// process ([`FenceDurability::Process`](leasehold::FenceDurability::Process)).
+    /// process ([`FenceDurability::Process`](leasehold_core::FenceDurability::Process)).
     ThisProcessOnly,
     /// Another process opens the store by passing this string to the `open` function
     /// given to the suite macros (`holder = open`).

@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use leasehold::memory::{MemoryStore, Unreachable};
-use leasehold::{
+use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, Network};
+use leasehold_core::memory::{MemoryStore, Unreachable};
+use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError,
 };
-use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, Network};
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, RedisServer};
 
@@ -139,10 +139,11 @@ impl Broken {
         let valid = StoreError::check_ttl("broken", ttl).is_ok();
         match self.flaw {
             Flaw::IgnoresExpiry if valid => FOREVER,
-            Flaw::ExpiresEarly if valid => (ttl / 4).max(leasehold::config::MIN_TTL),
-            Flaw::AcceptsAnyTtl => {
-                ttl.clamp(leasehold::config::MIN_TTL, leasehold::config::MAX_TTL)
-            }
+            Flaw::ExpiresEarly if valid => (ttl / 4).max(leasehold_core::config::MIN_TTL),
+            Flaw::AcceptsAnyTtl => ttl.clamp(
+                leasehold_core::config::MIN_TTL,
+                leasehold_core::config::MAX_TTL,
+            ),
             _ => ttl,
         }
     }

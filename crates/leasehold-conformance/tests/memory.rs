@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::Key;
-use leasehold::memory::{MemoryStore, Unreachable};
 use leasehold_conformance::{Faults, Fixture};
+use leasehold_core::Key;
+use leasehold_core::memory::{MemoryStore, Unreachable};
 
 struct MemoryFaults(MemoryStore);
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
 /// The default bound on each operation: 5 s.
@@ -38,7 +38,7 @@ impl fmt::Debug for Secret {
 /// let c = leasehold_mysql::MySqlConfig::from_url("mysql://app:s3cret@db.internal:3307/leases?timeout=2s")?;
 /// assert_eq!(c.to_string(), "mysql://app:<redacted>@db.internal:3307/leases?timeout=2000ms&connect_timeout=5000ms&max_connections=8&migrate=true");
 /// assert!(!format!("{c:?}").contains("s3cret"));
-/// # Ok::<(), leasehold::StoreError>(())
+/// # Ok::<(), leasehold_core::StoreError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MySqlConfig {
@@ -391,7 +391,7 @@ fn encode(s: &str) -> String {
 }
 
 fn percent_decode(s: &str, what: &str) -> Result<String, StoreError> {
-    leasehold::url::percent_decode(s).ok_or_else(|| {
+    leasehold_core::url::percent_decode(s).ok_or_else(|| {
         config_error(format!(
             "the URL's {what} is not valid percent-encoded UTF-8"
         ))
@@ -399,7 +399,7 @@ fn percent_decode(s: &str, what: &str) -> Result<String, StoreError> {
 }
 
 fn parse_duration(name: &str, value: &str) -> Result<Duration, StoreError> {
-    leasehold::url::parse_duration(value).ok_or_else(|| {
+    leasehold_core::url::parse_duration(value).ok_or_else(|| {
         config_error(format!(
             "{name} `{value}` is not a duration (500ms, 5s, 1m or a number of milliseconds)"
         ))

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::pool::PoolConnection;

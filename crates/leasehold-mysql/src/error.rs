@@ -1,6 +1,6 @@
 //! Mapping `sqlx` / MariaDB errors into [`StoreError`], without credentials.
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 use sqlx::mysql::MySqlDatabaseError;
 
 /// An error inside an operation: from the server or the driver, or decided by the store.

@@ -1,8 +1,8 @@
-//! [`MySqlFactory`]: opens a MariaDB/MySQL store from a URL for a [`leasehold::Registry`].
+//! [`MySqlFactory`]: opens a MariaDB/MySQL store from a URL for a [`leasehold_core::Registry`].
 
 use std::sync::Arc;
 
-use leasehold::{OpenFuture, Store, StoreFactory};
+use leasehold_core::{OpenFuture, Store, StoreFactory};
 
 use crate::config::MySqlConfig;
 use crate::getlock::MySqlGetLockStore;
@@ -14,7 +14,7 @@ use crate::lease_store::MySqlLeaseStore;
 ///
 /// ```
 /// # use std::sync::Arc;
-/// let mut registry = leasehold::Registry::new();
+/// let mut registry = leasehold_core::Registry::new();
 /// registry.register(Arc::new(leasehold_mysql::MySqlFactory));
 /// assert!(registry.schemes().any(|s| s == "mysql+getlock"));
 /// ```

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
@@ -47,7 +47,7 @@ pub const MAX_LOCK_NAME_LEN: usize = 64;
 /// [`StoreErrorKind::Corrupt`].
 ///
 /// ```
-/// use leasehold::Key;
+/// use leasehold_core::Key;
 /// use leasehold_mysql::lock_name;
 /// assert_eq!(lock_name(&Key::new("job:invoices").unwrap()), "leasehold:job:invoices");
 /// let hashed = lock_name(&Key::new("Job:Invoices").unwrap());
@@ -773,7 +773,7 @@ mod tests {
             "jöb",
             "{}",
             "job:a*b",
-            &"k".repeat(leasehold::MAX_KEY_LEN),
+            &"k".repeat(leasehold_core::MAX_KEY_LEN),
         ] {
             let n = name(k);
             assert!(n.starts_with(HASHED_LOCK_NAME_PREFIX), "{k}: {n}");

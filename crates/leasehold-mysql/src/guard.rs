@@ -4,7 +4,7 @@
 //! writing the data and advancing the guard commit or roll back together:
 //!
 //! ```no_run
-//! # use leasehold::{Fence, Idempotency};
+//! # use leasehold_core::{Fence, Idempotency};
 //! # use sqlx::Connection;
 //! # async fn write(conn: &mut sqlx::MySqlConnection, fence: Fence) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut tx = conn.begin().await?;
@@ -31,7 +31,7 @@
 //! Create the tables with [`migrate`] (or by hand from
 //! [`GUARD_SCHEMA`]).
 
-use leasehold::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
+use leasehold_core::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
 use sqlx::{Connection, MySqlConnection, MySqlPool};
 
 use crate::error::{Phase, is_duplicate, map_sqlx};
@@ -162,7 +162,7 @@ pub async fn check_and_advance(
         ));
     };
     if f < current {
-        leasehold::metrics::fence_rejected(resource_type(resource));
+        leasehold_core::metrics::fence_rejected(resource_type(resource));
         tracing::warn!(resource, %fence, current, "stale fence rejected by the mysql guard");
         return Ok(GuardDecision::Rejected {
             current: Fence(current),

@@ -1,6 +1,6 @@
 //! # leasehold-mysql
 //!
-//! Two [`leasehold::Store`]s on MariaDB / MySQL, and the MySQL [`guard`] (fence check and
+//! Two [`leasehold_core::Store`]s on MariaDB / MySQL, and the MySQL [`guard`] (fence check and
 //! idempotency record) for protected writes to a MariaDB/MySQL database:
 //!
 //! - [`MySqlLeaseStore`] (`mysql://`, backend `mysql`): leases as rows of a table, expiry on
@@ -11,11 +11,11 @@
 //!   with the session (killed connection, crashed process). Lock names longer than MySQL's
 //!   64 characters are hashed ([`lock_name`]).
 //!
-//! [`MySqlFactory`] opens either from a URL for a [`leasehold::Registry`].
+//! [`MySqlFactory`] opens either from a URL for a [`leasehold_core::Registry`].
 //!
 //! ```no_run
 //! # use std::{sync::Arc, time::Duration};
-//! # use leasehold::{LeaseClient, LeaseConfig};
+//! # use leasehold_core::{LeaseClient, LeaseConfig};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = leasehold_mysql::MySqlLeaseStore::open("mysql://app:secret@db:3306/app").await?;
@@ -70,7 +70,7 @@
 //!   overlap; back: takeovers are delayed). Clients' clocks do not matter.
 //! - Fences are durable with InnoDB and floored at the server clock.
 //! - A row holding something else than a leasehold lease is
-//!   [`leasehold::StoreErrorKind::Corrupt`] and left untouched; `break` rewrites it.
+//!   [`leasehold_core::StoreErrorKind::Corrupt`] and left untouched; `break` rewrites it.
 //!
 //! ## GET_LOCK: failure model
 //!

@@ -12,7 +12,7 @@ async fn fixture() -> leasehold_conformance::Fixture {
     common::conformance_fixture(common::Kind::GetLock).await
 }
 
-async fn open(url: String) -> Arc<dyn leasehold::Store> {
+async fn open(url: String) -> Arc<dyn leasehold_core::Store> {
     common::open_store(common::Kind::GetLock, url).await
 }
 

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Capabilities, Error, Fence, Key, Lease, LeaseClient, LeaseConfig, LeaseInfo,
     LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };

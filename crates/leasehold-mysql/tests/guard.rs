@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leasehold::{Fence, GuardDecision, Idempotency, StoreErrorKind};
+use leasehold_core::{Fence, GuardDecision, Idempotency, StoreErrorKind};
 use leasehold_mysql::guard;
 use rand::Rng;
 use rand::seq::SliceRandom;

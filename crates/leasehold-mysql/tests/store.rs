@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Key, OwnerToken, Registry, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
 use leasehold_mysql::{MySqlConfig, MySqlFactory, MySqlGetLockStore, MySqlLeaseStore};
@@ -165,7 +165,7 @@ async fn corrupt_rows_clock_floor_and_restart() {
                 .unwrap(),
         );
     }
-    let names = |v: Vec<leasehold::LeaseInfo>| -> Vec<String> {
+    let names = |v: Vec<leasehold_core::LeaseInfo>| -> Vec<String> {
         v.into_iter().map(|i| i.key.to_string()).collect()
     };
     assert_eq!(names(store.list("lst:a_").await.unwrap()), ["lst:a_b"]);

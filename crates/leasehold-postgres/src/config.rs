@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 use sqlx::ConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 
 /// A sqlx error reduced to text that never contains credentials: the SQLSTATE and the
 /// server's message for database errors, the I/O error kind and message otherwise. Kept

@@ -1,8 +1,8 @@
-//! Opening the PostgreSQL stores from a URL through [`leasehold::Registry`].
+//! Opening the PostgreSQL stores from a URL through [`leasehold_core::Registry`].
 
 use std::sync::Arc;
 
-use leasehold::{OpenFuture, Store, StoreFactory};
+use leasehold_core::{OpenFuture, Store, StoreFactory};
 
 use crate::config::PgConfig;
 use crate::{PgAdvisoryStore, PgLeaseStore};
@@ -19,8 +19,8 @@ use crate::{PgAdvisoryStore, PgLeaseStore};
 /// `leasehold_migrate=true` (create the table on open).
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), leasehold::StoreError> {
-/// let mut registry = leasehold::Registry::new();
+/// # async fn demo() -> Result<(), leasehold_core::StoreError> {
+/// let mut registry = leasehold_core::Registry::new();
 /// registry.register(std::sync::Arc::new(leasehold_postgres::PgFactory));
 /// let store = registry.open("postgres://app@db/leases?leasehold_schema=locks").await?;
 /// # let _ = store; Ok(()) }

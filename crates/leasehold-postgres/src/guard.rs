@@ -10,12 +10,12 @@
 //! fence. Every rejection increments `leasehold_fence_rejected_total{resource_type}`.
 //!
 //! ```no_run
-//! # async fn demo(pool: sqlx::PgPool, lease: leasehold::Lease) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn demo(pool: sqlx::PgPool, lease: leasehold_core::Lease) -> Result<(), Box<dyn std::error::Error>> {
 //! use leasehold_postgres::guard;
 //!
 //! guard::migrate(&pool).await?; // once, at deployment
 //! let mut tx = pool.begin().await?;
-//! if guard::record_once(&mut tx, "invoice-run-2024-06").await? == leasehold::Idempotency::AlreadyDone {
+//! if guard::record_once(&mut tx, "invoice-run-2024-06").await? == leasehold_core::Idempotency::AlreadyDone {
 //!     return Ok(()); // a committed transaction already did this job
 //! }
 //! // Rejected → Error::FenceRejected (action: OwnershipLost); dropping `tx` rolls back.
@@ -57,13 +57,13 @@
 //! ```
 //!
 //! A write that affects no row was rejected: treat it as
-//! [`Error::FenceRejected`](leasehold::Error::FenceRejected) and count it with
-//! [`leasehold::metrics::fence_rejected`].
+//! [`Error::FenceRejected`](leasehold_core::Error::FenceRejected) and count it with
+//! [`leasehold_core::metrics::fence_rejected`].
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
-use leasehold::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
+use leasehold_core::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{AssertSqlSafe, Row};
 
@@ -267,7 +267,7 @@ impl PgGuard {
             )
         })?;
         let current = Fence(u64::try_from(current).unwrap_or(0));
-        leasehold::metrics::fence_rejected(resource_type(resource));
+        leasehold_core::metrics::fence_rejected(resource_type(resource));
         tracing::info!(
             resource,
             fence = fence.get(),

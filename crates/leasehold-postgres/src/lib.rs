@@ -12,7 +12,7 @@
 //! - [`guard`]: [`check_and_advance`](guard::check_and_advance) and
 //!   [`record_once`](guard::record_once), run inside the caller's own sqlx transaction,
 //!   so that a holder that lost its lease cannot write (DESIGN §6).
-//! - [`PgFactory`]: opens either store from a URL through [`leasehold::Registry`].
+//! - [`PgFactory`]: opens either store from a URL through [`leasehold_core::Registry`].
 //!
 //! Tables are created by explicit, idempotent `migrate()` calls
 //! ([`PgLeaseStore::migrate`], [`PgAdvisoryStore::migrate`], [`guard::migrate`]); the same
@@ -22,7 +22,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{sync::Arc, time::Duration};
-//! use leasehold::{LeaseClient, LeaseConfig};
+//! use leasehold_core::{LeaseClient, LeaseConfig};
 //! use leasehold_postgres::{PgConfig, PgLeaseStore, guard};
 //!
 //! let config = PgConfig::from_url("postgres://app@127.0.0.1/app")?;

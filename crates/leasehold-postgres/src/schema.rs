@@ -3,7 +3,7 @@
 //! The same text, rendered with the default names, is in the crate's `sql/` directory for
 //! DBAs (a test keeps the two identical).
 
-use leasehold::StoreError;
+use leasehold_core::StoreError;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::config::{TableName, quote_ident};

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Key, LeaseClient, LeaseConfig, OwnerToken, Registry, ReleaseOutcome,
     RenewOutcome, Store, StoreErrorKind,
 };
@@ -158,7 +158,7 @@ async fn least_privilege_role_and_missing_table() {
     }
     let mut tx = app_table.pool().begin().await.unwrap();
     assert!(
-        guard::check_and_advance(&mut tx, "ledger:least", leasehold::Fence(1))
+        guard::check_and_advance(&mut tx, "ledger:least", leasehold_core::Fence(1))
             .await
             .unwrap()
             .is_accepted()

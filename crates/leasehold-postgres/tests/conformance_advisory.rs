@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{Key, Store};
 use leasehold_conformance::{Faults, Fixture, Network};
+use leasehold_core::{Key, Store};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig};
 use leasehold_testkit::{FaultProxy, PostgresOptions, ProxyMode};
 

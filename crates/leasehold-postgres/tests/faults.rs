@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken, RenewOutcome,
     Store,
 };

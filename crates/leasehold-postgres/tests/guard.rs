@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use leasehold::{Action, Fence, GuardDecision, Idempotency, StoreErrorKind};
+use leasehold_core::{Action, Fence, GuardDecision, Idempotency, StoreErrorKind};
 use leasehold_postgres::sqlx::{self, Connection, PgPool, postgres::PgPoolOptions};
 use leasehold_postgres::{PgGuard, guard, store_error};
 use leasehold_testkit::PostgresOptions;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leasehold::{GuardDecision, LeaseClient, LeaseConfig, StoreErrorKind};
+use leasehold_core::{GuardDecision, LeaseClient, LeaseConfig, StoreErrorKind};
 use leasehold_postgres::sqlx::{self, Connection};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore, guard};
 use leasehold_testkit::{PgBouncer, PoolMode, Postgres};
@@ -90,7 +90,7 @@ async fn lease_table_store_and_guard_work_behind_a_transaction_pooler() {
     let lease = client.try_acquire("job:renewed'\\x").await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(lease.is_valid(), "{:?}", lease.lost_reason());
-    use leasehold::Store;
+    use leasehold_core::Store;
     let info = first.inspect(lease.key()).await.unwrap().unwrap();
     assert_eq!(info.owner, *lease.owner());
     assert_eq!(first.list("job:renewed'").await.unwrap().len(), 1);
@@ -105,7 +105,7 @@ async fn lease_table_store_and_guard_work_behind_a_transaction_pooler() {
         .unwrap();
     for (fence, accepted) in [(lease.fence().get(), true), (1, false)] {
         let mut tx = conn.begin().await.unwrap();
-        let d = guard::check_and_advance(&mut tx, "pooled", leasehold::Fence(fence))
+        let d = guard::check_and_advance(&mut tx, "pooled", leasehold_core::Fence(fence))
             .await
             .unwrap();
         assert_eq!(
@@ -162,7 +162,7 @@ async fn advisory_store_behind_a_transaction_pooler_fails_closed() {
         let reason = tokio::time::timeout(Duration::from_secs(30), lease.lost())
             .await
             .expect("the backend change is noticed");
-        Ok::<_, leasehold::Error>(reason)
+        Ok::<_, leasehold_core::Error>(reason)
     }
     .await;
     noise.abort();

@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{Key, LeaseClient, LeaseConfig, Registry};
+use leasehold_core::{Key, LeaseClient, LeaseConfig, Registry};
 use leasehold_postgres::sqlx::{self, PgPool};
 use leasehold_postgres::{PgFactory, guard};
 use leasehold_testkit::{PostgresOptions, RedisServer, WorkerProcess};
@@ -89,7 +89,7 @@ async fn worker(name: String) {
         }
         Err(e) => {
             tx.rollback().await.expect("rollback");
-            let leasehold::Error::FenceRejected { current, .. } = &e else {
+            let leasehold_core::Error::FenceRejected { current, .. } = &e else {
                 panic!("unexpected {e}")
             };
             println!("REJECTED current={current} action={:?}", e.action());

@@ -17,7 +17,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{AcquireOutcome, Key, LeaseClient, LeaseConfig, OwnerToken, Registry};
+use leasehold_core::{AcquireOutcome, Key, LeaseClient, LeaseConfig, OwnerToken, Registry};
 use leasehold_postgres::PgFactory;
 use leasehold_testkit::{FakeWallClock, PostgresOptions, RedisServer, WorkerProcess};
 use tokio::time::{Instant, sleep};

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 use crate::keys::{DEFAULT_PREFIX, validate_prefix};
@@ -252,7 +252,7 @@ impl RedisConfig {
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
-    /// Whether releases are published and [`wait_released`](leasehold::Store::wait_released)
+    /// Whether releases are published and [`wait_released`](leasehold_core::Store::wait_released)
     /// listens for them (pub/sub).
     pub fn notifications(&self) -> bool {
         self.notifications
@@ -295,7 +295,7 @@ impl RedisConfig {
 ///     .op_timeout(Duration::from_secs(1))
 ///     .build()?;
 /// assert_eq!(cfg.prefix(), "billing:leases:");
-/// # Ok::<(), leasehold::StoreError>(())
+/// # Ok::<(), leasehold_core::StoreError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct RedisConfigBuilder {
@@ -407,7 +407,7 @@ impl RedisConfigBuilder {
     /// [`policy_check`](Self::policy_check), and refuses to work
     /// ([`StoreErrorKind::Config`], with an [`EvictingPolicy`](crate::EvictingPolicy) as
     /// its source) while any of them evicts. On, it logs a warning instead and reports
-    /// [`Capabilities::may_evict`](leasehold::Capabilities::may_evict): exclusion is then
+    /// [`Capabilities::may_evict`](leasehold_core::Capabilities::may_evict): exclusion is then
     /// not guaranteed and only the fence, checked by the storage that receives the
     /// writes, protects the data.
     pub fn allow_eviction(mut self, allow: bool) -> Self {
@@ -701,7 +701,7 @@ pub(crate) fn parse_duration(name: &str, v: &str) -> Result<Duration, StoreError
             "URL parameter `{name}` must be a duration such as 500ms, 2s or 1m"
         ))
     };
-    let d = leasehold::url::parse_duration(v).ok_or_else(bad)?;
+    let d = leasehold_core::url::parse_duration(v).ok_or_else(bad)?;
     let ms = u64::try_from(d.as_millis()).map_err(|_| bad())?;
     if ms == 0 || ms > 24 * 3600 * 1000 {
         return Err(config_error(format!(
@@ -712,7 +712,7 @@ pub(crate) fn parse_duration(name: &str, v: &str) -> Result<Duration, StoreError
 }
 
 fn pct_decode(s: &str) -> Option<String> {
-    leasehold::url::percent_decode(s)
+    leasehold_core::url::percent_decode(s)
 }
 
 fn pct_encode(s: &str) -> String {

@@ -29,7 +29,7 @@ use redis::{
 };
 use tokio::time::{Instant, timeout, timeout_at};
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 use crate::config::{NodeAddr, RedisConfig, Topology};
@@ -363,7 +363,7 @@ impl Conn {
             }
         };
         let seed = u64::from_le_bytes(
-            leasehold::OwnerToken::random().as_bytes()[..8]
+            leasehold_core::OwnerToken::random().as_bytes()[..8]
                 .try_into()
                 .expect("8 bytes"),
         );

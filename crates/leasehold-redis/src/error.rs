@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::BACKEND;

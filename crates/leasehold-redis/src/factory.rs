@@ -1,8 +1,8 @@
-//! [`RedisFactory`]: opens a [`RedisStore`] from a URL for a [`leasehold::Registry`].
+//! [`RedisFactory`]: opens a [`RedisStore`] from a URL for a [`leasehold_core::Registry`].
 
 use std::sync::Arc;
 
-use leasehold::{OpenFuture, Store, StoreFactory};
+use leasehold_core::{OpenFuture, Store, StoreFactory};
 
 use crate::store::RedisStore;
 
@@ -10,7 +10,7 @@ use crate::store::RedisStore;
 ///
 /// ```
 /// # use std::sync::Arc;
-/// let mut registry = leasehold::Registry::new();
+/// let mut registry = leasehold_core::Registry::new();
 /// registry.register(Arc::new(leasehold_redis::RedisFactory));
 /// assert!(registry.schemes().any(|s| s == "redis+cluster"));
 /// ```

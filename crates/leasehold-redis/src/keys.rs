@@ -13,9 +13,9 @@
 //! contains no `}`, so the hash tag is exactly `e`, which is never empty: the lease key and
 //! the fence key always hash to the same Cluster slot, whatever the user's key looks like
 //! (`{a}x`, `}`, `{}`, `a}{b}`...). The encoding is injective and prefix-preserving, so
-//! [`list`](leasehold::Store::list) can scan by a key prefix and decode what it finds.
+//! [`list`](leasehold_core::Store::list) can scan by a key prefix and decode what it finds.
 
-use leasehold::{Key, StoreError, StoreErrorKind};
+use leasehold_core::{Key, StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 

@@ -1,12 +1,12 @@
 //! # leasehold-redis
 //!
-//! A [`leasehold::Store`] on Redis (one server) or Redis Cluster: [`RedisStore`], configured
+//! A [`leasehold_core::Store`] on Redis (one server) or Redis Cluster: [`RedisStore`], configured
 //! by [`RedisConfig`] (from a URL or a builder), and [`RedisFactory`] for a
-//! [`leasehold::Registry`].
+//! [`leasehold_core::Registry`].
 //!
 //! ```no_run
 //! # use std::{sync::Arc, time::Duration};
-//! # use leasehold::{LeaseClient, LeaseConfig};
+//! # use leasehold_core::{LeaseClient, LeaseConfig};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = leasehold_redis::RedisStore::open("redis://127.0.0.1:6379/?prefix=billing:").await?;
@@ -36,7 +36,7 @@
 //! | `timeout` | `5s` | bound on each operation, connecting included (`500ms`, `2s`, `1m`, or a number of ms) |
 //! | `connect_timeout` | `2s` | bound on establishing a connection |
 //! | `notify` | `true` | publish releases and let waiters subscribe (`false`: `wait_released` is unsupported) |
-//! | `allow_eviction` | `false` | accept a server whose `maxmemory-policy` may evict keys (see "Eviction"): opens with a warning and [`Capabilities::may_evict`](leasehold::Capabilities::may_evict); exclusion is then not guaranteed |
+//! | `allow_eviction` | `false` | accept a server whose `maxmemory-policy` may evict keys (see "Eviction"): opens with a warning and [`Capabilities::may_evict`](leasehold_core::Capabilities::may_evict); exclusion is then not guaranteed |
 //! | `policy_check` | `10s` | how often the eviction policy is read again on a connection already checked |
 //! | `cluster_retries` | `6` | cluster only: retries on `MOVED`/`ASK`/`TRYAGAIN` within one operation |
 //! | `tls_ca` | system roots | TLS only: PEM file of the CA(s) to trust |
@@ -68,7 +68,7 @@
 //!
 //! A lease key holding anything else than `<32 lowercase hex>:<fence>` with an expiry — a
 //! list, a hash, another string, a key without TTL — and a fence key holding anything else
-//! than a positive integer below 2^53 are reported as [`leasehold::StoreErrorKind::Corrupt`],
+//! than a positive integer below 2^53 are reported as [`leasehold_core::StoreErrorKind::Corrupt`],
 //! never treated as free and never overwritten. (`SET NX` on a list answers nil, not
 //! `WRONGTYPE`; the scripts read with `GET`, which does fail on a list, and check the type.)
 //!
@@ -95,7 +95,7 @@
 //! ## Fences and the failure model
 //!
 //! Fences are floored at the server's clock: `fence = max(last + 1, TIME in µs)`
-//! ([`leasehold::FenceDurability::ClockFloored`]), so they are large numbers (about 1.8e15
+//! ([`leasehold_core::FenceDurability::ClockFloored`]), so they are large numbers (about 1.8e15
 //! today). They never go down while Redis keeps its data. When Redis loses the fence key —
 //! a restart without persistence, `kill -9` before the append-only file was synced, a
 //! replica promoted before it received the last writes — the next fence is still above
@@ -121,11 +121,11 @@
 //! and refuses any policy but `noeviction` with a [`StoreErrorKind::Config`] error whose
 //! source is an [`EvictingPolicy`], unless the URL accepts eviction with
 //! `allow_eviction=true` (a warning is logged and
-//! [`Capabilities::may_evict`](leasehold::Capabilities::may_evict) is set). A user that may
+//! [`Capabilities::may_evict`](leasehold_core::Capabilities::may_evict) is set). A user that may
 //! not run `INFO` is refused too (fail closed). A refusal after a reconnect fails every
 //! operation, renewals included, so a held lease is lost by its deadline.
 //!
-//! [`StoreErrorKind::Config`]: leasehold::StoreErrorKind::Config
+//! [`StoreErrorKind::Config`]: leasehold_core::StoreErrorKind::Config
 //!
 //! ## Cluster
 //!

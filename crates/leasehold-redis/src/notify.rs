@@ -20,7 +20,7 @@ use redis::aio::PubSubSink;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 use crate::error::{self, Phase};

@@ -6,13 +6,13 @@
 //! would otherwise shift every later reply by one).
 //!
 //! Errors raised by the scripts start with `LHCORRUPT` (mapped to
-//! [`StoreErrorKind::Corrupt`](leasehold::StoreErrorKind::Corrupt)); other errors of the
+//! [`StoreErrorKind::Corrupt`](leasehold_core::StoreErrorKind::Corrupt)); other errors of the
 //! commands they call (`NOPERM`, `OOM`, ...) are passed through unchanged.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use leasehold::{Fence, OwnerToken};
+use leasehold_core::{Fence, OwnerToken};
 use redis::{Script, Value};
 
 /// The error code of a script that found something that is not a leasehold lease.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
@@ -437,7 +437,7 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasehold::config::MAX_TTL;
+    use leasehold_core::config::MAX_TTL;
 
     #[test]
     fn ttl_rules() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Cluster;
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, RenewOutcome,
     Store, StoreErrorKind,
 };
@@ -227,7 +227,7 @@ async fn cluster_urls_open_through_the_registry() {
         .iter()
         .map(|p| format!("127.0.0.1:{p}"))
         .collect();
-    let mut registry = leasehold::Registry::new();
+    let mut registry = leasehold_core::Registry::new();
     registry.register(Arc::new(RedisFactory));
     // A dead seed first: the client tries the next one.
     let url = format!(

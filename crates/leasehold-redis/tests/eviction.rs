@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Action, Error, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken, Registry,
     RenewOutcome, Store, StoreError, StoreErrorKind,
 };

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Standalone;
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::Standalone;
-use leasehold::{LeaseClient, LeaseConfig};
+use leasehold_core::{LeaseClient, LeaseConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_holding_ten_thousand_leases_loses_none() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Standalone;
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Action, Error, Fence, Key, LeaseClient, LeaseConfig, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
@@ -368,7 +368,7 @@ async fn notifications_off_means_wait_released_is_unsupported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn urls_open_through_the_registry_with_prefix_and_db() {
     let s = Standalone::start().await;
-    let mut registry = leasehold::Registry::new();
+    let mut registry = leasehold_core::Registry::new();
     registry.register(Arc::new(RedisFactory));
     let url = format!(
         "redis://127.0.0.1:{}/3?prefix=app%3Aleases%3A&timeout=1s",

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{Key, LeaseClient, LeaseConfig, OwnerToken, Store, StoreErrorKind};
+use leasehold_core::{Key, LeaseClient, LeaseConfig, OwnerToken, Store, StoreErrorKind};
 use leasehold_redis::RedisStore;
 use leasehold_testkit::{RedisOptions, RedisServer, free_port};
 

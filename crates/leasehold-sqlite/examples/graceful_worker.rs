@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{Error, Lease, LeaseClient, LeaseConfig, LostReason};
+use leasehold_core::{Error, Lease, LeaseClient, LeaseConfig, LostReason};
 use leasehold_sqlite::{SqliteStore, guard};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 use sqlx::{Connection, SqliteConnection};

@@ -2,7 +2,7 @@
 //!
 //! A SQLite lease file is shared by the processes of one host, so the store can use a
 //! host-wide clock that never jumps and counts suspended time: `CLOCK_BOOTTIME`, the clock
-//! the holder's own deadline runs on (`leasehold::clock`). It restarts at zero on every
+//! the holder's own deadline runs on (`leasehold_core::clock`). It restarts at zero on every
 //! boot, so each expiry is tagged with the boot id (`/proc/sys/kernel/random/boot_id`): an
 //! expiry written under another boot has passed.
 //!
@@ -23,7 +23,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 
@@ -141,7 +141,7 @@ fn boot_id() -> Result<String, StoreError> {
 /// assert_eq!(clock.now()?, t0); // a wall-clock step is not an expiry-clock step
 /// clock.advance(Duration::from_secs(5));
 /// assert_eq!(clock.now()?.boottime_us, t0.boottime_us + 5_000_000);
-/// # Ok::<(), leasehold::StoreError>(())
+/// # Ok::<(), leasehold_core::StoreError>(())
 /// ```
 #[derive(Debug)]
 pub struct ManualHostClock {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 use crate::clock::{ClockHandle, HostClock, SystemHostClock};
@@ -56,7 +56,7 @@ impl Synchronous {
 /// let b = SqliteConfig::new("/var/lib/app/leases.db").busy_timeout(Duration::from_secs(2));
 /// assert_eq!(a, b);
 /// assert_eq!(a.get_synchronous(), Synchronous::Full);
-/// # Ok::<(), leasehold::StoreError>(())
+/// # Ok::<(), leasehold_core::StoreError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqliteConfig {
@@ -261,13 +261,13 @@ impl fmt::Display for SqliteConfig {
 }
 
 fn percent_decode(s: &str) -> Result<String, StoreError> {
-    leasehold::url::percent_decode(s)
+    leasehold_core::url::percent_decode(s)
         .ok_or_else(|| config_error("the SQLite URL is not valid percent-encoded UTF-8"))
 }
 
 /// `500ms`, `5s`, `1m`, or a plain number of milliseconds.
 fn parse_duration(name: &str, value: &str) -> Result<Duration, StoreError> {
-    leasehold::url::parse_duration(value).ok_or_else(|| {
+    leasehold_core::url::parse_duration(value).ok_or_else(|| {
         config_error(format!(
             "{name} `{value}` is not a duration (500ms, 5s, 1m or a number of milliseconds)"
         ))

@@ -1,6 +1,6 @@
 //! Mapping `sqlx` / SQLite errors into [`StoreError`].
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 

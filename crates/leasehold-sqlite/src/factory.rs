@@ -1,8 +1,8 @@
-//! [`SqliteFactory`]: opens a [`SqliteStore`] from a URL for a [`leasehold::Registry`].
+//! [`SqliteFactory`]: opens a [`SqliteStore`] from a URL for a [`leasehold_core::Registry`].
 
 use std::sync::Arc;
 
-use leasehold::{OpenFuture, Store, StoreFactory};
+use leasehold_core::{OpenFuture, Store, StoreFactory};
 
 use crate::config::SqliteConfig;
 use crate::store::SqliteStore;
@@ -11,7 +11,7 @@ use crate::store::SqliteStore;
 ///
 /// ```
 /// # use std::sync::Arc;
-/// let mut registry = leasehold::Registry::new();
+/// let mut registry = leasehold_core::Registry::new();
 /// registry.register(Arc::new(leasehold_sqlite::SqliteFactory));
 /// assert!(registry.schemes().any(|s| s == "sqlite"));
 /// ```

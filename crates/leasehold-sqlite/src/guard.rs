@@ -5,7 +5,7 @@
 //! advancing the guard commit or roll back together:
 //!
 //! ```no_run
-//! # use leasehold::{Fence, GuardDecision, Idempotency};
+//! # use leasehold_core::{Fence, GuardDecision, Idempotency};
 //! # use sqlx::Connection;
 //! # async fn write(conn: &mut sqlx::SqliteConnection, fence: Fence) -> Result<(), Box<dyn std::error::Error>> {
 //! // BEGIN IMMEDIATE takes the write lock first, so the guard row cannot change between
@@ -32,7 +32,7 @@
 //! Create the tables with [`migrate`] (or by hand from
 //! [`GUARD_SCHEMA`]).
 
-use leasehold::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
+use leasehold_core::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
 use sqlx::{Connection, SqliteConnection, SqlitePool};
 
 use crate::BACKEND;
@@ -74,7 +74,7 @@ fn check_in_transaction(conn: &SqliteConnection, what: &str) -> Result<(), Store
     }
 }
 
-/// The resource type of a resource name, as [`leasehold::Key::resource_type`] computes it:
+/// The resource type of a resource name, as [`leasehold_core::Key::resource_type`] computes it:
 /// the part before the first `:`, or `none`.
 fn resource_type(resource: &str) -> &str {
     match resource.split_once(':') {
@@ -146,7 +146,7 @@ pub async fn check_and_advance(
     if let Some(current) = current
         && f < current
     {
-        leasehold::metrics::fence_rejected(resource_type(resource));
+        leasehold_core::metrics::fence_rejected(resource_type(resource));
         tracing::warn!(resource, %fence, current, "stale fence rejected by the sqlite guard");
         return Ok(GuardDecision::Rejected {
             current: Fence(u64::try_from(current).unwrap_or(0)),

@@ -1,8 +1,8 @@
 //! # leasehold-sqlite
 //!
-//! A [`leasehold::Store`] in one SQLite database file — [`SqliteStore`], configured by
+//! A [`leasehold_core::Store`] in one SQLite database file — [`SqliteStore`], configured by
 //! [`SqliteConfig`] (from a URL or a path) and opened by [`SqliteFactory`] for a
-//! [`leasehold::Registry`] — and the SQLite [`guard`] (fence check and idempotency record)
+//! [`leasehold_core::Registry`] — and the SQLite [`guard`] (fence check and idempotency record)
 //! for protected writes to a SQLite database.
 //!
 //! It is the embedded default: no server, leases shared by every process **of one host**
@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! # use std::{sync::Arc, time::Duration};
-//! # use leasehold::{LeaseClient, LeaseConfig};
+//! # use leasehold_core::{LeaseClient, LeaseConfig};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = leasehold_sqlite::SqliteStore::open("sqlite:///var/lib/myapp/leases.db").await?;
@@ -74,7 +74,7 @@
 //!
 //! A row holding something else than a leasehold lease (an owner that is not 32 hex
 //! digits, an owner without boot id or expiry, an expiry more than 24 h ahead, a fence ≤ 0)
-//! is [`leasehold::StoreErrorKind::Corrupt`], never treated as free.
+//! is [`leasehold_core::StoreErrorKind::Corrupt`], never treated as free.
 //!
 //! ## Failure model
 //!
@@ -100,17 +100,17 @@
 //!   server-backed store.
 //! - **Busy, never hanging.** A process that holds the write lock — a writer paused by
 //!   `SIGSTOP`, a long transaction — makes every other writer wait at most the busy
-//!   timeout, then fail with [`leasehold::StoreErrorKind::Busy`] (retryable). A writer
+//!   timeout, then fail with [`leasehold_core::StoreErrorKind::Busy`] (retryable). A writer
 //!   killed in the middle of a transaction leaves nothing: SQLite rolls the transaction
 //!   back and releases the lock when the process dies. Each operation is also bounded by
 //!   twice the busy timeout plus 5 s, after which it fails with `Timeout` and its
 //!   connection is closed.
 //! - **Durability.** With `synchronous=full` (the default) a commit is on disk before it
-//!   returns: fences never go back ([`leasehold::FenceDurability::Durable`]). With
+//!   returns: fences never go back ([`leasehold_core::FenceDurability::Durable`]). With
 //!   `synchronous=normal` an OS crash or power loss may roll back the last commits; fences
 //!   are still floored at the wall clock in microseconds, so they stay above every earlier
 //!   fence unless the wall clock moved back by more than the outage
-//!   ([`leasehold::FenceDurability::ClockFloored`]).
+//!   ([`leasehold_core::FenceDurability::ClockFloored`]).
 //! - **No release notification**: waiters sleep with backoff, capped by the holder's
 //!   remaining TTL.
 //!

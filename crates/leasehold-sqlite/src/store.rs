@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
@@ -75,7 +75,7 @@ impl Drop for Checkout {
 type RawRow = (Option<String>, i64, Option<String>, Option<i64>);
 
 /// The longest TTL a store call accepts, in µs: no live lease expires further ahead.
-const MAX_TTL_US: i64 = leasehold::config::MAX_TTL.as_micros() as i64;
+const MAX_TTL_US: i64 = leasehold_core::config::MAX_TTL.as_micros() as i64;
 
 /// What a lease row means at `now`.
 enum State {

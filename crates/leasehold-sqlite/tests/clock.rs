@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
 use leasehold_sqlite::{HostClock, ManualHostClock, SqliteConfig, SqliteStore};

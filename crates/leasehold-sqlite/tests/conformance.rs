@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{Fence, Key, Store, StoreError};
 use leasehold_conformance::{Faults, FencedWrites, Fixture};
+use leasehold_core::{Fence, Key, Store, StoreError};
 use leasehold_sqlite::{SqliteConfig, SqliteStore, guard, store_error};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use leasehold::{Key, Store};
+use leasehold_core::{Key, Store};
 use leasehold_sqlite::SqliteStore;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{Fence, GuardDecision, Idempotency, StoreErrorKind};
+use leasehold_core::{Fence, GuardDecision, Idempotency, StoreErrorKind};
 use leasehold_sqlite::guard;
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -186,7 +186,7 @@ async fn equal_fences_accepted_lower_rejected() {
     assert_eq!(d, GuardDecision::Rejected { current: Fence(5) });
     assert!(matches!(
         d.into_result("r:1", Fence(4)),
-        Err(leasehold::Error::FenceRejected { .. })
+        Err(leasehold_core::Error::FenceRejected { .. })
     ));
     // Another resource is independent.
     assert!(

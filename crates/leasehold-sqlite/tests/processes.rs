@@ -25,7 +25,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Backoff, Error, GuardDecision, Key, LeaseClient, LeaseConfig, OwnerToken,
     Store, StoreErrorKind,
 };

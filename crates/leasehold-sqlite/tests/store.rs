@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, FenceDurability, Key, OwnerToken, Registry, ReleaseOutcome, Store,
     StoreErrorKind,
 };

@@ -1,95 +1,108 @@
-//! # leasehold
-//!
-//! Distributed leases with fencing tokens. A [`Lease`] is an exclusive, time-bounded right
-//! to act on a named resource, held in an external [`Store`]; its [`Fence`] grows with
-//! every grant, so the storage that receives the protected writes can reject a holder
-//! that lost the lease while it was paused.
-//!
-//! This crate is the core: key, owner token, fence, configuration, the store contract, the
-//! lease handle, the renewal scheduler, the acquire policy, errors and metrics, plus an
-//! in-memory store. Backends live in their own crates behind the [`Store`] trait.
-//!
-//! ## What it guarantees, and what it does not
-//! - At most one holder believes it holds a lease at a time, *as long as* processes are
-//!   not paused longer than the validity window and clocks drift less than the configured
-//!   factor. A paused process can wake up believing it holds a lease that another process
-//!   has since acquired; [`Lease::is_valid`] then reports `false` and the lost signal fires
-//!   as soon as it runs again, but a write already under way can still land. Only the
-//!   storage that receives the write can stop it, by checking the fence in the same
-//!   transaction as the write (the guard).
-//! - Releasing is the holder's act. A lost lease stays in the store until its holder
-//!   releases or drops the [`Lease`], or until the store expires it: the library never
-//!   frees a lease while the code that believed it held it may still be running.
-//! - Every question about a lease ([`Lease::is_valid`], [`LostSignal::is_lost`],
-//!   [`LostSignal::wait`], [`Lease::run`]) compares the deadline with the clock on the
-//!   spot, so code that runs first after a freeze gets the truth before any background
-//!   task has run; [`Lease::lost_token`] is a notification that may lag by the time the
-//!   background tasks take to run again. (Tests: `tests/suspend.rs`,
-//!   `tests/frozen_process.rs`.)
-//! - The lost signal fires at the validity deadline even when the async runtime is
-//!   starved: a process-wide OS watchdog thread fires it. (Test: `tests/realtime.rs`.)
-//! - Deadlines count time the host spent suspended (`CLOCK_BOOTTIME` on Linux; other
-//!   platforms count only monotonic time, see [`clock`]). (Test: `tests/suspend.rs`.)
-//! - Every schedule (first renewal, `max_hold`, the validity deadline) counts from the send
-//!   of the request that granted or renewed the lease, never from its reply. (Test:
-//!   `tests/timing.rs`.)
-//! - A lease released by its holder never reports lost, even when a renewal in flight is
-//!   answered `NotOwner` after the release. (Test: `tests/timing.rs`.)
-//! - No duration overflows: durations added to instants saturate (`Duration::MAX` as a
-//!   wait means "as long as it takes"). (Test: `tests/properties.rs`.)
-//! - One client can hold many leases: the renewal scheduler's work per event grows with
-//!   the logarithm of the number of leases. (Test: `tests/many_leases.rs`.)
-//! - [`LeaseClient::shutdown`] stops renewals, tells the work under each lease to stop, and
-//!   waits (bounded) for the holders to let go; it never releases a lease whose holder's
-//!   code may still run. (Tests: `tests/shutdown.rs`, and the SQLite crate's
-//!   `graceful_shutdown` test of its `graceful_worker` example.)
-//! - A lease is not exactly-once: retries and crashes after commit repeat work. Pair the
-//!   fence check with an idempotency record.
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
-#![warn(unreachable_pub)]
 
-pub mod backoff;
-mod client;
-pub mod clock;
-pub mod config;
-mod error;
-pub mod guard;
-mod key;
-mod lease;
-pub mod memory;
-pub mod metrics;
-mod observer;
-mod registry;
-mod scheduler;
-mod store;
-mod token;
-pub mod url;
-mod watchdog;
+use std::sync::Arc;
 
-pub use backoff::Backoff;
-pub use client::{LeaseClient, LeaseClientBuilder, ShutdownReport};
-pub use config::{ConfigError, LeaseConfig, LeaseConfigBuilder};
-pub use error::{Action, Error, StoreError, StoreErrorKind};
-pub use guard::{GuardDecision, Idempotency};
-pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
-pub use lease::{Lease, LostFuture, LostReason, LostSignal};
-pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};
-pub use registry::{OpenFuture, Registry, StoreFactory};
-pub use store::{
-    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, ReleaseOutcome, RenewOutcome, Store,
-};
-pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
-pub use tokio_util::sync::CancellationToken;
+pub use leasehold_core::*;
+
+/// The Redis store (`redis://`, `rediss://`, `redis+cluster://`): the
+/// [`leasehold-redis`](https://docs.rs/leasehold-redis) crate.
+#[cfg(feature = "redis")]
+pub use leasehold_redis as redis;
+
+/// The PostgreSQL stores (`postgres://`, `postgres+advisory://`) and guard: the
+/// [`leasehold-postgres`](https://docs.rs/leasehold-postgres) crate.
+#[cfg(feature = "postgres")]
+pub use leasehold_postgres as postgres;
+
+/// The MariaDB/MySQL stores (`mysql://`, `mariadb://`, `mysql+getlock://`) and guard: the
+/// [`leasehold-mysql`](https://docs.rs/leasehold-mysql) crate.
+#[cfg(feature = "mysql")]
+pub use leasehold_mysql as mysql;
+
+/// The embedded SQLite store (`sqlite://`) and guard: the
+/// [`leasehold-sqlite`](https://docs.rs/leasehold-sqlite) crate.
+#[cfg(feature = "sqlite")]
+pub use leasehold_sqlite as sqlite;
+
+/// A [`Registry`] of every store this build enables (its cargo features), plus the
+/// in-memory store (`memory://`).
+pub fn registry() -> Registry {
+    #[allow(unused_mut)]
+    let mut r = Registry::new();
+    #[cfg(feature = "redis")]
+    r.register(Arc::new(leasehold_redis::RedisFactory));
+    #[cfg(feature = "postgres")]
+    r.register(Arc::new(leasehold_postgres::PgFactory));
+    #[cfg(feature = "mysql")]
+    r.register(Arc::new(leasehold_mysql::MySqlFactory));
+    #[cfg(feature = "sqlite")]
+    r.register(Arc::new(leasehold_sqlite::SqliteFactory));
+    r
+}
+
+/// Opens the store named by `url`, with any store this build enables: `redis://…`,
+/// `postgres://…`, `mysql://…`, `sqlite://…`, `memory://` (see each store's URL
+/// parameters).
+///
+/// # Cancel safety
+/// Cancel safe: a dropped call leaves no store open.
+///
+/// # Errors
+/// [`StoreErrorKind::Config`] for an unknown or disabled scheme (the message names the
+/// cargo feature to enable) or a URL the store refuses; the store's own errors when it
+/// cannot be reached.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let registry = registry();
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    if !registry.schemes().any(|s| s == scheme)
+        && let Some(feature) = feature_of(scheme)
+    {
+        return Err(StoreError::new(
+            StoreErrorKind::Config,
+            "registry",
+            format!(
+                "the `{scheme}://` store is not in this build: enable the `{feature}` feature of the leasehold crate"
+            ),
+        ));
+    }
+    registry.open(url).await
+}
+
+/// The cargo feature that brings the store of `scheme`.
+fn feature_of(scheme: &str) -> Option<&'static str> {
+    Some(match scheme {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => "redis",
+        "postgres" | "postgresql" | "postgres+advisory" | "postgresql+advisory" => "postgres",
+        "mysql" | "mariadb" | "mysql+getlock" | "mariadb+getlock" => "mysql",
+        "sqlite" => "sqlite",
+        _ => return None,
+    })
+}
 
 #[cfg(test)]
-mod bounds {
-    fn is_send_sync<T: Send + Sync>() {}
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn memory_is_always_there_and_a_disabled_store_names_its_feature() {
+        assert!(open("memory://").await.is_ok());
+        let err = open("nosuch://x").await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Config);
+        #[cfg(not(feature = "redis"))]
+        {
+            let err = open("redis://127.0.0.1:1/").await.unwrap_err();
+            assert!(err.to_string().contains("`redis` feature"), "{err}");
+        }
+    }
+
     #[test]
-    fn bounds() {
-        is_send_sync::<super::LeaseClient>();
-        is_send_sync::<super::Lease>();
-        is_send_sync::<super::LostSignal>();
-        is_send_sync::<super::Error>();
-        is_send_sync::<std::sync::Arc<dyn super::Store>>();
+    fn every_scheme_of_every_store_maps_to_its_feature() {
+        #[cfg(feature = "full")]
+        for scheme in registry().schemes().filter(|s| *s != "memory") {
+            assert!(feature_of(scheme).is_some(), "{scheme}");
+        }
+        assert_eq!(feature_of("postgres+advisory"), Some("postgres"));
+        assert_eq!(feature_of("memory"), None);
     }
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::Key;
 use leasehold_conformance::Faults;
+use leasehold_core::Key;
 use leasehold_testkit::{FaultProxy, MariaDb, MariaDbOptions, ProxyMode};
 use sqlx::MySqlPool;
 use sqlx::mysql::MySqlPoolOptions;
@@ -186,9 +186,9 @@ impl leasehold_conformance::FencedWrites for MyWrites {
     async fn write(
         &self,
         resource: &str,
-        fence: leasehold::Fence,
+        fence: leasehold_core::Fence,
         value: &str,
-    ) -> Result<bool, leasehold::StoreError> {
+    ) -> Result<bool, leasehold_core::StoreError> {
         use leasehold_mysql::store_error;
         let mut tx = self.pool.begin().await.map_err(store_error)?;
         if !leasehold_mysql::guard::check_and_advance(&mut tx, resource, fence)
@@ -211,7 +211,7 @@ impl leasehold_conformance::FencedWrites for MyWrites {
         Ok(true)
     }
 
-    async fn read(&self, resource: &str) -> Result<Option<String>, leasehold::StoreError> {
+    async fn read(&self, resource: &str) -> Result<Option<String>, leasehold_core::StoreError> {
         sqlx::query_scalar("SELECT value FROM conformance_data WHERE resource = ?")
             .bind(resource)
             .fetch_optional(&self.pool)
@@ -261,7 +261,7 @@ pub async fn conformance_fixture(kind: Kind) -> leasehold_conformance::Fixture {
 }
 
 /// Opens a store of `kind` from `url`.
-pub async fn open_store(kind: Kind, url: String) -> Arc<dyn leasehold::Store> {
+pub async fn open_store(kind: Kind, url: String) -> Arc<dyn leasehold_core::Store> {
     match kind {
         Kind::Table => Arc::new(
             leasehold_mysql::MySqlLeaseStore::open(&url)

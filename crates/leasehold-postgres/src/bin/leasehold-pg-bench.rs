@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use leasehold::{
+use leasehold_core::{
     AcquireOutcome, Backoff, Capabilities, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo,
     OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError,
 };

@@ -100,9 +100,9 @@ impl leasehold_conformance::FencedWrites for PgWrites {
     async fn write(
         &self,
         resource: &str,
-        fence: leasehold::Fence,
+        fence: leasehold_core::Fence,
         value: &str,
-    ) -> Result<bool, leasehold::StoreError> {
+    ) -> Result<bool, leasehold_core::StoreError> {
         use leasehold_postgres::store_error;
         let mut tx = self.pool.begin().await.map_err(store_error)?;
         if !leasehold_postgres::guard::check_and_advance(&mut tx, resource, fence)
@@ -125,7 +125,7 @@ impl leasehold_conformance::FencedWrites for PgWrites {
         Ok(true)
     }
 
-    async fn read(&self, resource: &str) -> Result<Option<String>, leasehold::StoreError> {
+    async fn read(&self, resource: &str) -> Result<Option<String>, leasehold_core::StoreError> {
         sqlx::query_scalar("SELECT value FROM conformance_data WHERE resource = $1")
             .bind(resource)
             .fetch_optional(&self.pool)

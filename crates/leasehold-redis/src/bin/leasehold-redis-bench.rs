@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold::{LeaseClient, LeaseConfig, OwnerToken};
+use leasehold_core::{LeaseClient, LeaseConfig, OwnerToken};
 use leasehold_redis::{RedisConfigBuilder, RedisStore, script_source};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -260,21 +260,24 @@ async fn store_round(
     per_task: usize,
     round: usize,
 ) -> Sample {
-    use leasehold::Store;
+    use leasehold_core::Store;
     let store = store.clone();
     run_tasks(tasks, per_task, move |t, i| {
         let store = store.clone();
         async move {
-            let key = leasehold::Key::new(format!("bench:st:{round}:{t}:{i}")).expect("key");
+            let key = leasehold_core::Key::new(format!("bench:st:{round}:{t}:{i}")).expect("key");
             let owner = OwnerToken::random();
             let got = store
                 .acquire(&key, &owner, TTL)
                 .await
                 .expect("store acquire");
-            assert!(matches!(got, leasehold::AcquireOutcome::Acquired { .. }));
+            assert!(matches!(
+                got,
+                leasehold_core::AcquireOutcome::Acquired { .. }
+            ));
             assert_eq!(
                 store.release(&key, &owner).await.expect("store release"),
-                leasehold::ReleaseOutcome::Released
+                leasehold_core::ReleaseOutcome::Released
             );
         }
     })

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::{Key, Store};
 use leasehold_conformance::{Faults, Fixture, Network};
+use leasehold_core::{Key, Store};
 use leasehold_redis::{NodeAddr, RedisConfig, RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, ProxyMode, RedisCluster, RedisOptions, RedisServer};
 

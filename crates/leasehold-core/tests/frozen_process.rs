@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::memory::MemoryStore;
-use leasehold::{LeaseClient, LeaseConfig};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::{LeaseClient, LeaseConfig};
 
 const WORKER: &str = "LEASEHOLD_FROZEN_WORKER";
 const TEST: &str = "a_frozen_worker_hears_lost_first_thing_on_resume";

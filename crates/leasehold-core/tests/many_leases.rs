@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::memory::MemoryStore;
-use leasehold::{LeaseClient, LeaseConfig};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::{LeaseClient, LeaseConfig};
 
 const N: usize = 10_000;
 

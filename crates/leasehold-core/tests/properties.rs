@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold::{Backoff, Key, LeaseConfig, MAX_KEY_LEN, OwnerToken};
+use leasehold_core::{Backoff, Key, LeaseConfig, MAX_KEY_LEN, OwnerToken};
 use proptest::prelude::*;
 
 proptest! {
@@ -105,7 +105,7 @@ fn build(
     renew: Option<Duration>,
     op: Option<Duration>,
     drift: f64,
-) -> Result<LeaseConfig, leasehold::ConfigError> {
+) -> Result<LeaseConfig, leasehold_core::ConfigError> {
     let mut b = LeaseConfig::builder(ttl).drift_factor(drift);
     if let Some(r) = renew {
         b = b.renew_interval(r);
@@ -118,7 +118,7 @@ fn build(
 
 /// The rules of `LeaseConfigBuilder::build` for these four settings, written out again.
 fn allowed(ttl: Duration, renew: Option<Duration>, op: Option<Duration>, drift: f64) -> bool {
-    use leasehold::config::{MAX_TTL, MIN_TTL};
+    use leasehold_core::config::{MAX_TTL, MIN_TTL};
     if !(MIN_TTL..=MAX_TTL).contains(&ttl) || !(0.0..0.5).contains(&drift) {
         return false;
     }
@@ -200,8 +200,8 @@ proptest! {
         cap in any_duration(),
     ) {
         use std::sync::Arc;
-        use leasehold::memory::MemoryStore;
-        use leasehold::{LeaseClient, OwnerToken, Store};
+        use leasehold_core::memory::MemoryStore;
+        use leasehold_core::{LeaseClient, OwnerToken, Store};
         use rand::SeedableRng;
 
         if let Ok(b) = Backoff::new(base, cap) {
@@ -234,7 +234,7 @@ proptest! {
                     tokio::time::sleep(Duration::from_secs(10)).await;
                     let _ = lease.release().await;
                 }
-                Err(leasehold::Error::WaitTimeout { .. }) => {
+                Err(leasehold_core::Error::WaitTimeout { .. }) => {
                     prop_assert!(wait <= Duration::from_millis(250), "gave up within {wait:?}");
                 }
                 Err(e) => prop_assert!(false, "unexpected error {e}"),

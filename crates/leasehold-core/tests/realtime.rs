@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
-use leasehold::memory::MemoryStore;
-use leasehold::{Key, LeaseClient, LeaseConfig, LostReason};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::{Key, LeaseClient, LeaseConfig, LostReason};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
 /// FAULTS row 23: the async runtime is blocked by CPU work; the lost signal still fires

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant as StdInstant};
 
-use leasehold::clock::{ManualClock, SUSPEND_CHECK};
-use leasehold::memory::MemoryStore;
-use leasehold::{Error, Key, LeaseClient, LeaseConfig, LostReason, Store};
+use leasehold_core::clock::{ManualClock, SUSPEND_CHECK};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::{Error, Key, LeaseClient, LeaseConfig, LostReason, Store};
 use tokio::time::sleep;
 
 const S: Duration = Duration::from_secs(1);

@@ -11,8 +11,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasehold::memory::MemoryStore;
-use leasehold::{Fence, LeaseClient, LeaseConfig};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::{Fence, LeaseClient, LeaseConfig};
 
 /// The protected storage: it remembers the highest fence it accepted and rejects lower
 /// ones, in the same critical section as the write (a database does this in one
@@ -106,7 +106,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t(),
             lease_b.release().await?
         );
-        Ok::<_, leasehold::Error>(())
+        Ok::<_, leasehold_core::Error>(())
     })?;
     a_thread.join().expect("worker A");
 

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::memory::MemoryStore;
-use leasehold::{Error, Key, LeaseClient, LeaseConfig, LostReason, Store};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::{Error, Key, LeaseClient, LeaseConfig, LostReason, Store};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tokio::time::{Instant, sleep};
 

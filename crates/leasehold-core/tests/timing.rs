@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::memory::{MemoryStore, Unreachable};
-use leasehold::{
+use leasehold_core::memory::{MemoryStore, Unreachable};
+use leasehold_core::{
     AcquireOutcome, Backoff, Capabilities, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo,
     LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
@@ -186,7 +186,7 @@ impl Store for Scripted {
     }
 }
 
-fn config(ttl: Duration) -> leasehold::LeaseConfigBuilder {
+fn config(ttl: Duration) -> leasehold_core::LeaseConfigBuilder {
     // The watchdog thread runs on the real clock; these tests run on the paused one.
     LeaseConfig::builder(ttl).watchdog_thread(false)
 }
@@ -769,7 +769,7 @@ async fn abandon_stops_renewing_and_leaves_the_lease_to_expire() {
 /// it: a reply that comes after the deadline is `Refused`, never `Accepted`.
 #[tokio::test(start_paused = true)]
 async fn the_observer_sees_every_renewal_and_whether_it_was_accepted() {
-    use leasehold::{LeaseObserver, RenewalEvent, RenewalPhase};
+    use leasehold_core::{LeaseObserver, RenewalEvent, RenewalPhase};
     #[derive(Debug, Default)]
     struct Log(Mutex<Vec<(RenewalPhase, Duration, bool, Instant)>>);
     impl LeaseObserver for Log {
@@ -992,7 +992,7 @@ async fn unreachable_until_the_deadline_is_store_unavailable() {
 /// it: the observer sees it refused.
 #[tokio::test(start_paused = true)]
 async fn a_renewal_answered_during_the_release_is_refused() {
-    use leasehold::{LeaseObserver, RenewalEvent, RenewalPhase};
+    use leasehold_core::{LeaseObserver, RenewalEvent, RenewalPhase};
     #[derive(Debug, Default)]
     struct Phases(Mutex<Vec<RenewalPhase>>);
     impl LeaseObserver for Phases {

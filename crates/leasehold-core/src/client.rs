@@ -29,9 +29,9 @@ use crate::token::OwnerToken;
 ///
 /// ```
 /// # use std::{sync::Arc, time::Duration};
-/// # use leasehold::{LeaseClient, LeaseConfig, memory::MemoryStore};
+/// # use leasehold_core::{LeaseClient, LeaseConfig, memory::MemoryStore};
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), leasehold::Error> {
+/// # async fn main() -> Result<(), leasehold_core::Error> {
 /// let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
 /// let lease = client.acquire("job:nightly-invoices", Duration::from_secs(30)).await?;
 /// let fence = lease.fence(); // send it with every protected write
