@@ -424,14 +424,14 @@ impl LeaseClient {
                     m::contention(store.backend(), key.resource_type());
                     let Some(deadline) = deadline else {
                         return Err(Error::Contended {
-                            key: key.to_string(),
+                            key: key.clone(),
                             remaining,
                         });
                     };
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(Error::WaitTimeout {
-                            key: key.to_string(),
+                            key: key.clone(),
                             waited: now - started,
                         });
                     }

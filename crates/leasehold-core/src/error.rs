@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::config::ConfigError;
-use crate::key::KeyError;
+use crate::key::{Key, KeyError};
 use crate::lease::LostReason;
 
 /// What the caller should do about an error.
@@ -235,6 +235,9 @@ pub enum Error {
     /// The key breaks a rule.
     #[error("invalid key: {0}")]
     InvalidKey(#[from] KeyError),
+    /// A guard's resource name (or an idempotency record's job id) breaks a rule.
+    #[error("invalid resource name: {0}")]
+    InvalidResource(#[from] crate::guard::ResourceNameError),
     /// The configuration breaks a rule.
     #[error("invalid lease configuration: {0}")]
     InvalidConfig(#[from] ConfigError),
@@ -242,7 +245,7 @@ pub enum Error {
     #[error("lease `{key}` is held by another owner{}", fmt_remaining(*.remaining))]
     Contended {
         /// The key.
-        key: String,
+        key: Key,
         /// The holder's remaining TTL, when the store reports it.
         remaining: Option<Duration>,
     },
@@ -250,7 +253,7 @@ pub enum Error {
     #[error("lease `{key}` was not acquired within {waited:?}: held by another owner")]
     WaitTimeout {
         /// The key.
-        key: String,
+        key: Key,
         /// How long the call waited.
         waited: Duration,
     },
@@ -264,7 +267,7 @@ pub enum Error {
     )]
     FenceRejected {
         /// The protected resource.
-        resource: String,
+        resource: crate::guard::ResourceName,
         /// The rejected fence.
         fence: crate::Fence,
         /// The highest fence accepted.
@@ -289,7 +292,9 @@ impl Error {
     /// What to do about it.
     pub fn action(&self) -> Action {
         match self {
-            Self::InvalidKey(_) | Self::InvalidConfig(_) => Action::Reconfigure,
+            Self::InvalidKey(_) | Self::InvalidResource(_) | Self::InvalidConfig(_) => {
+                Action::Reconfigure
+            }
             Self::Contended { .. } | Self::WaitTimeout { .. } => Action::TryLater,
             Self::LeaseLost(_) | Self::FenceRejected { .. } => Action::OwnershipLost,
             Self::ShuttingDown => Action::Stop,

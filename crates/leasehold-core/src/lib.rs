@@ -70,7 +70,7 @@ pub use backoff::Backoff;
 pub use client::{LeaseClient, LeaseClientBuilder, ShutdownReport};
 pub use config::{ConfigError, LeaseConfig, LeaseConfigBuilder};
 pub use error::{Action, Error, StoreError, StoreErrorKind};
-pub use guard::{GuardDecision, Idempotency};
+pub use guard::{GuardDecision, Idempotency, ResourceName, ResourceNameError};
 pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
 pub use lease::{Lease, LostFuture, LostReason, LostSignal};
 pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};

@@ -14,7 +14,7 @@
 //! }
 //! leasehold_mysql::guard::check_and_advance(&mut tx, "invoices", fence)
 //!     .await?
-//!     .into_result("invoices", fence)?; // Err(FenceRejected): ownership lost, stop
+//!     .into_result(&"invoices".parse()?, fence)?; // Err(FenceRejected): ownership lost, stop
 //! sqlx::query("INSERT INTO invoices (month) VALUES ('2024-06')").execute(&mut *tx).await?;
 //! tx.commit().await?;
 //! # Ok(()) }

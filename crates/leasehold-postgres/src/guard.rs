@@ -21,7 +21,7 @@
 //! // Rejected → Error::FenceRejected (action: OwnershipLost); dropping `tx` rolls back.
 //! guard::check_and_advance(&mut tx, "ledger:invoices", lease.fence())
 //!     .await?
-//!     .into_result("ledger:invoices", lease.fence())?;
+//!     .into_result(&"ledger:invoices".parse()?, lease.fence())?;
 //! sqlx::query("INSERT INTO invoices (run, total) VALUES ($1, $2)")
 //!     .bind("2024-06")
 //!     .bind(1234_i64)

@@ -35,7 +35,7 @@
 //! let mut tx = store.pool().begin().await?;
 //! guard::check_and_advance(&mut tx, "ledger:invoices", lease.fence())
 //!     .await?
-//!     .into_result("ledger:invoices", lease.fence())?; // FenceRejected: ownership lost
+//!     .into_result(&"ledger:invoices".parse()?, lease.fence())?; // FenceRejected: ownership lost
 //! // ... the protected writes, in `tx` ...
 //! tx.commit().await?;
 //! lease.release().await?;

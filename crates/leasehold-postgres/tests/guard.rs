@@ -90,7 +90,7 @@ async fn equal_accepted_lower_rejected_and_counted() {
     let d = check(7).await;
     assert_eq!(d, GuardDecision::Rejected { current: Fence(9) });
     assert_eq!(rejected_count("ledger"), before + 1, "rejection is counted");
-    let e = d.into_result(r, Fence(7)).unwrap_err();
+    let e = d.into_result(&r.parse().unwrap(), Fence(7)).unwrap_err();
     assert_eq!(e.action(), Action::OwnershipLost);
     assert!(e.to_string().contains("ownership lost"), "{e}");
 

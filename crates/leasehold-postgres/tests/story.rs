@@ -76,7 +76,7 @@ async fn worker(name: String) {
     let decision = guard::check_and_advance(&mut tx, RESOURCE, lease.fence())
         .await
         .expect("guard check");
-    match decision.into_result(RESOURCE, lease.fence()) {
+    match decision.into_result(&RESOURCE.parse().unwrap(), lease.fence()) {
         Ok(()) => {
             sqlx::query("INSERT INTO story_data (writer, fence) VALUES ($1, $2)")
                 .bind(&name)

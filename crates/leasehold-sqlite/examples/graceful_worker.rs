@@ -34,7 +34,7 @@ async fn work(data: &SqlitePool, lease: &Lease) -> Result<(), BoxError> {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
         guard::check_and_advance(&mut tx, "batches", fence)
             .await?
-            .into_result("batches", fence)?;
+            .into_result(&"batches".parse()?, fence)?;
         insert(&mut tx, batch, 1).await?;
         println!("in-transaction {batch}");
         // The rest of the batch's work; a SIGTERM here must not leave part 1 behind.

@@ -185,7 +185,7 @@ async fn equal_fences_accepted_lower_rejected() {
         .unwrap();
     assert_eq!(d, GuardDecision::Rejected { current: Fence(5) });
     assert!(matches!(
-        d.into_result("r:1", Fence(4)),
+        d.into_result(&"r:1".parse().unwrap(), Fence(4)),
         Err(leasehold_core::Error::FenceRejected { .. })
     ));
     // Another resource is independent.
