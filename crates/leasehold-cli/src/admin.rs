@@ -2,11 +2,18 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
-use leasehold::{Key, LeaseInfo, Store, StoreError, StoreErrorKind};
+use leasehold::wrap::TimeoutStore;
+use leasehold::{Key, LeaseInfo, Store, StoreErrorKind};
 use serde::Serialize;
 
-use crate::{exit, fail, stores};
+use crate::failure::Failure;
+use crate::stores;
+
+/// The bound on opening the store and on each store call of `inspect`, `list` and
+/// `break`: an unreachable store fails them in time instead of hanging.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Serialize)]
 struct View {
@@ -38,125 +45,104 @@ fn print_view(v: &View) {
     );
 }
 
-/// Maps a store error to the documented exit code.
-pub(crate) fn store_failure(e: &StoreError) -> ExitCode {
-    let code = match e.kind() {
-        StoreErrorKind::Config if e.backend() == "registry" => exit::USAGE,
-        StoreErrorKind::InvalidInput => exit::USAGE,
-        _ => exit::STORE,
-    };
-    fail(code, e)
-}
-
 /// Opens the store. A configuration error while opening means the URL is wrong (scheme,
 /// host, port, parameters, credentials): a usage error, not a store failure.
 ///
 /// `memory://` is refused: every `leasehold` process would get its own empty store, so two
 /// runs of one key would both run, and `inspect` or `list` would never see a lease.
-pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, ExitCode> {
+pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
     if stores::is_memory(url) {
-        return Err(fail(
-            exit::USAGE,
+        return Err(Failure::BadStore(
             "memory:// keeps leases inside one process, so separate leasehold commands \
-             would never exclude each other; use sqlite:// (the default) or a shared store",
+             would never exclude each other; use sqlite:// (the default) or a shared store"
+                .into(),
         ));
     }
-    stores::open(url).await.map_err(|e| match e.kind() {
-        StoreErrorKind::Config | StoreErrorKind::InvalidInput => {
-            fail(exit::USAGE, format_args!("bad store URL: {e}"))
-        }
-        _ => store_failure(&e),
-    })
-}
-
-fn parse_key(key: &str) -> Result<Key, ExitCode> {
-    Key::new(key).map_err(|e| fail(exit::USAGE, format_args!("invalid key: {e}")))
-}
-
-pub(crate) async fn inspect(url: &str, key: &str, json: bool) -> ExitCode {
-    let key = match parse_key(key) {
-        Ok(k) => k,
-        Err(c) => return c,
-    };
-    let store = match connect(url).await {
-        Ok(s) => s,
-        Err(c) => return c,
-    };
-    match store.inspect(&key).await {
-        Ok(info) => {
-            let view = info.as_ref().map(View::from);
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "key": key.as_str(), "held": view.is_some(), "lease": view })
-                );
-            } else if let Some(v) = &view {
-                print_view(v);
-            } else {
-                println!("{key}\tfree");
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => store_failure(&e),
+    match tokio::time::timeout(ADMIN_TIMEOUT, stores::open(url)).await {
+        Ok(opened) => opened.map_err(Failure::opening),
+        Err(_) => Err(Failure::Store(leasehold::StoreError::new(
+            StoreErrorKind::Timeout,
+            "store",
+            format!("no answer from the store within {ADMIN_TIMEOUT:?} while connecting"),
+        ))),
     }
 }
 
-pub(crate) async fn list(url: &str, prefix: &str, json: bool) -> ExitCode {
-    let store = match connect(url).await {
-        Ok(s) => s,
-        Err(c) => return c,
-    };
-    match store.list(prefix).await {
-        Ok(list) => {
-            let views: Vec<View> = list.iter().map(View::from).collect();
-            if json {
-                println!("{}", serde_json::to_string(&views).expect("serializable"));
-            } else {
-                views.iter().for_each(print_view);
-            }
-            ExitCode::SUCCESS
+/// [`connect`], with every call bounded by [`ADMIN_TIMEOUT`].
+async fn connect_bounded(url: &str) -> Result<TimeoutStore, Failure> {
+    Ok(TimeoutStore::new(connect(url).await?, ADMIN_TIMEOUT))
+}
+
+fn parse_key(key: &str) -> Result<Key, Failure> {
+    Key::new(key).map_err(|e| Failure::Usage(format!("invalid key: {e}")))
+}
+
+/// An operation the store does not support is a usage error for the command.
+fn unsupported(what: &str) -> impl Fn(leasehold::StoreError) -> Failure + '_ {
+    move |e| {
+        if e.kind() == StoreErrorKind::Unsupported {
+            Failure::Usage(format!("this store cannot {what}: {e}"))
+        } else {
+            Failure::Store(e)
         }
-        Err(e) if e.kind() == StoreErrorKind::Unsupported => fail(
-            exit::USAGE,
-            format_args!("this store cannot list leases: {e}"),
-        ),
-        Err(e) => store_failure(&e),
     }
 }
 
-pub(crate) async fn break_lease(url: &str, key: &str, json: bool) -> ExitCode {
-    let key = match parse_key(key) {
-        Ok(k) => k,
-        Err(c) => return c,
-    };
-    let store = match connect(url).await {
-        Ok(s) => s,
-        Err(c) => return c,
-    };
+pub(crate) async fn inspect(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
+    let key = parse_key(key)?;
+    let store = connect_bounded(url).await?;
+    let info = store.inspect(&key).await?;
+    let view = info.as_ref().map(View::from);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "key": key.as_str(), "held": view.is_some(), "lease": view })
+        );
+    } else if let Some(v) = &view {
+        print_view(v);
+    } else {
+        println!("{key}\tfree");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn list(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
+    let store = connect_bounded(url).await?;
+    let list = store
+        .list(prefix)
+        .await
+        .map_err(unsupported("list leases"))?;
+    let views: Vec<View> = list.iter().map(View::from).collect();
+    if json {
+        println!("{}", serde_json::to_string(&views).expect("serializable"));
+    } else {
+        views.iter().for_each(print_view);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn break_lease(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
+    let key = parse_key(key)?;
+    let store = connect_bounded(url).await?;
     let before = store.inspect(&key).await.ok().flatten();
-    match store.break_lease(&key).await {
-        Ok(fence) => {
-            tracing::warn!(%key, fence = fence.get(), evicted = ?before.as_ref().map(|b| b.owner.to_hex()), "lease broken");
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "key": key.as_str(), "fence": fence.get(), "evicted": before.as_ref().map(View::from) })
-                );
-            } else {
-                match &before {
-                    Some(b) => println!(
-                        "{key}: evicted owner {} (fence {}); fence advanced to {fence}",
-                        b.owner, b.fence
-                    ),
-                    None => println!("{key}: no holder; fence advanced to {fence}"),
-                }
-            }
-            ExitCode::SUCCESS
+    let fence = store
+        .break_lease(&key)
+        .await
+        .map_err(unsupported("break leases"))?;
+    tracing::warn!(%key, fence = fence.get(), evicted = ?before.as_ref().map(|b| b.owner.to_hex()), "lease broken");
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "key": key.as_str(), "fence": fence.get(), "evicted": before.as_ref().map(View::from) })
+        );
+    } else {
+        match &before {
+            Some(b) => println!(
+                "{key}: evicted owner {} (fence {}); fence advanced to {fence}",
+                b.owner, b.fence
+            ),
+            None => println!("{key}: no holder; fence advanced to {fence}"),
         }
-        Err(e) if e.kind() == StoreErrorKind::Unsupported => fail(
-            exit::USAGE,
-            format_args!("this store cannot break leases: {e}"),
-        ),
-        Err(e) => store_failure(&e),
     }
+    Ok(ExitCode::SUCCESS)
 }

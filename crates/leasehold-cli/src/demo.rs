@@ -10,7 +10,8 @@ use leasehold::sqlite::{SqliteConfig, SqliteStore, guard};
 use leasehold::{Fence, GuardDecision, LeaseClient, LeaseConfig};
 use sqlx::SqlitePool;
 
-use crate::{exit, fail, parse_ttl};
+use crate::failure::Failure;
+use crate::parse_ttl;
 
 pub(crate) const HELP: &str = "\
 Two workers share one lease on the embedded SQLite store and issue invoices numbered from
@@ -121,18 +122,13 @@ async fn issue(
     Ok(decision)
 }
 
-pub(crate) async fn demo(args: DemoArgs) -> ExitCode {
-    match run(args).await {
-        Ok(code) => code,
-        Err(e) => fail(exit::STORE, e),
-    }
+pub(crate) async fn demo(args: DemoArgs) -> Result<ExitCode, Failure> {
+    let config =
+        LeaseConfig::new(args.ttl).map_err(|e| Failure::Usage(format!("invalid --ttl: {e}")))?;
+    run(args, config).await.map_err(Failure::Internal)
 }
 
-async fn run(args: DemoArgs) -> Result<ExitCode, String> {
-    let config = match LeaseConfig::new(args.ttl) {
-        Ok(c) => c,
-        Err(e) => return Ok(fail(exit::USAGE, format_args!("invalid --ttl: {e}"))),
-    };
+async fn run(args: DemoArgs, config: LeaseConfig) -> Result<ExitCode, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("cannot make a temporary directory: {e}"))?;
     let store = SqliteStore::connect(SqliteConfig::new(dir.path().join("demo.db")))
         .await

@@ -4,6 +4,7 @@
 mod admin;
 mod demo;
 mod exit;
+mod failure;
 mod guard;
 mod run;
 mod stores;
@@ -13,6 +14,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+
+use crate::failure::Failure;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -159,10 +162,10 @@ pub(crate) fn parse_grace(s: &str) -> Result<Duration, String> {
     )
 }
 
-/// Prints a one-line error and returns the exit code.
-pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("leasehold: {msg}");
-    ExitCode::from(code)
+/// The one exit point of a failure: one line on standard error, its exit code.
+fn report(failure: &Failure) -> ExitCode {
+    eprintln!("leasehold: {failure}");
+    ExitCode::from(failure.code())
 }
 
 fn init_logging(global: &Global, default: &str) -> Result<(), String> {
@@ -211,10 +214,7 @@ fn main() -> ExitCode {
                 .collect();
             let message = message.join(" ");
             let message = message.strip_prefix("error: ").unwrap_or(&message);
-            return fail(
-                exit::USAGE,
-                format_args!("{message} (see leasehold --help)"),
-            );
+            return report(&Failure::Usage(format!("{message} (see leasehold --help)")));
         }
     };
     // The demo shows lost leases and rejected writes in its timeline; no need to warn.
@@ -224,7 +224,7 @@ fn main() -> ExitCode {
         "warn"
     };
     if let Err(e) = init_logging(&cli.global, default_level) {
-        return fail(exit::USAGE, e);
+        return report(&Failure::Usage(e));
     }
     if let Command::Completions { shell } = cli.command {
         clap_complete::generate(
@@ -244,21 +244,25 @@ fn main() -> ExitCode {
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return fail(exit::STORE, format_args!("cannot start the runtime: {e}")),
+        Err(e) => {
+            return report(&Failure::Internal(format!("cannot start the runtime: {e}")));
+        }
     };
-    runtime.block_on(async_main(cli))
+    match runtime.block_on(async_main(cli)) {
+        Ok(code) => code,
+        Err(failure) => report(&failure),
+    }
 }
 
-async fn async_main(cli: Cli) -> ExitCode {
+async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
     if let Some(addr) = cli.global.metrics_addr {
         let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
             .install();
         if let Err(e) = installed {
-            return fail(
-                exit::USAGE,
-                format_args!("cannot serve metrics on {addr}: {e}"),
-            );
+            return Err(Failure::Usage(format!(
+                "cannot serve metrics on {addr}: {e}"
+            )));
         }
         leasehold::metrics::describe();
     }

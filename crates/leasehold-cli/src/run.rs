@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use leasehold::{Error, Lease, LeaseClient, LeaseConfig};
+use leasehold::{Lease, LeaseClient, LeaseConfig};
 use nix::errno::Errno;
 use nix::sys::signal::{SigSet, Signal, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -22,9 +22,10 @@ use nix::unistd::{Pid, getpgrp, getppid, getsid, tcgetpgrp, tcsetpgrp};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::admin::{connect, store_failure};
+use crate::admin::connect;
+use crate::failure::Failure;
 use crate::guard::Guard;
-use crate::{exit, fail, parse_grace, parse_max_hold, parse_ttl, parse_wait};
+use crate::{exit, parse_grace, parse_max_hold, parse_ttl, parse_wait};
 
 pub(crate) const HELP: &str = "\
 The command runs in its own process group with LEASEHOLD_KEY, LEASEHOLD_FENCE,
@@ -106,51 +107,37 @@ pub(crate) struct RunArgs {
     command: Vec<OsString>,
 }
 
-pub(crate) async fn run(url: &str, args: RunArgs) -> ExitCode {
+pub(crate) async fn run(url: &str, args: RunArgs) -> Result<ExitCode, Failure> {
     let mut builder = LeaseConfig::builder(args.ttl);
     if let Some(max_hold) = args.max_hold {
         builder = builder.max_hold(max_hold);
     }
-    let config = match builder.build() {
-        Ok(c) => c,
-        Err(e) => return fail(exit::USAGE, format_args!("invalid lease settings: {e}")),
-    };
+    let config = builder
+        .build()
+        .map_err(|e| Failure::Usage(format!("invalid lease settings: {e}")))?;
     let grace = args.grace.unwrap_or(args.ttl / 5);
     if grace >= args.ttl / 2 {
-        return fail(
-            exit::USAGE,
-            format_args!("--grace {grace:?} must be below half the TTL"),
-        );
+        return Err(Failure::Usage(format!(
+            "--grace {grace:?} must be below half the TTL"
+        )));
     }
-    let key = match leasehold::Key::new(&args.key) {
-        Ok(k) => k,
-        Err(e) => return fail(exit::USAGE, format_args!("invalid key: {e}")),
-    };
-    let store = match connect(url).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+    let key =
+        leasehold::Key::new(&args.key).map_err(|e| Failure::Usage(format!("invalid key: {e}")))?;
+    let store = connect(url).await?;
     let client = LeaseClient::new(store, config);
     let acquired = if args.no_wait {
         client.try_acquire(&key).await
     } else {
         client.acquire(&key, args.wait).await
     };
-    let lease = match acquired {
-        Ok(lease) => lease,
-        Err(e @ (Error::Contended { .. } | Error::WaitTimeout { .. })) => {
-            return fail(args.conflict_exit_code, e);
-        }
-        Err(Error::Store(e)) => return store_failure(&e),
-        Err(e) => return fail(exit::STORE, e),
-    };
+    let lease = acquired.map_err(|e| Failure::from_lease(e, args.conflict_exit_code))?;
     tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), "lease acquired");
     let outcome = supervise(&lease, &args, grace).await;
     if !outcome.group_gone {
         // Releasing (or dropping, which releases) could let the next holder in while a
         // process of the command may still act: leave the lease to expire in the store.
         lease.abandon();
-        return ExitCode::from(outcome.code);
+        return outcome.status.map(ExitCode::from);
     }
     match lease.release().await {
         Ok(true) => tracing::info!(%key, "lease released"),
@@ -159,7 +146,7 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> ExitCode {
             tracing::warn!(%key, error = %e, "release failed; the lease expires after its TTL")
         }
     }
-    ExitCode::from(outcome.code)
+    outcome.status.map(ExitCode::from)
 }
 
 fn unix_ms_at(deadline: Instant) -> u128 {
@@ -182,8 +169,8 @@ pub(crate) fn block_sigttou() {
 
 /// What leasehold has to do with the command.
 struct Outcome {
-    /// The exit status to report.
-    code: u8,
+    /// The command's exit status to pass on, or why leasehold failed.
+    status: Result<u8, Failure>,
     /// Whether no process of the command's group is left, so the lease may be released.
     group_gone: bool,
 }
@@ -192,7 +179,7 @@ struct Outcome {
 async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
     let Some((program, rest)) = args.command.split_first() else {
         return Outcome {
-            code: fail_code(exit::USAGE, "no command given"),
+            status: Err(Failure::Usage("no command given".into())),
             group_gone: true,
         };
     };
@@ -211,10 +198,9 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
         Ok(s) => s,
         Err(e) => {
             return Outcome {
-                code: fail_code(
-                    exit::STORE,
-                    format_args!("cannot install signal handlers: {e}"),
-                ),
+                status: Err(Failure::Internal(format!(
+                    "cannot install signal handlers: {e}"
+                ))),
                 group_gone: true,
             };
         }
@@ -227,12 +213,9 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
         Ok(g) => g,
         Err(e) => {
             return Outcome {
-                code: fail_code(
-                    exit::CANNOT_EXECUTE,
-                    format_args!(
-                        "cannot start the guard process ({e}); the command was not started"
-                    ),
-                ),
+                status: Err(Failure::CannotExecute(format!(
+                    "cannot start the guard process ({e}); the command was not started"
+                ))),
                 group_gone: true,
             };
         }
@@ -242,10 +225,10 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
         Err(e) => {
             guard.done();
             return Outcome {
-                code: fail_code(
-                    exit::CANNOT_EXECUTE,
-                    format_args!("cannot run {}: {e}", program.to_string_lossy()),
-                ),
+                status: Err(Failure::CannotExecute(format!(
+                    "cannot run {}: {e}",
+                    program.to_string_lossy()
+                ))),
                 group_gone: true,
             };
         }
@@ -377,23 +360,16 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
     let end = job.end.unwrap_or(End::Signal(Signal::SIGKILL));
     let killed_by_guard =
         stopping.is_none() && end == End::Signal(Signal::SIGKILL) && !lease.is_valid();
-    if killed_by_guard {
-        eprintln!(
-            "leasehold: the lease's validity deadline passed while leasehold was stopped or frozen; the command was killed"
-        );
-    }
-    let code = if stopping.is_some() || killed_by_guard {
-        exit::LEASE_LOST
-    } else {
-        end.code()
+    let status = match stopping {
+        Some(s) => Err(Failure::LeaseLost(s.why)),
+        None if killed_by_guard => Err(Failure::LeaseLost(
+            "its validity deadline passed while leasehold was stopped or frozen; \
+             the guard process killed the command"
+                .into(),
+        )),
+        None => Ok(end.code()),
     };
-    Outcome { code, group_gone }
-}
-
-/// Prints a one-line error and returns its exit code.
-fn fail_code(code: u8, msg: impl std::fmt::Display) -> u8 {
-    eprintln!("leasehold: {msg}");
-    code
+    Outcome { status, group_gone }
 }
 
 /// The signals leasehold handles while the command runs.
@@ -445,6 +421,8 @@ impl End {
 
 /// Stopping the command because the lease is lost (or about to be).
 struct Stopping {
+    /// Why the command is being stopped.
+    why: String,
     /// When SIGKILL follows SIGTERM.
     kill_at: Instant,
     /// Whether SIGKILL was sent.
@@ -477,6 +455,7 @@ fn begin_stop(job: &Job, lease: &Lease, grace: Duration, why: &str) -> Stopping 
         eprintln!("leasehold: {why}; killing the command");
         job.signal(Signal::SIGKILL);
         Stopping {
+            why: why.to_owned(),
             kill_at: now,
             killed: true,
         }
@@ -486,6 +465,7 @@ fn begin_stop(job: &Job, lease: &Lease, grace: Duration, why: &str) -> Stopping 
         // A stopped process acts on SIGTERM only once continued.
         job.signal(Signal::SIGCONT);
         Stopping {
+            why: why.to_owned(),
             kill_at: deadline.min(now + grace),
             killed: false,
         }

@@ -1429,3 +1429,42 @@ fn unreachable_store_kills_a_command_ignoring_sigterm_before_the_lease_expires()
     );
     proxy.set_mode(ProxyMode::Pass);
 }
+
+/// Issue 12.3: `inspect`, `list` and `break` never hang on an unreachable store: behind a
+/// blackholed proxy, each exits 69 with one line, in well under a minute.
+#[test]
+fn admin_commands_on_a_blackholed_store_fail_in_time() {
+    let pg = leasehold_testkit::Postgres::start();
+    let proxy = FaultProxy::start(pg.addr());
+    let env = Env::new();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?leasehold_migrate=true",
+        proxy.port()
+    );
+    let setup = env.run(&["--store", &url, "list"]);
+    assert!(setup.status.success(), "{}", stderr(&setup));
+    proxy.set_mode(ProxyMode::Blackhole);
+    for args in [
+        &["inspect", "job:x"][..],
+        &["list"][..],
+        &["break", "job:x"][..],
+    ] {
+        let started = Instant::now();
+        let out = env
+            .cmd()
+            .arg("--store")
+            .arg(&url)
+            .args(args)
+            .output()
+            .unwrap();
+        let took = started.elapsed();
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out).lines().count(),
+            1,
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(took < Duration::from_secs(45), "{args:?} took {took:?}");
+    }
+}

@@ -13,9 +13,9 @@ use leasehold_core::{
 };
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::fault_store::{FaultStore, Injection, Op, Swallowed};
 use crate::holder::Holder;
 use crate::{Fixture, GuardSupport, OtherProcesses};
+use leasehold_core::wrap::{FaultStore, Injection, Op, Swallowed};
 
 fn key(name: &str) -> Key {
     Key::new(format!("conformance:{name}")).expect("valid key")

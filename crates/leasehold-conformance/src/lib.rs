@@ -41,7 +41,7 @@
 //! case fails on at least one of them, at the assertion that guards against that flaw
 //! (a failure for any other reason, such as a setup panic, does not count).
 //!
-//! [`fault_store::FaultStore`] wraps any store to inject a lost reply or a hung call after
+//! [`FaultStore`](leasehold_core::wrap::FaultStore) (in the core) wraps any store to inject a lost reply or a hung call after
 //! (or instead of) applying it; the ambiguous-reply case uses it, so it runs on every
 //! backend without a proxy.
 #![forbid(unsafe_code)]
@@ -58,7 +58,6 @@ use leasehold_testkit::{FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, 
 
 pub mod cases;
 pub mod fault_cases;
-pub mod fault_store;
 pub mod holder;
 
 /// Fault hooks a backend's fixture provides to the suite.

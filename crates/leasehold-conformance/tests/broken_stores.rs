@@ -18,7 +18,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::FutureExt;
 use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, Network};
-use leasehold_core::memory::{MemoryStore, Unreachable};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError,
@@ -346,7 +347,9 @@ impl Store for Broken {
 // ---------------------------------------------------------------------------------------
 // Fixtures.
 
-struct MemoryFaults(MemoryStore);
+/// The memory store's fault hooks: `forget` on the store itself, unreachability through
+/// the fault-injecting wrapper the fixture's store sits behind.
+struct MemoryFaults(MemoryStore, Arc<FaultStore>);
 
 #[async_trait]
 impl Faults for MemoryFaults {
@@ -354,10 +357,10 @@ impl Faults for MemoryFaults {
         self.0.forget(key);
     }
     async fn make_unreachable(&self) {
-        self.0.set_unreachable(Some(Unreachable::Hang));
+        self.1.set_unreachable(Some(Unreachable::Hang));
     }
     async fn restore(&self) {
-        self.0.set_unreachable(None);
+        self.1.set_unreachable(None);
     }
 }
 
@@ -391,13 +394,14 @@ impl FencedWrites for MemoryGuard {
 
 fn memory_fixture(flaw: Flaw) -> Fixture {
     let inner = MemoryStore::new();
+    let faults = Arc::new(FaultStore::new(Arc::new(inner.clone())));
     let guard = MemoryGuard {
         ignores_fence: flaw == Flaw::GuardIgnoresFence,
         ..MemoryGuard::default()
     };
     let fx = Fixture::new(
-        Arc::new(Broken::new(Arc::new(inner.clone()), flaw)),
-        Arc::new(MemoryFaults(inner)),
+        Arc::new(Broken::new(faults.clone(), flaw)),
+        Arc::new(MemoryFaults(inner, faults)),
         Duration::from_millis(600),
     );
     if flaw == Flaw::Undeclared {

@@ -6,9 +6,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_conformance::{Faults, Fixture};
 use leasehold_core::Key;
-use leasehold_core::memory::{MemoryStore, Unreachable};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::wrap::{FaultStore, Unreachable};
 
-struct MemoryFaults(MemoryStore);
+/// The memory store's fault hooks: `forget` on the store itself, unreachability through
+/// the fault-injecting wrapper the fixture's store sits behind.
+struct MemoryFaults(MemoryStore, Arc<FaultStore>);
 
 #[async_trait]
 impl Faults for MemoryFaults {
@@ -16,18 +19,19 @@ impl Faults for MemoryFaults {
         self.0.forget(key);
     }
     async fn make_unreachable(&self) {
-        self.0.set_unreachable(Some(Unreachable::Hang));
+        self.1.set_unreachable(Some(Unreachable::Hang));
     }
     async fn restore(&self) {
-        self.0.set_unreachable(None);
+        self.1.set_unreachable(None);
     }
 }
 
 async fn fixture() -> Fixture {
     let store = MemoryStore::new();
+    let faults = Arc::new(FaultStore::new(Arc::new(store.clone())));
     Fixture::new(
-        Arc::new(store.clone()),
-        Arc::new(MemoryFaults(store)),
+        faults.clone(),
+        Arc::new(MemoryFaults(store, faults)),
         Duration::from_millis(600),
     )
     .no_guard("the in-memory store has no storage-side guard")

@@ -65,6 +65,7 @@ mod store;
 mod token;
 pub mod url;
 mod watchdog;
+pub mod wrap;
 
 pub use backoff::Backoff;
 pub use client::{LeaseClient, LeaseClientBuilder, ShutdownReport};

@@ -1,5 +1,6 @@
 //! An in-memory store: one process only. For single-process programs and for users' own
-//! tests; it passes the whole conformance suite.
+//! tests; it passes the whole conformance suite. To make it misbehave in tests, wrap it
+//! in a [`FaultStore`](crate::wrap::FaultStore).
 //!
 //! Expiry uses tokio's clock, so it follows paused time in tests. Fences live in process
 //! memory ([`FenceDurability::Process`]): they start again at 1 in a new process.
@@ -12,7 +13,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::error::{StoreError, StoreErrorKind};
+use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{
     AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, ReleaseOutcome, RenewOutcome, Store,
@@ -20,15 +21,6 @@ use crate::store::{
 use crate::token::{Fence, OwnerToken};
 
 const BACKEND: &str = "memory";
-
-/// How an unreachable [`MemoryStore`] behaves (a fault hook for tests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unreachable {
-    /// Every call fails at once with [`StoreErrorKind::Unavailable`].
-    Refuse,
-    /// Every call hangs (until the caller's timeout), like a blackholed network.
-    Hang,
-}
 
 #[derive(Debug, Clone)]
 struct Held {
@@ -42,7 +34,6 @@ struct State {
     leases: HashMap<Key, Held>,
     /// The last fence issued per key; never removed, never lowered.
     fences: HashMap<Key, u64>,
-    unreachable: Option<Unreachable>,
 }
 
 impl State {
@@ -74,25 +65,6 @@ impl MemoryStore {
         self.lock().leases.remove(key);
         self.released.notify_waiters();
     }
-
-    /// Fault hook: makes every call fail or hang (`Some`), or work again (`None`).
-    pub fn set_unreachable(&self, mode: Option<Unreachable>) {
-        self.lock().unreachable = mode;
-    }
-
-    /// Checks reachability; hangs forever in [`Unreachable::Hang`] mode.
-    async fn reach(&self) -> Result<(), StoreError> {
-        let mode = self.lock().unreachable;
-        match mode {
-            None => Ok(()),
-            Some(Unreachable::Refuse) => Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                BACKEND,
-                "store is unreachable (fault injected)",
-            )),
-            Some(Unreachable::Hang) => std::future::pending().await,
-        }
-    }
 }
 
 #[async_trait]
@@ -120,7 +92,6 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        self.reach().await?;
         let now = Instant::now();
         let mut s = self.lock();
         if let Some(h) = s.live(key, now) {
@@ -154,7 +125,6 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        self.reach().await?;
         let now = Instant::now();
         let mut s = self.lock();
         match s.leases.get_mut(key) {
@@ -167,7 +137,6 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        self.reach().await?;
         let now = Instant::now();
         let mut s = self.lock();
         let ours = s.live(key, now).is_some_and(|h| h.owner == *owner);
@@ -181,7 +150,6 @@ impl Store for MemoryStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.reach().await?;
         let now = Instant::now();
         Ok(self.lock().live(key, now).map(|h| LeaseInfo {
             key: key.clone(),
@@ -192,7 +160,6 @@ impl Store for MemoryStore {
     }
 
     async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
-        self.reach().await?;
         let deadline = crate::clock::saturating_add(Instant::now(), timeout);
         loop {
             let notified = self.released.notified();
@@ -211,7 +178,6 @@ impl Store for MemoryStore {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.reach().await?;
         let now = Instant::now();
         let s = self.lock();
         let mut out: Vec<LeaseInfo> = s
@@ -230,7 +196,6 @@ impl Store for MemoryStore {
     }
 
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
-        self.reach().await?;
         let mut s = self.lock();
         s.leases.remove(key);
         let last = s.fences.entry(key.clone()).or_insert(0);

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_core::memory::{MemoryStore, Unreachable};
+use leasehold_core::memory::MemoryStore;
+use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
     AcquireOutcome, Backoff, Capabilities, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo,
     LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
@@ -50,12 +51,27 @@ enum Fault {
 type Call = (&'static str, Instant, OwnerToken);
 
 /// A memory store that records every call (operation, time) and can misbehave.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Scripted {
     inner: MemoryStore,
+    /// `inner` behind a fault-injecting wrapper: every call of the store goes through it.
+    faults: Arc<FaultStore>,
     calls: Arc<Mutex<Vec<Call>>>,
     fault: Arc<Mutex<Fault>>,
     hide_wait_for_release: bool,
+}
+
+impl Default for Scripted {
+    fn default() -> Self {
+        let inner = MemoryStore::new();
+        Self {
+            faults: Arc::new(FaultStore::new(Arc::new(inner.clone()))),
+            inner,
+            calls: Arc::default(),
+            fault: Arc::default(),
+            hide_wait_for_release: false,
+        }
+    }
 }
 
 impl Scripted {
@@ -105,7 +121,7 @@ impl Store for Scripted {
         "scripted"
     }
     fn capabilities(&self) -> Capabilities {
-        let mut c = self.inner.capabilities();
+        let mut c = self.faults.capabilities();
         if self.hide_wait_for_release {
             c.wait_for_release = false;
         }
@@ -121,7 +137,7 @@ impl Store for Scripted {
         if let Fault::AcquireError(kind) = self.fault() {
             return Err(StoreError::new(kind, "scripted", "injected"));
         }
-        let out = self.inner.acquire(key, owner, ttl).await?;
+        let out = self.faults.acquire(key, owner, ttl).await?;
         match self.fault() {
             Fault::AcquireAppliedThenAmbiguous => {
                 self.set(Fault::None);
@@ -149,26 +165,26 @@ impl Store for Scripted {
         match self.fault() {
             Fault::SlowRenew(d) => {
                 // Applied at once; the reply takes `d`.
-                let out = self.inner.renew(key, owner, ttl).await;
+                let out = self.faults.renew(key, owner, ttl).await;
                 sleep(d).await;
                 out
             }
             Fault::SlowAcquireThenSlowRenew(_, d) | Fault::SlowRenewSlowRelease(d, _) => {
-                let out = self.inner.renew(key, owner, ttl).await;
+                let out = self.faults.renew(key, owner, ttl).await;
                 sleep(d).await;
                 out
             }
             Fault::LateRenewSlowRelease(d, _) => {
                 sleep(d).await;
-                self.inner.renew(key, owner, ttl).await
+                self.faults.renew(key, owner, ttl).await
             }
             Fault::RenewError(kind) => Err(StoreError::new(kind, "scripted", "injected")),
-            _ => self.inner.renew(key, owner, ttl).await,
+            _ => self.faults.renew(key, owner, ttl).await,
         }
     }
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         self.log("release", owner);
-        let out = self.inner.release(key, owner).await;
+        let out = self.faults.release(key, owner).await;
         if let Fault::LateRenewSlowRelease(_, d) | Fault::SlowRenewSlowRelease(_, d) = self.fault()
         {
             sleep(d).await;
@@ -176,13 +192,13 @@ impl Store for Scripted {
         out
     }
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.inner.inspect(key).await
+        self.faults.inspect(key).await
     }
     async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
         if self.hide_wait_for_release {
             return Err(StoreError::unsupported("scripted", "wait"));
         }
-        self.inner.wait_released(key, timeout).await
+        self.faults.wait_released(key, timeout).await
     }
 }
 
@@ -273,7 +289,7 @@ async fn consecutive_unreachable_renewals_lose_the_lease_before_the_deadline() {
     let c = client(&store, config(3 * S).build().unwrap());
     let t0 = Instant::now();
     let lease = c.try_acquire(key()).await.unwrap();
-    store.inner.set_unreachable(Some(Unreachable::Hang));
+    store.faults.set_unreachable(Some(Unreachable::Hang));
     let reason = lease.lost().await;
     let lost_after = Instant::now() - t0;
     assert_eq!(reason, LostReason::StoreUnavailable);
@@ -983,7 +999,7 @@ async fn unreachable_until_the_deadline_is_store_unavailable() {
     );
     let t0 = Instant::now();
     let lease = c.try_acquire(key()).await.unwrap();
-    store.inner.set_unreachable(Some(Unreachable::Hang));
+    store.faults.set_unreachable(Some(Unreachable::Hang));
     assert_eq!(lease.lost().await, LostReason::StoreUnavailable);
     assert_eq!(Instant::now() - t0, 2965 * MS, "at the deadline");
 }

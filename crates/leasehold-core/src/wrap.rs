@@ -1,0 +1,489 @@
+//! Policies as store wrappers, as `object_store` does with `LimitStore` and
+//! `ThrottleStore`: each wraps any [`Store`] and is a [`Store`] itself.
+//!
+//! - [`TimeoutStore`] bounds every call (acquire, renew, release, inspect, list, break,
+//!   wait) by a duration, so that nothing on any path can hang on a blackholed store.
+//! - [`FaultStore`] injects faults in process, for tests: a reply lost after the store
+//!   applied the call, a call that never answers, or a store that is unreachable
+//!   altogether. Network faults (delay, blackhole, reset) are the fault proxy's job.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::{StoreError, StoreErrorKind};
+use crate::key::Key;
+use crate::store::{AcquireOutcome, Capabilities, LeaseInfo, ReleaseOutcome, RenewOutcome, Store};
+use crate::token::{Fence, OwnerToken};
+
+/// Bounds every call of the wrapped store by a timeout: a call that has not answered in
+/// time fails with [`StoreErrorKind::Timeout`] (an ambiguous failure: it may have been
+/// applied). [`wait_released`](Store::wait_released) is bounded by its own `timeout` plus
+/// this one.
+///
+/// [`LeaseClient`](crate::LeaseClient) already bounds its own calls by the configuration's
+/// operation timeout; wrap a store in this for the other paths (an admin tool's inspect,
+/// list and break).
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::{Store, memory::MemoryStore, wrap::TimeoutStore};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), leasehold_core::StoreError> {
+/// let store = TimeoutStore::new(Arc::new(MemoryStore::new()), Duration::from_secs(5));
+/// assert!(store.list("job:").await?.is_empty());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct TimeoutStore {
+    inner: Arc<dyn Store>,
+    timeout: Duration,
+}
+
+impl TimeoutStore {
+    /// Wraps `inner`, bounding each call by `timeout`.
+    pub fn new(inner: Arc<dyn Store>, timeout: Duration) -> Self {
+        Self { inner, timeout }
+    }
+
+    /// The bound.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &'static str,
+        limit: Duration,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        StoreError::bounded(self.inner.backend(), op, limit, call).await
+    }
+}
+
+#[async_trait]
+impl Store for TimeoutStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let call = self.inner.acquire(key, owner, ttl);
+        self.bounded("acquire", self.timeout, call).await
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let call = self.inner.renew(key, owner, ttl);
+        self.bounded("renew", self.timeout, call).await
+    }
+
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        let call = self.inner.release(key, owner);
+        self.bounded("release", self.timeout, call).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        let call = self.inner.inspect(key);
+        self.bounded("inspect", self.timeout, call).await
+    }
+
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        let call = self.inner.wait_released(key, timeout);
+        let limit = timeout.saturating_add(self.timeout);
+        self.bounded("wait for release", limit, call).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        let call = self.inner.list(prefix);
+        self.bounded("list", self.timeout, call).await
+    }
+
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let call = self.inner.break_lease(key);
+        self.bounded("break", self.timeout, call).await
+    }
+}
+
+/// An operation of the store contract that a fault can be planned for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// [`Store::acquire`].
+    Acquire,
+    /// [`Store::renew`].
+    Renew,
+    /// [`Store::release`].
+    Release,
+}
+
+/// What happens to one planned call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Injection {
+    /// The wrapped store applies the call; its reply is swallowed and the caller gets a
+    /// [`StoreErrorKind::Ambiguous`] error (a connection reset after the request was sent).
+    AmbiguousAfterApply,
+    /// The wrapped store applies the call; the reply never comes (only the caller's
+    /// timeout ends the call).
+    HangAfterApply,
+    /// The call never reaches the wrapped store and never answers (a blackhole).
+    HangBeforeApply,
+}
+
+/// How an unreachable [`FaultStore`] behaves, for every call until it is reachable again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unreachable {
+    /// Every call fails at once with [`StoreErrorKind::Unavailable`] (nothing applied).
+    Refuse,
+    /// Every call hangs (until the caller's timeout), like a blackholed network.
+    Hang,
+}
+
+/// A reply that the caller never saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Swallowed {
+    /// An acquire's reply (or the wrapped store's error, as text).
+    Acquire(Result<AcquireOutcome, String>),
+    /// A renewal's reply.
+    Renew(Result<RenewOutcome, String>),
+    /// A release's reply.
+    Release(Result<ReleaseOutcome, String>),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    planned: HashMap<Op, VecDeque<Injection>>,
+    swallowed: Vec<Swallowed>,
+    unreachable: Option<Unreachable>,
+}
+
+/// Wraps a store and injects faults into its calls, for tests: each call of an operation
+/// takes the next [`Injection`] planned for it with [`inject`](Self::inject), and
+/// [`set_unreachable`](Self::set_unreachable) makes every call fail or hang. Everything
+/// else passes through.
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::wrap::{FaultStore, Injection, Op};
+/// use leasehold_core::{LeaseClient, LeaseConfig, memory::MemoryStore};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), leasehold_core::Error> {
+/// let store = Arc::new(FaultStore::new(Arc::new(MemoryStore::new())));
+/// // The first acquire is applied, but its reply is lost.
+/// store.inject(Op::Acquire, Injection::AmbiguousAfterApply);
+/// let client = LeaseClient::new(store.clone(), LeaseConfig::new(Duration::from_secs(10))?);
+/// // The client retries with the same owner token and gets the grant it made.
+/// let lease = client.try_acquire("job:x").await?;
+/// assert_eq!(store.take_swallowed().len(), 1);
+/// # drop(lease); Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct FaultStore {
+    inner: Arc<dyn Store>,
+    state: Mutex<State>,
+}
+
+impl FaultStore {
+    /// Wraps `inner`; no fault planned.
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        Self {
+            inner,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &Arc<dyn Store> {
+        &self.inner
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Plans `injection` for the next call of `op` not yet planned for.
+    pub fn inject(&self, op: Op, injection: Injection) {
+        self.lock()
+            .planned
+            .entry(op)
+            .or_default()
+            .push_back(injection);
+    }
+
+    /// Makes every call fail or hang (`Some`), or pass again (`None`).
+    pub fn set_unreachable(&self, mode: Option<Unreachable>) {
+        self.lock().unreachable = mode;
+    }
+
+    /// The replies swallowed since the last call, oldest first.
+    pub fn take_swallowed(&self) -> Vec<Swallowed> {
+        std::mem::take(&mut self.lock().swallowed)
+    }
+
+    fn next(&self, op: Op) -> Option<Injection> {
+        self.lock()
+            .planned
+            .get_mut(&op)
+            .and_then(VecDeque::pop_front)
+    }
+
+    /// Passes when reachable; fails or hangs forever otherwise.
+    async fn reach(&self) -> Result<(), StoreError> {
+        let mode = self.lock().unreachable;
+        match mode {
+            None => Ok(()),
+            Some(Unreachable::Refuse) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                self.inner.backend(),
+                "store is unreachable (fault injected)",
+            )),
+            Some(Unreachable::Hang) => std::future::pending().await,
+        }
+    }
+
+    async fn after_apply(&self, injection: Injection, swallowed: Swallowed) -> StoreError {
+        self.lock().swallowed.push(swallowed);
+        match injection {
+            Injection::AmbiguousAfterApply => StoreError::new(
+                StoreErrorKind::Ambiguous,
+                self.inner.backend(),
+                "connection reset after the request was sent (fault injected)",
+            ),
+            Injection::HangAfterApply | Injection::HangBeforeApply => {
+                std::future::pending::<StoreError>().await
+            }
+        }
+    }
+}
+
+fn shown<T: Clone>(r: &Result<T, StoreError>) -> Result<T, String> {
+    match r {
+        Ok(v) => Ok(v.clone()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[async_trait]
+impl Store for FaultStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.reach().await?;
+        match self.next(Op::Acquire) {
+            None => self.inner.acquire(key, owner, ttl).await,
+            Some(Injection::HangBeforeApply) => std::future::pending().await,
+            Some(i) => {
+                let reply = self.inner.acquire(key, owner, ttl).await;
+                Err(self.after_apply(i, Swallowed::Acquire(shown(&reply))).await)
+            }
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.reach().await?;
+        match self.next(Op::Renew) {
+            None => self.inner.renew(key, owner, ttl).await,
+            Some(Injection::HangBeforeApply) => std::future::pending().await,
+            Some(i) => {
+                let reply = self.inner.renew(key, owner, ttl).await;
+                Err(self.after_apply(i, Swallowed::Renew(shown(&reply))).await)
+            }
+        }
+    }
+
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.reach().await?;
+        match self.next(Op::Release) {
+            None => self.inner.release(key, owner).await,
+            Some(Injection::HangBeforeApply) => std::future::pending().await,
+            Some(i) => {
+                let reply = self.inner.release(key, owner).await;
+                Err(self.after_apply(i, Swallowed::Release(shown(&reply))).await)
+            }
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.reach().await?;
+        self.inner.inspect(key).await
+    }
+
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        self.reach().await?;
+        self.inner.wait_released(key, timeout).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.reach().await?;
+        self.inner.list(prefix).await
+    }
+
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        self.reach().await?;
+        self.inner.break_lease(key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::MemoryStore;
+
+    fn key() -> Key {
+        Key::new("job:wrap").unwrap()
+    }
+
+    /// A store whose every call hangs.
+    fn hung() -> Arc<dyn Store> {
+        let f = FaultStore::new(Arc::new(MemoryStore::new()));
+        f.set_unreachable(Some(Unreachable::Hang));
+        Arc::new(f)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_call_is_bounded() {
+        let t = TimeoutStore::new(hung(), Duration::from_secs(2));
+        let o = OwnerToken::random();
+        let ttl = Duration::from_secs(10);
+        let kinds = [
+            t.acquire(&key(), &o, ttl).await.map(drop),
+            t.renew(&key(), &o, ttl).await.map(drop),
+            t.release(&key(), &o).await.map(drop),
+            t.inspect(&key()).await.map(drop),
+            t.list("").await.map(drop),
+            t.break_lease(&key()).await.map(drop),
+        ];
+        for r in kinds {
+            assert_eq!(r.unwrap_err().kind(), StoreErrorKind::Timeout);
+        }
+        let start = tokio::time::Instant::now();
+        let err = t.wait_released(&key(), Duration::from_secs(5)).await;
+        assert_eq!(err.unwrap_err().kind(), StoreErrorKind::Timeout);
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(7),
+            "its own wait plus the bound"
+        );
+        assert_eq!(t.timeout(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_store_passes_answers_through() {
+        let t = TimeoutStore::new(Arc::new(MemoryStore::new()), Duration::from_secs(2));
+        let o = OwnerToken::random();
+        let ttl = Duration::from_secs(10);
+        assert!(matches!(
+            t.acquire(&key(), &o, ttl).await.unwrap(),
+            AcquireOutcome::Acquired { .. }
+        ));
+        assert_eq!(t.inspect(&key()).await.unwrap().unwrap().owner, o);
+        assert_eq!(t.backend(), "memory");
+        assert_eq!(t.capabilities(), MemoryStore::new().capabilities());
+    }
+
+    #[tokio::test]
+    async fn injections_are_taken_in_order_per_operation() {
+        let f = FaultStore::new(Arc::new(MemoryStore::new()));
+        let (o, ttl) = (OwnerToken::random(), Duration::from_secs(10));
+        f.inject(Op::Acquire, Injection::AmbiguousAfterApply);
+        let err = f.acquire(&key(), &o, ttl).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Ambiguous);
+        // Applied: the holder is recorded, and the swallowed reply is the grant.
+        assert_eq!(f.inspect(&key()).await.unwrap().unwrap().owner, o);
+        let swallowed = f.take_swallowed();
+        assert!(
+            matches!(
+                swallowed[..],
+                [Swallowed::Acquire(Ok(AcquireOutcome::Acquired { .. }))]
+            ),
+            "{swallowed:?}"
+        );
+        assert!(f.take_swallowed().is_empty());
+        // Nothing planned any more: calls pass.
+        assert!(f.acquire(&key(), &o, ttl).await.is_ok());
+        f.inject(Op::Release, Injection::AmbiguousAfterApply);
+        assert!(f.release(&key(), &o).await.is_err());
+        assert_eq!(f.inspect(&key()).await.unwrap(), None, "applied");
+        f.inject(Op::Renew, Injection::AmbiguousAfterApply);
+        assert!(f.renew(&key(), &o, ttl).await.is_err());
+        assert!(matches!(
+            f.take_swallowed()[..],
+            [
+                Swallowed::Release(Ok(ReleaseOutcome::Released)),
+                Swallowed::Renew(Ok(RenewOutcome::NotOwner))
+            ]
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hangs_before_and_after_applying() {
+        let f = FaultStore::new(Arc::new(MemoryStore::new()));
+        let (o, ttl) = (OwnerToken::random(), Duration::from_secs(10));
+        let bound = Duration::from_secs(1);
+        f.inject(Op::Acquire, Injection::HangBeforeApply);
+        assert!(
+            tokio::time::timeout(bound, f.acquire(&key(), &o, ttl))
+                .await
+                .is_err()
+        );
+        assert_eq!(f.inspect(&key()).await.unwrap(), None, "not applied");
+        f.inject(Op::Acquire, Injection::HangAfterApply);
+        assert!(
+            tokio::time::timeout(bound, f.acquire(&key(), &o, ttl))
+                .await
+                .is_err()
+        );
+        assert!(f.inspect(&key()).await.unwrap().is_some(), "applied");
+    }
+
+    #[tokio::test]
+    async fn unreachable_refuses_or_hangs_every_call_until_restored() {
+        let f = FaultStore::new(Arc::new(MemoryStore::new()));
+        f.set_unreachable(Some(Unreachable::Refuse));
+        assert_eq!(
+            f.list("").await.unwrap_err().kind(),
+            StoreErrorKind::Unavailable
+        );
+        assert_eq!(
+            f.break_lease(&key()).await.unwrap_err().kind(),
+            StoreErrorKind::Unavailable
+        );
+        f.set_unreachable(None);
+        assert!(f.list("").await.is_ok());
+        assert_eq!(f.inner().backend(), "memory");
+    }
+}
