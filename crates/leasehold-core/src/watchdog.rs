@@ -135,6 +135,8 @@ impl Watchdog {
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
                     q.sleeping_until = None;
+                    #[cfg(test)]
+                    WAKES.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
             };
@@ -160,6 +162,10 @@ impl Watchdog {
     }
 }
 
+/// How often the thread woke from a sleep, for the test that bounds it.
+#[cfg(test)]
+static WAKES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 #[cfg(test)]
 pub(crate) fn is_watched(id: u64) -> bool {
     instance().lock().leases.contains_key(&id)
@@ -172,6 +178,26 @@ mod tests {
 
     use crate::memory::MemoryStore;
     use crate::{LeaseClient, LeaseConfig};
+
+    /// The thread sleeps until the next deadline, looking at the clock every
+    /// `SUSPEND_CHECK` at the most while it holds leases: a lease of 30 s watched for
+    /// 1.5 s costs a handful of wake-ups, never a busy loop.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_thread_does_not_spin() {
+        use std::sync::atomic::Ordering;
+        let client = LeaseClient::new(
+            Arc::new(MemoryStore::new()),
+            LeaseConfig::new(Duration::from_secs(30)).unwrap(),
+        );
+        let lease = client.try_acquire("w:spin").await.unwrap();
+        let before = super::WAKES.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let wakes = super::WAKES.load(Ordering::Relaxed) - before;
+        // About 6 (every 250 ms); other tests' leases in this process add a few more.
+        assert!(wakes < 200, "{wakes} wake-ups in 1.5 s");
+        assert!(wakes >= 3, "{wakes} wake-ups: not checking for suspends");
+        drop(lease);
+    }
 
     #[tokio::test]
     async fn ended_leases_leave_the_watchdog() {

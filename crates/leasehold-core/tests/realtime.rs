@@ -34,8 +34,10 @@ fn starved_runtime_still_fires_lost_at_the_deadline() {
         fired_after >= Duration::from_millis(280),
         "fired early: {fired_after:?}"
     );
+    // The watchdog slept with nothing to watch (up to a second): a new lease with an
+    // earlier deadline must wake it, so it fires at ~0.3 s, not at its next idle wake-up.
     assert!(
-        fired_after < Duration::from_millis(1200),
+        fired_after < Duration::from_millis(800),
         "fired late: {fired_after:?}"
     );
     assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
