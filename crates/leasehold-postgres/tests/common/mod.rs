@@ -104,8 +104,15 @@ impl leasehold_conformance::FencedWrites for PgWrites {
         value: &str,
     ) -> Result<bool, leasehold_core::StoreError> {
         use leasehold_postgres::store_error;
+        let name = leasehold_core::ResourceName::new(resource).map_err(|e| {
+            leasehold_core::StoreError::new(
+                leasehold_core::StoreErrorKind::InvalidInput,
+                "postgres",
+                e.to_string(),
+            )
+        })?;
         let mut tx = self.pool.begin().await.map_err(store_error)?;
-        if !leasehold_postgres::guard::check_and_advance(&mut tx, resource, fence)
+        if !leasehold_postgres::guard::check_and_advance(&mut tx, &name, fence)
             .await?
             .is_accepted()
         {
