@@ -9,7 +9,9 @@ use leasehold_core::{
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_sql::Failure;
-use sqlx::{Connection, MySqlConnection, MySqlPool};
+use sqlx::mysql::MySqlArguments;
+use sqlx::query::Query;
+use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
 
 use crate::config::MySqlConfig;
 use crate::conn::{Db, StoreTable};
@@ -277,6 +279,20 @@ impl MySqlLeaseStore {
         &self.db.pool
     }
 
+    /// Runs a renew or release statement (a conditional `UPDATE` of the caller's live
+    /// lease); whether it matched the row.
+    async fn update_own(
+        &self,
+        op: &str,
+        query: Query<'_, MySql, MySqlArguments>,
+    ) -> Result<bool, StoreError> {
+        self.db
+            .run(op, async move |conn| {
+                Ok(query.execute(conn).await?.rows_affected() == 1)
+            })
+            .await
+    }
+
     /// Closes every pooled connection.
     ///
     /// # Cancel safety
@@ -344,19 +360,12 @@ impl Store for MySqlLeaseStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         let ttl_us = ttl_us(ttl)?;
-        let matched = self
-            .db
-            .run("renew", async move |conn| {
-                Ok(sqlx::query(RENEW)
-                    .bind(ttl_us)
-                    .bind(key.as_str())
-                    .bind(owner.to_hex())
-                    .execute(conn)
-                    .await?
-                    .rows_affected())
-            })
-            .await?;
-        Ok(if matched == 1 {
+        let query = sqlx::query(RENEW)
+            .bind(ttl_us)
+            .bind(key.as_str())
+            .bind(owner.to_hex());
+        let matched = self.update_own("renew", query).await?;
+        Ok(if matched {
             RenewOutcome::Renewed { ttl }
         } else {
             RenewOutcome::NotOwner
@@ -364,18 +373,9 @@ impl Store for MySqlLeaseStore {
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        let matched = self
-            .db
-            .run("release", async move |conn| {
-                Ok(sqlx::query(RELEASE)
-                    .bind(key.as_str())
-                    .bind(owner.to_hex())
-                    .execute(conn)
-                    .await?
-                    .rows_affected())
-            })
-            .await?;
-        Ok(if matched == 1 {
+        let query = sqlx::query(RELEASE).bind(key.as_str()).bind(owner.to_hex());
+        let matched = self.update_own("release", query).await?;
+        Ok(if matched {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotOwner

@@ -236,69 +236,43 @@ mod tests {
         );
     }
 
+    /// `with_conn` with a body that marks its connection, then ends with `outcome`.
+    async fn marked<T>(
+        pool: &SqlitePool,
+        op: &str,
+        outcome: Result<T, Failure>,
+    ) -> Result<T, StoreError> {
+        with_conn(pool, &TestModel, op, async |conn: &mut SqliteConnection| {
+            mark(conn).await?;
+            outcome
+        })
+        .await
+    }
+
     #[tokio::test]
     async fn with_conn_pools_the_connection_only_when_it_is_usable() {
         let pool = pool().await;
-        let n = with_conn(
-            &pool,
-            &TestModel,
-            "ok",
-            async |conn: &mut SqliteConnection| {
-                mark(conn).await?;
-                Ok(1)
-            },
-        )
-        .await
-        .unwrap();
-        assert_eq!(n, 1);
+        assert_eq!(marked(&pool, "ok", Ok(1)).await.unwrap(), 1);
         assert!(same_connection(&pool).await, "success: pooled");
 
         // A failure that leaves the connection usable: mapped, connection pooled.
-        let e = with_conn(
-            &pool,
-            &TestModel,
-            "harmless",
-            async |conn: &mut SqliteConnection| {
-                mark(conn).await?;
-                Err::<(), _>(Failure::Sql(sqlx::Error::RowNotFound))
-            },
-        )
-        .await
-        .unwrap_err();
-        assert_eq!(
-            e.kind(),
-            StoreErrorKind::Other,
-            "mapped as a statement error"
-        );
+        let harmless = Err(Failure::Sql(sqlx::Error::RowNotFound));
+        let e = marked::<()>(&pool, "harmless", harmless).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Other, "a statement error");
         assert!(e.message().starts_with("harmless: "), "{e}");
         assert!(same_connection(&pool).await, "harmless failure: pooled");
 
         // Failures that may have broken it: closed.
-        let io = || sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
-        let breaking = [
-            Failure::Sql(io()),
-            Failure::Store(StoreError::new(
-                StoreErrorKind::Ambiguous,
-                "test",
-                "unknown",
-            )),
-        ];
-        for failure in breaking {
-            let e = with_conn(
-                &pool,
-                &TestModel,
-                "breaking",
-                async |conn: &mut SqliteConnection| {
-                    mark(conn).await?;
-                    Err::<(), _>(failure)
-                },
-            )
-            .await
-            .unwrap_err();
-            assert!(matches!(
-                e.kind(),
-                StoreErrorKind::Other | StoreErrorKind::Ambiguous
-            ));
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        let unknown = StoreError::new(StoreErrorKind::Ambiguous, "test", "unknown");
+        for (failure, kind) in [
+            (Failure::Sql(io), StoreErrorKind::Other),
+            (Failure::Store(unknown), StoreErrorKind::Ambiguous),
+        ] {
+            let e = marked::<()>(&pool, "breaking", Err(failure))
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), kind, "{e}");
             assert!(
                 !same_connection(&pool).await,
                 "breaking failure: closed ({e})"

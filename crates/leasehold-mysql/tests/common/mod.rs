@@ -190,13 +190,8 @@ impl leasehold_conformance::FencedWrites for MyWrites {
         value: &str,
     ) -> Result<bool, leasehold_core::StoreError> {
         use leasehold_mysql::store_error;
-        let name = leasehold_core::ResourceName::new(resource).map_err(|e| {
-            leasehold_core::StoreError::new(
-                leasehold_core::StoreErrorKind::InvalidInput,
-                "mysql",
-                e.to_string(),
-            )
-        })?;
+        let name =
+            leasehold_core::ResourceName::new(resource).expect("the suite's names are valid");
         let mut tx = self.pool.begin().await.map_err(store_error)?;
         if !leasehold_mysql::guard::check_and_advance(&mut tx, &name, fence)
             .await?
