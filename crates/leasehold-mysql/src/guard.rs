@@ -184,6 +184,9 @@ pub async fn current(
 /// takes (so it cannot be called outside one); a concurrent transaction recording the
 /// same id waits for yours to end.
 ///
+/// A job id follows the rules of a resource name (1 to 512 bytes, no NUL; it is stored in
+/// a column of the same kind), so it is a [`ResourceName`] too.
+///
 /// # Cancel safety
 /// Cancel safe as far as the data goes, as [`check_and_advance`].
 ///

@@ -294,6 +294,9 @@ impl PgGuard {
     /// `FirstTime`. Under `REPEATABLE READ`/`SERIALIZABLE` a concurrent recording surfaces
     /// as [`StoreErrorKind::Busy`].
     ///
+    /// A job id follows the rules of a resource name (1 to 512 bytes, no NUL; it is stored in
+    /// a column of the same kind), so it is a [`ResourceName`] too.
+    ///
     /// # Cancel safety
     /// As [`check_and_advance`](Self::check_and_advance): roll the transaction back.
     ///

@@ -166,6 +166,9 @@ pub async fn current(
 /// before, skip the work. The record commits or rolls back with your transaction, which
 /// it takes (so it cannot be called outside one).
 ///
+/// A job id follows the rules of a resource name (1 to 512 bytes, no NUL; it is stored in
+/// a column of the same kind), so it is a [`ResourceName`] too.
+///
 /// # Cancel safety
 /// Cancel safe as far as the data goes, as [`check_and_advance`].
 ///
