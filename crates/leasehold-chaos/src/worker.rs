@@ -143,7 +143,11 @@ async fn protected_write(
         return WriteOutcome::Failed(e.to_string());
     }
     if !spec.unfenced {
-        match leasehold::postgres::guard::check_and_advance(&mut tx, &spec.key, fence).await {
+        let resource = match leasehold::ResourceName::new(&spec.key) {
+            Ok(r) => r,
+            Err(e) => return WriteOutcome::Failed(e.to_string()),
+        };
+        match leasehold::postgres::guard::check_and_advance(&mut tx, &resource, fence).await {
             Ok(GuardDecision::Accepted { .. }) => {}
             Ok(GuardDecision::Rejected { current }) => {
                 return WriteOutcome::Rejected(current.get());

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use leasehold::sqlite::{SqliteConfig, SqliteStore, guard};
-use leasehold::{Fence, GuardDecision, LeaseClient, LeaseConfig};
+use leasehold::{Fence, GuardDecision, LeaseClient, LeaseConfig, ResourceName};
 use sqlx::SqlitePool;
 
 use crate::failure::Failure;
@@ -98,7 +98,8 @@ async fn issue(
 ) -> Result<GuardDecision, String> {
     let mut tx = pool.begin().await.map_err(|e| e.to_string())?;
     let decision = if fenced {
-        guard::check_and_advance(&mut tx, RESOURCE, fence)
+        let resource = ResourceName::new(RESOURCE).map_err(|e| e.to_string())?;
+        guard::check_and_advance(&mut tx, &resource, fence)
             .await
             .map_err(|e| e.to_string())?
     } else {

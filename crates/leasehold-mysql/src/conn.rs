@@ -4,13 +4,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_sql::{ErrorModel, Failure, Phase, bounded, with_conn};
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-use sqlx::pool::PoolConnection;
-use sqlx::{ConnectOptions, Connection, Executor, MySql, MySqlConnection};
+use sqlx::{ConnectOptions, Connection, Executor, MySqlConnection};
 
 use crate::config::MySqlConfig;
-use crate::error::{Failure, Phase, error_number};
+use crate::error::{breaks_connection, error_number, map_sqlx};
 
 /// Pooled connections idle for longer than this are pinged before use.
 const IDLE_PING_AFTER: Duration = Duration::from_secs(2);
@@ -23,19 +23,13 @@ pub(crate) struct Db {
     options: MySqlConnectOptions,
 }
 
-/// A pooled connection that is closed instead of returned to the pool unless the
-/// operation using it ran to its end without breaking it.
-pub(crate) struct Checkout {
-    pub(crate) conn: PoolConnection<MySql>,
-    pub(crate) keep: bool,
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        if !self.keep {
-            self.conn.close_on_drop();
-        }
-    }
+/// The table a store keeps its rows in, created by [`Db::migrate`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreTable {
+    /// Its name.
+    pub(crate) name: &'static str,
+    /// Its `CREATE TABLE IF NOT EXISTS` statement.
+    pub(crate) schema: &'static str,
 }
 
 /// Per-session settings: READ COMMITTED (no gap locks in the stores' own transactions) and
@@ -90,7 +84,7 @@ impl Db {
     }
 
     pub(crate) fn error(&self, f: Failure, op: &str, phase: Phase) -> StoreError {
-        f.into_store(self.backend, op, phase, self.secret())
+        f.into_store(self, op, phase)
     }
 
     /// Bounds `fut` by the operation timeout.
@@ -99,19 +93,35 @@ impl Db {
         op: &str,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let bound = self.config.get_timeout();
-        tokio::time::timeout(bound, fut)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout(self.backend, op, bound)))
+        bounded(self.backend, op, self.config.get_timeout(), fut).await
     }
 
-    pub(crate) async fn checkout(&self, op: &str) -> Result<Checkout, StoreError> {
-        let conn = self
-            .pool
-            .acquire()
+    /// Runs `body` on a pooled connection, bounded by the operation timeout; the connection
+    /// is closed rather than pooled if the body is cancelled, times out or breaks it.
+    pub(crate) async fn run<T>(
+        &self,
+        op: &str,
+        body: impl AsyncFnOnce(&mut MySqlConnection) -> Result<T, Failure>,
+    ) -> Result<T, StoreError> {
+        self.bounded(op, with_conn(&self.pool, self, op, body))
             .await
-            .map_err(|e| self.error(e.into(), op, Phase::Connect))?;
-        Ok(Checkout { conn, keep: false })
+    }
+
+    /// Gets a store ready when it connects: with `migrate` on (the default) creates its
+    /// table if missing, otherwise checks that the table is there.
+    pub(crate) async fn prepare(&self, table: StoreTable) -> Result<(), StoreError> {
+        if self.config.get_migrate() {
+            self.migrate(table).await?;
+        } else {
+            let probe = AssertSqlSafe(format!("SELECT 1 FROM {} LIMIT 0", table.name));
+            self.run("connect", async |conn| {
+                conn.execute(probe).await?;
+                Ok(())
+            })
+            .await?;
+        }
+        tracing::debug!(config = %self.config, backend = self.backend, "mysql store connected");
+        Ok(())
     }
 
     /// A connection outside the pool (the GET_LOCK store's lock sessions), bounded by the
@@ -134,48 +144,28 @@ impl Db {
         }
     }
 
-    /// Creates the tables of `schema` unless `probe` (a table name) exists. A user without
-    /// the CREATE privilege works as long as the tables were created for it.
-    pub(crate) async fn ensure_tables(
-        &self,
-        probe: &'static str,
-        schema: &'static str,
-    ) -> Result<(), StoreError> {
-        let mut c = self.checkout("migrate").await?;
-        let probe_sql = AssertSqlSafe(format!("SELECT 1 FROM {probe} LIMIT 0"));
-        let result = match c.conn.execute(probe_sql).await {
+    /// Creates `table` unless it exists (no DDL is sent when it does). A user without the
+    /// CREATE privilege works as long as the table was created for it.
+    pub(crate) async fn migrate(&self, table: StoreTable) -> Result<(), StoreError> {
+        let probe = AssertSqlSafe(format!("SELECT 1 FROM {} LIMIT 0", table.name));
+        self.run("migrate", async |conn| match conn.execute(probe).await {
             Ok(_) => Ok(()),
-            Err(e) if error_number(&e) == Some(1146) => sqlx::raw_sql(schema)
-                .execute(&mut *c.conn)
-                .await
-                .map(|_| ()),
-            Err(e) => Err(e),
-        };
-        c.keep = result.is_ok();
-        result.map_err(|e| self.error(e.into(), "migrate", Phase::Statement))
+            Err(e) if error_number(&e) == Some(1146) => {
+                sqlx::raw_sql(table.schema).execute(conn).await?;
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        })
+        .await
     }
 }
 
-/// Runs `$body` (which yields `Result<T, Failure>`) with `$conn: &mut MySqlConnection`
-/// from the pool, bounded by the operation timeout; the connection is closed rather than
-/// pooled if the body is cancelled, times out or breaks it.
-macro_rules! with_conn {
-    ($db:expr, $op:expr, |$conn:ident| $body:expr) => {{
-        let db: &$crate::conn::Db = &$db;
-        let op: &str = $op;
-        db.bounded(op, async {
-            let mut checkout = db.checkout(op).await?;
-            let result: Result<_, $crate::error::Failure> = {
-                let $conn: &mut ::sqlx::MySqlConnection = &mut checkout.conn;
-                $body.await
-            };
-            checkout.keep = match &result {
-                Ok(_) => true,
-                Err(f) => !f.poisons_connection(),
-            };
-            result.map_err(|f| db.error(f, op, $crate::error::Phase::Statement))
-        })
-        .await
-    }};
+impl ErrorModel for Db {
+    fn breaks_connection(&self, err: &sqlx::Error) -> bool {
+        breaks_connection(err)
+    }
+
+    fn store_error(&self, err: sqlx::Error, op: &str, phase: Phase) -> StoreError {
+        map_sqlx(err, self.backend, op, phase, self.secret())
+    }
 }
-pub(crate) use with_conn;

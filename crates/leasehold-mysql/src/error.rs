@@ -3,58 +3,15 @@
 use leasehold_core::{StoreError, StoreErrorKind};
 use sqlx::mysql::MySqlDatabaseError;
 
-/// An error inside an operation: from the server or the driver, or decided by the store.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    Sql(sqlx::Error),
-    Store(StoreError),
-}
+pub(crate) use leasehold_sql::Phase;
 
-impl From<sqlx::Error> for Failure {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Sql(e)
-    }
-}
-
-impl From<StoreError> for Failure {
-    fn from(e: StoreError) -> Self {
-        Self::Store(e)
-    }
-}
-
-/// Whether the request had been sent when the error happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
-    /// Getting a connection: nothing was sent.
-    Connect,
-    /// A statement was (or may have been) sent.
-    Statement,
-}
-
-impl Failure {
-    /// Whether the connection must not be used again.
-    pub(crate) fn poisons_connection(&self) -> bool {
-        match self {
-            Self::Store(e) => e.kind().is_ambiguous(),
-            Self::Sql(e @ sqlx::Error::Database(_)) => {
-                // Errors that end the session: the connection is dead.
-                matches!(error_number(e), Some(1053 | 1927 | 2006 | 2013))
-            }
-            Self::Sql(e) => !matches!(e, sqlx::Error::RowNotFound),
-        }
-    }
-
-    pub(crate) fn into_store(
-        self,
-        backend: &'static str,
-        op: &str,
-        phase: Phase,
-        secret: Option<&str>,
-    ) -> StoreError {
-        match self {
-            Self::Store(e) => e,
-            Self::Sql(e) => map_sqlx(e, backend, op, phase, secret),
-        }
+/// Whether a driver error leaves the connection unusable: a server error that ends the
+/// session, or any driver error but "no row" (I/O, protocol, decoding: the connection may
+/// be out of step).
+pub(crate) fn breaks_connection(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(_) => matches!(error_number(e), Some(1053 | 1927 | 2006 | 2013)),
+        _ => !matches!(e, sqlx::Error::RowNotFound),
     }
 }
 

@@ -11,19 +11,26 @@ use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
+use leasehold_sql::Failure;
 use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::config::MySqlConfig;
-use crate::conn::{Db, with_conn};
-use crate::error::{Failure, Phase};
+use crate::conn::{Db, StoreTable};
+use crate::error::Phase;
 use crate::lease_store::like_prefix;
 use crate::schema::{LOCKS_SCHEMA, now_us};
 
 /// The backend name of [`MySqlGetLockStore`].
 pub const BACKEND_GETLOCK: &str = "mysql-getlock";
+
+/// The fence and holder table.
+const TABLE: StoreTable = StoreTable {
+    name: "leasehold_locks",
+    schema: LOCKS_SCHEMA,
+};
 
 /// The prefix of a lock name that is the key itself.
 pub const LOCK_NAME_PREFIX: &str = "leasehold:";
@@ -346,7 +353,7 @@ impl Keeper {
             Ok(Ok(v)) => Answer::Done(v),
             Ok(Err(e)) => {
                 let f = Failure::from(e);
-                let usable = !f.poisons_connection();
+                let usable = !f.breaks_connection(&*self.db);
                 let e = self.db.error(f, op, Phase::Statement);
                 if usable {
                     Answer::Refused(e)
@@ -389,17 +396,7 @@ impl MySqlGetLockStore {
     /// table; [`StoreErrorKind::Unavailable`] when the server cannot be reached.
     pub async fn connect(config: MySqlConfig) -> Result<Self, StoreError> {
         let store = Self::new(config)?;
-        if store.db.config.get_migrate() {
-            store.migrate().await?;
-        } else {
-            with_conn!(store.db, "connect", |conn| async move {
-                sqlx::query("SELECT 1 FROM leasehold_locks LIMIT 0")
-                    .execute(conn)
-                    .await?;
-                Ok(())
-            })?;
-        }
-        tracing::debug!(config = %store.db.config, "mysql GET_LOCK store connected");
+        store.db.prepare(TABLE).await?;
         Ok(store)
     }
 
@@ -422,12 +419,7 @@ impl MySqlGetLockStore {
     /// # Errors
     /// [`StoreErrorKind::Config`] without the privilege to create it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db
-            .bounded(
-                "migrate",
-                self.db.ensure_tables("leasehold_locks", LOCKS_SCHEMA),
-            )
-            .await
+        self.db.migrate(TABLE).await
     }
 
     /// The configuration (its `Display` hides the password).
@@ -478,14 +470,17 @@ impl MySqlGetLockStore {
         sent: Instant,
     ) -> Result<AcquireOutcome, StoreError> {
         // Cheap check first, so contenders do not open a session each time.
-        let used: Option<u64> = with_conn!(self.db, "acquire", |conn| async move {
-            Ok(
-                sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                    .bind(name)
-                    .fetch_one(conn)
-                    .await?,
-            )
-        })?;
+        let used: Option<u64> = self
+            .db
+            .run("acquire", async move |conn| {
+                Ok(
+                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+                        .bind(name)
+                        .fetch_one(conn)
+                        .await?,
+                )
+            })
+            .await?;
         if used.is_some() {
             return Ok(AcquireOutcome::Held { remaining: None });
         }
@@ -620,8 +615,9 @@ impl Store for MySqlGetLockStore {
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         type Row = (Option<u64>, Option<String>, Option<u64>, Option<u64>);
         let name = lock_name(key);
-        let (used, owner, fence, holder): Row =
-            with_conn!(self.db, "inspect", |conn| async move {
+        let (used, owner, fence, holder): Row = self
+            .db
+            .run("inspect", async move |conn| {
                 Ok(sqlx::query_as(
                     "SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED), l.owner, l.fence, l.connection_id \
                      FROM (SELECT 1 AS one) d LEFT JOIN leasehold_locks l ON l.lock_name = ?",
@@ -630,7 +626,8 @@ impl Store for MySqlGetLockStore {
                 .bind(&name)
                 .fetch_one(conn)
                 .await?)
-            })?;
+            })
+            .await?;
         let Some(used) = used else { return Ok(None) };
         match (owner, fence, holder) {
             (Some(owner), Some(fence), Some(holder)) if holder == used => Ok(Some(LeaseInfo {
@@ -650,7 +647,7 @@ impl Store for MySqlGetLockStore {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         type Row = (Vec<u8>, Option<String>, u64, Option<u64>, Option<u64>);
         let pattern = like_prefix(prefix);
-        let rows: Vec<Row> = with_conn!(self.db, "list", |conn| async move {
+        let rows: Vec<Row> = self.db.run("list", async move |conn| {
             Ok(sqlx::query_as(
                 "SELECT lease_key, owner, fence, connection_id, CAST(IS_USED_LOCK(lock_name) AS UNSIGNED) \
                  FROM leasehold_locks WHERE lease_key LIKE ? ESCAPE '!' ORDER BY lease_key",
@@ -658,7 +655,7 @@ impl Store for MySqlGetLockStore {
             .bind(pattern)
             .fetch_all(conn)
             .await?)
-        })?;
+        }).await?;
         let mut out = Vec::new();
         for (name, owner, fence, holder, used) in rows {
             let (Some(owner), Some(holder), Some(used)) = (owner, holder, used) else {
@@ -690,35 +687,39 @@ impl Store for MySqlGetLockStore {
             tracing::warn!(key = %key, error = %e, "releasing the lock to break it failed; its session is closed");
         }
         let name = lock_name(key);
-        let (fence, killed) = with_conn!(self.db, "break", |conn| async move {
-            let mut tx = conn.begin().await?;
-            // Lock the row: a new holder cannot record itself until the break commits.
-            sqlx::query("SELECT fence FROM leasehold_locks WHERE lock_name = ? FOR UPDATE")
-                .bind(&name)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let used: Option<u64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                .bind(&name)
-                .fetch_one(&mut *tx)
-                .await?;
-            if let Some(id) = used {
-                sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+        let (fence, killed) = self
+            .db
+            .run("break", async move |conn| {
+                let mut tx = conn.begin().await?;
+                // Lock the row: a new holder cannot record itself until the break commits.
+                sqlx::query("SELECT fence FROM leasehold_locks WHERE lock_name = ? FOR UPDATE")
+                    .bind(&name)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let used: Option<u64> =
+                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+                        .bind(&name)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                if let Some(id) = used {
+                    sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                sqlx::query(BREAK)
+                    .bind(&name)
+                    .bind(key.as_str())
                     .execute(&mut *tx)
                     .await?;
-            }
-            sqlx::query(BREAK)
-                .bind(&name)
-                .bind(key.as_str())
-                .execute(&mut *tx)
-                .await?;
-            let fence: u64 =
-                sqlx::query_scalar("SELECT fence FROM leasehold_locks WHERE lock_name = ?")
-                    .bind(&name)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            tx.commit().await?;
-            Ok::<_, Failure>((fence, used))
-        })?;
+                let fence: u64 =
+                    sqlx::query_scalar("SELECT fence FROM leasehold_locks WHERE lock_name = ?")
+                        .bind(&name)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                tx.commit().await?;
+                Ok::<_, Failure>((fence, used))
+            })
+            .await?;
         if let Some(id) = killed {
             // KILL is asynchronous: wait (within the operation bound) until the killed
             // session has let the lock go.
@@ -726,14 +727,17 @@ impl Store for MySqlGetLockStore {
             self.db
                 .bounded("break", async {
                     loop {
-                        let used: Option<u64> = with_conn!(self.db, "break", |conn| async {
-                            Ok(
-                                sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                                    .bind(&name)
-                                    .fetch_one(conn)
-                                    .await?,
-                            )
-                        })?;
+                        let used: Option<u64> = self
+                            .db
+                            .run("break", async |conn| {
+                                Ok(
+                                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+                                        .bind(&name)
+                                        .fetch_one(conn)
+                                        .await?,
+                                )
+                            })
+                            .await?;
                         if used != Some(id) {
                             return Ok(());
                         }

@@ -4,20 +4,39 @@
 //! writing the data and advancing the guard commit or roll back together:
 //!
 //! ```no_run
-//! # use leasehold_core::{Fence, Idempotency};
+//! # use leasehold_core::{Fence, Idempotency, ResourceName};
 //! # use sqlx::Connection;
 //! # async fn write(conn: &mut sqlx::MySqlConnection, fence: Fence) -> Result<(), Box<dyn std::error::Error>> {
+//! // Names are validated once (1..=512 bytes, no NUL); a lease's key converts as it is.
+//! let invoices = ResourceName::new("invoices")?;
+//! let job = ResourceName::new("invoice-2024-06")?;
 //! let mut tx = conn.begin().await?;
-//! match leasehold_mysql::guard::record_once(&mut tx, "invoice-2024-06").await? {
+//! match leasehold_mysql::guard::record_once(&mut tx, &job).await? {
 //!     Idempotency::AlreadyDone => return Ok(()), // committed before: skip the work
 //!     Idempotency::FirstTime => {}
 //! }
-//! leasehold_mysql::guard::check_and_advance(&mut tx, "invoices", fence)
+//! leasehold_mysql::guard::check_and_advance(&mut tx, &invoices, fence)
 //!     .await?
-//!     .into_result(&"invoices".parse()?, fence)?; // Err(FenceRejected): ownership lost, stop
+//!     .into_result(&invoices, fence)?; // Err(FenceRejected): ownership lost, stop
 //! sqlx::query("INSERT INTO invoices (month) VALUES ('2024-06')").execute(&mut *tx).await?;
 //! tx.commit().await?;
 //! # Ok(()) }
+//! ```
+//!
+//! [`check_and_advance`] and [`record_once`] take the transaction itself: on a bare
+//! connection (autocommit) the check would commit on its own and protect nothing written
+//! after it, so such a call does not compile:
+//!
+//! ```compile_fail,E0308
+//! # async fn write(conn: &mut sqlx::MySqlConnection, invoices: &leasehold_core::ResourceName, fence: leasehold_core::Fence) {
+//! let _ = leasehold_mysql::guard::check_and_advance(conn, invoices, fence).await;
+//! # }
+//! ```
+//!
+//! ```compile_fail,E0308
+//! # async fn write(conn: &mut sqlx::MySqlConnection, job: &leasehold_core::ResourceName) {
+//! let _ = leasehold_mysql::guard::record_once(conn, job).await;
+//! # }
 //! ```
 //!
 //! The check reads the guard row with `SELECT … FOR UPDATE`, which locks it until your
@@ -31,8 +50,9 @@
 //! Create the tables with [`migrate`] (or by hand from
 //! [`GUARD_SCHEMA`]).
 
-use leasehold_core::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
-use sqlx::{Connection, MySqlConnection, MySqlPool};
+use leasehold_core::{Fence, GuardDecision, Idempotency, ResourceName, StoreError, StoreErrorKind};
+use leasehold_sql::guard::{idempotency, rejected};
+use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
 
 use crate::error::{Phase, is_duplicate, map_sqlx};
 use crate::schema::GUARD_SCHEMA;
@@ -40,46 +60,8 @@ use crate::schema::GUARD_SCHEMA;
 /// The backend name in the guard's errors.
 const BACKEND: &str = crate::BACKEND_TABLE;
 
-/// The longest resource name or job id accepted, in bytes.
-pub const MAX_NAME_LEN: usize = 512;
-
-fn invalid(msg: impl Into<String>) -> StoreError {
-    StoreError::new(StoreErrorKind::InvalidInput, BACKEND, msg)
-}
-
 fn sql_error(e: sqlx::Error, op: &str) -> StoreError {
     map_sqlx(e, BACKEND, op, Phase::Statement, None)
-}
-
-fn check_name(what: &str, name: &str) -> Result<(), StoreError> {
-    if name.is_empty() {
-        return Err(invalid(format!("the {what} is empty")));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(invalid(format!(
-            "the {what} is {} bytes long; the maximum is {MAX_NAME_LEN}",
-            name.len()
-        )));
-    }
-    Ok(())
-}
-
-fn check_in_transaction(conn: &MySqlConnection, what: &str) -> Result<(), StoreError> {
-    if conn.is_in_transaction() {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "{what} must run inside a transaction begun with sqlx (`begin()`), together with \
-             the write it protects"
-        )))
-    }
-}
-
-fn resource_type(resource: &str) -> &str {
-    match resource.split_once(':') {
-        Some((prefix, _)) if !prefix.is_empty() => prefix,
-        _ => "none",
-    }
 }
 
 /// Creates the guard table `leasehold_guard` and the idempotency table
@@ -100,10 +82,10 @@ pub async fn migrate(pool: &MySqlPool) -> Result<(), StoreError> {
 
 async fn locked_fence(
     conn: &mut MySqlConnection,
-    resource: &str,
+    resource: &ResourceName,
 ) -> Result<Option<u64>, StoreError> {
     sqlx::query_scalar("SELECT fence FROM leasehold_guard WHERE resource = ? FOR UPDATE")
-        .bind(resource)
+        .bind(resource.as_str())
         .fetch_optional(conn)
         .await
         .map_err(|e| sql_error(e, "guard check"))
@@ -116,33 +98,31 @@ async fn locked_fence(
 /// `leasehold_fence_rejected_total`. Equal fences (several writes by one holder) are
 /// accepted.
 ///
-/// The guard row stays locked until your transaction ends. Call it inside the transaction
-/// of the protected write (see the module docs); the decision holds only if that
-/// transaction commits.
+/// The guard row stays locked until your transaction ends. It takes the transaction of
+/// the protected write (see the module docs), so it cannot be called outside one; the
+/// decision holds only if that transaction commits.
 ///
 /// # Cancel safety
 /// Cancel safe as far as the data goes: a dropped call leaves the transaction open with or
 /// without the guard row advanced; roll it back (dropping an sqlx transaction does).
 ///
 /// # Errors
-/// [`StoreErrorKind::InvalidInput`] for an empty or oversized (> 512 bytes) resource name
-/// or a connection not inside a transaction; [`StoreErrorKind::Busy`] for a deadlock or a
-/// lock wait timeout (roll back, retry the whole transaction); [`StoreErrorKind::Config`]
-/// when the table is missing or not accessible.
+/// [`StoreErrorKind::Busy`] for a deadlock or a lock wait timeout (roll back, retry the
+/// whole transaction); [`StoreErrorKind::Config`] when the table is missing or not
+/// accessible.
 pub async fn check_and_advance(
-    conn: &mut MySqlConnection,
-    resource: &str,
+    tx: &mut Transaction<'_, MySql>,
+    resource: &ResourceName,
     fence: Fence,
 ) -> Result<GuardDecision, StoreError> {
-    check_name("resource name", resource)?;
-    check_in_transaction(conn, "the fence guard")?;
+    let conn: &mut MySqlConnection = tx;
     let f = fence.get();
     let mut current = locked_fence(conn, resource).await?;
     if current.is_none() {
         // First write to this resource: create its row. A concurrent first writer may win
         // the insert; its row is then there to lock.
         match sqlx::query("INSERT INTO leasehold_guard (resource, fence) VALUES (?, ?)")
-            .bind(resource)
+            .bind(resource.as_str())
             .bind(f)
             .execute(&mut *conn)
             .await
@@ -154,48 +134,44 @@ pub async fn check_and_advance(
             Err(e) => return Err(sql_error(e, "guard advance")),
         }
     }
-    let Some(current) = current else {
+    let Some(current) = current.map(Fence) else {
         return Err(StoreError::new(
             StoreErrorKind::Busy,
             BACKEND,
             "the guard row was created and removed concurrently; retry the transaction",
         ));
     };
-    if f < current {
-        leasehold_core::metrics::fence_rejected(resource_type(resource));
-        tracing::warn!(resource, %fence, current, "stale fence rejected by the mysql guard");
-        return Ok(GuardDecision::Rejected {
-            current: Fence(current),
-        });
+    if fence < current {
+        return Ok(rejected(BACKEND, resource, fence, current));
     }
     sqlx::query(
         "UPDATE leasehold_guard SET fence = ?, accepted_at = CURRENT_TIMESTAMP(6) WHERE resource = ?",
     )
     .bind(f)
-    .bind(resource)
-    .execute(&mut *conn)
+    .bind(resource.as_str())
+    .execute(conn)
     .await
     .map_err(|e| sql_error(e, "guard advance"))?;
     Ok(GuardDecision::Accepted {
-        previous: Some(Fence(current)),
+        previous: Some(current),
     })
 }
 
-/// The highest fence accepted for `resource`, if any (a plain, non-locking read).
+/// The highest fence accepted for `resource`, if any: a plain, non-locking read on any
+/// connection — a pooled one, a plain one, or a transaction (`&mut tx` derefs to its
+/// connection). It writes nothing, so it needs no transaction.
 ///
 /// # Cancel safety
 /// Cancel safe: it only reads.
 ///
 /// # Errors
-/// [`StoreErrorKind::InvalidInput`] for a bad resource name; database errors as in
-/// [`check_and_advance`].
+/// Database errors as in [`check_and_advance`].
 pub async fn current(
     conn: &mut MySqlConnection,
-    resource: &str,
+    resource: &ResourceName,
 ) -> Result<Option<Fence>, StoreError> {
-    check_name("resource name", resource)?;
     let f: Option<u64> = sqlx::query_scalar("SELECT fence FROM leasehold_guard WHERE resource = ?")
-        .bind(resource)
+        .bind(resource.as_str())
         .fetch_optional(conn)
         .await
         .map_err(|e| sql_error(e, "guard read"))?;
@@ -204,29 +180,30 @@ pub async fn current(
 
 /// Records `job_id` in the idempotency table: [`Idempotency::FirstTime`] — do the work in
 /// this transaction; [`Idempotency::AlreadyDone`] — a committed transaction recorded it
-/// before, skip the work. The record commits or rolls back with your transaction; a
-/// concurrent transaction recording the same id waits for yours to end.
+/// before, skip the work. The record commits or rolls back with your transaction, which it
+/// takes (so it cannot be called outside one); a concurrent transaction recording the
+/// same id waits for yours to end.
+///
+/// A job id follows the rules of a resource name (1 to 512 bytes, no NUL; it is stored in
+/// a column of the same kind), so it is a [`ResourceName`] too.
 ///
 /// # Cancel safety
 /// Cancel safe as far as the data goes, as [`check_and_advance`].
 ///
 /// # Errors
-/// [`StoreErrorKind::InvalidInput`] for an empty or oversized (> 512 bytes) job id or a
-/// connection not inside a transaction; [`StoreErrorKind::Busy`] for a lock wait timeout
-/// behind another transaction recording the same id.
+/// [`StoreErrorKind::Busy`] for a lock wait timeout behind another transaction recording
+/// the same id.
 pub async fn record_once(
-    conn: &mut MySqlConnection,
-    job_id: &str,
+    tx: &mut Transaction<'_, MySql>,
+    job_id: &ResourceName,
 ) -> Result<Idempotency, StoreError> {
-    check_name("job id", job_id)?;
-    check_in_transaction(conn, "the idempotency record")?;
     match sqlx::query("INSERT INTO leasehold_idempotency (job_id) VALUES (?)")
-        .bind(job_id)
-        .execute(conn)
+        .bind(job_id.as_str())
+        .execute(&mut **tx)
         .await
     {
-        Ok(_) => Ok(Idempotency::FirstTime),
-        Err(e) if is_duplicate(&e) => Ok(Idempotency::AlreadyDone),
+        Ok(_) => Ok(idempotency(true)),
+        Err(e) if is_duplicate(&e) => Ok(idempotency(false)),
         Err(e) => Err(sql_error(e, "idempotency record")),
     }
 }

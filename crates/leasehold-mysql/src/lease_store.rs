@@ -8,15 +8,24 @@ use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
-use sqlx::{Connection, MySqlConnection, MySqlPool};
+use leasehold_sql::Failure;
+use sqlx::mysql::MySqlArguments;
+use sqlx::query::Query;
+use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
 
 use crate::config::MySqlConfig;
-use crate::conn::{Db, with_conn};
-use crate::error::{Failure, is_deadlock};
+use crate::conn::{Db, StoreTable};
+use crate::error::is_deadlock;
 use crate::schema::{LEASES_SCHEMA, now_us};
 
 /// The backend name of [`MySqlLeaseStore`].
 pub const BACKEND_TABLE: &str = "mysql";
+
+/// The lease table.
+const TABLE: StoreTable = StoreTable {
+    name: "leasehold_leases",
+    schema: LEASES_SCHEMA,
+};
 
 /// How many times a statement that lost a deadlock (and was rolled back whole) is retried.
 const DEADLOCK_RETRIES: u32 = 5;
@@ -233,17 +242,7 @@ impl MySqlLeaseStore {
     /// table; [`StoreErrorKind::Unavailable`] when the server cannot be reached.
     pub async fn connect(config: MySqlConfig) -> Result<Self, StoreError> {
         let store = Self::new(config)?;
-        if store.db.config.get_migrate() {
-            store.migrate().await?;
-        } else {
-            with_conn!(store.db, "connect", |conn| async move {
-                sqlx::query("SELECT 1 FROM leasehold_leases LIMIT 0")
-                    .execute(conn)
-                    .await?;
-                Ok(())
-            })?;
-        }
-        tracing::debug!(config = %store.db.config, "mysql lease store connected");
+        store.db.prepare(TABLE).await?;
         Ok(store)
     }
 
@@ -267,12 +266,7 @@ impl MySqlLeaseStore {
     /// # Errors
     /// [`StoreErrorKind::Config`] without the privilege to create it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db
-            .bounded(
-                "migrate",
-                self.db.ensure_tables("leasehold_leases", LEASES_SCHEMA),
-            )
-            .await
+        self.db.migrate(TABLE).await
     }
 
     /// The configuration (its `Display` hides the password).
@@ -283,6 +277,20 @@ impl MySqlLeaseStore {
     /// The connection pool (e.g. to run the [`guard`](crate::guard) on the same database).
     pub fn pool(&self) -> &MySqlPool {
         &self.db.pool
+    }
+
+    /// Runs a renew or release statement (a conditional `UPDATE` of the caller's live
+    /// lease); whether it matched the row.
+    async fn update_own(
+        &self,
+        op: &str,
+        query: Query<'_, MySql, MySqlArguments>,
+    ) -> Result<bool, StoreError> {
+        self.db
+            .run(op, async move |conn| {
+                Ok(query.execute(conn).await?.rows_affected() == 1)
+            })
+            .await
     }
 
     /// Closes every pooled connection.
@@ -316,9 +324,12 @@ impl Store for MySqlLeaseStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         let ttl_us = ttl_us(ttl)?;
-        let (row_owner, fence, expires, now) = with_conn!(self.db, "acquire", |conn| {
-            acquire_stmt(conn, key.as_str(), owner, ttl_us)
-        })?;
+        let (row_owner, fence, expires, now) = self
+            .db
+            .run("acquire", async |conn| {
+                acquire_stmt(conn, key.as_str(), owner, ttl_us).await
+            })
+            .await?;
         let token = row_owner
             .as_deref()
             .map(|o| {
@@ -349,16 +360,12 @@ impl Store for MySqlLeaseStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         let ttl_us = ttl_us(ttl)?;
-        let matched = with_conn!(self.db, "renew", |conn| async move {
-            Ok(sqlx::query(RENEW)
-                .bind(ttl_us)
-                .bind(key.as_str())
-                .bind(owner.to_hex())
-                .execute(conn)
-                .await?
-                .rows_affected())
-        })?;
-        Ok(if matched == 1 {
+        let query = sqlx::query(RENEW)
+            .bind(ttl_us)
+            .bind(key.as_str())
+            .bind(owner.to_hex());
+        let matched = self.update_own("renew", query).await?;
+        Ok(if matched {
             RenewOutcome::Renewed { ttl }
         } else {
             RenewOutcome::NotOwner
@@ -366,15 +373,9 @@ impl Store for MySqlLeaseStore {
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        let matched = with_conn!(self.db, "release", |conn| async move {
-            Ok(sqlx::query(RELEASE)
-                .bind(key.as_str())
-                .bind(owner.to_hex())
-                .execute(conn)
-                .await?
-                .rows_affected())
-        })?;
-        Ok(if matched == 1 {
+        let query = sqlx::query(RELEASE).bind(key.as_str()).bind(owner.to_hex());
+        let matched = self.update_own("release", query).await?;
+        Ok(if matched {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotOwner
@@ -382,12 +383,15 @@ impl Store for MySqlLeaseStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        let row: Option<Row> = with_conn!(self.db, "inspect", |conn| async move {
-            Ok(sqlx::query_as(READ)
-                .bind(key.as_str())
-                .fetch_optional(conn)
-                .await?)
-        })?;
+        let row: Option<Row> = self
+            .db
+            .run("inspect", async move |conn| {
+                Ok(sqlx::query_as(READ)
+                    .bind(key.as_str())
+                    .fetch_optional(conn)
+                    .await?)
+            })
+            .await?;
         let Some((owner, fence, expires, now)) = row else {
             return Ok(None);
         };
@@ -404,9 +408,12 @@ impl Store for MySqlLeaseStore {
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         type ListRow = (Vec<u8>, Option<String>, u64, Option<i64>, i64);
         let pattern = like_prefix(prefix);
-        let rows: Vec<ListRow> = with_conn!(self.db, "list", |conn| async move {
-            Ok(sqlx::query_as(LIST).bind(pattern).fetch_all(conn).await?)
-        })?;
+        let rows: Vec<ListRow> = self
+            .db
+            .run("list", async move |conn| {
+                Ok(sqlx::query_as(LIST).bind(pattern).fetch_all(conn).await?)
+            })
+            .await?;
         let mut out = Vec::with_capacity(rows.len());
         for (name, owner, fence, expires, now) in rows {
             let name = String::from_utf8(name).map_err(|_| corrupt("?", "the key is not UTF-8"))?;
@@ -427,7 +434,10 @@ impl Store for MySqlLeaseStore {
     }
 
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
-        let fence = with_conn!(self.db, "break", |conn| break_tx(conn, key.as_str()))?;
+        let fence = self
+            .db
+            .run("break", async |conn| break_tx(conn, key.as_str()).await)
+            .await?;
         tracing::info!(key = %key, fence, "mysql lease broken");
         Ok(Fence(fence))
     }

@@ -6,12 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use leasehold_core::{Fence, GuardDecision, Idempotency, StoreErrorKind};
+use leasehold_core::{Fence, GuardDecision, Idempotency, ResourceName, StoreErrorKind};
 use leasehold_mysql::guard;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlPool};
+
+fn name(s: &str) -> ResourceName {
+    ResourceName::new(s).unwrap()
+}
 
 async fn pool(db: &common::Server) -> MySqlPool {
     MySqlPoolOptions::new()
@@ -74,7 +78,7 @@ async fn writer(
             continue;
         }
         tokio::time::sleep(pause()).await;
-        match guard::check_and_advance(&mut tx, &resource, Fence(fence)).await {
+        match guard::check_and_advance(&mut tx, &name(&resource), Fence(fence)).await {
             Err(e) => {
                 assert_eq!(e.kind(), StoreErrorKind::Busy, "{e}");
                 assert!(e.is_retryable());
@@ -176,7 +180,7 @@ async fn guard_races_accepted_fences_never_decrease_in_commit_order() {
         assert_eq!(in_commit_order.last(), Some(&12));
         let mut conn = pool.acquire().await.unwrap();
         assert_eq!(
-            guard::current(&mut conn, &resource).await.unwrap(),
+            guard::current(&mut conn, &name(&resource)).await.unwrap(),
             Some(Fence(12))
         );
     }
@@ -194,7 +198,7 @@ async fn guard_semantics_lock_wait_and_idempotency() {
 
     // Tables missing: a configuration error.
     let mut tx = c1.begin().await.unwrap();
-    let e = guard::check_and_advance(&mut tx, "r", Fence(1))
+    let e = guard::check_and_advance(&mut tx, &name("r"), Fence(1))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
@@ -202,31 +206,23 @@ async fn guard_semantics_lock_wait_and_idempotency() {
     guard::migrate(&pool).await.unwrap();
     guard::migrate(&pool).await.expect("idempotent");
 
-    // Misuse.
-    let e = guard::check_and_advance(&mut c1, "r", Fence(1))
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
-    let e = guard::record_once(&mut c1, "job").await.unwrap_err();
-    assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
-    let mut tx = c1.begin().await.unwrap();
-    for bad in [String::new(), "x".repeat(513)] {
-        let e = guard::check_and_advance(&mut tx, &bad, Fence(1))
-            .await
-            .unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
-        let e = guard::record_once(&mut tx, &bad).await.unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
+    // Misuse. Outside a transaction: does not compile (the compile_fail examples of
+    // `guard`). Bad names never reach the guard: making the name refuses them (NUL
+    // included, which MySQL's VARBINARY would have stored), as an error of the caller's
+    // configuration.
+    for bad in [String::new(), "x".repeat(513), "a\0b".into()] {
+        assert!(ResourceName::new(&bad).is_err(), "{bad:?}");
     }
+    let mut tx = c1.begin().await.unwrap();
     // Equal accepted, lower rejected, other resources independent, bytes compared exactly.
     assert_eq!(
-        guard::check_and_advance(&mut tx, "r:1", Fence(u64::MAX - 1))
+        guard::check_and_advance(&mut tx, &name("r:1"), Fence(u64::MAX - 1))
             .await
             .unwrap(),
         GuardDecision::Accepted { previous: None }
     );
     assert_eq!(
-        guard::check_and_advance(&mut tx, "r:1", Fence(u64::MAX - 1))
+        guard::check_and_advance(&mut tx, &name("r:1"), Fence(u64::MAX - 1))
             .await
             .unwrap(),
         GuardDecision::Accepted {
@@ -234,7 +230,7 @@ async fn guard_semantics_lock_wait_and_idempotency() {
         }
     );
     assert_eq!(
-        guard::check_and_advance(&mut tx, "r:1", Fence(4))
+        guard::check_and_advance(&mut tx, &name("r:1"), Fence(4))
             .await
             .unwrap(),
         GuardDecision::Rejected {
@@ -242,18 +238,18 @@ async fn guard_semantics_lock_wait_and_idempotency() {
         }
     );
     assert!(
-        guard::check_and_advance(&mut tx, "R:1", Fence(1))
+        guard::check_and_advance(&mut tx, &name("R:1"), Fence(1))
             .await
             .unwrap()
             .is_accepted()
     );
     tx.rollback().await.unwrap();
-    assert_eq!(guard::current(&mut c1, "r:1").await.unwrap(), None);
+    assert_eq!(guard::current(&mut c1, &name("r:1")).await.unwrap(), None);
 
     // Lock wait timeout: Busy, retryable, not accepted.
     let mut tx1 = c1.begin().await.unwrap();
     assert!(
-        guard::check_and_advance(&mut tx1, "lw", Fence(5))
+        guard::check_and_advance(&mut tx1, &name("lw"), Fence(5))
             .await
             .unwrap()
             .is_accepted()
@@ -261,7 +257,7 @@ async fn guard_semantics_lock_wait_and_idempotency() {
     tx1.commit().await.unwrap();
     let mut tx1 = c1.begin().await.unwrap();
     assert!(
-        guard::check_and_advance(&mut tx1, "lw", Fence(6))
+        guard::check_and_advance(&mut tx1, &name("lw"), Fence(6))
             .await
             .unwrap()
             .is_accepted()
@@ -270,7 +266,7 @@ async fn guard_semantics_lock_wait_and_idempotency() {
         .await
         .unwrap();
     let mut tx2 = c2.begin().await.unwrap();
-    let e = guard::check_and_advance(&mut tx2, "lw", Fence(7))
+    let e = guard::check_and_advance(&mut tx2, &name("lw"), Fence(7))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Busy, "{e}");
@@ -279,7 +275,7 @@ async fn guard_semantics_lock_wait_and_idempotency() {
     tx1.commit().await.unwrap();
     let mut tx2 = c2.begin().await.unwrap();
     assert_eq!(
-        guard::check_and_advance(&mut tx2, "lw", Fence(7))
+        guard::check_and_advance(&mut tx2, &name("lw"), Fence(7))
             .await
             .unwrap(),
         GuardDecision::Accepted {
@@ -291,23 +287,23 @@ async fn guard_semantics_lock_wait_and_idempotency() {
     // Idempotency: recorded only by a committed transaction.
     let mut tx = c1.begin().await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::FirstTime
     );
     tx.rollback().await.unwrap();
     let mut tx = c1.begin().await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::FirstTime
     );
     tx.commit().await.unwrap();
     let mut tx = c1.begin().await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::AlreadyDone
     );
     assert_eq!(
-        guard::record_once(&mut tx, "JOB-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("JOB-1")).await.unwrap(),
         Idempotency::FirstTime,
         "job ids are compared as bytes"
     );
@@ -322,7 +318,10 @@ async fn guard_semantics_lock_wait_and_idempotency() {
             tokio::spawn(async move {
                 let mut conn = pool.acquire().await.unwrap();
                 let mut tx = conn.begin().await.unwrap();
-                if guard::record_once(&mut tx, "job-many").await.unwrap() == Idempotency::FirstTime
+                if guard::record_once(&mut tx, &name("job-many"))
+                    .await
+                    .unwrap()
+                    == Idempotency::FirstTime
                 {
                     done.fetch_add(1, Ordering::SeqCst);
                 }

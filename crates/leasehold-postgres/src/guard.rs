@@ -11,17 +11,22 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool, lease: leasehold_core::Lease) -> Result<(), Box<dyn std::error::Error>> {
+//! use leasehold_core::{Idempotency, ResourceName};
 //! use leasehold_postgres::guard;
 //!
 //! guard::migrate(&pool).await?; // once, at deployment
+//! // Names are validated once (1..=512 bytes, no NUL); `ResourceName::from(lease.key())`
+//! // uses the lease's key.
+//! let ledger = ResourceName::new("ledger:invoices")?;
+//! let job = ResourceName::new("invoice-run-2024-06")?;
 //! let mut tx = pool.begin().await?;
-//! if guard::record_once(&mut tx, "invoice-run-2024-06").await? == leasehold_core::Idempotency::AlreadyDone {
+//! if guard::record_once(&mut tx, &job).await? == Idempotency::AlreadyDone {
 //!     return Ok(()); // a committed transaction already did this job
 //! }
 //! // Rejected → Error::FenceRejected (action: OwnershipLost); dropping `tx` rolls back.
-//! guard::check_and_advance(&mut tx, "ledger:invoices", lease.fence())
+//! guard::check_and_advance(&mut tx, &ledger, lease.fence())
 //!     .await?
-//!     .into_result(&"ledger:invoices".parse()?, lease.fence())?;
+//!     .into_result(&ledger, lease.fence())?;
 //! sqlx::query("INSERT INTO invoices (run, total) VALUES ($1, $2)")
 //!     .bind("2024-06")
 //!     .bind(1234_i64)
@@ -29,6 +34,22 @@
 //!     .await?;
 //! tx.commit().await?; // a Busy error here (serialization failure) means: retry the job
 //! # Ok(()) }
+//! ```
+//!
+//! The check and the record take the transaction itself: on a bare connection (or the
+//! pool) the check would commit on its own and protect nothing written after it, so such
+//! a call does not compile:
+//!
+//! ```compile_fail,E0308
+//! # async fn demo(conn: &mut sqlx::PgConnection, ledger: &leasehold_core::ResourceName, fence: leasehold_core::Fence) {
+//! let _ = leasehold_postgres::guard::check_and_advance(conn, ledger, fence).await;
+//! # }
+//! ```
+//!
+//! ```compile_fail,E0308
+//! # async fn demo(conn: &mut sqlx::PgConnection, job: &leasehold_core::ResourceName) {
+//! let _ = leasehold_postgres::PgGuard::new().record_once(conn, job).await;
+//! # }
 //! ```
 //!
 //! ## Concurrency
@@ -63,17 +84,15 @@
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
-use leasehold_core::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
+use leasehold_core::{Fence, GuardDecision, Idempotency, ResourceName, StoreError, StoreErrorKind};
+use leasehold_sql::guard::{fence_from_i64, fence_to_i64, idempotency, rejected};
 use sqlx::postgres::{PgConnection, PgPool};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 
 use crate::config::{DEFAULT_GUARD_TABLE, DEFAULT_IDEMPOTENCY_TABLE, TableName};
 use crate::{GUARD_BACKEND, error, schema};
 
 const BACKEND: &str = GUARD_BACKEND;
-
-/// The longest resource name or job id accepted, in bytes.
-pub const MAX_NAME_LEN: usize = 1024;
 
 /// The guard and idempotency tables, with their statements rendered once.
 ///
@@ -107,26 +126,6 @@ impl Default for PgGuard {
 }
 
 static DEFAULT_GUARD: LazyLock<PgGuard> = LazyLock::new(PgGuard::default);
-
-fn check_name(what: &str, s: &str) -> Result<(), StoreError> {
-    if s.is_empty() || s.len() > MAX_NAME_LEN || s.contains('\0') {
-        return Err(StoreError::new(
-            StoreErrorKind::InvalidInput,
-            BACKEND,
-            format!("{what} must be 1..={MAX_NAME_LEN} bytes without NUL"),
-        ));
-    }
-    Ok(())
-}
-
-/// The part of `resource` before its first `:` (`"none"` without one): the only part used
-/// as a metric label, as for lease keys.
-fn resource_type(resource: &str) -> &str {
-    match resource.split_once(':') {
-        Some((prefix, _)) if !prefix.is_empty() => prefix,
-        _ => "none",
-    }
-}
 
 impl PgGuard {
     /// The default tables (`leasehold_guard`, `leasehold_idempotency`).
@@ -209,38 +208,32 @@ impl PgGuard {
     /// current one. On rejection it increments `leasehold_fence_rejected_total`; the
     /// transaction stays usable, but the caller must roll back its write.
     ///
-    /// `conn` is the caller's open transaction (`&mut tx` derefs to it). Run outside a
-    /// transaction, the check commits by itself and protects nothing written later.
+    /// It takes the caller's open transaction, so it cannot be called outside one (run on
+    /// its own, the check would commit by itself and protect nothing written later).
     ///
     /// # Cancel safety
     /// Not cancel safe in the sense that a dropped call may have advanced the guard inside
     /// the caller's transaction; dropping the transaction too (rolling it back) undoes it.
     ///
     /// # Errors
-    /// [`StoreErrorKind::InvalidInput`] for an empty, over-long or NUL-containing resource
-    /// or a fence above `i64::MAX`; [`StoreErrorKind::Busy`] for a serialization failure
-    /// or deadlock (retry the transaction); [`StoreErrorKind::Config`] when the table is
-    /// missing (run [`migrate`](Self::migrate)) or not accessible; connection errors.
+    /// [`StoreErrorKind::InvalidInput`] for a fence above `i64::MAX`;
+    /// [`StoreErrorKind::Busy`] for a serialization failure or deadlock (retry the
+    /// transaction); [`StoreErrorKind::Config`] when the table is missing (run
+    /// [`migrate`](Self::migrate)) or not accessible; connection errors.
     pub async fn check_and_advance(
         &self,
-        conn: &mut PgConnection,
-        resource: &str,
+        tx: &mut Transaction<'_, Postgres>,
+        resource: &ResourceName,
         fence: Fence,
     ) -> Result<GuardDecision, StoreError> {
-        check_name("resource", resource)?;
-        let f = i64::try_from(fence.get()).map_err(|_| {
-            StoreError::new(
-                StoreErrorKind::InvalidInput,
-                BACKEND,
-                format!("fence {fence} is above the largest PostgreSQL bigint"),
-            )
-        })?;
+        let f = fence_to_i64(BACKEND, fence)?;
+        let conn: &mut PgConnection = tx;
         let map = |e| error::map(BACKEND, "guard check", e);
         // Unnamed statements (`persistent(false)`): they live only as long as the
         // transaction, so the guard also works through a transaction-pooling proxy.
         let accepted = sqlx::query(AssertSqlSafe(self.check.clone()))
             .persistent(false)
-            .bind(resource)
+            .bind(resource.as_str())
             .bind(f)
             .fetch_optional(&mut *conn)
             .await
@@ -248,15 +241,15 @@ impl PgGuard {
         if let Some(row) = accepted {
             let previous: Option<i64> = row.try_get(0).map_err(map)?;
             return Ok(GuardDecision::Accepted {
-                previous: previous.map(|p| Fence(u64::try_from(p).unwrap_or(0))),
+                previous: previous.map(fence_from_i64),
             });
         }
         // Rejected: the row is locked by this transaction, so this read is the value that
         // refused the write.
         let current: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.current.clone()))
             .persistent(false)
-            .bind(resource)
-            .fetch_optional(&mut *conn)
+            .bind(resource.as_str())
+            .fetch_optional(conn)
             .await
             .map_err(map)?;
         let current = current.ok_or_else(|| {
@@ -266,18 +259,13 @@ impl PgGuard {
                 "the guard row refused the fence but cannot be read back",
             )
         })?;
-        let current = Fence(u64::try_from(current).unwrap_or(0));
-        leasehold_core::metrics::fence_rejected(resource_type(resource));
-        tracing::info!(
-            resource,
-            fence = fence.get(),
-            current = current.get(),
-            "fence rejected by the guard"
-        );
-        Ok(GuardDecision::Rejected { current })
+        Ok(rejected(BACKEND, resource, fence, fence_from_i64(current)))
     }
 
-    /// The highest fence accepted for `resource`, if any (a plain read).
+    /// The highest fence accepted for `resource`, if any: a plain read on any connection —
+    /// a pooled one, a plain one, or a transaction (`&mut tx` derefs to its connection; it
+    /// then sees the transaction's own uncommitted advance). It writes nothing, so it
+    /// needs no transaction.
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -287,48 +275,45 @@ impl PgGuard {
     pub async fn current(
         &self,
         conn: &mut PgConnection,
-        resource: &str,
+        resource: &ResourceName,
     ) -> Result<Option<Fence>, StoreError> {
-        check_name("resource", resource)?;
         let v: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.current.clone()))
             .persistent(false)
-            .bind(resource)
+            .bind(resource.as_str())
             .fetch_optional(conn)
             .await
             .map_err(|e| error::map(BACKEND, "guard read", e))?;
-        Ok(v.map(|v| Fence(u64::try_from(v).unwrap_or(0))))
+        Ok(v.map(fence_from_i64))
     }
 
-    /// Records `job_id` as done, in the caller's transaction: [`Idempotency::FirstTime`]
-    /// (do the work in this transaction) or [`Idempotency::AlreadyDone`] (a committed
-    /// transaction recorded it: skip the work). A concurrent, uncommitted recording of the
-    /// same id makes this call wait for it: if it commits the answer is `AlreadyDone`, if
-    /// it rolls back, `FirstTime`. Under `REPEATABLE READ`/`SERIALIZABLE` a concurrent
-    /// recording surfaces as [`StoreErrorKind::Busy`].
+    /// Records `job_id` as done, in the caller's transaction (which it takes, so it cannot
+    /// be called outside one): [`Idempotency::FirstTime`] (do the work in this
+    /// transaction) or [`Idempotency::AlreadyDone`] (a committed transaction recorded it:
+    /// skip the work). A concurrent, uncommitted recording of the same id makes this call
+    /// wait for it: if it commits the answer is `AlreadyDone`, if it rolls back,
+    /// `FirstTime`. Under `REPEATABLE READ`/`SERIALIZABLE` a concurrent recording surfaces
+    /// as [`StoreErrorKind::Busy`].
+    ///
+    /// A job id follows the rules of a resource name (1 to 512 bytes, no NUL; it is stored in
+    /// a column of the same kind), so it is a [`ResourceName`] too.
     ///
     /// # Cancel safety
     /// As [`check_and_advance`](Self::check_and_advance): roll the transaction back.
     ///
     /// # Errors
-    /// [`StoreErrorKind::InvalidInput`] for an empty, over-long or NUL-containing id;
-    /// otherwise as [`check_and_advance`](Self::check_and_advance).
+    /// As [`check_and_advance`](Self::check_and_advance).
     pub async fn record_once(
         &self,
-        conn: &mut PgConnection,
-        job_id: &str,
+        tx: &mut Transaction<'_, Postgres>,
+        job_id: &ResourceName,
     ) -> Result<Idempotency, StoreError> {
-        check_name("job id", job_id)?;
         let done = sqlx::query(AssertSqlSafe(self.record.clone()))
             .persistent(false)
-            .bind(job_id)
-            .execute(conn)
+            .bind(job_id.as_str())
+            .execute(&mut **tx)
             .await
             .map_err(|e| error::map(BACKEND, "idempotency record", e))?;
-        Ok(if done.rows_affected() == 1 {
-            Idempotency::FirstTime
-        } else {
-            Idempotency::AlreadyDone
-        })
+        Ok(idempotency(done.rows_affected() == 1))
     }
 }
 
@@ -340,11 +325,11 @@ impl PgGuard {
 /// # Errors
 /// As [`PgGuard::check_and_advance`].
 pub async fn check_and_advance(
-    conn: &mut PgConnection,
-    resource: &str,
+    tx: &mut Transaction<'_, Postgres>,
+    resource: &ResourceName,
     fence: Fence,
 ) -> Result<GuardDecision, StoreError> {
-    DEFAULT_GUARD.check_and_advance(conn, resource, fence).await
+    DEFAULT_GUARD.check_and_advance(tx, resource, fence).await
 }
 
 /// [`PgGuard::record_once`] on the default tables.
@@ -354,8 +339,11 @@ pub async fn check_and_advance(
 ///
 /// # Errors
 /// As [`PgGuard::record_once`].
-pub async fn record_once(conn: &mut PgConnection, job_id: &str) -> Result<Idempotency, StoreError> {
-    DEFAULT_GUARD.record_once(conn, job_id).await
+pub async fn record_once(
+    tx: &mut Transaction<'_, Postgres>,
+    job_id: &ResourceName,
+) -> Result<Idempotency, StoreError> {
+    DEFAULT_GUARD.record_once(tx, job_id).await
 }
 
 /// [`PgGuard::migrate`] for the default tables.
@@ -375,11 +363,14 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(resource_type("ledger:invoices"), "ledger");
-        assert_eq!(resource_type("plain"), "none");
-        assert!(check_name("resource", "").is_err());
-        assert!(check_name("resource", "a\0").is_err());
-        assert!(check_name("resource", &"x".repeat(MAX_NAME_LEN + 1)).is_err());
-        assert!(check_name("resource", "ledger:x").is_ok());
+        // The rules the guard's names used to be checked against at run time now hold by
+        // construction of a `ResourceName`.
+        let name = |s: &str| ResourceName::new(s);
+        assert_eq!(name("ledger:invoices").unwrap().resource_type(), "ledger");
+        assert_eq!(name("plain").unwrap().resource_type(), "none");
+        assert!(name("").is_err());
+        assert!(name("a\0").is_err());
+        assert!(name(&"x".repeat(leasehold_core::guard::MAX_RESOURCE_LEN + 1)).is_err());
+        assert!(name("ledger:x").is_ok());
     }
 }

@@ -10,8 +10,9 @@
 //!   lease ends with the session, and the server's `idle_session_timeout` enforces the
 //!   TTL. Needs a direct connection (or a session-mode pooler).
 //! - [`guard`]: [`check_and_advance`](guard::check_and_advance) and
-//!   [`record_once`](guard::record_once), run inside the caller's own sqlx transaction,
-//!   so that a holder that lost its lease cannot write (DESIGN §6).
+//!   [`record_once`](guard::record_once), run inside the caller's own sqlx transaction
+//!   (they take `&mut sqlx::Transaction` and a validated [`ResourceName`]), so that a
+//!   holder that lost its lease cannot write (DESIGN §6).
 //! - [`PgFactory`]: opens either store from a URL through [`leasehold_core::Registry`].
 //!
 //! Tables are created by explicit, idempotent `migrate()` calls
@@ -19,10 +20,12 @@
 //! SQL is in the crate's `sql/` directory for DBAs. Schema and table names are
 //! configurable ([`PgConfig`], [`TableName`], [`PgGuard`]). PostgreSQL 14 or newer.
 //!
+//! [`ResourceName`]: leasehold_core::ResourceName
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{sync::Arc, time::Duration};
-//! use leasehold_core::{LeaseClient, LeaseConfig};
+//! use leasehold_core::{LeaseClient, LeaseConfig, ResourceName};
 //! use leasehold_postgres::{PgConfig, PgLeaseStore, guard};
 //!
 //! let config = PgConfig::from_url("postgres://app@127.0.0.1/app")?;
@@ -32,10 +35,11 @@
 //!
 //! let client = LeaseClient::new(Arc::new(store.clone()), LeaseConfig::new(Duration::from_secs(10))?);
 //! let lease = client.acquire("job:invoices", Duration::from_secs(30)).await?;
+//! let ledger = ResourceName::new("ledger:invoices")?;
 //! let mut tx = store.pool().begin().await?;
-//! guard::check_and_advance(&mut tx, "ledger:invoices", lease.fence())
+//! guard::check_and_advance(&mut tx, &ledger, lease.fence())
 //!     .await?
-//!     .into_result(&"ledger:invoices".parse()?, lease.fence())?; // FenceRejected: ownership lost
+//!     .into_result(&ledger, lease.fence())?; // FenceRejected: ownership lost
 //! // ... the protected writes, in `tx` ...
 //! tx.commit().await?;
 //! lease.release().await?;

@@ -19,6 +19,10 @@ use leasehold_postgres::{
 };
 use leasehold_testkit::PostgresOptions;
 
+fn name(s: &str) -> leasehold_core::ResourceName {
+    leasehold_core::ResourceName::new(s).unwrap()
+}
+
 const SENTINEL: &str = "S3ntinel-pw-4711";
 
 fn registry() -> Registry {
@@ -158,12 +162,14 @@ async fn least_privilege_role_and_missing_table() {
     }
     let mut tx = app_table.pool().begin().await.unwrap();
     assert!(
-        guard::check_and_advance(&mut tx, "ledger:least", leasehold_core::Fence(1))
+        guard::check_and_advance(&mut tx, &name("ledger:least"), leasehold_core::Fence(1))
             .await
             .unwrap()
             .is_accepted()
     );
-    guard::record_once(&mut tx, "job-least").await.unwrap();
+    guard::record_once(&mut tx, &name("job-least"))
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 
     // Without privileges on the table: a configuration error, not "busy".

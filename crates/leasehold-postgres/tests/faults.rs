@@ -19,6 +19,10 @@ use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgGuard, guard, store_error}
 use leasehold_testkit::PostgresOptions;
 use tokio::time::{Instant, timeout};
 
+fn name(s: &str) -> leasehold_core::ResourceName {
+    leasehold_core::ResourceName::new(s).unwrap()
+}
+
 const TTL: Duration = Duration::from_secs(2);
 /// A generous bound on waiting for something observable.
 const LONG: Duration = Duration::from_secs(60);
@@ -91,7 +95,7 @@ async fn f16_guarded_write_in_killed_transaction_rolls_back() {
     let resource = "ledger:f16";
     let mut tx = admin.begin().await.unwrap();
     assert!(
-        guard::check_and_advance(&mut tx, resource, Fence(10))
+        guard::check_and_advance(&mut tx, &name(resource), Fence(10))
             .await
             .unwrap()
             .is_accepted()
@@ -108,7 +112,7 @@ async fn f16_guarded_write_in_killed_transaction_rolls_back() {
     let mut conn = PgConnection::connect_with(&opts).await.unwrap();
     let mut tx = conn.begin().await.unwrap();
     assert!(
-        guard::check_and_advance(&mut tx, resource, Fence(20))
+        guard::check_and_advance(&mut tx, &name(resource), Fence(20))
             .await
             .unwrap()
             .is_accepted()
@@ -124,7 +128,10 @@ async fn f16_guarded_write_in_killed_transaction_rolls_back() {
 
     let mut c = admin.acquire().await.unwrap();
     assert_eq!(
-        PgGuard::new().current(&mut c, resource).await.unwrap(),
+        PgGuard::new()
+            .current(&mut c, &name(resource))
+            .await
+            .unwrap(),
         Some(Fence(10)),
         "the guard advance rolled back"
     );
@@ -232,7 +239,7 @@ async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
                 let fence = next_fence.fetch_add(1, Ordering::SeqCst);
                 let attempt = async {
                     let mut tx = pool.begin().await?;
-                    let d = guard::check_and_advance(&mut tx, "ledger:f18", Fence(fence))
+                    let d = guard::check_and_advance(&mut tx, &name("ledger:f18"), Fence(fence))
                         .await
                         .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
                     if d.is_accepted() {
@@ -319,7 +326,7 @@ async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
     let max_acked = acked.iter().copied().max().unwrap();
     let mut c = admin.acquire().await.unwrap();
     let current = PgGuard::new()
-        .current(&mut c, "ledger:f18")
+        .current(&mut c, &name("ledger:f18"))
         .await
         .unwrap()
         .unwrap();

@@ -7,13 +7,17 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use leasehold_core::{Action, Fence, GuardDecision, Idempotency, StoreErrorKind};
+use leasehold_core::{Action, Fence, GuardDecision, Idempotency, ResourceName, StoreErrorKind};
 use leasehold_postgres::sqlx::{self, Connection, PgPool, postgres::PgPoolOptions};
 use leasehold_postgres::{PgGuard, guard, store_error};
 use leasehold_testkit::PostgresOptions;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use rand::Rng;
 use rand::seq::SliceRandom;
+
+fn name(s: &str) -> ResourceName {
+    ResourceName::new(s).unwrap()
+}
 
 fn snapshotter() -> &'static Snapshotter {
     static S: OnceLock<Snapshotter> = OnceLock::new();
@@ -65,7 +69,7 @@ async fn equal_accepted_lower_rejected_and_counted() {
         let pool = pool.clone();
         async move {
             let mut tx = pool.begin().await.unwrap();
-            let d = guard::check_and_advance(&mut tx, r, Fence(f))
+            let d = guard::check_and_advance(&mut tx, &name(r), Fence(f))
                 .await
                 .unwrap();
             tx.commit().await.unwrap();
@@ -97,7 +101,7 @@ async fn equal_accepted_lower_rejected_and_counted() {
     // A rejected check leaves the guard and the transaction as they were.
     let mut tx = pool.begin().await.unwrap();
     assert!(
-        !guard::check_and_advance(&mut tx, r, Fence(1))
+        !guard::check_and_advance(&mut tx, &name(r), Fence(1))
             .await
             .unwrap()
             .is_accepted()
@@ -109,21 +113,21 @@ async fn equal_accepted_lower_rejected_and_counted() {
     tx.rollback().await.unwrap();
     let mut c = pool.acquire().await.unwrap();
     assert_eq!(
-        PgGuard::new().current(&mut c, r).await.unwrap(),
+        PgGuard::new().current(&mut c, &name(r)).await.unwrap(),
         Some(Fence(9))
     );
 
     // A write rolled back does not advance the guard.
     let mut tx = pool.begin().await.unwrap();
     assert!(
-        guard::check_and_advance(&mut tx, r, Fence(100))
+        guard::check_and_advance(&mut tx, &name(r), Fence(100))
             .await
             .unwrap()
             .is_accepted()
     );
     tx.rollback().await.unwrap();
     assert_eq!(
-        PgGuard::new().current(&mut c, r).await.unwrap(),
+        PgGuard::new().current(&mut c, &name(r)).await.unwrap(),
         Some(Fence(9))
     );
 }
@@ -131,32 +135,37 @@ async fn equal_accepted_lower_rejected_and_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_and_missing_tables() {
     let (_pg, pool) = setup().await;
-    let mut c = pool.acquire().await.unwrap();
-    for (res, f) in [
-        ("", Fence(1)),
-        ("a\0b", Fence(1)),
-        ("ledger:x", Fence(u64::MAX)),
-    ] {
-        let e = guard::check_and_advance(&mut c, res, f).await.unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
+    // Bad names never reach the guard: making the name refuses them (for the check and
+    // the idempotency record alike), as an error of the caller's configuration. A call
+    // outside a transaction does not compile (the compile_fail examples of `guard`).
+    for bad in ["", "a\0b"] {
+        assert!(ResourceName::new(bad).is_err(), "{bad:?}");
     }
-    let e = guard::record_once(&mut c, "").await.unwrap_err();
+    let mut tx = pool.begin().await.unwrap();
+    let e = guard::check_and_advance(&mut tx, &name("ledger:x"), Fence(u64::MAX))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
+    tx.rollback().await.unwrap();
     let g = PgGuard::in_schema("nowhere").unwrap();
+    let mut tx = pool.begin().await.unwrap();
     let e = g
-        .check_and_advance(&mut c, "x", Fence(1))
+        .check_and_advance(&mut tx, &name("x"), Fence(1))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
     assert!(e.to_string().contains("migrate"), "{e}");
+    tx.rollback().await.unwrap();
     // The same guard, migrated into its own schema, works.
     g.migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
     assert!(
-        g.check_and_advance(&mut c, "x", Fence(1))
+        g.check_and_advance(&mut tx, &name("x"), Fence(1))
             .await
             .unwrap()
             .is_accepted()
     );
+    tx.commit().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,19 +174,19 @@ async fn idempotency_record_once() {
     // Rolled back: not recorded.
     let mut tx = pool.begin().await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::FirstTime
     );
     tx.rollback().await.unwrap();
     let mut tx = pool.begin().await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::FirstTime
     );
     tx.commit().await.unwrap();
     let mut tx = pool.begin().await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::AlreadyDone
     );
     tx.rollback().await.unwrap();
@@ -185,14 +194,14 @@ async fn idempotency_record_once() {
     // Concurrent: the second waits for the first, then sees it done.
     let mut t1 = pool.begin().await.unwrap();
     assert_eq!(
-        guard::record_once(&mut t1, "job-2").await.unwrap(),
+        guard::record_once(&mut t1, &name("job-2")).await.unwrap(),
         Idempotency::FirstTime
     );
     let second = {
         let pool = pool.clone();
         tokio::spawn(async move {
             let mut t2 = pool.begin().await.unwrap();
-            let r = guard::record_once(&mut t2, "job-2").await.unwrap();
+            let r = guard::record_once(&mut t2, &name("job-2")).await.unwrap();
             t2.commit().await.unwrap();
             r
         })
@@ -320,8 +329,12 @@ async fn race(
                     let pause = rand::rng().random_range(0..4);
                     tokio::time::sleep(Duration::from_millis(pause)).await;
                     if with_guard {
-                        match guard::check_and_advance(&mut tx, &resource, Fence(fence as u64))
-                            .await
+                        match guard::check_and_advance(
+                            &mut tx,
+                            &name(&resource),
+                            Fence(fence as u64),
+                        )
+                        .await
                         {
                             Err(e) => {
                                 assert_eq!(
@@ -415,7 +428,7 @@ async fn guard_race(isolation: &'static str, tag: &str) {
     assert_eq!(acked.len() + log.rejected, 90);
     let mut c = pool.acquire().await.unwrap();
     let current = PgGuard::new()
-        .current(&mut c, &format!("ledger:f17-{tag}"))
+        .current(&mut c, &name(&format!("ledger:f17-{tag}")))
         .await
         .unwrap();
     assert_eq!(

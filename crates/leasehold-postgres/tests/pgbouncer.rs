@@ -13,6 +13,10 @@ use leasehold_postgres::sqlx::{self, Connection};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore, guard};
 use leasehold_testkit::{PgBouncer, PoolMode, Postgres};
 
+fn name(s: &str) -> leasehold_core::ResourceName {
+    leasehold_core::ResourceName::new(s).unwrap()
+}
+
 async fn servers() -> (Postgres, PgBouncer) {
     tokio::task::spawn_blocking(|| {
         let pg = Postgres::start();
@@ -105,7 +109,7 @@ async fn lease_table_store_and_guard_work_behind_a_transaction_pooler() {
         .unwrap();
     for (fence, accepted) in [(lease.fence().get(), true), (1, false)] {
         let mut tx = conn.begin().await.unwrap();
-        let d = guard::check_and_advance(&mut tx, "pooled", leasehold_core::Fence(fence))
+        let d = guard::check_and_advance(&mut tx, &name("pooled"), leasehold_core::Fence(fence))
             .await
             .unwrap();
         assert_eq!(

@@ -73,7 +73,7 @@ async fn worker(name: String) {
     // Write through the guard, carelessly: even a worker whose lease is lost (or one that
     // was mid-write when it froze) attempts the write. The guard must stop it.
     let mut tx = pool.begin().await.expect("begin");
-    let decision = guard::check_and_advance(&mut tx, RESOURCE, lease.fence())
+    let decision = guard::check_and_advance(&mut tx, &RESOURCE.parse().unwrap(), lease.fence())
         .await
         .expect("guard check");
     match decision.into_result(&RESOURCE.parse().unwrap(), lease.fence()) {
@@ -235,7 +235,10 @@ async fn story(test: &str, store_url: String, pg_url: String, files: PathBuf) {
             .unwrap();
     assert_eq!(rows, vec![("B".to_owned(), fb as i64)]);
     let current = guard::PgGuard::new()
-        .current(&mut admin.acquire().await.unwrap(), RESOURCE)
+        .current(
+            &mut admin.acquire().await.unwrap(),
+            &RESOURCE.parse().unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(current.map(|f| f.get()), Some(fb));

@@ -18,7 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Error, Lease, LeaseClient, LeaseConfig, LostReason};
+use leasehold_core::{Error, Lease, LeaseClient, LeaseConfig, LostReason, ResourceName};
 use leasehold_sqlite::{SqliteStore, guard};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 use sqlx::{Connection, SqliteConnection};
@@ -29,12 +29,13 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Writes batches until the lease is lost or the shutdown stops it.
 async fn work(data: &SqlitePool, lease: &Lease) -> Result<(), BoxError> {
     let fence = lease.fence();
+    let resource = ResourceName::new("batches")?;
     for batch in 1i64.. {
         let mut conn = data.acquire().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-        guard::check_and_advance(&mut tx, "batches", fence)
+        guard::check_and_advance(&mut tx, &resource, fence)
             .await?
-            .into_result(&"batches".parse()?, fence)?;
+            .into_result(&resource, fence)?;
         insert(&mut tx, batch, 1).await?;
         println!("in-transaction {batch}");
         // The rest of the batch's work; a SIGTERM here must not leave part 1 behind.

@@ -1,42 +1,27 @@
 //! Mapping `sqlx` / SQLite errors into [`StoreError`].
 
 use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_sql::{ErrorModel, Phase};
 
 use crate::BACKEND;
 
-/// An error inside an operation: either from SQLite or already decided by the store.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    Sql(sqlx::Error),
-    Store(StoreError),
-}
+/// SQLite's reading of driver errors for the shared SQL layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SqliteErrors;
 
-impl From<sqlx::Error> for Failure {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Sql(e)
-    }
-}
-
-impl From<StoreError> for Failure {
-    fn from(e: StoreError) -> Self {
-        Self::Store(e)
-    }
-}
-
-impl Failure {
-    /// Whether the connection may be broken and must not go back to the pool.
-    pub(crate) fn poisons_connection(&self) -> bool {
+impl ErrorModel for SqliteErrors {
+    /// An I/O or protocol error, or a dead worker thread: the connection may be broken and
+    /// must not go back to the pool.
+    fn breaks_connection(&self, err: &sqlx::Error) -> bool {
         matches!(
-            self,
-            Self::Sql(sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed | sqlx::Error::Protocol(_))
+            err,
+            sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed | sqlx::Error::Protocol(_)
         )
     }
 
-    pub(crate) fn into_store(self, op: &str) -> StoreError {
-        match self {
-            Self::Store(e) => e,
-            Self::Sql(e) => map_sqlx(e, op),
-        }
+    /// [`map_sqlx`]: nothing is sent over a network, so the phase does not matter.
+    fn store_error(&self, err: sqlx::Error, op: &str, _phase: Phase) -> StoreError {
+        map_sqlx(err, op)
     }
 }
 

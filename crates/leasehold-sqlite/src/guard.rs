@@ -5,22 +5,41 @@
 //! advancing the guard commit or roll back together:
 //!
 //! ```no_run
-//! # use leasehold_core::{Fence, GuardDecision, Idempotency};
+//! # use leasehold_core::{Fence, Idempotency, ResourceName};
 //! # use sqlx::Connection;
 //! # async fn write(conn: &mut sqlx::SqliteConnection, fence: Fence) -> Result<(), Box<dyn std::error::Error>> {
+//! // Names are validated once (1..=512 bytes, no NUL); a lease's key converts as it is.
+//! let invoices = ResourceName::new("invoices")?;
+//! let job = ResourceName::new("invoice-2024-06")?;
 //! // BEGIN IMMEDIATE takes the write lock first, so the guard row cannot change between
 //! // the check and the commit.
 //! let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-//! match leasehold_sqlite::guard::record_once(&mut tx, "invoice-2024-06").await? {
+//! match leasehold_sqlite::guard::record_once(&mut tx, &job).await? {
 //!     Idempotency::AlreadyDone => return Ok(()), // committed before: skip the work
 //!     Idempotency::FirstTime => {}
 //! }
-//! leasehold_sqlite::guard::check_and_advance(&mut tx, "invoices", fence)
+//! leasehold_sqlite::guard::check_and_advance(&mut tx, &invoices, fence)
 //!     .await?
-//!     .into_result(&"invoices".parse()?, fence)?; // Err(FenceRejected): ownership lost, stop
+//!     .into_result(&invoices, fence)?; // Err(FenceRejected): ownership lost, stop
 //! sqlx::query("INSERT INTO invoices (month) VALUES ('2024-06')").execute(&mut *tx).await?;
 //! tx.commit().await?;
 //! # Ok(()) }
+//! ```
+//!
+//! [`check_and_advance`] and [`record_once`] take the transaction itself: on a bare
+//! connection the check would commit on its own and protect nothing written after it, so
+//! such a call does not compile:
+//!
+//! ```compile_fail,E0308
+//! # async fn write(conn: &mut sqlx::SqliteConnection, invoices: &leasehold_core::ResourceName, fence: leasehold_core::Fence) {
+//! let _ = leasehold_sqlite::guard::check_and_advance(conn, invoices, fence).await;
+//! # }
+//! ```
+//!
+//! ```compile_fail,E0308
+//! # async fn write(conn: &mut sqlx::SqliteConnection, job: &leasehold_core::ResourceName) {
+//! let _ = leasehold_sqlite::guard::record_once(conn, job).await;
+//! # }
 //! ```
 //!
 //! SQLite runs one writer at a time, so write transactions are serializable. Begin them
@@ -32,56 +51,17 @@
 //! Create the tables with [`migrate`] (or by hand from
 //! [`GUARD_SCHEMA`]).
 
-use leasehold_core::{Fence, GuardDecision, Idempotency, StoreError, StoreErrorKind};
-use sqlx::{Connection, SqliteConnection, SqlitePool};
+#[cfg(doc)]
+use leasehold_core::StoreErrorKind;
+use leasehold_core::{Fence, GuardDecision, Idempotency, ResourceName, StoreError};
+use leasehold_sql::guard::{fence_from_i64, fence_to_i64, idempotency, rejected};
+use leasehold_sql::{Failure, with_conn};
+use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::BACKEND;
 use crate::clock::wall_us;
-use crate::error::{Failure, map_sqlx};
+use crate::error::{SqliteErrors, map_sqlx};
 use crate::schema::GUARD_SCHEMA;
-
-/// The longest resource name or job id accepted, in bytes.
-pub const MAX_NAME_LEN: usize = 512;
-
-fn invalid(msg: impl Into<String>) -> StoreError {
-    StoreError::new(StoreErrorKind::InvalidInput, BACKEND, msg)
-}
-
-fn check_name(what: &str, name: &str) -> Result<(), StoreError> {
-    if name.is_empty() {
-        return Err(invalid(format!("the {what} is empty")));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(invalid(format!(
-            "the {what} is {} bytes long; the maximum is {MAX_NAME_LEN}",
-            name.len()
-        )));
-    }
-    if name.contains('\0') {
-        return Err(invalid(format!("the {what} contains a NUL character")));
-    }
-    Ok(())
-}
-
-fn check_in_transaction(conn: &SqliteConnection, what: &str) -> Result<(), StoreError> {
-    if conn.is_in_transaction() {
-        Ok(())
-    } else {
-        Err(invalid(format!(
-            "{what} must run inside a transaction begun with sqlx (`begin_with(\"BEGIN IMMEDIATE\")`), \
-             together with the write it protects"
-        )))
-    }
-}
-
-/// The resource type of a resource name, as [`leasehold_core::Key::resource_type`] computes it:
-/// the part before the first `:`, or `none`.
-fn resource_type(resource: &str) -> &str {
-    match resource.split_once(':') {
-        Some((prefix, _)) if !prefix.is_empty() => prefix,
-        _ => "none",
-    }
-}
 
 pub(crate) async fn migrate_in(conn: &mut SqliteConnection) -> Result<(), Failure> {
     sqlx::raw_sql(GUARD_SCHEMA).execute(conn).await?;
@@ -99,13 +79,24 @@ pub(crate) async fn migrate_in(conn: &mut SqliteConnection) -> Result<(), Failur
 /// [`StoreErrorKind::Config`] when the database cannot be written,
 /// [`StoreErrorKind::Busy`] when it stays locked past the busy timeout.
 pub async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(|e| map_sqlx(e, "migrate guard"))?;
-    migrate_in(&mut conn)
-        .await
-        .map_err(|f| f.into_store("migrate guard"))
+    with_conn(pool, &SqliteErrors, "migrate guard", async |conn| {
+        migrate_in(conn).await
+    })
+    .await
+}
+
+async fn read_fence(
+    conn: &mut SqliteConnection,
+    resource: &ResourceName,
+    op: &str,
+) -> Result<Option<Fence>, StoreError> {
+    let fence: Option<i64> =
+        sqlx::query_scalar("SELECT fence FROM leasehold_guard WHERE resource = ?1")
+            .bind(resource.as_str())
+            .fetch_optional(conn)
+            .await
+            .map_err(|e| map_sqlx(e, op))?;
+    Ok(fence.map(fence_from_i64))
 }
 
 /// Checks `fence` against the highest fence accepted for `resource` and, if it is not
@@ -115,110 +106,88 @@ pub async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
 /// `leasehold_fence_rejected_total`. Equal fences (several writes by one holder) are
 /// accepted.
 ///
-/// Call it inside the transaction of the protected write (see the module docs); the
-/// decision holds only if that transaction commits.
+/// It takes the transaction of the protected write (see the module docs), so it cannot be
+/// called outside one; the decision holds only if that transaction commits.
 ///
 /// # Cancel safety
 /// Cancel safe as far as the data goes: a dropped call leaves the transaction open with or
 /// without the guard row advanced; roll it back (dropping an sqlx transaction does).
 ///
 /// # Errors
-/// [`StoreErrorKind::InvalidInput`] for an empty, oversized (> 512 bytes) or NUL-carrying
-/// resource name, a fence above `i64::MAX`, or a connection not inside a transaction;
+/// [`StoreErrorKind::InvalidInput`] for a fence above `i64::MAX`;
 /// [`StoreErrorKind::Busy`] when SQLite refuses the write (lock timeout, stale snapshot):
 /// roll back and retry the whole transaction; [`StoreErrorKind::Config`] when the table is
 /// missing.
 pub async fn check_and_advance(
-    conn: &mut SqliteConnection,
-    resource: &str,
+    tx: &mut Transaction<'_, Sqlite>,
+    resource: &ResourceName,
     fence: Fence,
 ) -> Result<GuardDecision, StoreError> {
-    check_name("resource name", resource)?;
-    check_in_transaction(conn, "the fence guard")?;
-    let f = i64::try_from(fence.get())
-        .map_err(|_| invalid(format!("fence {fence} does not fit SQLite's INTEGER")))?;
-    let current: Option<i64> =
-        sqlx::query_scalar("SELECT fence FROM leasehold_guard WHERE resource = ?1")
-            .bind(resource)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(|e| map_sqlx(e, "guard check"))?;
+    let f = fence_to_i64(BACKEND, fence)?;
+    let conn: &mut SqliteConnection = tx;
+    let current = read_fence(conn, resource, "guard check").await?;
     if let Some(current) = current
-        && f < current
+        && fence < current
     {
-        leasehold_core::metrics::fence_rejected(resource_type(resource));
-        tracing::warn!(resource, %fence, current, "stale fence rejected by the sqlite guard");
-        return Ok(GuardDecision::Rejected {
-            current: Fence(u64::try_from(current).unwrap_or(0)),
-        });
+        return Ok(rejected(BACKEND, resource, fence, current));
     }
     sqlx::query(
         "INSERT INTO leasehold_guard (resource, fence, accepted_at_us) VALUES (?1, ?2, ?3) \
          ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence, accepted_at_us = excluded.accepted_at_us",
     )
-    .bind(resource)
+    .bind(resource.as_str())
     .bind(f)
     .bind(wall_us())
-    .execute(&mut *conn)
+    .execute(conn)
     .await
     .map_err(|e| map_sqlx(e, "guard advance"))?;
-    Ok(GuardDecision::Accepted {
-        previous: current.map(|c| Fence(u64::try_from(c).unwrap_or(0))),
-    })
+    Ok(GuardDecision::Accepted { previous: current })
 }
 
-/// The highest fence accepted for `resource`, if any (a plain read).
+/// The highest fence accepted for `resource`, if any: a plain read on any connection — a
+/// pooled one, a plain one, or a transaction (`&mut tx` derefs to its connection; it then
+/// sees the transaction's own uncommitted advance). It writes nothing, so it needs no
+/// transaction.
 ///
 /// # Cancel safety
 /// Cancel safe: it only reads.
 ///
 /// # Errors
-/// [`StoreErrorKind::InvalidInput`] for a bad resource name; database errors as in
-/// [`check_and_advance`].
+/// Database errors as in [`check_and_advance`].
 pub async fn current(
     conn: &mut SqliteConnection,
-    resource: &str,
+    resource: &ResourceName,
 ) -> Result<Option<Fence>, StoreError> {
-    check_name("resource name", resource)?;
-    let current: Option<i64> =
-        sqlx::query_scalar("SELECT fence FROM leasehold_guard WHERE resource = ?1")
-            .bind(resource)
-            .fetch_optional(conn)
-            .await
-            .map_err(|e| map_sqlx(e, "guard read"))?;
-    Ok(current.map(|c| Fence(u64::try_from(c).unwrap_or(0))))
+    read_fence(conn, resource, "guard read").await
 }
 
 /// Records `job_id` in the idempotency table: [`Idempotency::FirstTime`] — do the work in
 /// this transaction; [`Idempotency::AlreadyDone`] — a committed transaction recorded it
-/// before, skip the work. The record commits or rolls back with your transaction.
+/// before, skip the work. The record commits or rolls back with your transaction, which
+/// it takes (so it cannot be called outside one).
+///
+/// A job id follows the rules of a resource name (1 to 512 bytes, no NUL; it is stored in
+/// a column of the same kind), so it is a [`ResourceName`] too.
 ///
 /// # Cancel safety
 /// Cancel safe as far as the data goes, as [`check_and_advance`].
 ///
 /// # Errors
-/// [`StoreErrorKind::InvalidInput`] for an empty, oversized (> 512 bytes) or NUL-carrying
-/// job id or a connection not inside a transaction; [`StoreErrorKind::Busy`] when SQLite
-/// refuses the write (retry the whole transaction).
+/// [`StoreErrorKind::Busy`] when SQLite refuses the write (retry the whole transaction);
+/// [`StoreErrorKind::Config`] when the table is missing.
 pub async fn record_once(
-    conn: &mut SqliteConnection,
-    job_id: &str,
+    tx: &mut Transaction<'_, Sqlite>,
+    job_id: &ResourceName,
 ) -> Result<Idempotency, StoreError> {
-    check_name("job id", job_id)?;
-    check_in_transaction(conn, "the idempotency record")?;
     let inserted = sqlx::query(
         "INSERT INTO leasehold_idempotency (job_id, recorded_at_us) VALUES (?1, ?2) \
          ON CONFLICT (job_id) DO NOTHING",
     )
-    .bind(job_id)
+    .bind(job_id.as_str())
     .bind(wall_us())
-    .execute(conn)
+    .execute(&mut **tx)
     .await
     .map_err(|e| map_sqlx(e, "idempotency record"))?
     .rows_affected();
-    Ok(if inserted == 1 {
-        Idempotency::FirstTime
-    } else {
-        Idempotency::AlreadyDone
-    })
+    Ok(idempotency(inserted == 1))
 }

@@ -1,6 +1,5 @@
 //! [`SqliteStore`]: the [`Store`] implementation.
 
-use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,17 +9,17 @@ use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
-use sqlx::pool::PoolConnection;
+use leasehold_sql::{Failure, bounded, with_conn};
+use sqlx::Connection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Connection, Sqlite};
 
 use crate::BACKEND;
 use crate::clock::{HostClock, HostTime};
 use crate::config::{SqliteConfig, Synchronous};
-use crate::error::Failure;
+use crate::error::SqliteErrors;
 use crate::schema;
 
 /// A leasehold [`Store`] in one SQLite database file, shared by every process of one host
@@ -53,21 +52,6 @@ impl std::fmt::Debug for SqliteStore {
         f.debug_struct("SqliteStore")
             .field("config", &self.config.to_string())
             .finish_non_exhaustive()
-    }
-}
-
-/// A pooled connection that is closed instead of returned to the pool unless the operation
-/// using it ran to its end (it was not cancelled, timed out or broken).
-struct Checkout {
-    conn: PoolConnection<Sqlite>,
-    keep: bool,
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        if !self.keep {
-            self.conn.close_on_drop();
-        }
     }
 }
 
@@ -364,36 +348,6 @@ async fn convert_from_format_1(
     Ok(())
 }
 
-/// Runs `$body` (which yields `Result<T, Failure>`) with `$conn: &mut SqliteConnection`
-/// from the pool, bounded by the store's operation bound; with `write`, behind the store's
-/// writer mutex. The connection is closed rather than pooled if the body is cancelled,
-/// times out or breaks it.
-macro_rules! with_conn {
-    ($store:expr, $op:expr, write = $write:expr, |$conn:ident| $body:expr) => {{
-        let store: &SqliteStore = &$store;
-        let op: &str = $op;
-        store
-            .bounded(op, async {
-                let _writer = if $write {
-                    Some(store.writer.lock().await)
-                } else {
-                    None
-                };
-                let mut checkout = store.checkout(op).await?;
-                let result: Result<_, Failure> = {
-                    let $conn: &mut SqliteConnection = &mut checkout.conn;
-                    $body.await
-                };
-                checkout.keep = match &result {
-                    Ok(_) => true,
-                    Err(f) => !f.poisons_connection(),
-                };
-                result.map_err(|f| f.into_store(op))
-            })
-            .await
-    }};
-}
-
 impl SqliteStore {
     /// Opens (creating it and its parent directory if missing) the database file of
     /// `config`, switches it to WAL, and creates leasehold's tables if missing
@@ -476,8 +430,7 @@ impl SqliteStore {
     /// [`StoreErrorKind::Config`] when the file cannot be written, [`StoreErrorKind::Busy`]
     /// when it stays locked past the busy timeout.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let clock = self.clock.clone();
-        with_conn!(self, "migrate", write = true, |conn| async move {
+        self.run("migrate", true, async |conn| {
             // A plain read first: a file already in the current format needs no write lock
             // (a frozen writer elsewhere must not make opening the store fail).
             if lease_table_format(conn).await? != Some(2) {
@@ -488,13 +441,14 @@ impl SqliteStore {
                             .execute(&mut *tx)
                             .await?;
                     }
-                    Some(1) => convert_from_format_1(&mut tx, &*clock).await?,
+                    Some(1) => convert_from_format_1(&mut tx, &*self.clock).await?,
                     _ => {}
                 }
                 tx.commit().await?;
             }
             crate::guard::migrate_in(conn).await
         })
+        .await
     }
 
     /// The configuration.
@@ -516,23 +470,24 @@ impl SqliteStore {
         self.pool.close().await;
     }
 
-    async fn checkout(&self, op: &str) -> Result<Checkout, StoreError> {
-        let conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| Failure::from(e).into_store(op))?;
-        Ok(Checkout { conn, keep: false })
-    }
-
-    async fn bounded<T>(
+    /// Runs `body` on a pooled connection, bounded by the store's operation bound; with
+    /// `write`, behind the store's writer mutex. The connection is closed rather than
+    /// pooled if the body is cancelled, times out or breaks it.
+    async fn run<T>(
         &self,
         op: &str,
-        fut: impl Future<Output = Result<T, StoreError>>,
+        write: bool,
+        body: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, Failure>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.op_bound, fut)
-            .await
-            .unwrap_or_else(|_| Err(StoreError::timeout(BACKEND, op, self.op_bound)))
+        bounded(BACKEND, op, self.op_bound, async {
+            let _writer = if write {
+                Some(self.writer.lock().await)
+            } else {
+                None
+            };
+            with_conn(&self.pool, &SqliteErrors, op, body).await
+        })
+        .await
     }
 }
 
@@ -563,10 +518,11 @@ impl Store for SqliteStore {
         let ttl_us = ttl_us(ttl)?;
         // A lease held by another owner needs no write lock: a plain read tells (WAL
         // readers never wait), so contenders do not queue behind the writers.
-        let row = with_conn!(self, "acquire", write = false, |conn| read_row(
-            conn,
-            key.as_str()
-        ))?;
+        let row = self
+            .run("acquire", false, async |conn| {
+                read_row(conn, key.as_str()).await
+            })
+            .await?;
         let now = self.clock.now()?;
         if let State::Live {
             owner: holder,
@@ -579,13 +535,10 @@ impl Store for SqliteStore {
                 remaining: Some(remaining(expires_us, &now)),
             });
         }
-        with_conn!(self, "acquire", write = true, |conn| acquire_tx(
-            conn,
-            &*self.clock,
-            key.as_str(),
-            owner,
-            ttl_us
-        ))
+        self.run("acquire", true, async |conn| {
+            acquire_tx(conn, &*self.clock, key.as_str(), owner, ttl_us).await
+        })
+        .await
     }
 
     async fn renew(
@@ -595,13 +548,11 @@ impl Store for SqliteStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         let ttl_us = ttl_us(ttl)?;
-        let held = with_conn!(self, "renew", write = true, |conn| update_own_tx(
-            conn,
-            &*self.clock,
-            key.as_str(),
-            owner,
-            Some(ttl_us)
-        ))?;
+        let held = self
+            .run("renew", true, async |conn| {
+                update_own_tx(conn, &*self.clock, key.as_str(), owner, Some(ttl_us)).await
+            })
+            .await?;
         Ok(if held {
             RenewOutcome::Renewed { ttl }
         } else {
@@ -610,13 +561,11 @@ impl Store for SqliteStore {
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        let held = with_conn!(self, "release", write = true, |conn| update_own_tx(
-            conn,
-            &*self.clock,
-            key.as_str(),
-            owner,
-            None
-        ))?;
+        let held = self
+            .run("release", true, async |conn| {
+                update_own_tx(conn, &*self.clock, key.as_str(), owner, None).await
+            })
+            .await?;
         Ok(if held {
             ReleaseOutcome::Released
         } else {
@@ -625,10 +574,11 @@ impl Store for SqliteStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        let row = with_conn!(self, "inspect", write = false, |conn| read_row(
-            conn,
-            key.as_str()
-        ))?;
+        let row = self
+            .run("inspect", false, async |conn| {
+                read_row(conn, key.as_str()).await
+            })
+            .await?;
         let now = self.clock.now()?;
         Ok(match interpret(key.as_str(), row, &now)? {
             State::Live {
@@ -647,9 +597,11 @@ impl Store for SqliteStore {
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         let now = self.clock.now()?;
-        let rows = with_conn!(self, "list", write = false, |conn| list_rows(
-            conn, &now, prefix
-        ))?;
+        let rows = self
+            .run("list", false, async |conn| {
+                list_rows(conn, &now, prefix).await
+            })
+            .await?;
         let mut out = Vec::with_capacity(rows.len());
         for (name, row) in rows {
             if !name.starts_with(prefix) {
@@ -674,11 +626,11 @@ impl Store for SqliteStore {
     }
 
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
-        let fence = with_conn!(self, "break", write = true, |conn| break_tx(
-            conn,
-            &*self.clock,
-            key.as_str()
-        ))?;
+        let fence = self
+            .run("break", true, async |conn| {
+                break_tx(conn, &*self.clock, key.as_str()).await
+            })
+            .await?;
         tracing::info!(key = %key, %fence, "sqlite lease broken");
         Ok(fence)
     }

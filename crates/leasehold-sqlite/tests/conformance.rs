@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_conformance::{Faults, FencedWrites, Fixture};
-use leasehold_core::{Fence, Key, Store, StoreError};
+use leasehold_core::{Fence, Key, ResourceName, Store, StoreError};
 use leasehold_sqlite::{SqliteConfig, SqliteStore, guard, store_error};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
@@ -71,8 +71,9 @@ struct SqliteWrites {
 #[async_trait]
 impl FencedWrites for SqliteWrites {
     async fn write(&self, resource: &str, fence: Fence, value: &str) -> Result<bool, StoreError> {
+        let name = ResourceName::new(resource).expect("the suite's names are valid");
         let mut tx = self.pool.begin().await.map_err(store_error)?;
-        if !guard::check_and_advance(&mut tx, resource, fence)
+        if !guard::check_and_advance(&mut tx, &name, fence)
             .await?
             .is_accepted()
         {

@@ -3,12 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Fence, GuardDecision, Idempotency, StoreErrorKind};
+use leasehold_core::{Fence, GuardDecision, Idempotency, ResourceName, StoreErrorKind};
 use leasehold_sqlite::guard;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Connection, SqlitePool};
+
+fn name(s: &str) -> ResourceName {
+    ResourceName::new(s).unwrap()
+}
 
 async fn pool(dir: &tempfile::TempDir, migrate: bool) -> SqlitePool {
     let options = SqliteConnectOptions::new()
@@ -57,16 +61,17 @@ async fn writer(pool: SqlitePool, id: i64, fence: u64, immediate: bool) -> (Outc
             .await
             .unwrap();
         tokio::time::sleep(pause()).await;
-        let decision = match guard::check_and_advance(&mut tx, "g17:resource", Fence(fence)).await {
-            Ok(d) => d,
-            Err(e) => {
-                assert_eq!(e.kind(), StoreErrorKind::Busy, "{e}");
-                assert!(e.is_retryable());
-                refused += 1;
-                drop(tx);
-                continue;
-            }
-        };
+        let decision =
+            match guard::check_and_advance(&mut tx, &name("g17:resource"), Fence(fence)).await {
+                Ok(d) => d,
+                Err(e) => {
+                    assert_eq!(e.kind(), StoreErrorKind::Busy, "{e}");
+                    assert!(e.is_retryable());
+                    refused += 1;
+                    drop(tx);
+                    continue;
+                }
+            };
         match decision {
             GuardDecision::Rejected { current } => {
                 assert!(current > Fence(fence));
@@ -149,7 +154,9 @@ async fn guard_races_accepted_fences_never_decrease_in_commit_order() {
         assert_eq!(*in_commit_order.last().unwrap(), max as i64);
         let mut conn = pool.acquire().await.unwrap();
         assert_eq!(
-            guard::current(&mut conn, "g17:resource").await.unwrap(),
+            guard::current(&mut conn, &name("g17:resource"))
+                .await
+                .unwrap(),
             Some(Fence(max))
         );
     }
@@ -167,20 +174,20 @@ async fn equal_fences_accepted_lower_rejected() {
     let mut conn = pool.acquire().await.unwrap();
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
     assert_eq!(
-        guard::check_and_advance(&mut tx, "r:1", Fence(5))
+        guard::check_and_advance(&mut tx, &name("r:1"), Fence(5))
             .await
             .unwrap(),
         GuardDecision::Accepted { previous: None }
     );
     assert_eq!(
-        guard::check_and_advance(&mut tx, "r:1", Fence(5))
+        guard::check_and_advance(&mut tx, &name("r:1"), Fence(5))
             .await
             .unwrap(),
         GuardDecision::Accepted {
             previous: Some(Fence(5))
         }
     );
-    let d = guard::check_and_advance(&mut tx, "r:1", Fence(4))
+    let d = guard::check_and_advance(&mut tx, &name("r:1"), Fence(4))
         .await
         .unwrap();
     assert_eq!(d, GuardDecision::Rejected { current: Fence(5) });
@@ -190,14 +197,14 @@ async fn equal_fences_accepted_lower_rejected() {
     ));
     // Another resource is independent.
     assert!(
-        guard::check_and_advance(&mut tx, "r:2", Fence(1))
+        guard::check_and_advance(&mut tx, &name("r:2"), Fence(1))
             .await
             .unwrap()
             .is_accepted()
     );
     tx.rollback().await.unwrap();
     // Rolled back: the guard advanced nothing.
-    assert_eq!(guard::current(&mut conn, "r:1").await.unwrap(), None);
+    assert_eq!(guard::current(&mut conn, &name("r:1")).await.unwrap(), None);
 }
 
 #[tokio::test]
@@ -207,34 +214,25 @@ async fn misuse_gets_typed_errors() {
     let mut conn = pool.acquire().await.unwrap();
     // Tables missing: a configuration error, not a crash or a silent accept.
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    let e = guard::check_and_advance(&mut tx, "r", Fence(1))
+    let e = guard::check_and_advance(&mut tx, &name("r"), Fence(1))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
     tx.rollback().await.unwrap();
     guard::migrate(&pool).await.unwrap();
-    // Outside a transaction.
-    let e = guard::check_and_advance(&mut conn, "r", Fence(1))
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
-    let e = guard::record_once(&mut conn, "job").await.unwrap_err();
-    assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
-    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    // Outside a transaction: does not compile (the compile_fail examples of `guard`).
+    // Bad names never reach the guard: making the name refuses them, as an error of the
+    // caller's configuration.
     for bad in [String::new(), "x".repeat(513), "a\0b".into()] {
-        let e = guard::check_and_advance(&mut tx, &bad, Fence(1))
-            .await
-            .unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
-        let e = guard::record_once(&mut tx, &bad).await.unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
+        assert!(ResourceName::new(&bad).is_err(), "{bad:?}");
     }
-    let e = guard::check_and_advance(&mut tx, "r", Fence(u64::MAX))
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    let e = guard::check_and_advance(&mut tx, &name("r"), Fence(u64::MAX))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
     assert!(
-        guard::check_and_advance(&mut tx, &"x".repeat(512), Fence(1))
+        guard::check_and_advance(&mut tx, &name(&"x".repeat(512)), Fence(1))
             .await
             .unwrap()
             .is_accepted()
@@ -250,23 +248,23 @@ async fn idempotency_record_once_per_committed_job() {
     // Rolled back: not recorded.
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::FirstTime
     );
     tx.rollback().await.unwrap();
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::FirstTime
     );
     tx.commit().await.unwrap();
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
     assert_eq!(
-        guard::record_once(&mut tx, "job-1").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-1")).await.unwrap(),
         Idempotency::AlreadyDone
     );
     assert_eq!(
-        guard::record_once(&mut tx, "job-2").await.unwrap(),
+        guard::record_once(&mut tx, &name("job-2")).await.unwrap(),
         Idempotency::FirstTime
     );
     tx.commit().await.unwrap();
@@ -280,7 +278,10 @@ async fn idempotency_record_once_per_committed_job() {
             tokio::spawn(async move {
                 let mut conn = pool.acquire().await.unwrap();
                 let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
-                if guard::record_once(&mut tx, "job-many").await.unwrap() == Idempotency::FirstTime
+                if guard::record_once(&mut tx, &name("job-many"))
+                    .await
+                    .unwrap()
+                    == Idempotency::FirstTime
                 {
                     done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }

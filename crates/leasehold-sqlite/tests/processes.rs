@@ -138,7 +138,7 @@ async fn contend(args: &[String]) {
         let fence = lease.fence();
         let mut conn = store.pool().acquire().await.unwrap();
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
-        let decision = guard::check_and_advance(&mut tx, "mp:data", fence)
+        let decision = guard::check_and_advance(&mut tx, &"mp:data".parse().unwrap(), fence)
             .await
             .unwrap();
         assert!(decision.is_accepted(), "{decision:?}");
@@ -173,7 +173,7 @@ async fn hold(args: &[String]) {
     out(format_args!("lost {}", reason.as_str()));
     let mut conn = store.pool().acquire().await.unwrap();
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
-    match guard::check_and_advance(&mut tx, "fa:data", lease.fence())
+    match guard::check_and_advance(&mut tx, &"fa:data".parse().unwrap(), lease.fence())
         .await
         .unwrap()
     {
@@ -403,7 +403,7 @@ async fn holder_paused_past_ttl_is_fenced_off() {
     let mut conn = store.pool().acquire().await.unwrap();
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
     assert!(
-        guard::check_and_advance(&mut tx, "fa:data", lease.fence())
+        guard::check_and_advance(&mut tx, &"fa:data".parse().unwrap(), lease.fence())
             .await
             .unwrap()
             .is_accepted()

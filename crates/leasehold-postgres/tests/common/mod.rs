@@ -104,8 +104,10 @@ impl leasehold_conformance::FencedWrites for PgWrites {
         value: &str,
     ) -> Result<bool, leasehold_core::StoreError> {
         use leasehold_postgres::store_error;
+        let name =
+            leasehold_core::ResourceName::new(resource).expect("the suite's names are valid");
         let mut tx = self.pool.begin().await.map_err(store_error)?;
-        if !leasehold_postgres::guard::check_and_advance(&mut tx, resource, fence)
+        if !leasehold_postgres::guard::check_and_advance(&mut tx, &name, fence)
             .await?
             .is_accepted()
         {

@@ -1,0 +1,323 @@
+//! Bounded calls and pooled connections that never go back to the pool broken.
+
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::time::Duration;
+
+use leasehold_core::StoreError;
+use sqlx::pool::PoolConnection;
+use sqlx::{Database, Pool};
+
+use crate::failure::{ErrorModel, Failure, Phase};
+
+/// Runs `fut`, giving up after `bound` with [`StoreErrorKind::Timeout`] (the operation
+/// `op` of `backend` may still have been applied).
+///
+/// Dropping `fut` at the bound drops whatever it holds: a [`Checkout`] in it closes its
+/// connection, whose reply may still be on its way.
+///
+/// # Errors
+/// The error of `fut`, or [`StoreError::timeout`] when the bound ran out.
+///
+/// [`StoreErrorKind::Timeout`]: leasehold_core::StoreErrorKind::Timeout
+pub async fn bounded<T>(
+    backend: &'static str,
+    op: &str,
+    bound: Duration,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(bound, fut)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::timeout(backend, op, bound)))
+}
+
+/// A pooled connection that is **closed** instead of returned to the pool, unless the
+/// operation using it marks it [`keep`](Self::keep) after running to its end. A checkout
+/// dropped early — its operation cancelled, timed out or failed in a way that may have
+/// broken the connection — therefore never hands a connection in an unknown state (a
+/// statement half sent, a reply still on its way, a transaction open) to the next
+/// operation.
+///
+/// It dereferences to the driver's connection (`&mut *checkout` is a
+/// `&mut SqliteConnection`, `&mut MySqlConnection`, …).
+#[derive(Debug)]
+pub struct Checkout<DB: Database> {
+    conn: PoolConnection<DB>,
+    keep: bool,
+}
+
+impl<DB: Database> Checkout<DB> {
+    /// Takes a connection from `pool` (waiting at most the pool's acquire timeout).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection is handed out only when the call completes.
+    ///
+    /// # Errors
+    /// The pool's error: timed out, closed, or a new connection that failed.
+    pub async fn acquire(pool: &Pool<DB>) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            conn: pool.acquire().await?,
+            keep: false,
+        })
+    }
+
+    /// Returns the connection to the pool when the checkout is dropped.
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    /// Whether the connection goes back to the pool when the checkout is dropped.
+    pub fn is_kept(&self) -> bool {
+        self.keep
+    }
+}
+
+impl<DB: Database> Deref for Checkout<DB> {
+    type Target = DB::Connection;
+    fn deref(&self) -> &DB::Connection {
+        &self.conn
+    }
+}
+
+impl<DB: Database> DerefMut for Checkout<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+}
+
+impl<DB: Database> Drop for Checkout<DB> {
+    fn drop(&mut self) {
+        if !self.keep {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// Runs `body` on a connection from `pool` and maps its [`Failure`] with `model`.
+///
+/// The connection goes back to the pool when `body` succeeds or fails without breaking it
+/// ([`Failure::breaks_connection`]); it is closed when `body` breaks it or when this
+/// future is dropped before `body` ended (wrap the call in [`bounded`] for a time bound).
+///
+/// ```
+/// # async fn f(pool: sqlx::SqlitePool, model: &dyn leasehold_sql::ErrorModel) -> Result<(), leasehold_core::StoreError> {
+/// let n: i64 = leasehold_sql::with_conn(&pool, model, "count", async |conn| {
+///     Ok(sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(conn).await?)
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+/// Cancel safe as far as the pool goes: a dropped call closes its connection.
+///
+/// # Errors
+/// The pool's error mapped in [`Phase::Connect`] (nothing was sent), or `body`'s failure
+/// mapped in [`Phase::Statement`].
+pub async fn with_conn<DB, M, T>(
+    pool: &Pool<DB>,
+    model: &M,
+    op: &str,
+    body: impl AsyncFnOnce(&mut DB::Connection) -> Result<T, Failure>,
+) -> Result<T, StoreError>
+where
+    DB: Database,
+    M: ErrorModel + ?Sized,
+{
+    let mut checkout = Checkout::acquire(pool)
+        .await
+        .map_err(|e| model.store_error(e, op, Phase::Connect))?;
+    let result = body(&mut checkout).await;
+    let usable = match &result {
+        Ok(_) => true,
+        Err(f) => !f.breaks_connection(model),
+    };
+    if usable {
+        checkout.keep();
+    }
+    result.map_err(|f| f.into_store(model, op, Phase::Statement))
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_core::StoreErrorKind;
+    use sqlx::sqlite::SqlitePoolOptions;
+    use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+
+    use super::*;
+    use crate::failure::tests::TestModel;
+
+    /// One in-memory database per connection, at most one connection: whether an
+    /// operation meets the connection of the previous one shows in a TEMP table.
+    async fn pool() -> SqlitePool {
+        SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .test_before_acquire(false)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap()
+    }
+
+    async fn mark(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("CREATE TEMP TABLE marker (x INTEGER)")
+            .execute(conn)
+            .await
+            .map(|_| ())
+    }
+
+    /// Whether the next checkout gets the marked connection back.
+    async fn same_connection(pool: &SqlitePool) -> bool {
+        let mut c: Checkout<Sqlite> = Checkout::acquire(pool).await.unwrap();
+        c.keep();
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM sqlite_temp_master WHERE name = 'marker'")
+                .fetch_one(&mut *c)
+                .await
+                .unwrap();
+        if n == 1 {
+            sqlx::raw_sql("DROP TABLE temp.marker")
+                .execute(&mut *c)
+                .await
+                .unwrap();
+        }
+        n == 1
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_times_out_as_timeout() {
+        let e = bounded("test", "acquire", Duration::from_secs(2), async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Timeout);
+        assert!(e.is_ambiguous());
+        assert_eq!(e.backend(), "test");
+        assert!(e.message().starts_with("acquire "), "{e}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_passes_results_through() {
+        let bound = Duration::from_secs(1);
+        assert_eq!(
+            bounded("test", "op", bound, async { Ok(5) }).await.unwrap(),
+            5
+        );
+        let e = bounded::<()>("test", "op", bound, async {
+            Err(StoreError::new(StoreErrorKind::Busy, "test", "locked"))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Busy);
+    }
+
+    #[tokio::test]
+    async fn a_checkout_closes_its_connection_unless_kept() {
+        let pool = pool().await;
+        let mut c: Checkout<Sqlite> = Checkout::acquire(&pool).await.unwrap();
+        assert!(!c.is_kept());
+        mark(&mut c).await.unwrap();
+        c.keep();
+        assert!(c.is_kept());
+        drop(c);
+        assert!(
+            same_connection(&pool).await,
+            "a kept connection is pooled again"
+        );
+
+        let mut c: Checkout<Sqlite> = Checkout::acquire(&pool).await.unwrap();
+        mark(&mut c).await.unwrap();
+        drop(c);
+        assert!(
+            !same_connection(&pool).await,
+            "a connection not kept is closed"
+        );
+    }
+
+    /// `with_conn` with a body that marks its connection, then ends with `outcome`.
+    async fn marked<T>(
+        pool: &SqlitePool,
+        op: &str,
+        outcome: Result<T, Failure>,
+    ) -> Result<T, StoreError> {
+        with_conn(pool, &TestModel, op, async |conn: &mut SqliteConnection| {
+            mark(conn).await?;
+            outcome
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn with_conn_pools_the_connection_only_when_it_is_usable() {
+        let pool = pool().await;
+        assert_eq!(marked(&pool, "ok", Ok(1)).await.unwrap(), 1);
+        assert!(same_connection(&pool).await, "success: pooled");
+
+        // A failure that leaves the connection usable: mapped, connection pooled.
+        let harmless = Err(Failure::Sql(sqlx::Error::RowNotFound));
+        let e = marked::<()>(&pool, "harmless", harmless).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Other, "a statement error");
+        assert!(e.message().starts_with("harmless: "), "{e}");
+        assert!(same_connection(&pool).await, "harmless failure: pooled");
+
+        // Failures that may have broken it: closed.
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        let unknown = StoreError::new(StoreErrorKind::Ambiguous, "test", "unknown");
+        for (failure, kind) in [
+            (Failure::Sql(io), StoreErrorKind::Other),
+            (Failure::Store(unknown), StoreErrorKind::Ambiguous),
+        ] {
+            let e = marked::<()>(&pool, "breaking", Err(failure))
+                .await
+                .unwrap_err();
+            assert_eq!(e.kind(), kind, "{e}");
+            assert!(
+                !same_connection(&pool).await,
+                "breaking failure: closed ({e})"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn with_conn_cut_short_by_its_bound_closes_the_connection() {
+        let pool = pool().await;
+        let e = bounded(
+            "test",
+            "slow",
+            Duration::from_millis(50),
+            with_conn(
+                &pool,
+                &TestModel,
+                "slow",
+                async |conn: &mut SqliteConnection| {
+                    mark(conn).await?;
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok(())
+                },
+            ),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Timeout);
+        assert!(!same_connection(&pool).await, "cancelled: closed");
+    }
+
+    #[tokio::test]
+    async fn with_conn_without_a_connection_fails_in_the_connect_phase() {
+        let pool = pool().await;
+        pool.close().await;
+        let e = with_conn(
+            &pool,
+            &TestModel,
+            "closed",
+            async |_: &mut SqliteConnection| Ok(()),
+        )
+        .await
+        .unwrap_err();
+        // TestModel maps Phase::Connect to Busy.
+        assert_eq!(e.kind(), StoreErrorKind::Busy, "{e}");
+        assert!(e.message().starts_with("closed: "), "{e}");
+    }
+}
