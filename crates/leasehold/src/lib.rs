@@ -25,6 +25,12 @@ pub use leasehold_mysql as mysql;
 #[cfg(feature = "sqlite")]
 pub use leasehold_sqlite as sqlite;
 
+/// The conformance suite every store must pass, for people who write their own store:
+/// the [`leasehold-conformance`](https://docs.rs/leasehold-conformance) crate (feature
+/// `conformance`, meant for dev-dependencies).
+#[cfg(feature = "conformance")]
+pub use leasehold_conformance as conformance;
+
 /// A [`Registry`] of every store this build enables (its cargo features), plus the
 /// in-memory store (`memory://`).
 pub fn registry() -> Registry {
