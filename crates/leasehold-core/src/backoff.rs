@@ -11,6 +11,31 @@ use crate::config::ConfigError;
 ///
 /// Full jitter spreads contenders out so that a released lease is not stormed by every
 /// waiter at the same instant. The random source is passed in, so tests are deterministic.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_core::{Backoff, ConfigError, LeaseConfig};
+/// use rand::{SeedableRng, rngs::StdRng};
+///
+/// let backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(100))?;
+/// assert_eq!(backoff.ceiling(0), Duration::from_millis(10));
+/// assert_eq!(backoff.ceiling(2), Duration::from_millis(40));
+/// assert_eq!(backoff.ceiling(10), Duration::from_millis(100)); // capped
+///
+/// let mut rng = StdRng::seed_from_u64(1);
+/// let delay = backoff.delay(2, &mut rng);
+/// assert!(delay <= Duration::from_millis(40));
+///
+/// // The acquire policy of a client's waiting acquisitions:
+/// let config = LeaseConfig::builder(Duration::from_secs(10)).backoff(backoff).build()?;
+/// assert_eq!(config.backoff(), backoff);
+///
+/// // A zero base, or a cap below the base, is refused.
+/// assert_eq!(Backoff::new(Duration::ZERO, Duration::from_secs(1)), Err(ConfigError::BackoffBaseZero));
+/// # Ok::<(), ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     base: Duration,

@@ -171,11 +171,44 @@ impl fmt::Debug for LeaseClient {
 
 impl LeaseClient {
     /// A client of `store` with `config`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig, memory::MemoryStore};
+    ///
+    /// # fn main() -> Result<(), leasehold_core::ConfigError> {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let client = LeaseClient::new(store, LeaseConfig::new(Duration::from_secs(10))?);
+    /// assert_eq!(client.store().backend(), "memory");
+    /// // Clones share the store and the renewal scheduler.
+    /// let for_another_task = client.clone();
+    /// # let _ = for_another_task; Ok(()) }
+    /// ```
     pub fn new(store: Arc<dyn Store>, config: LeaseConfig) -> Self {
         Self::builder(store, config).build()
     }
 
-    /// A builder, for a client with an injected random source or clock.
+    /// A builder, for a client with an injected random source, clock or observer.
+    ///
+    /// # Examples
+    ///
+    /// A client with deterministic retry jitter and a manual clock, for a test:
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig, clock::ManualClock, memory::MemoryStore};
+    /// use rand::{SeedableRng, rngs::StdRng};
+    ///
+    /// # fn main() -> Result<(), leasehold_core::ConfigError> {
+    /// let clock = Arc::new(ManualClock::new());
+    /// let client = LeaseClient::builder(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?)
+    ///     .rng(StdRng::seed_from_u64(7))
+    ///     .clock(clock.clone())
+    ///     .build();
+    /// # let _ = client; Ok(()) }
+    /// ```
     pub fn builder(store: Arc<dyn Store>, config: LeaseConfig) -> LeaseClientBuilder {
         LeaseClientBuilder {
             store,
@@ -216,6 +249,33 @@ impl LeaseClient {
     /// # Cancel safety
     /// Cancel safe: dropping the future stops only the waiting; renewal stays stopped and
     /// the client keeps refusing new leases.
+    ///
+    /// # Examples
+    ///
+    /// On SIGTERM, stop the work under every lease and let go within 10 s:
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{Error, LeaseClient, LeaseConfig, LostReason, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Error> {
+    /// let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.try_acquire("job:reindex").await?;
+    /// let worker = tokio::spawn(async move {
+    ///     // The work ends when the lease is lost, shutdown included; then let go.
+    ///     let result = lease.run(std::future::pending::<()>()).await;
+    ///     drop(lease);
+    ///     result
+    /// });
+    /// // In a real program: tokio::signal::ctrl_c().await, or a SIGTERM handler.
+    /// let report = client.shutdown(Duration::from_secs(10)).await;
+    /// assert_eq!((report.held, report.still_held), (1, 0));
+    /// assert!(matches!(worker.await.unwrap(), Err(Error::LeaseLost(LostReason::Shutdown))));
+    /// // No new leases after a shutdown.
+    /// assert!(matches!(client.try_acquire("job:other").await, Err(Error::ShuttingDown)));
+    /// # Ok(()) }
+    /// ```
     pub async fn shutdown(&self, timeout: Duration) -> ShutdownReport {
         let deadline = crate::clock::saturating_add(Instant::now(), timeout);
         self.inner.closing.store(true, Ordering::Release);
@@ -302,6 +362,30 @@ impl LeaseClient {
     /// # Errors
     /// [`Error::InvalidKey`], [`Error::Contended`], [`Error::ShuttingDown`], or
     /// [`Error::Store`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{Error, LeaseClient, LeaseConfig, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Error> {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let config = LeaseConfig::new(Duration::from_secs(10))?;
+    /// let (a, b) = (LeaseClient::new(store.clone(), config.clone()), LeaseClient::new(store, config));
+    ///
+    /// let lease = a.try_acquire("job:compaction").await?;
+    /// match b.try_acquire("job:compaction").await {
+    ///     Err(Error::Contended { remaining, .. }) => {
+    ///         // Someone else is on it; skip this round.
+    ///         assert!(remaining.is_some_and(|r| r <= Duration::from_secs(10)));
+    ///     }
+    ///     other => panic!("expected Contended, got {other:?}"),
+    /// }
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn try_acquire(&self, key: impl IntoKey) -> Result<Lease, Error> {
         self.acquire_inner(key.into_key()?, None).await
     }
@@ -321,6 +405,32 @@ impl LeaseClient {
     /// [`Error::InvalidKey`], [`Error::WaitTimeout`] (still held when the wait ended),
     /// [`Error::ShuttingDown`], or [`Error::Store`] (a non-retryable error, or the last
     /// error when the wait ended).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{Error, LeaseClient, LeaseConfig, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Error> {
+    /// let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+    /// // Waits up to 30 s while another owner holds it.
+    /// let first = client.acquire("job:nightly-invoices", Duration::from_secs(30)).await?;
+    ///
+    /// // A second holder waits; here it gives up after 50 ms.
+    /// match client.acquire("job:nightly-invoices", Duration::from_millis(50)).await {
+    ///     Err(Error::WaitTimeout { waited, .. }) => assert!(waited >= Duration::from_millis(50)),
+    ///     other => panic!("expected WaitTimeout, got {other:?}"),
+    /// }
+    ///
+    /// // Once the first one is released, the waiter gets the lease, with a higher fence.
+    /// let fence = first.fence();
+    /// first.release().await?;
+    /// let second = client.acquire("job:nightly-invoices", Duration::from_secs(30)).await?;
+    /// assert!(second.fence() > fence);
+    /// # Ok(()) }
+    /// ```
     pub async fn acquire(&self, key: impl IntoKey, wait: Duration) -> Result<Lease, Error> {
         self.acquire_inner(key.into_key()?, Some(wait)).await
     }

@@ -103,6 +103,32 @@ pub struct LeaseConfig {
 
 impl LeaseConfig {
     /// A builder starting from the defaults for `ttl`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::{Backoff, ConfigError, LeaseConfig};
+    ///
+    /// # fn main() -> Result<(), ConfigError> {
+    /// let config = LeaseConfig::builder(Duration::from_secs(30))
+    ///     .renew_interval(Duration::from_secs(5))
+    ///     .op_timeout(Duration::from_secs(2))
+    ///     .max_hold(Duration::from_secs(3600)) // give up after an hour, whatever happens
+    ///     .backoff(Backoff::new(Duration::from_millis(20), Duration::from_secs(1))?)
+    ///     .build()?;
+    /// assert_eq!(config.renew_interval(), Duration::from_secs(5));
+    ///
+    /// // Every value is checked by `build`: a renewal must fit in the TTL.
+    /// let err = LeaseConfig::builder(Duration::from_secs(10))
+    ///     .renew_interval(Duration::from_secs(6))
+    ///     .op_timeout(Duration::from_secs(5))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(err, ConfigError::NoRoomToRenew { .. }));
+    /// println!("{err}"); // operation timeout 5s + renew interval 6s + … must be below the ttl 10s
+    /// # Ok(()) }
+    /// ```
     pub fn builder(ttl: Duration) -> LeaseConfigBuilder {
         LeaseConfigBuilder {
             ttl,
@@ -123,6 +149,24 @@ impl LeaseConfig {
     ///
     /// # Errors
     /// [`ConfigError`] when `ttl` is out of range.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::{ConfigError, LeaseConfig};
+    ///
+    /// let config = LeaseConfig::new(Duration::from_secs(10))?;
+    /// assert_eq!(config.renew_interval(), config.ttl() / 3); // the defaults follow the TTL
+    /// assert!(config.validity(config.ttl()) < config.ttl()); // drift and margin taken off
+    ///
+    /// assert_eq!(
+    ///     LeaseConfig::new(Duration::from_millis(5)),
+    ///     Err(ConfigError::TtlTooShort(Duration::from_millis(5))),
+    /// );
+    /// assert!(matches!(LeaseConfig::new(Duration::from_secs(2 * 86_400)), Err(ConfigError::TtlTooLong(_))));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
     pub fn new(ttl: Duration) -> Result<Self, ConfigError> {
         Self::builder(ttl).build()
     }

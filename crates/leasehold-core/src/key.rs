@@ -40,6 +40,28 @@ pub enum KeyError {
 /// Rules: non-empty, at most [`MAX_KEY_LEN`] bytes, no control characters. The part
 /// before the first `:` is the *resource type*, the only part of a key that is ever used
 /// as a metric label. Cloning is cheap (reference counted).
+///
+/// Methods that take a key accept anything [`IntoKey`] (`&str`, `String`, `Key`), and
+/// report a bad one as [`Error::InvalidKey`](crate::Error::InvalidKey); make a `Key` to
+/// validate a name once, up front.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_core::{Key, KeyError};
+///
+/// let key = Key::new("job:invoice-generation")?;
+/// assert_eq!(key.as_str(), "job:invoice-generation");
+/// assert_eq!(key.resource_type(), "job"); // the metric label
+///
+/// let parsed: Key = "tenant:42/export".parse()?;
+/// assert_eq!(parsed.resource_type(), "tenant");
+///
+/// assert_eq!(Key::new(""), Err(KeyError::Empty));
+/// assert!(matches!(Key::new("a\nb"), Err(KeyError::ControlCharacter { index: 1, .. })));
+/// assert!(matches!("x".repeat(513).parse::<Key>(), Err(KeyError::TooLong { .. })));
+/// # Ok::<(), KeyError>(())
+/// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key(Arc<str>);
 

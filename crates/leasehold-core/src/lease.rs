@@ -352,6 +352,30 @@ impl Lease {
     }
 
     /// The fencing token of this grant. Pass it with every protected write.
+    ///
+    /// Every grant of a key gets a fence above every earlier grant's, so the storage can
+    /// keep the highest fence it has accepted and refuse a lower one: the write of a holder
+    /// that lost the lease while it was paused. The SQL stores' guards do this in the
+    /// write's own transaction.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), leasehold_core::Error> {
+    /// let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let first = client.try_acquire("ledger:invoices").await?;
+    /// let old = first.fence();
+    /// first.release().await?;
+    /// let second = client.try_acquire("ledger:invoices").await?;
+    /// // The storage accepts fences at least as high as the highest it saw.
+    /// assert!(second.fence() > old);
+    /// println!("UPDATE ledger SET … WHERE last_fence <= {}", second.fence().get());
+    /// # Ok(()) }
+    /// ```
     pub fn fence(&self) -> Fence {
         self.shared.fence
     }
@@ -408,6 +432,40 @@ impl Lease {
 
     /// The lost signal: a cloneable, `'static` handle that resolves with the reason when
     /// the lease is lost. Never resolves for a lease that is released while held.
+    ///
+    /// # Examples
+    ///
+    /// Select on it to stop the work the moment the lease is lost (here the store forgets
+    /// the lease, so the next renewal answers `NotOwner`):
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig, LostReason, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), leasehold_core::Error> {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let client = LeaseClient::new(store.clone(), LeaseConfig::new(Duration::from_millis(300))?);
+    /// let lease = client.try_acquire("job:export").await?;
+    /// store.forget(lease.key()); // a fault: the store loses the lease
+    ///
+    /// let work = async {
+    ///     loop {
+    ///         tokio::time::sleep(Duration::from_millis(10)).await; // one batch of work
+    ///     }
+    /// };
+    /// tokio::select! {
+    ///     reason = lease.lost() => {
+    ///         // Stop, roll back what is not committed, and never write with this fence again.
+    ///         assert_eq!(reason, LostReason::NotOwner);
+    ///     }
+    ///     _ = work => unreachable!("the work never ends on its own"),
+    /// }
+    /// assert!(!lease.is_valid());
+    /// // The store no longer lists us: release says so.
+    /// assert!(!lease.release().await?);
+    /// # Ok(()) }
+    /// ```
     pub fn lost(&self) -> LostSignal {
         LostSignal {
             shared: self.shared.clone(),
@@ -439,6 +497,29 @@ impl Lease {
     /// # Errors
     /// [`Error::LeaseLost`] when the lease is lost before `work` completes (or was lost
     /// already, in which case `work` is not polled).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{Error, LeaseClient, LeaseConfig, LostReason, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Error> {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let client = LeaseClient::new(store.clone(), LeaseConfig::new(Duration::from_millis(300))?);
+    /// let lease = client.try_acquire("job:nightly-invoices").await?;
+    ///
+    /// // Work that ends while the lease is held returns its output.
+    /// let written = lease.run(async { 3 }).await?;
+    /// assert_eq!(written, 3);
+    ///
+    /// // Work still running when the lease is lost is dropped at that point.
+    /// store.forget(lease.key());
+    /// let endless = lease.run(std::future::pending::<()>()).await;
+    /// assert!(matches!(endless, Err(Error::LeaseLost(LostReason::NotOwner))));
+    /// # Ok(()) }
+    /// ```
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
         self.ensure_valid()?;
         let mut lost = std::pin::pin!(self.lost().wait());
@@ -463,6 +544,26 @@ impl Lease {
     /// # Errors
     /// [`Error::Store`] when the store could not be reached in time; the lease then expires
     /// store-side after its TTL.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), leasehold_core::Error> {
+    /// let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.try_acquire("job:backup").await?;
+    /// // ... the work, its writes fenced with lease.fence() ...
+    /// if !lease.release().await? {
+    ///     // It had expired or been taken over meanwhile: check the fenced writes.
+    ///     eprintln!("lease was lost before release");
+    /// }
+    /// // Released: the next holder gets it at once.
+    /// let next = client.try_acquire("job:backup").await?;
+    /// # drop(next); Ok(()) }
+    /// ```
     pub async fn release(self) -> Result<bool, Error> {
         // From here on the lease never reports lost: its holder let go of it.
         self.shared.begin_release();
@@ -524,6 +625,36 @@ impl Drop for Lease {
 
 /// Resolves with the [`LostReason`] when its lease is lost. Cloneable and `'static`, so it
 /// can move into spawned tasks. `.await` it directly or call [`wait`](Self::wait).
+///
+/// # Examples
+///
+/// Hand the signal to a task that cancels a side job when the lease is lost, and ask it
+/// on the spot before a write:
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use leasehold_core::{LeaseClient, LeaseConfig, LostReason, memory::MemoryStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), leasehold_core::Error> {
+/// let store = Arc::new(MemoryStore::new());
+/// let client = LeaseClient::new(store.clone(), LeaseConfig::new(Duration::from_millis(300))?);
+/// let lease = client.try_acquire("job:sync").await?;
+/// let lost = lease.lost();
+/// assert!(!lost.is_lost());
+/// assert_eq!(lost.reason(), None);
+///
+/// let watcher = tokio::spawn({
+///     let lost = lost.clone();
+///     async move { lost.wait().await } // or `lost.await`
+/// });
+/// store.forget(lease.key()); // the store loses it: the next renewal says NotOwner
+/// assert_eq!(watcher.await.unwrap(), LostReason::NotOwner);
+/// assert!(lost.is_lost());
+/// assert_eq!(lost.reason(), Some(LostReason::NotOwner));
+/// assert!(lost.lost_at().is_some());
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct LostSignal {
     shared: Arc<LeaseShared>,

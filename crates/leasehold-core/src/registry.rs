@@ -24,7 +24,19 @@ pub trait StoreFactory: Send + Sync {
 /// A set of [`StoreFactory`]s by URL scheme; [`open`](Self::open) picks one at run time.
 ///
 /// The core knows no backend but the in-memory one (`memory://`, a new empty store per
-/// call); applications register the backends they link.
+/// call); applications register the backends they link. (The `leasehold` crate's
+/// `registry()` and `open()` register every backend its features enable.)
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use leasehold_core::Registry;
+///
+/// let mut registry = Registry::new();
+/// // registry.register(Arc::new(leasehold_sqlite::SqliteFactory)); // and so on, per backend
+/// assert_eq!(registry.schemes().collect::<Vec<_>>(), ["memory"]);
+/// ```
 #[derive(Clone)]
 pub struct Registry {
     factories: BTreeMap<&'static str, Arc<dyn StoreFactory>>,
@@ -87,6 +99,29 @@ impl Registry {
     /// [`StoreErrorKind::Config`] for a URL without a scheme or with an unknown scheme (the
     /// message names only the scheme, never the rest of the URL); whatever the factory
     /// returns otherwise.
+    ///
+    /// # Examples
+    ///
+    /// `open` is a method: make (or share) a registry, then open URLs with it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::{LeaseClient, LeaseConfig, Registry, StoreErrorKind};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let registry = Registry::new();
+    /// let url = std::env::var("LEASE_STORE").unwrap_or_else(|_| "memory://".into());
+    /// let store = registry.open(&url).await?;
+    /// let client = LeaseClient::new(store, LeaseConfig::new(Duration::from_secs(10))?);
+    /// # let _ = client;
+    ///
+    /// // An unknown scheme is a configuration error that never echoes the URL's secrets.
+    /// let err = registry.open("nosuch://user:s3cret@host/").await.unwrap_err();
+    /// assert_eq!(err.kind(), StoreErrorKind::Config);
+    /// assert!(!err.to_string().contains("s3cret"));
+    /// # Ok(()) }
+    /// ```
     pub async fn open(&self, url: &str) -> Result<Arc<dyn Store>, StoreError> {
         let scheme = url
             .split_once("://")

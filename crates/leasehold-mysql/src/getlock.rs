@@ -407,6 +407,22 @@ impl MySqlGetLockStore {
     ///
     /// # Errors
     /// As [`MySqlConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig};
+    /// use leasehold_mysql::MySqlGetLockStore;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Each held lease keeps its own session; renew and release go through this store.
+    /// let store = MySqlGetLockStore::open("mysql+getlock://app:secret@db:3306/app").await?;
+    /// let client = LeaseClient::new(Arc::new(store), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.acquire("job:invoices", Duration::from_secs(30)).await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         Self::connect(MySqlConfig::from_url(url)?).await
     }

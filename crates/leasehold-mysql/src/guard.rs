@@ -72,6 +72,17 @@ fn sql_error(e: sqlx::Error, op: &str) -> StoreError {
 ///
 /// # Errors
 /// [`StoreErrorKind::Config`] without the privilege to create tables.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use leasehold_mysql::{guard, sqlx};
+///
+/// let pool = sqlx::MySqlPool::connect("mysql://app:secret@db:3306/app").await?;
+/// guard::migrate(&pool).await?; // creates leasehold_guard and leasehold_idempotency if missing
+/// # Ok(()) }
+/// ```
 pub async fn migrate(pool: &MySqlPool) -> Result<(), StoreError> {
     sqlx::raw_sql(GUARD_SCHEMA)
         .execute(pool)
@@ -110,6 +121,23 @@ async fn locked_fence(
 /// [`StoreErrorKind::Busy`] for a deadlock or a lock wait timeout (roll back, retry the
 /// whole transaction); [`StoreErrorKind::Config`] when the table is missing or not
 /// accessible.
+///
+/// # Examples
+///
+/// ```no_run
+/// use leasehold_core::ResourceName;
+/// use leasehold_mysql::{guard, sqlx};
+///
+/// # async fn demo(pool: sqlx::MySqlPool, lease: leasehold_core::Lease) -> Result<(), Box<dyn std::error::Error>> {
+/// let ledger = ResourceName::from(lease.key()); // the lease's key names the resource
+/// let mut tx = pool.begin().await?;
+/// guard::check_and_advance(&mut tx, &ledger, lease.fence())
+///     .await? // Busy (deadlock, lock wait timeout): retry the whole transaction
+///     .into_result(&ledger, lease.fence())?; // FenceRejected: the lease was lost; stop
+/// sqlx::query("UPDATE ledger SET total = total + ?").bind(10_i64).execute(&mut *tx).await?;
+/// tx.commit().await.map_err(leasehold_mysql::store_error)?;
+/// # Ok(()) }
+/// ```
 pub async fn check_and_advance(
     tx: &mut Transaction<'_, MySql>,
     resource: &ResourceName,
@@ -193,6 +221,23 @@ pub async fn current(
 /// # Errors
 /// [`StoreErrorKind::Busy`] for a lock wait timeout behind another transaction recording
 /// the same id.
+///
+/// # Examples
+///
+/// ```no_run
+/// use leasehold_core::{Idempotency, ResourceName};
+/// use leasehold_mysql::{guard, sqlx};
+///
+/// # async fn demo(pool: sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let job = ResourceName::new("invoice-run-2024-06")?; // e.g. the message id
+/// let mut tx = pool.begin().await?;
+/// match guard::record_once(&mut tx, &job).await? {
+///     Idempotency::AlreadyDone => return Ok(()), // delivered again after a commit: skip
+///     Idempotency::FirstTime => { /* do the job's writes in `tx` */ }
+/// }
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
 pub async fn record_once(
     tx: &mut Transaction<'_, MySql>,
     job_id: &ResourceName,

@@ -253,6 +253,22 @@ impl MySqlLeaseStore {
     ///
     /// # Errors
     /// As [`MySqlConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig};
+    /// use leasehold_mysql::MySqlLeaseStore;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = Arc::new(MySqlLeaseStore::open("mysql://app:secret@db:3306/app?timeout=2s").await?);
+    /// let client = LeaseClient::new(store.clone(), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.acquire("job:invoices", Duration::from_secs(30)).await?;
+    /// lease.release().await?;
+    /// store.close().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         Self::connect(MySqlConfig::from_url(url)?).await
     }

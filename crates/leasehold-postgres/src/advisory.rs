@@ -299,6 +299,24 @@ impl PgAdvisoryStore {
     /// for a config that says it goes through a transaction-pooling proxy
     /// ([`Pooler::Transaction`](crate::Pooler::Transaction)): session locks cannot work
     /// there. [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig};
+    /// use leasehold_postgres::{PgAdvisoryStore, PgConfig};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// // A direct connection (or a session-mode pooler): the lock lives in a session.
+    /// let config = PgConfig::from_url("postgres+advisory://app@db.internal/app")?;
+    /// let store = PgAdvisoryStore::connect(&config).await?;
+    /// store.migrate().await?;
+    /// let client = LeaseClient::new(Arc::new(store), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.acquire("job:invoices", Duration::from_secs(30)).await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
         if config.get_pooler() == crate::config::Pooler::Transaction {
             return Err(StoreError::new(

@@ -194,6 +194,25 @@ impl PgConfig {
     /// # Errors
     /// [`StoreErrorKind::Config`] for a malformed URL, a bad port, an unknown scheme or an
     /// unknown or invalid `leasehold_*` parameter. The message never repeats the URL.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use leasehold_core::StoreErrorKind;
+    /// use leasehold_postgres::{PgConfig, Pooler};
+    ///
+    /// let config = PgConfig::from_url(
+    ///     "postgres://app:s3cret@db.internal:5432/app?leasehold_schema=locks&leasehold_pool_size=4",
+    /// )?;
+    /// assert_eq!(config.get_pool_size(), 4);
+    /// assert_eq!(config.get_pooler(), Pooler::None);
+    /// assert!(!config.to_string().contains("s3cret")); // never printed
+    ///
+    /// // A misspelt leasehold parameter is refused, not ignored.
+    /// let err = PgConfig::from_url("postgres://app@db/app?leasehold_pool=4").unwrap_err();
+    /// assert_eq!(err.kind(), StoreErrorKind::Config);
+    /// # Ok::<(), leasehold_core::StoreError>(())
+    /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
         let mut parsed =
             url::Url::parse(url).map_err(|e| config_err(format!("invalid PostgreSQL URL: {e}")))?;

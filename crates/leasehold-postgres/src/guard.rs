@@ -137,6 +137,17 @@ impl PgGuard {
     ///
     /// # Errors
     /// [`StoreErrorKind::Config`] for an invalid schema name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use leasehold_postgres::PgGuard;
+    ///
+    /// let guard = PgGuard::in_schema("billing")?;
+    /// assert!(guard.schema_sql().contains(r#""billing"."leasehold_guard""#));
+    /// // guard.migrate(&pool).await?; guard.check_and_advance(&mut tx, &resource, fence).await?; …
+    /// # Ok::<(), leasehold_core::StoreError>(())
+    /// ```
     pub fn in_schema(schema: &str) -> Result<Self, StoreError> {
         Ok(Self::with_tables(
             TableName::new(Some(schema), DEFAULT_GUARD_TABLE)?,
@@ -324,6 +335,23 @@ impl PgGuard {
 ///
 /// # Errors
 /// As [`PgGuard::check_and_advance`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use leasehold_core::ResourceName;
+/// use leasehold_postgres::{guard, sqlx};
+///
+/// # async fn demo(pool: sqlx::PgPool, lease: leasehold_core::Lease) -> Result<(), Box<dyn std::error::Error>> {
+/// let ledger = ResourceName::from(lease.key()); // the lease's key names the resource
+/// let mut tx = pool.begin().await?;
+/// guard::check_and_advance(&mut tx, &ledger, lease.fence())
+///     .await? // Busy: a serialization failure; retry the whole transaction
+///     .into_result(&ledger, lease.fence())?; // FenceRejected: the lease was lost; stop
+/// sqlx::query("UPDATE ledger SET total = total + $1").bind(10_i64).execute(&mut *tx).await?;
+/// tx.commit().await.map_err(leasehold_postgres::store_error)?;
+/// # Ok(()) }
+/// ```
 pub async fn check_and_advance(
     tx: &mut Transaction<'_, Postgres>,
     resource: &ResourceName,
@@ -339,6 +367,23 @@ pub async fn check_and_advance(
 ///
 /// # Errors
 /// As [`PgGuard::record_once`].
+///
+/// # Examples
+///
+/// ```no_run
+/// use leasehold_core::{Idempotency, ResourceName};
+/// use leasehold_postgres::{guard, sqlx};
+///
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let job = ResourceName::new("invoice-run-2024-06")?; // e.g. the message id
+/// let mut tx = pool.begin().await?;
+/// match guard::record_once(&mut tx, &job).await? {
+///     Idempotency::AlreadyDone => return Ok(()), // delivered again after a commit: skip
+///     Idempotency::FirstTime => { /* do the job's writes in `tx` */ }
+/// }
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
 pub async fn record_once(
     tx: &mut Transaction<'_, Postgres>,
     job_id: &ResourceName,
@@ -353,6 +398,17 @@ pub async fn record_once(
 ///
 /// # Errors
 /// As [`PgGuard::migrate`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use leasehold_postgres::{guard, sqlx};
+///
+/// let pool = sqlx::PgPool::connect("postgres://app@db.internal/app").await?;
+/// guard::migrate(&pool).await?; // creates leasehold_guard and leasehold_idempotency if missing
+/// # Ok(()) }
+/// ```
 pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
     DEFAULT_GUARD.migrate(pool).await
 }

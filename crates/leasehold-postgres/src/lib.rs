@@ -1,50 +1,4 @@
-//! # leasehold-postgres
-//!
-//! PostgreSQL for [`leasehold`]: two lease stores and the storage-side guard.
-//!
-//! - [`PgLeaseStore`] (backend `"postgres"`, URL `postgres://…`): a lease table, one SQL
-//!   statement per operation, expiry on the database's clock, a per-key fence kept in the
-//!   lease row that never goes back. Works through any pooler.
-//! - [`PgAdvisoryStore`] (backend `"postgres-advisory"`, URL `postgres+advisory://…`): a
-//!   session-level `pg_try_advisory_lock` on a connection dedicated to the holder; the
-//!   lease ends with the session, and the server's `idle_session_timeout` enforces the
-//!   TTL. Needs a direct connection (or a session-mode pooler).
-//! - [`guard`]: [`check_and_advance`](guard::check_and_advance) and
-//!   [`record_once`](guard::record_once), run inside the caller's own sqlx transaction
-//!   (they take `&mut sqlx::Transaction` and a validated [`ResourceName`]), so that a
-//!   holder that lost its lease cannot write (DESIGN §6).
-//! - [`PgFactory`]: opens either store from a URL through [`leasehold_core::Registry`].
-//!
-//! Tables are created by explicit, idempotent `migrate()` calls
-//! ([`PgLeaseStore::migrate`], [`PgAdvisoryStore::migrate`], [`guard::migrate`]); the same
-//! SQL is in the crate's `sql/` directory for DBAs. Schema and table names are
-//! configurable ([`PgConfig`], [`TableName`], [`PgGuard`]). PostgreSQL 14 or newer.
-//!
-//! [`ResourceName`]: leasehold_core::ResourceName
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::{sync::Arc, time::Duration};
-//! use leasehold_core::{LeaseClient, LeaseConfig, ResourceName};
-//! use leasehold_postgres::{PgConfig, PgLeaseStore, guard};
-//!
-//! let config = PgConfig::from_url("postgres://app@127.0.0.1/app")?;
-//! let store = PgLeaseStore::connect(&config).await?;
-//! store.migrate().await?;
-//! guard::migrate(store.pool()).await?;
-//!
-//! let client = LeaseClient::new(Arc::new(store.clone()), LeaseConfig::new(Duration::from_secs(10))?);
-//! let lease = client.acquire("job:invoices", Duration::from_secs(30)).await?;
-//! let ledger = ResourceName::new("ledger:invoices")?;
-//! let mut tx = store.pool().begin().await?;
-//! guard::check_and_advance(&mut tx, &ledger, lease.fence())
-//!     .await?
-//!     .into_result(&ledger, lease.fence())?; // FenceRejected: ownership lost
-//! // ... the protected writes, in `tx` ...
-//! tx.commit().await?;
-//! lease.release().await?;
-//! # Ok(()) }
-//! ```
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
@@ -87,5 +41,43 @@ mod bounds {
         is_send_sync::<super::PgAdvisoryStore>();
         is_send_sync::<super::PgGuard>();
         is_send_sync::<super::PgConfig>();
+    }
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// The futures callers hold across threads are `Send` (checked at compile time; the
+    /// function is never called).
+    #[allow(dead_code)]
+    fn futures_are_send(
+        config: &super::PgConfig,
+        table: super::PgLeaseStore,
+        advisory: super::PgAdvisoryStore,
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        conn: &mut sqlx::PgConnection,
+        name: &leasehold_core::ResourceName,
+    ) {
+        use leasehold_core::Store;
+        let fence = leasehold_core::Fence(1);
+        let guard = super::PgGuard::new();
+        assert_send(&super::PgLeaseStore::connect(config));
+        assert_send(&super::PgAdvisoryStore::connect(config));
+        assert_send(&table.migrate());
+        assert_send(&advisory.migrate());
+        assert_send(&super::guard::migrate(table.pool()));
+        assert_send(&super::guard::check_and_advance(tx, name, fence));
+        assert_send(&super::guard::record_once(tx, name));
+        assert_send(&guard.current(conn, name));
+        let key = leasehold_core::Key::new("job:x").unwrap();
+        let owner = leasehold_core::OwnerToken::random();
+        let ttl = std::time::Duration::from_secs(1);
+        for store in [
+            std::sync::Arc::new(table) as std::sync::Arc<dyn Store>,
+            std::sync::Arc::new(advisory),
+        ] {
+            assert_send(&store.acquire(&key, &owner, ttl));
+            assert_send(&store.renew(&key, &owner, ttl));
+            assert_send(&store.release(&key, &owner));
+            assert_send(&store.inspect(&key));
+        }
     }
 }

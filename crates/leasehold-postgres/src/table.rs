@@ -359,6 +359,23 @@ impl PgLeaseStore {
     /// # Errors
     /// [`StoreErrorKind::Config`] for authentication and other configuration problems,
     /// [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig};
+    /// use leasehold_postgres::{PgConfig, PgLeaseStore};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = PgConfig::from_url("postgres://app@db.internal/app")?;
+    /// let store = PgLeaseStore::connect(&config).await?;
+    /// store.migrate().await?; // idempotent; or run sql/lease_table.sql at deployment
+    /// let client = LeaseClient::new(Arc::new(store), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.acquire("job:invoices", Duration::from_secs(30)).await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
         let pool = crate::config::open_pool(config, BACKEND).await?;
         let mut store = Self::with_pool(pool, config.table_or(DEFAULT_LEASE_TABLE));

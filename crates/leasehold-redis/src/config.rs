@@ -204,6 +204,24 @@ impl RedisConfig {
     /// # Errors
     /// [`StoreErrorKind::Config`] for a malformed URL, an unknown scheme or parameter, a bad
     /// port, database index, duration or prefix. The message never contains the password.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::StoreErrorKind;
+    /// use leasehold_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::from_url("redis://leasehold:s3cret@redis.internal:6379/2?prefix=billing:&timeout=1s")?;
+    /// assert_eq!(config.prefix(), "billing:");
+    /// assert_eq!(config.op_timeout(), Duration::from_secs(1));
+    /// assert!(!config.to_string().contains("s3cret")); // Display shows <redacted>
+    ///
+    /// // A typo must not fall back to a default silently.
+    /// let err = RedisConfig::from_url("redis://127.0.0.1/?timout=1s").unwrap_err();
+    /// assert_eq!(err.kind(), StoreErrorKind::Config);
+    /// # Ok::<(), leasehold_core::StoreError>(())
+    /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
         RedisConfigBuilder::from_url(url)?.build()
     }

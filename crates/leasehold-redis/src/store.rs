@@ -87,6 +87,18 @@ impl RedisStore {
     /// # Errors
     /// As [`new`](Self::new); [`StoreErrorKind::Config`] for a wrong password or a TLS
     /// failure; [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use leasehold_redis::{RedisConfig, RedisStore};
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = RedisConfig::from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000/?prefix=billing:")?;
+    /// let store = RedisStore::connect(config).await?; // fails here if no seed answers
+    /// assert!(store.is_cluster());
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
         let store = Self::new(config)?;
         store.conn.connect().await?;
@@ -101,6 +113,21 @@ impl RedisStore {
     ///
     /// # Errors
     /// As [`RedisConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig};
+    /// use leasehold_redis::RedisStore;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::open("redis://leasehold:s3cret@redis.internal:6379/?prefix=billing:&timeout=1s").await?;
+    /// let client = LeaseClient::new(Arc::new(store), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.acquire("job:invoices", Duration::from_secs(30)).await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         Self::connect(RedisConfig::from_url(url)?).await
     }

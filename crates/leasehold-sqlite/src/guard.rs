@@ -4,9 +4,22 @@
 //! be the file that holds the leases), so that checking the fence, writing the data and
 //! advancing the guard commit or roll back together:
 //!
-//! ```no_run
+//! ```
 //! # use leasehold_core::{Fence, Idempotency, ResourceName};
-//! # use sqlx::Connection;
+//! # use leasehold_sqlite::sqlx::{self, Connection};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! #     let dir = tempfile::tempdir()?;
+//! #     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}/app.db?mode=rwc", dir.path().display())).await?;
+//! #     leasehold_sqlite::guard::migrate(&pool).await?;
+//! #     sqlx::query("CREATE TABLE invoices (month TEXT NOT NULL)").execute(&pool).await?;
+//! #     let mut conn = pool.acquire().await?;
+//! #     write(&mut conn, Fence(7)).await?;
+//! #     write(&mut conn, Fence(7)).await?; // the second time, the job is already done
+//! #     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(&mut *conn).await?;
+//! #     assert_eq!(rows, 1);
+//! #     Ok(())
+//! # }
 //! # async fn write(conn: &mut sqlx::SqliteConnection, fence: Fence) -> Result<(), Box<dyn std::error::Error>> {
 //! // Names are validated once (1..=512 bytes, no NUL); a lease's key converts as it is.
 //! let invoices = ResourceName::new("invoices")?;
@@ -78,6 +91,21 @@ pub(crate) async fn migrate_in(conn: &mut SqliteConnection) -> Result<(), Failur
 /// # Errors
 /// [`StoreErrorKind::Config`] when the database cannot be written,
 /// [`StoreErrorKind::Busy`] when it stays locked past the busy timeout.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_sqlite::{guard, sqlx};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let pool = &sqlx::SqlitePool::connect(&format!("sqlite://{}/app.db?mode=rwc", dir.path().display())).await?;
+/// // `pool`: your application's own database.
+/// guard::migrate(pool).await?;
+/// guard::migrate(pool).await?; // idempotent: run it at every start
+/// # Ok(()) }
+/// ```
 pub async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
     with_conn(pool, &SqliteErrors, "migrate guard", async |conn| {
         migrate_in(conn).await
@@ -118,6 +146,37 @@ async fn read_fence(
 /// [`StoreErrorKind::Busy`] when SQLite refuses the write (lock timeout, stale snapshot):
 /// roll back and retry the whole transaction; [`StoreErrorKind::Config`] when the table is
 /// missing.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_core::{Error, Fence, GuardDecision, ResourceName};
+/// use leasehold_sqlite::{guard, sqlx::{self, Connection}};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let pool = &sqlx::SqlitePool::connect(&format!("sqlite://{}/app.db?mode=rwc", dir.path().display())).await?;
+/// # guard::migrate(pool).await?;
+/// let ledger = ResourceName::new("ledger:invoices")?;
+/// let mut conn = pool.acquire().await?;
+///
+/// // The holder with fence 8 writes (equal fences pass: it may write many times).
+/// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+/// let decision = guard::check_and_advance(&mut tx, &ledger, Fence(8)).await?;
+/// assert_eq!(decision, GuardDecision::Accepted { previous: None });
+/// // ... the protected writes, in `tx` ...
+/// tx.commit().await?;
+///
+/// // A holder that lost its lease (fence 7) wakes up and tries to write: refused.
+/// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+/// let decision = guard::check_and_advance(&mut tx, &ledger, Fence(7)).await?;
+/// assert_eq!(decision, GuardDecision::Rejected { current: Fence(8) });
+/// let err = decision.into_result(&ledger, Fence(7)).unwrap_err();
+/// assert!(matches!(err, Error::FenceRejected { .. }));
+/// tx.rollback().await?;
+/// # Ok(()) }
+/// ```
 pub async fn check_and_advance(
     tx: &mut Transaction<'_, Sqlite>,
     resource: &ResourceName,
@@ -154,6 +213,27 @@ pub async fn check_and_advance(
 ///
 /// # Errors
 /// Database errors as in [`check_and_advance`].
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_core::{Fence, ResourceName};
+/// use leasehold_sqlite::{guard, sqlx::{self, Connection}};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let pool = &sqlx::SqlitePool::connect(&format!("sqlite://{}/app.db?mode=rwc", dir.path().display())).await?;
+/// # guard::migrate(pool).await?;
+/// let ledger = ResourceName::new("ledger:invoices")?;
+/// let mut conn = pool.acquire().await?;
+/// assert_eq!(guard::current(&mut conn, &ledger).await?, None); // never written
+/// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+/// guard::check_and_advance(&mut tx, &ledger, Fence(3)).await?;
+/// tx.commit().await?;
+/// assert_eq!(guard::current(&mut conn, &ledger).await?, Some(Fence(3)));
+/// # Ok(()) }
+/// ```
 pub async fn current(
     conn: &mut SqliteConnection,
     resource: &ResourceName,
@@ -175,6 +255,32 @@ pub async fn current(
 /// # Errors
 /// [`StoreErrorKind::Busy`] when SQLite refuses the write (retry the whole transaction);
 /// [`StoreErrorKind::Config`] when the table is missing.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold_core::{Idempotency, ResourceName};
+/// use leasehold_sqlite::{guard, sqlx::{self, Connection}};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let pool = &sqlx::SqlitePool::connect(&format!("sqlite://{}/app.db?mode=rwc", dir.path().display())).await?;
+/// # guard::migrate(pool).await?;
+/// let job = ResourceName::new("invoice-run-2024-06")?;
+/// let mut conn = pool.acquire().await?;
+///
+/// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+/// assert_eq!(guard::record_once(&mut tx, &job).await?, Idempotency::FirstTime);
+/// // ... do the job's writes in `tx` ...
+/// tx.commit().await?;
+///
+/// // Redelivered after the commit (a retry, a crash before the ack): skip it.
+/// let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+/// assert_eq!(guard::record_once(&mut tx, &job).await?, Idempotency::AlreadyDone);
+/// tx.rollback().await?;
+/// # Ok(()) }
+/// ```
 pub async fn record_once(
     tx: &mut Transaction<'_, Sqlite>,
     job_id: &ResourceName,

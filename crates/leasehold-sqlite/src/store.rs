@@ -360,6 +360,28 @@ impl SqliteStore {
     /// [`StoreErrorKind::Config`] for an invalid configuration or a file or directory that
     /// cannot be created or opened; [`StoreErrorKind::Busy`] when another process holds the
     /// database locked for longer than the busy timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{LeaseClient, LeaseConfig};
+    /// use leasehold_sqlite::{SqliteConfig, SqliteStore, Synchronous};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("leases.db"); // e.g. /var/lib/myapp/leases.db
+    /// let config = SqliteConfig::new(path)
+    ///     .busy_timeout(Duration::from_millis(500)) // below the client's operation timeout
+    ///     .synchronous(Synchronous::Full);
+    /// let store = Arc::new(SqliteStore::connect(config).await?);
+    /// let client = LeaseClient::new(store.clone(), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.try_acquire("job:report").await?;
+    /// assert!(lease.release().await?);
+    /// store.close().await;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(config: SqliteConfig) -> Result<Self, StoreError> {
         config.validate()?;
         let path = config.path();
@@ -415,6 +437,26 @@ impl SqliteStore {
     ///
     /// # Errors
     /// As [`SqliteConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use leasehold_core::{Store, StoreErrorKind};
+    /// use leasehold_sqlite::SqliteStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "sqlite:///var/lib/myapp/leases.db?busy_timeout=500ms";
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = &format!("sqlite://{}/leases.db?busy_timeout=500ms", dir.path().display());
+    /// let store = SqliteStore::open(url).await?;
+    /// assert_eq!(store.backend(), "sqlite");
+    ///
+    /// // A bad URL is a configuration error, found before any file is touched.
+    /// let err = SqliteStore::open("sqlite://leases.db?busy_timout=5s").await.unwrap_err();
+    /// assert_eq!(err.kind(), StoreErrorKind::Config);
+    /// # Ok(()) }
+    /// ```
     pub async fn open(url: &str) -> Result<Self, StoreError> {
         Self::connect(SqliteConfig::from_url(url)?).await
     }

@@ -58,6 +58,29 @@ pub fn registry() -> Registry {
 /// [`StoreErrorKind::Config`] for an unknown or disabled scheme (the message names the
 /// cargo feature to enable) or a URL the store refuses; the store's own errors when it
 /// cannot be reached.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold::{LeaseClient, LeaseConfig, StoreErrorKind};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // From the configuration: "redis://…", "postgres://…", "sqlite:///var/lib/app/leases.db", …
+/// let url = std::env::var("LEASE_STORE").unwrap_or_else(|_| "memory://".into());
+/// let client = LeaseClient::new(leasehold::open(&url).await?, LeaseConfig::new(Duration::from_secs(10))?);
+/// let lease = client.try_acquire("job:nightly-invoices").await?;
+/// lease.release().await?;
+///
+/// // A store this build leaves out names the feature that brings it.
+/// # #[cfg(not(feature = "redis"))] {
+/// let err = leasehold::open("redis://127.0.0.1/").await.unwrap_err();
+/// assert_eq!(err.kind(), StoreErrorKind::Config);
+/// assert!(err.to_string().contains("`redis` feature"));
+/// # }
+/// # Ok(()) }
+/// ```
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     let registry = registry();
     let scheme = url.split_once("://").map_or("", |(s, _)| s);
