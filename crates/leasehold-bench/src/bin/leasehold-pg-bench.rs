@@ -5,7 +5,7 @@
 //! collapse under contention?
 //!
 //! ```text
-//! cargo run --release -p leasehold-postgres --bin leasehold-pg-bench [-- --json]
+//! cargo run --release -p leasehold-bench --bin leasehold-pg-bench [-- --json]
 //!     [--url postgres://…]     use this server instead of starting a private one
 //!     [--contenders 64] [--seconds 5] [--pool 16] [--fsync on|off] [--hold-ms 0]
 //! ```

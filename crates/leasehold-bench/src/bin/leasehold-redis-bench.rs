@@ -1,7 +1,7 @@
 //! Benchmark of the Redis store.
 //!
 //! ```text
-//! cargo run --release -p leasehold-redis --bin leasehold-redis-bench [-- --json] [--url URL]
+//! cargo run --release -p leasehold-bench --bin leasehold-redis-bench [-- --json] [--url URL]
 //!     [--ops N] [--handoffs N] [--slices N] [--no-watchdog-thread]
 //! ```
 //!
