@@ -328,7 +328,7 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
             }
             () = sleep_until(stop_at), if stopping.is_none() => {}
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
-                eprintln!("leasehold: the command did not stop within the grace period; killing it");
+                tracing::warn!("the command did not stop within the grace period; killing it");
                 job.signal(Signal::SIGKILL);
                 if let Some(s) = &mut stopping {
                     s.killed = true;
@@ -353,8 +353,8 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
         guard.done();
     } else {
         // Dropping the guard's pipe makes it kill the group once more as we exit.
-        eprintln!(
-            "leasehold: processes of the command's group are still there after SIGKILL; the lease is left to expire in the store"
+        tracing::warn!(
+            "processes of the command's group are still there after SIGKILL; the lease is left to expire in the store"
         );
     }
     let end = job.end.unwrap_or(End::Signal(Signal::SIGKILL));
@@ -452,7 +452,7 @@ fn begin_stop(job: &Job, lease: &Lease, grace: Duration, why: &str) -> Stopping 
     let now = Instant::now();
     let deadline = lease.valid_until();
     if deadline <= now || grace.is_zero() {
-        eprintln!("leasehold: {why}; killing the command");
+        tracing::warn!("{why}; killing the command");
         job.signal(Signal::SIGKILL);
         Stopping {
             why: why.to_owned(),
@@ -460,7 +460,7 @@ fn begin_stop(job: &Job, lease: &Lease, grace: Duration, why: &str) -> Stopping 
             killed: true,
         }
     } else {
-        eprintln!("leasehold: {why}; stopping the command");
+        tracing::warn!("{why}; stopping the command");
         job.signal(Signal::SIGTERM);
         // A stopped process acts on SIGTERM only once continued.
         job.signal(Signal::SIGCONT);

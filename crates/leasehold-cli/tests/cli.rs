@@ -1285,6 +1285,25 @@ fn interactive_ctrl_backslash_reaches_the_command_and_leasehold_reports_its_stat
     assert_eq!(v["held"], false, "released after the command exited");
 }
 
+/// Whether process `pid`'s group becomes its terminal's foreground group within
+/// `timeout` (`/proc/PID/stat`: `pgrp` is field 5, `tpgid` field 8).
+fn owns_terminal(pid: i32, timeout: Duration) -> bool {
+    let until = Instant::now() + timeout;
+    while Instant::now() < until {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // Fields after the command name, which is in parentheses and may hold spaces.
+            let rest: Vec<&str> = stat
+                .rsplit_once(')')
+                .map_or(vec![], |(_, r)| r.split_whitespace().collect());
+            if rest.len() > 5 && rest[2] == rest[5] {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
 /// Ctrl-Z stops the command and its job; `fg` continues both, and the command has the
 /// terminal again. With `via_script`, `leasehold run` is called by a script: the job the
 /// shell sees stopped is the script, in whose process group leasehold runs.
@@ -1292,6 +1311,7 @@ fn ctrl_z_and_fg(via_script: bool) {
     let env = Env::new();
     let ticks = env.path("ticks");
     let stop = env.path("stop");
+    let pidfile = env.path("command.pid");
     let mut args: Vec<&str> = Vec::new();
     if via_script {
         args.extend(["sh", "-c", "\"$0\" \"$@\"; echo script-saw:$?"]);
@@ -1304,9 +1324,10 @@ fn ctrl_z_and_fg(via_script: bool) {
         "--",
         "sh",
         "-c",
-        "echo ready; while [ ! -e \"$1\" ]; do echo t >> \"$0\"; sleep 0.05; done; read x; echo got:$x",
+        "echo $$ > \"$2\"; echo ready; while [ ! -e \"$1\" ]; do echo t >> \"$0\"; sleep 0.05; done; read x; echo got:$x",
         ticks.to_str().unwrap(),
         stop.to_str().unwrap(),
+        pidfile.to_str().unwrap(),
     ]);
     let mut term = Terminal::start_job(&env, &args);
     let count = || {
@@ -1321,6 +1342,16 @@ fn ctrl_z_and_fg(via_script: bool) {
         term.screen()
     );
     wait_for_file(&ticks, Duration::from_secs(20));
+    // A user types Ctrl-Z at a command that has the terminal: wait until leasehold has
+    // handed it over (on a loaded machine the command can print before that).
+    let pid: i32 = wait_for_file(&pidfile, Duration::from_secs(20))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        owns_terminal(pid, Duration::from_secs(20)),
+        "the command never got the terminal"
+    );
     term.type_keys(b"\x1a");
     let stopped = term.wait_report("stopped", 0, Duration::from_secs(20));
     assert!(stopped.is_some(), "the shell never saw the job stop");
