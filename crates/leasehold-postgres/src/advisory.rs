@@ -341,6 +341,7 @@ impl PgAdvisoryStore {
             &self.inner.pool,
             BACKEND,
             &[&self.inner.table],
+            &[],
             self.schema_sql(),
         )
         .await

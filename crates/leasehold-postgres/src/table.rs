@@ -398,6 +398,7 @@ impl PgLeaseStore {
             &self.inner.pool,
             BACKEND,
             &[&self.inner.table],
+            &[],
             self.schema_sql(),
         )
         .await
