@@ -352,6 +352,12 @@ impl PgAdvisoryStore {
         schema::advisory_table_sql(&self.inner.table)
     }
 
+    /// The DDL of the advisory-lock store's table `table`, without a store (e.g. for
+    /// `leasehold migrate --print`, which connects to nothing).
+    pub fn schema_sql_for(table: &TableName) -> String {
+        schema::advisory_table_sql(table)
+    }
+
     /// The table in use.
     pub fn table(&self) -> &TableName {
         &self.inner.table

@@ -409,6 +409,12 @@ impl PgLeaseStore {
         schema::lease_table_sql(&self.inner.table)
     }
 
+    /// The DDL of the lease table `table`, without a store (e.g. for
+    /// `leasehold migrate --print`, which connects to nothing).
+    pub fn schema_sql_for(table: &TableName) -> String {
+        schema::lease_table_sql(table)
+    }
+
     /// The table in use.
     pub fn table(&self) -> &TableName {
         &self.inner.table
