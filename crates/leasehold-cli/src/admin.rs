@@ -59,6 +59,11 @@ pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
         ));
     }
     match tokio::time::timeout(ADMIN_TIMEOUT, stores::open(url)).await {
+        // A store that checks its table when it opens (mysql:// with migrate=false): not
+        // a bad URL but a database to migrate.
+        Ok(Err(e)) if crate::migrate::is_missing_schema(&e) => Err(
+            crate::migrate::explain_missing_schema(url, Failure::Store(e)),
+        ),
         Ok(opened) => opened.map_err(Failure::opening),
         Err(_) => Err(Failure::Store(leasehold::StoreError::new(
             StoreErrorKind::Timeout,

@@ -182,10 +182,18 @@ fn sql(url: &str) -> Result<String, Failure> {
                 sqlite::GUARD_SCHEMA
             )
         }
-        Kind::Other => format!(
-            "-- {}: this store needs no schema; nothing to apply.\n",
-            redact(url)
-        ),
+        Kind::Other => {
+            let scheme = url.split_once("://").map_or("", |(s, _)| s);
+            if !leasehold::registry().schemes().any(|s| s == scheme) {
+                return Err(Failure::BadStore(format!(
+                    "bad store URL: unknown scheme `{scheme}://` (see leasehold --help)"
+                )));
+            }
+            format!(
+                "-- {}: this store needs no schema; nothing to apply.\n",
+                redact(url)
+            )
+        }
     })
 }
 
@@ -324,13 +332,16 @@ async fn run(url: &str) -> Result<Summary, Failure> {
 /// The text by which the stores' missing-table errors name this command.
 const MIGRATE_HINT: &str = "`leasehold migrate --store URL`";
 
+/// Whether `e` says leasehold's tables are missing (and names `leasehold migrate`).
+pub(crate) fn is_missing_schema(e: &StoreError) -> bool {
+    e.kind() == StoreErrorKind::Config && e.message().contains(MIGRATE_HINT)
+}
+
 /// A store failure that says leasehold's tables are missing, rewritten to name the exact
 /// command to run (with `url` stripped of credentials); any other failure as it is.
 pub(crate) fn explain_missing_schema(url: &str, failure: Failure) -> Failure {
     match failure {
-        Failure::Store(e)
-            if e.kind() == StoreErrorKind::Config && e.message().contains(MIGRATE_HINT) =>
-        {
+        Failure::Store(e) if is_missing_schema(&e) => {
             let command = format!("`leasehold migrate --store '{}'`", redact(url));
             let mut message = e.message().replace(MIGRATE_HINT, &command);
             if let Some(source) = std::error::Error::source(&e) {
