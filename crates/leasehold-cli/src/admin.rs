@@ -13,7 +13,7 @@ use crate::stores;
 
 /// The bound on opening the store and on each store call of `inspect`, `list` and
 /// `break`: an unreachable store fails them in time instead of hanging.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Serialize)]
 struct View {
@@ -59,6 +59,11 @@ pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
         ));
     }
     match tokio::time::timeout(ADMIN_TIMEOUT, stores::open(url)).await {
+        // A store that checks its table when it opens (mysql:// with migrate=false): not
+        // a bad URL but a database to migrate.
+        Ok(Err(e)) if crate::migrate::is_missing_schema(&e) => Err(
+            crate::migrate::explain_missing_schema(url, Failure::Store(e)),
+        ),
         Ok(opened) => opened.map_err(Failure::opening),
         Err(_) => Err(Failure::Store(leasehold::StoreError::new(
             StoreErrorKind::Timeout,
@@ -89,6 +94,12 @@ fn unsupported(what: &str) -> impl Fn(leasehold::StoreError) -> Failure + '_ {
 }
 
 pub(crate) async fn inspect(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
+    inspect_in(url, key, json)
+        .await
+        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
+}
+
+async fn inspect_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
     let key = parse_key(key)?;
     let store = connect_bounded(url).await?;
     let info = store.inspect(&key).await?;
@@ -107,6 +118,12 @@ pub(crate) async fn inspect(url: &str, key: &str, json: bool) -> Result<ExitCode
 }
 
 pub(crate) async fn list(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
+    list_in(url, prefix, json)
+        .await
+        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
+}
+
+async fn list_in(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
     let store = connect_bounded(url).await?;
     let list = store
         .list(prefix)
@@ -122,6 +139,12 @@ pub(crate) async fn list(url: &str, prefix: &str, json: bool) -> Result<ExitCode
 }
 
 pub(crate) async fn break_lease(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
+    break_in(url, key, json)
+        .await
+        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
+}
+
+async fn break_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
     let key = parse_key(key)?;
     let store = connect_bounded(url).await?;
     let before = store.inspect(&key).await.ok().flatten();

@@ -6,6 +6,7 @@ mod demo;
 mod exit;
 mod failure;
 mod guard;
+mod migrate;
 mod run;
 mod stores;
 
@@ -98,6 +99,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Create the store's tables, the guard tables and the SQL guard (or --print the SQL).
+    #[command(after_help = migrate::HELP)]
+    Migrate(migrate::MigrateArgs),
     /// Show the paused-worker story: a stale write rejected by the guard (or, with
     /// --unfenced, corrupting the data).
     #[command(after_help = demo::HELP)]
@@ -272,6 +276,7 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Inspect { key, json } => admin::inspect(&url, &key, json).await,
         Command::List { prefix, json } => admin::list(&url, &prefix, json).await,
         Command::Break { key, json } => admin::break_lease(&url, &key, json).await,
+        Command::Migrate(args) => migrate::migrate(&url, args).await,
         Command::Demo(args) => demo::demo(args).await,
         Command::Completions { .. } => unreachable!("handled before the runtime starts"),
     }

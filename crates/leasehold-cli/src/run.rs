@@ -130,7 +130,10 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<ExitCode, Failure> {
     } else {
         client.acquire(&key, args.wait).await
     };
-    let lease = acquired.map_err(|e| Failure::from_lease(e, args.conflict_exit_code))?;
+    // A missing table is found here (connecting does not look): name `leasehold migrate`.
+    let lease = acquired.map_err(|e| {
+        crate::migrate::explain_missing_schema(url, Failure::from_lease(e, args.conflict_exit_code))
+    })?;
     tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), "lease acquired");
     let outcome = supervise(&lease, &args, grace).await;
     if !outcome.group_gone {

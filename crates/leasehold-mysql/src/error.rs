@@ -37,7 +37,8 @@ pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
 /// | server error | kind |
 /// | --- | --- |
 /// | 1205 lock wait timeout, 1213 deadlock, 1040/1203 too many connections, 1290/1792 read-only, 1637 too many transactions, 1020 record changed | `Busy` |
-/// | 1044/1045/1698 access denied, 1142/1143/1227/1095 no privilege, 1049 unknown database, 1146 no table, 1054 unknown column, 1251/2059 authentication plugin | `Config` |
+/// | 1044/1045/1698 access denied, 1142/1143/1227/1095 no privilege, 1049 unknown database, 1146 no table / 1305 no procedure (run `leasehold migrate`), 1054 unknown column, 1251/2059 authentication plugin | `Config` |
+/// | 1644 with SQLSTATE `LH001` (the procedure `leasehold_guard` rejected a stale fence) | `Other` |
 /// | 1690 value out of range (an exhausted fence) | `Corrupt` |
 /// | 1366/1406 bad value, data too long | `InvalidInput` |
 /// | 1053 shutdown, 1317 interrupted, 1927 connection killed, 2006/2013 connection lost | `Ambiguous` |
@@ -61,7 +62,8 @@ pub(crate) fn map_sqlx(
         sqlx::Error::Database(_) => match error_number(&e) {
             Some(1205 | 1213 | 1040 | 1203 | 1290 | 1792 | 1637 | 1020) => StoreErrorKind::Busy,
             Some(
-                1044 | 1045 | 1698 | 1142 | 1143 | 1227 | 1095 | 1049 | 1146 | 1054 | 1251 | 2059,
+                1044 | 1045 | 1698 | 1142 | 1143 | 1227 | 1095 | 1049 | 1146 | 1305 | 1054 | 1251
+                | 2059,
             ) => StoreErrorKind::Config,
             Some(1690) => StoreErrorKind::Corrupt,
             Some(1366 | 1406) => StoreErrorKind::InvalidInput,
@@ -76,7 +78,34 @@ pub(crate) fn map_sqlx(
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
         _ => StoreErrorKind::Other,
     };
-    let what = match kind {
+    let what = match error_number(&e) {
+        Some(1146) => MISSING_TABLE,
+        Some(1305) => MISSING_PROCEDURE,
+        Some(1644)
+            if e.as_database_error().and_then(|d| d.code()).as_deref()
+                == Some(crate::schema::FENCE_REJECTED_SQLSTATE) =>
+        {
+            "leasehold_guard rejected a stale fence: the lease was lost; roll back and do not retry with this fence"
+        }
+        _ => what(kind),
+    };
+    scrub(
+        StoreError::new(kind, backend, format!("{op}: {what}")).with_source(e),
+        secret,
+    )
+}
+
+/// The hint of a missing table (1146): how to create it from a shell, a URL and Rust.
+const MISSING_TABLE: &str = "a leasehold table does not exist: create leasehold's tables with \
+     `leasehold migrate --store URL` (--print for the SQL), the URL parameter migrate=true \
+     (the default), or migrate()";
+
+/// The hint of a missing procedure (1305), e.g. `CALL leasehold_guard` before migrating.
+const MISSING_PROCEDURE: &str = "a procedure does not exist (leasehold_guard?): create it with \
+     `leasehold migrate --store URL` or guard::migrate()";
+
+fn what(kind: StoreErrorKind) -> &'static str {
+    match kind {
         StoreErrorKind::Busy => {
             "the server refused for now (lock wait, deadlock, too many connections, read-only)"
         }
@@ -88,11 +117,7 @@ pub(crate) fn map_sqlx(
         StoreErrorKind::Unavailable => "cannot reach the server",
         StoreErrorKind::Ambiguous => "the connection broke; the request may have been applied",
         _ => "the server failed",
-    };
-    scrub(
-        StoreError::new(kind, backend, format!("{op}: {what}")).with_source(e),
-        secret,
-    )
+    }
 }
 
 /// Makes sure `secret` appears nowhere in the error: if its text would show it, the source

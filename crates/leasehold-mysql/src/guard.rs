@@ -47,8 +47,26 @@
 //! back as [`StoreErrorKind::Busy`]: roll back and retry the whole transaction. It is
 //! never an acceptance.
 //!
-//! Create the tables with [`migrate`] (or by hand from
-//! [`GUARD_SCHEMA`]).
+//! ## From SQL, in any language
+//! [`migrate`] also creates the stored procedure [`GUARD_PROCEDURE`],
+//! `leasehold_guard(resource, fence)`: the same check on the same table, so SQL callers
+//! and Rust callers share one fence per resource. A stale fence SIGNALs SQLSTATE
+//! [`FENCE_REJECTED_SQLSTATE`] (`LH001`). A procedure's error fails the `CALL`, **not the
+//! transaction**: roll back (a client that stops at the error and disconnects, like the
+//! `mariadb` client in batch mode, rolls back by closing the session):
+//!
+//! ```sql
+//! START TRANSACTION;
+//! CALL leasehold_guard('ledger:invoices', 42);  -- LH001 if 42 is stale: stop, ROLLBACK
+//! UPDATE ledger SET total = total + 10 WHERE id = 1;
+//! COMMIT;
+//! ```
+//!
+//! `docs/shell.md` in the repository shows it from a `mariadb` script under
+//! `leasehold run`.
+//!
+//! Create the tables and the procedure with [`migrate`] (or by hand from
+//! [`schema_sql`]).
 
 use leasehold_core::{Fence, GuardDecision, Idempotency, ResourceName, StoreError, StoreErrorKind};
 use leasehold_sql::guard::{idempotency, rejected};
@@ -56,6 +74,7 @@ use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
 
 use crate::error::{Phase, is_duplicate, map_sqlx};
 use crate::schema::GUARD_SCHEMA;
+pub use crate::schema::{FENCE_REJECTED_SQLSTATE, GUARD_PROCEDURE};
 
 /// The backend name in the guard's errors.
 const BACKEND: &str = crate::BACKEND_TABLE;
@@ -64,14 +83,16 @@ fn sql_error(e: sqlx::Error, op: &str) -> StoreError {
     map_sqlx(e, BACKEND, op, Phase::Statement, None)
 }
 
-/// Creates the guard table `leasehold_guard` and the idempotency table
-/// `leasehold_idempotency` in the database of `pool` if they do not exist (idempotent).
+/// Creates the guard table `leasehold_guard`, the idempotency table
+/// `leasehold_idempotency` and the stored procedure `leasehold_guard` ([`GUARD_PROCEDURE`])
+/// in the database of `pool` if they do not exist (idempotent; safe to run concurrently).
 ///
 /// # Cancel safety
-/// Cancel safe: each table is created by one statement, or not.
+/// Cancel safe: each table and the procedure is created by one statement, or not.
 ///
 /// # Errors
-/// [`StoreErrorKind::Config`] without the privilege to create tables.
+/// [`StoreErrorKind::Config`] without the privilege to create tables (or, for the
+/// procedure, `CREATE ROUTINE`).
 ///
 /// # Examples
 ///
@@ -80,15 +101,41 @@ fn sql_error(e: sqlx::Error, op: &str) -> StoreError {
 /// use leasehold_mysql::{guard, sqlx};
 ///
 /// let pool = sqlx::MySqlPool::connect("mysql://app:secret@db:3306/app").await?;
-/// guard::migrate(&pool).await?; // creates leasehold_guard and leasehold_idempotency if missing
+/// guard::migrate(&pool).await?; // creates the guard tables and the leasehold_guard procedure if missing
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &MySqlPool) -> Result<(), StoreError> {
+    let map = |e| sql_error(e, "migrate guard");
     sqlx::raw_sql(GUARD_SCHEMA)
         .execute(pool)
         .await
-        .map_err(|e| sql_error(e, "migrate guard"))?;
+        .map_err(map)?;
+    let exists: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() \
+         AND ROUTINE_NAME = 'leasehold_guard' AND ROUTINE_TYPE = 'PROCEDURE'",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(map)?;
+    if exists == 0 {
+        match sqlx::raw_sql(GUARD_PROCEDURE).execute(pool).await {
+            Ok(_) => {}
+            // 1304: created by a concurrent migration meanwhile.
+            Err(e) if crate::error::error_number(&e) == Some(1304) => {}
+            Err(e) => return Err(map(e)),
+        }
+    }
     Ok(())
+}
+
+/// What [`migrate`] creates, as a script for the `mariadb` (or `mysql`) command-line
+/// client: the guard tables, then the procedure between `DELIMITER` lines. It drops and
+/// re-creates the procedure, so running it again installs the current version (a `CALL`
+/// in that instant fails and its transaction must roll back: safe, not silent).
+pub fn schema_sql() -> String {
+    format!(
+        "{GUARD_SCHEMA};\nDROP PROCEDURE IF EXISTS leasehold_guard;\nDELIMITER //\n{GUARD_PROCEDURE}\n//\nDELIMITER ;\n"
+    )
 }
 
 async fn locked_fence(

@@ -42,6 +42,51 @@ CREATE TABLE IF NOT EXISTS leasehold_idempotency (
     PRIMARY KEY (job_id)
 ) ENGINE=InnoDB";
 
+/// The SQL guard, a stored procedure any client can `CALL` inside the transaction of its
+/// protected write: `CALL leasehold_guard(resource, fence)` runs the same check as
+/// [`guard::check_and_advance`](crate::guard::check_and_advance) on the same table (a
+/// fence at least as high as the highest accepted passes, equal ones too, and is recorded;
+/// the row stays locked until the transaction ends) and SIGNALs SQLSTATE
+/// [`FENCE_REJECTED_SQLSTATE`] (`LH001`) for a lower one. A procedure's error fails the
+/// `CALL`, not the transaction: the caller must roll back (the `mariadb` client in batch
+/// mode stops at the error and its session's open transaction rolls back when it exits).
+///
+/// This is the statement the server gets (no client `DELIMITER`); [`guard::schema_sql`]
+/// wraps it for the `mariadb`/`mysql` client.
+///
+/// [`guard::schema_sql`]: crate::guard::schema_sql
+pub const GUARD_PROCEDURE: &str = "\
+CREATE PROCEDURE leasehold_guard(IN p_resource VARBINARY(512), IN p_fence BIGINT UNSIGNED)
+    MODIFIES SQL DATA
+    COMMENT 'leasehold: check and advance a resource fence in the caller transaction'
+BEGIN
+    DECLARE v_current BIGINT UNSIGNED;
+    DECLARE v_message VARCHAR(128);
+    IF p_resource IS NULL OR LENGTH(p_resource) = 0 THEN
+        SIGNAL SQLSTATE '22023'
+            SET MESSAGE_TEXT = 'leasehold_guard: the resource must be 1 to 512 bytes';
+    END IF;
+    IF p_fence IS NULL THEN
+        SIGNAL SQLSTATE '22023' SET MESSAGE_TEXT = 'leasehold_guard: the fence must be a number';
+    END IF;
+    -- Creates the resource's row, or locks the existing one until the transaction ends.
+    INSERT INTO leasehold_guard (resource, fence) VALUES (p_resource, p_fence)
+        ON DUPLICATE KEY UPDATE resource = resource;
+    -- A locking read sees the latest committed fence at any isolation level.
+    SELECT fence INTO v_current FROM leasehold_guard WHERE resource = p_resource FOR UPDATE;
+    IF p_fence < v_current THEN
+        SET v_message = CONCAT('leasehold_guard: fence ', p_fence,
+            ' rejected for ', CONVERT(LEFT(p_resource, 32) USING utf8mb4),
+            ': current fence ', v_current);
+        SIGNAL SQLSTATE 'LH001' SET MESSAGE_TEXT = v_message;
+    END IF;
+    UPDATE leasehold_guard SET fence = p_fence, accepted_at = CURRENT_TIMESTAMP(6)
+        WHERE resource = p_resource;
+END";
+
+/// The SQLSTATE of [`GUARD_PROCEDURE`]'s rejection of a stale fence.
+pub const FENCE_REJECTED_SQLSTATE: &str = "LH001";
+
 /// The server clock in microseconds since the Unix epoch, constant within one statement.
 /// (`UNIX_TIMESTAMP(NOW(6))` with the session time zone at UTC, which the stores set.)
 macro_rules! now_us {

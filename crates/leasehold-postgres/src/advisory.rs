@@ -359,6 +359,7 @@ impl PgAdvisoryStore {
             &self.inner.pool,
             BACKEND,
             &[&self.inner.table],
+            &[],
             self.schema_sql(),
         )
         .await
@@ -367,6 +368,12 @@ impl PgAdvisoryStore {
     /// The DDL that [`migrate`](Self::migrate) runs.
     pub fn schema_sql(&self) -> String {
         schema::advisory_table_sql(&self.inner.table)
+    }
+
+    /// The DDL of the advisory-lock store's table `table`, without a store (e.g. for
+    /// `leasehold migrate --print`, which connects to nothing).
+    pub fn schema_sql_for(table: &TableName) -> String {
+        schema::advisory_table_sql(table)
     }
 
     /// The table in use.

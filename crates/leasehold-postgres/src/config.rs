@@ -368,9 +368,23 @@ impl PgConfig {
         self
     }
 
-    /// The configured table, with `default` as the table name when only a schema (or
-    /// nothing) was given.
-    pub(crate) fn table_or(&self, default: &str) -> TableName {
+    /// The guard (its tables and SQL function) in the schema the URL names with
+    /// `leasehold_schema` (on the `search_path` without one): where `leasehold migrate`
+    /// puts it.
+    pub fn guard(&self) -> crate::PgGuard {
+        match self.table.as_ref().and_then(|t| t.schema.as_deref()) {
+            Some(schema) => crate::PgGuard::with_tables(
+                TableName::new(Some(schema), DEFAULT_GUARD_TABLE).expect("checked schema"),
+                TableName::new(Some(schema), DEFAULT_IDEMPOTENCY_TABLE).expect("checked schema"),
+            ),
+            None => crate::PgGuard::new(),
+        }
+    }
+
+    /// The lease table a store uses: the configured one, with `default` as the table name
+    /// when only a schema (or nothing) was given ([`DEFAULT_LEASE_TABLE`] for the
+    /// lease-table store, [`DEFAULT_ADVISORY_TABLE`] for the advisory-lock store).
+    pub fn table_or(&self, default: &str) -> TableName {
         match &self.table {
             Some(t) if !t.table.is_empty() => t.clone(),
             Some(t) => TableName {

@@ -45,6 +45,16 @@ fn io_kind(e: &io::Error) -> StoreErrorKind {
     }
 }
 
+/// The hint of a missing schema (SQLSTATE 3F000): how to create it from a shell, from a
+/// URL and from Rust.
+const MISSING_SCHEMA: &str = "the schema does not exist: create leasehold's schema and tables with \
+     `leasehold migrate --store URL`, the URL parameter leasehold_migrate=true, or migrate()";
+
+/// The hint of a missing table (SQLSTATE 42P01).
+const MISSING_TABLE: &str = "a leasehold table does not exist: create leasehold's tables with \
+     `leasehold migrate --store URL` (--print for the SQL), the URL parameter \
+     leasehold_migrate=true, or migrate()";
+
 /// Classifies a SQLSTATE. `None` for codes that do not say anything specific.
 fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
     use StoreErrorKind as K;
@@ -72,13 +82,15 @@ fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
             Some("the server is read-only (connected to a standby?)"),
         ),
         "3D000" => (K::Config, Some("the database does not exist")),
-        "3F000" => (
-            K::Config,
-            Some("the schema does not exist: run migrate() or create it"),
-        ),
-        "42P01" => (
-            K::Config,
-            Some("a leasehold table does not exist: run migrate() or the schema SQL"),
+        "3F000" => (K::Config, Some(MISSING_SCHEMA)),
+        "42P01" => (K::Config, Some(MISSING_TABLE)),
+        // The SQL guard function refused a stale fence in the caller's statement.
+        crate::schema::FENCE_REJECTED_SQLSTATE => (
+            K::Other,
+            Some(
+                "leasehold_guard rejected a stale fence: the lease was lost; roll back and \
+                 do not retry with this fence",
+            ),
         ),
         "42883" => (
             K::Config,
@@ -186,7 +198,8 @@ pub(crate) fn map(backend: &'static str, op: &str, err: sqlx::Error) -> StoreErr
 /// | connection refused, pool timed out, 08001/08004, 57P03, 25006 (read-only) | [`Unavailable`](StoreErrorKind::Unavailable) |
 /// | reset or closed after sending, 57P01/57P02 (session terminated), other 08xxx | [`Ambiguous`](StoreErrorKind::Ambiguous): it may have committed |
 /// | 57014 (statement cancelled), I/O timeout | [`Timeout`](StoreErrorKind::Timeout) |
-/// | 28xxx (authentication), 42501 (permission), 3D000, 3F000, 42P01 (missing database, schema or table: run `migrate`), other 42xxx, TLS, bad URL | [`Config`](StoreErrorKind::Config) |
+/// | 28xxx (authentication), 42501 (permission), 3D000, 3F000, 42P01 (missing database, schema or table: run `leasehold migrate` or `migrate()`), other 42xxx, TLS, bad URL | [`Config`](StoreErrorKind::Config) |
+/// | `LH001` (the SQL function `leasehold_guard` rejected a stale fence: ownership lost, roll back) | [`Other`](StoreErrorKind::Other) |
 /// | 22xxx data errors | [`InvalidInput`](StoreErrorKind::InvalidInput) |
 /// | 23xxx constraint violations in leasehold tables, undecodable rows | [`Corrupt`](StoreErrorKind::Corrupt) |
 ///
@@ -214,6 +227,12 @@ mod tests {
         assert_eq!(sqlstate_kind("57014").0, StoreErrorKind::Timeout);
         assert_eq!(sqlstate_kind("23514").0, StoreErrorKind::Corrupt);
         assert_eq!(sqlstate_kind("XX000").0, StoreErrorKind::Other);
+        assert_eq!(sqlstate_kind("LH001").0, StoreErrorKind::Other);
+        for missing in ["42P01", "3F000"] {
+            let hint = sqlstate_kind(missing).1.unwrap();
+            assert!(hint.contains("leasehold migrate --store"), "{hint}");
+            assert!(hint.contains("leasehold_migrate=true"), "{hint}");
+        }
     }
 
     #[test]

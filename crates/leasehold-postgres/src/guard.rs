@@ -77,6 +77,22 @@
 //!  WHERE a.last_fence <= EXCLUDED.last_fence;  -- 0 rows affected: rejected
 //! ```
 //!
+//! ## From SQL, in any language
+//! [`migrate`] also installs a function `leasehold_guard(resource text, fence bigint)` in
+//! the guard table's schema that runs the same statement on the same table, so SQL callers
+//! (psql, another language's driver) and Rust callers share one fence per resource. Call it
+//! inside the transaction of the protected write; a stale fence raises SQLSTATE
+//! [`FENCE_REJECTED_SQLSTATE`] (`LH001`), which aborts the transaction:
+//!
+//! ```sql
+//! BEGIN;
+//! SELECT leasehold_guard('ledger:invoices', 42);  -- raises LH001 if 42 is stale
+//! UPDATE ledger SET total = total + 10 WHERE id = 1;
+//! COMMIT;
+//! ```
+//!
+//! `docs/shell.md` in the repository shows it from a `psql` script under `leasehold run`.
+//!
 //! A write that affects no row was rejected: treat it as
 //! [`Error::FenceRejected`](leasehold_core::Error::FenceRejected) and count it with
 //! [`leasehold_core::metrics::fence_rejected`].
@@ -93,6 +109,10 @@ use crate::config::{DEFAULT_GUARD_TABLE, DEFAULT_IDEMPOTENCY_TABLE, TableName};
 use crate::{GUARD_BACKEND, error, schema};
 
 const BACKEND: &str = GUARD_BACKEND;
+
+/// The SQLSTATE the SQL function `leasehold_guard(resource, fence)` raises when it
+/// rejects a stale fence (see the module docs).
+pub const FENCE_REJECTED_SQLSTATE: &str = schema::FENCE_REJECTED_SQLSTATE;
 
 /// The guard and idempotency tables, with their statements rendered once.
 ///
@@ -191,13 +211,21 @@ impl PgGuard {
         &self.idempotency
     }
 
-    /// The DDL that [`migrate`](Self::migrate) runs.
+    /// The SQL guard function's name as it appears in SQL: `leasehold_guard`, qualified
+    /// by the guard table's schema when it has one (e.g. `"locks".leasehold_guard`).
+    pub fn function_name(&self) -> String {
+        schema::guard_function_name(&self.guard)
+    }
+
+    /// The DDL that [`migrate`](Self::migrate) runs: the guard and idempotency tables and
+    /// the SQL guard function [`function_name`](Self::function_name).
     pub fn schema_sql(&self) -> String {
         schema::guard_tables_sql(&self.guard, &self.idempotency)
     }
 
-    /// Creates the guard and idempotency tables if they do not exist (idempotent, safe to
-    /// run concurrently; needs `CREATE` only when something is missing).
+    /// Creates the guard and idempotency tables and the SQL guard function
+    /// `leasehold_guard(text, bigint)` if any is missing (idempotent, safe to run
+    /// concurrently; needs `CREATE` only when something is missing).
     ///
     /// # Cancel safety
     /// Cancel safe: one transaction.
@@ -209,6 +237,7 @@ impl PgGuard {
             pool,
             BACKEND,
             &[&self.guard, &self.idempotency],
+            &[schema::guard_function_regprocedure(&self.guard)],
             self.schema_sql(),
         )
         .await
@@ -391,7 +420,8 @@ pub async fn record_once(
     DEFAULT_GUARD.record_once(tx, job_id).await
 }
 
-/// [`PgGuard::migrate`] for the default tables.
+/// [`PgGuard::migrate`] for the default tables (and the function `leasehold_guard` on the
+/// `search_path`).
 ///
 /// # Cancel safety
 /// Cancel safe: one transaction.

@@ -60,6 +60,77 @@ CREATE TABLE IF NOT EXISTS {i} (
     job_id  text COLLATE "C" PRIMARY KEY,
     done_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+{function}"#,
+        function = guard_function_sql(guard)
+    )
+}
+
+/// The SQLSTATE the SQL guard function raises when it rejects a stale fence.
+pub(crate) const FENCE_REJECTED_SQLSTATE: &str = "LH001";
+
+/// The SQL guard function's name, in the guard table's schema.
+pub(crate) fn guard_function_name(guard: &TableName) -> String {
+    match guard.schema() {
+        Some(s) => format!("{}.leasehold_guard", quote_ident(s)),
+        None => "leasehold_guard".to_owned(),
+    }
+}
+
+/// `regprocedure` literal of the SQL guard function, for `to_regprocedure`.
+pub(crate) fn guard_function_regprocedure(guard: &TableName) -> String {
+    format!(
+        "'{}(text,bigint)'",
+        guard_function_name(guard).replace('\'', "''")
+    )
+}
+
+/// The SQL guard: `leasehold_guard(resource, fence)` runs the Rust guard's statement in
+/// the caller's transaction, so SQL and Rust callers share one fence per resource.
+fn guard_function_sql(guard: &TableName) -> String {
+    let g = guard.sql();
+    let f = guard_function_name(guard);
+    let state = FENCE_REJECTED_SQLSTATE;
+    format!(
+        r#"-- leasehold SQL guard: call it in the transaction of the protected write, e.g.
+--   BEGIN; SELECT leasehold_guard('ledger:invoices', 42); UPDATE ...; COMMIT;
+-- It accepts a fence at least as high as the highest accepted for the resource (the
+-- same statement and comparison as the Rust guard: equal fences pass) and records it;
+-- a lower fence raises SQLSTATE {state}, which aborts the transaction. It returns the
+-- previous fence (NULL for a resource's first write). The guard row stays locked until
+-- the transaction ends, so concurrent writers of one resource pass one at a time.
+CREATE OR REPLACE FUNCTION {f}(resource text, fence bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $leasehold$
+#variable_conflict use_column
+DECLARE
+    accepted boolean := false;
+    previous bigint;
+    current_fence bigint;
+BEGIN
+    IF $1 IS NULL OR $1 = '' OR octet_length($1) > 512 THEN
+        RAISE EXCEPTION 'leasehold_guard: the resource must be 1 to 512 bytes, got %', quote_nullable($1)
+            USING ERRCODE = '22023';
+    END IF;
+    IF $2 IS NULL OR $2 < 0 THEN
+        RAISE EXCEPTION 'leasehold_guard: the fence must be a non-negative number, got %', quote_nullable($2)
+            USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO {g} AS g (resource, fence, previous_fence, updated_at)
+    VALUES ($1, $2, NULL, clock_timestamp())
+    ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence,
+        previous_fence = g.fence, updated_at = EXCLUDED.updated_at
+    WHERE g.fence <= EXCLUDED.fence
+    RETURNING true, g.previous_fence INTO accepted, previous;
+    IF accepted THEN
+        RETURN previous;
+    END IF;
+    -- Rejected: the row is locked by this transaction, so this is the fence that refused.
+    SELECT g.fence INTO current_fence FROM {g} AS g WHERE g.resource = $1;
+    RAISE EXCEPTION 'leasehold_guard: fence % rejected for resource %: the current fence is % (the lease was lost: roll back)',
+        $2, quote_literal($1), current_fence
+        USING ERRCODE = '{state}',
+              HINT = 'A newer holder of the lease has written; do not retry with this fence.';
+END
+$leasehold$;
 "#
     )
 }
@@ -70,13 +141,14 @@ fn migrate_lock_id() -> i64 {
     crate::advisory::advisory_lock_id("leasehold-migrate")
 }
 
-/// Applies `ddl` for `tables` in one transaction under a migration lock. Tables that
-/// already exist are left alone (and need no CREATE privilege); a missing schema is
-/// created.
+/// Applies `ddl` for `tables` and `functions` (`regprocedure` literals) in one
+/// transaction under a migration lock, when any of them is missing. When they all exist
+/// nothing is sent (and no CREATE privilege is needed); a missing schema is created.
 pub(crate) async fn migrate(
     pool: &PgPool,
     backend: &'static str,
     tables: &[&TableName],
+    functions: &[String],
     ddl: String,
 ) -> Result<(), StoreError> {
     let map = |e| error::map(backend, "migrate", e);
@@ -119,6 +191,16 @@ pub(crate) async fn migrate(
                 .map_err(map)?;
             }
         }
+    }
+    for f in functions {
+        let exists: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT to_regprocedure({f}) IS NOT NULL"
+        )))
+        .persistent(false)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(map)?;
+        missing |= !exists;
     }
     if missing {
         sqlx::raw_sql(AssertSqlSafe(ddl))

@@ -415,6 +415,7 @@ impl PgLeaseStore {
             &self.inner.pool,
             BACKEND,
             &[&self.inner.table],
+            &[],
             self.schema_sql(),
         )
         .await
@@ -423,6 +424,12 @@ impl PgLeaseStore {
     /// The DDL that [`migrate`](Self::migrate) runs, for DBAs who apply it themselves.
     pub fn schema_sql(&self) -> String {
         schema::lease_table_sql(&self.inner.table)
+    }
+
+    /// The DDL of the lease table `table`, without a store (e.g. for
+    /// `leasehold migrate --print`, which connects to nothing).
+    pub fn schema_sql_for(table: &TableName) -> String {
+        schema::lease_table_sql(table)
     }
 
     /// The table in use.

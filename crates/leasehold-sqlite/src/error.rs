@@ -40,6 +40,7 @@ pub(crate) fn primary_code(e: &sqlx::Error) -> Option<i32> {
 /// | `SQLITE_CORRUPT`, `SQLITE_NOTADB`, a value that does not decode | `Corrupt` |
 /// | `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, file I/O, pool closed | `Unavailable` |
 /// | the connection's worker thread died | `Ambiguous` |
+/// | the SQL guard (`leasehold_guard_check`) rejected a stale fence | `Other` |
 pub(crate) fn map_sqlx(e: sqlx::Error, op: &str) -> StoreError {
     let kind = match &e {
         sqlx::Error::Database(db) => {
@@ -60,6 +61,21 @@ pub(crate) fn map_sqlx(e: sqlx::Error, op: &str) -> StoreError {
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
         _ => StoreErrorKind::Other,
     };
+    if let sqlx::Error::Database(db) = &e
+        && db
+            .message()
+            .starts_with(crate::schema::FENCE_REJECTED_MESSAGE)
+    {
+        return StoreError::new(
+            StoreErrorKind::Other,
+            BACKEND,
+            format!(
+                "{op}: leasehold_guard rejected a stale fence: the lease was lost; roll \
+                 the transaction back and do not retry with this fence"
+            ),
+        )
+        .with_source(e);
+    }
     let what = match kind {
         StoreErrorKind::Busy => {
             "the database is locked by another connection (the busy timeout ran out)"

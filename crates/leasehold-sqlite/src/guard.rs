@@ -61,6 +61,24 @@
 //! (`SQLITE_BUSY_SNAPSHOT`), reported as [`StoreErrorKind::Busy`] — roll back and retry the
 //! whole transaction; never is such a write accepted.
 //!
+//! ## From SQL, in any language
+//! SQLite has no stored procedures: the SQL guard is a view and its trigger (in
+//! [`GUARD_SCHEMA`]). Insert the fence into `leasehold_guard_check` in the transaction of
+//! the protected write; a stale fence fails the insert with `RAISE(ABORT, …)` (message
+//! starting with [`FENCE_REJECTED_MESSAGE`]): roll back. It checks and advances the same
+//! row as [`check_and_advance`], so SQL and Rust callers share one fence per resource:
+//!
+//! ```sql
+//! BEGIN IMMEDIATE;
+//! INSERT INTO leasehold_guard_check (resource, fence) VALUES ('ledger:invoices', 42);
+//! UPDATE ledger SET total = total + 10 WHERE id = 1;
+//! COMMIT;
+//! ```
+//!
+//! Run such a script with `sqlite3 -bail`: it stops at the error without committing, and
+//! the open transaction rolls back. `docs/shell.md` in
+//! the repository shows it under `leasehold run`.
+//!
 //! Create the tables with [`migrate`] (or by hand from
 //! [`GUARD_SCHEMA`]).
 
@@ -74,6 +92,7 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use crate::BACKEND;
 use crate::clock::wall_us;
 use crate::error::{SqliteErrors, map_sqlx};
+pub use crate::schema::FENCE_REJECTED_MESSAGE;
 use crate::schema::GUARD_SCHEMA;
 
 pub(crate) async fn migrate_in(conn: &mut SqliteConnection) -> Result<(), Failure> {

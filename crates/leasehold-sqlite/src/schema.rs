@@ -40,8 +40,25 @@ pub(crate) const CONVERT_FROM_FORMAT_1: [&str; 4] = [
     "ALTER TABLE leasehold_leases_format2 RENAME TO leasehold_leases",
 ];
 
-/// The guard table (one row per protected resource: the highest fence accepted) and the
-/// idempotency record (one row per job id done).
+/// The guard table (one row per protected resource: the highest fence accepted), the
+/// idempotency record (one row per job id done), and the SQL guard for clients without
+/// Rust: the view `leasehold_guard_check (resource, fence)`, whose `INSTEAD OF INSERT`
+/// trigger does what [`guard::check_and_advance`](crate::guard::check_and_advance) does on
+/// the same table (a fence at least the highest accepted passes, equal ones too, and is
+/// recorded) and fails the insert of a lower fence with `RAISE(ABORT, …)`, whose message
+/// starts with [`FENCE_REJECTED_MESSAGE`]. In the transaction of the protected write
+/// (begun with `BEGIN IMMEDIATE`), before the write:
+///
+/// ```sql
+/// INSERT INTO leasehold_guard_check (resource, fence) VALUES ('ledger:invoices', 42);
+/// ```
+///
+/// The fence must be an integer (not text) and the resource text of 1 to 512 bytes
+/// without NUL; anything else is refused the same way. Like a stored procedure's error in
+/// other databases, the error fails the statement, not the transaction: the caller must
+/// roll back. A `sqlite3` script must stop at the error (`sqlite3 -bail`): the shell then
+/// exits without committing, and SQLite rolls the open transaction back. (`ABORT` rather
+/// than `ROLLBACK` keeps drivers that track their transaction, such as sqlx, in step.)
 pub const GUARD_SCHEMA: &str = "\
 CREATE TABLE IF NOT EXISTS leasehold_guard (
     resource       TEXT    NOT NULL PRIMARY KEY, -- the protected resource (UTF-8, at most 512 bytes)
@@ -51,4 +68,26 @@ CREATE TABLE IF NOT EXISTS leasehold_guard (
 CREATE TABLE IF NOT EXISTS leasehold_idempotency (
     job_id         TEXT    NOT NULL PRIMARY KEY, -- the job id (UTF-8, at most 512 bytes)
     recorded_at_us INTEGER NOT NULL              -- wall clock, unix time in microseconds (informational)
-) STRICT";
+) STRICT;
+-- The SQL guard: INSERT INTO leasehold_guard_check (resource, fence) VALUES (...) in the
+-- transaction of the protected write; a stale fence fails it: roll back.
+CREATE VIEW IF NOT EXISTS leasehold_guard_check (resource, fence) AS
+    SELECT resource, fence FROM leasehold_guard WHERE 0;
+CREATE TRIGGER IF NOT EXISTS leasehold_guard_check_insert
+INSTEAD OF INSERT ON leasehold_guard_check
+BEGIN
+    SELECT RAISE(ABORT, 'leasehold_guard: the resource must be text of 1 to 512 bytes without NUL')
+     WHERE typeof(NEW.resource) <> 'text' OR length(CAST(NEW.resource AS BLOB)) NOT BETWEEN 1 AND 512
+        OR instr(NEW.resource, char(0)) > 0;
+    SELECT RAISE(ABORT, 'leasehold_guard: the fence must be a non-negative integer')
+     WHERE typeof(NEW.fence) <> 'integer' OR NEW.fence < 0;
+    SELECT RAISE(ABORT, 'leasehold_guard: stale fence rejected: a newer lease holder has written this resource; roll back')
+     WHERE EXISTS (SELECT 1 FROM leasehold_guard WHERE resource = NEW.resource AND fence > NEW.fence);
+    INSERT INTO leasehold_guard (resource, fence, accepted_at_us)
+    VALUES (NEW.resource, NEW.fence, CAST((julianday('now') - 2440587.5) * 86400000000.0 AS INTEGER))
+    ON CONFLICT (resource) DO UPDATE SET fence = excluded.fence, accepted_at_us = excluded.accepted_at_us;
+END";
+
+/// How the message of the SQL guard's rejection of a stale fence starts (see
+/// [`GUARD_SCHEMA`]). SQLite reports it as a constraint error (`SQLITE_CONSTRAINT_TRIGGER`).
+pub const FENCE_REJECTED_MESSAGE: &str = "leasehold_guard: stale fence rejected";
