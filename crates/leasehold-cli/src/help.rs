@@ -3,7 +3,7 @@
 
 /// `leasehold inspect`.
 pub(crate) const INSPECT: &str = "\
-With --json, one line: {\"key\":…,\"held\":true|false,\"lease\":{\"key\",\"owner\",\"fence\",\"remaining_ms\"}|null}.
+With --json, one line: {\"key\":...,\"held\":true|false,\"lease\":{\"key\",\"owner\",\"fence\",\"remaining_ms\"}|null}.
 
 Exit status:
   0   printed (the lease may be held or free: see \"held\")
@@ -27,7 +27,7 @@ Example:
 
 /// `leasehold break`.
 pub(crate) const BREAK: &str = "\
-With --json, one line: {\"key\":…,\"fence\":N,\"evicted\":{…}|null}.
+With --json, one line: {\"key\":...,\"fence\":N,\"evicted\":{...}|null}.
 
 Exit status:
   0   broken (or there was no holder); the fence was advanced
