@@ -21,6 +21,11 @@ the counter on. A wakes up and writes the invoice it prepared: the guard sees A'
 fence and rejects the write. With --unfenced the guard is off and A's write lands: two
 invoices with one number.
 
+Exit status:
+  0   the story ran (whatever its verdict)
+  64  bad usage (flags, --ttl)
+  69  the embedded store or the --html file failed
+
 Examples:
   leasehold demo
   leasehold demo --unfenced --html timeline.html";

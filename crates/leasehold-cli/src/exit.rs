@@ -7,6 +7,10 @@ pub const USAGE: u8 = 64;
 pub const STORE: u8 = 69;
 /// The lease was lost while the command ran; the command was stopped.
 pub const LEASE_LOST: u8 = 70;
+/// `install-completions`: a file or directory could not be created (`EX_CANTCREAT`).
+pub const CANNOT_CREATE: u8 = 73;
+/// `man`, `completions`: standard output could not be written (`EX_IOERR`).
+pub const IO_ERROR: u8 = 74;
 /// The lease was not acquired: held by another owner past `--wait`, or at once with
 /// `--no-wait`. `--conflict-exit-code` changes it (like `flock -E`).
 pub const NOT_ACQUIRED: u8 = 75;

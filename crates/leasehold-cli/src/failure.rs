@@ -28,6 +28,10 @@ pub(crate) enum Failure {
     LeaseLost(String),
     /// The command (or the guard process) could not be started: exit 126.
     CannotExecute(String),
+    /// A file could not be created (`install-completions`): exit 73.
+    CannotCreate(String),
+    /// Standard output could not be written: exit 74.
+    Output(String),
     /// leasehold itself could not run (no runtime, no signal handlers): exit 69.
     Internal(String),
 }
@@ -70,6 +74,8 @@ impl Failure {
             Self::NotAcquired { code, .. } => *code,
             Self::LeaseLost(_) => exit::LEASE_LOST,
             Self::CannotExecute(_) => exit::CANNOT_EXECUTE,
+            Self::CannotCreate(_) => exit::CANNOT_CREATE,
+            Self::Output(_) => exit::IO_ERROR,
         }
     }
 }
@@ -77,9 +83,12 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Usage(m) | Self::BadStore(m) | Self::CannotExecute(m) | Self::Internal(m) => {
-                f.write_str(m)
-            }
+            Self::Usage(m)
+            | Self::BadStore(m)
+            | Self::CannotExecute(m)
+            | Self::CannotCreate(m)
+            | Self::Output(m)
+            | Self::Internal(m) => f.write_str(m),
             Self::Store(e) => write!(f, "{e}"),
             Self::NotAcquired { error, .. } => write!(f, "{error}"),
             Self::LeaseLost(why) => write!(
@@ -113,6 +122,8 @@ mod tests {
         assert_eq!(Failure::Usage("x".into()).code(), 64);
         assert_eq!(Failure::LeaseLost("x".into()).code(), 70);
         assert_eq!(Failure::CannotExecute("x".into()).code(), 126);
+        assert_eq!(Failure::CannotCreate("x".into()).code(), 73);
+        assert_eq!(Failure::Output("x".into()).code(), 74);
         let contended = leasehold::Error::Contended {
             key: leasehold::Key::new("k").unwrap(),
             remaining: None,

@@ -6,8 +6,11 @@ mod demo;
 mod exit;
 mod failure;
 mod guard;
+mod help;
+mod man;
 mod migrate;
 mod run;
+mod run_json;
 mod stores;
 
 use std::net::SocketAddr;
@@ -71,7 +74,7 @@ enum Command {
     #[command(after_help = run::HELP)]
     Run(run::RunArgs),
     /// Show who holds a lease.
-    #[command(after_help = "Example:\n  leasehold inspect nightly-invoices --json")]
+    #[command(after_help = help::INSPECT)]
     Inspect {
         /// The lease key.
         key: String,
@@ -80,7 +83,7 @@ enum Command {
         json: bool,
     },
     /// List held leases whose keys start with PREFIX.
-    #[command(after_help = "Example:\n  leasehold list job:")]
+    #[command(after_help = help::LIST)]
     List {
         /// Key prefix (default: all).
         #[arg(default_value = "")]
@@ -91,7 +94,7 @@ enum Command {
     },
     /// Admin: remove a lease and advance its fence, so the evicted holder's writes are
     /// rejected by the guard.
-    #[command(after_help = "Example:\n  leasehold break nightly-invoices")]
+    #[command(after_help = help::BREAK)]
     Break {
         /// The lease key.
         key: String,
@@ -107,13 +110,17 @@ enum Command {
     #[command(after_help = demo::HELP)]
     Demo(demo::DemoArgs),
     /// Print shell completions.
-    #[command(
-        after_help = "Example:\n  leasehold completions bash > /etc/bash_completion.d/leasehold"
-    )]
+    #[command(after_help = help::COMPLETIONS)]
     Completions {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// Print the man page, leasehold(1), as roff.
+    #[command(after_help = help::MAN)]
+    Man,
+    /// Install the man page and the shell completions in your data directory.
+    #[command(after_help = help::INSTALL)]
+    InstallCompletions(man::InstallArgs),
 }
 
 /// Parses a duration like `10s`, `1m30s`, `250ms`.
@@ -230,14 +237,16 @@ fn main() -> ExitCode {
     if let Err(e) = init_logging(&cli.global, default_level) {
         return report(&Failure::Usage(e));
     }
-    if let Command::Completions { shell } = cli.command {
-        clap_complete::generate(
-            shell,
-            &mut Cli::command(),
-            "leasehold",
-            &mut std::io::stdout(),
-        );
-        return ExitCode::SUCCESS;
+    let printed = match &cli.command {
+        Command::Completions { shell } => {
+            Some(man::print(&man::completions(*shell, &mut Cli::command())))
+        }
+        Command::Man => Some(man::print(&man::render(Cli::command()))),
+        Command::InstallCompletions(args) => Some(man::install(args, Cli::command())),
+        _ => None,
+    };
+    if let Some(result) = printed {
+        return result.unwrap_or_else(|failure| report(&failure));
     }
     if matches!(cli.command, Command::Run(_)) {
         run::block_sigttou();
@@ -262,7 +271,8 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
     if let Some(addr) = cli.global.metrics_addr {
         let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
-            .install();
+            .set_buckets(leasehold::metrics::SECONDS_BUCKETS)
+            .and_then(|b| b.install());
         if let Err(e) = installed {
             return Err(Failure::Usage(format!(
                 "cannot serve metrics on {addr}: {e}"
@@ -278,6 +288,8 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Break { key, json } => admin::break_lease(&url, &key, json).await,
         Command::Migrate(args) => migrate::migrate(&url, args).await,
         Command::Demo(args) => demo::demo(args).await,
-        Command::Completions { .. } => unreachable!("handled before the runtime starts"),
+        Command::Completions { .. } | Command::Man | Command::InstallCompletions(_) => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }

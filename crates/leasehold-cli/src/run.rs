@@ -25,6 +25,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use crate::admin::connect;
 use crate::failure::Failure;
 use crate::guard::Guard;
+use crate::run_json::Facts;
 use crate::{exit, parse_grace, parse_max_hold, parse_ttl, parse_wait};
 
 pub(crate) const HELP: &str = "\
@@ -65,6 +66,9 @@ Exit status: the command's own (128+N if killed by signal N), or
   75  not acquired: held by another owner past --wait, or at once with --no-wait
       (change with --conflict-exit-code, like flock -E)
   126 the command (or its guard process) could not be started
+A status of leasehold's own comes with one line on standard error. The command's status
+can be any of these too: with --json, \"outcome\" tells them apart (\"completed\": the
+command's own).
 
 Examples:
   leasehold run --key nightly-invoices -- ./invoices.sh
@@ -102,12 +106,26 @@ pub(crate) struct RunArgs {
     /// Exit status when the lease is not acquired (default 75).
     #[arg(long, default_value_t = exit::NOT_ACQUIRED)]
     conflict_exit_code: u8,
+    /// When done, print one line of JSON on standard output, after the command's own
+    /// output: {"key","outcome","exit_code","fence","owner","held_ms","released","error"}.
+    #[arg(long)]
+    json: bool,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
 }
 
 pub(crate) async fn run(url: &str, args: RunArgs) -> Result<ExitCode, Failure> {
+    let mut facts = Facts::new(&args.key);
+    let result = hold(url, &args, &mut facts).await;
+    if args.json {
+        facts.print(&result);
+    }
+    result.map(ExitCode::from)
+}
+
+/// Acquires the lease, runs the command under it, releases it: the command's status.
+async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failure> {
     let mut builder = LeaseConfig::builder(args.ttl);
     if let Some(max_hold) = args.max_hold {
         builder = builder.max_hold(max_hold);
@@ -135,21 +153,31 @@ pub(crate) async fn run(url: &str, args: RunArgs) -> Result<ExitCode, Failure> {
         crate::migrate::explain_missing_schema(url, Failure::from_lease(e, args.conflict_exit_code))
     })?;
     tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), "lease acquired");
-    let outcome = supervise(&lease, &args, grace).await;
+    facts.acquired(lease.fence().get(), lease.owner().to_hex());
+    let outcome = supervise(&lease, args, grace).await;
     if !outcome.group_gone {
         // Releasing (or dropping, which releases) could let the next holder in while a
         // process of the command may still act: leave the lease to expire in the store.
         lease.abandon();
-        return outcome.status.map(ExitCode::from);
+        facts.ended(false);
+        return outcome.status;
     }
-    match lease.release().await {
-        Ok(true) => tracing::info!(%key, "lease released"),
-        Ok(false) => tracing::warn!(%key, "lease was no longer held at release"),
-        Err(e) => {
-            tracing::warn!(%key, error = %e, "release failed; the lease expires after its TTL")
+    let released = match lease.release().await {
+        Ok(true) => {
+            tracing::info!(%key, "lease released");
+            true
         }
-    }
-    outcome.status.map(ExitCode::from)
+        Ok(false) => {
+            tracing::warn!(%key, "lease was no longer held at release");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(%key, error = %e, "release failed; the lease expires after its TTL");
+            false
+        }
+    };
+    facts.ended(released);
+    outcome.status
 }
 
 fn unix_ms_at(deadline: Instant) -> u128 {

@@ -11,8 +11,20 @@
 //! | `leasehold_hold_duration_seconds` | histogram | `end`: released, lost, shutdown, abandoned |
 //! | `leasehold_renew_total` | counter | `result`: renewed, not_owner, error |
 //! | `leasehold_renew_latency_seconds` | histogram | |
+//! | `leasehold_renewal_slack_seconds` | histogram | (validity left — old deadline − now — when a renewal is confirmed) |
 //! | `leasehold_lease_lost_total` | counter | `reason` (see [`LostReason::as_str`]; a [shutdown](crate::LeaseClient::shutdown) is not a loss and is not counted) |
 //! | `leasehold_fence_rejected_total` | counter | (recorded by the guards; `resource_type` only) |
+//!
+//! **Renewal slack** is how much validity the lease still had when the store's
+//! confirmation of a renewal arrived: how close the holder came to losing it. With the
+//! defaults (renew every TTL/3, 1 % drift) a healthy lease is confirmed with about
+//! two thirds of its TTL left, minus the renewal's latency; a failed renewal retried after
+//! a quarter of the renew interval costs a twelfth of the TTL more. Slack near zero means
+//! the store's latency (or failed attempts) is eating the validity window.
+//!
+//! [`ALL`] lists every name, and [`SECONDS_BUCKETS`] is a bucket layout for the
+//! histograms for exporters that need one (the `leasehold` command uses it), so that
+//! dashboards can aggregate quantiles across processes.
 
 use std::time::Duration;
 
@@ -32,10 +44,43 @@ pub const HOLD_DURATION: &str = "leasehold_hold_duration_seconds";
 pub const RENEW_TOTAL: &str = "leasehold_renew_total";
 /// `leasehold_renew_latency_seconds`
 pub const RENEW_LATENCY: &str = "leasehold_renew_latency_seconds";
+/// `leasehold_renewal_slack_seconds`
+pub const RENEWAL_SLACK: &str = "leasehold_renewal_slack_seconds";
 /// `leasehold_lease_lost_total`
 pub const LEASE_LOST_TOTAL: &str = "leasehold_lease_lost_total";
 /// `leasehold_fence_rejected_total`
 pub const FENCE_REJECTED_TOTAL: &str = "leasehold_fence_rejected_total";
+
+/// Every metric the core and the guards record, with its kind.
+pub const ALL: &[(&str, Kind)] = &[
+    (ACQUIRE_TOTAL, Kind::Counter),
+    (ACQUIRE_DURATION, Kind::Histogram),
+    (CONTENTION_TOTAL, Kind::Counter),
+    (HOLD_DURATION, Kind::Histogram),
+    (RENEW_TOTAL, Kind::Counter),
+    (RENEW_LATENCY, Kind::Histogram),
+    (RENEWAL_SLACK, Kind::Histogram),
+    (LEASE_LOST_TOTAL, Kind::Counter),
+    (FENCE_REJECTED_TOTAL, Kind::Counter),
+];
+
+/// The kind of a metric in [`ALL`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A monotonic counter (`_total`).
+    Counter,
+    /// A histogram of seconds (exported as `_bucket`, `_sum`, `_count`, or as a summary).
+    Histogram,
+}
+
+/// Histogram buckets, in seconds, for every leasehold histogram: 1 ms to a day, about
+/// 2.5× apart, so that latencies, slack and hold times of TTLs from 10 ms to 24 h all
+/// fall in useful buckets. Give them to an exporter that renders histograms with
+/// buckets (e.g. `metrics-exporter-prometheus`'s `set_buckets`).
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0,
+    150.0, 300.0, 900.0, 1800.0, 3600.0, 10800.0, 28800.0, 86400.0,
+];
 
 /// Registers descriptions and units of every metric with the installed recorder. Call once
 /// after installing a recorder (the CLI does).
@@ -61,7 +106,15 @@ pub fn describe() {
         Unit::Seconds,
         "Heartbeat latency: time from sending a renewal to its reply."
     );
-    describe_counter!(LEASE_LOST_TOTAL, "Leases lost, by reason.");
+    describe_histogram!(
+        RENEWAL_SLACK,
+        Unit::Seconds,
+        "Validity a lease had left (old deadline minus now) when a renewal was confirmed."
+    );
+    describe_counter!(
+        LEASE_LOST_TOTAL,
+        "Leases lost, by reason (a shutdown is not counted)."
+    );
     describe_counter!(
         FENCE_REJECTED_TOTAL,
         "Writes rejected by a guard because their fence was stale."
@@ -85,6 +138,12 @@ pub(crate) fn renewed(backend: &'static str, rt: &str, result: &'static str, lat
         .increment(1);
     histogram!(RENEW_LATENCY, "backend" => backend, "resource_type" => rt.to_owned())
         .record(latency.as_secs_f64());
+}
+
+/// A renewal confirmed with `slack` of validity left on the old deadline.
+pub(crate) fn renewal_slack(backend: &'static str, rt: &str, slack: Duration) {
+    histogram!(RENEWAL_SLACK, "backend" => backend, "resource_type" => rt.to_owned())
+        .record(slack.as_secs_f64());
 }
 
 /// A hold that ended without a loss: `end` is `released`, `shutdown` or `abandoned`.

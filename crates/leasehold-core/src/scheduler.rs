@@ -463,7 +463,11 @@ impl Scheduler {
             Ok(RenewOutcome::Renewed { ttl }) => {
                 m::renewed(backend, rt, "renewed", latency);
                 let until = sent_at.add(self.config.validity(ttl.min(self.config.ttl())));
+                let old_deadline = e.shared.valid_until();
                 let accepted = now < until && e.shared.extend(until, now);
+                if accepted {
+                    m::renewal_slack(backend, rt, old_deadline.since(now));
+                }
                 report(
                     &e.shared,
                     if accepted {

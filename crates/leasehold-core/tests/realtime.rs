@@ -160,6 +160,16 @@ fn metrics_have_the_documented_names_and_labels() {
     ] {
         assert!(names.contains(name), "{name} missing from {names:?}");
     }
+    assert!(
+        names.contains("leasehold_renewal_slack_seconds"),
+        "a confirmed renewal records its slack: {names:?}"
+    );
+    for name in &names {
+        assert!(
+            leasehold_core::metrics::ALL.iter().any(|(n, _)| n == name),
+            "{name} is recorded but not in metrics::ALL"
+        );
+    }
     for (name, labels, _) in &snapshot {
         for (k, v) in labels {
             assert!(
