@@ -30,9 +30,10 @@ Examples:
   leasehold migrate --store 'postgres://app@db/app?leasehold_schema=locks' --print > leasehold.sql
   leasehold migrate --store mysql://app@db/app --json
 
-Exit status: 0 migrated (or printed), 64 bad usage or a store URL that cannot be opened
-(bad scheme, parameters, credentials; memory://), 69 store error (unreachable, no
-privilege to create, timed out).
+Exit status:
+  0   migrated (everything exists now), or printed with --print
+  64  bad usage, or a store URL that cannot be opened as given (scheme, parameters, credentials; memory://)
+  69  store error (unreachable, no privilege to create, no answer within 10s)
 
 See docs/shell.md for the shell user's whole journey.";
 

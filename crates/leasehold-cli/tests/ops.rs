@@ -111,6 +111,11 @@ fn every_subcommand_fails_with_one_line_and_its_documented_status() {
         (vec!["--store", "mysql://h:99999/db", "break", "k"], 64),
         (vec!["break", "tab\there"], 64),
         (vec!["--store", &down, "break", "k"], 69),
+        // migrate
+        (vec!["--store", "nope://h/", "migrate"], 64),
+        (vec!["migrate", "--store", "postgres://h:notaport/db"], 64),
+        (vec!["migrate", "--print", "--store", "memory://"], 64),
+        (vec!["--store", &down, "migrate"], 69),
         // demo
         (vec!["demo", "--ttl", "soon"], 64),
         (vec!["demo", "--ttl", "1ms"], 64),
@@ -195,6 +200,7 @@ fn each_subcommand_documents_its_exit_statuses_in_its_help_and_in_docs_cli_md() 
         "inspect",
         "list",
         "break",
+        "migrate",
         "demo",
         "completions",
         "man",
@@ -293,11 +299,12 @@ fn run_json_tells_the_commands_status_from_leaseholds_own() {
 
 // --- Man page and completions ------------------------------------------------------
 
-const SUBCOMMANDS: [&str; 8] = [
+const SUBCOMMANDS: [&str; 9] = [
     "run",
     "inspect",
     "list",
     "break",
+    "migrate",
     "demo",
     "completions",
     "man",
