@@ -34,15 +34,15 @@ impl From<&LeaseInfo> for View {
     }
 }
 
-fn print_view(v: &View) {
+fn view_line(v: &View) -> String {
     let remaining = v
         .remaining_ms
         .map(|ms| format!("{ms} ms"))
         .unwrap_or_else(|| "unknown".into());
-    println!(
-        "{}\tfence {}\towner {}\tremaining {remaining}",
+    format!(
+        "{}\tfence {}\towner {}\tremaining {remaining}\n",
         v.key, v.fence, v.owner
-    );
+    )
 }
 
 /// Opens the store. A configuration error while opening means the URL is wrong (scheme,
@@ -104,17 +104,17 @@ async fn inspect_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failur
     let store = connect_bounded(url).await?;
     let info = store.inspect(&key).await?;
     let view = info.as_ref().map(View::from);
-    if json {
-        println!(
-            "{}",
+    let text = if json {
+        format!(
+            "{}\n",
             serde_json::json!({ "key": key.as_str(), "held": view.is_some(), "lease": view })
-        );
+        )
     } else if let Some(v) = &view {
-        print_view(v);
+        view_line(v)
     } else {
-        println!("{key}\tfree");
-    }
-    Ok(ExitCode::SUCCESS)
+        format!("{key}\tfree\n")
+    };
+    crate::out::print(&text)
 }
 
 pub(crate) async fn list(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
@@ -130,12 +130,12 @@ async fn list_in(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failur
         .await
         .map_err(unsupported("list leases"))?;
     let views: Vec<View> = list.iter().map(View::from).collect();
-    if json {
-        println!("{}", serde_json::to_string(&views).expect("serializable"));
+    let text = if json {
+        format!("{}\n", serde_json::to_string(&views).expect("serializable"))
     } else {
-        views.iter().for_each(print_view);
-    }
-    Ok(ExitCode::SUCCESS)
+        views.iter().map(view_line).collect()
+    };
+    crate::out::print(&text)
 }
 
 pub(crate) async fn break_lease(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
@@ -153,19 +153,19 @@ async fn break_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure>
         .await
         .map_err(unsupported("break leases"))?;
     tracing::warn!(%key, fence = fence.get(), evicted = ?before.as_ref().map(|b| b.owner.to_hex()), "lease broken");
-    if json {
-        println!(
-            "{}",
+    let text = if json {
+        format!(
+            "{}\n",
             serde_json::json!({ "key": key.as_str(), "fence": fence.get(), "evicted": before.as_ref().map(View::from) })
-        );
+        )
     } else {
         match &before {
-            Some(b) => println!(
-                "{key}: evicted owner {} (fence {}); fence advanced to {fence}",
+            Some(b) => format!(
+                "{key}: evicted owner {} (fence {}); fence advanced to {fence}\n",
                 b.owner, b.fence
             ),
-            None => println!("{key}: no holder; fence advanced to {fence}"),
+            None => format!("{key}: no holder; fence advanced to {fence}\n"),
         }
-    }
-    Ok(ExitCode::SUCCESS)
+    };
+    crate::out::print(&text)
 }

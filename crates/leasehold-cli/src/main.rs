@@ -9,6 +9,7 @@ mod guard;
 mod help;
 mod man;
 mod migrate;
+mod out;
 mod run;
 mod run_json;
 mod stores;
@@ -239,9 +240,9 @@ fn main() -> ExitCode {
     }
     let printed = match &cli.command {
         Command::Completions { shell } => {
-            Some(man::print(&man::completions(*shell, &mut Cli::command())))
+            Some(out::print(&man::completions(*shell, &mut Cli::command())))
         }
-        Command::Man => Some(man::print(&man::render(Cli::command()))),
+        Command::Man => Some(out::print(&man::render(Cli::command()))),
         Command::InstallCompletions(args) => Some(man::install(args, Cli::command())),
         _ => None,
     };

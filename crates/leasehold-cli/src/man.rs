@@ -5,7 +5,6 @@
 //! the global options, the store URLs and the exit statuses, `man leasehold` then shows
 //! all of it, and installing is one file.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -158,19 +157,6 @@ fn preformatted(roff: &mut Roff, text: &str) {
         roff.text([roman(line)]);
     }
     roff.control("fi", []);
-}
-
-/// Writes `text` to standard output: a closed pipe (`| head`) ends quietly, any other
-/// error is exit 74.
-pub(crate) fn print(text: &str) -> Result<ExitCode, Failure> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(Failure::Output(format!(
-            "cannot write to standard output: {e}"
-        ))),
-    }
 }
 
 /// The completion script of `shell`.

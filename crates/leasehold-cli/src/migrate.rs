@@ -106,21 +106,23 @@ pub(crate) async fn migrate(url: &str, args: MigrateArgs) -> Result<ExitCode, Fa
         crate::admin::connect(url).await?;
     }
     if args.print {
-        print!("{}", sql(url)?);
-        return Ok(ExitCode::SUCCESS);
+        return crate::out::print(&sql(url)?);
     }
     let summary = run(url).await?;
-    if args.json {
-        println!("{}", serde_json::to_string(&summary).expect("serializable"));
+    let text = if args.json {
+        format!(
+            "{}\n",
+            serde_json::to_string(&summary).expect("serializable")
+        )
     } else {
-        println!(
-            "{} ({}): ready: {}",
+        format!(
+            "{} ({}): ready: {}\n",
             summary.target,
             summary.store,
             summary.objects.join(", ")
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+        )
+    };
+    crate::out::print(&text)
 }
 
 /// The SQL `migrate` would run on `url`'s store, for a DBA.

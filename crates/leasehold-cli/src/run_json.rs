@@ -80,7 +80,7 @@ impl Facts {
         }
         let line = serde_json::to_string(&self).expect("serializable");
         // A closed standard output changes nothing: the exit status says it all.
-        let _ = crate::man::print(&format!("{line}\n"));
+        let _ = crate::out::print(&format!("{line}\n"));
     }
 }
 

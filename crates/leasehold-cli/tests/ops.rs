@@ -407,6 +407,29 @@ fn a_closed_pipe_is_not_a_panic() {
         assert_eq!(out.status.code(), Some(0), "{args:?}");
         assert_eq!(text(&out.stderr), "", "{args:?}");
     }
+    // The admin commands print after a store round trip: the pipe is closed by then.
+    let env = Env::new();
+    let sqlite = format!("sqlite://{}", env.path("pipe.db").display());
+    for args in [
+        &["inspect", "job:k"][..],
+        &["list", "--json"][..],
+        &["break", "job:k"][..],
+        &["migrate", "--print"][..],
+    ] {
+        let mut child = env
+            .cmd()
+            .args(["--store", &sqlite])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 }
 
 // --- Metrics, dashboard, alerts -----------------------------------------------------
