@@ -9,33 +9,9 @@ use leasehold_testkit::{FaultProxy, ProxyMode, RedisServer, WorkerProcess};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+mod common;
 
-struct Env {
-    dir: tempfile::TempDir,
-}
-
-impl Env {
-    fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-    /// A `leasehold` command whose default store lives in this test's directory.
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
-        c.env("XDG_STATE_HOME", self.dir.path())
-            .env_remove("LEASEHOLD_STORE")
-            .env_remove("RUST_LOG");
-        c
-    }
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd().args(args).output().unwrap()
-    }
-}
+use common::{BIN, Env};
 
 /// The wall clock, to compare with what the shell commands under test stamp with
 /// `date +%s%N` (and with `LEASEHOLD_VALID_UNTIL`): they have no other clock.
@@ -1100,8 +1076,8 @@ impl Terminal {
             .args(["-c", TERMINAL])
             .arg(&report)
             .args(argv)
-            .current_dir(env.dir.path())
-            .env("XDG_STATE_HOME", env.dir.path())
+            .current_dir(env.dir())
+            .env("XDG_STATE_HOME", env.dir())
             .env_remove("LEASEHOLD_STORE")
             .env_remove("RUST_LOG")
             .stdin(Stdio::piped())

@@ -5,7 +5,7 @@
 //! the database-side guard after a newer holder wrote. The job scripts are the ones
 //! `docs/shell.md` shows (a test checks that the document holds them verbatim).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,9 @@ use leasehold_testkit::{MariaDb, Postgres, WorkerProcess};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+mod common;
+
+use common::Env;
 
 /// The user documentation these tests follow.
 const SHELL_DOC: &str = include_str!("../../../docs/shell.md");
@@ -53,31 +55,6 @@ INSERT INTO ledger (fence, note) VALUES ($LEASEHOLD_FENCE, 'invoice run');
 COMMIT;
 SQL
 "#;
-
-struct Env {
-    dir: tempfile::TempDir,
-}
-
-impl Env {
-    fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
-        c.env("XDG_STATE_HOME", self.dir.path())
-            .env_remove("LEASEHOLD_STORE")
-            .env_remove("RUST_LOG");
-        c
-    }
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd().args(args).output().unwrap()
-    }
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -293,7 +270,7 @@ fn bad_urls_are_usage_errors_and_an_unreachable_store_fails_in_time() {
     // The help documents the exit codes.
     let out = env.run(&["migrate", "--help"]);
     let help = stdout(&out);
-    for code in ["0 migrated", "64 bad usage", "69 store error"] {
+    for code in ["  0   migrated", "  64  bad usage", "  69  store error"] {
         assert!(help.contains(code), "{code}: {help}");
     }
 }

@@ -11,38 +11,13 @@ use std::time::{Duration, Instant};
 
 use leasehold::metrics::{ALL, Kind};
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+mod common;
+
+use common::{BIN, Env};
 
 /// The repository root (the ops/ and docs/ files live there).
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-struct Env {
-    dir: tempfile::TempDir,
-}
-
-impl Env {
-    fn new() -> Self {
-        Self {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-    fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
-        c.env("XDG_STATE_HOME", self.dir.path())
-            .env("XDG_DATA_HOME", self.dir.path().join("data"))
-            .env_remove("LEASEHOLD_STORE")
-            .env_remove("RUST_LOG")
-            .env_remove("RUST_BACKTRACE");
-        c
-    }
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd().args(args).output().unwrap()
-    }
 }
 
 fn text(b: &[u8]) -> String {
