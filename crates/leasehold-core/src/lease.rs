@@ -244,17 +244,18 @@ impl LeaseShared {
     /// A lease its holder is releasing (or has released) is never reported lost: the
     /// holder let go of it, whatever a late renewal reply or the deadline says.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        let now = self.clock.now();
         {
             let mut s = self.lock();
             if s.done() {
                 return false;
             }
             s.lost = Some(reason);
-            s.lost_at = Some(self.clock.now());
+            s.lost_at = Some(now);
         }
         self.lost.cancel();
         self.unwatch();
-        let held = self.clock.now().since(self.acquired_at);
+        let held = now.since(self.acquired_at);
         if reason == LostReason::Shutdown {
             m::hold_ended(self.backend, self.key.resource_type(), "shutdown", held);
             tracing::info!(key = %self.key, owner = %self.owner, fence = self.fence.get(), "renewal stopped: client shutting down");
