@@ -142,8 +142,11 @@ impl StoreError {
     }
 
     /// Awaits a store call for at most `limit`; past it, a [`StoreErrorKind::Timeout`]
-    /// (the call may still have been applied).
-    pub(crate) async fn bounded<T>(
+    /// (the call may still have been applied, so it is [ambiguous](Self::is_ambiguous)).
+    ///
+    /// # Errors
+    /// The error of `call`, or [`StoreError::timeout`] when `limit` ran out.
+    pub async fn bounded<T>(
         backend: &'static str,
         op: &str,
         limit: Duration,

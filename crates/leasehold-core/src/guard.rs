@@ -14,6 +14,9 @@ use crate::token::Fence;
 /// The longest [`ResourceName`], in bytes.
 pub const MAX_RESOURCE_LEN: usize = 512;
 
+// Every key is a valid resource name (`From<&Key>` takes it unchecked).
+const _: () = assert!(crate::key::MAX_KEY_LEN <= MAX_RESOURCE_LEN);
+
 /// Why a string is not a valid [`ResourceName`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -75,10 +78,7 @@ impl ResourceName {
     /// The part before the first `:` (or `none`), the only part used as a metric label,
     /// as [`Key::resource_type`] computes it.
     pub fn resource_type(&self) -> &str {
-        match self.0.split_once(':') {
-            Some((prefix, _)) if !prefix.is_empty() => prefix,
-            _ => "none",
-        }
+        crate::key::resource_type_of(&self.0)
     }
 }
 

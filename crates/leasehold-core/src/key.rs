@@ -98,10 +98,16 @@ impl Key {
     /// The resource type: the part before the first `:`, or `"none"` when the key has no
     /// `:`. Used as the `resource_type` metric label, so a full key never becomes a label.
     pub fn resource_type(&self) -> &str {
-        match self.0.split_once(':') {
-            Some((prefix, _)) if !prefix.is_empty() => prefix,
-            _ => "none",
-        }
+        resource_type_of(&self.0)
+    }
+}
+
+/// The part of `name` before the first `:`, or `"none"` when there is none (or it is
+/// empty): the `resource_type` label of keys and of guards' resource names alike.
+pub(crate) fn resource_type_of(name: &str) -> &str {
+    match name.split_once(':') {
+        Some((prefix, _)) if !prefix.is_empty() => prefix,
+        _ => "none",
     }
 }
 

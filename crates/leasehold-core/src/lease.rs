@@ -82,6 +82,13 @@ struct State {
     ended: bool,
 }
 
+impl State {
+    /// Lost, ended or being released: nothing renews it, nothing reports it lost again.
+    fn done(&self) -> bool {
+        self.ended || self.releasing || self.lost.is_some()
+    }
+}
+
 /// What the store granted, and when the granting request was sent.
 #[derive(Debug)]
 pub(crate) struct Grant {
@@ -186,8 +193,13 @@ impl LeaseShared {
 
     /// Lost or ended: the scheduler and the watchdog can forget it.
     pub(crate) fn is_done(&self) -> bool {
+        self.lock().done()
+    }
+
+    /// Still held at `now`: not done, and its deadline not passed.
+    pub(crate) fn is_held_at(&self, now: At) -> bool {
         let s = self.lock();
-        s.ended || s.releasing || s.lost.is_some()
+        !s.done() && now < s.valid_until
     }
 
     /// The holder started releasing: the scheduler stops renewing it (lazily, at its next
@@ -196,16 +208,18 @@ impl LeaseShared {
         self.lock().releasing = true;
     }
 
-    /// Moves the deadline to `until` after a confirmed renewal; refuses (false) once the
-    /// lease is lost, ended or being released, or when the old deadline has already
-    /// passed: a lease past its deadline is lost, whatever a late reply says.
-    pub(crate) fn extend(&self, until: At, now: At) -> bool {
+    /// Moves the deadline to `until` after a confirmed renewal, and returns the deadline
+    /// it replaced; refuses (`None`) once the lease is lost, ended or being released, or
+    /// when the old deadline has already passed: a lease past its deadline is lost,
+    /// whatever a late reply says.
+    pub(crate) fn extend(&self, until: At, now: At) -> Option<At> {
         let mut s = self.lock();
-        if s.ended || s.releasing || s.lost.is_some() || now >= s.valid_until {
-            return false;
+        if s.done() || now >= s.valid_until {
+            return None;
         }
-        s.valid_until = s.valid_until.max(until);
-        true
+        let old = s.valid_until;
+        s.valid_until = old.max(until);
+        Some(old)
     }
 
     /// Checks the deadline at `now`; fires the lost signal when it has passed.
@@ -213,10 +227,7 @@ impl LeaseShared {
     pub(crate) fn check(&self, now: At) -> bool {
         let (expired, lost) = {
             let s = self.lock();
-            (
-                now >= s.valid_until,
-                s.lost.is_some() || s.ended || s.releasing,
-            )
+            (now >= s.valid_until, s.done())
         };
         if lost {
             return false;
@@ -233,17 +244,18 @@ impl LeaseShared {
     /// A lease its holder is releasing (or has released) is never reported lost: the
     /// holder let go of it, whatever a late renewal reply or the deadline says.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        let now = self.clock.now();
         {
             let mut s = self.lock();
-            if s.lost.is_some() || s.ended || s.releasing {
+            if s.done() {
                 return false;
             }
             s.lost = Some(reason);
-            s.lost_at = Some(self.clock.now());
+            s.lost_at = Some(now);
         }
         self.lost.cancel();
         self.unwatch();
-        let held = self.clock.now().since(self.acquired_at);
+        let held = now.since(self.acquired_at);
         if reason == LostReason::Shutdown {
             m::hold_ended(self.backend, self.key.resource_type(), "shutdown", held);
             tracing::info!(key = %self.key, owner = %self.owner, fence = self.fence.get(), "renewal stopped: client shutting down");

@@ -388,7 +388,7 @@ impl Scheduler {
             // Looked at again when the request is really about to go (the task may have
             // been preempted or the process frozen since the scheduler decided to renew):
             // a renewal is never sent for a lease past its deadline, lost or let go.
-            if sent_at >= shared.valid_until() || shared.is_done() {
+            if !shared.is_held_at(sent_at) {
                 return Done::Skipped { id };
             }
             if let Some(o) = &observer {
@@ -463,11 +463,15 @@ impl Scheduler {
             Ok(RenewOutcome::Renewed { ttl }) => {
                 m::renewed(backend, rt, "renewed", latency);
                 let until = sent_at.add(self.config.validity(ttl.min(self.config.ttl())));
-                let old_deadline = e.shared.valid_until();
-                let accepted = now < until && e.shared.extend(until, now);
-                if accepted {
+                let replaced = if now < until {
+                    e.shared.extend(until, now)
+                } else {
+                    None
+                };
+                if let Some(old_deadline) = replaced {
                     m::renewal_slack(backend, rt, old_deadline.since(now));
                 }
+                let accepted = replaced.is_some();
                 report(
                     &e.shared,
                     if accepted {

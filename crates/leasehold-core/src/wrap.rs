@@ -259,25 +259,31 @@ impl FaultStore {
         }
     }
 
-    async fn after_apply(&self, injection: Injection, swallowed: Swallowed) -> StoreError {
-        self.lock().swallowed.push(swallowed);
+    /// Runs `call` (a call of `op` on the wrapped store, not yet polled) as planned: it
+    /// passes, never reaches the store, or is applied and its reply swallowed (kept by
+    /// `swallow`).
+    async fn faulted<T>(
+        &self,
+        op: Op,
+        call: impl Future<Output = Result<T, StoreError>>,
+        swallow: fn(Result<T, String>) -> Swallowed,
+    ) -> Result<T, StoreError> {
+        self.reach().await?;
+        let injection = match self.next(op) {
+            None => return call.await,
+            Some(Injection::HangBeforeApply) => return std::future::pending().await,
+            Some(i) => i,
+        };
+        let reply = call.await.map_err(|e| e.to_string());
+        self.lock().swallowed.push(swallow(reply));
         match injection {
-            Injection::AmbiguousAfterApply => StoreError::new(
+            Injection::AmbiguousAfterApply => Err(StoreError::new(
                 StoreErrorKind::Ambiguous,
                 self.inner.backend(),
                 "connection reset after the request was sent (fault injected)",
-            ),
-            Injection::HangAfterApply | Injection::HangBeforeApply => {
-                std::future::pending::<StoreError>().await
-            }
+            )),
+            Injection::HangAfterApply | Injection::HangBeforeApply => std::future::pending().await,
         }
-    }
-}
-
-fn shown<T: Clone>(r: &Result<T, StoreError>) -> Result<T, String> {
-    match r {
-        Ok(v) => Ok(v.clone()),
-        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -297,15 +303,8 @@ impl Store for FaultStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        self.reach().await?;
-        match self.next(Op::Acquire) {
-            None => self.inner.acquire(key, owner, ttl).await,
-            Some(Injection::HangBeforeApply) => std::future::pending().await,
-            Some(i) => {
-                let reply = self.inner.acquire(key, owner, ttl).await;
-                Err(self.after_apply(i, Swallowed::Acquire(shown(&reply))).await)
-            }
-        }
+        let call = self.inner.acquire(key, owner, ttl);
+        self.faulted(Op::Acquire, call, Swallowed::Acquire).await
     }
 
     async fn renew(
@@ -314,27 +313,13 @@ impl Store for FaultStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
-        self.reach().await?;
-        match self.next(Op::Renew) {
-            None => self.inner.renew(key, owner, ttl).await,
-            Some(Injection::HangBeforeApply) => std::future::pending().await,
-            Some(i) => {
-                let reply = self.inner.renew(key, owner, ttl).await;
-                Err(self.after_apply(i, Swallowed::Renew(shown(&reply))).await)
-            }
-        }
+        let call = self.inner.renew(key, owner, ttl);
+        self.faulted(Op::Renew, call, Swallowed::Renew).await
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        self.reach().await?;
-        match self.next(Op::Release) {
-            None => self.inner.release(key, owner).await,
-            Some(Injection::HangBeforeApply) => std::future::pending().await,
-            Some(i) => {
-                let reply = self.inner.release(key, owner).await;
-                Err(self.after_apply(i, Swallowed::Release(shown(&reply))).await)
-            }
-        }
+        let call = self.inner.release(key, owner);
+        self.faulted(Op::Release, call, Swallowed::Release).await
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {

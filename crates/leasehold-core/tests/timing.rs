@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::memory::MemoryStore;
-use leasehold_core::wrap::{FaultStore, Unreachable};
+use leasehold_core::wrap::{FaultStore, Injection, Op, Unreachable};
 use leasehold_core::{
     AcquireOutcome, Backoff, Capabilities, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo,
     LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
@@ -28,10 +28,6 @@ enum Fault {
     SlowRenew(Duration),
     /// Renewals fail with an error of this kind.
     RenewError(StoreErrorKind),
-    /// The next acquire is applied, then reported as an ambiguous failure.
-    AcquireAppliedThenAmbiguous,
-    /// Acquires are applied, then the reply never comes.
-    AcquireAppliedThenHang,
     /// Acquires are applied at once but their reply takes this long.
     SlowAcquire(Duration),
     /// Acquires fail at once with an error of this kind (nothing applied).
@@ -139,15 +135,6 @@ impl Store for Scripted {
         }
         let out = self.faults.acquire(key, owner, ttl).await?;
         match self.fault() {
-            Fault::AcquireAppliedThenAmbiguous => {
-                self.set(Fault::None);
-                Err(StoreError::new(
-                    StoreErrorKind::Ambiguous,
-                    "scripted",
-                    "connection reset after send",
-                ))
-            }
-            Fault::AcquireAppliedThenHang => std::future::pending().await,
             Fault::SlowAcquire(d) | Fault::SlowAcquireThenSlowRenew(d, _) => {
                 sleep(d).await;
                 Ok(out)
@@ -163,13 +150,10 @@ impl Store for Scripted {
     ) -> Result<RenewOutcome, StoreError> {
         self.log("renew", owner);
         match self.fault() {
-            Fault::SlowRenew(d) => {
+            Fault::SlowRenew(d)
+            | Fault::SlowAcquireThenSlowRenew(_, d)
+            | Fault::SlowRenewSlowRelease(d, _) => {
                 // Applied at once; the reply takes `d`.
-                let out = self.faults.renew(key, owner, ttl).await;
-                sleep(d).await;
-                out
-            }
-            Fault::SlowAcquireThenSlowRenew(_, d) | Fault::SlowRenewSlowRelease(d, _) => {
                 let out = self.faults.renew(key, owner, ttl).await;
                 sleep(d).await;
                 out
@@ -418,7 +402,10 @@ async fn max_renewals_bounds_the_hold() {
 #[tokio::test(start_paused = true)]
 async fn ambiguous_acquire_is_retried_with_the_same_owner_and_fence() {
     let store = Scripted::default();
-    store.set(Fault::AcquireAppliedThenAmbiguous);
+    // The first acquire is applied, then reported as an ambiguous failure.
+    store
+        .faults
+        .inject(Op::Acquire, Injection::AmbiguousAfterApply);
     let c = client(&store, config(3 * S).build().unwrap());
     let lease = c.try_acquire(key()).await.unwrap();
     let owners = store.owners("acquire");
@@ -436,12 +423,14 @@ async fn ambiguous_acquire_is_retried_with_the_same_owner_and_fence() {
 #[tokio::test(start_paused = true)]
 async fn acquire_that_never_answers_times_out_and_leaves_no_orphan() {
     let store = Scripted::default();
-    store.set(Fault::AcquireAppliedThenHang);
+    // Both acquires (the first and its one retry) are applied, then never answered.
+    for _ in 0..2 {
+        store.faults.inject(Op::Acquire, Injection::HangAfterApply);
+    }
     let c = client(&store, config(3 * S).ambiguous_retries(1).build().unwrap());
     let err = c.try_acquire(key()).await.unwrap_err();
     assert_eq!(err.store_error().unwrap().kind(), StoreErrorKind::Timeout);
     assert_eq!(store.count("acquire"), 2);
-    store.set(Fault::None);
     sleep(MS).await;
     assert_eq!(
         store.count("release"),
@@ -454,11 +443,10 @@ async fn acquire_that_never_answers_times_out_and_leaves_no_orphan() {
 #[tokio::test(start_paused = true)]
 async fn cancelled_acquire_releases_what_it_may_have_been_granted() {
     let store = Scripted::default();
-    store.set(Fault::AcquireAppliedThenHang);
+    store.faults.inject(Op::Acquire, Injection::HangAfterApply);
     let c = client(&store, config(3 * S).build().unwrap());
     let res = tokio::time::timeout(100 * MS, c.try_acquire(key())).await;
     assert!(res.is_err(), "cancelled");
-    store.set(Fault::None);
     sleep(MS).await;
     assert_eq!(store.owners("release"), store.owners("acquire"));
     assert_eq!(store.inner.inspect(&key()).await.unwrap(), None);

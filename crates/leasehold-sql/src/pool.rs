@@ -16,6 +16,8 @@ use crate::failure::{ErrorModel, Failure, Phase};
 /// Dropping `fut` at the bound drops whatever it holds: a [`Checkout`] in it closes its
 /// connection, whose reply may still be on its way.
 ///
+/// It is [`StoreError::bounded`], the bound the core puts on its own store calls.
+///
 /// # Errors
 /// The error of `fut`, or [`StoreError::timeout`] when the bound ran out.
 ///
@@ -26,9 +28,7 @@ pub async fn bounded<T>(
     bound: Duration,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    tokio::time::timeout(bound, fut)
-        .await
-        .unwrap_or_else(|_| Err(StoreError::timeout(backend, op, bound)))
+    StoreError::bounded(backend, op, bound, fut).await
 }
 
 /// A pooled connection that is **closed** instead of returned to the pool, unless the

@@ -148,6 +148,27 @@ fn result(name: &'static str, what: &'static str, elapsed: Duration, mut t: Tall
     }
 }
 
+/// Runs `task(i, stop)` in `n` spawned contenders for `dur`, then raises `stop` and
+/// merges what they tallied; returns the tally and the phase's length.
+async fn contend<F, Fut>(n: usize, dur: Duration, task: F) -> (Tally, Duration)
+where
+    F: Fn(usize, Arc<AtomicBool>) -> Fut,
+    Fut: Future<Output = Tally> + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| tokio::spawn(task(i, stop.clone())))
+        .collect();
+    tokio::time::sleep(dur).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Tally::default();
+    for t in tasks {
+        all.merge(t.await.expect("task"));
+    }
+    (all, start.elapsed())
+}
+
 /// Counts store calls (statements) made by the lease clients.
 #[derive(Debug)]
 struct Counting {
@@ -194,19 +215,12 @@ impl Store for Counting {
 }
 
 async fn raw_distinct(store: &PgLeaseStore, n: usize, dur: Duration) -> PhaseResult {
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..n {
-        let (pool, sql, stop) = (
-            store.pool().clone(),
-            store.acquire_sql().to_owned(),
-            stop.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
+    let sql: Arc<str> = store.acquire_sql().into();
+    let (all, elapsed) = contend(n, dur, |i, stop| {
+        let (pool, sql) = (store.pool().clone(), sql.clone());
+        async move {
             let key = format!("bench:distinct:{i}");
             let owner = OwnerToken::random();
-            let sql: Arc<str> = sql.into();
             let mut t = Tally::default();
             while !stop.load(Ordering::Relaxed) {
                 let sent = Instant::now();
@@ -224,18 +238,13 @@ async fn raw_distinct(store: &PgLeaseStore, n: usize, dur: Duration) -> PhaseRes
                 }
             }
             t
-        }));
-    }
-    tokio::time::sleep(dur).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Tally::default();
-    for t in tasks {
-        all.merge(t.await.expect("task"));
-    }
+        }
+    })
+    .await;
     result(
         "raw_distinct",
         "acquire SQL, one key per contender (no shared row)",
-        start.elapsed(),
+        elapsed,
         all,
     )
 }
@@ -260,14 +269,11 @@ fn naive_upsert_sql(table: &str) -> String {
 
 /// The spin phase with the naive upsert instead of the store's acquire statement.
 async fn raw_hot_spin_upsert(store: &PgLeaseStore, n: usize, dur: Duration) -> PhaseResult {
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
     let key = Key::new("bench:hot-spin-upsert").expect("key");
     let sql: Arc<str> = naive_upsert_sql(&store.table().sql()).into();
-    let mut tasks = Vec::new();
-    for _ in 0..n {
-        let (store, stop, key, sql) = (store.clone(), stop.clone(), key.clone(), sql.clone());
-        tasks.push(tokio::spawn(async move {
+    let (all, elapsed) = contend(n, dur, |_, stop| {
+        let (store, key, sql) = (store.clone(), key.clone(), sql.clone());
+        async move {
             let mut t = Tally::default();
             while !stop.load(Ordering::Relaxed) {
                 let owner = OwnerToken::random();
@@ -293,30 +299,22 @@ async fn raw_hot_spin_upsert(store: &PgLeaseStore, n: usize, dur: Duration) -> P
                 }
             }
             t
-        }));
-    }
-    tokio::time::sleep(dur).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Tally::default();
-    for t in tasks {
-        all.merge(t.await.expect("task"));
-    }
+        }
+    })
+    .await;
     result(
         "raw_spin_upsert",
         "as raw_hot_spin, with a naive INSERT … ON CONFLICT DO UPDATE … WHERE acquire",
-        start.elapsed(),
+        elapsed,
         all,
     )
 }
 
 async fn raw_hot_spin(store: &PgLeaseStore, n: usize, dur: Duration) -> PhaseResult {
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
     let key = Key::new("bench:hot-spin").expect("key");
-    let mut tasks = Vec::new();
-    for _ in 0..n {
-        let (store, stop, key) = (store.clone(), stop.clone(), key.clone());
-        tasks.push(tokio::spawn(async move {
+    let (all, elapsed) = contend(n, dur, |_, stop| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
             let mut t = Tally::default();
             while !stop.load(Ordering::Relaxed) {
                 let owner = OwnerToken::random();
@@ -337,18 +335,13 @@ async fn raw_hot_spin(store: &PgLeaseStore, n: usize, dur: Duration) -> PhaseRes
                 }
             }
             t
-        }));
-    }
-    tokio::time::sleep(dur).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Tally::default();
-    for t in tasks {
-        all.merge(t.await.expect("task"));
-    }
+        }
+    })
+    .await;
     result(
         "raw_hot_spin",
         "acquire SQL on one key, new owner each time, release when granted, no backoff",
-        start.elapsed(),
+        elapsed,
         all,
     )
 }
@@ -371,13 +364,9 @@ async fn lease_hot(
         )
         .build()
         .expect("config");
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..n {
+    let (mut all, elapsed) = contend(n, dur, |_, stop| {
         let client = LeaseClient::new(counting.clone() as Arc<dyn Store>, config.clone());
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
+        async move {
             let mut t = Tally::default();
             while !stop.load(Ordering::Relaxed) {
                 let sent = Instant::now();
@@ -396,16 +385,11 @@ async fn lease_hot(
                 }
             }
             t
-        }));
-    }
-    tokio::time::sleep(dur).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Tally::default();
-    for t in tasks {
-        all.merge(t.await.expect("task"));
-    }
+        }
+    })
+    .await;
     all.statements = counting.calls.load(Ordering::Relaxed);
-    result(name, what, start.elapsed(), all)
+    result(name, what, elapsed, all)
 }
 
 async fn run(args: Args, url: String) -> Vec<PhaseResult> {
