@@ -13,27 +13,25 @@
 //!
 //! * Uncontended: acquire + release on distinct keys at 1, 16 and 64 concurrent tasks,
 //!   through leasehold (`LeaseClient::try_acquire` + `Lease::release`, i.e. everything a
-//!   user pays for: owner token, scheduler, watchdog, metrics, store, scripts), and the
-//!   same number of raw `EVALSHA` calls of the same two scripts through the `redis` crate
-//!   alone; and, to tell the two costs apart, the store's own calls
+//!   user pays for: owner token, scheduler, watchdog, metrics, store, scripts), against
+//!   what a user would write instead: a **plain lock** with the `redis` crate alone
+//!   (`SET key token NX PX ttl`, then a compare-and-delete script — what rslock does; no
+//!   fence, no heartbeat); and, as a diagnostic, the store's own calls
 //!   (`RedisStore::acquire` + `release`). All use one multiplexed connection. Each level
 //!   runs in slices that interleave the three (in rotating order), so background load
 //!   hits them alike; throughput is the median of the slices' throughputs, and the ratio
-//!   the median over slices of leasehold ÷ raw throughput in the same slice.
+//!   the median over slices of leasehold ÷ plain lock in the same slice.
 //! * Contended: 16 tasks loop on one key (`LeaseClient::acquire` with a long wait, release
 //!   at once): acquisitions per second and the hand-off latency from a release returning to
 //!   the next holder's acquire returning.
 #![forbid(unsafe_code)]
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use leasehold_core::{LeaseClient, LeaseConfig, OwnerToken};
-use leasehold_redis::{RedisConfigBuilder, RedisStore, script_source};
+use leasehold_redis::{RedisConfigBuilder, RedisStore};
 
 const TTL: Duration = Duration::from_secs(10);
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
@@ -84,64 +82,6 @@ fn parse_args() -> Args {
         }
     }
     a
-}
-
-/// A private `redis-server`, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start() -> Self {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let dir = std::env::temp_dir().join(format!(
-            "leasehold-redis-bench-{}-{port}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--logfile")
-            .arg(dir.join("log"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                eprintln!("cannot start redis-server (apt-get install redis-server): {e}");
-                std::process::exit(1)
-            });
-        let s = Self { child, port, dir };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        s
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -284,55 +224,48 @@ async fn store_round(
     .await
 }
 
-struct Raw {
+/// What a user would write instead of leasehold: the `redis` crate alone, `SET key token
+/// NX PX ttl` to acquire and a compare-and-delete script to release (what rslock does),
+/// on one multiplexed connection. No fence, no heartbeat.
+struct PlainLock {
     conn: redis::aio::MultiplexedConnection,
-    acquire: redis::Script,
     release: redis::Script,
-    ids: AtomicU64,
-    prefix: String,
 }
 
-async fn raw_round(raw: &Arc<Raw>, tasks: usize, per_task: usize, round: usize) -> Sample {
-    let raw = raw.clone();
+const COMPARE_AND_DELETE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+     return redis.call('DEL', KEYS[1]) else return 0 end";
+
+async fn plain_round(
+    plain: &Arc<PlainLock>,
+    tasks: usize,
+    per_task: usize,
+    round: usize,
+) -> Sample {
+    let plain = plain.clone();
     run_tasks(tasks, per_task, move |t, i| {
-        let raw = raw.clone();
+        let plain = plain.clone();
         async move {
-            let mut conn = raw.conn.clone();
-            // The same keys, arguments and channel as the store would send.
-            let name = format!("bench:raw:{round}:{t}:{i}");
-            let lease_key = format!("{}{{{name}}}", raw.prefix);
-            let fence_key = format!("{lease_key}:fence");
-            let channel = format!("{lease_key}:released");
-            let owner = OwnerToken::random().to_hex();
-            let id = raw.ids.fetch_add(1, Ordering::Relaxed).to_string();
-            let v: redis::Value = raw
-                .acquire
-                .key(&lease_key)
-                .key(&fence_key)
-                .arg(&id)
-                .arg(&owner)
+            let mut conn = plain.conn.clone();
+            let key = format!("bench:plain:{round}:{t}:{i}");
+            let token = OwnerToken::random().to_hex();
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
                 .arg(TTL.as_millis() as u64)
-                .invoke_async(&mut conn)
+                .query_async(&mut conn)
                 .await
-                .expect("raw acquire");
-            assert!(
-                matches!(&v, redis::Value::Array(a) if a.len() == 4),
-                "{v:?}"
-            );
-            let id = raw.ids.fetch_add(1, Ordering::Relaxed).to_string();
-            let v: redis::Value = raw
+                .expect("plain acquire");
+            assert!(set.is_some(), "uncontended plain acquire");
+            let deleted: i64 = plain
                 .release
-                .key(&lease_key)
-                .arg(&id)
-                .arg(&owner)
-                .arg(&channel)
+                .key(&key)
+                .arg(&token)
                 .invoke_async(&mut conn)
                 .await
-                .expect("raw release");
-            assert!(
-                matches!(&v, redis::Value::Array(a) if a.len() == 2),
-                "{v:?}"
-            );
+                .expect("plain release");
+            assert_eq!(deleted, 1);
         }
     })
     .await
@@ -342,10 +275,10 @@ struct Uncontended {
     tasks: usize,
     leasehold: Measured,
     store: Measured,
-    raw: Measured,
-    /// Median over slices of leasehold ÷ raw throughput in the same slice.
+    plain: Measured,
+    /// Median over slices of leasehold ÷ plain-lock throughput in the same slice.
     ratio: f64,
-    /// Median over slices of store ÷ raw throughput in the same slice.
+    /// Median over slices of store ÷ plain-lock throughput in the same slice.
     store_ratio: f64,
 }
 
@@ -409,7 +342,7 @@ fn us(d: Duration) -> f64 {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args = parse_args();
-    let server = args.url.is_none().then(Server::start);
+    let server = args.url.is_none().then(leasehold_testkit::RedisServer::start);
     let prefix = "bench:";
     let cfg = match (&args.url, &server) {
         (Some(url), _) => leasehold_redis::RedisConfig::from_url(url)
@@ -421,7 +354,7 @@ async fn main() {
             .prefix(prefix)
             .build()
             .expect("config"),
-        (None, Some(s)) => RedisConfigBuilder::standalone("127.0.0.1", s.port)
+        (None, Some(s)) => RedisConfigBuilder::standalone("127.0.0.1", s.port())
             .prefix(prefix)
             .build()
             .expect("config"),
@@ -442,26 +375,23 @@ async fn main() {
         .expect("lease config");
     let client = LeaseClient::new(store.clone(), lease_config);
 
-    // The raw baseline: the redis crate alone, one multiplexed connection.
-    let raw_url = match (&args.url, &server) {
+    // The plain lock: the redis crate alone, one multiplexed connection.
+    let plain_url = match (&args.url, &server) {
         (Some(url), _) => url.split('?').next().unwrap_or(url).to_owned(),
-        (None, Some(s)) => format!("redis://127.0.0.1:{}/", s.port),
+        (None, Some(s)) => s.url(),
         _ => unreachable!(),
     };
-    let raw_client = redis::Client::open(raw_url.as_str()).expect("raw client");
-    let raw = Arc::new(Raw {
-        conn: raw_client
+    let plain_client = redis::Client::open(plain_url.as_str()).expect("plain client");
+    let plain = Arc::new(PlainLock {
+        conn: plain_client
             .get_multiplexed_async_connection()
             .await
-            .expect("raw connection"),
-        acquire: redis::Script::new(&script_source::acquire()),
-        release: redis::Script::new(&script_source::release()),
-        ids: AtomicU64::new(1),
-        prefix: prefix.to_owned(),
+            .expect("plain connection"),
+        release: redis::Script::new(COMPARE_AND_DELETE),
     });
 
     let version = {
-        let mut c = raw.conn.clone();
+        let mut c = plain.conn.clone();
         let info: String = redis::cmd("INFO")
             .arg("server")
             .query_async(&mut c)
@@ -477,7 +407,7 @@ async fn main() {
     // Warm up both paths (connections, scripts loaded, allocator).
     leasehold_round(&client, 16, 200, 0).await;
     store_round(&store, 16, 200, 0).await;
-    raw_round(&raw, 16, 200, 0).await;
+    plain_round(&plain, 16, 200, 0).await;
 
     let mut results = Vec::new();
     for &tasks in &CONCURRENCY {
@@ -492,7 +422,7 @@ async fn main() {
                 let m = match which {
                     0 => leasehold_round(&client, tasks, per_task, slice).await,
                     1 => store_round(&store, tasks, per_task, slice).await,
-                    _ => raw_round(&raw, tasks, per_task, slice).await,
+                    _ => plain_round(&plain, tasks, per_task, slice).await,
                 };
                 tp[which] = m.ops_per_sec();
                 acc[which].add(m);
@@ -501,15 +431,15 @@ async fn main() {
             ratios.push(tp[0] / tp[2]);
             store_ratios.push(tp[1] / tp[2]);
             // Keep the server's keyspace small.
-            let mut c = raw.conn.clone();
+            let mut c = plain.conn.clone();
             let _: redis::RedisResult<()> = redis::cmd("FLUSHDB").query_async(&mut c).await;
         }
-        let [lh, st, rw] = acc;
+        let [lh, st, pl] = acc;
         results.push(Uncontended {
             tasks,
             leasehold: lh.measured(),
             store: st.measured(),
-            raw: rw.measured(),
+            plain: pl.measured(),
             ratio: median(&mut ratios),
             store_ratio: median(&mut store_ratios),
         });
@@ -537,11 +467,11 @@ async fn main() {
                 )
             };
             out += &format!(
-                "{{\"tasks\":{},\"leasehold\":{},\"store\":{},\"raw\":{},\"ratio\":{:.3},\"store_ratio\":{:.3}}}",
+                "{{\"tasks\":{},\"leasehold\":{},\"store\":{},\"plain_lock\":{},\"ratio\":{:.3},\"store_ratio\":{:.3}}}",
                 r.tasks,
                 m(&r.leasehold),
                 m(&r.store),
-                m(&r.raw),
+                m(&r.plain),
                 r.ratio,
                 r.store_ratio
             );
@@ -569,7 +499,7 @@ async fn main() {
             "store ops/s",
             "p50 µs",
             "p99 µs",
-            "raw ops/s",
+            "plain ops/s",
             "p50 µs",
             "p99 µs",
             "ratio",
@@ -585,15 +515,15 @@ async fn main() {
                 r.store.ops_per_sec,
                 us(r.store.p50),
                 us(r.store.p99),
-                r.raw.ops_per_sec,
-                us(r.raw.p50),
-                us(r.raw.p99),
+                r.plain.ops_per_sec,
+                us(r.plain.p50),
+                us(r.plain.p99),
                 r.ratio,
                 r.store_ratio
             );
         }
         println!(
-            "(leasehold = LeaseClient::try_acquire + Lease::release; store = RedisStore::acquire + release; raw = the redis crate alone; ops/s = median over slices; ratio = median over slices of leasehold / raw, store = of store / raw)"
+            "(leasehold = LeaseClient::try_acquire + Lease::release; store = RedisStore::acquire + release; plain = a plain lock with the redis crate alone, SET NX PX + compare-and-delete; ops/s = median over slices; ratio = median over slices of leasehold / plain, store = of store / plain)"
         );
         println!(
             "contended hand-off: {WAITERS} tasks on one key, {} acquisitions: {:.0} acquisitions/s, hand-off p50 {:.1} µs, p99 {:.1} µs",
