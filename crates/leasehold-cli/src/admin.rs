@@ -59,11 +59,6 @@ pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
         ));
     }
     match tokio::time::timeout(ADMIN_TIMEOUT, stores::open(url)).await {
-        // A store that checks its table when it opens (mysql:// with migrate=false): not
-        // a bad URL but a database to migrate.
-        Ok(Err(e)) if crate::migrate::is_missing_schema(&e) => Err(
-            crate::migrate::explain_missing_schema(url, Failure::Store(e)),
-        ),
         Ok(opened) => opened.map_err(Failure::opening),
         Err(_) => Err(Failure::Store(leasehold::StoreError::new(
             StoreErrorKind::Timeout,
@@ -94,12 +89,6 @@ fn unsupported(what: &str) -> impl Fn(leasehold::StoreError) -> Failure + '_ {
 }
 
 pub(crate) async fn inspect(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
-    inspect_in(url, key, json)
-        .await
-        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
-}
-
-async fn inspect_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
     let key = parse_key(key)?;
     let store = connect_bounded(url).await?;
     let info = store.inspect(&key).await?;
@@ -118,12 +107,6 @@ async fn inspect_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failur
 }
 
 pub(crate) async fn list(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
-    list_in(url, prefix, json)
-        .await
-        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
-}
-
-async fn list_in(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
     let store = connect_bounded(url).await?;
     let list = store
         .list(prefix)
@@ -139,12 +122,6 @@ async fn list_in(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failur
 }
 
 pub(crate) async fn break_lease(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
-    break_in(url, key, json)
-        .await
-        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
-}
-
-async fn break_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
     let key = parse_key(key)?;
     let store = connect_bounded(url).await?;
     let before = store.inspect(&key).await.ok().flatten();
