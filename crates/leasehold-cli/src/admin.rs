@@ -45,12 +45,9 @@ fn view_line(v: &View) -> String {
     )
 }
 
-/// Opens the store. A configuration error while opening means the URL is wrong (scheme,
-/// host, port, parameters, credentials): a usage error, not a store failure.
-///
-/// `memory://` is refused: every `leasehold` process would get its own empty store, so two
+/// Refuses `memory://`: every `leasehold` process would get its own empty store, so two
 /// runs of one key would both run, and `inspect` or `list` would never see a lease.
-pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
+pub(crate) fn refuse_memory(url: &str) -> Result<(), Failure> {
     if stores::is_memory(url) {
         return Err(Failure::BadStore(
             "memory:// keeps leases inside one process, so separate leasehold commands \
@@ -58,6 +55,14 @@ pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
                 .into(),
         ));
     }
+    Ok(())
+}
+
+/// Opens the store (never `memory://`, see [`refuse_memory`]). A configuration error while
+/// opening means the URL is wrong (scheme, host, port, parameters, credentials): a usage
+/// error, not a store failure.
+pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
+    refuse_memory(url)?;
     match tokio::time::timeout(ADMIN_TIMEOUT, stores::open(url)).await {
         Ok(opened) => opened.map_err(Failure::opening),
         Err(_) => Err(Failure::Store(leasehold::StoreError::new(

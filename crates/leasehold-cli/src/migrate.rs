@@ -101,10 +101,8 @@ async fn bounded<T>(
 
 /// Runs `leasehold migrate`.
 pub(crate) async fn migrate(url: &str, args: MigrateArgs) -> Result<ExitCode, Failure> {
-    if crate::stores::is_memory(url) {
-        // The same refusal as every other subcommand.
-        crate::admin::connect(url).await?;
-    }
+    // The same refusal as every other subcommand, --print included.
+    crate::admin::refuse_memory(url)?;
     if args.print {
         return crate::out::print(&sql(url)?);
     }
