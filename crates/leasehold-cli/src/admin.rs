@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::wrap::TimeoutStore;
-use leasehold::{Key, LeaseInfo, Store, StoreErrorKind};
+use leasehold::{Key, LeaseInfo, Store, StoreError, StoreErrorKind};
 use serde::Serialize;
 
 use crate::failure::Failure;
@@ -14,6 +14,23 @@ use crate::stores;
 /// The bound on opening the store and on each store call of `inspect`, `list` and
 /// `break`: an unreachable store fails them in time instead of hanging.
 pub(crate) const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `fut`, bounded by [`ADMIN_TIMEOUT`]: an unreachable or locked store fails the step in
+/// time instead of hanging.
+pub(crate) async fn bounded<T>(
+    backend: &'static str,
+    step: &str,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(ADMIN_TIMEOUT, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::new(
+            StoreErrorKind::Timeout,
+            backend,
+            format!("no answer from the store within {ADMIN_TIMEOUT:?} while {step}"),
+        )),
+    }
+}
 
 #[derive(Serialize)]
 struct View {
@@ -63,14 +80,9 @@ pub(crate) fn refuse_memory(url: &str) -> Result<(), Failure> {
 /// error, not a store failure.
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
     refuse_memory(url)?;
-    match tokio::time::timeout(ADMIN_TIMEOUT, stores::open(url)).await {
-        Ok(opened) => opened.map_err(Failure::opening),
-        Err(_) => Err(Failure::Store(leasehold::StoreError::new(
-            StoreErrorKind::Timeout,
-            "store",
-            format!("no answer from the store within {ADMIN_TIMEOUT:?} while connecting"),
-        ))),
-    }
+    bounded("store", "connecting", stores::open(url))
+        .await
+        .map_err(Failure::opening)
 }
 
 /// [`connect`], with every call bounded by [`ADMIN_TIMEOUT`].
@@ -83,7 +95,7 @@ fn parse_key(key: &str) -> Result<Key, Failure> {
 }
 
 /// An operation the store does not support is a usage error for the command.
-fn unsupported(what: &str) -> impl Fn(leasehold::StoreError) -> Failure + '_ {
+fn unsupported(what: &str) -> impl Fn(StoreError) -> Failure + '_ {
     move |e| {
         if e.kind() == StoreErrorKind::Unsupported {
             Failure::Usage(format!("this store cannot {what}: {e}"))

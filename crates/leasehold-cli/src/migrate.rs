@@ -2,14 +2,13 @@
 //! PostgreSQL, a procedure in MariaDB/MySQL, a view with a trigger in SQLite), or print
 //! the SQL for a DBA. And the hint every command gives when those tables are missing.
 
-use std::future::Future;
 use std::process::ExitCode;
 
 use clap::Args;
 use leasehold::{StoreError, StoreErrorKind};
 use serde::Serialize;
 
-use crate::admin::ADMIN_TIMEOUT;
+use crate::admin::bounded;
 use crate::failure::Failure;
 
 /// The subcommand's help after the options.
@@ -79,23 +78,6 @@ fn kind_of(url: &str) -> Kind {
         "mysql+getlock" | "mariadb+getlock" => Kind::MySqlGetLock,
         "sqlite" => Kind::Sqlite,
         _ => Kind::Other,
-    }
-}
-
-/// `fut`, bounded by [`ADMIN_TIMEOUT`]: an unreachable or locked store fails the step in
-/// time instead of hanging.
-async fn bounded<T>(
-    backend: &'static str,
-    step: &str,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(ADMIN_TIMEOUT, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::new(
-            StoreErrorKind::Timeout,
-            backend,
-            format!("no answer from the store within {ADMIN_TIMEOUT:?} while {step}"),
-        )),
     }
 }
 
