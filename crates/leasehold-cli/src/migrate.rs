@@ -187,13 +187,9 @@ async fn run(url: &str) -> Result<Summary, Failure> {
     match kind {
         Kind::PgTable | Kind::PgAdvisory => {
             let config = postgres::PgConfig::from_url(url).map_err(Failure::opening)?;
-            let backend = if kind == Kind::PgTable {
-                postgres::BACKEND_TABLE
-            } else {
-                postgres::BACKEND_ADVISORY
-            };
             let guard = config.guard();
-            let (table, pool) = if kind == Kind::PgTable {
+            let (backend, table, pool) = if kind == Kind::PgTable {
+                let backend = postgres::BACKEND_TABLE;
                 let store = bounded(
                     backend,
                     "connecting",
@@ -202,8 +198,9 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 .await
                 .map_err(Failure::opening)?;
                 bounded(backend, "creating the lease table", store.migrate()).await?;
-                (store.table().clone(), store.pool().clone())
+                (backend, store.table().clone(), store.pool().clone())
             } else {
+                let backend = postgres::BACKEND_ADVISORY;
                 let store = bounded(
                     backend,
                     "connecting",
@@ -212,7 +209,7 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 .await
                 .map_err(Failure::opening)?;
                 bounded(backend, "creating the lease table", store.migrate()).await?;
-                (store.table().clone(), store.pool().clone())
+                (backend, store.table().clone(), store.pool().clone())
             };
             bounded(
                 backend,
