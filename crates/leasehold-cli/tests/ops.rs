@@ -48,6 +48,19 @@ fn require(program: &str, package: &str) {
 
 // --- Exit statuses and errors -------------------------------------------------------
 
+/// Every subcommand users see.
+const SUBCOMMANDS: [&str; 9] = [
+    "run",
+    "inspect",
+    "list",
+    "break",
+    "migrate",
+    "demo",
+    "completions",
+    "man",
+    "install-completions",
+];
+
 /// Issue 13.3: each subcommand, given bad input — a bad URL, a bad duration, a key with a
 /// control character, an unreachable store — fails with exactly one line on standard
 /// error (no panic, no backtrace) and the exit status its `--help` documents.
@@ -170,18 +183,7 @@ fn statuses_in_docs() -> BTreeMap<String, BTreeSet<u8>> {
 fn each_subcommand_documents_its_exit_statuses_in_its_help_and_in_docs_cli_md() {
     let env = Env::new();
     let docs = statuses_in_docs();
-    let subs = [
-        "run",
-        "inspect",
-        "list",
-        "break",
-        "migrate",
-        "demo",
-        "completions",
-        "man",
-        "install-completions",
-    ];
-    for sub in subs {
+    for sub in SUBCOMMANDS {
         let help = statuses_in_help(&env, sub);
         assert!(help.contains(&64), "{sub}: {help:?}");
         // `run` passes the command's own status through; the others have 0.
@@ -193,7 +195,7 @@ fn each_subcommand_documents_its_exit_statuses_in_its_help_and_in_docs_cli_md() 
     }
     assert_eq!(
         docs.keys().map(String::as_str).collect::<BTreeSet<_>>(),
-        subs.into_iter().collect(),
+        SUBCOMMANDS.into_iter().collect(),
         "docs/cli.md documents a subcommand that does not exist, or misses one"
     );
 }
@@ -273,18 +275,6 @@ fn run_json_tells_the_commands_status_from_leaseholds_own() {
 }
 
 // --- Man page and completions ------------------------------------------------------
-
-const SUBCOMMANDS: [&str; 9] = [
-    "run",
-    "inspect",
-    "list",
-    "break",
-    "migrate",
-    "demo",
-    "completions",
-    "man",
-    "install-completions",
-];
 
 /// Issue 13.5: `leasehold man` is one page that covers every subcommand, and groff
 /// renders it without a single warning.
