@@ -80,7 +80,8 @@ pub(crate) fn refuse_memory(url: &str) -> Result<(), Failure> {
 /// error, not a store failure.
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
     refuse_memory(url)?;
-    bounded("store", "connecting", stores::open(url))
+    // `leasehold` links every store, so its registry knows every scheme.
+    bounded("store", "connecting", leasehold::open(url))
         .await
         .map_err(Failure::opening)
 }
