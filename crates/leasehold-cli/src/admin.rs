@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::wrap::TimeoutStore;
-use leasehold::{Key, LeaseInfo, Store, StoreErrorKind};
+use leasehold::{Key, LeaseInfo, Store, StoreError, StoreErrorKind};
 use serde::Serialize;
 
 use crate::failure::Failure;
@@ -14,6 +14,23 @@ use crate::stores;
 /// The bound on opening the store and on each store call of `inspect`, `list` and
 /// `break`: an unreachable store fails them in time instead of hanging.
 pub(crate) const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `fut`, bounded by [`ADMIN_TIMEOUT`]: an unreachable or locked store fails the step in
+/// time instead of hanging.
+pub(crate) async fn bounded<T>(
+    backend: &'static str,
+    step: &str,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(ADMIN_TIMEOUT, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::new(
+            StoreErrorKind::Timeout,
+            backend,
+            format!("no answer from the store within {ADMIN_TIMEOUT:?} while {step}"),
+        )),
+    }
+}
 
 #[derive(Serialize)]
 struct View {
@@ -45,12 +62,9 @@ fn view_line(v: &View) -> String {
     )
 }
 
-/// Opens the store. A configuration error while opening means the URL is wrong (scheme,
-/// host, port, parameters, credentials): a usage error, not a store failure.
-///
-/// `memory://` is refused: every `leasehold` process would get its own empty store, so two
+/// Refuses `memory://`: every `leasehold` process would get its own empty store, so two
 /// runs of one key would both run, and `inspect` or `list` would never see a lease.
-pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
+pub(crate) fn refuse_memory(url: &str) -> Result<(), Failure> {
     if stores::is_memory(url) {
         return Err(Failure::BadStore(
             "memory:// keeps leases inside one process, so separate leasehold commands \
@@ -58,19 +72,18 @@ pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
                 .into(),
         ));
     }
-    match tokio::time::timeout(ADMIN_TIMEOUT, stores::open(url)).await {
-        // A store that checks its table when it opens (mysql:// with migrate=false): not
-        // a bad URL but a database to migrate.
-        Ok(Err(e)) if crate::migrate::is_missing_schema(&e) => Err(
-            crate::migrate::explain_missing_schema(url, Failure::Store(e)),
-        ),
-        Ok(opened) => opened.map_err(Failure::opening),
-        Err(_) => Err(Failure::Store(leasehold::StoreError::new(
-            StoreErrorKind::Timeout,
-            "store",
-            format!("no answer from the store within {ADMIN_TIMEOUT:?} while connecting"),
-        ))),
-    }
+    Ok(())
+}
+
+/// Opens the store (never `memory://`, see [`refuse_memory`]). A configuration error while
+/// opening means the URL is wrong (scheme, host, port, parameters, credentials): a usage
+/// error, not a store failure.
+pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
+    refuse_memory(url)?;
+    // `leasehold` links every store, so its registry knows every scheme.
+    bounded("store", "connecting", leasehold::open(url))
+        .await
+        .map_err(Failure::opening)
 }
 
 /// [`connect`], with every call bounded by [`ADMIN_TIMEOUT`].
@@ -83,7 +96,7 @@ fn parse_key(key: &str) -> Result<Key, Failure> {
 }
 
 /// An operation the store does not support is a usage error for the command.
-fn unsupported(what: &str) -> impl Fn(leasehold::StoreError) -> Failure + '_ {
+fn unsupported(what: &str) -> impl Fn(StoreError) -> Failure + '_ {
     move |e| {
         if e.kind() == StoreErrorKind::Unsupported {
             Failure::Usage(format!("this store cannot {what}: {e}"))
@@ -94,12 +107,6 @@ fn unsupported(what: &str) -> impl Fn(leasehold::StoreError) -> Failure + '_ {
 }
 
 pub(crate) async fn inspect(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
-    inspect_in(url, key, json)
-        .await
-        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
-}
-
-async fn inspect_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
     let key = parse_key(key)?;
     let store = connect_bounded(url).await?;
     let info = store.inspect(&key).await?;
@@ -118,12 +125,6 @@ async fn inspect_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failur
 }
 
 pub(crate) async fn list(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
-    list_in(url, prefix, json)
-        .await
-        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
-}
-
-async fn list_in(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
     let store = connect_bounded(url).await?;
     let list = store
         .list(prefix)
@@ -139,12 +140,6 @@ async fn list_in(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failur
 }
 
 pub(crate) async fn break_lease(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
-    break_in(url, key, json)
-        .await
-        .map_err(|f| crate::migrate::explain_missing_schema(url, f))
-}
-
-async fn break_in(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
     let key = parse_key(key)?;
     let store = connect_bounded(url).await?;
     let before = store.inspect(&key).await.ok().flatten();

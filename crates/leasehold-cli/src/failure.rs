@@ -38,9 +38,12 @@ pub(crate) enum Failure {
 
 impl Failure {
     /// A failure to open the store at a URL: a usage error when the URL (or the
-    /// configuration it names) is wrong, a store failure otherwise.
+    /// configuration it names) is wrong, a store failure otherwise. A store that checks
+    /// its table when it opens (mysql:// with migrate=false) and finds none is not a bad
+    /// URL but a database to migrate: a store failure.
     pub(crate) fn opening(e: StoreError) -> Self {
         match e.kind() {
+            StoreErrorKind::Config if crate::migrate::is_missing_schema(&e) => Self::Store(e),
             StoreErrorKind::Config | StoreErrorKind::InvalidInput => {
                 Self::BadStore(format!("bad store URL: {e}"))
             }

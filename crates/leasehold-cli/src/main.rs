@@ -282,8 +282,9 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
         leasehold::metrics::describe();
     }
     let url = cli.global.store.clone().unwrap_or_else(stores::default_url);
-    match cli.command {
-        Command::Run(args) => run::run(&url, args).await,
+    let result = match cli.command {
+        // It names `leasehold migrate` itself: its --json object carries the error too.
+        Command::Run(args) => return run::run(&url, args).await,
         Command::Inspect { key, json } => admin::inspect(&url, &key, json).await,
         Command::List { prefix, json } => admin::list(&url, &prefix, json).await,
         Command::Break { key, json } => admin::break_lease(&url, &key, json).await,
@@ -292,5 +293,8 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Completions { .. } | Command::Man | Command::InstallCompletions(_) => {
             unreachable!("handled before the runtime starts")
         }
-    }
+    };
+    // A store without leasehold's tables (found when it opens or at its first call):
+    // name the command that creates them, for this URL.
+    result.map_err(|f| migrate::explain_missing_schema(&url, f))
 }

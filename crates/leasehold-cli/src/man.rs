@@ -210,6 +210,7 @@ fn write(path: &Path, text: &str) -> Result<(), Failure> {
         std::fs::create_dir_all(dir).map_err(cannot)?;
     }
     std::fs::write(path, text).map_err(cannot)?;
-    println!("{}", path.display());
+    // The file is written; a closed standard output (`| head -1`) changes nothing.
+    let _ = crate::out::print(&format!("{}\n", path.display()));
     Ok(())
 }

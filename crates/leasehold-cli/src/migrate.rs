@@ -2,14 +2,13 @@
 //! PostgreSQL, a procedure in MariaDB/MySQL, a view with a trigger in SQLite), or print
 //! the SQL for a DBA. And the hint every command gives when those tables are missing.
 
-use std::future::Future;
 use std::process::ExitCode;
 
 use clap::Args;
 use leasehold::{StoreError, StoreErrorKind};
 use serde::Serialize;
 
-use crate::admin::ADMIN_TIMEOUT;
+use crate::admin::bounded;
 use crate::failure::Failure;
 
 /// The subcommand's help after the options.
@@ -82,29 +81,10 @@ fn kind_of(url: &str) -> Kind {
     }
 }
 
-/// `fut`, bounded by [`ADMIN_TIMEOUT`]: an unreachable or locked store fails the step in
-/// time instead of hanging.
-async fn bounded<T>(
-    backend: &'static str,
-    step: &str,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(ADMIN_TIMEOUT, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::new(
-            StoreErrorKind::Timeout,
-            backend,
-            format!("no answer from the store within {ADMIN_TIMEOUT:?} while {step}"),
-        )),
-    }
-}
-
 /// Runs `leasehold migrate`.
 pub(crate) async fn migrate(url: &str, args: MigrateArgs) -> Result<ExitCode, Failure> {
-    if crate::stores::is_memory(url) {
-        // The same refusal as every other subcommand.
-        crate::admin::connect(url).await?;
-    }
+    // The same refusal as every other subcommand, --print included.
+    crate::admin::refuse_memory(url)?;
     if args.print {
         return crate::out::print(&sql(url)?);
     }
@@ -207,13 +187,9 @@ async fn run(url: &str) -> Result<Summary, Failure> {
     match kind {
         Kind::PgTable | Kind::PgAdvisory => {
             let config = postgres::PgConfig::from_url(url).map_err(Failure::opening)?;
-            let backend = if kind == Kind::PgTable {
-                postgres::BACKEND_TABLE
-            } else {
-                postgres::BACKEND_ADVISORY
-            };
             let guard = config.guard();
-            let (table, pool) = if kind == Kind::PgTable {
+            let (backend, table, pool) = if kind == Kind::PgTable {
+                let backend = postgres::BACKEND_TABLE;
                 let store = bounded(
                     backend,
                     "connecting",
@@ -222,8 +198,9 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 .await
                 .map_err(Failure::opening)?;
                 bounded(backend, "creating the lease table", store.migrate()).await?;
-                (store.table().clone(), store.pool().clone())
+                (backend, store.table().clone(), store.pool().clone())
             } else {
+                let backend = postgres::BACKEND_ADVISORY;
                 let store = bounded(
                     backend,
                     "connecting",
@@ -232,7 +209,7 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 .await
                 .map_err(Failure::opening)?;
                 bounded(backend, "creating the lease table", store.migrate()).await?;
-                (store.table().clone(), store.pool().clone())
+                (backend, store.table().clone(), store.pool().clone())
             };
             bounded(
                 backend,

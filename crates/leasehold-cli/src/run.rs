@@ -117,7 +117,10 @@ pub(crate) struct RunArgs {
 
 pub(crate) async fn run(url: &str, args: RunArgs) -> Result<ExitCode, Failure> {
     let mut facts = Facts::new(&args.key);
-    let result = hold(url, &args, &mut facts).await;
+    // Before the --json object is printed, which carries the error too.
+    let result = hold(url, &args, &mut facts)
+        .await
+        .map_err(|f| crate::migrate::explain_missing_schema(url, f));
     if args.json {
         facts.print(&result);
     }
@@ -148,10 +151,7 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
     } else {
         client.acquire(&key, args.wait).await
     };
-    // A missing table is found here (connecting does not look): name `leasehold migrate`.
-    let lease = acquired.map_err(|e| {
-        crate::migrate::explain_missing_schema(url, Failure::from_lease(e, args.conflict_exit_code))
-    })?;
+    let lease = acquired.map_err(|e| Failure::from_lease(e, args.conflict_exit_code))?;
     tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), "lease acquired");
     facts.acquired(lease.fence().get(), lease.owner().to_hex());
     let outcome = supervise(&lease, args, grace).await;

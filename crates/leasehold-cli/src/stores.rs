@@ -1,9 +1,6 @@
 //! Which stores the command can reach, and the default one.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-
-use leasehold::{Store, StoreError};
 
 /// The store URL when neither `--store` nor `LEASEHOLD_STORE` names one: the embedded
 /// SQLite database in the user's state directory.
@@ -27,9 +24,4 @@ pub fn state_dir() -> PathBuf {
 pub fn is_memory(url: &str) -> bool {
     url.split_once("://")
         .is_some_and(|(scheme, _)| scheme == "memory")
-}
-
-/// Opens the store named by `url` (every store is linked into the command).
-pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    leasehold::open(url).await
 }

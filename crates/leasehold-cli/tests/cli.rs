@@ -2,7 +2,7 @@
 //! Redis.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use leasehold_testkit::{FaultProxy, ProxyMode, RedisServer, WorkerProcess};
@@ -11,7 +11,7 @@ use nix::unistd::Pid;
 
 mod common;
 
-use common::{BIN, Env};
+use common::{BIN, Env, stderr, wait_for_file};
 
 /// The wall clock, to compare with what the shell commands under test stamp with
 /// `date +%s%N` (and with `LEASEHOLD_VALID_UNTIL`): they have no other clock.
@@ -21,23 +21,6 @@ fn now_ns() -> u128 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn wait_for_file(path: &Path, timeout: Duration) -> String {
-    let until = Instant::now() + timeout;
-    loop {
-        if let Ok(s) = std::fs::read_to_string(path)
-            && s.ends_with('\n')
-        {
-            return s;
-        }
-        assert!(Instant::now() < until, "{} never appeared", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn alive(pid: i32) -> bool {
@@ -72,8 +55,7 @@ fn the_command_sees_its_lease_and_its_exit_status_passes_through() {
     // The default store lives in $XDG_STATE_HOME/leasehold/.
     assert!(env.path("leasehold").is_dir());
     // Released afterwards.
-    let out = env.run(&["inspect", "job:vars", "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run_ok(&["inspect", "job:vars", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["held"], false);
 }
@@ -179,8 +161,7 @@ fn killed_holder_frees_the_lease_after_the_ttl() {
         .wait_timeout(Duration::from_secs(10))
         .expect("killed");
     let started = Instant::now();
-    let out = env.run(&["run", "--key", "job:crash", "--wait", "20s", "--", "true"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    env.run_ok(&["run", "--key", "job:crash", "--wait", "20s", "--", "true"]);
     assert!(
         started.elapsed() >= Duration::from_millis(500),
         "acquired before the TTL ran out"
@@ -349,8 +330,7 @@ fn contended_no_wait_uses_the_conflict_exit_code() {
     let out = env.run(&["list", "job:", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
-    let out = env.run(&["break", "job:busy", "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run_ok(&["break", "job:busy", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["fence"].as_u64().unwrap() > fence);
     // The evicted holder learns at its next renewal and exits with "lease lost".
@@ -429,8 +409,7 @@ fn help_and_completions() {
 fn demo_shows_the_guard_rejecting_the_stale_write_and_corruption_without_it() {
     let env = Env::new();
     let html = env.path("fenced.html");
-    let out = env.run(&["demo", "--html", html.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run_ok(&["demo", "--html", html.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("REJECTED by the guard"), "{text}");
     assert!(text.contains("consistent"), "{text}");
@@ -441,8 +420,7 @@ fn demo_shows_the_guard_rejecting_the_stale_write_and_corruption_without_it() {
     );
 
     let html = env.path("unfenced.html");
-    let out = env.run(&["demo", "--unfenced", "--html", html.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run_ok(&["demo", "--unfenced", "--html", html.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("CORRUPTED"), "{text}");
     assert!(!text.contains("REJECTED"), "{text}");
@@ -1072,14 +1050,12 @@ impl Terminal {
     fn start_job(env: &Env, argv: &[&str]) -> Self {
         use std::io::Read;
         let report = env.path("terminal.report");
-        let mut child = Command::new(python())
+        let mut child = env
+            .command(python())
             .args(["-c", TERMINAL])
             .arg(&report)
             .args(argv)
             .current_dir(env.dir())
-            .env("XDG_STATE_HOME", env.dir())
-            .env_remove("LEASEHOLD_STORE")
-            .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -1448,8 +1424,7 @@ fn admin_commands_on_a_blackholed_store_fail_in_time() {
         "postgres://postgres@127.0.0.1:{}/postgres?leasehold_migrate=true",
         proxy.port()
     );
-    let setup = env.run(&["--store", &url, "list"]);
-    assert!(setup.status.success(), "{}", stderr(&setup));
+    env.run_ok(&["--store", &url, "list"]);
     proxy.set_mode(ProxyMode::Blackhole);
     for args in [
         &["inspect", "job:x"][..],

@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 
 mod common;
 
-use common::Env;
+use common::{Env, fed, require, stderr, stdout, wait_for_file};
 
 /// The user documentation these tests follow.
 const SHELL_DOC: &str = include_str!("../../../docs/shell.md");
@@ -56,33 +56,12 @@ COMMIT;
 SQL
 "#;
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 /// Exit code `code` and exactly one line on stderr.
 fn assert_one_line(out: &Output, code: i32, what: &str) -> String {
     let err = stderr(out);
     assert_eq!(out.status.code(), Some(code), "{what}: {err}");
     assert_eq!(err.lines().count(), 1, "{what}: one line: {err}");
     err
-}
-
-fn wait_for_file(path: &Path, timeout: Duration) -> String {
-    let until = Instant::now() + timeout;
-    loop {
-        if let Ok(s) = std::fs::read_to_string(path)
-            && s.ends_with('\n')
-        {
-            return s;
-        }
-        assert!(Instant::now() < until, "{} never appeared", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn psql_db(pg: &Postgres, db: &str, sql: &str) -> String {
@@ -97,22 +76,11 @@ fn psql_db(pg: &Postgres, db: &str, sql: &str) -> String {
 
 /// Applies a `--print`ed script with `psql` the way a DBA would.
 fn psql_apply(pg: &Postgres, db: &str, script: &str) {
-    use std::io::Write;
-    let mut child = pg
-        .psql_command()
-        .args(["-d", db, "--single-transaction", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = fed(
+        pg.psql_command()
+            .args(["-d", db, "--single-transaction", "-f", "-"]),
+        script,
+    );
     assert!(out.status.success(), "psql -f: {}", stderr(&out));
 }
 
@@ -157,8 +125,7 @@ fn a_fresh_postgres_names_migrate_and_migrate_makes_run_work() {
         let err = assert_one_line(&out, 69, "inspect on a fresh database");
         assert!(err.contains("leasehold migrate --store"), "{err}");
 
-        let out = env.run(&["--store", &url, "migrate", "--json"]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        let out = env.run_ok(&["--store", &url, "migrate", "--json"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(
             v["store"],
@@ -182,8 +149,7 @@ fn a_fresh_postgres_names_migrate_and_migrate_makes_run_work() {
                 .any(|o| o.contains("leasehold_guard(text, bigint)"))
         );
         // Idempotent, and in text.
-        let out = env.run(&["--store", &url, "migrate"]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        let out = env.run_ok(&["--store", &url, "migrate"]);
         assert!(stdout(&out).contains("ready"), "{}", stdout(&out));
         let out = run(&env);
         assert!(out.status.success(), "after migrate: {}", stderr(&out));
@@ -203,8 +169,7 @@ fn printed_postgres_sql_is_what_a_dba_applies_and_run_then_works() {
         "postgres://postgres@127.0.0.1:{}/dba?leasehold_schema=locks",
         pg.port()
     );
-    let out = env.run(&["--store", &url, "migrate", "--print"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run_ok(&["--store", &url, "migrate", "--print"]);
     let script = stdout(&out);
     assert!(script.contains("CREATE OR REPLACE FUNCTION \"locks\".leasehold_guard"));
     // --print connects to nothing: the database has nothing yet.
@@ -217,8 +182,7 @@ fn printed_postgres_sql_is_what_a_dba_applies_and_run_then_works() {
         "t"
     );
     psql_apply(&pg, "dba", &script);
-    let out = env.run(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    env.run_ok(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
     assert_eq!(
         psql_db(&pg, "dba", "SELECT locks.leasehold_guard('r', 2) IS NULL"),
         "t"
@@ -290,13 +254,11 @@ fn mariadb_fresh_database_migrate_and_print() {
         let err = assert_one_line(&out, 69, "run on a fresh database");
         assert!(err.contains("leasehold migrate --store"), "{err}");
         for _ in 0..2 {
-            let out = env.run(&["--store", &url, "migrate", "--json"]);
-            assert!(out.status.success(), "{}", stderr(&out));
+            let out = env.run_ok(&["--store", &url, "migrate", "--json"]);
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
             assert_eq!(v["objects"].as_array().unwrap().len(), 4, "{v}");
         }
-        let out = env.run(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        env.run_ok(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
         let n = db.sql(&format!(
             "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = '{name}' \
              AND ROUTINE_NAME = 'leasehold_guard'"
@@ -306,29 +268,12 @@ fn mariadb_fresh_database_migrate_and_print() {
     // --print, applied with the mariadb client to an empty database, is enough.
     db.sql("CREATE DATABASE dba");
     let url = format!("mysql://root@127.0.0.1:{}/dba?migrate=false", db.port());
-    let out = env.run(&["--store", &url, "migrate", "--print"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run_ok(&["--store", &url, "migrate", "--print"]);
     let script = stdout(&out);
     assert!(script.contains("DELIMITER"), "{script}");
-    use std::io::Write;
-    let mut child = db
-        .client_command()
-        .arg("dba")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let applied = child.wait_with_output().unwrap();
+    let applied = fed(db.client_command().arg("dba"), &script);
     assert!(applied.status.success(), "{}", stderr(&applied));
-    let out = env.run(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    env.run_ok(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
 }
 
 #[test]
@@ -336,12 +281,10 @@ fn sqlite_migrate_and_print() {
     let env = Env::new();
     let file = env.path("app.db");
     let url = format!("sqlite://{}", file.display());
-    let out = env.run(&["--store", &url, "migrate", "--json"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run_ok(&["--store", &url, "migrate", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["store"], "sqlite");
-    let out = env.run(&["--store", &url, "migrate", "--print"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run_ok(&["--store", &url, "migrate", "--print"]);
     let script = stdout(&out);
     // The printed script builds a working database with the sqlite3 shell, twice.
     let dba = env.path("dba.db");
@@ -360,27 +303,12 @@ fn sqlite_migrate_and_print() {
         stderr(&out)
     );
     let url = format!("sqlite://{}", dba.display());
-    let out = env.run(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    env.run_ok(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
 }
 
 fn sqlite3(db: &Path, script: &str) -> Output {
-    use std::io::Write;
-    let mut child = Command::new("sqlite3")
-        .arg("-bail")
-        .arg(db)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("sqlite3 (Debian package sqlite3; scripts/test installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    require("sqlite3", "sqlite3");
+    fed(Command::new("sqlite3").arg("-bail").arg(db), script)
 }
 
 /// The guard process `leasehold run` (pid `run`) started: its child running `__guard`.
@@ -514,8 +442,7 @@ fn postgres_shell_job_stale_write_is_rejected_by_the_sql_guard() {
     let pg = Postgres::start();
     let env = Env::new();
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port());
-    let out = env.run(&["--store", &url, "migrate"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    env.run_ok(&["--store", &url, "migrate"]);
     pg.psql("CREATE TABLE ledger (fence bigint NOT NULL, note text NOT NULL)");
     let psql_dir = pg.bin_dir().to_path_buf();
     let path = format!(
@@ -554,8 +481,7 @@ fn mariadb_shell_job_stale_write_is_rejected_by_the_procedure() {
     let db = MariaDb::start();
     let env = Env::new();
     let url = format!("mysql://root@127.0.0.1:{}/test", db.port());
-    let out = env.run(&["--store", &url, "migrate"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    env.run_ok(&["--store", &url, "migrate"]);
     db.sql(
         "CREATE TABLE ledger (fence BIGINT UNSIGNED NOT NULL, note TEXT NOT NULL) ENGINE=InnoDB",
     );
@@ -590,8 +516,7 @@ fn sqlite_shell_job_stale_write_is_rejected_by_the_trigger() {
     // `leasehold migrate` prepares with the guard.
     let app = env.path("app.db");
     let app_url = format!("sqlite://{}", app.display());
-    let out = env.run(&["--store", &app_url, "migrate"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    env.run_ok(&["--store", &app_url, "migrate"]);
     let created = sqlite3(
         &app,
         "CREATE TABLE ledger (fence INTEGER NOT NULL, note TEXT NOT NULL);\n",

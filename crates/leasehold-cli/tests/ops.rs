@@ -13,40 +13,27 @@ use leasehold::metrics::{ALL, Kind};
 
 mod common;
 
-use common::{BIN, Env};
+use common::{BIN, Env, fed, require, stderr, stdout, wait_for_file};
 
 /// The repository root (the ops/ and docs/ files live there).
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn wait_for_file(path: &Path, timeout: Duration) {
-    let until = Instant::now() + timeout;
-    while !std::fs::read_to_string(path).is_ok_and(|s| s.ends_with('\n')) {
-        assert!(Instant::now() < until, "{} never appeared", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A program the tests cannot do without: a missing one fails the test (never a skip).
-fn require(program: &str, package: &str) {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .unwrap()
-        .status
-        .success();
-    assert!(
-        found,
-        "{program} is missing: install the Debian package {package} (scripts/test does, as root)"
-    );
-}
-
 // --- Exit statuses and errors -------------------------------------------------------
+
+/// Every subcommand users see.
+const SUBCOMMANDS: [&str; 9] = [
+    "run",
+    "inspect",
+    "list",
+    "break",
+    "migrate",
+    "demo",
+    "completions",
+    "man",
+    "install-completions",
+];
 
 /// Issue 13.3: each subcommand, given bad input — a bad URL, a bad duration, a key with a
 /// control character, an unreachable store — fails with exactly one line on standard
@@ -112,7 +99,7 @@ fn every_subcommand_fails_with_one_line_and_its_documented_status() {
     ];
     for (args, code) in &cases {
         let out = env.run(args);
-        let err = text(&out.stderr);
+        let err = stderr(&out);
         assert_eq!(out.status.code(), Some(*code), "{args:?}: {err}");
         assert_eq!(
             err.lines().count(),
@@ -131,7 +118,7 @@ fn every_subcommand_fails_with_one_line_and_its_documented_status() {
 fn statuses_in_help(env: &Env, sub: &str) -> BTreeSet<u8> {
     let out = env.run(&[sub, "--help"]);
     assert!(out.status.success(), "{sub} --help");
-    let help = text(&out.stdout);
+    let help = stdout(&out);
     let block = help
         .split_once("\nExit status")
         .unwrap_or_else(|| panic!("{sub} --help has no exit statuses:\n{help}"))
@@ -170,18 +157,7 @@ fn statuses_in_docs() -> BTreeMap<String, BTreeSet<u8>> {
 fn each_subcommand_documents_its_exit_statuses_in_its_help_and_in_docs_cli_md() {
     let env = Env::new();
     let docs = statuses_in_docs();
-    let subs = [
-        "run",
-        "inspect",
-        "list",
-        "break",
-        "migrate",
-        "demo",
-        "completions",
-        "man",
-        "install-completions",
-    ];
-    for sub in subs {
+    for sub in SUBCOMMANDS {
         let help = statuses_in_help(&env, sub);
         assert!(help.contains(&64), "{sub}: {help:?}");
         // `run` passes the command's own status through; the others have 0.
@@ -193,16 +169,16 @@ fn each_subcommand_documents_its_exit_statuses_in_its_help_and_in_docs_cli_md() 
     }
     assert_eq!(
         docs.keys().map(String::as_str).collect::<BTreeSet<_>>(),
-        subs.into_iter().collect(),
+        SUBCOMMANDS.into_iter().collect(),
         "docs/cli.md documents a subcommand that does not exist, or misses one"
     );
 }
 
 /// The last line of standard output: `run --json`'s result object.
 fn result_of(out: &Output) -> serde_json::Value {
-    let stdout = text(&out.stdout);
-    let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout:?}"))
+    let printed = stdout(out);
+    let last = printed.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {printed:?}"))
 }
 
 /// `run --json` tells a script what the exit status alone cannot: whether 75 came from
@@ -221,11 +197,7 @@ fn run_json_tells_the_commands_status_from_leaseholds_own() {
         "echo hello; exit 75",
     ]);
     assert_eq!(out.status.code(), Some(75));
-    assert!(
-        text(&out.stdout).starts_with("hello\n"),
-        "{}",
-        text(&out.stdout)
-    );
+    assert!(stdout(&out).starts_with("hello\n"), "{}", stdout(&out));
     let v = result_of(&out);
     assert_eq!(v["outcome"], "completed", "{v}");
     assert_eq!(v["exit_code"], 75, "{v}");
@@ -251,12 +223,7 @@ fn run_json_tells_the_commands_status_from_leaseholds_own() {
     assert_eq!(v["outcome"], "not_acquired", "{v}");
     assert_eq!(v["exit_code"], 75);
     assert!(v["fence"].is_null() && v["released"] == false, "{v}");
-    assert_eq!(
-        text(&out.stderr).lines().count(),
-        1,
-        "{}",
-        text(&out.stderr)
-    );
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     let _ = holder.kill();
     let _ = holder.wait();
 
@@ -274,27 +241,14 @@ fn run_json_tells_the_commands_status_from_leaseholds_own() {
 
 // --- Man page and completions ------------------------------------------------------
 
-const SUBCOMMANDS: [&str; 9] = [
-    "run",
-    "inspect",
-    "list",
-    "break",
-    "migrate",
-    "demo",
-    "completions",
-    "man",
-    "install-completions",
-];
-
 /// Issue 13.5: `leasehold man` is one page that covers every subcommand, and groff
 /// renders it without a single warning.
 #[test]
 fn man_prints_a_page_groff_renders_without_warnings() {
     require("groff", "groff-base");
     let env = Env::new();
-    let out = env.run(&["man"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let page = text(&out.stdout);
+    let out = env.run_ok(&["man"]);
+    let page = stdout(&out);
     assert!(page.contains("\n.TH LEASEHOLD 1 "), "{page}");
     for section in ["NAME", "SYNOPSIS", "OPTIONS", "COMMANDS", "EXIT STATUS"] {
         assert!(
@@ -310,30 +264,20 @@ fn man_prints_a_page_groff_renders_without_warnings() {
         );
     }
     assert!(page.is_ascii(), "groff reads ASCII");
-    let mut groff = Command::new("groff")
-        .args(["-man", "-Tutf8", "-ww", "-z"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    groff
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(page.as_bytes())
-        .unwrap();
-    let rendered = groff.wait_with_output().unwrap();
+    let rendered = fed(
+        Command::new("groff").args(["-man", "-Tutf8", "-ww", "-z"]),
+        &page,
+    );
     assert!(rendered.status.success());
-    assert_eq!(text(&rendered.stderr), "", "groff warnings");
+    assert_eq!(stderr(&rendered), "", "groff warnings");
 }
 
 #[test]
 fn install_completions_writes_the_man_page_and_each_shells_completions() {
     let env = Env::new();
     let data = env.path("share");
-    let out = env.run(&["install-completions", "--data-dir", data.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let written: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    let out = env.run_ok(&["install-completions", "--data-dir", data.to_str().unwrap()]);
+    let written: Vec<String> = stdout(&out).lines().map(str::to_owned).collect();
     let expected = [
         "man/man1/leasehold.1",
         "bash-completion/completions/leasehold",
@@ -348,17 +292,16 @@ fn install_completions_writes_the_man_page_and_each_shells_completions() {
         assert!(content.contains("leasehold"), "{rel}");
     }
     let man = std::fs::read_to_string(data.join(expected[0])).unwrap();
-    assert_eq!(man, text(&env.run(&["man"]).stdout));
+    assert_eq!(man, stdout(&env.run(&["man"])));
     // The bash completion parses.
     let bash = Command::new("bash")
         .arg("-n")
         .arg(data.join(expected[1]))
         .output()
         .unwrap();
-    assert!(bash.status.success(), "{}", text(&bash.stderr));
+    assert!(bash.status.success(), "{}", stderr(&bash));
     // Default: $XDG_DATA_HOME, one shell when asked.
-    let out = env.run(&["install-completions", "--shell", "bash"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    env.run_ok(&["install-completions", "--shell", "bash"]);
     assert!(
         env.path("data/bash-completion/completions/leasehold")
             .is_file()
@@ -380,7 +323,7 @@ fn a_closed_pipe_is_not_a_panic() {
         drop(child.stdout.take());
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(0), "{args:?}");
-        assert_eq!(text(&out.stderr), "", "{args:?}");
+        assert_eq!(stderr(&out), "", "{args:?}");
     }
     // The admin commands print after a store round trip: the pipe is closed by then.
     let env = Env::new();
@@ -401,7 +344,7 @@ fn a_closed_pipe_is_not_a_panic() {
             .unwrap();
         drop(child.stdout.take());
         let out = child.wait_with_output().unwrap();
-        let err = text(&out.stderr);
+        let err = stderr(&out);
         assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
@@ -455,25 +398,12 @@ fn promtool_accepts_the_metrics_of_a_running_leasehold() {
     ] {
         assert!(body.contains(name), "{name} missing from {body}");
     }
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let checked = promtool.wait_with_output().unwrap();
+    let checked = fed(Command::new("promtool").args(["check", "metrics"]), &body);
     assert!(
         checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
         "promtool check metrics: {} {}\n{body}",
-        text(&checked.stdout),
-        text(&checked.stderr)
+        stdout(&checked),
+        stderr(&checked)
     );
     let status = holder.wait().unwrap();
     assert_eq!(status.code(), Some(0));
