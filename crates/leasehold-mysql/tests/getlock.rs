@@ -22,7 +22,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -74,9 +73,8 @@ async fn run_worker_if_child() -> bool {
 /// Starts this test binary again running only `test` (the caller, which begins with
 /// `run_worker_if_child`), as the worker.
 fn worker(test: &str, url: &str) -> WorkerProcess {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .env(WORKER_ENV, url);
+    let mut cmd = WorkerProcess::test_command(test);
+    cmd.env(WORKER_ENV, url);
     WorkerProcess::spawn(cmd)
 }
 

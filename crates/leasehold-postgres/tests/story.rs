@@ -11,7 +11,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,9 +120,8 @@ fn spawn_worker(
     guard_url: &str,
     extra: &[(&str, &Path)],
 ) -> WorkerProcess {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads", "1"])
-        .env("LEASEHOLD_WORKER", name)
+    let mut cmd = WorkerProcess::test_command(test);
+    cmd.env("LEASEHOLD_WORKER", name)
         .env("LEASEHOLD_STORE_URL", store_url)
         .env("LEASEHOLD_GUARD_URL", guard_url);
     for (k, v) in extra {

@@ -13,7 +13,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,10 +74,8 @@ async fn run_worker_if_child() -> bool {
 }
 
 fn spawn_worker(test: &str, url: &str, stop: &Path, clock: &FakeWallClock) -> WorkerProcess {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .env(WORKER_ENV, url)
-        .env("LEASEHOLD_WALL_STOP", stop);
+    let mut cmd = WorkerProcess::test_command(test);
+    cmd.env(WORKER_ENV, url).env("LEASEHOLD_WALL_STOP", stop);
     clock.apply(&mut cmd);
     WorkerProcess::spawn(cmd)
 }

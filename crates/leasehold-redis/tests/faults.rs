@@ -11,7 +11,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,20 +110,14 @@ async fn row_01_paused_holder_process() {
     let k = key("job:paused-holder");
     let guard_key = "guard:paused-holder";
 
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "row_01_paused_holder_process",
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(WORKER_ENV, &url)
-    .env("LH_KEY", k.as_str())
-    .env("LH_GO", &go)
-    .env("LH_GUARD", guard_key)
-    .env("LH_TTL_MS", ttl.as_millis().to_string());
+    let mut cmd = WorkerProcess::test_command("row_01_paused_holder_process");
+    cmd.env(WORKER_ENV, &url)
+        .env("LH_KEY", k.as_str())
+        .env("LH_GO", &go)
+        .env("LH_GUARD", guard_key)
+        .env("LH_TTL_MS", ttl.as_millis().to_string());
     let worker = WorkerProcess::spawn(cmd);
-    // libtest prints "test row_01_paused_holder_process ... " before the worker's first line.
+    // `contains`: libtest may print its own text on the line before the worker's output.
     let line = tokio::task::block_in_place(|| {
         worker.wait_for_line(|l| l.contains("ACQUIRED "), Duration::from_secs(30))
     })

@@ -9,6 +9,7 @@ use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
+use leasehold_sql::guard::fence_from_i64;
 use leasehold_sql::{Failure, bounded, with_conn};
 use sqlx::Connection;
 use sqlx::sqlite::{
@@ -123,10 +124,6 @@ fn next_fence(key: &str, last: i64, floor: i64) -> Result<i64, StoreError> {
     Ok(next.max(floor).max(1))
 }
 
-fn fence_u64(fence: i64) -> Fence {
-    Fence(u64::try_from(fence).unwrap_or(0))
-}
-
 fn remaining(expires_us: i64, now: &HostTime) -> Duration {
     Duration::from_micros(u64::try_from(expires_us.saturating_sub(now.boottime_us)).unwrap_or(0))
 }
@@ -209,7 +206,7 @@ async fn acquire_tx(
     };
     tx.commit().await?;
     Ok(AcquireOutcome::Acquired {
-        fence: fence_u64(fence),
+        fence: fence_from_i64(fence),
         ttl: Duration::from_micros(u64::try_from(ttl_us).unwrap_or(0)),
     })
 }
@@ -273,7 +270,7 @@ async fn break_tx(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(fence_u64(fence))
+    Ok(fence_from_i64(fence))
 }
 
 async fn list_rows(
@@ -630,7 +627,7 @@ impl Store for SqliteStore {
             } => Some(LeaseInfo {
                 key: key.clone(),
                 owner,
-                fence: fence_u64(fence),
+                fence: fence_from_i64(fence),
                 remaining: Some(remaining(expires_us, &now)),
             }),
             State::Missing | State::Free { .. } => None,
@@ -659,7 +656,7 @@ impl Store for SqliteStore {
                 out.push(LeaseInfo {
                     key,
                     owner,
-                    fence: fence_u64(fence),
+                    fence: fence_from_i64(fence),
                     remaining: Some(remaining(expires_us, &now)),
                 });
             }

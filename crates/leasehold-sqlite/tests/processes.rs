@@ -67,9 +67,8 @@ fn worker(test: &str, mode: &str, args: &[&str]) -> WorkerProcess {
 }
 
 fn worker_command(test: &str, mode: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"])
-        .env(WORKER_ENV, mode)
+    let mut cmd = WorkerProcess::test_command(test);
+    cmd.env(WORKER_ENV, mode)
         .env("LEASEHOLD_SQLITE_ARGS", args.join("\u{1f}"));
     cmd
 }

@@ -43,6 +43,22 @@ pub struct WorkerProcess {
 }
 
 impl WorkerProcess {
+    /// The command that runs the current test binary again with only the test `test`
+    /// selected (`TEST --exact --nocapture --test-threads=1 -q`), so that a test can be its
+    /// own worker process: add the worker's settings to the environment, and have `test`
+    /// run the worker instead of its body when it finds them.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the path of the current executable cannot be read.
+    pub fn test_command(test: &str) -> Command {
+        let exe = std::env::current_exe()
+            .unwrap_or_else(|e| panic!("cannot find the current test binary: {e}"));
+        let mut cmd = Command::new(exe);
+        cmd.args([test, "--exact", "--nocapture", "--test-threads=1", "-q"]);
+        cmd
+    }
+
     /// Spawns `cmd` with stdin closed and stdout captured.
     ///
     /// # Panics

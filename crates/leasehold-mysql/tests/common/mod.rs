@@ -139,12 +139,17 @@ impl Faults for MyFaults {
     }
 }
 
+/// The URL of the server listening on `port` (itself, or a proxy in front of it), with
+/// short bounds for tests.
+fn url_on(port: u16, scheme: &str) -> String {
+    format!(
+        "{scheme}://root@127.0.0.1:{port}/test?timeout=1s&connect_timeout=1s&max_connections=16"
+    )
+}
+
 /// The URL of `db` through `proxy`, with short bounds for tests.
 pub fn url_through(proxy: &FaultProxy, scheme: &str) -> String {
-    format!(
-        "{scheme}://root@127.0.0.1:{}/test?timeout=1s&connect_timeout=1s&max_connections=16",
-        proxy.port()
-    )
+    url_on(proxy.port(), scheme)
 }
 
 pub const TTL: Duration = Duration::from_millis(1500);
@@ -225,10 +230,7 @@ impl leasehold_conformance::FencedWrites for MyWrites {
 /// The URL of `db` itself (not through a proxy), with the same bounds as
 /// [`url_through`].
 pub fn url_direct(db: &MariaDb, scheme: &str) -> String {
-    format!(
-        "{scheme}://root@127.0.0.1:{}/test?timeout=1s&connect_timeout=1s&max_connections=16",
-        db.port()
-    )
+    url_on(db.port(), scheme)
 }
 
 /// The conformance fixture for `kind`: the store through a fault proxy, a direct store,
