@@ -342,7 +342,10 @@ fn us(d: Duration) -> f64 {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args = parse_args();
-    let server = args.url.is_none().then(leasehold_testkit::RedisServer::start);
+    let server = args
+        .url
+        .is_none()
+        .then(leasehold_testkit::RedisServer::start);
     let prefix = "bench:";
     let cfg = match (&args.url, &server) {
         (Some(url), _) => leasehold_redis::RedisConfig::from_url(url)
