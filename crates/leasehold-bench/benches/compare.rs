@@ -160,9 +160,12 @@ async fn run_levels(sides: &[Side], plan: &Plan) -> Vec<leasehold_bench::Level> 
     levels
 }
 
+/// A progress line on stderr, with the time since the run started.
 fn progress(msg: std::fmt::Arguments<'_>) {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(std::time::Instant::now).elapsed();
     let mut e = std::io::stderr().lock();
-    let _ = writeln!(e, "{msg}");
+    let _ = writeln!(e, "[{:6.1} s] {msg}", t.as_secs_f64());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -216,6 +219,7 @@ async fn redis_info(conn: &redis::aio::MultiplexedConnection, section: &str) -> 
 }
 
 async fn redis_section(plan: Plan) -> Res<Section> {
+    progress(format_args!("redis: starting redis-server"));
     let server = blocking(leasehold_testkit::RedisServer::start).await?;
     let url = server.url();
     let cfg = leasehold_redis::RedisConfigBuilder::standalone("127.0.0.1", server.port())
@@ -418,6 +422,7 @@ async fn postgres_section(plan: Plan) -> Res<Section> {
     use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore};
     use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
 
+    progress(format_args!("postgres: starting a private server"));
     let pg = Arc::new(
         blocking(|| {
             leasehold_testkit::Postgres::start_with(
@@ -606,6 +611,7 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
     use leasehold_mysql::sqlx::mysql::MySqlPoolOptions;
     use leasehold_mysql::{MySqlConfig, MySqlGetLockStore, MySqlLeaseStore};
 
+    progress(format_args!("mysql: starting a private mariadbd"));
     let db = blocking(leasehold_testkit::MariaDb::start).await?;
     let url = db.url();
     let pool = MySqlPoolOptions::new()
@@ -855,6 +861,7 @@ async fn sqlite_section(plan: Plan) -> Res<Section> {
         DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteConfig, SqliteStore,
     };
 
+    progress(format_args!("sqlite: opening a temporary file"));
     let dir = tempfile::Builder::new()
         .prefix("leasehold-bench-")
         .tempdir()
@@ -1005,6 +1012,15 @@ fn main() {
     } else {
         Plan::full()
     };
+    progress(format_args!(
+        "compare: {}{}",
+        opts.only
+            .iter()
+            .map(|b| b.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if opts.quick { " (--quick)" } else { "" }
+    ));
     let started = now_utc();
     let load_before = loadavg();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
