@@ -1068,6 +1068,17 @@ fn main() {
     if opts.json {
         let doc = Json::obj([
             ("benchmark", Json::str("leasehold compare")),
+            (
+                "command",
+                Json::Str(format!(
+                    "cargo bench -p leasehold-bench --bench compare --{}",
+                    std::env::args()
+                        .skip(1)
+                        .filter(|a| a != "--bench")
+                        .map(|a| format!(" {a}"))
+                        .collect::<String>()
+                )),
+            ),
             ("started", Json::Str(started)),
             ("quick", Json::Bool(opts.quick)),
             ("cores", Json::Int(cores as u64)),
