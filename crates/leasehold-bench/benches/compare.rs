@@ -147,7 +147,7 @@ fn contended_about(plan: &Plan, what: &str) -> Vec<String> {
             plan.slices,
             plan.contended_slice.as_millis()
         ),
-        "util = fraction of wall time the key is held (acquire returned → release called); hand-off = one task calling release → another task's acquire returning; wait = acquire called → returned; turns/task = acquisitions of the least and the most lucky task; calls/acq = the store's own count of calls over the slices ÷ acquisitions.".into(),
+        "hold = the mean measured hold (the sleep's timer rounds up); util = fraction of wall time the key is held (acquire returned → release called); hand-off = one task calling release → another task's acquire returning; wait = acquire called → returned; turns/task = acquisitions of the least and the most lucky task; calls/acq = the store's own count of calls over the slices ÷ acquisitions.".into(),
     ]
 }
 

@@ -878,9 +878,10 @@ impl Section {
             }
             let _ = writeln!(
                 o,
-                "   {:<w$} {:>6} {:>6} {:>8} {:>9} {:>11} {:>10}  calls are",
+                "   {:<w$} {:>6} {:>5} {:>6} {:>8} {:>9} {:>11} {:>10}  calls are",
                 "contended",
                 "turns",
+                "hold",
                 "util",
                 "hand-off",
                 "wait p99",
@@ -890,9 +891,10 @@ impl Section {
             );
             let _ = writeln!(
                 o,
-                "   {:<w$} {:>6} {:>6} {:>8} {:>9} {:>11} {:>10}",
+                "   {:<w$} {:>6} {:>5} {:>6} {:>8} {:>9} {:>11} {:>10}",
                 "",
                 "",
+                "ms",
                 "",
                 "p50 µs",
                 "ms",
@@ -904,9 +906,11 @@ impl Section {
                 let (lo, hi) = c.turns_range();
                 let _ = writeln!(
                     o,
-                    "   {:<w$} {:>6} {:>6} {:>8} {:>9} {:>11} {:>10}  {}",
+                    "   {:<w$} {:>6} {:>5} {:>6} {:>8} {:>9} {:>11} {:>10}  {}",
                     c.name,
                     c.turns,
+                    c.mean_hold()
+                        .map_or_else(|| "-".into(), |d| fixed(d.as_secs_f64() * 1e3, 2)),
                     fixed(c.utilisation(), 3),
                     us(c.handoff_p50()),
                     c.wait_p99()

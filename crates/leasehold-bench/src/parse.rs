@@ -88,8 +88,10 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
             "--json" => o.json = true,
             "--quick" => o.quick = true,
             "--only" => {
+                // (cargo bench appends --bench after the user's arguments: not a store.)
                 let v = inline
                     .or_else(|| it.next())
+                    .filter(|v| !v.starts_with("--"))
                     .ok_or("--only needs a store: redis, postgres, mysql or sqlite")?;
                 for name in v.split(',').filter(|s| !s.is_empty()) {
                     let b = Backend::parse(name).ok_or_else(|| {
@@ -154,6 +156,10 @@ mod tests {
         };
         assert_eq!(o.only, Backend::ALL);
         assert!(args(&["--only"]).is_err());
+        assert_eq!(
+            args(&["--only", "--bench"]),
+            Err("--only needs a store: redis, postgres, mysql or sqlite".into())
+        );
         assert!(args(&["--only", "etcd"]).is_err());
         assert!(args(&["--fast"]).is_err());
         assert_eq!(args(&["-h"]), Ok(Cli::Help));
