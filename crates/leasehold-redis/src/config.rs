@@ -14,7 +14,8 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default number of retries the cluster client makes on redirections and transient
-/// errors within one operation (bounded by the operation timeout anyway).
+/// errors within one operation (the caller's wait is bounded by the operation timeout;
+/// the client's own retries may go on after it).
 pub const DEFAULT_CLUSTER_RETRIES: u32 = 6;
 /// Default interval at which the store reads `maxmemory-policy` again on a connection it
 /// already checked (see [`RedisConfigBuilder::policy_check`]).
@@ -411,6 +412,9 @@ impl RedisConfigBuilder {
         self
     }
     /// Retries of the cluster client within one operation (default 6).
+    ///
+    /// The cluster client retries in the background, so a request whose call already
+    /// ended with a `Timeout` may still be applied later (a late grant lives one TTL).
     pub fn cluster_retries(mut self, n: u32) -> Self {
         self.cfg.cluster_retries = n;
         self
