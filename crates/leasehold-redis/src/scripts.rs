@@ -68,7 +68,7 @@ local function next_fence(last)
 end
 "#;
 
-/// KEYS: lease, fence. ARGV: id, owner, ttl ms.
+/// KEYS: lease, fence. ARGV: id, owner, ttl ms, fence record expiry ms ('' = never).
 /// → `{id, 1, fence, ttl}` acquired (fresh, or same owner: extended, same fence);
 ///   `{id, 0, pttl}` held by another owner.
 const ACQUIRE: &str = r#"
@@ -88,7 +88,11 @@ if ferr then return redis.error_reply(ferr) end
 local f, nerr = next_fence(last)
 if nerr then return redis.error_reply(nerr) end
 local fs = string.format('%d', f)
-redis.call('SET', KEYS[2], fs)
+if ARGV[4] == '' then
+  redis.call('SET', KEYS[2], fs)
+else
+  redis.call('SET', KEYS[2], fs, 'PX', ARGV[4])
+end
 redis.call('SET', KEYS[1], ARGV[2] .. ':' .. fs, 'PX', ARGV[3])
 return {ARGV[1], 1, fs, tonumber(ARGV[3])}
 "#;
@@ -146,7 +150,8 @@ if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry
 return {ARGV[1], lease[1], lease[2], pttl}
 "#;
 
-/// KEYS: lease, fence. ARGV: id, channel ('' = don't publish). → `{id, fence}`.
+/// KEYS: lease, fence. ARGV: id, channel ('' = don't publish), fence record expiry ms
+/// ('' = never). → `{id, fence}`.
 /// A corrupt lease value is reported, not deleted: it may be someone else's data.
 const BREAK: &str = r#"
 local lease, err = read_lease(KEYS[1])
@@ -160,7 +165,11 @@ end
 local f, nerr = next_fence(last)
 if nerr then return redis.error_reply(nerr) end
 local fs = string.format('%d', f)
-redis.call('SET', KEYS[2], fs)
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[2], fs)
+else
+  redis.call('SET', KEYS[2], fs, 'PX', ARGV[3])
+end
 if lease then
   redis.call('DEL', KEYS[1])
   if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], fs) end
@@ -192,7 +201,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// The source of each script, for the benchmark's raw baseline and for documentation.
 pub mod source {
     /// The acquire script (with its prelude). KEYS: lease, fence. ARGV: request id, owner
-    /// hex, TTL in ms.
+    /// hex, TTL in ms, fence record expiry in ms (empty: never).
     pub fn acquire() -> String {
         format!("{}{}", super::PRELUDE, super::ACQUIRE)
     }

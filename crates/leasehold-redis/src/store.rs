@@ -184,6 +184,18 @@ impl RedisStore {
         }))
     }
 
+    /// The expiry in ms of a fence record written by a grant of `ttl_ms` (the lease's TTL
+    /// plus the retention), or `""` to keep it forever.
+    fn fence_expiry(&self, ttl_ms: u64) -> String {
+        self.config
+            .fence_retention()
+            .map(|r| {
+                let keep = u64::try_from(r.as_millis()).unwrap_or(u64::MAX);
+                ttl_ms.saturating_add(keep).to_string()
+            })
+            .unwrap_or_default()
+    }
+
     /// The primaries of the cluster (from `CLUSTER SLOTS`), as routable addresses.
     async fn primaries(&self) -> Result<Vec<(String, u16)>, StoreError> {
         let v = self
@@ -293,7 +305,9 @@ impl Store for RedisStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let ms = ttl_ms(ttl)?.to_string();
+        let ttl_ms = ttl_ms(ttl)?;
+        let ms = ttl_ms.to_string();
+        let keep = self.fence_expiry(ttl_ms);
         let names = self.layout.names(key);
         let owner = owner.to_hex();
         let got = self
@@ -302,7 +316,7 @@ impl Store for RedisStore {
                 "acquire",
                 &SCRIPTS.acquire,
                 &[&names.lease, &names.fence],
-                &[&owner, &ms],
+                &[&owner, &ms, &keep],
                 scripts::parse_acquire,
             )
             .await?;
@@ -529,7 +543,7 @@ impl Store for RedisStore {
                 "break",
                 &SCRIPTS.break_lease,
                 &[&names.lease, &names.fence],
-                &[&channel],
+                &[&channel, &self.fence_expiry(0)],
                 scripts::parse_break,
             )
             .await
