@@ -64,7 +64,7 @@ mod tests {
         assert_eq!(parse_duration("7d"), Some(Duration::from_secs(7 * 86400)));
         assert_eq!(parse_duration(&format!("{}d", u64::MAX)), None);
         assert_eq!(parse_duration("750"), Some(Duration::from_millis(750)));
-        for bad in ["", "s", "1h", "-1s", "1.5s", "99999999999999999999ms"] {
+        for bad in ["", "s", "1w", "1H", "-1s", "1.5s", "99999999999999999999ms"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
         assert_eq!(parse_duration(&format!("{}m", u64::MAX)), None);

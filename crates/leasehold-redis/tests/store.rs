@@ -49,10 +49,12 @@ async fn fences_are_floored_at_server_time_and_strictly_grow() {
         (before..=after).contains(&f1.get()),
         "{before} <= {f1} <= {after}"
     );
-    // The fence key holds the last fence; it never expires.
+    // The fence key holds the last fence; it outlives the lease by the fence retention
+    // (see `fence_records_expire_after_their_retention_and_fences_still_rise`).
     let fence_key = s.store.fence_key(&k);
     assert_eq!(s.cli(&["GET", &fence_key]).await, f1.to_string());
-    assert_eq!(s.cli(&["PTTL", &fence_key]).await, "-1");
+    let left: u128 = s.cli(&["PTTL", &fence_key]).await.trim().parse().unwrap();
+    assert!(left > leasehold_redis::DEFAULT_FENCE_RETENTION.as_millis());
     // The lease value is owner:fence with an expiry.
     let lease_key = s.store.lease_key(&k);
     assert_eq!(
@@ -449,10 +451,9 @@ async fn many_tasks_share_one_connection() {
 /// every fence issued before. `fence_retention=forever` keeps the old behaviour.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_records_expire_after_their_retention_and_fences_still_rise() {
-    let pttl = |s: &Standalone, name: String| {
-        let cli = s.cli(&["PTTL", &name]);
-        async move { cli.await.trim().parse::<i64>().unwrap() }
-    };
+    async fn pttl(s: &Standalone, name: String) -> i64 {
+        s.cli(&["PTTL", &name]).await.trim().parse().unwrap()
+    }
     // The default: a week after the grant.
     let s = Standalone::start().await;
     let k = key("job:retained");
@@ -497,14 +498,21 @@ async fn fence_records_expire_after_their_retention_and_fences_still_rise() {
         }
     }
     let broken = s.store.break_lease(&k).await.unwrap();
-    assert!(broken > last, "break after expiry: {broken:?} after {last:?}");
+    assert!(
+        broken > last,
+        "break after expiry: {broken:?} after {last:?}"
+    );
     let left = pttl(&s, fk).await;
     assert!(
         (0..=1000).contains(&left),
         "a break writes the record with the retention too ({left} ms)"
     );
     // Bad values are refused, not clamped.
-    for bad in ["fence_retention=0", "fence_retention=500ms", "fence_retention=4000d"] {
+    for bad in [
+        "fence_retention=0",
+        "fence_retention=500ms",
+        "fence_retention=4000d",
+    ] {
         let url = format!("redis://127.0.0.1:1/?{bad}");
         let e = RedisConfig::from_url(&url).unwrap_err();
         assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}: {e}");
