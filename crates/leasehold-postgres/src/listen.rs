@@ -126,6 +126,14 @@ impl Listener {
         }
     }
 
+    /// Wakes this process's waiters on `id` at once: a release made by this store, whose
+    /// notification is on its way through the server too.
+    pub(crate) fn wake_local(&self, id: u64) {
+        if let Some((_, n)) = self.shared.waiters().get(&id) {
+            n.notify_waiters();
+        }
+    }
+
     /// Starts the listening connection if needed and waits up to `within` until the channel
     /// is listened on. `false`: not listening (the server is unreachable); the caller must
     /// not rely on notifications.

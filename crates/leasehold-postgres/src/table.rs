@@ -764,6 +764,9 @@ impl Store for PgLeaseStore {
             None => 0,
         };
         Ok(if released == 1 {
+            if let Some(q) = &self.inner.queue {
+                q.released_here(key);
+            }
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotOwner

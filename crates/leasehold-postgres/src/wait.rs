@@ -447,6 +447,14 @@ impl Queue {
         })
     }
 
+    /// Tells this process's head of `key`'s queue (if any) that the lease was released by
+    /// this store, without waiting for the notification to come back from the server.
+    pub(crate) fn released_here(&self, key: &Key) {
+        if let Some(head) = &self.shared.head {
+            head.listener.wake_local(head.lock_of(key).bits());
+        }
+    }
+
     /// Keeps a session (a claimed head's, done with) for the next waiter.
     pub(crate) fn put_session(&self, conn: PgConnection) {
         self.shared.sessions.put_idle(conn);
