@@ -22,7 +22,7 @@
 //! Each waiting owner has its own entry and session, so the order is per waiter across
 //! every process. The core's holder side calls `acquire` and `wait_released` from one task;
 //! an entry is bound to the owner whose `acquire` last answered `Held` in the calling task
-//! (`wait_released` itself names no owner). A wait with no such owner (a caller of
+//! (or, outside any task, on the calling thread: `wait_released` itself names no owner). A wait with no such owner (a caller of
 //! `wait_released` alone) still queues, and passes the turn on as soon as it is ready.
 //!
 //! Entries never outlive their owner for long: an entry whose owner is neither waiting nor
@@ -310,8 +310,20 @@ struct Shared {
     permits: Arc<Semaphore>,
     max_sessions: usize,
     entries: Mutex<HashMap<(Key, OwnerToken), Arc<Entry>>>,
-    /// The owner whose acquire last answered `Held` in a task, per key.
-    noted: Mutex<HashMap<(Key, tokio::task::Id), (OwnerToken, Instant)>>,
+    /// The owner whose acquire last answered `Held` in a task (or thread), per key.
+    noted: Mutex<HashMap<(Key, Caller), (OwnerToken, Instant)>>,
+}
+
+/// Who calls: the tokio task, or, outside any task (a runtime's `block_on`, such as the
+/// body of `#[tokio::main]`), the thread, which polls that future alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Caller {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+fn caller() -> Caller {
+    tokio::task::try_id().map_or_else(|| Caller::Thread(std::thread::current().id()), Caller::Task)
 }
 
 /// A store's wait queues.
@@ -398,16 +410,14 @@ impl Queue {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    fn noted(&self) -> MutexGuard<'_, HashMap<(Key, tokio::task::Id), (OwnerToken, Instant)>> {
+    fn noted(&self) -> MutexGuard<'_, HashMap<(Key, Caller), (OwnerToken, Instant)>> {
         self.shared.noted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Notes that `owner`'s acquire of `key` in the current task answered `Held`: the
     /// task's next `wait_released(key)` waits as `owner`.
     pub(crate) fn note_held(&self, key: &Key, owner: &OwnerToken) {
-        let Some(task) = tokio::task::try_id() else {
-            return;
-        };
+        let task = caller();
         let now = Instant::now();
         let mut noted = self.noted();
         if noted.len() >= 4096 {
@@ -418,13 +428,11 @@ impl Queue {
 
     /// Forgets the current task's noted owner of `key` (its acquire was granted).
     pub(crate) fn note_granted(&self, key: &Key) {
-        if let Some(task) = tokio::task::try_id() {
-            self.noted().remove(&(key.clone(), task));
-        }
+        self.noted().remove(&(key.clone(), caller()));
     }
 
     fn noted_owner(&self, key: &Key) -> Option<OwnerToken> {
-        let task = tokio::task::try_id()?;
+        let task = caller();
         self.noted()
             .get(&(key.clone(), task))
             .filter(|(_, at)| at.elapsed() < OWNER_FRESH)

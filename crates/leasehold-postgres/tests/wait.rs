@@ -463,3 +463,67 @@ async fn table_release_is_not_flushed_but_acquire_is() {
 async fn advisory_release_is_not_flushed_but_acquire_is() {
     releases_are_not_flushed(Kind::Advisory).await;
 }
+
+/// A waiter outside any spawned task (the body of `#[tokio::main]`, polled by `block_on`)
+/// keeps its place too: while 3 other contenders keep releasing and queueing again, it
+/// gets the lease after at most a couple of turns of each.
+fn waiter_in_block_on(kind: Kind) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let pg = server().await;
+        let holder = open(kind, &pg.url()).await;
+        let k = key("main");
+        let h = OwnerToken::random();
+        fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+        let turns = Arc::new(Mutex::new(0usize));
+        let mut busy = Vec::new();
+        for _ in 0..3 {
+            let client = LeaseClient::new(
+                open(kind, &pg.url()).await,
+                LeaseConfig::new(LONG_TTL).unwrap(),
+            );
+            let (turns, k) = (turns.clone(), k.clone());
+            busy.push(tokio::spawn(async move {
+                loop {
+                    let lease = client.acquire(k.clone(), LONG_TTL).await.unwrap();
+                    *turns.lock().unwrap() += 1;
+                    sleep(Duration::from_millis(20)).await;
+                    assert!(lease.release().await.unwrap());
+                }
+            }));
+        }
+        let me = slow_polling_client(open(kind, &pg.url()).await);
+        {
+            let (holder, k) = (holder.clone(), k.clone());
+            tokio::spawn(async move {
+                sleep(Duration::from_secs(1)).await;
+                holder.release(&k, &h).await.unwrap();
+            });
+        }
+        // Not spawned: polled by block_on on this thread.
+        let lease = timeout(Duration::from_secs(20), me.acquire(k.clone(), LONG_TTL))
+            .await
+            .expect("the block_on waiter gets a turn")
+            .unwrap();
+        let others = *turns.lock().unwrap();
+        assert!(others <= 6, "the other contenders had {others} turns first");
+        for t in busy {
+            t.abort();
+        }
+        assert!(lease.release().await.unwrap());
+    });
+}
+
+#[test]
+fn table_a_waiter_outside_any_task_keeps_its_place() {
+    waiter_in_block_on(Kind::Table);
+}
+
+#[test]
+fn advisory_a_waiter_outside_any_task_keeps_its_place() {
+    waiter_in_block_on(Kind::Advisory);
+}
