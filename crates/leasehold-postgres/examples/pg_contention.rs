@@ -4,12 +4,14 @@
 //!
 //! ```text
 //! cargo run --release -p leasehold-postgres --example pg_contention [-- --seconds 5]
-//!     [--fsync off] [--only contended]
+//!     [--fsync off] [--only contended|pairs]
 //! ```
 //!
-//! * `pgbench`: `pgbench -N` (simple-update) at 16 clients, the reference write rate;
-//! * `pairs`: `LeaseClient::try_acquire` + `Lease::release` on a key of its own per task,
-//!   at 1, 16 and 64 tasks, on both stores: pairs per second;
+//! * uncontended: acquire + release pairs per second, each task on a key of its own, at 1, 16
+//!   and 64 tasks, on both stores, through `LeaseClient` (`try_acquire` + `release`) and
+//!   through the `Store` alone; each figure is the median over 3 slices of the ratio to
+//!   `pgbench -N` (simple-update) at 16 clients run just before it on the same server, so
+//!   that the machine's other load weighs on both alike;
 //! * `contended`: 16 tasks on one key, each `acquire(key, 30 s)`, hold 1 ms, release, on
 //!   both stores and with sqlx's `PgAdvisoryLock` (the server's lock queue, no fence):
 //!   utilisation (time held ÷ wall time), hand-off (a release returning → the next
@@ -41,15 +43,21 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
-fn pgbench(pg: &Postgres, seconds: u64) -> f64 {
-    let bin = pg.bin_dir().join("pgbench");
-    let port = pg.port().to_string();
-    let base = |cmd: &mut std::process::Command| {
-        cmd.args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"]);
-    };
-    let mut init = std::process::Command::new(&bin);
-    base(&mut init);
-    let out = init
+fn pgbench_command(pg: &Postgres) -> std::process::Command {
+    let mut cmd = std::process::Command::new(pg.bin_dir().join("pgbench"));
+    cmd.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &pg.port().to_string(),
+        "-U",
+        "postgres",
+    ]);
+    cmd
+}
+
+fn pgbench_init(pg: &Postgres) {
+    let out = pgbench_command(pg)
         .args(["-i", "-s", "1", "-q", "postgres"])
         .output()
         .expect("pgbench -i");
@@ -58,9 +66,11 @@ fn pgbench(pg: &Postgres, seconds: u64) -> f64 {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut run = std::process::Command::new(&bin);
-    base(&mut run);
-    let out = run
+}
+
+/// `pgbench -N` (simple-update) at 16 clients for `seconds`: transactions per second.
+fn pgbench(pg: &Postgres, seconds: u64) -> f64 {
+    let out = pgbench_command(pg)
         .args([
             "-N",
             "-n",
@@ -104,6 +114,40 @@ async fn pairs(store: Arc<dyn Store>, tasks: usize, dur: Duration) -> f64 {
                 while !stop.load(Ordering::Relaxed) {
                     let lease = client.try_acquire(key.as_str()).await.expect("acquire");
                     assert!(lease.release().await.expect("release"));
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    tokio::time::sleep(dur).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for h in handles {
+        total += h.await.unwrap();
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+/// `Store::acquire` + `Store::release` called directly (no `LeaseClient`): the store's own
+/// cost, apart from the holder side's.
+async fn store_pairs(store: Arc<dyn Store>, tasks: usize, dur: Duration) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let (store, stop) = (store.clone(), stop.clone());
+            tokio::spawn(async move {
+                let key = leasehold_core::Key::new(format!("store-pairs:{i}")).unwrap();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let owner = leasehold_core::OwnerToken::random();
+                    let r = store.acquire(&key, &owner, Duration::from_secs(5)).await;
+                    assert!(
+                        matches!(r, Ok(leasehold_core::AcquireOutcome::Acquired { .. })),
+                        "{r:?}"
+                    );
+                    store.release(&key, &owner).await.expect("release");
                     n += 1;
                 }
                 n
@@ -267,24 +311,28 @@ fn main() {
             .setting("max_connections", "300"),
     );
     let uncontended = only.as_deref() != Some("contended");
-    let tps = if uncontended {
-        pgbench(&pg, seconds)
-    } else {
-        f64::NAN
-    };
     if uncontended {
-        println!("pgbench -N (simple-update), 16 clients: {tps:.0} tps");
+        pgbench_init(&pg);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
+    let pg = &pg;
     rt.block_on(async {
         let config = PgConfig::from_url(&pg.url()).unwrap().pool_size(16);
         let table = PgLeaseStore::connect(&config).await.unwrap();
         table.migrate().await.unwrap();
         let adv = PgAdvisoryStore::connect(&config).await.unwrap();
         adv.migrate().await.unwrap();
+        // Each figure is the median over `SLICES` slices of (pairs/s ÷ the pgbench rate
+        // measured just before it), so that the load of the machine hits both alike.
+        const SLICES: usize = 3;
+        if uncontended {
+            println!(
+                "uncontended: pairs/s (÷ pgbench -N at 16 clients in the slice before), median of {SLICES} slices of {seconds} s"
+            );
+        }
         for (name, store) in [
             ("table", Arc::new(table.clone()) as Arc<dyn Store>),
             ("advisory", Arc::new(adv.clone())),
@@ -292,12 +340,32 @@ fn main() {
         .into_iter()
         .filter(|_| uncontended)
         {
-            let mut line = format!("pairs/s {name:<9}");
-            for tasks in [1, 16, 64] {
-                let r = pairs(store.clone(), tasks, dur).await;
-                line += &format!("  {tasks} tasks {r:.0} ({:.2}× pgbench)", r / tps);
+            for client in [true, false] {
+                let mut line = format!(
+                    "{:<9} {:<13}",
+                    name,
+                    if client { "LeaseClient" } else { "Store directly" }
+                );
+                for tasks in [1, 16, 64] {
+                    let mut slices = Vec::new();
+                    for _ in 0..SLICES {
+                        let tps = tokio::task::block_in_place(|| pgbench(pg, seconds));
+                        let r = if client {
+                            pairs(store.clone(), tasks, dur).await
+                        } else {
+                            store_pairs(store.clone(), tasks, dur).await
+                        };
+                        slices.push((r / tps, r, tps));
+                    }
+                    slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    let (ratio, r, tps) = slices[SLICES / 2];
+                    line += &format!("  {tasks:>2} tasks {r:>5.0} ({ratio:.2}× of {tps:.0})");
+                }
+                println!("{line}");
             }
-            println!("{line}");
+        }
+        if only.as_deref() == Some("pairs") {
+            return;
         }
         print_contended("table", &contended_lease(Arc::new(table), dur).await);
         print_contended("advisory", &contended_lease(Arc::new(adv), dur).await);
