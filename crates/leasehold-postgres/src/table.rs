@@ -66,10 +66,25 @@ fn channel(table: &TableName) -> String {
 /// `now_us`: the database clock in µs since the Unix epoch, the fence floor (DESIGN §5).
 const NOW_US: &str = "(extract(epoch FROM n.t) * 1000000)::bigint";
 
+/// A query giving `hi`, `lo`: the turnstile of key `$1` in `table` (as [`turnstile`]
+/// computes it), so that the acquire statement keeps its three parameters.
+fn turnstile_sql(table: &str) -> String {
+    let mut prefix = b"leasehold-wait\0".to_vec();
+    prefix.extend_from_slice(table.as_bytes());
+    prefix.push(0);
+    let hex: String = prefix.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "SELECT ('x' || encode(substring(s.d FROM 1 FOR 4), 'hex'))::bit(32)::int4 AS hi, \
+           ('x' || encode(substring(s.d FROM 5 FOR 4), 'hex'))::bit(32)::int4 AS lo \
+         FROM (SELECT sha256(decode('{hex}', 'hex') || convert_to($1, 'UTF8')) AS d) s"
+    )
+}
+
 impl Sql {
     fn new(t: &TableName) -> Self {
         let channel = channel(t);
         let t = t.sql();
+        let turnstile = turnstile_sql(&t);
         let remaining = "GREATEST(0, (extract(epoch FROM (l.expires_at - n.t)) * 1000000)::bigint)";
         // One statement, three sub-statements on one snapshot:
         // - `upd` grants by updating the key's row when it is free, expired or the
@@ -90,16 +105,17 @@ impl Sql {
         // the queue is about to take it).
         let body = format!(
             "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+             h AS MATERIALIZED ({turnstile}), \
              cur AS MATERIALIZED (SELECT l.owner, l.expires_at FROM {t} l WHERE l.key = $1), \
              upd AS ( \
                UPDATE {t} l SET owner = $2, \
                  fence = CASE WHEN l.owner = $2 AND l.expires_at > n.t \
                               THEN l.fence ELSE GREATEST(l.fence + 1, {NOW_US}) END, \
                  expires_at = n.t + $3::bigint * interval '1 microsecond' \
-               FROM n \
+               FROM n, h \
                WHERE l.key = $1 AND ((l.owner = $2 AND l.expires_at > n.t) \
                  OR ((l.owner IS NULL OR l.expires_at <= n.t) \
-                     AND pg_try_advisory_xact_lock($4::int4, $5::int4))) \
+                     AND pg_try_advisory_xact_lock(h.hi, h.lo))) \
                RETURNING l.fence \
              ), \
              ins AS ( \
@@ -124,9 +140,9 @@ impl Sql {
         // when the next waiter in the queue gets it).
         let acquire_head = format!(
             "{body}SELECT acquired, fence, remaining_us, \
-               CASE WHEN acquired THEN pg_advisory_unlock($4::int4, $5::int4) END AS unlocked, \
+               CASE WHEN acquired THEN pg_advisory_unlock(h.hi, h.lo) END AS unlocked, \
                CASE WHEN acquired THEN set_config('idle_session_timeout', '0', false) END AS idle \
-             FROM res"
+             FROM res, h"
         );
         let check = format!(
             "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
@@ -660,13 +676,10 @@ impl Store for PgLeaseStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        let (hi, lo) = turnstile_args(&self.inner.table_sql, key);
         let args = [
             Arg::Text(key.as_str()),
             Arg::Bytes(&owner.as_bytes()[..]),
             Arg::Int(ttl_us(ttl)),
-            Arg::Int4(hi),
-            Arg::Int4(lo),
         ];
         let queue = self.inner.queue.as_ref();
         let row = match queue.and_then(|q| q.claim(key, owner)) {
