@@ -548,6 +548,8 @@ mod tests {
             "postgres://u:s3ntinel-pw@h/d?leasehold_tabel=x",
             "postgres://u:s3ntinel-pw@h/d?leasehold_pool_size=0",
             "postgres://u:s3ntinel-pw@h/d?leasehold_table=",
+            "postgres://u:s3ntinel-pw@h/d?leasehold_wait_sessions=10001",
+            "postgres://u:s3ntinel-pw@h/d?leasehold_wait_sessions=-1",
             "not a url s3ntinel-pw",
         ] {
             let e = PgConfig::from_url(url).unwrap_err();
@@ -555,6 +557,15 @@ mod tests {
             assert!(!e.to_string().contains("s3ntinel-pw"), "{e}");
             assert!(!format!("{e:?}").contains("s3ntinel-pw"), "{e:?}");
         }
+    }
+
+    #[test]
+    fn wait_sessions() {
+        let c = PgConfig::from_url("postgres://u@h/d").unwrap();
+        assert_eq!(c.get_wait_sessions(), DEFAULT_WAIT_SESSIONS);
+        let c = PgConfig::from_url("postgres+advisory://u@h/d?leasehold_wait_sessions=0").unwrap();
+        assert_eq!(c.get_wait_sessions(), 0);
+        assert_eq!(c.wait_sessions(3).get_wait_sessions(), 3);
     }
 
     #[test]

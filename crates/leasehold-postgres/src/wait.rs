@@ -22,8 +22,9 @@
 //! Each waiting owner has its own entry and session, so the order is per waiter across
 //! every process. The core's holder side calls `acquire` and `wait_released` from one task;
 //! an entry is bound to the owner whose `acquire` last answered `Held` in the calling task
-//! (or, outside any task, on the calling thread: `wait_released` itself names no owner). A wait with no such owner (a caller of
-//! `wait_released` alone) still queues, and passes the turn on as soon as it is ready.
+//! (or, outside any task, on the calling thread): `wait_released` itself names no owner. A
+//! wait with no such owner (a caller of `wait_released` alone) still queues, and passes
+//! the turn on as soon as it is ready.
 //!
 //! Entries never outlive their owner for long: an entry whose owner is neither waiting nor
 //! acquiring for [`GRACE`] leaves the queue (its session is closed, which also releases a

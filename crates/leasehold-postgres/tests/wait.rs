@@ -527,3 +527,64 @@ fn table_a_waiter_outside_any_task_keeps_its_place() {
 fn advisory_a_waiter_outside_any_task_keeps_its_place() {
     waiter_in_block_on(Kind::Advisory);
 }
+
+/// `leasehold_wait_sessions` bounds the waiting sessions: with 1, three waiters on one store
+/// still all get the lease in turn (those beyond the bound back off and retry); with 0,
+/// the store says it cannot wait, and waiters back off and retry.
+async fn wait_sessions_bound(kind: Kind) {
+    let pg = server().await;
+    let holder = open(kind, &pg.url()).await;
+    let url = format!("{}?leasehold_wait_sessions=1", pg.url());
+    let store = open(kind, &url).await;
+    assert!(store.capabilities().wait_for_release);
+    let k = key("bound");
+    let h = OwnerToken::random();
+    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let client = LeaseClient::new(
+        store,
+        LeaseConfig::builder(Duration::from_secs(5))
+            .backoff(Backoff::new(Duration::from_millis(10), Duration::from_millis(200)).unwrap())
+            .build()
+            .unwrap(),
+    );
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let (client, k) = (client.clone(), k.clone());
+        waiters.push(tokio::spawn(async move {
+            let lease = client.acquire(k, Duration::from_secs(60)).await.unwrap();
+            sleep(Duration::from_millis(20)).await;
+            assert!(lease.release().await.unwrap());
+        }));
+    }
+    sleep(Duration::from_millis(500)).await;
+    holder.release(&k, &h).await.unwrap();
+    for w in waiters {
+        timeout(Duration::from_secs(30), w)
+            .await
+            .expect("every waiter gets the lease")
+            .unwrap();
+    }
+
+    let url = format!("{}?leasehold_wait_sessions=0", pg.url());
+    let store = open(kind, &url).await;
+    assert!(!store.capabilities().wait_for_release);
+    let err = store
+        .wait_released(&k, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        leasehold_core::StoreErrorKind::Unsupported,
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_wait_sessions_bound_the_queue() {
+    wait_sessions_bound(Kind::Table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_wait_sessions_bound_the_queue() {
+    wait_sessions_bound(Kind::Advisory).await;
+}
