@@ -365,13 +365,14 @@ fn promtool_accepts_the_metrics_of_a_running_leasehold() {
     let mut holder = env
         .cmd()
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .args(["run", "--key", "job:scraped", "--ttl", "600ms", "--"])
+        .args(["run", "--key", "job:scraped", "--ttl", "1500ms", "--"])
         .args(["sh", "-c", &script])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_for_file(&pidfile, Duration::from_secs(20));
-    // Renewals every 200 ms: wait until a few were confirmed.
+    // Renewals every 500 ms (a TTL of 1.5 s leaves each 250 ms on a loaded machine, where
+    // 600 ms left 100 ms and SQLite's fsync could miss it): wait until one was confirmed.
     let until = Instant::now() + Duration::from_secs(20);
     let body = loop {
         std::thread::sleep(Duration::from_millis(300));

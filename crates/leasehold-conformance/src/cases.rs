@@ -335,6 +335,82 @@ pub async fn renew_extends_ttl(fx: &Fixture) {
     fx.store.release(&k, &a).await.unwrap();
 }
 
+/// `renew_many` (the scheduler's batch renewal) answers each lease as `renew` would, in
+/// the order asked: the owner's live leases are renewed (and outlive their first TTL), a
+/// lease held by another owner, a free key and a released lease are not, and none of
+/// those is created or taken over by the batch.
+pub async fn renew_many_answers_each_lease_in_order(fx: &Fixture) {
+    let a = OwnerToken::random();
+    let b = OwnerToken::random();
+    let short = fx.ttl / 2;
+    let long = fx.ttl * 3;
+    let mine: Vec<Key> = (0..3).map(|i| key(&format!("batch-mine-{i}"))).collect();
+    let theirs = key("batch-theirs");
+    let free = key("batch-free");
+    let released = key("batch-released");
+    let mut fences = Vec::new();
+    for k in &mine {
+        fences.push(fence_of(acquire_raw(fx, k, &a, short).await));
+    }
+    fence_of(acquire_raw(fx, &theirs, &b, long).await);
+    fence_of(acquire_raw(fx, &released, &a, short).await);
+    assert_eq!(
+        fx.store.release(&released, &a).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    // Interleaved, so that an answer given for the wrong position shows.
+    let asked = vec![
+        (mine[0].clone(), a),
+        (theirs.clone(), a),
+        (mine[1].clone(), a),
+        (free.clone(), a),
+        (released.clone(), a),
+        (mine[2].clone(), a),
+    ];
+    let got = fx
+        .store
+        .renew_many(&asked, long)
+        .await
+        .unwrap_or_else(|e| panic!("renew_many: {e}"));
+    let renewed: Vec<bool> = got
+        .iter()
+        .map(|r| match r {
+            Ok(RenewOutcome::Renewed { .. }) => true,
+            Ok(RenewOutcome::NotOwner) => false,
+            Err(e) => panic!("renew_many: an error for one lease: {e}"),
+        })
+        .collect();
+    assert_eq!(
+        renewed,
+        vec![true, false, true, false, false, true],
+        "renew_many answered another lease's result (or renewed what is not the owner's)"
+    );
+    // Past the first TTL: only the batch kept the owner's leases.
+    sleep(short + slack(fx)).await;
+    for (k, f) in mine.iter().zip(&fences) {
+        let info = fx.store.inspect(k).await.unwrap();
+        assert_eq!(
+            info.map(|i| (i.owner, i.fence)),
+            Some((a, *f)),
+            "a lease renewed by renew_many expired at its first TTL"
+        );
+        fx.store.release(k, &a).await.unwrap();
+    }
+    assert_eq!(
+        fx.store.inspect(&theirs).await.unwrap().map(|i| i.owner),
+        Some(b),
+        "renew_many took over another owner's lease"
+    );
+    fx.store.release(&theirs, &b).await.unwrap();
+    for k in [&free, &released] {
+        assert_eq!(
+            fx.store.inspect(k).await.unwrap(),
+            None,
+            "renew_many created a lease that was not there"
+        );
+    }
+}
+
 /// `inspect` reports owner, fence and (when claimed) the remaining TTL; nothing for a free
 /// key.
 pub async fn inspect_reports_holder(fx: &Fixture) {

@@ -346,6 +346,7 @@ macro_rules! __with_cases {
             late_release_leaves_new_owner_intact,
             only_owner_renews_or_releases,
             renew_extends_ttl,
+            renew_many_answers_each_lease_in_order,
             renewal_after_own_expiry_is_refused,
             inspect_reports_holder,
             max_hold_fires_lost,

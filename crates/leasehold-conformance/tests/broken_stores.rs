@@ -47,6 +47,8 @@ enum Flaw {
     NewFenceOnRetry,
     /// Renew answers `Renewed` without asking the store.
     RenewDoesNothing,
+    /// A batch renewal answers in the wrong order (its results reversed).
+    BatchMisorders,
     /// Renew of a lease that expired (and nobody else took) grants it again.
     RenewAfterOwnExpiry,
     /// Inspect answers from a cache of grants that never sees releases or expiry.
@@ -72,13 +74,14 @@ enum Flaw {
 }
 
 impl Flaw {
-    const ALL: [Flaw; 16] = [
+    const ALL: [Flaw; 17] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
         Flaw::RacyAcquire,
         Flaw::NewFenceOnRetry,
         Flaw::RenewDoesNothing,
+        Flaw::BatchMisorders,
         Flaw::RenewAfterOwnExpiry,
         Flaw::InspectLies,
         Flaw::ListMisses,
@@ -286,6 +289,21 @@ impl Store for Broken {
             RenewOutcome::Renewed { .. } => RenewOutcome::Renewed { ttl },
             o => o,
         })
+    }
+
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        let mut out = Vec::with_capacity(leases.len());
+        for (key, owner) in leases {
+            out.push(self.renew(key, owner, ttl).await);
+        }
+        if self.flaw == Flaw::BatchMisorders {
+            out.reverse();
+        }
+        Ok(out)
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
@@ -503,6 +521,7 @@ const ALL_CASES: &[&str] = &[
     "late_release_leaves_new_owner_intact",
     "only_owner_renews_or_releases",
     "renew_extends_ttl",
+    "renew_many_answers_each_lease_in_order",
     "renewal_after_own_expiry_is_refused",
     "inspect_reports_holder",
     "max_hold_fires_lost",
@@ -595,6 +614,30 @@ const KILLS: &[Kill] = &[
         RenewDoesNothing,
         Memory,
         "renewed lease still held",
+    ),
+    kill(
+        "renew_many_answers_each_lease_in_order",
+        BatchMisorders,
+        Memory,
+        "renew_many answered another lease's result",
+    ),
+    kill(
+        "renew_many_answers_each_lease_in_order",
+        AnyOwner,
+        Memory,
+        "renew_many answered another lease's result",
+    ),
+    kill(
+        "renew_many_answers_each_lease_in_order",
+        RenewDoesNothing,
+        Memory,
+        "renew_many answered another lease's result",
+    ),
+    kill(
+        "renew_many_answers_each_lease_in_order",
+        ExpiresEarly,
+        Memory,
+        "a lease renewed by renew_many expired at its first TTL",
     ),
     kill(
         "renewal_after_own_expiry_is_refused",
@@ -823,6 +866,7 @@ flaw_tests! {
     racy_read_then_write_acquire_is_caught: RacyAcquire,
     new_fence_on_same_owner_retry_is_caught: NewFenceOnRetry,
     renew_that_does_nothing_is_caught: RenewDoesNothing,
+    batch_renewal_in_the_wrong_order_is_caught: BatchMisorders,
     renew_after_own_expiry_is_caught: RenewAfterOwnExpiry,
     inspect_that_lies_is_caught: InspectLies,
     list_that_misses_leases_is_caught: ListMisses,

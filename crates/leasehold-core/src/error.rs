@@ -157,6 +157,16 @@ impl StoreError {
             .unwrap_or_else(|_| Err(Self::timeout(backend, op, limit)))
     }
 
+    /// The same error again (kind, backend, the message with its source's text), for each
+    /// lease of a batch that failed as a whole.
+    pub(crate) fn copy_for_batch(&self) -> Self {
+        let message = match &self.source {
+            Some(src) => format!("{} (batch): {src}", self.message),
+            None => format!("{} (batch)", self.message),
+        };
+        Self::new(self.kind, self.backend, message)
+    }
+
     /// A [`StoreErrorKind::Unsupported`] for `what`.
     pub fn unsupported(backend: &'static str, what: &str) -> Self {
         Self::new(

@@ -133,9 +133,15 @@ pub(crate) fn contention(backend: &'static str, rt: &str) {
     counter!(CONTENTION_TOTAL, "backend" => backend, "resource_type" => rt.to_owned()).increment(1);
 }
 
-pub(crate) fn renewed(backend: &'static str, rt: &str, result: &'static str, latency: Duration) {
+pub(crate) fn renewed(
+    backend: &'static str,
+    rt: &str,
+    result: &'static str,
+    leases: u64,
+    latency: Duration,
+) {
     counter!(RENEW_TOTAL, "backend" => backend, "resource_type" => rt.to_owned(), "result" => result)
-        .increment(1);
+        .increment(leases);
     histogram!(RENEW_LATENCY, "backend" => backend, "resource_type" => rt.to_owned())
         .record(latency.as_secs_f64());
 }

@@ -1,12 +1,20 @@
 //! The renewal scheduler: one task per client renews every lease of that client.
 //!
-//! Each lease has one next event (its next renewal, its validity deadline or its maximum
-//! hold, whichever is first) in a min-heap, so the work per event is `O(log n)` in the
-//! number of leases the client holds, never a walk over all of them: a client holding
-//! 100,000 leases does the same work per renewal as one holding ten.
+//! Each lease has its next renewal in one ordered index and its next check (its validity
+//! deadline or its maximum hold, whichever is first) in another, both exact (an entry is
+//! moved, never left behind stale), so the work per event is `O(log n)` in the number of
+//! leases the client holds, never a walk over all of them, and the memory is a fixed few
+//! dozen bytes per lease: a client holding 100,000 leases does the same work per renewal
+//! as one holding ten.
+//!
+//! Renewals go to the store in batches ([`Store::renew_many`], at most [`RENEW_BATCH`]
+//! leases each). The renewals due at one wake-up form a batch; a batch with room left takes
+//! the renewals due within the next [`COALESCE`] of the renew interval too (renewing a
+//! lease a little early is always safe: its deadline counts from the batch's send). So
+//! leases acquired at scattered instants fall into step, and a client holding `n` leases
+//! sends about `n / RENEW_BATCH` batches per renew interval, plus a few.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,11 +29,15 @@ use crate::key::Key;
 use crate::lease::{LeaseShared, LostReason};
 use crate::metrics as m;
 use crate::observer::{LeaseObserver, RenewalEvent, RenewalPhase};
-use crate::store::{RenewOutcome, Store};
+use crate::store::{RENEW_BATCH, RenewOutcome, Store};
 use crate::token::OwnerToken;
 
 /// The longest the scheduler sleeps when it holds no lease.
 const IDLE: Duration = Duration::from_secs(1);
+
+/// A batch with room left takes renewals due within this fraction (1 / `COALESCE`) of the
+/// renew interval after its own.
+const COALESCE: u32 = 8;
 
 pub(crate) enum Command {
     /// Stop renewing and release best-effort (the handle was dropped).
@@ -91,7 +103,9 @@ impl SchedulerHandle {
             rx,
             inbox: inbox.clone(),
             entries: HashMap::new(),
-            heap: BinaryHeap::new(),
+            checks: BTreeSet::new(),
+            due: BTreeSet::new(),
+            batch: Vec::new(),
             inflight: FuturesUnordered::new(),
             releases_in_flight: 0,
             flush_waiters: Vec::new(),
@@ -145,43 +159,38 @@ impl SchedulerHandle {
 
 struct Entry {
     shared: Arc<LeaseShared>,
+    /// Its place in `Scheduler::due` while no renewal is in flight.
     next_renew: At,
     max_hold_at: Option<At>,
+    /// Its place in `Scheduler::checks`: the deadline or the maximum hold, whichever is
+    /// first, as it was when the entry was last indexed.
+    check_at: At,
     in_flight: bool,
     failures: u32,
     unreachable_failures: u32,
     renewals: u64,
-    /// Bumped whenever the entry is rescheduled: heap items of older generations are
-    /// stale and skipped.
-    generation: u64,
 }
 
 impl Entry {
-    /// The next instant at which this entry needs attention.
-    fn next_event(&self) -> At {
-        let mut t = self.shared.valid_until();
-        if !self.in_flight {
-            t = t.min(self.next_renew);
-        }
-        if let Some(mh) = self.max_hold_at {
-            t = t.min(mh);
-        }
-        t
+    /// When this entry's deadline or maximum hold must next be looked at.
+    fn next_check(&self) -> At {
+        let t = self.shared.valid_until();
+        self.max_hold_at.map_or(t, |mh| t.min(mh))
     }
 }
 
 enum Done {
+    /// A batch of renewals, all sent at `sent_at`.
     Renew {
-        id: u64,
-        shared: Arc<LeaseShared>,
         sent_at: At,
-        result: Result<RenewOutcome, StoreError>,
+        /// The leases renewed, and the store's answer: one result per lease, or one error
+        /// for the whole batch.
+        sent: Vec<(u64, Arc<LeaseShared>)>,
+        result: Result<Vec<Result<RenewOutcome, StoreError>>, StoreError>,
+        /// Renewals not sent: the lease was past its deadline, lost or let go by then.
+        skipped: Vec<u64>,
     },
     Release,
-    /// A renewal not sent: the lease was past its deadline, lost or let go by then.
-    Skipped {
-        id: u64,
-    },
 }
 
 struct Scheduler {
@@ -192,8 +201,13 @@ struct Scheduler {
     rx: mpsc::UnboundedReceiver<Command>,
     inbox: Arc<Inbox>,
     entries: HashMap<u64, Entry>,
-    /// `(when, lease id, generation)`, earliest first.
-    heap: BinaryHeap<Reverse<(At, u64, u64)>>,
+    /// `(deadline or maximum hold, lease id)` of every entry, earliest first.
+    checks: BTreeSet<(At, u64)>,
+    /// `(next renewal, lease id)` of every entry with no renewal in flight, earliest
+    /// first: where a batch finds the renewals due soon.
+    due: BTreeSet<(At, u64)>,
+    /// Entries whose renewal came due at this wake-up, sent as batches when it ends.
+    batch: Vec<u64>,
     inflight: FuturesUnordered<BoxFuture<'static, Done>>,
     releases_in_flight: usize,
     flush_waiters: Vec<oneshot::Sender<()>>,
@@ -225,23 +239,32 @@ impl Scheduler {
                 SUSPEND_CHECK
             };
             let mut wake = now.add(cap);
-            if let Some(Reverse((t, _, _))) = self.heap.peek() {
-                wake = wake.min(*t);
+            for first in [self.checks.first(), self.due.first()]
+                .into_iter()
+                .flatten()
+            {
+                wake = wake.min(first.0);
             }
             {
                 let mut st = self.inbox.lock();
-                if !st.new.is_empty() {
-                    continue;
+                if st.new.is_empty() {
+                    st.planned = Some(wake);
+                } else {
+                    // More leases arrived meanwhile: take them at once, but only after
+                    // polling the requests in flight (never `continue` past them: while
+                    // leases keep arriving, the renewals would never be sent).
+                    wake = now;
                 }
-                st.planned = Some(wake);
             }
             let sleep_until = self.clock.to_tokio(wake);
             tokio::select! {
+                // Replies first: a renewal's answer is what keeps a lease.
+                biased;
+                Some(done) = self.inflight.next(), if !self.inflight.is_empty() => self.done(done),
                 cmd = self.rx.recv(), if open => match cmd {
                     Some(cmd) => self.command(cmd),
                     None => open = false,
                 },
-                Some(done) = self.inflight.next(), if !self.inflight.is_empty() => self.done(done),
                 () = self.inbox.wake.notified() => {}
                 () = tokio::time::sleep_until(sleep_until) => {}
             }
@@ -256,32 +279,38 @@ impl Scheduler {
         }
         // Every schedule counts from the send of the request that granted the lease.
         let acquired_at = shared.acquired_at;
-        let entry = Entry {
+        let mut entry = Entry {
             next_renew: acquired_at.add(self.config.renew_interval()),
             max_hold_at: self.config.max_hold().map(|d| acquired_at.add(d)),
+            check_at: acquired_at,
             shared: shared.clone(),
             in_flight: false,
             failures: 0,
             unreachable_failures: 0,
             renewals: 0,
-            generation: 0,
         };
+        entry.check_at = entry.next_check();
+        self.due.insert((entry.next_renew, shared.id));
+        self.checks.insert((entry.check_at, shared.id));
         self.entries.insert(shared.id, entry);
-        self.schedule(shared.id);
     }
 
-    /// Pushes entry `id`'s next event onto the heap (making older items stale).
-    fn schedule(&mut self, id: u64) {
+    /// Moves entry `id` in the check index to its current deadline or maximum hold.
+    fn recheck(&mut self, id: u64) {
         if let Some(e) = self.entries.get_mut(&id) {
-            e.generation += 1;
-            self.heap.push(Reverse((e.next_event(), id, e.generation)));
+            let at = e.next_check();
+            if at != e.check_at {
+                self.checks.remove(&(e.check_at, id));
+                e.check_at = at;
+                self.checks.insert((at, id));
+            }
         }
     }
 
     fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Drop(shared) => {
-                self.entries.remove(&shared.id);
+                self.forget(shared.id);
                 self.release(shared.key.clone(), shared.owner);
             }
             Command::ReleaseOrphan(key, owner) => self.release(key, owner),
@@ -290,7 +319,9 @@ impl Scheduler {
                 for (_, e) in self.entries.drain() {
                     e.shared.mark_lost(LostReason::Shutdown);
                 }
-                self.heap.clear();
+                self.checks.clear();
+                self.due.clear();
+                self.batch.clear();
                 let _ = reply.send(());
             }
             Command::Flush(reply) => {
@@ -319,112 +350,217 @@ impl Scheduler {
     /// The lease stays in the store: the holder's code may still be running, so only the
     /// holder frees it (by releasing or dropping its handle), or the store expires it.
     fn lose(&mut self, id: u64, reason: LostReason) {
-        if let Some(e) = self.entries.remove(&id) {
+        if let Some(e) = self.forget(id) {
             e.shared.mark_lost(reason);
         }
     }
 
-    /// Handles every heap item due at `now`.
+    /// Removes entry `id` (and its places in the indexes).
+    fn forget(&mut self, id: u64) -> Option<Entry> {
+        let e = self.entries.remove(&id)?;
+        self.checks.remove(&(e.check_at, id));
+        if !e.in_flight {
+            self.due.remove(&(e.next_renew, id));
+        }
+        Some(e)
+    }
+
+    /// Handles every deadline, maximum hold and renewal due at `now`, then sends the
+    /// renewals that came due.
     fn run_due(&mut self, now: At) {
-        while let Some(&Reverse((t, id, generation))) = self.heap.peek() {
+        while let Some(&(t, id)) = self.checks.first() {
             if t > now {
                 break;
             }
-            self.heap.pop();
-            self.visit(id, generation, now);
+            self.check(id, now);
+        }
+        while let Some(&(t, id)) = self.due.first() {
+            if t > now {
+                break;
+            }
+            self.renewal_due(id);
+        }
+        self.send_batches(now);
+    }
+
+    /// Sends the renewals due at `now` in batches of at most [`RENEW_BATCH`], the last one
+    /// filled with renewals due within the coalescing window.
+    fn send_batches(&mut self, now: At) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let mut ids = std::mem::take(&mut self.batch);
+        let room = ids.len().div_ceil(RENEW_BATCH) * RENEW_BATCH - ids.len();
+        let horizon = now.add(self.config.renew_interval() / COALESCE);
+        let soon: Vec<(At, u64)> = self
+            .due
+            .range(..=(horizon, u64::MAX))
+            .take(room)
+            .copied()
+            .collect();
+        for (t, id) in soon {
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            if e.shared.is_done() || self.config.max_renewals().is_some_and(|m| e.renewals >= m) {
+                // Left to its own event, which ends it.
+                continue;
+            }
+            self.due.remove(&(t, id));
+            e.in_flight = true;
+            ids.push(id);
+        }
+        for chunk in ids.chunks(RENEW_BATCH) {
+            self.start_batch(chunk, now);
         }
     }
 
-    /// Does whatever is due for entry `id` at `now`: bounded-hold checks, the deadline,
-    /// the renewal.
-    fn visit(&mut self, id: u64, generation: u64, now: At) {
-        let Some(e) = self.entries.get_mut(&id) else {
-            return;
-        };
-        if e.generation != generation {
-            return;
-        }
+    /// Entry `id`'s deadline or maximum hold came: loses it if either has passed (else its
+    /// deadline moved meanwhile, and so does its place in the index).
+    fn check(&mut self, id: u64, now: At) {
         #[cfg(test)]
         self.visits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if e.shared.is_done() {
-            self.entries.remove(&id);
+        let Some(e) = self.entries.get(&id) else {
+            // Not indexed without an entry; drop the stray item all the same.
+            self.checks.pop_first();
             return;
-        }
-        if e.max_hold_at.is_some_and(|t| now >= t) {
-            return self.lose(id, LostReason::MaxHoldExceeded);
-        }
-        if now >= e.shared.valid_until() {
+        };
+        if e.shared.is_done() {
+            self.forget(id);
+        } else if e.max_hold_at.is_some_and(|t| now >= t) {
+            self.lose(id, LostReason::MaxHoldExceeded);
+        } else if now >= e.shared.valid_until() {
             let reason = if e.unreachable_failures > 0 {
                 LostReason::StoreUnavailable
             } else {
                 LostReason::Expired
             };
-            return self.lose(id, reason);
+            self.lose(id, reason);
+        } else {
+            self.recheck(id);
         }
-        if !e.in_flight && now >= e.next_renew {
-            if self.config.max_renewals().is_some_and(|m| e.renewals >= m) {
-                return self.lose(id, LostReason::MaxHoldExceeded);
-            }
-            e.in_flight = true;
-            let shared = e.shared.clone();
-            self.start_renewal(id, shared, now);
-        }
-        self.schedule(id);
     }
 
-    fn start_renewal(&mut self, id: u64, shared: Arc<LeaseShared>, now: At) {
+    /// Entry `id`'s renewal came due (it has none in flight): joins this wake-up's batch.
+    fn renewal_due(&mut self, id: u64) {
+        #[cfg(test)]
+        self.visits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(e) = self.entries.get_mut(&id) else {
+            self.due.pop_first();
+            return;
+        };
+        if e.shared.is_done() {
+            self.forget(id);
+            return;
+        }
+        if self.config.max_renewals().is_some_and(|m| e.renewals >= m) {
+            return self.lose(id, LostReason::MaxHoldExceeded);
+        }
+        self.due.remove(&(e.next_renew, id));
+        e.in_flight = true;
+        self.batch.push(id);
+    }
+
+    /// Sends one batch of renewals (entries already marked in flight).
+    fn start_batch(&mut self, ids: &[u64], now: At) {
+        let leases: Vec<(u64, Arc<LeaseShared>)> = ids
+            .iter()
+            .filter_map(|id| self.entries.get(id).map(|e| (*id, e.shared.clone())))
+            .collect();
         let store = self.store.clone();
         let ttl = self.config.ttl();
         let clock = self.clock.clone();
         let observer = self.observer.clone();
-        // Never wait for a reply past the deadline: it would be useless then.
-        let budget = self
-            .config
-            .op_timeout()
-            .min(shared.valid_until().since(now));
+        // Never wait for a reply past the last deadline in the batch: useless then.
+        let last_deadline = leases
+            .iter()
+            .map(|(_, s)| s.valid_until())
+            .max()
+            .unwrap_or(now);
+        let budget = self.config.op_timeout().min(last_deadline.since(now));
         self.inflight.push(Box::pin(async move {
             let sent_at = clock.now();
             // Looked at again when the request is really about to go (the task may have
             // been preempted or the process frozen since the scheduler decided to renew):
             // a renewal is never sent for a lease past its deadline, lost or let go.
-            if !shared.is_held_at(sent_at) {
-                return Done::Skipped { id };
+            let (sent, skipped): (Vec<_>, Vec<_>) =
+                leases.into_iter().partition(|(_, s)| s.is_held_at(sent_at));
+            let skipped = skipped.into_iter().map(|(id, _)| id).collect();
+            if sent.is_empty() {
+                return Done::Renew {
+                    sent_at,
+                    sent,
+                    result: Ok(Vec::new()),
+                    skipped,
+                };
             }
             if let Some(o) = &observer {
-                observe(o.as_ref(), &shared, RenewalPhase::Sent, sent_at);
+                for (_, shared) in &sent {
+                    observe(o.as_ref(), shared, RenewalPhase::Sent, sent_at);
+                }
             }
-            let result = StoreError::bounded(
-                store.backend(),
-                "renew",
-                budget,
-                store.renew(&shared.key, &shared.owner, ttl),
-            )
-            .await;
+            let request: Vec<(crate::Key, OwnerToken)> =
+                sent.iter().map(|(_, s)| (s.key.clone(), s.owner)).collect();
+            let backend = store.backend();
+            let result =
+                StoreError::bounded(backend, "renew", budget, store.renew_many(&request, ttl))
+                    .await
+                    .and_then(|results| {
+                        if results.len() == request.len() {
+                            Ok(results)
+                        } else {
+                            Err(StoreError::new(
+                                StoreErrorKind::Corrupt,
+                                backend,
+                                format!(
+                                    "renew: {} results for a batch of {} leases",
+                                    results.len(),
+                                    request.len()
+                                ),
+                            ))
+                        }
+                    });
             Done::Renew {
-                id,
-                shared,
                 sent_at,
+                sent,
                 result,
+                skipped,
             }
         }));
     }
 
     fn done(&mut self, done: Done) {
-        let (id, shared, sent_at, result) = match done {
+        match done {
             Done::Renew {
-                id,
-                shared,
                 sent_at,
+                sent,
                 result,
-            } => (id, shared, sent_at, result),
-            Done::Skipped { id } => {
-                if let Some(e) = self.entries.get_mut(&id) {
-                    e.in_flight = false;
-                    // Its next event (the deadline, now past) loses it, unless it ended.
-                    self.schedule(id);
+                skipped,
+            } => {
+                for id in skipped {
+                    if let Some(e) = self.entries.get_mut(&id) {
+                        // Not back in the renewal index: its deadline (past or near) loses
+                        // it, unless it ended.
+                        e.in_flight = false;
+                    }
                 }
-                return;
+                let mut tally = Tally::default();
+                match result {
+                    Ok(results) => {
+                        for ((id, shared), result) in sent.into_iter().zip(results) {
+                            self.renewed(id, shared, sent_at, result, &mut tally);
+                        }
+                    }
+                    Err(err) => {
+                        for (id, shared) in sent {
+                            let err = Err(err.copy_for_batch());
+                            self.renewed(id, shared, sent_at, err, &mut tally);
+                        }
+                    }
+                }
+                tally.record(self.store.backend(), self.clock.now().since(sent_at));
             }
             Done::Release => {
                 self.releases_in_flight -= 1;
@@ -433,9 +569,19 @@ impl Scheduler {
                         let _ = w.send(());
                     }
                 }
-                return;
             }
-        };
+        }
+    }
+
+    /// Handles the store's answer to the renewal of entry `id`, sent at `sent_at`.
+    fn renewed(
+        &mut self,
+        id: u64,
+        shared: Arc<LeaseShared>,
+        sent_at: At,
+        result: Result<RenewOutcome, StoreError>,
+        tally: &mut Tally,
+    ) {
         let now = self.clock.now();
         let Some(e) = self.entries.get_mut(&id) else {
             // Released, lost or shut down meanwhile: the reply changes nothing.
@@ -461,7 +607,7 @@ impl Scheduler {
         };
         match result {
             Ok(RenewOutcome::Renewed { ttl }) => {
-                m::renewed(backend, rt, "renewed", latency);
+                tally.add(rt, "renewed");
                 let until = sent_at.add(self.config.validity(ttl.min(self.config.ttl())));
                 let replaced = if now < until {
                     e.shared.extend(until, now)
@@ -493,12 +639,12 @@ impl Scheduler {
                 }
             }
             Ok(RenewOutcome::NotOwner) => {
-                m::renewed(backend, rt, "not_owner", latency);
+                tally.add(rt, "not_owner");
                 report(&e.shared, RenewalPhase::NotOwner);
                 return self.lose(id, LostReason::NotOwner);
             }
             Err(err) => {
-                m::renewed(backend, rt, "error", latency);
+                tally.add(rt, "error");
                 report(&e.shared, RenewalPhase::Failed);
                 e.failures += 1;
                 if matches!(
@@ -523,7 +669,34 @@ impl Scheduler {
                 e.next_renew = now.add(retry_delay(&self.config));
             }
         }
-        self.schedule(id);
+        let next_renew = e.next_renew;
+        self.due.insert((next_renew, id));
+        self.recheck(id);
+    }
+}
+
+/// The renewal results of one batch, by resource type and result, recorded as one counter
+/// increment and one latency per pair (the batch's leases share one request, so one
+/// latency): the metrics cost per batch, not per lease.
+#[derive(Default)]
+struct Tally(Vec<(String, &'static str, u64)>);
+
+impl Tally {
+    fn add(&mut self, resource_type: &str, result: &'static str) {
+        match self
+            .0
+            .iter_mut()
+            .find(|(rt, r, _)| *r == result && rt == resource_type)
+        {
+            Some((_, _, n)) => *n += 1,
+            None => self.0.push((resource_type.to_owned(), result, 1)),
+        }
+    }
+
+    fn record(self, backend: &'static str, latency: Duration) {
+        for (rt, result, n) in self.0 {
+            m::renewed(backend, &rt, result, n, latency);
+        }
     }
 }
 

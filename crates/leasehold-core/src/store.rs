@@ -8,6 +8,9 @@ use crate::error::StoreError;
 use crate::key::Key;
 use crate::token::{Fence, OwnerToken};
 
+/// The most leases the renewal scheduler sends in one [`Store::renew_many`] call.
+pub const RENEW_BATCH: usize = 1000;
+
 /// The reply to [`Store::acquire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireOutcome {
@@ -151,6 +154,31 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError>;
+
+    /// [`renew`](Self::renew) for many leases at once: one result per `(key, owner)` of
+    /// `leases`, in the same order. A batch is not atomic; each lease is renewed (or not)
+    /// on its own, as `renew` would. `Err` means the batch as a whole failed, and is then
+    /// as ambiguous for every lease in it as the same error from `renew` for one.
+    ///
+    /// The renewal scheduler sends a client's due renewals through this in batches of at
+    /// most [`RENEW_BATCH`], so a store that sends a batch in one round trip (the Redis
+    /// store does) renews 100,000 leases with a hundred round trips. The default sends
+    /// each renewal on its own, concurrently.
+    ///
+    /// # Cancel safety
+    /// As `renew`: a dropped call may have renewed any of the leases.
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        Ok(futures::future::join_all(
+            leases
+                .iter()
+                .map(|(key, owner)| self.renew(key, owner, ttl)),
+        )
+        .await)
+    }
 
     /// Compare-and-delete: remove the lease only if `owner` holds `key`.
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError>;

@@ -23,7 +23,8 @@ pub fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Parses a duration parameter: `250ms`, `2s`, `1m`, or a bare number of milliseconds.
+/// Parses a duration parameter: `250ms`, `2s`, `1m`, `6h`, `7d`, or a bare number of
+/// milliseconds.
 /// `None` when it is none of these or overflows.
 pub fn parse_duration(v: &str) -> Option<Duration> {
     let (digits, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
@@ -35,6 +36,8 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
         "ms" => Some(Duration::from_millis(n)),
         "s" => Some(Duration::from_secs(n)),
         "m" => n.checked_mul(60).map(Duration::from_secs),
+        "h" => n.checked_mul(3600).map(Duration::from_secs),
+        "d" => n.checked_mul(24 * 3600).map(Duration::from_secs),
         _ => None,
     }
 }
@@ -57,8 +60,11 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_duration("2s"), Some(Duration::from_secs(2)));
         assert_eq!(parse_duration("1m"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_duration("6h"), Some(Duration::from_secs(6 * 3600)));
+        assert_eq!(parse_duration("7d"), Some(Duration::from_secs(7 * 86400)));
+        assert_eq!(parse_duration(&format!("{}d", u64::MAX)), None);
         assert_eq!(parse_duration("750"), Some(Duration::from_millis(750)));
-        for bad in ["", "s", "1h", "-1s", "1.5s", "99999999999999999999ms"] {
+        for bad in ["", "s", "1w", "1H", "-1s", "1.5s", "99999999999999999999ms"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
         assert_eq!(parse_duration(&format!("{}m", u64::MAX)), None);

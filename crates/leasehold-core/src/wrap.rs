@@ -93,6 +93,15 @@ impl Store for TimeoutStore {
         self.bounded("renew", self.timeout, call).await
     }
 
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        let call = self.inner.renew_many(leases, ttl);
+        self.bounded("renew", self.timeout, call).await
+    }
+
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         let call = self.inner.release(key, owner);
         self.bounded("release", self.timeout, call).await

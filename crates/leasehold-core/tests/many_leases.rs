@@ -4,19 +4,81 @@
 //! 10,000 leases on Redis, lost 43 % of them in 30 s).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use async_trait::async_trait;
 use leasehold_core::memory::MemoryStore;
-use leasehold_core::{LeaseClient, LeaseConfig};
+use leasehold_core::{
+    AcquireOutcome, Capabilities, Key, LeaseClient, LeaseConfig, LeaseInfo, OwnerToken,
+    RENEW_BATCH, ReleaseOutcome, RenewOutcome, Store, StoreError,
+};
 
 const N: usize = 10_000;
+
+/// The memory store, counting the requests the scheduler sends to renew.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: MemoryStore,
+    /// `renew` calls (one lease each) and `renew_many` calls (a batch each).
+    requests: AtomicUsize,
+    /// Leases renewed, in whichever way.
+    renewals: AtomicUsize,
+    largest_batch: AtomicUsize,
+}
+
+#[async_trait]
+impl Store for Counting {
+    fn backend(&self) -> &'static str {
+        "counting"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.inner.acquire(key, owner, ttl).await
+    }
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(key, owner, ttl).await
+    }
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.renewals.fetch_add(leases.len(), Ordering::Relaxed);
+        self.largest_batch
+            .fetch_max(leases.len(), Ordering::Relaxed);
+        self.inner.renew_many(leases, ttl).await
+    }
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.inner.release(key, owner).await
+    }
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.inner.inspect(key).await
+    }
+}
 
 async fn hold_many(watchdog: bool, ttl: Duration, spread: Duration, hold: Duration) {
     let cfg = LeaseConfig::builder(ttl)
         .watchdog_thread(watchdog)
         .build()
         .unwrap();
-    let client = LeaseClient::new(Arc::new(MemoryStore::new()), cfg);
+    let store = Arc::new(Counting::default());
+    let client = LeaseClient::new(store.clone(), cfg.clone());
     let mut leases = Vec::with_capacity(N);
     for i in 0..N {
         leases.push(client.try_acquire(format!("many:{i}")).await.unwrap());
@@ -27,6 +89,23 @@ async fn hold_many(watchdog: bool, ttl: Duration, spread: Duration, hold: Durati
         }
     }
     tokio::time::sleep(hold).await;
+    // Renewals go in batches: about N / RENEW_BATCH requests per renew interval, plus
+    // the few that the coalescing window lets through (a scheduler sending each renewal
+    // on its own makes N requests per interval).
+    let intervals = hold.as_secs_f64() / cfg.renew_interval().as_secs_f64() + 1.0;
+    let requests = store.requests.load(Ordering::Relaxed) as f64;
+    let per_interval = requests / intervals;
+    assert!(
+        per_interval <= (N / RENEW_BATCH) as f64 + 12.0,
+        "{per_interval:.1} renewal requests per renew interval for {N} leases"
+    );
+    assert!(store.largest_batch.load(Ordering::Relaxed) <= RENEW_BATCH);
+    // Renewing a little early to fill a batch costs at most one renewal in eight.
+    let renewals = store.renewals.load(Ordering::Relaxed) as f64;
+    assert!(
+        renewals >= (N as f64) * (intervals - 2.0) && renewals <= (N as f64) * intervals * 1.2,
+        "{renewals} renewals of {N} leases in {intervals:.1} renew intervals"
+    );
     let lost: Vec<_> = leases
         .iter()
         .filter_map(|l| l.lost_reason().map(|r| (l.key().to_string(), r)))

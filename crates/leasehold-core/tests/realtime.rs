@@ -18,9 +18,12 @@ fn starved_runtime_still_fires_lost_at_the_deadline() {
     let ttl = Duration::from_millis(300);
     let (lease, watcher) = rt.block_on(async {
         let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(ttl).unwrap());
+        // The deadline counts from the acquire's send, which is after this instant (an
+        // instant taken after the call returns would make a slow reply look like an early
+        // signal).
+        let acquired = StdInstant::now();
         let lease = client.try_acquire("job:starved").await.unwrap();
         let token = lease.lost_token();
-        let acquired = StdInstant::now();
         let watcher = std::thread::spawn(move || {
             futures::executor::block_on(token.cancelled());
             acquired.elapsed()

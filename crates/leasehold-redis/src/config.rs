@@ -14,8 +14,16 @@ pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default number of retries the cluster client makes on redirections and transient
-/// errors within one operation (bounded by the operation timeout anyway).
+/// errors within one operation (the caller's wait is bounded by the operation timeout;
+/// the client's own retries may go on after it).
 pub const DEFAULT_CLUSTER_RETRIES: u32 = 6;
+/// Default time a key's fence record is kept after its last grant (see
+/// [`RedisConfigBuilder::fence_retention`]).
+pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The longest fence retention accepted (ten years).
+pub const MAX_FENCE_RETENTION: Duration = Duration::from_secs(3650 * 24 * 3600);
+
 /// Default interval at which the store reads `maxmemory-policy` again on a connection it
 /// already checked (see [`RedisConfigBuilder::policy_check`]).
 pub const DEFAULT_POLICY_CHECK: Duration = Duration::from_secs(10);
@@ -116,6 +124,7 @@ pub struct RedisConfig {
     address_map: Vec<(NodeAddr, NodeAddr)>,
     allow_eviction: bool,
     policy_check: Duration,
+    fence_retention: Option<Duration>,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -134,6 +143,7 @@ impl fmt::Debug for RedisConfig {
             .field("address_map", &self.address_map)
             .field("allow_eviction", &self.allow_eviction)
             .field("policy_check", &self.policy_check)
+            .field("fence_retention", &self.fence_retention)
             .finish()
     }
 }
@@ -180,6 +190,11 @@ impl fmt::Display for RedisConfig {
             f.write_str("&allow_eviction=true")?;
         } else {
             write!(f, "&policy_check={}ms", self.policy_check.as_millis())?;
+        }
+        match self.fence_retention {
+            Some(d) if d == DEFAULT_FENCE_RETENTION => {}
+            Some(d) => write!(f, "&fence_retention={}ms", d.as_millis())?,
+            None => f.write_str("&fence_retention=forever")?,
         }
         if let Some(tls) = &self.tls {
             if let Some(ca) = &tls.ca_file {
@@ -294,6 +309,12 @@ impl RedisConfig {
         self.policy_check
     }
 
+    /// How long a key's fence record is kept after its last grant (`None`: forever). See
+    /// [`RedisConfigBuilder::fence_retention`].
+    pub fn fence_retention(&self) -> Option<Duration> {
+        self.fence_retention
+    }
+
     pub(crate) fn map_addr(&self, addr: &NodeAddr) -> NodeAddr {
         self.address_map
             .iter()
@@ -337,6 +358,7 @@ impl RedisConfigBuilder {
                 address_map: Vec::new(),
                 allow_eviction: false,
                 policy_check: DEFAULT_POLICY_CHECK,
+                fence_retention: Some(DEFAULT_FENCE_RETENTION),
             },
         }
     }
@@ -411,6 +433,9 @@ impl RedisConfigBuilder {
         self
     }
     /// Retries of the cluster client within one operation (default 6).
+    ///
+    /// The cluster client retries in the background, so a request whose call already
+    /// ended with a `Timeout` may still be applied later (a late grant lives one TTL).
     pub fn cluster_retries(mut self, n: u32) -> Self {
         self.cfg.cluster_retries = n;
         self
@@ -439,6 +464,18 @@ impl RedisConfigBuilder {
     /// used with [`allow_eviction`](Self::allow_eviction).
     pub fn policy_check(mut self, d: Duration) -> Self {
         self.cfg.policy_check = d;
+        self
+    }
+    /// How long a key's fence record (`…:fence`) is kept after the last grant or break on
+    /// that key (default 7 days; `None`: forever). Without it, a store with one key per entity grows by one
+    /// record per key ever used.
+    ///
+    /// Safe because fences are floored at the server's clock in µs: once a record is gone,
+    /// the next grant's fence is the clock, above every fence issued before unless the
+    /// server's clock went back by more than the retention. A lease held for longer than
+    /// its retention keeps its fence (it is in the lease's own value). 1 s ..= 10 years.
+    pub fn fence_retention(mut self, d: Option<Duration>) -> Self {
+        self.cfg.fence_retention = d;
         self
     }
     /// Connect to `to` whenever `from` is named, by the configuration or by the Cluster
@@ -472,6 +509,14 @@ impl RedisConfigBuilder {
         if cfg.policy_check.is_zero() || cfg.policy_check > DAY {
             return Err(config_error(
                 "the policy check interval must be above zero and at most 24h",
+            ));
+        }
+        if cfg
+            .fence_retention
+            .is_some_and(|d| d < Duration::from_secs(1) || d > MAX_FENCE_RETENTION)
+        {
+            return Err(config_error(
+                "the fence retention must be at least 1s and at most 10 years (or `forever`)",
             ));
         }
         let nodes: Vec<&NodeAddr> = match &cfg.topology {
@@ -622,6 +667,15 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             "notify" => b = b.notifications(parse_bool(&name, &value)?),
             "allow_eviction" => b = b.allow_eviction(parse_bool(&name, &value)?),
             "policy_check" => b = b.policy_check(parse_duration(&name, &value)?),
+            "fence_retention" if value == "forever" => b = b.fence_retention(None),
+            "fence_retention" => {
+                let d = leasehold_core::url::parse_duration(&value).ok_or_else(|| {
+                    config_error(
+                        "URL parameter `fence_retention` must be a duration such as 1h or 7d, or `forever`",
+                    )
+                })?;
+                b = b.fence_retention(Some(d));
+            }
             "cluster_retries" if cluster => {
                 b = b.cluster_retries(value.parse().map_err(|_| {
                     config_error("URL parameter `cluster_retries` must be a whole number")

@@ -120,6 +120,12 @@ impl Layout {
         })
     }
 
+    /// The Cluster slot of `key`'s lease and fence keys: CRC16 (XMODEM) of the hash tag,
+    /// modulo 16384, as Redis computes it (`CLUSTER KEYSLOT`).
+    pub(crate) fn slot(&self, key: &Key) -> u16 {
+        crc16::State::<crc16::XMODEM>::calculate(encode(key.as_str()).as_bytes()) % 16384
+    }
+
     pub(crate) fn names(&self, key: &Key) -> KeyNames {
         let lease = format!("{}{{{}}}", self.prefix, encode(key.as_str()));
         KeyNames {
@@ -155,6 +161,22 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The slot is `CLUSTER KEYSLOT` of the lease key: values from the Redis Cluster
+    /// specification (`123456789` → 0x31C3) and from `redis-cli CLUSTER KEYSLOT` (`foo`
+    /// → 12182, `somekey` → 11058); a key that gets encoded hashes by its encoding, which
+    /// is what the hash tag holds.
+    #[test]
+    fn slots_are_redis_key_slots() {
+        let layout = Layout::new(DEFAULT_PREFIX).unwrap();
+        let slot = |k: &str| layout.slot(&Key::new(k).unwrap());
+        assert_eq!(slot("123456789"), 0x31C3);
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("somekey"), 11058);
+        let raw = |s: &str| crc16::State::<crc16::XMODEM>::calculate(s.as_bytes()) % 16384;
+        assert_eq!(slot("a{b}"), raw("a%7Bb%7D"));
+        assert_ne!(slot("a{b}"), slot("b"));
+    }
 
     /// Redis Cluster's hash tag rule: the part between the first `{` and the first `}`
     /// after it, if non-empty; otherwise the whole key.

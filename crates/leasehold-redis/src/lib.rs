@@ -13,8 +13,9 @@ mod scripts;
 mod store;
 
 pub use config::{
-    DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_POLICY_CHECK,
-    NodeAddr, RedisConfig, RedisConfigBuilder, TlsSettings, Topology,
+    DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_RETENTION, DEFAULT_OP_TIMEOUT,
+    DEFAULT_POLICY_CHECK, MAX_FENCE_RETENTION, NodeAddr, RedisConfig, RedisConfigBuilder,
+    TlsSettings, Topology,
 };
 pub use error::{Cause, EvictingPolicy};
 pub use factory::RedisFactory;

@@ -68,7 +68,7 @@ local function next_fence(last)
 end
 "#;
 
-/// KEYS: lease, fence. ARGV: id, owner, ttl ms.
+/// KEYS: lease, fence. ARGV: id, owner, ttl ms, fence record expiry ms ('' = never).
 /// → `{id, 1, fence, ttl}` acquired (fresh, or same owner: extended, same fence);
 ///   `{id, 0, pttl}` held by another owner.
 const ACQUIRE: &str = r#"
@@ -88,7 +88,11 @@ if ferr then return redis.error_reply(ferr) end
 local f, nerr = next_fence(last)
 if nerr then return redis.error_reply(nerr) end
 local fs = string.format('%d', f)
-redis.call('SET', KEYS[2], fs)
+if ARGV[4] == '' then
+  redis.call('SET', KEYS[2], fs)
+else
+  redis.call('SET', KEYS[2], fs, 'PX', ARGV[4])
+end
 redis.call('SET', KEYS[1], ARGV[2] .. ':' .. fs, 'PX', ARGV[3])
 return {ARGV[1], 1, fs, tonumber(ARGV[3])}
 "#;
@@ -102,6 +106,25 @@ if lease and lease[1] == ARGV[2] then
   return {ARGV[1], 1}
 end
 return {ARGV[1], 0}
+"#;
+
+/// KEYS: lease₁ … leaseₙ (one Cluster slot). ARGV: id, ttl ms, owner₁ … ownerₙ.
+/// → `{id, r₁ … rₙ}`: `1` renewed, `0` not the owner, or the error's text (a string) for
+/// a key that holds something else. Each key is renewed (or not) as RENEW would.
+const RENEW_MANY: &str = r#"
+local out = {ARGV[1]}
+for i = 1, #KEYS do
+  local lease, err = read_lease(KEYS[i])
+  if err then
+    out[i + 1] = err
+  elseif lease and lease[1] == ARGV[i + 2] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    out[i + 1] = 1
+  else
+    out[i + 1] = 0
+  end
+end
+return out
 "#;
 
 /// KEYS: lease. ARGV: id, owner, channel ('' = don't publish).
@@ -127,7 +150,8 @@ if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry
 return {ARGV[1], lease[1], lease[2], pttl}
 "#;
 
-/// KEYS: lease, fence. ARGV: id, channel ('' = don't publish). → `{id, fence}`.
+/// KEYS: lease, fence. ARGV: id, channel ('' = don't publish), fence record expiry ms
+/// ('' = never). → `{id, fence}`.
 /// A corrupt lease value is reported, not deleted: it may be someone else's data.
 const BREAK: &str = r#"
 local lease, err = read_lease(KEYS[1])
@@ -141,7 +165,11 @@ end
 local f, nerr = next_fence(last)
 if nerr then return redis.error_reply(nerr) end
 local fs = string.format('%d', f)
-redis.call('SET', KEYS[2], fs)
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[2], fs)
+else
+  redis.call('SET', KEYS[2], fs, 'PX', ARGV[3])
+end
 if lease then
   redis.call('DEL', KEYS[1])
   if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], fs) end
@@ -154,6 +182,7 @@ return {ARGV[1], fs}
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) renew: Script,
+    pub(crate) renew_many: Script,
     pub(crate) release: Script,
     pub(crate) inspect: Script,
     pub(crate) break_lease: Script,
@@ -163,6 +192,7 @@ pub(crate) struct Scripts {
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(&format!("{PRELUDE}{ACQUIRE}")),
     renew: Script::new(&format!("{PRELUDE}{RENEW}")),
+    renew_many: Script::new(&format!("{PRELUDE}{RENEW_MANY}")),
     release: Script::new(&format!("{PRELUDE}{RELEASE}")),
     inspect: Script::new(&format!("{PRELUDE}{INSPECT}")),
     break_lease: Script::new(&format!("{PRELUDE}{BREAK}")),
@@ -171,7 +201,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// The source of each script, for the benchmark's raw baseline and for documentation.
 pub mod source {
     /// The acquire script (with its prelude). KEYS: lease, fence. ARGV: request id, owner
-    /// hex, TTL in ms.
+    /// hex, TTL in ms, fence record expiry in ms (empty: never).
     pub fn acquire() -> String {
         format!("{}{}", super::PRELUDE, super::ACQUIRE)
     }
@@ -286,6 +316,48 @@ pub(crate) fn parse_flag(v: &Value, id: &str) -> Reply<bool> {
     }
 }
 
+/// One lease's answer in a batch renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    Yes,
+    NotOwner,
+    /// The script's error for this key (its text).
+    Failed(String),
+}
+
+/// The error of one lease in a batch whose script reported `text` for it: `Corrupt` for
+/// the scripts' own `LHCORRUPT` findings, `Other` for anything else.
+pub(crate) fn item_error(op: &str, text: &str) -> leasehold_core::StoreError {
+    use leasehold_core::{StoreError, StoreErrorKind};
+    let kind = if text.starts_with(CORRUPT_CODE) {
+        StoreErrorKind::Corrupt
+    } else {
+        StoreErrorKind::Other
+    };
+    let text = text.strip_prefix(CORRUPT_CODE).unwrap_or(text).trim_start();
+    StoreError::new(kind, crate::BACKEND, format!("{op}: {text}"))
+}
+
+/// Batch renewal: `{id, r₁ … rₙ}`, exactly `n` results.
+pub(crate) fn parse_renew_many(v: &Value, id: &str, n: usize) -> Reply<Vec<Renewed>> {
+    let it = items(v, id)?;
+    if it.len() != n {
+        return Err(ReplyError::Shape(
+            "wrong number of results in a batch renewal",
+        ));
+    }
+    it.iter()
+        .map(|r| match (as_int(r), r) {
+            (Some(1), Value::Int(_)) => Ok(Renewed::Yes),
+            (Some(0), Value::Int(_)) => Ok(Renewed::NotOwner),
+            _ => as_str(r)
+                .filter(|s| !s.is_empty())
+                .map(|s| Renewed::Failed(s.to_owned()))
+                .ok_or(ReplyError::Shape("unexpected result in a batch renewal")),
+        })
+        .collect()
+}
+
 /// Inspect: `None` when free, else owner, fence, remaining.
 pub(crate) fn parse_inspect(v: &Value, id: &str) -> Reply<Option<(OwnerToken, Fence, Duration)>> {
     let it = items(v, id)?;
@@ -323,6 +395,39 @@ mod tests {
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn batch_renewal_replies_are_strict() {
+        let reply = |items: Vec<Value>| {
+            let mut v = vec![bulk("id")];
+            v.extend(items);
+            Value::Array(v)
+        };
+        let ok = reply(vec![
+            Value::Int(1),
+            Value::Int(0),
+            bulk("LHCORRUPT not a lease"),
+        ]);
+        assert_eq!(
+            parse_renew_many(&ok, "id", 3),
+            Ok(vec![
+                Renewed::Yes,
+                Renewed::NotOwner,
+                Renewed::Failed("LHCORRUPT not a lease".into())
+            ])
+        );
+        // Another request's reply, a wrong count, a number that is no answer.
+        assert_eq!(parse_renew_many(&ok, "other", 3), Err(ReplyError::WrongId));
+        assert!(parse_renew_many(&ok, "id", 2).is_err());
+        assert!(parse_renew_many(&reply(vec![Value::Int(2)]), "id", 1).is_err());
+        assert!(parse_renew_many(&reply(vec![bulk("")]), "id", 1).is_err());
+        let e = item_error("renew", "LHCORRUPT the lease key holds a string");
+        assert_eq!(e.kind(), leasehold_core::StoreErrorKind::Corrupt);
+        assert_eq!(
+            item_error("renew", "NOPERM no").kind(),
+            leasehold_core::StoreErrorKind::Other
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, RENEW_BATCH,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use redis::Value;
@@ -17,7 +17,7 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::{KeyNames, Layout};
 use crate::notify::Notifier;
-use crate::scripts::{self, Acquired, SCRIPTS};
+use crate::scripts::{self, Acquired, Renewed, SCRIPTS};
 
 /// A leasehold [`Store`] on Redis (one server) or Redis Cluster.
 ///
@@ -184,6 +184,18 @@ impl RedisStore {
         }))
     }
 
+    /// The expiry in ms of a fence record written by a grant of `ttl_ms` (the lease's TTL
+    /// plus the retention), or `""` to keep it forever.
+    fn fence_expiry(&self, ttl_ms: u64) -> String {
+        self.config
+            .fence_retention()
+            .map(|r| {
+                let keep = u64::try_from(r.as_millis()).unwrap_or(u64::MAX);
+                ttl_ms.saturating_add(keep).to_string()
+            })
+            .unwrap_or_default()
+    }
+
     /// The primaries of the cluster (from `CLUSTER SLOTS`), as routable addresses.
     async fn primaries(&self) -> Result<Vec<(String, u16)>, StoreError> {
         let v = self
@@ -293,7 +305,9 @@ impl Store for RedisStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let ms = ttl_ms(ttl)?.to_string();
+        let ttl_ms = ttl_ms(ttl)?;
+        let ms = ttl_ms.to_string();
+        let keep = self.fence_expiry(ttl_ms);
         let names = self.layout.names(key);
         let owner = owner.to_hex();
         let got = self
@@ -302,7 +316,7 @@ impl Store for RedisStore {
                 "acquire",
                 &SCRIPTS.acquire,
                 &[&names.lease, &names.fence],
-                &[&owner, &ms],
+                &[&owner, &ms, &keep],
                 scripts::parse_acquire,
             )
             .await?;
@@ -343,6 +357,81 @@ impl Store for RedisStore {
         } else {
             RenewOutcome::NotOwner
         })
+    }
+
+    /// One script call per Cluster slot (a single server: one call), each renewing up to
+    /// [`RENEW_BATCH`] leases; the calls for different slots run concurrently. A call that
+    /// fails fails for each of its leases (ambiguous as a single renewal would be).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire): a dropped call may have renewed any of the leases.
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        let ms_value = ttl_ms(ttl)?;
+        let granted = Duration::from_millis(ms_value);
+        let ms = ms_value.to_string();
+        // Positions of the leases, by slot (one group on a single server).
+        let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        let cluster = self.conn.is_cluster();
+        for (i, (key, _)) in leases.iter().enumerate() {
+            let slot = if cluster { self.layout.slot(key) } else { 0 };
+            groups.entry(slot).or_default().push(i);
+        }
+        let calls = groups
+            .values()
+            .flat_map(|positions| positions.chunks(RENEW_BATCH))
+            .map(|positions| {
+                let names: Vec<String> = positions
+                    .iter()
+                    .map(|&i| self.layout.names(&leases[i].0).lease)
+                    .collect();
+                let mut args: Vec<String> = Vec::with_capacity(positions.len() + 1);
+                args.push(ms.clone());
+                args.extend(positions.iter().map(|&i| leases[i].1.to_hex()));
+                async move {
+                    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let n = positions.len();
+                    let got = self
+                        .conn
+                        .run("renew", &SCRIPTS.renew_many, &keys, &args, |v, id| {
+                            scripts::parse_renew_many(v, id, n)
+                        })
+                        .await;
+                    (positions, got)
+                }
+            });
+        let mut answers = futures::future::join_all(calls).await;
+        if answers.len() == 1 && answers[0].1.is_err() {
+            // One call, failed: the batch as a whole failed.
+            if let Some((_, Err(e))) = answers.pop() {
+                return Err(e);
+            }
+        }
+        let mut out: Vec<Option<Result<RenewOutcome, StoreError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        for (positions, got) in answers {
+            match got {
+                Ok(results) => {
+                    for (&i, r) in positions.iter().zip(results) {
+                        out[i] = Some(match r {
+                            Renewed::Yes => Ok(RenewOutcome::Renewed { ttl: granted }),
+                            Renewed::NotOwner => Ok(RenewOutcome::NotOwner),
+                            Renewed::Failed(text) => Err(scripts::item_error("renew", &text)),
+                        });
+                    }
+                }
+                Err(e) => {
+                    for &i in positions {
+                        out[i] = Some(Err(StoreError::new(e.kind(), BACKEND, e.message())));
+                    }
+                }
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// # Cancel safety
@@ -454,7 +543,7 @@ impl Store for RedisStore {
                 "break",
                 &SCRIPTS.break_lease,
                 &[&names.lease, &names.fence],
-                &[&channel],
+                &[&channel, &self.fence_expiry(0)],
                 scripts::parse_break,
             )
             .await

@@ -49,10 +49,12 @@ async fn fences_are_floored_at_server_time_and_strictly_grow() {
         (before..=after).contains(&f1.get()),
         "{before} <= {f1} <= {after}"
     );
-    // The fence key holds the last fence; it never expires.
+    // The fence key holds the last fence; it outlives the lease by the fence retention
+    // (see `fence_records_expire_after_their_retention_and_fences_still_rise`).
     let fence_key = s.store.fence_key(&k);
     assert_eq!(s.cli(&["GET", &fence_key]).await, f1.to_string());
-    assert_eq!(s.cli(&["PTTL", &fence_key]).await, "-1");
+    let left: u128 = s.cli(&["PTTL", &fence_key]).await.trim().parse().unwrap();
+    assert!(left > leasehold_redis::DEFAULT_FENCE_RETENTION.as_millis());
     // The lease value is owner:fence with an expiry.
     let lease_key = s.store.lease_key(&k);
     assert_eq!(
@@ -441,4 +443,84 @@ async fn many_tasks_share_one_connection() {
         t.await.unwrap();
     }
     assert_eq!(s.proxy.connections(), 1, "one multiplexed connection");
+}
+
+/// Issue 14.5: fence records do not pile up. A grant (and a break) writes the key's fence
+/// record with an expiry of the lease's TTL plus the retention (7 days by default); once
+/// the record is gone the next grant's fence, floored at the server clock, is still above
+/// every fence issued before. `fence_retention=forever` keeps the old behaviour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_records_expire_after_their_retention_and_fences_still_rise() {
+    async fn pttl(s: &Standalone, name: String) -> i64 {
+        s.cli(&["PTTL", &name]).await.trim().parse().unwrap()
+    }
+    // The default: a week after the grant.
+    let s = Standalone::start().await;
+    let k = key("job:retained");
+    let fk = format!("{}:fence", s.store.lease_key(&k));
+    let o = OwnerToken::random();
+    fence_of(&*s.store, &k, &o).await;
+    let week = 7 * 24 * 3600 * 1000;
+    let left = pttl(&s, fk.clone()).await;
+    assert!(
+        left > week && left <= week + TTL.as_millis() as i64,
+        "the fence record expires in {left} ms, not a week after the lease's TTL"
+    );
+    // Forever, on request.
+    let s = Standalone::start_with(leasehold_testkit::RedisOptions::new(), |b| {
+        b.fence_retention(None)
+    })
+    .await;
+    fence_of(&*s.store, &k, &o).await;
+    assert_eq!(pttl(&s, fk.clone()).await, -1, "fence_retention=forever");
+    // A short retention: the record goes, the fences still rise (a grant, then a break).
+    let s = Standalone::start_with(leasehold_testkit::RedisOptions::new(), |b| {
+        b.fence_retention(Some(Duration::from_secs(1)))
+    })
+    .await;
+    let short = Duration::from_millis(200);
+    let mut last = Fence(0);
+    for round in 0..2 {
+        let got = match s.store.acquire(&k, &o, short).await.unwrap() {
+            AcquireOutcome::Acquired { fence, .. } => fence,
+            other => panic!("{other:?}"),
+        };
+        assert!(got > last, "round {round}: fence {got:?} after {last:?}");
+        last = got;
+        assert_eq!(
+            s.store.release(&k, &o).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        let gone = Instant::now() + Duration::from_secs(5);
+        while pttl(&s, fk.clone()).await != -2 {
+            assert!(Instant::now() < gone, "the fence record did not expire");
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let broken = s.store.break_lease(&k).await.unwrap();
+    assert!(
+        broken > last,
+        "break after expiry: {broken:?} after {last:?}"
+    );
+    let left = pttl(&s, fk).await;
+    assert!(
+        (0..=1000).contains(&left),
+        "a break writes the record with the retention too ({left} ms)"
+    );
+    // Bad values are refused, not clamped.
+    for bad in [
+        "fence_retention=0",
+        "fence_retention=500ms",
+        "fence_retention=4000d",
+    ] {
+        let url = format!("redis://127.0.0.1:1/?{bad}");
+        let e = RedisConfig::from_url(&url).unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}: {e}");
+    }
+    for good in ["fence_retention=forever", "fence_retention=1d"] {
+        let url = format!("redis://127.0.0.1:1/?{good}");
+        let cfg = RedisConfig::from_url(&url).unwrap();
+        let again = RedisConfig::from_url(&cfg.to_string().replace("<redacted>", "x")).unwrap();
+        assert_eq!(again.fence_retention(), cfg.fence_retention(), "{good}");
+    }
 }

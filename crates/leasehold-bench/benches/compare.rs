@@ -1,0 +1,1117 @@
+//! The comparison benchmark: what leasehold costs against what a user would pick instead,
+//! side by side in one process, on private servers it starts itself.
+//!
+//! ```text
+//! cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite[,…]]
+//! ```
+//!
+//! Every figure is measured in the same run as what it is compared with, in interleaved
+//! slices (the harness in `src/lib.rs`), so background load hits all sides alike.
+//!
+//! * Redis: `LeaseClient` (leasehold-redis) and rslock against a plain lock written with
+//!   the `redis` crate alone (`SET key token NX PX` + compare-and-delete script).
+//! * PostgreSQL (fsync on): the lease-table and the advisory-lock stores against
+//!   `pgbench`'s simple-update transactions (16 clients) and against sqlx's
+//!   `PgAdvisoryLock`.
+//! * MariaDB: both leasehold-mysql stores against a plain `GET_LOCK` / `RELEASE_LOCK` pair.
+//! * SQLite (a temporary file, `synchronous=FULL`): leasehold-sqlite against a plain lock
+//!   table written with sqlx alone.
+//!
+//! Then, per store, a contended comparison: 16 tasks take turns on one key, each holding
+//! it for 1 ms, with each contender's own way of waiting.
+#![forbid(unsafe_code)]
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_bench::parse::{Backend, Cli, USAGE, commandstats_calls, parse_args, pgbench_tps};
+use leasehold_bench::{
+    Contender, Counter, Json, Plan, Ratio, Res, Section, Side, contended, release, uncontended,
+};
+use leasehold_core::{
+    AcquireOutcome, Capabilities, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError,
+};
+use rand::Rng as _;
+
+/// Every lock's TTL.
+const TTL: Duration = Duration::from_secs(10);
+/// A contended acquisition's wait (never reached: a turn comes much sooner).
+const WAIT: Duration = Duration::from_secs(60);
+/// Concurrent tasks of the uncontended levels.
+const LEVELS: [usize; 3] = [1, 16, 64];
+/// Connections of every pool (leasehold's and the contenders'), as pgbench's clients.
+const POOL: u32 = 16;
+/// The plain locks' retry loop sleeps a random time up to this between attempts.
+const PLAIN_RETRY: Duration = Duration::from_millis(2);
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// Runs a test-kit call (which panics on failure) off the runtime, as a `Result`.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Res<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        if e.is_panic() {
+            let p = e.into_panic();
+            p.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic".into())
+        } else {
+            e.to_string()
+        }
+    })
+}
+
+fn lease_config() -> Res<LeaseConfig> {
+    LeaseConfig::new(TTL).map_err(err)
+}
+
+/// `try_acquire` + `release` on a client: leasehold's uncontended pair.
+fn leasehold_pair(name: &'static str, client: LeaseClient) -> Side {
+    Side::pairs(name, move |key| {
+        let client = client.clone();
+        async move {
+            let lease = client.try_acquire(&*key).await.map_err(err)?;
+            match lease.release().await.map_err(err)? {
+                true => Ok(()),
+                false => Err("release: the lease was no longer held".into()),
+            }
+        }
+    })
+}
+
+/// `acquire(key, wait)` + `release` on a client: leasehold's contender.
+fn leasehold_contender(name: &'static str, client: LeaseClient, calls: Counter) -> Contender {
+    Contender::new(name, calls, move |key| {
+        let client = client.clone();
+        async move {
+            let lease = client.acquire(&*key, WAIT).await.map_err(err)?;
+            Ok(release(move || async move {
+                match lease.release().await.map_err(err)? {
+                    true => Ok(()),
+                    false => Err("the lease was no longer held".into()),
+                }
+            }))
+        }
+    })
+}
+
+/// A random sleep of up to [`PLAIN_RETRY`]: the plain locks' retry loop.
+async fn plain_retry_sleep() {
+    let us = rand::rng().random_range(0..=PLAIN_RETRY.as_micros() as u64);
+    tokio::time::sleep(Duration::from_micros(us)).await;
+}
+
+fn plain_retry_legend() -> String {
+    format!(
+        "retries after a random sleep of 0–{} ms",
+        PLAIN_RETRY.as_millis()
+    )
+}
+
+fn leasehold_wait_legend() -> String {
+    let b = leasehold_core::Backoff::default();
+    format!(
+        "LeaseClient::acquire(key, wait) with the default LeaseConfig (TTL {} s, full-jitter backoff {} ms–{} s, capped by the holder's remaining TTL, woken by the store's release notification where it has one)",
+        TTL.as_secs(),
+        b.base().as_millis(),
+        b.cap().as_secs_f64()
+    )
+}
+
+fn uncontended_about(plan: &Plan, what: &str) -> Vec<String> {
+    vec![
+        format!(
+            "uncontended: {what}; each task acquires and releases its own key in a loop, at {} tasks.",
+            LEVELS.map(|n| n.to_string()).join(", ")
+        ),
+        format!(
+            "Interleaved: {} slices of {} ms per side and level, the order rotated each slice; pairs/s = median over slices; each ratio = median over slices of the two sides' pairs/s in the same slice.",
+            plan.slices,
+            plan.slice.as_millis()
+        ),
+    ]
+}
+
+fn contended_about(plan: &Plan, what: &str) -> Vec<String> {
+    vec![
+        format!(
+            "contended: {} tasks take turns on one key{what}, each holding it {} ms (a tokio sleep) before releasing; {} slices of {} ms per contender, interleaved, a fresh key per slice.",
+            plan.contenders,
+            plan.hold.as_millis(),
+            plan.slices,
+            plan.contended_slice.as_millis()
+        ),
+        "hold = the mean measured hold (the sleep's timer rounds up); util = fraction of wall time the key is held (acquire returned → release called); hand-off = one task calling release → another task's acquire returning; wait = acquire called → returned; turns/task = acquisitions of the least and the most lucky task; calls/acq = the store's own count of calls over the slices ÷ acquisitions.".into(),
+    ]
+}
+
+async fn run_levels(sides: &[Side], plan: &Plan) -> Vec<leasehold_bench::Level> {
+    let mut levels = Vec::new();
+    for tasks in LEVELS {
+        progress(format_args!("  {tasks} task(s)"));
+        levels.push(uncontended(sides, tasks, plan).await);
+    }
+    levels
+}
+
+/// A progress line on stderr, with the time since the run started.
+fn progress(msg: std::fmt::Arguments<'_>) {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let t = START.get_or_init(std::time::Instant::now).elapsed();
+    let mut e = std::io::stderr().lock();
+    let _ = writeln!(e, "[{:6.1} s] {msg}", t.as_secs_f64());
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis
+
+const COMPARE_AND_DELETE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+     return redis.call('DEL', KEYS[1]) else return 0 end";
+
+/// The plain lock: the `redis` crate alone, one multiplexed connection.
+#[derive(Clone)]
+struct PlainRedis {
+    conn: redis::aio::MultiplexedConnection,
+    release: Arc<redis::Script>,
+}
+
+impl PlainRedis {
+    async fn try_lock(&self, key: &str, token: &str) -> Res<bool> {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(TTL.as_millis() as u64)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(set.is_some())
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> Res<()> {
+        let deleted: i64 = self
+            .release
+            .key(key)
+            .arg(token)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        match deleted {
+            1 => Ok(()),
+            _ => Err("compare-and-delete found another token".into()),
+        }
+    }
+}
+
+async fn redis_info(conn: &redis::aio::MultiplexedConnection, section: &str) -> Res<String> {
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn.clone())
+        .await
+        .map_err(err)
+}
+
+async fn redis_section(plan: Plan) -> Res<Section> {
+    progress(format_args!("redis: starting redis-server"));
+    let server = blocking(leasehold_testkit::RedisServer::start).await?;
+    let url = server.url();
+    let cfg = leasehold_redis::RedisConfigBuilder::standalone("127.0.0.1", server.port())
+        .prefix("bench:")
+        .build()
+        .map_err(err)?;
+    let store = Arc::new(
+        leasehold_redis::RedisStore::connect(cfg)
+            .await
+            .map_err(err)?,
+    );
+    let client = LeaseClient::new(store, lease_config()?);
+    let plain = PlainRedis {
+        conn: redis::Client::open(url.as_str())
+            .map_err(err)?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(err)?,
+        release: Arc::new(redis::Script::new(COMPARE_AND_DELETE)),
+    };
+    let rslock = rslock::LockManager::new(vec![url.clone()]);
+    let info = redis_info(&plain.conn, "server").await?;
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
+    let counter = {
+        let conn = plain.conn.clone();
+        Counter::by_part("server commands", move || {
+            let conn = conn.clone();
+            async move {
+                let info = redis_info(&conn, "commandstats").await?;
+                // The readings' own INFO is left out.
+                Ok(commandstats_calls(&info)
+                    .into_iter()
+                    .filter(|(cmd, _)| cmd != "info")
+                    .collect())
+            }
+        })
+    };
+
+    let sides = vec![
+        leasehold_pair("leasehold", client.clone()),
+        Side::pairs("rslock", {
+            let m = rslock.clone();
+            move |key| {
+                let m = m.clone();
+                async move {
+                    let lock = m.lock(key.as_bytes(), TTL).await.map_err(err)?;
+                    lock.release().await;
+                    Ok(())
+                }
+            }
+        }),
+        Side::pairs("plain", {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random().to_hex();
+                    if !p.try_lock(&key, &token).await? {
+                        return Err("SET NX found the key held".into());
+                    }
+                    p.unlock(&key, &token).await
+                }
+            }
+        }),
+    ];
+    progress(format_args!("redis: uncontended"));
+    let levels = run_levels(&sides, &plan).await;
+
+    let contenders = vec![
+        leasehold_contender("leasehold", client.clone(), counter.clone()),
+        Contender::new("rslock", counter.clone(), {
+            let m = rslock.clone();
+            move |key| {
+                let m = m.clone();
+                async move {
+                    let guard = m.acquire(key.as_bytes(), TTL).await.map_err(err)?;
+                    Ok(release(move || async move {
+                        guard.release().await;
+                        Ok(())
+                    }))
+                }
+            }
+        }),
+        Contender::new("plain", counter.clone(), {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random().to_hex();
+                    while !p.try_lock(&key, &token).await? {
+                        plain_retry_sleep().await;
+                    }
+                    Ok(release(move || async move { p.unlock(&key, &token).await }))
+                }
+            }
+        }),
+    ];
+    progress(format_args!("redis: contended"));
+    let contended = contended(&contenders, &plan).await;
+    // The clients go before the server they talk to.
+    drop((contenders, sides, client, plain, rslock));
+    drop(server);
+    Ok(Section {
+        name: "redis",
+        title: format!("Redis {version}: a private redis-server on 127.0.0.1, no persistence"),
+        about: uncontended_about(&plan, "leasehold and rslock against a plain lock, all on the same server"),
+        legend: vec![
+            ("leasehold", "LeaseClient::try_acquire + Lease::release (leasehold-redis: fence, owner token, heartbeat scheduler, watchdog, release notification), default LeaseConfig".into()),
+            ("rslock", "rslock 0.10 LockManager::lock + Lock::release on one server (SET NX PX + compare-and-delete script; its retry loop); default settings".into()),
+            ("plain", "the redis crate alone on one multiplexed connection: SET key token NX PX, then a compare-and-delete script (no fence, no heartbeat)".into()),
+        ],
+        levels,
+        ratios: vec![
+            Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain lock's throughput that leasehold keeps".into() },
+            Ratio { num: "rslock", den: "plain", meaning: "the same for rslock".into() },
+            Ratio { num: "leasehold", den: "rslock", meaning: "leasehold against rslock directly".into() },
+        ],
+        contended_about: {
+            let mut a = contended_about(&plan, "");
+            a.push(format!("leasehold: {}; rslock: LockManager::acquire (its default retry: up to 3 tries 0–200 ms apart, then again); plain: SET NX PX, {}.", leasehold_wait_legend(), plain_retry_legend()));
+            a.push("calls = INFO commandstats (every command the server ran, those inside Lua scripts included).".into());
+            a
+        },
+        contended,
+        failed: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL
+
+/// The plain PostgreSQL lock: a lock table written with sqlx alone, the textbook
+/// single-statement acquire (`INSERT … ON CONFLICT DO UPDATE … WHERE expired`).
+#[derive(Clone)]
+struct PlainPg {
+    pool: sqlx::PgPool,
+}
+
+impl PlainPg {
+    const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS plain_locks \
+        (name text PRIMARY KEY, owner bytea NOT NULL, expires_at timestamptz NOT NULL)";
+
+    async fn try_lock(&self, key: &str, token: &[u8]) -> Res<bool> {
+        let done = sqlx::query(
+            "INSERT INTO plain_locks AS l (name, owner, expires_at) \
+             VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond') \
+             ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at \
+             WHERE l.expires_at <= clock_timestamp()",
+        )
+        .bind(key)
+        .bind(token)
+        .bind(TTL.as_millis() as f64)
+        .execute(&self.pool)
+        .await
+        .map_err(err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn unlock(&self, key: &str, token: &[u8]) -> Res<()> {
+        let done = sqlx::query("DELETE FROM plain_locks WHERE name = $1 AND owner = $2")
+            .bind(key)
+            .bind(token)
+            .execute(&self.pool)
+            .await
+            .map_err(err)?;
+        match done.rows_affected() {
+            1 => Ok(()),
+            _ => Err("compare-and-delete found another owner".into()),
+        }
+    }
+}
+
+/// Runs `pgbench` against the private server; returns its stdout.
+async fn pgbench(pg: &leasehold_testkit::Postgres, args: &[&str]) -> Res<String> {
+    let port = pg.port().to_string();
+    let out = tokio::process::Command::new(pg.bin_dir().join("pgbench"))
+        .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"])
+        .args(args)
+        .arg("postgres")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("pgbench: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "pgbench {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+async fn postgres_section(plan: Plan) -> Res<Section> {
+    use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore};
+    use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
+
+    progress(format_args!("postgres: starting a private server"));
+    let pg = Arc::new(
+        blocking(|| {
+            leasehold_testkit::Postgres::start_with(
+                leasehold_testkit::PostgresOptions::new()
+                    .fsync(true)
+                    .setting("max_connections", "300")
+                    .setting("shared_preload_libraries", "pg_stat_statements"),
+            )
+        })
+        .await?,
+    );
+    let url = pg.url();
+    let pool = PgPoolOptions::new()
+        .max_connections(POOL)
+        .connect(&url)
+        .await
+        .map_err(err)?;
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&pool)
+        .await
+        .map_err(err)?;
+    let (version, fsync, sync_commit): (String, String, String) = sqlx::query_as(
+        "SELECT current_setting('server_version'), current_setting('fsync'), \
+         current_setting('synchronous_commit')",
+    )
+    .fetch_one(&pool)
+    .await
+    .map_err(err)?;
+    let config = PgConfig::from_url(&url)
+        .map_err(err)?
+        .pool_size(POOL)
+        .application_name("leasehold-bench");
+    let table = PgLeaseStore::connect(&config).await.map_err(err)?;
+    table.migrate().await.map_err(err)?;
+    let adv = PgAdvisoryStore::connect(&config).await.map_err(err)?;
+    adv.migrate().await.map_err(err)?;
+    let table = LeaseClient::new(Arc::new(table), lease_config()?);
+    let adv = LeaseClient::new(Arc::new(adv), lease_config()?);
+    sqlx::query(PlainPg::SCHEMA)
+        .execute(&pool)
+        .await
+        .map_err(err)?;
+    let plain = PlainPg { pool: pool.clone() };
+    progress(format_args!("postgres: pgbench -i"));
+    pgbench(&pg, &["-i", "-q", "-s", "1"]).await?;
+
+    let sqlx_pair = {
+        let pool = pool.clone();
+        move |key: Arc<str>| {
+            let pool = pool.clone();
+            async move {
+                let conn = pool.acquire().await.map_err(err)?;
+                let guard = PgAdvisoryLock::new(&*key)
+                    .acquire(conn)
+                    .await
+                    .map_err(err)?;
+                guard.release_now().await.map_err(err)?;
+                Ok(())
+            }
+        }
+    };
+    let sides = vec![
+        leasehold_pair("lease-table", table.clone()),
+        leasehold_pair("advisory", adv.clone()),
+        Side::pairs("sqlx-advisory", sqlx_pair),
+        Side::pairs("plain-table", {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random();
+                    if !p.try_lock(&key, token.as_bytes()).await? {
+                        return Err("the plain lock was held".into());
+                    }
+                    p.unlock(&key, token.as_bytes()).await
+                }
+            }
+        }),
+        Side::rate("pgbench", {
+            let pg = pg.clone();
+            move |d| {
+                let pg = pg.clone();
+                async move {
+                    let secs = d.as_secs_f64().round().max(1.0).to_string();
+                    let out =
+                        pgbench(&pg, &["-n", "-N", "-c", "16", "-j", "2", "-T", &secs]).await?;
+                    pgbench_tps(&out).ok_or_else(|| format!("no tps in pgbench's output: {out}"))
+                }
+            }
+        }),
+    ];
+    progress(format_args!("postgres: uncontended"));
+    let levels = run_levels(&sides, &plan).await;
+
+    let counter = {
+        let pool = pool.clone();
+        Counter::new("statements", 1, move || {
+            let pool = pool.clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements",
+                )
+                .fetch_one(&pool)
+                .await
+                .map(|n| n as u64)
+                .map_err(err)
+            }
+        })
+    };
+    let contenders = vec![
+        leasehold_contender("lease-table", table.clone(), counter.clone()),
+        leasehold_contender("advisory", adv.clone(), counter.clone()),
+        Contender::new("plain-table", counter.clone(), {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random();
+                    while !p.try_lock(&key, token.as_bytes()).await? {
+                        plain_retry_sleep().await;
+                    }
+                    Ok(release(move || async move {
+                        p.unlock(&key, token.as_bytes()).await
+                    }))
+                }
+            }
+        }),
+        Contender::new("sqlx-advisory", counter.clone(), {
+            let pool = pool.clone();
+            move |key| {
+                let pool = pool.clone();
+                async move {
+                    let conn = pool.acquire().await.map_err(err)?;
+                    let guard = PgAdvisoryLock::new(&*key)
+                        .acquire(conn)
+                        .await
+                        .map_err(err)?;
+                    Ok(release(move || async move {
+                        guard.release_now().await.map_err(err)?;
+                        Ok(())
+                    }))
+                }
+            }
+        }),
+    ];
+    progress(format_args!("postgres: contended"));
+    let contended = contended(&contenders, &plan).await;
+    drop((contenders, sides, table, adv, plain));
+    pool.close().await;
+    drop(pg);
+    let slice_secs = plan.slice.as_secs_f64().round().max(1.0);
+    Ok(Section {
+        name: "postgres",
+        title: format!("PostgreSQL {version}: a private server on 127.0.0.1, fsync {fsync}, synchronous_commit {sync_commit}"),
+        about: uncontended_about(&plan, &format!("leasehold's two stores against pgbench's simple-update transactions, sqlx's PgAdvisoryLock and a plain lock table; every pool has {POOL} connections")),
+        legend: vec![
+            ("lease-table", "leasehold-postgres PgLeaseStore: LeaseClient::try_acquire + Lease::release (one statement each, a durable fence in the row)".into()),
+            ("advisory", "leasehold-postgres PgAdvisoryStore: the same on session advisory locks (a dedicated connection per holder, a durable fence counter row)".into()),
+            ("sqlx-advisory", "sqlx 0.9 PgAdvisoryLock::acquire (pg_advisory_lock) + release_now on a pooled connection (no fence, nothing written)".into()),
+            ("plain-table", "sqlx alone: a lock table, INSERT … ON CONFLICT DO UPDATE … WHERE expired, then DELETE … WHERE owner = token (no fence)".into()),
+            ("pgbench", format!("pgbench -N -c 16 -j 2 -T {slice_secs:.0} (simple-update transactions/s, 16 clients, scale 1), a fresh run in every slice; the same figure at every level")),
+        ],
+        levels,
+        ratios: vec![
+            Ratio { num: "lease-table", den: "pgbench", meaning: "acquire+release pairs per simple-update transaction of pgbench at 16 clients (each pair commits two durable writes)".into() },
+            Ratio { num: "advisory", den: "pgbench", meaning: "the same for the advisory store".into() },
+            Ratio { num: "lease-table", den: "plain-table", meaning: "the lease-table store against a hand-written lock table on the same server".into() },
+            Ratio { num: "advisory", den: "sqlx-advisory", meaning: "the advisory store against the bare advisory lock it is built on (the price of the fence and the TTL)".into() },
+            Ratio { num: "sqlx-advisory", den: "pgbench", meaning: "for scale: the bare advisory lock writes nothing".into() },
+        ],
+        contended_about: {
+            let mut a = contended_about(&plan, "");
+            a.push(format!("lease-table, advisory: {}; sqlx-advisory: pg_advisory_lock, which waits in the server's lock queue, one pooled connection per waiting task; plain-table: {}.", leasehold_wait_legend(), plain_retry_legend()));
+            a.push("calls = statements counted by pg_stat_statements (top level).".into());
+            a
+        },
+        contended,
+        failed: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// MariaDB
+
+async fn mysql_section(plan: Plan) -> Res<Section> {
+    use leasehold_mysql::sqlx::mysql::MySqlPoolOptions;
+    use leasehold_mysql::{MySqlConfig, MySqlGetLockStore, MySqlLeaseStore};
+
+    progress(format_args!("mysql: starting a private mariadbd"));
+    let db = blocking(leasehold_testkit::MariaDb::start).await?;
+    let url = db.url();
+    let pool = MySqlPoolOptions::new()
+        .max_connections(POOL)
+        .connect(&url)
+        .await
+        .map_err(err)?;
+    let (version, flush): (String, String) = leasehold_mysql::sqlx::query_as(
+        "SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS CHAR)",
+    )
+    .fetch_one(&pool)
+    .await
+    .map_err(err)?;
+    let config = MySqlConfig::from_url(&url)
+        .map_err(err)?
+        .max_connections(POOL);
+    let table = MySqlLeaseStore::connect(config.clone())
+        .await
+        .map_err(err)?;
+    table.migrate().await.map_err(err)?;
+    let getlock = MySqlGetLockStore::connect(config).await.map_err(err)?;
+    getlock.migrate().await.map_err(err)?;
+    let table = LeaseClient::new(Arc::new(table), lease_config()?);
+    let getlock = LeaseClient::new(Arc::new(getlock), lease_config()?);
+
+    let plain_pair = {
+        let pool = pool.clone();
+        move |key: Arc<str>| {
+            let pool = pool.clone();
+            async move {
+                let mut conn = pool.acquire().await.map_err(err)?;
+                let got: Option<i64> = leasehold_mysql::sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                    .bind(&*key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(err)?;
+                if got != Some(1) {
+                    return Err("GET_LOCK found the lock held".into());
+                }
+                let freed: Option<i64> =
+                    leasehold_mysql::sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                        .bind(&*key)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(err)?;
+                match freed {
+                    Some(1) => Ok(()),
+                    _ => Err("RELEASE_LOCK: not held".into()),
+                }
+            }
+        }
+    };
+    let sides = vec![
+        leasehold_pair("lease-table", table.clone()),
+        leasehold_pair("getlock", getlock.clone()),
+        Side::pairs("plain-getlock", plain_pair),
+    ];
+    progress(format_args!("mysql: uncontended"));
+    let levels = run_levels(&sides, &plan).await;
+
+    let counter = {
+        let pool = pool.clone();
+        Counter::new("statements (Questions)", 1, move || {
+            let pool = pool.clone();
+            async move {
+                let (_, v): (String, String) =
+                    leasehold_mysql::sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+                        .fetch_one(&pool)
+                        .await
+                        .map_err(err)?;
+                v.parse().map_err(err)
+            }
+        })
+    };
+    let contenders = vec![
+        leasehold_contender("lease-table", table.clone(), counter.clone()),
+        leasehold_contender("getlock", getlock.clone(), counter.clone()),
+        Contender::new("plain-getlock", counter.clone(), {
+            let pool = pool.clone();
+            move |key| {
+                let pool = pool.clone();
+                async move {
+                    let mut conn = pool.acquire().await.map_err(err)?;
+                    let got: Option<i64> =
+                        leasehold_mysql::sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+                            .bind(&*key)
+                            .bind(WAIT.as_secs() as i64)
+                            .fetch_one(&mut *conn)
+                            .await
+                            .map_err(err)?;
+                    if got != Some(1) {
+                        return Err("GET_LOCK timed out".into());
+                    }
+                    Ok(release(move || async move {
+                        let _: Option<i64> =
+                            leasehold_mysql::sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                                .bind(&*key)
+                                .fetch_one(&mut *conn)
+                                .await
+                                .map_err(err)?;
+                        Ok(())
+                    }))
+                }
+            }
+        }),
+    ];
+    progress(format_args!("mysql: contended"));
+    let contended = contended(&contenders, &plan).await;
+    drop((contenders, sides, table, getlock));
+    pool.close().await;
+    drop(db);
+    Ok(Section {
+        name: "mysql",
+        title: format!("MariaDB {version}: a private mariadbd on 127.0.0.1, innodb_flush_log_at_trx_commit={flush}"),
+        about: uncontended_about(&plan, &format!("leasehold's two stores against a plain GET_LOCK lock; every pool has {POOL} connections")),
+        legend: vec![
+            ("lease-table", "leasehold-mysql MySqlLeaseStore: LeaseClient::try_acquire + Lease::release (a durable fence in the row)".into()),
+            ("getlock", "leasehold-mysql MySqlGetLockStore: the same on GET_LOCK (a dedicated session per holder, a durable fence row)".into()),
+            ("plain-getlock", "sqlx alone: SELECT GET_LOCK(name, 0), then SELECT RELEASE_LOCK(name) on one pooled connection (no fence, nothing written)".into()),
+        ],
+        levels,
+        ratios: vec![
+            Ratio { num: "lease-table", den: "plain-getlock", meaning: "the share of a bare GET_LOCK pair's throughput the lease-table store keeps".into() },
+            Ratio { num: "getlock", den: "plain-getlock", meaning: "the same for leasehold's GET_LOCK store (the price of the fence and the TTL)".into() },
+        ],
+        contended_about: {
+            let mut a = contended_about(&plan, "");
+            a.push(format!("lease-table, getlock: {}; plain-getlock: GET_LOCK(name, 60), which waits in the server, one pooled connection per waiting task.", leasehold_wait_legend()));
+            a.push("calls = the server's Questions counter (statements sent by clients).".into());
+            a
+        },
+        contended,
+        failed: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// SQLite
+
+/// Counts the transactions a store runs (acquire, renew, release: one SQLite write
+/// transaction each); forwards everything else untouched.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn Store>,
+    calls: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl Store for Counting {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire(key, owner, ttl).await
+    }
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.renew(key, owner, ttl).await
+    }
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.release(key, owner).await
+    }
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.inner.inspect(key).await
+    }
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        self.inner.wait_released(key, timeout).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        self.inner.break_lease(key).await
+    }
+}
+
+fn atomic_counter(unit: &'static str, calls: &Arc<AtomicU64>) -> Counter {
+    let calls = calls.clone();
+    Counter::new(unit, 0, move || {
+        let calls = calls.clone();
+        async move { Ok(calls.load(Ordering::Relaxed)) }
+    })
+}
+
+/// The plain SQLite lock: a table written with sqlx alone.
+#[derive(Clone)]
+struct PlainSqlite {
+    pool: leasehold_sqlite::sqlx::SqlitePool,
+    statements: Arc<AtomicU64>,
+}
+
+impl PlainSqlite {
+    async fn try_lock(&self, key: &str, token: &[u8]) -> Res<bool> {
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        // Expiry on SQLite's clock (the wall clock, in ms), as a user would write it.
+        let done = leasehold_sqlite::sqlx::query(
+            "INSERT INTO plain_locks (name, owner, expires_ms) \
+             VALUES (?1, ?2, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER) + ?3) \
+             ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_ms = excluded.expires_ms \
+             WHERE plain_locks.expires_ms <= CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+        )
+        .bind(key)
+        .bind(token)
+        .bind(TTL.as_millis() as i64)
+        .execute(&self.pool)
+        .await
+        .map_err(err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn unlock(&self, key: &str, token: &[u8]) -> Res<()> {
+        self.statements.fetch_add(1, Ordering::Relaxed);
+        let done =
+            leasehold_sqlite::sqlx::query("DELETE FROM plain_locks WHERE name = ?1 AND owner = ?2")
+                .bind(key)
+                .bind(token)
+                .execute(&self.pool)
+                .await
+                .map_err(err)?;
+        match done.rows_affected() {
+            1 => Ok(()),
+            _ => Err("compare-and-delete found another owner".into()),
+        }
+    }
+}
+
+async fn sqlite_section(plan: Plan) -> Res<Section> {
+    use leasehold_sqlite::sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
+    use leasehold_sqlite::{
+        DEFAULT_BUSY_TIMEOUT, DEFAULT_MAX_CONNECTIONS, SqliteConfig, SqliteStore,
+    };
+
+    progress(format_args!("sqlite: opening a temporary file"));
+    let dir = tempfile::Builder::new()
+        .prefix("leasehold-bench-")
+        .tempdir()
+        .map_err(err)?;
+    let store = SqliteStore::connect(SqliteConfig::new(dir.path().join("leases.db")))
+        .await
+        .map_err(err)?;
+    store.migrate().await.map_err(err)?;
+    let store: Arc<dyn Store> = Arc::new(store);
+    let client = LeaseClient::new(store.clone(), lease_config()?);
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = LeaseClient::new(
+        Arc::new(Counting {
+            inner: store,
+            calls: calls.clone(),
+        }),
+        lease_config()?,
+    );
+    let plain = PlainSqlite {
+        pool: SqlitePoolOptions::new()
+            .max_connections(DEFAULT_MAX_CONNECTIONS)
+            .connect_with(
+                SqliteConnectOptions::new()
+                    .filename(dir.path().join("plain.db"))
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(DEFAULT_BUSY_TIMEOUT),
+            )
+            .await
+            .map_err(err)?,
+        statements: Arc::new(AtomicU64::new(0)),
+    };
+    leasehold_sqlite::sqlx::query(
+        "CREATE TABLE IF NOT EXISTS plain_locks \
+         (name TEXT PRIMARY KEY, owner BLOB NOT NULL, expires_ms INTEGER NOT NULL)",
+    )
+    .execute(&plain.pool)
+    .await
+    .map_err(err)?;
+    let version: String = leasehold_sqlite::sqlx::query_scalar("SELECT sqlite_version()")
+        .fetch_one(&plain.pool)
+        .await
+        .map_err(err)?;
+
+    let sides = vec![
+        leasehold_pair("leasehold", client.clone()),
+        Side::pairs("plain", {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random();
+                    if !p.try_lock(&key, token.as_bytes()).await? {
+                        return Err("the plain lock was held".into());
+                    }
+                    p.unlock(&key, token.as_bytes()).await
+                }
+            }
+        }),
+    ];
+    progress(format_args!("sqlite: uncontended"));
+    let levels = run_levels(&sides, &plan).await;
+
+    let contenders = vec![
+        leasehold_contender(
+            "leasehold",
+            counted,
+            atomic_counter("write transactions", &calls),
+        ),
+        Contender::new(
+            "plain",
+            atomic_counter("write transactions", &plain.statements),
+            {
+                let p = plain.clone();
+                move |key| {
+                    let p = p.clone();
+                    async move {
+                        let token = OwnerToken::random();
+                        while !p.try_lock(&key, token.as_bytes()).await? {
+                            plain_retry_sleep().await;
+                        }
+                        Ok(release(move || async move {
+                            p.unlock(&key, token.as_bytes()).await
+                        }))
+                    }
+                }
+            },
+        ),
+    ];
+    progress(format_args!("sqlite: contended"));
+    let contended = contended(&contenders, &plan).await;
+    drop((contenders, sides, client));
+    plain.pool.close().await;
+    Ok(Section {
+        name: "sqlite",
+        title: format!("SQLite {version}: a temporary file, WAL, synchronous=FULL, {DEFAULT_MAX_CONNECTIONS} connections per pool"),
+        about: uncontended_about(&plan, "leasehold-sqlite against a plain lock table in a second file with the same settings"),
+        legend: vec![
+            ("leasehold", "leasehold-sqlite SqliteStore: LeaseClient::try_acquire + Lease::release (BEGIN IMMEDIATE transactions, durable fence, boot-time clock)".into()),
+            ("plain", "sqlx alone: INSERT … ON CONFLICT DO UPDATE … WHERE expired (wall-clock expiry), then DELETE … WHERE owner = token (no fence)".into()),
+        ],
+        levels,
+        ratios: vec![Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain lock table's throughput that leasehold keeps".into() }],
+        contended_about: {
+            let mut a = contended_about(&plan, "");
+            a.push(format!("leasehold: {}; plain: {}.", leasehold_wait_legend(), plain_retry_legend()));
+            a.push("calls = write transactions (leasehold: Store calls counted by a forwarding wrapper; plain: its statements, each its own transaction).".into());
+            a
+        },
+        contended,
+        failed: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn now_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "?".into())
+}
+
+fn main() {
+    let opts = match parse_args(std::env::args().skip(1)) {
+        Ok(Cli::Run(o)) => o,
+        Ok(Cli::Help) => {
+            println!("{USAGE}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("compare: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let plan = if opts.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    progress(format_args!(
+        "compare: {}{}",
+        opts.only
+            .iter()
+            .map(|b| b.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if opts.quick { " (--quick)" } else { "" }
+    ));
+    let started = now_utc();
+    let load_before = loadavg();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("compare: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if !opts.json {
+        println!(
+            "leasehold comparison benchmark, {started}, {cores} cores, load average {load_before}{}",
+            if opts.quick { ", --quick" } else { "" }
+        );
+        println!();
+    }
+    let mut sections = Vec::new();
+    for store in &opts.only {
+        let result = rt.block_on(async {
+            match store {
+                Backend::Redis => redis_section(plan).await,
+                Backend::Postgres => postgres_section(plan).await,
+                Backend::Mysql => mysql_section(plan).await,
+                Backend::Sqlite => sqlite_section(plan).await,
+            }
+        });
+        let section = result.unwrap_or_else(|e| Section {
+            name: store.name(),
+            title: store.name().into(),
+            failed: Some(e),
+            ..Section::default()
+        });
+        if !opts.json {
+            println!("{}", section.print());
+        }
+        sections.push(section);
+    }
+    drop(rt);
+    let load_after = loadavg();
+    let failed = sections.iter().any(|s| s.failed.is_some());
+    if opts.json {
+        let doc = Json::obj([
+            ("benchmark", Json::str("leasehold compare")),
+            (
+                "command",
+                Json::Str(format!(
+                    "cargo bench -p leasehold-bench --bench compare --{}",
+                    std::env::args()
+                        .skip(1)
+                        .filter(|a| a != "--bench")
+                        .map(|a| format!(" {a}"))
+                        .collect::<String>()
+                )),
+            ),
+            ("started", Json::Str(started)),
+            ("quick", Json::Bool(opts.quick)),
+            ("cores", Json::Int(cores as u64)),
+            ("load_before", Json::Str(load_before)),
+            ("load_after", Json::Str(load_after)),
+            (
+                "plan",
+                Json::obj([
+                    (
+                        "levels",
+                        Json::Arr(LEVELS.iter().map(|n| Json::Int(*n as u64)).collect()),
+                    ),
+                    ("slices", Json::Int(plan.slices as u64)),
+                    ("slice_ms", Json::Int(plan.slice.as_millis() as u64)),
+                    (
+                        "contended_slice_ms",
+                        Json::Int(plan.contended_slice.as_millis() as u64),
+                    ),
+                    ("contenders", Json::Int(plan.contenders as u64)),
+                    ("hold_ms", Json::Int(plan.hold.as_millis() as u64)),
+                    ("pool", Json::Int(u64::from(POOL))),
+                ]),
+            ),
+            (
+                "sections",
+                Json::Arr(sections.iter().map(Section::to_json).collect()),
+            ),
+        ]);
+        println!("{doc}");
+    } else {
+        println!("load average at the end: {load_after}");
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}

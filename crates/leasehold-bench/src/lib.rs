@@ -1,0 +1,1315 @@
+//! The harness of leasehold's comparison benchmark (`benches/compare.rs`), written once
+//! for every store's section.
+//!
+//! * [`uncontended`]: every [`Side`] of a comparison runs in the same process, in
+//!   **interleaved slices** (side A, side B, side C, then again, the order rotated each
+//!   slice), so that background load hits every side alike. Each task acquires and
+//!   releases its own key in a loop. A side's throughput is the median over its slices,
+//!   and a ratio ([`Level::ratio`]) is the median over slices of the two sides'
+//!   throughputs **in the same slice**.
+//! * [`contended`]: every [`Contender`] takes turns on one key per slice (the contenders
+//!   interleaved the same way), holds it for a fixed time and releases it; the tally gives
+//!   the five contended figures of [`ContendedStats`]: utilisation, hand-off p50, wait
+//!   p99, turns per task, store calls per acquisition.
+//! * [`Section`]: what a section compared and how, its figures, printed as a table
+//!   ([`Section::print`]) or as JSON ([`Section::to_json`]).
+//! * [`parse`]: the command line, `pgbench`'s report, Redis's `INFO commandstats`.
+#![forbid(unsafe_code)]
+
+pub mod parse;
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A boxed, sendable future.
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// The result of one benchmark operation; the error is its message.
+pub type Res<T> = Result<T, String>;
+
+/// One acquire + release pair on the given key.
+pub type PairFn = Arc<dyn Fn(Arc<str>) -> BoxFut<Res<()>> + Send + Sync>;
+
+/// A rate measured by something outside this process (such as `pgbench`) over about the
+/// given duration: operations per second.
+pub type RateFn = Arc<dyn Fn(Duration) -> BoxFut<Res<f64>> + Send + Sync>;
+
+/// What a [`Side`] runs in a slice.
+#[derive(Clone)]
+pub enum Work {
+    /// Acquire + release pairs, `tasks` concurrent loops, each on its own key.
+    Pairs(PairFn),
+    /// An external rate, measured once per slice whatever the level's task count.
+    Rate(RateFn),
+}
+
+/// One side of an uncontended comparison.
+#[derive(Clone)]
+pub struct Side {
+    /// Its short name (a column of the table, a key in the JSON).
+    pub name: &'static str,
+    /// What it runs.
+    pub work: Work,
+}
+
+impl fmt::Debug for Work {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Work::Pairs(_) => "Pairs",
+            Work::Rate(_) => "Rate",
+        })
+    }
+}
+
+impl fmt::Debug for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Side").field("name", &self.name).finish()
+    }
+}
+
+impl Side {
+    /// A side that runs `pair(key)` in a loop in each task.
+    pub fn pairs<F, Fut>(name: &'static str, pair: F) -> Self
+    where
+        F: Fn(Arc<str>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Res<()>> + Send + 'static,
+    {
+        Self {
+            name,
+            work: Work::Pairs(Arc::new(move |key| Box::pin(pair(key)))),
+        }
+    }
+
+    /// A side whose rate is measured by `rate(duration)` once per slice.
+    pub fn rate<F, Fut>(name: &'static str, rate: F) -> Self
+    where
+        F: Fn(Duration) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Res<f64>> + Send + 'static,
+    {
+        Self {
+            name,
+            work: Work::Rate(Arc::new(move |d| Box::pin(rate(d)))),
+        }
+    }
+}
+
+/// How long each part of a run lasts.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Slices per level (uncontended) and per contender (contended).
+    pub slices: usize,
+    /// One side's share of an uncontended slice.
+    pub slice: Duration,
+    /// Each side's warm-up at each level before its slices (connections, scripts, pools).
+    pub warmup: Duration,
+    /// One contender's share of a contended slice.
+    pub contended_slice: Duration,
+    /// Contending tasks.
+    pub contenders: usize,
+    /// How long a contender holds the key before releasing it.
+    pub hold: Duration,
+}
+
+impl Plan {
+    /// The full run.
+    pub fn full() -> Self {
+        Self {
+            slices: 8,
+            slice: Duration::from_millis(500),
+            warmup: Duration::from_millis(300),
+            contended_slice: Duration::from_secs(1),
+            contenders: 16,
+            hold: Duration::from_millis(1),
+        }
+    }
+
+    /// A smoke run: a few short slices.
+    pub fn quick() -> Self {
+        Self {
+            slices: 3,
+            slice: Duration::from_millis(100),
+            warmup: Duration::from_millis(50),
+            contended_slice: Duration::from_millis(300),
+            contenders: 16,
+            hold: Duration::from_millis(1),
+        }
+    }
+}
+
+/// The median of `v` (NaN when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| !x.is_nan()).collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The nearest-rank percentile `p` (0..=1) of sorted `v`.
+pub fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// Errors of one side or contender: how many, and the first message.
+#[derive(Debug, Clone, Default)]
+pub struct Errors {
+    /// How many operations failed.
+    pub count: u64,
+    /// The first failure's message.
+    pub first: Option<String>,
+}
+
+impl Errors {
+    fn add(&mut self, e: String) {
+        self.count += 1;
+        self.first.get_or_insert(e);
+    }
+
+    fn merge(&mut self, o: Errors) {
+        self.count += o.count;
+        if self.first.is_none() {
+            self.first = o.first;
+        }
+    }
+}
+
+/// One side's figures at one level.
+#[derive(Debug, Clone)]
+pub struct SideStats {
+    /// The side's name.
+    pub name: &'static str,
+    /// Its throughput in each slice, in slice order.
+    pub per_slice: Vec<f64>,
+    /// Pairs completed over all slices.
+    pub pairs: u64,
+    /// Latency of one pair, over every pair of every slice.
+    pub p50: Option<Duration>,
+    /// Latency of one pair, over every pair of every slice.
+    pub p99: Option<Duration>,
+    /// Failed pairs.
+    pub errors: Errors,
+}
+
+impl SideStats {
+    /// The median over slices of its throughput.
+    pub fn per_sec(&self) -> f64 {
+        median(&self.per_slice)
+    }
+}
+
+/// Every side's figures at one task count.
+#[derive(Debug, Clone)]
+pub struct Level {
+    /// Concurrent tasks.
+    pub tasks: usize,
+    /// One entry per side, in the order given.
+    pub sides: Vec<SideStats>,
+}
+
+impl Level {
+    /// The side called `name`.
+    pub fn side(&self, name: &str) -> Option<&SideStats> {
+        self.sides.iter().find(|s| s.name == name)
+    }
+
+    /// The median over slices of `num`'s throughput ÷ `den`'s in the same slice.
+    pub fn ratio(&self, num: &str, den: &str) -> f64 {
+        match (self.side(num), self.side(den)) {
+            (Some(n), Some(d)) => {
+                let r: Vec<f64> = n
+                    .per_slice
+                    .iter()
+                    .zip(&d.per_slice)
+                    .map(|(a, b)| a / b)
+                    .filter(|r| r.is_finite())
+                    .collect();
+                median(&r)
+            }
+            _ => f64::NAN,
+        }
+    }
+}
+
+/// One slice of pairs: `tasks` loops until `dur` has passed; throughput, latencies.
+async fn pair_slice(
+    pair: &PairFn,
+    keys: &[Arc<str>],
+    dur: Duration,
+) -> (f64, Vec<Duration>, Errors) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let handles: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (pair, key, stop) = (pair.clone(), key.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut errors = Errors::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    match pair(key.clone()).await {
+                        Ok(()) => lat.push(t0.elapsed()),
+                        Err(e) => {
+                            errors.add(e);
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    tokio::time::sleep(dur).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = Vec::new();
+    let mut errors = Errors::default();
+    for h in handles {
+        match h.await {
+            Ok((l, e)) => {
+                lat.extend(l);
+                errors.merge(e);
+            }
+            Err(e) => errors.add(format!("task failed: {e}")),
+        }
+    }
+    let rate = lat.len() as f64 / started.elapsed().as_secs_f64();
+    (rate, lat, errors)
+}
+
+/// Runs every side at `tasks` concurrent tasks in `plan.slices` interleaved slices (the
+/// order rotated each slice), after a warm-up of each.
+pub async fn uncontended(sides: &[Side], tasks: usize, plan: &Plan) -> Level {
+    let keys: Vec<Vec<Arc<str>>> = (0..sides.len())
+        .map(|s| {
+            (0..tasks)
+                .map(|t| Arc::from(format!("bench:s{s}:t{t}")))
+                .collect()
+        })
+        .collect();
+    for (side, keys) in sides.iter().zip(&keys) {
+        if let Work::Pairs(pair) = &side.work {
+            pair_slice(pair, keys, plan.warmup).await;
+        }
+    }
+    let mut lat: Vec<Vec<Duration>> = vec![Vec::new(); sides.len()];
+    let mut stats: Vec<SideStats> = sides
+        .iter()
+        .map(|s| SideStats {
+            name: s.name,
+            per_slice: Vec::new(),
+            pairs: 0,
+            p50: None,
+            p99: None,
+            errors: Errors::default(),
+        })
+        .collect();
+    for slice in 0..plan.slices {
+        for j in 0..sides.len() {
+            let i = (j + slice) % sides.len();
+            let (rate, l, errors) = match &sides[i].work {
+                Work::Pairs(pair) => pair_slice(pair, &keys[i], plan.slice).await,
+                Work::Rate(rate) => match rate(plan.slice).await {
+                    Ok(r) => (r, Vec::new(), Errors::default()),
+                    Err(e) => {
+                        let mut errors = Errors::default();
+                        errors.add(e);
+                        (f64::NAN, Vec::new(), errors)
+                    }
+                },
+            };
+            stats[i].per_slice.push(rate);
+            stats[i].pairs += l.len() as u64;
+            stats[i].errors.merge(errors);
+            lat[i].extend(l);
+        }
+    }
+    for (s, mut l) in stats.iter_mut().zip(lat) {
+        l.sort_unstable();
+        s.p50 = percentile(&l, 0.50);
+        s.p99 = percentile(&l, 0.99);
+    }
+    Level {
+        tasks,
+        sides: stats,
+    }
+}
+
+/// Releases a lock that a [`Contender`] acquired.
+pub type Release = Box<dyn FnOnce() -> BoxFut<Res<()>> + Send>;
+
+/// Acquires the given key, waiting as long as it takes; returns its release.
+pub type AcquireFn = Arc<dyn Fn(Arc<str>) -> BoxFut<Res<Release>> + Send + Sync>;
+
+/// A counter's reading: named parts and their counts.
+pub type Parts = Vec<(String, u64)>;
+
+/// Reads a store-side counter of calls (a server statistic, or a count kept by the
+/// contender itself), as named parts (Redis: one per command) whose sum is the total.
+#[derive(Clone)]
+pub struct Counter {
+    read: Arc<dyn Fn() -> BoxFut<Res<Parts>> + Send + Sync>,
+    /// Calls that one reading itself adds to the next reading.
+    pub overhead: u64,
+    /// What it counts (e.g. "server commands").
+    pub unit: &'static str,
+}
+
+impl fmt::Debug for Counter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Counter")
+            .field("unit", &self.unit)
+            .field("overhead", &self.overhead)
+            .finish()
+    }
+}
+
+impl Counter {
+    /// A counter of `unit` read by `read` as one total, each reading adding `overhead`
+    /// to the next.
+    pub fn new<F, Fut>(unit: &'static str, overhead: u64, read: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Res<u64>> + Send + 'static,
+    {
+        let read = Arc::new(read);
+        Self {
+            read: Arc::new(move || {
+                let read = read.clone();
+                Box::pin(async move { Ok(vec![(unit.to_owned(), read().await?)]) })
+            }),
+            overhead,
+            unit,
+        }
+    }
+
+    /// A counter of `unit` read by `read` as named parts; its readings must not count
+    /// themselves (leave their own part out).
+    pub fn by_part<F, Fut>(unit: &'static str, read: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Res<Parts>> + Send + 'static,
+    {
+        Self {
+            read: Arc::new(move || Box::pin(read())),
+            overhead: 0,
+            unit,
+        }
+    }
+
+    /// Reads it: its parts.
+    pub async fn read(&self) -> Res<Parts> {
+        (self.read)().await
+    }
+}
+
+/// Boxes a release.
+pub fn release<F, Fut>(f: F) -> Release
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Res<()>> + Send + 'static,
+{
+    Box::new(move || Box::pin(f()))
+}
+
+/// One contender of a contended comparison.
+#[derive(Clone)]
+pub struct Contender {
+    /// Its short name.
+    pub name: &'static str,
+    /// Acquire with a wait.
+    pub acquire: AcquireFn,
+    /// Its store calls.
+    pub calls: Counter,
+}
+
+impl fmt::Debug for Contender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Contender")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl Contender {
+    /// A contender that acquires with `acquire(key)` and counts its calls with `calls`.
+    pub fn new<F, Fut>(name: &'static str, calls: Counter, acquire: F) -> Self
+    where
+        F: Fn(Arc<str>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Res<Release>> + Send + 'static,
+    {
+        Self {
+            name,
+            acquire: Arc::new(move |key| Box::pin(acquire(key))),
+            calls,
+        }
+    }
+}
+
+/// Who holds the key and who let it go last, as the contenders report it.
+#[derive(Debug, Default)]
+struct Board {
+    holder: Option<usize>,
+    last_release: Option<(Instant, usize)>,
+    overlaps: u64,
+}
+
+impl Board {
+    /// `task` got the key at `at`: the hand-off from another task's release, if any.
+    fn acquired(&mut self, task: usize, at: Instant) -> Option<Duration> {
+        if self.holder.is_some() {
+            self.overlaps += 1;
+        }
+        self.holder = Some(task);
+        self.last_release
+            .filter(|(_, who)| *who != task)
+            .map(|(r, _)| at.saturating_duration_since(r))
+    }
+
+    /// `task` starts releasing the key at `at`.
+    fn releasing(&mut self, task: usize, at: Instant) {
+        if self.holder == Some(task) {
+            self.holder = None;
+        }
+        self.last_release = Some((at, task));
+    }
+}
+
+/// One contended task's tally.
+#[derive(Debug, Default)]
+struct TaskTally {
+    turns: u64,
+    all_turns: u64,
+    held: Duration,
+    waits: Vec<Duration>,
+    handoffs: Vec<Duration>,
+    errors: Errors,
+}
+
+/// A contender's figures over all its slices.
+#[derive(Debug, Clone)]
+pub struct ContendedStats {
+    /// The contender's name.
+    pub name: &'static str,
+    /// Wall time of its slices (the measured windows).
+    pub wall: Duration,
+    /// Time the key was held by some task within the windows: from an acquire returning
+    /// to the holder starting its release.
+    pub held: Duration,
+    /// Acquisitions that returned within the windows.
+    pub turns: u64,
+    /// Every acquisition, including those of the drain after a window closed.
+    pub all_turns: u64,
+    /// Turns of each task, summed over slices.
+    pub turns_per_task: Vec<u64>,
+    /// Sorted: from one task starting its release to another task's acquire returning.
+    pub handoffs: Vec<Duration>,
+    /// Sorted: from calling acquire to its return.
+    pub waits: Vec<Duration>,
+    /// Store calls over the slices (counter delta), if the counter could be read.
+    pub calls: Option<u64>,
+    /// The same by part (Redis: by command), where the counter has parts.
+    pub calls_by: BTreeMap<String, u64>,
+    /// What the calls are (e.g. "server commands").
+    pub calls_unit: String,
+    /// Acquisitions that returned while another task still held the key (must be 0).
+    pub overlaps: u64,
+    /// Failed acquisitions or releases, or tasks that did not drain.
+    pub errors: Errors,
+}
+
+impl ContendedStats {
+    /// Fraction of wall time the key was held.
+    pub fn utilisation(&self) -> f64 {
+        self.held.as_secs_f64() / self.wall.as_secs_f64()
+    }
+
+    /// Median hand-off to another task.
+    pub fn handoff_p50(&self) -> Option<Duration> {
+        percentile(&self.handoffs, 0.50)
+    }
+
+    /// 99th percentile of the wait for the key.
+    pub fn wait_p99(&self) -> Option<Duration> {
+        percentile(&self.waits, 0.99)
+    }
+
+    /// Fewest and most turns of one task.
+    pub fn turns_range(&self) -> (u64, u64) {
+        let min = self.turns_per_task.iter().copied().min().unwrap_or(0);
+        let max = self.turns_per_task.iter().copied().max().unwrap_or(0);
+        (min, max)
+    }
+
+    /// Store calls per acquisition (every acquisition, the drain's included: its calls
+    /// are in the counter too).
+    pub fn calls_per_acquisition(&self) -> Option<f64> {
+        self.calls
+            .filter(|_| self.all_turns > 0)
+            .map(|c| c as f64 / self.all_turns as f64)
+    }
+
+    /// Calls per acquisition of each part, most first (empty for a counter of one part).
+    pub fn calls_by_acquisition(&self) -> Vec<(&str, f64)> {
+        if self.calls_by.len() < 2 || self.all_turns == 0 {
+            return Vec::new();
+        }
+        let mut v: Vec<(&str, f64)> = self
+            .calls_by
+            .iter()
+            .map(|(k, n)| (k.as_str(), *n as f64 / self.all_turns as f64))
+            .filter(|(_, x)| *x >= 0.05)
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+
+    /// Mean time a turn held the key.
+    pub fn mean_hold(&self) -> Option<Duration> {
+        (self.turns > 0).then(|| self.held / self.turns as u32)
+    }
+}
+
+/// How long the tasks still waiting when a window closes may take to get their turn.
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// One contended slice of one contender on `key`.
+async fn contended_slice(
+    c: &Contender,
+    key: Arc<str>,
+    plan: &Plan,
+) -> (Vec<TaskTally>, u64, Errors) {
+    let board = Arc::new(Mutex::new(Board::default()));
+    let start = Instant::now();
+    let stop_at = start + plan.contended_slice;
+    let handles: Vec<_> = (0..plan.contenders)
+        .map(|task| {
+            let (acquire, key, board, hold) =
+                (c.acquire.clone(), key.clone(), board.clone(), plan.hold);
+            tokio::spawn(async move {
+                let mut t = TaskTally::default();
+                while Instant::now() < stop_at {
+                    let t0 = Instant::now();
+                    let rel = match acquire(key.clone()).await {
+                        Ok(rel) => rel,
+                        Err(e) => {
+                            t.errors.add(format!("acquire: {e}"));
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            continue;
+                        }
+                    };
+                    let got = Instant::now();
+                    let handoff = board
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .acquired(task, got);
+                    t.all_turns += 1;
+                    let counted = got < stop_at;
+                    if counted {
+                        t.turns += 1;
+                        t.waits.push(got - t0);
+                        t.handoffs.extend(handoff);
+                        tokio::time::sleep(hold).await;
+                    }
+                    let r = Instant::now();
+                    if counted {
+                        t.held += r.min(stop_at) - got;
+                    }
+                    board
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .releasing(task, r);
+                    if let Err(e) = rel().await {
+                        t.errors.add(format!("release: {e}"));
+                    }
+                }
+                t
+            })
+        })
+        .collect();
+    let mut errors = Errors::default();
+    let mut tallies = Vec::with_capacity(handles.len());
+    let drain_until = tokio::time::Instant::from_std(stop_at + DRAIN_LIMIT);
+    for mut h in handles {
+        match tokio::time::timeout_at(drain_until, &mut h).await {
+            Ok(Ok(t)) => tallies.push(t),
+            Ok(Err(e)) => {
+                errors.add(format!("task failed: {e}"));
+                tallies.push(TaskTally::default());
+            }
+            Err(_) => {
+                h.abort();
+                errors.add(format!(
+                    "a task still waited {DRAIN_LIMIT:?} after the window closed"
+                ));
+                tallies.push(TaskTally::default());
+            }
+        }
+    }
+    let overlaps = board.lock().unwrap_or_else(|p| p.into_inner()).overlaps;
+    if overlaps > 0 {
+        errors.add(format!(
+            "{overlaps} acquisitions while another task held the key"
+        ));
+    }
+    (tallies, overlaps, errors)
+}
+
+/// Runs every contender in `plan.slices` interleaved slices (the order rotated each
+/// slice), each slice on a fresh key.
+pub async fn contended(contenders: &[Contender], plan: &Plan) -> Vec<ContendedStats> {
+    let mut stats: Vec<ContendedStats> = contenders
+        .iter()
+        .map(|c| ContendedStats {
+            name: c.name,
+            wall: Duration::ZERO,
+            held: Duration::ZERO,
+            turns: 0,
+            all_turns: 0,
+            turns_per_task: vec![0; plan.contenders],
+            handoffs: Vec::new(),
+            waits: Vec::new(),
+            calls: Some(0),
+            calls_by: BTreeMap::new(),
+            calls_unit: c.calls.unit.to_owned(),
+            overlaps: 0,
+            errors: Errors::default(),
+        })
+        .collect();
+    for slice in 0..plan.slices {
+        for j in 0..contenders.len() {
+            let i = (j + slice) % contenders.len();
+            let c = &contenders[i];
+            let key: Arc<str> = Arc::from(format!("bench:hot:c{i}:s{slice}"));
+            let before = c.calls.read().await;
+            let (tallies, overlaps, errors) = contended_slice(c, key, plan).await;
+            let after = c.calls.read().await;
+            let s = &mut stats[i];
+            s.calls = match (s.calls, before, after) {
+                (Some(sum), Ok(b), Ok(a)) => {
+                    let before: BTreeMap<String, u64> = b.into_iter().collect();
+                    let mut delta = 0;
+                    for (part, n) in a {
+                        let d = n.saturating_sub(before.get(&part).copied().unwrap_or(0));
+                        delta += d;
+                        *s.calls_by.entry(part).or_default() += d;
+                    }
+                    Some(sum + delta.saturating_sub(c.calls.overhead))
+                }
+                (_, Err(e), _) | (_, _, Err(e)) => {
+                    s.errors.add(format!("counter: {e}"));
+                    None
+                }
+                (None, ..) => None,
+            };
+            s.wall += plan.contended_slice;
+            s.overlaps += overlaps;
+            s.errors.merge(errors);
+            for (task, t) in tallies.into_iter().enumerate() {
+                s.turns += t.turns;
+                s.all_turns += t.all_turns;
+                s.turns_per_task[task] += t.turns;
+                s.held += t.held;
+                s.waits.extend(t.waits);
+                s.handoffs.extend(t.handoffs);
+                s.errors.merge(t.errors);
+            }
+        }
+    }
+    for s in &mut stats {
+        s.waits.sort_unstable();
+        s.handoffs.sort_unstable();
+    }
+    stats
+}
+
+/// A ratio a section reports at each level: `num` ÷ `den`, and what it means.
+#[derive(Debug, Clone)]
+pub struct Ratio {
+    /// The numerator side.
+    pub num: &'static str,
+    /// The denominator side.
+    pub den: &'static str,
+    /// One line: what the ratio means.
+    pub meaning: String,
+}
+
+/// One store's section of the report.
+#[derive(Debug, Clone, Default)]
+pub struct Section {
+    /// Its short name (`redis`, `postgres`, `mysql`, `sqlite`).
+    pub name: &'static str,
+    /// Its header: the server and its settings.
+    pub title: String,
+    /// What is compared and how (one line each).
+    pub about: Vec<String>,
+    /// Each side or contender and what exactly it runs.
+    pub legend: Vec<(&'static str, String)>,
+    /// The uncontended levels.
+    pub levels: Vec<Level>,
+    /// The ratios reported at each level.
+    pub ratios: Vec<Ratio>,
+    /// What the contended comparison does.
+    pub contended_about: Vec<String>,
+    /// The contended figures.
+    pub contended: Vec<ContendedStats>,
+    /// Why the section could not run, if it could not.
+    pub failed: Option<String>,
+}
+
+fn us(d: Option<Duration>) -> String {
+    d.map_or_else(|| "-".into(), |d| format!("{:.0}", d.as_secs_f64() * 1e6))
+}
+
+fn num(x: f64) -> String {
+    if !x.is_finite() {
+        return "-".into();
+    }
+    let s = format!("{:.0}", x.round());
+    // Thin groups of three digits for big numbers.
+    let (neg, digits) = s.strip_prefix('-').map_or((false, &s[..]), |d| (true, d));
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(' ');
+        }
+        out.push(ch);
+    }
+    if neg { format!("-{out}") } else { out }
+}
+
+fn fixed(x: f64, prec: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.prec$}")
+    } else {
+        "-".into()
+    }
+}
+
+impl Section {
+    /// The section as text: header, the uncontended table and its ratios, the contended
+    /// table.
+    pub fn print(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "== {} ==", self.title);
+        if let Some(e) = &self.failed {
+            let _ = writeln!(o, "   NOT RUN: {e}");
+            return o;
+        }
+        for line in &self.about {
+            let _ = writeln!(o, "   {line}");
+        }
+        let w = self.legend.iter().map(|(n, _)| n.len()).max().unwrap_or(4);
+        // The first column: the sides' and contenders' names, the ratios' labels.
+        let w1 = self
+            .ratios
+            .iter()
+            .map(|r| r.num.chars().count() + r.den.chars().count() + 3)
+            .chain([w, 20])
+            .max()
+            .unwrap_or(20);
+        for (name, what) in &self.legend {
+            let _ = writeln!(o, "   {name:<w$} = {what}");
+        }
+        if !self.levels.is_empty() {
+            let col = 22;
+            let _ = write!(o, "\n   {:<w$}", "pairs/s (p50/p99 µs)", w = w1);
+            for l in &self.levels {
+                let _ = write!(
+                    o,
+                    "{:>col$}",
+                    format!("{} task{}", l.tasks, plural(l.tasks))
+                );
+            }
+            o.push('\n');
+            for (i, s) in self.levels[0].sides.iter().enumerate() {
+                let _ = write!(o, "   {:<w$}", s.name, w = w1);
+                for l in &self.levels {
+                    let s = &l.sides[i];
+                    let cell = if s.p50.is_some() {
+                        format!("{} ({}/{})", num(s.per_sec()), us(s.p50), us(s.p99))
+                    } else {
+                        num(s.per_sec())
+                    };
+                    let _ = write!(o, "{cell:>col$}");
+                }
+                o.push('\n');
+            }
+            for r in &self.ratios {
+                let label = format!("{} ÷ {}", r.num, r.den);
+                let _ = write!(o, "   {label:<w$}", w = w1);
+                for l in &self.levels {
+                    let _ = write!(o, "{:>col$}", fixed(l.ratio(r.num, r.den), 3));
+                }
+                o.push('\n');
+            }
+            for r in &self.ratios {
+                let _ = writeln!(o, "   ({} ÷ {}: {})", r.num, r.den, r.meaning);
+            }
+            for l in &self.levels {
+                for s in &l.sides {
+                    if s.errors.count > 0 {
+                        let _ = writeln!(
+                            o,
+                            "   ! {} at {} tasks: {} errors, first: {}",
+                            s.name,
+                            l.tasks,
+                            s.errors.count,
+                            s.errors.first.as_deref().unwrap_or("?")
+                        );
+                    }
+                }
+            }
+        }
+        if !self.contended.is_empty() {
+            o.push('\n');
+            for line in &self.contended_about {
+                let _ = writeln!(o, "   {line}");
+            }
+            let _ = writeln!(
+                o,
+                "   {:<w$} {:>6} {:>5} {:>6} {:>8} {:>9} {:>11} {:>10}  calls are",
+                "contended",
+                "turns",
+                "hold",
+                "util",
+                "hand-off",
+                "wait p99",
+                "turns/task",
+                "calls/acq",
+                w = w1
+            );
+            let _ = writeln!(
+                o,
+                "   {:<w$} {:>6} {:>5} {:>6} {:>8} {:>9} {:>11} {:>10}",
+                "",
+                "",
+                "ms",
+                "",
+                "p50 µs",
+                "ms",
+                "min–max",
+                "",
+                w = w1
+            );
+            for c in &self.contended {
+                let (lo, hi) = c.turns_range();
+                let _ = writeln!(
+                    o,
+                    "   {:<w$} {:>6} {:>5} {:>6} {:>8} {:>9} {:>11} {:>10}  {}",
+                    c.name,
+                    c.turns,
+                    c.mean_hold()
+                        .map_or_else(|| "-".into(), |d| fixed(d.as_secs_f64() * 1e3, 2)),
+                    fixed(c.utilisation(), 3),
+                    us(c.handoff_p50()),
+                    c.wait_p99()
+                        .map_or_else(|| "-".into(), |d| fixed(d.as_secs_f64() * 1e3, 1)),
+                    format!("{lo}–{hi}"),
+                    c.calls_per_acquisition()
+                        .map_or_else(|| "-".into(), |x| fixed(x, 1)),
+                    c.calls_unit,
+                    w = w1
+                );
+            }
+            for c in &self.contended {
+                let parts = c.calls_by_acquisition();
+                if !parts.is_empty() {
+                    let parts: Vec<String> = parts
+                        .iter()
+                        .map(|(k, x)| format!("{k} {}", fixed(*x, 1)))
+                        .collect();
+                    let _ = writeln!(o, "   ({} calls/acq: {})", c.name, parts.join(", "));
+                }
+            }
+            for c in &self.contended {
+                if c.errors.count > 0 {
+                    let _ = writeln!(
+                        o,
+                        "   ! {}: {} errors, first: {}",
+                        c.name,
+                        c.errors.count,
+                        c.errors.first.as_deref().unwrap_or("?")
+                    );
+                }
+            }
+        }
+        o
+    }
+
+    /// The section as JSON.
+    pub fn to_json(&self) -> Json {
+        let dur = |d: Option<Duration>| d.map_or(Json::Null, |d| Json::Num(d.as_secs_f64() * 1e6));
+        let errors = |e: &Errors| {
+            Json::obj([
+                ("count", Json::Int(e.count)),
+                ("first", e.first.clone().map_or(Json::Null, Json::Str)),
+            ])
+        };
+        let levels = self.levels.iter().map(|l| {
+            Json::obj([
+                ("tasks", Json::Int(l.tasks as u64)),
+                (
+                    "sides",
+                    Json::Arr(
+                        l.sides
+                            .iter()
+                            .map(|s| {
+                                Json::obj([
+                                    ("name", Json::str(s.name)),
+                                    ("per_sec", Json::Num(s.per_sec())),
+                                    (
+                                        "per_slice",
+                                        Json::Arr(
+                                            s.per_slice.iter().map(|x| Json::Num(*x)).collect(),
+                                        ),
+                                    ),
+                                    ("pairs", Json::Int(s.pairs)),
+                                    ("p50_us", dur(s.p50)),
+                                    ("p99_us", dur(s.p99)),
+                                    ("errors", errors(&s.errors)),
+                                ])
+                            })
+                            .collect(),
+                    ),
+                ),
+                (
+                    "ratios",
+                    Json::Arr(
+                        self.ratios
+                            .iter()
+                            .map(|r| {
+                                Json::obj([
+                                    ("num", Json::str(r.num)),
+                                    ("den", Json::str(r.den)),
+                                    ("ratio", Json::Num(l.ratio(r.num, r.den))),
+                                ])
+                            })
+                            .collect(),
+                    ),
+                ),
+            ])
+        });
+        let contended = self.contended.iter().map(|c| {
+            let (lo, hi) = c.turns_range();
+            Json::obj([
+                ("name", Json::str(c.name)),
+                ("wall_s", Json::Num(c.wall.as_secs_f64())),
+                ("turns", Json::Int(c.turns)),
+                ("utilisation", Json::Num(c.utilisation())),
+                ("handoff_p50_us", dur(c.handoff_p50())),
+                ("wait_p99_us", dur(c.wait_p99())),
+                ("mean_hold_us", dur(c.mean_hold())),
+                ("turns_per_task_min", Json::Int(lo)),
+                ("turns_per_task_max", Json::Int(hi)),
+                (
+                    "calls_per_acquisition",
+                    c.calls_per_acquisition().map_or(Json::Null, Json::Num),
+                ),
+                (
+                    "calls_per_acquisition_by_part",
+                    Json::Obj(
+                        c.calls_by_acquisition()
+                            .into_iter()
+                            .map(|(k, x)| (k.to_owned(), Json::Num(x)))
+                            .collect(),
+                    ),
+                ),
+                ("calls_unit", Json::Str(c.calls_unit.clone())),
+                ("overlaps", Json::Int(c.overlaps)),
+                ("errors", errors(&c.errors)),
+            ])
+        });
+        Json::obj([
+            ("name", Json::str(self.name)),
+            ("title", Json::Str(self.title.clone())),
+            ("failed", self.failed.clone().map_or(Json::Null, Json::Str)),
+            (
+                "about",
+                Json::Arr(self.about.iter().cloned().map(Json::Str).collect()),
+            ),
+            (
+                "legend",
+                Json::Obj(
+                    self.legend
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), Json::Str(v.clone())))
+                        .collect(),
+                ),
+            ),
+            (
+                "ratio_meanings",
+                Json::Arr(
+                    self.ratios
+                        .iter()
+                        .map(|r| {
+                            Json::obj([
+                                ("num", Json::str(r.num)),
+                                ("den", Json::str(r.den)),
+                                ("meaning", Json::Str(r.meaning.clone())),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+            ("uncontended", Json::Arr(levels.collect())),
+            (
+                "contended_about",
+                Json::Arr(
+                    self.contended_about
+                        .iter()
+                        .cloned()
+                        .map(Json::Str)
+                        .collect(),
+                ),
+            ),
+            ("contended", Json::Arr(contended.collect())),
+        ])
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// A JSON value (just enough to write the report; no parser).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Json {
+    /// `null`
+    Null,
+    /// `true` / `false`
+    Bool(bool),
+    /// A number; NaN and infinities are written as `null`.
+    Num(f64),
+    /// An integer.
+    Int(u64),
+    /// A string.
+    Str(String),
+    /// An array.
+    Arr(Vec<Json>),
+    /// An object, keys in the given order.
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    /// An object from `(key, value)` pairs.
+    pub fn obj<const N: usize>(fields: [(&str, Json); N]) -> Self {
+        Json::Obj(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+    }
+
+    /// A string.
+    pub fn str(s: &str) -> Self {
+        Json::Str(s.to_owned())
+    }
+}
+
+fn write_json_str(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
+    f.write_char('"')?;
+    for c in s.chars() {
+        match c {
+            '"' => f.write_str("\\\"")?,
+            '\\' => f.write_str("\\\\")?,
+            '\n' => f.write_str("\\n")?,
+            '\r' => f.write_str("\\r")?,
+            '\t' => f.write_str("\\t")?,
+            c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
+            c => f.write_char(c)?,
+        }
+    }
+    f.write_char('"')
+}
+
+impl fmt::Display for Json {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Json::Null => f.write_str("null"),
+            Json::Bool(b) => write!(f, "{b}"),
+            Json::Num(x) if x.is_finite() => {
+                // Round to 4 significant decimals past the point for readability.
+                let r = (x * 1e4).round() / 1e4;
+                write!(f, "{r}")
+            }
+            Json::Num(_) => f.write_str("null"),
+            Json::Int(n) => write!(f, "{n}"),
+            Json::Str(s) => write_json_str(f, s),
+            Json::Arr(v) => {
+                f.write_char('[')?;
+                for (i, x) in v.iter().enumerate() {
+                    if i > 0 {
+                        f.write_char(',')?;
+                    }
+                    write!(f, "{x}")?;
+                }
+                f.write_char(']')
+            }
+            Json::Obj(v) => {
+                f.write_char('{')?;
+                for (i, (k, x)) in v.iter().enumerate() {
+                    if i > 0 {
+                        f.write_char(',')?;
+                    }
+                    write_json_str(f, k)?;
+                    write!(f, ":{x}")?;
+                }
+                f.write_char('}')
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_percentile() {
+        assert!(median(&[]).is_nan());
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[f64::NAN, 1.0]), 1.0);
+        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&v, 0.5), Some(Duration::from_millis(50)));
+        assert_eq!(percentile(&v, 0.99), Some(Duration::from_millis(99)));
+        assert_eq!(percentile(&v, 1.0), Some(Duration::from_millis(100)));
+        assert_eq!(percentile(&v[..1], 0.99), Some(Duration::from_millis(1)));
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn ratio_is_the_median_of_same_slice_ratios() {
+        let side = |name, per_slice: Vec<f64>| SideStats {
+            name,
+            per_slice,
+            pairs: 0,
+            p50: None,
+            p99: None,
+            errors: Errors::default(),
+        };
+        // A load burst in slice 2 hits both sides: the paired ratio is unaffected.
+        let l = Level {
+            tasks: 1,
+            sides: vec![
+                side("a", vec![50.0, 10.0, 50.0]),
+                side("b", vec![100.0, 20.0, 100.0]),
+            ],
+        };
+        assert_eq!(l.ratio("a", "b"), 0.5);
+        assert!(l.ratio("a", "missing").is_nan());
+    }
+
+    #[test]
+    fn board_counts_handoffs_to_other_tasks_only_and_overlaps() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut b = Board::default();
+        assert_eq!(b.acquired(0, t0), None);
+        b.releasing(0, t0 + ms(1));
+        // The same task again: not a hand-off.
+        assert_eq!(b.acquired(0, t0 + ms(2)), None);
+        b.releasing(0, t0 + ms(3));
+        assert_eq!(b.acquired(1, t0 + ms(5)), Some(ms(2)));
+        assert_eq!(b.overlaps, 0);
+        assert_eq!(b.acquired(2, t0 + ms(6)), Some(ms(3)));
+        assert_eq!(b.overlaps, 1);
+    }
+
+    #[test]
+    fn json_escapes_and_writes_nan_as_null() {
+        let j = Json::obj([
+            ("a", Json::str("q\"\\\n")),
+            ("n", Json::Num(f64::NAN)),
+            ("x", Json::Num(0.123456)),
+            (
+                "v",
+                Json::Arr(vec![Json::Int(1), Json::Bool(true), Json::Null]),
+            ),
+        ]);
+        assert_eq!(
+            j.to_string(),
+            r#"{"a":"q\"\\\n","n":null,"x":0.1235,"v":[1,true,null]}"#
+        );
+    }
+
+    #[test]
+    fn numbers_are_grouped() {
+        assert_eq!(num(1234567.4), "1 234 567");
+        assert_eq!(num(999.0), "999");
+        assert_eq!(num(f64::NAN), "-");
+    }
+
+    /// The whole harness against an in-process lock: a smoke test that takes well under a
+    /// second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn harness_runs_against_an_in_process_lock() {
+        let plan = Plan {
+            slices: 2,
+            slice: Duration::from_millis(20),
+            warmup: Duration::from_millis(5),
+            contended_slice: Duration::from_millis(50),
+            contenders: 4,
+            hold: Duration::from_millis(1),
+        };
+        // Every real pair waits for the network; these must yield too, or they would
+        // keep the workers from the timer that ends the slice.
+        let fast = Side::pairs("fast", |_key| async {
+            tokio::task::yield_now().await;
+            Ok(())
+        });
+        let slow = Side::pairs("slow", |_key| async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            Ok(())
+        });
+        let ext = Side::rate("ext", |_d| async { Ok(1000.0) });
+        let level = uncontended(&[fast, slow, ext], 2, &plan).await;
+        assert_eq!(level.side("slow").unwrap().per_slice.len(), 2);
+        assert!(level.ratio("fast", "slow") > 1.0);
+        assert!(level.ratio("slow", "ext") > 0.0);
+
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = {
+            let calls = calls.clone();
+            Counter::new("calls", 0, move || {
+                let calls = calls.clone();
+                async move { Ok(calls.load(Ordering::Relaxed)) }
+            })
+        };
+        let c = Contender::new("mutex", counter, move |_key| {
+            let (lock, calls) = (lock.clone(), calls.clone());
+            async move {
+                calls.fetch_add(1, Ordering::Relaxed);
+                let guard = lock.lock_owned().await;
+                Ok(release(move || async move {
+                    drop(guard);
+                    Ok(())
+                }))
+            }
+        });
+        let stats = contended(&[c], &plan).await;
+        let s = &stats[0];
+        assert_eq!(s.errors.count, 0, "{:?}", s.errors.first);
+        assert!(s.turns > 0);
+        assert!(s.utilisation() > 0.1 && s.utilisation() <= 1.0);
+        assert_eq!(s.calls_per_acquisition(), Some(1.0));
+        assert!(s.handoff_p50().is_some());
+        let text = Section {
+            name: "t",
+            title: "t".into(),
+            levels: vec![level],
+            contended: stats,
+            ..Section::default()
+        };
+        assert!(text.print().contains("mutex"));
+        assert!(text.to_json().to_string().starts_with('{'));
+    }
+}

@@ -1,0 +1,184 @@
+//! Parsers of what the benchmark reads: its command line, `pgbench`'s report and Redis's
+//! `INFO commandstats`.
+
+/// The benchmark's usage text.
+pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite[,...]]
+  --json    print one JSON document instead of the tables
+  --quick   a smoke run: short slices (a minute or two)
+  --only    run only these stores' sections (comma-separated, or repeat the option)";
+
+/// A store the benchmark has a section for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Redis.
+    Redis,
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL / MariaDB.
+    Mysql,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Backend {
+    /// Every section, in the order they run.
+    pub const ALL: [Backend; 4] = [Self::Redis, Self::Postgres, Self::Mysql, Self::Sqlite];
+
+    /// `redis`, `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "redis" => Some(Self::Redis),
+            "postgres" | "postgresql" | "pg" => Some(Self::Postgres),
+            "mysql" | "mariadb" => Some(Self::Mysql),
+            "sqlite" => Some(Self::Sqlite),
+            _ => None,
+        }
+    }
+
+    /// Its section's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::Postgres => "postgres",
+            Self::Mysql => "mysql",
+            Self::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// The options of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opts {
+    /// One JSON document instead of the tables.
+    pub json: bool,
+    /// Short slices.
+    pub quick: bool,
+    /// The sections to run, in this order.
+    pub only: Vec<Backend>,
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cli {
+    /// A run.
+    Run(Opts),
+    /// The usage text.
+    Help,
+}
+
+/// Parses the arguments (without the program name).
+///
+/// # Errors
+/// A message for an unknown argument or a bad `--only`.
+pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String> {
+    let mut o = Opts {
+        json: false,
+        quick: false,
+        only: Vec::new(),
+    };
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
+            _ => (arg.clone(), None),
+        };
+        match flag.as_str() {
+            // cargo bench passes --bench to every bench target.
+            "--bench" => {}
+            "--json" => o.json = true,
+            "--quick" => o.quick = true,
+            "--only" => {
+                // (cargo bench appends --bench after the user's arguments: not a store.)
+                let v = inline
+                    .or_else(|| it.next())
+                    .filter(|v| !v.starts_with("--"))
+                    .ok_or("--only needs a store: redis, postgres, mysql or sqlite")?;
+                for name in v.split(',').filter(|s| !s.is_empty()) {
+                    let b = Backend::parse(name).ok_or_else(|| {
+                        format!("unknown store {name:?} (redis, postgres, mysql or sqlite)")
+                    })?;
+                    if !o.only.contains(&b) {
+                        o.only.push(b);
+                    }
+                }
+            }
+            "-h" | "--help" => return Ok(Cli::Help),
+            _ => return Err(format!("unknown argument {arg:?}")),
+        }
+    }
+    if o.only.is_empty() {
+        o.only = Backend::ALL.to_vec();
+    }
+    Ok(Cli::Run(o))
+}
+
+/// The transactions per second in `pgbench`'s report:
+/// `tps = 1234.5 (without initial connection time)` → 1234.5.
+pub fn pgbench_tps(report: &str) -> Option<f64> {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// The `calls=` of each command in Redis's `INFO commandstats`
+/// (`cmdstat_evalsha:calls=3,usec=…` → `("evalsha", 3)`).
+pub fn commandstats_calls(info: &str) -> Vec<(String, u64)> {
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (cmd, rest) = l.split_once(':')?;
+            let calls = rest.split(',').find_map(|f| f.strip_prefix("calls="))?;
+            Some((cmd.to_owned(), calls.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Result<Cli, String> {
+        parse_args(a.iter().map(|s| (*s).to_owned()))
+    }
+
+    #[test]
+    fn command_line() {
+        let Ok(Cli::Run(o)) = args(&["--bench", "--json", "--only", "redis,pg", "--only=sqlite"])
+        else {
+            panic!("parse")
+        };
+        assert!(o.json && !o.quick);
+        assert_eq!(o.only, [Backend::Redis, Backend::Postgres, Backend::Sqlite]);
+        let Ok(Cli::Run(o)) = args(&["--quick"]) else {
+            panic!("parse")
+        };
+        assert_eq!(o.only, Backend::ALL);
+        assert!(args(&["--only"]).is_err());
+        assert_eq!(
+            args(&["--only", "--bench"]),
+            Err("--only needs a store: redis, postgres, mysql or sqlite".into())
+        );
+        assert!(args(&["--only", "etcd"]).is_err());
+        assert!(args(&["--fast"]).is_err());
+        assert_eq!(args(&["-h"]), Ok(Cli::Help));
+    }
+
+    #[test]
+    fn reports() {
+        assert_eq!(
+            pgbench_tps(
+                "latency average = 1.2 ms\ntps = 1234.567890 (without initial connection time)\n"
+            ),
+            Some(1234.56789)
+        );
+        assert_eq!(pgbench_tps("nothing"), None);
+        assert_eq!(
+            commandstats_calls(
+                "# Commandstats\r\ncmdstat_set:calls=3,usec=1\r\ncmdstat_client|setinfo:calls=4,usec=2\r\n"
+            ),
+            [("set".to_owned(), 3), ("client|setinfo".to_owned(), 4)]
+        );
+    }
+}
