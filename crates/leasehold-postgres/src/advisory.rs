@@ -12,16 +12,18 @@ use leasehold_core::{
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use sha2::{Digest, Sha256};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
-use sqlx::{AssertSqlSafe, Connection};
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::{PgConnection, PgPool};
 
 use crate::config::{DEFAULT_ADVISORY_TABLE, PgConfig, TableName};
 use crate::table::{MIN_REMAINING, col, fence_of, info_of, like_prefix, micros, ttl_us};
+use crate::wait::{Queue, Sessions, close};
 use crate::{BACKEND_ADVISORY, error, schema};
 
 const BACKEND: &str = BACKEND_ADVISORY;
 
-/// How many idle dedicated connections are kept for reuse by later acquisitions.
+/// How many idle dedicated connections are kept for reuse by later acquisitions and
+/// waiters, at least (the pool size, if larger).
 const IDLE_CONNECTIONS: usize = 4;
 
 /// How long `break_lease` waits for the evicted holder's session to end.
@@ -58,6 +60,8 @@ const LOCK_OF_ROW: &str = "x.locktype = 'advisory' AND x.objsubid = 1 AND x.gran
 struct Sql {
     precheck: Arc<str>,
     acquire: Arc<str>,
+    /// The acquire on a waiter's session that already holds the lock (its turn came).
+    acquire_parked: Arc<str>,
     renew: Arc<str>,
     release: Arc<str>,
     inspect: Arc<str>,
@@ -75,14 +79,16 @@ impl Sql {
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks x WHERE x.locktype = 'advisory' \
                AND x.objsubid = 1 AND x.granted AND x.classid::bigint = $2 AND x.objid::bigint = $3 \
                AND x.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())) AS held, \
-             (SELECT {remaining} FROM {t} a WHERE a.key = $1 AND a.owner IS NOT NULL) AS remaining_us"
+             COALESCE((SELECT {remaining} FROM {t} a WHERE a.key = $1 AND a.owner IS NOT NULL), $4) \
+               AS remaining_us"
         );
         // On the dedicated connection, one statement: try the lock; if granted, advance the
         // fence counter row while holding it, record owner and pid, set the server-side
         // idle timeout that enforces the TTL and the connection's application_name.
-        let acquire = format!(
-            "WITH l AS MATERIALIZED ( \
-               SELECT pg_try_advisory_lock($1) AS got, pg_backend_pid() AS pid, clock_timestamp() AS t \
+        let acquire_with = |got: &str| {
+            format!(
+                "WITH l AS MATERIALIZED ( \
+               SELECT {got} AS got, pg_backend_pid() AS pid, clock_timestamp() AS t \
              ), up AS ( \
                INSERT INTO {t} AS a (key, lock_id, owner, fence, holder_pid, expires_at) \
                SELECT $2, $1, $3, GREATEST(1, (extract(epoch FROM l.t) * 1000000)::bigint), l.pid, \
@@ -96,10 +102,14 @@ impl Sql {
              SELECT l.got, l.pid, (SELECT fence FROM up) AS fence, \
                CASE WHEN l.got THEN set_config('idle_session_timeout', $5, false) || \
                                     set_config('application_name', $6, false) END AS settings, \
-               CASE WHEN NOT l.got THEN (SELECT {remaining} FROM {t} a WHERE a.key = $2 AND a.owner IS NOT NULL) \
+               CASE WHEN NOT l.got THEN COALESCE((SELECT {remaining} FROM {t} a WHERE a.key = $2 AND a.owner IS NOT NULL), $4) \
                  END AS remaining_us \
              FROM l"
-        );
+            )
+        };
+        let acquire = acquire_with("pg_try_advisory_lock($1)");
+        // The waiter's session got the lock in the queue (`wait`): it holds it already.
+        let acquire_parked = acquire_with("true");
         // On the holder's connection: still this session's lock, still this owner's row?
         // Then extend the row and reset the idle timeout.
         let renew = format!(
@@ -118,14 +128,17 @@ impl Sql {
         );
         // On the holder's connection: clear the row first, then unlock (the unlock is
         // evaluated on the aggregate's single row, after the update ran), and reset the
-        // session for reuse.
+        // session for reuse. Not flushed to disk before it answers (`synchronous_commit`
+        // off for its own transaction): the lock, which is the lease, is gone at once
+        // anyway, and the next grant's commit flushes the row with it.
         let release = format!(
             "WITH u AS ( \
                UPDATE {t} SET owner = NULL, holder_pid = NULL, expires_at = clock_timestamp() \
                WHERE key = $1 AND owner = $2 AND holder_pid = pg_backend_pid() RETURNING 1 \
              ), n AS (SELECT count(*) AS n FROM u) \
              SELECT n.n AS cleared, pg_advisory_unlock($3) AS unlocked, \
-               set_config('idle_session_timeout', '0', false) || set_config('application_name', $4, false) AS reset \
+               set_config('idle_session_timeout', '0', false) || set_config('application_name', $4, false) AS reset, \
+               set_config('synchronous_commit', 'off', true) AS commit_mode \
              FROM n"
         );
         let inspect = format!(
@@ -166,6 +179,7 @@ impl Sql {
         Self {
             precheck: precheck.into(),
             acquire: acquire.into(),
+            acquire_parked: acquire_parked.into(),
             renew: renew.into(),
             release: release.into(),
             inspect: inspect.into(),
@@ -188,13 +202,15 @@ struct Holder {
 
 struct Inner {
     pool: PgPool,
-    connect: PgConnectOptions,
     app_prefix: String,
     table: TableName,
     target: String,
     sql: Sql,
     holders: Mutex<HashMap<Key, Arc<Holder>>>,
-    idle: Mutex<Vec<PgConnection>>,
+    /// Dedicated sessions kept for reuse (holders' and waiters').
+    sessions: Arc<Sessions>,
+    /// Waiters' queues (`None`: waiting is off).
+    queue: Option<Queue>,
 }
 
 /// A lease store on PostgreSQL session-level advisory locks (backend name
@@ -332,16 +348,29 @@ impl PgAdvisoryStore {
         let pool = crate::config::open_pool(config, BACKEND).await?;
         let table = config.table_or(DEFAULT_ADVISORY_TABLE);
         let sql = Sql::new(&table);
+        let sessions = Arc::new(Sessions::new(
+            BACKEND,
+            config.options_named(&prefix),
+            IDLE_CONNECTIONS.max(config.get_pool_size() as usize),
+        ));
+        let queue = (config.get_wait_sessions() > 0).then(|| {
+            Queue::new(
+                BACKEND,
+                sessions.clone(),
+                None,
+                config.get_wait_sessions() as usize,
+            )
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
-                connect: config.options_named(&prefix),
                 app_prefix: prefix,
                 table,
                 target: config.target(),
                 sql,
                 holders: Mutex::new(HashMap::new()),
-                idle: Mutex::new(Vec::new()),
+                sessions,
+                queue,
             }),
         })
     }
@@ -440,27 +469,88 @@ impl PgAdvisoryStore {
     }
 
     fn take_idle(&self) -> Option<PgConnection> {
-        self.inner
-            .idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
+        self.inner.sessions.take_idle()
     }
 
     fn put_idle(&self, conn: PgConnection) {
-        let mut idle = self.inner.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < IDLE_CONNECTIONS {
-            idle.push(conn);
-        } else {
-            drop(idle);
-            close(conn);
-        }
+        self.inner.sessions.put_idle(conn);
     }
 
     async fn connect_dedicated(&self) -> Result<PgConnection, StoreError> {
-        PgConnection::connect_with(&self.inner.connect)
+        self.inner
+            .sessions
+            .connect("connecting a holder session")
             .await
-            .map_err(|e| error::map(BACKEND, "connecting a holder session", e))
+    }
+
+    /// Tries the lock on a kept or new session (after asking the pool whether it is taken
+    /// at all, before opening one). `Ok(Err(held))` when it is taken.
+    async fn acquire_fresh(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Result<(sqlx::postgres::PgRow, PgConnection), AcquireOutcome>, StoreError> {
+        let lock_id = advisory_lock_id(key.as_str());
+        let (hi, lo) = lock_parts(lock_id);
+        // A kept idle session may have been ended meanwhile (server restart, a DBA's
+        // idle timeout): then try once more on a fresh session. A dead session cannot have
+        // taken the lock, so the retry is safe.
+        let mut reused = self.take_idle();
+        loop {
+            let from_idle = reused.is_some();
+            let mut conn = match reused.take() {
+                Some(c) => c,
+                None => {
+                    // Opening a session costs a fork on the server: first ask the pool
+                    // whether the lock is taken at all.
+                    let row = sqlx::query(AssertSqlSafe(self.inner.sql.precheck.clone()))
+                        .bind(key.as_str())
+                        .bind(hi)
+                        .bind(lo)
+                        .bind(ttl_us(ttl))
+                        .fetch_one(&self.inner.pool)
+                        .await
+                        .map_err(|e| error::map(BACKEND, "acquire", e))?;
+                    if col::<bool>(BACKEND, &row, "held")? {
+                        let remaining: Option<i64> = col(BACKEND, &row, "remaining_us")?;
+                        return Ok(Err(AcquireOutcome::Held {
+                            remaining: Some(
+                                remaining
+                                    .map(micros)
+                                    .unwrap_or(Duration::ZERO)
+                                    .max(MIN_REMAINING),
+                            ),
+                        }));
+                    }
+                    self.connect_dedicated().await?
+                }
+            };
+            // If this future is dropped from here on, `conn` is dropped with it: the
+            // session ends and any lock it took is released.
+            let res = sqlx::query(AssertSqlSafe(self.inner.sql.acquire.clone()))
+                .bind(lock_id)
+                .bind(key.as_str())
+                .bind(&owner.as_bytes()[..])
+                .bind(ttl_us(ttl))
+                .bind(ms_setting(ttl))
+                .bind(self.application_name_for(owner))
+                .fetch_one(&mut conn)
+                .await;
+            match res {
+                Ok(row) => return Ok(Ok((row, conn))),
+                Err(e) if from_idle && error::is_connection_loss(&e) => {
+                    close(conn);
+                    continue;
+                }
+                Err(e) => {
+                    // The lock may have been taken before the error: ending the session
+                    // releases it.
+                    close(conn);
+                    return Err(error::map(BACKEND, "acquire", e));
+                }
+            }
+        }
     }
 
     /// Renews on the holder's session. `Ok(false)`: the lock is gone (the holder is
@@ -533,15 +623,6 @@ impl PgAdvisoryStore {
     }
 }
 
-/// Closes a connection in the background (graceful Terminate), or drops it.
-fn close(conn: PgConnection) {
-    if tokio::runtime::Handle::try_current().is_ok() {
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(2), conn.close()).await;
-        });
-    }
-}
-
 impl Drop for Inner {
     fn drop(&mut self) {
         let holders = std::mem::take(self.holders.get_mut().unwrap_or_else(|e| e.into_inner()));
@@ -551,9 +632,6 @@ impl Drop for Inner {
             {
                 close(conn);
             }
-        }
-        for conn in std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner())) {
-            close(conn);
         }
     }
 }
@@ -571,6 +649,7 @@ impl Store for PgAdvisoryStore {
         caps.break_lease = true;
         caps.session_bound = true;
         caps.fence_durability = FenceDurability::Durable;
+        caps.wait_for_release = self.inner.queue.is_some();
         caps
     }
 
@@ -592,62 +671,35 @@ impl Store for PgAdvisoryStore {
                 });
             }
         }
-        let lock_id = advisory_lock_id(key.as_str());
-        let (hi, lo) = lock_parts(lock_id);
-        // A kept idle session may have been ended meanwhile (server restart, a DBA's
-        // idle timeout): then try once more on a fresh session. A dead session cannot have
-        // taken the lock, so the retry is safe.
-        let mut reused = self.take_idle();
-        let row = loop {
-            let from_idle = reused.is_some();
-            let mut conn = match reused.take() {
-                Some(c) => c,
-                None => {
-                    // Opening a session costs a fork on the server: first ask the pool
-                    // whether the lock is taken at all.
-                    let row = sqlx::query(AssertSqlSafe(self.inner.sql.precheck.clone()))
-                        .bind(key.as_str())
-                        .bind(hi)
-                        .bind(lo)
-                        .fetch_one(&self.inner.pool)
-                        .await
-                        .map_err(|e| error::map(BACKEND, "acquire", e))?;
-                    if col::<bool>(BACKEND, &row, "held")? {
-                        let remaining: Option<i64> = col(BACKEND, &row, "remaining_us")?;
-                        return Ok(AcquireOutcome::Held {
-                            remaining: Some(
-                                remaining
-                                    .map(micros)
-                                    .unwrap_or(Duration::ZERO)
-                                    .max(MIN_REMAINING),
-                            ),
-                        });
+        let queue = self.inner.queue.as_ref();
+        let row = match queue.and_then(|q| q.claim(key, owner)) {
+            // This owner's turn came in the queue: its session holds the lock already.
+            Some(mut claim) => {
+                let res = sqlx::query(AssertSqlSafe(self.inner.sql.acquire_parked.clone()))
+                    .bind(advisory_lock_id(key.as_str()))
+                    .bind(key.as_str())
+                    .bind(&owner.as_bytes()[..])
+                    .bind(ttl_us(ttl))
+                    .bind(ms_setting(ttl))
+                    .bind(self.application_name_for(owner))
+                    .fetch_one(claim.conn())
+                    .await;
+                match res {
+                    Ok(row) => (row, claim.granted()),
+                    // Dropping the claim closes the session, and the lock with it.
+                    Err(e) => return Err(error::map(BACKEND, "acquire", e)),
+                }
+            }
+            None => {
+                let _alive = queue.map(|q| q.acquiring(key, owner));
+                match self.acquire_fresh(key, owner, ttl).await? {
+                    Ok(row) => row,
+                    Err(held) => {
+                        if let Some(q) = queue {
+                            q.note_held(key, owner);
+                        }
+                        return Ok(held);
                     }
-                    self.connect_dedicated().await?
-                }
-            };
-            // If this future is dropped from here on, `conn` is dropped with it: the
-            // session ends and any lock it took is released.
-            let res = sqlx::query(AssertSqlSafe(self.inner.sql.acquire.clone()))
-                .bind(lock_id)
-                .bind(key.as_str())
-                .bind(&owner.as_bytes()[..])
-                .bind(ttl_us(ttl))
-                .bind(ms_setting(ttl))
-                .bind(self.application_name_for(owner))
-                .fetch_one(&mut conn)
-                .await;
-            match res {
-                Ok(row) => break (row, conn),
-                Err(e) if from_idle && error::is_connection_loss(&e) => {
-                    close(conn);
-                    continue;
-                }
-                Err(e) => {
-                    // The lock may have been taken before the error: ending the session
-                    // releases it.
-                    close(conn);
-                    return Err(error::map(BACKEND, "acquire", e));
                 }
             }
         };
@@ -656,6 +708,9 @@ impl Store for PgAdvisoryStore {
         if !got {
             let remaining: Option<i64> = col(BACKEND, &row, "remaining_us")?;
             self.put_idle(conn);
+            if let Some(q) = queue {
+                q.note_held(key, owner);
+            }
             return Ok(AcquireOutcome::Held {
                 remaining: Some(
                     remaining
@@ -694,6 +749,9 @@ impl Store for PgAdvisoryStore {
             && let Some(c) = old.conn.into_inner()
         {
             close(c);
+        }
+        if let Some(q) = queue {
+            q.note_granted(key);
         }
         Ok(AcquireOutcome::Acquired { fence, ttl })
     }
@@ -756,6 +814,26 @@ impl Store for PgAdvisoryStore {
         } else {
             close(conn);
             Ok(ReleaseOutcome::NotOwner)
+        }
+    }
+
+    /// Joins the queue of the key's advisory lock on a session of its own
+    /// (`pg_advisory_lock`) and returns when that session holds the lock — the server
+    /// hands it over when the holder releases, is broken or its session ends (expiry,
+    /// crash) — or at `timeout`. The caller then acquires with its own request, on that
+    /// session. The caller is the owner whose acquire of `key` last answered `Held` in the
+    /// same task (the holder side's loop); a caller without one passes the lock on at once.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the place in the queue is kept for a short grace period (for the next
+    /// call), then given up.
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        match &self.inner.queue {
+            Some(q) => q.wait(key, timeout).await,
+            None => Err(StoreError::unsupported(
+                BACKEND,
+                "waiting for release (leasehold_wait_sessions=0)",
+            )),
         }
     }
 

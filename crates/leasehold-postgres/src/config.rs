@@ -133,6 +133,7 @@ pub const DEFAULT_APPLICATION_NAME: &str = "leasehold";
 /// | `leasehold_pool_size` | the pool's maximum connections | 10 |
 /// | `leasehold_migrate` | `true`: create the table when the store is opened | `false` |
 /// | `leasehold_pooler` | `transaction`: connected through a transaction-pooling proxy such as PgBouncer in `transaction` mode (see [`Pooler`]) | `none` |
+/// | `leasehold_wait_sessions` | how many callers of one store may wait for a lease at once, each on a session of its own in the server's lock queue (0..=10000; 0: waiters poll) | 64 |
 ///
 /// An unknown `leasehold_*` parameter is a configuration error (a typo must not be
 /// ignored).
@@ -144,7 +145,11 @@ pub struct PgConfig {
     migrate: bool,
     pooler: Pooler,
     application_name: String,
+    wait_sessions: u32,
 }
+
+/// The default of [`PgConfig::wait_sessions`].
+pub const DEFAULT_WAIT_SESSIONS: u32 = 64;
 
 /// What sits between the stores and PostgreSQL.
 ///
@@ -174,6 +179,7 @@ impl fmt::Debug for PgConfig {
             .field("migrate", &self.migrate)
             .field("pooler", &self.pooler)
             .field("application_name", &self.application_name)
+            .field("wait_sessions", &self.wait_sessions)
             .finish()
     }
 }
@@ -229,6 +235,7 @@ impl PgConfig {
         let mut pool_size = 10;
         let mut migrate = false;
         let mut pooler = Pooler::None;
+        let mut wait_sessions = DEFAULT_WAIT_SESSIONS;
         let mut rest: Vec<(String, String)> = Vec::new();
         for (k, v) in parsed.query_pairs() {
             match &*k {
@@ -259,9 +266,16 @@ impl PgConfig {
                         }
                     }
                 }
+                "leasehold_wait_sessions" => {
+                    wait_sessions = v
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| *n <= 10_000)
+                        .ok_or_else(|| config_err("leasehold_wait_sessions must be 0..=10000"))?;
+                }
                 k if k.starts_with("leasehold_") => {
                     return Err(config_err(format!(
-                        "unknown URL parameter `{k}`; known: leasehold_schema, leasehold_table, leasehold_pool_size, leasehold_migrate, leasehold_pooler"
+                        "unknown URL parameter `{k}`; known: leasehold_schema, leasehold_table, leasehold_pool_size, leasehold_migrate, leasehold_pooler, leasehold_wait_sessions"
                     )));
                 }
                 _ => rest.push((k.into_owned(), v.into_owned())),
@@ -304,6 +318,7 @@ impl PgConfig {
             migrate,
             pooler,
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
+            wait_sessions,
         })
         .map(|c| c.with_app_name_from_url())
     }
@@ -324,6 +339,7 @@ impl PgConfig {
             migrate: false,
             pooler: Pooler::None,
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
+            wait_sessions: DEFAULT_WAIT_SESSIONS,
         }
         .with_app_name_from_url()
     }
@@ -350,6 +366,22 @@ impl PgConfig {
     pub fn pool_size(mut self, n: u32) -> Self {
         self.pool_size = n.max(1);
         self
+    }
+
+    /// How many callers of one store may wait for a lease at the same time (default
+    /// [`DEFAULT_WAIT_SESSIONS`]). Each waiter waits on a connection of its own, in the
+    /// server's lock queue, so that waiters are woken by the release and served in the
+    /// order they came (see the crate's README); mind `max_connections`. A caller beyond
+    /// the limit backs off and retries; 0 turns waiting off (every waiter backs off and
+    /// retries, as behind a transaction-pooling proxy).
+    pub fn wait_sessions(mut self, n: u32) -> Self {
+        self.wait_sessions = n;
+        self
+    }
+
+    /// The configured [`wait_sessions`](Self::wait_sessions).
+    pub fn get_wait_sessions(&self) -> u32 {
+        self.wait_sessions
     }
 
     /// Whether opening a store through [`PgFactory`](crate::PgFactory) first runs its
@@ -516,6 +548,8 @@ mod tests {
             "postgres://u:s3ntinel-pw@h/d?leasehold_tabel=x",
             "postgres://u:s3ntinel-pw@h/d?leasehold_pool_size=0",
             "postgres://u:s3ntinel-pw@h/d?leasehold_table=",
+            "postgres://u:s3ntinel-pw@h/d?leasehold_wait_sessions=10001",
+            "postgres://u:s3ntinel-pw@h/d?leasehold_wait_sessions=-1",
             "not a url s3ntinel-pw",
         ] {
             let e = PgConfig::from_url(url).unwrap_err();
@@ -523,6 +557,15 @@ mod tests {
             assert!(!e.to_string().contains("s3ntinel-pw"), "{e}");
             assert!(!format!("{e:?}").contains("s3ntinel-pw"), "{e:?}");
         }
+    }
+
+    #[test]
+    fn wait_sessions() {
+        let c = PgConfig::from_url("postgres://u@h/d").unwrap();
+        assert_eq!(c.get_wait_sessions(), DEFAULT_WAIT_SESSIONS);
+        let c = PgConfig::from_url("postgres+advisory://u@h/d?leasehold_wait_sessions=0").unwrap();
+        assert_eq!(c.get_wait_sessions(), 0);
+        assert_eq!(c.wait_sessions(3).get_wait_sessions(), 3);
     }
 
     #[test]

@@ -12,7 +12,9 @@ use leasehold_core::{
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::config::{DEFAULT_LEASE_TABLE, PgConfig, Pooler, TableName};
+use crate::config::{DEFAULT_LEASE_TABLE, DEFAULT_WAIT_SESSIONS, PgConfig, Pooler, TableName};
+use crate::listen::Listener;
+use crate::wait::{LockId, PARKED_IDLE_MS, Queue, Sessions, TableHead};
 use crate::{BACKEND_TABLE, error, schema};
 
 const BACKEND: &str = BACKEND_TABLE;
@@ -20,6 +22,11 @@ const BACKEND: &str = BACKEND_TABLE;
 /// The statements, rendered once for the configured table.
 struct Sql {
     acquire: Arc<str>,
+    /// The acquire on the wait-queue head's session: also releases the turnstile when
+    /// granted.
+    acquire_head: Arc<str>,
+    /// On the head's session: is the row free, and how long is it held for?
+    check: Arc<str>,
     renew: Arc<str>,
     release: Arc<str>,
     inspect: Arc<str>,
@@ -27,12 +34,57 @@ struct Sql {
     break_lease: Arc<str>,
 }
 
+/// The first 8 bytes of the SHA-256 digest of `parts` joined by NUL bytes.
+fn digest64(parts: &[&str]) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            h.update([0u8]);
+        }
+        h.update(p.as_bytes());
+    }
+    let d = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// The turnstile of `key` in table `table` (as in SQL): the advisory lock its waiters
+/// queue on, in the two-int4 form (`objsubid = 2` in `pg_locks`), made of the first 8
+/// bytes of SHA-256 of `leasehold-wait`, the table and the key, NUL-separated.
+pub(crate) fn turnstile(table: &str, key: &Key) -> LockId {
+    LockId::pair(digest64(&["leasehold-wait", table, key.as_str()]))
+}
+
+/// The channel the table's release notifications go to: `leasehold_` and 16 hex digits
+/// of SHA-256 of the table (as in SQL).
+fn channel(table: &TableName) -> String {
+    format!("leasehold_{:016x}", digest64(&[&table.sql()]))
+}
+
 /// `now_us`: the database clock in µs since the Unix epoch, the fence floor (DESIGN §5).
 const NOW_US: &str = "(extract(epoch FROM n.t) * 1000000)::bigint";
 
+/// A query giving `hi`, `lo`: the turnstile of key `$1` in `table` (as [`turnstile`]
+/// computes it), so that the acquire statement keeps its three parameters.
+fn turnstile_sql(table: &str) -> String {
+    let mut prefix = b"leasehold-wait\0".to_vec();
+    prefix.extend_from_slice(table.as_bytes());
+    prefix.push(0);
+    let hex: String = prefix.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "SELECT ('x' || encode(substring(s.d FROM 1 FOR 4), 'hex'))::bit(32)::int4 AS hi, \
+           ('x' || encode(substring(s.d FROM 5 FOR 4), 'hex'))::bit(32)::int4 AS lo \
+         FROM (SELECT sha256(decode('{hex}', 'hex') || convert_to($1, 'UTF8')) AS d) s"
+    )
+}
+
 impl Sql {
     fn new(t: &TableName) -> Self {
+        let channel = channel(t);
         let t = t.sql();
+        let turnstile = turnstile_sql(&t);
         let remaining = "GREATEST(0, (extract(epoch FROM (l.expires_at - n.t)) * 1000000)::bigint)";
         // One statement, three sub-statements on one snapshot:
         // - `upd` grants by updating the key's row when it is free, expired or the
@@ -46,16 +98,24 @@ impl Sql {
         // transaction id, no WAL, no fsync. (An `INSERT … ON CONFLICT DO UPDATE … WHERE`
         // would lock and dirty the row even when its WHERE fails, making every failed
         // attempt a durable write that queues on the row: see the README's benchmark.)
-        let acquire = format!(
+        // A new grant also needs the key's turnstile (see `wait`): a transaction-scoped
+        // try, which PostgreSQL refuses while a waiter holds it or queues for it, so that
+        // nobody takes the lease past the queue. A contender that finds the row free but
+        // the turnstile taken is told the lease is held for up to its own TTL (the head of
+        // the queue is about to take it).
+        let body = format!(
             "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
-             cur AS MATERIALIZED (SELECT l.expires_at FROM {t} l WHERE l.key = $1), \
+             h AS MATERIALIZED ({turnstile}), \
+             cur AS MATERIALIZED (SELECT l.owner, l.expires_at FROM {t} l WHERE l.key = $1), \
              upd AS ( \
                UPDATE {t} l SET owner = $2, \
                  fence = CASE WHEN l.owner = $2 AND l.expires_at > n.t \
                               THEN l.fence ELSE GREATEST(l.fence + 1, {NOW_US}) END, \
                  expires_at = n.t + $3::bigint * interval '1 microsecond' \
-               FROM n \
-               WHERE l.key = $1 AND (l.owner IS NULL OR l.expires_at <= n.t OR l.owner = $2) \
+               FROM n, h \
+               WHERE l.key = $1 AND ((l.owner = $2 AND l.expires_at > n.t) \
+                 OR ((l.owner IS NULL OR l.expires_at <= n.t) \
+                     AND pg_try_advisory_xact_lock(h.hi, h.lo))) \
                RETURNING l.fence \
              ), \
              ins AS ( \
@@ -64,20 +124,58 @@ impl Sql {
                FROM n WHERE NOT EXISTS (SELECT 1 FROM cur) \
                ON CONFLICT (key) DO NOTHING \
                RETURNING fence \
-             ) \
-             SELECT true AS acquired, fence, NULL::bigint AS remaining_us FROM upd \
-             UNION ALL SELECT true, fence, NULL FROM ins \
-             UNION ALL SELECT false, NULL, \
-               GREATEST(0, (extract(epoch FROM (cur.expires_at - n.t)) * 1000000)::bigint) \
-               FROM cur, n WHERE NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)"
+             ), \
+             res AS ( \
+               SELECT true AS acquired, fence, NULL::bigint AS remaining_us FROM upd \
+               UNION ALL SELECT true, fence, NULL FROM ins \
+               UNION ALL SELECT false, NULL, \
+                 CASE WHEN cur.owner IS NULL OR cur.expires_at <= n.t THEN $3::bigint \
+                   ELSE GREATEST(0, (extract(epoch FROM (cur.expires_at - n.t)) * 1000000)::bigint) END \
+                 FROM cur, n WHERE NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins) \
+             ) "
+        );
+        let acquire = format!("{body}SELECT acquired, fence, remaining_us FROM res");
+        // The head's session holds the turnstile at session level: its try succeeds, and a
+        // grant releases the session-level hold (the transaction-level one ends at commit,
+        // when the next waiter in the queue gets it).
+        let acquire_head = format!(
+            "{body}SELECT acquired, fence, remaining_us, \
+               CASE WHEN acquired THEN pg_advisory_unlock(h.hi, h.lo) END AS unlocked, \
+               CASE WHEN acquired THEN set_config('idle_session_timeout', '0', false) END AS idle \
+             FROM res, h"
+        );
+        let check = format!(
+            "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+             r AS MATERIALIZED ( \
+               SELECT COALESCE(l.owner IS NOT NULL AND l.expires_at > n.t, false) AS held, \
+                 COALESCE(GREATEST(0, (extract(epoch FROM (l.expires_at - n.t)) * 1000000)::bigint), 0) \
+                   AS remaining_us \
+               FROM n LEFT JOIN {t} l ON l.key = $1) \
+             SELECT NOT r.held AS free, r.remaining_us, \
+               set_config('idle_session_timeout', \
+                 ((CASE WHEN r.held THEN r.remaining_us / 1000 ELSE 0 END) + {PARKED_IDLE_MS})::text, false) AS idle \
+             FROM r"
         );
         let renew = format!(
             "UPDATE {t} SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond' \
              WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp()"
         );
+        // A release is not flushed to disk before it is acknowledged (`synchronous_commit`
+        // off for its own transaction): if the server loses it in a crash, the lease
+        // simply runs until its TTL. It notifies the waiters only when a waiter holds the
+        // key's turnstile (the head of its queue); otherwise nobody waits on this key and
+        // it takes no notification lock.
         let release = format!(
-            "UPDATE {t} SET owner = NULL, expires_at = clock_timestamp() \
-             WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp()"
+            "WITH u AS ( \
+               UPDATE {t} SET owner = NULL, expires_at = clock_timestamp() \
+               WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp() RETURNING 1 \
+             ) \
+             SELECT count(*) AS released, \
+               CASE WHEN count(*) = 0 THEN false \
+                    WHEN pg_try_advisory_xact_lock($3::int4, $4::int4) THEN false \
+                    ELSE pg_notify('{channel}', $5)::text = '' END AS notified, \
+               set_config('synchronous_commit', 'off', true) AS commit_mode \
+             FROM u"
         );
         let inspect = format!(
             "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \
@@ -90,17 +188,25 @@ impl Sql {
              WHERE l.key LIKE $1 ESCAPE '\\' AND l.owner IS NOT NULL AND l.expires_at > n.t \
              ORDER BY l.key"
         );
+        // Break also wakes the head of the key's queue, if there is one.
         let break_lease = format!(
-            "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \
-             INSERT INTO {t} AS l (key, owner, fence, expires_at) \
-             SELECT $1, NULL, GREATEST(1, {NOW_US}), n.t FROM n \
-             ON CONFLICT (key) DO UPDATE SET owner = NULL, \
-               expires_at = LEAST(l.expires_at, EXCLUDED.expires_at), \
-               fence = GREATEST(l.fence + 1, EXCLUDED.fence) \
-             RETURNING l.fence"
+            "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), b AS ( \
+               INSERT INTO {t} AS l (key, owner, fence, expires_at) \
+               SELECT $1, NULL, GREATEST(1, {NOW_US}), n.t FROM n \
+               ON CONFLICT (key) DO UPDATE SET owner = NULL, \
+                 expires_at = LEAST(l.expires_at, EXCLUDED.expires_at), \
+                 fence = GREATEST(l.fence + 1, EXCLUDED.fence) \
+               RETURNING l.fence \
+             ) \
+             SELECT b.fence, \
+               CASE WHEN pg_try_advisory_xact_lock($2::int4, $3::int4) THEN false \
+                    ELSE pg_notify('{channel}', $4)::text = '' END AS notified \
+             FROM b"
         );
         Self {
             acquire: acquire.into(),
+            acquire_head: acquire_head.into(),
+            check: check.into(),
             renew: renew.into(),
             release: release.into(),
             inspect: inspect.into(),
@@ -117,6 +223,7 @@ pub(crate) enum Arg<'a> {
     Text(&'a str),
     Bytes(&'a [u8]),
     Int(i64),
+    Int4(i32),
 }
 
 /// Renders `sql` with `$n` replaced by the literal of `args[n - 1]`, in one pass (so a
@@ -182,6 +289,9 @@ pub(crate) fn inline(sql: &str, args: &[Arg<'_>]) -> Result<String, StoreError> 
             Arg::Int(n) => {
                 let _ = write!(out, "({n})::bigint");
             }
+            Arg::Int4(n) => {
+                let _ = write!(out, "({n})::int4");
+            }
         }
     }
     Ok(out)
@@ -198,6 +308,7 @@ fn bound<'q>(
             Arg::Text(t) => q.bind(t),
             Arg::Bytes(b) => q.bind(b),
             Arg::Int(n) => q.bind(n),
+            Arg::Int4(n) => q.bind(n),
         };
     }
     q
@@ -333,10 +444,14 @@ pub struct PgLeaseStore {
 struct Inner {
     pool: PgPool,
     table: TableName,
+    /// The table as in SQL (part of each key's turnstile).
+    table_sql: String,
     target: String,
     sql: Sql,
     /// Behind a transaction-pooling proxy: simple-protocol statements only.
     simple: bool,
+    /// Waiters' queues (`None`: waiting is off, or impossible behind a proxy).
+    queue: Option<Queue>,
 }
 
 impl fmt::Debug for PgLeaseStore {
@@ -378,25 +493,70 @@ impl PgLeaseStore {
     /// ```
     pub async fn connect(config: &PgConfig) -> Result<Self, StoreError> {
         let pool = crate::config::open_pool(config, BACKEND).await?;
-        let mut store = Self::with_pool(pool, config.table_or(DEFAULT_LEASE_TABLE));
-        let inner = Arc::get_mut(&mut store.inner).expect("not shared yet");
-        inner.target = config.target();
-        inner.simple = config.get_pooler() == Pooler::Transaction;
-        Ok(store)
+        let simple = config.get_pooler() == Pooler::Transaction;
+        let table = config.table_or(DEFAULT_LEASE_TABLE);
+        let queue = (!simple && config.get_wait_sessions() > 0).then(|| {
+            let prefix = config.get_application_name();
+            Self::queue(
+                &table,
+                config.options_named(&format!("{prefix}/wait")),
+                config.options_named(&format!("{prefix}/listen")),
+                config.get_wait_sessions() as usize,
+            )
+        });
+        let sql = Sql::new(&table);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                table_sql: table.sql(),
+                table,
+                target: config.target(),
+                sql,
+                simple,
+                queue,
+            }),
+        })
     }
 
-    /// A store on an existing pool (whatever its settings) and table.
+    /// A store on an existing pool (whatever its settings) and table. Waiters wait on
+    /// sessions of their own, opened with the pool's connect options (up to
+    /// [`DEFAULT_WAIT_SESSIONS`] at once).
     pub fn with_pool(pool: PgPool, table: TableName) -> Self {
         let sql = Sql::new(&table);
+        let options = (*pool.connect_options()).clone();
+        let queue = Self::queue(
+            &table,
+            options.clone(),
+            options,
+            DEFAULT_WAIT_SESSIONS as usize,
+        );
         Self {
             inner: Arc::new(Inner {
                 pool,
+                table_sql: table.sql(),
                 table,
                 target: "(caller's pool)".to_owned(),
                 sql,
                 simple: false,
+                queue: Some(queue),
             }),
         }
+    }
+
+    fn queue(
+        table: &TableName,
+        wait: sqlx::postgres::PgConnectOptions,
+        listen: sqlx::postgres::PgConnectOptions,
+        max_sessions: usize,
+    ) -> Queue {
+        let sql = Sql::new(table);
+        let head = TableHead {
+            table: table.sql(),
+            check: sql.check.clone(),
+            listener: Listener::new(listen, channel(table)),
+        };
+        let sessions = Arc::new(Sessions::new(BACKEND, wait, max_sessions.min(16)));
+        Queue::new(BACKEND, sessions, Some(head), max_sessions)
     }
 
     /// Creates the lease table if it does not exist (and its schema if missing). Idempotent
@@ -499,6 +659,7 @@ impl Store for PgLeaseStore {
 
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
+        caps.wait_for_release = self.inner.queue.is_some();
         caps.reports_remaining = true;
         caps.list = true;
         caps.break_lease = true;
@@ -506,6 +667,8 @@ impl Store for PgLeaseStore {
         caps
     }
 
+    /// # Cancel safety
+    /// Cancel safe in the sense of [`Store`]: a statement already sent may still grant.
     async fn acquire(
         &self,
         key: &Key,
@@ -518,11 +681,38 @@ impl Store for PgLeaseStore {
             Arg::Bytes(&owner.as_bytes()[..]),
             Arg::Int(ttl_us(ttl)),
         ];
-        let row = self
-            .rows("acquire", &self.inner.sql.acquire, &args)
-            .await?
-            .into_iter()
-            .next();
+        let queue = self.inner.queue.as_ref();
+        let row = match queue.and_then(|q| q.claim(key, owner)) {
+            // This owner's turn has come: acquire on the head's session.
+            Some(mut claim) => {
+                let res = bound(&self.inner.sql.acquire_head, &args)
+                    .fetch_optional(claim.conn())
+                    .await;
+                match res {
+                    Ok(Some(row)) if col::<bool>(BACKEND, &row, "acquired")? => {
+                        let conn = claim.granted();
+                        if let Some(q) = queue {
+                            q.note_granted(key);
+                            q.put_session(conn);
+                        }
+                        Some(row)
+                    }
+                    Ok(row) => {
+                        claim.held();
+                        row
+                    }
+                    // Dropping the claim closes the session (and its turnstile).
+                    Err(e) => return Err(Self::map("acquire")(e)),
+                }
+            }
+            None => {
+                let _alive = queue.map(|q| q.acquiring(key, owner));
+                self.rows("acquire", &self.inner.sql.acquire, &args)
+                    .await?
+                    .into_iter()
+                    .next()
+            }
+        };
         let Some(row) = row else {
             // The key's first row was inserted concurrently, after this statement's
             // snapshot: held, remaining unknown.
@@ -531,12 +721,18 @@ impl Store for PgLeaseStore {
         let acquired: bool = col(BACKEND, &row, "acquired")?;
         if acquired {
             let fence: i64 = col(BACKEND, &row, "fence")?;
+            if let Some(q) = queue {
+                q.note_granted(key);
+            }
             Ok(AcquireOutcome::Acquired {
                 fence: fence_of(BACKEND, fence)?,
                 ttl,
             })
         } else {
             let remaining: i64 = col(BACKEND, &row, "remaining_us")?;
+            if let Some(q) = queue {
+                q.note_held(key, owner);
+            }
             Ok(AcquireOutcome::Held {
                 remaining: Some(micros(remaining).max(MIN_REMAINING)),
             })
@@ -563,12 +759,27 @@ impl Store for PgLeaseStore {
         })
     }
 
+    /// Not flushed to disk before it answers (see the crate's README): a release lost in
+    /// a server crash only leaves the lease to expire at its TTL.
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        let args = [Arg::Text(key.as_str()), Arg::Bytes(&owner.as_bytes()[..])];
-        let changed = self
-            .execute("release", &self.inner.sql.release, &args)
-            .await?;
-        Ok(if changed == 1 {
+        let (hi, lo) = turnstile_args(&self.inner.table_sql, key);
+        let payload = format!("{:016x}", turnstile(&self.inner.table_sql, key).bits());
+        let args = [
+            Arg::Text(key.as_str()),
+            Arg::Bytes(&owner.as_bytes()[..]),
+            Arg::Int4(hi),
+            Arg::Int4(lo),
+            Arg::Text(&payload),
+        ];
+        let rows = self.rows("release", &self.inner.sql.release, &args).await?;
+        let released: i64 = match rows.first() {
+            Some(row) => col(BACKEND, row, "released")?,
+            None => 0,
+        };
+        Ok(if released == 1 {
+            if let Some(q) = &self.inner.queue {
+                q.released_here(key);
+            }
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotOwner
@@ -586,6 +797,30 @@ impl Store for PgLeaseStore {
         rows.first().map(|r| info_of(BACKEND, r)).transpose()
     }
 
+    /// Joins the key's wait queue (a session of its own, blocked in the server's lock
+    /// queue) and returns when it is this caller's turn and the lease is free — woken by
+    /// the release or break notification, or at the holder's expiry — or at `timeout`.
+    /// The caller then acquires with its own request. The caller is the owner whose
+    /// acquire of `key` last answered `Held` in the same task (the holder side's loop);
+    /// a caller without one waits in the queue and passes the turn on.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the place in the queue is kept for a short grace period (for the next
+    /// call), then given up.
+    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+        match &self.inner.queue {
+            Some(q) => q.wait(key, timeout).await,
+            None => Err(StoreError::unsupported(
+                BACKEND,
+                if self.inner.simple {
+                    "waiting for release (behind a transaction-pooling proxy)"
+                } else {
+                    "waiting for release (leasehold_wait_sessions=0)"
+                },
+            )),
+        }
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         let pattern = like_prefix(prefix);
         let rows = self
@@ -595,11 +830,18 @@ impl Store for PgLeaseStore {
     }
 
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let (hi, lo) = turnstile_args(&self.inner.table_sql, key);
+        let payload = format!("{:016x}", turnstile(&self.inner.table_sql, key).bits());
         let rows = self
             .rows(
                 "break",
                 &self.inner.sql.break_lease,
-                &[Arg::Text(key.as_str())],
+                &[
+                    Arg::Text(key.as_str()),
+                    Arg::Int4(hi),
+                    Arg::Int4(lo),
+                    Arg::Text(&payload),
+                ],
             )
             .await?;
         let row = rows.first().ok_or_else(|| {
@@ -610,6 +852,14 @@ impl Store for PgLeaseStore {
     }
 }
 
+/// The two int4 halves of `key`'s turnstile.
+fn turnstile_args(table: &str, key: &Key) -> (i32, i32) {
+    match turnstile(table, key) {
+        LockId::Pair(hi, lo) => (hi, lo),
+        LockId::Big(v) => ((v >> 32) as i32, v as i32),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,13 +867,18 @@ mod tests {
     #[test]
     fn inlined_literals_are_escaped_in_one_pass() {
         let out = inline(
-            "SELECT $1, $2, $3, $4",
-            &[Arg::Text("a'b\\c$2"), Arg::Bytes(&[0, 0xab]), Arg::Int(-7)],
+            "SELECT $1, $2, $3, $4, $5",
+            &[
+                Arg::Text("a'b\\c$2"),
+                Arg::Bytes(&[0, 0xab]),
+                Arg::Int(-7),
+                Arg::Int4(-8),
+            ],
         )
         .unwrap();
         assert_eq!(
             out,
-            r"SELECT E'a''b\\c$2', decode('00ab', 'hex'), (-7)::bigint, $4"
+            r"SELECT E'a''b\\c$2', decode('00ab', 'hex'), (-7)::bigint, (-8)::int4, $5"
         );
         assert!(inline("SELECT $1", &[Arg::Text("a\0b")]).is_err());
     }
