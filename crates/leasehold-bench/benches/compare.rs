@@ -792,8 +792,13 @@ impl Store for Counting {
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         self.inner.inspect(key).await
     }
-    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
-        self.inner.wait_released(key, timeout).await
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.wait_released(key, owner, timeout).await
     }
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         self.inner.list(prefix).await

@@ -675,7 +675,7 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
     let wait = {
         let (store, k) = (fx.store.clone(), k.clone());
         let t = fx.ttl * 8;
-        tokio::spawn(async move { store.wait_released(&k, t).await })
+        tokio::spawn(async move { store.wait_released(&k, &OwnerToken::random(), t).await })
     };
     if caps.wait_for_release {
         sleep(fx.ttl / 4).await;

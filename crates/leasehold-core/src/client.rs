@@ -545,7 +545,7 @@ impl LeaseClient {
                             waited: now - started,
                         });
                     }
-                    self.pause(key, attempt, remaining, deadline).await;
+                    self.pause(key, &owner, attempt, remaining, deadline).await;
                     attempt = attempt.saturating_add(1);
                     continue;
                 }
@@ -562,20 +562,27 @@ impl LeaseClient {
                 return Err(err.into());
             };
             tracing::debug!(%key, error = %err, "acquire failed; retrying");
-            self.pause(key, attempt, None, deadline).await;
+            self.pause(key, &owner, attempt, None, deadline).await;
             attempt = attempt.saturating_add(1);
         }
     }
 
     /// Sleeps before the next attempt: a full-jitter backoff delay bounded by the holder's
     /// remaining TTL and the caller's deadline, or until the store notifies a release.
-    async fn pause(&self, key: &Key, attempt: u32, remaining: Option<Duration>, deadline: Instant) {
+    async fn pause(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        attempt: u32,
+        remaining: Option<Duration>,
+        deadline: Instant,
+    ) {
         let until_deadline = deadline.saturating_duration_since(Instant::now());
         if let Some(holder_left) = remaining.filter(|_| self.inner.capabilities.wait_for_release) {
             let bound = holder_left
                 .min(until_deadline)
                 .max(Duration::from_millis(1));
-            let wait = self.inner.store.wait_released(key, bound);
+            let wait = self.inner.store.wait_released(key, owner, bound);
             let limit = bound.saturating_add(self.inner.config.op_timeout());
             if tokio::time::timeout(limit, wait)
                 .await

@@ -159,7 +159,12 @@ impl Store for MemoryStore {
         }))
     }
 
-    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        _owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         let deadline = crate::clock::saturating_add(Instant::now(), timeout);
         loop {
             let notified = self.released.notified();

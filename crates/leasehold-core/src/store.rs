@@ -186,11 +186,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The current holder of `key`, if any.
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError>;
 
-    /// Returns when `key` may have become free (released or expired), or when `timeout`
-    /// has passed, whichever is first; `Ok` either way. The caller re-checks by acquiring.
-    /// Backends without notifications return `Unsupported` (the default).
-    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
-        let _ = (key, timeout);
+    /// Returns when `key` may have become free for `owner` (released or expired, or
+    /// handed to `owner` by a store that queues its waiters), or when `timeout` has
+    /// passed, whichever is first; `Ok` either way. The caller re-checks by acquiring as
+    /// `owner`, the owner whose acquire of `key` last answered `Held`. Backends without
+    /// notifications return `Unsupported` (the default).
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let _ = (key, owner, timeout);
         Err(StoreError::unsupported(
             self.backend(),
             "waiting for release",

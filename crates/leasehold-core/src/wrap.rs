@@ -112,8 +112,13 @@ impl Store for TimeoutStore {
         self.bounded("inspect", self.timeout, call).await
     }
 
-    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
-        let call = self.inner.wait_released(key, timeout);
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let call = self.inner.wait_released(key, owner, timeout);
         let limit = timeout.saturating_add(self.timeout);
         self.bounded("wait for release", limit, call).await
     }
@@ -336,9 +341,14 @@ impl Store for FaultStore {
         self.inner.inspect(key).await
     }
 
-    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         self.reach().await?;
-        self.inner.wait_released(key, timeout).await
+        self.inner.wait_released(key, owner, timeout).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -385,7 +395,9 @@ mod tests {
             assert_eq!(r.unwrap_err().kind(), StoreErrorKind::Timeout);
         }
         let start = tokio::time::Instant::now();
-        let err = t.wait_released(&key(), Duration::from_secs(5)).await;
+        let err = t
+            .wait_released(&key(), &OwnerToken::random(), Duration::from_secs(5))
+            .await;
         assert_eq!(err.unwrap_err().kind(), StoreErrorKind::Timeout);
         assert_eq!(
             start.elapsed(),

@@ -100,7 +100,7 @@ fn store_futures_are_send(store: Arc<dyn Store>) {
     assert_send(&store.renew(&key, &owner, ttl));
     assert_send(&store.release(&key, &owner));
     assert_send(&store.inspect(&key));
-    assert_send(&store.wait_released(&key, ttl));
+    assert_send(&store.wait_released(&key, &owner, ttl));
     assert_send(&store.list("job:"));
     assert_send(&store.break_lease(&key));
     // Spawnable when the task owns the store and the arguments.

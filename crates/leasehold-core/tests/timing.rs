@@ -178,11 +178,16 @@ impl Store for Scripted {
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         self.faults.inspect(key).await
     }
-    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         if self.hide_wait_for_release {
             return Err(StoreError::unsupported("scripted", "wait"));
         }
-        self.faults.wait_released(key, timeout).await
+        self.faults.wait_released(key, owner, timeout).await
     }
 }
 
@@ -727,7 +732,7 @@ async fn waiting_duration_max_waits_as_long_as_it_takes() {
     assert!(
         store
             .inner
-            .wait_released(&key(), Duration::MAX)
+            .wait_released(&key(), &OwnerToken::random(), Duration::MAX)
             .await
             .is_ok()
     );

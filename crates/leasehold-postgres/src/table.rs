@@ -807,7 +807,12 @@ impl Store for PgLeaseStore {
     /// # Cancel safety
     /// Cancel safe: the place in the queue is kept for a short grace period (for the next
     /// call), then given up.
-    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        _owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         match &self.inner.queue {
             Some(q) => q.wait(key, timeout).await,
             None => Err(StoreError::unsupported(

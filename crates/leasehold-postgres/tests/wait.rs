@@ -87,7 +87,10 @@ async fn woken_by_release(kind: Kind) {
     fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
     let wait = {
         let (w, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move { w.wait_released(&k, Duration::from_secs(60)).await })
+        tokio::spawn(async move {
+            w.wait_released(&k, &OwnerToken::random(), Duration::from_secs(60))
+                .await
+        })
     };
     sleep(Duration::from_secs(1)).await;
     assert!(!wait.is_finished(), "wait_released returned while held");
@@ -179,7 +182,10 @@ async fn woken_by_break_and_expiry(kind: Kind) {
     );
     let wait = {
         let (w, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move { w.wait_released(&k, Duration::from_secs(60)).await })
+        tokio::spawn(async move {
+            w.wait_released(&k, &OwnerToken::random(), Duration::from_secs(60))
+                .await
+        })
     };
     sleep(Duration::from_secs(1)).await;
     assert!(!wait.is_finished(), "wait_released returned while held");
@@ -204,7 +210,10 @@ async fn woken_by_break_and_expiry(kind: Kind) {
     let acquired = Instant::now();
     let wait = {
         let (w, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move { w.wait_released(&k, Duration::from_secs(60)).await })
+        tokio::spawn(async move {
+            w.wait_released(&k, &OwnerToken::random(), Duration::from_secs(60))
+                .await
+        })
     };
     timeout(ttl + SOON, wait)
         .await
@@ -569,7 +578,7 @@ async fn wait_sessions_bound(kind: Kind) {
     let store = open(kind, &url).await;
     assert!(!store.capabilities().wait_for_release);
     let err = store
-        .wait_released(&k, Duration::from_secs(1))
+        .wait_released(&k, &OwnerToken::random(), Duration::from_secs(1))
         .await
         .unwrap_err();
     assert_eq!(

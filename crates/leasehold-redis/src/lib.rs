@@ -53,7 +53,7 @@ mod bounds {
         assert_send(&store.renew(&key, &owner, ttl));
         assert_send(&store.release(&key, &owner));
         assert_send(&store.inspect(&key));
-        assert_send(&store.wait_released(&key, ttl));
+        assert_send(&store.wait_released(&key, &owner, ttl));
         assert_send(&store.list("job:"));
     }
 }

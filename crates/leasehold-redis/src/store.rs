@@ -471,7 +471,12 @@ impl Store for RedisStore {
     /// # Cancel safety
     /// Cancel safe: the subscription is dropped (in the background) when the last waiter
     /// on a key leaves.
-    async fn wait_released(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        _owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         let Some(notifier) = &self.notifier else {
             return Err(StoreError::unsupported(
                 BACKEND,

@@ -384,7 +384,7 @@ async fn row_07_blackhole_every_call_returns_within_its_timeout() {
     bounded!("break", store.break_lease(&k));
     bounded!(
         "wait_released",
-        store.wait_released(&k, Duration::from_secs(5))
+        store.wait_released(&k, &OwnerToken::random(), Duration::from_secs(5))
     );
     // Connecting is bounded too.
     let cfg = RedisConfig::from_url(&format!(

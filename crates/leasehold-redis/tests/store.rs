@@ -286,7 +286,7 @@ async fn wait_released_wakes_on_release_on_expiry_and_at_once_when_free() {
     // Free: returns at once.
     let started = Instant::now();
     s.store
-        .wait_released(&k, Duration::from_secs(10))
+        .wait_released(&k, &OwnerToken::random(), Duration::from_secs(10))
         .await
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -298,7 +298,7 @@ async fn wait_released_wakes_on_release_on_expiry_and_at_once_when_free() {
             let (store, k) = (s.store.clone(), k.clone());
             tokio::spawn(async move {
                 store
-                    .wait_released(&k, Duration::from_secs(30))
+                    .wait_released(&k, &OwnerToken::random(), Duration::from_secs(30))
                     .await
                     .unwrap();
                 Instant::now()
@@ -321,7 +321,7 @@ async fn wait_released_wakes_on_release_on_expiry_and_at_once_when_free() {
         .unwrap();
     let started = Instant::now();
     s.store
-        .wait_released(&k, Duration::from_secs(30))
+        .wait_released(&k, &OwnerToken::random(), Duration::from_secs(30))
         .await
         .unwrap();
     let waited = started.elapsed();
@@ -346,7 +346,7 @@ async fn notifications_off_means_wait_released_is_unsupported() {
     assert!(!s.store.capabilities().wait_for_release);
     let e = s
         .store
-        .wait_released(&key("job:x"), Duration::from_secs(1))
+        .wait_released(&key("job:x"), &OwnerToken::random(), Duration::from_secs(1))
         .await
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Unsupported);
