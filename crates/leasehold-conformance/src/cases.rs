@@ -670,12 +670,14 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
         other => panic!("{other:?}"),
     }
 
-    // wait_released
+    // wait_released: the waiter, woken, acquires as itself (a store that queues its
+    // waiters may have reserved the lease for it) and gets the lease.
     let started = Instant::now();
+    let w = OwnerToken::random();
     let wait = {
         let (store, k) = (fx.store.clone(), k.clone());
         let t = fx.ttl * 8;
-        tokio::spawn(async move { store.wait_released(&k, &OwnerToken::random(), t).await })
+        tokio::spawn(async move { store.wait_released(&k, &w, t).await })
     };
     if caps.wait_for_release {
         sleep(fx.ttl / 4).await;
@@ -690,6 +692,11 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
             .unwrap()
             .expect("wait_released ok");
         assert!(started.elapsed() < fx.ttl * 4, "notified only at expiry");
+        fence_of(acquire_raw(fx, &k, &w, fx.ttl).await);
+        assert_eq!(
+            fx.store.release(&k, &w).await.unwrap(),
+            ReleaseOutcome::Released
+        );
     } else {
         let err = wait
             .await

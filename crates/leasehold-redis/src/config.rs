@@ -21,6 +21,11 @@ pub const DEFAULT_CLUSTER_RETRIES: u32 = 6;
 /// [`RedisConfigBuilder::fence_retention`]).
 pub const DEFAULT_FENCE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Default time a released lease stays reserved for the first waiter in its queue, who
+/// must confirm it with an acquire of its own within it (see
+/// [`RedisConfigBuilder::queue_grace`]).
+pub const DEFAULT_QUEUE_GRACE: Duration = Duration::from_secs(1);
+
 /// The longest fence retention accepted (ten years).
 pub const MAX_FENCE_RETENTION: Duration = Duration::from_secs(3650 * 24 * 3600);
 
@@ -125,6 +130,7 @@ pub struct RedisConfig {
     allow_eviction: bool,
     policy_check: Duration,
     fence_retention: Option<Duration>,
+    queue_grace: Duration,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -144,6 +150,7 @@ impl fmt::Debug for RedisConfig {
             .field("allow_eviction", &self.allow_eviction)
             .field("policy_check", &self.policy_check)
             .field("fence_retention", &self.fence_retention)
+            .field("queue_grace", &self.queue_grace)
             .finish()
     }
 }
@@ -195,6 +202,9 @@ impl fmt::Display for RedisConfig {
             Some(d) if d == DEFAULT_FENCE_RETENTION => {}
             Some(d) => write!(f, "&fence_retention={}ms", d.as_millis())?,
             None => f.write_str("&fence_retention=forever")?,
+        }
+        if self.queue_grace != DEFAULT_QUEUE_GRACE {
+            write!(f, "&queue_grace={}ms", self.queue_grace.as_millis())?;
         }
         if let Some(tls) = &self.tls {
             if let Some(ca) = &tls.ca_file {
@@ -315,6 +325,12 @@ impl RedisConfig {
         self.fence_retention
     }
 
+    /// How long a released lease stays reserved for the first waiter in its queue. See
+    /// [`RedisConfigBuilder::queue_grace`].
+    pub fn queue_grace(&self) -> Duration {
+        self.queue_grace
+    }
+
     pub(crate) fn map_addr(&self, addr: &NodeAddr) -> NodeAddr {
         self.address_map
             .iter()
@@ -359,6 +375,7 @@ impl RedisConfigBuilder {
                 allow_eviction: false,
                 policy_check: DEFAULT_POLICY_CHECK,
                 fence_retention: Some(DEFAULT_FENCE_RETENTION),
+                queue_grace: DEFAULT_QUEUE_GRACE,
             },
         }
     }
@@ -478,6 +495,16 @@ impl RedisConfigBuilder {
         self.cfg.fence_retention = d;
         self
     }
+    /// How long a released lease stays reserved for the first live waiter in the key's
+    /// queue (default 1 s, 10 ms ..= 60 s). The waiter is told on the key's channel and
+    /// confirms with an acquire of its own; its validity counts from that request. A
+    /// waiter that died (or gave up) holds the lease up for at most this long, and a
+    /// waiter's queue entry lives for the time it said it would wait plus this long.
+    /// With notifications off (`notify=false`) there is no queue.
+    pub fn queue_grace(mut self, d: Duration) -> Self {
+        self.cfg.queue_grace = d;
+        self
+    }
     /// Connect to `to` whenever `from` is named, by the configuration or by the Cluster
     /// topology (NAT, port forwarding, test proxies).
     pub fn map_address(mut self, from: NodeAddr, to: NodeAddr) -> Self {
@@ -517,6 +544,12 @@ impl RedisConfigBuilder {
         {
             return Err(config_error(
                 "the fence retention must be at least 1s and at most 10 years (or `forever`)",
+            ));
+        }
+        if cfg.queue_grace < Duration::from_millis(10) || cfg.queue_grace > Duration::from_secs(60)
+        {
+            return Err(config_error(
+                "the queue grace must be at least 10ms and at most 60s",
             ));
         }
         let nodes: Vec<&NodeAddr> = match &cfg.topology {
@@ -676,6 +709,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
                 })?;
                 b = b.fence_retention(Some(d));
             }
+            "queue_grace" => b = b.queue_grace(parse_duration(&name, &value)?),
             "cluster_retries" if cluster => {
                 b = b.cluster_retries(value.parse().map_err(|_| {
                     config_error("URL parameter `cluster_retries` must be a whole number")
@@ -692,7 +726,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             other => {
                 let shown: String = other.chars().take(32).collect();
                 return Err(config_error(format!(
-                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, cluster_retries, tls_ca, tls_cert, tls_key"
+                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, cluster_retries, tls_ca, tls_cert, tls_key"
                 )));
             }
         }

@@ -6,7 +6,7 @@ use leasehold_core::{StoreError, StoreErrorKind};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::BACKEND;
-use crate::scripts::CORRUPT_CODE;
+use crate::scripts::{CORRUPT_CODE, FORMAT_CODE};
 
 /// Where in an operation an error happened: it decides whether the request may have
 /// been applied.
@@ -236,6 +236,12 @@ fn classify(phase: Phase, e: &RedisError) -> (StoreErrorKind, &'static str) {
                 "the store holds data that is not a leasehold lease at this key",
             );
         }
+        Some(FORMAT_CODE) => {
+            return (
+                K::Config,
+                "the lease was written in a newer leasehold store format: upgrade this client (older and newer clients cannot share keys)",
+            );
+        }
         Some("WRONGTYPE") => {
             return (K::Corrupt, "a key of the wrong type is in the way");
         }
@@ -368,6 +374,7 @@ mod tests {
         assert_eq!(m(Phase::Request, &ext("WRONGPASS")), K::Config);
         assert_eq!(m(Phase::Request, &ext("NOAUTH")), K::Config);
         assert_eq!(m(Phase::Request, &ext(CORRUPT_CODE)), K::Corrupt);
+        assert_eq!(m(Phase::Request, &ext(FORMAT_CODE)), K::Config);
         assert_eq!(m(Phase::Request, &ext("WRONGTYPE")), K::Corrupt);
         assert_eq!(m(Phase::Request, &ext("BUSY")), K::Busy);
     }

@@ -7,6 +7,8 @@
 //! | lease | `p{e}` |
 //! | fence | `p{e}:fence` |
 //! | release notifications | `p{e}:released` (a pub/sub channel) |
+//! | waiting queue (owners in arrival order) | `p{e}:q` (a sorted set) |
+//! | waiting queue entries' deadlines | `p{e}:qd` (a hash) |
 //!
 //! where `e` is `k` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`). The prefix
 //! may not contain braces, so the first `{` of both keys is the one we put there, and `e`
@@ -104,6 +106,8 @@ pub(crate) struct KeyNames {
     pub(crate) lease: String,
     pub(crate) fence: String,
     pub(crate) channel: String,
+    pub(crate) queue: String,
+    pub(crate) queue_deadlines: String,
 }
 
 /// The namespace: a validated prefix.
@@ -131,6 +135,8 @@ impl Layout {
         KeyNames {
             fence: format!("{lease}:fence"),
             channel: format!("{lease}:released"),
+            queue: format!("{lease}:q"),
+            queue_deadlines: format!("{lease}:qd"),
             lease,
         }
     }

@@ -14,13 +14,13 @@ mod store;
 
 pub use config::{
     DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_RETENTION, DEFAULT_OP_TIMEOUT,
-    DEFAULT_POLICY_CHECK, MAX_FENCE_RETENTION, NodeAddr, RedisConfig, RedisConfigBuilder,
-    TlsSettings, Topology,
+    DEFAULT_POLICY_CHECK, DEFAULT_QUEUE_GRACE, MAX_FENCE_RETENTION, NodeAddr, RedisConfig,
+    RedisConfigBuilder, TlsSettings, Topology,
 };
 pub use error::{Cause, EvictingPolicy};
 pub use factory::RedisFactory;
 pub use keys::{DEFAULT_PREFIX, MAX_PREFIX_LEN};
-pub use scripts::source as script_source;
+pub use scripts::STORE_FORMAT;
 pub use store::RedisStore;
 
 /// The backend name reported by [`RedisStore`] (single server and Cluster alike).

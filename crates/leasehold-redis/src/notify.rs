@@ -1,10 +1,14 @@
 //! Release notifications over pub/sub.
 //!
-//! The release (and break) scripts `PUBLISH` to the key's channel. A store that waits for a
-//! release keeps one dedicated pub/sub connection, subscribed to the channels of the keys
-//! some caller is waiting on (and only those: a channel is unsubscribed when its last
-//! waiter leaves). Subscribe and unsubscribe decisions are made under one async lock, so
-//! the order on the wire always matches the latest decision.
+//! A script that reserves a lease for the first waiter in its queue `PUBLISH`es that
+//! waiter's owner token on the key's channel; the break script publishes the new fence. A
+//! store that waits keeps one dedicated pub/sub connection, subscribed to the channels of
+//! the keys some caller is waiting on (and only those: a channel is unsubscribed when its
+//! last waiter leaves). A message naming an owner (`<owner>` or `<owner> <next owner>`)
+//! wakes only that owner's waiters, and tells the next owner's waiters that they are next;
+//! any other message wakes every waiter on the channel (they re-check). Subscribe and
+//! unsubscribe decisions are made under one async lock, so the order on the wire always
+//! matches the latest decision.
 //!
 //! Notifications are a hint, never a guarantee: a lost message (a broken pub/sub connection)
 //! only means the waiter wakes at the holder's expiry or its own deadline instead.
@@ -27,8 +31,10 @@ use crate::error::{self, Phase};
 
 #[derive(Default)]
 struct Inner {
-    /// Waiters per channel.
-    waiters: HashMap<String, (usize, Arc<Notify>)>,
+    /// Waiters per channel: registration id → (owner token in hex, its wake-ups).
+    waiters: HashMap<String, HashMap<u64, (String, Arc<Wake>)>>,
+    /// The id of the next registration.
+    next_id: u64,
     /// Channels the current connection is subscribed to.
     subscribed: HashSet<String>,
     /// The current pub/sub connection: generation, sink, reader task.
@@ -70,12 +76,23 @@ impl Drop for Notifier {
 pub(crate) struct Registration {
     notifier: Arc<Notifier>,
     channel: String,
-    notify: Arc<Notify>,
+    id: u64,
+    wake: Arc<Wake>,
+}
+
+/// A waiter's wake-ups.
+#[derive(Default)]
+pub(crate) struct Wake {
+    /// The lease was reserved for this owner (or anything else happened that calls for
+    /// a re-check).
+    pub(crate) go: Notify,
+    /// The lease was reserved for the owner just ahead of this one.
+    pub(crate) next: Notify,
 }
 
 impl Registration {
-    pub(crate) fn notify(&self) -> &Notify {
-        &self.notify
+    pub(crate) fn wake(&self) -> &Wake {
+        &self.wake
     }
 }
 
@@ -84,13 +101,13 @@ impl Drop for Registration {
         let last = {
             let mut i = self.notifier.lock();
             match i.waiters.get_mut(&self.channel) {
-                Some((n, _)) if *n > 1 => {
-                    *n -= 1;
-                    false
-                }
-                Some(_) => {
-                    i.waiters.remove(&self.channel);
-                    true
+                Some(regs) => {
+                    regs.remove(&self.id);
+                    let empty = regs.is_empty();
+                    if empty {
+                        i.waiters.remove(&self.channel);
+                    }
+                    empty
                 }
                 None => false,
             }
@@ -128,23 +145,26 @@ impl Notifier {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers interest in `channel`. Create the `Notified` future from the returned
-    /// registration *before* calling [`subscribe`](Self::subscribe), so that nothing
-    /// published after the subscription is missed.
-    pub(crate) fn register(self: &Arc<Self>, channel: &str) -> Registration {
-        let notify = {
+    /// Registers `owner` (hex) as waiting on `channel`. Create the `Notified` future from
+    /// the returned registration *before* calling [`subscribe`](Self::subscribe), so that
+    /// nothing published after the subscription is missed.
+    pub(crate) fn register(self: &Arc<Self>, channel: &str, owner: &str) -> Registration {
+        let wake = Arc::new(Wake::default());
+        let id = {
             let mut i = self.lock();
-            let e = i
-                .waiters
+            let id = i.next_id;
+            i.next_id += 1;
+            i.waiters
                 .entry(channel.to_owned())
-                .or_insert_with(|| (0, Arc::new(Notify::new())));
-            e.0 += 1;
-            e.1.clone()
+                .or_default()
+                .insert(id, (owner.to_owned(), wake.clone()));
+            id
         };
         Registration {
             notifier: self.clone(),
             channel: channel.to_owned(),
-            notify,
+            id,
+            wake,
         }
     }
 
@@ -169,7 +189,7 @@ impl Notifier {
         let (want, have) = {
             let i = self.lock();
             (
-                i.waiters.get(channel).is_some_and(|(n, _)| *n > 0),
+                i.waiters.get(channel).is_some_and(|regs| !regs.is_empty()),
                 i.conn.is_some() && i.subscribed.contains(channel),
             )
         };
@@ -267,16 +287,73 @@ impl Notifier {
                 task.abort();
             }
             i.subscribed.clear();
-            for (_, notify) in i.waiters.values() {
-                notify.notify_waiters();
+            for (_, wake) in i.waiters.values().flat_map(HashMap::values) {
+                wake.go.notify_waiters();
             }
             tracing::debug!(generation, "redis pub/sub connection dropped");
         }
     }
 
-    fn deliver(&self, channel: &str) {
-        if let Some((_, notify)) = self.lock().waiters.get(channel) {
-            notify.notify_waiters();
+    /// A message on `channel`: `<owner>` or `<owner> <next>` wakes that owner's waiters
+    /// only (the lease was reserved for it) and tells `next`'s waiters they are next;
+    /// anything else (a break's fence) wakes every waiter.
+    fn deliver(&self, channel: &str, payload: &[u8]) {
+        let i = self.lock();
+        let Some(regs) = i.waiters.get(channel) else {
+            return;
+        };
+        let (to, next) = parse_reservation(payload).unzip();
+        for (owner, wake) in regs.values() {
+            let owner = Some(owner.as_bytes());
+            if to.is_none() || owner == to {
+                wake.go.notify_waiters();
+            } else if owner == next.flatten() {
+                wake.next.notify_waiters();
+            }
+        }
+    }
+}
+
+/// An owner token as the scripts write it: 32 lower-case hex digits.
+fn is_owner(s: &[u8]) -> bool {
+    s.len() == 32 && s.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// `<owner>` or `<owner> <next owner>`; `None` for any other message.
+fn parse_reservation(payload: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
+    let mut parts = payload.split(|&b| b == b' ');
+    let to = parts.next().filter(|p| is_owner(p))?;
+    let next = match (parts.next(), parts.next()) {
+        (None, _) => None,
+        (Some(n), None) if is_owner(n) => Some(n),
+        _ => return None,
+    };
+    Some((to, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_reservation;
+
+    #[test]
+    fn reservation_messages_are_strict() {
+        let a = "0123456789abcdef0123456789abcdef";
+        let b = "fedcba9876543210fedcba9876543210";
+        assert_eq!(parse_reservation(a.as_bytes()), Some((a.as_bytes(), None)));
+        let both = format!("{a} {b}");
+        assert_eq!(
+            parse_reservation(both.as_bytes()),
+            Some((a.as_bytes(), Some(b.as_bytes())))
+        );
+        for bad in [
+            "1764000000000000".to_owned(),
+            String::new(),
+            a.to_uppercase(),
+            format!("{a} "),
+            format!("{a} {b} {b}"),
+            format!("{a} 12"),
+        ] {
+            assert_eq!(parse_reservation(bad.as_bytes()), None, "{bad:?}");
         }
     }
 }
@@ -301,7 +378,7 @@ async fn read_messages(
 ) {
     while let Some(msg) = stream.next().await {
         let Some(n) = notifier.upgrade() else { return };
-        n.deliver(msg.get_channel_name());
+        n.deliver(msg.get_channel_name(), msg.get_payload_bytes());
     }
     if let Some(n) = notifier.upgrade() {
         n.disconnect(generation);

@@ -18,6 +18,13 @@ use redis::{Script, Value};
 /// The error code of a script that found something that is not a leasehold lease.
 pub(crate) const CORRUPT_CODE: &str = "LHCORRUPT";
 
+/// The error code of a script that found a lease written in a newer store format
+/// (a value starting `v<N>|`): this client must be upgraded.
+pub(crate) const FORMAT_CODE: &str = "LHFORMAT";
+
+/// The store format these scripts read and write (see the crate docs, "Store format").
+pub const STORE_FORMAT: u32 = 1;
+
 /// Helpers shared by the scripts.
 ///
 /// * `read_lease(k)` → `false` (no lease), `{owner, fence}`, or `nil, err`.
@@ -38,6 +45,10 @@ local function read_lease(k)
     return nil, v.err
   end
   if not v then return false end
+  local ver = string.match(v, '^v([0-9]+)|')
+  if ver then
+    return nil, 'LHFORMAT the lease key was written in leasehold store format ' .. ver .. ', newer than this client (format 1): upgrade this client, or keep older and newer clients off the same keys'
+  end
   local owner, fence = string.match(v, '^([0-9a-f]+):([1-9][0-9]*)$')
   if owner == nil or #owner ~= 32 or #fence > 16 or tonumber(fence) >= MAXF then
     return nil, 'LHCORRUPT the lease key holds a string that is not a leasehold lease (owner:fence)'
@@ -66,11 +77,64 @@ local function next_fence(last)
   if f >= MAXF then return nil, 'LHCORRUPT the fence would pass 2^53' end
   return f
 end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- The waiting queue of a key: q (ZSET owner -> arrival in ms, FIFO), qd (HASH owner ->
+-- the entry's own deadline in ms). The first entry whose deadline has not passed, after
+-- dropping the ones whose deadline has.
+local function live_head(q, qd, now)
+  while true do
+    local h = redis.call('ZRANGE', q, 0, 0)
+    if #h == 0 then return nil end
+    local d = tonumber(redis.call('HGET', qd, h[1]) or '0') or 0
+    if d > now then return h[1] end
+    redis.call('ZREM', q, h[1])
+    redis.call('HDEL', qd, h[1])
+  end
+end
+-- Adds (or keeps the place of) owner in the queue, its entry living until `untl` (ms).
+local function enqueue(q, qd, owner, now, untl)
+  redis.call('ZADD', q, 'NX', now, owner)
+  redis.call('HSET', qd, owner, untl)
+  local want = untl - now + 1000
+  if redis.call('PTTL', q) < want then redis.call('PEXPIRE', q, want) end
+  if redis.call('PTTL', qd) < want then redis.call('PEXPIRE', qd, want) end
+end
+-- Reserves the free lease for the waiter `head`: a new fence, the lease held by head for
+-- `grace` ms (head confirms it with an acquire of its own, which extends it to its TTL),
+-- head leaves the queue and is told on `chan` ("<head>" or "<head> <next>": the waiter
+-- now first in the queue learns it is next, and re-checks when the reservation would
+-- lapse, so a reserved waiter that went away holds the queue up for `grace` only).
+local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
+  local f, nerr = next_fence(last)
+  if nerr then return nerr end
+  local fs = string.format('%d', f)
+  if keep == '' then
+    redis.call('SET', kf, fs)
+  else
+    redis.call('SET', kf, fs, 'PX', tonumber(keep) + tonumber(grace))
+  end
+  redis.call('SET', kl, head .. ':' .. fs, 'PX', grace)
+  redis.call('ZREM', q, head)
+  redis.call('HDEL', qd, head)
+  local nxt = redis.call('ZRANGE', q, 0, 0)
+  if #nxt == 0 then
+    redis.call('DEL', q, qd)
+    redis.call('PUBLISH', chan, head)
+  else
+    redis.call('PUBLISH', chan, head .. ' ' .. nxt[1])
+  end
+  return nil
+end
 "#;
 
-/// KEYS: lease, fence. ARGV: id, owner, ttl ms, fence record expiry ms ('' = never).
-/// → `{id, 1, fence, ttl}` acquired (fresh, or same owner: extended, same fence);
-///   `{id, 0, pttl}` held by another owner.
+/// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, ttl ms, fence record
+/// expiry ms ('' = never), reservation grace ms ('' = no queue), channel.
+/// → `{id, 1, fence, ttl}` acquired (fresh, reserved for this owner, or same owner:
+///   extended, same fence); `{id, 0, pttl}` held by another owner (or, while the lease is
+///   free, reserved now for the first live waiter in the queue).
 const ACQUIRE: &str = r#"
 local lease, err = read_lease(KEYS[1])
 if err then return redis.error_reply(err) end
@@ -85,6 +149,18 @@ if lease then
 end
 local last, ferr = read_fence(KEYS[2])
 if ferr then return redis.error_reply(ferr) end
+if ARGV[5] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then
+  local head = live_head(KEYS[3], KEYS[4], now_ms())
+  if head and head ~= ARGV[2] then
+    local rerr = reserve(KEYS[1], KEYS[2], KEYS[3], KEYS[4], last, head, ARGV[5], ARGV[4], ARGV[6])
+    if rerr then return redis.error_reply(rerr) end
+    return {ARGV[1], 0, tonumber(ARGV[5])}
+  end
+  if head then
+    redis.call('ZREM', KEYS[3], head)
+    redis.call('HDEL', KEYS[4], head)
+  end
+end
 local f, nerr = next_fence(last)
 if nerr then return redis.error_reply(nerr) end
 local fs = string.format('%d', f)
@@ -127,17 +203,63 @@ end
 return out
 "#;
 
-/// KEYS: lease. ARGV: id, owner, channel ('' = don't publish).
-/// → `{id, 1}` released, `{id, 0}` not the owner.
+/// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, channel, reservation grace
+/// ms ('' = no queue), fence record expiry ms ('' = never).
+/// → `{id, 1}` released, `{id, 0}` not the owner. With a live waiter in the queue, the
+/// lease is not deleted but reserved for the first one (see `reserve`), who is told on the
+/// channel; with nobody queued nothing is published.
 const RELEASE: &str = r#"
 local lease, err = read_lease(KEYS[1])
 if err then return redis.error_reply(err) end
 if lease and lease[1] == ARGV[2] then
+  if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then
+    local head = live_head(KEYS[3], KEYS[4], now_ms())
+    if head then
+      local last, ferr = read_fence(KEYS[2])
+      if ferr then return redis.error_reply(ferr) end
+      local held = tonumber(lease[2])
+      if held > last then last = held end
+      local rerr = reserve(KEYS[1], KEYS[2], KEYS[3], KEYS[4], last, head, ARGV[4], ARGV[5], ARGV[3])
+      if rerr then return redis.error_reply(rerr) end
+      return {ARGV[1], 1}
+    end
+  end
   redis.call('DEL', KEYS[1])
-  if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], lease[2]) end
   return {ARGV[1], 1}
 end
 return {ARGV[1], 0}
+"#;
+
+/// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, longest wait ms,
+/// reservation grace ms, fence record expiry ms ('' = never), channel.
+/// Run by a waiter after it has subscribed to the channel:
+/// → `{id, 0}` go and acquire (the lease is free and nobody is ahead in the queue, or it
+///   is reserved for this owner); `{id, 1, pttl}` wait (this owner is now in the queue,
+///   its entry living until the wait ends plus the grace; if the lease was free with
+///   someone ahead, it has been reserved for them).
+const WAIT: &str = r#"
+local lease, err = read_lease(KEYS[1])
+if err then return redis.error_reply(err) end
+local now = now_ms()
+local grace = tonumber(ARGV[4])
+if lease then
+  if lease[1] == ARGV[2] then return {ARGV[1], 0} end
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry') end
+  local w = tonumber(ARGV[3])
+  if pttl < w then w = pttl end
+  enqueue(KEYS[3], KEYS[4], ARGV[2], now, now + w + grace)
+  return {ARGV[1], 1, pttl}
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then return {ARGV[1], 0} end
+local head = live_head(KEYS[3], KEYS[4], now)
+if head == nil or head == ARGV[2] then return {ARGV[1], 0} end
+local last, ferr = read_fence(KEYS[2])
+if ferr then return redis.error_reply(ferr) end
+local rerr = reserve(KEYS[1], KEYS[2], KEYS[3], KEYS[4], last, head, ARGV[4], ARGV[5], ARGV[6])
+if rerr then return redis.error_reply(rerr) end
+enqueue(KEYS[3], KEYS[4], ARGV[2], now, now + 2 * grace)
+return {ARGV[1], 1, grace}
 "#;
 
 /// KEYS: lease. ARGV: id. → `{id}` free, `{id, owner, fence, pttl}` held.
@@ -177,13 +299,14 @@ end
 return {ARGV[1], fs}
 "#;
 
-/// The five scripts, compiled once (their SHA1 computed once).
+/// The scripts, compiled once (their SHA1 computed once).
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) renew: Script,
     pub(crate) renew_many: Script,
     pub(crate) release: Script,
+    pub(crate) wait: Script,
     pub(crate) inspect: Script,
     pub(crate) break_lease: Script,
 }
@@ -194,28 +317,10 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew: Script::new(&format!("{PRELUDE}{RENEW}")),
     renew_many: Script::new(&format!("{PRELUDE}{RENEW_MANY}")),
     release: Script::new(&format!("{PRELUDE}{RELEASE}")),
+    wait: Script::new(&format!("{PRELUDE}{WAIT}")),
     inspect: Script::new(&format!("{PRELUDE}{INSPECT}")),
     break_lease: Script::new(&format!("{PRELUDE}{BREAK}")),
 });
-
-/// The source of each script, for the benchmark's raw baseline and for documentation.
-pub mod source {
-    /// The acquire script (with its prelude). KEYS: lease, fence. ARGV: request id, owner
-    /// hex, TTL in ms, fence record expiry in ms (empty: never).
-    pub fn acquire() -> String {
-        format!("{}{}", super::PRELUDE, super::ACQUIRE)
-    }
-    /// The release script (with its prelude). KEYS: lease. ARGV: request id, owner hex,
-    /// channel (empty: no notification).
-    pub fn release() -> String {
-        format!("{}{}", super::PRELUDE, super::RELEASE)
-    }
-    /// The renew script (with its prelude). KEYS: lease. ARGV: request id, owner hex, TTL
-    /// in ms.
-    pub fn renew() -> String {
-        format!("{}{}", super::PRELUDE, super::RENEW)
-    }
-}
 
 /// Why a reply could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,6 +421,20 @@ pub(crate) fn parse_flag(v: &Value, id: &str) -> Reply<bool> {
     }
 }
 
+/// The wait script: `{id, 0}` → `None` (go and acquire), `{id, 1, pttl}` → `Some(pttl)`
+/// (queued; wait at most that long for the lease's holder).
+pub(crate) fn parse_wait(v: &Value, id: &str) -> Reply<Option<Duration>> {
+    let it = items(v, id)?;
+    match (it.first().and_then(as_int), it.len()) {
+        (Some(0), 1) => Ok(None),
+        (Some(1), 2) => as_int(&it[1])
+            .and_then(ms)
+            .map(Some)
+            .ok_or(ReplyError::Shape("bad pttl")),
+        _ => Err(ReplyError::Shape("unexpected wait reply")),
+    }
+}
+
 /// One lease's answer in a batch renewal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Renewed {
@@ -331,10 +450,16 @@ pub(crate) fn item_error(op: &str, text: &str) -> leasehold_core::StoreError {
     use leasehold_core::{StoreError, StoreErrorKind};
     let kind = if text.starts_with(CORRUPT_CODE) {
         StoreErrorKind::Corrupt
+    } else if text.starts_with(FORMAT_CODE) {
+        StoreErrorKind::Config
     } else {
         StoreErrorKind::Other
     };
-    let text = text.strip_prefix(CORRUPT_CODE).unwrap_or(text).trim_start();
+    let text = text
+        .strip_prefix(CORRUPT_CODE)
+        .or_else(|| text.strip_prefix(FORMAT_CODE))
+        .unwrap_or(text)
+        .trim_start();
     StoreError::new(kind, crate::BACKEND, format!("{op}: {text}"))
 }
 

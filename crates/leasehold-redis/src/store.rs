@@ -47,6 +47,10 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// How long after a reservation's grace the next waiter re-checks (the reservation has
+/// lapsed on the server by then, up to clock rate differences).
+const LAPSE_MARGIN: Duration = Duration::from_millis(50);
+
 /// The TTL in whole milliseconds, after [`StoreError::check_ttl`] (10 ms ..= 24 h), so no
 /// zero, negative or overflowing expiry is ever sent.
 fn ttl_ms(ttl: Duration) -> Result<u64, StoreError> {
@@ -156,6 +160,15 @@ impl RedisStore {
     fn channel(&self, names: &KeyNames) -> String {
         if self.notifier.is_some() {
             names.channel.clone()
+        } else {
+            String::new()
+        }
+    }
+
+    /// The reservation grace in ms, or `""` when there is no queue (notifications off).
+    fn grace(&self) -> String {
+        if self.notifier.is_some() {
+            self.config.queue_grace().as_millis().to_string()
         } else {
             String::new()
         }
@@ -315,8 +328,13 @@ impl Store for RedisStore {
             .run(
                 "acquire",
                 &SCRIPTS.acquire,
-                &[&names.lease, &names.fence],
-                &[&owner, &ms, &keep],
+                &[
+                    &names.lease,
+                    &names.fence,
+                    &names.queue,
+                    &names.queue_deadlines,
+                ],
+                &[&owner, &ms, &keep, &self.grace(), &names.channel],
                 scripts::parse_acquire,
             )
             .await?;
@@ -439,14 +457,18 @@ impl Store for RedisStore {
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         let names = self.layout.names(key);
         let owner = owner.to_hex();
-        let channel = self.channel(&names);
         let released = self
             .conn
             .run(
                 "release",
                 &SCRIPTS.release,
-                &[&names.lease],
-                &[&owner, &channel],
+                &[
+                    &names.lease,
+                    &names.fence,
+                    &names.queue,
+                    &names.queue_deadlines,
+                ],
+                &[&owner, &names.channel, &self.grace(), &self.fence_expiry(0)],
                 scripts::parse_flag,
             )
             .await?;
@@ -464,17 +486,25 @@ impl Store for RedisStore {
         self.inspect_names(key, &names).await
     }
 
-    /// Subscribes to the key's release channel, checks whether the lease is still held,
-    /// and waits for a release message, the holder's expiry or `timeout`, whichever comes
-    /// first. Expiry publishes nothing: the wait ends at the remaining TTL instead.
+    /// Waits in the key's queue. Subscribes to the key's channel, then (one script) joins
+    /// the queue as `owner` — or returns at once when the lease is free with nobody ahead,
+    /// or already reserved for `owner` — and waits until the lease is reserved for
+    /// `owner` (a release, or a lease found free, hands it to the first live waiter and
+    /// publishes that waiter's owner), the holder's expiry, or `timeout`, whichever comes
+    /// first. The caller then acquires as `owner`, which confirms a reservation; a
+    /// reservation not confirmed within the queue grace lapses, and the lease passes on.
+    ///
+    /// The queue entry lives until the end of this wait plus the queue grace, so a waiter
+    /// that goes away holds nobody up for longer; a waiter that waits again (after a
+    /// `Held` answer) keeps its place.
     ///
     /// # Cancel safety
     /// Cancel safe: the subscription is dropped (in the background) when the last waiter
-    /// on a key leaves.
+    /// on a key leaves; the queue entry lapses on its own (see above).
     async fn wait_released(
         &self,
         key: &Key,
-        _owner: &OwnerToken,
+        owner: &OwnerToken,
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let Some(notifier) = &self.notifier else {
@@ -488,19 +518,54 @@ impl Store for RedisStore {
             .checked_add(timeout)
             .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
         let names = self.layout.names(key);
-        let reg = notifier.register(&names.channel);
-        let notified = reg.notify().notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
+        let owner = owner.to_hex();
+        let reg = notifier.register(&names.channel, &owner);
+        let go = reg.wake().go.notified();
+        tokio::pin!(go);
+        go.as_mut().enable();
         notifier.subscribe(&reg).await?;
-        let Some(info) = self.inspect_names(key, &names).await? else {
+        let longest = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(1, 24 * 3600 * 1000)
+            .to_string();
+        let wait = self
+            .conn
+            .run(
+                "wait for release",
+                &SCRIPTS.wait,
+                &[
+                    &names.lease,
+                    &names.fence,
+                    &names.queue,
+                    &names.queue_deadlines,
+                ],
+                &[
+                    &owner,
+                    &longest,
+                    &self.grace(),
+                    &self.fence_expiry(0),
+                    &names.channel,
+                ],
+                scripts::parse_wait,
+            )
+            .await?;
+        let Some(remaining) = wait else {
             return Ok(());
         };
-        let wake = info
-            .remaining
-            .map_or(deadline, |r| deadline.min(Instant::now() + r));
-        let _ = tokio::time::timeout_at(wake, notified).await;
-        Ok(())
+        let mut wake = deadline.min(Instant::now() + remaining);
+        loop {
+            // Told it is next: the reservation of the waiter ahead lapses after the
+            // grace if that waiter went away; re-check then at the latest.
+            let next = reg.wake().next.notified();
+            tokio::select! {
+                _ = &mut go => return Ok(()),
+                _ = tokio::time::sleep_until(wake) => return Ok(()),
+                _ = next => {
+                    let lapse = Instant::now() + self.config.queue_grace() + LAPSE_MARGIN;
+                    wake = wake.min(lapse);
+                }
+            }
+        }
     }
 
     /// `SCAN MATCH` over the namespace (on every primary of a Cluster), then one inspect

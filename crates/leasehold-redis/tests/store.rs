@@ -279,8 +279,13 @@ async fn break_advances_the_fence_and_frees_the_key() {
     assert!(fence_of(&*s.store, &k, &OwnerToken::random()).await > f2);
 }
 
+/// `wait_released` as a queue: returns at once on a free key; waiters are handed the
+/// lease one at a time, in arrival order, each by a reservation (a new fence) that it
+/// confirms with an acquire of its own; nobody else gets past a reservation; a waiter
+/// that never confirms holds the queue up for the grace only; a lease that expires wakes
+/// its waiters at the expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_wakes_on_release_on_expiry_and_at_once_when_free() {
+async fn wait_released_hands_the_lease_to_waiters_in_arrival_order() {
     let s = Standalone::start().await;
     let k = key("job:wait");
     // Free: returns at once.
@@ -290,29 +295,107 @@ async fn wait_released_wakes_on_release_on_expiry_and_at_once_when_free() {
         .await
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(2));
-    // Held: wakes on release, long before the TTL or the wait runs out.
+    // Held: four waiters, arriving in order.
     let o = OwnerToken::random();
-    fence_of(&*s.store, &k, &o).await;
-    let waiters: Vec<_> = (0..4)
-        .map(|_| {
-            let (store, k) = (s.store.clone(), k.clone());
-            tokio::spawn(async move {
-                store
-                    .wait_released(&k, &OwnerToken::random(), Duration::from_secs(30))
-                    .await
-                    .unwrap();
-                Instant::now()
-            })
-        })
-        .collect();
-    sleep(Duration::from_millis(300)).await;
+    let mut last = fence_of(&*s.store, &k, &o).await;
+    let owners: Vec<OwnerToken> = (0..4).map(|_| OwnerToken::random()).collect();
+    let mut waiters = Vec::new();
+    for w in &owners {
+        let (store, k, w) = (s.store.clone(), k.clone(), *w);
+        waiters.push(tokio::spawn(async move {
+            store
+                .wait_released(&k, &w, Duration::from_secs(30))
+                .await
+                .unwrap();
+            Instant::now()
+        }));
+        sleep(Duration::from_millis(100)).await;
+    }
+    sleep(Duration::from_millis(200)).await;
     assert!(waiters.iter().all(|w| !w.is_finished()));
+    let mut holder = o;
+    for (i, w) in owners.iter().enumerate() {
+        let released_at = Instant::now();
+        assert_eq!(
+            s.store.release(&k, &holder).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        let woke = timeout(Duration::from_secs(3), &mut waiters[i])
+            .await
+            .expect("the first waiter is woken by the release")
+            .unwrap();
+        assert!(woke >= released_at);
+        sleep(Duration::from_millis(100)).await;
+        for later in &waiters[i + 1..] {
+            assert!(!later.is_finished(), "a waiter behind was woken too");
+        }
+        // Reserved for the waiter: a newcomer is turned away...
+        let info = s.store.inspect(&k).await.unwrap().expect("reserved");
+        assert_eq!(info.owner, *w, "reserved for the waiter first in line");
+        assert!(info.fence > last, "a reservation carries a new fence");
+        match s
+            .store
+            .acquire(&k, &OwnerToken::random(), TTL)
+            .await
+            .unwrap()
+        {
+            AcquireOutcome::Held { .. } => {}
+            other => panic!("a newcomer got past the reservation: {other:?}"),
+        }
+        // ... and the waiter confirms it with its own request: the reserved fence.
+        let f = fence_of(&*s.store, &k, w).await;
+        assert_eq!(f, info.fence);
+        last = f;
+        holder = *w;
+    }
+    assert!(s.store.release(&k, &holder).await.unwrap() == ReleaseOutcome::Released);
+
+    // A waiter that never confirms: the next one gets the lease once the grace (1 s) is
+    // over, told it is next by the reservation's message, not at the holder's expiry.
+    let o = OwnerToken::random();
+    s.store
+        .acquire(&k, &o, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let (gone, next) = (OwnerToken::random(), OwnerToken::random());
+    let gone_wait = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move {
+            store
+                .wait_released(&k, &gone, Duration::from_secs(30))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(100)).await;
+    let next_wait = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move {
+            store
+                .wait_released(&k, &next, Duration::from_secs(30))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(200)).await;
     let released_at = Instant::now();
     s.store.release(&k, &o).await.unwrap();
-    for w in waiters {
-        let woke = timeout(Duration::from_secs(3), w).await.unwrap().unwrap();
-        assert!(woke >= released_at);
-    }
+    timeout(Duration::from_secs(3), gone_wait)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // `gone` does not confirm.
+    timeout(Duration::from_secs(5), next_wait)
+        .await
+        .expect("the next waiter re-checks when the reservation lapses")
+        .unwrap()
+        .unwrap();
+    let waited = released_at.elapsed();
+    assert!(waited >= Duration::from_millis(900), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    let f = fence_of(&*s.store, &k, &next).await;
+    assert!(f > last);
+    s.store.release(&k, &next).await.unwrap();
+
     // Held, never released: wakes at the holder's expiry.
     let o = OwnerToken::random();
     s.store
