@@ -636,6 +636,21 @@ impl Conn {
         parse: impl FnOnce(&Value, &str) -> Reply<T>,
     ) -> Result<T, StoreError> {
         let deadline = Instant::now() + self.op_timeout;
+        self.run_until(deadline, op, script, keys, args, parse)
+            .await
+    }
+
+    /// [`run`](Self::run), ending at `deadline` instead of one operation timeout from now
+    /// (a batch ends when the first of its operations' callers stops waiting).
+    pub(crate) async fn run_until<T>(
+        &self,
+        deadline: Instant,
+        op: &'static str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        parse: impl FnOnce(&Value, &str) -> Reply<T>,
+    ) -> Result<T, StoreError> {
         let mut h = self.handle(deadline, op).await?;
         let id = self.request_id();
         let mut inv = script.prepare_invoke();

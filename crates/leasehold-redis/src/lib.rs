@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+mod batch;
 mod config;
 mod conn;
 mod error;

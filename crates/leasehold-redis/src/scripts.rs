@@ -128,49 +128,78 @@ local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
   end
   return nil
 end
+-- Acquire (see ACQUIRE): a table {1, fence, ttl} or {0, pttl}, or an error's text.
+local function acquire_one(kl, kf, q, qd, owner, ttl, keep, grace, chan)
+  local lease, err = read_lease(kl)
+  if err then return err end
+  if lease then
+    if lease[1] == owner then
+      redis.call('PEXPIRE', kl, ttl)
+      return {1, lease[2], tonumber(ttl)}
+    end
+    local pttl = redis.call('PTTL', kl)
+    if pttl < 0 then return 'LHCORRUPT the lease key has no expiry' end
+    return {0, pttl}
+  end
+  local last, ferr = read_fence(kf)
+  if ferr then return ferr end
+  if grace ~= '' and redis.call('EXISTS', q) == 1 then
+    local head = live_head(q, qd, now_ms())
+    if head and head ~= owner then
+      local rerr = reserve(kl, kf, q, qd, last, head, grace, keep, chan)
+      if rerr then return rerr end
+      return {0, tonumber(grace)}
+    end
+    if head then
+      redis.call('ZREM', q, head)
+      redis.call('HDEL', qd, head)
+    end
+  end
+  local f, nerr = next_fence(last)
+  if nerr then return nerr end
+  local fs = string.format('%d', f)
+  if keep == '' then
+    redis.call('SET', kf, fs)
+  else
+    redis.call('SET', kf, fs, 'PX', keep)
+  end
+  redis.call('SET', kl, owner .. ':' .. fs, 'PX', ttl)
+  return {1, fs, tonumber(ttl)}
+end
+-- Release (see RELEASE): 1 released, 0 not the owner, or an error's text. With a live
+-- waiter in the queue the lease is not deleted but reserved for the first one (see
+-- `reserve`); with nobody queued nothing is published.
+local function release_one(kl, kf, q, qd, owner, chan, grace, keep)
+  local lease, err = read_lease(kl)
+  if err then return err end
+  if not (lease and lease[1] == owner) then return 0 end
+  if grace ~= '' and redis.call('EXISTS', q) == 1 then
+    local head = live_head(q, qd, now_ms())
+    if head then
+      local last, ferr = read_fence(kf)
+      if ferr then return ferr end
+      local held = tonumber(lease[2])
+      if held > last then last = held end
+      local rerr = reserve(kl, kf, q, qd, last, head, grace, keep, chan)
+      if rerr then return rerr end
+      return 1
+    end
+  end
+  redis.call('DEL', kl)
+  return 1
+end
 "#;
 
 /// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, ttl ms, fence record
 /// expiry ms ('' = never), reservation grace ms ('' = no queue), channel.
 /// → `{id, 1, fence, ttl}` acquired (fresh, reserved for this owner, or same owner:
 ///   extended, same fence); `{id, 0, pttl}` held by another owner (or, while the lease is
-///   free, reserved now for the first live waiter in the queue).
+///   free, reserved now for the first live waiter in the queue). See `acquire_one`.
 const ACQUIRE: &str = r#"
-local lease, err = read_lease(KEYS[1])
-if err then return redis.error_reply(err) end
-if lease then
-  if lease[1] == ARGV[2] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    return {ARGV[1], 1, lease[2], tonumber(ARGV[3])}
-  end
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry') end
-  return {ARGV[1], 0, pttl}
-end
-local last, ferr = read_fence(KEYS[2])
-if ferr then return redis.error_reply(ferr) end
-if ARGV[5] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then
-  local head = live_head(KEYS[3], KEYS[4], now_ms())
-  if head and head ~= ARGV[2] then
-    local rerr = reserve(KEYS[1], KEYS[2], KEYS[3], KEYS[4], last, head, ARGV[5], ARGV[4], ARGV[6])
-    if rerr then return redis.error_reply(rerr) end
-    return {ARGV[1], 0, tonumber(ARGV[5])}
-  end
-  if head then
-    redis.call('ZREM', KEYS[3], head)
-    redis.call('HDEL', KEYS[4], head)
-  end
-end
-local f, nerr = next_fence(last)
-if nerr then return redis.error_reply(nerr) end
-local fs = string.format('%d', f)
-if ARGV[4] == '' then
-  redis.call('SET', KEYS[2], fs)
-else
-  redis.call('SET', KEYS[2], fs, 'PX', ARGV[4])
-end
-redis.call('SET', KEYS[1], ARGV[2] .. ':' .. fs, 'PX', ARGV[3])
-return {ARGV[1], 1, fs, tonumber(ARGV[3])}
+local r = acquire_one(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+if type(r) == 'string' then return redis.error_reply(r) end
+table.insert(r, 1, ARGV[1])
+return r
 "#;
 
 /// KEYS: lease. ARGV: id, owner, ttl ms. → `{id, 1}` renewed, `{id, 0}` not the owner.
@@ -205,29 +234,34 @@ return out
 
 /// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, channel, reservation grace
 /// ms ('' = no queue), fence record expiry ms ('' = never).
-/// → `{id, 1}` released, `{id, 0}` not the owner. With a live waiter in the queue, the
-/// lease is not deleted but reserved for the first one (see `reserve`), who is told on the
-/// channel; with nobody queued nothing is published.
+/// → `{id, 1}` released, `{id, 0}` not the owner. See `release_one`.
 const RELEASE: &str = r#"
-local lease, err = read_lease(KEYS[1])
-if err then return redis.error_reply(err) end
-if lease and lease[1] == ARGV[2] then
-  if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then
-    local head = live_head(KEYS[3], KEYS[4], now_ms())
-    if head then
-      local last, ferr = read_fence(KEYS[2])
-      if ferr then return redis.error_reply(ferr) end
-      local held = tonumber(lease[2])
-      if held > last then last = held end
-      local rerr = reserve(KEYS[1], KEYS[2], KEYS[3], KEYS[4], last, head, ARGV[4], ARGV[5], ARGV[3])
-      if rerr then return redis.error_reply(rerr) end
-      return {ARGV[1], 1}
-    end
+local r = release_one(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if type(r) == 'string' then return redis.error_reply(r) end
+return {ARGV[1], r}
+"#;
+
+/// Many acquires and releases, of leases of one Cluster slot, in one call: the
+/// concurrent operations of a client's tasks. KEYS: per item, lease, fence, queue, queue
+/// deadlines. ARGV: id, then per item: `a` or `r`, owner, ttl ms (acquire) or '',
+/// fence record expiry ms ('' = never), reservation grace ms ('' = no queue), channel.
+/// → `{id, r₁ … rₙ}`, each as ACQUIRE (`{1, fence, ttl}` or `{0, pttl}`) or RELEASE (`1`
+/// or `0`) would answer without the id, or the error's text (a string). Each item is
+/// applied on its own, in order, as its single script would.
+const MANY: &str = r#"
+local out = {ARGV[1]}
+local n = (#ARGV - 1) / 6
+for i = 1, n do
+  local k, a = (i - 1) * 4, 1 + (i - 1) * 6
+  local r
+  if ARGV[a + 1] == 'a' then
+    r = acquire_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
+  else
+    r = release_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[a + 2], ARGV[a + 6], ARGV[a + 5], ARGV[a + 4])
   end
-  redis.call('DEL', KEYS[1])
-  return {ARGV[1], 1}
+  out[i + 1] = r
 end
-return {ARGV[1], 0}
+return out
 "#;
 
 /// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, longest wait ms,
@@ -306,6 +340,7 @@ pub(crate) struct Scripts {
     pub(crate) renew: Script,
     pub(crate) renew_many: Script,
     pub(crate) release: Script,
+    pub(crate) many: Script,
     pub(crate) wait: Script,
     pub(crate) inspect: Script,
     pub(crate) break_lease: Script,
@@ -317,6 +352,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew: Script::new(&format!("{PRELUDE}{RENEW}")),
     renew_many: Script::new(&format!("{PRELUDE}{RENEW_MANY}")),
     release: Script::new(&format!("{PRELUDE}{RELEASE}")),
+    many: Script::new(&format!("{PRELUDE}{MANY}")),
     wait: Script::new(&format!("{PRELUDE}{WAIT}")),
     inspect: Script::new(&format!("{PRELUDE}{INSPECT}")),
     break_lease: Script::new(&format!("{PRELUDE}{BREAK}")),
@@ -390,25 +426,7 @@ fn items<'v>(v: &'v Value, id: &str) -> Reply<&'v [Value]> {
 }
 
 pub(crate) fn parse_acquire(v: &Value, id: &str) -> Reply<Acquired> {
-    let it = items(v, id)?;
-    match (it.first().and_then(as_int), it.len()) {
-        (Some(1), 3) => {
-            let fence = as_str(&it[1])
-                .and_then(parse_fence)
-                .ok_or(ReplyError::Shape("bad fence"))?;
-            let ttl = as_int(&it[2])
-                .and_then(ms)
-                .ok_or(ReplyError::Shape("bad ttl"))?;
-            Ok(Acquired::Granted { fence, ttl })
-        }
-        (Some(0), 2) => {
-            let remaining = as_int(&it[1])
-                .and_then(ms)
-                .ok_or(ReplyError::Shape("bad pttl"))?;
-            Ok(Acquired::Held { remaining })
-        }
-        _ => Err(ReplyError::Shape("unexpected acquire reply")),
-    }
+    parse_acquired(items(v, id)?)
 }
 
 /// Renew and release: `{id, 1}` or `{id, 0}`.
@@ -433,6 +451,57 @@ pub(crate) fn parse_wait(v: &Value, id: &str) -> Reply<Option<Duration>> {
             .ok_or(ReplyError::Shape("bad pttl")),
         _ => Err(ReplyError::Shape("unexpected wait reply")),
     }
+}
+
+/// One operation's answer in a batch of acquires and releases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Item {
+    Acquired(Acquired),
+    Released(bool),
+    /// The script's error for this operation (its text).
+    Failed(String),
+}
+
+fn parse_acquired(it: &[Value]) -> Reply<Acquired> {
+    match (it.first().and_then(as_int), it.len()) {
+        (Some(1), 3) => {
+            let fence = as_str(&it[1])
+                .and_then(parse_fence)
+                .ok_or(ReplyError::Shape("bad fence"))?;
+            let ttl = as_int(&it[2])
+                .and_then(ms)
+                .ok_or(ReplyError::Shape("bad ttl"))?;
+            Ok(Acquired::Granted { fence, ttl })
+        }
+        (Some(0), 2) => {
+            let remaining = as_int(&it[1])
+                .and_then(ms)
+                .ok_or(ReplyError::Shape("bad pttl"))?;
+            Ok(Acquired::Held { remaining })
+        }
+        _ => Err(ReplyError::Shape("unexpected acquire reply")),
+    }
+}
+
+/// A batch of acquires (`true`) and releases (`false`), in the order of `kinds`:
+/// `{id, r₁ … rₙ}`, exactly `n` results, each of its operation's shape or an error text.
+pub(crate) fn parse_many(v: &Value, id: &str, kinds: &[bool]) -> Reply<Vec<Item>> {
+    let it = items(v, id)?;
+    if it.len() != kinds.len() {
+        return Err(ReplyError::Shape("wrong number of results in a batch"));
+    }
+    it.iter()
+        .zip(kinds)
+        .map(|(r, &acquire)| match r {
+            Value::Array(a) if acquire => parse_acquired(a).map(Item::Acquired),
+            Value::Int(1) if !acquire => Ok(Item::Released(true)),
+            Value::Int(0) if !acquire => Ok(Item::Released(false)),
+            _ => as_str(r)
+                .filter(|s| !s.is_empty())
+                .map(|s| Item::Failed(s.to_owned()))
+                .ok_or(ReplyError::Shape("unexpected result in a batch")),
+        })
+        .collect()
 }
 
 /// One lease's answer in a batch renewal.

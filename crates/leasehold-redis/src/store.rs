@@ -13,6 +13,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::time::Instant;
 
 use crate::BACKEND;
+use crate::batch::{Answer, Batcher, Op};
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::{KeyNames, Layout};
@@ -35,7 +36,8 @@ use crate::scripts::{self, Acquired, Renewed, SCRIPTS};
 pub struct RedisStore {
     config: RedisConfig,
     layout: Layout,
-    conn: Conn,
+    conn: Arc<Conn>,
+    batcher: Arc<Batcher>,
     notifier: Option<Arc<Notifier>>,
 }
 
@@ -66,7 +68,8 @@ impl RedisStore {
     /// configured.
     pub fn new(config: RedisConfig) -> Result<Self, StoreError> {
         let layout = Layout::new(config.prefix())?;
-        let conn = Conn::new(&config)?;
+        let conn = Arc::new(Conn::new(&config)?);
+        let batcher = Arc::new(Batcher::new(conn.clone()));
         let notifier = config.notifications().then(|| {
             Arc::new(Notifier::new(
                 conn.pubsub_clients().to_vec(),
@@ -79,6 +82,7 @@ impl RedisStore {
             config,
             layout,
             conn,
+            batcher,
             notifier,
         })
     }
@@ -162,6 +166,15 @@ impl RedisStore {
             names.channel.clone()
         } else {
             String::new()
+        }
+    }
+
+    /// The Cluster slot of `key` (0 on a single server): operations batch per slot.
+    fn slot(&self, key: &Key) -> u16 {
+        if self.conn.is_cluster() {
+            self.layout.slot(key)
+        } else {
+            0
         }
     }
 
@@ -321,23 +334,43 @@ impl Store for RedisStore {
         let ttl_ms = ttl_ms(ttl)?;
         let ms = ttl_ms.to_string();
         let keep = self.fence_expiry(ttl_ms);
+        let slot = self.slot(key);
         let names = self.layout.names(key);
-        let owner = owner.to_hex();
+        let op = Op {
+            keys: [names.lease, names.fence, names.queue, names.queue_deadlines],
+            args: [
+                "a".into(),
+                owner.to_hex(),
+                ms,
+                keep,
+                self.grace(),
+                names.channel,
+            ],
+        };
         let got = self
-            .conn
-            .run(
-                "acquire",
-                &SCRIPTS.acquire,
-                &[
-                    &names.lease,
-                    &names.fence,
-                    &names.queue,
-                    &names.queue_deadlines,
-                ],
-                &[&owner, &ms, &keep, &self.grace(), &names.channel],
-                scripts::parse_acquire,
-            )
+            .batcher
+            .submit(slot, op, |op| async move {
+                let [l, f, q, qd] = &op.keys;
+                let [_, owner, ms, keep, grace, channel] = &op.args;
+                self.conn
+                    .run(
+                        "acquire",
+                        &SCRIPTS.acquire,
+                        &[l, f, q, qd],
+                        &[owner, ms, keep, grace, channel],
+                        scripts::parse_acquire,
+                    )
+                    .await
+                    .map(Answer::Acquired)
+            })
             .await?;
+        let Answer::Acquired(got) = got else {
+            return Err(StoreError::new(
+                StoreErrorKind::Corrupt,
+                BACKEND,
+                "acquire: a release's answer came back",
+            ));
+        };
         Ok(match got {
             Acquired::Granted { fence, ttl } => AcquireOutcome::Acquired { fence, ttl },
             Acquired::Held { remaining } => AcquireOutcome::Held {
@@ -455,23 +488,43 @@ impl Store for RedisStore {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        let slot = self.slot(key);
         let names = self.layout.names(key);
-        let owner = owner.to_hex();
-        let released = self
-            .conn
-            .run(
-                "release",
-                &SCRIPTS.release,
-                &[
-                    &names.lease,
-                    &names.fence,
-                    &names.queue,
-                    &names.queue_deadlines,
-                ],
-                &[&owner, &names.channel, &self.grace(), &self.fence_expiry(0)],
-                scripts::parse_flag,
-            )
+        let op = Op {
+            keys: [names.lease, names.fence, names.queue, names.queue_deadlines],
+            args: [
+                "r".into(),
+                owner.to_hex(),
+                String::new(),
+                self.fence_expiry(0),
+                self.grace(),
+                names.channel,
+            ],
+        };
+        let got = self
+            .batcher
+            .submit(slot, op, |op| async move {
+                let [l, f, q, qd] = &op.keys;
+                let [_, owner, _, keep, grace, channel] = &op.args;
+                self.conn
+                    .run(
+                        "release",
+                        &SCRIPTS.release,
+                        &[l, f, q, qd],
+                        &[owner, channel, grace, keep],
+                        scripts::parse_flag,
+                    )
+                    .await
+                    .map(Answer::Released)
+            })
             .await?;
+        let Answer::Released(released) = got else {
+            return Err(StoreError::new(
+                StoreErrorKind::Corrupt,
+                BACKEND,
+                "release: an acquire's answer came back",
+            ));
+        };
         Ok(if released {
             ReleaseOutcome::Released
         } else {

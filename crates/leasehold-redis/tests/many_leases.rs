@@ -36,16 +36,6 @@ fn resident() -> i64 {
     pages * 4096
 }
 
-/// `calls` of `cmdstat_evalsha` in `INFO commandstats`.
-async fn evalsha_calls(s: &Standalone) -> u64 {
-    let info = s.cli(&["INFO", "commandstats"]).await;
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// CPU time of this process (user + system), from /proc.
 fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -83,13 +73,13 @@ async fn a_client_holding_a_hundred_thousand_leases_loses_none_and_renews_in_bat
         leases.push(lease.unwrap());
     }
     drop(grants);
-    let calls_before = evalsha_calls(&s).await;
+    let calls_before = s.evalsha_calls().await;
     let cpu_before = cpu_time();
     // Three renew intervals (3.3 s each).
     let hold = cfg.renew_interval() * 3;
     tokio::time::sleep(hold).await;
     let cpu = cpu_time().saturating_sub(cpu_before);
-    let calls = evalsha_calls(&s).await - calls_before;
+    let calls = s.evalsha_calls().await - calls_before;
     let per_lease = (resident() - before) / n as i64;
     eprintln!(
         "{n} leases: {calls} renewal script calls in {hold:?}, {per_lease} bytes per lease, \

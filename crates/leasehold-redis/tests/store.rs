@@ -607,3 +607,80 @@ async fn fence_records_expire_after_their_retention_and_fences_still_rise() {
         assert_eq!(again.fence_retention(), cfg.fence_retention(), "{good}");
     }
 }
+
+/// The concurrent acquires and releases of one store go out in batches — far fewer script
+/// calls than operations — and each operation answers as its own call would, whatever
+/// else is in its batch: grants with their own fences, `Held` for a held key, `NotOwner`
+/// for a stranger's release, `Corrupt` for a key that holds something else, and the held
+/// lease untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_operations_are_batched_and_each_answered_on_its_own() {
+    let s = Standalone::start().await;
+    let corrupt = key("batch:corrupt");
+    s.cli(&["SET", &s.store.lease_key(&corrupt), "not a lease"])
+        .await;
+    let held = key("batch:held");
+    let holder = OwnerToken::random();
+    let held_fence = fence_of(&*s.store, &held, &holder).await;
+    let before = s.evalsha_calls().await;
+    const N: usize = 400;
+    let tasks: Vec<_> = (0..N)
+        .map(|i| {
+            let (store, corrupt, held) = (s.store.clone(), corrupt.clone(), held.clone());
+            tokio::spawn(async move {
+                let me = OwnerToken::random();
+                match i % 4 {
+                    0 => {
+                        let k = key(&format!("batch:{i}"));
+                        let f = match store.acquire(&k, &me, TTL).await.unwrap() {
+                            AcquireOutcome::Acquired { fence, .. } => fence,
+                            other => panic!("a free key: {other:?}"),
+                        };
+                        assert!(f.get() > 0);
+                        assert_eq!(
+                            store.release(&k, &me).await.unwrap(),
+                            ReleaseOutcome::Released
+                        );
+                        2
+                    }
+                    1 => {
+                        match store.acquire(&held, &me, TTL).await.unwrap() {
+                            AcquireOutcome::Held { remaining } => {
+                                assert!(remaining.is_some_and(|r| r > Duration::ZERO))
+                            }
+                            other => panic!("a held key: {other:?}"),
+                        }
+                        1
+                    }
+                    2 => {
+                        assert_eq!(
+                            store.release(&held, &me).await.unwrap(),
+                            ReleaseOutcome::NotOwner
+                        );
+                        1
+                    }
+                    _ => {
+                        let e = store.acquire(&corrupt, &me, TTL).await.unwrap_err();
+                        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+                        1
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut ops = 0u64;
+    for t in tasks {
+        ops += t.await.unwrap();
+    }
+    let calls = s.evalsha_calls().await - before;
+    assert!(
+        calls * 2 < ops,
+        "{calls} script calls for {ops} operations: not batched"
+    );
+    let info = s.store.inspect(&held).await.unwrap().expect("still held");
+    assert_eq!((info.owner, info.fence), (holder, held_fence));
+    assert_eq!(
+        s.cli(&["GET", &s.store.lease_key(&corrupt)]).await,
+        "not a lease"
+    );
+}

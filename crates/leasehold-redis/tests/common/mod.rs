@@ -63,6 +63,18 @@ impl Standalone {
         .await
         .unwrap()
     }
+
+    /// `calls` of `cmdstat_evalsha` in the server's `INFO commandstats`: the script calls
+    /// it has run.
+    #[allow(dead_code)] // Not every test binary counts calls.
+    pub async fn evalsha_calls(&self) -> u64 {
+        let info = self.cli(&["INFO", "commandstats"]).await;
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
 }
 
 /// A 3-master cluster, one fault proxy per node, and a store that reaches every node

@@ -1,0 +1,244 @@
+//! Sending the concurrent acquires and releases of a client's tasks as one script call
+//! per Cluster slot.
+//!
+//! A plain lock sends one command per operation. A store shared by many tasks can do
+//! better: while [`IN_FLIGHT`] calls for a slot are on the wire, further operations on
+//! that slot wait in a queue, and the call that finishes next hands the whole queue (up to
+//! [`MAX_ITEMS`]) to one `MANY` script call. With one task nothing ever waits (each
+//! operation goes out at once, as its own script); with many, Redis runs one script call
+//! for many operations instead of one each, which is what bounds throughput on a busy
+//! server. Each operation in a batch is applied on its own, exactly as its single script
+//! would apply it; a call that fails fails for each of its operations, as ambiguous as
+//! the same failure of a single call.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use leasehold_core::{StoreError, StoreErrorKind};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::BACKEND;
+use crate::conn::Conn;
+use crate::scripts::{self, Acquired, Item, SCRIPTS};
+
+/// Calls on the wire per slot before operations queue for a batch.
+pub(crate) const IN_FLIGHT: usize = 2;
+
+/// The most operations in one batch call.
+pub(crate) const MAX_ITEMS: usize = 256;
+
+/// One operation's arguments, as the `MANY` script takes them.
+#[derive(Debug, Clone)]
+pub(crate) struct Op {
+    /// lease, fence, queue, queue deadlines.
+    pub(crate) keys: [String; 4],
+    /// `a` or `r`, owner, ttl ms ('' for a release), fence expiry, grace, channel.
+    pub(crate) args: [String; 6],
+}
+
+impl Op {
+    fn is_acquire(&self) -> bool {
+        self.args[0] == "a"
+    }
+}
+
+/// An operation's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Acquired(Acquired),
+    Released(bool),
+}
+
+type Reply = oneshot::Sender<Result<Answer, StoreError>>;
+
+/// A queued operation: its arguments, when its caller stops waiting, where its answer goes.
+type Queued = (Op, Instant, Reply);
+
+#[derive(Default)]
+struct SlotState {
+    in_flight: usize,
+    queued: Vec<Queued>,
+}
+
+/// The queues of one store, by slot (one slot on a single server).
+pub(crate) struct Batcher {
+    conn: Arc<Conn>,
+    slots: Mutex<HashMap<u16, SlotState>>,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("slots", &self.lock().len())
+            .finish()
+    }
+}
+
+/// What a caller does with its operation.
+enum Way {
+    /// Send it now, on its own; the turn is handed on when dropped.
+    Direct(Turn),
+    /// It waits in the queue for a batch.
+    Queued(oneshot::Receiver<Result<Answer, StoreError>>),
+}
+
+/// One call's place on the wire for a slot. Dropped (the call answered, failed or was
+/// cancelled), it hands the slot's queue to a batch call, or frees the place.
+struct Turn {
+    batcher: Arc<Batcher>,
+    slot: u16,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let batch = {
+            let mut slots = self.batcher.lock();
+            let Some(st) = slots.get_mut(&self.slot) else {
+                return;
+            };
+            // Operations whose caller gave up (timed out, cancelled) are not sent.
+            st.queued.retain(|(_, _, reply)| !reply.is_closed());
+            if st.queued.is_empty() {
+                st.in_flight -= 1;
+                if st.in_flight == 0 {
+                    slots.remove(&self.slot);
+                }
+                return;
+            }
+            let n = st.queued.len().min(MAX_ITEMS);
+            st.queued.drain(..n).collect::<Vec<_>>()
+        };
+        let turn = Turn {
+            batcher: self.batcher.clone(),
+            slot: self.slot,
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(run_batch(turn, batch));
+            }
+            // No runtime to send from: the queued callers see their operation dropped
+            // (ambiguous), and the turn is handed on again (or freed).
+            Err(_) => drop((batch, turn)),
+        }
+    }
+}
+
+async fn run_batch(turn: Turn, batch: Vec<Queued>) {
+    let conn = turn.batcher.conn.clone();
+    // The call ends when the first of its callers stops waiting, as that caller's own
+    // call would have: nothing is applied later than a single call could be.
+    let Some(deadline) = batch.iter().map(|(_, d, _)| *d).min() else {
+        return;
+    };
+    let (ops, replies): (Vec<Op>, Vec<Reply>) =
+        batch.into_iter().map(|(op, _, reply)| (op, reply)).unzip();
+    let kinds: Vec<bool> = ops.iter().map(Op::is_acquire).collect();
+    let keys: Vec<&str> = ops
+        .iter()
+        .flat_map(|o| o.keys.iter().map(String::as_str))
+        .collect();
+    let args: Vec<&str> = ops
+        .iter()
+        .flat_map(|o| o.args.iter().map(String::as_str))
+        .collect();
+    let got = conn
+        .run_until(
+            deadline,
+            "acquire or release (batch)",
+            &SCRIPTS.many,
+            &keys,
+            &args,
+            |v, id| scripts::parse_many(v, id, &kinds),
+        )
+        .await;
+    drop(turn);
+    match got {
+        Ok(items) => {
+            for (reply, item) in replies.into_iter().zip(items) {
+                let answer = match item {
+                    Item::Acquired(a) => Ok(Answer::Acquired(a)),
+                    Item::Released(r) => Ok(Answer::Released(r)),
+                    Item::Failed(text) => Err(scripts::item_error("batch", &text)),
+                };
+                let _ = reply.send(answer);
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(StoreError::new(e.kind(), BACKEND, e.message())));
+            }
+        }
+    }
+}
+
+impl Batcher {
+    pub(crate) fn new(conn: Arc<Conn>) -> Self {
+        Self {
+            conn,
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u16, SlotState>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn way(self: &Arc<Self>, slot: u16, op: &Op, deadline: Instant) -> Way {
+        let mut slots = self.lock();
+        let st = slots.entry(slot).or_default();
+        if st.in_flight < IN_FLIGHT {
+            st.in_flight += 1;
+            Way::Direct(Turn {
+                batcher: self.clone(),
+                slot,
+            })
+        } else {
+            let (tx, rx) = oneshot::channel();
+            st.queued.push((op.clone(), deadline, tx));
+            Way::Queued(rx)
+        }
+    }
+
+    /// Runs `op` on `slot`: at once with `single` when fewer than [`IN_FLIGHT`] calls are
+    /// on the wire for the slot, else in the next batch call. Either way the answer comes
+    /// within the operation timeout of this call (a queued operation waits for its batch
+    /// no longer; one whose caller has given up by the time its batch is sent is left out
+    /// of it).
+    ///
+    /// # Cancel safety
+    /// As a single call: a dropped call may still be applied (in its batch).
+    pub(crate) async fn submit<F, Fut>(
+        self: &Arc<Self>,
+        slot: u16,
+        op: Op,
+        single: F,
+    ) -> Result<Answer, StoreError>
+    where
+        F: FnOnce(Op) -> Fut,
+        Fut: Future<Output = Result<Answer, StoreError>>,
+    {
+        let limit = self.conn.op_timeout();
+        let deadline = Instant::now() + limit;
+        match self.way(slot, &op, deadline) {
+            Way::Direct(turn) => {
+                let res = single(op).await;
+                drop(turn);
+                res
+            }
+            Way::Queued(rx) => match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(_)) => Err(StoreError::new(
+                    StoreErrorKind::Ambiguous,
+                    BACKEND,
+                    "the batch this operation was queued in was dropped (the runtime is shutting down); it may have been applied",
+                )),
+                Err(_) => Err(StoreError::timeout(
+                    BACKEND,
+                    "acquire or release (queued for a batch)",
+                    limit,
+                )),
+            },
+        }
+    }
+}
