@@ -140,6 +140,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// If `key` is free or expired: issue a fence higher than every fence ever issued for
     /// `key`, record `owner` and the fence, set the TTL. If held by `owner` already: extend
     /// it and return the same fence. Otherwise report it held.
+    ///
+    /// A store that queues its waiters may, when the lease is released (or found free
+    /// with someone waiting), *reserve* it for the first waiter: record that waiter's
+    /// owner with a new fence and a short TTL, and tell it. The waiter's `acquire` then
+    /// finds the key held by its own owner and extends it (same fence), so its validity
+    /// counts from that request's send, as for any grant; anyone else is answered
+    /// `Held` meanwhile (no one gets past the queue).
     async fn acquire(
         &self,
         key: &Key,
