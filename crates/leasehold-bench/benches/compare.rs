@@ -117,7 +117,7 @@ fn plain_retry_legend() -> String {
 fn leasehold_wait_legend() -> String {
     let b = leasehold_core::Backoff::default();
     format!(
-        "LeaseClient::acquire(key, wait) with the default LeaseConfig (TTL {} s, full-jitter backoff {} ms–{} s, capped by the holder's remaining TTL, woken by the store's release notification where it has one)",
+        "LeaseClient::acquire(key, wait) with the default LeaseConfig (TTL {} s, full-jitter backoff {} ms–{} s, capped by the holder's remaining TTL, woken by the store's notification where it has one; on Redis, queued in the store and handed the lease by the release)",
         TTL.as_secs(),
         b.base().as_millis(),
         b.cap().as_secs_f64()
@@ -332,7 +332,7 @@ async fn redis_section(plan: Plan) -> Res<Section> {
         title: format!("Redis {version}: a private redis-server on 127.0.0.1, no persistence"),
         about: uncontended_about(&plan, "leasehold and rslock against a plain lock, all on the same server"),
         legend: vec![
-            ("leasehold", "LeaseClient::try_acquire + Lease::release (leasehold-redis: fence, owner token, heartbeat scheduler, watchdog, release notification), default LeaseConfig".into()),
+            ("leasehold", "LeaseClient::try_acquire + Lease::release (leasehold-redis: fence, owner token, heartbeat scheduler, watchdog, waiting queue; concurrent operations batched per slot), default LeaseConfig".into()),
             ("rslock", "rslock 0.10 LockManager::lock + Lock::release on one server (SET NX PX + compare-and-delete script; its retry loop); default settings".into()),
             ("plain", "the redis crate alone on one multiplexed connection: SET key token NX PX, then a compare-and-delete script (no fence, no heartbeat)".into()),
         ],
