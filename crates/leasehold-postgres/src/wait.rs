@@ -55,8 +55,8 @@ pub(crate) const GRACE: Duration = Duration::from_millis(500);
 /// a frozen waiter process holds up the queue for at most this long.
 pub(crate) const PARKED_IDLE_MS: u64 = 2000;
 
-/// How long an owner whose `acquire` answered `Held` is kept in mind as a contender when
-/// the notes grow large (they are forgotten at its grant otherwise).
+/// A contender is forgotten at its grant; once 4096 are noted, also those noted longer
+/// ago than this (owners that stopped trying).
 const CONTENDER_FRESH: Duration = Duration::from_secs(5);
 
 /// How long a head waits for the listening connection before it falls back to re-checking.
