@@ -2,7 +2,7 @@
 //! side by side in one process, on private servers it starts itself.
 //!
 //! ```text
-//! cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite[,…]]
+//! cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite[,…]] [--pg-fsync on|off]
 //! ```
 //!
 //! Every figure is measured in the same run as what it is compared with, in interleaved
@@ -10,8 +10,9 @@
 //!
 //! * Redis: `LeaseClient` (leasehold-redis) and rslock against a plain lock written with
 //!   the `redis` crate alone (`SET key token NX PX` + compare-and-delete script).
-//! * PostgreSQL (fsync on): the lease-table and the advisory-lock stores against
-//!   `pgbench`'s simple-update transactions (16 clients) and against sqlx's
+//! * PostgreSQL (fsync on; `--pg-fsync off` to see what the disk costs): the lease-table
+//!   and the advisory-lock stores, through `LeaseClient` and through the `Store` alone,
+//!   against `pgbench`'s simple-update transactions (16 clients) and against sqlx's
 //!   `PgAdvisoryLock`.
 //! * MariaDB: both leasehold-mysql stores against a plain `GET_LOCK` / `RELEASE_LOCK` pair.
 //! * SQLite (a temporary file, `synchronous=FULL`): leasehold-sqlite against a plain lock
@@ -418,16 +419,36 @@ async fn pgbench(pg: &leasehold_testkit::Postgres, args: &[&str]) -> Res<String>
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-async fn postgres_section(plan: Plan) -> Res<Section> {
+/// `Store::acquire` + `Store::release` called directly, a fresh owner each time: the store's
+/// own cost, without the holder side's (heartbeat scheduler, watchdog, lost signal).
+fn store_pair(name: &'static str, store: Arc<dyn Store>) -> Side {
+    Side::pairs(name, move |key| {
+        let store = store.clone();
+        async move {
+            let key = Key::new(&*key).map_err(err)?;
+            let owner = OwnerToken::random();
+            match store.acquire(&key, &owner, TTL).await.map_err(err)? {
+                AcquireOutcome::Acquired { .. } => {}
+                held => return Err(format!("acquire of a free key: {held:?}")),
+            }
+            match store.release(&key, &owner).await.map_err(err)? {
+                ReleaseOutcome::Released => Ok(()),
+                other => Err(format!("release: {other:?}")),
+            }
+        }
+    })
+}
+
+async fn postgres_section(plan: Plan, fsync: bool) -> Res<Section> {
     use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore};
     use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
 
     progress(format_args!("postgres: starting a private server"));
     let pg = Arc::new(
-        blocking(|| {
+        blocking(move || {
             leasehold_testkit::Postgres::start_with(
                 leasehold_testkit::PostgresOptions::new()
-                    .fsync(true)
+                    .fsync(fsync)
                     .setting("max_connections", "300")
                     .setting("shared_preload_libraries", "pg_stat_statements"),
             )
@@ -459,8 +480,10 @@ async fn postgres_section(plan: Plan) -> Res<Section> {
     table.migrate().await.map_err(err)?;
     let adv = PgAdvisoryStore::connect(&config).await.map_err(err)?;
     adv.migrate().await.map_err(err)?;
-    let table = LeaseClient::new(Arc::new(table), lease_config()?);
-    let adv = LeaseClient::new(Arc::new(adv), lease_config()?);
+    let (table_store, adv_store): (Arc<dyn Store>, Arc<dyn Store>) =
+        (Arc::new(table), Arc::new(adv));
+    let table = LeaseClient::new(table_store.clone(), lease_config()?);
+    let adv = LeaseClient::new(adv_store.clone(), lease_config()?);
     sqlx::query(PlainPg::SCHEMA)
         .execute(&pool)
         .await
@@ -487,6 +510,8 @@ async fn postgres_section(plan: Plan) -> Res<Section> {
     let sides = vec![
         leasehold_pair("lease-table", table.clone()),
         leasehold_pair("advisory", adv.clone()),
+        store_pair("lease-table-store", table_store),
+        store_pair("advisory-store", adv_store),
         Side::pairs("sqlx-advisory", sqlx_pair),
         Side::pairs("plain-table", {
             let p = plain.clone();
@@ -581,16 +606,20 @@ async fn postgres_section(plan: Plan) -> Res<Section> {
         legend: vec![
             ("lease-table", "leasehold-postgres PgLeaseStore: LeaseClient::try_acquire + Lease::release (one statement each, a durable fence in the row)".into()),
             ("advisory", "leasehold-postgres PgAdvisoryStore: the same on session advisory locks (a dedicated connection per holder, a durable fence counter row)".into()),
+            ("lease-table-store", "the same PgLeaseStore, Store::acquire + Store::release called directly (no LeaseClient: no heartbeat scheduler, watchdog or lost signal)".into()),
+            ("advisory-store", "the same for PgAdvisoryStore".into()),
             ("sqlx-advisory", "sqlx 0.9 PgAdvisoryLock::acquire (pg_advisory_lock) + release_now on a pooled connection (no fence, nothing written)".into()),
             ("plain-table", "sqlx alone: a lock table, INSERT … ON CONFLICT DO UPDATE … WHERE expired, then DELETE … WHERE owner = token (no fence)".into()),
             ("pgbench", format!("pgbench -N -c 16 -j 2 -T {slice_secs:.0} (simple-update transactions/s, 16 clients, scale 1), a fresh run in every slice; the same figure at every level")),
         ],
         levels,
         ratios: vec![
-            Ratio { num: "lease-table", den: "pgbench", meaning: "acquire+release pairs per simple-update transaction of pgbench at 16 clients (each pair commits two durable writes)".into() },
+            Ratio { num: "lease-table", den: "pgbench", meaning: "acquire+release pairs per simple-update transaction of pgbench at 16 clients (each pair commits one durable write: a release is not flushed)".into() },
             Ratio { num: "advisory", den: "pgbench", meaning: "the same for the advisory store".into() },
             Ratio { num: "lease-table", den: "plain-table", meaning: "the lease-table store against a hand-written lock table on the same server".into() },
             Ratio { num: "advisory", den: "sqlx-advisory", meaning: "the advisory store against the bare advisory lock it is built on (the price of the fence and the TTL)".into() },
+            Ratio { num: "lease-table", den: "lease-table-store", meaning: "what the holder side (LeaseClient) keeps of the lease-table store's own rate".into() },
+            Ratio { num: "advisory", den: "advisory-store", meaning: "the same for the advisory store".into() },
             Ratio { num: "sqlx-advisory", den: "pgbench", meaning: "for scale: the bare advisory lock writes nothing".into() },
         ],
         contended_about: {
@@ -1051,7 +1080,7 @@ fn main() {
         let result = rt.block_on(async {
             match store {
                 Backend::Redis => redis_section(plan).await,
-                Backend::Postgres => postgres_section(plan).await,
+                Backend::Postgres => postgres_section(plan, opts.pg_fsync).await,
                 Backend::Mysql => mysql_section(plan).await,
                 Backend::Sqlite => sqlite_section(plan).await,
             }

@@ -2,10 +2,12 @@
 //! `INFO commandstats`.
 
 /// The benchmark's usage text.
-pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite[,...]]
-  --json    print one JSON document instead of the tables
-  --quick   a smoke run: short slices (a minute or two)
-  --only    run only these stores' sections (comma-separated, or repeat the option)";
+pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite[,...]] [--pg-fsync on|off]
+  --json      print one JSON document instead of the tables
+  --quick     a smoke run: short slices (a minute or two)
+  --only      run only these stores' sections (comma-separated, or repeat the option)
+  --pg-fsync  the private PostgreSQL's fsync (default on: every grant waits for its WAL
+              flush; off: what the same run costs without the disk)";
 
 /// A store the benchmark has a section for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +57,8 @@ pub struct Opts {
     pub quick: bool,
     /// The sections to run, in this order.
     pub only: Vec<Backend>,
+    /// `fsync` of the private PostgreSQL (`--pg-fsync on|off`, default on).
+    pub pg_fsync: bool,
 }
 
 /// What the command line asks for.
@@ -75,6 +79,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
         json: false,
         quick: false,
         only: Vec::new(),
+        pg_fsync: true,
     };
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -101,6 +106,13 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
                         o.only.push(b);
                     }
                 }
+            }
+            "--pg-fsync" => {
+                o.pg_fsync = match inline.or_else(|| it.next()).as_deref() {
+                    Some("on") => true,
+                    Some("off") => false,
+                    _ => return Err("--pg-fsync needs on or off".into()),
+                };
             }
             "-h" | "--help" => return Ok(Cli::Help),
             _ => return Err(format!("unknown argument {arg:?}")),
@@ -149,8 +161,20 @@ mod tests {
         else {
             panic!("parse")
         };
-        assert!(o.json && !o.quick);
+        assert!(o.json && !o.quick && o.pg_fsync);
         assert_eq!(o.only, [Backend::Redis, Backend::Postgres, Backend::Sqlite]);
+        for (a, on) in [
+            (&["--pg-fsync", "off"][..], false),
+            (&["--pg-fsync=off"], false),
+            (&["--pg-fsync", "on"], true),
+        ] {
+            let Ok(Cli::Run(o)) = args(a) else {
+                panic!("parse {a:?}")
+            };
+            assert_eq!(o.pg_fsync, on, "{a:?}");
+        }
+        assert!(args(&["--pg-fsync"]).is_err());
+        assert!(args(&["--pg-fsync", "maybe"]).is_err());
         let Ok(Cli::Run(o)) = args(&["--quick"]) else {
             panic!("parse")
         };

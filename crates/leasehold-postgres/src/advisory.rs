@@ -751,7 +751,7 @@ impl Store for PgAdvisoryStore {
             close(c);
         }
         if let Some(q) = queue {
-            q.note_granted(key);
+            q.note_granted(key, owner);
         }
         Ok(AcquireOutcome::Acquired { fence, ttl })
     }
@@ -820,21 +820,22 @@ impl Store for PgAdvisoryStore {
     /// Joins the queue of the key's advisory lock on a session of its own
     /// (`pg_advisory_lock`) and returns when that session holds the lock — the server
     /// hands it over when the holder releases, is broken or its session ends (expiry,
-    /// crash) — or at `timeout`. The caller then acquires with its own request, on that
-    /// session. The caller is the owner whose acquire of `key` last answered `Held` in the
-    /// same task (the holder side's loop); a caller without one passes the lock on at once.
+    /// crash) — or at `timeout`. `owner` then acquires with its own request, on that
+    /// session. The lock is kept for `owner` if its acquire of `key` last answered `Held`
+    /// on this store (the holder side's loop); a wait by any other owner queues too, and
+    /// passes the lock on as soon as it gets it.
     ///
     /// # Cancel safety
-    /// Cancel safe: the place in the queue is kept for a short grace period (for the next
-    /// call), then given up.
+    /// Cancel safe: a contender's place in the queue is kept for a short grace period (for
+    /// its next call or acquire), then given up; any other caller's is given up at once.
     async fn wait_released(
         &self,
         key: &Key,
-        _owner: &OwnerToken,
+        owner: &OwnerToken,
         timeout: Duration,
     ) -> Result<(), StoreError> {
         match &self.inner.queue {
-            Some(q) => q.wait(key, timeout).await,
+            Some(q) => q.wait(key, owner, timeout).await,
             None => Err(StoreError::unsupported(
                 BACKEND,
                 "waiting for release (leasehold_wait_sessions=0)",

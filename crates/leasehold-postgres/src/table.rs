@@ -692,7 +692,6 @@ impl Store for PgLeaseStore {
                     Ok(Some(row)) if col::<bool>(BACKEND, &row, "acquired")? => {
                         let conn = claim.granted();
                         if let Some(q) = queue {
-                            q.note_granted(key);
                             q.put_session(conn);
                         }
                         Some(row)
@@ -722,7 +721,7 @@ impl Store for PgLeaseStore {
         if acquired {
             let fence: i64 = col(BACKEND, &row, "fence")?;
             if let Some(q) = queue {
-                q.note_granted(key);
+                q.note_granted(key, owner);
             }
             Ok(AcquireOutcome::Acquired {
                 fence: fence_of(BACKEND, fence)?,
@@ -800,21 +799,21 @@ impl Store for PgLeaseStore {
     /// Joins the key's wait queue (a session of its own, blocked in the server's lock
     /// queue) and returns when it is this caller's turn and the lease is free — woken by
     /// the release or break notification, or at the holder's expiry — or at `timeout`.
-    /// The caller then acquires with its own request. The caller is the owner whose
-    /// acquire of `key` last answered `Held` in the same task (the holder side's loop);
-    /// a caller without one waits in the queue and passes the turn on.
+    /// `owner` then acquires with its own request. The turn is kept for `owner` if its
+    /// acquire of `key` last answered `Held` on this store (the holder side's loop); a
+    /// wait by any other owner queues too, and passes the turn on when it comes.
     ///
     /// # Cancel safety
-    /// Cancel safe: the place in the queue is kept for a short grace period (for the next
-    /// call), then given up.
+    /// Cancel safe: a contender's place in the queue is kept for a short grace period (for
+    /// its next call or acquire), then given up; any other caller's is given up at once.
     async fn wait_released(
         &self,
         key: &Key,
-        _owner: &OwnerToken,
+        owner: &OwnerToken,
         timeout: Duration,
     ) -> Result<(), StoreError> {
         match &self.inner.queue {
-            Some(q) => q.wait(key, timeout).await,
+            Some(q) => q.wait(key, owner, timeout).await,
             None => Err(StoreError::unsupported(
                 BACKEND,
                 if self.inner.simple {

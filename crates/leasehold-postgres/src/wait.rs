@@ -10,7 +10,10 @@
 //!   a crash);
 //! - in the lease-table store it is a separate lock per key (the *turnstile*); the head
 //!   then waits, on a release notification (`LISTEN`) or the holder's remaining TTL, until
-//!   the row is free.
+//!   the row is free. A contender's head takes a notification as the release without
+//!   re-checking the row (its own acquire checks it anyway, and sends the head back to
+//!   waiting if the lease is still held), so its wait may return early, for instance when
+//!   the store's listening connection (re)connects and wakes every head.
 //!
 //! Then the head is *ready*: the wait returns, and the waiter acquires with **its own
 //! request**, sent by the holder side (its validity deadline counts from that send), on
@@ -20,11 +23,12 @@
 //! grant releases it.
 //!
 //! Each waiting owner has its own entry and session, so the order is per waiter across
-//! every process. The core's holder side calls `acquire` and `wait_released` from one task;
-//! an entry is bound to the owner whose `acquire` last answered `Held` in the calling task
-//! (or, outside any task, on the calling thread): `wait_released` itself names no owner. A
-//! wait with no such owner (a caller of `wait_released` alone) still queues, and passes
-//! the turn on as soon as it is ready.
+//! every process. An entry is bound to the owner that `wait_released` names, when that
+//! owner's `acquire` of the key last answered `Held` on this store (the holder side's loop:
+//! acquire, `Held`, wait as the same owner, acquire again), whichever task or thread makes
+//! the calls. A wait by an owner this store has not told `Held` (a caller of
+//! `wait_released` alone, who may acquire as someone else) still queues, and passes the turn
+//! on as soon as it is ready.
 //!
 //! Entries never outlive their owner for long: an entry whose owner is neither waiting nor
 //! acquiring for [`GRACE`] leaves the queue (its session is closed, which also releases a
@@ -51,8 +55,9 @@ pub(crate) const GRACE: Duration = Duration::from_millis(500);
 /// a frozen waiter process holds up the queue for at most this long.
 pub(crate) const PARKED_IDLE_MS: u64 = 2000;
 
-/// How long an owner noted by `acquire` stays bound to its task's next `wait_released`.
-const OWNER_FRESH: Duration = Duration::from_secs(5);
+/// A contender is forgotten at its grant; once 4096 are noted, also those noted longer
+/// ago than this (owners that stopped trying).
+const CONTENDER_FRESH: Duration = Duration::from_secs(5);
 
 /// How long a head waits for the listening connection before it falls back to re-checking.
 const LISTEN_WAIT: Duration = Duration::from_secs(1);
@@ -193,7 +198,7 @@ enum State {
 enum End {
     /// The owner acquired on the head's session.
     Claimed,
-    /// A wait without an owner passed the turn on.
+    /// A bystander's wait passed the turn on.
     Passed,
     /// Left the queue: owner gone, session lost, or the turn went unclaimed.
     Left,
@@ -209,6 +214,7 @@ struct Activity {
 
 struct Entry {
     key: Key,
+    /// The owner the turn is kept for; `None`: a bystander's wait, which passes it on.
     owner: Option<OwnerToken>,
     lock: LockId,
     state: watch::Sender<State>,
@@ -233,7 +239,7 @@ impl Entry {
     }
 
     /// Resolves once the entry has been without a waiter or an acquiring owner for
-    /// [`GRACE`] (at once for a wait without an owner).
+    /// [`GRACE`] (at once for a bystander's wait).
     async fn abandoned(&self) {
         loop {
             let changed = self.changed.notified();
@@ -311,20 +317,9 @@ struct Shared {
     permits: Arc<Semaphore>,
     max_sessions: usize,
     entries: Mutex<HashMap<(Key, OwnerToken), Arc<Entry>>>,
-    /// The owner whose acquire last answered `Held` in a task (or thread), per key.
-    noted: Mutex<HashMap<(Key, Caller), (OwnerToken, Instant)>>,
-}
-
-/// Who calls: the tokio task, or, outside any task (a runtime's `block_on`, such as the
-/// body of `#[tokio::main]`), the thread, which polls that future alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Caller {
-    Task(tokio::task::Id),
-    Thread(std::thread::ThreadId),
-}
-
-fn caller() -> Caller {
-    tokio::task::try_id().map_or_else(|| Caller::Thread(std::thread::current().id()), Caller::Task)
+    /// Contenders: the owners whose acquire of a key answered `Held` (and has not been
+    /// granted since), with when.
+    contenders: Mutex<HashMap<(Key, OwnerToken), Instant>>,
 }
 
 /// A store's wait queues.
@@ -399,7 +394,7 @@ impl Queue {
                 permits: Arc::new(Semaphore::new(max_sessions)),
                 max_sessions,
                 entries: Mutex::new(HashMap::new()),
-                noted: Mutex::new(HashMap::new()),
+                contenders: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -411,33 +406,27 @@ impl Queue {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    fn noted(&self) -> MutexGuard<'_, HashMap<(Key, Caller), (OwnerToken, Instant)>> {
-        self.shared.noted.lock().unwrap_or_else(|e| e.into_inner())
+    fn contenders(&self) -> MutexGuard<'_, HashMap<(Key, OwnerToken), Instant>> {
+        self.shared
+            .contenders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Notes that `owner`'s acquire of `key` in the current task answered `Held`: the
-    /// task's next `wait_released(key)` waits as `owner`.
+    /// Notes that `owner`'s acquire of `key` answered `Held`: `owner`'s next wait for `key`
+    /// keeps the turn for it.
     pub(crate) fn note_held(&self, key: &Key, owner: &OwnerToken) {
-        let task = caller();
         let now = Instant::now();
-        let mut noted = self.noted();
-        if noted.len() >= 4096 {
-            noted.retain(|_, (_, at)| now.duration_since(*at) < OWNER_FRESH);
+        let mut contenders = self.contenders();
+        if contenders.len() >= 4096 {
+            contenders.retain(|_, at| now.duration_since(*at) < CONTENDER_FRESH);
         }
-        noted.insert((key.clone(), task), (*owner, now));
+        contenders.insert((key.clone(), *owner), now);
     }
 
-    /// Forgets the current task's noted owner of `key` (its acquire was granted).
-    pub(crate) fn note_granted(&self, key: &Key) {
-        self.noted().remove(&(key.clone(), caller()));
-    }
-
-    fn noted_owner(&self, key: &Key) -> Option<OwnerToken> {
-        let task = caller();
-        self.noted()
-            .get(&(key.clone(), task))
-            .filter(|(_, at)| at.elapsed() < OWNER_FRESH)
-            .map(|(o, _)| *o)
+    /// Forgets `owner` as a contender for `key` (its acquire was granted).
+    pub(crate) fn note_granted(&self, key: &Key, owner: &OwnerToken) {
+        self.contenders().remove(&(key.clone(), *owner));
     }
 
     /// The ready head's session of `owner`'s entry for `key`, if it has one.
@@ -475,12 +464,16 @@ impl Queue {
         Acquiring(entry.map(|e| Active::new(e, false)))
     }
 
-    /// Waits until the caller's turn has come and the lease is free, or for `timeout`.
-    pub(crate) async fn wait(&self, key: &Key, timeout: Duration) -> Result<(), StoreError> {
+    /// Waits until `owner`'s turn has come and the lease is free, or for `timeout`.
+    pub(crate) async fn wait(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         let deadline = tokio::time::Instant::now()
             .checked_add(timeout)
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400 * 365));
-        let owner = self.noted_owner(key);
         let entry = self.entry(key, owner)?;
         let _active = Active::new(entry.clone(), true);
         let mut rx = entry.state.subscribe();
@@ -497,16 +490,19 @@ impl Queue {
         Ok(())
     }
 
-    /// `owner`'s entry for `key`, joining the queue if it has none; a new entry for a wait
-    /// without an owner.
-    fn entry(&self, key: &Key, owner: Option<OwnerToken>) -> Result<Arc<Entry>, StoreError> {
+    /// `owner`'s entry for `key`, joining the queue if it has none: bound to `owner` if it
+    /// is a contender for `key`, else a bystander's (not kept, passes the turn on).
+    fn entry(&self, key: &Key, owner: &OwnerToken) -> Result<Arc<Entry>, StoreError> {
         let mut entries = self.entries();
-        if let Some(o) = owner
-            && let Some(e) = entries.get(&(key.clone(), o))
+        if let Some(e) = entries.get(&(key.clone(), *owner))
             && !matches!(e.state(), State::Done(_))
         {
             return Ok(e.clone());
         }
+        let owner = self
+            .contenders()
+            .contains_key(&(key.clone(), *owner))
+            .then_some(*owner);
         let permit = self.shared.permits.clone().try_acquire_owned().map_err(|_| {
             StoreError::new(
                 StoreErrorKind::Busy,

@@ -1,7 +1,7 @@
 //! Waiting without polling, in arrival order (issue 14.3), on both stores against a
 //! private PostgreSQL: what wakes a waiter (a release from another connection, a break,
-//! the holder's expiry), that nobody takes the lease past the queue, that waiters take
-//! turns in the order they came, that a waiter who gives up does not hold up the queue,
+//! the holder's expiry), that nobody takes the lease past the queue, that the turn is kept
+//! for the owner a wait names, that waiters take turns in the order they came, that a waiter who gives up does not hold up the queue,
 //! and that a release is not flushed to disk while an acquire is.
 //!
 //! Every store here is its own instance with its own connections, as separate processes
@@ -283,6 +283,76 @@ async fn table_a_newcomer_does_not_take_the_lease_past_a_waiter() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_a_newcomer_does_not_take_the_lease_past_a_waiter() {
     no_barging(Kind::Advisory).await;
+}
+
+/// The turn is kept for the owner that `wait_released` names, whichever task calls: an
+/// owner told `Held` waits in one task and acquires in another, and a newcomer right after
+/// the release is told `Held` in between.
+async fn turn_kept_for_the_named_owner(kind: Kind) {
+    let pg = server().await;
+    let holder = open(kind, &pg.url()).await;
+    let newcomer = open(kind, &pg.url()).await;
+    let waiter = open(kind, &pg.url()).await;
+    let k = key("named");
+    let (h, w) = (OwnerToken::random(), OwnerToken::random());
+    let first = fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let told = waiter.acquire(&k, &w, LONG_TTL).await.unwrap();
+    assert!(matches!(told, AcquireOutcome::Held { .. }), "{told:?}");
+    // Each call in a task of its own. A contender's wait may return early (on the lease
+    // table, when the store's listening connection comes up): its acquire then answers
+    // `Held` and it waits again, as the holder side does.
+    let mut early = 0;
+    let wait = loop {
+        let mut wait = {
+            let (waiter, k) = (waiter.clone(), k.clone());
+            tokio::spawn(async move { waiter.wait_released(&k, &w, Duration::from_secs(60)).await })
+        };
+        let Ok(done) = timeout(Duration::from_secs(1), &mut wait).await else {
+            break wait;
+        };
+        done.unwrap().expect("wait_released is supported");
+        early += 1;
+        assert!(early < 3, "wait_released keeps returning while held");
+        let again = {
+            let (waiter, k) = (waiter.clone(), k.clone());
+            tokio::spawn(async move { waiter.acquire(&k, &w, LONG_TTL).await })
+        };
+        let told = again.await.unwrap().unwrap();
+        assert!(matches!(told, AcquireOutcome::Held { .. }), "{told:?}");
+    };
+    assert_eq!(
+        holder.release(&k, &h).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    timeout(SOON, wait)
+        .await
+        .expect("woken soon after the release")
+        .unwrap()
+        .expect("wait_released is supported");
+    match newcomer
+        .acquire(&k, &OwnerToken::random(), LONG_TTL)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held { .. } => {}
+        other => panic!("a newcomer took the turn kept for the waiter: {other:?}"),
+    }
+    let granted = {
+        let k = k.clone();
+        tokio::spawn(async move { waiter.acquire(&k, &w, LONG_TTL).await })
+    };
+    let next = fence(granted.await.unwrap().unwrap());
+    assert!(next > first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_the_turn_is_kept_for_the_owner_named_by_the_wait() {
+    turn_kept_for_the_named_owner(Kind::Table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_the_turn_is_kept_for_the_owner_named_by_the_wait() {
+    turn_kept_for_the_named_owner(Kind::Advisory).await;
 }
 
 /// 8 contenders, each on a store of its own (as 8 processes), loop on one key: acquire
