@@ -394,6 +394,24 @@ impl PgAdvisoryStore {
         .await
     }
 
+    /// Deletes the rows of leases that ended more than `older_than` ago, so that a store
+    /// with one key per entity does not keep a row for every entity ever locked. Rows are
+    /// kept after release on purpose (they carry the fence); deleting an old one is safe
+    /// because a key without a row gets its next fence from the database clock in µs,
+    /// above every fence issued before unless that clock went back by more than
+    /// `older_than`. A held lease's row is never deleted. Needs `DELETE` on the table.
+    /// Returns the number of rows deleted. The statement is
+    /// `DELETE FROM <table> WHERE expires_at < clock_timestamp() - <older_than>`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: one statement.
+    ///
+    /// # Errors
+    /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
+    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        schema::prune(&self.inner.pool, BACKEND, &self.inner.table, older_than).await
+    }
+
     /// The DDL that [`migrate`](Self::migrate) runs.
     pub fn schema_sql(&self) -> String {
         schema::advisory_table_sql(&self.inner.table)

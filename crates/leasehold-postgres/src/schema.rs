@@ -25,6 +25,36 @@ CREATE TABLE IF NOT EXISTS {name} (
     )
 }
 
+/// The statement that deletes the rows of `table` whose lease ended more than `older_than`
+/// ago (their `expires_at`, on the database's clock): what [`prune`] runs, for DBAs who
+/// run it themselves (`DELETE FROM "leasehold_leases" WHERE expires_at < clock_timestamp()
+/// - 604800000000 * interval '1 microsecond'` for a week).
+pub(crate) fn prune_sql(t: &TableName, older_than: std::time::Duration) -> String {
+    let us = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+    format!(
+        "DELETE FROM {} WHERE expires_at < clock_timestamp() - {us} * interval '1 microsecond'",
+        t.sql()
+    )
+}
+
+/// Runs [`prune_sql`] and returns the number of rows deleted.
+///
+/// Safe at any time: a held lease's row has `expires_at` in the future and is kept, and a
+/// key whose row is gone gets its next fence from the database clock in µs, above every
+/// fence issued before unless the clock went back by more than `older_than`.
+pub(crate) async fn prune(
+    pool: &PgPool,
+    backend: &'static str,
+    t: &TableName,
+    older_than: std::time::Duration,
+) -> Result<u64, StoreError> {
+    sqlx::raw_sql(AssertSqlSafe(prune_sql(t, older_than)))
+        .execute(pool)
+        .await
+        .map(|r| r.rows_affected())
+        .map_err(|e| error::map(backend, "prune", e))
+}
+
 /// The DDL of the advisory-lock store's table.
 pub(crate) fn advisory_table_sql(t: &TableName) -> String {
     let name = t.sql();
