@@ -570,6 +570,48 @@ pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
     lease.release().await.unwrap();
 }
 
+/// Five waiters arrive one after another while the lease is held; once it is released
+/// each gets it in turn. A store that claims `fifo_wait` must serve them in arrival order;
+/// any store must serve every one of them.
+pub async fn waiters_are_served_in_arrival_order(fx: &Fixture) {
+    let caps = fx.store.capabilities();
+    let k = key("fifo");
+    let holder = fx.client().try_acquire(&k).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5usize {
+        let (client, k, order) = (fx.client(), k.clone(), order.clone());
+        let (wait, hold) = (fx.ttl * 30, fx.ttl / 10);
+        waiters.push(tokio::spawn(async move {
+            let lease = client.acquire(&k, wait).await.expect("a waiter acquires");
+            order.lock().unwrap().push(i);
+            sleep(hold).await;
+            lease.release().await.unwrap();
+        }));
+        // Long enough for the waiter to be told `Held` and to start waiting.
+        sleep(Duration::from_millis(300)).await;
+    }
+    assert!(holder.release().await.unwrap());
+    for w in waiters {
+        timeout(fx.ttl * 40, w)
+            .await
+            .expect("every waiter is served")
+            .unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    if caps.fifo_wait {
+        assert_eq!(
+            order,
+            vec![0, 1, 2, 3, 4],
+            "the store claims fifo_wait, but waiters were served out of arrival order"
+        );
+    } else {
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![0, 1, 2, 3, 4], "{order:?}");
+    }
+}
+
 /// Bad input gets typed errors, never a panic or a silent success.
 pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
     let client = fx.client();

@@ -353,6 +353,7 @@ macro_rules! __with_cases {
             lost_within_one_renew_interval_after_forget,
             lost_before_expiry_when_unreachable,
             waiting_acquire_gets_released_lease,
+            waiters_are_served_in_arrival_order,
             ambiguous_acquire_reply_returns_same_lease,
             stale_writer_rejected_by_guard,
             holder_killed_is_taken_over_after_its_ttl,

@@ -71,10 +71,13 @@ enum Flaw {
     Undeclared,
     /// The capabilities claim durable fences for a store in process memory.
     ClaimsDurableFences,
+    /// The capabilities claim first-come-first-served waiting, but a woken waiter waits
+    /// longer the earlier it arrived (last come, first served).
+    ClaimsFifo,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 17] = [
+    const ALL: [Flaw; 18] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -92,6 +95,7 @@ impl Flaw {
         Flaw::GuessesWhenUnreachable,
         Flaw::Undeclared,
         Flaw::ClaimsDurableFences,
+        Flaw::ClaimsFifo,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -116,6 +120,8 @@ struct Broken {
     flaw: Flaw,
     /// The grants seen, for [`Flaw::InspectLies`].
     cache: Mutex<HashMap<Key, LeaseInfo>>,
+    /// The order in which owners first waited, for [`Flaw::ClaimsFifo`].
+    arrivals: Mutex<HashMap<OwnerToken, u32>>,
 }
 
 impl Broken {
@@ -124,6 +130,7 @@ impl Broken {
             inner,
             flaw,
             cache: Mutex::new(HashMap::new()),
+            arrivals: Mutex::new(HashMap::new()),
         }
     }
 
@@ -213,6 +220,9 @@ impl Store for Broken {
         let mut caps = self.inner.capabilities();
         if self.flaw == Flaw::ClaimsDurableFences {
             caps.fence_durability = FenceDurability::Durable;
+        }
+        if self.flaw == Flaw::ClaimsFifo {
+            caps.fifo_wait = true;
         }
         caps
     }
@@ -344,7 +354,16 @@ impl Store for Broken {
         owner: &OwnerToken,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        self.inner.wait_released(key, owner, timeout).await
+        let res = self.inner.wait_released(key, owner, timeout).await;
+        if self.flaw == Flaw::ClaimsFifo {
+            let arrived = {
+                let mut a = self.arrivals.lock().unwrap();
+                let n = a.len() as u32;
+                *a.entry(*owner).or_insert(n)
+            };
+            tokio::time::sleep(Duration::from_millis(200) * 10u32.saturating_sub(arrived)).await;
+        }
+        res
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -533,6 +552,7 @@ const ALL_CASES: &[&str] = &[
     "lost_within_one_renew_interval_after_forget",
     "lost_before_expiry_when_unreachable",
     "waiting_acquire_gets_released_lease",
+    "waiters_are_served_in_arrival_order",
     "ambiguous_acquire_reply_returns_same_lease",
     "stale_writer_rejected_by_guard",
     "holder_killed_is_taken_over_after_its_ttl",
@@ -685,6 +705,12 @@ const KILLS: &[Kill] = &[
         FenceNeverAdvances,
         Memory,
         "must be above the released holder's",
+    ),
+    kill(
+        "waiters_are_served_in_arrival_order",
+        ClaimsFifo,
+        Memory,
+        "served out of arrival order",
     ),
     kill(
         "ambiguous_acquire_reply_returns_same_lease",
@@ -882,6 +908,7 @@ flaw_tests! {
     guessing_when_unreachable_is_caught: GuessesWhenUnreachable,
     undeclared_extras_are_caught: Undeclared,
     fences_claimed_durable_are_caught: ClaimsDurableFences,
+    fifo_claimed_falsely_is_caught: ClaimsFifo,
 }
 
 #[test]

@@ -76,6 +76,7 @@ impl Store for MemoryStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             wait_for_release: true,
+            fifo_wait: false,
             reports_remaining: true,
             list: true,
             break_lease: true,

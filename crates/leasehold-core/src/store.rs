@@ -86,6 +86,10 @@ pub enum FenceDurability {
 pub struct Capabilities {
     /// [`Store::wait_released`] notifies on release instead of returning `Unsupported`.
     pub wait_for_release: bool,
+    /// Waiters get the lease in the order they started waiting, across processes: the
+    /// store keeps them in a queue and lets nobody past it (Redis with notifications,
+    /// PostgreSQL's server-side lock queue).
+    pub fifo_wait: bool,
     /// [`AcquireOutcome::Held`] and [`LeaseInfo`] carry the remaining TTL.
     pub reports_remaining: bool,
     /// [`Store::list`] works.
@@ -109,6 +113,7 @@ impl Capabilities {
     pub const fn minimal() -> Self {
         Self {
             wait_for_release: false,
+            fifo_wait: false,
             reports_remaining: false,
             list: false,
             break_lease: false,

@@ -668,6 +668,7 @@ impl Store for PgAdvisoryStore {
         caps.session_bound = true;
         caps.fence_durability = FenceDurability::Durable;
         caps.wait_for_release = self.inner.queue.is_some();
+        caps.fifo_wait = self.inner.queue.is_some();
         caps
     }
 

@@ -678,6 +678,7 @@ impl Store for PgLeaseStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.wait_for_release = self.inner.queue.is_some();
+        caps.fifo_wait = self.inner.queue.is_some();
         caps.reports_remaining = true;
         caps.list = true;
         caps.break_lease = true;

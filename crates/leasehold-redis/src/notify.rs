@@ -331,33 +331,6 @@ fn parse_reservation(payload: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
     Some((to, next))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_reservation;
-
-    #[test]
-    fn reservation_messages_are_strict() {
-        let a = "0123456789abcdef0123456789abcdef";
-        let b = "fedcba9876543210fedcba9876543210";
-        assert_eq!(parse_reservation(a.as_bytes()), Some((a.as_bytes(), None)));
-        let both = format!("{a} {b}");
-        assert_eq!(
-            parse_reservation(both.as_bytes()),
-            Some((a.as_bytes(), Some(b.as_bytes())))
-        );
-        for bad in [
-            "1764000000000000".to_owned(),
-            String::new(),
-            a.to_uppercase(),
-            format!("{a} "),
-            format!("{a} {b} {b}"),
-            format!("{a} 12"),
-        ] {
-            assert_eq!(parse_reservation(bad.as_bytes()), None, "{bad:?}");
-        }
-    }
-}
-
 struct DisconnectOnDrop<'a> {
     notifier: &'a Notifier,
     generation: Option<u64>,
@@ -382,5 +355,32 @@ async fn read_messages(
     }
     if let Some(n) = notifier.upgrade() {
         n.disconnect(generation);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_reservation;
+
+    #[test]
+    fn reservation_messages_are_strict() {
+        let a = "0123456789abcdef0123456789abcdef";
+        let b = "fedcba9876543210fedcba9876543210";
+        assert_eq!(parse_reservation(a.as_bytes()), Some((a.as_bytes(), None)));
+        let both = format!("{a} {b}");
+        assert_eq!(
+            parse_reservation(both.as_bytes()),
+            Some((a.as_bytes(), Some(b.as_bytes())))
+        );
+        for bad in [
+            "1764000000000000".to_owned(),
+            String::new(),
+            a.to_uppercase(),
+            format!("{a} "),
+            format!("{a} {b} {b}"),
+            format!("{a} 12"),
+        ] {
+            assert_eq!(parse_reservation(bad.as_bytes()), None, "{bad:?}");
+        }
     }
 }

@@ -312,6 +312,7 @@ impl Store for RedisStore {
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::minimal();
         c.wait_for_release = self.notifier.is_some();
+        c.fifo_wait = self.notifier.is_some();
         c.reports_remaining = true;
         c.list = true;
         c.break_lease = true;
