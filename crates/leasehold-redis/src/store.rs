@@ -169,6 +169,23 @@ impl RedisStore {
         }
     }
 
+    /// An acquire (`a`, with its TTL in ms) or a release (`r`) of `key` as `owner`, as the
+    /// batch script takes it; `keep` is the fence record's expiry in ms.
+    fn op(&self, key: &Key, kind: &str, owner: &OwnerToken, ms: String, keep: String) -> Op {
+        let names = self.layout.names(key);
+        Op {
+            keys: [names.lease, names.fence, names.queue, names.queue_deadlines],
+            args: [
+                kind.into(),
+                owner.to_hex(),
+                ms,
+                keep,
+                self.grace(),
+                names.channel,
+            ],
+        }
+    }
+
     /// The Cluster slot of `key` (0 on a single server): operations batch per slot.
     fn slot(&self, key: &Key) -> u16 {
         if self.conn.is_cluster() {
@@ -335,22 +352,10 @@ impl Store for RedisStore {
         let ttl_ms = ttl_ms(ttl)?;
         let ms = ttl_ms.to_string();
         let keep = self.fence_expiry(ttl_ms);
-        let slot = self.slot(key);
-        let names = self.layout.names(key);
-        let op = Op {
-            keys: [names.lease, names.fence, names.queue, names.queue_deadlines],
-            args: [
-                "a".into(),
-                owner.to_hex(),
-                ms,
-                keep,
-                self.grace(),
-                names.channel,
-            ],
-        };
+        let op = self.op(key, "a", owner, ms, keep);
         let got = self
             .batcher
-            .submit(slot, op, |op| async move {
+            .submit(self.slot(key), op, |op| async move {
                 let [l, f, q, qd] = &op.keys;
                 let [_, owner, ms, keep, grace, channel] = &op.args;
                 self.conn
@@ -489,22 +494,10 @@ impl Store for RedisStore {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        let slot = self.slot(key);
-        let names = self.layout.names(key);
-        let op = Op {
-            keys: [names.lease, names.fence, names.queue, names.queue_deadlines],
-            args: [
-                "r".into(),
-                owner.to_hex(),
-                String::new(),
-                self.fence_expiry(0),
-                self.grace(),
-                names.channel,
-            ],
-        };
+        let op = self.op(key, "r", owner, String::new(), self.fence_expiry(0));
         let got = self
             .batcher
-            .submit(slot, op, |op| async move {
+            .submit(self.slot(key), op, |op| async move {
                 let [l, f, q, qd] = &op.keys;
                 let [_, owner, _, keep, grace, channel] = &op.args;
                 self.conn
