@@ -22,6 +22,7 @@ use crate::clock::{HostClock, HostTime};
 use crate::config::{SqliteConfig, Synchronous};
 use crate::error::SqliteErrors;
 use crate::schema;
+use crate::wake::{Bells, CROSS_PROCESS_POLL};
 
 /// A leasehold [`Store`] in one SQLite database file, shared by every process of one host
 /// that opens the same file.
@@ -46,6 +47,8 @@ pub struct SqliteStore {
     /// This process's writers take turns here (FIFO) instead of in SQLite's busy handler,
     /// which sleeps in steps of up to 100 ms; other processes still meet the busy timeout.
     writer: tokio::sync::Mutex<()>,
+    /// The release bells of this file, shared with this process's other stores on it.
+    bells: Arc<Bells>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -412,7 +415,8 @@ impl SqliteStore {
             .acquire_timeout(busy + Duration::from_secs(1))
             .test_before_acquire(false)
             .connect_lazy_with(options);
-        let store = Self {
+        let mut store = Self {
+            bells: Arc::new(Bells::default()),
             clock: config.get_clock(),
             // A transaction waits at most the busy timeout for the lock (BEGIN IMMEDIATE),
             // and queues behind this process's other writers. Past twice the busy timeout
@@ -423,6 +427,8 @@ impl SqliteStore {
             pool,
         };
         store.migrate().await?;
+        // The file exists now: its canonical path names it.
+        store.bells = Bells::of_file(store.config.path());
         tracing::debug!(config = %store.config, "sqlite store opened");
         Ok(store)
     }
@@ -541,6 +547,7 @@ impl Store for SqliteStore {
         caps.reports_remaining = true;
         caps.list = true;
         caps.break_lease = true;
+        caps.wait_for_release = true;
         caps.fence_durability = match self.config.get_synchronous() {
             Synchronous::Full => FenceDurability::Durable,
             Synchronous::Normal => FenceDurability::ClockFloored,
@@ -574,10 +581,15 @@ impl Store for SqliteStore {
                 remaining: Some(remaining(expires_us, &now)),
             });
         }
-        self.run("acquire", true, async |conn| {
-            acquire_tx(conn, &*self.clock, key.as_str(), owner, ttl_us).await
-        })
-        .await
+        let outcome = self
+            .run("acquire", true, async |conn| {
+                acquire_tx(conn, &*self.clock, key.as_str(), owner, ttl_us).await
+            })
+            .await?;
+        if let AcquireOutcome::Acquired { .. } = outcome {
+            self.bells.granted(key, owner);
+        }
+        Ok(outcome)
     }
 
     async fn renew(
@@ -605,6 +617,9 @@ impl Store for SqliteStore {
                 update_own_tx(conn, &*self.clock, key.as_str(), owner, None).await
             })
             .await?;
+        if held {
+            self.bells.released(key, owner);
+        }
         Ok(if held {
             ReleaseOutcome::Released
         } else {
@@ -632,6 +647,67 @@ impl Store for SqliteStore {
             }),
             State::Missing | State::Free { .. } => None,
         })
+    }
+
+    /// Returns when `key` is free for `owner` (released, broken or expired), or when
+    /// `timeout` has passed; `Ok` either way.
+    ///
+    /// A release or a break made through any [`SqliteStore`] of this process on the same
+    /// file wakes the waiter at once (an in-process notification; no polling). A holder
+    /// granted by another process cannot notify: while such a holder holds the lease, the
+    /// waiter re-reads the lease row (a plain WAL read, no write lock) every
+    /// [`CROSS_PROCESS_POLL`](crate::CROSS_PROCESS_POLL) (100 ms). Every wait also ends at
+    /// the holder's expiry, so a holder that crashed costs at most its remaining TTL, and
+    /// a break made by another process (`leasehold break`) is seen at the latest then.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads, and stops listening when dropped.
+    ///
+    /// # Errors
+    /// As [`inspect`](Store::inspect), when the lease row cannot be read.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let bell = self.bells.listen(key);
+        let wait = async {
+            loop {
+                let rung = bell.notify().notified();
+                tokio::pin!(rung);
+                rung.as_mut().enable();
+                let row = self
+                    .run("wait", false, async |conn| {
+                        read_row(conn, key.as_str()).await
+                    })
+                    .await?;
+                let now = self.clock.now()?;
+                let (holder, left) = match interpret(key.as_str(), row, &now)? {
+                    State::Live {
+                        owner: holder,
+                        expires_us,
+                        ..
+                    } if holder != *owner => (holder, remaining(expires_us, &now)),
+                    _ => return Ok(()),
+                };
+                let mut nap = left.max(Duration::from_millis(1));
+                if !self.bells.held_here(key, &holder) {
+                    nap = nap.min(CROSS_PROCESS_POLL);
+                }
+                tokio::select! {
+                    () = rung => return Ok(()),
+                    () = tokio::time::sleep(nap) => {}
+                }
+            }
+        };
+        // The read itself is bounded too: the wait never outlasts `timeout`.
+        match tokio::time::Instant::now().checked_add(timeout) {
+            Some(deadline) => tokio::time::timeout_at(deadline, wait)
+                .await
+                .unwrap_or(Ok(())),
+            None => wait.await,
+        }
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -670,6 +746,7 @@ impl Store for SqliteStore {
                 break_tx(conn, &*self.clock, key.as_str()).await
             })
             .await?;
+        self.bells.broken(key);
         tracing::info!(key = %key, %fence, "sqlite lease broken");
         Ok(fence)
     }
