@@ -238,7 +238,7 @@ struct Shared {
     permits: Arc<Semaphore>,
     entries: Mutex<HashMap<(Key, OwnerToken), Arc<Entry>>>,
     /// Waiting sessions kept for the next waiter (they hold no user lock).
-    idle: Mutex<Vec<MySqlConnection>>,
+    idle: Mutex<Vec<Session>>,
     /// Owners whose acquire answered `Held`, per key, and when.
     noted: Mutex<HashMap<(Key, OwnerToken), Instant>>,
 }
@@ -434,7 +434,7 @@ impl Queue {
         }
     }
 
-    fn take_idle(&self) -> Option<MySqlConnection> {
+    fn take_idle(&self) -> Option<Session> {
         self.shared
             .idle
             .lock()
@@ -442,13 +442,13 @@ impl Queue {
             .pop()
     }
 
-    fn put_idle(&self, conn: MySqlConnection) {
+    fn put_idle(&self, s: Session) {
         let mut idle = self.shared.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < 8 {
-            idle.push(conn);
+            idle.push(s);
         } else {
             drop(idle);
-            close(conn);
+            close(s.conn);
         }
     }
 
@@ -478,8 +478,8 @@ impl Queue {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        for c in std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner())) {
-            close(c);
+        for s in std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner())) {
+            close(s.conn);
         }
     }
 }
@@ -523,20 +523,23 @@ async fn run(queue: Queue, entry: Arc<Entry>, permit: OwnedSemaphorePermit) {
     queue.finish(&entry, end);
 }
 
-/// A waiting session: its connection and `CONNECTION_ID()`.
+/// A waiting session: its connection and `CONNECTION_ID()`; `kept` when it waited before
+/// (the server may have ended it since, after its `wait_timeout`).
 struct Session {
     conn: MySqlConnection,
     id: u64,
+    kept: bool,
 }
 
-/// A waiting session: a kept one if it still answers, or a new one.
+/// A waiting session: a kept one (set up already), or a new one.
 async fn session(queue: &Queue) -> Result<Session, StoreError> {
-    // A kept session may have been ended by the server meanwhile (its `wait_timeout`).
-    while let Some(conn) = queue.take_idle() {
-        if let Ok(s) = setup(queue, conn).await {
-            return Ok(s);
-        }
+    if let Some(s) = queue.take_idle() {
+        return Ok(s);
     }
+    new_session(queue).await
+}
+
+async fn new_session(queue: &Queue) -> Result<Session, StoreError> {
     let conn = queue
         .shared
         .db
@@ -558,7 +561,11 @@ async fn setup(queue: &Queue, mut conn: MySqlConnection) -> Result<Session, Stor
             .await
     };
     match tokio::time::timeout(db.config.get_timeout(), statements).await {
-        Ok(Ok(id)) => Ok(Session { conn, id }),
+        Ok(Ok(id)) => Ok(Session {
+            conn,
+            id,
+            kept: false,
+        }),
         Ok(Err(e)) => Err(db.error(e.into(), "waiting", crate::error::Phase::Statement)),
         Err(_) => Err(StoreError::timeout(
             db.backend,
@@ -604,6 +611,22 @@ async fn life(queue: &Queue, entry: &Arc<Entry>) -> End {
             // previous use: ask again.
             Ok(_) => continue,
             Err(e) if error_number(&e) == Some(INTERRUPTED) => continue,
+            // A kept session the server ended meanwhile: a new one.
+            Err(_) if s.kept => {
+                drop(s.conn);
+                let fresh = tokio::select! {
+                    r = new_session(queue) => r,
+                    () = entry.abandoned() => return End::Left,
+                };
+                s = match fresh {
+                    Ok(f) => f,
+                    Err(e) => {
+                        *entry.failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some((e.kind(), e.message().to_owned()));
+                        return End::Failed;
+                    }
+                };
+            }
             Err(e) => {
                 tracing::debug!(key = %entry.key, error = %e, "waiting session lost");
                 drop(s.conn);
@@ -667,7 +690,7 @@ async fn life(queue: &Queue, entry: &Arc<Entry>) -> End {
     // the next waiter.
     let pass = sqlx::query("SELECT RELEASE_ALL_LOCKS()").execute(&mut s.conn);
     match tokio::time::timeout(queue.shared.db.config.get_timeout(), pass).await {
-        Ok(Ok(_)) => queue.put_idle(s.conn),
+        Ok(Ok(_)) => queue.put_idle(Session { kept: true, ..s }),
         _ => queue.kill(s.conn, s.id),
     }
     End::Passed
