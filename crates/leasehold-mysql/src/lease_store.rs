@@ -39,6 +39,10 @@ const DEADLOCK_RETRIES: u32 = 5;
 /// row back), so no row lock is ever left waiting on a client that went away; break is
 /// one short transaction. See the crate docs for the schema and the failure model.
 ///
+/// Waiters ([`Store::wait_released`]) queue in the server, in arrival order, on a
+/// `GET_LOCK` session each, and are woken by a release or a break from any process (or
+/// the holder's expiry); nobody acquires past the queue. See the crate docs ("Waiting").
+///
 /// Cheap to share: wrap it in an `Arc`. It owns a pool of connections; an operation that is
 /// cancelled, times out or breaks its connection closes it rather than returning it to
 /// the pool.

@@ -29,7 +29,9 @@
 //! Without it a head wakes at the holder's expiry at the latest.
 //!
 //! Each waiting owner has its own entry and session, so the order is per waiter across
-//! every process. Entries never outlive their owner for long: an entry whose owner is
+//! every process. A wait by an owner whose acquire has not just answered `Held` through this
+//! store (a bare `wait_released`, not a lease client's) passes the turn on as soon as it
+//! comes, and returns. Entries never outlive their owner for long: an entry whose owner is
 //! neither waiting nor acquiring for [`GRACE`] leaves the queue (its session is killed,
 //! which also releases a turnstile it holds), and every waiting session has a
 //! `wait_timeout` of [`PARKED_IDLE_SECS`], so the session of a frozen or partitioned waiter

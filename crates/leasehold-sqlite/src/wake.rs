@@ -22,8 +22,9 @@ use tokio::sync::Notify;
 /// holder's expiry. Either way a wait never outlasts the holder's remaining TTL.
 pub const CROSS_PROCESS_POLL: Duration = Duration::from_millis(100);
 
-/// Above this many recorded holders, records of leases that may have expired unreleased
-/// are dropped first (they only make a waiter skip its polling until the expiry).
+/// Above this many recorded holders (leases granted here and not released: some may have
+/// expired unreleased), the records are cleared; a missing record only makes a waiter
+/// re-read the row as it does for another process's holder.
 const MAX_HOLDERS: usize = 100_000;
 
 #[derive(Default)]
