@@ -403,10 +403,11 @@ async fn waiters_that_give_up_leave_the_queue() {
     assert!(lease.release().await.unwrap());
 }
 
-/// A waiter whose turn came but who never acquires (a `wait_released` alone) holds up the
-/// queue only for the grace period: another waiter gets the lease soon after.
+/// A bare `wait_released` (by an owner this store never told `Held`, so not a lease
+/// client's) keeps its place in the queue but passes its turn on as soon as it comes: the
+/// waiter behind it gets the lease soon after the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unclaimed_turn_is_passed_on() {
+async fn a_bare_wait_passes_its_turn_on() {
     let db = common::start_db();
     let holder = open(&db).await;
     let k = key("unclaimed");
@@ -424,6 +425,51 @@ async fn an_unclaimed_turn_is_passed_on() {
     holder.release(&k, &h).await.unwrap();
     let released = Instant::now();
     timeout(SOON, first).await.unwrap().unwrap().unwrap();
+    let lease = timeout(SOON, patient_task)
+        .await
+        .expect("the next waiter gets the lease once the unclaimed turn is given up")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < SOON);
+    assert!(lease.release().await.unwrap());
+}
+
+/// An owner told `Held` that waits, gets its turn and then never acquires (its process
+/// went on to something else) holds up the queue only for the grace period (500 ms; the
+/// waiting session's 2 s `wait_timeout` is the backstop): the waiter behind it gets the
+/// lease within seconds of the release, and meanwhile a newcomer is told to wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_left_unclaimed_is_passed_on_after_the_grace_period() {
+    let db = common::start_db();
+    let holder = open(&db).await;
+    let k = key("unclaimed");
+    let h = OwnerToken::random();
+    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let idle = open(&db).await;
+    let o = OwnerToken::random();
+    assert!(matches!(
+        idle.acquire(&k, &o, LONG_TTL).await.unwrap(),
+        AcquireOutcome::Held { .. }
+    ));
+    let first = spawn_wait_as(&idle, &k, &o, Duration::from_secs(60));
+    sleep(Duration::from_millis(700)).await;
+    let patient = slow_polling_client(open(&db).await);
+    let patient_task = {
+        let k = k.clone();
+        tokio::spawn(async move { patient.acquire(k, Duration::from_secs(120)).await })
+    };
+    sleep(Duration::from_millis(700)).await;
+    holder.release(&k, &h).await.unwrap();
+    let released = Instant::now();
+    timeout(SOON, first).await.unwrap().unwrap().unwrap();
+    // Its turn: a newcomer is told to wait while the turn is unclaimed.
+    assert!(matches!(
+        holder
+            .acquire(&k, &OwnerToken::random(), LONG_TTL)
+            .await
+            .unwrap(),
+        AcquireOutcome::Held { .. }
+    ));
     let lease = timeout(SOON, patient_task)
         .await
         .expect("the next waiter gets the lease once the unclaimed turn is given up")
