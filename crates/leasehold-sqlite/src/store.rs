@@ -22,7 +22,7 @@ use crate::clock::{HostClock, HostTime};
 use crate::config::{SqliteConfig, Synchronous};
 use crate::error::SqliteErrors;
 use crate::schema;
-use crate::wake::{Bells, CROSS_PROCESS_POLL};
+use crate::wake::{Bells, CROSS_PROCESS_POLL, GRACE, Turn};
 
 /// A leasehold [`Store`] in one SQLite database file, shared by every process of one host
 /// that opens the same file.
@@ -570,24 +570,35 @@ impl Store for SqliteStore {
             })
             .await?;
         let now = self.clock.now()?;
-        if let State::Live {
-            owner: holder,
-            expires_us,
-            ..
-        } = interpret(key.as_str(), row, &now)?
-            && holder != *owner
-        {
-            return Ok(AcquireOutcome::Held {
-                remaining: Some(remaining(expires_us, &now)),
-            });
+        match interpret(key.as_str(), row, &now)? {
+            State::Live {
+                owner: holder,
+                expires_us,
+                ..
+            } if holder != *owner => {
+                self.bells.held(key, owner);
+                return Ok(AcquireOutcome::Held {
+                    remaining: Some(remaining(expires_us, &now)),
+                });
+            }
+            // Free: but an owner of this process that waited first takes it first (it is
+            // told its turn came, and asks within moments): told held for up to its TTL.
+            State::Free { .. } | State::Missing if !self.bells.may_acquire(key, owner) => {
+                self.bells.held(key, owner);
+                return Ok(AcquireOutcome::Held {
+                    remaining: Some(ttl),
+                });
+            }
+            _ => {}
         }
         let outcome = self
             .run("acquire", true, async |conn| {
                 acquire_tx(conn, &*self.clock, key.as_str(), owner, ttl_us).await
             })
             .await?;
-        if let AcquireOutcome::Acquired { .. } = outcome {
-            self.bells.granted(key, owner);
+        match outcome {
+            AcquireOutcome::Acquired { .. } => self.bells.granted(key, owner),
+            AcquireOutcome::Held { .. } => self.bells.held(key, owner),
         }
         Ok(outcome)
     }
@@ -653,15 +664,20 @@ impl Store for SqliteStore {
     /// `timeout` has passed; `Ok` either way.
     ///
     /// A release or a break made through any [`SqliteStore`] of this process on the same
-    /// file wakes the waiter at once (an in-process notification; no polling). A holder
-    /// granted by another process cannot notify: while such a holder holds the lease, the
-    /// waiter re-reads the lease row (a plain WAL read, no write lock) every
+    /// file wakes the waiter at once (an in-process notification; no polling). An owner
+    /// whose acquire was just told `Held` by a store of this process waits in the
+    /// process's queue of that key: it is woken when its turn comes, in arrival order, and
+    /// newcomers of this process are told `Held` while it is first (an owner that neither
+    /// waits nor acquires for 500 ms loses its place). A holder granted by another process
+    /// cannot notify: while such a holder holds the lease, the waiter re-reads the lease
+    /// row (a plain WAL read, no write lock) every
     /// [`CROSS_PROCESS_POLL`](crate::CROSS_PROCESS_POLL) (100 ms). Every wait also ends at
     /// the holder's expiry, so a holder that crashed costs at most its remaining TTL, and
     /// a break made by another process (`leasehold break`) is seen at the latest then.
     ///
     /// # Cancel safety
-    /// Cancel safe: it only reads, and stops listening when dropped.
+    /// Cancel safe: it only reads; a dropped wait keeps its place in the queue for 500 ms
+    /// (for the next call or the owner's acquire), then gives it up.
     ///
     /// # Errors
     /// As [`inspect`](Store::inspect), when the lease row cannot be read.
@@ -672,31 +688,56 @@ impl Store for SqliteStore {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let bell = self.bells.listen(key);
+        let queued = self.bells.claim(key, owner);
         let wait = async {
             loop {
                 let rung = bell.notify().notified();
                 tokio::pin!(rung);
                 rung.as_mut().enable();
+                // An owner queued here is woken by its own bell, in turn.
+                let own = queued.as_ref().map(|q| q.bell().notified());
+                tokio::pin!(own);
+                if let Some(n) = own.as_mut().as_pin_mut() {
+                    n.enable();
+                }
                 let row = self
                     .run("wait", false, async |conn| {
                         read_row(conn, key.as_str()).await
                     })
                     .await?;
                 let now = self.clock.now()?;
-                let (holder, left) = match interpret(key.as_str(), row, &now)? {
+                let nap = match interpret(key.as_str(), row, &now)? {
                     State::Live {
                         owner: holder,
                         expires_us,
                         ..
-                    } if holder != *owner => (holder, remaining(expires_us, &now)),
-                    _ => return Ok(()),
+                    } if holder != *owner => {
+                        let nap = remaining(expires_us, &now).max(Duration::from_millis(1));
+                        if self.bells.held_here(key, &holder) {
+                            nap
+                        } else {
+                            nap.min(CROSS_PROCESS_POLL)
+                        }
+                    }
+                    // Free (or ours). A bare wait returns; a queued owner when its turn came.
+                    _ => match queued.as_ref().map(|_| self.bells.turn(key, owner)) {
+                        None | Some(Turn::Mine) => return Ok(()),
+                        // The first owner was woken and is about to ask.
+                        Some(Turn::Waiting) => GRACE,
+                        Some(Turn::Lapses(at)) => at
+                            .saturating_duration_since(std::time::Instant::now())
+                            .max(Duration::from_millis(1)),
+                    },
                 };
-                let mut nap = left.max(Duration::from_millis(1));
-                if !self.bells.held_here(key, &holder) {
-                    nap = nap.min(CROSS_PROCESS_POLL);
-                }
+                let own_rung = async {
+                    match own.as_mut().as_pin_mut() {
+                        Some(n) => n.await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
-                    () = rung => return Ok(()),
+                    () = rung, if queued.is_none() => return Ok(()),
+                    () = own_rung => {}
                     () = tokio::time::sleep(nap) => {}
                 }
             }

@@ -1,6 +1,8 @@
 //! Waiting without polling where a process can (issue 14 item 6): a release or a break
 //! made through any store of this process on the same file wakes a waiter at once; the
-//! holder's expiry ends every wait; a wait ends at its timeout. (A holder in another
+//! holder's expiry ends every wait; a wait ends at its timeout; the waiters of one process
+//! are served in arrival order, and a newcomer of the process does not take the lease past
+//! them. (A holder in another
 //! process, which cannot notify, is in `processes.rs`:
 //! `a_release_in_another_process_is_seen_within_the_poll_interval`.)
 //!
@@ -207,10 +209,10 @@ async fn wait_released_ends_at_its_timeout() {
     ));
 }
 
-/// Several waiters in this process are all woken by one release, and one of them gets
-/// the lease; a waiter that was cancelled leaves nothing behind.
+/// Several waiters in this process each get the lease soon after the release, one after
+/// the other; a wait that was cancelled leaves nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_waiter_of_the_process_is_woken_and_one_gets_the_lease() {
+async fn waiters_of_the_process_get_the_lease_one_after_another() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("many.db");
     let holder = open(&path).await;
@@ -239,4 +241,116 @@ async fn every_waiter_of_the_process_is_woken_and_one_gets_the_lease() {
             .unwrap();
     }
     assert!(released.elapsed() < SOON * 2);
+}
+
+/// Three waiters of this process (each a client on a store of its own, on one file) queue
+/// one after the other: released, they get the lease in the order they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_the_process_are_served_in_arrival_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fifo.db");
+    let holder = open(&path).await;
+    let k = key("fifo");
+    let h = OwnerToken::random();
+    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let client = slow_polling_client(open(&path).await);
+        let (got, k) = (got.clone(), k.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = client.acquire(k, Duration::from_secs(120)).await.unwrap();
+            got.lock().unwrap().push(i);
+            sleep(Duration::from_millis(200)).await;
+            assert!(lease.release().await.unwrap());
+        }));
+        // Each is queued before the next asks.
+        sleep(Duration::from_millis(500)).await;
+    }
+    holder.release(&k, &h).await.unwrap();
+    for t in tasks {
+        timeout(SOON * 2, t).await.expect("all served").unwrap();
+    }
+    assert_eq!(*got.lock().unwrap(), vec![0, 1, 2]);
+}
+
+/// A waiter of this process is queued when the holder releases: a newcomer's acquire
+/// right after the release (through another store of the process) is told the lease is
+/// held, and the waiter gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_of_the_process_does_not_take_the_lease_past_a_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("barging.db");
+    let holder = open(&path).await;
+    let newcomer = open(&path).await;
+    let waiter = slow_polling_client(open(&path).await);
+    let k = key("barging");
+    let h = OwnerToken::random();
+    let first = fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let waiting = {
+        let k = k.clone();
+        tokio::spawn(async move { waiter.acquire(k, Duration::from_secs(120)).await })
+    };
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        holder.release(&k, &h).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    match newcomer
+        .acquire(&k, &OwnerToken::random(), LONG_TTL)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held { remaining } => assert!(remaining.is_some()),
+        other => panic!("a newcomer took the lease past the waiter: {other:?}"),
+    }
+    let lease = timeout(SOON, waiting).await.unwrap().unwrap().unwrap();
+    assert!(lease.fence() > first);
+    assert!(lease.release().await.unwrap());
+}
+
+/// Waiters of this process that give up (a wait that runs out, an acquire that is
+/// cancelled), queued first, hold up the queue for at most the grace period (500 ms): the
+/// next waiter gets the lease within seconds of the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_leave_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quitters.db");
+    let holder = open(&path).await;
+    let k = key("quitters");
+    let h = OwnerToken::random();
+    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let impatient = slow_polling_client(open(&path).await);
+    let gave_up = impatient
+        .acquire(k.as_str(), Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(gave_up, leasehold_core::Error::WaitTimeout { .. }),
+        "{gave_up:?}"
+    );
+    let cancelled = slow_polling_client(open(&path).await);
+    let cancelled_task = {
+        let k = k.clone();
+        tokio::spawn(async move { cancelled.acquire(k, Duration::from_secs(120)).await })
+    };
+    let patient = slow_polling_client(open(&path).await);
+    let patient_task = {
+        let k = k.clone();
+        tokio::spawn(async move { patient.acquire(k, Duration::from_secs(120)).await })
+    };
+    sleep(Duration::from_millis(500)).await;
+    cancelled_task.abort();
+    assert_eq!(
+        holder.release(&k, &h).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let released = Instant::now();
+    let lease = timeout(SOON, patient_task)
+        .await
+        .expect("the patient waiter is not held up by those who left")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < SOON);
+    assert!(lease.release().await.unwrap());
 }
