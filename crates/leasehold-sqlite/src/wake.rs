@@ -337,10 +337,22 @@ impl Drop for Waiting {
     fn drop(&mut self) {
         let mut inner = self.bells.lock();
         if let Some(q) = inner.queues.get_mut(&self.key)
-            && let Some(c) = q.iter_mut().find(|c| c.owner == self.owner)
+            && let Some(i) = q.iter().position(|c| c.owner == self.owner)
         {
+            let c = &mut q[i];
             c.waiting = c.waiting.saturating_sub(1);
             c.last = Instant::now();
+            if i == 0 && c.waiting == 0 {
+                // The first owner stopped waiting: about to acquire, or gone (cancelled,
+                // out of time) after its turn came. The owners behind it look again, and
+                // take its place if it does not come back within the grace period.
+                for next in q.iter().skip(1) {
+                    next.bell.notify_one();
+                    if next.waiting > 0 {
+                        break;
+                    }
+                }
+            }
         }
     }
 }

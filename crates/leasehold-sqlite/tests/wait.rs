@@ -354,3 +354,51 @@ async fn waiters_that_give_up_leave_the_queue() {
     assert!(released.elapsed() < SOON);
     assert!(lease.release().await.unwrap());
 }
+
+/// An owner of this process told `Held` that waits, gets its turn and then never acquires
+/// holds up the queue only for the grace period (500 ms): the waiter behind it, which the
+/// release did not wake, gets the lease within seconds, and meanwhile a newcomer is told
+/// to wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_left_unclaimed_is_passed_on_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("unclaimed.db");
+    let holder = open(&path).await;
+    let k = key("unclaimed");
+    let h = OwnerToken::random();
+    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let idle = open(&path).await;
+    let o = OwnerToken::random();
+    assert!(matches!(
+        idle.acquire(&k, &o, LONG_TTL).await.unwrap(),
+        AcquireOutcome::Held { .. }
+    ));
+    let first = {
+        let (idle, k) = (idle.clone(), k.clone());
+        tokio::spawn(async move { idle.wait_released(&k, &o, Duration::from_secs(60)).await })
+    };
+    sleep(Duration::from_millis(500)).await;
+    let patient = slow_polling_client(open(&path).await);
+    let patient_task = {
+        let k = k.clone();
+        tokio::spawn(async move { patient.acquire(k, Duration::from_secs(120)).await })
+    };
+    sleep(Duration::from_millis(500)).await;
+    holder.release(&k, &h).await.unwrap();
+    let released = Instant::now();
+    timeout(SOON, first).await.unwrap().unwrap().unwrap();
+    assert!(matches!(
+        holder
+            .acquire(&k, &OwnerToken::random(), LONG_TTL)
+            .await
+            .unwrap(),
+        AcquireOutcome::Held { .. }
+    ));
+    let lease = timeout(SOON, patient_task)
+        .await
+        .expect("the next waiter gets the lease once the unclaimed turn is given up")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < SOON);
+    assert!(lease.release().await.unwrap());
+}
