@@ -1,6 +1,7 @@
 //! [`MySqlLeaseStore`]: leases as rows of a table, expiry on the server's clock.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,6 +18,7 @@ use crate::config::MySqlConfig;
 use crate::conn::{Db, StoreTable};
 use crate::error::is_deadlock;
 use crate::schema::{LEASES_SCHEMA, now_us};
+use crate::wait::{Queue, wake_head};
 
 /// The backend name of [`MySqlLeaseStore`].
 pub const BACKEND_TABLE: &str = "mysql";
@@ -37,11 +39,16 @@ const DEADLOCK_RETRIES: u32 = 5;
 /// row back), so no row lock is ever left waiting on a client that went away; break is
 /// one short transaction. See the crate docs for the schema and the failure model.
 ///
+/// Waiters ([`Store::wait_released`]) queue in the server, in arrival order, on a
+/// `GET_LOCK` session each, and are woken by a release or a break from any process (or
+/// the holder's expiry); nobody acquires past the queue. See the crate docs ("Waiting").
+///
 /// Cheap to share: wrap it in an `Arc`. It owns a pool of connections; an operation that is
 /// cancelled, times out or breaks its connection closes it rather than returning it to
 /// the pool.
 pub struct MySqlLeaseStore {
-    db: Db,
+    db: Arc<Db>,
+    queue: Queue,
 }
 
 impl std::fmt::Debug for MySqlLeaseStore {
@@ -99,34 +106,56 @@ pub(crate) fn like_prefix(prefix: &str) -> String {
     out
 }
 
+/// Whether the row is granted to the caller (`?` = the caller's owner token, twice), on
+/// the row's values before the update (or, for `expires_at_us`, after `owner` was set:
+/// the same answer). `VALUES(owner)` is the caller's token, or `NULL` when the key's
+/// turnstile is taken by a waiter other than the caller (see [`ACQUIRE`]).
+macro_rules! granted {
+    () => {
+        concat!(
+            "(NOT (owner IS NOT NULL AND (expires_at_us IS NULL OR expires_at_us > ",
+            now_us!(),
+            ") AND owner <> ?) AND ((owner <=> ? AND expires_at_us IS NOT NULL AND expires_at_us > ",
+            now_us!(),
+            ") OR VALUES(owner) IS NOT NULL))"
+        )
+    };
+}
+
+/// The acquire: one `INSERT … ON DUPLICATE KEY UPDATE`. Parameters: key, turnstile, head,
+/// head, owner, ttl, then owner ×3, owner ×3, owner ×2, ttl.
+///
+/// A row is taken while it has an owner and has not expired (or has no expiry: corrupt,
+/// left alone so the read below reports it). A free row is granted only when the key's
+/// turnstile (the lock its waiters queue on, see `wait`) is free or held by the caller's
+/// own waiting session (`head`, its `CONNECTION_ID()`; 0 for none): `IS_USED_LOCK` is read
+/// once, into the inserted `owner` (`NULL` when barred), so that every assignment below
+/// agrees. Each assignment depends only on the row's values before the update, except
+/// `expires_at_us`, which reads `owner` after it was set and gets the same answer: right
+/// for MySQL's left-to-right assignments and MariaDB's `SIMULTANEOUS_ASSIGNMENT` alike.
 const ACQUIRE: &str = concat!(
     "INSERT INTO leasehold_leases (lease_key, owner, fence, expires_at_us) ",
-    "VALUES (?, ?, GREATEST(1, ",
+    "VALUES (?, IF(COALESCE(IS_USED_LOCK(?), ?) <> ?, NULL, ?), GREATEST(1, ",
     now_us!(),
     "), ",
     now_us!(),
     " + ?) ",
     "ON DUPLICATE KEY UPDATE ",
-    // A row is taken while it has an owner and has not expired (or has no expiry: corrupt,
-    // left alone so the read below reports it). Assignments run left to right and later
-    // ones see earlier results: the order below is right for that and for MariaDB's
-    // SIMULTANEOUS_ASSIGNMENT mode alike.
-    "fence = IF(owner IS NOT NULL AND (expires_at_us IS NULL OR expires_at_us > ",
+    "fence = IF(",
+    granted!(),
+    " AND NOT (owner <=> ? AND expires_at_us IS NOT NULL AND expires_at_us > ",
     now_us!(),
-    "), ",
-    "fence, GREATEST(fence + 1, ",
+    "), GREATEST(fence + 1, ",
     now_us!(),
-    ")), ",
-    "owner = IF(owner IS NOT NULL AND (expires_at_us IS NULL OR expires_at_us > ",
+    "), fence), ",
+    "owner = IF(",
+    granted!(),
+    ", ?, owner), ",
+    "expires_at_us = IF(",
+    granted!(),
+    ", ",
     now_us!(),
-    ") ",
-    "AND owner <> ?, owner, ?), ",
-    "expires_at_us = IF(owner IS NOT NULL AND (expires_at_us IS NULL OR expires_at_us > ",
-    now_us!(),
-    ") ",
-    "AND owner <> ?, expires_at_us, ",
-    now_us!(),
-    " + ?)"
+    " + ?, expires_at_us)"
 );
 
 const READ: &str = concat!(
@@ -173,20 +202,24 @@ async fn acquire_stmt(
     key: &str,
     owner: &OwnerToken,
     ttl_us: i64,
+    turnstile: &str,
+    head: u64,
 ) -> Result<Row, Failure> {
     let hex = owner.to_hex();
     let mut attempt = 0;
     loop {
-        let r = sqlx::query(ACQUIRE)
+        let mut q = sqlx::query(ACQUIRE)
             .bind(key)
+            .bind(turnstile)
+            .bind(head)
+            .bind(head)
             .bind(&hex)
-            .bind(ttl_us)
-            .bind(&hex)
-            .bind(&hex)
-            .bind(&hex)
-            .bind(ttl_us)
-            .execute(&mut *conn)
-            .await;
+            .bind(ttl_us);
+        // fence: granted (2) + live mine (1); owner: granted (2) + value; expires: granted (2).
+        for _ in 0..8 {
+            q = q.bind(&hex);
+        }
+        let r = q.bind(ttl_us).execute(&mut *conn).await;
         match r {
             Ok(_) => break,
             Err(e) if is_deadlock(&e) && attempt < DEADLOCK_RETRIES => {
@@ -220,14 +253,24 @@ async fn break_tx(conn: &mut MySqlConnection, key: &str) -> Result<u64, Failure>
     Ok(fence)
 }
 
+/// Wakes the head of `key`'s wait queue after a release or a break. A failure is logged:
+/// the head then wakes at the holder's expiry.
+async fn wake(conn: &mut MySqlConnection, key: &Key, turnstile: &str) {
+    if let Err(e) = wake_head(conn, turnstile).await {
+        tracing::warn!(key = %key, error = %e, "could not wake the head of the wait queue (it wakes at the lease's expiry): are all processes the same MariaDB/MySQL user?");
+    }
+}
+
 impl MySqlLeaseStore {
     /// A store for `config`, without connecting: the first operation connects.
     ///
     /// # Errors
     /// [`StoreErrorKind::Config`] for an invalid configuration.
     pub fn new(config: MySqlConfig) -> Result<Self, StoreError> {
+        let db = Arc::new(Db::new(config, BACKEND_TABLE)?);
         Ok(Self {
-            db: Db::new(config, BACKEND_TABLE)?,
+            queue: Queue::new(db.clone()),
+            db,
         })
     }
 
@@ -329,6 +372,7 @@ impl Store for MySqlLeaseStore {
         caps.reports_remaining = true;
         caps.list = true;
         caps.break_lease = true;
+        caps.wait_for_release = true;
         caps.fence_durability = FenceDurability::Durable;
         caps
     }
@@ -340,10 +384,13 @@ impl Store for MySqlLeaseStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         let ttl_us = ttl_us(ttl)?;
+        let turnstile = self.queue.turnstile(key);
+        let turn = self.queue.turn(key, owner);
+        let head = turn.head();
         let (row_owner, fence, expires, now) = self
             .db
             .run("acquire", async |conn| {
-                acquire_stmt(conn, key.as_str(), owner, ttl_us).await
+                acquire_stmt(conn, key.as_str(), owner, ttl_us, &turnstile, head).await
             })
             .await?;
         let token = row_owner
@@ -354,15 +401,21 @@ impl Store for MySqlLeaseStore {
             })
             .transpose()?;
         if token == Some(*owner) {
+            turn.outcome(true);
+            self.queue.note(key, owner, false);
             return Ok(AcquireOutcome::Acquired {
                 fence: Fence(fence),
                 ttl,
             });
         }
-        // Held by another owner (or, rarely, broken or expired right after our statement).
+        turn.outcome(false);
+        self.queue.note(key, owner, true);
+        // Held by another owner; or free, but the head of the key's wait queue is about to
+        // take it (or, rarely, broken or expired right after our statement): held for up
+        // to the caller's own TTL.
         let remaining = match live(key.as_str(), row_owner.as_deref(), expires, now)? {
             Some((_, expires)) => remaining(expires, now),
-            None => Duration::ZERO,
+            None => ttl,
         };
         Ok(AcquireOutcome::Held {
             remaining: Some(remaining),
@@ -388,9 +441,26 @@ impl Store for MySqlLeaseStore {
         })
     }
 
+    /// Compare-and-delete; a release also wakes the head of the key's wait queue (see
+    /// [`wait_released`](Self::wait_released)).
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        let query = sqlx::query(RELEASE).bind(key.as_str()).bind(owner.to_hex());
-        let matched = self.update_own("release", query).await?;
+        let turnstile = self.queue.turnstile(key);
+        let matched = self
+            .db
+            .run("release", async |conn| {
+                let done = sqlx::query(RELEASE)
+                    .bind(key.as_str())
+                    .bind(owner.to_hex())
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected()
+                    == 1;
+                if done {
+                    wake(conn, key, &turnstile).await;
+                }
+                Ok(done)
+            })
+            .await?;
         Ok(if matched {
             ReleaseOutcome::Released
         } else {
@@ -419,6 +489,32 @@ impl Store for MySqlLeaseStore {
                 remaining: Some(remaining(expires, now)),
             }),
         )
+    }
+
+    /// Returns when `owner`'s turn in `key`'s wait queue has come and the lease is free
+    /// (released, broken or expired), or when `timeout` has passed; `Ok` either way.
+    ///
+    /// The owner waits in the server's queue on a session of its own (`GET_LOCK` on the
+    /// key's turnstile, in arrival order across every process), woken by a release or a
+    /// break from any process (`KILL QUERY` of the head's `SLEEP`) or by the holder's
+    /// expiry; the owner's next acquire is then granted past every newcomer. See the
+    /// crate docs ("Waiting").
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the place in the queue is kept for a short grace period (500 ms, for
+    /// the next call or the owner's acquire), then given up.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Busy`] when 64 owners wait on this store already;
+    /// [`StoreErrorKind::Unavailable`] (or as the server answered) when no waiting
+    /// session can be opened.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        self.queue.wait(key, owner, timeout).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -450,9 +546,14 @@ impl Store for MySqlLeaseStore {
     }
 
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let turnstile = self.queue.turnstile(key);
         let fence = self
             .db
-            .run("break", async |conn| break_tx(conn, key.as_str()).await)
+            .run("break", async |conn| {
+                let fence = break_tx(conn, key.as_str()).await?;
+                wake(conn, key, &turnstile).await;
+                Ok(fence)
+            })
             .await?;
         tracing::info!(key = %key, fence, "mysql lease broken");
         Ok(Fence(fence))

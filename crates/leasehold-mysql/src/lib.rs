@@ -10,6 +10,7 @@ mod getlock;
 pub mod guard;
 mod lease_store;
 mod schema;
+mod wait;
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT, DEFAULT_TIMEOUT, MySqlConfig,

@@ -9,6 +9,7 @@ mod factory;
 pub mod guard;
 mod schema;
 mod store;
+mod wake;
 
 pub use clock::{HostClock, HostTime, ManualHostClock, SystemHostClock};
 pub use config::{
@@ -19,6 +20,7 @@ pub use error::store_error;
 pub use factory::SqliteFactory;
 pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA};
 pub use store::SqliteStore;
+pub use wake::CROSS_PROCESS_POLL;
 
 /// The `sqlx` this crate is built with, so that callers of the [`guard`] use the same one.
 pub use sqlx;

@@ -22,6 +22,7 @@ use crate::clock::{HostClock, HostTime};
 use crate::config::{SqliteConfig, Synchronous};
 use crate::error::SqliteErrors;
 use crate::schema;
+use crate::wake::{Bells, CROSS_PROCESS_POLL, GRACE, Turn};
 
 /// A leasehold [`Store`] in one SQLite database file, shared by every process of one host
 /// that opens the same file.
@@ -46,6 +47,8 @@ pub struct SqliteStore {
     /// This process's writers take turns here (FIFO) instead of in SQLite's busy handler,
     /// which sleeps in steps of up to 100 ms; other processes still meet the busy timeout.
     writer: tokio::sync::Mutex<()>,
+    /// The release bells of this file, shared with this process's other stores on it.
+    bells: Arc<Bells>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -412,7 +415,8 @@ impl SqliteStore {
             .acquire_timeout(busy + Duration::from_secs(1))
             .test_before_acquire(false)
             .connect_lazy_with(options);
-        let store = Self {
+        let mut store = Self {
+            bells: Arc::new(Bells::default()),
             clock: config.get_clock(),
             // A transaction waits at most the busy timeout for the lock (BEGIN IMMEDIATE),
             // and queues behind this process's other writers. Past twice the busy timeout
@@ -423,6 +427,8 @@ impl SqliteStore {
             pool,
         };
         store.migrate().await?;
+        // The file exists now: its canonical path names it.
+        store.bells = Bells::of_file(store.config.path());
         tracing::debug!(config = %store.config, "sqlite store opened");
         Ok(store)
     }
@@ -541,6 +547,7 @@ impl Store for SqliteStore {
         caps.reports_remaining = true;
         caps.list = true;
         caps.break_lease = true;
+        caps.wait_for_release = true;
         caps.fence_durability = match self.config.get_synchronous() {
             Synchronous::Full => FenceDurability::Durable,
             Synchronous::Normal => FenceDurability::ClockFloored,
@@ -563,21 +570,37 @@ impl Store for SqliteStore {
             })
             .await?;
         let now = self.clock.now()?;
-        if let State::Live {
-            owner: holder,
-            expires_us,
-            ..
-        } = interpret(key.as_str(), row, &now)?
-            && holder != *owner
-        {
-            return Ok(AcquireOutcome::Held {
-                remaining: Some(remaining(expires_us, &now)),
-            });
+        match interpret(key.as_str(), row, &now)? {
+            State::Live {
+                owner: holder,
+                expires_us,
+                ..
+            } if holder != *owner => {
+                self.bells.held(key, owner);
+                return Ok(AcquireOutcome::Held {
+                    remaining: Some(remaining(expires_us, &now)),
+                });
+            }
+            // Free: but an owner of this process that waited first takes it first (it is
+            // told its turn came, and asks within moments): told held for up to its TTL.
+            State::Free { .. } | State::Missing if !self.bells.may_acquire(key, owner) => {
+                self.bells.held(key, owner);
+                return Ok(AcquireOutcome::Held {
+                    remaining: Some(ttl),
+                });
+            }
+            _ => {}
         }
-        self.run("acquire", true, async |conn| {
-            acquire_tx(conn, &*self.clock, key.as_str(), owner, ttl_us).await
-        })
-        .await
+        let outcome = self
+            .run("acquire", true, async |conn| {
+                acquire_tx(conn, &*self.clock, key.as_str(), owner, ttl_us).await
+            })
+            .await?;
+        match outcome {
+            AcquireOutcome::Acquired { .. } => self.bells.granted(key, owner),
+            AcquireOutcome::Held { .. } => self.bells.held(key, owner),
+        }
+        Ok(outcome)
     }
 
     async fn renew(
@@ -605,6 +628,9 @@ impl Store for SqliteStore {
                 update_own_tx(conn, &*self.clock, key.as_str(), owner, None).await
             })
             .await?;
+        if held {
+            self.bells.released(key, owner);
+        }
         Ok(if held {
             ReleaseOutcome::Released
         } else {
@@ -632,6 +658,97 @@ impl Store for SqliteStore {
             }),
             State::Missing | State::Free { .. } => None,
         })
+    }
+
+    /// Returns when `key` is free for `owner` (released, broken or expired), or when
+    /// `timeout` has passed; `Ok` either way.
+    ///
+    /// A release or a break made through any [`SqliteStore`] of this process on the same
+    /// file wakes the waiter at once (an in-process notification; no polling). An owner
+    /// whose acquire was just told `Held` by a store of this process waits in the
+    /// process's queue of that key: it is woken when its turn comes, in arrival order, and
+    /// newcomers of this process are told `Held` while it is first (an owner that neither
+    /// waits nor acquires for 500 ms loses its place). A holder granted by another process
+    /// cannot notify: while such a holder holds the lease, the waiter re-reads the lease
+    /// row (a plain WAL read, no write lock) every
+    /// [`CROSS_PROCESS_POLL`](crate::CROSS_PROCESS_POLL) (100 ms). Every wait also ends at
+    /// the holder's expiry, so a holder that crashed costs at most its remaining TTL, and
+    /// a break made by another process (`leasehold break`) is seen at the latest then.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; a dropped wait keeps its place in the queue for 500 ms
+    /// (for the next call or the owner's acquire), then gives it up.
+    ///
+    /// # Errors
+    /// As [`inspect`](Store::inspect), when the lease row cannot be read.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let bell = self.bells.listen(key);
+        let queued = self.bells.claim(key, owner);
+        let wait = async {
+            loop {
+                let rung = bell.notify().notified();
+                tokio::pin!(rung);
+                rung.as_mut().enable();
+                // An owner queued here is woken by its own bell, in turn.
+                let own = queued.as_ref().map(|q| q.bell().notified());
+                tokio::pin!(own);
+                if let Some(n) = own.as_mut().as_pin_mut() {
+                    n.enable();
+                }
+                let row = self
+                    .run("wait", false, async |conn| {
+                        read_row(conn, key.as_str()).await
+                    })
+                    .await?;
+                let now = self.clock.now()?;
+                let nap = match interpret(key.as_str(), row, &now)? {
+                    State::Live {
+                        owner: holder,
+                        expires_us,
+                        ..
+                    } if holder != *owner => {
+                        let nap = remaining(expires_us, &now).max(Duration::from_millis(1));
+                        if self.bells.held_here(key, &holder) {
+                            nap
+                        } else {
+                            nap.min(CROSS_PROCESS_POLL)
+                        }
+                    }
+                    // Free (or ours). A bare wait returns; a queued owner when its turn came.
+                    _ => match queued.as_ref().map(|_| self.bells.turn(key, owner)) {
+                        None | Some(Turn::Mine) => return Ok(()),
+                        // The first owner was woken and is about to ask.
+                        Some(Turn::Waiting) => GRACE,
+                        Some(Turn::Lapses(at)) => at
+                            .saturating_duration_since(std::time::Instant::now())
+                            .max(Duration::from_millis(1)),
+                    },
+                };
+                let own_rung = async {
+                    match own.as_mut().as_pin_mut() {
+                        Some(n) => n.await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = rung, if queued.is_none() => return Ok(()),
+                    () = own_rung => {}
+                    () = tokio::time::sleep(nap) => {}
+                }
+            }
+        };
+        // The read itself is bounded too: the wait never outlasts `timeout`.
+        match tokio::time::Instant::now().checked_add(timeout) {
+            Some(deadline) => tokio::time::timeout_at(deadline, wait)
+                .await
+                .unwrap_or(Ok(())),
+            None => wait.await,
+        }
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -670,6 +787,7 @@ impl Store for SqliteStore {
                 break_tx(conn, &*self.clock, key.as_str()).await
             })
             .await?;
+        self.bells.broken(key);
         tracing::info!(key = %key, %fence, "sqlite lease broken");
         Ok(fence)
     }

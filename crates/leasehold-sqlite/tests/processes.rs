@@ -19,6 +19,9 @@
 //!   an hour for an abandoned one.
 //! - `a_holder_and_a_waiter_in_two_processes_agree_on_the_clock`: the remaining time one
 //!   process sees is the one another process's clock set, to the microsecond.
+//! - `a_release_in_another_process_is_seen_within_the_poll_interval`: a waiter whose holder
+//!   is another process (which cannot ring this process's release bell) sees its release
+//!   within the cross-process poll interval, not at the holder's expiry.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -111,6 +114,7 @@ async fn run_worker_if_child() -> bool {
         "hold-tx" => hold_tx(&args).await,
         "probe" => probe(&args).await,
         "grant" => grant(&args).await,
+        "hold-until" => hold_until(&args).await,
         other => panic!("unknown worker mode {other}"),
     }
     true
@@ -231,6 +235,27 @@ async fn grant(args: &[String]) {
         panic!("the key is held")
     };
     out(format_args!("granted {} {sent} {replied}", fence.get()));
+    sleep(LONG).await;
+}
+
+/// Acquires the key `args[1]` for a minute (`@held`), releases it once the file `args[2]`
+/// exists (`@released`), then sleeps.
+async fn hold_until(args: &[String]) {
+    let store = open(Path::new(&args[0])).await;
+    let key = Key::new(&args[1]).unwrap();
+    let owner = OwnerToken::random();
+    let AcquireOutcome::Acquired { .. } = store.acquire(&key, &owner, LONG).await.unwrap() else {
+        panic!("the key is held")
+    };
+    out("held");
+    while !Path::new(&args[2]).exists() {
+        sleep(Duration::from_millis(5)).await;
+    }
+    assert!(matches!(
+        store.release(&key, &owner).await.unwrap(),
+        leasehold_core::ReleaseOutcome::Released
+    ));
+    out("released");
     sleep(LONG).await;
 }
 
@@ -737,4 +762,45 @@ async fn a_holder_and_a_waiter_in_two_processes_agree_on_the_clock() {
     );
     assert!(holder.is_running(), "the holder neither died nor released");
     assert!(lease.release().await.unwrap());
+}
+
+/// A holder in another process cannot ring this process's release bell: the waiter re-reads
+/// the row every `CROSS_PROCESS_POLL` (100 ms) and sees the release within it (here: within
+/// 3 s), not at the holder's expiry a minute later. It does not return while the lease is
+/// held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_in_another_process_is_seen_within_the_poll_interval() {
+    if run_worker_if_child().await {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("xp.db");
+    let flag = dir.path().join("release-now");
+    let store = Arc::new(open(&path).await);
+    let holder = worker(
+        "a_release_in_another_process_is_seen_within_the_poll_interval",
+        "hold-until",
+        &[path.to_str().unwrap(), "xp:held", flag.to_str().unwrap()],
+    );
+    blocking(|| wait_line(&holder, "held"));
+    let k = Key::new("xp:held").unwrap();
+    let wait = {
+        let (store, k) = (store.clone(), k.clone());
+        tokio::spawn(async move { store.wait_released(&k, &OwnerToken::random(), LONG).await })
+    };
+    sleep(Duration::from_secs(1)).await;
+    assert!(!wait.is_finished(), "wait_released returned while held");
+    std::fs::write(&flag, b"").unwrap();
+    blocking(|| wait_line(&holder, "released"));
+    let released = Instant::now();
+    timeout(Duration::from_secs(3), wait)
+        .await
+        .expect("the release is seen within the poll interval, not at the expiry")
+        .unwrap()
+        .expect("wait_released is supported");
+    assert!(released.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        leasehold_sqlite::CROSS_PROCESS_POLL,
+        Duration::from_millis(100)
+    );
 }

@@ -43,7 +43,7 @@ async fn registry_opens_url_creating_directories_in_wal_mode() {
     assert!(path.exists(), "the file was created");
     let caps = store.capabilities();
     assert!(caps.list && caps.break_lease && caps.reports_remaining);
-    assert!(!caps.session_bound && !caps.wait_for_release);
+    assert!(!caps.session_bound && caps.wait_for_release);
     assert_eq!(caps.fence_durability, FenceDurability::Durable);
 
     let direct = SqliteStore::open(&url).await.unwrap();
