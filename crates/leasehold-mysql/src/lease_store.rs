@@ -373,6 +373,8 @@ impl Store for MySqlLeaseStore {
         caps.list = true;
         caps.break_lease = true;
         caps.wait_for_release = true;
+        // Waiters queue in the server (a GET_LOCK turnstile per key), in arrival order.
+        caps.fifo_wait = true;
         caps.fence_durability = FenceDurability::Durable;
         caps
     }
