@@ -13,6 +13,7 @@ use leasehold_testkit::{FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, 
 
 pub mod cases;
 pub mod fault_cases;
+pub mod growth;
 pub mod holder;
 
 /// Fault hooks a backend's fixture provides to the suite.

@@ -106,6 +106,9 @@ pub(crate) fn like_prefix(prefix: &str) -> String {
     out
 }
 
+/// The largest `older_than` of [`MySqlLeaseStore::prune`], in µs (ten years).
+const MAX_PRUNE_AGE_US: i64 = 10 * 365 * 24 * 3600 * 1_000_000;
+
 /// Whether the row is granted to the caller (`?` = the caller's owner token, twice), on
 /// the row's values before the update (or, for `expires_at_us`, after `owner` was set:
 /// the same answer). `VALUES(owner)` is the caller's token, or `NULL` when the key's
@@ -336,6 +339,42 @@ impl MySqlLeaseStore {
     /// The connection pool (e.g. to run the [`guard`](crate::guard) on the same database).
     pub fn pool(&self) -> &MySqlPool {
         &self.db.pool
+    }
+
+    /// Deletes the rows of keys nobody holds whose last fence is more than `older_than`
+    /// below the server clock in µs, so that a store with one key per entity does not
+    /// keep a row for every entity ever locked. Rows are kept after release on purpose
+    /// (they carry the fence); deleting one of these is safe because the next grant on
+    /// that key gets its fence from the server clock in µs (`GREATEST(last + 1, now)`),
+    /// which is above the deleted fence by the statement's own condition. A held lease's
+    /// row is never deleted. Needs `DELETE` on the table. Returns the number of rows
+    /// deleted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: one statement.
+    ///
+    /// # Errors
+    /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
+    pub async fn prune(&self, older_than: std::time::Duration) -> Result<u64, StoreError> {
+        // At most ten years, so that the server's arithmetic cannot overflow.
+        let us = i64::try_from(older_than.as_micros())
+            .unwrap_or(i64::MAX)
+            .min(MAX_PRUNE_AGE_US);
+        self.db
+            .run("prune", async move |conn| {
+                Ok(sqlx::query(concat!(
+                    "DELETE FROM leasehold_leases WHERE (owner IS NULL OR expires_at_us IS NULL OR expires_at_us < ",
+                    now_us!(),
+                    ") AND CAST(fence AS SIGNED) < ",
+                    now_us!(),
+                    " - ?"
+                ))
+                .bind(us)
+                .execute(conn)
+                .await?
+                .rows_affected())
+            })
+            .await
     }
 
     /// Runs a renew or release statement (a conditional `UPDATE` of the caller's live

@@ -198,3 +198,30 @@ async fn corrupt_rows_clock_floor_and_restart() {
     let f2 = fence_of(store.acquire(&k, &OwnerToken::random(), TTL).await.unwrap());
     assert!(f2 > f1);
 }
+
+/// Growth (issue 14.5): `prune` deletes the rows of keys nobody holds whose fence is old
+/// enough, never a held lease's row, and fences keep rising on a pruned key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_deletes_only_ended_leases_and_fences_still_rise() {
+    let db = common::start_db();
+    let store = MySqlLeaseStore::open(&common::url_direct(&db, "mysql"))
+        .await
+        .unwrap();
+    let pool = store.pool().clone();
+    leasehold_conformance::growth::prune_deletes_only_ended_leases_and_fences_still_rise(
+        &store,
+        async |d| store.prune(d).await.unwrap(),
+        async || {
+            sqlx::query_scalar::<_, Vec<u8>>(
+                "SELECT lease_key FROM leasehold_leases ORDER BY lease_key",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|k| String::from_utf8(k).unwrap())
+            .collect()
+        },
+    )
+    .await;
+}

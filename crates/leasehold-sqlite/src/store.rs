@@ -496,6 +496,41 @@ impl SqliteStore {
         .await
     }
 
+    /// Deletes the rows of keys nobody holds (released, expired, or set under another
+    /// boot) whose last fence is more than `older_than` below the wall clock in µs, so
+    /// that a file with one key per entity does not keep a row for every entity ever
+    /// locked. Rows are kept after release on purpose (they carry the fence); deleting one
+    /// of these is safe because the next grant on that key gets its fence from the wall
+    /// clock in µs (`max(last + 1, wall clock)`), which is above the deleted fence by the
+    /// statement's own condition. A held lease's row is never deleted. Returns the number
+    /// of rows deleted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: one write transaction.
+    ///
+    /// # Errors
+    /// As any write: [`StoreErrorKind::Busy`] when the file stays locked.
+    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let age = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        let clock = self.clock.clone();
+        self.run("prune", true, async move |conn| {
+            let now = clock.now()?;
+            let below = clock.wall_clock_us().saturating_sub(age);
+            let deleted = sqlx::query(
+                "DELETE FROM leasehold_leases WHERE fence < ?1 AND (owner IS NULL \
+                 OR boot_id IS NOT ?2 OR expires_boot_us IS NULL OR expires_boot_us <= ?3)",
+            )
+            .bind(below)
+            .bind(&now.boot_id)
+            .bind(now.boottime_us)
+            .execute(conn)
+            .await?
+            .rows_affected();
+            Ok(deleted)
+        })
+        .await
+    }
+
     /// The configuration.
     pub fn config(&self) -> &SqliteConfig {
         &self.config

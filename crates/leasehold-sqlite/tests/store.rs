@@ -224,3 +224,28 @@ async fn corrupt_rows_are_typed_errors_never_free() {
     let e = store.list("bad:").await;
     assert!(e.is_ok(), "all repaired: {e:?}");
 }
+
+/// Growth (issue 14.5): `prune` deletes the rows of keys nobody holds whose fence is old
+/// enough, never a held lease's row, and fences keep rising on a pruned key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_deletes_only_ended_leases_and_fences_still_rise() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leases.db");
+    let store = SqliteStore::connect(SqliteConfig::new(&path))
+        .await
+        .unwrap();
+    let pool = store.pool().clone();
+    leasehold_conformance::growth::prune_deletes_only_ended_leases_and_fences_still_rise(
+        &store,
+        async |d| store.prune(d).await.unwrap(),
+        async || {
+            sqlx::query_scalar::<_, String>(
+                "SELECT lease_key FROM leasehold_leases ORDER BY lease_key",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+}
