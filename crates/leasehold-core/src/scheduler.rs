@@ -102,6 +102,7 @@ impl SchedulerHandle {
             observer,
             rx,
             inbox: inbox.clone(),
+            spare: Vec::new(),
             entries: HashMap::new(),
             checks: BTreeSet::new(),
             due: BTreeSet::new(),
@@ -200,6 +201,9 @@ struct Scheduler {
     observer: Option<Arc<dyn LeaseObserver>>,
     rx: mpsc::UnboundedReceiver<Command>,
     inbox: Arc<Inbox>,
+    /// The inbox's last batch of new leases, emptied: swapped back in at the next drain,
+    /// so the inbox keeps its capacity instead of growing from nothing every time.
+    spare: Vec<Arc<LeaseShared>>,
     entries: HashMap<u64, Entry>,
     /// `(deadline or maximum hold, lease id)` of every entry, earliest first.
     checks: BTreeSet<(At, u64)>,
@@ -221,10 +225,12 @@ impl Scheduler {
     async fn run(mut self) {
         let mut open = true;
         loop {
-            let new = std::mem::take(&mut self.inbox.lock().new);
-            for shared in new {
+            let mut new = std::mem::take(&mut self.spare);
+            std::mem::swap(&mut new, &mut self.inbox.lock().new);
+            for shared in new.drain(..) {
                 self.add(shared);
             }
+            self.spare = new;
             self.run_due(self.clock.now());
             if !open && self.entries.is_empty() && self.inflight.is_empty() {
                 // Every handle is gone, so nothing can arrive in the inbox any more.
@@ -275,6 +281,11 @@ impl Scheduler {
     fn add(&mut self, shared: Arc<LeaseShared>) {
         if self.shutting_down {
             shared.mark_lost(LostReason::Shutdown);
+            return;
+        }
+        // Released, being released or lost before the task got to it (a short hold):
+        // nothing to renew or watch; a drop's release comes as its own command.
+        if shared.is_done() {
             return;
         }
         // Every schedule counts from the send of the request that granted the lease.
