@@ -96,7 +96,8 @@ impl EtcdConfig {
     {
         let endpoints = endpoints
             .into_iter()
-            .map(|e| parse_endpoint(e.as_ref()))
+            .enumerate()
+            .map(|(i, e)| parse_endpoint(i + 1, e.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
         if endpoints.is_empty() {
             return Err(config_error("an etcd URL needs at least one host:port"));
@@ -288,7 +289,7 @@ impl EtcdConfig {
 fn parse_timeout(name: &str, value: &str) -> Result<Duration, StoreError> {
     let d = parse_duration(value).ok_or_else(|| {
         config_error(format!(
-            "etcd URL parameter {name} is not a duration (250ms, 2s, 1m): {value:?}"
+            "etcd URL parameter {name} is not a duration (250ms, 2s, 1m)"
         ))
     })?;
     check_timeout(name, d)
@@ -303,10 +304,12 @@ fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
     Ok(d)
 }
 
-fn parse_endpoint(e: &str) -> Result<String, StoreError> {
+/// Checks endpoint number `n`. The messages do not repeat the text: in a malformed URL it
+/// may hold part of the credentials.
+fn parse_endpoint(n: usize, e: &str) -> Result<String, StoreError> {
     let (host, port) = e
         .rsplit_once(':')
-        .ok_or_else(|| config_error(format!("etcd endpoint {e:?} is not host:port")))?;
+        .ok_or_else(|| config_error(format!("etcd endpoint {n} is not host:port")))?;
     let bracketed = host.starts_with('[') && host.ends_with(']');
     let host_ok = !host.is_empty()
         && (bracketed
@@ -314,11 +317,11 @@ fn parse_endpoint(e: &str) -> Result<String, StoreError> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'));
     if !host_ok {
-        return Err(config_error(format!("etcd endpoint {e:?} has a bad host")));
+        return Err(config_error(format!("etcd endpoint {n} has a bad host")));
     }
     match port.parse::<u16>() {
         Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(format!("{host}:{p}")),
-        _ => Err(config_error(format!("etcd endpoint {e:?} has a bad port"))),
+        _ => Err(config_error(format!("etcd endpoint {n} has a bad port"))),
     }
 }
 
@@ -383,7 +386,18 @@ mod tests {
     fn errors_never_show_the_password() {
         let err = EtcdConfig::from_url("etcd://u:sentinel-pw@h:1?colour=blue").unwrap_err();
         assert!(!err.to_string().contains("sentinel-pw"), "{err}");
-        let err = EtcdConfig::from_url("etcd://u:sentinel-pw@h:0").unwrap_err();
-        assert!(!err.to_string().contains("sentinel-pw"), "{err}");
+        for url in [
+            "etcd://u:sentinel-pw@h:0",
+            "etcd://u:sentinel-pw?@h:1",
+            "etcd://u:sentinel-pw#@h:1",
+            "etcd://u:sentinel-pw/@h:1",
+            "etcd://u:sentinel-pw",
+        ] {
+            let err = EtcdConfig::from_url(url).unwrap_err();
+            assert!(
+                !format!("{err} {err:?}").contains("sentinel-pw"),
+                "{url}: {err}"
+            );
+        }
     }
 }

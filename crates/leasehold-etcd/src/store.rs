@@ -61,6 +61,15 @@ fn map_err(op: &str, e: etcd_client::Error) -> StoreError {
             tonic_code::DEADLINE_EXCEEDED | tonic_code::CANCELLED => StoreErrorKind::Timeout,
             tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED => StoreErrorKind::Config,
             tonic_code::RESOURCE_EXHAUSTED => StoreErrorKind::Busy,
+            // etcd answers a missing or refused authentication with InvalidArgument
+            // ("user name is empty", "authentication failed", "invalid auth token").
+            tonic_code::INVALID_ARGUMENT
+                if ["user", "auth", "token", "password"]
+                    .iter()
+                    .any(|w| status.message().contains(w)) =>
+            {
+                StoreErrorKind::Config
+            }
             tonic_code::INVALID_ARGUMENT => StoreErrorKind::InvalidInput,
             tonic_code::UNKNOWN | tonic_code::INTERNAL => StoreErrorKind::Ambiguous,
             _ => StoreErrorKind::Other,
@@ -133,6 +142,22 @@ impl EtcdStore {
     /// # Cancel safety
     /// Cancel safe: nothing is written.
     pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
+        let client = Self::connect_client(&config).await?;
+        let store = Self { client, config };
+        let probe = store.config.key_prefix().as_bytes().to_vec();
+        store
+            .bounded("connect", async {
+                let mut kv = store.client.kv_client();
+                kv.get(probe, Some(GetOptions::new().with_keys_only()))
+                    .await
+                    .map_err(|e| map_err("connect check", e))
+            })
+            .await?;
+        Ok(store)
+    }
+
+    /// Connects without the check that the cluster answers.
+    async fn connect_client(config: &EtcdConfig) -> Result<Client, StoreError> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_bound())
             .with_timeout(config.op_bound())
@@ -146,23 +171,14 @@ impl EtcdStore {
             .map(|e| format!("http://{e}"))
             .collect();
         let bound = config.connect_bound() + config.op_bound();
-        let client = StoreError::bounded(BACKEND, "connect", bound, async {
+        StoreError::bounded(BACKEND, "connect", bound, async {
+            // Authentication happens here: a refusal is a configuration error (the
+            // client's error never holds the password).
             Client::connect(endpoints, Some(options))
                 .await
                 .map_err(|e| map_err("connect", e))
         })
-        .await?;
-        let store = Self { client, config };
-        let probe = store.config.key_prefix().as_bytes().to_vec();
-        store
-            .bounded("connect", async {
-                let mut kv = store.client.kv_client();
-                kv.get(probe, Some(GetOptions::new().with_keys_only()))
-                    .await
-                    .map_err(|e| map_err("connect check", e))
-            })
-            .await?;
-        Ok(store)
+        .await
     }
 
     /// The configuration.
