@@ -58,7 +58,7 @@ impl EtcdServer {
                 peer.set(free_port());
                 spawn(&etcd, &dir, port, peer.get())
             },
-            |process, port| wait_ready(process, port),
+            wait_ready,
             || is_bind_error(&util::read_log(&dir.join("log"))),
             || {
                 format!(
