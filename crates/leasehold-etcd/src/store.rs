@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
@@ -438,6 +438,39 @@ impl EtcdStore {
         Ok(Some(resp.header().map_or(0, |h| h.revision())))
     }
 
+    /// Returns once the lease key is deleted (released, expired, broken) after
+    /// `after_revision`, or once the watch ends (the caller re-checks either way).
+    async fn watch_deletion(&self, lease_key: &str, after_revision: i64) -> Result<(), StoreError> {
+        let mut watch = self.client.watch_client();
+        let options = WatchOptions::new()
+            .with_start_revision(after_revision + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut stream = self
+            .bounded("watch", async {
+                watch
+                    .watch(lease_key, Some(options))
+                    .await
+                    .map_err(|e| map_err("watch", e))
+            })
+            .await?;
+        loop {
+            match stream.message().await {
+                // Puts are filtered out: any event is a delete. A cancelled watch (the
+                // start revision was compacted away) may have missed it.
+                Ok(Some(resp)) if resp.canceled() || !resp.events().is_empty() => return Ok(()),
+                // The creation notice, or a progress notice.
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(err(
+                        StoreErrorKind::Unavailable,
+                        "etcd ended the watch on the lease key",
+                    ));
+                }
+                Err(e) => return Err(map_err("watch", e)),
+            }
+        }
+    }
+
     async fn info(&self, key: Key, holder: Holder) -> Result<Option<LeaseInfo>, StoreError> {
         let Some(remaining) = self.remaining(holder.kv.lease()).await? else {
             // The etcd lease is gone: the key is being deleted with it.
@@ -481,6 +514,7 @@ impl Store for EtcdStore {
 
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
+        caps.wait_for_release = true;
         caps.reports_remaining = true;
         caps.list = true;
         caps.break_lease = true;
@@ -546,6 +580,30 @@ impl Store for EtcdStore {
             }
         })
         .await
+    }
+
+    /// A read of the key, then an etcd watch on its deletion from the revision read on
+    /// (a release, a break or the expiry of its etcd lease: no polling). Returns at once
+    /// when the key is free. `owner` is not used: etcd does not queue waiters.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written; dropping the call closes the watch.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let _ = owner;
+        let lease_key = self.lease_key(key);
+        let wait = async {
+            let (existing, revision) = self.bounded("read", self.read(&lease_key)).await?;
+            if existing.is_none() {
+                return Ok(());
+            }
+            self.watch_deletion(&lease_key, revision).await
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(()))
     }
 
     /// A range read of `<store prefix><prefix>`, then one time-to-live query per lease

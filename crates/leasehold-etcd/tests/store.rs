@@ -312,3 +312,89 @@ async fn credentials_work_and_never_show() {
     };
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_released_is_woken_by_release_break_and_expiry_not_by_renewal() {
+    let s = Solo::start().await;
+    let k = key("wait");
+    let w = OwnerToken::random();
+    let long = Duration::from_secs(30);
+    // A free key: at once.
+    let started = tokio::time::Instant::now();
+    s.store.wait_released(&k, &w, long).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // Held: renewals (including a move to a longer lease) do not wake it; the timeout
+    // ends it with Ok.
+    let a = OwnerToken::random();
+    acquired(
+        s.store
+            .acquire(&k, &a, Duration::from_secs(5))
+            .await
+            .unwrap(),
+    );
+    let waiter = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move {
+            store
+                .wait_released(&k, &w, Duration::from_millis(1500))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.store.renew(&k, &a, Duration::from_secs(5)).await.unwrap();
+    s.store.renew(&k, &a, Duration::from_secs(8)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "a renewal woke the waiter");
+    waiter.await.unwrap().unwrap();
+    assert!(s.store.inspect(&k).await.unwrap().is_some());
+
+    // Woken by a release, long before the TTL.
+    for how in ["release", "break"] {
+        if s.store.inspect(&k).await.unwrap().is_none() {
+            acquired(
+                s.store
+                    .acquire(&k, &a, Duration::from_secs(20))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let started = tokio::time::Instant::now();
+        let waiter = {
+            let (store, k) = (s.store.clone(), k.clone());
+            tokio::spawn(async move { store.wait_released(&k, &w, long).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "{how}: returned while held");
+        match how {
+            "release" => {
+                s.store.release(&k, &a).await.unwrap();
+            }
+            _ => {
+                s.store.break_lease(&k).await.unwrap();
+            }
+        }
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("{how}: the waiter was not woken"))
+            .unwrap()
+            .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(6), "{how}");
+    }
+
+    // Woken by the expiry of the holder's etcd lease.
+    acquired(
+        s.store
+            .acquire(&k, &a, Duration::from_secs(1))
+            .await
+            .unwrap(),
+    );
+    let started = tokio::time::Instant::now();
+    s.store.wait_released(&k, &w, long).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "expiry took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(s.store.inspect(&k).await.unwrap(), None);
+}
