@@ -124,7 +124,7 @@ impl EtcdConfig {
     ///
     /// let c = EtcdConfig::from_url("etcd://10.0.0.1:2379,10.0.0.2:2379?prefix=app/&timeout=2s")?;
     /// assert_eq!(c.endpoints(), ["10.0.0.1:2379", "10.0.0.2:2379"]);
-    /// assert_eq!(c.prefix(), "app/");
+    /// assert_eq!(c.key_prefix(), "app/");
     /// let err = EtcdConfig::from_url("etcd://h:2379?colour=blue").unwrap_err();
     /// assert_eq!(err.kind(), StoreErrorKind::Config);
     /// # Ok::<(), leasehold_core::StoreError>(())
