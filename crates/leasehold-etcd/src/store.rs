@@ -8,6 +8,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
     TxnOpResponse, WatchFilterType, WatchOptions,
 };
+use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
@@ -607,7 +608,7 @@ impl Store for EtcdStore {
     }
 
     /// A range read of `<store prefix><prefix>`, then one time-to-live query per lease
-    /// (concurrently). Keys under the store prefix that are not valid lease keys are
+    /// (at most 32 at a time). Keys under the store prefix that are not valid lease keys are
     /// reported as `Corrupt`.
     ///
     /// # Cancel safety
@@ -637,12 +638,12 @@ impl Store for EtcdStore {
                     })?;
                 entries.push((name, decode(kv)?));
             }
-            let infos = futures::future::try_join_all(
-                entries
-                    .into_iter()
-                    .map(|(name, holder)| self.info(name, holder)),
-            )
-            .await?;
+            // At most 32 time-to-live queries in flight, in key order.
+            let infos: Vec<Option<LeaseInfo>> = futures::stream::iter(entries)
+                .map(|(name, holder)| self.info(name, holder))
+                .buffered(32)
+                .try_collect()
+                .await?;
             Ok(infos.into_iter().flatten().collect())
         })
         .await

@@ -398,3 +398,36 @@ async fn wait_released_is_woken_by_release_break_and_expiry_not_by_renewal() {
     );
     assert_eq!(s.store.inspect(&k).await.unwrap(), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_released_outlives_the_operation_timeout() {
+    let s = Solo::start().await;
+    let k = key("wait-long");
+    let a = OwnerToken::random();
+    let w = OwnerToken::random();
+    acquired(
+        s.store
+            .acquire(&k, &a, Duration::from_secs(20))
+            .await
+            .unwrap(),
+    );
+    let started = tokio::time::Instant::now();
+    let waiter = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move { store.wait_released(&k, &w, Duration::from_secs(30)).await })
+    };
+    // Longer than the store's operation timeout (2 s): the watch must still be there.
+    tokio::time::sleep(common::OP_TIMEOUT + Duration::from_secs(1)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the watch ended with the operation timeout: {:?}",
+        waiter.await
+    );
+    s.store.release(&k, &a).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
