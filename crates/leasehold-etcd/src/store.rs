@@ -90,6 +90,7 @@ mod tonic_code {
     pub(super) const UNKNOWN: i32 = 2;
     pub(super) const INVALID_ARGUMENT: i32 = 3;
     pub(super) const DEADLINE_EXCEEDED: i32 = 4;
+    pub(super) const NOT_FOUND: i32 = 5;
     pub(super) const PERMISSION_DENIED: i32 = 7;
     pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
     pub(super) const INTERNAL: i32 = 13;
@@ -649,27 +650,35 @@ impl Store for EtcdStore {
         .await
     }
 
-    /// Deletes the key whatever its owner and revokes its etcd lease. Returns the
-    /// revision of the delete (or, for a free key, the cluster's current revision): the
-    /// next grant's create revision is higher.
+    /// Revokes the key's etcd lease, whatever its owner: etcd deletes the key with it
+    /// in the same step, so a renewal is either before the break or finds nothing. Returns
+    /// the revision of a read that found the key gone (for a free key, the cluster's
+    /// current revision): the next grant's create revision is higher.
     ///
     /// # Cancel safety
-    /// A dropped call may have deleted the key.
+    /// A dropped call may have removed the lease.
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         self.bounded("break", async {
             let lease_key = self.lease_key(key);
-            for _ in 0..3 {
+            // Read, revoke, read again: the owner may have moved the key onto a new lease
+            // (a renewal for a longer TTL) between the read and the revoke.
+            for _ in 0..4 {
                 let (existing, revision) = self.read(&lease_key).await?;
                 let Some(holder) = existing else {
                     return fence(revision);
                 };
-                if let Some(revision) = self.delete_if_unchanged(&lease_key, &holder).await? {
-                    return fence(revision);
+                let mut lease = self.client.lease_client();
+                match lease.revoke(holder.kv.lease()).await {
+                    Ok(_) => {}
+                    // Expired or revoked meanwhile: read again.
+                    Err(etcd_client::Error::GRpcStatus(status))
+                        if i32::from(status.code()) == tonic_code::NOT_FOUND => {}
+                    Err(e) => return Err(map_err("lease revoke", e)),
                 }
             }
             Err(err(
                 StoreErrorKind::Busy,
-                "etcd break: the lease key kept changing under the break",
+                "etcd break: the lease key kept moving to new leases under the break",
             ))
         })
         .await
