@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{Fence, Key, LeaseClient, LeaseConfig, Store, StoreError};
-use leasehold_testkit::{FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer};
+use leasehold_testkit::{
+    EtcdServer, FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer,
+};
 
 pub mod cases;
 pub mod fault_cases;
@@ -123,6 +125,15 @@ impl Pausable for MariaDb {
     }
     fn resume(&self) {
         MariaDb::resume(self);
+    }
+}
+
+impl Pausable for EtcdServer {
+    fn pause(&self) {
+        EtcdServer::pause(self);
+    }
+    fn resume(&self) {
+        EtcdServer::resume(self);
     }
 }
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-const STORES: [&str; 7] = [
+const STORES: [&str; 8] = [
     "redis",
     "redis-cluster",
     "postgres",
@@ -14,6 +14,7 @@ const STORES: [&str; 7] = [
     "mysql",
     "mysql-getlock",
     "sqlite",
+    "etcd",
 ];
 
 const FAULTS: [&str; 11] = [

@@ -2,7 +2,8 @@
 //!
 //! * Private servers, each started as a direct child of the test process on
 //!   its own port and temporary directory, and killed on drop:
-//!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`].
+//!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`],
+//!   [`EtcdServer`].
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
@@ -40,6 +41,7 @@
 #![forbid(unsafe_code)]
 
 mod cluster;
+mod etcd;
 mod faketime;
 mod mariadb;
 mod pgbouncer;
@@ -53,6 +55,7 @@ mod util;
 mod worker;
 
 pub use cluster::RedisCluster;
+pub use etcd::EtcdServer;
 pub use faketime::{FakeWallClock, faketime_library};
 pub use mariadb::{MariaDb, MariaDbOptions};
 pub use pgbouncer::{PgBouncer, PoolMode};

@@ -25,6 +25,11 @@ pub use leasehold_mysql as mysql;
 #[cfg(feature = "sqlite")]
 pub use leasehold_sqlite as sqlite;
 
+/// The etcd store (`etcd://`): the [`leasehold-etcd`](https://docs.rs/leasehold-etcd)
+/// crate.
+#[cfg(feature = "etcd")]
+pub use leasehold_etcd as etcd;
+
 /// The conformance suite every store must pass, for people who write their own store:
 /// the [`leasehold-conformance`](https://docs.rs/leasehold-conformance) crate (feature
 /// `conformance`, meant for dev-dependencies).
@@ -44,11 +49,13 @@ pub fn registry() -> Registry {
     r.register(Arc::new(leasehold_mysql::MySqlFactory));
     #[cfg(feature = "sqlite")]
     r.register(Arc::new(leasehold_sqlite::SqliteFactory));
+    #[cfg(feature = "etcd")]
+    r.register(Arc::new(leasehold_etcd::EtcdFactory));
     r
 }
 
 /// Opens the store named by `url`, with any store this build enables: `redis://…`,
-/// `postgres://…`, `mysql://…`, `sqlite://…`, `memory://` (see each store's URL
+/// `postgres://…`, `mysql://…`, `sqlite://…`, `etcd://…`, `memory://` (see each store's URL
 /// parameters).
 ///
 /// # Cancel safety
@@ -105,6 +112,7 @@ fn feature_of(scheme: &str) -> Option<&'static str> {
         "postgres" | "postgresql" | "postgres+advisory" | "postgresql+advisory" => "postgres",
         "mysql" | "mariadb" | "mysql+getlock" | "mariadb+getlock" => "mysql",
         "sqlite" => "sqlite",
+        "etcd" => "etcd",
         _ => return None,
     })
 }
@@ -123,6 +131,11 @@ mod tests {
             let err = open("redis://127.0.0.1:1/").await.unwrap_err();
             assert!(err.to_string().contains("`redis` feature"), "{err}");
         }
+        #[cfg(not(feature = "etcd"))]
+        {
+            let err = open("etcd://127.0.0.1:1").await.unwrap_err();
+            assert!(err.to_string().contains("`etcd` feature"), "{err}");
+        }
     }
 
     #[test]
@@ -132,6 +145,7 @@ mod tests {
             assert!(feature_of(scheme).is_some(), "{scheme}");
         }
         assert_eq!(feature_of("postgres+advisory"), Some("postgres"));
+        assert_eq!(feature_of("etcd"), Some("etcd"));
         assert_eq!(feature_of("memory"), None);
     }
 }

@@ -1,6 +1,7 @@
 //! No store URL makes a store's configuration parser panic, and a password in a URL never
 //! appears in an error, a `Debug` or a `Display` of the configuration.
 
+use leasehold_etcd::EtcdConfig;
 use leasehold_mysql::MySqlConfig;
 use leasehold_postgres::PgConfig;
 use leasehold_redis::RedisConfig;
@@ -19,6 +20,7 @@ const SCHEMES: &[&str] = &[
     "mariadb",
     "mysql+getlock",
     "sqlite",
+    "etcd",
     "memory",
     "",
 ];
@@ -41,6 +43,7 @@ fn parse_all(url: &str) -> Vec<String> {
         show(PgConfig::from_url(url)),
         show(MySqlConfig::from_url(url)),
         show(SqliteConfig::from_url(url)),
+        show(EtcdConfig::from_url(url)),
     ]
 }
 

@@ -1,0 +1,403 @@
+//! [`EtcdConfig`]: where the etcd cluster is and how the store talks to it, parsed from an
+//! `etcd://` URL.
+
+use std::fmt;
+use std::time::Duration;
+
+use leasehold_core::url::{parse_duration, percent_decode};
+use leasehold_core::{StoreError, StoreErrorKind};
+
+use crate::BACKEND;
+
+/// The default key prefix: every lease key is `leasehold/<key>`.
+pub const DEFAULT_PREFIX: &str = "leasehold/";
+/// The default bound on each operation (all of its requests together).
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default bound on connecting to a member.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a prefix may be, in bytes.
+pub const MAX_PREFIX_LEN: usize = 256;
+
+fn config_error(msg: impl Into<String>) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
+}
+
+/// A user name and password for etcd's authentication. The password is never shown by
+/// `Debug` or anywhere else.
+#[derive(Clone, PartialEq, Eq)]
+struct Credentials {
+    user: String,
+    password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// How to reach an etcd cluster (v3 API) and how the store behaves.
+///
+/// Parsed from `etcd://[user:password@]host:port[,host:port…][?params]` by
+/// [`from_url`](Self::from_url). Parameters:
+///
+/// | parameter | meaning | default |
+/// | --- | --- | --- |
+/// | `prefix` | prepended to every lease key (a namespace) | `leasehold/` |
+/// | `timeout` | bound on each operation (`250ms`, `2s`, …) | 5 s |
+/// | `connect_timeout` | bound on connecting to a member | 2 s |
+///
+/// Unknown parameters are refused. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    endpoints: Vec<String>,
+    prefix: String,
+    op_timeout: Duration,
+    connect_timeout: Duration,
+    credentials: Option<Credentials>,
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("op_timeout", &self.op_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("credentials", &self.credentials)
+            .finish()
+    }
+}
+
+impl fmt::Display for EtcdConfig {
+    /// The URL without the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("etcd://")?;
+        if let Some(c) = &self.credentials {
+            write!(f, "{}:***@", c.user)?;
+        }
+        f.write_str(&self.endpoints.join(","))
+    }
+}
+
+impl EtcdConfig {
+    /// A configuration for the members at `endpoints` (`host:port` each) with the
+    /// defaults.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when there is no endpoint or one is not `host:port`.
+    pub fn new<I, S>(endpoints: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let endpoints = endpoints
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| parse_endpoint(i + 1, e.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if endpoints.is_empty() {
+            return Err(config_error("an etcd URL needs at least one host:port"));
+        }
+        Ok(Self {
+            endpoints,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            op_timeout: DEFAULT_OP_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            credentials: None,
+        })
+    }
+
+    /// Parses `etcd://[user:password@]host:port[,host:port…][/][?params]`.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for another scheme, a missing or bad `host:port`, a
+    /// path, an unknown or repeated parameter, a bad value, or a malformed
+    /// percent-escape in the credentials. The message never contains the password.
+    ///
+    /// ```
+    /// use leasehold_core::StoreErrorKind;
+    /// use leasehold_etcd::EtcdConfig;
+    ///
+    /// let c = EtcdConfig::from_url("etcd://10.0.0.1:2379,10.0.0.2:2379?prefix=app/&timeout=2s")?;
+    /// assert_eq!(c.endpoints(), ["10.0.0.1:2379", "10.0.0.2:2379"]);
+    /// assert_eq!(c.key_prefix(), "app/");
+    /// let err = EtcdConfig::from_url("etcd://h:2379?colour=blue").unwrap_err();
+    /// assert_eq!(err.kind(), StoreErrorKind::Config);
+    /// # Ok::<(), leasehold_core::StoreError>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| config_error("an etcd store URL starts with etcd://"))?;
+        let (authority_and_path, query) = match rest.split_once('?') {
+            Some((a, q)) => (a, Some(q)),
+            None => (rest, None),
+        };
+        if authority_and_path.contains('#') || query.is_some_and(|q| q.contains('#')) {
+            return Err(config_error("an etcd URL has no fragment (#)"));
+        }
+        let authority = match authority_and_path.split_once('/') {
+            Some((a, "")) => a,
+            Some(_) => {
+                return Err(config_error(
+                    "an etcd URL has no path: use the prefix parameter for a namespace",
+                ));
+            }
+            None => authority_and_path,
+        };
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let mut config = Self::new(hosts.split(','))?;
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
+                config_error(
+                    "etcd credentials in the URL are user:password (the password is missing)",
+                )
+            })?;
+            let user = percent_decode(user)
+                .ok_or_else(|| config_error("the etcd user name has a malformed %-escape"))?;
+            let password = percent_decode(password)
+                .ok_or_else(|| config_error("the etcd password has a malformed %-escape"))?;
+            if user.is_empty() {
+                return Err(config_error("the etcd user name is empty"));
+            }
+            config.credentials = Some(Credentials { user, password });
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if seen.contains(&name) {
+                return Err(config_error(format!(
+                    "etcd URL parameter {name:?} is repeated"
+                )));
+            }
+            seen.push(name);
+            let value = percent_decode(value).ok_or_else(|| {
+                config_error(format!(
+                    "etcd URL parameter {name:?} has a malformed %-escape"
+                ))
+            })?;
+            match name {
+                "prefix" => config = config.prefix(value)?,
+                "timeout" => {
+                    config.op_timeout = parse_timeout(name, &value)?;
+                }
+                "connect_timeout" => {
+                    config.connect_timeout = parse_timeout(name, &value)?;
+                }
+                other => {
+                    return Err(config_error(format!(
+                        "unknown etcd URL parameter {other:?} (known: prefix, timeout, connect_timeout)"
+                    )));
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// Sets the key prefix (the namespace of every lease key).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when it is empty, longer than [`MAX_PREFIX_LEN`] bytes
+    /// or holds a control character.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, StoreError> {
+        let prefix = prefix.into();
+        if prefix.is_empty() {
+            return Err(config_error(
+                "the etcd key prefix is empty: leases would mix with every other key",
+            ));
+        }
+        if prefix.len() > MAX_PREFIX_LEN {
+            return Err(config_error(format!(
+                "the etcd key prefix is longer than {MAX_PREFIX_LEN} bytes"
+            )));
+        }
+        if prefix.chars().any(char::is_control) {
+            return Err(config_error(
+                "the etcd key prefix holds a control character",
+            ));
+        }
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// Sets the bound on each operation.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+    pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+        self.op_timeout = check_timeout("timeout", timeout)?;
+        Ok(self)
+    }
+
+    /// Sets the bound on connecting to a member.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+        self.connect_timeout = check_timeout("connect_timeout", timeout)?;
+        Ok(self)
+    }
+
+    /// Authenticates as `user` with `password` (etcd's own user accounts).
+    pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            user: user.into(),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// The members, `host:port` each.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The bound on each operation.
+    pub fn op_bound(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The bound on connecting.
+    pub fn connect_bound(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The user name, if the store authenticates.
+    pub fn user(&self) -> Option<&str> {
+        self.credentials.as_ref().map(|c| c.user.as_str())
+    }
+
+    pub(crate) fn user_and_password(&self) -> Option<(&str, &str)> {
+        self.credentials
+            .as_ref()
+            .map(|c| (c.user.as_str(), c.password.as_str()))
+    }
+}
+
+fn parse_timeout(name: &str, value: &str) -> Result<Duration, StoreError> {
+    let d = parse_duration(value).ok_or_else(|| {
+        config_error(format!(
+            "etcd URL parameter {name} is not a duration (250ms, 2s, 1m)"
+        ))
+    })?;
+    check_timeout(name, d)
+}
+
+fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
+    if d.is_zero() || d > Duration::from_secs(3600) {
+        return Err(config_error(format!(
+            "etcd {name} must be above zero and at most 1h, not {d:?}"
+        )));
+    }
+    Ok(d)
+}
+
+/// Checks endpoint number `n`. The messages do not repeat the text: in a malformed URL it
+/// may hold part of the credentials.
+fn parse_endpoint(n: usize, e: &str) -> Result<String, StoreError> {
+    let (host, port) = e
+        .rsplit_once(':')
+        .ok_or_else(|| config_error(format!("etcd endpoint {n} is not host:port")))?;
+    let bracketed = host.starts_with('[') && host.ends_with(']');
+    let host_ok = !host.is_empty()
+        && (bracketed
+            || host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'));
+    if !host_ok {
+        return Err(config_error(format!("etcd endpoint {n} has a bad host")));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(format!("{host}:{p}")),
+        _ => Err(config_error(format!("etcd endpoint {n} has a bad port"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_part() {
+        let c = EtcdConfig::from_url(
+            "etcd://bob:p%40ss@a:2379,b.example:2380/?prefix=x%2F&timeout=2s&connect_timeout=500ms",
+        )
+        .unwrap();
+        assert_eq!(c.endpoints(), ["a:2379", "b.example:2380"]);
+        assert_eq!(c.key_prefix(), "x/");
+        assert_eq!(c.op_bound(), Duration::from_secs(2));
+        assert_eq!(c.connect_bound(), Duration::from_millis(500));
+        assert_eq!(c.user_and_password(), Some(("bob", "p@ss")));
+        let shown = format!("{c:?} {c}");
+        assert!(
+            !shown.contains("p@ss") && !shown.contains("p%40ss"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let c = EtcdConfig::from_url("etcd://127.0.0.1:2379").unwrap();
+        assert_eq!(c.key_prefix(), DEFAULT_PREFIX);
+        assert_eq!(c.op_bound(), DEFAULT_OP_TIMEOUT);
+        assert_eq!(c.user(), None);
+    }
+
+    #[test]
+    fn rejects_bad_urls_with_config_errors() {
+        for bad in [
+            "redis://h:1",
+            "etcd://",
+            "etcd://h",
+            "etcd://h:",
+            "etcd://h:0",
+            "etcd://h:70000",
+            "etcd://h:12x",
+            "etcd://h:1,",
+            "etcd://h:1/path",
+            "etcd://h:1?colour=blue",
+            "etcd://h:1?timeout=soon",
+            "etcd://h:1?timeout=0ms",
+            "etcd://h:1?prefix=",
+            "etcd://h:1?prefix=a&prefix=b",
+            "etcd://u@h:1",
+            "etcd://u:p%zz@h:1",
+            "etcd://h:1#frag",
+            "etcd://bad host:1",
+        ] {
+            let err = EtcdConfig::from_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), StoreErrorKind::Config, "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn errors_never_show_the_password() {
+        let err = EtcdConfig::from_url("etcd://u:sentinel-pw@h:1?colour=blue").unwrap_err();
+        assert!(!err.to_string().contains("sentinel-pw"), "{err}");
+        for url in [
+            "etcd://u:sentinel-pw@h:0",
+            "etcd://u:sentinel-pw?@h:1",
+            "etcd://u:sentinel-pw#@h:1",
+            "etcd://u:sentinel-pw/@h:1",
+            "etcd://u:sentinel-pw",
+        ] {
+            let err = EtcdConfig::from_url(url).unwrap_err();
+            assert!(
+                !format!("{err} {err:?}").contains("sentinel-pw"),
+                "{url}: {err}"
+            );
+        }
+    }
+}

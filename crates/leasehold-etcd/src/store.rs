@@ -1,0 +1,686 @@
+//! [`EtcdStore`]: the four operations of the store contract as etcd transactions and
+//! lease calls.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use futures::{StreamExt, TryStreamExt};
+use leasehold_core::{
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
+
+use crate::BACKEND;
+use crate::config::EtcdConfig;
+
+/// A lease store on an etcd cluster (v3 API).
+///
+/// Each grant gets **its own etcd lease**, with the TTL rounded up to whole seconds (etcd
+/// may raise it further to its minimum; the store reports the TTL etcd granted). The
+/// lease key `<prefix><key>` holds `<owner token hex> <granted TTL in seconds>` and is
+/// attached to that etcd lease, so etcd deletes it when the lease expires. The fence is
+/// the key's create revision: cluster-wide, monotonic across leader changes and restarts,
+/// with no extra write.
+///
+/// Cloning is cheap: clones share one gRPC channel.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    config: EtcdConfig,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the lease key's value says.
+struct Holder {
+    owner: OwnerToken,
+    granted_secs: i64,
+    kv: KeyValue,
+}
+
+fn err(kind: StoreErrorKind, msg: impl Into<String>) -> StoreError {
+    StoreError::new(kind, BACKEND, msg)
+}
+
+/// Maps a client error to a typed store error. The client's errors never contain the
+/// password (it is sent only in the authentication request).
+fn map_err(op: &str, e: etcd_client::Error) -> StoreError {
+    use etcd_client::Error as E;
+    let kind = match &e {
+        E::GRpcStatus(status) => match i32::from(status.code()) {
+            tonic_code::UNAVAILABLE => StoreErrorKind::Unavailable,
+            tonic_code::DEADLINE_EXCEEDED | tonic_code::CANCELLED => StoreErrorKind::Timeout,
+            tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED => StoreErrorKind::Config,
+            tonic_code::RESOURCE_EXHAUSTED => StoreErrorKind::Busy,
+            // etcd answers a missing or refused authentication with InvalidArgument
+            // ("user name is empty", "authentication failed", "invalid auth token").
+            tonic_code::INVALID_ARGUMENT
+                if ["user", "auth", "token", "password"]
+                    .iter()
+                    .any(|w| status.message().contains(w)) =>
+            {
+                StoreErrorKind::Config
+            }
+            tonic_code::INVALID_ARGUMENT => StoreErrorKind::InvalidInput,
+            tonic_code::UNKNOWN | tonic_code::INTERNAL => StoreErrorKind::Ambiguous,
+            _ => StoreErrorKind::Other,
+        },
+        E::TransportError(_) | E::IoError(_) => StoreErrorKind::Unavailable,
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => StoreErrorKind::Config,
+        E::LeaseKeepAliveError(_) | E::WatchError(_) => StoreErrorKind::Ambiguous,
+        _ => StoreErrorKind::Other,
+    };
+    err(kind, format!("etcd {op} failed")).with_source(e)
+}
+
+/// gRPC status codes by number (the standard numbering), so the crate does not depend
+/// on `tonic` itself.
+mod tonic_code {
+    pub(super) const CANCELLED: i32 = 1;
+    pub(super) const UNKNOWN: i32 = 2;
+    pub(super) const INVALID_ARGUMENT: i32 = 3;
+    pub(super) const DEADLINE_EXCEEDED: i32 = 4;
+    pub(super) const NOT_FOUND: i32 = 5;
+    pub(super) const PERMISSION_DENIED: i32 = 7;
+    pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
+    pub(super) const INTERNAL: i32 = 13;
+    pub(super) const UNAVAILABLE: i32 = 14;
+    pub(super) const UNAUTHENTICATED: i32 = 16;
+}
+
+/// The TTL in whole seconds, rounded up (etcd leases have one-second resolution).
+fn ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    // check_ttl bounds the TTL to 24 h, so this never saturates.
+    i64::try_from(secs).unwrap_or(i64::MAX)
+}
+
+fn secs(n: i64) -> Duration {
+    Duration::from_secs(u64::try_from(n).unwrap_or(0))
+}
+
+fn encode_value(owner: &OwnerToken, granted_secs: i64) -> String {
+    format!("{owner} {granted_secs}")
+}
+
+fn fence(revision: i64) -> Result<Fence, StoreError> {
+    u64::try_from(revision)
+        .ok()
+        .filter(|r| *r > 0)
+        .map(Fence)
+        .ok_or_else(|| err(StoreErrorKind::Corrupt, "etcd reported a revision below 1"))
+}
+
+impl EtcdStore {
+    /// Opens the store from an `etcd://` URL (see [`EtcdConfig::from_url`]) and checks
+    /// that the cluster answers.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for a bad URL or refused credentials; `Unavailable` or
+    /// `Timeout` when no member answers within the connect timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// Connects with `config` and checks that the cluster answers (one read of the
+    /// prefix's first key, so least-privilege users need nothing beyond their prefix).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
+        let client = Self::connect_client(&config).await?;
+        let store = Self { client, config };
+        let probe = store.config.key_prefix().as_bytes().to_vec();
+        store
+            .bounded("connect", async {
+                let mut kv = store.client.kv_client();
+                kv.get(probe, Some(GetOptions::new().with_keys_only()))
+                    .await
+                    .map_err(|e| map_err("connect check", e))
+            })
+            .await?;
+        Ok(store)
+    }
+
+    /// Connects without the check that the cluster answers.
+    async fn connect_client(config: &EtcdConfig) -> Result<Client, StoreError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_bound())
+            .with_timeout(config.op_bound())
+            .with_keep_alive(Duration::from_secs(10), config.op_bound());
+        if let Some((user, password)) = config.user_and_password() {
+            options = options.with_user(user, password);
+        }
+        let endpoints: Vec<String> = config
+            .endpoints()
+            .iter()
+            .map(|e| format!("http://{e}"))
+            .collect();
+        let bound = config.connect_bound() + config.op_bound();
+        StoreError::bounded(BACKEND, "connect", bound, async {
+            // Authentication happens here: a refusal is a configuration error (the
+            // client's error never holds the password).
+            Client::connect(endpoints, Some(options))
+                .await
+                .map_err(|e| map_err("connect", e))
+        })
+        .await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    /// The etcd key that holds `key`'s lease: `<prefix><key>`.
+    pub fn lease_key(&self, key: &Key) -> String {
+        format!("{}{}", self.config.key_prefix(), key.as_str())
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        StoreError::bounded(BACKEND, op, self.config.op_bound(), call).await
+    }
+
+    /// Reads the lease key: its holder, if any.
+    async fn read(&self, lease_key: &str) -> Result<(Option<Holder>, i64), StoreError> {
+        let mut kv = self.client.kv_client();
+        let mut resp = kv
+            .get(lease_key, None)
+            .await
+            .map_err(|e| map_err("get", e))?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let holder = resp.take_kvs().into_iter().next().map(decode).transpose()?;
+        Ok((holder, revision))
+    }
+
+    /// Grants a fresh etcd lease of `ttl_secs`: its id and the TTL etcd granted.
+    async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64), StoreError> {
+        let mut lease = self.client.lease_client();
+        let resp = lease
+            .grant(ttl_secs, None)
+            .await
+            .map_err(|e| map_err("lease grant", e))?;
+        if !resp.error().is_empty() || resp.ttl() <= 0 {
+            return Err(err(
+                StoreErrorKind::Other,
+                format!("etcd refused a lease of {ttl_secs}s: {}", resp.error()),
+            ));
+        }
+        Ok((resp.id(), resp.ttl()))
+    }
+
+    /// Revokes an etcd lease, best effort: a lease that could not be revoked expires by
+    /// itself within its TTL (and then holds no key).
+    async fn revoke_quietly(&self, id: i64) {
+        let mut lease = self.client.lease_client();
+        if let Err(e) = lease.revoke(id).await {
+            tracing::debug!(lease = id, error = %e, "etcd lease revoke failed; it expires by itself");
+        }
+    }
+
+    /// Keeps lease `id` alive once. `Ok(false)` when etcd no longer has it (expired or
+    /// revoked).
+    async fn keep_alive_once(&self, id: i64) -> Result<bool, StoreError> {
+        let mut lease = self.client.lease_client();
+        match lease.keep_alive(id).await {
+            // The client sends one request and reads its answer before it returns; the
+            // stream is closed when the keeper and stream are dropped here.
+            Ok(_) => Ok(true),
+            Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("not found") => Ok(false),
+            Err(e) => Err(map_err("lease keep-alive", e)),
+        }
+    }
+
+    /// Extends `holder`'s lease for at least `want_secs`: a keep-alive of its etcd lease,
+    /// and when the lease was granted for less than `want_secs`, a move of the key (same
+    /// create revision, so the same fence) onto a new lease of `want_secs`. The granted
+    /// TTL, or `None` when the lease is gone or the key changed meanwhile.
+    async fn extend(
+        &self,
+        lease_key: &str,
+        holder: &Holder,
+        want_secs: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let old = holder.kv.lease();
+        if !self.keep_alive_once(old).await? {
+            return Ok(None);
+        }
+        if want_secs <= holder.granted_secs {
+            return Ok(Some(holder.granted_secs));
+        }
+        // A longer TTL than the lease was granted with: etcd cannot change a lease's TTL,
+        // so move the key onto a new lease, if nothing touched it since it was read.
+        let (new, granted) = self.grant(want_secs).await?;
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                lease_key,
+                CompareOp::Equal,
+                holder.kv.mod_revision(),
+            )])
+            .and_then([TxnOp::put(
+                lease_key,
+                encode_value(&holder.owner, granted),
+                Some(PutOptions::new().with_lease(new)),
+            )]);
+        let mut kv = self.client.kv_client();
+        let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
+        if resp.succeeded() {
+            self.revoke_quietly(old).await;
+            Ok(Some(granted))
+        } else {
+            self.revoke_quietly(new).await;
+            Ok(None)
+        }
+    }
+
+    async fn do_acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let lease_key = self.lease_key(key);
+        let want = ttl_secs(ttl);
+        let (existing, _) = self.read(&lease_key).await?;
+        let holder = match existing {
+            Some(h) => h,
+            None => {
+                let (id, granted) = self.grant(want).await?;
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        lease_key.as_str(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then([TxnOp::put(
+                        lease_key.as_str(),
+                        encode_value(owner, granted),
+                        Some(PutOptions::new().with_lease(id)),
+                    )])
+                    .or_else([TxnOp::get(lease_key.as_str(), None)]);
+                let mut kv = self.client.kv_client();
+                let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
+                if resp.succeeded() {
+                    // The put's revision is the key's create revision.
+                    let revision = resp.header().map_or(0, |h| h.revision());
+                    return Ok(AcquireOutcome::Acquired {
+                        fence: fence(revision)?,
+                        ttl: secs(granted),
+                    });
+                }
+                self.revoke_quietly(id).await;
+                let current = resp.op_responses().into_iter().find_map(|r| match r {
+                    TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                    _ => None,
+                });
+                match current {
+                    Some(kv) => decode(kv)?,
+                    // Created and deleted between the compare and the get cannot happen
+                    // (a txn is atomic); be conservative anyway.
+                    None => return Ok(AcquireOutcome::Held { remaining: None }),
+                }
+            }
+        };
+        if holder.owner == *owner {
+            // A retry after an ambiguous reply: extend, same fence.
+            return match self.extend(&lease_key, &holder, want).await? {
+                Some(granted) => Ok(AcquireOutcome::Acquired {
+                    fence: fence(holder.kv.create_revision())?,
+                    ttl: secs(granted),
+                }),
+                // Our own lease expired and its key is about to go: not ours any more.
+                None => Ok(AcquireOutcome::Held {
+                    remaining: Some(Duration::ZERO),
+                }),
+            };
+        }
+        let remaining = self.remaining(holder.kv.lease()).await?;
+        Ok(AcquireOutcome::Held {
+            remaining: Some(remaining.unwrap_or(Duration::ZERO)),
+        })
+    }
+
+    /// The remaining TTL of etcd lease `id` in whole seconds (rounded down by etcd), or
+    /// `None` when etcd no longer has it.
+    async fn remaining(&self, id: i64) -> Result<Option<Duration>, StoreError> {
+        let mut lease = self.client.lease_client();
+        let resp = lease
+            .time_to_live(id, None)
+            .await
+            .map_err(|e| map_err("lease time-to-live", e))?;
+        Ok((resp.ttl() >= 0).then(|| secs(resp.ttl())))
+    }
+
+    async fn do_renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let lease_key = self.lease_key(key);
+        let (existing, _) = self.read(&lease_key).await?;
+        let Some(holder) = existing.filter(|h| h.owner == *owner) else {
+            return Ok(RenewOutcome::NotOwner);
+        };
+        Ok(
+            match self.extend(&lease_key, &holder, ttl_secs(ttl)).await? {
+                Some(granted) => RenewOutcome::Renewed { ttl: secs(granted) },
+                None => RenewOutcome::NotOwner,
+            },
+        )
+    }
+
+    async fn do_release(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let lease_key = self.lease_key(key);
+        // A concurrent renewal by the same owner may move the key to a new lease between
+        // the read and the delete: read again then.
+        for _ in 0..3 {
+            let (existing, _) = self.read(&lease_key).await?;
+            let Some(holder) = existing.filter(|h| h.owner == *owner) else {
+                return Ok(ReleaseOutcome::NotOwner);
+            };
+            if self
+                .delete_if_unchanged(&lease_key, &holder)
+                .await?
+                .is_some()
+            {
+                return Ok(ReleaseOutcome::Released);
+            }
+        }
+        Err(err(
+            StoreErrorKind::Busy,
+            "etcd release: the lease key kept changing under the release",
+        ))
+    }
+
+    /// Deletes the key if its mod revision is still the one read, then revokes its etcd
+    /// lease. The revision of the delete, or `None` when the key had changed.
+    async fn delete_if_unchanged(
+        &self,
+        lease_key: &str,
+        holder: &Holder,
+    ) -> Result<Option<i64>, StoreError> {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                lease_key,
+                CompareOp::Equal,
+                holder.kv.mod_revision(),
+            )])
+            .and_then([TxnOp::delete(lease_key, None)]);
+        let mut kv = self.client.kv_client();
+        let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        self.revoke_quietly(holder.kv.lease()).await;
+        Ok(Some(resp.header().map_or(0, |h| h.revision())))
+    }
+
+    /// Returns once the lease key is deleted (released, expired, broken) after
+    /// `after_revision`, or once the watch ends (the caller re-checks either way).
+    async fn watch_deletion(&self, lease_key: &str, after_revision: i64) -> Result<(), StoreError> {
+        let mut watch = self.client.watch_client();
+        let options = WatchOptions::new()
+            .with_start_revision(after_revision + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut stream = self
+            .bounded("watch", async {
+                watch
+                    .watch(lease_key, Some(options))
+                    .await
+                    .map_err(|e| map_err("watch", e))
+            })
+            .await?;
+        loop {
+            match stream.message().await {
+                // Puts are filtered out: any event is a delete. A cancelled watch (the
+                // start revision was compacted away) may have missed it.
+                Ok(Some(resp)) if resp.canceled() || !resp.events().is_empty() => return Ok(()),
+                // The creation notice, or a progress notice.
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(err(
+                        StoreErrorKind::Unavailable,
+                        "etcd ended the watch on the lease key",
+                    ));
+                }
+                Err(e) => return Err(map_err("watch", e)),
+            }
+        }
+    }
+
+    async fn info(&self, key: Key, holder: Holder) -> Result<Option<LeaseInfo>, StoreError> {
+        let Some(remaining) = self.remaining(holder.kv.lease()).await? else {
+            // The etcd lease is gone: the key is being deleted with it.
+            return Ok(None);
+        };
+        Ok(Some(LeaseInfo {
+            key,
+            owner: holder.owner,
+            fence: fence(holder.kv.create_revision())?,
+            remaining: Some(remaining),
+        }))
+    }
+}
+
+fn decode(kv: KeyValue) -> Result<Holder, StoreError> {
+    let corrupt = || {
+        err(
+            StoreErrorKind::Corrupt,
+            "an etcd lease key does not hold `<owner> <ttl>`: written by something else?",
+        )
+    };
+    let text = std::str::from_utf8(kv.value()).map_err(|_| corrupt())?;
+    let (owner, granted) = text.split_once(' ').ok_or_else(corrupt)?;
+    let owner: OwnerToken = owner.parse().map_err(|_| corrupt())?;
+    let granted_secs: i64 = granted.parse().map_err(|_| corrupt())?;
+    if granted_secs <= 0 || kv.lease() == 0 {
+        return Err(corrupt());
+    }
+    Ok(Holder {
+        owner,
+        granted_secs,
+        kv,
+    })
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::minimal();
+        caps.wait_for_release = true;
+        caps.reports_remaining = true;
+        caps.list = true;
+        caps.break_lease = true;
+        caps.fence_durability = FenceDurability::Consensus;
+        caps
+    }
+
+    /// A read of the key; when it is free, a lease grant and one transaction that creates
+    /// the key on that lease only if it does not exist (`create_revision == 0`). When the
+    /// key is ours already, a keep-alive (and a move to a longer lease when asked for a
+    /// longer TTL); when it is another's, a time-to-live query for `Held { remaining }`.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have granted an etcd lease (it expires by itself, holding no
+    /// key) or created the key (a retry by the same owner finds it and gets the same
+    /// fence; left alone, it expires at its TTL).
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        self.bounded("acquire", self.do_acquire(key, owner, ttl))
+            .await
+    }
+
+    /// A read of the key (owner check), then one keep-alive of its etcd lease; when the
+    /// TTL asked for is longer than the lease was granted with, the key moves onto a new
+    /// lease in a transaction that checks the key did not change.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have extended the lease.
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        self.bounded("renew", self.do_renew(key, owner, ttl)).await
+    }
+
+    /// A read of the key (owner check), a transaction that deletes it only if it is
+    /// unchanged since, then a revoke of its etcd lease.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have deleted the key (and then the lease expires by itself).
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.bounded("release", self.do_release(key, owner)).await
+    }
+
+    /// A read of the key and a time-to-live query of its etcd lease.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.bounded("inspect", async {
+            let (existing, _) = self.read(&self.lease_key(key)).await?;
+            match existing {
+                Some(holder) => self.info(key.clone(), holder).await,
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// A read of the key, then an etcd watch on its deletion from the revision read on
+    /// (a release, a break or the expiry of its etcd lease: no polling). Returns at once
+    /// when the key is free. `owner` is not used: etcd does not queue waiters.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written; dropping the call closes the watch.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let _ = owner;
+        let lease_key = self.lease_key(key);
+        let wait = async {
+            let (existing, revision) = self.bounded("read", self.read(&lease_key)).await?;
+            if existing.is_none() {
+                return Ok(());
+            }
+            self.watch_deletion(&lease_key, revision).await
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(()))
+    }
+
+    /// A range read of `<store prefix><prefix>`, then one time-to-live query per lease
+    /// (at most 32 at a time). Keys under the store prefix that are not valid lease keys are
+    /// reported as `Corrupt`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.bounded("list", async {
+            let store_prefix = self.config.key_prefix();
+            let mut kv = self.client.kv_client();
+            let mut resp = kv
+                .get(
+                    format!("{store_prefix}{prefix}"),
+                    Some(GetOptions::new().with_prefix()),
+                )
+                .await
+                .map_err(|e| map_err("range", e))?;
+            let mut entries = Vec::new();
+            for kv in resp.take_kvs() {
+                let name = std::str::from_utf8(kv.key())
+                    .ok()
+                    .and_then(|k| k.strip_prefix(store_prefix))
+                    .and_then(|k| Key::new(k).ok())
+                    .ok_or_else(|| {
+                        err(
+                            StoreErrorKind::Corrupt,
+                            "a key under the etcd prefix is not a lease key",
+                        )
+                    })?;
+                entries.push((name, decode(kv)?));
+            }
+            // At most 32 time-to-live queries in flight, in key order.
+            let infos: Vec<Option<LeaseInfo>> = futures::stream::iter(entries)
+                .map(|(name, holder)| self.info(name, holder))
+                .buffered(32)
+                .try_collect()
+                .await?;
+            Ok(infos.into_iter().flatten().collect())
+        })
+        .await
+    }
+
+    /// Revokes the key's etcd lease, whatever its owner: etcd deletes the key with it
+    /// in the same step, so a renewal is either before the break or finds nothing. Returns
+    /// the revision of a read that found the key gone (for a free key, the cluster's
+    /// current revision): the next grant's create revision is higher.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have removed the lease.
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        self.bounded("break", async {
+            let lease_key = self.lease_key(key);
+            // Read, revoke, read again: the owner may have moved the key onto a new lease
+            // (a renewal for a longer TTL) between the read and the revoke.
+            for _ in 0..4 {
+                let (existing, revision) = self.read(&lease_key).await?;
+                let Some(holder) = existing else {
+                    return fence(revision);
+                };
+                let mut lease = self.client.lease_client();
+                match lease.revoke(holder.kv.lease()).await {
+                    Ok(_) => {}
+                    // Expired or revoked meanwhile: read again.
+                    Err(etcd_client::Error::GRpcStatus(status))
+                        if i32::from(status.code()) == tonic_code::NOT_FOUND => {}
+                    Err(e) => return Err(map_err("lease revoke", e)),
+                }
+            }
+            Err(err(
+                StoreErrorKind::Busy,
+                "etcd break: the lease key kept moving to new leases under the break",
+            ))
+        })
+        .await
+    }
+}
