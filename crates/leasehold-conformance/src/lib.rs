@@ -17,6 +17,7 @@ pub mod cases;
 pub mod fault_cases;
 pub mod growth;
 pub mod holder;
+pub mod waiting;
 
 /// Fault hooks a backend's fixture provides to the suite.
 #[async_trait]

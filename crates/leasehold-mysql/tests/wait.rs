@@ -15,12 +15,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_conformance::waiting::{self, slow_polling_client, spawn_wait_as};
 use leasehold_core::{
     AcquireOutcome, Backoff, Error, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome,
     Store,
 };
 use leasehold_mysql::{MySqlConfig, MySqlLeaseStore};
-use rand::SeedableRng;
 use tokio::time::{Instant, sleep, timeout};
 
 /// A long holder TTL: a waiter that polled would wait for it.
@@ -54,16 +54,6 @@ fn fence(o: AcquireOutcome) -> leasehold_core::Fence {
     }
 }
 
-/// A client that, if it had to poll, would sleep for most of the holder's TTL: full jitter
-/// over 20..30 s with a seeded generator whose first draws are long.
-fn slow_polling_client(store: Arc<dyn Store>) -> LeaseClient {
-    let config = LeaseConfig::builder(LONG_TTL)
-        .backoff(Backoff::new(Duration::from_secs(30), Duration::from_secs(30)).unwrap())
-        .build()
-        .unwrap();
-    LeaseClient::with_rng(store, config, rand::rngs::StdRng::seed_from_u64(7))
-}
-
 fn spawn_wait(
     store: &Arc<dyn Store>,
     k: &Key,
@@ -72,156 +62,30 @@ fn spawn_wait(
     spawn_wait_as(store, k, &OwnerToken::random(), t)
 }
 
-fn spawn_wait_as(
-    store: &Arc<dyn Store>,
-    k: &Key,
-    owner: &OwnerToken,
-    t: Duration,
-) -> tokio::task::JoinHandle<Result<(), leasehold_core::StoreError>> {
-    let (w, k, o) = (store.clone(), k.clone(), *owner);
-    tokio::spawn(async move { w.wait_released(&k, &o, t).await })
-}
-
-/// `wait_released` does not return while the lease is held, and returns soon after a
-/// release made through another store instance (another connection, as another process).
+/// The checks every SQL store shares (`leasehold_conformance::waiting`), each store
+/// instance another connection, as another process would have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_released_is_woken_by_a_release_from_another_store() {
     let db = common::start_db();
-    let holder = open(&db).await;
-    let waiter = open(&db).await;
-    let k = key("release");
-    let h = OwnerToken::random();
-    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
-    let wait = spawn_wait(&waiter, &k, Duration::from_secs(60));
-    sleep(Duration::from_secs(1)).await;
-    assert!(!wait.is_finished(), "wait_released returned while held");
-    assert_eq!(
-        holder.release(&k, &h).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    let released = Instant::now();
-    timeout(SOON, wait)
-        .await
-        .expect("woken soon after the release, not at the holder's expiry")
-        .unwrap()
-        .expect("wait_released is supported");
-    assert!(released.elapsed() < SOON);
+    waiting::woken_by_a_release_from_another_store(async || open(&db).await).await;
 }
 
-/// A `LeaseClient` waiting with a backoff that would poll every 20..30 s gets the lease
-/// within seconds of its release by another store instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_client_gets_the_lease_at_its_release() {
     let db = common::start_db();
-    let holder = LeaseClient::new(open(&db).await, LeaseConfig::new(LONG_TTL).unwrap());
-    let waiter = slow_polling_client(open(&db).await);
-    let lease = holder.try_acquire("wait:handoff").await.unwrap();
-    let first = lease.fence();
-    let waiting = tokio::spawn(async move {
-        waiter
-            .acquire("wait:handoff", Duration::from_secs(120))
-            .await
-    });
-    sleep(Duration::from_secs(1)).await;
-    assert!(!waiting.is_finished());
-    assert!(lease.release().await.unwrap());
-    let released = Instant::now();
-    let next = timeout(SOON, waiting)
-        .await
-        .expect("handed over soon after the release")
-        .unwrap()
-        .unwrap();
-    assert!(released.elapsed() < SOON);
-    assert!(next.fence() > first);
-    assert!(next.release().await.unwrap());
+    waiting::waiting_client_gets_the_lease_at_its_release(async || open(&db).await).await;
 }
 
-/// `wait_released` returns when the lease is broken (by a third store instance), and when
-/// it expires (at the holder's expiry, not before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_released_is_woken_by_break_and_expiry() {
     let db = common::start_db();
-    let holder = open(&db).await;
-    let waiter = open(&db).await;
-    let admin = open(&db).await;
-
-    let k = key("break");
-    fence(
-        holder
-            .acquire(&k, &OwnerToken::random(), LONG_TTL)
-            .await
-            .unwrap(),
-    );
-    let wait = spawn_wait(&waiter, &k, Duration::from_secs(60));
-    sleep(Duration::from_secs(1)).await;
-    assert!(!wait.is_finished(), "wait_released returned while held");
-    admin.break_lease(&k).await.unwrap();
-    let broken = Instant::now();
-    timeout(SOON, wait)
-        .await
-        .expect("woken soon after the break")
-        .unwrap()
-        .expect("wait_released is supported");
-    assert!(broken.elapsed() < SOON);
-
-    // Expired: the holder (a bare store call, nothing renews it) holds for 2 s.
-    let k = key("expiry");
-    let ttl = Duration::from_secs(2);
-    fence(
-        holder
-            .acquire(&k, &OwnerToken::random(), ttl)
-            .await
-            .unwrap(),
-    );
-    let acquired = Instant::now();
-    let w = OwnerToken::random();
-    let wait = spawn_wait_as(&waiter, &k, &w, Duration::from_secs(60));
-    timeout(ttl + SOON, wait)
-        .await
-        .expect("woken soon after the holder's expiry")
-        .unwrap()
-        .expect("wait_released is supported");
-    assert!(
-        acquired.elapsed() >= ttl - Duration::from_millis(100),
-        "returned before the expiry: {:?}",
-        acquired.elapsed()
-    );
-    // The waiter whose turn came gets it (a newcomer would be told to wait).
-    fence(waiter.acquire(&k, &w, LONG_TTL).await.unwrap());
+    waiting::woken_by_break_and_expiry(async || open(&db).await).await;
 }
 
-/// A wait ends at its timeout while the lease stays held: not before, and not long after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_released_ends_at_its_timeout() {
     let db = common::start_db();
-    let holder = open(&db).await;
-    let waiter = open(&db).await;
-    let k = key("timeout");
-    fence(
-        holder
-            .acquire(&k, &OwnerToken::random(), LONG_TTL)
-            .await
-            .unwrap(),
-    );
-    let t = Duration::from_millis(1500);
-    let started = Instant::now();
-    timeout(t + SOON, waiter.wait_released(&k, &OwnerToken::random(), t))
-        .await
-        .expect("the wait ends at its timeout")
-        .unwrap();
-    let took = started.elapsed();
-    assert!(
-        took >= t - Duration::from_millis(50),
-        "ended early: {took:?}"
-    );
-    // Still held: the timeout, not a release, ended it.
-    assert!(matches!(
-        waiter
-            .acquire(&k, &OwnerToken::random(), LONG_TTL)
-            .await
-            .unwrap(),
-        AcquireOutcome::Held { .. }
-    ));
+    waiting::ends_at_its_timeout(async || open(&db).await).await;
 }
 
 /// A waiter is queued when the holder releases: a newcomer's acquire right after the

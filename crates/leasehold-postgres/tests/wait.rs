@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_conformance::waiting::{self, slow_polling_client};
 use leasehold_core::{
     AcquireOutcome, Backoff, Error, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome,
     Store,
@@ -21,7 +22,6 @@ use leasehold_core::{
 use leasehold_postgres::sqlx::{self, PgPool};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore};
 use leasehold_testkit::{Postgres, PostgresOptions};
-use rand::SeedableRng;
 use tokio::time::{Instant, sleep, timeout};
 
 #[derive(Clone, Copy, Debug)]
@@ -66,52 +66,11 @@ fn fence(o: AcquireOutcome) -> leasehold_core::Fence {
     }
 }
 
-/// A client that, if it had to poll, would sleep for most of the holder's TTL: full jitter
-/// over 20..30 s with a seeded generator whose first draws are long.
-fn slow_polling_client(store: Arc<dyn Store>) -> LeaseClient {
-    let config = LeaseConfig::builder(LONG_TTL)
-        .backoff(Backoff::new(Duration::from_secs(30), Duration::from_secs(30)).unwrap())
-        .build()
-        .unwrap();
-    LeaseClient::with_rng(store, config, rand::rngs::StdRng::seed_from_u64(7))
-}
-
-/// `wait_released` does not return while the lease is held, and returns soon after a
-/// release made through another store (another connection, as another process would).
+/// The checks every SQL store shares (`leasehold_conformance::waiting`), each store
+/// another connection pool, as another process would have.
 async fn woken_by_release(kind: Kind) {
     let pg = server().await;
-    let holder = open(kind, &pg.url()).await;
-    let waiter = open(kind, &pg.url()).await;
-    let k = key("release");
-    let h = OwnerToken::random();
-    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
-    let wait = {
-        let (w, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move {
-            w.wait_released(&k, &OwnerToken::random(), Duration::from_secs(60))
-                .await
-        })
-    };
-    sleep(Duration::from_secs(1)).await;
-    assert!(!wait.is_finished(), "wait_released returned while held");
-    assert_eq!(
-        holder.release(&k, &h).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    let released = Instant::now();
-    timeout(SOON, wait)
-        .await
-        .expect("woken soon after the release, not at the holder's expiry")
-        .unwrap()
-        .expect("wait_released is supported");
-    assert!(released.elapsed() < SOON);
-    // The lease is free for whoever acquires now.
-    fence(
-        waiter
-            .acquire(&k, &OwnerToken::random(), LONG_TTL)
-            .await
-            .unwrap(),
-    );
+    waiting::woken_by_a_release_from_another_store(async || open(kind, &pg.url()).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,34 +83,10 @@ async fn advisory_wait_released_is_woken_by_a_release_from_another_connection() 
     woken_by_release(Kind::Advisory).await;
 }
 
-/// A `LeaseClient` waiting with a backoff that would poll every 20..30 s gets the lease
-/// within seconds of its release by another process's store.
 async fn client_hand_off(kind: Kind) {
     let pg = server().await;
-    let holder = LeaseClient::new(
-        open(kind, &pg.url()).await,
-        LeaseConfig::new(LONG_TTL).unwrap(),
-    );
-    let waiter = slow_polling_client(open(kind, &pg.url()).await);
-    let lease = holder.try_acquire("wait:handoff").await.unwrap();
-    let first = lease.fence();
-    let waiting = tokio::spawn(async move {
-        waiter
-            .acquire("wait:handoff", Duration::from_secs(120))
-            .await
-    });
-    sleep(Duration::from_secs(1)).await;
-    assert!(!waiting.is_finished());
-    assert!(lease.release().await.unwrap());
-    let released = Instant::now();
-    let next = timeout(SOON, waiting)
-        .await
-        .expect("handed over soon after the release")
-        .unwrap()
-        .unwrap();
-    assert!(released.elapsed() < SOON);
-    assert!(next.fence() > first);
-    assert!(next.release().await.unwrap());
+    waiting::waiting_client_gets_the_lease_at_its_release(async || open(kind, &pg.url()).await)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,73 +99,9 @@ async fn advisory_waiting_client_gets_the_lease_at_its_release() {
     client_hand_off(Kind::Advisory).await;
 }
 
-/// `wait_released` returns when the lease is broken (by a third store) or expires, not only
-/// when it is released.
 async fn woken_by_break_and_expiry(kind: Kind) {
     let pg = server().await;
-    let holder = open(kind, &pg.url()).await;
-    let waiter = open(kind, &pg.url()).await;
-    let admin = open(kind, &pg.url()).await;
-
-    // Broken.
-    let k = key("break");
-    fence(
-        holder
-            .acquire(&k, &OwnerToken::random(), LONG_TTL)
-            .await
-            .unwrap(),
-    );
-    let wait = {
-        let (w, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move {
-            w.wait_released(&k, &OwnerToken::random(), Duration::from_secs(60))
-                .await
-        })
-    };
-    sleep(Duration::from_secs(1)).await;
-    assert!(!wait.is_finished(), "wait_released returned while held");
-    admin.break_lease(&k).await.unwrap();
-    let broken = Instant::now();
-    timeout(SOON, wait)
-        .await
-        .expect("woken soon after the break")
-        .unwrap()
-        .expect("wait_released is supported");
-    assert!(broken.elapsed() < SOON);
-
-    // Expired: the holder (a bare store call, nothing renews it) holds for 2 s.
-    let k = key("expiry");
-    let ttl = Duration::from_secs(2);
-    fence(
-        holder
-            .acquire(&k, &OwnerToken::random(), ttl)
-            .await
-            .unwrap(),
-    );
-    let acquired = Instant::now();
-    let wait = {
-        let (w, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move {
-            w.wait_released(&k, &OwnerToken::random(), Duration::from_secs(60))
-                .await
-        })
-    };
-    timeout(ttl + SOON, wait)
-        .await
-        .expect("woken soon after the holder's expiry")
-        .unwrap()
-        .expect("wait_released is supported");
-    assert!(
-        acquired.elapsed() >= ttl - Duration::from_millis(100),
-        "returned before the expiry: {:?}",
-        acquired.elapsed()
-    );
-    fence(
-        waiter
-            .acquire(&k, &OwnerToken::random(), LONG_TTL)
-            .await
-            .unwrap(),
-    );
+    waiting::woken_by_break_and_expiry(async || open(kind, &pg.url()).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
