@@ -106,9 +106,6 @@ pub(crate) fn like_prefix(prefix: &str) -> String {
     out
 }
 
-/// The largest `older_than` of [`MySqlLeaseStore::prune`], in µs (ten years).
-const MAX_PRUNE_AGE_US: i64 = 10 * 365 * 24 * 3600 * 1_000_000;
-
 /// Whether the row is granted to the caller (`?` = the caller's owner token, twice), on
 /// the row's values before the update (or, for `expires_at_us`, after `owner` was set:
 /// the same answer). `VALUES(owner)` is the caller's token, or `NULL` when the key's
@@ -356,10 +353,7 @@ impl MySqlLeaseStore {
     /// # Errors
     /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
     pub async fn prune(&self, older_than: std::time::Duration) -> Result<u64, StoreError> {
-        // At most ten years, so that the server's arithmetic cannot overflow.
-        let us = i64::try_from(older_than.as_micros())
-            .unwrap_or(i64::MAX)
-            .min(MAX_PRUNE_AGE_US);
+        let us = leasehold_sql::prune_age_us(older_than);
         self.db
             .run("prune", async move |conn| {
                 Ok(sqlx::query(concat!(

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS {name} (
 /// run it themselves (`DELETE FROM "leasehold_leases" WHERE expires_at < clock_timestamp()
 /// - 604800000000 * interval '1 microsecond'` for a week).
 pub(crate) fn prune_sql(t: &TableName, older_than: std::time::Duration) -> String {
-    let us = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+    let us = leasehold_sql::prune_age_us(older_than);
     format!(
         "DELETE FROM {} WHERE expires_at < clock_timestamp() - {us} * interval '1 microsecond'",
         t.sql()
