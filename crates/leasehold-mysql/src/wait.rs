@@ -43,9 +43,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind};
+use leasehold_sql::presence::{HasPresence, Presence};
 use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::conn::Db;
 use crate::error::error_number;
@@ -138,12 +139,6 @@ enum End {
     Failed,
 }
 
-struct Activity {
-    waiting: usize,
-    acquiring: usize,
-    last: Instant,
-}
-
 struct Entry {
     key: Key,
     owner: OwnerToken,
@@ -151,89 +146,29 @@ struct Entry {
     /// A bare `wait_released` passes the turn on as soon as it comes.
     claims: bool,
     state: watch::Sender<State>,
-    activity: Mutex<Activity>,
-    changed: Notify,
+    presence: Presence,
     failure: Mutex<Option<(StoreErrorKind, String)>>,
 }
 
 impl Entry {
-    fn activity(&self) -> MutexGuard<'_, Activity> {
-        self.activity.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn state(&self) -> State {
         *self.state.borrow()
-    }
-
-    fn touch(&self, f: impl FnOnce(&mut Activity)) {
-        {
-            let mut a = self.activity();
-            f(&mut a);
-            a.last = Instant::now();
-        }
-        self.changed.notify_waiters();
     }
 
     /// Resolves once the entry has been without a waiter or an acquiring owner for
     /// [`GRACE`].
     async fn abandoned(&self) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let until = {
-                let a = self.activity();
-                if a.waiting > 0 || a.acquiring > 0 {
-                    None
-                } else {
-                    Some(a.last + GRACE)
-                }
-            };
-            match until {
-                None => changed.await,
-                Some(t) if Instant::now() >= t => return,
-                Some(t) => {
-                    tokio::select! {
-                        () = changed => {}
-                        () = tokio::time::sleep_until(t.into()) => {}
-                    }
-                }
-            }
-        }
+        self.presence.abandoned(GRACE).await;
     }
 }
 
-/// Marks an entry's owner as waiting or acquiring while alive.
-struct Active {
-    entry: Arc<Entry>,
-    waiting: bool,
-}
-
-impl Active {
-    fn new(entry: Arc<Entry>, waiting: bool) -> Self {
-        entry.touch(|a| {
-            if waiting {
-                a.waiting += 1;
-            } else {
-                a.acquiring += 1;
-            }
-        });
-        Self { entry, waiting }
+impl HasPresence for Entry {
+    fn presence(&self) -> &Presence {
+        &self.presence
     }
 }
 
-impl Drop for Active {
-    fn drop(&mut self) {
-        let waiting = self.waiting;
-        self.entry.touch(|a| {
-            if waiting {
-                a.waiting -= 1;
-            } else {
-                a.acquiring -= 1;
-            }
-        });
-    }
-}
+type Active = leasehold_sql::presence::Active<Entry>;
 
 struct Shared {
     db: Arc<Db>,
@@ -412,12 +347,7 @@ impl Queue {
             owner: *owner,
             claims,
             state: watch::Sender::new(State::Queued),
-            activity: Mutex::new(Activity {
-                waiting: 0,
-                acquiring: 0,
-                last: Instant::now(),
-            }),
-            changed: Notify::new(),
+            presence: Presence::new(),
             failure: Mutex::new(None),
         });
         entries.insert((key.clone(), *owner), entry.clone());

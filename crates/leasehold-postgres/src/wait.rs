@@ -41,9 +41,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind};
+use leasehold_sql::presence::{HasPresence, Presence};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::error;
 use crate::listen::Listener;
@@ -206,12 +207,6 @@ enum End {
     Failed,
 }
 
-struct Activity {
-    waiting: usize,
-    acquiring: usize,
-    last: Instant,
-}
-
 struct Entry {
     key: Key,
     /// The owner the turn is kept for; `None`: a bystander's wait, which passes it on.
@@ -220,16 +215,11 @@ struct Entry {
     state: watch::Sender<State>,
     /// The head's session while it is ready (taken by a claim).
     parked: Mutex<Option<PgConnection>>,
-    activity: Mutex<Activity>,
-    changed: Notify,
+    presence: Presence,
     failure: Mutex<Option<(StoreErrorKind, String)>>,
 }
 
 impl Entry {
-    fn activity(&self) -> MutexGuard<'_, Activity> {
-        self.activity.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn parked(&self) -> MutexGuard<'_, Option<PgConnection>> {
         self.parked.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -241,74 +231,23 @@ impl Entry {
     /// Resolves once the entry has been without a waiter or an acquiring owner for
     /// [`GRACE`] (at once for a bystander's wait).
     async fn abandoned(&self) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let until = {
-                let a = self.activity();
-                if a.waiting > 0 || a.acquiring > 0 {
-                    None
-                } else if self.owner.is_none() {
-                    return;
-                } else {
-                    Some(a.last + GRACE)
-                }
-            };
-            match until {
-                None => changed.await,
-                Some(t) if Instant::now() >= t => return,
-                Some(t) => {
-                    tokio::select! {
-                        () = changed => {}
-                        () = tokio::time::sleep_until(t.into()) => {}
-                    }
-                }
-            }
-        }
-    }
-
-    fn touch(&self, f: impl FnOnce(&mut Activity)) {
-        {
-            let mut a = self.activity();
-            f(&mut a);
-            a.last = Instant::now();
-        }
-        self.changed.notify_waiters();
-    }
-}
-
-/// Marks an entry's owner as waiting or acquiring while alive.
-struct Active {
-    entry: Arc<Entry>,
-    waiting: bool,
-}
-
-impl Active {
-    fn new(entry: Arc<Entry>, waiting: bool) -> Self {
-        entry.touch(|a| {
-            if waiting {
-                a.waiting += 1;
+        self.presence
+            .abandoned(if self.owner.is_none() {
+                Duration::ZERO
             } else {
-                a.acquiring += 1;
-            }
-        });
-        Self { entry, waiting }
+                GRACE
+            })
+            .await;
     }
 }
 
-impl Drop for Active {
-    fn drop(&mut self) {
-        let waiting = self.waiting;
-        self.entry.touch(|a| {
-            if waiting {
-                a.waiting -= 1;
-            } else {
-                a.acquiring -= 1;
-            }
-        });
+impl HasPresence for Entry {
+    fn presence(&self) -> &Presence {
+        &self.presence
     }
 }
+
+type Active = leasehold_sql::presence::Active<Entry>;
 
 struct Shared {
     backend: &'static str,
@@ -521,12 +460,7 @@ impl Queue {
             lock,
             state: watch::Sender::new(State::Queued),
             parked: Mutex::new(None),
-            activity: Mutex::new(Activity {
-                waiting: 0,
-                acquiring: 0,
-                last: Instant::now(),
-            }),
-            changed: Notify::new(),
+            presence: Presence::new(),
             failure: Mutex::new(None),
         });
         if let Some(o) = owner {

@@ -4,6 +4,7 @@
 mod failure;
 pub mod guard;
 mod pool;
+pub mod presence;
 
 pub use failure::{ErrorModel, Failure, Phase};
 pub use pool::{Checkout, bounded, with_conn};
