@@ -578,7 +578,16 @@ impl LeaseClient {
         deadline: Instant,
     ) {
         let until_deadline = deadline.saturating_duration_since(Instant::now());
-        if let Some(holder_left) = remaining.filter(|_| self.inner.capabilities.wait_for_release) {
+        let caps = self.inner.capabilities;
+        // A session-bound store's lease ends only through the server (a release, the
+        // holder's session ending), which wakes its waiters: with the holder's remaining
+        // TTL unknown, wait on it until the deadline.
+        let holder_left = if caps.session_bound {
+            remaining.or(Some(until_deadline))
+        } else {
+            remaining
+        };
+        if let Some(holder_left) = holder_left.filter(|_| caps.wait_for_release) {
             let bound = holder_left
                 .min(until_deadline)
                 .max(Duration::from_millis(1));

@@ -169,3 +169,33 @@ impl ErrorModel for Db {
         map_sqlx(err, self.backend, op, phase, self.secret())
     }
 }
+
+/// Ends the session `id` from another session (`KILL CONNECTION`), then drops `conn`:
+/// a session blocked in `GET_LOCK` leaves the server's queue at once, and a lock it holds
+/// is freed at once. Dropping `conn` alone would leave a queued request in the server until
+/// it is granted. Does nothing outside a Tokio runtime (the socket is closed then, which
+/// ends the session once the server notices).
+pub(crate) fn kill_session(
+    db: &std::sync::Arc<Db>,
+    conn: MySqlConnection,
+    id: u64,
+    op: &'static str,
+) {
+    let db = db.clone();
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    tokio::spawn(async move {
+        let kill = AssertSqlSafe(format!("KILL CONNECTION {id}"));
+        let r = db
+            .run(op, async |c| {
+                c.execute(kill).await?;
+                Ok(())
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "killing a session failed; it is dropped");
+        }
+        drop(conn);
+    });
+}

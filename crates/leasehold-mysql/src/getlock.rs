@@ -13,7 +13,7 @@ use leasehold_core::{
 };
 use leasehold_sql::Failure;
 use sha2::{Digest, Sha256};
-use sqlx::{AssertSqlSafe, Connection, MySqlConnection, MySqlPool};
+use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -102,6 +102,45 @@ struct Holder {
 
 type Held = Arc<Mutex<HashMap<Key, Holder>>>;
 
+/// How long a lock the server's queue handed to a waiting session stays reserved for the
+/// waiting owner's `acquire`; unclaimed by then, the session ends and the server hands the
+/// lock to the next in its queue.
+pub const GETLOCK_RESERVE_GRACE: Duration = Duration::from_secs(1);
+
+/// `wait_timeout` of a waiting session: a frozen waiter process keeps a lock reserved for
+/// it at most this long after its `GET_LOCK` returned.
+const RESERVED_IDLE_SECS: u64 = 2;
+
+/// The longest single `GET_LOCK` wait asked of the server (a longer wait returns then,
+/// as a timeout: the caller waits again).
+const MAX_WAIT_SECS: f64 = 86_400.0;
+
+/// A lock the server's queue granted to a waiting session, kept for its owner's acquire.
+struct Reservation {
+    id: u64,
+    owner: OwnerToken,
+    conn: MySqlConnection,
+    connection_id: u64,
+}
+
+type Reserved = Arc<Mutex<HashMap<Key, Reservation>>>;
+
+/// A session waiting in the server's queue; ended from another session if dropped before
+/// it is taken (a queued `GET_LOCK` stays queued until granted otherwise).
+struct WaitingSession {
+    db: Arc<Db>,
+    conn: Option<MySqlConnection>,
+    id: u64,
+}
+
+impl Drop for WaitingSession {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            crate::conn::kill_session(&self.db, conn, self.id, "leaving the lock queue");
+        }
+    }
+}
+
 fn lock(held: &Mutex<HashMap<Key, Holder>>) -> MutexGuard<'_, HashMap<Key, Holder>> {
     held.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -136,9 +175,13 @@ fn lock(held: &Mutex<HashMap<Key, Holder>>) -> MutexGuard<'_, HashMap<Key, Holde
 ///   lock (which needs the privilege to kill that connection), then advances the fence.
 /// - **Inspect / list** read `leasehold_locks` and `IS_USED_LOCK`; the remaining TTL is
 ///   unknown to other processes, so it is not reported.
+/// - **Waiting** queues in the server's own lock queue (`GET_LOCK` with a timeout), in
+///   arrival order; the lock the server hands a waiter is reserved for its owner's acquire
+///   for [`GETLOCK_RESERVE_GRACE`] (see [`Store::wait_released`] on this type).
 pub struct MySqlGetLockStore {
     db: Arc<Db>,
     held: Held,
+    reserved: Reserved,
     next_id: AtomicU64,
 }
 
@@ -381,6 +424,7 @@ impl MySqlGetLockStore {
         Ok(Self {
             db: Arc::new(Db::new(config, BACKEND_GETLOCK)?),
             held: Arc::default(),
+            reserved: Arc::default(),
             next_id: AtomicU64::new(1),
         })
     }
@@ -459,6 +503,35 @@ impl MySqlGetLockStore {
         lock(&self.held).len()
     }
 
+    /// Deletes the rows of `leasehold_locks` whose lock nobody holds (`IS_USED_LOCK` is
+    /// `NULL`) and whose fence was issued longer ago than `older_than` (at most ten years);
+    /// returns how many. The next holder of a pruned key records a fence floored at the
+    /// server clock in microseconds, higher than the deleted one. A held lock's row is never
+    /// deleted. Without this, the table keeps one row per key ever locked.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: one `DELETE`, applied or not.
+    ///
+    /// # Errors
+    /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
+    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
+        let us = leasehold_sql::prune_age_us(older_than);
+        self.db
+            .run("prune", async move |conn| {
+                Ok(sqlx::query(concat!(
+                    "DELETE FROM leasehold_locks WHERE IS_USED_LOCK(lock_name) IS NULL ",
+                    "AND CAST(fence AS SIGNED) < ",
+                    now_us!(),
+                    " - ?"
+                ))
+                .bind(us)
+                .execute(conn)
+                .await?
+                .rows_affected())
+            })
+            .await
+    }
+
     /// The command channel of `key`'s keeper if `owner` holds it here (and its fence).
     fn holder_of(&self, key: &Key, owner: &OwnerToken) -> Option<(mpsc::Sender<Cmd>, Fence)> {
         lock(&self.held)
@@ -525,6 +598,23 @@ impl MySqlGetLockStore {
         }
         // We hold the lock; if this future is dropped from here on, dropping `conn` ends
         // the session and the server frees the lock.
+        self.install(key, owner, name, conn, connection_id, ttl, sent)
+            .await
+    }
+
+    /// Records `owner` as the holder on `conn`, the session holding `name`'s lock (a new
+    /// fence), and hands the session to a keeper.
+    #[allow(clippy::too_many_arguments)]
+    async fn install(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        name: &str,
+        mut conn: MySqlConnection,
+        connection_id: u64,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Result<AcquireOutcome, StoreError> {
         let fence = record_holder(&mut conn, name, key.as_str(), owner)
             .await
             .map_err(|f| self.db.error(f, "acquire", Phase::Statement))?;
@@ -553,6 +643,136 @@ impl MySqlGetLockStore {
         tokio::spawn(keeper.run(conn, sent + ttl, rx));
         Ok(AcquireOutcome::Acquired { fence, ttl })
     }
+
+    /// The lock of `key` reserved for `owner` by a wait of this store, taken.
+    fn take_reservation(&self, key: &Key, owner: &OwnerToken) -> Option<Reservation> {
+        let mut reserved = lock_reserved(&self.reserved);
+        if reserved.get(key).is_some_and(|r| r.owner == *owner) {
+            reserved.remove(key)
+        } else {
+            None
+        }
+    }
+
+    /// Turns a reservation into the lease: the session gets its normal idle timeout back,
+    /// then is recorded as the holder (a new fence).
+    async fn claim(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        name: &str,
+        mut r: Reservation,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Result<AcquireOutcome, StoreError> {
+        r.conn
+            .execute("SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
+            .await
+            .map_err(|e| self.db.error(e.into(), "acquire", Phase::Statement))?;
+        self.install(key, owner, name, r.conn, r.connection_id, ttl, sent)
+            .await
+    }
+
+    /// Queues a session for `name`'s lock in the server (`GET_LOCK` with a timeout) and,
+    /// when the server grants it, keeps it reserved for `owner` for
+    /// [`GETLOCK_RESERVE_GRACE`].
+    async fn queue_for(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let conn = self.db.dedicated("wait").await?;
+        let mut waiting = WaitingSession {
+            db: self.db.clone(),
+            conn: Some(conn),
+            id: 0,
+        };
+        let Some(conn) = waiting.conn.as_mut() else {
+            return Ok(());
+        };
+        let setup = async {
+            conn.execute(AssertSqlSafe(format!(
+                "SET SESSION wait_timeout = {RESERVED_IDLE_SECS}"
+            )))
+            .await?;
+            sqlx::query_scalar::<_, u64>("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
+                .fetch_one(&mut *conn)
+                .await
+        };
+        waiting.id = self
+            .db
+            .bounded("wait", async {
+                setup
+                    .await
+                    .map_err(|e| self.db.error(e.into(), "wait", Phase::Statement))
+            })
+            .await?;
+        let Some(conn) = waiting.conn.as_mut() else {
+            return Ok(());
+        };
+        let secs = timeout.as_secs_f64().min(MAX_WAIT_SECS);
+        let request = sqlx::query_scalar::<_, Option<i64>>("SELECT CAST(GET_LOCK(?, ?) AS SIGNED)")
+            .bind(name)
+            .bind(secs)
+            .fetch_one(&mut *conn);
+        let got = match tokio::time::timeout(timeout + self.db.config.get_timeout(), request).await
+        {
+            Ok(got) => got,
+            // The server did not answer in time: leave the queue (the drop kills the
+            // session); the caller re-checks.
+            Err(_) => return Ok(()),
+        };
+        match got {
+            Ok(Some(1)) => {}
+            // Timed out in the queue: the session holds nothing.
+            Ok(_) => return Ok(()),
+            Err(e) => return Err(self.db.error(e.into(), "wait", Phase::Statement)),
+        }
+        let Some(conn) = waiting.conn.take() else {
+            return Ok(());
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let previous = lock_reserved(&self.reserved).insert(
+            key.clone(),
+            Reservation {
+                id,
+                owner: *owner,
+                conn,
+                connection_id: waiting.id,
+            },
+        );
+        // A previous reservation of this key cannot hold the lock any more (the server
+        // granted it to this session): its session is gone or going.
+        drop(previous);
+        let reserved = Arc::downgrade(&self.reserved);
+        let (db, key) = (self.db.clone(), key.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(GETLOCK_RESERVE_GRACE).await;
+            let Some(reserved) = reserved.upgrade() else {
+                return;
+            };
+            let unclaimed = {
+                let mut reserved = lock_reserved(&reserved);
+                match reserved.get(&key) {
+                    Some(r) if r.id == id => reserved.remove(&key),
+                    _ => None,
+                }
+            };
+            if let Some(r) = unclaimed {
+                tracing::debug!(key = %key, "a lock reserved for a waiter went unclaimed; passed on");
+                crate::conn::kill_session(&db, r.conn, r.connection_id, "passing a lock on");
+            }
+        });
+        Ok(())
+    }
+}
+
+fn lock_reserved(
+    reserved: &Mutex<HashMap<Key, Reservation>>,
+) -> MutexGuard<'_, HashMap<Key, Reservation>> {
+    reserved.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[async_trait]
@@ -566,6 +786,8 @@ impl Store for MySqlGetLockStore {
         caps.list = true;
         caps.break_lease = true;
         caps.session_bound = true;
+        caps.wait_for_release = true;
+        caps.fifo_wait = true;
         caps.fence_durability = FenceDurability::Durable;
         caps
     }
@@ -587,6 +809,13 @@ impl Store for MySqlGetLockStore {
             }
         }
         let name = lock_name(key);
+        if let Some(r) = self.take_reservation(key, owner) {
+            // The server's queue handed the lock to this owner's wait.
+            return self
+                .db
+                .bounded("acquire", self.claim(key, owner, &name, r, ttl, sent))
+                .await;
+        }
         self.db
             .bounded("acquire", self.acquire_fresh(key, owner, &name, ttl, sent))
             .await
@@ -695,7 +924,35 @@ impl Store for MySqlGetLockStore {
         Ok(out)
     }
 
+    /// Waits in the server's own queue for the lock (`GET_LOCK` with the timeout, on a
+    /// session of its own; no polling). When the server grants it, the lock is kept
+    /// reserved for `owner` for [`GETLOCK_RESERVE_GRACE`]: `owner`'s `acquire` through
+    /// this store takes it (a new fence), anyone else is answered `Held`; unclaimed, it
+    /// passes to the next waiter. The server grants the lock to its waiters in arrival
+    /// order, so waiters of every process are served first come, first served.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait leaves the server's queue (its session is killed from
+    /// another); a lock already reserved stays so for the grace at most.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let ours = self.holder_of(key, owner).is_some()
+            || lock_reserved(&self.reserved)
+                .get(key)
+                .is_some_and(|r| r.owner == *owner);
+        if ours {
+            return Ok(());
+        }
+        self.queue_for(key, owner, &lock_name(key), timeout).await
+    }
+
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        // A lock reserved for a waiter here is ended by the `KILL` below, as any holder's.
+        drop(lock_reserved(&self.reserved).remove(key));
         let local = lock(&self.held).remove(key).map(|h| h.cmds);
         if let Some(cmds) = local
             && let Some(Err(e)) = Self::ask(&cmds, |reply| Cmd::Release { reply }).await

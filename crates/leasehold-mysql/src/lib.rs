@@ -18,8 +18,8 @@ pub use config::{
 pub use error::store_error;
 pub use factory::MySqlFactory;
 pub use getlock::{
-    BACKEND_GETLOCK, HASHED_LOCK_NAME_PREFIX, LOCK_NAME_PREFIX, MAX_LOCK_NAME_LEN,
-    MySqlGetLockStore, lock_name,
+    BACKEND_GETLOCK, GETLOCK_RESERVE_GRACE, HASHED_LOCK_NAME_PREFIX, LOCK_NAME_PREFIX,
+    MAX_LOCK_NAME_LEN, MySqlGetLockStore, lock_name,
 };
 pub use lease_store::{BACKEND_TABLE, MySqlLeaseStore};
 pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA, LOCKS_SCHEMA};

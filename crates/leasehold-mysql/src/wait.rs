@@ -388,23 +388,7 @@ impl Queue {
     /// another session removes its request from the queue, or releases the turnstile it
     /// holds, at once. Dropping `conn` alone would leave a request queued until granted.
     fn kill(&self, conn: MySqlConnection, id: u64) {
-        let db = self.shared.db.clone();
-        if tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        tokio::spawn(async move {
-            let kill = AssertSqlSafe(format!("KILL CONNECTION {id}"));
-            let r = db
-                .run("leaving the wait queue", async |c| {
-                    c.execute(kill).await?;
-                    Ok(())
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "killing a waiting session failed; it is dropped");
-            }
-            drop(conn);
-        });
+        crate::conn::kill_session(&self.shared.db, conn, id, "leaving the wait queue");
     }
 }
 
