@@ -131,6 +131,7 @@ pub struct RedisConfig {
     policy_check: Duration,
     fence_retention: Option<Duration>,
     queue_grace: Duration,
+    sharded_pubsub: bool,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -151,6 +152,7 @@ impl fmt::Debug for RedisConfig {
             .field("policy_check", &self.policy_check)
             .field("fence_retention", &self.fence_retention)
             .field("queue_grace", &self.queue_grace)
+            .field("sharded_pubsub", &self.sharded_pubsub)
             .finish()
     }
 }
@@ -205,6 +207,9 @@ impl fmt::Display for RedisConfig {
         }
         if self.queue_grace != DEFAULT_QUEUE_GRACE {
             write!(f, "&queue_grace={}ms", self.queue_grace.as_millis())?;
+        }
+        if !self.sharded_pubsub && matches!(self.topology, Topology::Cluster { .. }) {
+            f.write_str("&sharded_pubsub=false")?;
         }
         if let Some(tls) = &self.tls {
             if let Some(ca) = &tls.ca_file {
@@ -330,6 +335,11 @@ impl RedisConfig {
     pub fn queue_grace(&self) -> Duration {
         self.queue_grace
     }
+    /// Whether release notifications use sharded pub/sub (a Cluster only;
+    /// [`RedisConfigBuilder::sharded_pubsub`]).
+    pub fn sharded_pubsub(&self) -> bool {
+        self.sharded_pubsub && matches!(self.topology, Topology::Cluster { .. })
+    }
 
     pub(crate) fn map_addr(&self, addr: &NodeAddr) -> NodeAddr {
         self.address_map
@@ -376,6 +386,7 @@ impl RedisConfigBuilder {
                 policy_check: DEFAULT_POLICY_CHECK,
                 fence_retention: Some(DEFAULT_FENCE_RETENTION),
                 queue_grace: DEFAULT_QUEUE_GRACE,
+                sharded_pubsub: true,
             },
         }
     }
@@ -503,6 +514,15 @@ impl RedisConfigBuilder {
     /// With notifications off (`notify=false`) there is no queue.
     pub fn queue_grace(mut self, d: Duration) -> Self {
         self.cfg.queue_grace = d;
+        self
+    }
+    /// On a Cluster, whether release notifications go over sharded pub/sub (default on):
+    /// the scripts `SPUBLISH` on the key's channel, which shares the key's hash tag, so a
+    /// message goes only to the shard that owns the key, and waiters `SSUBSCRIBE` there
+    /// (Redis 7.0 or later). Off: classic `PUBLISH`, which every node of the Cluster
+    /// forwards to every other (needed for Redis 6 Clusters). Ignored on a single server.
+    pub fn sharded_pubsub(mut self, on: bool) -> Self {
+        self.cfg.sharded_pubsub = on;
         self
     }
     /// Connect to `to` whenever `from` is named, by the configuration or by the Cluster
@@ -710,6 +730,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
                 b = b.fence_retention(Some(d));
             }
             "queue_grace" => b = b.queue_grace(parse_duration(&name, &value)?),
+            "sharded_pubsub" if cluster => b = b.sharded_pubsub(parse_bool(&name, &value)?),
             "cluster_retries" if cluster => {
                 b = b.cluster_retries(value.parse().map_err(|_| {
                     config_error("URL parameter `cluster_retries` must be a whole number")
@@ -726,7 +747,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             other => {
                 let shown: String = other.chars().take(32).collect();
                 return Err(config_error(format!(
-                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, cluster_retries, tls_ca, tls_cert, tls_key"
+                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, cluster_retries, sharded_pubsub, tls_ca, tls_cert, tls_key"
                 )));
             }
         }
@@ -959,6 +980,24 @@ mod tests {
         let c = RedisConfig::from_url(&format!("redis+cluster://:{PW}@a:1,b:2")).unwrap();
         assert!(!c.to_string().contains(PW));
         assert!(!format!("{c:?}").contains(PW));
+    }
+
+    #[test]
+    fn sharded_pubsub_is_a_cluster_setting() {
+        let c = RedisConfig::from_url("redis+cluster://a:1,b:2/").unwrap();
+        assert!(c.sharded_pubsub());
+        let c = RedisConfig::from_url("redis+cluster://a:1/?sharded_pubsub=false").unwrap();
+        assert!(!c.sharded_pubsub());
+        assert!(c.to_string().contains("sharded_pubsub=false"));
+        assert_eq!(RedisConfig::from_url(&c.to_string()).unwrap(), c);
+        // A single server has no shards: the parameter is refused, the setting is off.
+        assert!(RedisConfig::from_url("redis://a:1/?sharded_pubsub=true").is_err());
+        assert!(
+            !RedisConfig::from_url("redis://a:1/")
+                .unwrap()
+                .sharded_pubsub()
+        );
+        assert!(RedisConfig::from_url("redis+cluster://a:1/?sharded_pubsub=maybe").is_err());
     }
 
     #[test]

@@ -290,6 +290,43 @@ fn client_for(cfg: &RedisConfig, node: &NodeAddr) -> Result<Client, StoreError> 
     Client::open(info).map_err(|e| error::map("configuring", Phase::Connect, &e, secret))
 }
 
+/// The Cluster client's settings for `seeds` (the store's client and the sharded pub/sub
+/// client share them).
+fn cluster_builder(
+    cfg: &RedisConfig,
+    seeds: &[crate::config::NodeAddr],
+) -> Result<redis::cluster::ClusterClientBuilder, StoreError> {
+    let infos = seeds
+        .iter()
+        .map(|s| node_info(cfg, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut b = redis::cluster::ClusterClientBuilder::new(infos)
+        .connection_timeout(cfg.connect_timeout())
+        .response_timeout(cfg.op_timeout())
+        .overall_response_timeout(Some(cfg.op_timeout()))
+        .retries(cfg.cluster_retries())
+        .min_retry_wait(10)
+        .max_retry_wait(200);
+    if !cfg.address_map().is_empty() {
+        b = b.node_address_map(
+            cfg.address_map()
+                .iter()
+                .map(|(from, to)| {
+                    (
+                        redis::cluster::NodeAddress::new(from.host.as_str(), from.port),
+                        redis::cluster::NodeAddress::new(to.host.as_str(), to.port),
+                    )
+                })
+                .collect(),
+        );
+    }
+    #[cfg(feature = "tls")]
+    if let Some(certs) = tls_certificates(cfg)? {
+        b = b.certs(certs);
+    }
+    Ok(b)
+}
+
 impl Conn {
     /// Prepares the connection (does not connect yet).
     pub(crate) fn new(cfg: &RedisConfig) -> Result<Self, StoreError> {
@@ -313,35 +350,7 @@ impl Conn {
                 )
             }
             Topology::Cluster { seeds } => {
-                let infos = seeds
-                    .iter()
-                    .map(|s| node_info(cfg, s))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let mut b = redis::cluster::ClusterClientBuilder::new(infos)
-                    .connection_timeout(cfg.connect_timeout())
-                    .response_timeout(cfg.op_timeout())
-                    .overall_response_timeout(Some(cfg.op_timeout()))
-                    .retries(cfg.cluster_retries())
-                    .min_retry_wait(10)
-                    .max_retry_wait(200);
-                if !cfg.address_map().is_empty() {
-                    b = b.node_address_map(
-                        cfg.address_map()
-                            .iter()
-                            .map(|(from, to)| {
-                                (
-                                    redis::cluster::NodeAddress::new(from.host.as_str(), from.port),
-                                    redis::cluster::NodeAddress::new(to.host.as_str(), to.port),
-                                )
-                            })
-                            .collect(),
-                    );
-                }
-                #[cfg(feature = "tls")]
-                if let Some(certs) = tls_certificates(cfg)? {
-                    b = b.certs(certs);
-                }
-                let client = b.build().map_err(|e| {
+                let client = cluster_builder(cfg, seeds)?.build().map_err(|e| {
                     error::map(
                         "configuring the cluster client",
                         Phase::Connect,
@@ -394,8 +403,34 @@ impl Conn {
         self.secret.as_deref()
     }
 
-    pub(crate) fn pubsub_clients(&self) -> &[Client] {
-        &self.pubsub_clients
+    /// How the store's waiters hear releases: classic pub/sub on a dedicated connection
+    /// (a single server; a Cluster with `sharded_pubsub=false`), or sharded pub/sub on a
+    /// Cluster connection of its own (RESP3), whose pushes arrive on the returned channel.
+    pub(crate) fn pubsub_transport(&self) -> Result<crate::notify::Transport, StoreError> {
+        match self.config.topology() {
+            Topology::Cluster { seeds } if self.config.sharded_pubsub() => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let client = cluster_builder(&self.config, seeds)?
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .push_sender(tx)
+                    .build()
+                    .map_err(|e| {
+                        error::map(
+                            "configuring the sharded pub/sub client",
+                            Phase::Connect,
+                            &e,
+                            self.secret(),
+                        )
+                    })?;
+                Ok(crate::notify::Transport::Sharded {
+                    client: Box::new(client),
+                    pushes: Mutex::new(Some(rx)),
+                })
+            }
+            _ => Ok(crate::notify::Transport::Classic(
+                self.pubsub_clients.clone(),
+            )),
+        }
     }
 
     pub(crate) fn is_cluster(&self) -> bool {

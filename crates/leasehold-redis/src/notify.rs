@@ -10,6 +10,12 @@
 //! unsubscribe decisions are made under one async lock, so the order on the wire always
 //! matches the latest decision.
 //!
+//! On a Cluster the scripts `SPUBLISH` (sharded pub/sub, Redis 7.0+) unless
+//! `sharded_pubsub=false`: the key's channel shares its hash tag, so a message goes to the
+//! key's shard only, and the waiting store `SSUBSCRIBE`s through a Cluster connection of
+//! its own (RESP3), which follows the slot to its node and subscribes again after a
+//! reconnect; messages arrive as RESP3 pushes.
+//!
 //! Notifications are a hint, never a guarantee: a lost message (a broken pub/sub connection)
 //! only means the waiter wakes at the holder's expiry or its own deadline instead.
 
@@ -19,9 +25,12 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
-use redis::Client;
 use redis::aio::PubSubSink;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, PushInfo, PushKind, Value};
 use tokio::sync::Notify;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::AbortHandle;
 
 use leasehold_core::{StoreError, StoreErrorKind};
@@ -37,13 +46,51 @@ struct Inner {
     next_id: u64,
     /// Channels the current connection is subscribed to.
     subscribed: HashSet<String>,
-    /// The current pub/sub connection: generation, sink, reader task.
-    conn: Option<(u64, PubSubSink, AbortHandle)>,
+    /// The current pub/sub connection: generation, sink, its reader task (classic).
+    conn: Option<(u64, Sink, Option<AbortHandle>)>,
+    /// The reader of the sharded client's pushes (for the store's life).
+    push_reader: Option<AbortHandle>,
+}
+
+/// How waiters hear releases.
+pub(crate) enum Transport {
+    /// Classic pub/sub on a dedicated connection to one of these nodes (the server; each
+    /// seed of a Cluster in turn: classic messages reach every node).
+    Classic(Vec<Client>),
+    /// Sharded pub/sub through a Cluster connection of this (RESP3) client, whose pushes
+    /// arrive on `pushes` (taken by the first connection's reader).
+    Sharded {
+        client: Box<ClusterClient>,
+        pushes: Mutex<Option<UnboundedReceiver<PushInfo>>>,
+    },
+}
+
+/// The subscribing side of a connection.
+#[derive(Clone)]
+enum Sink {
+    Classic(PubSubSink),
+    Sharded(ClusterConnection),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Sink::Classic(s) => s.subscribe(channel).await,
+            Sink::Sharded(c) => c.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Sink::Classic(s) => s.unsubscribe(channel).await,
+            Sink::Sharded(c) => c.sunsubscribe(channel).await,
+        }
+    }
 }
 
 /// The pub/sub side of a store.
 pub(crate) struct Notifier {
-    clients: Vec<Client>,
+    transport: Transport,
     next_client: AtomicUsize,
     connect_timeout: Duration,
     op_timeout: Duration,
@@ -66,7 +113,11 @@ impl std::fmt::Debug for Notifier {
 
 impl Drop for Notifier {
     fn drop(&mut self) {
-        if let Some((_, _, task)) = self.lock().conn.take() {
+        let mut i = self.lock();
+        if let Some((_, _, Some(task))) = i.conn.take() {
+            task.abort();
+        }
+        if let Some(task) = i.push_reader.take() {
             task.abort();
         }
     }
@@ -124,13 +175,13 @@ impl Drop for Registration {
 
 impl Notifier {
     pub(crate) fn new(
-        clients: Vec<Client>,
+        transport: Transport,
         connect_timeout: Duration,
         op_timeout: Duration,
         secret: Option<String>,
     ) -> Self {
         Self {
-            clients,
+            transport,
             next_client: AtomicUsize::new(0),
             connect_timeout,
             op_timeout,
@@ -243,26 +294,68 @@ impl Notifier {
     }
 
     /// The current pub/sub connection, connecting if needed. Called under `ops`.
-    async fn connection(self: &Arc<Self>) -> Result<(u64, PubSubSink), StoreError> {
+    async fn connection(self: &Arc<Self>) -> Result<(u64, Sink), StoreError> {
         if let Some((g, sink, _)) = &self.lock().conn {
             return Ok((*g, sink.clone()));
         }
-        if self.clients.is_empty() {
+        match &self.transport {
+            Transport::Classic(clients) => self.connect_classic(clients).await,
+            Transport::Sharded { client, pushes } => {
+                let conn =
+                    match tokio::time::timeout(self.connect_timeout, client.get_async_connection())
+                        .await
+                    {
+                        Ok(Ok(c)) => c,
+                        Ok(Err(e)) => {
+                            return Err(error::map(
+                                "connecting for release notifications",
+                                Phase::Connect,
+                                &e,
+                                self.secret.as_deref(),
+                            ));
+                        }
+                        Err(_) => return Err(self.unavailable("connecting timed out")),
+                    };
+                let reader = pushes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .map(|rx| tokio::spawn(read_pushes(Arc::downgrade(self), rx)).abort_handle());
+                let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                let sink = Sink::Sharded(conn);
+                let mut i = self.lock();
+                if reader.is_some() {
+                    i.push_reader = reader;
+                }
+                i.subscribed.clear();
+                i.conn = Some((generation, sink.clone(), None));
+                Ok((generation, sink))
+            }
+        }
+    }
+
+    /// A classic pub/sub connection to one of `clients`, each tried in turn.
+    async fn connect_classic(
+        self: &Arc<Self>,
+        clients: &[Client],
+    ) -> Result<(u64, Sink), StoreError> {
+        if clients.is_empty() {
             return Err(self.unavailable("no node to subscribe on"));
         }
         let start = self.next_client.fetch_add(1, Ordering::Relaxed);
         let mut last_err = None;
-        for n in 0..self.clients.len() {
-            let client = &self.clients[(start + n) % self.clients.len()];
+        for n in 0..clients.len() {
+            let client = &clients[(start + n) % clients.len()];
             match tokio::time::timeout(self.connect_timeout, client.get_async_pubsub()).await {
                 Ok(Ok(pubsub)) => {
                     let (sink, stream) = pubsub.split();
                     let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
                     let weak = Arc::downgrade(self);
                     let task = tokio::spawn(read_messages(weak, generation, stream));
+                    let sink = Sink::Classic(sink);
                     let mut i = self.lock();
                     i.subscribed.clear();
-                    i.conn = Some((generation, sink.clone(), task.abort_handle()));
+                    i.conn = Some((generation, sink.clone(), Some(task.abort_handle())));
                     return Ok((generation, sink));
                 }
                 Ok(Err(e)) => {
@@ -283,13 +376,11 @@ impl Notifier {
     fn disconnect(&self, generation: u64) {
         let mut i = self.lock();
         if i.conn.as_ref().is_some_and(|(g, _, _)| *g == generation) {
-            if let Some((_, _, task)) = i.conn.take() {
+            if let Some((_, _, Some(task))) = i.conn.take() {
                 task.abort();
             }
             i.subscribed.clear();
-            for (_, wake) in i.waiters.values().flat_map(HashMap::values) {
-                wake.go.notify_waiters();
-            }
+            wake_all(&i);
             tracing::debug!(generation, "redis pub/sub connection dropped");
         }
     }
@@ -311,6 +402,13 @@ impl Notifier {
                 wake.next.notify_waiters();
             }
         }
+    }
+}
+
+/// Wakes every waiter (they re-check): messages may have been missed.
+fn wake_all(i: &Inner) {
+    for (_, wake) in i.waiters.values().flat_map(HashMap::values) {
+        wake.go.notify_waiters();
     }
 }
 
@@ -355,6 +453,24 @@ async fn read_messages(
     }
     if let Some(n) = notifier.upgrade() {
         n.disconnect(generation);
+    }
+}
+
+/// Reads the sharded client's pushes: a sharded message is delivered; a dropped node
+/// connection wakes every waiter (a message may have been missed meanwhile; the Cluster
+/// connection reconnects and subscribes again by itself).
+async fn read_pushes(notifier: Weak<Notifier>, mut pushes: UnboundedReceiver<PushInfo>) {
+    while let Some(push) = pushes.recv().await {
+        let Some(n) = notifier.upgrade() else { return };
+        match (push.kind, push.data.as_slice()) {
+            (PushKind::SMessage, [Value::BulkString(channel), Value::BulkString(payload)]) => {
+                if let Ok(channel) = std::str::from_utf8(channel) {
+                    n.deliver(channel, payload);
+                }
+            }
+            (PushKind::Disconnection, _) => wake_all(&n.lock()),
+            _ => {}
+        }
     }
 }
 

@@ -30,12 +30,21 @@ pub const STORE_FORMAT: u32 = 1;
 /// * `read_lease(k)` → `false` (no lease), `{owner, fence}`, or `nil, err`.
 /// * `read_fence(k)` → the last fence as a number (0 if none), or `nil, err`.
 /// * `next_fence(last)` → `max(last + 1, TIME in µs)`, or `nil, err`.
+/// * `publish(chan, msg)` → `SPUBLISH` on the rest of `chan` if it starts with `S ` (a
+///   Cluster with sharded pub/sub; a channel name never has a space), else `PUBLISH`.
 ///
 /// Fences stay below 2^53 so that Lua's doubles hold them exactly (the clock floor is
 /// about 1.8e15 today, 2^53 µs is in the year 2255); a larger stored value is reported as
 /// corrupt rather than rounded.
 const PRELUDE: &str = r#"
 local MAXF = 9007199254740992
+local function publish(chan, msg)
+  if string.sub(chan, 1, 2) == 'S ' then
+    redis.call('SPUBLISH', string.sub(chan, 3), msg)
+  else
+    redis.call('PUBLISH', chan, msg)
+  end
+end
 local function read_lease(k)
   local v = redis.pcall('GET', k)
   if type(v) == 'table' and v.err then
@@ -122,9 +131,9 @@ local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
   local nxt = redis.call('ZRANGE', q, 0, 0)
   if #nxt == 0 then
     redis.call('DEL', q, qd)
-    redis.call('PUBLISH', chan, head)
+    publish(chan, head)
   else
-    redis.call('PUBLISH', chan, head .. ' ' .. nxt[1])
+    publish(chan, head .. ' ' .. nxt[1])
   end
   return nil
 end
@@ -328,7 +337,7 @@ else
 end
 if lease then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], fs) end
+  if ARGV[2] ~= '' then publish(ARGV[2], fs) end
 end
 return {ARGV[1], fs}
 "#;

@@ -70,14 +70,16 @@ impl RedisStore {
         let layout = Layout::new(config.prefix())?;
         let conn = Arc::new(Conn::new(&config)?);
         let batcher = Arc::new(Batcher::new(conn.clone()));
-        let notifier = config.notifications().then(|| {
-            Arc::new(Notifier::new(
-                conn.pubsub_clients().to_vec(),
+        let notifier = if config.notifications() {
+            Some(Arc::new(Notifier::new(
+                conn.pubsub_transport()?,
                 conn.connect_timeout(),
                 conn.op_timeout(),
                 conn.secret().map(str::to_owned),
-            ))
-        });
+            )))
+        } else {
+            None
+        };
         Ok(Self {
             config,
             layout,
@@ -161,11 +163,15 @@ impl RedisStore {
         self.layout.names(key).fence
     }
 
+    /// The channel argument of the scripts: `''` without notifications; `S <channel>`
+    /// for sharded pub/sub (`SPUBLISH`); the channel itself otherwise.
     fn channel(&self, names: &KeyNames) -> String {
-        if self.notifier.is_some() {
-            names.channel.clone()
-        } else {
+        if self.notifier.is_none() {
             String::new()
+        } else if self.config.sharded_pubsub() {
+            format!("S {}", names.channel)
+        } else {
+            names.channel.clone()
         }
     }
 
@@ -173,16 +179,10 @@ impl RedisStore {
     /// batch script takes it; `keep` is the fence record's expiry in ms.
     fn op(&self, key: &Key, kind: &str, owner: &OwnerToken, ms: String, keep: String) -> Op {
         let names = self.layout.names(key);
+        let channel = self.channel(&names);
         Op {
             keys: [names.lease, names.fence, names.queue, names.queue_deadlines],
-            args: [
-                kind.into(),
-                owner.to_hex(),
-                ms,
-                keep,
-                self.grace(),
-                names.channel,
-            ],
+            args: [kind.into(), owner.to_hex(), ms, keep, self.grace(), channel],
         }
     }
 
@@ -591,7 +591,7 @@ impl Store for RedisStore {
                     &longest,
                     &self.grace(),
                     &self.fence_expiry(0),
-                    &names.channel,
+                    &self.channel(&names),
                 ],
                 scripts::parse_wait,
             )

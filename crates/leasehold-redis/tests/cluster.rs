@@ -303,3 +303,94 @@ async fn node_kill_9_and_restart_fences_never_go_back() {
     let next = next.expect("acquire after the node restart");
     assert!(next > highest, "fence went back: {next} <= {highest}");
 }
+
+/// `holder` holds `k` while `waiter` waits on it as a fresh owner; the shard subscriber
+/// count of `k`'s channel on its own node and the classic ones on every node while it
+/// waits; then the holder releases and the waiter must return soon (the holder's TTL is
+/// 30 s away).
+async fn notified_on(
+    c: &Cluster,
+    holder: &RedisStore,
+    waiter: Arc<RedisStore>,
+    tag: &str,
+) -> (String, String) {
+    let k = key(&format!("job:notify-{tag}"));
+    let h = OwnerToken::random();
+    acquired(holder, &k, &h, Duration::from_secs(30)).await;
+    let wait = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move {
+            waiter
+                .wait_released(&k, &OwnerToken::random(), Duration::from_secs(60))
+                .await
+        })
+    };
+    let channel = format!("{}:released", c.store.lease_key(&k));
+    let slot = tokio::task::block_in_place(|| c.cluster.keyslot(&channel));
+    let counts = || {
+        tokio::task::block_in_place(|| {
+            let node = c.cluster.node_for_slot(slot);
+            (
+                node.cli(&["PUBSUB", "SHARDNUMSUB", &channel]),
+                c.cluster
+                    .nodes()
+                    .iter()
+                    .map(|n| n.cli(&["PUBSUB", "NUMSUB", &channel]))
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+            )
+        })
+    };
+    // Subscribed before it queues: look until the subscription shows (bounded).
+    let mut seen = counts();
+    for _ in 0..50 {
+        if !(seen.0.ends_with("\n0") && seen.1.split(" | ").all(|n| n.ends_with("\n0"))) {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+        seen = counts();
+    }
+    assert!(
+        !wait.is_finished(),
+        "the wait returned while the lease was held"
+    );
+    assert_eq!(
+        holder.release(&k, &h).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    timeout(Duration::from_secs(5), wait)
+        .await
+        .expect("woken by the release, not at the holder's TTL")
+        .unwrap()
+        .unwrap();
+    seen
+}
+
+/// On a Cluster, release notifications are sharded by default (issue 14.2): the waiter
+/// subscribes with `SSUBSCRIBE` on the node that owns the key's slot, and nobody holds a
+/// classic subscription; with `sharded_pubsub=false` (on every client) it is the other way
+/// round. Either way the release wakes the waiter at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_notifications_are_sharded_on_a_cluster() {
+    let c = Cluster::start().await;
+    assert!(c.config.sharded_pubsub());
+    let sharded = Arc::new(RedisStore::new(c.config.clone()).unwrap());
+    let (shard, classic) = notified_on(&c, &c.store, sharded, "sharded").await;
+    assert!(shard.ends_with("\n1"), "SHARDNUMSUB: {shard:?}");
+    assert!(
+        classic.split(" | ").all(|n| n.ends_with("\n0")),
+        "NUMSUB: {classic:?}"
+    );
+
+    let url = format!("{}&sharded_pubsub=false", c.config);
+    let cfg = RedisConfig::from_url(&url).unwrap();
+    assert!(!cfg.sharded_pubsub());
+    let classic_holder = RedisStore::new(cfg.clone()).unwrap();
+    let classic_store = Arc::new(RedisStore::new(cfg).unwrap());
+    let (shard, classic) = notified_on(&c, &classic_holder, classic_store, "classic").await;
+    assert!(shard.ends_with("\n0"), "SHARDNUMSUB: {shard:?}");
+    assert!(
+        classic.split(" | ").any(|n| n.ends_with("\n1")),
+        "NUMSUB: {classic:?}"
+    );
+}

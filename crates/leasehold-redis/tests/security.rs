@@ -327,8 +327,18 @@ async fn least_privilege_acl_user_cluster() {
         "leasehold".to_owned(),
     ];
     args.extend(acl_rules(prefix));
-    // Cluster topology discovery and its connection check.
-    args.extend(["+cluster|slots".to_owned(), "+ping".to_owned()]);
+    // Cluster topology discovery and its connection check; sharded release
+    // notifications.
+    args.extend(
+        [
+            "+cluster|slots",
+            "+ping",
+            "+spublish",
+            "+ssubscribe",
+            "+sunsubscribe",
+        ]
+        .map(str::to_owned),
+    );
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     for node in c.cluster.nodes() {
         let node_argv = argv.clone();
