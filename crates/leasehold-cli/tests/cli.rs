@@ -133,6 +133,14 @@ fn concurrent_runs_on_redis_never_overlap() {
     no_overlap(&Env::new(), Some(&redis.url()), 4);
 }
 
+/// `redis+sentinel://` from the command line (issue 16 item 5): runs find the primary
+/// through the sentinels and never overlap.
+#[test]
+fn concurrent_runs_through_sentinel_never_overlap() {
+    let set = leasehold_testkit::RedisSentinelSet::start("cli");
+    no_overlap(&Env::new(), Some(&set.url()), 3);
+}
+
 #[test]
 fn killed_holder_frees_the_lease_after_the_ttl() {
     let env = Env::new();

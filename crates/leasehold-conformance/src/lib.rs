@@ -111,6 +111,20 @@ impl Pausable for RedisCluster {
     }
 }
 
+impl Pausable for leasehold_testkit::RedisSentinelSet {
+    /// The data servers (not the sentinels, which start no fail-over by themselves).
+    fn pause(&self) {
+        for s in self.servers() {
+            s.pause();
+        }
+    }
+    fn resume(&self) {
+        for s in self.servers() {
+            s.resume();
+        }
+    }
+}
+
 impl Pausable for Postgres {
     fn pause(&self) {
         Postgres::pause(self);

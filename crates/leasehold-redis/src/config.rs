@@ -98,7 +98,23 @@ pub enum Topology {
         /// The seed nodes.
         seeds: Vec<NodeAddr>,
     },
+    /// A primary (with replicas) found through Redis Sentinel: the store asks the
+    /// sentinels for the primary named `master` on every (re)connection, checks that the
+    /// server it reaches answers `ROLE` as a primary, and connects again (asking again) on
+    /// `READONLY` or a lost connection.
+    Sentinel {
+        /// The sentinels, asked in turn.
+        sentinels: Vec<NodeAddr>,
+        /// The name the sentinels monitor the primary under.
+        master: String,
+    },
 }
+
+/// The longest primary name a Sentinel URL may give.
+pub const MAX_MASTER_NAME_LEN: usize = 128;
+
+/// The most replicas [`RedisConfigBuilder::min_replicas`] may ask for.
+pub const MAX_MIN_REPLICAS: u32 = 16;
 
 /// TLS settings (`rediss://`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -132,6 +148,7 @@ pub struct RedisConfig {
     fence_retention: Option<Duration>,
     queue_grace: Duration,
     sharded_pubsub: bool,
+    min_replicas: u32,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -153,6 +170,7 @@ impl fmt::Debug for RedisConfig {
             .field("fence_retention", &self.fence_retention)
             .field("queue_grace", &self.queue_grace)
             .field("sharded_pubsub", &self.sharded_pubsub)
+            .field("min_replicas", &self.min_replicas)
             .finish()
     }
 }
@@ -165,6 +183,7 @@ impl fmt::Display for RedisConfig {
             (Topology::Standalone { .. }, true) => "rediss",
             (Topology::Cluster { .. }, false) => "redis+cluster",
             (Topology::Cluster { .. }, true) => "rediss+cluster",
+            (Topology::Sentinel { .. }, _) => "redis+sentinel",
         };
         write!(f, "{scheme}://")?;
         match (&self.username, &self.password) {
@@ -183,6 +202,15 @@ impl fmt::Display for RedisConfig {
                     write!(f, "{s}")?;
                 }
                 f.write_str("/")?;
+            }
+            Topology::Sentinel { sentinels, master } => {
+                for (i, s) in sentinels.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{s}")?;
+                }
+                write!(f, "/{}", pct_encode(master))?;
             }
         }
         write!(
@@ -210,6 +238,12 @@ impl fmt::Display for RedisConfig {
         }
         if !self.sharded_pubsub && matches!(self.topology, Topology::Cluster { .. }) {
             f.write_str("&sharded_pubsub=false")?;
+        }
+        if self.min_replicas > 0 {
+            write!(f, "&min_replicas={}", self.min_replicas)?;
+        }
+        if self.db != 0 && matches!(self.topology, Topology::Sentinel { .. }) {
+            write!(f, "&db={}", self.db)?;
         }
         if let Some(tls) = &self.tls {
             if let Some(ca) = &tls.ca_file {
@@ -335,6 +369,11 @@ impl RedisConfig {
     pub fn queue_grace(&self) -> Duration {
         self.queue_grace
     }
+    /// How many replicas must acknowledge every write before it counts
+    /// ([`RedisConfigBuilder::min_replicas`]; 0 = the primary's word is enough).
+    pub fn min_replicas(&self) -> u32 {
+        self.min_replicas
+    }
     /// Whether release notifications use sharded pub/sub (a Cluster only;
     /// [`RedisConfigBuilder::sharded_pubsub`]).
     pub fn sharded_pubsub(&self) -> bool {
@@ -387,6 +426,7 @@ impl RedisConfigBuilder {
                 fence_retention: Some(DEFAULT_FENCE_RETENTION),
                 queue_grace: DEFAULT_QUEUE_GRACE,
                 sharded_pubsub: true,
+                min_replicas: 0,
             },
         }
     }
@@ -402,6 +442,17 @@ impl RedisConfigBuilder {
     pub fn cluster(seeds: impl IntoIterator<Item = NodeAddr>) -> Self {
         Self::with_topology(Topology::Cluster {
             seeds: seeds.into_iter().collect(),
+        })
+    }
+
+    /// A primary named `master`, found through `sentinels`.
+    pub fn sentinel(
+        sentinels: impl IntoIterator<Item = NodeAddr>,
+        master: impl Into<String>,
+    ) -> Self {
+        Self::with_topology(Topology::Sentinel {
+            sentinels: sentinels.into_iter().collect(),
+            master: master.into(),
         })
     }
 
@@ -525,6 +576,18 @@ impl RedisConfigBuilder {
         self.cfg.sharded_pubsub = on;
         self
     }
+    /// Replica-acknowledged writes (default 0: off; at most [`MAX_MIN_REPLICAS`]). Every
+    /// acquire, renewal, release, wait and break is followed on the same connection by
+    /// `WAIT n` bounded by what is left of the operation's timeout; fewer acknowledgements
+    /// in time make the call fail closed with an *ambiguous* error (the write may stand on
+    /// the primary; the same owner may retry, and a grant the replicas did not take is never
+    /// reported). A single server or Sentinel only (a Cluster is refused). `WAIT` does not
+    /// roll back, and a fail-over may still promote a replica that missed a write: see the
+    /// crate docs, "Replicas and fail-over", for exactly what holds.
+    pub fn min_replicas(mut self, n: u32) -> Self {
+        self.cfg.min_replicas = n;
+        self
+    }
     /// Connect to `to` whenever `from` is named, by the configuration or by the Cluster
     /// topology (NAT, port forwarding, test proxies).
     pub fn map_address(mut self, from: NodeAddr, to: NodeAddr) -> Self {
@@ -572,8 +635,37 @@ impl RedisConfigBuilder {
                 "the queue grace must be at least 10ms and at most 60s",
             ));
         }
+        if cfg.min_replicas > MAX_MIN_REPLICAS {
+            return Err(config_error(format!(
+                "min_replicas must be at most {MAX_MIN_REPLICAS}"
+            )));
+        }
+        if cfg.min_replicas > 0 && matches!(cfg.topology, Topology::Cluster { .. }) {
+            return Err(config_error(
+                "min_replicas is for a single server or Sentinel; a Cluster routes WAIT to no particular shard",
+            ));
+        }
         let nodes: Vec<&NodeAddr> = match &cfg.topology {
             Topology::Standalone { node, .. } => vec![node],
+            Topology::Sentinel { sentinels, master } => {
+                if sentinels.is_empty() {
+                    return Err(config_error("a Sentinel URL needs at least one sentinel"));
+                }
+                if master.is_empty()
+                    || master.len() > MAX_MASTER_NAME_LEN
+                    || master.chars().any(|c| c.is_control() || c.is_whitespace())
+                {
+                    return Err(config_error(format!(
+                        "the primary's name (the URL path of redis+sentinel://s1:p1,s2:p2/NAME) must be 1 to {MAX_MASTER_NAME_LEN} bytes without spaces or control characters"
+                    )));
+                }
+                if cfg.tls.is_some() {
+                    return Err(config_error(
+                        "TLS through Sentinel is not supported yet: use rediss:// to the primary",
+                    ));
+                }
+                sentinels.iter().collect()
+            }
             Topology::Cluster { seeds } => {
                 if seeds.is_empty() {
                     return Err(config_error("a cluster needs at least one seed node"));
@@ -613,13 +705,20 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
         "rediss" => (false, true),
         "redis+cluster" => (true, false),
         "rediss+cluster" => (true, true),
+        "redis+sentinel" => (false, false),
+        "rediss+sentinel" => {
+            return Err(config_error(
+                "TLS through Sentinel is not supported yet: use rediss:// to the primary",
+            ));
+        }
         other => {
             let shown: String = other.chars().take(32).collect();
             return Err(config_error(format!(
-                "unsupported URL scheme `{shown}`; use redis, rediss, redis+cluster or rediss+cluster"
+                "unsupported URL scheme `{shown}`; use redis, rediss, redis+cluster, rediss+cluster or redis+sentinel"
             )));
         }
     };
+    let sentinel = scheme == "redis+sentinel";
     // Split off the fragment and the query.
     let (rest, fragment) = match rest.split_once('#') {
         Some((r, f)) => (r, Some(f)),
@@ -671,7 +770,12 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
         return Err(config_error("the URL names no host"));
     }
     let path = path.trim_end_matches('/');
-    let mut b = if cluster {
+    let mut b = if sentinel {
+        let master = pct_decode(path).ok_or_else(|| {
+            config_error("the primary's name in the URL is not valid percent-encoded UTF-8")
+        })?;
+        RedisConfigBuilder::sentinel(nodes, master)
+    } else if cluster {
         if !path.is_empty() && path != "0" {
             return Err(config_error(
                 "Redis Cluster has database 0 only; remove the database index from the URL",
@@ -730,6 +834,16 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
                 b = b.fence_retention(Some(d));
             }
             "queue_grace" => b = b.queue_grace(parse_duration(&name, &value)?),
+            "min_replicas" => {
+                b = b.min_replicas(value.parse().map_err(|_| {
+                    config_error("URL parameter `min_replicas` must be a whole number")
+                })?)
+            }
+            "db" if sentinel => {
+                b = b.db(value
+                    .parse()
+                    .map_err(|_| config_error("URL parameter `db` must be a whole number"))?)
+            }
             "sharded_pubsub" if cluster => b = b.sharded_pubsub(parse_bool(&name, &value)?),
             "cluster_retries" if cluster => {
                 b = b.cluster_retries(value.parse().map_err(|_| {
@@ -747,7 +861,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             other => {
                 let shown: String = other.chars().take(32).collect();
                 return Err(config_error(format!(
-                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, cluster_retries, sharded_pubsub, tls_ca, tls_cert, tls_key"
+                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, min_replicas, cluster_retries, sharded_pubsub, db (Sentinel), tls_ca, tls_cert, tls_key"
                 )));
             }
         }

@@ -17,8 +17,8 @@
 //! reconnected (or discovered) by itself, which this holder cannot see.
 
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -134,6 +134,19 @@ impl<C: Clone> Holder<C> {
         Ok((generation, conn))
     }
 
+    /// Drops the current connection, whatever its generation.
+    fn invalidate_current(&self) {
+        if self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some()
+        {
+            tracing::info!("redis primary changed (Sentinel); the next call reconnects");
+        }
+    }
+
     /// Drops the connection of `generation` if it is still the current one.
     fn invalidate(&self, generation: u64) {
         let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
@@ -178,6 +191,248 @@ enum Kind {
         client: redis::cluster::ClusterClient,
         holder: Holder<ClusterConnection>,
     },
+    /// A primary found through Sentinel: the connection is a standalone one.
+    Sentinel {
+        discovery: Arc<Discovery>,
+        config: AsyncConnectionConfig,
+        holder: Arc<Holder<MultiplexedConnection>>,
+        /// The primary the current connection reached.
+        primary: Mutex<Option<NodeAddr>>,
+        /// The task that listens for the sentinels' `+switch-master` (started with the
+        /// first connection).
+        watcher: Mutex<Option<tokio::task::AbortHandle>>,
+    },
+}
+
+/// The `config-epoch` of a `SENTINEL MASTER` reply (field, value, field, ...); 0 if absent.
+fn config_epoch(fields: &[String]) -> u64 {
+    fields
+        .chunks_exact(2)
+        .find(|kv| kv[0] == "config-epoch")
+        .and_then(|kv| kv[1].parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether a `ROLE` reply is a primary's.
+fn is_primary(role: &Value) -> bool {
+    matches!(role, Value::Array(items)
+        if matches!(items.first(), Some(Value::BulkString(r)) if r == b"master"))
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Kind::Sentinel { watcher, .. } = &self.kind
+            && let Some(task) = watcher.lock().unwrap_or_else(|e| e.into_inner()).take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// Listens on the sentinels (each in turn) for `+switch-master` of our primary and drops
+/// the store's connection when it comes, so that no call goes to a demoted primary in the
+/// moment before it is reconfigured as a replica (a write it took then would be lost).
+/// A (re)subscription drops it too: a switch may have been missed meanwhile. Ends when the
+/// store is gone.
+async fn watch_switches(
+    discovery: Arc<Discovery>,
+    holder: std::sync::Weak<Holder<MultiplexedConnection>>,
+) {
+    use futures::StreamExt;
+    let mut i = 0usize;
+    loop {
+        let (addr, client) = &discovery.sentinels[i % discovery.sentinels.len()];
+        i = i.wrapping_add(1);
+        let subscribed = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe("+switch-master").await?;
+            Ok::<_, RedisError>(pubsub)
+        };
+        match timeout(discovery.cfg.connect_timeout(), subscribed).await {
+            Ok(Ok(mut pubsub)) => {
+                let Some(h) = holder.upgrade() else { return };
+                h.invalidate_current();
+                drop(h);
+                let mut messages = pubsub.on_message();
+                while let Some(msg) = messages.next().await {
+                    let Some(h) = holder.upgrade() else { return };
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    if payload.split(' ').next() == Some(discovery.master.as_str()) {
+                        h.invalidate_current();
+                    }
+                }
+                tracing::debug!(sentinel = %addr, "sentinel subscription ended; trying the next");
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(sentinel = %addr, error = %e, "cannot subscribe to the sentinel's +switch-master");
+            }
+            Err(_) => tracing::debug!(sentinel = %addr, "sentinel did not answer in time"),
+        }
+        if holder.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Finds the current primary through the sentinels (see [`Discovery::primary`]).
+pub(crate) struct Discovery {
+    sentinels: Vec<(NodeAddr, Client)>,
+    master: String,
+    cfg: RedisConfig,
+}
+
+impl Discovery {
+    fn new(cfg: &RedisConfig, sentinels: &[NodeAddr], master: &str) -> Result<Self, StoreError> {
+        let sentinels = sentinels
+            .iter()
+            .map(|s| {
+                let s = cfg.map_addr(s);
+                let info = ConnectionAddr::Tcp(s.host.clone(), s.port)
+                    .into_connection_info()
+                    .map(|i| {
+                        i.set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
+                    });
+                info.and_then(Client::open)
+                    .map(|c| (s, c))
+                    .map_err(|e| error::map("configuring a sentinel", Phase::Connect, &e, None))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            sentinels,
+            master: master.to_owned(),
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// The primary's possible addresses, best first: every sentinel is asked (its
+    /// `GET-MASTER-ADDR-BY-NAME` and the `config-epoch` of its `SENTINEL MASTER`, each
+    /// within the connect timeout); an address named with a higher epoch, then by more
+    /// sentinels, comes first. Right after a fail-over the sentinels that did not run it
+    /// still name the old primary for a moment; the caller connects to the first candidate
+    /// that answers `ROLE` as a primary.
+    pub(crate) async fn candidates(&self) -> Result<Vec<NodeAddr>, StoreError> {
+        let answers = futures::future::join_all(self.sentinels.iter().map(|(addr, client)| async move {
+            let ask = async {
+                let mut c = client.get_multiplexed_async_connection().await?;
+                let named: Option<(String, u16)> = redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&self.master)
+                    .query_async(&mut c)
+                    .await?;
+                let fields: Vec<String> = redis::cmd("SENTINEL")
+                    .arg("MASTER")
+                    .arg(&self.master)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap_or_default();
+                Ok::<_, RedisError>((named, config_epoch(&fields)))
+            };
+            match timeout(self.cfg.connect_timeout(), ask).await {
+                Ok(Ok((Some((host, port)), epoch))) => Ok((epoch, NodeAddr::new(host, port))),
+                Ok(Ok((None, _))) => Err(StoreError::new(
+                    StoreErrorKind::Config,
+                    BACKEND,
+                    format!(
+                        "sentinel {addr} does not monitor a primary named `{}`: check the URL's path",
+                        self.master
+                    ),
+                )),
+                Ok(Err(e)) => Err(error::map(
+                    &format!("asking sentinel {addr} for the primary"),
+                    Phase::Connect,
+                    &e,
+                    None,
+                )),
+                Err(_) => Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    BACKEND,
+                    format!("sentinel {addr} did not answer in time"),
+                )),
+            }
+        }))
+        .await;
+        // address → (highest epoch, votes)
+        let mut ranked: Vec<(NodeAddr, u64, usize)> = Vec::new();
+        let mut last = None;
+        for a in answers {
+            match a {
+                Ok((epoch, node)) => match ranked.iter_mut().find(|(n, _, _)| *n == node) {
+                    Some(r) => {
+                        r.1 = r.1.max(epoch);
+                        r.2 += 1;
+                    }
+                    None => ranked.push((node, epoch, 1)),
+                },
+                Err(e) => last = Some(e),
+            }
+        }
+        if ranked.is_empty() {
+            return Err(last.unwrap_or_else(|| {
+                StoreError::new(StoreErrorKind::Config, BACKEND, "no sentinel to ask")
+            }));
+        }
+        ranked.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
+        Ok(ranked.into_iter().map(|(n, _, _)| n).collect())
+    }
+
+    /// Connects to the first candidate that answers `ROLE` as a primary.
+    async fn connect_primary(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> Result<(NodeAddr, MultiplexedConnection), StoreError> {
+        let mut last = None;
+        for node in self.candidates().await? {
+            let client = client_for(&self.cfg, &node)?;
+            let attempt = async {
+                let mut c = client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await?;
+                let role = redis::cmd("ROLE").query_async::<Value>(&mut c).await?;
+                Ok::<_, RedisError>((c, is_primary(&role)))
+            };
+            match timeout(self.cfg.connect_timeout(), attempt).await {
+                Ok(Ok((c, true))) => return Ok((node, c)),
+                Ok(Ok((_, false))) => {
+                    last = Some(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        BACKEND,
+                        format!(
+                            "{node}, named primary by Sentinel, is not a primary (a fail-over is under way); ask again"
+                        ),
+                    ))
+                }
+                Ok(Err(e)) => {
+                    last = Some(error::map(
+                        "connecting to the primary",
+                        Phase::Connect,
+                        &e,
+                        self.cfg.password().map(|p| p.expose()),
+                    ))
+                }
+                Err(_) => {
+                    last = Some(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        BACKEND,
+                        format!("connecting to {node}: no answer in time"),
+                    ))
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            StoreError::new(StoreErrorKind::Unavailable, BACKEND, "no primary found")
+        }))
+    }
+
+    /// A client for the most likely primary (for pub/sub: a `PUBLISH` on the primary
+    /// reaches its replicas' subscribers too).
+    pub(crate) async fn client(&self) -> Result<(NodeAddr, Client), StoreError> {
+        let node = self.candidates().await?.into_iter().next().ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Unavailable, BACKEND, "no primary found")
+        })?;
+        let client = client_for(&self.cfg, &node)?;
+        Ok((node, client))
+    }
 }
 
 /// The store's connection to Redis.
@@ -212,6 +467,7 @@ impl std::fmt::Debug for Conn {
                 &match self.kind {
                     Kind::Standalone { .. } => "standalone",
                     Kind::Cluster { .. } => "cluster",
+                    Kind::Sentinel { .. } => "sentinel",
                 },
             )
             .field("op_timeout", &self.op_timeout)
@@ -332,6 +588,18 @@ impl Conn {
     pub(crate) fn new(cfg: &RedisConfig) -> Result<Self, StoreError> {
         let secret = cfg.password().map(|p| p.expose().to_owned());
         let (kind, pubsub_clients) = match cfg.topology() {
+            Topology::Sentinel { sentinels, master } => (
+                Kind::Sentinel {
+                    discovery: Arc::new(Discovery::new(cfg, sentinels, master)?),
+                    config: AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(cfg.connect_timeout()))
+                        .set_response_timeout(None),
+                    holder: Arc::new(Holder::new()),
+                    primary: Mutex::new(None),
+                    watcher: Mutex::new(None),
+                },
+                Vec::new(),
+            ),
             Topology::Standalone { node } => {
                 let client = client_for(cfg, node)?;
                 // No per-command response timeout inside the connection: every operation
@@ -427,9 +695,14 @@ impl Conn {
                     pushes: Mutex::new(Some(rx)),
                 })
             }
-            _ => Ok(crate::notify::Transport::Classic(
-                self.pubsub_clients.clone(),
-            )),
+            _ => match &self.kind {
+                Kind::Sentinel { discovery, .. } => {
+                    Ok(crate::notify::Transport::Sentinel(discovery.clone()))
+                }
+                _ => Ok(crate::notify::Transport::Classic(
+                    self.pubsub_clients.clone(),
+                )),
+            },
         }
     }
 
@@ -493,6 +766,35 @@ impl Conn {
             )
             .await
             .map(|r| r.map(|(g, c)| Handle::Cluster(g, c))),
+            Kind::Sentinel {
+                discovery,
+                config,
+                holder,
+                primary,
+                watcher,
+            } => timeout_at(
+                deadline,
+                holder.get(
+                    self.policy_check,
+                    || async {
+                        refused_recently()?;
+                        let (node, conn) = discovery.connect_primary(config).await?;
+                        *primary.lock().unwrap_or_else(|e| e.into_inner()) = Some(node);
+                        let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
+                        if w.is_none() {
+                            let task = tokio::spawn(watch_switches(
+                                discovery.clone(),
+                                Arc::downgrade(holder),
+                            ));
+                            *w = Some(task.abort_handle());
+                        }
+                        Ok(conn)
+                    },
+                    |c| self.check_primary(op, c, primary),
+                ),
+            )
+            .await
+            .map(|r| r.map(|(g, c)| Handle::Standalone(g, c))),
         };
         match res {
             Err(_) => Err(StoreError::new(
@@ -529,6 +831,39 @@ impl Conn {
         };
         let reply = policy::info_memory().query_async::<Value>(&mut c).await;
         self.judge(op, &node.to_string(), reply)?;
+        self.checked_once.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Checks that the server Sentinel named is a primary (`ROLE`; a server demoted by a
+    /// fail-over is dropped, and the next call asks the sentinels again), then reads its
+    /// `maxmemory-policy`.
+    async fn check_primary(
+        &self,
+        op: &str,
+        mut c: MultiplexedConnection,
+        primary: &Mutex<Option<NodeAddr>>,
+    ) -> Result<(), StoreError> {
+        let node = primary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or_else(|| "the primary".to_owned(), NodeAddr::to_string);
+        let role = redis::cmd("ROLE")
+            .query_async::<Value>(&mut c)
+            .await
+            .map_err(|e| self.map(op, Phase::Connect, &e))?;
+        if !is_primary(&role) {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                format!(
+                    "{op}: {node}, named primary by Sentinel, is not a primary (a fail-over is under way); ask again"
+                ),
+            ));
+        }
+        let reply = policy::info_memory().query_async::<Value>(&mut c).await;
+        self.judge(op, &node, reply)?;
         self.checked_once.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -651,6 +986,7 @@ impl Conn {
         match (&self.kind, h) {
             (Kind::Standalone { holder, .. }, Handle::Standalone(g, _)) => holder.invalidate(*g),
             (Kind::Cluster { holder, .. }, Handle::Cluster(g, _)) => holder.invalidate(*g),
+            (Kind::Sentinel { holder, .. }, Handle::Standalone(g, _)) => holder.invalidate(*g),
             _ => {}
         }
     }
@@ -675,6 +1011,20 @@ impl Conn {
             .await
     }
 
+    /// [`run`](Self::run) for a script that writes nothing (no `WAIT` for replicas).
+    pub(crate) async fn run_read<T>(
+        &self,
+        op: &'static str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        parse: impl FnOnce(&Value, &str) -> Reply<T>,
+    ) -> Result<T, StoreError> {
+        let deadline = Instant::now() + self.op_timeout;
+        self.exec(deadline, op, script, keys, args, false, parse)
+            .await
+    }
+
     /// [`run`](Self::run), ending at `deadline` instead of one operation timeout from now
     /// (a batch ends when the first of its operations' callers stops waiting).
     pub(crate) async fn run_until<T>(
@@ -684,6 +1034,22 @@ impl Conn {
         script: &Script,
         keys: &[&str],
         args: &[&str],
+        parse: impl FnOnce(&Value, &str) -> Reply<T>,
+    ) -> Result<T, StoreError> {
+        self.exec(deadline, op, script, keys, args, true, parse)
+            .await
+    }
+
+    /// Runs a script; with `writes` and `min_replicas`, then waits for the replicas.
+    #[allow(clippy::too_many_arguments)]
+    async fn exec<T>(
+        &self,
+        deadline: Instant,
+        op: &'static str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        writes: bool,
         parse: impl FnOnce(&Value, &str) -> Reply<T>,
     ) -> Result<T, StoreError> {
         let mut h = self.handle(deadline, op).await?;
@@ -707,15 +1073,14 @@ impl Conn {
                 self.invalidate(&h);
                 return Err(StoreError::timeout(BACKEND, op, self.op_timeout));
             }
-            Ok(Err(e)) => {
-                if e.is_io_error() || e.is_unrecoverable_error() {
-                    self.invalidate(&h);
-                }
-                return Err(self.map(op, Phase::Request, &e));
-            }
+            Ok(Err(e)) => return Err(self.failed(&h, op, &e)),
             Ok(Ok(v)) => v,
         };
-        match parse(&value, &id) {
+        let parsed = parse(&value, &id);
+        if writes && parsed.is_ok() && self.config.min_replicas() > 0 {
+            self.wait_for_replicas(&mut h, deadline, op).await?;
+        }
+        match parsed {
             Ok(t) => Ok(t),
             Err(ReplyError::WrongId) => {
                 self.invalidate(&h);
@@ -764,14 +1129,82 @@ impl Conn {
                 self.invalidate(&h);
                 Err(StoreError::timeout(BACKEND, op, self.op_timeout))
             }
-            Ok(Err(e)) => {
-                if e.is_io_error() || e.is_unrecoverable_error() {
-                    self.invalidate(&h);
-                }
-                Err(self.map(op, Phase::Request, &e))
-            }
+            Ok(Err(e)) => Err(self.failed(&h, op, &e)),
             Ok(Ok(v)) => Ok(v),
         }
+    }
+
+    /// A request's error: connection-level failures drop the connection; `READONLY` (the
+    /// server was demoted by a fail-over) drops it too, so that the next call asks
+    /// Sentinel again, and is retryable (a replica applied nothing).
+    fn failed(&self, h: &Handle, op: &str, e: &RedisError) -> StoreError {
+        if e.code() == Some("READONLY") {
+            self.invalidate(h);
+            return StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                format!(
+                    "{op}: the server is a replica now (a fail-over); nothing was applied, and the next call connects to the current primary"
+                ),
+            );
+        }
+        if e.is_io_error() || e.is_unrecoverable_error() {
+            self.invalidate(h);
+        }
+        self.map(op, Phase::Request, e)
+    }
+
+    /// `WAIT min_replicas` on the connection that just wrote, bounded by what is left until
+    /// `deadline`. Fewer acknowledgements than asked (or no answer) fail closed, as an
+    /// ambiguous outcome: the write stands on the primary and may or may not survive a
+    /// fail-over.
+    async fn wait_for_replicas(
+        &self,
+        h: &mut Handle,
+        deadline: Instant,
+        op: &str,
+    ) -> Result<(), StoreError> {
+        let want = self.config.min_replicas();
+        let left_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis()
+            .clamp(1, u128::from(u32::MAX)) as u64;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(want).arg(left_ms);
+        let in_flight = InFlight::new(self, h);
+        let res = match h {
+            Handle::Standalone(_, c) => timeout_at(deadline, wait.query_async::<i64>(c)).await,
+            Handle::Cluster(_, c) => timeout_at(deadline, wait.query_async::<i64>(c)).await,
+        };
+        in_flight.disarm();
+        let acked = match res {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => {
+                let e = self.failed(h, op, &e);
+                return Err(StoreError::new(
+                    StoreErrorKind::Ambiguous,
+                    BACKEND,
+                    format!(
+                        "{op}: applied on the primary, but waiting for its replicas failed: {e}"
+                    ),
+                ));
+            }
+            Err(_) => {
+                self.invalidate(h);
+                -1
+            }
+        };
+        if acked >= i64::from(want) {
+            return Ok(());
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Ambiguous,
+            BACKEND,
+            format!(
+                "{op}: applied on the primary, but only {} of the {want} replicas asked for (min_replicas) acknowledged it in time; it may be lost in a fail-over — retry as the same owner",
+                acked.max(0)
+            ),
+        ))
     }
 }
 
@@ -816,6 +1249,7 @@ impl Drop for InFlight<'_> {
         if self.armed {
             match &self.conn.kind {
                 Kind::Standalone { holder, .. } => holder.invalidate(self.generation),
+                Kind::Sentinel { holder, .. } => holder.invalidate(self.generation),
                 Kind::Cluster { holder, .. } => holder.invalidate(self.generation),
             }
         }

@@ -6,7 +6,8 @@ use leasehold_core::{OpenFuture, Store, StoreFactory};
 
 use crate::store::RedisStore;
 
-/// Serves the URL schemes `redis`, `rediss`, `redis+cluster` and `rediss+cluster`.
+/// Serves the URL schemes `redis`, `rediss`, `redis+cluster`, `rediss+cluster` and
+/// `redis+sentinel` (`rediss+sentinel` is refused with a clear error).
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -19,7 +20,14 @@ pub struct RedisFactory;
 
 impl StoreFactory for RedisFactory {
     fn schemes(&self) -> &[&'static str] {
-        &["redis", "rediss", "redis+cluster", "rediss+cluster"]
+        &[
+            "redis",
+            "rediss",
+            "redis+cluster",
+            "rediss+cluster",
+            "redis+sentinel",
+            "rediss+sentinel",
+        ]
     }
 
     /// Parses the URL and connects (bounded by the connect timeout), so that a wrong

@@ -15,8 +15,8 @@ mod store;
 
 pub use config::{
     DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_RETENTION, DEFAULT_OP_TIMEOUT,
-    DEFAULT_POLICY_CHECK, DEFAULT_QUEUE_GRACE, MAX_FENCE_RETENTION, NodeAddr, RedisConfig,
-    RedisConfigBuilder, TlsSettings, Topology,
+    DEFAULT_POLICY_CHECK, DEFAULT_QUEUE_GRACE, MAX_FENCE_RETENTION, MAX_MASTER_NAME_LEN,
+    MAX_MIN_REPLICAS, NodeAddr, RedisConfig, RedisConfigBuilder, TlsSettings, Topology,
 };
 pub use error::{Cause, EvictingPolicy};
 pub use factory::RedisFactory;

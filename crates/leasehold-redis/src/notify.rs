@@ -59,6 +59,9 @@ pub(crate) enum Transport {
     Classic(Vec<Client>),
     /// Sharded pub/sub through a Cluster connection of this (RESP3) client, whose pushes
     /// arrive on `pushes` (taken by the first connection's reader).
+    /// Classic pub/sub on a dedicated connection to the primary Sentinel names at each
+    /// connection (a `PUBLISH` on the primary reaches its replicas' subscribers too).
+    Sentinel(Arc<crate::conn::Discovery>),
     Sharded {
         client: Box<ClusterClient>,
         pushes: Mutex<Option<UnboundedReceiver<PushInfo>>>,
@@ -300,6 +303,10 @@ impl Notifier {
         }
         match &self.transport {
             Transport::Classic(clients) => self.connect_classic(clients).await,
+            Transport::Sentinel(discovery) => {
+                let (_, client) = discovery.client().await?;
+                self.connect_classic(&[client]).await
+            }
             Transport::Sharded { client, pushes } => {
                 let conn =
                     match tokio::time::timeout(self.connect_timeout, client.get_async_connection())

@@ -211,7 +211,7 @@ impl RedisStore {
     ) -> Result<Option<LeaseInfo>, StoreError> {
         let got = self
             .conn
-            .run(
+            .run_read(
                 "inspect",
                 &SCRIPTS.inspect,
                 &[&names.lease],

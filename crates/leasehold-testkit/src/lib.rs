@@ -51,6 +51,7 @@ mod process;
 mod proxy;
 mod ready;
 mod redis;
+mod sentinel;
 mod util;
 mod worker;
 
@@ -64,6 +65,7 @@ pub use postgres::{Postgres, PostgresOptions, postgres_bin_dir};
 pub use process::ServerProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer};
+pub use sentinel::RedisSentinelSet;
 pub use worker::WorkerProcess;
 
 /// Re-export of [`nix::sys::signal::Signal`], the type taken by the

@@ -232,6 +232,57 @@ pub async fn cluster_fixture() -> Fixture {
         .keep_alive(c)
 }
 
+/// The conformance fixture on a primary and replica behind three sentinels: the store
+/// asks the sentinels for the primary and reaches each data server through its own fault
+/// proxy (the sentinels' addresses for them are remapped); other processes open it from
+/// its `redis+sentinel://` URL.
+pub async fn sentinel_fixture() -> Fixture {
+    let set = Arc::new(
+        tokio::task::spawn_blocking(|| leasehold_testkit::RedisSentinelSet::start("conform"))
+            .await
+            .unwrap(),
+    );
+    let proxies: Vec<Arc<FaultProxy>> = set
+        .servers()
+        .iter()
+        .map(|s| Arc::new(FaultProxy::start(s.addr())))
+        .collect();
+    let mut b = RedisConfigBuilder::sentinel(
+        set.sentinel_ports()
+            .into_iter()
+            .map(|p| NodeAddr::new("127.0.0.1", p)),
+        set.master_name(),
+    )
+    .op_timeout(Duration::from_secs(2))
+    .connect_timeout(Duration::from_secs(1));
+    for (s, p) in set.servers().iter().zip(&proxies) {
+        b = b.map_address(
+            NodeAddr::new("127.0.0.1", s.port()),
+            NodeAddr::new("127.0.0.1", p.port()),
+        );
+    }
+    let store = Arc::new(RedisStore::new(b.build().unwrap()).unwrap());
+    let cli_set = set.clone();
+    let faults = RedisFaults {
+        store: store.clone(),
+        proxies: proxies.clone(),
+        cli: Box::new(move |args| {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            cli_set.primary().cli(&args)
+        }),
+    };
+    let url = set.url();
+    let direct = open_store(url.clone()).await;
+    let network = Network::new(proxies, direct, set.clone())
+        .op_bound(store.config().op_timeout())
+        .lost_reply_applies(true);
+    Fixture::new(store, Arc::new(faults), Duration::from_secs(1))
+        .no_guard(NO_GUARD)
+        .other_processes(url)
+        .network(network)
+        .keep_alive(set)
+}
+
 /// Opens a store from a URL (in the holder process of the conformance suite, and for the
 /// fixtures' direct stores).
 pub async fn open_store(url: String) -> Arc<dyn Store> {

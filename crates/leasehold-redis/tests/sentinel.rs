@@ -1,0 +1,364 @@
+//! Redis with a replica behind Sentinel (issue 16 items 1–3, FAULTS row 11), against a
+//! private primary, replica and three sentinels:
+//!
+//! - `redis+sentinel://` finds the primary through the sentinels, follows a fail-over
+//!   (the demoted server answers `READONLY`, the store asks the sentinels again) and keeps
+//!   no stale primary;
+//! - `min_replicas=1`: every write waits for the replica; a grant the replica did not take
+//!   in time is never reported (the call fails closed, ambiguous), and a lease granted that
+//!   way survives a fail-over with its owner and fence;
+//! - without it, a fail-over to a replica that missed the grant breaks exclusion (a second
+//!   holder is let in while the first still believes it holds the lease), but the fence
+//!   still rises (the clock floor), so the guard refuses the first holder's writes.
+//!
+//! Fail-overs are forced (`SENTINEL FAILOVER`); the sentinels' own failure detection is
+//! slow on purpose (60 s) so that a paused server does not start one by itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::guard::GuardDecision;
+use leasehold_core::{
+    AcquireOutcome, Fence, Key, OwnerToken, RenewOutcome, ResourceName, Store, StoreErrorKind,
+};
+use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_sqlite::guard;
+use leasehold_sqlite::sqlx::{self, Connection};
+use leasehold_testkit::RedisSentinelSet;
+use tokio::time::{Instant, sleep};
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn start(name: &'static str) -> Arc<RedisSentinelSet> {
+    Arc::new(
+        tokio::task::spawn_blocking(move || RedisSentinelSet::start(name))
+            .await
+            .unwrap(),
+    )
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+async fn open(set: &RedisSentinelSet, params: &str) -> RedisStore {
+    let url = format!("{}?timeout=3s&connect_timeout=2s{params}", set.url());
+    RedisStore::open(&url).await.unwrap()
+}
+
+/// Acquires, retrying retryable errors (a fail-over in progress) for up to 20 s.
+async fn acquire(store: &RedisStore, k: &Key, o: &OwnerToken) -> AcquireOutcome {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        match store.acquire(k, o, TTL).await {
+            Ok(r) => return r,
+            Err(e) if e.is_retryable() && Instant::now() < end => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("acquire {k}: {e}"),
+        }
+    }
+}
+
+fn fence(o: AcquireOutcome) -> Fence {
+    match o {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn sentinel_urls_parse_and_refuse_bad_input() {
+    let c =
+        RedisConfig::from_url("redis+sentinel://:pw@a:1,b:2/mymaster?min_replicas=1&db=2").unwrap();
+    assert_eq!(c.min_replicas(), 1);
+    assert_eq!(c.db(), 2);
+    let shown = c.to_string();
+    assert!(
+        !shown.contains("pw") && shown.starts_with("redis+sentinel://"),
+        "{shown}"
+    );
+    assert_eq!(
+        RedisConfig::from_url(&shown.replace("<redacted>", "pw")).unwrap(),
+        c
+    );
+    assert!(!format!("{c:?}").contains("pw"));
+    for bad in [
+        "redis+sentinel://a:1/",
+        "redis+sentinel://a:1",
+        "redis+sentinel://a:1/my%20master",
+        "rediss+sentinel://a:1/m",
+        "redis+sentinel://a:1/m?min_replicas=17",
+        "redis+sentinel://a:1/m?min_replicas=-1",
+        "redis+cluster://a:1/?min_replicas=1",
+        "redis+sentinel://a:0/m",
+    ] {
+        let e = RedisConfig::from_url(bad).unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}: {e}");
+    }
+    let long = format!("redis+sentinel://a:1/{}", "m".repeat(200));
+    assert!(RedisConfig::from_url(&long).is_err());
+}
+
+/// The store finds the primary through the sentinels, and after a fail-over writes to the
+/// new primary (the old one, now a replica, answers `READONLY` and is dropped); a lease
+/// the replica had taken keeps its owner and fence; fences keep rising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_to_the_new_primary() {
+    let set = start("follow").await;
+    // The periodic re-check of the primary (`policy_check`) is out of the picture: the
+    // store must move at once, on `READONLY` or the sentinels' `+switch-master`.
+    let store = open(&set, "&policy_check=60s").await;
+    let first = set.primary_port();
+    let k = Key::new("job:sentinel").unwrap();
+    let o = OwnerToken::random();
+    let f1 = fence(acquire(&store, &k, &o).await);
+    // The grant is on the primary the sentinels name.
+    let lease_key = store.lease_key(&k);
+    let on_primary = {
+        let (set, lk) = (set.clone(), lease_key.clone());
+        blocking(move || set.server_on(first).cli(&["GET", &lk])).await
+    };
+    assert_eq!(on_primary, format!("{}:{f1}", o.to_hex()));
+    // Let the replica take it, then fail over.
+    {
+        let (set, lk) = (set.clone(), lease_key.clone());
+        blocking(move || {
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while set.replica().cli(&["EXISTS", &lk]) != "1" {
+                assert!(
+                    std::time::Instant::now() < end,
+                    "the replica never got the lease"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await;
+    }
+    let second = {
+        let set = set.clone();
+        blocking(move || set.failover()).await
+    };
+    assert_ne!(first, second);
+    // The same lease, renewed on the new primary within moments (after at most a
+    // retryable error).
+    let end = Instant::now() + Duration::from_secs(3);
+    loop {
+        match store.renew(&k, &o, TTL).await {
+            Ok(RenewOutcome::Renewed { .. }) => break,
+            Err(e) if e.is_retryable() && Instant::now() < end => {
+                sleep(Duration::from_millis(100)).await
+            }
+            other => panic!("renew after the fail-over: {other:?}"),
+        }
+    }
+    let info = store.inspect(&k).await.unwrap().expect("still held");
+    assert_eq!((info.owner, info.fence), (o, f1));
+    let on_new = {
+        let (set, lk) = (set.clone(), lease_key.clone());
+        blocking(move || set.server_on(second).cli(&["GET", &lk])).await
+    };
+    assert_eq!(on_new, format!("{}:{f1}", o.to_hex()));
+    // New grants go to the new primary, with higher fences.
+    let k2 = Key::new("job:sentinel-2").unwrap();
+    let f2 = fence(acquire(&store, &k2, &OwnerToken::random()).await);
+    assert!(f2 > f1);
+    let lk2 = store.lease_key(&k2);
+    let (set2, lk2b) = (set.clone(), lk2.clone());
+    let (old_has, new_has) = blocking(move || {
+        (
+            set2.server_on(first).cli(&["EXISTS", &lk2b]),
+            set2.server_on(second).cli(&["EXISTS", &lk2b]),
+        )
+    })
+    .await;
+    // The old primary only has it by replication from the new one (if at all): the new
+    // primary certainly does.
+    assert_eq!(new_has, "1", "old primary: {old_has}");
+}
+
+/// A split brain: the old primary cannot be demoted (its `REPLICAOF` is disabled), so it
+/// stays a primary that takes writes. The store must still move to the new primary at
+/// once, on the sentinels' `+switch-master` (no `READONLY`, no broken connection tells
+/// it), so that its writes are not lost when the old primary is finally reconfigured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moves_on_switch_master_even_if_the_old_primary_still_takes_writes() {
+    let set = Arc::new(
+        blocking(|| {
+            RedisSentinelSet::start_with(
+                "split",
+                &[
+                    "--rename-command",
+                    "REPLICAOF",
+                    "",
+                    "--rename-command",
+                    "SLAVEOF",
+                    "",
+                ],
+            )
+        })
+        .await,
+    );
+    let store = open(&set, "&policy_check=60s").await;
+    let first = set.primary_port();
+    fence(
+        acquire(
+            &store,
+            &Key::new("job:before").unwrap(),
+            &OwnerToken::random(),
+        )
+        .await,
+    );
+    let second = {
+        let set = set.clone();
+        blocking(move || set.failover()).await
+    };
+    // The old primary still says it is one.
+    let role = {
+        let set = set.clone();
+        blocking(move || set.server_on(first).cli(&["ROLE"])).await
+    };
+    assert!(role.starts_with("master"), "{role}");
+    // Within moments every new grant lands on the new primary.
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut i = 0;
+    loop {
+        i += 1;
+        let k = Key::new(format!("job:after-{i}")).unwrap();
+        fence(acquire(&store, &k, &OwnerToken::random()).await);
+        let lk = store.lease_key(&k);
+        let set2 = set.clone();
+        let on_new = blocking(move || set2.server_on(second).cli(&["EXISTS", &lk])).await;
+        if on_new == "1" {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "still writing to the old primary {first} after the switch to {second}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `min_replicas=1`: with the replica paused, an acquire fails closed (ambiguous, never a
+/// grant reported) within its timeout; once the replica is back the same owner's retry is
+/// granted with the same fence. A lease granted that way survives a fail-over with its
+/// owner and fence (FAULTS row 11, replication-wait mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledged_grants_fail_closed_and_survive_a_failover() {
+    let set = start("acked").await;
+    let store = open(&set, "&min_replicas=1").await;
+    assert_eq!(store.config().min_replicas(), 1);
+    let k = Key::new("job:acked").unwrap();
+    let o = OwnerToken::random();
+    {
+        let set = set.clone();
+        blocking(move || set.replica().pause()).await;
+    }
+    let started = Instant::now();
+    let e = store.acquire(&k, &o, TTL).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Ambiguous, "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    {
+        let set = set.clone();
+        blocking(move || set.replica().resume()).await;
+    }
+    let f1 = fence(acquire(&store, &k, &o).await);
+    let info = store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!(
+        (info.owner, info.fence),
+        (o, f1),
+        "the retry is the same grant"
+    );
+    // Acknowledged: a fail-over keeps it.
+    {
+        let set = set.clone();
+        blocking(move || set.failover()).await;
+    }
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        match store.renew(&k, &o, TTL).await {
+            Ok(RenewOutcome::Renewed { .. }) => break,
+            Err(e)
+                if Instant::now() < end
+                    && (e.is_retryable() || e.kind() == StoreErrorKind::Ambiguous) =>
+            {
+                sleep(Duration::from_millis(100)).await
+            }
+            other => panic!("renew after the fail-over: {other:?}"),
+        }
+    }
+    let info = store
+        .inspect(&k)
+        .await
+        .unwrap()
+        .expect("kept across the fail-over");
+    assert_eq!((info.owner, info.fence), (o, f1));
+    // Nobody else gets it.
+    assert!(matches!(
+        acquire(&store, &k, &OwnerToken::random()).await,
+        AcquireOutcome::Held { .. }
+    ));
+}
+
+/// Without `min_replicas`: the replica is paused and cut off while A is granted, the
+/// primary dies,
+/// the replica (which never saw A's grant) is promoted, and B is granted the same key
+/// while A still believes it holds it — exclusion is broken, as the docs say. But B's fence
+/// is higher (the clock floor), so the guard refuses A's write once B has written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_lost_the_grant_breaks_exclusion_but_not_the_fence() {
+    let set = start("lost").await;
+    let a_store = open(&set, "").await;
+    let k = Key::new("job:lost").unwrap();
+    let a = OwnerToken::random();
+    {
+        let set = set.clone();
+        blocking(move || {
+            set.replica().pause();
+            set.cut_replication();
+        })
+        .await;
+    }
+    let fa = fence(acquire(&a_store, &k, &a).await);
+    // The primary dies with A's grant; the replica, back, never saw it and is promoted.
+    {
+        let set = set.clone();
+        blocking(move || {
+            set.primary().kill();
+            set.replica().resume();
+            set.failover()
+        })
+        .await;
+    }
+    let b_store = open(&set, "").await;
+    let b = OwnerToken::random();
+    let fb = fence(acquire(&b_store, &k, &b).await);
+    assert!(fb > fa, "fences rise across the fail-over: A {fa}, B {fb}");
+    // The guard, in the database that receives the writes.
+    let dir = tempfile::tempdir().unwrap();
+    let pool =
+        sqlx::SqlitePool::connect(&format!("sqlite://{}/g.db?mode=rwc", dir.path().display()))
+            .await
+            .unwrap();
+    guard::migrate(&pool).await.unwrap();
+    let res = ResourceName::from(&k);
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert!(matches!(
+        guard::check_and_advance(&mut tx, &res, fb).await.unwrap(),
+        GuardDecision::Accepted { .. }
+    ));
+    tx.commit().await.unwrap();
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    assert_eq!(
+        guard::check_and_advance(&mut tx, &res, fa).await.unwrap(),
+        GuardDecision::Rejected { current: fb },
+        "the older holder's write is refused"
+    );
+    tx.rollback().await.unwrap();
+}

@@ -1,0 +1,277 @@
+//! A private Redis primary with one replica, watched by three sentinels.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::process::ServerProcess;
+use crate::redis::{RedisOptions, RedisServer, ping};
+use crate::{free_port, ready, util};
+
+/// How long a sentinel may take to answer `PING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One `redis-server --sentinel` process with its own config file and directory.
+#[derive(Debug)]
+struct Sentinel {
+    // Field order matters: the process is killed before the directory goes.
+    _process: ServerProcess,
+    port: u16,
+    _tmp: TempDir,
+}
+
+/// A primary, a replica of it and three sentinels (quorum 2) monitoring it under a name.
+///
+/// The sentinels' `down-after-milliseconds` is long (60 s) so that pausing a server in a
+/// test does not start a fail-over by itself: fail-overs happen when a test asks for one
+/// ([`failover`](Self::failover)). Dropping it kills every process and removes the
+/// directories.
+#[derive(Debug)]
+pub struct RedisSentinelSet {
+    servers: Vec<RedisServer>,
+    sentinels: Vec<Sentinel>,
+    master: String,
+}
+
+impl RedisSentinelSet {
+    /// Starts the primary, the replica (synchronised before this returns) and three
+    /// sentinels monitoring the primary as `master`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `redis-server` is missing or a process does not get ready.
+    pub fn start(master: &str) -> Self {
+        Self::start_with(master, &[])
+    }
+
+    /// [`start`](Self::start), with `primary_args` added to the first primary's command
+    /// line only (e.g. `--rename-command REPLICAOF ""` for a primary the sentinels cannot
+    /// demote: a split brain).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(master: &str, primary_args: &[&str]) -> Self {
+        let opts = RedisOptions::new().args(["--repl-diskless-sync-delay", "0"]);
+        let primary = RedisServer::start_with(opts.clone().args(primary_args.iter().copied()));
+        let replica = RedisServer::start_with(opts.args([
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary.port().to_string(),
+        ]));
+        wait_until(
+            Duration::from_secs(20),
+            "the replica to synchronise",
+            || {
+                replica
+                    .cli(&["INFO", "replication"])
+                    .contains("master_link_status:up")
+            },
+        );
+        let sentinels = (0..3)
+            .map(|_| Sentinel::start(master, primary.port()))
+            .collect();
+        let set = Self {
+            servers: vec![primary, replica],
+            sentinels,
+            master: master.to_owned(),
+        };
+        // Every sentinel has found the replica (it fails over to it).
+        wait_until(
+            Duration::from_secs(20),
+            "the sentinels to see the replica",
+            || {
+                (0..3).all(|i| {
+                    set.sentinel_cli(i, &["SENTINEL", "REPLICAS", master])
+                        .contains(&set.servers[1].port().to_string())
+                })
+            },
+        );
+        set
+    }
+
+    /// The name the sentinels monitor the primary under.
+    pub fn master_name(&self) -> &str {
+        &self.master
+    }
+
+    /// The sentinels' ports.
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|s| s.port).collect()
+    }
+
+    /// `redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/NAME`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinel_ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{}", hosts.join(","), self.master)
+    }
+
+    /// The two data servers (the first started as the primary).
+    pub fn servers(&self) -> &[RedisServer] {
+        &self.servers
+    }
+
+    /// The port of the server the first answering sentinel names primary.
+    pub fn primary_port(&self) -> u16 {
+        for i in 0..self.sentinels.len() {
+            let out = self.sentinel_cli(i, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.master]);
+            if let Some(port) = out.lines().nth(1).and_then(|p| p.trim().parse().ok()) {
+                return port;
+            }
+        }
+        panic!("no sentinel names a primary for {}", self.master);
+    }
+
+    /// The data server on `port`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if neither server has that port.
+    pub fn server_on(&self, port: u16) -> &RedisServer {
+        self.servers
+            .iter()
+            .find(|s| s.port() == port)
+            .unwrap_or_else(|| panic!("no data server on port {port}"))
+    }
+
+    /// The current primary.
+    pub fn primary(&self) -> &RedisServer {
+        self.server_on(self.primary_port())
+    }
+
+    /// The data server that is not the current primary.
+    pub fn replica(&self) -> &RedisServer {
+        let p = self.primary_port();
+        self.servers
+            .iter()
+            .find(|s| s.port() != p)
+            .expect("two data servers")
+    }
+
+    /// `SENTINEL FAILOVER` (forced, no agreement needed) and waits until every sentinel
+    /// names the other server and it answers `ROLE` as a primary; returns its port.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the fail-over does not complete within 30 s.
+    pub fn failover(&self) -> u16 {
+        let old = self.primary_port();
+        let out = self.sentinel_cli(0, &["SENTINEL", "FAILOVER", &self.master]);
+        assert_eq!(out, "OK", "SENTINEL FAILOVER: {out}");
+        let mut new = old;
+        wait_until(Duration::from_secs(30), "the fail-over", || {
+            new = self.primary_port();
+            new != old && self.server_on(new).cli(&["ROLE"]).starts_with("master")
+        });
+        // Every sentinel has heard of it.
+        wait_until(
+            Duration::from_secs(30),
+            "every sentinel to name the new primary",
+            || {
+                (0..self.sentinels.len()).all(|i| {
+                    self.sentinel_cli(i, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", &self.master])
+                        .lines()
+                        .nth(1)
+                        .is_some_and(|p| p.trim() == new.to_string())
+                })
+            },
+        );
+        // The old primary, if it runs (and obeys), is turned into a replica.
+        let old = self.server_on(old);
+        let obeys = !old
+            .options()
+            .extra_args
+            .iter()
+            .any(|a| a == "--rename-command");
+        if obeys && old.is_running() && !old.is_paused() {
+            wait_until(
+                Duration::from_secs(30),
+                "the old primary to be demoted",
+                || old.cli(&["ROLE"]).starts_with("slave"),
+            );
+        }
+        new
+    }
+
+    /// Closes the primary's replication connections (`CLIENT KILL TYPE replica`): what it
+    /// writes from now on reaches no replica until one reconnects (a paused replica cannot).
+    pub fn cut_replication(&self) {
+        let out = self.primary().cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+        assert!(
+            out.trim().parse::<u32>().is_ok_and(|n| n >= 1),
+            "CLIENT KILL: {out}"
+        );
+    }
+
+    /// Runs `redis-cli` against sentinel `i`.
+    pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> String {
+        let mut cmd = Command::new(util::find_binary("redis-cli", "redis-tools"));
+        cmd.args(["-h", "127.0.0.1", "-p", &self.sentinels[i].port.to_string()])
+            .args(args);
+        let out = util::run_with_timeout(&mut cmd, Duration::from_secs(30), "redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
+    }
+}
+
+impl Sentinel {
+    fn start(master: &str, primary_port: u16) -> Self {
+        let tmp = tempfile::Builder::new()
+            .prefix("leasehold-sentinel-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
+        let dir = tmp.path().to_path_buf();
+        let bin = util::find_binary("redis-server", "redis-server");
+        let (process, port) = ready::start_on_free_port(
+            "redis sentinel",
+            free_port,
+            |port| spawn(&bin, &dir, port, master, primary_port),
+            |process, port| {
+                ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
+                    ping(port, false)
+                })
+            },
+            || util::read_log(&dir.join("log")).contains("Address already in use"),
+            || util::log_tail(&dir.join("log"), 8192),
+        );
+        Self {
+            _process: process,
+            port,
+            _tmp: tmp,
+        }
+    }
+}
+
+fn spawn(bin: &Path, dir: &Path, port: u16, master: &str, primary_port: u16) -> ServerProcess {
+    let conf: PathBuf = dir.join("sentinel.conf");
+    let text = format!(
+        "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {log}\n\
+         sentinel monitor {master} 127.0.0.1 {primary_port} 2\n\
+         sentinel down-after-milliseconds {master} 60000\n\
+         sentinel failover-timeout {master} 10000\n\
+         sentinel parallel-syncs {master} 1\n",
+        dir = dir.display(),
+        log = dir.join("log").display(),
+    );
+    std::fs::write(&conf, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
+    let mut cmd = Command::new(bin);
+    cmd.current_dir(dir).arg(&conf).arg("--sentinel");
+    ServerProcess::spawn(
+        format!("redis-sentinel:{port}"),
+        cmd,
+        &dir.join("stdout.log"),
+    )
+}
+
+fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
