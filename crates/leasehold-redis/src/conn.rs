@@ -372,7 +372,7 @@ impl Discovery {
                 StoreError::new(StoreErrorKind::Config, BACKEND, "no sentinel to ask")
             }));
         }
-        ranked.sort_by(|a, b| (b.1, b.2).cmp(&(a.1, a.2)));
+        ranked.sort_by_key(|r| std::cmp::Reverse((r.1, r.2)));
         Ok(ranked.into_iter().map(|(n, _, _)| n).collect())
     }
 
