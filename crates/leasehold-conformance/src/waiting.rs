@@ -185,3 +185,32 @@ pub async fn ends_at_its_timeout(open: impl AsyncFn() -> Arc<dyn Store>) {
         AcquireOutcome::Held { .. }
     ));
 }
+
+/// One `#[tokio::test]` per shared wait check of this module, for a store's test file:
+/// `setup` is evaluated at the start of each test and kept for its length (a private
+/// server, a temporary directory); `open` is an async function taking `&` that value and
+/// returning a new store instance (`Arc<dyn Store>`) on it, as another process would open.
+///
+/// ```ignore
+/// leasehold_conformance::waiting_suite!(setup = common::start_db(), open = open);
+/// ```
+#[macro_export]
+macro_rules! waiting_suite {
+    (setup = $setup:expr, open = $open:expr) => {
+        $crate::waiting_suite!(@one wait_released_is_woken_by_a_release_from_another_store,
+            woken_by_a_release_from_another_store, $setup, $open);
+        $crate::waiting_suite!(@one waiting_client_gets_the_lease_at_its_release,
+            waiting_client_gets_the_lease_at_its_release, $setup, $open);
+        $crate::waiting_suite!(@one wait_released_is_woken_by_break_and_expiry,
+            woken_by_break_and_expiry, $setup, $open);
+        $crate::waiting_suite!(@one wait_released_ends_at_its_timeout,
+            ends_at_its_timeout, $setup, $open);
+    };
+    (@one $name:ident, $check:ident, $setup:expr, $open:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let env = $setup;
+            $crate::waiting::$check(async || ($open)(&env).await).await;
+        }
+    };
+}

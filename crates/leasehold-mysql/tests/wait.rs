@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_conformance::waiting::{self, slow_polling_client, spawn_wait_as};
+use leasehold_conformance::waiting::{slow_polling_client, spawn_wait_as};
 use leasehold_core::{
     AcquireOutcome, Backoff, Error, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome,
     Store,
@@ -62,31 +62,9 @@ fn spawn_wait(
     spawn_wait_as(store, k, &OwnerToken::random(), t)
 }
 
-/// The checks every SQL store shares (`leasehold_conformance::waiting`), each store
-/// instance another connection, as another process would have.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_is_woken_by_a_release_from_another_store() {
-    let db = common::start_db();
-    waiting::woken_by_a_release_from_another_store(async || open(&db).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_client_gets_the_lease_at_its_release() {
-    let db = common::start_db();
-    waiting::waiting_client_gets_the_lease_at_its_release(async || open(&db).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_is_woken_by_break_and_expiry() {
-    let db = common::start_db();
-    waiting::woken_by_break_and_expiry(async || open(&db).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_ends_at_its_timeout() {
-    let db = common::start_db();
-    waiting::ends_at_its_timeout(async || open(&db).await).await;
-}
+// The checks every SQL store shares (`leasehold_conformance::waiting`), each store
+// instance another connection, as another process would have.
+leasehold_conformance::waiting_suite!(setup = common::start_db(), open = open);
 
 /// A waiter is queued when the holder releases: a newcomer's acquire right after the
 /// release is told the lease is held, and the waiter gets it.

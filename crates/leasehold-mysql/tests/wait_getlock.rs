@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_conformance::waiting::{self, slow_polling_client, spawn_wait_as};
+use leasehold_conformance::waiting::{slow_polling_client, spawn_wait_as};
 use leasehold_core::{AcquireOutcome, Key, OwnerToken, Store};
 use leasehold_mysql::{GETLOCK_RESERVE_GRACE, MySqlGetLockStore};
 use tokio::time::{Instant, sleep, timeout};
@@ -39,29 +39,8 @@ fn held(o: AcquireOutcome) -> bool {
     matches!(o, AcquireOutcome::Held { .. })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_is_woken_by_a_release_from_another_store() {
-    let db = common::start_db();
-    waiting::woken_by_a_release_from_another_store(async || open(&db).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_client_gets_the_lease_at_its_release() {
-    let db = common::start_db();
-    waiting::waiting_client_gets_the_lease_at_its_release(async || open(&db).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_is_woken_by_break_and_expiry() {
-    let db = common::start_db();
-    waiting::woken_by_break_and_expiry(async || open(&db).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_ends_at_its_timeout() {
-    let db = common::start_db();
-    waiting::ends_at_its_timeout(async || open(&db).await).await;
-}
+// The checks every SQL store shares (`leasehold_conformance::waiting`).
+leasehold_conformance::waiting_suite!(setup = common::start_db(), open = open);
 
 /// The lock the server hands to a waiter is kept for that waiter's owner: a newcomer is
 /// told `Held` meanwhile; left unclaimed, it goes to the next waiter after the grace

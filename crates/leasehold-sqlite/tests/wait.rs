@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_conformance::waiting::{self, slow_polling_client};
+use leasehold_conformance::waiting::slow_polling_client;
 use leasehold_core::{AcquireOutcome, Key, OwnerToken, ReleaseOutcome, Store};
 use leasehold_sqlite::{SqliteConfig, SqliteStore};
 use tokio::time::{Instant, sleep, timeout};
@@ -49,35 +49,13 @@ fn spawn_wait(
     tokio::spawn(async move { w.wait_released(&k, &OwnerToken::random(), t).await })
 }
 
-/// The checks every SQL store shares (`leasehold_conformance::waiting`), each store
-/// instance another connection pool on the same file.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_is_woken_by_a_release_from_another_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("wait.db");
-    waiting::woken_by_a_release_from_another_store(async || open(&path).await).await;
+async fn open_in(dir: &tempfile::TempDir) -> Arc<dyn Store> {
+    open(&dir.path().join("wait.db")).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiting_client_gets_the_lease_at_its_release() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("handoff.db");
-    waiting::waiting_client_gets_the_lease_at_its_release(async || open(&path).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_is_woken_by_break_and_expiry() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("break.db");
-    waiting::woken_by_break_and_expiry(async || open(&path).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_released_ends_at_its_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("timeout.db");
-    waiting::ends_at_its_timeout(async || open(&path).await).await;
-}
+// The checks every SQL store shares (`leasehold_conformance::waiting`), each store
+// instance another connection pool on the same file.
+leasehold_conformance::waiting_suite!(setup = tempfile::tempdir().unwrap(), open = open_in);
 
 /// Several waiters in this process each get the lease soon after the release, one after
 /// the other; a wait that was cancelled leaves nothing behind.
