@@ -102,6 +102,16 @@ struct Holder {
 
 type Held = Arc<Mutex<HashMap<Key, Holder>>>;
 
+/// Sessions whose lock was released cleanly, kept for the next acquire or wait (opening a
+/// session is most of a hand-off's cost): at most [`IDLE_SESSIONS`], each for
+/// [`IDLE_SESSION_AGE`].
+type Idle = Arc<Mutex<Vec<(MySqlConnection, Instant)>>>;
+
+/// How many idle lock sessions a store keeps.
+const IDLE_SESSIONS: usize = 8;
+/// How long an idle lock session is kept.
+const IDLE_SESSION_AGE: Duration = Duration::from_secs(2);
+
 /// How long a lock the server's queue handed to a waiting session stays reserved for the
 /// waiting owner's `acquire`; unclaimed by then, the session ends and the server hands the
 /// lock to the next in its queue.
@@ -182,6 +192,7 @@ pub struct MySqlGetLockStore {
     db: Arc<Db>,
     held: Held,
     reserved: Reserved,
+    idle: Idle,
     next_id: AtomicU64,
 }
 
@@ -298,6 +309,7 @@ enum Answer<T> {
 struct Keeper {
     db: Arc<Db>,
     held: Weak<Mutex<HashMap<Key, Holder>>>,
+    idle: Weak<Mutex<Vec<(MySqlConnection, Instant)>>>,
     key: Key,
     name: String,
     id: u64,
@@ -311,6 +323,7 @@ impl Keeper {
         mut cmds: mpsc::Receiver<Cmd>,
     ) {
         let mut stale = false;
+        let mut clean = false;
         let end = loop {
             tokio::select! {
                 cmd = cmds.recv() => match cmd {
@@ -356,7 +369,10 @@ impl Keeper {
                     }
                     Some(Cmd::Release { reply }) => {
                         let r = match self.call("release", release_lock(&mut conn, &self.name)).await {
-                            Answer::Done(released) => Ok(released),
+                            Answer::Done(released) => {
+                                clean = released;
+                                Ok(released)
+                            }
                             Answer::Refused(e) | Answer::Unusable(e) => Err(e),
                         };
                         let _ = reply.send(r);
@@ -381,6 +397,14 @@ impl Keeper {
         // Commands queued meanwhile get no answer: their callers see `NotOwner` at once
         // rather than after the close below.
         drop(cmds);
+        // A session that let its lock go cleanly serves the next acquire or wait.
+        if clean && let Some(idle) = self.idle.upgrade() {
+            let mut idle = lock_idle(&idle);
+            if idle.len() < IDLE_SESSIONS {
+                idle.push((conn, Instant::now()));
+                return;
+            }
+        }
         // Closing politely is bounded; dropping the connection closes its socket, and the
         // server then ends the session and frees the lock.
         let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
@@ -425,6 +449,7 @@ impl MySqlGetLockStore {
             db: Arc::new(Db::new(config, BACKEND_GETLOCK)?),
             held: Arc::default(),
             reserved: Arc::default(),
+            idle: Arc::default(),
             next_id: AtomicU64::new(1),
         })
     }
@@ -573,14 +598,25 @@ impl MySqlGetLockStore {
         if used.is_some() {
             return Ok(AcquireOutcome::Held { remaining: None });
         }
-        let mut conn = self.db.dedicated("acquire").await?;
-        let got: (Option<i64>, u64) = sqlx::query_as(
-            "SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS UNSIGNED)",
-        )
-        .bind(name)
-        .fetch_one(&mut conn)
-        .await
-        .map_err(|e| self.db.error(e.into(), "acquire", Phase::Statement))?;
+        let (mut conn, reused) = self.session("acquire").await?;
+        let try_lock = "SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS UNSIGNED)";
+        let got: (Option<i64>, u64) = match sqlx::query_as(try_lock)
+            .bind(name)
+            .fetch_one(&mut conn)
+            .await
+        {
+            Ok(got) => got,
+            // A kept session the server ended meanwhile: a new one.
+            Err(_) if reused => {
+                conn = self.db.dedicated("acquire").await?;
+                sqlx::query_as(try_lock)
+                    .bind(name)
+                    .fetch_one(&mut conn)
+                    .await
+                    .map_err(|e| self.db.error(e.into(), "acquire", Phase::Statement))?
+            }
+            Err(e) => return Err(self.db.error(e.into(), "acquire", Phase::Statement)),
+        };
         let (got, connection_id) = got;
         match got {
             Some(1) => {}
@@ -624,6 +660,7 @@ impl MySqlGetLockStore {
         let keeper = Keeper {
             db: self.db.clone(),
             held: Arc::downgrade(&self.held),
+            idle: Arc::downgrade(&self.idle),
             key: key.clone(),
             name: name.to_owned(),
             id,
@@ -642,6 +679,20 @@ impl MySqlGetLockStore {
         );
         tokio::spawn(keeper.run(conn, sent + ttl, rx));
         Ok(AcquireOutcome::Acquired { fence, ttl })
+    }
+
+    /// A lock session: a recent idle one, else a new one; and whether it was reused (a
+    /// reused session that fails is replaced once by a new one).
+    async fn session(&self, op: &str) -> Result<(MySqlConnection, bool), StoreError> {
+        let reused = {
+            let mut idle = lock_idle(&self.idle);
+            idle.retain(|(_, at)| at.elapsed() < IDLE_SESSION_AGE);
+            idle.pop()
+        };
+        match reused {
+            Some((conn, _)) => Ok((conn, true)),
+            None => Ok((self.db.dedicated(op).await?, false)),
+        }
     }
 
     /// The lock of `key` reserved for `owner` by a wait of this store, taken.
@@ -683,32 +734,40 @@ impl MySqlGetLockStore {
         name: &str,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        let conn = self.db.dedicated("wait").await?;
-        let mut waiting = WaitingSession {
-            db: self.db.clone(),
-            conn: Some(conn),
-            id: 0,
-        };
-        let Some(conn) = waiting.conn.as_mut() else {
-            return Ok(());
-        };
-        let setup = async {
+        async fn setup(conn: &mut MySqlConnection) -> Result<u64, sqlx::Error> {
             conn.execute(AssertSqlSafe(format!(
                 "SET SESSION wait_timeout = {RESERVED_IDLE_SECS}"
             )))
             .await?;
             sqlx::query_scalar::<_, u64>("SELECT CAST(CONNECTION_ID() AS UNSIGNED)")
-                .fetch_one(&mut *conn)
+                .fetch_one(conn)
                 .await
-        };
-        waiting.id = self
+        }
+        let (mut conn, reused) = self.session("wait").await?;
+        let id = match self
             .db
-            .bounded("wait", async {
-                setup
-                    .await
-                    .map_err(|e| self.db.error(e.into(), "wait", Phase::Statement))
-            })
-            .await?;
+            .bounded("wait", async { Ok(setup(&mut conn).await) })
+            .await?
+        {
+            Ok(id) => id,
+            // A kept session the server ended meanwhile: a new one.
+            Err(_) if reused => {
+                conn = self.db.dedicated("wait").await?;
+                self.db
+                    .bounded("wait", async {
+                        setup(&mut conn)
+                            .await
+                            .map_err(|e| self.db.error(e.into(), "wait", Phase::Statement))
+                    })
+                    .await?
+            }
+            Err(e) => return Err(self.db.error(e.into(), "wait", Phase::Statement)),
+        };
+        let mut waiting = WaitingSession {
+            db: self.db.clone(),
+            conn: Some(conn),
+            id,
+        };
         let Some(conn) = waiting.conn.as_mut() else {
             return Ok(());
         };
@@ -767,6 +826,12 @@ impl MySqlGetLockStore {
         });
         Ok(())
     }
+}
+
+fn lock_idle(
+    idle: &Mutex<Vec<(MySqlConnection, Instant)>>,
+) -> MutexGuard<'_, Vec<(MySqlConnection, Instant)>> {
+    idle.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn lock_reserved(
