@@ -380,6 +380,15 @@ async fn wait_released_is_woken_by_release_break_and_expiry_not_by_renewal() {
             .unwrap()
             .unwrap();
         assert!(started.elapsed() < Duration::from_secs(6), "{how}");
+        // The woken waiter is first in line: it confirms with its own acquire (nobody
+        // else would get past its queue entry), then lets go.
+        acquired(
+            s.store
+                .acquire(&k, &w, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
+        s.store.release(&k, &w).await.unwrap();
     }
 
     // Woken by the expiry of the holder's etcd lease.
