@@ -663,6 +663,15 @@ impl EtcdStore {
             let Some(holder) = existing.filter(|h| h.owner == *owner) else {
                 return Ok(ReleaseOutcome::NotOwner);
             };
+            // The key outlives its etcd lease by up to etcd's expiry delay (its expiry
+            // loop runs every 500 ms): a lease whose TTL has run out is as expired as on
+            // the other stores, whether or not etcd has deleted its key yet. A keep-alive
+            // is etcd's own answer on its own clock (an expired lease is never renewed:
+            // etcd waits for its revocation and answers "not found"); a renewed one cannot
+            // expire between here and the delete, so `Released` is true when answered.
+            if !self.keep_alive_once(holder.kv.lease()).await? {
+                return Ok(ReleaseOutcome::NotOwner);
+            }
             if self
                 .delete_if_unchanged(&lease_key, &holder)
                 .await?
@@ -821,11 +830,13 @@ impl Store for EtcdStore {
         self.bounded("renew", self.do_renew(key, owner, ttl)).await
     }
 
-    /// A read of the key (owner check), a transaction that deletes it only if it is
-    /// unchanged since, then a revoke of its etcd lease.
+    /// A read of the key (owner check), a keep-alive of its etcd lease (an expired lease
+    /// is `NotOwner`, even before etcd deleted the key), a transaction that deletes the
+    /// key only if it is unchanged since, then a revoke of its etcd lease.
     ///
     /// # Cancel safety
-    /// A dropped call may have deleted the key (and then the lease expires by itself).
+    /// A dropped call may have renewed the lease once, or deleted the key (and then the
+    /// lease expires by itself).
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         self.bounded("release", self.do_release(key, owner)).await
     }

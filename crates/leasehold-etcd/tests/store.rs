@@ -440,3 +440,34 @@ async fn wait_released_outlives_the_operation_timeout() {
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// A release after the lease's TTL ran out answers `NotOwner` (as on the other stores),
+/// also while etcd has not yet deleted the key (its expiry loop runs every 500 ms). Each
+/// trial releases at a different point after the TTL; the test checks with a raw read
+/// that some releases did land in that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_the_ttl_ran_out_is_not_owner_even_before_etcd_deletes_the_key() {
+    let s = Solo::start().await;
+    let store = s.direct().await;
+    let mut in_window = 0;
+    for trial in 0..12u64 {
+        let k = key(&format!("late-{trial}"));
+        let a = OwnerToken::random();
+        let (_, granted) = acquired(store.acquire(&k, &a, Duration::from_secs(1)).await.unwrap());
+        // Past the TTL on etcd's clock (the grant was sent before this point), by 50 to
+        // 600 ms: before or after etcd's expiry loop has run.
+        tokio::time::sleep(granted + Duration::from_millis(50 + 50 * trial)).await;
+        let key_still_there = raw_kv(&s, &k).await.is_some();
+        let outcome = store.release(&k, &a).await.unwrap();
+        assert_eq!(
+            outcome,
+            ReleaseOutcome::NotOwner,
+            "trial {trial}: released after its TTL (key still in etcd: {key_still_there})"
+        );
+        in_window += u32::from(key_still_there);
+    }
+    assert!(
+        in_window > 0,
+        "no release landed between the TTL and etcd's deletion of the key: the test proved nothing"
+    );
+}
