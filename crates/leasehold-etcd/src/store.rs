@@ -64,6 +64,11 @@ struct Line {
 /// waiter that died or gave up holds the queue up this long at most).
 const QUEUE_GRACE_SECS: i64 = 2;
 
+/// How many times a renewal answered `Unavailable` is tried again (within its bound).
+const RENEW_RETRIES: u32 = 3;
+/// The pause before such a retry.
+const RENEW_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// How often a waiting waiter keeps its queue entry alive.
 const QUEUE_KEEP_ALIVE_EVERY: Duration = Duration::from_millis(500);
 
@@ -816,7 +821,8 @@ impl Store for EtcdStore {
 
     /// A read of the key (owner check), then one keep-alive of its etcd lease; when the
     /// TTL asked for is longer than the lease was granted with, the key moves onto a new
-    /// lease in a transaction that checks the key did not change.
+    /// lease in a transaction that checks the key did not change. A member answering
+    /// `Unavailable` is left for another: the renewal is tried again, up to 3 times.
     ///
     /// # Cancel safety
     /// A dropped call may have extended the lease.
@@ -827,7 +833,24 @@ impl Store for EtcdStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        self.bounded("renew", self.do_renew(key, owner, ttl)).await
+        self.bounded("renew", async {
+            // A renewal is a read and a keep-alive, both safe to repeat: a member that
+            // went away (killed, partitioned) answers `Unavailable` at once, and the
+            // client's next call goes to another member.
+            let mut attempt = 0;
+            loop {
+                match self.do_renew(key, owner, ttl).await {
+                    Err(e)
+                        if e.kind() == StoreErrorKind::Unavailable && attempt < RENEW_RETRIES =>
+                    {
+                        attempt += 1;
+                        tokio::time::sleep(RENEW_RETRY_PAUSE).await;
+                    }
+                    outcome => return outcome,
+                }
+            }
+        })
+        .await
     }
 
     /// A read of the key (owner check), a keep-alive of its etcd lease (an expired lease
