@@ -155,3 +155,68 @@ async fn a_waiter_that_goes_away_drops_out_of_the_queue() {
     }
     assert!(queued(&s, &k).await.is_empty());
 }
+
+/// FAULTS row 21, third part: a waiter's etcd lease revoked (its queue entry deleted by
+/// etcd). The waiter is not handed the lock: its wait ends (the caller re-checks), its
+/// `acquire` is still `Held` while the lease is held, and it can only wait again at the
+/// end of the line, behind the waiter that was behind it. Fences keep rising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_etcd_lease_is_revoked_loses_its_place_not_the_exclusion() {
+    let s = Solo::start().await;
+    let k = key("revoked");
+    let (a, w1, w2) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    let fa = fence_of(s.store.acquire(&k, &a, TTL).await.unwrap());
+    let spawn_wait = |w: OwnerToken| {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move { store.wait_released(&k, &w, LONG).await })
+    };
+    let wait1 = spawn_wait(w1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let wait2 = spawn_wait(w2);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(queued(&s, &k).await, vec![w1.to_string(), w2.to_string()]);
+    // Revoke w1's etcd lease behind its back.
+    let mut raw = s.raw().await;
+    let entry = format!("{}\0{w1}", s.store.lease_key(&k));
+    let lease = raw.get(entry, None).await.unwrap().kvs()[0].lease();
+    raw.lease_revoke(lease).await.unwrap();
+    // Its wait ends (within its keep-alive period), with the lease still held by a.
+    tokio::time::timeout(Duration::from_secs(5), wait1)
+        .await
+        .expect("the revoked waiter's wait ends")
+        .unwrap()
+        .unwrap();
+    let o = s.store.acquire(&k, &w1, TTL).await.unwrap();
+    assert!(is_held(&o), "a revoked waiter got the lock: {o:?}");
+    assert_eq!(queued(&s, &k).await, vec![w2.to_string()]);
+    // It waits again: at the end of the line now.
+    let wait1 = spawn_wait(w1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(queued(&s, &k).await, vec![w2.to_string(), w1.to_string()]);
+    s.store.release(&k, &a).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), wait2)
+        .await
+        .expect("w2, now first, is woken by the release")
+        .unwrap()
+        .unwrap();
+    let o = s.store.acquire(&k, &w1, TTL).await.unwrap();
+    assert!(
+        is_held(&o),
+        "the revoked waiter got past the one ahead: {o:?}"
+    );
+    let f2 = fence_of(s.store.acquire(&k, &w2, TTL).await.unwrap());
+    assert!(f2 > fa);
+    assert!(!wait1.is_finished(), "w1 was woken while w2 holds");
+    s.store.release(&k, &w2).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), wait1)
+        .await
+        .expect("w1 is woken by w2's release")
+        .unwrap()
+        .unwrap();
+    let f1 = fence_of(s.store.acquire(&k, &w1, TTL).await.unwrap());
+    assert!(f1 > f2);
+}
