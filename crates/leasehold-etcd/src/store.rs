@@ -435,9 +435,17 @@ impl EtcdStore {
                     }),
                 };
             }
+            // etcd reports whole seconds, rounded down: a holder in its last second (or
+            // whose key is about to go with its expired lease) still holds it for up to a
+            // second plus etcd's expiry delay. Saying at least 1 s lets a waiter join the
+            // queue and watch, rather than spin on zero.
             let remaining = self.remaining(holder.kv.lease()).await?;
             return Ok(AcquireOutcome::Held {
-                remaining: Some(remaining.unwrap_or(Duration::ZERO)),
+                remaining: Some(
+                    remaining
+                        .unwrap_or(Duration::ZERO)
+                        .max(Duration::from_secs(1)),
+                ),
             });
         }
         Err(err(

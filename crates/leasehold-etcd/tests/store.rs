@@ -471,3 +471,32 @@ async fn a_release_after_the_ttl_ran_out_is_not_owner_even_before_etcd_deletes_t
         "no release landed between the TTL and etcd's deletion of the key: the test proved nothing"
     );
 }
+
+/// `Held { remaining }` is never zero while the key is there: etcd reports whole seconds
+/// rounded down, and a holder in its last second holds the key up to a second longer (plus
+/// etcd's expiry delay). A zero would make a waiting client spin instead of queueing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_in_its_last_second_reports_at_least_a_second() {
+    let s = Solo::start().await;
+    let k = key("last-second");
+    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    let (_, granted) = acquired(
+        s.store
+            .acquire(&k, &a, Duration::from_secs(1))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(granted, Duration::from_secs(1));
+    // Less than a second left: etcd's time-to-live answers 0.
+    match s
+        .store
+        .acquire(&k, &b, Duration::from_secs(5))
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held { remaining: Some(r) } => {
+            assert!(r >= Duration::from_secs(1), "remaining {r:?}")
+        }
+        other => panic!("expected Held with a remaining TTL, got {other:?}"),
+    }
+}
