@@ -17,6 +17,8 @@
 //! * MariaDB: both leasehold-mysql stores against a plain `GET_LOCK` / `RELEASE_LOCK` pair.
 //! * SQLite (a temporary file, `synchronous=FULL`): leasehold-sqlite against a plain lock
 //!   table written with sqlx alone.
+//! * etcd (a private single-member server): leasehold-etcd on its own (the uncontended
+//!   pairs and the contended hand-off; no contender).
 //!
 //! Then, per store, a contended comparison: 16 tasks take turns on one key, each holding
 //! it for 1 ms, with each contender's own way of waiting.
@@ -1012,6 +1014,57 @@ async fn sqlite_section(plan: Plan) -> Res<Section> {
 }
 
 // ---------------------------------------------------------------------------------------
+// etcd
+
+async fn etcd_section(plan: Plan) -> Res<Section> {
+    progress(format_args!("etcd: starting a private server"));
+    let etcd = blocking(leasehold_testkit::EtcdServer::start).await?;
+    let store: Arc<dyn Store> = Arc::new(
+        leasehold_etcd::EtcdStore::open(&etcd.url())
+            .await
+            .map_err(err)?,
+    );
+    let client = LeaseClient::new(store.clone(), lease_config()?);
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = LeaseClient::new(
+        Arc::new(Counting {
+            inner: store,
+            calls: calls.clone(),
+        }),
+        lease_config()?,
+    );
+    let sides = vec![leasehold_pair("leasehold", client.clone())];
+    progress(format_args!("etcd: uncontended"));
+    let levels = run_levels(&sides, &plan).await;
+    let contenders = vec![leasehold_contender(
+        "leasehold",
+        counted,
+        atomic_counter("store calls", &calls),
+    )];
+    progress(format_args!("etcd: contended"));
+    let contended = contended(&contenders, &plan).await;
+    drop((contenders, sides, client, etcd));
+    Ok(Section {
+        name: "etcd",
+        title: "etcd 3.4: a private single member (50 ms heartbeat, 500 ms election timeout)".into(),
+        about: uncontended_about(&plan, "leasehold-etcd alone (no contender here)"),
+        legend: vec![
+            ("leasehold", "leasehold-etcd EtcdStore: LeaseClient::try_acquire + Lease::release (a read, a lease grant and a transaction; a read, a keep-alive, a transaction and a revoke)".into()),
+        ],
+        levels,
+        ratios: vec![],
+        contended_about: {
+            let mut a = contended_about(&plan, "");
+            a.push(format!("leasehold: {}; on etcd, waiters queue under the key in arrival order (each watching its predecessor) and the first is woken by the release.", leasehold_wait_legend()));
+            a.push("calls = acquire, renew and release calls counted by a forwarding wrapper (the waits' own requests are not counted).".into());
+            a
+        },
+        contended,
+        failed: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
 
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -1083,6 +1136,7 @@ fn main() {
                 Backend::Postgres => postgres_section(plan, opts.pg_fsync).await,
                 Backend::Mysql => mysql_section(plan).await,
                 Backend::Sqlite => sqlite_section(plan).await,
+                Backend::Etcd => etcd_section(plan).await,
             }
         });
         let section = result.unwrap_or_else(|e| Section {

@@ -2,7 +2,7 @@
 //! `INFO commandstats`.
 
 /// The benchmark's usage text.
-pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite[,...]] [--pg-fsync on|off]
+pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite|etcd[,...]] [--pg-fsync on|off]
   --json      print one JSON document instead of the tables
   --quick     a smoke run: short slices (a minute or two)
   --only      run only these stores' sections (comma-separated, or repeat the option)
@@ -20,19 +20,29 @@ pub enum Backend {
     Mysql,
     /// SQLite.
     Sqlite,
+    /// etcd.
+    Etcd,
 }
 
 impl Backend {
     /// Every section, in the order they run.
-    pub const ALL: [Backend; 4] = [Self::Redis, Self::Postgres, Self::Mysql, Self::Sqlite];
+    pub const ALL: [Backend; 5] = [
+        Self::Redis,
+        Self::Postgres,
+        Self::Mysql,
+        Self::Sqlite,
+        Self::Etcd,
+    ];
 
-    /// `redis`, `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`.
+    /// `redis`, `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`,
+    /// `etcd`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "redis" => Some(Self::Redis),
             "postgres" | "postgresql" | "pg" => Some(Self::Postgres),
             "mysql" | "mariadb" => Some(Self::Mysql),
             "sqlite" => Some(Self::Sqlite),
+            "etcd" => Some(Self::Etcd),
             _ => None,
         }
     }
@@ -44,6 +54,7 @@ impl Backend {
             Self::Postgres => "postgres",
             Self::Mysql => "mysql",
             Self::Sqlite => "sqlite",
+            Self::Etcd => "etcd",
         }
     }
 }
@@ -97,10 +108,10 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
                 let v = inline
                     .or_else(|| it.next())
                     .filter(|v| !v.starts_with("--"))
-                    .ok_or("--only needs a store: redis, postgres, mysql or sqlite")?;
+                    .ok_or("--only needs a store: redis, postgres, mysql, sqlite or etcd")?;
                 for name in v.split(',').filter(|s| !s.is_empty()) {
                     let b = Backend::parse(name).ok_or_else(|| {
-                        format!("unknown store {name:?} (redis, postgres, mysql or sqlite)")
+                        format!("unknown store {name:?} (redis, postgres, mysql, sqlite or etcd)")
                     })?;
                     if !o.only.contains(&b) {
                         o.only.push(b);
@@ -182,9 +193,9 @@ mod tests {
         assert!(args(&["--only"]).is_err());
         assert_eq!(
             args(&["--only", "--bench"]),
-            Err("--only needs a store: redis, postgres, mysql or sqlite".into())
+            Err("--only needs a store: redis, postgres, mysql, sqlite or etcd".into())
         );
-        assert!(args(&["--only", "etcd"]).is_err());
+        assert!(args(&["--only", "zk"]).is_err());
         assert!(args(&["--fast"]).is_err());
         assert_eq!(args(&["-h"]), Ok(Cli::Help));
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::Store;
 use leasehold::postgres::sqlx::{self, postgres::PgPoolOptions};
-use leasehold_testkit::{FaultProxy, Postgres, ProxyMode, RedisServer, WorkerProcess};
+use leasehold_testkit::{EtcdServer, FaultProxy, Postgres, ProxyMode, RedisServer, WorkerProcess};
 
 use crate::checker::{CheckConfig, Violation, check};
 use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
@@ -28,6 +28,8 @@ pub enum StoreKind {
     Redis,
     /// The lease table in the private PostgreSQL.
     Postgres,
+    /// A private single-member etcd (restarting the store kills and restarts it).
+    Etcd,
 }
 
 /// One chaos run.
@@ -74,11 +76,17 @@ const KEY: &str = "chaos:counter";
 struct Servers {
     pg: Postgres,
     redis: Option<RedisServer>,
+    etcd: Option<EtcdServer>,
     proxies: Vec<FaultProxy>,
 }
 
 impl Servers {
     fn restart_store(&self) {
+        if let Some(etcd) = &self.etcd {
+            // kill -9 and start again: etcd keeps its keys, leases and revision.
+            etcd.restart();
+            return;
+        }
         match &self.redis {
             Some(r) => r.restart(), // kill -9, start again at once, no persistence
             None => {
@@ -238,19 +246,31 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     );
     let pg = Postgres::start();
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
-    let upstream = redis.as_ref().map_or(pg.addr(), |r| r.addr());
+    let etcd = (spec.store == StoreKind::Etcd).then(EtcdServer::start);
+    let upstream = etcd
+        .as_ref()
+        .map(|e| e.addr())
+        .or_else(|| redis.as_ref().map(|r| r.addr()))
+        .unwrap_or(pg.addr());
     let proxies = (0..spec.workers)
         .map(|_| FaultProxy::start(upstream))
         .collect();
-    let servers = Servers { pg, redis, proxies };
+    let servers = Servers {
+        pg,
+        redis,
+        etcd,
+        proxies,
+    };
     let pg_url = servers.pg.url();
     let lease_url_via = |proxy: &FaultProxy| match spec.store {
         StoreKind::Redis => format!("redis://127.0.0.1:{}/", proxy.port()),
         StoreKind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
+        StoreKind::Etcd => format!("etcd://127.0.0.1:{}", proxy.port()),
     };
     let direct_lease_url = match spec.store {
         StoreKind::Redis => servers.redis.as_ref().map(|r| r.url()).unwrap_or_default(),
         StoreKind::Postgres => format!("{pg_url}?leasehold_migrate=true"),
+        StoreKind::Etcd => servers.etcd.as_ref().map(|e| e.url()).unwrap_or_default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

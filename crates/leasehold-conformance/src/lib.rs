@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{Fence, Key, LeaseClient, LeaseConfig, Store, StoreError};
 use leasehold_testkit::{
-    EtcdServer, FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer,
+    EtcdCluster, EtcdServer, FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer,
 };
 
 pub mod cases;
@@ -149,6 +149,15 @@ impl Pausable for EtcdServer {
     }
     fn resume(&self) {
         EtcdServer::resume(self);
+    }
+}
+
+impl Pausable for EtcdCluster {
+    fn pause(&self) {
+        self.pause_all();
+    }
+    fn resume(&self) {
+        self.resume_all();
     }
 }
 

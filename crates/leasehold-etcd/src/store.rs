@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
@@ -24,7 +24,8 @@ use crate::config::EtcdConfig;
 /// lease key `<prefix><key>` holds `<owner token hex> <granted TTL in seconds>` and is
 /// attached to that etcd lease, so etcd deletes it when the lease expires. The fence is
 /// the key's create revision: cluster-wide, monotonic across leader changes and restarts,
-/// with no extra write.
+/// with no extra write. Waiters queue in arrival order under `<prefix><key>\0` (each on
+/// its own short etcd lease), as etcd's `concurrency.Mutex` does.
 ///
 /// Cloning is cheap: clones share one gRPC channel.
 #[derive(Clone)]
@@ -46,6 +47,48 @@ struct Holder {
     owner: OwnerToken,
     granted_secs: i64,
     kv: KeyValue,
+}
+
+/// What one read of the lease key and of its queue found.
+struct Line {
+    /// The lease's holder, if any.
+    holder: Option<Holder>,
+    /// The queue entry asked for (the first in line, or a waiter's predecessor).
+    ahead: Option<KeyValue>,
+    /// The revision of the read: watches start after it.
+    revision: i64,
+}
+
+/// The TTL of a waiter's queue entry: how long the entry outlives its waiter's last
+/// keep-alive (a waiter between two waits, or confirming with `acquire`, is covered; a
+/// waiter that died or gave up holds the queue up this long at most).
+const QUEUE_GRACE_SECS: i64 = 2;
+
+/// How many times a renewal answered `Unavailable` is tried again (within its bound).
+const RENEW_RETRIES: u32 = 3;
+/// The pause before such a retry.
+const RENEW_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// How often a waiting waiter keeps its queue entry alive.
+const QUEUE_KEEP_ALIVE_EVERY: Duration = Duration::from_millis(500);
+
+/// The prefix of `lease_key`'s waiting queue: `<lease key>\0` (lease keys never hold a
+/// NUL, so no other key's lease or queue starts with it).
+fn queue_prefix(lease_key: &str) -> String {
+    format!("{lease_key}\0")
+}
+
+/// The queue entry of `owner` waiting for `lease_key`: `<lease key>\0<owner token hex>`.
+fn queue_entry(lease_key: &str, owner: &OwnerToken) -> String {
+    format!("{lease_key}\0{owner}")
+}
+
+/// A range over a queue prefix that returns its first entry (the lowest create revision).
+fn head_options() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
 }
 
 fn err(kind: StoreErrorKind, msg: impl Into<String>) -> StoreError {
@@ -300,64 +343,294 @@ impl EtcdStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         let lease_key = self.lease_key(key);
+        let queue = queue_prefix(&lease_key);
+        let entry = queue_entry(&lease_key, owner);
         let want = ttl_secs(ttl);
-        let (existing, _) = self.read(&lease_key).await?;
-        let holder = match existing {
-            Some(h) => h,
-            None => {
-                let (id, granted) = self.grant(want).await?;
-                let txn = Txn::new()
-                    .when([Compare::create_revision(
-                        lease_key.as_str(),
-                        CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then([TxnOp::put(
+        // A waiter whose own entry lapsed between the read and the transaction retries once
+        // as a newcomer.
+        for _ in 0..2 {
+            let line = self.read_line(&lease_key, None).await?;
+            let holder = match line.holder {
+                Some(h) => h,
+                None => {
+                    // Free. Nobody gets past a live waiter: only the first in line (or
+                    // anyone, when nobody waits) may take it.
+                    let head_is_ours = match &line.ahead {
+                        Some(head) if head.key() != entry.as_bytes() => {
+                            return self.held_by_queue(head).await;
+                        }
+                        Some(head) => Some(head.clone()),
+                        None => None,
+                    };
+                    let (id, granted) = self.grant(want).await?;
+                    let nobody_ahead = match &head_is_ours {
+                        // Every entry left is ours or behind it.
+                        Some(ours) => Compare::create_revision(
+                            queue.as_str(),
+                            CompareOp::Greater,
+                            ours.create_revision() - 1,
+                        )
+                        .with_prefix(),
+                        None => Compare::version(queue.as_str(), CompareOp::Equal, 0).with_prefix(),
+                    };
+                    let mut then = vec![TxnOp::put(
                         lease_key.as_str(),
                         encode_value(owner, granted),
                         Some(PutOptions::new().with_lease(id)),
-                    )])
-                    .or_else([TxnOp::get(lease_key.as_str(), None)]);
-                let mut kv = self.client.kv_client();
-                let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
-                if resp.succeeded() {
-                    // The put's revision is the key's create revision.
-                    let revision = resp.header().map_or(0, |h| h.revision());
-                    return Ok(AcquireOutcome::Acquired {
-                        fence: fence(revision)?,
-                        ttl: secs(granted),
+                    )];
+                    if head_is_ours.is_some() {
+                        then.push(TxnOp::delete(entry.as_str(), None));
+                    }
+                    let txn = Txn::new()
+                        .when([
+                            Compare::create_revision(lease_key.as_str(), CompareOp::Equal, 0),
+                            nobody_ahead,
+                        ])
+                        .and_then(then)
+                        .or_else([
+                            TxnOp::get(lease_key.as_str(), None),
+                            TxnOp::get(queue.as_str(), Some(head_options())),
+                        ]);
+                    let mut kv = self.client.kv_client();
+                    let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
+                    if resp.succeeded() {
+                        if let Some(ours) = head_is_ours {
+                            // Our queue entry went with the grant; its etcd lease now
+                            // holds nothing.
+                            self.revoke_quietly(ours.lease()).await;
+                        }
+                        // The put's revision is the key's create revision.
+                        let revision = resp.header().map_or(0, |h| h.revision());
+                        return Ok(AcquireOutcome::Acquired {
+                            fence: fence(revision)?,
+                            ttl: secs(granted),
+                        });
+                    }
+                    self.revoke_quietly(id).await;
+                    let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+                        TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
+                        _ => None,
                     });
+                    let (current, head) = (gets.next().flatten(), gets.next().flatten());
+                    match (current, head) {
+                        (Some(kv), _) => decode(kv)?,
+                        (None, Some(head)) if head.key() != entry.as_bytes() => {
+                            return self.held_by_queue(&head).await;
+                        }
+                        // Our entry lapsed (or changed) meanwhile: read again.
+                        (None, _) => continue,
+                    }
                 }
-                self.revoke_quietly(id).await;
-                let current = resp.op_responses().into_iter().find_map(|r| match r {
-                    TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
-                    _ => None,
-                });
-                match current {
-                    Some(kv) => decode(kv)?,
-                    // Created and deleted between the compare and the get cannot happen
-                    // (a txn is atomic); be conservative anyway.
-                    None => return Ok(AcquireOutcome::Held { remaining: None }),
+            };
+            if holder.owner == *owner {
+                // A retry after an ambiguous reply: extend, same fence.
+                return match self.extend(&lease_key, &holder, want).await? {
+                    Some(granted) => Ok(AcquireOutcome::Acquired {
+                        fence: fence(holder.kv.create_revision())?,
+                        ttl: secs(granted),
+                    }),
+                    // Our own lease expired and its key is about to go: not ours any more.
+                    None => Ok(AcquireOutcome::Held {
+                        remaining: Some(Duration::ZERO),
+                    }),
+                };
+            }
+            // etcd reports whole seconds, rounded down: a holder in its last second (or
+            // whose key is about to go with its expired lease) still holds it for up to a
+            // second plus etcd's expiry delay. Saying at least 1 s lets a waiter join the
+            // queue and watch, rather than spin on zero.
+            let remaining = self.remaining(holder.kv.lease()).await?;
+            return Ok(AcquireOutcome::Held {
+                remaining: Some(
+                    remaining
+                        .unwrap_or(Duration::ZERO)
+                        .max(Duration::from_secs(1)),
+                ),
+            });
+        }
+        Err(err(
+            StoreErrorKind::Busy,
+            "etcd acquire: the waiting queue kept changing under the acquire",
+        ))
+    }
+
+    /// `Held` for a free lease with a live waiter ahead: the remaining TTL is how long
+    /// that waiter's entry lives without its keep-alives (at least a second: etcd's
+    /// resolution), the longest it can hold the queue up.
+    async fn held_by_queue(&self, head: &KeyValue) -> Result<AcquireOutcome, StoreError> {
+        let remaining = self
+            .remaining(head.lease())
+            .await?
+            .unwrap_or(Duration::ZERO);
+        Ok(AcquireOutcome::Held {
+            remaining: Some(remaining.max(Duration::from_secs(1))),
+        })
+    }
+
+    /// One read of the lease key and of one queue entry: the first in line (`before`
+    /// is `None`), or the last one created before revision `before` (the predecessor of
+    /// the waiter whose entry was created at `before`).
+    async fn read_line(&self, lease_key: &str, before: Option<i64>) -> Result<Line, StoreError> {
+        let queue = queue_prefix(lease_key);
+        let ahead = match before {
+            None => head_options(),
+            Some(rev) => GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(rev - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1),
+        };
+        let txn = Txn::new().and_then([
+            TxnOp::get(lease_key, None),
+            TxnOp::get(queue.as_str(), Some(ahead)),
+        ]);
+        let mut kv = self.client.kv_client();
+        let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+            TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
+            _ => None,
+        });
+        let holder = gets.next().flatten().map(decode).transpose()?;
+        let ahead = gets.next().flatten();
+        Ok(Line {
+            holder,
+            ahead,
+            revision,
+        })
+    }
+
+    /// Joins the queue of `lease_key` as `owner`, or keeps its place: an entry already
+    /// there is kept alive (same create revision, so the same place). Its create
+    /// revision and etcd lease.
+    async fn join_queue(
+        &self,
+        lease_key: &str,
+        owner: &OwnerToken,
+    ) -> Result<(i64, i64), StoreError> {
+        let entry = queue_entry(lease_key, owner);
+        for _ in 0..3 {
+            let mut kv = self.client.kv_client();
+            let mut resp = kv
+                .get(entry.as_str(), None)
+                .await
+                .map_err(|e| map_err("get", e))?;
+            // An entry that lapsed was deleted with its etcd lease: join again at the end.
+            if let Some(existing) = resp.take_kvs().into_iter().next()
+                && self.keep_alive_once(existing.lease()).await?
+            {
+                return Ok((existing.create_revision(), existing.lease()));
+            }
+            let (id, _) = self.grant(QUEUE_GRACE_SECS).await?;
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    entry.as_str(),
+                    CompareOp::Equal,
+                    0,
+                )])
+                .and_then([TxnOp::put(
+                    entry.as_str(),
+                    owner.to_string(),
+                    Some(PutOptions::new().with_lease(id)),
+                )]);
+            let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
+            if resp.succeeded() {
+                return Ok((resp.header().map_or(0, |h| h.revision()), id));
+            }
+            // Another wait of the same owner created it meanwhile: use that one.
+            self.revoke_quietly(id).await;
+        }
+        Err(err(
+            StoreErrorKind::Busy,
+            "etcd wait: the waiter's queue entry kept changing",
+        ))
+    }
+
+    /// Keeps the queue entry's etcd lease alive while its waiter waits. Returns `Ok` when
+    /// etcd no longer has the lease (the entry lapsed: the caller re-checks and joins
+    /// again), an error when the keep-alives fail.
+    async fn keep_entry_alive(&self, id: i64) -> Result<(), StoreError> {
+        let mut lease = self.client.lease_client();
+        let (mut keeper, mut stream) = match self
+            .bounded("lease keep-alive", async {
+                lease
+                    .keep_alive(id)
+                    .await
+                    .map_err(|e| map_err("lease keep-alive", e))
+            })
+            .await
+        {
+            Ok(pair) => pair,
+            Err(e) if e.kind() == StoreErrorKind::Ambiguous => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        loop {
+            tokio::time::sleep(QUEUE_KEEP_ALIVE_EVERY).await;
+            let resp = self
+                .bounded("lease keep-alive", async {
+                    keeper
+                        .keep_alive()
+                        .await
+                        .map_err(|e| map_err("lease keep-alive", e))?;
+                    stream
+                        .message()
+                        .await
+                        .map_err(|e| map_err("lease keep-alive", e))
+                })
+                .await?;
+            match resp {
+                Some(r) if r.ttl() > 0 => {}
+                Some(_) => return Ok(()),
+                None => {
+                    return Err(err(
+                        StoreErrorKind::Unavailable,
+                        "etcd ended the keep-alive stream of a waiter's queue entry",
+                    ));
                 }
             }
-        };
-        if holder.owner == *owner {
-            // A retry after an ambiguous reply: extend, same fence.
-            return match self.extend(&lease_key, &holder, want).await? {
-                Some(granted) => Ok(AcquireOutcome::Acquired {
-                    fence: fence(holder.kv.create_revision())?,
-                    ttl: secs(granted),
-                }),
-                // Our own lease expired and its key is about to go: not ours any more.
-                None => Ok(AcquireOutcome::Held {
-                    remaining: Some(Duration::ZERO),
-                }),
-            };
         }
-        let remaining = self.remaining(holder.kv.lease()).await?;
-        Ok(AcquireOutcome::Held {
-            remaining: Some(remaining.unwrap_or(Duration::ZERO)),
-        })
+    }
+
+    /// Waits in line: joins the queue, watches the deletion of the predecessor's entry
+    /// until there is none, then (first in line) the deletion of the lease key.
+    async fn wait_in_line(&self, lease_key: &str, owner: &OwnerToken) -> Result<(), StoreError> {
+        let line = self
+            .bounded("read", self.read_line(lease_key, None))
+            .await?;
+        let entry = queue_entry(lease_key, owner);
+        if line.holder.is_none()
+            && line
+                .ahead
+                .as_ref()
+                .is_none_or(|head| head.key() == entry.as_bytes())
+        {
+            // Free for this owner now.
+            return Ok(());
+        }
+        let (place, entry_lease) = self
+            .bounded("join queue", self.join_queue(lease_key, owner))
+            .await?;
+        let watch = async {
+            loop {
+                let line = self
+                    .bounded("read", self.read_line(lease_key, Some(place)))
+                    .await?;
+                if let Some(before) = line.ahead {
+                    // Only the predecessor's deletion can move this waiter up.
+                    self.watch_deletion(before.key(), line.revision).await?;
+                    continue;
+                }
+                if line.holder.is_some() {
+                    self.watch_deletion(lease_key.as_bytes(), line.revision)
+                        .await?;
+                }
+                return Ok(());
+            }
+        };
+        tokio::select! {
+            r = watch => r,
+            r = self.keep_entry_alive(entry_lease) => r,
+        }
     }
 
     /// The remaining TTL of etcd lease `id` in whole seconds (rounded down by etcd), or
@@ -403,6 +676,15 @@ impl EtcdStore {
             let Some(holder) = existing.filter(|h| h.owner == *owner) else {
                 return Ok(ReleaseOutcome::NotOwner);
             };
+            // The key outlives its etcd lease by up to etcd's expiry delay (its expiry
+            // loop runs every 500 ms): a lease whose TTL has run out is as expired as on
+            // the other stores, whether or not etcd has deleted its key yet. A keep-alive
+            // is etcd's own answer on its own clock (an expired lease is never renewed:
+            // etcd waits for its revocation and answers "not found"); a renewed one cannot
+            // expire between here and the delete, so `Released` is true when answered.
+            if !self.keep_alive_once(holder.kv.lease()).await? {
+                return Ok(ReleaseOutcome::NotOwner);
+            }
             if self
                 .delete_if_unchanged(&lease_key, &holder)
                 .await?
@@ -442,7 +724,7 @@ impl EtcdStore {
 
     /// Returns once the lease key is deleted (released, expired, broken) after
     /// `after_revision`, or once the watch ends (the caller re-checks either way).
-    async fn watch_deletion(&self, lease_key: &str, after_revision: i64) -> Result<(), StoreError> {
+    async fn watch_deletion(&self, key: &[u8], after_revision: i64) -> Result<(), StoreError> {
         let mut watch = self.client.watch_client();
         let options = WatchOptions::new()
             .with_start_revision(after_revision + 1)
@@ -450,7 +732,7 @@ impl EtcdStore {
         let mut stream = self
             .bounded("watch", async {
                 watch
-                    .watch(lease_key, Some(options))
+                    .watch(key, Some(options))
                     .await
                     .map_err(|e| map_err("watch", e))
             })
@@ -463,10 +745,7 @@ impl EtcdStore {
                 // The creation notice, or a progress notice.
                 Ok(Some(_)) => {}
                 Ok(None) => {
-                    return Err(err(
-                        StoreErrorKind::Unavailable,
-                        "etcd ended the watch on the lease key",
-                    ));
+                    return Err(err(StoreErrorKind::Unavailable, "etcd ended a watch"));
                 }
                 Err(e) => return Err(map_err("watch", e)),
             }
@@ -517,6 +796,7 @@ impl Store for EtcdStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.wait_for_release = true;
+        caps.fifo_wait = true;
         caps.reports_remaining = true;
         caps.list = true;
         caps.break_lease = true;
@@ -524,8 +804,11 @@ impl Store for EtcdStore {
         caps
     }
 
-    /// A read of the key; when it is free, a lease grant and one transaction that creates
-    /// the key on that lease only if it does not exist (`create_revision == 0`). When the
+    /// A read of the key and of the first entry of its waiting queue; when it is free and
+    /// nobody else is first in line, a lease grant and one transaction that creates the
+    /// key on that lease only if it does not exist (`create_revision == 0`) and nobody is
+    /// queued ahead of `owner` (deleting `owner`'s queue entry). A free key with another
+    /// waiter first in line is `Held` (see [`wait_released`](Store::wait_released)). When the
     /// key is ours already, a keep-alive (and a move to a longer lease when asked for a
     /// longer TTL); when it is another's, a time-to-live query for `Held { remaining }`.
     ///
@@ -546,7 +829,8 @@ impl Store for EtcdStore {
 
     /// A read of the key (owner check), then one keep-alive of its etcd lease; when the
     /// TTL asked for is longer than the lease was granted with, the key moves onto a new
-    /// lease in a transaction that checks the key did not change.
+    /// lease in a transaction that checks the key did not change. A member answering
+    /// `Unavailable` is left for another: the renewal is tried again, up to 3 times.
     ///
     /// # Cancel safety
     /// A dropped call may have extended the lease.
@@ -557,14 +841,33 @@ impl Store for EtcdStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        self.bounded("renew", self.do_renew(key, owner, ttl)).await
+        self.bounded("renew", async {
+            // A renewal is a read and a keep-alive, both safe to repeat: a member that
+            // went away (killed, partitioned) answers `Unavailable` at once, and the
+            // client's next call goes to another member.
+            let mut attempt = 0;
+            loop {
+                match self.do_renew(key, owner, ttl).await {
+                    Err(e)
+                        if e.kind() == StoreErrorKind::Unavailable && attempt < RENEW_RETRIES =>
+                    {
+                        attempt += 1;
+                        tokio::time::sleep(RENEW_RETRY_PAUSE).await;
+                    }
+                    outcome => return outcome,
+                }
+            }
+        })
+        .await
     }
 
-    /// A read of the key (owner check), a transaction that deletes it only if it is
-    /// unchanged since, then a revoke of its etcd lease.
+    /// A read of the key (owner check), a keep-alive of its etcd lease (an expired lease
+    /// is `NotOwner`, even before etcd deleted the key), a transaction that deletes the
+    /// key only if it is unchanged since, then a revoke of its etcd lease.
     ///
     /// # Cancel safety
-    /// A dropped call may have deleted the key (and then the lease expires by itself).
+    /// A dropped call may have renewed the lease once, or deleted the key (and then the
+    /// lease expires by itself).
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         self.bounded("release", self.do_release(key, owner)).await
     }
@@ -584,28 +887,27 @@ impl Store for EtcdStore {
         .await
     }
 
-    /// A read of the key, then an etcd watch on its deletion from the revision read on
-    /// (a release, a break or the expiry of its etcd lease: no polling). Returns at once
-    /// when the key is free. `owner` is not used: etcd does not queue waiters.
+    /// Waits in line, as etcd's own `concurrency.Mutex` does: returns at once when the
+    /// key is free for `owner` (nobody holds it and nobody else waits ahead); otherwise
+    /// joins the key's queue (or keeps its place there) with an entry on its own short
+    /// etcd lease, kept alive while waiting, and watches only the deletion of the entry
+    /// just ahead of it; the first in line watches the lease key's deletion (a release,
+    /// a break or the holder's expiry: no polling). `owner` confirms with `acquire`.
     ///
     /// # Cancel safety
-    /// Cancel safe: nothing is written; dropping the call closes the watch.
+    /// Cancel safe: dropping the call closes the watch and stops the keep-alives; the
+    /// queue entry stays for `QUEUE_GRACE_SECS` (2 s), so a waiter that comes back in time
+    /// keeps its place, and one that does not drops out by itself.
     async fn wait_released(
         &self,
         key: &Key,
         owner: &OwnerToken,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        let _ = owner;
         let lease_key = self.lease_key(key);
-        let wait = async {
-            let (existing, revision) = self.bounded("read", self.read(&lease_key)).await?;
-            if existing.is_none() {
-                return Ok(());
-            }
-            self.watch_deletion(&lease_key, revision).await
-        };
-        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(()))
+        tokio::time::timeout(timeout, self.wait_in_line(&lease_key, owner))
+            .await
+            .unwrap_or(Ok(()))
     }
 
     /// A range read of `<store prefix><prefix>`, then one time-to-live query per lease
@@ -627,6 +929,10 @@ impl Store for EtcdStore {
                 .map_err(|e| map_err("range", e))?;
             let mut entries = Vec::new();
             for kv in resp.take_kvs() {
+                if kv.key().contains(&0) {
+                    // A waiter's queue entry, not a lease.
+                    continue;
+                }
                 let name = std::str::from_utf8(kv.key())
                     .ok()
                     .and_then(|k| k.strip_prefix(store_prefix))

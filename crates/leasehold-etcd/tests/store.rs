@@ -380,6 +380,15 @@ async fn wait_released_is_woken_by_release_break_and_expiry_not_by_renewal() {
             .unwrap()
             .unwrap();
         assert!(started.elapsed() < Duration::from_secs(6), "{how}");
+        // The woken waiter is first in line: it confirms with its own acquire (nobody
+        // else would get past its queue entry), then lets go.
+        acquired(
+            s.store
+                .acquire(&k, &w, Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
+        s.store.release(&k, &w).await.unwrap();
     }
 
     // Woken by the expiry of the holder's etcd lease.
@@ -430,4 +439,64 @@ async fn wait_released_outlives_the_operation_timeout() {
         .unwrap()
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// A release after the lease's TTL ran out answers `NotOwner` (as on the other stores),
+/// also while etcd has not yet deleted the key (its expiry loop runs every 500 ms). Each
+/// trial releases at a different point after the TTL; the test checks with a raw read
+/// that some releases did land in that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_the_ttl_ran_out_is_not_owner_even_before_etcd_deletes_the_key() {
+    let s = Solo::start().await;
+    let store = s.direct().await;
+    let mut in_window = 0;
+    for trial in 0..12u64 {
+        let k = key(&format!("late-{trial}"));
+        let a = OwnerToken::random();
+        let (_, granted) = acquired(store.acquire(&k, &a, Duration::from_secs(1)).await.unwrap());
+        // Past the TTL on etcd's clock (the grant was sent before this point), by 50 to
+        // 600 ms: before or after etcd's expiry loop has run.
+        tokio::time::sleep(granted + Duration::from_millis(50 + 50 * trial)).await;
+        let key_still_there = raw_kv(&s, &k).await.is_some();
+        let outcome = store.release(&k, &a).await.unwrap();
+        assert_eq!(
+            outcome,
+            ReleaseOutcome::NotOwner,
+            "trial {trial}: released after its TTL (key still in etcd: {key_still_there})"
+        );
+        in_window += u32::from(key_still_there);
+    }
+    assert!(
+        in_window > 0,
+        "no release landed between the TTL and etcd's deletion of the key: the test proved nothing"
+    );
+}
+
+/// `Held { remaining }` is never zero while the key is there: etcd reports whole seconds
+/// rounded down, and a holder in its last second holds the key up to a second longer (plus
+/// etcd's expiry delay). A zero would make a waiting client spin instead of queueing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_in_its_last_second_reports_at_least_a_second() {
+    let s = Solo::start().await;
+    let k = key("last-second");
+    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    let (_, granted) = acquired(
+        s.store
+            .acquire(&k, &a, Duration::from_secs(1))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(granted, Duration::from_secs(1));
+    // Less than a second left: etcd's time-to-live answers 0.
+    match s
+        .store
+        .acquire(&k, &b, Duration::from_secs(5))
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held { remaining: Some(r) } => {
+            assert!(r >= Duration::from_secs(1), "remaining {r:?}")
+        }
+        other => panic!("expected Held with a remaining TTL, got {other:?}"),
+    }
 }

@@ -56,7 +56,7 @@ impl EtcdServer {
             |port| {
                 // `free_port` never hands out a port twice.
                 peer.set(free_port());
-                spawn(&etcd, &dir, port, peer.get())
+                spawn(&etcd, &dir, &Member::solo(port, peer.get()))
             },
             wait_ready,
             || is_bind_error(&util::read_log(&dir.join("log"))),
@@ -130,7 +130,11 @@ impl EtcdServer {
             "etcd on port {} is still running: kill or stop it first",
             self.port
         );
-        let process = spawn(&self.etcd, &self.dir, self.port, self.peer_port);
+        let process = spawn(
+            &self.etcd,
+            &self.dir,
+            &Member::solo(self.port, self.peer_port),
+        );
         if let Err(e) = wait_ready(&process, self.port) {
             drop(process);
             panic!(
@@ -161,13 +165,38 @@ fn is_bind_error(log: &str) -> bool {
     log.contains("address already in use")
 }
 
-fn spawn(bin: &Path, dir: &Path, port: u16, peer: u16) -> ServerProcess {
+/// How one member is started: its name, ports, and the cluster it belongs to.
+pub(crate) struct Member<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) port: u16,
+    pub(crate) peer: u16,
+    /// `--initial-cluster`: `name=http://127.0.0.1:peer,…`.
+    pub(crate) cluster: String,
+    /// `--initial-cluster-token`.
+    pub(crate) token: &'a str,
+}
+
+impl Member<'_> {
+    fn solo(port: u16, peer: u16) -> Self {
+        Member {
+            name: "solo",
+            port,
+            peer,
+            cluster: format!("solo=http://127.0.0.1:{peer}"),
+            token: "etcd-cluster",
+        }
+    }
+}
+
+/// Spawns one etcd member with its data directory `data` and its log `log` in `dir`.
+pub(crate) fn spawn(bin: &Path, dir: &Path, member: &Member<'_>) -> ServerProcess {
+    let port = member.port;
     let client = format!("http://127.0.0.1:{port}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
+    let peer_url = format!("http://127.0.0.1:{}", member.peer);
     let mut cmd = Command::new(bin);
     cmd.current_dir(dir)
         .arg("--name")
-        .arg("solo")
+        .arg(member.name)
         .arg("--data-dir")
         .arg(dir.join("data"))
         .arg("--listen-client-urls")
@@ -179,7 +208,9 @@ fn spawn(bin: &Path, dir: &Path, port: u16, peer: u16) -> ServerProcess {
         .arg("--initial-advertise-peer-urls")
         .arg(&peer_url)
         .arg("--initial-cluster")
-        .arg(format!("solo={peer_url}"))
+        .arg(&member.cluster)
+        .arg("--initial-cluster-token")
+        .arg(member.token)
         .arg("--initial-cluster-state")
         .arg("new")
         .arg("--heartbeat-interval")
@@ -200,29 +231,29 @@ fn spawn(bin: &Path, dir: &Path, port: u16, peer: u16) -> ServerProcess {
     ServerProcess::spawn(format!("etcd:{port}"), cmd, &dir.join("log"))
 }
 
-fn wait_ready(process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+pub(crate) fn wait_ready(process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
     ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
         health(port)
     })
 }
 
-/// `GET /health` on the client port (HTTP/1.0, so the server closes the connection after
-/// its answer); true when the body says `"health":"true"`.
-fn health(port: u16) -> bool {
+/// `GET /health` on the client port; true when the body says `"health":"true"` (the
+/// member is up and sees a leader).
+pub(crate) fn health(port: u16) -> bool {
+    http_get(port, "/health", 4096).is_some_and(|t| t.contains("\"health\":\"true\""))
+}
+
+/// `GET path` on the client port (HTTP/1.0, so the server closes the connection after
+/// its answer): the first `limit` bytes of the answer, or `None` when nothing answered.
+pub(crate) fn http_get(port: u16, path: &str, limit: u64) -> Option<String> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-        return false;
-    };
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    if stream
-        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
     let mut buf = Vec::new();
-    let _ = stream.take(4096).read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf);
-    text.contains("\"health\":\"true\"")
+    let _ = stream.take(limit).read_to_end(&mut buf);
+    (!buf.is_empty()).then(|| String::from_utf8_lossy(&buf).into_owned())
 }

@@ -3,7 +3,7 @@
 //! * Private servers, each started as a direct child of the test process on
 //!   its own port and temporary directory, and killed on drop:
 //!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`],
-//!   [`EtcdServer`].
+//!   [`EtcdServer`], [`EtcdCluster`].
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
@@ -42,6 +42,7 @@
 
 mod cluster;
 mod etcd;
+mod etcd_cluster;
 mod faketime;
 mod mariadb;
 mod pgbouncer;
@@ -57,6 +58,7 @@ mod worker;
 
 pub use cluster::RedisCluster;
 pub use etcd::EtcdServer;
+pub use etcd_cluster::{EtcdCluster, EtcdMember};
 pub use faketime::{FakeWallClock, faketime_library};
 pub use mariadb::{MariaDb, MariaDbOptions};
 pub use pgbouncer::{PgBouncer, PoolMode};

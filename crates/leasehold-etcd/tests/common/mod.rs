@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use leasehold_conformance::{Faults, Fixture, Network};
 use leasehold_core::{Key, Store};
 use leasehold_etcd::{EtcdConfig, EtcdStore};
-use leasehold_testkit::{EtcdServer, FaultProxy, ProxyMode};
+use leasehold_testkit::{EtcdCluster, EtcdServer, FaultProxy, ProxyMode};
 
 /// The base TTL of the suite's timed cases. etcd leases have one-second resolution and
 /// etcd expires them up to ~0.5 s late (its expiry loop), so the suite's short leases
@@ -63,10 +63,10 @@ impl Solo {
 
 /// Conformance fault hooks: `forget` revokes the lease's etcd lease directly on the
 /// server (an early expiry: etcd deletes the key with it); `make_unreachable` blackholes
-/// the proxy.
+/// the proxies.
 pub struct EtcdFaults {
     pub store: Arc<EtcdStore>,
-    pub proxy: Arc<FaultProxy>,
+    pub proxies: Vec<Arc<FaultProxy>>,
     pub raw: etcd_client::Client,
 }
 
@@ -88,11 +88,15 @@ impl Faults for EtcdFaults {
     }
 
     async fn make_unreachable(&self) {
-        self.proxy.set_mode(ProxyMode::Blackhole);
+        for p in &self.proxies {
+            p.set_mode(ProxyMode::Blackhole);
+        }
     }
 
     async fn restore(&self) {
-        self.proxy.set_mode(ProxyMode::Pass);
+        for p in &self.proxies {
+            p.set_mode(ProxyMode::Pass);
+        }
     }
 }
 
@@ -105,7 +109,7 @@ pub async fn solo_fixture() -> Fixture {
     let s = Solo::start().await;
     let faults = EtcdFaults {
         store: s.store.clone(),
-        proxy: s.proxy.clone(),
+        proxies: vec![s.proxy.clone()],
         raw: s.raw().await,
     };
     let url = s.server.url();
@@ -126,4 +130,73 @@ pub async fn solo_fixture() -> Fixture {
 /// fixture's direct store).
 pub async fn open_store(url: String) -> Arc<dyn Store> {
     Arc::new(EtcdStore::open(&url).await.expect("open the store"))
+}
+
+/// A private three-member etcd cluster, a fault proxy in front of each member, and a
+/// store through the three proxies (the client balances over them).
+pub struct Trio {
+    pub cluster: Arc<EtcdCluster>,
+    pub proxies: Vec<Arc<FaultProxy>>,
+    pub store: Arc<EtcdStore>,
+}
+
+impl Trio {
+    pub async fn start() -> Self {
+        let cluster = Arc::new(
+            tokio::task::spawn_blocking(EtcdCluster::start)
+                .await
+                .unwrap(),
+        );
+        let proxies: Vec<Arc<FaultProxy>> = cluster
+            .members()
+            .iter()
+            .map(|m| Arc::new(FaultProxy::start(m.addr())))
+            .collect();
+        let config = EtcdConfig::new(proxies.iter().map(|p| format!("127.0.0.1:{}", p.port())))
+            .unwrap()
+            .op_timeout(OP_TIMEOUT)
+            .unwrap()
+            .connect_timeout(Duration::from_secs(1))
+            .unwrap();
+        let store = Arc::new(EtcdStore::connect(config).await.expect("connect"));
+        Self {
+            cluster,
+            proxies,
+            store,
+        }
+    }
+
+    /// A raw etcd client straight to every member.
+    pub async fn raw(&self) -> etcd_client::Client {
+        let endpoints: Vec<String> = self
+            .cluster
+            .endpoints()
+            .iter()
+            .map(|e| format!("http://{e}"))
+            .collect();
+        etcd_client::Client::connect(endpoints, None)
+            .await
+            .expect("raw etcd client")
+    }
+}
+
+/// The conformance fixture on a three-member etcd cluster: the store reaches the members
+/// through one fault proxy each; other processes open it from the URL listing all three.
+pub async fn cluster_fixture() -> Fixture {
+    let t = Trio::start().await;
+    let faults = EtcdFaults {
+        store: t.store.clone(),
+        proxies: t.proxies.clone(),
+        raw: t.raw().await,
+    };
+    let url = t.cluster.url();
+    let direct = open_store(url.clone()).await;
+    let network = Network::new(t.proxies.clone(), direct, t.cluster.clone())
+        .op_bound(OP_TIMEOUT)
+        .lost_reply_applies(false);
+    Fixture::new(t.store.clone(), Arc::new(faults), FIXTURE_TTL)
+        .no_guard(NO_GUARD)
+        .other_processes(url)
+        .network(network)
+        .keep_alive(t)
 }
