@@ -10,7 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{Fence, Key, LeaseClient, LeaseConfig, Store, StoreError};
 use leasehold_testkit::{
-    EtcdServer, FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer,
+    EtcdServer, FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer, ZkEnsemble,
+    ZkServer,
 };
 
 pub mod cases;
@@ -135,6 +136,24 @@ impl Pausable for EtcdServer {
     }
     fn resume(&self) {
         EtcdServer::resume(self);
+    }
+}
+
+impl Pausable for ZkServer {
+    fn pause(&self) {
+        ZkServer::pause(self);
+    }
+    fn resume(&self) {
+        ZkServer::resume(self);
+    }
+}
+
+impl Pausable for ZkEnsemble {
+    fn pause(&self) {
+        self.pause_all();
+    }
+    fn resume(&self) {
+        self.resume_all();
     }
 }
 
