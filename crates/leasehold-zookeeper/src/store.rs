@@ -25,7 +25,9 @@ fn map_err(op: &str, e: zk::Error) -> StoreError {
     use zk::Error as E;
     let kind = match &e {
         // The request may have reached the server: a write may have been applied.
-        E::ConnectionLoss => StoreErrorKind::Ambiguous,
+        // The connection broke (reset, no answer within the connection timeout) with the
+        // request sent: it may have been applied.
+        E::ConnectionLoss | E::Custom(_) | E::UnexpectedError(_) => StoreErrorKind::Ambiguous,
         E::Timeout => StoreErrorKind::Timeout,
         E::NoHosts | E::ClientClosed | E::SessionExpired | E::SessionMoved => {
             StoreErrorKind::Unavailable
@@ -118,6 +120,9 @@ struct Inner {
     config: ZkConfig,
     session: tokio::sync::Mutex<Option<Session>>,
     granted: Mutex<HashMap<(String, OwnerToken), Granted>>,
+    /// Acquires that may have created a node this store does not know of yet (in flight,
+    /// or dropped by their caller): until when the node may live unclaimed.
+    pending: Mutex<HashMap<(String, OwnerToken), Instant>>,
     reaper: tokio::sync::Notify,
 }
 
@@ -170,6 +175,7 @@ impl ZkStore {
                 config,
                 session: tokio::sync::Mutex::new(None),
                 granted: Mutex::new(HashMap::new()),
+                pending: Mutex::new(HashMap::new()),
                 reaper: tokio::sync::Notify::new(),
             }),
         };
@@ -313,9 +319,39 @@ impl ZkStore {
         }
     }
 
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Instant>> {
+        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn record(&self, dir: &str, owner: &OwnerToken, g: Granted) {
         self.granted().insert((dir.to_owned(), *owner), g);
         self.inner.reaper.notify_one();
+    }
+
+    /// Runs `acquire` with a pending mark for `(dir, owner)`: if the call is dropped after
+    /// its `create` was sent, the store deletes the owner's unclaimed node at `until`.
+    async fn with_pending<T>(
+        &self,
+        dir: &str,
+        owner: &OwnerToken,
+        until: Instant,
+        acquire: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let slot = (dir.to_owned(), *owner);
+        {
+            let mut pending = self.pending();
+            let at = pending.entry(slot.clone()).or_insert(until);
+            *at = (*at).max(until);
+        }
+        self.inner.reaper.notify_one();
+        let result = acquire.await;
+        // Completed (granted, held, or failed): a node of ours, if any, is recorded or
+        // deleted, or is found by the owner's retry. After an ambiguous failure keep the
+        // mark, so that a node nobody claims is deleted in time.
+        if !matches!(&result, Err(e) if e.is_ambiguous() || e.kind() == StoreErrorKind::Timeout) {
+            self.pending().remove(&slot);
+        }
+        result
     }
 
     async fn do_acquire(
@@ -504,19 +540,22 @@ impl ZkStore {
         let dir = self.lease_dir(key);
         let slot = (dir.clone(), *owner);
         let s = self.session().await?;
-        let known = self.granted().remove(&slot);
+        // The grant stays in the table until its node is deleted: a release that fails
+        // or is dropped midway leaves it for the retry.
+        let known = self.granted().get(&slot).cloned();
         match known {
             Some(g) if g.session == s.id => {
                 let live = now < g.deadline;
-                match s.client.delete(&g.node, None).await {
-                    Ok(()) if live => Ok(ReleaseOutcome::Released),
-                    Ok(()) | Err(zk::Error::NoNode) => Ok(ReleaseOutcome::NotOwner),
-                    Err(e) => {
-                        // Not deleted: keep the grant so that a retry finds it.
-                        self.granted().insert(slot, g);
-                        Err(map_err("delete", e))
-                    }
+                let outcome = match s.client.delete(&g.node, None).await {
+                    Ok(()) if live => ReleaseOutcome::Released,
+                    Ok(()) | Err(zk::Error::NoNode) => ReleaseOutcome::NotOwner,
+                    Err(e) => return Err(map_err("delete", e)),
+                };
+                let mut table = self.granted();
+                if table.get(&slot).is_some_and(|cur| cur.node == g.node) {
+                    table.remove(&slot);
                 }
+                Ok(outcome)
             }
             _ => {
                 // A node of ours left by an ambiguous create: remove it; it never held
@@ -571,6 +610,41 @@ async fn reap(inner: Weak<Inner>) {
             let expired: Vec<Granted> = expired.iter().filter_map(|k| table.remove(k)).collect();
             (expired, table.values().map(|g| g.deadline).min())
         };
+        let (orphans, next_orphan): (Vec<(String, OwnerToken)>, Option<Instant>) = {
+            let mut pending = store.pending();
+            let due: Vec<_> = pending
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &due {
+                pending.remove(k);
+            }
+            (due, pending.values().min().copied())
+        };
+        let next = match (next, next_orphan) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if !orphans.is_empty() {
+            let current = store.inner.session.lock().await.clone();
+            if let Some(s) = current {
+                for (dir, owner) in &orphans {
+                    if store.granted().contains_key(&(dir.clone(), *owner)) {
+                        continue;
+                    }
+                    let _ = tokio::time::timeout(store.inner.config.op_bound(), async {
+                        let Ok(queue) = store.queue(&s, dir).await else { return };
+                        for (o, _, name) in queue {
+                            if o == *owner {
+                                store.delete_quietly(&s, &format!("{dir}/{name}")).await;
+                            }
+                        }
+                    })
+                    .await;
+                }
+            }
+        }
         if !expired.is_empty() {
             let current = store.inner.session.lock().await.clone();
             if let Some(s) = current {
@@ -629,7 +703,16 @@ impl Store for ZkStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        self.bounded("acquire", self.do_acquire(key, owner, ttl)).await
+        let dir = self.lease_dir(key);
+        // An unclaimed node lives at most the TTL asked for (bounded by the session's).
+        let until = Instant::now() + ttl.min(self.inner.config.session_timeout_asked());
+        self.with_pending(
+            &dir,
+            owner,
+            until,
+            self.bounded("acquire", self.do_acquire(key, owner, ttl)),
+        )
+        .await
     }
 
     /// One `exists` of the lease's node on the session: the ensemble acknowledged the

@@ -12,9 +12,15 @@ use leasehold_testkit::{FaultProxy, ProxyMode, ZkEnsemble, ZkServer};
 use leasehold_zookeeper::{ZkConfig, ZkStore};
 use zookeeper_client as zk;
 
-/// The base TTL of the suite's timed cases, and the session timeout the stores ask for
-/// (the test servers grant 0.5 s to 60 s). The suite's short leases are TTL/4.
+/// The base TTL of the suite's timed cases. The suite's short leases are TTL/4.
 pub const FIXTURE_TTL: Duration = Duration::from_secs(3);
+
+/// The session timeout the stores ask for (the test servers grant 0.5 s to 60 s): every
+/// grant's TTL is bounded by it, and the suite renews leases for longer than the base TTL
+/// (`renew_many` with 3 × TTL must outlive 1.7 × TTL) and blackholes the network for up
+/// to about 2 × TTL (row 7) expecting the held lease to survive, while a `kill -9`ed
+/// holder must be taken over within 3 × TTL + 2 s (the session's expiry frees it).
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// The bound on each store call in the tests.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
@@ -53,7 +59,7 @@ impl Servers {
         format!(
             "zookeeper://{}/leasehold?session_timeout={}ms&timeout={}ms",
             hosts.join(","),
-            FIXTURE_TTL.as_millis(),
+            SESSION_TIMEOUT.as_millis(),
             OP_TIMEOUT.as_millis()
         )
     }
@@ -89,7 +95,7 @@ impl Setup {
             .collect();
         let config = ZkConfig::new(proxies.iter().map(|p| format!("127.0.0.1:{}", p.port())))
             .unwrap()
-            .session_timeout(FIXTURE_TTL)
+            .session_timeout(SESSION_TIMEOUT)
             .unwrap()
             .op_timeout(OP_TIMEOUT)
             .unwrap()
