@@ -292,14 +292,55 @@ impl ZkEnsemble {
             .prefix("leasehold-zk3-")
             .tempdir()
             .unwrap_or_else(|e| panic!("cannot create a temporary directory for ZooKeeper: {e}"));
+        // A port handed out by `free_port` may be taken by another test process before the
+        // member binds it: start again on fresh ports then (up to 4 attempts).
+        let mut attempt = 0;
+        let members = loop {
+            attempt += 1;
+            let root = tmp.path().join(format!("try{attempt}"));
+            match Self::try_start(&java, &root) {
+                Ok(members) => break members,
+                Err((members, e)) => {
+                    let taken = members.iter().any(|m| is_bind_error(&m.log()));
+                    let logs: Vec<String> = members
+                        .iter()
+                        .map(|m| {
+                            format!(
+                                "--- {} ---\n{}",
+                                m.dir.display(),
+                                util::log_tail(&m.dir.join("log"), 4096)
+                            )
+                        })
+                        .collect();
+                    drop(members);
+                    if taken && attempt < 4 {
+                        tracing::warn!(attempt, "zookeeper ensemble port taken: retrying");
+                        continue;
+                    }
+                    panic!("zookeeper ensemble {e}\n{}", logs.join("\n"));
+                }
+            }
+        };
+        let clients: Vec<u16> = members.iter().map(|m| m.client_port).collect();
+        tracing::info!(?clients, "zookeeper ensemble ready");
+        Self {
+            members,
+            java,
+            _tmp: tmp,
+        }
+    }
+
+    /// Spawns three members under `root` on fresh ports and waits until each serves.
+    #[allow(clippy::type_complexity)]
+    fn try_start(java: &Path, root: &Path) -> Result<Vec<Member>, (Vec<Member>, String)> {
         // `free_port` never hands out a port twice, so the nine ports are distinct.
         let peers: Vec<(u16, u16)> = (0..Self::SIZE).map(|_| (free_port(), free_port())).collect();
         let clients: Vec<u16> = (0..Self::SIZE).map(|_| free_port()).collect();
         let members: Vec<Member> = (0..Self::SIZE)
             .map(|i| {
-                let dir = tmp.path().join(format!("m{}", i + 1));
+                let dir = root.join(format!("m{}", i + 1));
                 write_config(&dir, clients[i], Some((i + 1, &peers)));
-                let process = spawn(&java, &dir, clients[i]);
+                let process = spawn(java, &dir, clients[i]);
                 Member {
                     process: Mutex::new(process),
                     client_port: clients[i],
@@ -310,23 +351,11 @@ impl ZkEnsemble {
         for m in &members {
             let result = wait_serving(&m.process(), m.client_port);
             if let Err(e) = result {
-                let logs: Vec<String> = members
-                    .iter()
-                    .map(|m| format!("--- {} ---\n{}", m.dir.display(), util::log_tail(&m.dir.join("log"), 4096)))
-                    .collect();
-                panic!(
-                    "zookeeper ensemble member on port {} {e}\n{}",
-                    m.client_port,
-                    logs.join("\n")
-                );
+                let msg = format!("member on port {} {e}", m.client_port);
+                return Err((members, msg));
             }
         }
-        tracing::info!(?clients, "zookeeper ensemble ready");
-        Self {
-            members,
-            java,
-            _tmp: tmp,
-        }
+        Ok(members)
     }
 
     /// The client ports of the members, in member order.
