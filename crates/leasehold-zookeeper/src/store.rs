@@ -254,8 +254,13 @@ impl ZkStore {
         let config = &self.inner.config;
         let hosts = config.connect_string();
         let client = StoreError::bounded(BACKEND, "connect", config.connect_bound(), async {
+            // The client's connection timeout (a connection silent that long is given up)
+            // is 2/5 of the session timeout, but not so short that a busy server fails
+            // the connect: the server raises short session timeouts anyway.
+            let asked = config.session_timeout_asked();
             zk::Client::connector()
-                .with_session_timeout(config.session_timeout_asked())
+                .with_session_timeout(asked)
+                .with_connection_timeout((asked * 2 / 5).max(Duration::from_millis(400)))
                 .with_fail_eagerly()
                 .connect(&hosts)
                 .await
