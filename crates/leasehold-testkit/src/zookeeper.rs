@@ -79,15 +79,13 @@ fn write_config(dir: &Path, client_port: u16, ensemble: Option<(usize, &[(u16, u
     );
     if let Some((id, peers)) = ensemble {
         for (i, (quorum, election)) in peers.iter().enumerate() {
-            cfg.push_str(&format!(
-                "server.{}=127.0.0.1:{quorum}:{election}\n",
-                i + 1
-            ));
+            cfg.push_str(&format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1));
         }
         std::fs::write(data.join("myid"), format!("{id}\n"))
             .unwrap_or_else(|e| panic!("cannot write myid: {e}"));
     }
-    std::fs::write(dir.join("zoo.cfg"), cfg).unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
+    std::fs::write(dir.join("zoo.cfg"), cfg)
+        .unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
 }
 
 fn spawn(java: &Path, dir: &Path, client_port: u16) -> ServerProcess {
@@ -99,7 +97,9 @@ fn spawn(java: &Path, dir: &Path, client_port: u16) -> ServerProcess {
         .arg("-XX:TieredStopAtLevel=1")
         .arg("-Dzookeeper.admin.enableServer=false")
         .arg("-cp")
-        .arg(format!("/etc/zookeeper/conf:{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}"))
+        .arg(format!(
+            "/etc/zookeeper/conf:{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}"
+        ))
         .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
         .arg(dir.join("zoo.cfg"));
     for var in ["JVMFLAGS", "SERVER_JVMFLAGS", "CLASSPATH", "ZOOCFGDIR"] {
@@ -334,7 +334,9 @@ impl ZkEnsemble {
     #[allow(clippy::type_complexity)]
     fn try_start(java: &Path, root: &Path) -> Result<Vec<Member>, (Vec<Member>, String)> {
         // `free_port` never hands out a port twice, so the nine ports are distinct.
-        let peers: Vec<(u16, u16)> = (0..Self::SIZE).map(|_| (free_port(), free_port())).collect();
+        let peers: Vec<(u16, u16)> = (0..Self::SIZE)
+            .map(|_| (free_port(), free_port()))
+            .collect();
         let clients: Vec<u16> = (0..Self::SIZE).map(|_| free_port()).collect();
         let members: Vec<Member> = (0..Self::SIZE)
             .map(|i| {
@@ -421,7 +423,10 @@ impl ZkEnsemble {
     pub fn start_again(&self, i: usize) {
         let m = &self.members[i];
         let mut guard = m.process();
-        assert!(!guard.is_running(), "ensemble member {i} is still running: kill it first");
+        assert!(
+            !guard.is_running(),
+            "ensemble member {i} is still running: kill it first"
+        );
         let process = spawn(&self.java, &m.dir, m.client_port);
         if let Err(e) = wait_serving(&process, m.client_port) {
             drop(process);

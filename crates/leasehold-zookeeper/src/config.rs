@@ -277,7 +277,9 @@ fn parse_host(n: usize, e: &str) -> Result<String, StoreError> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'));
     if !host_ok {
-        return Err(config_error(format!("zookeeper host {n} has a bad host name")));
+        return Err(config_error(format!(
+            "zookeeper host {n} has a bad host name"
+        )));
     }
     match port.parse::<u16>() {
         Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(format!("{host}:{p}")),

@@ -55,7 +55,10 @@ mod keys {
     fn keys_become_one_path_component_and_back() {
         for k in ["job:a", "a/b", "..", ".", "x%y z", "ü:é", "a-b_c:9"] {
             let enc = crate::store::encode_key(k);
-            assert!(!enc.contains('/') && enc != "." && enc != "..", "{k} -> {enc}");
+            assert!(
+                !enc.contains('/') && enc != "." && enc != "..",
+                "{k} -> {enc}"
+            );
             let back = leasehold_core::url::percent_decode(&enc).unwrap();
             assert_eq!(back, k);
         }

@@ -70,9 +70,12 @@ fn sorted_queue(children: Vec<String>) -> Result<Vec<(OwnerToken, i64, String)>,
     let mut queue = children
         .into_iter()
         .map(|name| {
-            parse_node(&name)
-                .map(|(o, s)| (o, s, name))
-                .ok_or_else(|| err(StoreErrorKind::Corrupt, "a node in a lease directory is not a lease node"))
+            parse_node(&name).map(|(o, s)| (o, s, name)).ok_or_else(|| {
+                err(
+                    StoreErrorKind::Corrupt,
+                    "a node in a lease directory is not a lease node",
+                )
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     queue.sort_by_key(|(_, seq, _)| *seq);
@@ -92,7 +95,12 @@ fn ttl_of(data: &[u8]) -> Result<Duration, StoreError> {
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
         .map(Duration::from_millis)
-        .ok_or_else(|| err(StoreErrorKind::Corrupt, "a lease node's data is not its TTL"))
+        .ok_or_else(|| {
+            err(
+                StoreErrorKind::Corrupt,
+                "a lease node's data is not its TTL",
+            )
+        })
 }
 
 /// The store's ZooKeeper session.
@@ -226,7 +234,11 @@ impl ZkStore {
 
     /// The directory of `key`'s queue: `<chroot>/<key, escaped>`.
     pub fn lease_dir(&self, key: &Key) -> String {
-        format!("{}/{}", self.inner.config.chroot_path(), encode_key(key.as_str()))
+        format!(
+            "{}/{}",
+            self.inner.config.chroot_path(),
+            encode_key(key.as_str())
+        )
     }
 
     /// The node name prefix of `owner`'s grants: `<owner token hex>-`.
@@ -320,7 +332,9 @@ impl ZkStore {
     async fn delete_quietly(&self, s: &Session, node: &str) {
         match s.client.delete(node, None).await {
             Ok(()) | Err(zk::Error::NoNode) => {}
-            Err(e) => tracing::debug!(error = %e, "zookeeper delete failed; the node ends with the session"),
+            Err(e) => {
+                tracing::debug!(error = %e, "zookeeper delete failed; the node ends with the session")
+            }
         }
     }
 
@@ -540,7 +554,11 @@ impl ZkStore {
         }
     }
 
-    async fn do_release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+    async fn do_release(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, StoreError> {
         let now = Instant::now();
         let dir = self.lease_dir(key);
         let slot = (dir.clone(), *owner);
@@ -574,7 +592,12 @@ impl ZkStore {
         }
     }
 
-    async fn info(&self, s: &Session, key: Key, dir: &str) -> Result<Option<LeaseInfo>, StoreError> {
+    async fn info(
+        &self,
+        s: &Session,
+        key: Key,
+        dir: &str,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
         for _ in 0..4 {
             let queue = self.queue(s, dir).await?;
             let Some((owner, _, name)) = queue.into_iter().next() else {
@@ -594,7 +617,10 @@ impl ZkStore {
                 Err(e) => return Err(map_err("get data", e)),
             }
         }
-        Err(err(StoreErrorKind::Busy, "zookeeper: the lease kept changing under the read"))
+        Err(err(
+            StoreErrorKind::Busy,
+            "zookeeper: the lease kept changing under the read",
+        ))
     }
 }
 
@@ -602,7 +628,9 @@ impl ZkStore {
 /// store is dropped.
 async fn reap(inner: Weak<Inner>) {
     loop {
-        let Some(strong) = inner.upgrade() else { return };
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
         let store = ZkStore { inner: strong };
         let now = Instant::now();
         let (expired, next): (Vec<_>, Option<Instant>) = {
@@ -639,7 +667,9 @@ async fn reap(inner: Weak<Inner>) {
                         continue;
                     }
                     let _ = tokio::time::timeout(store.inner.config.op_bound(), async {
-                        let Ok(queue) = store.queue(&s, dir).await else { return };
+                        let Ok(queue) = store.queue(&s, dir).await else {
+                            return;
+                        };
                         for (o, _, name) in queue {
                             if o == *owner {
                                 store.delete_quietly(&s, &format!("{dir}/{name}")).await;
@@ -661,7 +691,10 @@ async fn reap(inner: Weak<Inner>) {
                     .await;
                 }
             }
-            tracing::debug!(count = expired.len(), "zookeeper: deleted leases nobody renewed");
+            tracing::debug!(
+                count = expired.len(),
+                "zookeeper: deleted leases nobody renewed"
+            );
         }
         let wake = next
             .unwrap_or(now + Duration::from_secs(1))
@@ -778,7 +811,11 @@ impl Store for ZkStore {
                         else {
                             return Ok((s, None));
                         };
-                        match s.client.check_and_watch_stat(&format!("{dir}/{first}")).await {
+                        match s
+                            .client
+                            .check_and_watch_stat(&format!("{dir}/{first}"))
+                            .await
+                        {
                             Ok((Some(_), w)) => return Ok((s, Some(w))),
                             Ok((None, _)) => continue,
                             Err(e) => return Err(map_err("watch", e)),
@@ -814,7 +851,10 @@ impl Store for ZkStore {
                 .iter()
                 .map(|n| {
                     decode_key(n).ok_or_else(|| {
-                        err(StoreErrorKind::Corrupt, "a node under the zookeeper root path is not a lease key")
+                        err(
+                            StoreErrorKind::Corrupt,
+                            "a node under the zookeeper root path is not a lease key",
+                        )
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -858,7 +898,9 @@ impl Store for ZkStore {
                     .check_stat(self.inner.config.chroot_path())
                     .await
                     .map_err(|e| map_err("check", e))?
-                    .ok_or_else(|| err(StoreErrorKind::Config, "the zookeeper root path is gone"))?,
+                    .ok_or_else(|| {
+                        err(StoreErrorKind::Config, "the zookeeper root path is gone")
+                    })?,
                 Err(e) => return Err(map_err("check", e)),
             };
             fence(stat.pzxid)

@@ -136,7 +136,10 @@ async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over()
         holder.wait_for_line(|l| l.starts_with("RENEW "), Duration::from_secs(30))
     });
     let lines = holder.lines();
-    assert!(lost.is_some(), "the holder never reported its lease lost: {lines:?}");
+    assert!(
+        lost.is_some(),
+        "the holder never reported its lease lost: {lines:?}"
+    );
     assert!(
         lines.iter().any(|l| l == "GAP ok=false"),
         "the holder's first look at its lease after the freeze must say lost: {lines:?}"
@@ -151,7 +154,10 @@ async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over()
     );
     // The new holder is untouched.
     let info = other.inspect(&k).await.unwrap().expect("held by B");
-    assert_eq!((info.owner, info.fence), (*lease_b.owner(), lease_b.fence()));
+    assert_eq!(
+        (info.owner, info.fence),
+        (*lease_b.owner(), lease_b.fence())
+    );
     assert!(lease_b.release().await.unwrap());
 }
 
@@ -175,7 +181,11 @@ async fn watch(lease: &leasehold_core::Lease, span: Duration) -> bool {
 /// lease no longer looks valid. Fences only rise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_honestly() {
-    let ensemble = Arc::new(tokio::task::spawn_blocking(ZkEnsemble::start).await.unwrap());
+    let ensemble = Arc::new(
+        tokio::task::spawn_blocking(ZkEnsemble::start)
+            .await
+            .unwrap(),
+    );
     let ttl = Duration::from_secs(4);
     let url = format!(
         "zookeeper://{}/row22b?session_timeout={}ms&timeout=2s",
@@ -199,7 +209,9 @@ async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_hones
                 .unwrap()
         };
         let e = ensemble.clone();
-        tokio::task::spawn_blocking(move || e.kill(victim)).await.unwrap();
+        tokio::task::spawn_blocking(move || e.kill(victim))
+            .await
+            .unwrap();
         let lost = watch(&lease, ttl * 3).await;
         eprintln!("row 22 (b): member {victim} killed (round {round}): lease lost = {lost}");
         if lost {
@@ -214,7 +226,9 @@ async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_hones
             let info = loop {
                 match observer.inspect(&k).await {
                     Ok(i) => break i,
-                    Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(200)).await,
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(Duration::from_millis(200)).await
+                    }
                     Err(e) => panic!("inspect: {e}"),
                 }
             };
@@ -232,11 +246,16 @@ async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_hones
                 Err(e) => panic!("probe: {e}"),
             }
         };
-        assert!(f > last_fence, "fence {f} after the kill is not above {last_fence}");
+        assert!(
+            f > last_fence,
+            "fence {f} after the kill is not above {last_fence}"
+        );
         last_fence = f;
         observer.release(&probe, &o).await.unwrap();
         let e = ensemble.clone();
-        tokio::task::spawn_blocking(move || e.start_again(victim)).await.unwrap();
+        tokio::task::spawn_blocking(move || e.start_again(victim))
+            .await
+            .unwrap();
     }
     assert!(lease.is_valid());
     assert!(matches!(

@@ -7,7 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Servers, Setup, raw};
-use leasehold_core::{AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind};
+use leasehold_core::{
+    AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+};
 use leasehold_testkit::{ProxyMode, ZK_MAX_SESSION_TIMEOUT, ZK_MIN_SESSION_TIMEOUT, ZkServer};
 use leasehold_zookeeper::{ZkConfig, ZkStore};
 
@@ -56,23 +58,42 @@ async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
 
     // Asked for less than the server's minimum (500 ms): raised to it. (The client gives its
     // first connect the session timeout asked for, so ask for one a busy server can meet.)
-    let low = ZkStore::open(&format!("{base}?session_timeout=300ms")).await.unwrap();
-    assert_eq!(low.negotiated_session_timeout().await.unwrap(), ZK_MIN_SESSION_TIMEOUT);
+    let low = ZkStore::open(&format!("{base}?session_timeout=300ms"))
+        .await
+        .unwrap();
+    assert_eq!(
+        low.negotiated_session_timeout().await.unwrap(),
+        ZK_MIN_SESSION_TIMEOUT
+    );
     let k = key("low");
     let a = OwnerToken::random();
     let (_, granted) = acquired(&low, &k, &a, Duration::from_millis(400)).await;
-    assert_eq!(granted, Duration::from_millis(400), "a TTL under the session timeout is kept");
+    assert_eq!(
+        granted,
+        Duration::from_millis(400),
+        "a TTL under the session timeout is kept"
+    );
     low.release(&k, &a).await.unwrap();
 
     // Asked for more than the server's maximum: lowered to it; a longer TTL is cut to it.
-    let high = ZkStore::open(&format!("{base}?session_timeout=120s")).await.unwrap();
-    assert_eq!(high.negotiated_session_timeout().await.unwrap(), ZK_MAX_SESSION_TIMEOUT);
+    let high = ZkStore::open(&format!("{base}?session_timeout=120s"))
+        .await
+        .unwrap();
+    assert_eq!(
+        high.negotiated_session_timeout().await.unwrap(),
+        ZK_MAX_SESSION_TIMEOUT
+    );
     let k = key("high");
     let (_, granted) = acquired(&high, &k, &a, Duration::from_secs(90)).await;
-    assert_eq!(granted, ZK_MAX_SESSION_TIMEOUT, "the grant reports the session timeout");
+    assert_eq!(
+        granted, ZK_MAX_SESSION_TIMEOUT,
+        "the grant reports the session timeout"
+    );
     assert_eq!(
         high.renew(&k, &a, Duration::from_secs(90)).await.unwrap(),
-        RenewOutcome::Renewed { ttl: ZK_MAX_SESSION_TIMEOUT }
+        RenewOutcome::Renewed {
+            ttl: ZK_MAX_SESSION_TIMEOUT
+        }
     );
     let info = high.inspect(&k).await.unwrap().expect("held");
     assert_eq!(info.remaining, Some(ZK_MAX_SESSION_TIMEOUT));
@@ -85,7 +106,10 @@ async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_rise_across_a_server_restart() {
     let zk = std::sync::Arc::new(start_solo().await);
-    let url = format!("zookeeper://127.0.0.1:{}/restart?session_timeout=8s&timeout=2s", zk.port());
+    let url = format!(
+        "zookeeper://127.0.0.1:{}/restart?session_timeout=8s&timeout=2s",
+        zk.port()
+    );
     let store = ZkStore::open(&url).await.unwrap();
     let k = key("restart");
     let a = OwnerToken::random();
@@ -100,7 +124,9 @@ async fn fences_rise_across_a_server_restart() {
     let (held_fence, _) = acquired(&store, &k, &a, Duration::from_secs(8)).await;
     assert!(held_fence > last);
     let z = zk.clone();
-    tokio::task::spawn_blocking(move || z.restart()).await.unwrap();
+    tokio::task::spawn_blocking(move || z.restart())
+        .await
+        .unwrap();
     // The client reconnects by itself; retry while it does.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let renewed = loop {
@@ -115,12 +141,18 @@ async fn fences_rise_across_a_server_restart() {
     let other = key("restart-other");
     let b = OwnerToken::random();
     let (after, _) = acquired(&store, &other, &b, Duration::from_secs(8)).await;
-    assert!(after > held_fence, "fence {after} after the restart is not above {held_fence}");
+    assert!(
+        after > held_fence,
+        "fence {after} after the restart is not above {held_fence}"
+    );
     match renewed {
         RenewOutcome::Renewed { .. } => {
             let info = store.inspect(&k).await.unwrap().expect("kept");
             assert_eq!((info.owner, info.fence.get()), (a, held_fence));
-            assert_eq!(store.release(&k, &a).await.unwrap(), ReleaseOutcome::Released);
+            assert_eq!(
+                store.release(&k, &a).await.unwrap(),
+                ReleaseOutcome::Released
+            );
         }
         RenewOutcome::NotOwner => {
             let c = OwnerToken::random();
@@ -171,13 +203,15 @@ async fn a_node_left_by_a_cut_acquire_is_found_by_the_retry() {
             proxy.set_mode(ProxyMode::Pass);
             let (fence, _) = acquired(&store, &k, &owner, ttl).await;
             assert_eq!(
-                fence,
-                stat.czxid as u64,
+                fence, stat.czxid as u64,
                 "the retry must return the fence of the node the cut acquire created"
             );
             let all = raw.list_children(&dir).await.unwrap();
             assert_eq!(all, vec![node.clone()], "the retry created a second node");
-            assert_eq!(store.release(&k, &owner).await.unwrap(), ReleaseOutcome::Released);
+            assert_eq!(
+                store.release(&k, &owner).await.unwrap(),
+                ReleaseOutcome::Released
+            );
             found = true;
             break;
         }
@@ -206,7 +240,13 @@ async fn the_root_path_is_a_namespace() {
     acquired(&two, &k, &b, Duration::from_secs(5)).await;
     assert_eq!(one.inspect(&k).await.unwrap().unwrap().owner, a);
     assert_eq!(two.inspect(&k).await.unwrap().unwrap().owner, b);
-    let listed: Vec<_> = one.list("job:").await.unwrap().into_iter().map(|i| i.key).collect();
+    let listed: Vec<_> = one
+        .list("job:")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.key)
+        .collect();
     assert_eq!(listed, vec![k.clone()]);
     let raw = raw(&zk.connect_string()).await;
     let children = raw.list_children("/apps/one").await.unwrap();
@@ -217,7 +257,10 @@ async fn the_root_path_is_a_namespace() {
     one.release(&k, &a).await.unwrap();
     two.release(&k, &b).await.unwrap();
     // A config with the root set programmatically.
-    let c = ZkConfig::new([zk.connect_string()]).unwrap().chroot("/apps/three").unwrap();
+    let c = ZkConfig::new([zk.connect_string()])
+        .unwrap()
+        .chroot("/apps/three")
+        .unwrap();
     let three = ZkStore::connect(c).await.unwrap();
     assert_eq!(three.inspect(&k).await.unwrap(), None);
 }

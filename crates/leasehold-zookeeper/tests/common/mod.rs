@@ -55,7 +55,11 @@ impl Servers {
 
     /// The URL straight to the servers, with the fixture's session timeout.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.ports().iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let hosts: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
         format!(
             "zookeeper://{}/leasehold?session_timeout={}ms&timeout={}ms",
             hosts.join(","),
