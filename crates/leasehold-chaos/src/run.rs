@@ -28,6 +28,9 @@ pub enum StoreKind {
     Redis,
     /// The lease table in the private PostgreSQL.
     Postgres,
+    /// A private ZooKeeper server (session timeout = TTL); the store restart kills it
+    /// (`kill -9`, the member kill) and starts it again.
+    Zookeeper,
 }
 
 /// One chaos run.
@@ -74,11 +77,16 @@ const KEY: &str = "chaos:counter";
 struct Servers {
     pg: Postgres,
     redis: Option<RedisServer>,
+    zk: Option<leasehold_testkit::ZkServer>,
     proxies: Vec<FaultProxy>,
 }
 
 impl Servers {
     fn restart_store(&self) {
+        if let Some(zk) = &self.zk {
+            zk.restart(); // kill -9, start again on the same data directory
+            return;
+        }
         match &self.redis {
             Some(r) => r.restart(), // kill -9, start again at once, no persistence
             None => {
@@ -238,19 +246,36 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     );
     let pg = Postgres::start();
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
-    let upstream = redis.as_ref().map_or(pg.addr(), |r| r.addr());
+    let zk = (spec.store == StoreKind::Zookeeper).then(leasehold_testkit::ZkServer::start);
+    let upstream = match (&redis, &zk) {
+        (Some(r), _) => r.addr(),
+        (None, Some(z)) => z.addr(),
+        (None, None) => pg.addr(),
+    };
     let proxies = (0..spec.workers)
         .map(|_| FaultProxy::start(upstream))
         .collect();
-    let servers = Servers { pg, redis, proxies };
+    let servers = Servers {
+        pg,
+        redis,
+        zk,
+        proxies,
+    };
+    let zk_params = format!("/chaos?session_timeout={}ms", spec.ttl.as_millis());
     let pg_url = servers.pg.url();
     let lease_url_via = |proxy: &FaultProxy| match spec.store {
         StoreKind::Redis => format!("redis://127.0.0.1:{}/", proxy.port()),
         StoreKind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
+        StoreKind::Zookeeper => format!("zookeeper://127.0.0.1:{}{zk_params}", proxy.port()),
     };
     let direct_lease_url = match spec.store {
         StoreKind::Redis => servers.redis.as_ref().map(|r| r.url()).unwrap_or_default(),
         StoreKind::Postgres => format!("{pg_url}?leasehold_migrate=true"),
+        StoreKind::Zookeeper => servers
+            .zk
+            .as_ref()
+            .map(|z| format!("zookeeper://127.0.0.1:{}{zk_params}", z.port()))
+            .unwrap_or_default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

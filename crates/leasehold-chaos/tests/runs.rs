@@ -164,6 +164,16 @@ fn postgres_store_with_the_guard_has_no_violation() {
 }
 
 #[test]
+fn zookeeper_store_with_the_guard_has_no_violation() {
+    with_the_guard("zookeeper", "15");
+}
+
+#[test]
+fn zookeeper_control_run_without_the_guard_is_caught() {
+    without_the_guard("zookeeper", "16");
+}
+
+#[test]
 fn redis_control_run_without_the_guard_is_caught() {
     without_the_guard("redis", "13");
 }
