@@ -20,19 +20,29 @@ pub enum Backend {
     Mysql,
     /// SQLite.
     Sqlite,
+    /// ZooKeeper.
+    Zookeeper,
 }
 
 impl Backend {
     /// Every section, in the order they run.
-    pub const ALL: [Backend; 4] = [Self::Redis, Self::Postgres, Self::Mysql, Self::Sqlite];
+    pub const ALL: [Backend; 5] = [
+        Self::Redis,
+        Self::Postgres,
+        Self::Mysql,
+        Self::Sqlite,
+        Self::Zookeeper,
+    ];
 
-    /// `redis`, `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`.
+    /// `redis`, `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`,
+    /// `zookeeper` (or `zk`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "redis" => Some(Self::Redis),
             "postgres" | "postgresql" | "pg" => Some(Self::Postgres),
             "mysql" | "mariadb" => Some(Self::Mysql),
             "sqlite" => Some(Self::Sqlite),
+            "zookeeper" | "zk" => Some(Self::Zookeeper),
             _ => None,
         }
     }
@@ -44,6 +54,7 @@ impl Backend {
             Self::Postgres => "postgres",
             Self::Mysql => "mysql",
             Self::Sqlite => "sqlite",
+            Self::Zookeeper => "zookeeper",
         }
     }
 }
