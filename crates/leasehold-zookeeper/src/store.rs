@@ -131,7 +131,42 @@ struct Inner {
     /// Acquires that may have created a node this store does not know of yet (in flight,
     /// or dropped by their caller): until when the node may live unclaimed.
     pending: Mutex<HashMap<(String, OwnerToken), Instant>>,
+    /// Owners with a place in a key's queue (a waiter node): their calls in progress,
+    /// and when the last one ended.
+    waiting: Mutex<HashMap<(String, OwnerToken), Presence>>,
     reaper: tokio::sync::Notify,
+}
+
+/// A waiter's presence: its node is kept while a call of its owner is in progress and for
+/// [`WAITER_GRACE`] after the last one; then the store deletes it (the waiter gave up).
+#[derive(Debug, Clone, Copy)]
+struct Presence {
+    calls: u32,
+    last: Instant,
+}
+
+/// How long a waiter's place in the queue outlives its owner's last call: the lease client
+/// calls `acquire` right after `wait_released` returns, and `wait_released` again right
+/// after an acquire answers `Held`.
+const WAITER_GRACE: Duration = Duration::from_secs(1);
+
+/// Marks a call of a waiter in progress; the mark ends when it is dropped (also when the
+/// call is cancelled).
+struct InProgress {
+    inner: Arc<Inner>,
+    slot: (String, OwnerToken),
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        let mut waiting = self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = waiting.get_mut(&self.slot) {
+            p.calls = p.calls.saturating_sub(1);
+            p.last = Instant::now();
+        }
+        drop(waiting);
+        self.inner.reaper.notify_one();
+    }
 }
 
 /// A lease store on a ZooKeeper ensemble (3.5 or later).
@@ -184,6 +219,7 @@ impl ZkStore {
                 session: tokio::sync::Mutex::new(None),
                 granted: Mutex::new(HashMap::new()),
                 pending: Mutex::new(HashMap::new()),
+                waiting: Mutex::new(HashMap::new()),
                 reaper: tokio::sync::Notify::new(),
             }),
         };
@@ -338,13 +374,49 @@ impl ZkStore {
         }
     }
 
+    /// Brings the server this session reads from up to date with the leader (ZooKeeper
+    /// serves reads from any member, which may lag): a read after it sees every write
+    /// committed before it, whoever made it.
+    async fn sync(&self, s: &Session) -> Result<(), StoreError> {
+        s.client
+            .sync(self.inner.config.chroot_path())
+            .await
+            .map_err(|e| map_err("sync", e))
+    }
+
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Instant>> {
         self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn record(&self, dir: &str, owner: &OwnerToken, g: Granted) {
-        self.granted().insert((dir.to_owned(), *owner), g);
+        let slot = (dir.to_owned(), *owner);
+        self.waiting().remove(&slot);
+        self.granted().insert(slot, g);
         self.inner.reaper.notify_one();
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Presence>> {
+        self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks a call of `owner` as a waiter of `dir` in progress (its place is kept).
+    fn in_progress(&self, dir: &str, owner: &OwnerToken) -> InProgress {
+        let slot = (dir.to_owned(), *owner);
+        let now = Instant::now();
+        self.waiting()
+            .entry(slot.clone())
+            .and_modify(|p| {
+                p.calls += 1;
+                p.last = now;
+            })
+            .or_insert(Presence {
+                calls: 1,
+                last: now,
+            });
+        InProgress {
+            inner: self.inner.clone(),
+            slot,
+        }
     }
 
     /// Runs `acquire` with a pending mark for `(dir, owner)`: if the call is dropped after
@@ -436,6 +508,11 @@ impl ZkStore {
                             fence,
                             ttl: granted_ttl,
                         });
+                    }
+                    if self.waiting().contains_key(&slot) {
+                        // Our place in the queue (made by `wait_released`): keep it.
+                        let _mark = self.in_progress(&dir, owner);
+                        return self.held(&s, &dir, &queue[0].2).await;
                     }
                     self.delete_quietly(&s, &node).await;
                 }
@@ -655,10 +732,26 @@ async fn reap(inner: Weak<Inner>) {
             }
             (due, pending.values().min().copied())
         };
-        let next = match (next, next_orphan) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        // Waiters whose owner made no call for the grace: they gave up their place.
+        let (abandoned, next_waiter): (Vec<(String, OwnerToken)>, Option<Instant>) = {
+            let mut waiting = store.waiting();
+            let gone: Vec<_> = waiting
+                .iter()
+                .filter(|(_, p)| p.calls == 0 && p.last + WAITER_GRACE <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &gone {
+                waiting.remove(k);
+            }
+            let next = waiting
+                .values()
+                .filter(|p| p.calls == 0)
+                .map(|p| p.last + WAITER_GRACE)
+                .min();
+            (gone, next)
         };
+        let orphans: Vec<(String, OwnerToken)> = orphans.into_iter().chain(abandoned).collect();
+        let next = [next, next_orphan, next_waiter].into_iter().flatten().min();
         if !orphans.is_empty() {
             let current = store.inner.session.lock().await.clone();
             if let Some(s) = current {
@@ -719,6 +812,7 @@ impl Store for ZkStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.wait_for_release = true;
+        caps.fifo_wait = true;
         caps.reports_remaining = true;
         caps.list = true;
         caps.break_lease = true;
@@ -777,23 +871,31 @@ impl Store for ZkStore {
         self.bounded("release", self.do_release(key, owner)).await
     }
 
-    /// A list of the queue and a read of its lowest node.
+    /// A `sync` (so that the read sees every write committed before it, whichever member
+    /// serves it), a list of the queue and a read of its lowest node.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is written.
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         self.bounded("inspect", async {
             let s = self.session().await?;
-            self.info(&s, key.clone(), &self.lease_dir(key)).await
+            let dir = self.lease_dir(key);
+            self.sync(&s).await?;
+            self.info(&s, key.clone(), &dir).await
         })
         .await
     }
 
-    /// A list of the queue, then a watch on the holder's node (its deletion: a release, a
-    /// break, or the end of the holder's session). Every waiter watches the holder.
+    /// Takes a place in the key's queue: an ephemeral sequential node named with `owner`
+    /// (kept across this owner's calls, deleted a second after its last one), then
+    /// watches **only its predecessor** (no herd). Returns when the predecessor is gone
+    /// (released, broken, its session ended) or the key is free; when `owner`'s node is
+    /// first, the lease is reserved for `owner`'s next `acquire` (others are answered
+    /// `Held`), so waiters are served in the order they started waiting.
     ///
     /// # Cancel safety
-    /// Cancel safe: nothing is written.
+    /// Cancel safe: a dropped wait keeps its place for a second (the owner's next call
+    /// finds it), then the store deletes it.
     async fn wait_released(
         &self,
         key: &Key,
@@ -801,19 +903,37 @@ impl Store for ZkStore {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let dir = self.lease_dir(key);
+        let _mark = self.in_progress(&dir, owner);
         let wait = async {
             let (s, watcher) = self
                 .bounded("watch", async {
                     let s = self.session().await?;
-                    for _ in 0..4 {
+                    for _ in 0..8 {
                         let queue = self.queue(&s, &dir).await?;
-                        let Some((_, _, first)) = queue.into_iter().find(|(o, _, _)| o != owner)
-                        else {
-                            return Ok((s, None));
+                        let mine = queue.iter().position(|(o, _, _)| o == owner);
+                        let predecessor = match mine {
+                            // First: reserved for us (or ours already).
+                            Some(0) => return Ok((s, None)),
+                            Some(i) => queue[i - 1].2.clone(),
+                            // Free: nothing to wait for.
+                            None if queue.is_empty() => return Ok((s, None)),
+                            None => {
+                                // Queue up behind everyone there.
+                                let options = zk::CreateMode::EphemeralSequential
+                                    .with_acls(zk::Acls::anyone_all());
+                                let data = s.timeout.as_millis().to_string();
+                                let path = format!("{dir}/{}", Self::node_prefix(owner));
+                                match s.client.create(&path, data.as_bytes(), &options).await {
+                                    Ok(_) => continue,
+                                    // The directory went with its last node: free.
+                                    Err(zk::Error::NoNode) => return Ok((s, None)),
+                                    Err(e) => return Err(map_err("create", e)),
+                                }
+                            }
                         };
                         match s
                             .client
-                            .check_and_watch_stat(&format!("{dir}/{first}"))
+                            .check_and_watch_stat(&format!("{dir}/{predecessor}"))
                             .await
                         {
                             Ok((Some(_), w)) => return Ok((s, Some(w))),
@@ -842,6 +962,7 @@ impl Store for ZkStore {
         self.bounded("list", async {
             let s = self.session().await?;
             let root = self.inner.config.chroot_path();
+            self.sync(&s).await?;
             let names = s
                 .client
                 .list_children(root)
@@ -874,7 +995,8 @@ impl Store for ZkStore {
         .await
     }
 
-    /// Deletes the holder's node, whatever its owner, then reads the key directory's
+    /// Deletes the holder's node, whatever its owner (and the waiters' nodes), then reads
+    /// the key directory's
     /// `pzxid` (the zxid of that delete or later; the root's when the directory is gone):
     /// the next grant's `czxid` is higher.
     ///
@@ -884,9 +1006,12 @@ impl Store for ZkStore {
         self.bounded("break", async {
             let s = self.session().await?;
             let dir = self.lease_dir(key);
+            // The holder's node and every waiter's: a waiter's node is older than the
+            // break, and its czxid, as a fence, would not be above the one returned.
+            // Woken, the waiters queue up again (in the order they come back).
             let queue = self.queue(&s, &dir).await?;
-            if let Some((_, _, first)) = queue.first() {
-                match s.client.delete(&format!("{dir}/{first}"), None).await {
+            for (_, _, name) in &queue {
+                match s.client.delete(&format!("{dir}/{name}"), None).await {
                     Ok(()) | Err(zk::Error::NoNode) => {}
                     Err(e) => return Err(map_err("delete", e)),
                 }
