@@ -264,3 +264,71 @@ async fn the_root_path_is_a_namespace() {
     let three = ZkStore::connect(c).await.unwrap();
     assert_eq!(three.inspect(&k).await.unwrap(), None);
 }
+
+/// Waiters queue in the order they start waiting and each watches only its predecessor:
+/// a release wakes the next waiter alone (no herd), and the lease is kept for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_only_the_next_waiter() {
+    let zk = start_solo().await;
+    let url = format!(
+        "zookeeper://127.0.0.1:{}/fifo?session_timeout=10s",
+        zk.port()
+    );
+    let store = std::sync::Arc::new(ZkStore::open(&url).await.unwrap());
+    let k = key("fifo");
+    let ttl = Duration::from_secs(10);
+    let holder = OwnerToken::random();
+    let (mut last, _) = acquired(&store, &k, &holder, ttl).await;
+    let waiters: Vec<OwnerToken> = (0..3).map(|_| OwnerToken::random()).collect();
+    let mut waits = Vec::new();
+    for w in &waiters {
+        let (store, k, w) = (store.clone(), k.clone(), *w);
+        waits.push(tokio::spawn(async move {
+            store.wait_released(&k, &w, Duration::from_secs(60)).await
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let raw = raw(&zk.connect_string()).await;
+    let dir = store.lease_dir(&k);
+    let mut queue = raw.list_children(&dir).await.unwrap();
+    queue.sort_by_key(|n| n.rsplit_once('-').map(|(_, s)| s.to_owned()));
+    let owners: Vec<String> = queue.iter().map(|n| n[..32].to_owned()).collect();
+    let expected: Vec<String> = std::iter::once(&holder)
+        .chain(&waiters)
+        .map(|o| o.to_string())
+        .collect();
+    assert_eq!(owners, expected, "the queue is in arrival order");
+    let mut releaser = holder;
+    for (i, w) in waiters.iter().enumerate() {
+        assert!(!waits[i].is_finished(), "waiter {i} woken before its turn");
+        assert_eq!(
+            store.release(&k, &releaser).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        tokio::time::timeout(Duration::from_secs(5), &mut waits[i])
+            .await
+            .expect("the next waiter is woken")
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for (j, later) in waits.iter().enumerate().skip(i + 1) {
+            assert!(
+                !later.is_finished(),
+                "waiter {j} woken by a release meant for waiter {i}"
+            );
+        }
+        // Reserved: someone else is told Held; the waiter gets it.
+        assert!(matches!(
+            store.acquire(&k, &OwnerToken::random(), ttl).await.unwrap(),
+            AcquireOutcome::Held { .. }
+        ));
+        let (f, _) = acquired(&store, &k, w, ttl).await;
+        assert!(f > last, "fence {f} of waiter {i} is not above {last}");
+        last = f;
+        releaser = *w;
+    }
+    assert_eq!(
+        store.release(&k, &releaser).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
