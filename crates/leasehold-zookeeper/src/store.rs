@@ -134,6 +134,11 @@ struct Inner {
     /// Owners with a place in a key's queue (a waiter node): their calls in progress,
     /// and when the last one ended.
     waiting: Mutex<HashMap<(String, OwnerToken), Presence>>,
+    /// Held by an acquire that adopts a node of its owner (a waiter's place, a node left by
+    /// a cut acquire) from its check of the node to its record of the grant, and by the
+    /// store's task while it deletes unclaimed nodes: a node is either granted or deleted,
+    /// never granted while its deletion is under way.
+    adopt: tokio::sync::Mutex<()>,
     reaper: tokio::sync::Notify,
 }
 
@@ -220,6 +225,7 @@ impl ZkStore {
                 granted: Mutex::new(HashMap::new()),
                 pending: Mutex::new(HashMap::new()),
                 waiting: Mutex::new(HashMap::new()),
+                adopt: tokio::sync::Mutex::new(()),
                 reaper: tokio::sync::Notify::new(),
             }),
         };
@@ -489,6 +495,7 @@ impl ZkStore {
         let queue = self.queue(&s, &dir).await?;
         if let Some((_, _, name)) = queue.iter().find(|(o, _, _)| o == owner) {
             let node = format!("{dir}/{name}");
+            let _adopt = self.inner.adopt.lock().await;
             match s.client.check_stat(&node).await {
                 Ok(Some(stat)) if stat.ephemeral_owner == s.id => {
                     if queue[0].2 == *name {
@@ -756,7 +763,11 @@ async fn reap(inner: Weak<Inner>) {
             let current = store.inner.session.lock().await.clone();
             if let Some(s) = current {
                 for (dir, owner) in &orphans {
-                    if store.granted().contains_key(&(dir.clone(), *owner)) {
+                    let slot = (dir.clone(), *owner);
+                    let _adopt = store.inner.adopt.lock().await;
+                    let in_use = store.granted().contains_key(&slot)
+                        || store.waiting().get(&slot).is_some_and(|p| p.calls > 0);
+                    if in_use {
                         continue;
                     }
                     let _ = tokio::time::timeout(store.inner.config.op_bound(), async {
@@ -777,6 +788,11 @@ async fn reap(inner: Weak<Inner>) {
             let current = store.inner.session.lock().await.clone();
             if let Some(s) = current {
                 for g in expired.iter().filter(|g| g.session == s.id) {
+                    // Not if its owner's acquire adopted the node again meanwhile.
+                    let _adopt = store.inner.adopt.lock().await;
+                    if store.granted().values().any(|cur| cur.node == g.node) {
+                        continue;
+                    }
                     let _ = tokio::time::timeout(
                         store.inner.config.op_bound(),
                         store.delete_quietly(&s, &g.node),
@@ -836,6 +852,9 @@ impl Store for ZkStore {
     ) -> Result<AcquireOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
         let dir = self.lease_dir(key);
+        // A waiter's acquire keeps its place while it runs.
+        let waiter = self.waiting().contains_key(&(dir.clone(), *owner));
+        let _mark = waiter.then(|| self.in_progress(&dir, owner));
         // An unclaimed node lives at most the TTL asked for (bounded by the session's).
         let until = Instant::now() + ttl.min(self.inner.config.session_timeout_asked());
         self.with_pending(

@@ -22,6 +22,14 @@ pub const FIXTURE_TTL: Duration = Duration::from_secs(3);
 /// holder must be taken over within 3 × TTL + 2 s (the session's expiry frees it).
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(8);
 
+/// The three-member ensemble's base TTL and session timeout: every write there is a quorum
+/// write (a sync to disk on two JVMs), several times slower than on one server on this
+/// loaded two-core machine, and the suite's short leases (TTL/4, TTL/2) must outlive a
+/// few acquires in a row.
+pub const ENSEMBLE_TTL: Duration = Duration::from_secs(4);
+/// The ensemble's session timeout (see [`SESSION_TIMEOUT`] for the bounds on it).
+pub const ENSEMBLE_SESSION_TIMEOUT: Duration = Duration::from_secs(11);
+
 /// The bound on each store call in the tests.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -53,6 +61,22 @@ impl Servers {
         }
     }
 
+    /// The base TTL of the suite on these servers.
+    pub fn ttl(&self) -> Duration {
+        match self {
+            Self::Solo(_) => FIXTURE_TTL,
+            Self::Ensemble(_) => ENSEMBLE_TTL,
+        }
+    }
+
+    /// The session timeout the stores ask for on these servers.
+    pub fn session_timeout(&self) -> Duration {
+        match self {
+            Self::Solo(_) => SESSION_TIMEOUT,
+            Self::Ensemble(_) => ENSEMBLE_SESSION_TIMEOUT,
+        }
+    }
+
     /// The URL straight to the servers, with the fixture's session timeout.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
@@ -63,7 +87,7 @@ impl Servers {
         format!(
             "zookeeper://{}/leasehold?session_timeout={}ms&timeout={}ms",
             hosts.join(","),
-            SESSION_TIMEOUT.as_millis(),
+            self.session_timeout().as_millis(),
             OP_TIMEOUT.as_millis()
         )
     }
@@ -99,7 +123,7 @@ impl Setup {
             .collect();
         let config = ZkConfig::new(proxies.iter().map(|p| format!("127.0.0.1:{}", p.port())))
             .unwrap()
-            .session_timeout(SESSION_TIMEOUT)
+            .session_timeout(servers.session_timeout())
             .unwrap()
             .op_timeout(OP_TIMEOUT)
             .unwrap()
@@ -183,7 +207,8 @@ async fn fixture(servers: Servers) -> Fixture {
         // An acquire is several requests (list, create, list): a dropped reply may come
         // before the create was sent.
         .lost_reply_applies(false);
-    Fixture::new(s.store.clone(), Arc::new(faults), FIXTURE_TTL)
+    let ttl = s.servers.ttl();
+    Fixture::new(s.store.clone(), Arc::new(faults), ttl)
         .no_guard(NO_GUARD)
         .other_processes(url)
         .network(network)
