@@ -19,6 +19,8 @@
 //!   table written with sqlx alone.
 //! * etcd (a private single-member server): leasehold-etcd on its own (the uncontended
 //!   pairs and the contended hand-off; no contender).
+//! * ZooKeeper (a private standalone server): leasehold-zookeeper against a plain lock
+//!   written with `zookeeper-client` alone (create an ephemeral node, delete it).
 //!
 //! Then, per store, a contended comparison: 16 tasks take turns on one key, each holding
 //! it for 1 ms, with each contender's own way of waiting.
@@ -1065,6 +1067,137 @@ async fn etcd_section(plan: Plan) -> Res<Section> {
 }
 
 // ---------------------------------------------------------------------------------------
+// ZooKeeper
+
+/// The plain lock: `zookeeper-client` alone on its own session. The lock is an ephemeral
+/// node `/plain/<key>` (no fence, no queue: a taken lock is retried).
+#[derive(Clone)]
+struct PlainZk {
+    client: zookeeper_client::Client,
+    requests: Arc<AtomicU64>,
+}
+
+impl PlainZk {
+    fn path(key: &str) -> String {
+        format!("/plain/{}", key.replace('/', "%2F"))
+    }
+
+    async fn try_lock(&self, key: &str) -> Res<bool> {
+        use zookeeper_client::{Acls, CreateMode, Error};
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let options = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+        match self.client.create(&Self::path(key), b"", &options).await {
+            Ok(_) => Ok(true),
+            Err(Error::NodeExists) => Ok(false),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    async fn unlock(&self, key: &str) -> Res<()> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.client
+            .delete(&Self::path(key), None)
+            .await
+            .map_err(err)
+    }
+}
+
+async fn zookeeper_section(plan: Plan) -> Res<Section> {
+    use leasehold_zookeeper::ZkStore;
+    use zookeeper_client::{Acls, CreateMode};
+
+    progress(format_args!("zookeeper: starting a server"));
+    let server = blocking(leasehold_testkit::ZkServer::start).await?;
+    // The session timeout backs every grant's TTL: ask for the TTL.
+    let url = format!(
+        "zookeeper://127.0.0.1:{}/bench?session_timeout={}ms",
+        server.port(),
+        TTL.as_millis()
+    );
+    let store: Arc<dyn Store> = Arc::new(ZkStore::open(&url).await.map_err(err)?);
+    let client = LeaseClient::new(store.clone(), lease_config()?);
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = LeaseClient::new(
+        Arc::new(Counting {
+            inner: store,
+            calls: calls.clone(),
+        }),
+        lease_config()?,
+    );
+    let raw = zookeeper_client::Client::connector()
+        .with_session_timeout(TTL)
+        .connect(&server.connect_string())
+        .await
+        .map_err(err)?;
+    raw.mkdir(
+        "/plain",
+        &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+    )
+    .await
+    .map_err(err)?;
+    let plain = PlainZk {
+        client: raw,
+        requests: Arc::new(AtomicU64::new(0)),
+    };
+
+    let sides = vec![
+        leasehold_pair("leasehold", client.clone()),
+        Side::pairs("plain", {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    if !p.try_lock(&key).await? {
+                        return Err("the plain lock was held".into());
+                    }
+                    p.unlock(&key).await
+                }
+            }
+        }),
+    ];
+    progress(format_args!("zookeeper: uncontended"));
+    let levels = run_levels(&sides, &plan).await;
+
+    let contenders = vec![
+        leasehold_contender("leasehold", counted, atomic_counter("store calls", &calls)),
+        Contender::new("plain", atomic_counter("requests", &plain.requests), {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    while !p.try_lock(&key).await? {
+                        plain_retry_sleep().await;
+                    }
+                    Ok(release(move || async move { p.unlock(&key).await }))
+                }
+            }
+        }),
+    ];
+    progress(format_args!("zookeeper: contended"));
+    let contended = contended(&contenders, &plan).await;
+    drop((contenders, sides, client));
+    Ok(Section {
+        name: "zookeeper",
+        title: "ZooKeeper 3.8: a private standalone server on 127.0.0.1 (tick 250 ms)".into(),
+        about: uncontended_about(&plan, "leasehold-zookeeper against a plain ephemeral-node lock"),
+        legend: vec![
+            ("leasehold", "leasehold-zookeeper ZkStore: LeaseClient::try_acquire + Lease::release (list, create of an owner-named ephemeral sequential node, list; czxid fence; one session per store)".into()),
+            ("plain", "zookeeper-client alone: create an ephemeral node /plain/<key>, then delete it (no fence, no queue)".into()),
+        ],
+        levels,
+        ratios: vec![Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain ephemeral-node lock's throughput that leasehold keeps".into() }],
+        contended_about: {
+            let mut a = contended_about(&plan, "");
+            a.push(format!("leasehold: {}; plain: {}.", leasehold_wait_legend(), plain_retry_legend()));
+            a.push("calls = leasehold: Store calls counted by a forwarding wrapper (each one to four ZooKeeper requests); plain: its ZooKeeper requests.".into());
+            a
+        },
+        contended,
+        failed: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
 
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -1137,6 +1270,7 @@ fn main() {
                 Backend::Mysql => mysql_section(plan).await,
                 Backend::Sqlite => sqlite_section(plan).await,
                 Backend::Etcd => etcd_section(plan).await,
+                Backend::Zookeeper => zookeeper_section(plan).await,
             }
         });
         let section = result.unwrap_or_else(|e| Section {

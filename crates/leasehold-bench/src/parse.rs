@@ -22,20 +22,23 @@ pub enum Backend {
     Sqlite,
     /// etcd.
     Etcd,
+    /// ZooKeeper.
+    Zookeeper,
 }
 
 impl Backend {
     /// Every section, in the order they run.
-    pub const ALL: [Backend; 5] = [
+    pub const ALL: [Backend; 6] = [
         Self::Redis,
         Self::Postgres,
         Self::Mysql,
         Self::Sqlite,
         Self::Etcd,
+        Self::Zookeeper,
     ];
 
     /// `redis`, `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`,
-    /// `etcd`.
+    /// `etcd`, `zookeeper` (or `zk`).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "redis" => Some(Self::Redis),
@@ -43,6 +46,7 @@ impl Backend {
             "mysql" | "mariadb" => Some(Self::Mysql),
             "sqlite" => Some(Self::Sqlite),
             "etcd" => Some(Self::Etcd),
+            "zookeeper" | "zk" => Some(Self::Zookeeper),
             _ => None,
         }
     }
@@ -55,6 +59,7 @@ impl Backend {
             Self::Mysql => "mysql",
             Self::Sqlite => "sqlite",
             Self::Etcd => "etcd",
+            Self::Zookeeper => "zookeeper",
         }
     }
 }

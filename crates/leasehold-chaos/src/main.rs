@@ -221,6 +221,7 @@ fn recheck(out: &std::path::Path) -> Result<Vec<leasehold_chaos::Violation>, Str
         Some("Redis") => StoreKind::Redis,
         Some("Postgres") => StoreKind::Postgres,
         Some("Etcd") => StoreKind::Etcd,
+        Some("Zookeeper") => StoreKind::Zookeeper,
         other => return Err(format!("unknown store {other:?} in summary.json")),
     };
     let ttl = Duration::from_millis(

@@ -30,6 +30,9 @@ pub enum StoreKind {
     Postgres,
     /// A private single-member etcd (restarting the store kills and restarts it).
     Etcd,
+    /// A private ZooKeeper server (session timeout = TTL); the store restart kills it
+    /// (`kill -9`, the member kill) and starts it again.
+    Zookeeper,
 }
 
 /// One chaos run.
@@ -77,6 +80,7 @@ struct Servers {
     pg: Postgres,
     redis: Option<RedisServer>,
     etcd: Option<EtcdServer>,
+    zk: Option<leasehold_testkit::ZkServer>,
     proxies: Vec<FaultProxy>,
 }
 
@@ -85,6 +89,10 @@ impl Servers {
         if let Some(etcd) = &self.etcd {
             // kill -9 and start again: etcd keeps its keys, leases and revision.
             etcd.restart();
+            return;
+        }
+        if let Some(zk) = &self.zk {
+            zk.restart(); // kill -9, start again on the same data directory
             return;
         }
         match &self.redis {
@@ -247,11 +255,13 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     let pg = Postgres::start();
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
     let etcd = (spec.store == StoreKind::Etcd).then(EtcdServer::start);
-    let upstream = etcd
-        .as_ref()
-        .map(|e| e.addr())
-        .or_else(|| redis.as_ref().map(|r| r.addr()))
-        .unwrap_or(pg.addr());
+    let zk = (spec.store == StoreKind::Zookeeper).then(leasehold_testkit::ZkServer::start);
+    let upstream = match (&redis, &etcd, &zk) {
+        (Some(r), _, _) => r.addr(),
+        (None, Some(e), _) => e.addr(),
+        (None, None, Some(z)) => z.addr(),
+        (None, None, None) => pg.addr(),
+    };
     let proxies = (0..spec.workers)
         .map(|_| FaultProxy::start(upstream))
         .collect();
@@ -259,18 +269,26 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         pg,
         redis,
         etcd,
+        zk,
         proxies,
     };
+    let zk_params = format!("/chaos?session_timeout={}ms", spec.ttl.as_millis());
     let pg_url = servers.pg.url();
     let lease_url_via = |proxy: &FaultProxy| match spec.store {
         StoreKind::Redis => format!("redis://127.0.0.1:{}/", proxy.port()),
         StoreKind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
         StoreKind::Etcd => format!("etcd://127.0.0.1:{}", proxy.port()),
+        StoreKind::Zookeeper => format!("zookeeper://127.0.0.1:{}{zk_params}", proxy.port()),
     };
     let direct_lease_url = match spec.store {
         StoreKind::Redis => servers.redis.as_ref().map(|r| r.url()).unwrap_or_default(),
         StoreKind::Postgres => format!("{pg_url}?leasehold_migrate=true"),
         StoreKind::Etcd => servers.etcd.as_ref().map(|e| e.url()).unwrap_or_default(),
+        StoreKind::Zookeeper => servers
+            .zk
+            .as_ref()
+            .map(|z| format!("zookeeper://127.0.0.1:{}{zk_params}", z.port()))
+            .unwrap_or_default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

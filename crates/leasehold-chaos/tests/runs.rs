@@ -174,6 +174,16 @@ fn etcd_control_run_without_the_guard_is_caught() {
 }
 
 #[test]
+fn zookeeper_store_with_the_guard_has_no_violation() {
+    with_the_guard("zookeeper", "15");
+}
+
+#[test]
+fn zookeeper_control_run_without_the_guard_is_caught() {
+    without_the_guard("zookeeper", "16");
+}
+
+#[test]
 fn redis_control_run_without_the_guard_is_caught() {
     without_the_guard("redis", "13");
 }

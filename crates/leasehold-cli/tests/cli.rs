@@ -141,6 +141,43 @@ fn concurrent_runs_through_sentinel_never_overlap() {
     no_overlap(&Env::new(), Some(&set.url()), 3);
 }
 
+/// `leasehold run --store zookeeper://…` on a private ZooKeeper: the command sees a fence
+/// (the holder node's czxid), a second run gets a higher one, and the lease is released.
+#[cfg(feature = "zookeeper")]
+#[test]
+fn run_on_zookeeper_passes_the_fence_and_releases() {
+    let zk = leasehold_testkit::ZkServer::start();
+    let url = format!("{}?session_timeout=4s", zk.url());
+    let env = Env::new();
+    let mut fences = Vec::new();
+    for _ in 0..2 {
+        let out = env.run_ok(&[
+            "--store",
+            &url,
+            "run",
+            "--key",
+            "job:zk",
+            "--ttl",
+            "4s",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASEHOLD_FENCE",
+        ]);
+        let fence: u64 = String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .expect("the command printed its fence");
+        assert!(fence > 0);
+        fences.push(fence);
+    }
+    assert!(fences[1] > fences[0], "{fences:?}");
+    let out = env.run_ok(&["--store", &url, "inspect", "job:zk", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["held"], false);
+}
+
 #[test]
 fn killed_holder_frees_the_lease_after_the_ttl() {
     let env = Env::new();

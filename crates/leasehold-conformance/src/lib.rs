@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use leasehold_core::{Fence, Key, LeaseClient, LeaseConfig, Store, StoreError};
 use leasehold_testkit::{
     EtcdCluster, EtcdServer, FaultProxy, MariaDb, Postgres, ProxyMode, RedisCluster, RedisServer,
+    ZkEnsemble, ZkServer,
 };
 
 pub mod cases;
@@ -153,6 +154,24 @@ impl Pausable for EtcdServer {
 }
 
 impl Pausable for EtcdCluster {
+    fn pause(&self) {
+        self.pause_all();
+    }
+    fn resume(&self) {
+        self.resume_all();
+    }
+}
+
+impl Pausable for ZkServer {
+    fn pause(&self) {
+        ZkServer::pause(self);
+    }
+    fn resume(&self) {
+        ZkServer::resume(self);
+    }
+}
+
+impl Pausable for ZkEnsemble {
     fn pause(&self) {
         self.pause_all();
     }

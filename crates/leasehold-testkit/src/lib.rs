@@ -3,7 +3,7 @@
 //! * Private servers, each started as a direct child of the test process on
 //!   its own port and temporary directory, and killed on drop:
 //!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`],
-//!   [`EtcdServer`], [`EtcdCluster`].
+//!   [`EtcdServer`], [`EtcdCluster`], [`ZkServer`], [`ZkEnsemble`].
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
@@ -55,6 +55,7 @@ mod redis;
 mod sentinel;
 mod util;
 mod worker;
+mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::EtcdServer;
@@ -69,6 +70,10 @@ pub use proxy::{FaultProxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer};
 pub use sentinel::RedisSentinelSet;
 pub use worker::WorkerProcess;
+pub use zookeeper::{
+    MAX_SESSION_TIMEOUT as ZK_MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT as ZK_MIN_SESSION_TIMEOUT,
+    TICK as ZK_TICK, ZOOKEEPER_JAR, ZkEnsemble, ZkServer,
+};
 
 /// Re-export of [`nix::sys::signal::Signal`], the type taken by the
 /// `signal` methods.

@@ -30,6 +30,11 @@ pub use leasehold_sqlite as sqlite;
 #[cfg(feature = "etcd")]
 pub use leasehold_etcd as etcd;
 
+/// The ZooKeeper store (`zookeeper://`): the
+/// [`leasehold-zookeeper`](https://docs.rs/leasehold-zookeeper) crate.
+#[cfg(feature = "zookeeper")]
+pub use leasehold_zookeeper as zookeeper;
+
 /// The conformance suite every store must pass, for people who write their own store:
 /// the [`leasehold-conformance`](https://docs.rs/leasehold-conformance) crate (feature
 /// `conformance`, meant for dev-dependencies).
@@ -51,11 +56,13 @@ pub fn registry() -> Registry {
     r.register(Arc::new(leasehold_sqlite::SqliteFactory));
     #[cfg(feature = "etcd")]
     r.register(Arc::new(leasehold_etcd::EtcdFactory));
+    #[cfg(feature = "zookeeper")]
+    r.register(Arc::new(leasehold_zookeeper::ZkFactory));
     r
 }
 
 /// Opens the store named by `url`, with any store this build enables: `redis://…`,
-/// `postgres://…`, `mysql://…`, `sqlite://…`, `etcd://…`, `memory://` (see each store's URL
+/// `postgres://…`, `mysql://…`, `sqlite://…`, `etcd://…`, `zookeeper://…`, `memory://` (see each store's URL
 /// parameters).
 ///
 /// # Cancel safety
@@ -113,6 +120,7 @@ fn feature_of(scheme: &str) -> Option<&'static str> {
         "mysql" | "mariadb" | "mysql+getlock" | "mariadb+getlock" => "mysql",
         "sqlite" => "sqlite",
         "etcd" => "etcd",
+        "zookeeper" => "zookeeper",
         _ => return None,
     })
 }
@@ -136,6 +144,11 @@ mod tests {
             let err = open("etcd://127.0.0.1:1").await.unwrap_err();
             assert!(err.to_string().contains("`etcd` feature"), "{err}");
         }
+        #[cfg(not(feature = "zookeeper"))]
+        {
+            let err = open("zookeeper://127.0.0.1:1/x").await.unwrap_err();
+            assert!(err.to_string().contains("`zookeeper` feature"), "{err}");
+        }
     }
 
     #[test]
@@ -146,6 +159,7 @@ mod tests {
         }
         assert_eq!(feature_of("postgres+advisory"), Some("postgres"));
         assert_eq!(feature_of("etcd"), Some("etcd"));
+        assert_eq!(feature_of("zookeeper"), Some("zookeeper"));
         assert_eq!(feature_of("memory"), None);
     }
 }

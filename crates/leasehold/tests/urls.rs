@@ -6,6 +6,7 @@ use leasehold_mysql::MySqlConfig;
 use leasehold_postgres::PgConfig;
 use leasehold_redis::RedisConfig;
 use leasehold_sqlite::SqliteConfig;
+use leasehold_zookeeper::ZkConfig;
 use proptest::prelude::*;
 
 const SCHEMES: &[&str] = &[
@@ -21,6 +22,7 @@ const SCHEMES: &[&str] = &[
     "mysql+getlock",
     "sqlite",
     "etcd",
+    "zookeeper",
     "memory",
     "",
 ];
@@ -44,6 +46,7 @@ fn parse_all(url: &str) -> Vec<String> {
         show(MySqlConfig::from_url(url)),
         show(SqliteConfig::from_url(url)),
         show(EtcdConfig::from_url(url)),
+        show(ZkConfig::from_url(url)),
     ]
 }
 

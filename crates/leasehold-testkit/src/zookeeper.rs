@@ -1,0 +1,460 @@
+//! Private ZooKeeper servers: [`ZkServer`] (one standalone server) and [`ZkEnsemble`]
+//! (three members), each on its own ports and temporary data directory, run by the `java`
+//! found on `PATH` with Debian's `/usr/share/java/zookeeper.jar`.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::free_port;
+use crate::process::ServerProcess;
+use crate::ready::{self, ReadyError};
+use crate::util;
+
+/// Debian's ZooKeeper server jar (package `zookeeper`).
+pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+/// The logging backend put on the class path, so that the server writes a log.
+const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+
+/// How long a server may take to answer `srvr` with its mode after it was spawned (a JVM
+/// start on a loaded two-core machine, and for an ensemble, a leader election).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The server's tick: its session timeouts are bounded to 2 to 20 ticks by default;
+/// [`ZkServer`] sets the bounds explicitly (see [`MIN_SESSION_TIMEOUT`]).
+pub const TICK: Duration = Duration::from_millis(250);
+/// The shortest session timeout the test servers grant (two ticks).
+pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest session timeout the test servers grant.
+pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn java() -> PathBuf {
+    util::find_binary("java", "default-jre-headless (pulled in by zookeeper)")
+}
+
+fn check_jar() {
+    assert!(
+        Path::new(ZOOKEEPER_JAR).is_file(),
+        "{ZOOKEEPER_JAR} not found: install package zookeeper"
+    );
+}
+
+/// One server process of a standalone server or an ensemble.
+#[derive(Debug)]
+struct Member {
+    process: Mutex<ServerProcess>,
+    client_port: u16,
+    dir: PathBuf,
+}
+
+impl Member {
+    fn process(&self) -> MutexGuard<'_, ServerProcess> {
+        self.process.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn log(&self) -> String {
+        util::read_log(&self.dir.join("log"))
+    }
+}
+
+/// Writes `zoo.cfg` (and `myid` for an ensemble member) in `dir`.
+fn write_config(dir: &Path, client_port: u16, ensemble: Option<(usize, &[(u16, u16)])>) {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", data.display()));
+    let mut cfg = format!(
+        "tickTime={}\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client_port}\n\
+         clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+         4lw.commands.whitelist=ruok,srvr,stat,mntr\nminSessionTimeout={}\n\
+         maxSessionTimeout={}\nmaxClientCnxns=0\n",
+        TICK.as_millis(),
+        data.display(),
+        MIN_SESSION_TIMEOUT.as_millis(),
+        MAX_SESSION_TIMEOUT.as_millis(),
+    );
+    if let Some((id, peers)) = ensemble {
+        for (i, (quorum, election)) in peers.iter().enumerate() {
+            cfg.push_str(&format!("server.{}=127.0.0.1:{quorum}:{election}\n", i + 1));
+        }
+        std::fs::write(data.join("myid"), format!("{id}\n"))
+            .unwrap_or_else(|e| panic!("cannot write myid: {e}"));
+    }
+    std::fs::write(dir.join("zoo.cfg"), cfg)
+        .unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
+}
+
+fn spawn(java: &Path, dir: &Path, client_port: u16) -> ServerProcess {
+    let mut cmd = Command::new(java);
+    cmd.current_dir(dir)
+        // A small JVM: the machine is shared.
+        .arg("-Xmx256m")
+        .arg("-XX:+UseSerialGC")
+        .arg("-XX:TieredStopAtLevel=1")
+        .arg("-Dzookeeper.admin.enableServer=false")
+        .arg("-cp")
+        .arg(format!(
+            "/etc/zookeeper/conf:{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}"
+        ))
+        .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+        .arg(dir.join("zoo.cfg"));
+    for var in ["JVMFLAGS", "SERVER_JVMFLAGS", "CLASSPATH", "ZOOCFGDIR"] {
+        cmd.env_remove(var);
+    }
+    ServerProcess::spawn(format!("zookeeper:{client_port}"), cmd, &dir.join("log"))
+}
+
+/// The answer to the four-letter command `srvr` on `port`, or an empty string.
+fn srvr(port: u16) -> String {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"srvr").is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    let _ = stream.take(8192).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// The server's mode (`standalone`, `leader`, `follower`), if it serves.
+fn mode(port: u16) -> Option<String> {
+    srvr(port)
+        .lines()
+        .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_owned()))
+}
+
+fn wait_serving(process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+    ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(100), || {
+        mode(port).is_some()
+    })
+}
+
+fn is_bind_error(log: &str) -> bool {
+    log.contains("Address already in use") || log.contains("BindException")
+}
+
+/// A private standalone ZooKeeper 3.8 server on 127.0.0.1: its own client port and
+/// temporary data directory, a 250 ms tick, session timeouts between 0.5 s and 60 s.
+///
+/// Dropping it kills the server (`SIGKILL`) and removes the directory.
+#[derive(Debug)]
+pub struct ZkServer {
+    member: Member,
+    java: PathBuf,
+    _tmp: TempDir,
+}
+
+impl ZkServer {
+    /// Starts a server and waits until it answers `srvr` with its mode.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `java` or `/usr/share/java/zookeeper.jar` is missing (package
+    /// `zookeeper`), or if the server does not serve within 60 s.
+    pub fn start() -> Self {
+        check_jar();
+        let java = java();
+        let tmp = tempfile::Builder::new()
+            .prefix("leasehold-zk-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory for ZooKeeper: {e}"));
+        let dir = tmp.path().to_path_buf();
+        let (process, port) = ready::start_on_free_port(
+            "zookeeper",
+            free_port,
+            |port| {
+                write_config(&dir, port, None);
+                spawn(&java, &dir, port)
+            },
+            wait_serving,
+            || is_bind_error(&util::read_log(&dir.join("log"))),
+            || {
+                format!(
+                    "(dir {})\n--- log ---\n{}",
+                    dir.display(),
+                    util::log_tail(&dir.join("log"), 8192)
+                )
+            },
+        );
+        tracing::info!(port, dir = %dir.display(), "zookeeper ready");
+        Self {
+            member: Member {
+                process: Mutex::new(process),
+                client_port: port,
+                dir,
+            },
+            java,
+            _tmp: tmp,
+        }
+    }
+
+    fn process(&self) -> MutexGuard<'_, ServerProcess> {
+        self.member.process()
+    }
+
+    /// The client port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.member.client_port
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port()))
+    }
+
+    /// `zookeeper://127.0.0.1:port/leasehold`.
+    pub fn url(&self) -> String {
+        format!("zookeeper://127.0.0.1:{}/leasehold", self.port())
+    }
+
+    /// `127.0.0.1:port`, as ZooKeeper clients take it.
+    pub fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port())
+    }
+
+    /// The server's directory (its data directory is `data` inside it).
+    pub fn dir(&self) -> &Path {
+        &self.member.dir
+    }
+
+    /// The server's log.
+    pub fn log(&self) -> String {
+        self.member.log()
+    }
+
+    crate::process::control_methods!();
+
+    /// Starts the server again on the same port and data directory after
+    /// [`kill`](Self::kill), and waits until it serves.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the server is still running or does not serve again.
+    pub fn start_again(&self) {
+        let mut guard = self.process();
+        assert!(
+            !guard.is_running(),
+            "zookeeper on port {} is still running: kill it first",
+            self.port()
+        );
+        let process = spawn(&self.java, self.dir(), self.port());
+        if let Err(e) = wait_serving(&process, self.port()) {
+            drop(process);
+            panic!(
+                "zookeeper restart on port {} {e}\n--- log ---\n{}",
+                self.port(),
+                util::log_tail(&self.dir().join("log"), 8192)
+            );
+        }
+        *guard = process;
+    }
+
+    /// Crash-restarts the server: `SIGKILL`, then start again on the same port and data
+    /// directory (ZooKeeper syncs its transaction log before it answers a write).
+    pub fn restart(&self) {
+        self.kill();
+        self.start_again();
+    }
+}
+
+/// A private three-member ZooKeeper ensemble on 127.0.0.1: each member has its own
+/// client, quorum and election ports and its own data directory; 250 ms tick.
+///
+/// Dropping it kills every member and removes the directories.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    members: Vec<Member>,
+    java: PathBuf,
+    _tmp: TempDir,
+}
+
+impl ZkEnsemble {
+    /// The number of members.
+    pub const SIZE: usize = 3;
+
+    /// Starts three members and waits until each serves (as leader or follower).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `java` or the jar is missing, or the ensemble does not form within 60 s.
+    pub fn start() -> Self {
+        check_jar();
+        let java = java();
+        let tmp = tempfile::Builder::new()
+            .prefix("leasehold-zk3-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory for ZooKeeper: {e}"));
+        // A port handed out by `free_port` may be taken by another test process before the
+        // member binds it: start again on fresh ports then (up to 4 attempts).
+        let mut attempt = 0;
+        let members = loop {
+            attempt += 1;
+            let root = tmp.path().join(format!("try{attempt}"));
+            match Self::try_start(&java, &root) {
+                Ok(members) => break members,
+                Err((members, e)) => {
+                    let taken = members.iter().any(|m| is_bind_error(&m.log()));
+                    let logs: Vec<String> = members
+                        .iter()
+                        .map(|m| {
+                            format!(
+                                "--- {} ---\n{}",
+                                m.dir.display(),
+                                util::log_tail(&m.dir.join("log"), 4096)
+                            )
+                        })
+                        .collect();
+                    drop(members);
+                    if taken && attempt < 4 {
+                        tracing::warn!(attempt, "zookeeper ensemble port taken: retrying");
+                        continue;
+                    }
+                    panic!("zookeeper ensemble {e}\n{}", logs.join("\n"));
+                }
+            }
+        };
+        let clients: Vec<u16> = members.iter().map(|m| m.client_port).collect();
+        tracing::info!(?clients, "zookeeper ensemble ready");
+        Self {
+            members,
+            java,
+            _tmp: tmp,
+        }
+    }
+
+    /// Spawns three members under `root` on fresh ports and waits until each serves.
+    #[allow(clippy::type_complexity)]
+    fn try_start(java: &Path, root: &Path) -> Result<Vec<Member>, (Vec<Member>, String)> {
+        // `free_port` never hands out a port twice, so the nine ports are distinct.
+        let peers: Vec<(u16, u16)> = (0..Self::SIZE)
+            .map(|_| (free_port(), free_port()))
+            .collect();
+        let clients: Vec<u16> = (0..Self::SIZE).map(|_| free_port()).collect();
+        let members: Vec<Member> = (0..Self::SIZE)
+            .map(|i| {
+                let dir = root.join(format!("m{}", i + 1));
+                write_config(&dir, clients[i], Some((i + 1, &peers)));
+                let process = spawn(java, &dir, clients[i]);
+                Member {
+                    process: Mutex::new(process),
+                    client_port: clients[i],
+                    dir,
+                }
+            })
+            .collect();
+        for m in &members {
+            let result = wait_serving(&m.process(), m.client_port);
+            if let Err(e) = result {
+                let msg = format!("member on port {} {e}", m.client_port);
+                return Err((members, msg));
+            }
+        }
+        Ok(members)
+    }
+
+    /// The client ports of the members, in member order.
+    pub fn ports(&self) -> Vec<u16> {
+        self.members.iter().map(|m| m.client_port).collect()
+    }
+
+    /// `127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3`.
+    pub fn connect_string(&self) -> String {
+        self.ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `zookeeper://127.0.0.1:p1,…/leasehold`.
+    pub fn url(&self) -> String {
+        format!("zookeeper://{}/leasehold", self.connect_string())
+    }
+
+    /// Member `i`'s mode (`leader`, `follower`), or `None` if it does not serve.
+    pub fn mode(&self, i: usize) -> Option<String> {
+        mode(self.members[i].client_port)
+    }
+
+    /// The index of the current leader, if a member says it leads.
+    pub fn leader(&self) -> Option<usize> {
+        (0..Self::SIZE).find(|&i| self.mode(i).as_deref() == Some("leader"))
+    }
+
+    /// Member `i`'s log.
+    pub fn log(&self, i: usize) -> String {
+        self.members[i].log()
+    }
+
+    /// Kills member `i` with `SIGKILL` and waits for it.
+    pub fn kill(&self, i: usize) {
+        self.members[i].process().kill();
+    }
+
+    /// Freezes member `i` with `SIGSTOP`.
+    pub fn pause(&self, i: usize) {
+        self.members[i].process().pause();
+    }
+
+    /// Continues member `i`.
+    pub fn resume(&self, i: usize) {
+        self.members[i].process().resume();
+    }
+
+    /// Whether member `i`'s process is alive.
+    pub fn is_running(&self, i: usize) -> bool {
+        self.members[i].process().is_running()
+    }
+
+    /// Starts member `i` again on its ports and data directory after
+    /// [`kill`](Self::kill), and waits until it serves.
+    ///
+    /// # Panics
+    ///
+    /// Panics if it is still running or does not rejoin within 60 s.
+    pub fn start_again(&self, i: usize) {
+        let m = &self.members[i];
+        let mut guard = m.process();
+        assert!(
+            !guard.is_running(),
+            "ensemble member {i} is still running: kill it first"
+        );
+        let process = spawn(&self.java, &m.dir, m.client_port);
+        if let Err(e) = wait_serving(&process, m.client_port) {
+            drop(process);
+            panic!(
+                "zookeeper member {i} restart {e}\n--- log ---\n{}",
+                util::log_tail(&m.dir.join("log"), 8192)
+            );
+        }
+        *guard = process;
+    }
+
+    /// Kills member `i` and starts it again.
+    pub fn restart(&self, i: usize) {
+        self.kill(i);
+        self.start_again(i);
+    }
+
+    /// Freezes every member.
+    pub fn pause_all(&self) {
+        for m in &self.members {
+            m.process().pause();
+        }
+    }
+
+    /// Continues every member.
+    pub fn resume_all(&self) {
+        for m in &self.members {
+            m.process().resume();
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! [`ZkConfig`]: where the ZooKeeper ensemble is and how the store talks to it, parsed from
+//! a `zookeeper://` URL.
+
+use std::fmt;
+use std::time::Duration;
+
+use leasehold_core::url::{parse_duration, percent_decode};
+use leasehold_core::{StoreError, StoreErrorKind};
+
+use crate::BACKEND;
+
+/// The default root path: every lease lives under `/leasehold`.
+pub const DEFAULT_CHROOT: &str = "/leasehold";
+/// The default session timeout asked of the ensemble (it bounds every grant's TTL).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default bound on each operation (all of its requests together).
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The default bound on establishing a session.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest root path, in bytes.
+pub const MAX_CHROOT_LEN: usize = 256;
+
+fn config_error(msg: impl Into<String>) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
+}
+
+/// How to reach a ZooKeeper ensemble and how the store behaves.
+///
+/// Parsed from `zookeeper://host:port[,host:port…][/chroot][?params]` by
+/// [`from_url`](Self::from_url). Parameters:
+///
+/// | parameter | meaning | default |
+/// | --- | --- | --- |
+/// | `session_timeout` | the session timeout asked for (the server bounds it) | 10 s |
+/// | `timeout` | bound on each operation (`250ms`, `2s`, …) | 5 s |
+/// | `connect_timeout` | bound on establishing a session | 5 s |
+///
+/// Unknown parameters are refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZkConfig {
+    hosts: Vec<String>,
+    chroot: String,
+    session_timeout: Duration,
+    op_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl fmt::Display for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "zookeeper://{}{}", self.hosts.join(","), self.chroot)
+    }
+}
+
+impl ZkConfig {
+    /// A configuration for the servers at `hosts` (`host:port` each) with the defaults.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when there is no host or one is not `host:port`.
+    pub fn new<I, S>(hosts: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let hosts = hosts
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| parse_host(i + 1, e.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if hosts.is_empty() {
+            return Err(config_error("a zookeeper URL needs at least one host:port"));
+        }
+        Ok(Self {
+            hosts,
+            chroot: DEFAULT_CHROOT.to_owned(),
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            op_timeout: DEFAULT_OP_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        })
+    }
+
+    /// Parses `zookeeper://host:port[,host:port…][/chroot][?params]`.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for another scheme, a missing or bad `host:port`, user
+    /// information (ZooKeeper authentication is not supported), a bad root path, an unknown
+    /// or repeated parameter, or a bad value.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::StoreErrorKind;
+    /// use leasehold_zookeeper::ZkConfig;
+    ///
+    /// let c = ZkConfig::from_url("zookeeper://10.0.0.1:2181,10.0.0.2:2181/app/locks?session_timeout=6s")?;
+    /// assert_eq!(c.hosts(), ["10.0.0.1:2181", "10.0.0.2:2181"]);
+    /// assert_eq!(c.chroot_path(), "/app/locks");
+    /// assert_eq!(c.session_timeout_asked(), Duration::from_secs(6));
+    /// let err = ZkConfig::from_url("zookeeper://h:2181?colour=blue").unwrap_err();
+    /// assert_eq!(err.kind(), StoreErrorKind::Config);
+    /// # Ok::<(), leasehold_core::StoreError>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        let rest = url
+            .strip_prefix("zookeeper://")
+            .ok_or_else(|| config_error("a zookeeper store URL starts with zookeeper://"))?;
+        if rest.contains('#') {
+            return Err(config_error("a zookeeper URL has no fragment (#)"));
+        }
+        let (authority_and_path, query) = match rest.split_once('?') {
+            Some((a, q)) => (a, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match authority_and_path.find('/') {
+            Some(i) => (&authority_and_path[..i], Some(&authority_and_path[i..])),
+            None => (authority_and_path, None),
+        };
+        if authority.contains('@') {
+            return Err(config_error(
+                "zookeeper URLs take no user information: authentication is not supported",
+            ));
+        }
+        let mut config = Self::new(authority.split(','))?;
+        if let Some(path) = path {
+            let path = percent_decode(path)
+                .ok_or_else(|| config_error("the zookeeper root path has a malformed %-escape"))?;
+            config = config.chroot(path)?;
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if seen.contains(&name) {
+                return Err(config_error(format!(
+                    "zookeeper URL parameter {name:?} is repeated"
+                )));
+            }
+            seen.push(name);
+            let d = parse_duration(value).ok_or_else(|| {
+                config_error(format!(
+                    "zookeeper URL parameter {name:?} is not a duration (250ms, 2s, 1m)"
+                ))
+            });
+            match name {
+                "session_timeout" => config = config.session_timeout(d?)?,
+                "timeout" => config = config.op_timeout(d?)?,
+                "connect_timeout" => config = config.connect_timeout(d?)?,
+                other => {
+                    return Err(config_error(format!(
+                        "unknown zookeeper URL parameter {other:?} (known: session_timeout, timeout, connect_timeout)"
+                    )));
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// Sets the root path under which every lease lives (created if missing).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] unless it is an absolute ZooKeeper path other than `/`
+    /// (no empty, `.` or `..` component, no trailing `/`, no control character), at most
+    /// [`MAX_CHROOT_LEN`] bytes, and not under `/zookeeper` (the server's own).
+    pub fn chroot(mut self, path: impl Into<String>) -> Result<Self, StoreError> {
+        let path = path.into();
+        let path = if path.len() > 1 {
+            path.strip_suffix('/').unwrap_or(&path).to_owned()
+        } else {
+            path
+        };
+        if path == "/" || path.is_empty() {
+            return Err(config_error(
+                "the zookeeper root path is /: leases would mix with every other node (use e.g. /leasehold)",
+            ));
+        }
+        if path.len() > MAX_CHROOT_LEN {
+            return Err(config_error(format!(
+                "the zookeeper root path is longer than {MAX_CHROOT_LEN} bytes"
+            )));
+        }
+        let bad_component = path
+            .strip_prefix('/')
+            .map(|p| p.split('/').any(|c| c.is_empty() || c == "." || c == ".."))
+            .unwrap_or(true);
+        if bad_component || path.chars().any(char::is_control) {
+            return Err(config_error(
+                "the zookeeper root path must be absolute, with no empty, . or .. component and no control character",
+            ));
+        }
+        if path == "/zookeeper" || path.starts_with("/zookeeper/") {
+            return Err(config_error(
+                "the zookeeper root path may not be under /zookeeper (the server's own)",
+            ));
+        }
+        self.chroot = path;
+        Ok(self)
+    }
+
+    /// Sets the session timeout asked of the ensemble. The server bounds it to its
+    /// `minSessionTimeout`..`maxSessionTimeout`; the store reports what it granted.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when it is under 100 ms or over an hour.
+    pub fn session_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+        if timeout < Duration::from_millis(100) || timeout > Duration::from_secs(3600) {
+            return Err(config_error(format!(
+                "zookeeper session_timeout must be between 100ms and 1h, not {timeout:?}"
+            )));
+        }
+        self.session_timeout = timeout;
+        Ok(self)
+    }
+
+    /// Sets the bound on each operation.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+    pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+        self.op_timeout = check_timeout("timeout", timeout)?;
+        Ok(self)
+    }
+
+    /// Sets the bound on establishing a session.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+        self.connect_timeout = check_timeout("connect_timeout", timeout)?;
+        Ok(self)
+    }
+
+    /// The servers, `host:port` each.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The root path of the leases.
+    pub fn chroot_path(&self) -> &str {
+        &self.chroot
+    }
+
+    /// The session timeout asked for (the server may grant another).
+    pub fn session_timeout_asked(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// The bound on each operation.
+    pub fn op_bound(&self) -> Duration {
+        self.op_timeout
+    }
+
+    /// The bound on establishing a session.
+    pub fn connect_bound(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// The connect string the client takes: `host:port,host:port`.
+    pub(crate) fn connect_string(&self) -> String {
+        self.hosts.join(",")
+    }
+}
+
+fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
+    if d.is_zero() || d > Duration::from_secs(3600) {
+        return Err(config_error(format!(
+            "zookeeper {name} must be above zero and at most 1h, not {d:?}"
+        )));
+    }
+    Ok(d)
+}
+
+fn parse_host(n: usize, e: &str) -> Result<String, StoreError> {
+    let (host, port) = e
+        .rsplit_once(':')
+        .ok_or_else(|| config_error(format!("zookeeper host {n} is not host:port")))?;
+    let bracketed = host.starts_with('[') && host.ends_with(']');
+    let host_ok = !host.is_empty()
+        && (bracketed
+            || host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'));
+    if !host_ok {
+        return Err(config_error(format!(
+            "zookeeper host {n} has a bad host name"
+        )));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(format!("{host}:{p}")),
+        _ => Err(config_error(format!("zookeeper host {n} has a bad port"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_part() {
+        let c = ZkConfig::from_url(
+            "zookeeper://a:2181,b.example:2182/x/y%2Dz/?session_timeout=2s&timeout=1500ms&connect_timeout=3s",
+        )
+        .unwrap();
+        assert_eq!(c.hosts(), ["a:2181", "b.example:2182"]);
+        assert_eq!(c.chroot_path(), "/x/y-z");
+        assert_eq!(c.session_timeout_asked(), Duration::from_secs(2));
+        assert_eq!(c.op_bound(), Duration::from_millis(1500));
+        assert_eq!(c.connect_bound(), Duration::from_secs(3));
+        assert_eq!(c.to_string(), "zookeeper://a:2181,b.example:2182/x/y-z");
+    }
+
+    #[test]
+    fn defaults() {
+        let c = ZkConfig::from_url("zookeeper://127.0.0.1:2181").unwrap();
+        assert_eq!(c.chroot_path(), DEFAULT_CHROOT);
+        assert_eq!(c.session_timeout_asked(), DEFAULT_SESSION_TIMEOUT);
+        assert_eq!(c.op_bound(), DEFAULT_OP_TIMEOUT);
+        assert_eq!(c.connect_bound(), DEFAULT_CONNECT_TIMEOUT);
+    }
+
+    #[test]
+    fn rejects_bad_urls_with_config_errors() {
+        for bad in [
+            "etcd://h:1",
+            "zookeeper://",
+            "zookeeper://h",
+            "zookeeper://h:",
+            "zookeeper://h:0",
+            "zookeeper://h:70000",
+            "zookeeper://h:12x",
+            "zookeeper://h:1,",
+            "zookeeper://h:1/",
+            "zookeeper://h:1//a",
+            "zookeeper://h:1/a/../b",
+            "zookeeper://h:1/a/./b",
+            "zookeeper://h:1/zookeeper",
+            "zookeeper://h:1/zookeeper/x",
+            "zookeeper://h:1/a%00b",
+            "zookeeper://h:1/a%zz",
+            "zookeeper://h:1?colour=blue",
+            "zookeeper://h:1?timeout=soon",
+            "zookeeper://h:1?timeout=0ms",
+            "zookeeper://h:1?session_timeout=10ms",
+            "zookeeper://h:1?session_timeout=2h",
+            "zookeeper://h:1?timeout=1s&timeout=2s",
+            "zookeeper://u:p@h:1",
+            "zookeeper://h:1#frag",
+            "zookeeper://bad host:1",
+        ] {
+            let err = ZkConfig::from_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), StoreErrorKind::Config, "{bad}: {err}");
+        }
+        let long = format!("zookeeper://h:1/{}", "a".repeat(MAX_CHROOT_LEN + 1));
+        assert_eq!(
+            ZkConfig::from_url(&long).unwrap_err().kind(),
+            StoreErrorKind::Config
+        );
+    }
+}

@@ -1,0 +1,1054 @@
+//! [`ZkStore`]: the store contract as ephemeral sequential nodes on one ZooKeeper session.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
+use leasehold_core::{
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::BACKEND;
+use crate::config::ZkConfig;
+
+fn err(kind: StoreErrorKind, msg: impl Into<String>) -> StoreError {
+    StoreError::new(kind, BACKEND, msg)
+}
+
+/// Maps a client error to a typed store error.
+fn map_err(op: &str, e: zk::Error) -> StoreError {
+    use zk::Error as E;
+    let kind = match &e {
+        // The request may have reached the server: a write may have been applied.
+        // The connection broke (reset, no answer within the connection timeout) with the
+        // request sent: it may have been applied.
+        E::ConnectionLoss | E::Custom(_) | E::UnexpectedError(_) => StoreErrorKind::Ambiguous,
+        E::Timeout => StoreErrorKind::Timeout,
+        E::NoHosts | E::ClientClosed | E::SessionExpired | E::SessionMoved => {
+            StoreErrorKind::Unavailable
+        }
+        E::NoAuth | E::AuthFailed | E::InvalidAcl => StoreErrorKind::Config,
+        E::Throttled => StoreErrorKind::Busy,
+        E::BadArguments(_) => StoreErrorKind::InvalidInput,
+        _ => StoreErrorKind::Other,
+    };
+    err(kind, format!("zookeeper {op} failed")).with_source(e)
+}
+
+/// A key as one ZooKeeper path component: ASCII letters, digits, `:`, `_` and `-` stay,
+/// every other byte (`/`, `.`, `%`, spaces, non-ASCII) becomes `%XX`. Reversible.
+pub(crate) fn encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b == b':' || b == b'_' || b == b'-' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn decode_key(name: &str) -> Option<Key> {
+    let decoded = leasehold_core::url::percent_decode(name)?;
+    Key::new(decoded).ok()
+}
+
+/// A queue node's name: `<owner token hex>-<sequence>`.
+fn parse_node(name: &str) -> Option<(OwnerToken, i64)> {
+    let (owner, seq) = name.rsplit_once('-')?;
+    Some((owner.parse().ok()?, seq.parse().ok()?))
+}
+
+/// The queue of `dir`, lowest sequence first. Names that are not queue nodes are `Corrupt`.
+fn sorted_queue(children: Vec<String>) -> Result<Vec<(OwnerToken, i64, String)>, StoreError> {
+    let mut queue = children
+        .into_iter()
+        .map(|name| {
+            parse_node(&name).map(|(o, s)| (o, s, name)).ok_or_else(|| {
+                err(
+                    StoreErrorKind::Corrupt,
+                    "a node in a lease directory is not a lease node",
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    queue.sort_by_key(|(_, seq, _)| *seq);
+    Ok(queue)
+}
+
+fn fence(zxid: i64) -> Result<Fence, StoreError> {
+    u64::try_from(zxid)
+        .ok()
+        .filter(|z| *z > 0)
+        .map(Fence)
+        .ok_or_else(|| err(StoreErrorKind::Corrupt, "zookeeper reported a zxid below 1"))
+}
+
+fn ttl_of(data: &[u8]) -> Result<Duration, StoreError> {
+    std::str::from_utf8(data)
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .ok_or_else(|| {
+            err(
+                StoreErrorKind::Corrupt,
+                "a lease node's data is not its TTL",
+            )
+        })
+}
+
+/// The store's ZooKeeper session.
+#[derive(Clone)]
+struct Session {
+    client: zk::Client,
+    id: i64,
+    /// The session timeout the ensemble granted.
+    timeout: Duration,
+}
+
+/// A lease this store granted and still believes live.
+#[derive(Debug, Clone)]
+struct Granted {
+    node: String,
+    fence: Fence,
+    session: i64,
+    ttl: Duration,
+    /// The send of the last acquire or renewal + the TTL: past it the store deletes the
+    /// node (nobody renewed the lease).
+    deadline: Instant,
+}
+
+struct Inner {
+    config: ZkConfig,
+    session: tokio::sync::Mutex<Option<Session>>,
+    granted: Mutex<HashMap<(String, OwnerToken), Granted>>,
+    /// Acquires that may have created a node this store does not know of yet (in flight,
+    /// or dropped by their caller): until when the node may live unclaimed.
+    pending: Mutex<HashMap<(String, OwnerToken), Instant>>,
+    /// Owners with a place in a key's queue (a waiter node): their calls in progress,
+    /// and when the last one ended.
+    waiting: Mutex<HashMap<(String, OwnerToken), Presence>>,
+    /// Held by an acquire that adopts a node of its owner (a waiter's place, a node left by
+    /// a cut acquire) from its check of the node to its record of the grant, and by the
+    /// store's task while it deletes unclaimed nodes: a node is either granted or deleted,
+    /// never granted while its deletion is under way.
+    adopt: tokio::sync::Mutex<()>,
+    reaper: tokio::sync::Notify,
+}
+
+/// A waiter's presence: its node is kept while a call of its owner is in progress and for
+/// [`WAITER_GRACE`] after the last one; then the store deletes it (the waiter gave up).
+#[derive(Debug, Clone, Copy)]
+struct Presence {
+    calls: u32,
+    last: Instant,
+}
+
+/// How long a waiter's place in the queue outlives its owner's last call: the lease client
+/// calls `acquire` right after `wait_released` returns, and `wait_released` again right
+/// after an acquire answers `Held`.
+const WAITER_GRACE: Duration = Duration::from_secs(1);
+
+/// Marks a call of a waiter in progress; the mark ends when it is dropped (also when the
+/// call is cancelled).
+struct InProgress {
+    inner: Arc<Inner>,
+    slot: (String, OwnerToken),
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        let mut waiting = self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = waiting.get_mut(&self.slot) {
+            p.calls = p.calls.saturating_sub(1);
+            p.last = Instant::now();
+        }
+        drop(waiting);
+        self.inner.reaper.notify_one();
+    }
+}
+
+/// A lease store on a ZooKeeper ensemble (3.5 or later).
+///
+/// All leases of one store share **one ZooKeeper session**. A grant is an ephemeral
+/// sequential node `<chroot>/<key>/<owner token>-<sequence>`; the lowest sequence holds
+/// the lease; the fence is the node's `czxid`. See the crate documentation for the
+/// design and its limits.
+///
+/// Cloning is cheap: clones share the session and the table of granted leases.
+#[derive(Clone)]
+pub struct ZkStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkStore")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkStore {
+    /// Opens the store from a `zookeeper://` URL (see [`ZkConfig::from_url`]): establishes
+    /// the session and creates the root path if it is missing.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] for a bad URL; `Unavailable` or `Timeout` when no server
+    /// answers within the connect timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: at most the root path is created.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::connect(ZkConfig::from_url(url)?).await
+    }
+
+    /// Connects with `config` (see [`open`](Self::open)), and starts the task that deletes
+    /// the nodes of leases nobody renewed (it ends when the last clone is dropped).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: at most the root path is created.
+    pub async fn connect(config: ZkConfig) -> Result<Self, StoreError> {
+        let store = Self {
+            inner: Arc::new(Inner {
+                config,
+                session: tokio::sync::Mutex::new(None),
+                granted: Mutex::new(HashMap::new()),
+                pending: Mutex::new(HashMap::new()),
+                waiting: Mutex::new(HashMap::new()),
+                adopt: tokio::sync::Mutex::new(()),
+                reaper: tokio::sync::Notify::new(),
+            }),
+        };
+        let session = store.session().await?;
+        let root = store.inner.config.chroot_path().to_owned();
+        store
+            .bounded("create the root path", async {
+                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                session
+                    .client
+                    .mkdir(&root, &options)
+                    .await
+                    .map_err(|e| map_err("create the root path", e))
+            })
+            .await?;
+        tokio::spawn(reap(Arc::downgrade(&store.inner)));
+        Ok(store)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The session timeout the ensemble granted to the current session (every grant's TTL
+    /// is at most this), establishing a session if there is none.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn negotiated_session_timeout(&self) -> Result<Duration, StoreError> {
+        Ok(self.session().await?.timeout)
+    }
+
+    /// The id of the current ZooKeeper session (the `ephemeralOwner` of this store's
+    /// nodes), establishing a session if there is none.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn session_id(&self) -> Result<i64, StoreError> {
+        Ok(self.session().await?.id)
+    }
+
+    /// The directory of `key`'s queue: `<chroot>/<key, escaped>`.
+    pub fn lease_dir(&self, key: &Key) -> String {
+        format!(
+            "{}/{}",
+            self.inner.config.chroot_path(),
+            encode_key(key.as_str())
+        )
+    }
+
+    /// The node name prefix of `owner`'s grants: `<owner token hex>-`.
+    pub fn node_prefix(owner: &OwnerToken) -> String {
+        format!("{owner}-")
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        StoreError::bounded(BACKEND, op, self.inner.config.op_bound(), call).await
+    }
+
+    /// The current session, or a new one when there is none or it ended (expired,
+    /// closed): the leases of an ended session are gone with its nodes.
+    async fn session(&self) -> Result<Session, StoreError> {
+        let mut slot = self.inner.session.lock().await;
+        if let Some(s) = slot.as_ref()
+            && !s.client.state().is_terminated()
+        {
+            return Ok(s.clone());
+        }
+        let config = &self.inner.config;
+        let hosts = config.connect_string();
+        let client = StoreError::bounded(BACKEND, "connect", config.connect_bound(), async {
+            // The client's connection timeout (a connection silent that long is given up)
+            // is 2/5 of the session timeout, but not so short that a busy server fails
+            // the connect: the server raises short session timeouts anyway.
+            let asked = config.session_timeout_asked();
+            zk::Client::connector()
+                .with_session_timeout(asked)
+                .with_connection_timeout((asked * 2 / 5).max(Duration::from_millis(400)))
+                .with_fail_eagerly()
+                .connect(&hosts)
+                .await
+                .map_err(|e| map_err("connect", e))
+        })
+        .await?;
+        let session = Session {
+            id: client.session_id().0,
+            timeout: client.session_timeout(),
+            client,
+        };
+        tracing::debug!(
+            session = session.id,
+            timeout_ms = session.timeout.as_millis() as u64,
+            "zookeeper session established"
+        );
+        if let Some(old) = slot.replace(session.clone()) {
+            // Every lease of the old session ended with it.
+            let id = old.id;
+            self.granted().retain(|_, g| g.session != id);
+        }
+        Ok(session)
+    }
+
+    fn granted(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Granted>> {
+        self.inner.granted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The queue of `dir` (empty when the directory does not exist).
+    async fn queue(
+        &self,
+        s: &Session,
+        dir: &str,
+    ) -> Result<Vec<(OwnerToken, i64, String)>, StoreError> {
+        match s.client.list_children(dir).await {
+            Ok(children) => sorted_queue(children),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(map_err("list children", e)),
+        }
+    }
+
+    /// `Held` for the holder node `name` of `dir`, with its TTL as the remaining bound.
+    async fn held(&self, s: &Session, dir: &str, name: &str) -> Result<AcquireOutcome, StoreError> {
+        let remaining = match s.client.get_data(&format!("{dir}/{name}")).await {
+            Ok((data, _)) => ttl_of(&data)?,
+            // Released meanwhile.
+            Err(zk::Error::NoNode) => Duration::ZERO,
+            Err(e) => return Err(map_err("get data", e)),
+        };
+        Ok(AcquireOutcome::Held {
+            remaining: Some(remaining),
+        })
+    }
+
+    /// Deletes `node`, best effort (a node that could not be deleted ends with the
+    /// session).
+    async fn delete_quietly(&self, s: &Session, node: &str) {
+        match s.client.delete(node, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "zookeeper delete failed; the node ends with the session")
+            }
+        }
+    }
+
+    /// Brings the server this session reads from up to date with the leader (ZooKeeper
+    /// serves reads from any member, which may lag): a read after it sees every write
+    /// committed before it, whoever made it.
+    async fn sync(&self, s: &Session) -> Result<(), StoreError> {
+        s.client
+            .sync(self.inner.config.chroot_path())
+            .await
+            .map_err(|e| map_err("sync", e))
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Instant>> {
+        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, dir: &str, owner: &OwnerToken, g: Granted) {
+        let slot = (dir.to_owned(), *owner);
+        self.waiting().remove(&slot);
+        self.granted().insert(slot, g);
+        self.inner.reaper.notify_one();
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Presence>> {
+        self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks a call of `owner` as a waiter of `dir` in progress (its place is kept).
+    fn in_progress(&self, dir: &str, owner: &OwnerToken) -> InProgress {
+        let slot = (dir.to_owned(), *owner);
+        let now = Instant::now();
+        self.waiting()
+            .entry(slot.clone())
+            .and_modify(|p| {
+                p.calls += 1;
+                p.last = now;
+            })
+            .or_insert(Presence {
+                calls: 1,
+                last: now,
+            });
+        InProgress {
+            inner: self.inner.clone(),
+            slot,
+        }
+    }
+
+    /// Runs `acquire` with a pending mark for `(dir, owner)`: if the call is dropped after
+    /// its `create` was sent, the store deletes the owner's unclaimed node at `until`.
+    async fn with_pending<T>(
+        &self,
+        dir: &str,
+        owner: &OwnerToken,
+        until: Instant,
+        acquire: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let slot = (dir.to_owned(), *owner);
+        {
+            let mut pending = self.pending();
+            let at = pending.entry(slot.clone()).or_insert(until);
+            *at = (*at).max(until);
+        }
+        self.inner.reaper.notify_one();
+        let result = acquire.await;
+        // Completed (granted, held, or failed): a node of ours, if any, is recorded or
+        // deleted, or is found by the owner's retry. After an ambiguous failure keep the
+        // mark, so that a node nobody claims is deleted in time.
+        if !matches!(&result, Err(e) if e.is_ambiguous() || e.kind() == StoreErrorKind::Timeout) {
+            self.pending().remove(&slot);
+        }
+        result
+    }
+
+    async fn do_acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let sent = Instant::now();
+        let s = self.session().await?;
+        let granted_ttl = ttl.min(s.timeout);
+        let dir = self.lease_dir(key);
+        let slot = (dir.clone(), *owner);
+        // 1. A lease this store granted to `owner` (a retry after an ambiguous reply).
+        let known = self.granted().get(&slot).cloned();
+        if let Some(g) = known {
+            if g.session == s.id && sent < g.deadline {
+                match s.client.check_stat(&g.node).await {
+                    Ok(Some(stat)) if stat.ephemeral_owner == s.id => {
+                        self.record(
+                            &dir,
+                            owner,
+                            Granted {
+                                deadline: sent + granted_ttl,
+                                ttl: granted_ttl,
+                                ..g.clone()
+                            },
+                        );
+                        return Ok(AcquireOutcome::Acquired {
+                            fence: g.fence,
+                            ttl: granted_ttl,
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(map_err("check", e)),
+                }
+            } else {
+                self.delete_quietly(&s, &g.node).await;
+            }
+            self.granted().remove(&slot);
+        }
+        // 2. The queue: a node of ours left by an ambiguous create, or another holder.
+        let prefix = Self::node_prefix(owner);
+        let queue = self.queue(&s, &dir).await?;
+        if let Some((_, _, name)) = queue.iter().find(|(o, _, _)| o == owner) {
+            let node = format!("{dir}/{name}");
+            let _adopt = self.inner.adopt.lock().await;
+            match s.client.check_stat(&node).await {
+                Ok(Some(stat)) if stat.ephemeral_owner == s.id => {
+                    if queue[0].2 == *name {
+                        let fence = fence(stat.czxid)?;
+                        self.record(
+                            &dir,
+                            owner,
+                            Granted {
+                                node,
+                                fence,
+                                session: s.id,
+                                ttl: granted_ttl,
+                                deadline: sent + granted_ttl,
+                            },
+                        );
+                        return Ok(AcquireOutcome::Acquired {
+                            fence,
+                            ttl: granted_ttl,
+                        });
+                    }
+                    if self.waiting().contains_key(&slot) {
+                        // Our place in the queue (made by `wait_released`): keep it.
+                        let _mark = self.in_progress(&dir, owner);
+                        return self.held(&s, &dir, &queue[0].2).await;
+                    }
+                    self.delete_quietly(&s, &node).await;
+                }
+                // Gone, or a node of an ended session (it goes with it).
+                Ok(_) => {}
+                Err(e) => return Err(map_err("check", e)),
+            }
+        }
+        if let Some((_, _, first)) = queue.iter().find(|(o, _, _)| o != owner) {
+            return self.held(&s, &dir, first).await;
+        }
+        // 3. Free: queue up, and see whether we are first.
+        let data = granted_ttl.as_millis().to_string();
+        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let path = format!("{dir}/{prefix}");
+        let mut created = None;
+        for _ in 0..3 {
+            match s.client.create(&path, data.as_bytes(), &options).await {
+                Ok(ok) => {
+                    created = Some(ok);
+                    break;
+                }
+                Err(zk::Error::NoNode) => {
+                    // The key's directory: a container, which the server deletes once it
+                    // is empty again.
+                    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    match s.client.create(&dir, &[], &container).await {
+                        Ok(_) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(map_err("create the key directory", e)),
+                    }
+                }
+                Err(e) => return Err(map_err("create", e)),
+            }
+        }
+        let Some((stat, seq)) = created else {
+            return Err(err(
+                StoreErrorKind::Busy,
+                "zookeeper: the key's directory kept disappearing under the acquire",
+            ));
+        };
+        let node = format!("{dir}/{prefix}{seq}");
+        let queue = self.queue(&s, &dir).await?;
+        match queue.first() {
+            Some((o, _, name)) if o == owner && node.ends_with(name.as_str()) => {
+                let fence = fence(stat.czxid)?;
+                self.record(
+                    &dir,
+                    owner,
+                    Granted {
+                        node,
+                        fence,
+                        session: s.id,
+                        ttl: granted_ttl,
+                        deadline: sent + granted_ttl,
+                    },
+                );
+                Ok(AcquireOutcome::Acquired {
+                    fence,
+                    ttl: granted_ttl,
+                })
+            }
+            Some((_, _, first)) => {
+                // Another acquire got in first: leave no node behind.
+                let first = first.clone();
+                self.delete_quietly(&s, &node).await;
+                self.held(&s, &dir, &first).await
+            }
+            None => Err(err(
+                StoreErrorKind::Ambiguous,
+                "zookeeper: the node just created is gone (session ended?)",
+            )),
+        }
+    }
+
+    async fn do_renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let sent = Instant::now();
+        let slot = (self.lease_dir(key), *owner);
+        let Some(g) = self.granted().get(&slot).cloned() else {
+            return Ok(RenewOutcome::NotOwner);
+        };
+        let s = self.session().await?;
+        if g.session != s.id || sent >= g.deadline {
+            // Expired (not renewed in time) or its session ended.
+            self.granted().remove(&slot);
+            self.delete_quietly(&s, &g.node).await;
+            return Ok(RenewOutcome::NotOwner);
+        }
+        let granted_ttl = ttl.min(s.timeout);
+        match s.client.check_stat(&g.node).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == s.id => {
+                let mut table = self.granted();
+                // Renew only the grant that was read (a release may have raced).
+                if let Some(cur) = table.get_mut(&slot)
+                    && cur.node == g.node
+                {
+                    cur.deadline = sent + granted_ttl;
+                    cur.ttl = granted_ttl;
+                    return Ok(RenewOutcome::Renewed { ttl: granted_ttl });
+                }
+                Ok(RenewOutcome::NotOwner)
+            }
+            Ok(_) => {
+                self.granted().remove(&slot);
+                Ok(RenewOutcome::NotOwner)
+            }
+            Err(zk::Error::SessionExpired) => {
+                self.granted().remove(&slot);
+                Ok(RenewOutcome::NotOwner)
+            }
+            Err(e) => Err(map_err("check", e)),
+        }
+    }
+
+    async fn do_release(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let now = Instant::now();
+        let dir = self.lease_dir(key);
+        let slot = (dir.clone(), *owner);
+        let s = self.session().await?;
+        // The grant stays in the table until its node is deleted: a release that fails
+        // or is dropped midway leaves it for the retry.
+        let known = self.granted().get(&slot).cloned();
+        match known {
+            Some(g) if g.session == s.id => {
+                let live = now < g.deadline;
+                let outcome = match s.client.delete(&g.node, None).await {
+                    Ok(()) if live => ReleaseOutcome::Released,
+                    Ok(()) | Err(zk::Error::NoNode) => ReleaseOutcome::NotOwner,
+                    Err(e) => return Err(map_err("delete", e)),
+                };
+                let mut table = self.granted();
+                if table.get(&slot).is_some_and(|cur| cur.node == g.node) {
+                    table.remove(&slot);
+                }
+                Ok(outcome)
+            }
+            _ => {
+                // A node of ours left by an ambiguous create: remove it; it never held
+                // the lease as far as any caller knows.
+                let queue = self.queue(&s, &dir).await?;
+                if let Some((_, _, name)) = queue.iter().find(|(o, _, _)| o == owner) {
+                    self.delete_quietly(&s, &format!("{dir}/{name}")).await;
+                }
+                Ok(ReleaseOutcome::NotOwner)
+            }
+        }
+    }
+
+    async fn info(
+        &self,
+        s: &Session,
+        key: Key,
+        dir: &str,
+    ) -> Result<Option<LeaseInfo>, StoreError> {
+        for _ in 0..4 {
+            let queue = self.queue(s, dir).await?;
+            let Some((owner, _, name)) = queue.into_iter().next() else {
+                return Ok(None);
+            };
+            match s.client.get_data(&format!("{dir}/{name}")).await {
+                Ok((data, stat)) => {
+                    return Ok(Some(LeaseInfo {
+                        key,
+                        owner,
+                        fence: fence(stat.czxid)?,
+                        remaining: Some(ttl_of(&data)?),
+                    }));
+                }
+                // Released between the list and the read: look again.
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(map_err("get data", e)),
+            }
+        }
+        Err(err(
+            StoreErrorKind::Busy,
+            "zookeeper: the lease kept changing under the read",
+        ))
+    }
+}
+
+/// Deletes the node of every lease whose deadline passed without a renewal. Ends when the
+/// store is dropped.
+async fn reap(inner: Weak<Inner>) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let store = ZkStore { inner: strong };
+        let now = Instant::now();
+        let (expired, next): (Vec<_>, Option<Instant>) = {
+            let mut table = store.granted();
+            let expired: Vec<_> = table
+                .iter()
+                .filter(|(_, g)| g.deadline <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let expired: Vec<Granted> = expired.iter().filter_map(|k| table.remove(k)).collect();
+            (expired, table.values().map(|g| g.deadline).min())
+        };
+        let (orphans, next_orphan): (Vec<(String, OwnerToken)>, Option<Instant>) = {
+            let mut pending = store.pending();
+            let due: Vec<_> = pending
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &due {
+                pending.remove(k);
+            }
+            (due, pending.values().min().copied())
+        };
+        // Waiters whose owner made no call for the grace: they gave up their place.
+        let (abandoned, next_waiter): (Vec<(String, OwnerToken)>, Option<Instant>) = {
+            let mut waiting = store.waiting();
+            let gone: Vec<_> = waiting
+                .iter()
+                .filter(|(_, p)| p.calls == 0 && p.last + WAITER_GRACE <= now)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &gone {
+                waiting.remove(k);
+            }
+            let next = waiting
+                .values()
+                .filter(|p| p.calls == 0)
+                .map(|p| p.last + WAITER_GRACE)
+                .min();
+            (gone, next)
+        };
+        let orphans: Vec<(String, OwnerToken)> = orphans.into_iter().chain(abandoned).collect();
+        let next = [next, next_orphan, next_waiter].into_iter().flatten().min();
+        if !orphans.is_empty() {
+            let current = store.inner.session.lock().await.clone();
+            if let Some(s) = current {
+                for (dir, owner) in &orphans {
+                    let slot = (dir.clone(), *owner);
+                    let _adopt = store.inner.adopt.lock().await;
+                    let in_use = store.granted().contains_key(&slot)
+                        || store.waiting().get(&slot).is_some_and(|p| p.calls > 0);
+                    if in_use {
+                        continue;
+                    }
+                    let _ = tokio::time::timeout(store.inner.config.op_bound(), async {
+                        let Ok(queue) = store.queue(&s, dir).await else {
+                            return;
+                        };
+                        for (o, _, name) in queue {
+                            if o == *owner {
+                                store.delete_quietly(&s, &format!("{dir}/{name}")).await;
+                            }
+                        }
+                    })
+                    .await;
+                }
+            }
+        }
+        if !expired.is_empty() {
+            let current = store.inner.session.lock().await.clone();
+            if let Some(s) = current {
+                for g in expired.iter().filter(|g| g.session == s.id) {
+                    // Not if its owner's acquire adopted the node again meanwhile.
+                    let _adopt = store.inner.adopt.lock().await;
+                    if store.granted().values().any(|cur| cur.node == g.node) {
+                        continue;
+                    }
+                    let _ = tokio::time::timeout(
+                        store.inner.config.op_bound(),
+                        store.delete_quietly(&s, &g.node),
+                    )
+                    .await;
+                }
+            }
+            tracing::debug!(
+                count = expired.len(),
+                "zookeeper: deleted leases nobody renewed"
+            );
+        }
+        let wake = next
+            .unwrap_or(now + Duration::from_secs(1))
+            .min(now + Duration::from_secs(1));
+        // Holding the store here would keep it alive: wait on the notifier through a
+        // clone of the weak reference's target only while it lives.
+        let notified = store.inner.reaper.notified();
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep_until(wake) => {}
+        }
+        drop(store);
+    }
+}
+
+#[async_trait]
+impl Store for ZkStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::minimal();
+        caps.wait_for_release = true;
+        caps.fifo_wait = true;
+        caps.reports_remaining = true;
+        caps.list = true;
+        caps.break_lease = true;
+        caps.fence_durability = FenceDurability::Consensus;
+        caps
+    }
+
+    /// A list of the key's queue; when it is free, one `create` of an ephemeral sequential
+    /// node named with the owner token and a second list (is ours the lowest?). A retry by
+    /// the same owner finds its node by name. The TTL granted is the TTL asked for, bounded
+    /// by the session timeout the ensemble granted.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have created the node; the same owner's retry finds it, and a
+    /// node nobody claims ends with the session (or a `release` by the same owner).
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        let dir = self.lease_dir(key);
+        // A waiter's acquire keeps its place while it runs.
+        let waiter = self.waiting().contains_key(&(dir.clone(), *owner));
+        let _mark = waiter.then(|| self.in_progress(&dir, owner));
+        // An unclaimed node lives at most the TTL asked for (bounded by the session's).
+        let until = Instant::now() + ttl.min(self.inner.config.session_timeout_asked());
+        self.with_pending(
+            &dir,
+            owner,
+            until,
+            self.bounded("acquire", self.do_acquire(key, owner, ttl)),
+        )
+        .await
+    }
+
+    /// One `exists` of the lease's node on the session: the ensemble acknowledged the
+    /// session alive at that request, so the lease is extended from its send.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have been acknowledged by the ensemble; the store's own deadline
+    /// is then not moved.
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        self.bounded("renew", self.do_renew(key, owner, ttl)).await
+    }
+
+    /// One `delete` of the lease's node.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have deleted the node.
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.bounded("release", self.do_release(key, owner)).await
+    }
+
+    /// A `sync` (so that the read sees every write committed before it, whichever member
+    /// serves it), a list of the queue and a read of its lowest node.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.bounded("inspect", async {
+            let s = self.session().await?;
+            let dir = self.lease_dir(key);
+            self.sync(&s).await?;
+            self.info(&s, key.clone(), &dir).await
+        })
+        .await
+    }
+
+    /// Takes a place in the key's queue: an ephemeral sequential node named with `owner`
+    /// (kept across this owner's calls, deleted a second after its last one), then
+    /// watches **only its predecessor** (no herd). Returns when the predecessor is gone
+    /// (released, broken, its session ended) or the key is free; when `owner`'s node is
+    /// first, the lease is reserved for `owner`'s next `acquire` (others are answered
+    /// `Held`), so waiters are served in the order they started waiting.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait keeps its place for a second (the owner's next call
+    /// finds it), then the store deletes it.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let dir = self.lease_dir(key);
+        let _mark = self.in_progress(&dir, owner);
+        let wait = async {
+            let (s, watcher) = self
+                .bounded("watch", async {
+                    let s = self.session().await?;
+                    for _ in 0..8 {
+                        let queue = self.queue(&s, &dir).await?;
+                        let mine = queue.iter().position(|(o, _, _)| o == owner);
+                        let predecessor = match mine {
+                            // First: reserved for us (or ours already).
+                            Some(0) => return Ok((s, None)),
+                            Some(i) => queue[i - 1].2.clone(),
+                            // Free: nothing to wait for.
+                            None if queue.is_empty() => return Ok((s, None)),
+                            None => {
+                                // Queue up behind everyone there.
+                                let options = zk::CreateMode::EphemeralSequential
+                                    .with_acls(zk::Acls::anyone_all());
+                                let data = s.timeout.as_millis().to_string();
+                                let path = format!("{dir}/{}", Self::node_prefix(owner));
+                                match s.client.create(&path, data.as_bytes(), &options).await {
+                                    Ok(_) => continue,
+                                    // The directory went with its last node: free.
+                                    Err(zk::Error::NoNode) => return Ok((s, None)),
+                                    Err(e) => return Err(map_err("create", e)),
+                                }
+                            }
+                        };
+                        match s
+                            .client
+                            .check_and_watch_stat(&format!("{dir}/{predecessor}"))
+                            .await
+                        {
+                            Ok((Some(_), w)) => return Ok((s, Some(w))),
+                            Ok((None, _)) => continue,
+                            Err(e) => return Err(map_err("watch", e)),
+                        }
+                    }
+                    Ok((s, None))
+                })
+                .await?;
+            let _keep = s;
+            if let Some(w) = watcher {
+                w.changed().await;
+            }
+            Ok(())
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(()))
+    }
+
+    /// A list of the root path, then an inspect of each matching key (at most 32 at a
+    /// time).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.bounded("list", async {
+            let s = self.session().await?;
+            let root = self.inner.config.chroot_path();
+            self.sync(&s).await?;
+            let names = s
+                .client
+                .list_children(root)
+                .await
+                .map_err(|e| map_err("list children", e))?;
+            let mut keys = names
+                .iter()
+                .map(|n| {
+                    decode_key(n).ok_or_else(|| {
+                        err(
+                            StoreErrorKind::Corrupt,
+                            "a node under the zookeeper root path is not a lease key",
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            keys.retain(|k| k.as_str().starts_with(prefix));
+            keys.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+            let infos: Vec<Option<LeaseInfo>> = futures::stream::iter(keys)
+                .map(|k| {
+                    let dir = self.lease_dir(&k);
+                    let s = &s;
+                    async move { self.info(s, k, &dir).await }
+                })
+                .buffered(32)
+                .try_collect()
+                .await?;
+            Ok(infos.into_iter().flatten().collect())
+        })
+        .await
+    }
+
+    /// Deletes the holder's node, whatever its owner (and the waiters' nodes), then reads
+    /// the key directory's
+    /// `pzxid` (the zxid of that delete or later; the root's when the directory is gone):
+    /// the next grant's `czxid` is higher.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have deleted the node.
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        self.bounded("break", async {
+            let s = self.session().await?;
+            let dir = self.lease_dir(key);
+            // The holder's node and every waiter's: a waiter's node is older than the
+            // break, and its czxid, as a fence, would not be above the one returned.
+            // Woken, the waiters queue up again (in the order they come back).
+            let queue = self.queue(&s, &dir).await?;
+            for (_, _, name) in &queue {
+                match s.client.delete(&format!("{dir}/{name}"), None).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(e) => return Err(map_err("delete", e)),
+                }
+            }
+            let stat = match s.client.check_stat(&dir).await {
+                Ok(Some(stat)) => stat,
+                Ok(None) => s
+                    .client
+                    .check_stat(self.inner.config.chroot_path())
+                    .await
+                    .map_err(|e| map_err("check", e))?
+                    .ok_or_else(|| {
+                        err(StoreErrorKind::Config, "the zookeeper root path is gone")
+                    })?,
+                Err(e) => return Err(map_err("check", e)),
+            };
+            fence(stat.pzxid)
+        })
+        .await
+    }
+}

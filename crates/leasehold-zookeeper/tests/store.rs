@@ -1,0 +1,334 @@
+//! ZooKeeper-specific behaviour: URLs, the negotiated session timeout reported as the
+//! granted TTL, fences across a server restart, a node left by a cut acquire found by the
+//! same owner's retry, the root path (chroot).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Servers, Setup, raw};
+use leasehold_core::{
+    AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+};
+use leasehold_testkit::{ProxyMode, ZK_MAX_SESSION_TIMEOUT, ZK_MIN_SESSION_TIMEOUT, ZkServer};
+use leasehold_zookeeper::{ZkConfig, ZkStore};
+
+fn key(name: &str) -> Key {
+    Key::new(format!("zk:{name}")).unwrap()
+}
+
+async fn acquired(store: &ZkStore, k: &Key, owner: &OwnerToken, ttl: Duration) -> (u64, Duration) {
+    match store.acquire(k, owner, ttl).await.expect("acquire") {
+        AcquireOutcome::Acquired { fence, ttl } => (fence.get(), ttl),
+        held => panic!("expected a grant, got {held:?}"),
+    }
+}
+
+async fn start_solo() -> ZkServer {
+    tokio::task::spawn_blocking(ZkServer::start).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_are_config_errors_and_a_dead_address_is_not() {
+    for bad in [
+        "zookeeper://h:0/x",
+        "zookeeper://h:1/",
+        "zookeeper://h:1?session_timeout=1ms",
+        "zookeeper://u:p@h:1/x",
+        "etcd://h:1",
+    ] {
+        let e = ZkStore::open(bad).await.expect_err(bad);
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}: {e}");
+    }
+    // Nobody listens on this port: retryable, not a configuration error.
+    let port = leasehold_testkit::free_port();
+    let url = format!("zookeeper://127.0.0.1:{port}/x?connect_timeout=2s");
+    let e = ZkStore::open(&url).await.expect_err("nothing listens");
+    assert_ne!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert!(e.is_retryable(), "{e}");
+}
+
+/// The session timeout asked for is bounded by the server's min and max; every grant and
+/// renewal reports what the session can back (the TTL asked for, at most the negotiated
+/// timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
+    let zk = start_solo().await;
+    let base = format!("zookeeper://127.0.0.1:{}/ttl", zk.port());
+
+    // Asked for less than the server's minimum (500 ms): raised to it. (The client gives its
+    // first connect the session timeout asked for, so ask for one a busy server can meet.)
+    let low = ZkStore::open(&format!("{base}?session_timeout=300ms"))
+        .await
+        .unwrap();
+    assert_eq!(
+        low.negotiated_session_timeout().await.unwrap(),
+        ZK_MIN_SESSION_TIMEOUT
+    );
+    let k = key("low");
+    let a = OwnerToken::random();
+    let (_, granted) = acquired(&low, &k, &a, Duration::from_millis(400)).await;
+    assert_eq!(
+        granted,
+        Duration::from_millis(400),
+        "a TTL under the session timeout is kept"
+    );
+    low.release(&k, &a).await.unwrap();
+
+    // Asked for more than the server's maximum: lowered to it; a longer TTL is cut to it.
+    let high = ZkStore::open(&format!("{base}?session_timeout=120s"))
+        .await
+        .unwrap();
+    assert_eq!(
+        high.negotiated_session_timeout().await.unwrap(),
+        ZK_MAX_SESSION_TIMEOUT
+    );
+    let k = key("high");
+    let (_, granted) = acquired(&high, &k, &a, Duration::from_secs(90)).await;
+    assert_eq!(
+        granted, ZK_MAX_SESSION_TIMEOUT,
+        "the grant reports the session timeout"
+    );
+    assert_eq!(
+        high.renew(&k, &a, Duration::from_secs(90)).await.unwrap(),
+        RenewOutcome::Renewed {
+            ttl: ZK_MAX_SESSION_TIMEOUT
+        }
+    );
+    let info = high.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(info.remaining, Some(ZK_MAX_SESSION_TIMEOUT));
+    high.release(&k, &a).await.unwrap();
+}
+
+/// Fences are czxids: after a `kill -9` and restart of the server, a new grant's fence is
+/// above every fence before it, and the lease held across the restart is either kept (its
+/// session survived) or refused as `NotOwner`, never handed out twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_rise_across_a_server_restart() {
+    let zk = std::sync::Arc::new(start_solo().await);
+    let url = format!(
+        "zookeeper://127.0.0.1:{}/restart?session_timeout=8s&timeout=2s",
+        zk.port()
+    );
+    let store = ZkStore::open(&url).await.unwrap();
+    let k = key("restart");
+    let a = OwnerToken::random();
+    let mut last = 0;
+    for _ in 0..3 {
+        let o = OwnerToken::random();
+        let (f, _) = acquired(&store, &k, &o, Duration::from_secs(8)).await;
+        assert!(f > last);
+        last = f;
+        store.release(&k, &o).await.unwrap();
+    }
+    let (held_fence, _) = acquired(&store, &k, &a, Duration::from_secs(8)).await;
+    assert!(held_fence > last);
+    let z = zk.clone();
+    tokio::task::spawn_blocking(move || z.restart())
+        .await
+        .unwrap();
+    // The client reconnects by itself; retry while it does.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let renewed = loop {
+        match store.renew(&k, &a, Duration::from_secs(8)).await {
+            Ok(r) => break r,
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("renew after the restart: {e}"),
+        }
+    };
+    let other = key("restart-other");
+    let b = OwnerToken::random();
+    let (after, _) = acquired(&store, &other, &b, Duration::from_secs(8)).await;
+    assert!(
+        after > held_fence,
+        "fence {after} after the restart is not above {held_fence}"
+    );
+    match renewed {
+        RenewOutcome::Renewed { .. } => {
+            let info = store.inspect(&k).await.unwrap().expect("kept");
+            assert_eq!((info.owner, info.fence.get()), (a, held_fence));
+            assert_eq!(
+                store.release(&k, &a).await.unwrap(),
+                ReleaseOutcome::Released
+            );
+        }
+        RenewOutcome::NotOwner => {
+            let c = OwnerToken::random();
+            let (f, _) = acquired(&store, &k, &c, Duration::from_secs(8)).await;
+            assert!(f > after);
+        }
+    }
+}
+
+/// An acquire cut after its `create` was sent (its reply never read) leaves a node named
+/// with the owner token; the same owner's retry finds it and returns its czxid as the
+/// fence, with no second node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_left_by_a_cut_acquire_is_found_by_the_retry() {
+    let setup = Setup::start(Servers::solo().await).await;
+    let raw = raw(&setup.servers.connect_string()).await;
+    let store = setup.store.clone();
+    let proxy = setup.proxies[0].clone();
+    let k = key("orphan");
+    let dir = store.lease_dir(&k);
+    let ttl = Duration::from_secs(8);
+    // Warm up, then slow every reply so that an acquire can be cut between its requests.
+    let w = OwnerToken::random();
+    acquired(&store, &k, &w, ttl).await;
+    store.release(&k, &w).await.unwrap();
+    let delay = Duration::from_millis(150);
+    proxy.set_mode(ProxyMode::Delay(delay));
+    let mut found = false;
+    for step in 2..24u32 {
+        let owner = OwnerToken::random();
+        let cut = delay * step / 2;
+        let _ = tokio::time::timeout(cut, store.acquire(&k, &owner, ttl)).await;
+        tokio::time::sleep(delay * 3).await;
+        let prefix = ZkStore::node_prefix(&owner);
+        let nodes: Vec<String> = raw
+            .list_children(&dir)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        if let [node] = nodes.as_slice() {
+            let stat = raw
+                .check_stat(&format!("{dir}/{node}"))
+                .await
+                .unwrap()
+                .expect("the orphan node");
+            proxy.set_mode(ProxyMode::Pass);
+            let (fence, _) = acquired(&store, &k, &owner, ttl).await;
+            assert_eq!(
+                fence, stat.czxid as u64,
+                "the retry must return the fence of the node the cut acquire created"
+            );
+            let all = raw.list_children(&dir).await.unwrap();
+            assert_eq!(all, vec![node.clone()], "the retry created a second node");
+            assert_eq!(
+                store.release(&k, &owner).await.unwrap(),
+                ReleaseOutcome::Released
+            );
+            found = true;
+            break;
+        }
+        // Cut before the create was sent (or after it completed): clean up.
+        proxy.set_mode(ProxyMode::Pass);
+        let _ = store.release(&k, &owner).await;
+        proxy.set_mode(ProxyMode::Delay(delay));
+    }
+    assert!(found, "setup: no cut left an orphan node to find");
+}
+
+/// The URL's path is the root of every lease: two roots on one server are two
+/// namespaces, and the nodes live under the root given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_path_is_a_namespace() {
+    let zk = start_solo().await;
+    let one = ZkStore::open(&format!("zookeeper://127.0.0.1:{}/apps/one", zk.port()))
+        .await
+        .unwrap();
+    let two = ZkStore::open(&format!("zookeeper://127.0.0.1:{}/apps/two", zk.port()))
+        .await
+        .unwrap();
+    let k = Key::new("job:a/b.c").unwrap();
+    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    acquired(&one, &k, &a, Duration::from_secs(5)).await;
+    acquired(&two, &k, &b, Duration::from_secs(5)).await;
+    assert_eq!(one.inspect(&k).await.unwrap().unwrap().owner, a);
+    assert_eq!(two.inspect(&k).await.unwrap().unwrap().owner, b);
+    let listed: Vec<_> = one
+        .list("job:")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.key)
+        .collect();
+    assert_eq!(listed, vec![k.clone()]);
+    let raw = raw(&zk.connect_string()).await;
+    let children = raw.list_children("/apps/one").await.unwrap();
+    assert_eq!(children, vec!["job:a%2Fb%2Ec".to_owned()]);
+    let queue = raw.list_children("/apps/one/job:a%2Fb%2Ec").await.unwrap();
+    assert_eq!(queue.len(), 1);
+    assert!(queue[0].starts_with(&a.to_string()), "{queue:?}");
+    one.release(&k, &a).await.unwrap();
+    two.release(&k, &b).await.unwrap();
+    // A config with the root set programmatically.
+    let c = ZkConfig::new([zk.connect_string()])
+        .unwrap()
+        .chroot("/apps/three")
+        .unwrap();
+    let three = ZkStore::connect(c).await.unwrap();
+    assert_eq!(three.inspect(&k).await.unwrap(), None);
+}
+
+/// Waiters queue in the order they start waiting and each watches only its predecessor:
+/// a release wakes the next waiter alone (no herd), and the lease is kept for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_only_the_next_waiter() {
+    let zk = start_solo().await;
+    let url = format!(
+        "zookeeper://127.0.0.1:{}/fifo?session_timeout=10s",
+        zk.port()
+    );
+    let store = std::sync::Arc::new(ZkStore::open(&url).await.unwrap());
+    let k = key("fifo");
+    let ttl = Duration::from_secs(10);
+    let holder = OwnerToken::random();
+    let (mut last, _) = acquired(&store, &k, &holder, ttl).await;
+    let waiters: Vec<OwnerToken> = (0..3).map(|_| OwnerToken::random()).collect();
+    let mut waits = Vec::new();
+    for w in &waiters {
+        let (store, k, w) = (store.clone(), k.clone(), *w);
+        waits.push(tokio::spawn(async move {
+            store.wait_released(&k, &w, Duration::from_secs(60)).await
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let raw = raw(&zk.connect_string()).await;
+    let dir = store.lease_dir(&k);
+    let mut queue = raw.list_children(&dir).await.unwrap();
+    queue.sort_by_key(|n| n.rsplit_once('-').map(|(_, s)| s.to_owned()));
+    let owners: Vec<String> = queue.iter().map(|n| n[..32].to_owned()).collect();
+    let expected: Vec<String> = std::iter::once(&holder)
+        .chain(&waiters)
+        .map(|o| o.to_string())
+        .collect();
+    assert_eq!(owners, expected, "the queue is in arrival order");
+    let mut releaser = holder;
+    for (i, w) in waiters.iter().enumerate() {
+        assert!(!waits[i].is_finished(), "waiter {i} woken before its turn");
+        assert_eq!(
+            store.release(&k, &releaser).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+        tokio::time::timeout(Duration::from_secs(5), &mut waits[i])
+            .await
+            .expect("the next waiter is woken")
+            .unwrap()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for (j, later) in waits.iter().enumerate().skip(i + 1) {
+            assert!(
+                !later.is_finished(),
+                "waiter {j} woken by a release meant for waiter {i}"
+            );
+        }
+        // Reserved: someone else is told Held; the waiter gets it.
+        assert!(matches!(
+            store.acquire(&k, &OwnerToken::random(), ttl).await.unwrap(),
+            AcquireOutcome::Held { .. }
+        ));
+        let (f, _) = acquired(&store, &k, w, ttl).await;
+        assert!(f > last, "fence {f} of waiter {i} is not above {last}");
+        last = f;
+        releaser = *w;
+    }
+    assert_eq!(
+        store.release(&k, &releaser).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+}
