@@ -129,6 +129,31 @@ impl NodeConn {
         Ok((generation, conn))
     }
 
+    /// Connects (if need be) and sends `PING`, so that a refused password shows now.
+    pub(crate) async fn ping(
+        &self,
+        deadline: Instant,
+        connect_bound: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        let op = "connecting";
+        let (generation, mut conn) = self.conn(op, deadline, connect_bound).await?;
+        match timeout_at(deadline, redis::cmd("PING").query_async::<Value>(&mut conn)).await {
+            Err(_) => {
+                self.invalidate(generation);
+                Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    BACKEND,
+                    format!("{op}: node {} did not answer PING in time", self.name),
+                ))
+            }
+            Ok(Err(e)) => {
+                self.invalidate(generation);
+                Err(self.map(op, &e, true))
+            }
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+
     /// Runs `script` with `keys` and `[request id] + args` by `deadline` and parses the
     /// reply. A timeout, a broken connection or a reply to another request drops the
     /// connection (the next call opens a new one).

@@ -130,15 +130,8 @@ impl RedlockStore {
         let store = Self::new(config)?;
         let bound = store.config.connect_bound();
         let deadline = Instant::now() + bound;
-        let mut tally = Tally::of(
-            join_all(
-                store
-                    .nodes
-                    .iter()
-                    .map(|n| async move { n.conn("connecting", deadline, bound).await.map(drop) }),
-            )
-            .await,
-        );
+        let mut tally =
+            Tally::of(join_all(store.nodes.iter().map(|n| n.ping(deadline, bound))).await);
         if let Some(e) = tally.take_fatal() {
             return Err(e);
         }
