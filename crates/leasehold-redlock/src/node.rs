@@ -22,6 +22,7 @@ pub(crate) struct NodeConn {
     pub(crate) name: String,
     client: Client,
     secret: Option<String>,
+    connect_bound: std::time::Duration,
     /// The open connection and its generation.
     slot: Mutex<Option<(u64, MultiplexedConnection)>>,
     /// Held while connecting, so that concurrent callers wait for one attempt.
@@ -67,6 +68,7 @@ impl NodeConn {
             name: node.to_string(),
             client,
             secret: cfg.password().map(str::to_owned),
+            connect_bound: cfg.connect_bound(),
             slot: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             next_gen: AtomicU64::new(1),
@@ -91,7 +93,6 @@ impl NodeConn {
         &self,
         op: &str,
         deadline: Instant,
-        connect_bound: std::time::Duration,
     ) -> Result<(u64, MultiplexedConnection), StoreError> {
         if let Some(c) = self.slot().clone() {
             return Ok(c);
@@ -109,7 +110,7 @@ impl NodeConn {
         if let Some(c) = self.slot().clone() {
             return Ok(c);
         }
-        let deadline = deadline.min(Instant::now() + connect_bound);
+        let deadline = deadline.min(Instant::now() + self.connect_bound);
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(deadline.saturating_duration_since(Instant::now())))
             .set_response_timeout(None);
@@ -130,13 +131,9 @@ impl NodeConn {
     }
 
     /// Connects (if need be) and sends `PING`, so that a refused password shows now.
-    pub(crate) async fn ping(
-        &self,
-        deadline: Instant,
-        connect_bound: std::time::Duration,
-    ) -> Result<(), StoreError> {
+    pub(crate) async fn ping(&self, deadline: Instant) -> Result<(), StoreError> {
         let op = "connecting";
-        let (generation, mut conn) = self.conn(op, deadline, connect_bound).await?;
+        let (generation, mut conn) = self.conn(op, deadline).await?;
         match timeout_at(deadline, redis::cmd("PING").query_async::<Value>(&mut conn)).await {
             Err(_) => {
                 self.invalidate(generation);
@@ -161,13 +158,12 @@ impl NodeConn {
         &self,
         op: &str,
         deadline: Instant,
-        connect_bound: std::time::Duration,
         script: &Script,
         keys: &[&str],
         args: &[&str],
         parse: impl FnOnce(&Value, &str) -> Result<T, ReplyError>,
     ) -> Result<T, StoreError> {
-        let (generation, mut conn) = self.conn(op, deadline, connect_bound).await?;
+        let (generation, mut conn) = self.conn(op, deadline).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
         let mut inv = script.prepare_invoke();
         for k in keys {

@@ -130,8 +130,7 @@ impl RedlockStore {
         let store = Self::new(config)?;
         let bound = store.config.connect_bound();
         let deadline = Instant::now() + bound;
-        let mut tally =
-            Tally::of(join_all(store.nodes.iter().map(|n| n.ping(deadline, bound))).await);
+        let mut tally = Tally::of(join_all(store.nodes.iter().map(|n| n.ping(deadline))).await);
         if let Some(e) = tally.take_fatal() {
             return Err(e);
         }
@@ -186,13 +185,11 @@ impl RedlockStore {
     /// the caller, told the outcome is unknown, retries with the same owner and finds it.
     async fn release_on(&self, granted: &[usize], lease: &str, owner: &str, bound: Duration) {
         let deadline = Instant::now() + bound;
-        let cb = self.config.connect_bound();
         let (keys, args) = ([lease], [owner]);
         let replies = join_all(granted.iter().map(|i| {
             self.nodes[*i].run(
                 "release after a refused acquire",
                 deadline,
-                cb,
                 &SCRIPTS.release,
                 &keys,
                 &args,
@@ -235,9 +232,9 @@ impl Store for RedlockStore {
     /// node returning its fence candidate), then, with a majority granted, round two
     /// writes the highest candidate to those nodes. Granted when a majority recorded it
     /// and `ttl − elapsed − drift` is still positive; the reported TTL is that validity,
-    /// so the holder's deadline counts from the request's send. Otherwise the partial
-    /// locks are released on every node (best effort) and the answer is `Held` (other
-    /// owners hold too many nodes for a majority) or a retryable error.
+    /// so the holder's deadline counts from the request's send. Otherwise the lease is
+    /// released (best effort) on every node that granted it, and the answer is `Held`
+    /// (other owners hold too many nodes for a majority) or a retryable error.
     ///
     /// # Cancel safety
     /// A dropped call may leave partial locks; they expire with their TTL, and a retry
@@ -251,7 +248,6 @@ impl Store for RedlockStore {
         StoreError::check_ttl(BACKEND, ttl)?;
         let started = Instant::now();
         let bound = self.step_bound(ttl);
-        let cb = self.config.connect_bound();
         let (lease, fence_key) = (self.lease_key(key), self.fence_key(key));
         let owner_hex = owner.to_hex();
         let ttl_ms = ttl.as_millis().to_string();
@@ -264,7 +260,6 @@ impl Store for RedlockStore {
                 node.run(
                     "acquire",
                     deadline,
-                    cb,
                     &SCRIPTS.acquire,
                     &keys,
                     &args,
@@ -302,7 +297,6 @@ impl Store for RedlockStore {
                     self.nodes[*i].run(
                         "acquire (recording the fence)",
                         deadline,
-                        cb,
                         &SCRIPTS.commit,
                         &keys,
                         &commit_args,
@@ -385,7 +379,6 @@ impl Store for RedlockStore {
         StoreError::check_ttl(BACKEND, ttl)?;
         let started = Instant::now();
         let bound = self.step_bound(ttl);
-        let cb = self.config.connect_bound();
         let lease = self.lease_key(key);
         let owner_hex = owner.to_hex();
         let ttl_ms = ttl.as_millis().to_string();
@@ -394,17 +387,7 @@ impl Store for RedlockStore {
         let keys = [lease.as_str()];
         let args = [owner_hex.as_str(), ttl_ms.as_str()];
         let mut tally = self
-            .on_all(|node| {
-                node.run(
-                    "renew",
-                    deadline,
-                    cb,
-                    &SCRIPTS.renew,
-                    &keys,
-                    &args,
-                    parse_flag,
-                )
-            })
+            .on_all(|node| node.run("renew", deadline, &SCRIPTS.renew, &keys, &args, parse_flag))
             .await;
         let renewed = tally.ok.iter().filter(|(_, yes)| *yes).count();
         let not_owner = tally.ok.len() - renewed;
@@ -434,7 +417,6 @@ impl Store for RedlockStore {
     /// A dropped call may have deleted the lease on some nodes.
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         let deadline = Instant::now() + self.config.node_bound();
-        let cb = self.config.connect_bound();
         let lease = self.lease_key(key);
         let owner_hex = owner.to_hex();
         let (n, q) = (self.nodes.len(), self.config.quorum());
@@ -445,7 +427,6 @@ impl Store for RedlockStore {
                 node.run(
                     "release",
                     deadline,
-                    cb,
                     &SCRIPTS.release,
                     &keys,
                     &args,
@@ -480,7 +461,6 @@ impl Store for RedlockStore {
     /// Cancel safe: it changes nothing.
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         let deadline = Instant::now() + self.config.node_bound();
-        let cb = self.config.connect_bound();
         let lease = self.lease_key(key);
         let q = self.config.quorum();
         let keys = [lease.as_str()];
@@ -489,7 +469,6 @@ impl Store for RedlockStore {
                 node.run(
                     "inspect",
                     deadline,
-                    cb,
                     &SCRIPTS.inspect,
                     &keys,
                     &[],
@@ -545,7 +524,6 @@ impl Store for RedlockStore {
     /// fence everywhere; break again.
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         let bound = self.config.node_bound();
-        let cb = self.config.connect_bound();
         let (lease, fence_key) = (self.lease_key(key), self.fence_key(key));
         let (n, q) = (self.nodes.len(), self.config.quorum());
         let deadline = Instant::now() + bound;
@@ -555,7 +533,6 @@ impl Store for RedlockStore {
                 node.run(
                     "break",
                     deadline,
-                    cb,
                     &SCRIPTS.break_lease,
                     &keys,
                     &[],
@@ -584,7 +561,6 @@ impl Store for RedlockStore {
                 node.run(
                     "break (recording the fence)",
                     deadline,
-                    cb,
                     &SCRIPTS.raise,
                     &raise_keys,
                     &raise_args,
