@@ -30,6 +30,11 @@ pub use leasehold_sqlite as sqlite;
 #[cfg(feature = "etcd")]
 pub use leasehold_etcd as etcd;
 
+/// The Redlock store over independent Redis servers (`redlock://`): the
+/// [`leasehold-redlock`](https://docs.rs/leasehold-redlock) crate.
+#[cfg(feature = "redlock")]
+pub use leasehold_redlock as redlock;
+
 /// The conformance suite every store must pass, for people who write their own store:
 /// the [`leasehold-conformance`](https://docs.rs/leasehold-conformance) crate (feature
 /// `conformance`, meant for dev-dependencies).
@@ -51,11 +56,13 @@ pub fn registry() -> Registry {
     r.register(Arc::new(leasehold_sqlite::SqliteFactory));
     #[cfg(feature = "etcd")]
     r.register(Arc::new(leasehold_etcd::EtcdFactory));
+    #[cfg(feature = "redlock")]
+    r.register(Arc::new(leasehold_redlock::RedlockFactory));
     r
 }
 
 /// Opens the store named by `url`, with any store this build enables: `redis://…`,
-/// `postgres://…`, `mysql://…`, `sqlite://…`, `etcd://…`, `memory://` (see each store's URL
+/// `postgres://…`, `mysql://…`, `sqlite://…`, `etcd://…`, `redlock://…`, `memory://` (see each store's URL
 /// parameters).
 ///
 /// # Cancel safety
@@ -113,6 +120,7 @@ fn feature_of(scheme: &str) -> Option<&'static str> {
         "mysql" | "mariadb" | "mysql+getlock" | "mariadb+getlock" => "mysql",
         "sqlite" => "sqlite",
         "etcd" => "etcd",
+        "redlock" => "redlock",
         _ => return None,
     })
 }
@@ -136,6 +144,13 @@ mod tests {
             let err = open("etcd://127.0.0.1:1").await.unwrap_err();
             assert!(err.to_string().contains("`etcd` feature"), "{err}");
         }
+        #[cfg(not(feature = "redlock"))]
+        {
+            let err = open("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("`redlock` feature"), "{err}");
+        }
     }
 
     #[test]
@@ -146,6 +161,7 @@ mod tests {
         }
         assert_eq!(feature_of("postgres+advisory"), Some("postgres"));
         assert_eq!(feature_of("etcd"), Some("etcd"));
+        assert_eq!(feature_of("redlock"), Some("redlock"));
         assert_eq!(feature_of("memory"), None);
     }
 }

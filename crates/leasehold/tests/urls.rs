@@ -5,6 +5,7 @@ use leasehold_etcd::EtcdConfig;
 use leasehold_mysql::MySqlConfig;
 use leasehold_postgres::PgConfig;
 use leasehold_redis::RedisConfig;
+use leasehold_redlock::RedlockConfig;
 use leasehold_sqlite::SqliteConfig;
 use proptest::prelude::*;
 
@@ -21,6 +22,7 @@ const SCHEMES: &[&str] = &[
     "mysql+getlock",
     "sqlite",
     "etcd",
+    "redlock",
     "memory",
     "",
 ];
@@ -44,6 +46,7 @@ fn parse_all(url: &str) -> Vec<String> {
         show(MySqlConfig::from_url(url)),
         show(SqliteConfig::from_url(url)),
         show(EtcdConfig::from_url(url)),
+        show(RedlockConfig::from_url(url)),
     ]
 }
 
