@@ -220,6 +220,7 @@ fn recheck(out: &std::path::Path) -> Result<Vec<leasehold_chaos::Violation>, Str
     let store = match summary["store"].as_str() {
         Some("Redis") => StoreKind::Redis,
         Some("Postgres") => StoreKind::Postgres,
+        Some("Redlock") => StoreKind::Redlock,
         other => return Err(format!("unknown store {other:?} in summary.json")),
     };
     let ttl = Duration::from_millis(

@@ -28,7 +28,13 @@ pub enum StoreKind {
     Redis,
     /// The lease table in the private PostgreSQL.
     Postgres,
+    /// Redlock over three private redis-servers (no persistence); the store fault kills
+    /// one node (`kill -9`) and starts it again empty, a different node each time.
+    Redlock,
 }
+
+/// The Redlock set's size in a chaos run.
+const REDLOCK_NODES: usize = 3;
 
 /// One chaos run.
 #[derive(Debug, Clone)]
@@ -75,10 +81,22 @@ struct Servers {
     pg: Postgres,
     redis: Option<RedisServer>,
     proxies: Vec<FaultProxy>,
+    /// Redlock: the nodes, and per worker slot its proxies to nodes 1.. (`proxies[i]`
+    /// goes to node 0); a slot's path fault applies to all of its proxies.
+    redlock: Vec<RedisServer>,
+    redlock_proxies: Vec<Vec<FaultProxy>>,
+    restarts: std::cell::Cell<usize>,
 }
 
 impl Servers {
     fn restart_store(&self) {
+        if !self.redlock.is_empty() {
+            // One node at a time: kill -9, start again at once, empty.
+            let n = self.restarts.get();
+            self.restarts.set(n + 1);
+            self.redlock[n % self.redlock.len()].restart();
+            return;
+        }
         match &self.redis {
             Some(r) => r.restart(), // kill -9, start again at once, no persistence
             None => {
@@ -86,6 +104,14 @@ impl Servers {
                 self.pg.start_again();
             }
         }
+    }
+
+    /// Every proxy of worker slot `i`.
+    fn path(&self, i: usize) -> impl Iterator<Item = &FaultProxy> {
+        self.proxies
+            .get(i)
+            .into_iter()
+            .chain(self.redlock_proxies.get(i).into_iter().flatten())
     }
 }
 
@@ -238,19 +264,58 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     );
     let pg = Postgres::start();
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
-    let upstream = redis.as_ref().map_or(pg.addr(), |r| r.addr());
+    let redlock: Vec<RedisServer> = if spec.store == StoreKind::Redlock {
+        (0..REDLOCK_NODES).map(|_| RedisServer::start()).collect()
+    } else {
+        Vec::new()
+    };
+    let upstream = redis
+        .as_ref()
+        .or(redlock.first())
+        .map_or(pg.addr(), |r| r.addr());
     let proxies = (0..spec.workers)
         .map(|_| FaultProxy::start(upstream))
         .collect();
-    let servers = Servers { pg, redis, proxies };
+    let redlock_proxies = (0..spec.workers)
+        .map(|_| {
+            redlock
+                .iter()
+                .skip(1)
+                .map(|n| FaultProxy::start(n.addr()))
+                .collect()
+        })
+        .collect();
+    let servers = Servers {
+        pg,
+        redis,
+        proxies,
+        redlock,
+        redlock_proxies,
+        restarts: std::cell::Cell::new(0),
+    };
     let pg_url = servers.pg.url();
-    let lease_url_via = |proxy: &FaultProxy| match spec.store {
-        StoreKind::Redis => format!("redis://127.0.0.1:{}/", proxy.port()),
-        StoreKind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
+    let nodes_url = |ports: Vec<u16>| {
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!(
+            "redlock://{}?node_timeout={}ms",
+            nodes.join(","),
+            spec.ttl.as_millis() / 10
+        )
+    };
+    let lease_url_via = |i: usize| {
+        let proxy = &servers.proxies[i];
+        match spec.store {
+            StoreKind::Redis => format!("redis://127.0.0.1:{}/", proxy.port()),
+            StoreKind::Postgres => {
+                format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port())
+            }
+            StoreKind::Redlock => nodes_url(servers.path(i).map(FaultProxy::port).collect()),
+        }
     };
     let direct_lease_url = match spec.store {
         StoreKind::Redis => servers.redis.as_ref().map(|r| r.url()).unwrap_or_default(),
         StoreKind::Postgres => format!("{pg_url}?leasehold_migrate=true"),
+        StoreKind::Redlock => nodes_url(servers.redlock.iter().map(RedisServer::port).collect()),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -272,13 +337,10 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     })?;
     let key = leasehold::Key::new(KEY).map_err(|e| e.to_string())?;
 
-    let mut slots: Vec<Slot> = servers
-        .proxies
-        .iter()
-        .enumerate()
-        .map(|(i, proxy)| {
+    let mut slots: Vec<Slot> = (0..servers.proxies.len())
+        .map(|i| {
             let name = format!("w{}", i + 1);
-            let lease_url = lease_url_via(proxy);
+            let lease_url = lease_url_via(i);
             let process = spawn_worker(spec, &format!("{name}#0"), &lease_url, &pg_url);
             Slot {
                 name,
@@ -352,9 +414,10 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 fault(&rec, &s.id(), FaultKind::Sigcont, "");
             }
             if s.proxy_until.is_some_and(|t| now >= t) {
-                let proxy = &servers.proxies[slot_index(&s.name).unwrap_or(0)];
-                proxy.set_mode(ProxyMode::Pass);
-                proxy.reset_all();
+                for proxy in servers.path(slot_index(&s.name).unwrap_or(0)) {
+                    proxy.set_mode(ProxyMode::Pass);
+                    proxy.reset_all();
+                }
                 s.proxy_until = None;
                 fault(&rec, &s.name, FaultKind::ProxyPass, "");
             }
@@ -562,7 +625,9 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                         _ => (ProxyMode::Reset, FaultKind::ProxyReset),
                     };
                     fault(&rec, &slots[i].name, recorded, why);
-                    servers.proxies[i].set_mode(mode);
+                    for proxy in servers.path(i) {
+                        proxy.set_mode(mode);
+                    }
                     slots[i].proxy_until = Some(Instant::now() + hold);
                 }
                 (kind, None) => {
@@ -587,7 +652,9 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     }
     for (i, s) in slots.iter_mut().enumerate() {
         if s.proxy_until.take().is_some() {
-            servers.proxies[i].set_mode(ProxyMode::Pass);
+            for proxy in servers.path(i) {
+                proxy.set_mode(ProxyMode::Pass);
+            }
             fault(&rec, &s.name, FaultKind::ProxyPass, "end of run");
         }
     }
@@ -639,8 +706,10 @@ pub fn read_events(dir: &Path) -> Result<Vec<Event>, String> {
 /// The checker's configuration for a run on `store` with `ttl`.
 pub fn check_config(store: StoreKind, ttl: Duration) -> CheckConfig {
     CheckConfig {
-        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10).
-        restart_loses_leases: store == StoreKind::Redis,
+        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10);
+        // a Redlock node restarted empty at once can take a bare majority's lease with
+        // it (FAULTS 12-13, see leasehold-redlock's failure model).
+        restart_loses_leases: matches!(store, StoreKind::Redis | StoreKind::Redlock),
         ..CheckConfig::for_ttl_ns(ttl.as_nanos() as u64)
     }
 }
