@@ -299,7 +299,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         format!(
             "redlock://{}?node_timeout={}ms",
             nodes.join(","),
-            spec.ttl.as_millis() / 10
+            (spec.ttl.as_millis() / 10).max(1)
         )
     };
     let lease_url_via = |i: usize| {
