@@ -449,3 +449,37 @@ async fn the_granted_ttl_is_the_validity() {
         );
     }
 }
+
+/// Five nodes: two down still leave a majority (three); three down refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_tolerate_two_down_and_refuse_with_three() {
+    let set = Set::start_n(5).await;
+    let k = key("five");
+    let direct = RedlockStore::open(&set.url()).await.unwrap();
+    assert_eq!(direct.config().quorum(), 3);
+    set.servers[0].kill();
+    set.servers[3].kill();
+    let (a, fa) = acquire_fresh(&direct, &k, TTL).await;
+    let info = direct.inspect(&k).await.unwrap().expect("held");
+    assert_eq!((info.owner, info.fence), (a, fa));
+    assert_eq!(
+        direct.release(&k, &a).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    set.servers[4].kill();
+    for _ in 0..3 {
+        match direct.acquire(&k, &OwnerToken::random(), TTL).await {
+            Ok(AcquireOutcome::Acquired { fence, .. }) => {
+                panic!("granted by two nodes of five (fence {fence})")
+            }
+            Ok(AcquireOutcome::Held { .. }) => {}
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+    }
+    for i in [1, 2] {
+        assert!(
+            !on_node(&set, i, &k).await,
+            "a refused acquire left its lock on node {i}"
+        );
+    }
+}
