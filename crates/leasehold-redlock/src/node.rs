@@ -40,6 +40,11 @@ impl std::fmt::Debug for NodeConn {
     }
 }
 
+/// What a permission error says the store needs.
+const ACL_NEEDS: &str = "permission denied by the node's ACL (the store needs PING, EVALSHA, \
+    SCRIPT LOAD and, inside its scripts, GET, SET, PEXPIRE, PTTL, DEL and TIME, on keys under \
+    its prefix)";
+
 fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
 }
@@ -225,6 +230,13 @@ impl NodeConn {
     /// Maps a `redis` error; `connecting`: nothing was sent yet.
     fn map(&self, op: &str, e: &RedisError, connecting: bool) -> StoreError {
         use StoreErrorKind as K;
+        let mut detail = e.to_string();
+        if let Some(s) = self.secret.as_deref().filter(|s| !s.is_empty()) {
+            detail = detail.replace(s, "<redacted>");
+        }
+        // A command refused by the ACL inside a script comes back as a plain error.
+        let refused_in_script = detail.contains("can't run this command")
+            || detail.contains("No permissions to access a key");
         let (kind, what) = match (e.code(), e.kind()) {
             (Some(CORRUPT_CODE), _) => (
                 K::Corrupt,
@@ -235,10 +247,10 @@ impl NodeConn {
                 K::Config,
                 "authentication failed; check the user name and password",
             ),
-            (Some("NOPERM"), _) | (_, ErrorKind::Server(ServerErrorKind::NoPerm)) => (
-                K::Config,
-                "permission denied by the node's ACL (the store needs EVAL, EVALSHA, SCRIPT LOAD and its key prefix)",
-            ),
+            (Some("NOPERM"), _) | (_, ErrorKind::Server(ServerErrorKind::NoPerm)) => {
+                (K::Config, ACL_NEEDS)
+            }
+            _ if refused_in_script => (K::Config, ACL_NEEDS),
             (Some("BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN" | "OOM"), _) => {
                 (K::Busy, "the node refused the request for now")
             }
@@ -253,10 +265,6 @@ impl NodeConn {
             ),
             _ => (K::Other, "the request failed"),
         };
-        let mut detail = e.to_string();
-        if let Some(s) = self.secret.as_deref().filter(|s| !s.is_empty()) {
-            detail = detail.replace(s, "<redacted>");
-        }
         StoreError::new(
             kind,
             BACKEND,

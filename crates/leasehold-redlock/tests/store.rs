@@ -483,3 +483,93 @@ async fn five_nodes_tolerate_two_down_and_refuse_with_three() {
         );
     }
 }
+
+/// The ACL rules the store needs on each node, for keys under `prefix` (the README
+/// shows the same list).
+fn acl_rules(prefix: &str) -> Vec<String> {
+    [
+        "on",
+        ">acl-pass",
+        "resetkeys",
+        &format!("~{prefix}*"),
+        "resetchannels",
+        "-@all",
+        "+ping",
+        "+evalsha",
+        "+script|load",
+        "+get",
+        "+set",
+        "+pexpire",
+        "+pttl",
+        "+del",
+        "+time",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Every operation works for an ACL user limited to the store's key prefix and the
+/// commands above; outside its prefix, or without a command it needs, it gets a `Config`
+/// error, never "held".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_acl_user() {
+    let set = Set::start().await;
+    let prefix = "acl-app:";
+    for i in 0..3 {
+        let mut args = vec!["ACL".to_owned(), "SETUSER".into(), "leasehold".into()];
+        args.extend(acl_rules(prefix));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(set.cli(i, &args).await, "OK");
+    }
+    let nodes: Vec<String> = set
+        .servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port()))
+        .collect();
+    let url = format!(
+        "redlock://leasehold:acl-pass@{}?prefix={prefix}",
+        nodes.join(",")
+    );
+    let store = RedlockStore::open(&url)
+        .await
+        .expect("open as the ACL user");
+    let k = key("acl");
+    let (a, fa) = acquire_fresh(&store, &k, TTL).await;
+    assert!(matches!(
+        store.renew(&k, &a, TTL).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    assert_eq!(store.inspect(&k).await.unwrap().map(|i| i.fence), Some(fa));
+    let broken = store.break_lease(&k).await.unwrap();
+    assert!(broken > fa);
+    let (b, fb) = acquire_fresh(&store, &k, TTL).await;
+    assert!(fb > broken);
+    assert_eq!(
+        store.release(&k, &b).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let outside = format!(
+        "redlock://leasehold:acl-pass@{}?prefix=other:",
+        nodes.join(",")
+    );
+    let other = RedlockStore::open(&outside).await.unwrap();
+    let err = other
+        .acquire(&k, &OwnerToken::random(), TTL)
+        .await
+        .expect_err("outside its prefix");
+    assert_eq!(err.kind(), StoreErrorKind::Config, "{err}");
+    assert!(!format!("{err:?}").contains("acl-pass"), "{err:?}");
+    // Without TIME (called inside the scripts): a configuration error too.
+    for i in 0..3 {
+        assert_eq!(
+            set.cli(i, &["ACL", "SETUSER", "leasehold", "-time"]).await,
+            "OK"
+        );
+    }
+    let err = store
+        .acquire(&key("acl-no-time"), &OwnerToken::random(), TTL)
+        .await
+        .expect_err("TIME refused");
+    assert_eq!(err.kind(), StoreErrorKind::Config, "{err}");
+}
