@@ -15,12 +15,13 @@ use leasehold_testkit::{FaultProxy, ProxyMode, RedisServer};
 /// The base TTL of the suite's timed cases.
 pub const FIXTURE_TTL: Duration = Duration::from_secs(1);
 
-/// The bound on one request to one node in the tests (the store also caps it at TTL/3).
-pub const NODE_TIMEOUT: Duration = Duration::from_millis(300);
+/// The bound on one request to one node in the tests (the store also caps it at TTL/3
+/// for acquires and renewals): generous, for a loaded machine.
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// The longest one store call takes before it fails by itself: an acquire is two
-/// rounds and a release of partial locks, each bounded by the node timeout.
-pub const OP_BOUND: Duration = Duration::from_millis(900);
+/// The longest one store call takes before it fails by itself: at most two rounds and a
+/// release of partial locks, each bounded by the node timeout.
+pub const OP_BOUND: Duration = Duration::from_millis(1500);
 
 /// Independent servers, a fault proxy in front of each, and a store through the proxies.
 pub struct Set {
