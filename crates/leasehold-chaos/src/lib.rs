@@ -18,7 +18,7 @@ pub use checker::{CheckConfig, Violation, check};
 pub use history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
 
 /// The stores the harness can run against: every store the `leasehold` crate is built
-/// with here (Redis, PostgreSQL, etcd).
+/// with here (Redis, PostgreSQL, etcd, ZooKeeper and Redlock).
 pub fn registry() -> leasehold::Registry {
     leasehold::registry()
 }

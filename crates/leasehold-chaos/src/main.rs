@@ -222,6 +222,7 @@ fn recheck(out: &std::path::Path) -> Result<Vec<leasehold_chaos::Violation>, Str
         Some("Postgres") => StoreKind::Postgres,
         Some("Etcd") => StoreKind::Etcd,
         Some("Zookeeper") => StoreKind::Zookeeper,
+        Some("Redlock") => StoreKind::Redlock,
         other => return Err(format!("unknown store {other:?} in summary.json")),
     };
     let ttl = Duration::from_millis(

@@ -33,7 +33,13 @@ pub enum StoreKind {
     /// A private ZooKeeper server (session timeout = TTL); the store restart kills it
     /// (`kill -9`, the member kill) and starts it again.
     Zookeeper,
+    /// Redlock over three private redis-servers (no persistence); the store fault kills
+    /// one node (`kill -9`) and starts it again empty, a different node each time.
+    Redlock,
 }
+
+/// The Redlock set's size in a chaos run.
+const REDLOCK_NODES: usize = 3;
 
 /// One chaos run.
 #[derive(Debug, Clone)]
@@ -82,6 +88,11 @@ struct Servers {
     etcd: Option<EtcdServer>,
     zk: Option<leasehold_testkit::ZkServer>,
     proxies: Vec<FaultProxy>,
+    /// Redlock: the nodes, and per worker slot its proxies to nodes 1.. (`proxies[i]`
+    /// goes to node 0); a slot's path fault applies to all of its proxies.
+    redlock: Vec<RedisServer>,
+    redlock_proxies: Vec<Vec<FaultProxy>>,
+    restarts: std::cell::Cell<usize>,
 }
 
 impl Servers {
@@ -95,6 +106,13 @@ impl Servers {
             zk.restart(); // kill -9, start again on the same data directory
             return;
         }
+        if !self.redlock.is_empty() {
+            // One node at a time: kill -9, start again at once, empty.
+            let n = self.restarts.get();
+            self.restarts.set(n + 1);
+            self.redlock[n % self.redlock.len()].restart();
+            return;
+        }
         match &self.redis {
             Some(r) => r.restart(), // kill -9, start again at once, no persistence
             None => {
@@ -102,6 +120,14 @@ impl Servers {
                 self.pg.start_again();
             }
         }
+    }
+
+    /// Every proxy of worker slot `i`.
+    fn path(&self, i: usize) -> impl Iterator<Item = &FaultProxy> {
+        self.proxies
+            .get(i)
+            .into_iter()
+            .chain(self.redlock_proxies.get(i).into_iter().flatten())
     }
 }
 
@@ -256,14 +282,29 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
     let etcd = (spec.store == StoreKind::Etcd).then(EtcdServer::start);
     let zk = (spec.store == StoreKind::Zookeeper).then(leasehold_testkit::ZkServer::start);
-    let upstream = match (&redis, &etcd, &zk) {
-        (Some(r), _, _) => r.addr(),
-        (None, Some(e), _) => e.addr(),
-        (None, None, Some(z)) => z.addr(),
-        (None, None, None) => pg.addr(),
+    let redlock: Vec<RedisServer> = if spec.store == StoreKind::Redlock {
+        (0..REDLOCK_NODES).map(|_| RedisServer::start()).collect()
+    } else {
+        Vec::new()
+    };
+    let upstream = match (&redis, &etcd, &zk, redlock.first()) {
+        (Some(r), _, _, _) => r.addr(),
+        (None, Some(e), _, _) => e.addr(),
+        (None, None, Some(z), _) => z.addr(),
+        (None, None, None, Some(r)) => r.addr(),
+        (None, None, None, None) => pg.addr(),
     };
     let proxies = (0..spec.workers)
         .map(|_| FaultProxy::start(upstream))
+        .collect();
+    let redlock_proxies = (0..spec.workers)
+        .map(|_| {
+            redlock
+                .iter()
+                .skip(1)
+                .map(|n| FaultProxy::start(n.addr()))
+                .collect()
+        })
         .collect();
     let servers = Servers {
         pg,
@@ -271,14 +312,33 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         etcd,
         zk,
         proxies,
+        redlock,
+        redlock_proxies,
+        restarts: std::cell::Cell::new(0),
     };
     let zk_params = format!("/chaos?session_timeout={}ms", spec.ttl.as_millis());
     let pg_url = servers.pg.url();
-    let lease_url_via = |proxy: &FaultProxy| match spec.store {
-        StoreKind::Redis => format!("redis://127.0.0.1:{}/", proxy.port()),
-        StoreKind::Postgres => format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port()),
-        StoreKind::Etcd => format!("etcd://127.0.0.1:{}", proxy.port()),
-        StoreKind::Zookeeper => format!("zookeeper://127.0.0.1:{}{zk_params}", proxy.port()),
+    let nodes_url = |ports: Vec<u16>| {
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!(
+            "redlock://{}?node_timeout={}ms",
+            nodes.join(","),
+            (spec.ttl.as_millis() / 10).max(1)
+        )
+    };
+    let lease_url_via = |i: usize| {
+        let proxy = &servers.proxies[i];
+        match spec.store {
+            StoreKind::Redis => format!("redis://127.0.0.1:{}/", proxy.port()),
+            StoreKind::Postgres => {
+                format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port())
+            }
+            StoreKind::Etcd => format!("etcd://127.0.0.1:{}", proxy.port()),
+            StoreKind::Zookeeper => {
+                format!("zookeeper://127.0.0.1:{}{zk_params}", proxy.port())
+            }
+            StoreKind::Redlock => nodes_url(servers.path(i).map(FaultProxy::port).collect()),
+        }
     };
     let direct_lease_url = match spec.store {
         StoreKind::Redis => servers.redis.as_ref().map(|r| r.url()).unwrap_or_default(),
@@ -289,6 +349,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             .as_ref()
             .map(|z| format!("zookeeper://127.0.0.1:{}{zk_params}", z.port()))
             .unwrap_or_default(),
+        StoreKind::Redlock => nodes_url(servers.redlock.iter().map(RedisServer::port).collect()),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -310,13 +371,10 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     })?;
     let key = leasehold::Key::new(KEY).map_err(|e| e.to_string())?;
 
-    let mut slots: Vec<Slot> = servers
-        .proxies
-        .iter()
-        .enumerate()
-        .map(|(i, proxy)| {
+    let mut slots: Vec<Slot> = (0..servers.proxies.len())
+        .map(|i| {
             let name = format!("w{}", i + 1);
-            let lease_url = lease_url_via(proxy);
+            let lease_url = lease_url_via(i);
             let process = spawn_worker(spec, &format!("{name}#0"), &lease_url, &pg_url);
             Slot {
                 name,
@@ -390,9 +448,10 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 fault(&rec, &s.id(), FaultKind::Sigcont, "");
             }
             if s.proxy_until.is_some_and(|t| now >= t) {
-                let proxy = &servers.proxies[slot_index(&s.name).unwrap_or(0)];
-                proxy.set_mode(ProxyMode::Pass);
-                proxy.reset_all();
+                for proxy in servers.path(slot_index(&s.name).unwrap_or(0)) {
+                    proxy.set_mode(ProxyMode::Pass);
+                    proxy.reset_all();
+                }
                 s.proxy_until = None;
                 fault(&rec, &s.name, FaultKind::ProxyPass, "");
             }
@@ -600,7 +659,9 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                         _ => (ProxyMode::Reset, FaultKind::ProxyReset),
                     };
                     fault(&rec, &slots[i].name, recorded, why);
-                    servers.proxies[i].set_mode(mode);
+                    for proxy in servers.path(i) {
+                        proxy.set_mode(mode);
+                    }
                     slots[i].proxy_until = Some(Instant::now() + hold);
                 }
                 (kind, None) => {
@@ -625,7 +686,9 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     }
     for (i, s) in slots.iter_mut().enumerate() {
         if s.proxy_until.take().is_some() {
-            servers.proxies[i].set_mode(ProxyMode::Pass);
+            for proxy in servers.path(i) {
+                proxy.set_mode(ProxyMode::Pass);
+            }
             fault(&rec, &s.name, FaultKind::ProxyPass, "end of run");
         }
     }
@@ -677,8 +740,10 @@ pub fn read_events(dir: &Path) -> Result<Vec<Event>, String> {
 /// The checker's configuration for a run on `store` with `ttl`.
 pub fn check_config(store: StoreKind, ttl: Duration) -> CheckConfig {
     CheckConfig {
-        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10).
-        restart_loses_leases: store == StoreKind::Redis,
+        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10);
+        // a Redlock node restarted empty at once can take a bare majority's lease with
+        // it (FAULTS 12-13, see leasehold-redlock's failure model).
+        restart_loses_leases: matches!(store, StoreKind::Redis | StoreKind::Redlock),
         ..CheckConfig::for_ttl_ns(ttl.as_nanos() as u64)
     }
 }

@@ -163,6 +163,18 @@ fn postgres_store_with_the_guard_has_no_violation() {
     with_the_guard("postgres", "12");
 }
 
+/// Redlock over three nodes: the store fault kills one node and starts it again empty
+/// (FAULTS 12); path faults hit all of a worker's node connections.
+#[test]
+fn redlock_store_with_the_guard_has_no_violation() {
+    with_the_guard("redlock", "16");
+}
+
+#[test]
+fn redlock_control_run_without_the_guard_is_caught() {
+    without_the_guard("redlock", "17");
+}
+
 #[test]
 fn etcd_store_with_the_guard_has_no_violation() {
     with_the_guard("etcd", "15");

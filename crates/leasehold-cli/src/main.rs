@@ -45,9 +45,9 @@ struct Cli {
 
 #[derive(Debug, Args)]
 struct Global {
-    /// Store URL (redis://, rediss://, redis+cluster://, redis+sentinel://, postgres://,
-    /// postgres+advisory://, mysql://, mysql+getlock://, sqlite://, zookeeper://; etcd:// in a
-    /// build with the etcd feature).
+    /// Store URL (redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://,
+    /// postgres://, postgres+advisory://, mysql://, mysql+getlock://, sqlite://, zookeeper://;
+    /// etcd:// in a build with the etcd feature).
     /// Default: the embedded SQLite database.
     /// memory:// is refused: each process would get its own store, so nothing would be
     /// excluded.

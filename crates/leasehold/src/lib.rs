@@ -30,6 +30,10 @@ pub use leasehold_sqlite as sqlite;
 #[cfg(feature = "etcd")]
 pub use leasehold_etcd as etcd;
 
+/// The Redlock store over independent Redis servers (`redlock://`): the
+/// [`leasehold-redlock`](https://docs.rs/leasehold-redlock) crate.
+#[cfg(feature = "redlock")]
+pub use leasehold_redlock as redlock;
 /// The ZooKeeper store (`zookeeper://`): the
 /// [`leasehold-zookeeper`](https://docs.rs/leasehold-zookeeper) crate.
 #[cfg(feature = "zookeeper")]
@@ -58,11 +62,13 @@ pub fn registry() -> Registry {
     r.register(Arc::new(leasehold_etcd::EtcdFactory));
     #[cfg(feature = "zookeeper")]
     r.register(Arc::new(leasehold_zookeeper::ZkFactory));
+    #[cfg(feature = "redlock")]
+    r.register(Arc::new(leasehold_redlock::RedlockFactory));
     r
 }
 
 /// Opens the store named by `url`, with any store this build enables: `redis://…`,
-/// `postgres://…`, `mysql://…`, `sqlite://…`, `etcd://…`, `zookeeper://…`, `memory://` (see each store's URL
+/// `postgres://…`, `mysql://…`, `sqlite://…`, `etcd://…`, `zookeeper://…`, `redlock://…`, `memory://` (see each store's URL
 /// parameters).
 ///
 /// # Cancel safety
@@ -121,6 +127,7 @@ fn feature_of(scheme: &str) -> Option<&'static str> {
         "sqlite" => "sqlite",
         "etcd" => "etcd",
         "zookeeper" => "zookeeper",
+        "redlock" => "redlock",
         _ => return None,
     })
 }
@@ -149,6 +156,13 @@ mod tests {
             let err = open("zookeeper://127.0.0.1:1/x").await.unwrap_err();
             assert!(err.to_string().contains("`zookeeper` feature"), "{err}");
         }
+        #[cfg(not(feature = "redlock"))]
+        {
+            let err = open("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("`redlock` feature"), "{err}");
+        }
     }
 
     #[test]
@@ -160,6 +174,7 @@ mod tests {
         assert_eq!(feature_of("postgres+advisory"), Some("postgres"));
         assert_eq!(feature_of("etcd"), Some("etcd"));
         assert_eq!(feature_of("zookeeper"), Some("zookeeper"));
+        assert_eq!(feature_of("redlock"), Some("redlock"));
         assert_eq!(feature_of("memory"), None);
     }
 }

@@ -5,6 +5,7 @@ use leasehold_etcd::EtcdConfig;
 use leasehold_mysql::MySqlConfig;
 use leasehold_postgres::PgConfig;
 use leasehold_redis::RedisConfig;
+use leasehold_redlock::RedlockConfig;
 use leasehold_sqlite::SqliteConfig;
 use leasehold_zookeeper::ZkConfig;
 use proptest::prelude::*;
@@ -23,6 +24,7 @@ const SCHEMES: &[&str] = &[
     "sqlite",
     "etcd",
     "zookeeper",
+    "redlock",
     "memory",
     "",
 ];
@@ -47,6 +49,7 @@ fn parse_all(url: &str) -> Vec<String> {
         show(SqliteConfig::from_url(url)),
         show(EtcdConfig::from_url(url)),
         show(ZkConfig::from_url(url)),
+        show(RedlockConfig::from_url(url)),
     ]
 }
 

@@ -1,0 +1,58 @@
+#![doc = include_str!("../README.md")]
+#![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
+
+mod config;
+mod factory;
+mod node;
+mod scripts;
+mod store;
+
+pub use config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_DRIFT_MIN, DEFAULT_NODE_TIMEOUT,
+    DEFAULT_PREFIX, MAX_NODES, MAX_PREFIX_LEN, MIN_NODES, Node, RedlockConfig,
+};
+pub use factory::RedlockFactory;
+pub use store::RedlockStore;
+
+/// The backend name reported by [`RedlockStore`].
+pub const BACKEND: &str = "redlock";
+
+#[cfg(test)]
+mod bounds {
+    fn is_send_sync<T: Send + Sync>() {}
+    #[test]
+    fn bounds() {
+        is_send_sync::<super::RedlockStore>();
+        is_send_sync::<super::RedlockConfig>();
+        is_send_sync::<super::RedlockFactory>();
+    }
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// The futures callers hold across threads are `Send` (checked at compile time; the
+    /// function is never called).
+    #[allow(dead_code)]
+    fn futures_are_send(config: super::RedlockConfig, store: super::RedlockStore) {
+        use leasehold_core::Store;
+        assert_send(&super::RedlockStore::open("redlock://h:1,h:2,h:3"));
+        assert_send(&super::RedlockStore::connect(config));
+        let key = leasehold_core::Key::new("job:x").unwrap();
+        let owner = leasehold_core::OwnerToken::random();
+        let ttl = std::time::Duration::from_secs(1);
+        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
+        assert_send(&store.acquire(&key, &owner, ttl));
+        assert_send(&store.renew(&key, &owner, ttl));
+        assert_send(&store.release(&key, &owner));
+        assert_send(&store.inspect(&key));
+        assert_send(&store.break_lease(&key));
+    }
+
+    #[test]
+    fn debug_never_shows_the_password() {
+        let c = super::RedlockConfig::from_url("redlock://u:sentinel-pw@h:1,h:2,h:3").unwrap();
+        let store = super::RedlockStore::new(c).unwrap();
+        let shown = format!("{store:?}");
+        assert!(!shown.contains("sentinel-pw"), "{shown}");
+    }
+}

@@ -1,0 +1,290 @@
+//! One node of the set: a lazily opened multiplexed connection, requests bounded by a
+//! deadline, errors mapped to [`StoreError`]s with the password scrubbed.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use leasehold_core::{StoreError, StoreErrorKind};
+use redis::aio::MultiplexedConnection;
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, Script, ServerErrorKind, Value,
+};
+use tokio::time::{Instant, timeout_at};
+
+use crate::BACKEND;
+use crate::config::{Node, RedlockConfig};
+use crate::scripts::{CORRUPT_CODE, ReplyError};
+
+/// A connection to one node and what is needed to open it again.
+pub(crate) struct NodeConn {
+    /// `host:port`, for messages.
+    pub(crate) name: String,
+    client: Client,
+    secret: Option<String>,
+    connect_bound: std::time::Duration,
+    /// The open connection and its generation.
+    slot: Mutex<Option<(u64, MultiplexedConnection)>>,
+    /// Held while connecting, so that concurrent callers wait for one attempt.
+    connecting: tokio::sync::Mutex<()>,
+    next_gen: AtomicU64,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for NodeConn {
+    /// The node's address only: the client's own `Debug` would show the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConn")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a permission error says the store needs.
+const ACL_NEEDS: &str = "permission denied by the node's ACL (the store needs PING, EVALSHA, \
+    SCRIPT LOAD and, inside its scripts, GET, SET, PEXPIRE, PTTL, DEL and TIME, on keys under \
+    its prefix)";
+
+fn config_error(msg: impl Into<String>) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
+}
+
+impl NodeConn {
+    pub(crate) fn new(cfg: &RedlockConfig, node: &Node) -> Result<Self, StoreError> {
+        let mut settings = RedisConnectionInfo::default().set_skip_set_lib_name();
+        if let Some(u) = cfg.user() {
+            settings = settings.set_username(u);
+        }
+        if let Some(p) = cfg.password() {
+            settings = settings.set_password(p);
+        }
+        let info = ConnectionAddr::Tcp(node.host().to_owned(), node.port())
+            .into_connection_info()
+            .map_err(|_| config_error(format!("Redlock node {node}: a bad address")))?
+            .set_redis_settings(settings);
+        let client = Client::open(info)
+            .map_err(|_| config_error(format!("Redlock node {node}: a bad address")))?;
+        let seed = u64::from_le_bytes(
+            leasehold_core::OwnerToken::random().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([0; 8]),
+        );
+        Ok(Self {
+            name: node.to_string(),
+            client,
+            secret: cfg.password().map(str::to_owned),
+            connect_bound: cfg.connect_bound(),
+            slot: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            next_gen: AtomicU64::new(1),
+            next_id: AtomicU64::new(seed >> 12),
+        })
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(u64, MultiplexedConnection)>> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn invalidate(&self, generation: u64) {
+        let mut slot = self.slot();
+        if slot.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *slot = None;
+        }
+    }
+
+    /// The open connection, or a new one, by `deadline`. Failing to connect means nothing
+    /// was sent: `Unavailable` (or `Config` for a refused password).
+    pub(crate) async fn conn(
+        &self,
+        op: &str,
+        deadline: Instant,
+    ) -> Result<(u64, MultiplexedConnection), StoreError> {
+        if let Some(c) = self.slot().clone() {
+            return Ok(c);
+        }
+        let unavailable = |what: &str| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                format!("{op}: node {}: {what}", self.name),
+            )
+        };
+        let _connecting = timeout_at(deadline, self.connecting.lock())
+            .await
+            .map_err(|_| unavailable("no connection in time (another caller is connecting)"))?;
+        if let Some(c) = self.slot().clone() {
+            return Ok(c);
+        }
+        let deadline = deadline.min(Instant::now() + self.connect_bound);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(deadline.saturating_duration_since(Instant::now())))
+            .set_response_timeout(None);
+        let conn = match timeout_at(
+            deadline,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        {
+            Err(_) => return Err(unavailable("could not connect in time")),
+            Ok(Err(e)) => return Err(self.map(op, &e, true)),
+            Ok(Ok(c)) => c,
+        };
+        let generation = self.next_gen.fetch_add(1, Ordering::Relaxed);
+        *self.slot() = Some((generation, conn.clone()));
+        Ok((generation, conn))
+    }
+
+    /// Connects (if need be) and sends `PING`, so that a refused password shows now.
+    pub(crate) async fn ping(&self, deadline: Instant) -> Result<(), StoreError> {
+        let op = "connecting";
+        let (generation, mut conn) = self.conn(op, deadline).await?;
+        match timeout_at(deadline, redis::cmd("PING").query_async::<Value>(&mut conn)).await {
+            Err(_) => {
+                self.invalidate(generation);
+                Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    BACKEND,
+                    format!("{op}: node {} did not answer PING in time", self.name),
+                ))
+            }
+            Ok(Err(e)) => {
+                self.invalidate(generation);
+                Err(self.map(op, &e, true))
+            }
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+
+    /// Runs `script` with `keys` and `[request id] + args` by `deadline` and parses the
+    /// reply. A timeout, a broken connection or a reply to another request drops the
+    /// connection (the next call opens a new one).
+    pub(crate) async fn run<T>(
+        &self,
+        op: &str,
+        deadline: Instant,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+        parse: impl FnOnce(&Value, &str) -> Result<T, ReplyError>,
+    ) -> Result<T, StoreError> {
+        let (generation, mut conn) = self.conn(op, deadline).await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        inv.arg(id.as_str());
+        for a in args {
+            inv.arg(*a);
+        }
+        let guard = InFlight {
+            node: self,
+            generation,
+            armed: true,
+        };
+        let res = timeout_at(deadline, inv.invoke_async::<Value>(&mut conn)).await;
+        let mut guard = guard;
+        guard.armed = false;
+        let value = match res {
+            Err(_) => {
+                self.invalidate(generation);
+                return Err(StoreError::new(
+                    StoreErrorKind::Timeout,
+                    BACKEND,
+                    format!(
+                        "{op}: node {} did not answer in time; it may have applied the request",
+                        self.name
+                    ),
+                ));
+            }
+            Ok(Err(e)) => {
+                if e.is_io_error() || e.is_unrecoverable_error() || e.is_connection_dropped() {
+                    self.invalidate(generation);
+                }
+                return Err(self.map(op, &e, false));
+            }
+            Ok(Ok(v)) => v,
+        };
+        parse(&value, &id).map_err(|e| match e {
+            ReplyError::WrongId => {
+                self.invalidate(generation);
+                StoreError::new(
+                    StoreErrorKind::Ambiguous,
+                    BACKEND,
+                    format!(
+                        "{op}: node {}: the reply belongs to another request (the connection \
+                         lost bytes); the connection was dropped and the request may have been applied",
+                        self.name
+                    ),
+                )
+            }
+            ReplyError::Shape(what) => StoreError::new(
+                StoreErrorKind::Corrupt,
+                BACKEND,
+                format!("{op}: node {}: unexpected reply ({what})", self.name),
+            ),
+        })
+    }
+
+    /// Maps a `redis` error; `connecting`: nothing was sent yet.
+    fn map(&self, op: &str, e: &RedisError, connecting: bool) -> StoreError {
+        use StoreErrorKind as K;
+        let mut detail = e.to_string();
+        if let Some(s) = self.secret.as_deref().filter(|s| !s.is_empty()) {
+            detail = detail.replace(s, "<redacted>");
+        }
+        // A command refused by the ACL inside a script comes back as a plain error.
+        let refused_in_script = detail.contains("can't run this command")
+            || detail.contains("No permissions to access a key");
+        let (kind, what) = match (e.code(), e.kind()) {
+            (Some(CORRUPT_CODE), _) => (
+                K::Corrupt,
+                "the node holds data that is not a leasehold lease at this key",
+            ),
+            (Some("WRONGTYPE"), _) => (K::Corrupt, "a key of the wrong type is in the way"),
+            (Some("NOAUTH" | "WRONGPASS"), _) | (_, ErrorKind::AuthenticationFailed) => (
+                K::Config,
+                "authentication failed; check the user name and password",
+            ),
+            (Some("NOPERM"), _) | (_, ErrorKind::Server(ServerErrorKind::NoPerm)) => {
+                (K::Config, ACL_NEEDS)
+            }
+            _ if refused_in_script => (K::Config, ACL_NEEDS),
+            (Some("BUSY" | "LOADING" | "TRYAGAIN" | "MASTERDOWN" | "OOM"), _) => {
+                (K::Busy, "the node refused the request for now")
+            }
+            (Some("READONLY"), _) => (
+                K::Config,
+                "the node is a read-only replica: a Redlock node must be an independent primary",
+            ),
+            _ if connecting => (K::Unavailable, "could not connect"),
+            _ if e.is_io_error() || e.is_connection_dropped() => (
+                K::Ambiguous,
+                "the connection broke; the request may have been applied",
+            ),
+            _ => (K::Other, "the request failed"),
+        };
+        StoreError::new(
+            kind,
+            BACKEND,
+            format!("{op}: node {}: {what} ({detail})", self.name),
+        )
+    }
+}
+
+/// Drops the connection if the request's future is dropped between sending and its
+/// reply: later replies on it would be matched to the wrong requests.
+struct InFlight<'a> {
+    node: &'a NodeConn,
+    generation: u64,
+    armed: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.node.invalidate(self.generation);
+        }
+    }
+}

@@ -1,0 +1,585 @@
+//! [`RedlockStore`]: the store contract over N independent Redis servers.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use leasehold_core::{
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+};
+use tokio::time::Instant;
+
+use crate::BACKEND;
+use crate::config::RedlockConfig;
+use crate::node::NodeConn;
+use crate::scripts::{
+    NodeGrant, NodeView, SCRIPTS, parse_acquire, parse_fence_reply, parse_flag, parse_inspect,
+};
+
+/// A lease store over the independent Redis servers of a Redlock set (see the crate
+/// docs for the algorithm, the fence design and the failure model).
+///
+/// Every operation sends one request to every node at once, each bounded by its own
+/// timeout, and decides by majority. `Debug` never shows the password.
+#[derive(Debug)]
+pub struct RedlockStore {
+    config: RedlockConfig,
+    nodes: Vec<NodeConn>,
+}
+
+/// What the nodes answered to one round.
+struct Tally<T> {
+    ok: Vec<(usize, T)>,
+    errors: Vec<StoreError>,
+}
+
+impl<T> Tally<T> {
+    fn of(replies: Vec<Result<T, StoreError>>) -> Self {
+        let mut ok = Vec::new();
+        let mut errors = Vec::new();
+        for (i, r) in replies.into_iter().enumerate() {
+            match r {
+                Ok(v) => ok.push((i, v)),
+                Err(e) => errors.push(e),
+            }
+        }
+        Self { ok, errors }
+    }
+
+    /// The first error that retrying will not cure (configuration, corrupt data), taken
+    /// out.
+    fn take_fatal(&mut self) -> Option<StoreError> {
+        let i = self.errors.iter().position(|e| !e.kind().is_retryable())?;
+        Some(self.errors.swap_remove(i))
+    }
+
+    /// A retryable error saying that `what` reached too few nodes, of the kind of the
+    /// nodes' errors (`Timeout` if any request may have been applied).
+    fn short(&self, op: &str, what: String) -> StoreError {
+        let kind = if self.errors.iter().any(|e| e.kind().is_ambiguous()) {
+            StoreErrorKind::Timeout
+        } else {
+            self.errors
+                .first()
+                .map_or(StoreErrorKind::Unavailable, StoreError::kind)
+        };
+        let detail = self
+            .errors
+            .first()
+            .map(|e| format!("; first node error: {e}"))
+            .unwrap_or_default();
+        StoreError::new(kind, BACKEND, format!("{op}: {what}{detail}"))
+    }
+}
+
+/// Percent-encodes `%`, `{` and `}`, so that the key's hash tag is exactly the encoded key
+/// and no user key can make two lease keys collide.
+fn encode(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+impl RedlockStore {
+    /// A store for `config`. Does not connect: each node is connected on first use (and
+    /// again after a failure).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when a node's address cannot be used.
+    pub fn new(config: RedlockConfig) -> Result<Self, StoreError> {
+        let nodes = config
+            .nodes()
+            .iter()
+            .map(|n| NodeConn::new(&config, n))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { config, nodes })
+    }
+
+    /// Parses `url` (see [`RedlockConfig::from_url`]) and [connects](Self::connect).
+    ///
+    /// # Errors
+    /// As [`RedlockConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping it only drops connections being opened.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::connect(RedlockConfig::from_url(url)?).await
+    }
+
+    /// A store for `config`, connected to every node it can reach within the connect
+    /// timeout, so that a wrong password is reported now rather than by the first lease.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when a node refuses the credentials or its address is
+    /// unusable; [`StoreErrorKind::Unavailable`] when fewer than a majority of the nodes
+    /// could be reached (a minority down is fine: those are connected on later use).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping it only drops connections being opened.
+    pub async fn connect(config: RedlockConfig) -> Result<Self, StoreError> {
+        let store = Self::new(config)?;
+        let bound = store.config.connect_bound();
+        let deadline = Instant::now() + bound;
+        let mut tally = Tally::of(join_all(store.nodes.iter().map(|n| n.ping(deadline))).await);
+        if let Some(e) = tally.take_fatal() {
+            return Err(e);
+        }
+        let q = store.config.quorum();
+        if tally.ok.len() < q {
+            return Err(tally.short(
+                "connecting",
+                format!(
+                    "reached {} of {} Redlock nodes, a majority ({q}) is needed",
+                    tally.ok.len(),
+                    store.nodes.len()
+                ),
+            ));
+        }
+        Ok(store)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.config
+    }
+
+    /// The Redis key holding `key`'s lease on every node (`owner:fence`, with the TTL as
+    /// its expiry): `<prefix>{<key>}` with `%`, `{`, `}` percent-encoded.
+    pub fn lease_key(&self, key: &Key) -> String {
+        format!("{}{{{}}}", self.config.key_prefix(), encode(key.as_str()))
+    }
+
+    /// The Redis key holding the last fence a node issued or recorded for `key` (never
+    /// expires).
+    pub fn fence_key(&self, key: &Key) -> String {
+        format!("{}:fence", self.lease_key(key))
+    }
+
+    /// The bound on each node's request in an acquire or renewal of `ttl`: the node
+    /// timeout, but at most a third of the TTL.
+    fn step_bound(&self, ttl: Duration) -> Duration {
+        self.config.node_bound().min(ttl / 3)
+    }
+
+    /// Runs `f` on every node at once; one result per node, in node order.
+    async fn on_all<'a, T, F, Fut>(&'a self, f: F) -> Tally<T>
+    where
+        F: Fn(&'a NodeConn) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        Tally::of(join_all(self.nodes.iter().map(f)).await)
+    }
+
+    /// Best-effort release of `owner`'s lease on the nodes `granted` (after a refused
+    /// acquire). Nodes whose reply did not come keep their partial lock until its TTL:
+    /// the caller, told the outcome is unknown, retries with the same owner and finds it.
+    async fn release_on(&self, granted: &[usize], lease: &str, owner: &str, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        let (keys, args) = ([lease], [owner]);
+        let replies = join_all(granted.iter().map(|i| {
+            self.nodes[*i].run(
+                "release after a refused acquire",
+                deadline,
+                &SCRIPTS.release,
+                &keys,
+                &args,
+                parse_flag,
+            )
+        }))
+        .await;
+        let failed = replies.iter().filter(|r| r.is_err()).count();
+        if failed > 0 {
+            tracing::debug!(
+                failed,
+                "redlock: partial locks of a refused acquire left to expire with their TTL"
+            );
+        }
+    }
+
+    /// `ttl − elapsed − drift`, if positive.
+    fn validity(&self, ttl: Duration, started: Instant) -> Option<Duration> {
+        ttl.checked_sub(started.elapsed())
+            .and_then(|v| v.checked_sub(self.config.drift(ttl)))
+            .filter(|v| !v.is_zero())
+    }
+}
+
+#[async_trait]
+impl Store for RedlockStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::minimal();
+        caps.reports_remaining = true;
+        caps.break_lease = true;
+        caps.fence_durability = FenceDurability::ClockFloored;
+        caps
+    }
+
+    /// Round one on every node at once (set if free, or extend if this owner's, each
+    /// node returning its fence candidate), then, with a majority granted, round two
+    /// writes the highest candidate to those nodes. Granted when a majority recorded it
+    /// and `ttl − elapsed − drift` is still positive; the reported TTL is that validity,
+    /// so the holder's deadline counts from the request's send. Otherwise the lease is
+    /// released (best effort) on every node that granted it, and the answer is `Held`
+    /// (other owners hold too many nodes for a majority) or a retryable error.
+    ///
+    /// # Cancel safety
+    /// A dropped call may leave partial locks; they expire with their TTL, and a retry
+    /// with the same owner reuses them.
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        let started = Instant::now();
+        let bound = self.step_bound(ttl);
+        let (lease, fence_key) = (self.lease_key(key), self.fence_key(key));
+        let owner_hex = owner.to_hex();
+        let ttl_ms = ttl.as_millis().to_string();
+        let (n, q) = (self.nodes.len(), self.config.quorum());
+        let deadline = started + bound;
+        let keys = [lease.as_str(), fence_key.as_str()];
+        let args = [owner_hex.as_str(), ttl_ms.as_str()];
+        let mut tally = self
+            .on_all(|node| {
+                node.run(
+                    "acquire",
+                    deadline,
+                    &SCRIPTS.acquire,
+                    &keys,
+                    &args,
+                    parse_acquire,
+                )
+            })
+            .await;
+        let fatal = tally.take_fatal();
+        let granted: Vec<(usize, Fence)> = tally
+            .ok
+            .iter()
+            .filter_map(|(i, g)| match g {
+                NodeGrant::Granted(f) => Some((*i, *f)),
+                NodeGrant::Held(_) => None,
+            })
+            .collect();
+        let mut held: Vec<Duration> = tally
+            .ok
+            .iter()
+            .filter_map(|(_, g)| match g {
+                NodeGrant::Held(d) => Some(*d),
+                NodeGrant::Granted(_) => None,
+            })
+            .collect();
+        let granted_nodes: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
+        if fatal.is_none() && granted.len() >= q {
+            // Round two: the fence is the highest candidate, recorded on the granting
+            // nodes (see the crate docs, "Fences").
+            let fence = granted.iter().map(|(_, f)| *f).max().unwrap_or(Fence(1));
+            let fs = fence.0.to_string();
+            let deadline = Instant::now() + bound;
+            let commit_args = [owner_hex.as_str(), fs.as_str()];
+            let commits = Tally::of(
+                join_all(granted.iter().map(|(i, _)| {
+                    self.nodes[*i].run(
+                        "acquire (recording the fence)",
+                        deadline,
+                        &SCRIPTS.commit,
+                        &keys,
+                        &commit_args,
+                        parse_flag,
+                    )
+                }))
+                .await,
+            );
+            let recorded = commits.ok.iter().filter(|(_, yes)| *yes).count();
+            let validity = self.validity(ttl, started);
+            if recorded >= q
+                && let Some(validity) = validity
+            {
+                return Ok(AcquireOutcome::Acquired {
+                    fence,
+                    ttl: validity,
+                });
+            }
+            self.release_on(&granted_nodes, &lease, &owner_hex, bound)
+                .await;
+            if recorded < q {
+                let mut commits = commits;
+                if let Some(e) = commits.take_fatal() {
+                    return Err(e);
+                }
+                return Err(commits.short(
+                    "acquire",
+                    format!(
+                        "the fence was recorded on {recorded} of {n} nodes, {q} needed; the \
+                         partial locks were released"
+                    ),
+                ));
+            }
+            return Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                BACKEND,
+                format!(
+                    "acquire: the nodes granted the lease but it took {:?}, leaving no validity \
+                     of the {ttl:?} TTL after the drift allowance; the locks were released \
+                     (retry, or use a longer TTL)",
+                    started.elapsed()
+                ),
+            ));
+        }
+        self.release_on(&granted_nodes, &lease, &owner_hex, bound)
+            .await;
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        if held.len() > n - q {
+            // Free once enough held nodes expire to leave a majority free: the nodes
+            // that granted us are free.
+            held.sort_unstable();
+            let need = q.saturating_sub(granted.len()).max(1);
+            let remaining = held.get(need - 1).or(held.last()).copied();
+            return Ok(AcquireOutcome::Held { remaining });
+        }
+        Err(tally.short(
+            "acquire",
+            format!(
+                "granted on {} of {n} nodes, {q} needed; the partial locks were released",
+                granted.len()
+            ),
+        ))
+    }
+
+    /// Extends the lease on every node where `owner` still holds it, all at once.
+    /// `Renewed` when a majority extended it within the validity time (reported as the
+    /// TTL, as for an acquire); `NotOwner` when too many nodes answered that the owner
+    /// does not hold it for a majority to remain.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have extended the lease on some nodes.
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        let started = Instant::now();
+        let bound = self.step_bound(ttl);
+        let lease = self.lease_key(key);
+        let owner_hex = owner.to_hex();
+        let ttl_ms = ttl.as_millis().to_string();
+        let (n, q) = (self.nodes.len(), self.config.quorum());
+        let deadline = started + bound;
+        let keys = [lease.as_str()];
+        let args = [owner_hex.as_str(), ttl_ms.as_str()];
+        let mut tally = self
+            .on_all(|node| node.run("renew", deadline, &SCRIPTS.renew, &keys, &args, parse_flag))
+            .await;
+        let renewed = tally.ok.iter().filter(|(_, yes)| *yes).count();
+        let not_owner = tally.ok.len() - renewed;
+        if renewed >= q
+            && let Some(validity) = self.validity(ttl, started)
+        {
+            return Ok(RenewOutcome::Renewed { ttl: validity });
+        }
+        if let Some(e) = tally.take_fatal() {
+            return Err(e);
+        }
+        if not_owner > n - q {
+            return Ok(RenewOutcome::NotOwner);
+        }
+        Err(tally.short(
+            "renew",
+            format!(
+                "extended on {renewed} of {n} nodes ({q} needed) within the validity time of {ttl:?}"
+            ),
+        ))
+    }
+
+    /// Compare-and-delete on every node at once. `Released` when a majority deleted the
+    /// owner's lease, `NotOwner` when the owner cannot have held it on a majority.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have deleted the lease on some nodes.
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        let deadline = Instant::now() + self.config.node_bound();
+        let lease = self.lease_key(key);
+        let owner_hex = owner.to_hex();
+        let (n, q) = (self.nodes.len(), self.config.quorum());
+        let keys = [lease.as_str()];
+        let args = [owner_hex.as_str()];
+        let mut tally = self
+            .on_all(|node| {
+                node.run(
+                    "release",
+                    deadline,
+                    &SCRIPTS.release,
+                    &keys,
+                    &args,
+                    parse_flag,
+                )
+            })
+            .await;
+        let released = tally.ok.iter().filter(|(_, yes)| *yes).count();
+        if released >= q {
+            return Ok(ReleaseOutcome::Released);
+        }
+        if let Some(e) = tally.take_fatal() {
+            return Err(e);
+        }
+        if released + tally.errors.len() < q {
+            return Ok(ReleaseOutcome::NotOwner);
+        }
+        Err(tally.short(
+            "release",
+            format!("deleted on {released} of {n} nodes, {q} needed"),
+        ))
+    }
+
+    /// The majority view: the owner holding the lease on a majority of the nodes, with
+    /// the highest fence its nodes record and the time until fewer than a majority hold
+    /// it; `None` when no owner can hold a majority.
+    ///
+    /// # Errors
+    /// A retryable error when too few nodes answered to tell.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it changes nothing.
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        let deadline = Instant::now() + self.config.node_bound();
+        let lease = self.lease_key(key);
+        let q = self.config.quorum();
+        let keys = [lease.as_str()];
+        let mut tally = self
+            .on_all(|node| {
+                node.run(
+                    "inspect",
+                    deadline,
+                    &SCRIPTS.inspect,
+                    &keys,
+                    &[],
+                    parse_inspect,
+                )
+            })
+            .await;
+        if let Some(e) = tally.take_fatal() {
+            return Err(e);
+        }
+        let mut owners: HashMap<OwnerToken, (Fence, Vec<Duration>)> = HashMap::new();
+        for (_, view) in &tally.ok {
+            let view: &NodeView = view;
+            if let Some((owner, fence, remaining)) = view {
+                let e = owners.entry(*owner).or_insert((*fence, Vec::new()));
+                e.0 = e.0.max(*fence);
+                e.1.push(*remaining);
+            }
+        }
+        if let Some((owner, (fence, mut left))) = owners
+            .iter()
+            .find(|(_, (_, left))| left.len() >= q)
+            .map(|(o, v)| (*o, v.clone()))
+        {
+            left.sort_unstable_by(|a, b| b.cmp(a));
+            return Ok(Some(LeaseInfo {
+                key: key.clone(),
+                owner,
+                fence,
+                remaining: left.get(q - 1).copied(),
+            }));
+        }
+        let unknown = tally.errors.len();
+        if owners.values().any(|(_, left)| left.len() + unknown >= q) || tally.ok.len() < q {
+            return Err(tally.short(
+                "inspect",
+                format!(
+                    "{unknown} of {} nodes did not answer: the majority view is unknown",
+                    self.nodes.len()
+                ),
+            ));
+        }
+        Ok(None)
+    }
+
+    /// Deletes whatever lease holds `key` on every node and advances each node's fence
+    /// past it (floored at the node's clock); then records the highest of those fences
+    /// on every node. Needs a majority in both rounds, so the next grant's fence is
+    /// above the returned one (see the crate docs).
+    ///
+    /// # Cancel safety
+    /// A dropped call may have broken the lease on some nodes without recording the
+    /// fence everywhere; break again.
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let bound = self.config.node_bound();
+        let (lease, fence_key) = (self.lease_key(key), self.fence_key(key));
+        let (n, q) = (self.nodes.len(), self.config.quorum());
+        let deadline = Instant::now() + bound;
+        let keys = [lease.as_str(), fence_key.as_str()];
+        let mut tally = self
+            .on_all(|node| {
+                node.run(
+                    "break",
+                    deadline,
+                    &SCRIPTS.break_lease,
+                    &keys,
+                    &[],
+                    parse_fence_reply,
+                )
+            })
+            .await;
+        if let Some(e) = tally.take_fatal() {
+            return Err(e);
+        }
+        if tally.ok.len() < q {
+            return Err(tally.short(
+                "break",
+                format!(
+                    "broken on {} of {n} nodes, {q} needed; break again",
+                    tally.ok.len()
+                ),
+            ));
+        }
+        let fence = tally.ok.iter().map(|(_, f)| *f).max().unwrap_or(Fence(1));
+        let fs = fence.0.to_string();
+        let deadline = Instant::now() + bound;
+        let (raise_keys, raise_args) = ([fence_key.as_str()], [fs.as_str()]);
+        let mut raised = self
+            .on_all(|node| {
+                node.run(
+                    "break (recording the fence)",
+                    deadline,
+                    &SCRIPTS.raise,
+                    &raise_keys,
+                    &raise_args,
+                    parse_flag,
+                )
+            })
+            .await;
+        if let Some(e) = raised.take_fatal() {
+            return Err(e);
+        }
+        if raised.ok.len() < q {
+            return Err(raised.short(
+                "break",
+                format!(
+                    "the new fence was recorded on {} of {n} nodes, {q} needed; break again",
+                    raised.ok.len()
+                ),
+            ));
+        }
+        Ok(fence)
+    }
+}
