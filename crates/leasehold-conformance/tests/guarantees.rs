@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-const STORES: [&str; 8] = [
+const STORES: [&str; 10] = [
     "redis",
     "redis-cluster",
     "postgres",
@@ -15,6 +15,8 @@ const STORES: [&str; 8] = [
     "mysql-getlock",
     "sqlite",
     "etcd",
+    "zookeeper",
+    "redlock",
 ];
 
 const FAULTS: [&str; 11] = [
