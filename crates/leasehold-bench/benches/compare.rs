@@ -2,7 +2,7 @@
 //! side by side in one process, on private servers it starts itself.
 //!
 //! ```text
-//! cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite[,…]] [--pg-fsync on|off]
+//! cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite|etcd|zookeeper[,…]] [--pg-fsync on|off]
 //! ```
 //!
 //! Every figure is measured in the same run as what it is compared with, in interleaved

@@ -2,7 +2,7 @@
 //! `INFO commandstats`.
 
 /// The benchmark's usage text.
-pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite|etcd[,...]] [--pg-fsync on|off]
+pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite|etcd|zookeeper[,...]] [--pg-fsync on|off]
   --json      print one JSON document instead of the tables
   --quick     a smoke run: short slices (a minute or two)
   --only      run only these stores' sections (comma-separated, or repeat the option)
@@ -113,7 +113,9 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
                 let v = inline
                     .or_else(|| it.next())
                     .filter(|v| !v.starts_with("--"))
-                    .ok_or("--only needs a store: redis, postgres, mysql, sqlite or etcd")?;
+                    .ok_or(
+                        "--only needs a store: redis, postgres, mysql, sqlite, etcd or zookeeper",
+                    )?;
                 for name in v.split(',').filter(|s| !s.is_empty()) {
                     let b = Backend::parse(name).ok_or_else(|| {
                         format!("unknown store {name:?} (redis, postgres, mysql, sqlite or etcd)")
@@ -198,9 +200,13 @@ mod tests {
         assert!(args(&["--only"]).is_err());
         assert_eq!(
             args(&["--only", "--bench"]),
-            Err("--only needs a store: redis, postgres, mysql, sqlite or etcd".into())
+            Err("--only needs a store: redis, postgres, mysql, sqlite, etcd or zookeeper".into())
         );
-        assert!(args(&["--only", "zk"]).is_err());
+        assert!(args(&["--only", "nosuch"]).is_err());
+        assert_eq!(
+            args(&["--only", "zk"]).map(|c| matches!(c, Cli::Run(_))),
+            Ok(true)
+        );
         assert!(args(&["--fast"]).is_err());
         assert_eq!(args(&["-h"]), Ok(Cli::Help));
     }

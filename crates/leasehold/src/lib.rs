@@ -121,7 +121,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 /// The cargo feature that brings the store of `scheme`.
 fn feature_of(scheme: &str) -> Option<&'static str> {
     Some(match scheme {
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => "redis",
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+        | "rediss+sentinel" => "redis",
         "postgres" | "postgresql" | "postgres+advisory" | "postgresql+advisory" => "postgres",
         "mysql" | "mariadb" | "mysql+getlock" | "mariadb+getlock" => "mysql",
         "sqlite" => "sqlite",
