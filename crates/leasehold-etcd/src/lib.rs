@@ -28,21 +28,11 @@ mod bounds {
     fn assert_send<T: Send>(_: &T) {}
 
     /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// function is never called).
+    /// function is never called). The `Store` methods' futures are `Send` for every store
+    /// (`leasehold-core/tests/send.rs`).
     #[allow(dead_code)]
-    fn futures_are_send(config: super::EtcdConfig, store: super::EtcdStore) {
-        use leasehold_core::Store;
+    fn futures_are_send(config: super::EtcdConfig) {
         assert_send(&super::EtcdStore::open("etcd://127.0.0.1:2379"));
         assert_send(&super::EtcdStore::connect(config));
-        let key = leasehold_core::Key::new("job:x").unwrap();
-        let owner = leasehold_core::OwnerToken::random();
-        let ttl = std::time::Duration::from_secs(1);
-        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
-        assert_send(&store.acquire(&key, &owner, ttl));
-        assert_send(&store.renew(&key, &owner, ttl));
-        assert_send(&store.release(&key, &owner));
-        assert_send(&store.inspect(&key));
-        assert_send(&store.list("job:"));
-        assert_send(&store.break_lease(&key));
     }
 }

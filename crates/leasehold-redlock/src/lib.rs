@@ -31,21 +31,12 @@ mod bounds {
     fn assert_send<T: Send>(_: &T) {}
 
     /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// function is never called).
+    /// function is never called). The `Store` methods' futures are `Send` for every store
+    /// (`leasehold-core/tests/send.rs`).
     #[allow(dead_code)]
-    fn futures_are_send(config: super::RedlockConfig, store: super::RedlockStore) {
-        use leasehold_core::Store;
+    fn futures_are_send(config: super::RedlockConfig) {
         assert_send(&super::RedlockStore::open("redlock://h:1,h:2,h:3"));
         assert_send(&super::RedlockStore::connect(config));
-        let key = leasehold_core::Key::new("job:x").unwrap();
-        let owner = leasehold_core::OwnerToken::random();
-        let ttl = std::time::Duration::from_secs(1);
-        let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(store);
-        assert_send(&store.acquire(&key, &owner, ttl));
-        assert_send(&store.renew(&key, &owner, ttl));
-        assert_send(&store.release(&key, &owner));
-        assert_send(&store.inspect(&key));
-        assert_send(&store.break_lease(&key));
     }
 
     #[test]

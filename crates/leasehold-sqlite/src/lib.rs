@@ -49,7 +49,6 @@ mod bounds {
         conn: &mut sqlx::SqliteConnection,
         name: &leasehold_core::ResourceName,
     ) {
-        use leasehold_core::Store;
         assert_send(&super::SqliteStore::open("sqlite://x.db"));
         assert_send(&super::SqliteStore::connect(super::SqliteConfig::new(
             "x.db",
@@ -63,13 +62,5 @@ mod bounds {
         ));
         assert_send(&super::guard::record_once(tx, name));
         assert_send(&super::guard::current(conn, name));
-        let key = leasehold_core::Key::new("job:x").unwrap();
-        let owner = leasehold_core::OwnerToken::random();
-        let ttl = std::time::Duration::from_secs(1);
-        let dyn_store: std::sync::Arc<dyn Store> = store;
-        assert_send(&dyn_store.acquire(&key, &owner, ttl));
-        assert_send(&dyn_store.renew(&key, &owner, ttl));
-        assert_send(&dyn_store.release(&key, &owner));
-        assert_send(&dyn_store.inspect(&key));
     }
 }
