@@ -42,6 +42,67 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
     }
 }
 
+/// A store URL `scheme://[userinfo@]hosts[/path][?name=value&…]` split into its parts,
+/// nothing decoded: each backend decodes and checks the parts it takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlParts<'a> {
+    /// What stands before the last `@` of the authority, if anything.
+    pub userinfo: Option<&'a str>,
+    /// The host list (`host:port[,host:port…]`), as written.
+    pub hosts: &'a str,
+    /// The path with its leading `/`; `None` when the URL has none (a lone `/` is a path).
+    pub path: Option<&'a str>,
+    /// The query's `name=value` pairs in order (a pair without `=` has an empty value);
+    /// empty pairs (`a=1&&b=2`) are skipped.
+    pub params: Vec<(&'a str, &'a str)>,
+}
+
+/// Splits a store URL of `scheme` (given without `://`). The error (a sentence without the
+/// URL, which may hold a password) says what is wrong: another scheme, a fragment (`#`),
+/// or a repeated parameter.
+///
+/// ```
+/// use leasehold_core::url::split_url;
+/// let p = split_url("etcd://u:p@a:1,b:2/x?timeout=2s&prefix=y", "etcd").unwrap();
+/// assert_eq!((p.userinfo, p.hosts, p.path), (Some("u:p"), "a:1,b:2", Some("/x")));
+/// assert_eq!(p.params, [("timeout", "2s"), ("prefix", "y")]);
+/// assert!(split_url("etcd://a:1?t=1&t=2", "etcd").is_err());
+/// assert!(split_url("redis://a:1", "etcd").is_err());
+/// ```
+pub fn split_url<'a>(url: &'a str, scheme: &str) -> Result<UrlParts<'a>, String> {
+    let rest = url
+        .strip_prefix(scheme)
+        .and_then(|r| r.strip_prefix("://"))
+        .ok_or_else(|| format!("the URL must start with {scheme}://"))?;
+    if rest.contains('#') {
+        return Err("the URL has a fragment (#); this kind of URL takes none".into());
+    }
+    let (authority_and_path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (authority, path) = match authority_and_path.find('/') {
+        Some(i) => (&authority_and_path[..i], Some(&authority_and_path[i..])),
+        None => (authority_and_path, None),
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((u, h)) => (Some(u), h),
+        None => (None, authority),
+    };
+    let mut params: Vec<(&str, &str)> = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if params.iter().any(|(n, _)| *n == name) {
+            let shown: String = name.chars().take(32).collect();
+            return Err(format!("URL parameter {shown:?} is repeated"));
+        }
+        params.push((name, value));
+    }
+    Ok(UrlParts {
+        userinfo,
+        hosts,
+        path,
+        params,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::url::{parse_duration, percent_decode};
+use leasehold_core::url::{parse_duration, percent_decode, split_url};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -130,31 +130,14 @@ impl EtcdConfig {
     /// # Ok::<(), leasehold_core::StoreError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let rest = url
-            .strip_prefix("etcd://")
-            .ok_or_else(|| config_error("an etcd store URL starts with etcd://"))?;
-        let (authority_and_path, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
-        if authority_and_path.contains('#') || query.is_some_and(|q| q.contains('#')) {
-            return Err(config_error("an etcd URL has no fragment (#)"));
+        let parts = split_url(url, "etcd").map_err(|e| config_error(format!("etcd: {e}")))?;
+        if parts.path.is_some_and(|p| p != "/") {
+            return Err(config_error(
+                "an etcd URL has no path: use the prefix parameter for a namespace",
+            ));
         }
-        let authority = match authority_and_path.split_once('/') {
-            Some((a, "")) => a,
-            Some(_) => {
-                return Err(config_error(
-                    "an etcd URL has no path: use the prefix parameter for a namespace",
-                ));
-            }
-            None => authority_and_path,
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
-        let mut config = Self::new(hosts.split(','))?;
-        if let Some(userinfo) = userinfo {
+        let mut config = Self::new(parts.hosts.split(','))?;
+        if let Some(userinfo) = parts.userinfo {
             let (user, password) = userinfo.split_once(':').ok_or_else(|| {
                 config_error(
                     "etcd credentials in the URL are user:password (the password is missing)",
@@ -169,15 +152,7 @@ impl EtcdConfig {
             }
             config.credentials = Some(Credentials { user, password });
         }
-        let mut seen: Vec<&str> = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if seen.contains(&name) {
-                return Err(config_error(format!(
-                    "etcd URL parameter {name:?} is repeated"
-                )));
-            }
-            seen.push(name);
+        for (name, value) in parts.params {
             let value = percent_decode(value).ok_or_else(|| {
                 config_error(format!(
                     "etcd URL parameter {name:?} has a malformed %-escape"

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::url::{parse_duration, percent_decode};
+use leasehold_core::url::{parse_duration, percent_decode, split_url};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -197,29 +197,13 @@ impl RedlockConfig {
     /// # Ok::<(), leasehold_core::StoreError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let rest = url
-            .strip_prefix("redlock://")
-            .ok_or_else(|| config_error("a Redlock store URL starts with redlock://"))?;
-        let (authority_and_path, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
-        if authority_and_path.contains('#') || query.is_some_and(|q| q.contains('#')) {
-            return Err(config_error("a Redlock URL has no fragment (#)"));
+        let parts = split_url(url, "redlock").map_err(|e| config_error(format!("Redlock: {e}")))?;
+        if parts.path.is_some_and(|p| p != "/") {
+            return Err(config_error(
+                "a Redlock URL has no path (no database index): use the prefix parameter for a namespace",
+            ));
         }
-        let authority = match authority_and_path.split_once('/') {
-            Some((a, "")) => a,
-            Some(_) => {
-                return Err(config_error(
-                    "a Redlock URL has no path (no database index): use the prefix parameter for a namespace",
-                ));
-            }
-            None => authority_and_path,
-        };
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((u, h)) => (Some(u), h),
-            None => (None, authority),
-        };
+        let (userinfo, hosts) = (parts.userinfo, parts.hosts);
         let mut config = Self::new(hosts.split(','))?;
         if let Some(userinfo) = userinfo {
             let (user, password) = userinfo.split_once(':').ok_or_else(|| {
@@ -239,15 +223,7 @@ impl RedlockConfig {
                 password,
             });
         }
-        let mut seen: Vec<&str> = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if seen.contains(&name) {
-                return Err(config_error(format!(
-                    "Redlock URL parameter {name:?} is repeated"
-                )));
-            }
-            seen.push(name);
+        for (name, value) in parts.params {
             let value = percent_decode(value).ok_or_else(|| {
                 config_error(format!(
                     "Redlock URL parameter {name:?} has a malformed %-escape"

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::url::{parse_duration, percent_decode};
+use leasehold_core::url::{parse_duration, percent_decode, split_url};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -99,40 +99,20 @@ impl ZkConfig {
     /// # Ok::<(), leasehold_core::StoreError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let rest = url
-            .strip_prefix("zookeeper://")
-            .ok_or_else(|| config_error("a zookeeper store URL starts with zookeeper://"))?;
-        if rest.contains('#') {
-            return Err(config_error("a zookeeper URL has no fragment (#)"));
-        }
-        let (authority_and_path, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
-        let (authority, path) = match authority_and_path.find('/') {
-            Some(i) => (&authority_and_path[..i], Some(&authority_and_path[i..])),
-            None => (authority_and_path, None),
-        };
-        if authority.contains('@') {
+        let parts =
+            split_url(url, "zookeeper").map_err(|e| config_error(format!("zookeeper: {e}")))?;
+        if parts.userinfo.is_some() {
             return Err(config_error(
                 "zookeeper URLs take no user information: authentication is not supported",
             ));
         }
-        let mut config = Self::new(authority.split(','))?;
-        if let Some(path) = path {
+        let mut config = Self::new(parts.hosts.split(','))?;
+        if let Some(path) = parts.path {
             let path = percent_decode(path)
                 .ok_or_else(|| config_error("the zookeeper root path has a malformed %-escape"))?;
             config = config.chroot(path)?;
         }
-        let mut seen: Vec<&str> = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if seen.contains(&name) {
-                return Err(config_error(format!(
-                    "zookeeper URL parameter {name:?} is repeated"
-                )));
-            }
-            seen.push(name);
+        for (name, value) in parts.params {
             let d = parse_duration(value).ok_or_else(|| {
                 config_error(format!(
                     "zookeeper URL parameter {name:?} is not a duration (250ms, 2s, 1m)"
