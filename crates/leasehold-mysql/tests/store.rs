@@ -211,17 +211,7 @@ async fn prune_deletes_only_ended_leases_and_fences_still_rise() {
     leasehold_conformance::growth::prune_deletes_only_ended_leases_and_fences_still_rise(
         &store,
         async |d| store.prune(d).await.unwrap(),
-        async || {
-            sqlx::query_scalar::<_, Vec<u8>>(
-                "SELECT lease_key FROM leasehold_leases ORDER BY lease_key",
-            )
-            .fetch_all(&pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|k| String::from_utf8(k).unwrap())
-            .collect()
-        },
+        async || common::keys_in(&pool, "leasehold_leases").await,
     )
     .await;
 }

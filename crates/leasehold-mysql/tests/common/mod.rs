@@ -279,3 +279,17 @@ pub async fn open_store(kind: Kind, url: String) -> Arc<dyn leasehold_core::Stor
         ),
     }
 }
+
+/// The lease keys that have a row in `table` (`leasehold_leases`, `leasehold_locks`), sorted:
+/// what `prune` left.
+pub async fn keys_in(pool: &sqlx::MySqlPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar::<_, Vec<u8>>(sqlx::AssertSqlSafe(format!(
+        "SELECT lease_key FROM {table} ORDER BY lease_key"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|k| String::from_utf8(k).unwrap())
+    .collect()
+}
