@@ -14,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use leasehold::Store;
 use leasehold::postgres::sqlx::{self, postgres::PgPoolOptions};
-use leasehold_testkit::{EtcdServer, FaultProxy, Postgres, ProxyMode, RedisServer, WorkerProcess};
+use leasehold_testkit::{
+    EtcdCluster, EtcdServer, FaultProxy, Postgres, ProxyMode, RedisServer, WorkerProcess,
+    ZkEnsemble,
+};
 
 use crate::checker::{CheckConfig, Violation, check};
 use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
@@ -36,6 +39,15 @@ pub enum StoreKind {
     /// Redlock over three private redis-servers (no persistence); the store fault kills
     /// one node (`kill -9`) and starts it again empty, a different node each time.
     Redlock,
+    /// A private three-member etcd cluster; every worker slot reaches each member through
+    /// a proxy of its own. The store fault kills one member (`kill -9`: the leader the
+    /// first time, then the next member each time) and starts it again on its data.
+    EtcdCluster,
+    /// A private three-member ZooKeeper ensemble (session timeout = TTL), the store URL
+    /// listing every member through the slot's own proxies. The store fault kills one
+    /// member (`kill -9`: the leader the first time, then the next member each time) and
+    /// starts it again on its data.
+    ZookeeperEnsemble,
 }
 
 /// The Redlock set's size in a chaos run.
@@ -87,16 +99,65 @@ struct Servers {
     redis: Option<RedisServer>,
     etcd: Option<EtcdServer>,
     zk: Option<leasehold_testkit::ZkServer>,
+    etcd_cluster: Option<EtcdCluster>,
+    zk_ensemble: Option<ZkEnsemble>,
     proxies: Vec<FaultProxy>,
-    /// Redlock: the nodes, and per worker slot its proxies to nodes 1.. (`proxies[i]`
-    /// goes to node 0); a slot's path fault applies to all of its proxies.
+    /// Redlock: the nodes.
     redlock: Vec<RedisServer>,
-    redlock_proxies: Vec<Vec<FaultProxy>>,
+    /// Redlock, etcd cluster, ZooKeeper ensemble: per worker slot its proxies to nodes
+    /// (members) 1.. (`proxies[i]` goes to node 0); a slot's path fault applies to all
+    /// of its proxies.
+    member_proxies: Vec<Vec<FaultProxy>>,
     restarts: std::cell::Cell<usize>,
+    /// The member killed by the first member kill (the leader then, if one said so).
+    first_killed: std::cell::Cell<usize>,
 }
 
 impl Servers {
-    fn restart_store(&self) {
+    /// The store fault: records `restart-store` (with what it hits), does it, and records
+    /// `store-back` once the store serves again.
+    fn restart_store(&self, rec: &Recorder) {
+        let n = self.restarts.get();
+        self.restarts.set(n + 1);
+        // A member of a three-member cluster: the leader first (the fail-over case, FAULTS
+        // row 21/22), then the next member each time, so every member is killed in turn.
+        let member = |size: usize, leader: Option<usize>| {
+            if n == 0 {
+                self.first_killed.set(leader.unwrap_or(0));
+            }
+            let i = (self.first_killed.get() + n) % size;
+            let role = if leader == Some(i) {
+                "leader"
+            } else {
+                "follower"
+            };
+            (
+                i,
+                format!("member {} ({role}) kill -9 and start again", i + 1),
+            )
+        };
+        if let Some(c) = &self.etcd_cluster {
+            let (i, detail) = member(c.members().len(), c.leader());
+            fault(rec, "store", FaultKind::RestartStore, &detail);
+            c.member(i).kill();
+            c.start_again(i); // on its data directory; waits until it is healthy again
+            fault(rec, "store", FaultKind::StoreBack, "");
+            return;
+        }
+        if let Some(z) = &self.zk_ensemble {
+            let (i, detail) = member(ZkEnsemble::SIZE, z.leader());
+            fault(rec, "store", FaultKind::RestartStore, &detail);
+            z.kill(i);
+            z.start_again(i); // on its data directory; waits until it serves again
+            fault(rec, "store", FaultKind::StoreBack, "");
+            return;
+        }
+        fault(rec, "store", FaultKind::RestartStore, "");
+        self.restart_single(n);
+        fault(rec, "store", FaultKind::StoreBack, "");
+    }
+
+    fn restart_single(&self, n: usize) {
         if let Some(etcd) = &self.etcd {
             // kill -9 and start again: etcd keeps its keys, leases and revision.
             etcd.restart();
@@ -108,8 +169,6 @@ impl Servers {
         }
         if !self.redlock.is_empty() {
             // One node at a time: kill -9, start again at once, empty.
-            let n = self.restarts.get();
-            self.restarts.set(n + 1);
             self.redlock[n % self.redlock.len()].restart();
             return;
         }
@@ -127,7 +186,7 @@ impl Servers {
         self.proxies
             .get(i)
             .into_iter()
-            .chain(self.redlock_proxies.get(i).into_iter().flatten())
+            .chain(self.member_proxies.get(i).into_iter().flatten())
     }
 }
 
@@ -287,22 +346,36 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     } else {
         Vec::new()
     };
-    let upstream = match (&redis, &etcd, &zk, redlock.first()) {
+    let etcd_cluster = (spec.store == StoreKind::EtcdCluster).then(EtcdCluster::start);
+    let zk_ensemble = (spec.store == StoreKind::ZookeeperEnsemble).then(ZkEnsemble::start);
+    // Every node (member) of a multi-node store, in order; a slot's first proxy goes to
+    // the first.
+    let nodes: Vec<std::net::SocketAddr> = if let Some(c) = &etcd_cluster {
+        c.members().iter().map(|m| m.addr()).collect()
+    } else if let Some(z) = &zk_ensemble {
+        z.ports()
+            .into_iter()
+            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+            .collect()
+    } else {
+        redlock.iter().map(RedisServer::addr).collect()
+    };
+    let upstream = match (&redis, &etcd, &zk, nodes.first()) {
         (Some(r), _, _, _) => r.addr(),
         (None, Some(e), _, _) => e.addr(),
         (None, None, Some(z), _) => z.addr(),
-        (None, None, None, Some(r)) => r.addr(),
+        (None, None, None, Some(n)) => *n,
         (None, None, None, None) => pg.addr(),
     };
     let proxies = (0..spec.workers)
         .map(|_| FaultProxy::start(upstream))
         .collect();
-    let redlock_proxies = (0..spec.workers)
+    let member_proxies = (0..spec.workers)
         .map(|_| {
-            redlock
+            nodes
                 .iter()
                 .skip(1)
-                .map(|n| FaultProxy::start(n.addr()))
+                .map(|&n| FaultProxy::start(n))
                 .collect()
         })
         .collect();
@@ -311,18 +384,24 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         redis,
         etcd,
         zk,
+        etcd_cluster,
+        zk_ensemble,
         proxies,
         redlock,
-        redlock_proxies,
+        member_proxies,
         restarts: std::cell::Cell::new(0),
+        first_killed: std::cell::Cell::new(0),
     };
     let zk_params = format!("/chaos?session_timeout={}ms", spec.ttl.as_millis());
+    let hosts = |ports: Vec<u16>| {
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        hosts.join(",")
+    };
     let pg_url = servers.pg.url();
     let nodes_url = |ports: Vec<u16>| {
-        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         format!(
             "redlock://{}?node_timeout={}ms",
-            nodes.join(","),
+            hosts(ports),
             (spec.ttl.as_millis() / 10).max(1)
         )
     };
@@ -338,6 +417,16 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 format!("zookeeper://127.0.0.1:{}{zk_params}", proxy.port())
             }
             StoreKind::Redlock => nodes_url(servers.path(i).map(FaultProxy::port).collect()),
+            StoreKind::EtcdCluster => {
+                format!(
+                    "etcd://{}",
+                    hosts(servers.path(i).map(FaultProxy::port).collect())
+                )
+            }
+            StoreKind::ZookeeperEnsemble => format!(
+                "zookeeper://{}{zk_params}",
+                hosts(servers.path(i).map(FaultProxy::port).collect())
+            ),
         }
     };
     let direct_lease_url = match spec.store {
@@ -350,6 +439,16 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             .map(|z| format!("zookeeper://127.0.0.1:{}{zk_params}", z.port()))
             .unwrap_or_default(),
         StoreKind::Redlock => nodes_url(servers.redlock.iter().map(RedisServer::port).collect()),
+        StoreKind::EtcdCluster => servers
+            .etcd_cluster
+            .as_ref()
+            .map(EtcdCluster::url)
+            .unwrap_or_default(),
+        StoreKind::ZookeeperEnsemble => servers
+            .zk_ensemble
+            .as_ref()
+            .map(|z| format!("zookeeper://{}{zk_params}", z.connect_string()))
+            .unwrap_or_default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -641,9 +740,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                     }
                 }
                 (PlanKind::RestartStore, _) => {
-                    fault(&rec, "store", FaultKind::RestartStore, "");
-                    servers.restart_store();
-                    fault(&rec, "store", FaultKind::StoreBack, "");
+                    servers.restart_store(&rec);
                 }
                 (kind, Some(i)) => {
                     let (mode, recorded) = match kind {
@@ -743,6 +840,8 @@ pub fn check_config(store: StoreKind, ttl: Duration) -> CheckConfig {
         // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10);
         // a Redlock node restarted empty at once can take a bare majority's lease with
         // it (FAULTS 12-13, see leasehold-redlock's failure model).
+        // The etcd cluster and the ZooKeeper ensemble lose nothing: one member is killed
+        // at a time and the other two keep the quorum, with the leases (sessions) in it.
         restart_loses_leases: matches!(store, StoreKind::Redis | StoreKind::Redlock),
         ..CheckConfig::for_ttl_ns(ttl.as_nanos() as u64)
     }

@@ -185,6 +185,18 @@ fn etcd_control_run_without_the_guard_is_caught() {
     without_the_guard("etcd", "16");
 }
 
+/// A three-member etcd cluster, each worker reaching every member through its own
+/// proxies; the store fault kills one member (the leader first) and starts it again.
+#[test]
+fn etcd_cluster_with_the_guard_has_no_violation() {
+    with_the_guard("etcd-cluster", "21");
+}
+
+#[test]
+fn etcd_cluster_control_run_without_the_guard_is_caught() {
+    without_the_guard("etcd-cluster", "22");
+}
+
 #[test]
 fn zookeeper_store_with_the_guard_has_no_violation() {
     with_the_guard("zookeeper", "15");
