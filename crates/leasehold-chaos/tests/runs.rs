@@ -207,6 +207,19 @@ fn zookeeper_control_run_without_the_guard_is_caught() {
     without_the_guard("zookeeper", "16");
 }
 
+/// A three-member ZooKeeper ensemble, the store URL listing every member through the
+/// worker's own proxies; the store fault kills one member (the leader first) and starts
+/// it again.
+#[test]
+fn zookeeper_ensemble_with_the_guard_has_no_violation() {
+    with_the_guard("zookeeper-ensemble", "23");
+}
+
+#[test]
+fn zookeeper_ensemble_control_run_without_the_guard_is_caught() {
+    without_the_guard("zookeeper-ensemble", "24");
+}
+
 #[test]
 fn redis_control_run_without_the_guard_is_caught() {
     without_the_guard("redis", "13");
