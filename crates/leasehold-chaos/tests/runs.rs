@@ -83,6 +83,24 @@ fn run(name: &str, args: &[&str]) -> Run {
 }
 
 fn with_the_guard(store: &str, seed: &str) {
+    with_the_guard_kinds(
+        store,
+        seed,
+        &[
+            "stale-write",
+            "sigstop",
+            "kill9",
+            "restart-store",
+            "proxy-delay",
+            "proxy-drop-replies",
+            "proxy-blackhole",
+            "proxy-reset",
+        ],
+    );
+}
+
+/// A fenced run on `store` whose schedule has exactly the fault kinds `all`.
+fn with_the_guard_kinds(store: &str, seed: &str, all: &[&str]) {
     let r = run(
         &format!("{store}-fenced"),
         &["--store", store, "--duration", "18s", "--seed", seed],
@@ -90,16 +108,7 @@ fn with_the_guard(store: &str, seed: &str) {
     assert_eq!(r.rules(), BTreeSet::new(), "{}", r.text);
     let fired = r.planned_and_fired();
     let kinds: BTreeSet<&str> = fired.keys().map(String::as_str).collect();
-    let all = BTreeSet::from([
-        "stale-write",
-        "sigstop",
-        "kill9",
-        "restart-store",
-        "proxy-delay",
-        "proxy-drop-replies",
-        "proxy-blackhole",
-        "proxy-reset",
-    ]);
+    let all: BTreeSet<&str> = all.iter().copied().collect();
     assert_eq!(kinds, all, "{}", r.text);
     for (kind, n) in &fired {
         assert!(*n >= 1, "{kind} never fired:\n{}", r.text);
@@ -218,6 +227,31 @@ fn zookeeper_ensemble_with_the_guard_has_no_violation() {
 #[test]
 fn zookeeper_ensemble_control_run_without_the_guard_is_caught() {
     without_the_guard("zookeeper-ensemble", "24");
+}
+
+/// Redis behind three sentinels (`min_replicas=1`): the store fault is a forced
+/// fail-over. The data path goes to the primary the sentinels name, not through the
+/// worker's proxies, so its schedule has no proxy faults (freezes, kills, fail-overs and
+/// the stale write only).
+///
+/// Ignored: it does not pass yet. Seed 25 plans four fail-overs, each stopping every
+/// write for ~10 s (min_replicas=1 until the old primary is demoted), so the run is
+/// mostly fail-overs, a takeover misses even the extended C9 bound, and the harness's
+/// inspections saw one owner (no worker's: an acquire that failed closed) under two
+/// fences across a fail-over (C8a). Run it with `--run-ignored only`.
+#[test]
+#[ignore = "fails today under back-to-back fail-overs (C8a, C9); see its doc"]
+fn redis_sentinel_with_the_guard_has_no_violation() {
+    with_the_guard_kinds(
+        "redis-sentinel",
+        "25",
+        &["stale-write", "sigstop", "kill9", "restart-store"],
+    );
+}
+
+#[test]
+fn redis_sentinel_control_run_without_the_guard_is_caught() {
+    without_the_guard("redis-sentinel", "26");
 }
 
 #[test]
