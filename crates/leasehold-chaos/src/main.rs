@@ -223,6 +223,9 @@ fn recheck(out: &std::path::Path) -> Result<Vec<leasehold_chaos::Violation>, Str
         Some("Etcd") => StoreKind::Etcd,
         Some("Zookeeper") => StoreKind::Zookeeper,
         Some("Redlock") => StoreKind::Redlock,
+        Some("EtcdCluster") => StoreKind::EtcdCluster,
+        Some("ZookeeperEnsemble") => StoreKind::ZookeeperEnsemble,
+        Some("RedisSentinel") => StoreKind::RedisSentinel,
         other => return Err(format!("unknown store {other:?} in summary.json")),
     };
     let ttl = Duration::from_millis(

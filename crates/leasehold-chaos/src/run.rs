@@ -14,11 +14,14 @@ use std::time::{Duration, Instant};
 
 use leasehold::Store;
 use leasehold::postgres::sqlx::{self, postgres::PgPoolOptions};
-use leasehold_testkit::{EtcdServer, FaultProxy, Postgres, ProxyMode, RedisServer, WorkerProcess};
+use leasehold_testkit::{
+    EtcdCluster, EtcdServer, FaultProxy, Postgres, ProxyMode, RedisSentinelSet, RedisServer,
+    WorkerProcess, ZkEnsemble,
+};
 
 use crate::checker::{CheckConfig, Violation, check};
 use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
-use crate::schedule::{FaultSet, HOLDER, PlanKind, PlannedFault, plan};
+use crate::schedule::{FaultSet, HOLDER, PlanKind, PlannedFault, plan_kinds};
 use crate::worker::Recorder;
 
 /// Which store holds the leases (the guard and the data are always in PostgreSQL).
@@ -36,7 +39,39 @@ pub enum StoreKind {
     /// Redlock over three private redis-servers (no persistence); the store fault kills
     /// one node (`kill -9`) and starts it again empty, a different node each time.
     Redlock,
+    /// A private three-member etcd cluster; every worker slot reaches each member through
+    /// a proxy of its own. The store fault kills one member (`kill -9`: the leader the
+    /// first time, then the next member each time) and starts it again on its data.
+    EtcdCluster,
+    /// A private three-member ZooKeeper ensemble (session timeout = TTL), the store URL
+    /// listing every member through the slot's own proxies. The store fault kills one
+    /// member (`kill -9`: the leader the first time, then the next member each time) and
+    /// starts it again on its data.
+    ZookeeperEnsemble,
+    /// A private Redis primary with one replica and three sentinels, reached through
+    /// `redis+sentinel://` with `min_replicas=1`. The store fault is a forced fail-over
+    /// (`SENTINEL FAILOVER`: the replica is promoted, the old primary demoted).
+    ///
+    /// The workers find the data servers through the sentinels and connect to the
+    /// primary directly, so a slot's proxies sit only in front of the sentinels: the proxy
+    /// faults would not touch the lease path and are left out of this store's schedule
+    /// (it has freezes, kills, the fail-over and the stale write).
+    RedisSentinel,
 }
+
+impl StoreKind {
+    /// The random fault kinds that can fire on this store (see
+    /// [`RedisSentinel`](Self::RedisSentinel) for the one that has fewer).
+    pub fn fault_kinds(self) -> &'static [PlanKind] {
+        match self {
+            Self::RedisSentinel => &[PlanKind::Sigstop, PlanKind::Kill9, PlanKind::RestartStore],
+            _ => &PlanKind::RANDOM,
+        }
+    }
+}
+
+/// The master name of the Sentinel set in a chaos run.
+const SENTINEL_MASTER: &str = "chaos";
 
 /// The Redlock set's size in a chaos run.
 const REDLOCK_NODES: usize = 3;
@@ -87,16 +122,112 @@ struct Servers {
     redis: Option<RedisServer>,
     etcd: Option<EtcdServer>,
     zk: Option<leasehold_testkit::ZkServer>,
+    etcd_cluster: Option<EtcdCluster>,
+    zk_ensemble: Option<ZkEnsemble>,
+    sentinel: Option<Arc<RedisSentinelSet>>,
+    /// A fail-over under way (Sentinel): it takes ~10 s to complete (the old primary is
+    /// demoted only after the sentinels have seen it report itself primary for a while),
+    /// so it runs on a thread of its own while the harness goes on.
+    failover: std::cell::RefCell<Option<std::thread::JoinHandle<String>>>,
     proxies: Vec<FaultProxy>,
-    /// Redlock: the nodes, and per worker slot its proxies to nodes 1.. (`proxies[i]`
-    /// goes to node 0); a slot's path fault applies to all of its proxies.
+    /// Redlock: the nodes.
     redlock: Vec<RedisServer>,
-    redlock_proxies: Vec<Vec<FaultProxy>>,
+    /// Redlock, etcd cluster, ZooKeeper ensemble: per worker slot its proxies to nodes
+    /// (members) 1.. (`proxies[i]` goes to node 0); a slot's path fault applies to all
+    /// of its proxies.
+    member_proxies: Vec<Vec<FaultProxy>>,
     restarts: std::cell::Cell<usize>,
+    /// The member killed by the first member kill (the leader then, if one said so).
+    first_killed: std::cell::Cell<usize>,
 }
 
 impl Servers {
-    fn restart_store(&self) {
+    /// The store fault: records `restart-store` (with what it hits), does it, and records
+    /// `store-back` once the store serves again.
+    ///
+    /// False when the store is still busy with the previous fault (a fail-over under
+    /// way): the caller tries again later.
+    fn restart_store(&self, rec: &Recorder) -> bool {
+        if self.failover.borrow().is_some() {
+            return false;
+        }
+        let n = self.restarts.get();
+        self.restarts.set(n + 1);
+        // A member of a three-member cluster: the leader first (the fail-over case, FAULTS
+        // row 21/22), then the next member each time, so every member is killed in turn.
+        let member = |size: usize, leader: Option<usize>| {
+            if n == 0 {
+                self.first_killed.set(leader.unwrap_or(0));
+            }
+            let i = (self.first_killed.get() + n) % size;
+            let role = if leader == Some(i) {
+                "leader"
+            } else {
+                "follower"
+            };
+            (
+                i,
+                format!("member {} ({role}) kill -9 and start again", i + 1),
+            )
+        };
+        if let Some(c) = &self.etcd_cluster {
+            let (i, detail) = member(c.members().len(), c.leader());
+            fault(rec, "store", FaultKind::RestartStore, &detail);
+            c.member(i).kill();
+            c.start_again(i); // on its data directory; waits until it is healthy again
+            fault(rec, "store", FaultKind::StoreBack, "");
+            return true;
+        }
+        if let Some(z) = &self.zk_ensemble {
+            let (i, detail) = member(ZkEnsemble::SIZE, z.leader());
+            fault(rec, "store", FaultKind::RestartStore, &detail);
+            z.kill(i);
+            z.start_again(i); // on its data directory; waits until it serves again
+            fault(rec, "store", FaultKind::StoreBack, "");
+            return true;
+        }
+        if let Some(s) = &self.sentinel {
+            let old = s.primary_port();
+            fault(rec, "store", FaultKind::RestartStore, "forced fail-over");
+            // Waits until every sentinel names the new primary and the old one is a
+            // replica; `store-back` is recorded then (`poll_store_back`).
+            let s = Arc::clone(s);
+            let handle = std::thread::spawn(move || {
+                // Sentinel may still be finishing the previous fail-over (`INPROGRESS`):
+                // try again, a second apart.
+                for _ in 0..5 {
+                    let s = Arc::clone(&s);
+                    if let Ok(new) = std::panic::catch_unwind(move || s.failover()) {
+                        return format!("primary {old} -> {new}");
+                    }
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                "the fail-over failed".to_owned()
+            });
+            *self.failover.borrow_mut() = Some(handle);
+            return true;
+        }
+        fault(rec, "store", FaultKind::RestartStore, "");
+        self.restart_single(n);
+        fault(rec, "store", FaultKind::StoreBack, "");
+        true
+    }
+
+    /// Records `store-back` once a fail-over under way has completed (`wait`: waits for
+    /// it). True while one is still under way.
+    fn poll_store_back(&self, rec: &Recorder, wait: bool) -> bool {
+        let mut slot = self.failover.borrow_mut();
+        if slot.as_ref().is_some_and(|h| wait || h.is_finished()) {
+            let detail = match slot.take().map(std::thread::JoinHandle::join) {
+                Some(Ok(detail)) => detail,
+                _ => "the fail-over failed".to_owned(),
+            };
+            fault(rec, "store", FaultKind::StoreBack, &detail);
+        }
+        slot.is_some()
+    }
+
+    fn restart_single(&self, n: usize) {
         if let Some(etcd) = &self.etcd {
             // kill -9 and start again: etcd keeps its keys, leases and revision.
             etcd.restart();
@@ -108,8 +239,6 @@ impl Servers {
         }
         if !self.redlock.is_empty() {
             // One node at a time: kill -9, start again at once, empty.
-            let n = self.restarts.get();
-            self.restarts.set(n + 1);
             self.redlock[n % self.redlock.len()].restart();
             return;
         }
@@ -127,7 +256,7 @@ impl Servers {
         self.proxies
             .get(i)
             .into_iter()
-            .chain(self.redlock_proxies.get(i).into_iter().flatten())
+            .chain(self.member_proxies.get(i).into_iter().flatten())
     }
 }
 
@@ -271,12 +400,13 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             let _ = std::fs::remove_file(entry.path());
         }
     }
-    let schedule = plan(
+    let schedule = plan_kinds(
         spec.seed,
         spec.faults,
         spec.workers,
         spec.duration,
         spec.ttl,
+        spec.store.fault_kinds(),
     );
     let pg = Postgres::start();
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
@@ -287,22 +417,44 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     } else {
         Vec::new()
     };
-    let upstream = match (&redis, &etcd, &zk, redlock.first()) {
+    let etcd_cluster = (spec.store == StoreKind::EtcdCluster).then(EtcdCluster::start);
+    let zk_ensemble = (spec.store == StoreKind::ZookeeperEnsemble).then(ZkEnsemble::start);
+    let sentinel = (spec.store == StoreKind::RedisSentinel)
+        .then(|| Arc::new(RedisSentinelSet::start(SENTINEL_MASTER)));
+    // Every node (member) of a multi-node store, in order; a slot's first proxy goes to
+    // the first.
+    let nodes: Vec<std::net::SocketAddr> = if let Some(c) = &etcd_cluster {
+        c.members().iter().map(|m| m.addr()).collect()
+    } else if let Some(z) = &zk_ensemble {
+        z.ports()
+            .into_iter()
+            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+            .collect()
+    } else if let Some(s) = &sentinel {
+        // The sentinels (the data path goes to the primary they name, past the proxies).
+        s.sentinel_ports()
+            .into_iter()
+            .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)))
+            .collect()
+    } else {
+        redlock.iter().map(RedisServer::addr).collect()
+    };
+    let upstream = match (&redis, &etcd, &zk, nodes.first()) {
         (Some(r), _, _, _) => r.addr(),
         (None, Some(e), _, _) => e.addr(),
         (None, None, Some(z), _) => z.addr(),
-        (None, None, None, Some(r)) => r.addr(),
+        (None, None, None, Some(n)) => *n,
         (None, None, None, None) => pg.addr(),
     };
     let proxies = (0..spec.workers)
         .map(|_| FaultProxy::start(upstream))
         .collect();
-    let redlock_proxies = (0..spec.workers)
+    let member_proxies = (0..spec.workers)
         .map(|_| {
-            redlock
+            nodes
                 .iter()
                 .skip(1)
-                .map(|n| FaultProxy::start(n.addr()))
+                .map(|&n| FaultProxy::start(n))
                 .collect()
         })
         .collect();
@@ -311,18 +463,26 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         redis,
         etcd,
         zk,
+        etcd_cluster,
+        zk_ensemble,
+        sentinel,
+        failover: std::cell::RefCell::new(None),
         proxies,
         redlock,
-        redlock_proxies,
+        member_proxies,
         restarts: std::cell::Cell::new(0),
+        first_killed: std::cell::Cell::new(0),
     };
     let zk_params = format!("/chaos?session_timeout={}ms", spec.ttl.as_millis());
+    let hosts = |ports: Vec<u16>| {
+        let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        hosts.join(",")
+    };
     let pg_url = servers.pg.url();
     let nodes_url = |ports: Vec<u16>| {
-        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         format!(
             "redlock://{}?node_timeout={}ms",
-            nodes.join(","),
+            hosts(ports),
             (spec.ttl.as_millis() / 10).max(1)
         )
     };
@@ -338,6 +498,20 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 format!("zookeeper://127.0.0.1:{}{zk_params}", proxy.port())
             }
             StoreKind::Redlock => nodes_url(servers.path(i).map(FaultProxy::port).collect()),
+            StoreKind::EtcdCluster => {
+                format!(
+                    "etcd://{}",
+                    hosts(servers.path(i).map(FaultProxy::port).collect())
+                )
+            }
+            StoreKind::ZookeeperEnsemble => format!(
+                "zookeeper://{}{zk_params}",
+                hosts(servers.path(i).map(FaultProxy::port).collect())
+            ),
+            StoreKind::RedisSentinel => format!(
+                "redis+sentinel://{}/{SENTINEL_MASTER}?min_replicas=1",
+                hosts(servers.path(i).map(FaultProxy::port).collect())
+            ),
         }
     };
     let direct_lease_url = match spec.store {
@@ -350,6 +524,21 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             .map(|z| format!("zookeeper://127.0.0.1:{}{zk_params}", z.port()))
             .unwrap_or_default(),
         StoreKind::Redlock => nodes_url(servers.redlock.iter().map(RedisServer::port).collect()),
+        StoreKind::EtcdCluster => servers
+            .etcd_cluster
+            .as_ref()
+            .map(EtcdCluster::url)
+            .unwrap_or_default(),
+        StoreKind::ZookeeperEnsemble => servers
+            .zk_ensemble
+            .as_ref()
+            .map(|z| format!("zookeeper://{}{zk_params}", z.connect_string()))
+            .unwrap_or_default(),
+        StoreKind::RedisSentinel => servers
+            .sentinel
+            .as_ref()
+            .map(|s| format!("{}?min_replicas=1", s.url()))
+            .unwrap_or_default(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -427,7 +616,9 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     loop {
         let elapsed = started.elapsed();
         // A kill's takeover bound (3×TTL, C9) must pass before the end-of-run kill.
-        let pending = script.is_some()
+        let failing_over = servers.poll_store_back(&rec, false);
+        let pending = failing_over
+            || script.is_some()
             || !deferred.is_empty()
             || last_kill.is_some_and(|k| k.elapsed() < ttl * 3);
         if elapsed >= cap || (elapsed >= spec.duration && !pending) {
@@ -602,7 +793,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 slots[i].frozen_until.is_some()
                     || slots[i].proxy_until.is_some()
                     || script.as_ref().and_then(Script::slot) == Some(i)
-            });
+            }) || (f.kind == PlanKind::RestartStore && failing_over);
             if busy {
                 deferred.push(f);
                 continue;
@@ -641,9 +832,10 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                     }
                 }
                 (PlanKind::RestartStore, _) => {
-                    fault(&rec, "store", FaultKind::RestartStore, "");
-                    servers.restart_store();
-                    fault(&rec, "store", FaultKind::StoreBack, "");
+                    if !servers.restart_store(&rec) {
+                        deferred.push(f);
+                        continue;
+                    }
                 }
                 (kind, Some(i)) => {
                     let (mode, recorded) = match kind {
@@ -692,6 +884,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             fault(&rec, &s.name, FaultKind::ProxyPass, "end of run");
         }
     }
+    servers.poll_store_back(&rec, true);
     std::thread::sleep(ttl / 2);
     for s in &slots {
         fault(&rec, &s.id(), FaultKind::EndKill, "");
@@ -739,12 +932,24 @@ pub fn read_events(dir: &Path) -> Result<Vec<Event>, String> {
 
 /// The checker's configuration for a run on `store` with `ttl`.
 pub fn check_config(store: StoreKind, ttl: Duration) -> CheckConfig {
+    let mut base = CheckConfig::for_ttl_ns(ttl.as_nanos() as u64);
+    if store == StoreKind::RedisSentinel {
+        // C9 only, for Sentinel only: with min_replicas=1 and one replica, every write
+        // fails closed from the promotion until the old primary has been demoted and
+        // replicates from the new one, and Sentinel demotes it only after seeing it
+        // report itself primary for ~8 s: a forced fail-over stops every acquire for
+        // ~10 s. A takeover after a kill may wait that long (once: the harness runs one
+        // fail-over at a time). Safety (C1-C8) is not relaxed.
+        base.takeover_bound_ns += Duration::from_secs(15).as_nanos() as u64;
+    }
     CheckConfig {
         // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10);
         // a Redlock node restarted empty at once can take a bare majority's lease with
         // it (FAULTS 12-13, see leasehold-redlock's failure model).
+        // The etcd cluster and the ZooKeeper ensemble lose nothing: one member is killed
+        // at a time and the other two keep the quorum, with the leases (sessions) in it.
         restart_loses_leases: matches!(store, StoreKind::Redis | StoreKind::Redlock),
-        ..CheckConfig::for_ttl_ns(ttl.as_nanos() as u64)
+        ..base
     }
 }
 

@@ -118,6 +118,20 @@ pub fn plan(
     duration: Duration,
     ttl: Duration,
 ) -> Vec<PlannedFault> {
+    plan_kinds(seed, set, workers, duration, ttl, &PlanKind::RANDOM)
+}
+
+/// [`plan`] drawing only from `kinds` (a subset of [`PlanKind::RANDOM`], for a store on
+/// which some kinds cannot fire); with every kind it is exactly [`plan`] (the same seed
+/// gives the same schedule). An empty `kinds` plans only the stale write.
+pub fn plan_kinds(
+    seed: u64,
+    set: FaultSet,
+    workers: usize,
+    duration: Duration,
+    ttl: Duration,
+    kinds: &[PlanKind],
+) -> Vec<PlannedFault> {
     let mut rng = StdRng::seed_from_u64(seed);
     let ttl_ms = ttl.as_millis() as u64;
     let end = (duration.as_millis() as u64).saturating_sub(ttl_ms);
@@ -133,10 +147,10 @@ pub fn plan(
         target: NEXT_WRITER.into(),
         hold_ms: 0,
     });
-    if set == FaultSet::StaleWrite {
+    if set == FaultSet::StaleWrite || kinds.is_empty() {
         return out;
     }
-    let mut pending = PlanKind::RANDOM.to_vec();
+    let mut pending = kinds.to_vec();
     pending.shuffle(&mut rng);
     // A kill needs time after it for a takeover: among the first three.
     if let Some(k) = pending.iter().position(|&k| k == PlanKind::Kill9)
@@ -149,7 +163,7 @@ pub fn plan(
         let kind = pending
             .first()
             .copied()
-            .unwrap_or_else(|| PlanKind::RANDOM[rng.random_range(0..PlanKind::RANDOM.len())]);
+            .unwrap_or_else(|| kinds[rng.random_range(0..kinds.len())]);
         let hold_ms = match kind {
             PlanKind::Sigstop => (ttl_ms as f64 * rng.random_range(0.3..2.5)) as u64,
             PlanKind::ProxyDelay

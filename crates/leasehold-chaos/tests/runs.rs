@@ -82,7 +82,56 @@ fn run(name: &str, args: &[&str]) -> Run {
     }
 }
 
+/// The details of the store faults of a fenced run on `store`, from the injector's events.
+fn store_fault_details(store: &str) -> Vec<String> {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("chaos-{store}-fenced"))
+        .join("injector.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["fault"] == "restart-store")
+        .map(|e| e["detail"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A fenced run on a three-member store whose first member kill hit the leader, and
+/// whose member kills hit different members in turn.
+fn with_the_guard_on_members(store: &str, seed: &str) {
+    with_the_guard(store, seed);
+    let details = store_fault_details(store);
+    assert!(
+        details.first().is_some_and(|d| d.contains("(leader)")),
+        "the first member kill must hit the leader: {details:?}"
+    );
+    for pair in details.windows(2) {
+        assert_ne!(
+            pair[0][..8],
+            pair[1][..8],
+            "the same member twice: {details:?}"
+        );
+    }
+}
+
 fn with_the_guard(store: &str, seed: &str) {
+    with_the_guard_kinds(
+        store,
+        seed,
+        &[
+            "stale-write",
+            "sigstop",
+            "kill9",
+            "restart-store",
+            "proxy-delay",
+            "proxy-drop-replies",
+            "proxy-blackhole",
+            "proxy-reset",
+        ],
+    );
+}
+
+/// A fenced run on `store` whose schedule has exactly the fault kinds `all`.
+fn with_the_guard_kinds(store: &str, seed: &str, all: &[&str]) {
     let r = run(
         &format!("{store}-fenced"),
         &["--store", store, "--duration", "18s", "--seed", seed],
@@ -90,16 +139,7 @@ fn with_the_guard(store: &str, seed: &str) {
     assert_eq!(r.rules(), BTreeSet::new(), "{}", r.text);
     let fired = r.planned_and_fired();
     let kinds: BTreeSet<&str> = fired.keys().map(String::as_str).collect();
-    let all = BTreeSet::from([
-        "stale-write",
-        "sigstop",
-        "kill9",
-        "restart-store",
-        "proxy-delay",
-        "proxy-drop-replies",
-        "proxy-blackhole",
-        "proxy-reset",
-    ]);
+    let all: BTreeSet<&str> = all.iter().copied().collect();
     assert_eq!(kinds, all, "{}", r.text);
     for (kind, n) in &fired {
         assert!(*n >= 1, "{kind} never fired:\n{}", r.text);
@@ -185,6 +225,18 @@ fn etcd_control_run_without_the_guard_is_caught() {
     without_the_guard("etcd", "16");
 }
 
+/// A three-member etcd cluster, each worker reaching every member through its own
+/// proxies; the store fault kills one member (the leader first) and starts it again.
+#[test]
+fn etcd_cluster_with_the_guard_has_no_violation() {
+    with_the_guard_on_members("etcd-cluster", "21");
+}
+
+#[test]
+fn etcd_cluster_control_run_without_the_guard_is_caught() {
+    without_the_guard("etcd-cluster", "22");
+}
+
 #[test]
 fn zookeeper_store_with_the_guard_has_no_violation() {
     with_the_guard("zookeeper", "15");
@@ -193,6 +245,44 @@ fn zookeeper_store_with_the_guard_has_no_violation() {
 #[test]
 fn zookeeper_control_run_without_the_guard_is_caught() {
     without_the_guard("zookeeper", "16");
+}
+
+/// A three-member ZooKeeper ensemble, the store URL listing every member through the
+/// worker's own proxies; the store fault kills one member (the leader first) and starts
+/// it again.
+#[test]
+fn zookeeper_ensemble_with_the_guard_has_no_violation() {
+    with_the_guard_on_members("zookeeper-ensemble", "23");
+}
+
+#[test]
+fn zookeeper_ensemble_control_run_without_the_guard_is_caught() {
+    without_the_guard("zookeeper-ensemble", "24");
+}
+
+/// Redis behind three sentinels (`min_replicas=1`): the store fault is a forced
+/// fail-over. The data path goes to the primary the sentinels name, not through the
+/// worker's proxies, so its schedule has no proxy faults (freezes, kills, fail-overs and
+/// the stale write only).
+///
+/// Ignored: it does not pass yet. Seed 25 plans four fail-overs, each stopping every
+/// write for ~10 s (min_replicas=1 until the old primary is demoted), so the run is
+/// mostly fail-overs, a takeover misses even the extended C9 bound, and the harness's
+/// inspections saw one owner (no worker's: an acquire that failed closed) under two
+/// fences across a fail-over (C8a). Run it with `--run-ignored only`.
+#[test]
+#[ignore = "fails today under back-to-back fail-overs (C8a, C9); see its doc"]
+fn redis_sentinel_with_the_guard_has_no_violation() {
+    with_the_guard_kinds(
+        "redis-sentinel",
+        "25",
+        &["stale-write", "sigstop", "kill9", "restart-store"],
+    );
+}
+
+#[test]
+fn redis_sentinel_control_run_without_the_guard_is_caught() {
+    without_the_guard("redis-sentinel", "26");
 }
 
 #[test]

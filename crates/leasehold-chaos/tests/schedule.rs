@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use leasehold_chaos::schedule::{FaultSet, HOLDER, NEXT_WRITER, PlanKind, plan};
+use leasehold_chaos::schedule::{FaultSet, HOLDER, NEXT_WRITER, PlanKind, plan, plan_kinds};
 
 const TTL: Duration = Duration::from_secs(2);
 const RUN: Duration = Duration::from_secs(20);
@@ -120,4 +120,26 @@ fn the_schedule_is_recorded_as_json() {
     assert!(text.contains("\"kind\":\"stale-write\""), "{text}");
     let back: Vec<leasehold_chaos::schedule::PlannedFault> = serde_json::from_str(&text).unwrap();
     assert_eq!(back, p);
+}
+
+/// A store on which some kinds cannot fire (Sentinel: no proxy faults) gets a schedule
+/// drawn from its kinds only, each of them planned; with every kind, `plan_kinds` is
+/// `plan` (existing seeds keep their schedules).
+#[test]
+fn a_store_with_fewer_kinds_gets_only_those() {
+    let kinds = [PlanKind::Sigstop, PlanKind::Kill9, PlanKind::RestartStore];
+    for seed in 0..50 {
+        assert_eq!(
+            plan_kinds(seed, FaultSet::All, 4, RUN, TTL, &PlanKind::RANDOM),
+            plan(seed, FaultSet::All, 4, RUN, TTL)
+        );
+        let p = plan_kinds(seed, FaultSet::All, 4, RUN, TTL, &kinds);
+        let got: BTreeSet<PlanKind> = p.iter().map(|f| f.kind).collect();
+        let want: BTreeSet<PlanKind> = kinds
+            .iter()
+            .copied()
+            .chain([PlanKind::StaleWrite])
+            .collect();
+        assert_eq!(got, want, "seed {seed}: {p:?}");
+    }
 }
