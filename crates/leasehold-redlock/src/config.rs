@@ -92,6 +92,7 @@ impl fmt::Display for Node {
 /// | `connect_timeout` | bound on connecting to one node | 1 s |
 /// | `drift_factor` | clock drift factor: the allowance is `ttl × factor + drift_min` | 0.01 |
 /// | `drift_min` | fixed part of the drift allowance | 2 ms |
+/// | `allow_eviction` | open even if a node's `maxmemory-policy` may evict keys (exclusion then breaks; only fences hold) | `false` |
 ///
 /// Unknown or repeated parameters are refused. `Debug` and `Display` never show the
 /// password.
@@ -104,6 +105,7 @@ pub struct RedlockConfig {
     drift_factor: f64,
     drift_min: Duration,
     credentials: Option<Credentials>,
+    allow_eviction: bool,
 }
 
 impl fmt::Debug for RedlockConfig {
@@ -116,6 +118,7 @@ impl fmt::Debug for RedlockConfig {
             .field("drift_factor", &self.drift_factor)
             .field("drift_min", &self.drift_min)
             .field("credentials", &self.credentials)
+            .field("allow_eviction", &self.allow_eviction)
             .finish()
     }
 }
@@ -175,6 +178,7 @@ impl RedlockConfig {
             drift_factor: DEFAULT_DRIFT_FACTOR,
             drift_min: DEFAULT_DRIFT_MIN,
             credentials: None,
+            allow_eviction: false,
         })
     }
 
@@ -234,6 +238,17 @@ impl RedlockConfig {
                 "node_timeout" => config = config.node_timeout(parse_dur(name, &value)?)?,
                 "connect_timeout" => config = config.connect_timeout(parse_dur(name, &value)?)?,
                 "drift_min" => config = config.drift_min(parse_dur(name, &value)?)?,
+                "allow_eviction" => {
+                    config.allow_eviction = match value.as_str() {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(config_error(
+                                "Redlock URL parameter \"allow_eviction\" is true or false",
+                            ));
+                        }
+                    }
+                }
                 "drift_factor" => {
                     let f = value.parse::<f64>().map_err(|_| {
                         config_error("Redlock URL parameter drift_factor is not a number")
@@ -243,7 +258,7 @@ impl RedlockConfig {
                 other => {
                     return Err(config_error(format!(
                         "unknown Redlock URL parameter {other:?} (known: prefix, node_timeout, \
-                         connect_timeout, drift_factor, drift_min)"
+                         connect_timeout, drift_factor, drift_min, allow_eviction)"
                     )));
                 }
             }
@@ -315,6 +330,19 @@ impl RedlockConfig {
     pub fn drift_min(mut self, drift: Duration) -> Result<Self, StoreError> {
         self.drift_min = check_dur("drift_min", drift, true)?;
         Ok(self)
+    }
+
+    /// Accepts nodes whose `maxmemory-policy` may evict keys (default: refused at open).
+    /// An evicting node is a node that forgets leases early: exclusion can break, and only
+    /// the fences protect the data.
+    pub fn allow_eviction(mut self, on: bool) -> Self {
+        self.allow_eviction = on;
+        self
+    }
+
+    /// Whether nodes that may evict keys are accepted.
+    pub fn eviction_allowed(&self) -> bool {
+        self.allow_eviction
     }
 
     /// Authenticates on every node with `password` (and `user`, for an ACL user).

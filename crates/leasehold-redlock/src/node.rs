@@ -41,9 +41,9 @@ impl std::fmt::Debug for NodeConn {
 }
 
 /// What a permission error says the store needs.
-const ACL_NEEDS: &str = "permission denied by the node's ACL (the store needs PING, EVALSHA, \
-    SCRIPT LOAD and, inside its scripts, GET, SET, PEXPIRE, PTTL, DEL and TIME, on keys under \
-    its prefix)";
+const ACL_NEEDS: &str = "permission denied by the node's ACL (the store needs PING, INFO, \
+    EVALSHA, SCRIPT LOAD and, inside its scripts, GET, SET, PEXPIRE, PTTL, DEL and TIME, on \
+    keys under its prefix)";
 
 fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
@@ -154,6 +154,40 @@ impl NodeConn {
             }
             Ok(Ok(_)) => Ok(()),
         }
+    }
+
+    /// The node's `maxmemory-policy` (from `INFO memory`), `None` if it does not say.
+    pub(crate) async fn eviction_policy(
+        &self,
+        deadline: Instant,
+    ) -> Result<Option<String>, StoreError> {
+        let op = "reading the eviction policy";
+        let (generation, mut conn) = self.conn(op, deadline).await?;
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        match timeout_at(deadline, info.query_async::<String>(&mut conn)).await {
+            Err(_) => {
+                self.invalidate(generation);
+                Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    BACKEND,
+                    format!("{op}: node {} did not answer INFO in time", self.name),
+                ))
+            }
+            Ok(Err(e)) => {
+                self.invalidate(generation);
+                Err(self.map(op, &e, true))
+            }
+            Ok(Ok(text)) => Ok(text.lines().find_map(|l| {
+                l.strip_prefix("maxmemory_policy:")
+                    .map(|p| p.trim().to_owned())
+            })),
+        }
+    }
+
+    /// The node's name (`host:port`).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// Runs `script` with `keys` and `[request id] + args` by `deadline` and parses the

@@ -117,7 +117,9 @@ impl RedlockStore {
     }
 
     /// A store for `config`, connected to every node it can reach within the connect
-    /// timeout, so that a wrong password is reported now rather than by the first lease.
+    /// timeout, so that a wrong password is reported now rather than by the first lease;
+    /// each node reached must have `maxmemory-policy noeviction` unless the configuration
+    /// allows eviction.
     ///
     /// # Errors
     /// [`StoreErrorKind::Config`] when a node refuses the credentials or its address is
@@ -144,6 +146,41 @@ impl RedlockStore {
                     store.nodes.len()
                 ),
             ));
+        }
+        if !store.config.eviction_allowed() {
+            // A node that may evict keys forgets leases early (FAULTS row 25): refused
+            // unless accepted explicitly. Checked on every node reached now.
+            let reached: Vec<usize> = tally.ok.iter().map(|(i, _)| *i).collect();
+            let policies = join_all(
+                reached
+                    .iter()
+                    .map(|i| store.nodes[*i].eviction_policy(deadline)),
+            )
+            .await;
+            for (i, policy) in reached.iter().zip(policies) {
+                let node = store.nodes[*i].name();
+                match policy? {
+                    Some(p) if p == "noeviction" => {}
+                    Some(p) => {
+                        return Err(StoreError::new(
+                            StoreErrorKind::Config,
+                            BACKEND,
+                            format!(
+                                "Redlock node {node} has maxmemory-policy {p}, which may evict held lease keys: set it to noeviction, or accept eviction with allow_eviction=true (exclusion can then break; only fences protect the data)"
+                            ),
+                        ));
+                    }
+                    None => {
+                        return Err(StoreError::new(
+                            StoreErrorKind::Config,
+                            BACKEND,
+                            format!(
+                                "Redlock node {node} does not report its maxmemory-policy; accept that with allow_eviction=true"
+                            ),
+                        ));
+                    }
+                }
+            }
         }
         Ok(store)
     }

@@ -74,6 +74,47 @@ async fn bad_urls_and_unreachable_sets_get_typed_errors() {
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
 }
 
+/// FAULTS row 25 for Redlock: a node whose `maxmemory-policy` may evict keys forgets
+/// leases early, so the store refuses to open (a `Config` error naming the node and the
+/// policy) unless `allow_eviction=true` says it is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_may_evict_keys_is_refused_unless_allowed() {
+    let set = Set::start().await;
+    let evicting = set.servers[1].port();
+    assert_eq!(
+        set.cli(1, &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+            .await,
+        "OK"
+    );
+    let err = RedlockStore::open(&set.url())
+        .await
+        .expect_err("an evicting node");
+    assert_eq!(err.kind(), StoreErrorKind::Config, "{err}");
+    assert!(
+        err.to_string().contains("allkeys-lru") && err.to_string().contains(&evicting.to_string()),
+        "{err}"
+    );
+    let allowed = format!("{}?allow_eviction=true", set.url());
+    let store = RedlockStore::open(&allowed)
+        .await
+        .expect("accepted explicitly");
+    assert!(store.config().eviction_allowed());
+    assert!(
+        RedlockStore::open(&format!("{}?allow_eviction=maybe", set.url()))
+            .await
+            .is_err()
+    );
+    // Back to noeviction: opens without the parameter.
+    assert_eq!(
+        set.cli(1, &["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+            .await,
+        "OK"
+    );
+    RedlockStore::open(&set.url())
+        .await
+        .expect("noeviction everywhere");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_are_checked_and_never_shown() {
     let servers: Vec<RedisServer> = tokio::task::spawn_blocking(|| {
@@ -503,6 +544,8 @@ fn acl_rules(prefix: &str) -> Vec<String> {
         "+pttl",
         "+del",
         "+time",
+        // Reading maxmemory-policy when the store opens (FAULTS row 25).
+        "+info",
     ]
     .iter()
     .map(|s| s.to_string())
