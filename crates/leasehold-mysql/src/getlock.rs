@@ -776,8 +776,8 @@ impl MySqlGetLockStore {
             .bind(name)
             .bind(secs)
             .fetch_one(&mut *conn);
-        let got = match tokio::time::timeout(timeout + self.db.config.get_timeout(), request).await
-        {
+        let bound = timeout.saturating_add(self.db.config.get_timeout());
+        let got = match tokio::time::timeout(bound, request).await {
             Ok(got) => got,
             // The server did not answer in time: leave the queue (the drop kills the
             // session); the caller re-checks.

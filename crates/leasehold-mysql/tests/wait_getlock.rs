@@ -132,3 +132,17 @@ async fn prune_deletes_only_ended_leases_and_fences_still_rise() {
     )
     .await;
 }
+
+/// No duration makes it panic: a wait "forever" on a free key returns at once (the lock
+/// is granted, reserved for the waiter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_of_any_length_is_accepted() {
+    let db = common::start_db();
+    let store = open(&db).await;
+    let (k, o) = (Key::new("wait:forever").unwrap(), OwnerToken::random());
+    timeout(SOON, store.wait_released(&k, &o, Duration::MAX))
+        .await
+        .expect("a free key's wait returns at once")
+        .unwrap();
+    assert!(!held(store.acquire(&k, &o, LONG_TTL).await.unwrap()));
+}
