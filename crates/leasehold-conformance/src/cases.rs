@@ -13,6 +13,9 @@ use leasehold_core::{
 };
 use tokio::time::{Instant, sleep, timeout};
 
+// The cases of what is built on the lease live in their own module; listed with these.
+pub use crate::coordination::records_are_fenced_writes;
+
 use crate::holder::Holder;
 use crate::{Fixture, GuardSupport, OtherProcesses};
 use leasehold_core::wrap::{FaultStore, Injection, Op, Swallowed};

@@ -15,6 +15,7 @@ use leasehold_testkit::{
 };
 
 pub mod cases;
+pub mod coordination;
 pub mod fault_cases;
 pub mod growth;
 pub mod holder;
@@ -414,6 +415,7 @@ macro_rules! __with_cases {
             holder_killed_is_taken_over_after_its_ttl,
             bad_input_gets_typed_errors,
             capabilities_are_honest,
+            records_are_fenced_writes,
         }
     };
 }

@@ -31,8 +31,8 @@ pub use lease::{Lease, LostFuture, LostReason, LostSignal};
 pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use registry::{OpenFuture, Registry, StoreFactory};
 pub use store::{
-    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, RENEW_BATCH, ReleaseOutcome,
-    RenewOutcome, Store,
+    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, MAX_RECORD_LEN, RENEW_BATCH, Record,
+    ReleaseOutcome, RenewOutcome, Store,
 };
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 pub use tokio_util::sync::CancellationToken;

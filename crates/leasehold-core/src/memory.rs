@@ -16,7 +16,8 @@ use tokio::time::Instant;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{
-    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, ReleaseOutcome, RenewOutcome, Store,
+    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, Record, ReleaseOutcome, RenewOutcome,
+    Store,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -34,6 +35,7 @@ struct State {
     leases: HashMap<Key, Held>,
     /// The last fence issued per key; never removed, never lowered.
     fences: HashMap<Key, u64>,
+    records: HashMap<Key, Record>,
 }
 
 impl State {
@@ -83,6 +85,7 @@ impl Store for MemoryStore {
             session_bound: false,
             fence_durability: FenceDurability::Process,
             may_evict: false,
+            records: true,
         }
     }
 
@@ -210,5 +213,29 @@ impl Store for MemoryStore {
         drop(s);
         self.released.notify_waiters();
         Ok(fence)
+    }
+
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        let mut s = self.lock();
+        let slot = s.records.entry(key.clone()).or_insert_with(|| Record {
+            fence,
+            value: value.to_vec(),
+        });
+        if slot.fence < fence {
+            *slot = Record {
+                fence,
+                value: value.to_vec(),
+            };
+        }
+        Ok(slot.clone())
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        Ok(self.lock().records.get(key).cloned())
     }
 }

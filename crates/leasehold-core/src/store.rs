@@ -11,6 +11,20 @@ use crate::token::{Fence, OwnerToken};
 /// The most leases the renewal scheduler sends in one [`Store::renew_many`] call.
 pub const RENEW_BATCH: usize = 1000;
 
+/// The longest [`Record`] value a store accepts, in bytes.
+pub const MAX_RECORD_LEN: usize = 4096;
+
+/// A small value kept by the store next to its leases, written only by a higher fence
+/// (see [`Store::put_record`]). Leader election publishes the leader's value in one; a
+/// semaphore records its number of permits in one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The fence the value was written at.
+    pub fence: Fence,
+    /// The value (at most [`MAX_RECORD_LEN`] bytes).
+    pub value: Vec<u8>,
+}
+
 /// The reply to [`Store::acquire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireOutcome {
@@ -106,6 +120,9 @@ pub struct Capabilities {
     /// the first still believes it holds the lease. Exclusion is not guaranteed; only the
     /// fence, checked by the storage that receives the writes, protects the data.
     pub may_evict: bool,
+    /// [`Store::put_record`] and [`Store::get_record`] work (leader election's values
+    /// and semaphores' permit counts).
+    pub records: bool,
 }
 
 impl Capabilities {
@@ -120,6 +137,7 @@ impl Capabilities {
             session_bound: false,
             fence_durability: FenceDurability::Process,
             may_evict: false,
+            records: false,
         }
     }
 }
@@ -228,5 +246,33 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         let _ = key;
         Err(StoreError::unsupported(self.backend(), "breaking a lease"))
+    }
+
+    /// Fenced write of a small record, in a namespace of its own (a record named `k` and
+    /// the lease `k` are unrelated): store `value` at `fence` under `key` if no record is
+    /// stored there or the stored one has a *lower* fence, in one atomic step; return the
+    /// record stored after the call — ours, or the one that kept its place. Records never
+    /// expire (one per election or semaphore name). The caller checks `value.len() <=`
+    /// [`MAX_RECORD_LEN`]. Default: `Unsupported`.
+    ///
+    /// With `fence` 0 this is "set if absent, else read" (a semaphore's permit count).
+    ///
+    /// # Cancel safety
+    /// A dropped call may have written the record.
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        let _ = (key, fence, value);
+        Err(StoreError::unsupported(self.backend(), "records"))
+    }
+
+    /// The record stored under `key` by [`put_record`](Self::put_record), if any.
+    /// Default: `Unsupported`.
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let _ = key;
+        Err(StoreError::unsupported(self.backend(), "records"))
     }
 }

@@ -15,7 +15,9 @@ use async_trait::async_trait;
 
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
-use crate::store::{AcquireOutcome, Capabilities, LeaseInfo, ReleaseOutcome, RenewOutcome, Store};
+use crate::store::{
+    AcquireOutcome, Capabilities, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store,
+};
 use crate::token::{Fence, OwnerToken};
 
 /// Bounds every call of the wrapped store by a timeout: a call that has not answered in
@@ -131,6 +133,21 @@ impl Store for TimeoutStore {
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         let call = self.inner.break_lease(key);
         self.bounded("break", self.timeout, call).await
+    }
+
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        let call = self.inner.put_record(key, fence, value);
+        self.bounded("put record", self.timeout, call).await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let call = self.inner.get_record(key);
+        self.bounded("get record", self.timeout, call).await
     }
 }
 
@@ -360,6 +377,21 @@ impl Store for FaultStore {
         self.reach().await?;
         self.inner.break_lease(key).await
     }
+
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        self.reach().await?;
+        self.inner.put_record(key, fence, value).await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.reach().await?;
+        self.inner.get_record(key).await
+    }
 }
 
 #[cfg(test)]
@@ -390,6 +422,8 @@ mod tests {
             t.inspect(&key()).await.map(drop),
             t.list("").await.map(drop),
             t.break_lease(&key()).await.map(drop),
+            t.put_record(&key(), Fence(1), b"v").await.map(drop),
+            t.get_record(&key()).await.map(drop),
         ];
         for r in kinds {
             assert_eq!(r.unwrap_err().kind(), StoreErrorKind::Timeout);
