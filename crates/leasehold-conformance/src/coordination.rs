@@ -2,7 +2,12 @@
 //! leader election and semaphores (issue 17). Part of [`CASES`](crate::CASES): every
 //! backend runs them.
 
-use leasehold_core::{Fence, Key, MAX_RECORD_LEN, Record, StoreErrorKind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_core::{Error, Fence, Key, MAX_RECORD_LEN, OwnerToken, Record, StoreErrorKind};
+use tokio::time::Instant;
 
 use crate::Fixture;
 
@@ -15,7 +20,7 @@ fn key(name: &str) -> Key {
 /// `Unsupported` to both calls.
 pub async fn records_are_fenced_writes(fx: &Fixture) {
     let store = &fx.store;
-    let k = key(&format!("record-{}", leasehold_core::OwnerToken::random()));
+    let k = key(&format!("record-{}", OwnerToken::random()));
     if !store.capabilities().records {
         for err in [
             store.put_record(&k, Fence(1), b"v").await.map(drop),
@@ -90,10 +95,7 @@ pub async fn records_are_fenced_writes(fx: &Fixture) {
         "a value is stored byte for byte"
     );
     // An empty value is a value.
-    let e = key(&format!(
-        "record-empty-{}",
-        leasehold_core::OwnerToken::random()
-    ));
+    let e = key(&format!("record-empty-{}", OwnerToken::random()));
     let stored = store
         .put_record(&e, Fence(1), b"")
         .await
@@ -105,4 +107,242 @@ pub async fn records_are_fenced_writes(fx: &Fixture) {
         None,
         "a record is not a lease"
     );
+}
+
+/// Awaits every contender; if any failed, panics with every distinct failure (the first
+/// to be joined need not be the first to have failed).
+async fn join_contenders(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    let mut failures = Vec::new();
+    for t in tasks {
+        if let Err(e) = t.await {
+            let msg = match e.try_into_panic() {
+                Ok(p) => p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a panic".into()),
+                Err(e) => e.to_string(),
+            };
+            if !failures.contains(&msg) {
+                failures.push(msg);
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "contenders failed: {}",
+        failures.join(" | ")
+    );
+}
+
+/// One holder counted in `count` until dropped (also when its task panics, so one failed
+/// assertion does not show as a second holder in the tasks after it).
+struct Inside<'a>(&'a AtomicUsize);
+
+impl<'a> Inside<'a> {
+    /// Counts one more holder; returns how many there were before.
+    fn enter(count: &'a AtomicUsize) -> (usize, Self) {
+        (count.fetch_add(1, Ordering::SeqCst), Self(count))
+    }
+}
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether the store lacks records; if so, checks that leader election and semaphores
+/// say `Unsupported` (they cannot keep a leader's value or a permit count without them).
+async fn without_records(fx: &Fixture, name: &str) -> bool {
+    if fx.store.capabilities().records {
+        return false;
+    }
+    let client = fx.client();
+    let e = client.election(key(name)).expect("valid election name");
+    let err = e
+        .campaign("v", Duration::ZERO)
+        .await
+        .expect_err("a campaign without records must fail");
+    let s = client.semaphore(key(name), 2).expect("valid semaphore");
+    let err2 = s
+        .try_acquire()
+        .await
+        .expect_err("a semaphore without records must fail");
+    for err in [err, err2] {
+        assert_eq!(
+            err.store_error().map(|e| e.kind()),
+            Some(StoreErrorKind::Unsupported),
+            "without records: {err}"
+        );
+    }
+    true
+}
+
+/// 32 contenders campaign at once: never two leaders at a time (checked while each one
+/// leads, not only at the end), each leader reads itself as the leader with its value,
+/// and terms rise in the order leaders were elected.
+pub async fn one_leader_at_a_time_and_terms_rise(fx: &Fixture) {
+    let name = format!("election-{}", OwnerToken::random());
+    if without_records(fx, &name).await {
+        return;
+    }
+    let client = fx.client();
+    let election = client.election(key(&name)).expect("valid election name");
+    let leading = Arc::new(AtomicUsize::new(0));
+    let terms = Arc::new(Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (election, leading, terms) = (election.clone(), leading.clone(), terms.clone());
+            tokio::spawn(async move {
+                let value = format!("contender-{i}");
+                let me = election
+                    .campaign(value.clone(), Duration::from_secs(240))
+                    .await
+                    .unwrap_or_else(|e| panic!("campaign {i}: {e}"));
+                let (others, _leading) = Inside::enter(&leading);
+                assert_eq!(others, 0, "two leaders at once (term {})", me.term());
+                terms.lock().unwrap().push(me.term());
+                let seen = election.leader().await.expect("leader()");
+                let seen = seen.expect("a leader is seen while one leads");
+                assert_eq!(
+                    (seen.term, seen.value),
+                    (me.term(), Some(value.into_bytes())),
+                    "leader() reads the current leader's term and value"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                assert!(me.is_leader(), "leadership lost while leading");
+                drop(_leading);
+                assert!(
+                    me.resign().await.expect("resign"),
+                    "resign releases the lease"
+                );
+            })
+        })
+        .collect();
+    join_contenders(tasks).await;
+    let terms = terms.lock().unwrap().clone();
+    assert_eq!(terms.len(), 32);
+    assert!(
+        terms.windows(2).all(|w| w[0] < w[1]),
+        "terms must rise with every leader: {terms:?}"
+    );
+    assert_eq!(
+        election.leader().await.expect("leader()"),
+        None,
+        "nobody leads at the end"
+    );
+}
+
+/// 32 contenders on a semaphore of 3 permits: never more than 3 holders at once and never
+/// two on one slot (checked while each holds), fences per slot rise, and a caller asking
+/// for another number of permits is refused.
+pub async fn semaphore_admits_at_most_n_holders(fx: &Fixture) {
+    const N: u32 = 3;
+    let name = format!("semaphore-{}", OwnerToken::random());
+    if without_records(fx, &name).await {
+        return;
+    }
+    let client = fx.client();
+    let sem = client.semaphore(key(&name), N).expect("valid semaphore");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let per_slot: Arc<Vec<AtomicUsize>> = Arc::new((0..N).map(|_| AtomicUsize::new(0)).collect());
+    let fences = Arc::new(Mutex::new(vec![Vec::new(); N as usize]));
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (sem, inside, most, per_slot, fences) = (
+                sem.clone(),
+                inside.clone(),
+                most.clone(),
+                per_slot.clone(),
+                fences.clone(),
+            );
+            tokio::spawn(async move {
+                let p = sem
+                    .acquire(Duration::from_secs(240))
+                    .await
+                    .unwrap_or_else(|e| panic!("permit {i}: {e}"));
+                let slot = p.slot() as usize;
+                let (on_slot, _slot) = Inside::enter(&per_slot[slot]);
+                assert_eq!(on_slot, 0, "two holders on slot {slot} at once");
+                let (others, _inside) = Inside::enter(&inside);
+                let now = others + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                assert!(now <= N as usize, "{now} holders of a semaphore of {N}");
+                fences.lock().unwrap()[slot].push(p.fence());
+                // Longer than a read-then-write race window of a few tens of milliseconds.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                assert!(p.lease().is_valid(), "permit lost while held");
+                drop((_inside, _slot));
+                assert!(
+                    p.release().await.expect("release"),
+                    "release frees the slot"
+                );
+            })
+        })
+        .collect();
+    join_contenders(tasks).await;
+    assert!(
+        most.load(Ordering::SeqCst) >= 2,
+        "contenders never overlapped"
+    );
+    for (slot, f) in fences.lock().unwrap().iter().enumerate() {
+        assert!(
+            f.windows(2).all(|w| w[0] < w[1]),
+            "fences of slot {slot} must rise: {f:?}"
+        );
+    }
+    let err = client
+        .semaphore(key(&name), N + 1)
+        .expect("valid semaphore")
+        .try_acquire()
+        .await
+        .expect_err("another number of permits must be refused");
+    assert!(
+        matches!(err, Error::PermitsMismatch { stored: N, .. }),
+        "another N: {err}"
+    );
+    assert!(sem.holders().await.expect("holders").is_empty());
+}
+
+/// A holder that stops without giving its permit back (abandoned: not renewed, not
+/// released, as a crashed process) blocks its slot until the lease's TTL has run out,
+/// never before; then the permit is taken again with a higher fence.
+pub async fn lost_permit_returns_after_its_ttl_only(fx: &Fixture) {
+    let name = format!("permit-{}", OwnerToken::random());
+    if without_records(fx, &name).await {
+        return;
+    }
+    let cfg = fx.config();
+    let client = fx.client();
+    let sem = client.semaphore(key(&name), 1).expect("valid semaphore");
+    let sent = Instant::now();
+    let p = sem.try_acquire().await.expect("the free permit");
+    let fence = p.fence();
+    p.into_lease().abandon();
+    match sem.try_acquire().await {
+        Err(Error::WaitTimeout { .. }) => {}
+        Ok(p) => panic!(
+            "an abandoned permit was granted again at once (fence {})",
+            p.fence()
+        ),
+        Err(e) => panic!("try_acquire of a held permit: {e}"),
+    }
+    let again = sem
+        .acquire(fx.ttl * 3 + Duration::from_secs(2))
+        .await
+        .unwrap_or_else(|e| panic!("the abandoned permit never came back: {e}"));
+    let taken = Instant::now();
+    let earliest = sent + fx.ttl.mul_f64(1.0 - cfg.drift_factor());
+    assert!(
+        taken >= earliest,
+        "the abandoned permit came back {:?} before its TTL ran out",
+        earliest - taken
+    );
+    assert!(
+        again.fence() > fence,
+        "the next fence of the slot must be higher"
+    );
+    assert!(again.release().await.expect("release"));
 }

@@ -21,7 +21,7 @@ use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, N
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError,
 };
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
@@ -74,10 +74,12 @@ enum Flaw {
     /// The capabilities claim first-come-first-served waiting, but a woken waiter waits
     /// longer the earlier it arrived (last come, first served).
     ClaimsFifo,
+    /// `put_record` overwrites whatever is stored, whatever its fence.
+    RecordIgnoresFence,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 18] = [
+    const ALL: [Flaw; 19] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -96,6 +98,7 @@ impl Flaw {
         Flaw::Undeclared,
         Flaw::ClaimsDurableFences,
         Flaw::ClaimsFifo,
+        Flaw::RecordIgnoresFence,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -122,6 +125,8 @@ struct Broken {
     cache: Mutex<HashMap<Key, LeaseInfo>>,
     /// The order in which owners first waited, for [`Flaw::ClaimsFifo`].
     arrivals: Mutex<HashMap<OwnerToken, u32>>,
+    /// The records written blindly, for [`Flaw::RecordIgnoresFence`].
+    records: Mutex<HashMap<Key, Record>>,
 }
 
 impl Broken {
@@ -131,6 +136,7 @@ impl Broken {
             flaw,
             cache: Mutex::new(HashMap::new()),
             arrivals: Mutex::new(HashMap::new()),
+            records: Mutex::new(HashMap::new()),
         }
     }
 
@@ -384,6 +390,33 @@ impl Store for Broken {
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         self.inner.break_lease(key).await
     }
+
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        if self.flaw == Flaw::RecordIgnoresFence {
+            let record = Record {
+                fence,
+                value: value.to_vec(),
+            };
+            self.records
+                .lock()
+                .unwrap()
+                .insert(key.clone(), record.clone());
+            return Ok(record);
+        }
+        self.inner.put_record(key, fence, value).await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        if let Some(r) = self.records.lock().unwrap().get(key) {
+            return Ok(Some(r.clone()));
+        }
+        self.inner.get_record(key).await
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -558,6 +591,10 @@ const ALL_CASES: &[&str] = &[
     "holder_killed_is_taken_over_after_its_ttl",
     "bad_input_gets_typed_errors",
     "capabilities_are_honest",
+    "records_are_fenced_writes",
+    "one_leader_at_a_time_and_terms_rise",
+    "semaphore_admits_at_most_n_holders",
+    "lost_permit_returns_after_its_ttl_only",
     "row_02_near_miss_freeze_keeps_the_lease",
     "row_04_server_paused_lost_before_store_expiry",
     "row_05_lost_reply_retry_returns_same_lease",
@@ -568,6 +605,48 @@ const ALL_CASES: &[&str] = &[
 ];
 
 const KILLS: &[Kill] = &[
+    kill(
+        "records_are_fenced_writes",
+        RecordIgnoresFence,
+        Memory,
+        "same fence: kept, not overwritten",
+    ),
+    kill(
+        "one_leader_at_a_time_and_terms_rise",
+        RacyAcquire,
+        Memory,
+        "two leaders at once",
+    ),
+    kill(
+        "one_leader_at_a_time_and_terms_rise",
+        FenceNeverAdvances,
+        Memory,
+        "leader() reads the current leader's term and value",
+    ),
+    kill(
+        "semaphore_admits_at_most_n_holders",
+        RacyAcquire,
+        Memory,
+        "two holders on slot",
+    ),
+    kill(
+        "semaphore_admits_at_most_n_holders",
+        RecordIgnoresFence,
+        Memory,
+        "another number of permits must be refused",
+    ),
+    kill(
+        "lost_permit_returns_after_its_ttl_only",
+        ExpiresEarly,
+        Memory,
+        "before its TTL ran out",
+    ),
+    kill(
+        "lost_permit_returns_after_its_ttl_only",
+        IgnoresExpiry,
+        Memory,
+        "never came back",
+    ),
     kill(
         "acquire_release",
         InspectLies,
@@ -909,6 +988,7 @@ flaw_tests! {
     undeclared_extras_are_caught: Undeclared,
     fences_claimed_durable_are_caught: ClaimsDurableFences,
     fifo_claimed_falsely_is_caught: ClaimsFifo,
+    records_written_whatever_the_fence_are_caught: RecordIgnoresFence,
 }
 
 #[test]

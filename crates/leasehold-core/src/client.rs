@@ -600,14 +600,25 @@ impl LeaseClient {
                 return;
             }
         }
-        let mut delay = {
-            let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
-            self.inner.config.backoff().delay(attempt, &mut **rng)
-        };
+        let mut delay = self.backoff_delay(attempt);
         if let Some(r) = remaining {
             delay = delay.min(r);
         }
         tokio::time::sleep(delay.min(until_deadline)).await;
+    }
+}
+
+impl LeaseClient {
+    /// A full-jitter backoff delay for retry `attempt`, from the client's random source.
+    pub(crate) fn backoff_delay(&self, attempt: u32) -> Duration {
+        let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
+        self.inner.config.backoff().delay(attempt, &mut **rng)
+    }
+
+    /// A random number below `n` (> 0), from the client's random source.
+    pub(crate) fn random_below(&self, n: u32) -> u32 {
+        let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
+        rand::Rng::random_range(&mut **rng, 0..n.max(1))
     }
 }
 

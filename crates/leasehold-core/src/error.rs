@@ -286,6 +286,35 @@ pub enum Error {
         /// The highest fence accepted.
         current: crate::Fence,
     },
+    /// A leader's value (or another record) is longer than
+    /// [`MAX_RECORD_LEN`](crate::MAX_RECORD_LEN) bytes.
+    #[error("value of {len} bytes is longer than the {max} bytes a store keeps")]
+    ValueTooLong {
+        /// The value's length.
+        len: usize,
+        /// The longest accepted.
+        max: usize,
+    },
+    /// A semaphore's number of permits is 0 or above
+    /// [`MAX_PERMITS`](crate::semaphore::MAX_PERMITS).
+    #[error("a semaphore needs 1 to {max} permits, not {permits}")]
+    InvalidPermits {
+        /// The number asked for.
+        permits: u32,
+        /// The largest accepted.
+        max: u32,
+    },
+    /// The semaphore exists in the store with another number of permits: every user of
+    /// one name must ask for the same number (to change it, use a new name).
+    #[error("semaphore `{name}` has {stored} permits in the store; this caller asked for {asked}")]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: Key,
+        /// The number the store holds.
+        stored: u32,
+        /// The number this caller asked for.
+        asked: u32,
+    },
     /// The client is shutting down ([`LeaseClient::shutdown`](crate::LeaseClient::shutdown)):
     /// it grants no new leases.
     #[error("the lease client is shutting down: no new leases")]
@@ -305,9 +334,12 @@ impl Error {
     /// What to do about it.
     pub fn action(&self) -> Action {
         match self {
-            Self::InvalidKey(_) | Self::InvalidResource(_) | Self::InvalidConfig(_) => {
-                Action::Reconfigure
-            }
+            Self::InvalidKey(_)
+            | Self::InvalidResource(_)
+            | Self::InvalidConfig(_)
+            | Self::ValueTooLong { .. }
+            | Self::InvalidPermits { .. }
+            | Self::PermitsMismatch { .. } => Action::Reconfigure,
             Self::Contended { .. } | Self::WaitTimeout { .. } => Action::TryLater,
             Self::LeaseLost(_) | Self::FenceRejected { .. } => Action::OwnershipLost,
             Self::ShuttingDown => Action::Stop,

@@ -6,6 +6,7 @@ pub mod backoff;
 mod client;
 pub mod clock;
 pub mod config;
+pub mod election;
 mod error;
 pub mod guard;
 mod key;
@@ -15,6 +16,7 @@ pub mod metrics;
 mod observer;
 mod registry;
 mod scheduler;
+pub mod semaphore;
 mod store;
 mod token;
 pub mod url;
@@ -24,12 +26,14 @@ pub mod wrap;
 pub use backoff::Backoff;
 pub use client::{LeaseClient, LeaseClientBuilder, ShutdownReport};
 pub use config::{ConfigError, LeaseConfig, LeaseConfigBuilder};
+pub use election::{Election, Leader, Leadership};
 pub use error::{Action, Error, StoreError, StoreErrorKind};
 pub use guard::{GuardDecision, Idempotency, ResourceName, ResourceNameError};
 pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
 pub use lease::{Lease, LostFuture, LostReason, LostSignal};
 pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use registry::{OpenFuture, Registry, StoreFactory};
+pub use semaphore::{Permit, Semaphore};
 pub use store::{
     AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, MAX_RECORD_LEN, RENEW_BATCH, Record,
     ReleaseOutcome, RenewOutcome, Store,

@@ -1,0 +1,394 @@
+//! Leader election on a lease, as etcd's `concurrency.Election` and Curator's leader
+//! latch offer it.
+//!
+//! The leader is whoever holds the lease named after the election; its **term** is that
+//! lease's fence, so it rises with every new leader and the leader passes it with its
+//! writes like any fence (the guard rejects a deposed leader's writes). The leader's
+//! value (an address, a name) is published in a [record](crate::Record) written at the
+//! term, so a deposed leader can never overwrite its successor's value.
+//!
+//! `leasehold run --key NAME` campaigns for the election `NAME` (without a value):
+//! elections and leases share one name space.
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use leasehold_core::{Error, LeaseClient, LeaseConfig, memory::MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Error> {
+//! let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+//! let election = client.election("leader:billing")?;
+//!
+//! // Waits (here up to 30 s) to become the leader.
+//! let leadership = election.campaign("10.0.0.7:8080", Duration::from_secs(30)).await?;
+//! let leader = election.leader().await?.expect("someone leads");
+//! assert_eq!(leader.term, leadership.term());
+//! assert_eq!(leader.value.as_deref(), Some(&b"10.0.0.7:8080"[..]));
+//!
+//! // Lead until done or until the lease is lost, whichever comes first.
+//! tokio::select! {
+//!     _ = leadership.lost() => { /* stop acting as the leader at once */ }
+//!     _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+//! }
+//! leadership.resign().await?;
+//! assert!(election.leader().await?.is_none());
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use futures::Stream;
+
+use crate::client::LeaseClient;
+use crate::error::{Error, StoreError};
+use crate::key::{IntoKey, Key};
+use crate::lease::{Lease, LostSignal};
+use crate::store::{MAX_RECORD_LEN, Record};
+use crate::token::{Fence, OwnerToken};
+
+/// An election: a name to campaign for, read and observe. Cheap to clone.
+#[derive(Clone)]
+pub struct Election {
+    client: LeaseClient,
+    name: Key,
+    record: Key,
+}
+
+impl fmt::Debug for Election {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Election")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The current leader, as [`Election::leader`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// The leader's lease owner token.
+    pub owner: OwnerToken,
+    /// The term: the leader's lease fence. A later leader has a higher term.
+    pub term: Fence,
+    /// The value the leader published; `None` for a moment after it won (it publishes the
+    /// value right after its lease is granted) and for a leader that campaigned without
+    /// one (`leasehold run`).
+    pub value: Option<Vec<u8>>,
+}
+
+/// Being the leader: the lease of the election's name, and the value published with it.
+///
+/// Dropping it resigns (releases the lease in the background), as dropping a [`Lease`]
+/// does.
+#[derive(Debug)]
+pub struct Leadership {
+    lease: Lease,
+    value: Vec<u8>,
+}
+
+impl Leadership {
+    /// The term: this leadership's fence. Pass it with every write the leader makes.
+    pub fn term(&self) -> Fence {
+        self.lease.fence()
+    }
+
+    /// The value this leader published.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The lease behind the leadership (its deadline, [`Lease::run`], ...).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Fires when the leadership is lost: the same signal as the lease's
+    /// [`Lease::lost`]. Stop acting as the leader when it does.
+    pub fn lost(&self) -> LostSignal {
+        self.lease.lost()
+    }
+
+    /// Whether the leadership is still valid (the lease's validity deadline has not
+    /// passed and it was not lost).
+    pub fn is_leader(&self) -> bool {
+        self.lease.is_valid()
+    }
+
+    /// Steps down: releases the lease, so another campaigner can win. `Ok(false)` when the
+    /// lease had already been lost.
+    ///
+    /// # Cancel safety
+    /// As [`Lease::release`].
+    pub async fn resign(self) -> Result<bool, Error> {
+        self.lease.release().await
+    }
+}
+
+impl LeaseClient {
+    /// The election named `name` (a lease key; its value is kept in the record named
+    /// `election/NAME`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a name that is not a valid key or is too long to make the
+    /// record's name.
+    pub fn election(&self, name: impl IntoKey) -> Result<Election, Error> {
+        let name = name.into_key()?;
+        let record = Key::new(format!("election/{name}"))?;
+        Ok(Election {
+            client: self.clone(),
+            name,
+            record,
+        })
+    }
+}
+
+impl Election {
+    /// The election's name (the lease key the leader holds).
+    pub fn name(&self) -> &Key {
+        &self.name
+    }
+
+    /// Waits up to `wait` (`Duration::MAX`: as long as it takes) to become the leader,
+    /// then publishes `value` at the new term and returns the leadership.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a campaign dropped while waiting leaves nothing behind; dropped after
+    /// winning, the lease is released as a dropped lease is.
+    ///
+    /// # Errors
+    /// [`Error::ValueTooLong`], [`Error::WaitTimeout`] (not elected in time),
+    /// [`Error::LeaseLost`] (lost before the value was published, or a later leader had
+    /// already published), [`Error::Store`] (including `Unsupported` on a store without
+    /// records), and the errors of [`LeaseClient::acquire`].
+    pub async fn campaign(
+        &self,
+        value: impl Into<Vec<u8>>,
+        wait: Duration,
+    ) -> Result<Leadership, Error> {
+        let value = value.into();
+        check_len(&value)?;
+        let store = self.client.store().clone();
+        if !store.capabilities().records {
+            return Err(StoreError::unsupported(store.backend(), "records").into());
+        }
+        let lease = self.client.acquire(&self.name, wait).await?;
+        let term = lease.fence();
+        let limit = self.client.config().op_timeout();
+        let mut attempt = 0;
+        let stored = loop {
+            let call = store.put_record(&self.record, term, &value);
+            match StoreError::bounded(store.backend(), "put record", limit, call).await {
+                Ok(stored) => break stored,
+                Err(e) if e.is_retryable() && lease.is_valid() => {
+                    tokio::time::sleep(self.client.backoff_delay(attempt)).await;
+                    attempt = attempt.saturating_add(1);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if stored.fence != term {
+            // A later term published first: this lease was lost and someone else won.
+            return Err(Error::LeaseLost(
+                lease
+                    .lost_reason()
+                    .unwrap_or(crate::lease::LostReason::NotOwner),
+            ));
+        }
+        lease.ensure_valid()?;
+        Ok(Leadership { lease, value })
+    }
+
+    /// The current leader, if any.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn leader(&self) -> Result<Option<Leader>, Error> {
+        let store = self.client.store();
+        let limit = self.client.config().op_timeout();
+        let backend = store.backend();
+        // A new leader between the two reads shows as a record newer than the lease read:
+        // read again.
+        for _ in 0..3 {
+            let holder =
+                StoreError::bounded(backend, "inspect", limit, store.inspect(&self.name)).await?;
+            let Some(holder) = holder else {
+                return Ok(None);
+            };
+            let record: Option<Record> =
+                StoreError::bounded(backend, "get record", limit, store.get_record(&self.record))
+                    .await?;
+            if record.as_ref().is_some_and(|r| r.fence > holder.fence) {
+                continue;
+            }
+            return Ok(Some(Leader {
+                owner: holder.owner,
+                term: holder.fence,
+                value: record.filter(|r| r.fence == holder.fence).map(|r| r.value),
+            }));
+        }
+        Err(StoreError::new(
+            crate::StoreErrorKind::Busy,
+            backend,
+            "the leader changed on every read; try again",
+        )
+        .into())
+    }
+
+    /// The leader now, then each change of leader (another term, no leader, or the value
+    /// published), read every `interval`. A store error is yielded as an item and reading
+    /// goes on. The stream never ends; drop it to stop.
+    ///
+    /// Observing polls (`inspect` and a record read per `interval`): it must not join a
+    /// store's queue of waiters, which would hold up the campaigners.
+    pub fn observe(
+        &self,
+        interval: Duration,
+    ) -> impl Stream<Item = Result<Option<Leader>, Error>> + Send + 'static {
+        let election = self.clone();
+        let interval = interval.max(Duration::from_millis(1));
+        futures::stream::unfold(
+            (election, None::<Option<Leader>>, false),
+            move |(election, last, started)| async move {
+                let mut started = started;
+                loop {
+                    if started {
+                        tokio::time::sleep(interval).await;
+                    }
+                    started = true;
+                    match election.leader().await {
+                        Ok(now) if last.as_ref() == Some(&now) => {}
+                        Ok(now) => return Some((Ok(now.clone()), (election, Some(now), true))),
+                        Err(e) => return Some((Err(e), (election, last, true))),
+                    }
+                }
+            },
+        )
+    }
+}
+
+fn check_len(value: &[u8]) -> Result<(), Error> {
+    if value.len() > MAX_RECORD_LEN {
+        return Err(Error::ValueTooLong {
+            len: value.len(),
+            max: MAX_RECORD_LEN,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use futures::StreamExt;
+
+    use super::*;
+    use crate::config::LeaseConfig;
+    use crate::memory::MemoryStore;
+    use crate::store::Store;
+
+    fn client(store: &MemoryStore) -> LeaseClient {
+        LeaseClient::new(
+            Arc::new(store.clone()),
+            LeaseConfig::new(Duration::from_secs(3)).unwrap(),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn campaign_resign_and_terms_rise() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let e = c.election("leader:t").unwrap();
+        assert_eq!(e.leader().await.unwrap(), None);
+        let a = e.campaign("a", Duration::ZERO).await.unwrap();
+        assert!(a.is_leader());
+        let waiting = {
+            let e = e.clone();
+            tokio::spawn(async move { e.campaign("b", Duration::from_secs(60)).await })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!waiting.is_finished(), "one leader at a time");
+        let leader = e.leader().await.unwrap().unwrap();
+        assert_eq!(
+            (leader.term, leader.value.as_deref()),
+            (a.term(), Some(&b"a"[..]))
+        );
+        let term_a = a.term();
+        assert!(a.resign().await.unwrap());
+        let b = waiting.await.unwrap().unwrap();
+        assert!(b.term() > term_a, "terms rise");
+        assert_eq!(
+            e.leader().await.unwrap().unwrap().value.as_deref(),
+            Some(&b"b"[..])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_ends_the_leadership() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let e = c.election("leader:lost").unwrap();
+        let a = e.campaign("a", Duration::ZERO).await.unwrap();
+        store.forget(e.name());
+        tokio::time::timeout(Duration::from_secs(3), a.lost())
+            .await
+            .expect("lost fires");
+        assert!(!a.is_leader());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deposed_leader_cannot_overwrite_the_value() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let e = c.election("leader:deposed").unwrap();
+        let record = Key::new("election/leader:deposed").unwrap();
+        // A later term already published (a successor won while this campaign stalled).
+        store
+            .put_record(&record, Fence(1_000), b"new")
+            .await
+            .unwrap();
+        let err = e.campaign("old", Duration::ZERO).await.unwrap_err();
+        assert!(matches!(err, Error::LeaseLost(_)), "{err}");
+        assert_eq!(
+            store.get_record(&record).await.unwrap().unwrap().value,
+            b"new".to_vec()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bad_input_and_missing_records_are_typed_errors() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let e = c.election("leader:big").unwrap();
+        let err = e
+            .campaign(vec![0u8; MAX_RECORD_LEN + 1], Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::ValueTooLong { .. }), "{err}");
+        assert!(matches!(
+            c.election("x".repeat(crate::MAX_KEY_LEN)),
+            Err(Error::InvalidKey(_))
+        ));
+        assert!(matches!(c.election(""), Err(Error::InvalidKey(_))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn observe_yields_each_change() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let e = c.election("leader:obs").unwrap();
+        let mut changes = Box::pin(e.observe(Duration::from_millis(100)));
+        assert_eq!(changes.next().await.unwrap().unwrap(), None);
+        let a = e.campaign("a", Duration::ZERO).await.unwrap();
+        let seen = changes.next().await.unwrap().unwrap().unwrap();
+        assert_eq!((seen.term, seen.value), (a.term(), Some(b"a".to_vec())));
+        a.resign().await.unwrap();
+        assert_eq!(changes.next().await.unwrap().unwrap(), None);
+        let b = e.campaign("b", Duration::ZERO).await.unwrap();
+        let seen = changes.next().await.unwrap().unwrap().unwrap();
+        assert_eq!(seen.term, b.term());
+    }
+}

@@ -1,0 +1,404 @@
+//! Semaphores: at most N holders of one name at a time, each with its own lease, lost
+//! signal and fence (Redisson's permit semaphore, Curator's `InterProcessSemaphoreV2`,
+//! DistributedLock's semaphore).
+//!
+//! A semaphore `NAME` with N permits is N **slots**, each an ordinary lease keyed
+//! `NAME#0` … `NAME#<N-1>`; a permit is the lease of one slot. So everything a lease
+//! guarantees holds per slot on every store: one holder per slot (hence at most N per
+//! name), a fence that rises with every grant of the slot, a lost signal, and a crashed
+//! holder's permit coming back when its lease expires, not before. The fence is per
+//! slot: guard writes with the **slot key** as the resource name
+//! ([`Permit::key`]), never with the semaphore's name, or the N holders would reject
+//! each other's writes.
+//!
+//! N is stored with the name (the [record](crate::Record) `semaphore/NAME`, written once
+//! if absent): a caller asking for another N is refused with
+//! [`Error::PermitsMismatch`] before it takes a slot, so every caller counts against the
+//! same bound. To change N, use a new name.
+//!
+//! Acquiring tries the slots (starting at a random one) and, while all are held, retries
+//! with jittered backoff bounded by the shortest remaining TTL reported. Waiters are not
+//! served in order.
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use leasehold_core::{Error, LeaseClient, LeaseConfig, memory::MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Error> {
+//! let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+//! let exports = client.semaphore("export:tenant-42", 2)?;
+//! let a = exports.acquire(Duration::from_secs(30)).await?;
+//! let b = exports.acquire(Duration::from_secs(30)).await?;
+//! assert_ne!(a.key(), b.key()); // two slots: guard each write with its own slot key
+//! // A third must wait for a permit: here it gives up at once.
+//! assert!(matches!(exports.try_acquire().await, Err(Error::WaitTimeout { .. })));
+//! // Everyone must agree on the number of permits.
+//! assert!(matches!(
+//!     client.semaphore("export:tenant-42", 3)?.try_acquire().await,
+//!     Err(Error::PermitsMismatch { stored: 2, asked: 3, .. })
+//! ));
+//! a.release().await?;
+//! let c = exports.try_acquire().await?;
+//! # drop((b, c)); Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use crate::client::LeaseClient;
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::key::{IntoKey, Key};
+use crate::lease::{Lease, LostSignal};
+use crate::store::LeaseInfo;
+use crate::token::Fence;
+
+/// The most permits a semaphore may have (each is a slot a waiting caller may try).
+pub const MAX_PERMITS: u32 = 1024;
+
+/// A semaphore: a name and its number of permits. Cheap to clone.
+#[derive(Clone)]
+pub struct Semaphore {
+    client: LeaseClient,
+    name: Key,
+    permits: u32,
+    slots: Arc<[Key]>,
+    record: Key,
+    checked: Arc<OnceCell<()>>,
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.name)
+            .field("permits", &self.permits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One permit: the lease of one slot of the semaphore. Dropping it releases the slot in
+/// the background, as dropping a [`Lease`] does.
+#[derive(Debug)]
+pub struct Permit {
+    lease: Lease,
+    slot: u32,
+}
+
+impl Permit {
+    /// The slot this permit holds (`0..permits`).
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot's lease key, `NAME#SLOT`: the resource name to guard this holder's writes
+    /// with (the fence is per slot).
+    pub fn key(&self) -> &Key {
+        self.lease.key()
+    }
+
+    /// The fence of this grant of the slot.
+    pub fn fence(&self) -> Fence {
+        self.lease.fence()
+    }
+
+    /// The slot's lease (deadline, [`Lease::run`], ...).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Fires when the permit is lost (the slot's lease's [`Lease::lost`]).
+    pub fn lost(&self) -> LostSignal {
+        self.lease.lost()
+    }
+
+    /// The lease, to hand to code that takes one.
+    pub fn into_lease(self) -> Lease {
+        self.lease
+    }
+
+    /// Gives the permit back. `Ok(false)` when it had already been lost.
+    ///
+    /// # Cancel safety
+    /// As [`Lease::release`].
+    pub async fn release(self) -> Result<bool, Error> {
+        self.lease.release().await
+    }
+}
+
+impl LeaseClient {
+    /// The semaphore `name` with `permits` permits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPermits`] for 0 or more than [`MAX_PERMITS`]; [`Error::InvalidKey`]
+    /// for a name that is not a valid key or too long to name its slots.
+    pub fn semaphore(&self, name: impl IntoKey, permits: u32) -> Result<Semaphore, Error> {
+        let name = name.into_key()?;
+        if permits == 0 || permits > MAX_PERMITS {
+            return Err(Error::InvalidPermits {
+                permits,
+                max: MAX_PERMITS,
+            });
+        }
+        let slots = (0..permits)
+            .map(|i| Key::new(format!("{name}#{i}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let record = Key::new(format!("semaphore/{name}"))?;
+        Ok(Semaphore {
+            client: self.clone(),
+            name,
+            permits,
+            slots: slots.into(),
+            record,
+            checked: Arc::new(OnceCell::new()),
+        })
+    }
+}
+
+impl Semaphore {
+    /// The semaphore's name.
+    pub fn name(&self) -> &Key {
+        &self.name
+    }
+
+    /// The number of permits.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// The lease key of `slot` (`NAME#SLOT`), if `slot < permits`.
+    pub fn slot_key(&self, slot: u32) -> Option<&Key> {
+        self.slots.get(slot as usize)
+    }
+
+    /// Takes a permit if one is free now.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`LeaseClient::try_acquire`].
+    ///
+    /// # Errors
+    /// [`Error::WaitTimeout`] (all permits held), [`Error::PermitsMismatch`], and the
+    /// errors of [`LeaseClient::try_acquire`].
+    pub async fn try_acquire(&self) -> Result<Permit, Error> {
+        self.acquire(Duration::ZERO).await
+    }
+
+    /// Takes a permit, waiting up to `wait` (`Duration::MAX`: as long as it takes) while
+    /// all are held.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves no permit behind (as
+    /// [`LeaseClient::try_acquire`]).
+    ///
+    /// # Errors
+    /// [`Error::WaitTimeout`] (all permits still held when the wait ended),
+    /// [`Error::PermitsMismatch`] (the store holds another N for this name),
+    /// [`Error::Store`] (including `Unsupported` on a store without records; the last
+    /// retryable error when the wait ended), [`Error::ShuttingDown`].
+    pub async fn acquire(&self, wait: Duration) -> Result<Permit, Error> {
+        let started = Instant::now();
+        let deadline = crate::clock::saturating_add(started, wait);
+        self.checked
+            .get_or_try_init(|| self.check_permits())
+            .await?;
+        let n = self.permits;
+        let mut attempt = 0u32;
+        loop {
+            let first = self.client.random_below(n);
+            let mut shortest: Option<Duration> = None;
+            let mut last_err = None;
+            for i in 0..n {
+                let slot = (first + i) % n;
+                match self.client.try_acquire(&self.slots[slot as usize]).await {
+                    Ok(lease) => return Ok(Permit { lease, slot }),
+                    Err(Error::Contended { remaining, .. }) => {
+                        if let Some(r) = remaining {
+                            shortest = Some(shortest.map_or(r, |s| s.min(r)));
+                        }
+                    }
+                    Err(e) if e.is_retryable() => last_err = Some(e),
+                    Err(e) => return Err(e),
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(last_err.unwrap_or(Error::WaitTimeout {
+                    key: self.name.clone(),
+                    waited: now - started,
+                }));
+            }
+            let mut delay = self.client.backoff_delay(attempt);
+            if let Some(s) = shortest {
+                delay = delay.min(s.max(Duration::from_millis(1)));
+            }
+            tokio::time::sleep(delay.min(deadline - now)).await;
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// The permits held now: `(slot, holder)` for each held slot.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn holders(&self) -> Result<Vec<(u32, LeaseInfo)>, Error> {
+        let store = self.client.store();
+        let limit = self.client.config().op_timeout();
+        let mut out = Vec::new();
+        for (slot, key) in (0u32..).zip(self.slots.iter()) {
+            let call = store.inspect(key);
+            if let Some(info) = StoreError::bounded(store.backend(), "inspect", limit, call).await?
+            {
+                out.push((slot, info));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores N with the name if absent; refuses a caller whose N differs.
+    async fn check_permits(&self) -> Result<(), Error> {
+        let store = self.client.store();
+        if !store.capabilities().records {
+            return Err(StoreError::unsupported(store.backend(), "records").into());
+        }
+        let limit = self.client.config().op_timeout();
+        let value = self.permits.to_string();
+        let call = store.put_record(&self.record, Fence(0), value.as_bytes());
+        let stored = StoreError::bounded(store.backend(), "put record", limit, call).await?;
+        let parsed = std::str::from_utf8(&stored.value)
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok());
+        match parsed {
+            Some(stored) if stored == self.permits => Ok(()),
+            Some(stored) => Err(Error::PermitsMismatch {
+                name: self.name.clone(),
+                stored,
+                asked: self.permits,
+            }),
+            None => Err(StoreError::new(
+                StoreErrorKind::Corrupt,
+                store.backend(),
+                format!(
+                    "the record `{}` does not hold a number of permits",
+                    self.record
+                ),
+            )
+            .into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::config::LeaseConfig;
+    use crate::memory::MemoryStore;
+    use crate::store::Store;
+
+    fn client(store: &MemoryStore) -> LeaseClient {
+        LeaseClient::new(
+            Arc::new(store.clone()),
+            LeaseConfig::new(Duration::from_secs(3)).unwrap(),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_most_n_holders_and_slots_are_exclusive() {
+        let store = MemoryStore::new();
+        let sem = client(&store).semaphore("sem:n", 3).unwrap();
+        let inside = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let (sem, inside, most) = (sem.clone(), inside.clone(), most.clone());
+                tokio::spawn(async move {
+                    let p = sem.acquire(Duration::from_secs(600)).await.unwrap();
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    p.release().await.unwrap();
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            3,
+            "never more than N, and N reached"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permits_are_checked_against_the_store() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        assert!(matches!(
+            c.semaphore("sem:x", 0),
+            Err(Error::InvalidPermits { .. })
+        ));
+        assert!(matches!(
+            c.semaphore("sem:x", MAX_PERMITS + 1),
+            Err(Error::InvalidPermits { .. })
+        ));
+        let two = c.semaphore("sem:x", 2).unwrap();
+        let p = two.try_acquire().await.unwrap();
+        let err = c
+            .semaphore("sem:x", 5)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::PermitsMismatch {
+                    stored: 2,
+                    asked: 5,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // A record that is not a number is reported, not parsed as something else.
+        store
+            .put_record(&Key::new("semaphore/sem:bad").unwrap(), Fence(0), b"two")
+            .await
+            .unwrap();
+        let err = c
+            .semaphore("sem:bad", 2)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.store_error().map(|e| e.kind()),
+            Some(StoreErrorKind::Corrupt)
+        );
+        p.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_abandoned_permit_returns_after_its_ttl_only() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let sem = c.semaphore("sem:crash", 1).unwrap();
+        let p = sem.try_acquire().await.unwrap();
+        let fence = p.fence();
+        p.into_lease().abandon(); // the holder "crashed": not renewed, not released
+        let err = sem.acquire(Duration::from_secs(2)).await.unwrap_err();
+        assert!(matches!(err, Error::WaitTimeout { .. }), "{err}");
+        let again = sem.acquire(Duration::from_secs(10)).await.unwrap();
+        assert!(again.fence() > fence, "fences per slot rise");
+        assert_eq!(sem.holders().await.unwrap().len(), 1);
+    }
+}
