@@ -63,7 +63,10 @@ impl Failure {
             leasehold::Error::Store(e) => Self::Store(e),
             leasehold::Error::InvalidKey(_)
             | leasehold::Error::InvalidConfig(_)
-            | leasehold::Error::InvalidResource(_) => Self::Usage(e.to_string()),
+            | leasehold::Error::InvalidResource(_)
+            | leasehold::Error::InvalidPermits { .. }
+            | leasehold::Error::PermitsMismatch { .. }
+            | leasehold::Error::ValueTooLong { .. } => Self::Usage(e.to_string()),
             other => Self::Internal(other.to_string()),
         }
     }

@@ -3,6 +3,7 @@
 
 mod admin;
 mod demo;
+mod elect;
 mod exit;
 mod failure;
 mod guard;
@@ -105,6 +106,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the leader of an election (the holder of the lease NAME) and its value.
+    #[command(after_help = elect::LEADER_HELP)]
+    Leader {
+        /// The election's name (a lease key).
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the leader of an election, then each change, as JSON lines.
+    #[command(after_help = elect::OBSERVE_HELP)]
+    Observe {
+        /// The election's name (a lease key).
+        name: String,
+        /// How often to read the leader (1ms to 1h).
+        #[arg(long, default_value = "1s", value_parser = parse_interval)]
+        interval: Duration,
+    },
     /// Create the store's tables, the guard tables and the SQL guard (or --print the SQL).
     #[command(after_help = migrate::HELP)]
     Migrate(migrate::MigrateArgs),
@@ -165,6 +184,15 @@ pub(crate) fn parse_wait(s: &str) -> Result<Duration, String> {
 /// `--max-hold`: above zero, up to a year.
 pub(crate) fn parse_max_hold(s: &str) -> Result<Duration, String> {
     parse_in(s, (Duration::from_nanos(1), "1ns"), MAX_WAIT)
+}
+
+/// `observe --interval`: 1ms to 1h.
+pub(crate) fn parse_interval(s: &str) -> Result<Duration, String> {
+    parse_in(
+        s,
+        (Duration::from_millis(1), "1ms"),
+        (Duration::from_secs(3600), "1h"),
+    )
 }
 
 /// `--grace`: 0 to 12h (half the longest TTL; checked against the actual TTL later).
@@ -290,6 +318,8 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Inspect { key, json } => admin::inspect(&url, &key, json).await,
         Command::List { prefix, json } => admin::list(&url, &prefix, json).await,
         Command::Break { key, json } => admin::break_lease(&url, &key, json).await,
+        Command::Leader { name, json } => elect::leader(&url, &name, json).await,
+        Command::Observe { name, interval } => elect::observe(&url, &name, interval).await,
         Command::Migrate(args) => migrate::migrate(&url, args).await,
         Command::Demo(args) => demo::demo(args).await,
         Command::Completions { .. } | Command::Man | Command::InstallCompletions(_) => {

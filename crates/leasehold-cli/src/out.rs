@@ -18,3 +18,16 @@ pub(crate) fn print(text: &str) -> Result<ExitCode, Failure> {
         ))),
     }
 }
+
+/// Writes `text` to standard output: `Ok(true)` when its reader has closed the pipe (the
+/// caller stops writing), any other error is exit 74.
+pub(crate) fn print_or_closed(text: &str) -> Result<bool, Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(true),
+        Err(e) => Err(Failure::Output(format!(
+            "cannot write to standard output: {e}"
+        ))),
+    }
+}

@@ -31,7 +31,12 @@ use crate::{exit, parse_grace, parse_max_hold, parse_ttl, parse_wait};
 pub(crate) const HELP: &str = "\
 The command runs in its own process group with LEASEHOLD_KEY, LEASEHOLD_FENCE,
 LEASEHOLD_OWNER and LEASEHOLD_VALID_UNTIL (Unix ms, at start) in its environment; pass
-LEASEHOLD_FENCE with every write so the storage can reject a stale holder.
+LEASEHOLD_FENCE with every write so the storage can reject a stale holder. With
+--permits N, LEASEHOLD_KEY is the permit's slot lease (KEY#SLOT: guard writes with it,
+the fence is per slot) and LEASEHOLD_PERMIT_SLOT its number.
+
+`leasehold run --key NAME` is also a campaigner of the election NAME: while the command
+runs, `leasehold leader NAME` shows it as the leader (with no value).
 
 While it runs the lease is renewed. When the lease is lost (the store no longer lists
 this owner, renewals failed, --max-hold was reached), or the store has not confirmed it
@@ -73,7 +78,8 @@ command's own).
 Examples:
   leasehold run --key nightly-invoices -- ./invoices.sh
   leasehold run --key report --ttl 30s --wait 10m --max-hold 2h -- python report.py
-  leasehold run --key once --no-wait --conflict-exit-code 0 -- ./only-one-may-run.sh";
+  leasehold run --key once --no-wait --conflict-exit-code 0 -- ./only-one-may-run.sh
+  leasehold run --key exports --permits 3 -- ./export.sh   # at most 3 at a time";
 
 /// How long leasehold waits, after the last SIGKILL, for every process of the command's
 /// group to be gone; past it, the lease is left to expire instead of being released.
@@ -94,6 +100,11 @@ pub(crate) struct RunArgs {
     /// Fail at once if the lease is held.
     #[arg(long)]
     no_wait: bool,
+    /// Run at most N copies across all machines (1 to 1024): take one of the N permits of
+    /// the semaphore KEY (slot leases KEY#0 … KEY#<N-1>) instead of the lease KEY. Every
+    /// caller of one KEY must give the same N.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    permits: Option<u32>,
     /// Stop the command after this long, however healthy the lease (bounded renewal; up to
     /// 365d).
     #[arg(long, value_parser = parse_max_hold)]
@@ -146,15 +157,29 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
         leasehold::Key::new(&args.key).map_err(|e| Failure::Usage(format!("invalid key: {e}")))?;
     let store = connect(url).await?;
     let client = LeaseClient::new(store, config);
-    let acquired = if args.no_wait {
-        client.try_acquire(&key).await
-    } else {
-        client.acquire(&key, args.wait).await
+    let mut slot = None;
+    let acquired = match args.permits {
+        None if args.no_wait => client.try_acquire(&key).await,
+        None => client.acquire(&key, args.wait).await,
+        Some(permits) => {
+            let semaphore = client
+                .semaphore(&key, permits)
+                .map_err(|e| Failure::Usage(e.to_string()))?;
+            let wait = if args.no_wait {
+                Duration::ZERO
+            } else {
+                args.wait
+            };
+            semaphore.acquire(wait).await.map(|permit| {
+                slot = Some(permit.slot());
+                permit.into_lease()
+            })
+        }
     };
     let lease = acquired.map_err(|e| Failure::from_lease(e, args.conflict_exit_code))?;
     tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), "lease acquired");
     facts.acquired(lease.fence().get(), lease.owner().to_hex());
-    let outcome = supervise(&lease, args, grace).await;
+    let outcome = supervise(&lease, slot, args, grace).await;
     if !outcome.group_gone {
         // Releasing (or dropping, which releases) could let the next holder in while a
         // process of the command may still act: leave the lease to expire in the store.
@@ -207,7 +232,7 @@ struct Outcome {
 }
 
 /// Runs the command and watches the lease.
-async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
+async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Duration) -> Outcome {
     let Some((program, rest)) = args.command.split_first() else {
         return Outcome {
             status: Err(Failure::Usage("no command given".into())),
@@ -224,6 +249,9 @@ async fn supervise(lease: &Lease, args: &RunArgs, grace: Duration) -> Outcome {
             "LEASEHOLD_VALID_UNTIL",
             unix_ms_at(lease.valid_until()).to_string(),
         );
+    if let Some(slot) = slot {
+        cmd.env("LEASEHOLD_PERMIT_SLOT", slot.to_string());
+    }
     // Handlers first, so that no SIGCHLD and no signal to pass on is missed.
     let mut signals = match Signals::install() {
         Ok(s) => s,

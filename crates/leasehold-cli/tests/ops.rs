@@ -23,11 +23,13 @@ fn root() -> PathBuf {
 // --- Exit statuses and errors -------------------------------------------------------
 
 /// Every subcommand users see.
-const SUBCOMMANDS: [&str; 9] = [
+const SUBCOMMANDS: [&str; 11] = [
     "run",
     "inspect",
     "list",
     "break",
+    "leader",
+    "observe",
     "migrate",
     "demo",
     "completions",
@@ -73,6 +75,20 @@ fn every_subcommand_fails_with_one_line_and_its_documented_status() {
         (vec!["--store", "mysql://h:99999/db", "break", "k"], 64),
         (vec!["break", "tab\there"], 64),
         (vec!["--store", &down, "break", "k"], 69),
+        (
+            vec!["run", "--key", "k", "--permits", "0", "--", "true"],
+            64,
+        ),
+        (
+            vec!["run", "--key", "k", "--permits", "1025", "--", "true"],
+            64,
+        ),
+        // leader, observe
+        (vec!["--store", "nope://h/", "leader", "k"], 64),
+        (vec!["leader", "bell\u{7}"], 64),
+        (vec!["--store", &down, "leader", "k"], 69),
+        (vec!["observe", "k", "--interval", "0s"], 64),
+        (vec!["--store", &down, "observe", "k"], 69),
         // migrate
         (vec!["--store", "nope://h/", "migrate"], 64),
         (vec!["migrate", "--store", "postgres://h:notaport/db"], 64),
