@@ -58,7 +58,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long a worker waits for the lease before giving up.
 const ACQUIRE_WAIT: Duration = Duration::from_secs(60);
-/// How many times a claim is retried after a retryable store error.
+/// How many times a claim is retried after a retryable store error or a rejection.
 const MAX_RETRIES: u32 = 20;
 /// How long the coordinator waits for the other workers before it resumes the frozen one
 /// anyway (they should need a few seconds).
@@ -678,6 +678,10 @@ async fn worker(args: Args, me: usize) -> Result<(), BoxError> {
                 }
                 Outcome::Rejected { current } => {
                     counts.rejected += 1;
+                    retries += 1;
+                    if retries > MAX_RETRIES {
+                        return Err(format!("{request}: rejected {retries} times").into());
+                    }
                     println!(
                         "{request}: stale write REJECTED by the guard (fence {current} already accepted); retrying under a new lease"
                     );
@@ -909,18 +913,21 @@ async fn coordinate(mut args: Args) -> Result<ExitCode, BoxError> {
 
     // Worker 0 first: it freezes after it read `issued = coupons - 1`.
     let mut victim = spawn_worker(&exe, &args, &dir, 0, &lists[0], Some(args.coupons - 1), &tx)?;
+    let freeze_deadline = tokio::time::sleep(Duration::from_secs(60));
+    tokio::pin!(freeze_deadline);
     let frozen_line = loop {
-        let Some((w, line)) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
-            .await
-            .map_err(|_| "worker 0 did not reach its freeze point within 60 s")?
-        else {
-            return Err("worker 0 ended before its freeze point".into());
-        };
-        if let Some(r) = line.strip_prefix("result ") {
-            results.insert(w, r.to_owned());
-        }
-        if line.starts_with("frozen ") {
-            break line;
+        tokio::select! {
+            Some((_, line)) = rx.recv() => {
+                if line.starts_with("frozen ") {
+                    break line;
+                }
+            }
+            status = victim.child.wait() => {
+                return Err(format!("worker 0 ended before its freeze point ({})", status?).into());
+            }
+            () = &mut freeze_deadline => {
+                return Err("worker 0 did not reach its freeze point within 60 s".into());
+            }
         }
     };
     let frozen_at = Instant::now();
