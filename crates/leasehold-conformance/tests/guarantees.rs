@@ -133,12 +133,13 @@ fn check(doc: &str, root: &Path) -> Vec<String> {
         }
         errors.extend(refs.iter().filter_map(|r| check_ref(root, r)));
     }
-    // The bullet lists (leader election, semaphores) name tests too: each must exist.
-    for line in doc.lines().filter(|l| l.trim_start().starts_with("- ")) {
+    // The text outside the table (leader election, semaphores) names tests too: each
+    // must exist.
+    for line in doc.lines().filter(|l| !l.starts_with("| ")) {
         let refs = line
             .split('`')
             .enumerate()
-            .filter(|(i, r)| i % 2 == 1 && r.contains(".rs::"))
+            .filter(|(i, r)| i % 2 == 1 && r.contains(".rs::") && !r.starts_with("crate/"))
             .map(|(_, r)| r);
         errors.extend(refs.filter_map(|r| check_ref(root, r)));
     }
