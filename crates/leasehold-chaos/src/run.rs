@@ -409,7 +409,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         spec.store.fault_kinds(),
     );
     if spec.store == StoreKind::RedisSentinel {
-        schedule = space_failovers(schedule);
+        schedule = space_failovers(schedule, spec.ttl);
     }
     let pg = Postgres::start();
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
@@ -941,8 +941,11 @@ pub fn read_events(dir: &Path) -> Result<Vec<Event>, String> {
 const FAILOVER_SPACING_MS: u64 = 15_000;
 
 /// Drops each planned fail-over (`restart-store`) that comes less than
-/// [`FAILOVER_SPACING_MS`] after the one kept before it.
-fn space_failovers(schedule: Vec<PlannedFault>) -> Vec<PlannedFault> {
+/// [`FAILOVER_SPACING_MS`] after the one kept before it, or before 4 TTLs into the run:
+/// the scripted stale write (a holder frozen past its TTL, a newer holder's write, then
+/// the frozen one's) needs writes to be served meanwhile.
+fn space_failovers(schedule: Vec<PlannedFault>, ttl: Duration) -> Vec<PlannedFault> {
+    let first_ms = ttl.as_millis() as u64 * 4;
     let mut last: Option<u64> = None;
     schedule
         .into_iter()
@@ -950,7 +953,8 @@ fn space_failovers(schedule: Vec<PlannedFault>) -> Vec<PlannedFault> {
             if f.kind != PlanKind::RestartStore {
                 return true;
             }
-            let keep = last.is_none_or(|l| f.offset_ms >= l + FAILOVER_SPACING_MS);
+            let keep = f.offset_ms >= first_ms
+                && last.is_none_or(|l| f.offset_ms >= l + FAILOVER_SPACING_MS);
             if keep {
                 last = Some(f.offset_ms);
             }
