@@ -141,6 +141,26 @@ impl StoreError {
         }
     }
 
+    /// Refuses a record value longer than [`MAX_RECORD_LEN`](crate::MAX_RECORD_LEN)
+    /// bytes, before anything is sent ([`Store::put_record`](crate::Store::put_record)).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a longer value.
+    pub fn check_record_value(backend: &'static str, value: &[u8]) -> Result<(), Self> {
+        if value.len() > crate::MAX_RECORD_LEN {
+            return Err(Self::new(
+                StoreErrorKind::InvalidInput,
+                backend,
+                format!(
+                    "a record value of {} bytes is longer than {}",
+                    value.len(),
+                    crate::MAX_RECORD_LEN
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Awaits a store call for at most `limit`; past it, a [`StoreErrorKind::Timeout`]
     /// (the call may still have been applied, so it is [ambiguous](Self::is_ambiguous)).
     ///

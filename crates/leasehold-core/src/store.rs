@@ -25,6 +25,32 @@ pub struct Record {
     pub value: Vec<u8>,
 }
 
+impl Record {
+    /// The record as one byte string: the fence (8 bytes, big-endian), then the value —
+    /// for stores that keep a record in a single value (etcd, ZooKeeper).
+    pub fn to_fenced_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.value.len());
+        out.extend_from_slice(&self.fence.get().to_be_bytes());
+        out.extend_from_slice(&self.value);
+        out
+    }
+
+    /// Reads [`to_fenced_bytes`](Self::to_fenced_bytes) back; `None` when `data` is
+    /// shorter than a fence or its value is longer than [`MAX_RECORD_LEN`] (not written
+    /// by leasehold).
+    pub fn from_fenced_bytes(data: &[u8]) -> Option<Self> {
+        let (head, value) = data.split_at_checked(8)?;
+        if value.len() > MAX_RECORD_LEN {
+            return None;
+        }
+        let fence = u64::from_be_bytes(head.try_into().ok()?);
+        Some(Self {
+            fence: Fence(fence),
+            value: value.to_vec(),
+        })
+    }
+}
+
 /// The reply to [`Store::acquire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireOutcome {
@@ -274,5 +300,38 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let _ = key;
         Err(StoreError::unsupported(self.backend(), "records"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fenced_bytes_round_trip_and_refuse_what_is_not_a_record() {
+        let r = Record {
+            fence: Fence(u64::MAX),
+            value: vec![0, 255, b'x'],
+        };
+        assert_eq!(Record::from_fenced_bytes(&r.to_fenced_bytes()), Some(r));
+        let empty = Record {
+            fence: Fence(1),
+            value: vec![],
+        };
+        assert_eq!(
+            Record::from_fenced_bytes(&empty.to_fenced_bytes()),
+            Some(empty)
+        );
+        assert_eq!(
+            Record::from_fenced_bytes(&[1, 2, 3]),
+            None,
+            "shorter than a fence"
+        );
+        assert_eq!(
+            Record::from_fenced_bytes(&vec![0; 8 + MAX_RECORD_LEN + 1]),
+            None,
+            "a value over the limit"
+        );
+        assert!(Record::from_fenced_bytes(&vec![0; 8 + MAX_RECORD_LEN]).is_some());
     }
 }

@@ -10,8 +10,8 @@ use etcd_client::{
 };
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, MAX_RECORD_LEN,
-    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 
 use crate::BACKEND;
@@ -94,28 +94,13 @@ const RECORDS_NS: &str = "\0records\0";
 /// read and the transaction) reads and tries again.
 const RECORD_ATTEMPTS: u32 = 8;
 
-/// A record's value: the fence (8 bytes, big-endian) and the bytes.
-fn encode_record(fence: Fence, value: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + value.len());
-    out.extend_from_slice(&fence.get().to_be_bytes());
-    out.extend_from_slice(value);
-    out
-}
-
-/// Reads a record's value back; `Corrupt` when it is shorter than its fence.
+/// Reads a record's value back (`Record::to_fenced_bytes`); `Corrupt` when it is not one.
 fn decode_record(kv: &KeyValue) -> Result<Record, StoreError> {
-    let data = kv.value();
-    let (head, value) = data.split_at_checked(8).ok_or_else(|| {
+    Record::from_fenced_bytes(kv.value()).ok_or_else(|| {
         err(
             StoreErrorKind::Corrupt,
-            "an etcd record key holds fewer than 8 bytes: written by something else?",
+            "an etcd record key holds no fence and value: written by something else?",
         )
-    })?;
-    let mut fence = [0u8; 8];
-    fence.copy_from_slice(head);
-    Ok(Record {
-        fence: Fence(u64::from_be_bytes(fence)),
-        value: value.to_vec(),
     })
 }
 
@@ -285,7 +270,11 @@ impl EtcdStore {
         value: &[u8],
     ) -> Result<Record, StoreError> {
         let record_key = self.record_key(key);
-        let data = encode_record(fence, value);
+        let data = Record {
+            fence,
+            value: value.to_vec(),
+        }
+        .to_fenced_bytes();
         let ours = || Record {
             fence,
             value: value.to_vec(),
@@ -1134,15 +1123,7 @@ impl Store for EtcdStore {
         fence: Fence,
         value: &[u8],
     ) -> Result<Record, StoreError> {
-        if value.len() > MAX_RECORD_LEN {
-            return Err(err(
-                StoreErrorKind::InvalidInput,
-                format!(
-                    "a record value of {} bytes is over the {MAX_RECORD_LEN}-byte limit",
-                    value.len()
-                ),
-            ));
-        }
+        StoreError::check_record_value(BACKEND, value)?;
         self.bounded("put record", self.do_put_record(key, fence, value))
             .await
     }

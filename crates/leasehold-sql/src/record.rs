@@ -14,17 +14,7 @@ use leasehold_core::{Fence, Key, MAX_RECORD_LEN, Record, StoreError, StoreErrorK
 /// # Errors
 /// [`StoreErrorKind::InvalidInput`] for a value longer than [`MAX_RECORD_LEN`] bytes.
 pub fn check_value(backend: &'static str, value: &[u8]) -> Result<(), StoreError> {
-    if value.len() > MAX_RECORD_LEN {
-        return Err(StoreError::new(
-            StoreErrorKind::InvalidInput,
-            backend,
-            format!(
-                "a record value of {} bytes is longer than {MAX_RECORD_LEN}",
-                value.len()
-            ),
-        ));
-    }
-    Ok(())
+    StoreError::check_record_value(backend, value)
 }
 
 /// A record read back from a row whose fence column is a signed 64-bit integer (SQLite

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, MAX_RECORD_LEN,
-    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -69,27 +69,14 @@ pub(crate) const RECORDS_DIR: &str = "%2erecords";
 /// and its conditional write) reads and tries again.
 const RECORD_ATTEMPTS: u32 = 8;
 
-/// A record node's data: the fence (8 bytes, big-endian) and the bytes.
-fn encode_record(fence: Fence, value: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + value.len());
-    out.extend_from_slice(&fence.get().to_be_bytes());
-    out.extend_from_slice(value);
-    out
-}
-
-/// Reads a record node's data back; `Corrupt` when it is shorter than its fence.
+/// Reads a record node's data back (`Record::to_fenced_bytes`); `Corrupt` when it is
+/// not one.
 fn decode_record(data: &[u8]) -> Result<Record, StoreError> {
-    let (head, value) = data.split_at_checked(8).ok_or_else(|| {
+    Record::from_fenced_bytes(data).ok_or_else(|| {
         err(
             StoreErrorKind::Corrupt,
-            "a zookeeper record node holds fewer than 8 bytes: written by something else?",
+            "a zookeeper record node holds no fence and value: written by something else?",
         )
-    })?;
-    let mut fence = [0u8; 8];
-    fence.copy_from_slice(head);
-    Ok(Record {
-        fence: Fence(u64::from_be_bytes(fence)),
-        value: value.to_vec(),
     })
 }
 
@@ -731,7 +718,11 @@ impl ZkStore {
     ) -> Result<Record, StoreError> {
         let s = self.session().await?;
         let path = self.record_path(key);
-        let data = encode_record(fence, value);
+        let data = Record {
+            fence,
+            value: value.to_vec(),
+        }
+        .to_fenced_bytes();
         let ours = || Record {
             fence,
             value: value.to_vec(),
@@ -1168,15 +1159,7 @@ impl Store for ZkStore {
         fence: Fence,
         value: &[u8],
     ) -> Result<Record, StoreError> {
-        if value.len() > MAX_RECORD_LEN {
-            return Err(err(
-                StoreErrorKind::InvalidInput,
-                format!(
-                    "a record value of {} bytes is over the {MAX_RECORD_LEN}-byte limit",
-                    value.len()
-                ),
-            ));
-        }
+        StoreError::check_record_value(BACKEND, value)?;
         self.bounded("put record", self.do_put_record(key, fence, value))
             .await
     }
