@@ -1539,6 +1539,7 @@ fn c11_semaphores_are_counted_apart_and_other_keys_are_not_slots() {
     h.extend(permit("s#x", "d#0", "D", 40 * MS, 400 * MS));
     h.extend(permit("s", "e#0", "E", 50 * MS, 400 * MS));
     h.extend(permit("#1", "f#0", "F", 60 * MS, 400 * MS));
+    h.extend(permit("s#", "h#0", "H", 65 * MS, 400 * MS));
     assert_rules(&h, &FinalState::default(), &sem_cfg(2), &[]);
     // A slot key past N (a caller with another N) still counts against NAME's bound.
     h.extend(permit("s#7", "g#0", "G", 70 * MS, 400 * MS));
@@ -1613,4 +1614,21 @@ fn c11_a_restart_does_not_hide_an_overlap_of_windows_started_after_it() {
     assert_eq!(rules(&v).into_iter().collect::<Vec<_>>(), ["C11"], "{v:#?}");
     assert_eq!(v.len(), 1, "only D's start is over the bound: {v:#?}");
     assert!(v[0].detail.contains("d#0 on s#0"), "{}", v[0].detail);
+}
+
+#[test]
+fn c11_two_holders_of_one_slot_count_twice() {
+    // A broken slot (C3) is also one holder too many for the semaphore: A and C on
+    // `s#0` at once (A's release then answered "not owner"), B on `s#1`.
+    let mut h = acquired(10 * MS, "a#0", "A", 1);
+    h.extend(refused_release(400 * MS, "a#0", "A"));
+    let mut h = keyed("s#0", h);
+    h.extend(permit("s#1", "b#0", "B", 20 * MS, 400 * MS));
+    h.extend(keyed("s#0", {
+        let mut c = acquired(30 * MS, "c#0", "C", 2);
+        c.extend(released(500 * MS, "c#0", "C"));
+        c
+    }));
+    assert_rules(&h, &FinalState::default(), &sem_cfg(2), &["C11", "C3"]);
+    assert_rules(&h, &FinalState::default(), &sem_cfg(3), &["C3"]);
 }
