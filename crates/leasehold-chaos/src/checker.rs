@@ -38,9 +38,9 @@
 //! | C6c | a renewal the store answered *renewed* (`renew ok`, or `renew fail` `refused`) or a release it answered *released* (`release ok`) sent at or after another owner's later grant of the key was recorded | none |
 //! | C7a | an acknowledged write (`write ok`) whose `seq` is missing from the audit | none |
 //! | C7b | a counter that differs from its number of audit rows (a lost update) | none |
-//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (DESIGN §4, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen) |
+//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (DESIGN §4, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it) |
 //! | C8b | the final inspection (`inspect` `final`, after every worker is gone and the bound has passed) shows a lease | none |
-//! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
+//! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it, the bound moved on by the time store faults (restart, fail-over) take within it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
 //! | C10 | a window's first lost observation that no fault on its own incarnation or path explains | a fault explains it when it is a freeze of that incarnation, a proxy fault on its slot's own proxy (until `proxy-pass`), or a store restart (until `store-back`), that started at or before the observation and ended no more than `fault_reach` before it: a lease whose renewals a fault broke or delayed is lost by its deadline, within a TTL of the last renewal sent before the fault ended |
 //! | C11 | with [`CheckConfig::permits`] = N: more than N windows of different leases on the slot keys of one semaphore (`NAME#<i>`, any `i`, grouped by `NAME`) in force at one instant (counted at each window's start: the windows started at or before it and not yet ended, itself included) | C3's, and no broader: with `lossy_store` it is not checked (as C3); with `restart_loses_leases`, an earlier window is not counted against a later one when a store restart `r` has `earlier.start ≤ r ≤ later.start` (the pair C3 exempts); the later window always counts |
 //!
@@ -84,6 +84,11 @@ pub struct CheckConfig {
     /// 9–10): C3 is relaxed for a pair of windows with a restart between their starts,
     /// and C11 likewise.
     pub restart_loses_leases: bool,
+    /// A fail-over forgets a grant the replicas did not acknowledge (Sentinel with
+    /// `min_replicas`: such a grant was answered ambiguously, never returned): C8a admits
+    /// the same owner's later, higher fence when a store fault spans the time between
+    /// the two sightings.
+    pub failover_forgets_unacknowledged: bool,
     /// C11: the keys are the slots of semaphores of this many permits (`NAME#<i>`); at
     /// most this many windows on the slots of one `NAME` may be in force at once. `None`
     /// (a lease run): C11 is not checked.
@@ -100,6 +105,7 @@ impl CheckConfig {
             fault_reach_ns: ttl_ns,
             lossy_store: false,
             restart_loses_leases: false,
+            failover_forgets_unacknowledged: false,
             permits: None,
         }
     }
@@ -294,6 +300,15 @@ fn fault_spans(
     }
     out.extend(open.into_iter().map(|(k, s)| (k, s, u64::MAX)));
     out
+}
+
+/// The store faults (a restart or fail-over, `restart-store` until `store-back`).
+fn store_spans(events: &[Event]) -> Vec<(&str, u64, u64)> {
+    fault_spans(
+        events,
+        |k| k == FaultKind::RestartStore,
+        |k| k == FaultKind::StoreBack,
+    )
 }
 
 /// Checks every invariant; returns the violations (empty = the history is fine).
@@ -818,6 +833,7 @@ struct Fenced {
 
 /// C8: one owner token, one fence; nothing left over at the end.
 fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Violation>) {
+    let store = store_spans(events);
     // Per owner and fence: first sighting, whether an acquire returned it, where seen.
     let mut fences: BTreeMap<(&str, &str), BTreeMap<u64, Fenced>> = BTreeMap::new();
     for g in grants(events, audit) {
@@ -840,8 +856,16 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
         // A fresh grant after an ambiguous reply: the earlier grant was never returned to
         // the caller (so nobody renewed it) and had expired (a TTL after it was first
         // seen) when the later, higher one was.
+        // Or (`failover_forgets_unacknowledged`) a fail-over between the two sightings
+        // forgot the earlier, unreturned grant.
+        let forgotten = |a: &Fenced, b: &Fenced| {
+            cfg.failover_forgets_unacknowledged
+                && store.iter().any(|&(_, s, e)| s <= b.first && a.first <= e)
+        };
         let fresh = |a: &Fenced, b: &Fenced| {
-            !a.returned && b.fence > a.fence && b.first >= a.first.saturating_add(cfg.ttl_ns)
+            !a.returned
+                && b.fence > a.fence
+                && (b.first >= a.first.saturating_add(cfg.ttl_ns) || forgotten(a, b))
         };
         if seen.windows(2).any(|p| !fresh(&p[0], &p[1])) {
             let list: Vec<String> = seen
@@ -872,6 +896,27 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
     }
 }
 
+/// The instant by which a kill at `t` must have been taken over: `t + bound`, moved on by
+/// the time store faults take within it (no store grants anything while it restarts or
+/// fails over), counting each fault that starts before the moving end.
+fn takeover_bound(t: u64, bound: u64, store: &[(&str, u64, u64)]) -> u64 {
+    let mut end = t.saturating_add(bound);
+    let mut counted = vec![false; store.len()];
+    loop {
+        let mut moved = false;
+        for (i, &(_, s, e)) in store.iter().enumerate() {
+            if !counted[i] && s < end && e > t {
+                counted[i] = true;
+                end = end.saturating_add(e - s.max(t));
+                moved = true;
+            }
+        }
+        if !moved {
+            return end;
+        }
+    }
+}
+
 /// C9: after a holder is killed, another takes over within the bound.
 fn c9(
     events: &[Event],
@@ -880,11 +925,12 @@ fn c9(
     run_end: u64,
     v: &mut Vec<Violation>,
 ) {
+    let store = store_spans(events);
     for f in events
         .iter()
         .filter(|e| e.op == Some(Op::Fault) && e.fault == Some(FaultKind::Kill9))
     {
-        let bound = f.t.saturating_add(cfg.takeover_bound_ns);
+        let bound = takeover_bound(f.t, cfg.takeover_bound_ns, &store);
         if run_end < bound {
             continue;
         }
@@ -917,11 +963,7 @@ fn c10(events: &[Event], windows: &[Window], cfg: &CheckConfig, v: &mut Vec<Viol
     let proxy = fault_spans(events, FaultKind::is_proxy_fault, |k| {
         k == FaultKind::ProxyPass
     });
-    let store = fault_spans(
-        events,
-        |k| k == FaultKind::RestartStore,
-        |k| k == FaultKind::StoreBack,
-    );
+    let store = store_spans(events);
     let near = |l: u64, (s, e): (u64, u64)| s <= l && l <= e.saturating_add(cfg.fault_reach_ns);
     for w in windows {
         let Some(l) = w.lost_seen else { continue };

@@ -1216,6 +1216,72 @@ fn c8a_a_fresh_grant_to_the_same_owner_is_exempt_only_a_ttl_after_an_unreturned_
     assert_rules(&regranted(10 * MS + TTL, 4, false), &none, &cfg(), &["C8a"]);
 }
 
+/// `regranted`, with a store fault (a fail-over) from `from` to `to` inserted.
+fn regranted_across(f2_at: u64, returned: bool, from: u64, to: u64) -> Vec<Event> {
+    let mut h = regranted(f2_at, 9, returned);
+    h.push(fault(from, "store", FaultKind::RestartStore));
+    h.push(fault(to, "store", FaultKind::StoreBack));
+    h
+}
+
+#[test]
+fn c8a_a_failover_that_forgot_an_unreturned_grant_is_exempt_only_when_configured_and_between() {
+    let none = FinalState::default();
+    let sentinel = CheckConfig {
+        failover_forgets_unacknowledged: true,
+        ..cfg()
+    };
+    // Re-granted 300 ms after the last sighting (well within a TTL of the first).
+    let f2_at = 800 * MS;
+    // A fail-over between the two sightings (first at 10 ms, second at f2_at).
+    assert_rules(
+        &regranted_across(f2_at, false, 600 * MS, 700 * MS),
+        &none,
+        &sentinel,
+        &[],
+    );
+    // Touching either end still counts: it spans the time between them.
+    assert_rules(
+        &regranted_across(f2_at, false, f2_at, f2_at + MS),
+        &none,
+        &sentinel,
+        &[],
+    );
+    assert_rules(
+        &regranted_across(f2_at, false, 0, 10 * MS),
+        &none,
+        &sentinel,
+        &[],
+    );
+    // Just outside: after the second sighting, or over before the first.
+    assert_rules(
+        &regranted_across(f2_at, false, f2_at + 1, f2_at + MS),
+        &none,
+        &sentinel,
+        &["C8a"],
+    );
+    assert_rules(
+        &regranted_across(f2_at, false, 0, 10 * MS - 1),
+        &none,
+        &sentinel,
+        &["C8a"],
+    );
+    // The earlier grant was returned (the caller holds and renews it): no exemption.
+    assert_rules(
+        &regranted_across(f2_at, true, 600 * MS, 700 * MS),
+        &none,
+        &sentinel,
+        &["C8a"],
+    );
+    // A store that does not forget unacknowledged grants gets no exemption.
+    assert_rules(
+        &regranted_across(f2_at, false, 600 * MS, 700 * MS),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+}
+
 #[test]
 fn c8b_a_lease_left_over_after_the_run() {
     let (mut h, s) = clean();
@@ -1287,6 +1353,62 @@ fn c9_exempt_when_the_history_ends_before_the_bound() {
     );
     assert_rules(
         &crash(FaultKind::Kill9, k, None, k + BOUND),
+        &none,
+        &cfg(),
+        &["C9"],
+    );
+}
+
+#[test]
+fn c9_store_faults_within_the_wait_move_the_bound_by_their_length() {
+    let none = FinalState::default();
+    let k = 100 * MS;
+    let with_faults = |takeover: u64, spans: &[(u64, u64)]| {
+        let mut h = crash(FaultKind::Kill9, k, Some(takeover), 60_000 * MS);
+        for &(s, e) in spans {
+            h.push(fault(s, "store", FaultKind::RestartStore));
+            h.push(fault(e, "store", FaultKind::StoreBack));
+        }
+        h
+    };
+    let ten = 10_000 * MS;
+    // One 10 s fail-over inside the wait: 10 s more.
+    let one = [(k + TTL, k + TTL + ten)];
+    assert_rules(&with_faults(k + BOUND + ten, &one), &none, &cfg(), &[]);
+    assert_rules(
+        &with_faults(k + BOUND + ten + 1, &one),
+        &none,
+        &cfg(),
+        &["C9"],
+    );
+    // A second one that starts inside the moved bound (not the first) counts too.
+    let second = k + TTL + ten + TTL; // after the first ends, before k + BOUND + ten
+    let two = [(k + TTL, k + TTL + ten), (second, second + ten)];
+    assert_rules(&with_faults(k + BOUND + 2 * ten, &two), &none, &cfg(), &[]);
+    assert_rules(
+        &with_faults(k + BOUND + 2 * ten + 1, &two),
+        &none,
+        &cfg(),
+        &["C9"],
+    );
+    // A fault that began before the kill counts only from the kill.
+    let before = [(k - 50 * MS, k + 5_000 * MS)];
+    assert_rules(
+        &with_faults(k + BOUND + 5_000 * MS, &before),
+        &none,
+        &cfg(),
+        &[],
+    );
+    assert_rules(
+        &with_faults(k + BOUND + 5_000 * MS + 1, &before),
+        &none,
+        &cfg(),
+        &["C9"],
+    );
+    // One over before the kill, or starting after the bound, moves nothing.
+    let outside = [(k - 80 * MS, k - 20 * MS), (k + BOUND + 1, k + BOUND + ten)];
+    assert_rules(
+        &with_faults(k + BOUND + 1, &outside),
         &none,
         &cfg(),
         &["C9"],

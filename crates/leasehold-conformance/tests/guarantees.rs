@@ -86,7 +86,8 @@ fn check_ref(root: &Path, reference: &str) -> Option<String> {
     }
     let conformance = root.join("crates/leasehold-conformance/src");
     let read = |f: &str| std::fs::read_to_string(conformance.join(f)).unwrap_or_default();
-    let shared = (source.contains("conformance_suite!") && defines_case(&read("cases.rs"), name))
+    let shared = (source.contains("conformance_suite!")
+        && (defines_case(&read("cases.rs"), name) || defines_case(&read("coordination.rs"), name)))
         || (source.contains("fault_suite!") && defines_case(&read("fault_cases.rs"), name));
     if shared {
         None
@@ -131,6 +132,16 @@ fn check(doc: &str, root: &Path) -> Vec<String> {
             errors.push(format!("{store} × {fault}: `{verdict}` names no test"));
         }
         errors.extend(refs.iter().filter_map(|r| check_ref(root, r)));
+    }
+    // The text outside the table (leader election, semaphores) names tests too: each
+    // must exist.
+    for line in doc.lines().filter(|l| !l.starts_with("| ")) {
+        let refs = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, r)| i % 2 == 1 && r.contains(".rs::") && !r.starts_with("crate/"))
+            .map(|(_, r)| r);
+        errors.extend(refs.filter_map(|r| check_ref(root, r)));
     }
     for store in STORES {
         for fault in FAULTS {
@@ -183,6 +194,17 @@ fn the_checker_catches_a_missing_test_a_missing_row_and_a_bare_claim() {
         check(&bad, &root)
             .iter()
             .any(|e| e.contains("faults.rs::holder_killed_is_taken_over_after_its_ttl"))
+    );
+    // A test named in a bullet list (leader election, semaphores) that does not exist.
+    let bad = good.replacen(
+        "conformance.rs::one_leader_at_a_time_and_terms_rise",
+        "conformance.rs::one_leader_at_a_time_and_no_such_case",
+        1,
+    );
+    assert!(
+        check(&bad, &root)
+            .iter()
+            .any(|e| e.contains("one_leader_at_a_time_and_no_such_case"))
     );
     // A helper that is not a test.
     let bad = good.replacen(

@@ -10,8 +10,8 @@ use etcd_client::{
 };
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, MAX_RECORD_LEN,
+    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 
 use crate::BACKEND;
@@ -25,7 +25,9 @@ use crate::config::EtcdConfig;
 /// attached to that etcd lease, so etcd deletes it when the lease expires. The fence is
 /// the key's create revision: cluster-wide, monotonic across leader changes and restarts,
 /// with no extra write. Waiters queue in arrival order under `<prefix><key>\0` (each on
-/// its own short etcd lease), as etcd's `concurrency.Mutex` does.
+/// its own short etcd lease), as etcd's `concurrency.Mutex` does. Records (see
+/// [`Store::put_record`]) are keys `<prefix>\0records\0<key>` on no etcd lease, holding
+/// the fence (8 bytes, big-endian) and the value.
 ///
 /// Cloning is cheap: clones share one gRPC channel.
 #[derive(Clone)]
@@ -81,6 +83,40 @@ fn queue_prefix(lease_key: &str) -> String {
 /// The queue entry of `owner` waiting for `lease_key`: `<lease key>\0<owner token hex>`.
 fn queue_entry(lease_key: &str, owner: &OwnerToken) -> String {
     format!("{lease_key}\0{owner}")
+}
+
+/// The namespace of records under the store prefix: `<prefix>\0records\0`. Lease keys are
+/// never empty and never contain a NUL byte, so no lease key, and no queue (`<lease
+/// key>\0…`), starts with it; `list` skips every key holding a NUL.
+const RECORDS_NS: &str = "\0records\0";
+
+/// How many times a record write whose compare lost (another write came between the
+/// read and the transaction) reads and tries again.
+const RECORD_ATTEMPTS: u32 = 8;
+
+/// A record's value: the fence (8 bytes, big-endian) and the bytes.
+fn encode_record(fence: Fence, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + value.len());
+    out.extend_from_slice(&fence.get().to_be_bytes());
+    out.extend_from_slice(value);
+    out
+}
+
+/// Reads a record's value back; `Corrupt` when it is shorter than its fence.
+fn decode_record(kv: &KeyValue) -> Result<Record, StoreError> {
+    let data = kv.value();
+    let (head, value) = data.split_at_checked(8).ok_or_else(|| {
+        err(
+            StoreErrorKind::Corrupt,
+            "an etcd record key holds fewer than 8 bytes: written by something else?",
+        )
+    })?;
+    let mut fence = [0u8; 8];
+    fence.copy_from_slice(head);
+    Ok(Record {
+        fence: Fence(u64::from_be_bytes(fence)),
+        value: value.to_vec(),
+    })
 }
 
 /// A range over a queue prefix that returns its first entry (the lowest create revision).
@@ -234,6 +270,97 @@ impl EtcdStore {
     /// The etcd key that holds `key`'s lease: `<prefix><key>`.
     pub fn lease_key(&self, key: &Key) -> String {
         format!("{}{}", self.config.key_prefix(), key.as_str())
+    }
+
+    /// The etcd key that holds `key`'s record (see [`Store::put_record`]):
+    /// `<prefix>\0records\0<key>`, apart from every lease key and waiting queue.
+    pub fn record_key(&self, key: &Key) -> String {
+        format!("{}{RECORDS_NS}{}", self.config.key_prefix(), key.as_str())
+    }
+
+    async fn do_put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        let record_key = self.record_key(key);
+        let data = encode_record(fence, value);
+        let ours = || Record {
+            fence,
+            value: value.to_vec(),
+        };
+        let mut kv = self.client.kv_client();
+        // What the last read (or the failed transaction's read) found.
+        let mut seen = kv
+            .get(record_key.as_str(), None)
+            .await
+            .map_err(|e| map_err("get", e))?
+            .take_kvs()
+            .into_iter()
+            .next();
+        for _ in 0..RECORD_ATTEMPTS {
+            let unchanged = match &seen {
+                None => Compare::create_revision(record_key.as_str(), CompareOp::Equal, 0),
+                Some(stored) => {
+                    let record = decode_record(stored)?;
+                    if record.fence >= fence {
+                        // Kept: a write at a fence as high as ours, or higher, is there.
+                        return Ok(record);
+                    }
+                    Compare::mod_revision(
+                        record_key.as_str(),
+                        CompareOp::Equal,
+                        stored.mod_revision(),
+                    )
+                }
+            };
+            let txn = Txn::new()
+                .when([unchanged])
+                // No etcd lease: records never expire.
+                .and_then([TxnOp::put(record_key.as_str(), data.clone(), None)])
+                .or_else([TxnOp::get(record_key.as_str(), None)]);
+            let resp = kv.txn(txn).await.map_err(|e| {
+                let e = map_err("txn", e);
+                if e.kind() == StoreErrorKind::Unavailable {
+                    // etcd answers a proposal that timed out or met a leader change with
+                    // `Unavailable`, though it may still commit.
+                    err(
+                        StoreErrorKind::Ambiguous,
+                        "etcd record write failed; it may have been applied",
+                    )
+                    .with_source(e)
+                } else {
+                    e
+                }
+            })?;
+            if resp.succeeded() {
+                return Ok(ours());
+            }
+            // Another write came between the read and the transaction: its value is in
+            // the answer; compare again.
+            seen = resp
+                .op_responses()
+                .into_iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
+                    _ => None,
+                })
+                .flatten();
+        }
+        Err(err(
+            StoreErrorKind::Busy,
+            "etcd record write: the record kept changing under the write",
+        ))
+    }
+
+    async fn do_get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let mut kv = self.client.kv_client();
+        let mut resp = kv
+            .get(self.record_key(key), None)
+            .await
+            .map_err(|e| map_err("get", e))?;
+        resp.take_kvs().first().map(decode_record).transpose()
     }
 
     async fn bounded<T>(
@@ -801,6 +928,7 @@ impl Store for EtcdStore {
         caps.list = true;
         caps.break_lease = true;
         caps.fence_durability = FenceDurability::Consensus;
+        caps.records = true;
         caps
     }
 
@@ -988,5 +1116,42 @@ impl Store for EtcdStore {
             ))
         })
         .await
+    }
+
+    /// A read of the record key (`<prefix>\0records\0<key>`, no etcd lease: records never
+    /// expire), then, unless the stored fence is as high as ours, one transaction: *if the
+    /// key is still as read (`create_revision == 0` for an absent one, else the same
+    /// `mod_revision`), put fence and value, else get it*. A lost compare compares again
+    /// with what the transaction read (up to 8 times, then `Busy`). The value is the fence
+    /// (8 bytes, big-endian) followed by the bytes.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have written the record. A write error etcd answers with
+    /// `Unavailable` is `Ambiguous` (a proposal that timed out may still commit).
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        if value.len() > MAX_RECORD_LEN {
+            return Err(err(
+                StoreErrorKind::InvalidInput,
+                format!(
+                    "a record value of {} bytes is over the {MAX_RECORD_LEN}-byte limit",
+                    value.len()
+                ),
+            ));
+        }
+        self.bounded("put record", self.do_put_record(key, fence, value))
+            .await
+    }
+
+    /// One (linearizable) read of the record key.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.bounded("get record", self.do_get_record(key)).await
     }
 }

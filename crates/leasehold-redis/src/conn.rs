@@ -1025,6 +1025,20 @@ impl Conn {
             .await
     }
 
+    /// [`run`](Self::run) with binary arguments (a record's value: any bytes).
+    pub(crate) async fn run_bytes<T>(
+        &self,
+        op: &'static str,
+        script: &Script,
+        keys: &[&str],
+        args: &[&[u8]],
+        parse: impl FnOnce(&Value, &str) -> Reply<T>,
+    ) -> Result<T, StoreError> {
+        let deadline = Instant::now() + self.op_timeout;
+        self.exec(deadline, op, script, keys, args, true, parse)
+            .await
+    }
+
     /// [`run`](Self::run), ending at `deadline` instead of one operation timeout from now
     /// (a batch ends when the first of its operations' callers stops waiting).
     pub(crate) async fn run_until<T>(
@@ -1042,13 +1056,13 @@ impl Conn {
 
     /// Runs a script; with `writes` and `min_replicas`, then waits for the replicas.
     #[allow(clippy::too_many_arguments)]
-    async fn exec<T>(
+    async fn exec<T, A: AsRef<[u8]>>(
         &self,
         deadline: Instant,
         op: &'static str,
         script: &Script,
         keys: &[&str],
-        args: &[&str],
+        args: &[A],
         writes: bool,
         parse: impl FnOnce(&Value, &str) -> Reply<T>,
     ) -> Result<T, StoreError> {
@@ -1060,7 +1074,7 @@ impl Conn {
         }
         inv.arg(id.as_str());
         for a in args {
-            inv.arg(*a);
+            inv.arg(a.as_ref());
         }
         let in_flight = InFlight::new(self, &h);
         let res = match &mut h {

@@ -233,13 +233,13 @@ fn classify(phase: Phase, e: &RedisError) -> (StoreErrorKind, &'static str) {
         Some(CORRUPT_CODE) => {
             return (
                 K::Corrupt,
-                "the store holds data that is not a leasehold lease at this key",
+                "the store holds data that is not leasehold's (a lease, fence or record) at this key",
             );
         }
         Some(FORMAT_CODE) => {
             return (
                 K::Config,
-                "the lease was written in a newer leasehold store format: upgrade this client (older and newer clients cannot share keys)",
+                "the key was written in a newer leasehold store format: upgrade this client (older and newer clients cannot share keys)",
             );
         }
         Some("WRONGTYPE") => {

@@ -9,6 +9,7 @@
 //! | release notifications | `p{e}:released` (a pub/sub channel) |
 //! | waiting queue (owners in arrival order) | `p{e}:q` (a sorted set) |
 //! | waiting queue entries' deadlines | `p{e}:qd` (a hash) |
+//! | record (see [`put_record`](leasehold_core::Store::put_record)) | `p{e}:record` |
 //!
 //! where `e` is `k` with `%`, `{` and `}` percent-encoded (`%25`, `%7B`, `%7D`). The prefix
 //! may not contain braces, so the first `{` of both keys is the one we put there, and `e`
@@ -141,6 +142,13 @@ impl Layout {
         }
     }
 
+    /// The Redis key of the record named `key` (`p{e}:record`): records live beside
+    /// leases, in a namespace of their own (it never ends with `}`, so it is never taken
+    /// for a lease key, and `list` skips it).
+    pub(crate) fn record_name(&self, key: &Key) -> String {
+        format!("{}{{{}}}:record", self.prefix, encode(key.as_str()))
+    }
+
     /// The `SCAN MATCH` pattern of the lease keys whose lease key starts with `key_prefix`.
     pub(crate) fn scan_pattern(&self, key_prefix: &str) -> String {
         format!(
@@ -223,6 +231,9 @@ mod tests {
             assert_eq!(hash_tag(&n.lease), encode(k), "{k}");
             assert_eq!(l.parse_lease_name(&n.lease), Some(key.clone()), "{k}");
             assert_eq!(l.parse_lease_name(&n.fence), None, "{k}");
+            let record = l.record_name(&key);
+            assert_eq!(hash_tag(&record), hash_tag(&n.lease), "{k}");
+            assert_eq!(l.parse_lease_name(&record), None, "{k}");
         }
     }
 

@@ -10,6 +10,7 @@ mod factory;
 mod keys;
 mod notify;
 mod policy;
+pub mod records;
 mod scripts;
 mod store;
 

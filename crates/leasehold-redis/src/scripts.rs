@@ -353,6 +353,8 @@ pub(crate) struct Scripts {
     pub(crate) wait: Script,
     pub(crate) inspect: Script,
     pub(crate) break_lease: Script,
+    pub(crate) put_record: Script,
+    pub(crate) get_record: Script,
 }
 
 /// The scripts, built on first use.
@@ -365,7 +367,17 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     wait: Script::new(&format!("{PRELUDE}{WAIT}")),
     inspect: Script::new(&format!("{PRELUDE}{INSPECT}")),
     break_lease: Script::new(&format!("{PRELUDE}{BREAK}")),
+    put_record: Script::new(&crate::records::put_script()),
+    get_record: Script::new(&crate::records::get_script()),
 });
+
+/// A record script's reply error as the connection reports it.
+pub(crate) fn record_reply<T>(r: Result<T, crate::records::ReplyError>) -> Reply<T> {
+    r.map_err(|e| match e {
+        crate::records::ReplyError::WrongId => ReplyError::WrongId,
+        crate::records::ReplyError::Shape(what) => ReplyError::Shape(what),
+    })
+}
 
 /// Why a reply could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]

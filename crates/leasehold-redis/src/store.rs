@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, RENEW_BATCH,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, MAX_RECORD_LEN,
+    OwnerToken, RENEW_BATCH, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
+    StoreErrorKind,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -161,6 +162,12 @@ impl RedisStore {
     /// The Redis key of the fence counter for `key` (`<prefix>{<escaped key>}:fence`).
     pub fn fence_key(&self, key: &Key) -> String {
         self.layout.names(key).fence
+    }
+
+    /// The Redis key of the record named `key` (`<prefix>{<escaped key>}:record`, see
+    /// [`put_record`](Store::put_record)): `<fence>:<value>`, never expires.
+    pub fn record_key(&self, key: &Key) -> String {
+        self.layout.record_name(key)
     }
 
     /// The channel argument of the scripts: `''` without notifications; `S <channel>`
@@ -337,6 +344,7 @@ impl Store for RedisStore {
         c.fence_durability = FenceDurability::ClockFloored;
         // Refused at every (re)connection and policy check unless accepted explicitly.
         c.may_evict = self.config.allow_eviction();
+        c.records = true;
         c
     }
 
@@ -663,6 +671,62 @@ impl Store for RedisStore {
                 &[&channel, &self.fence_expiry(0)],
                 scripts::parse_break,
             )
+            .await
+    }
+
+    /// One script on the record key (`p{e}:record`, one Cluster slot): reads the stored
+    /// `<fence>:<value>`, writes ours if none is stored or the stored fence is lower
+    /// (fences compared as decimal strings, exact over the whole u64 range), and returns
+    /// what is stored after it. With `min_replicas`, `WAIT`s for the replicas as every
+    /// write does (too few in time: `Ambiguous`).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a value over [`MAX_RECORD_LEN`] (nothing is
+    /// sent); [`StoreErrorKind::Corrupt`] when the record key holds something that is not
+    /// a record (left untouched); the errors of every script call.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire): a dropped call may have written the record (a
+    /// retry with the same fence and value returns it).
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        if value.len() > MAX_RECORD_LEN {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidInput,
+                BACKEND,
+                format!(
+                    "put record: the value is {} bytes long, the maximum is {MAX_RECORD_LEN}",
+                    value.len()
+                ),
+            ));
+        }
+        let name = self.layout.record_name(key);
+        let fence = crate::records::fence_arg(fence);
+        self.conn
+            .run_bytes(
+                "put record",
+                &SCRIPTS.put_record,
+                &[&name],
+                &[fence.as_bytes(), value],
+                |v, id| scripts::record_reply(crate::records::parse_put_reply(v, id)),
+            )
+            .await
+    }
+
+    /// One read-only script on the record key.
+    ///
+    /// # Cancel safety
+    /// Cancel safe (read only).
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let name = self.layout.record_name(key);
+        self.conn
+            .run_read("get record", &SCRIPTS.get_record, &[&name], &[], |v, id| {
+                scripts::record_reply(crate::records::parse_reply(v, id))
+            })
             .await
     }
 }

@@ -262,6 +262,18 @@ async fn exercise_everything(store: Arc<RedisStore>) {
     let broken = store.break_lease(&k).await.unwrap();
     assert!(broken > next.fence());
     assert!(!next.release().await.unwrap());
+    // Records (GET and SET inside their scripts).
+    let r = Key::new("election/acl").unwrap();
+    let stored = store
+        .put_record(&r, broken, b"leader")
+        .await
+        .expect("put_record as the ACL user");
+    assert_eq!(stored.fence, broken);
+    let got = store
+        .get_record(&r)
+        .await
+        .expect("get_record as the ACL user");
+    assert_eq!(got.map(|r| r.value), Some(b"leader".to_vec()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

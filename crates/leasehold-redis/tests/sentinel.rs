@@ -362,3 +362,56 @@ async fn a_failover_that_lost_the_grant_breaks_exclusion_but_not_the_fence() {
     );
     tx.rollback().await.unwrap();
 }
+
+/// `min_replicas=1` applies to records too: with the replica paused, `put_record` fails
+/// closed (ambiguous) within its timeout; once it is back, the same put returns the
+/// record, which a fail-over keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledged_records_fail_closed_and_survive_a_failover() {
+    let set = start("records").await;
+    let store = open(&set, "&min_replicas=1").await;
+    let k = Key::new("election/acked").unwrap();
+    {
+        let set = set.clone();
+        blocking(move || set.replica().pause()).await;
+    }
+    let started = Instant::now();
+    let e = store
+        .put_record(&k, Fence(7), b"leader-a")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Ambiguous, "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    {
+        let set = set.clone();
+        blocking(move || set.replica().resume()).await;
+    }
+    let stored = store.put_record(&k, Fence(7), b"leader-a").await.unwrap();
+    assert_eq!(
+        (stored.fence, stored.value.as_slice()),
+        (Fence(7), &b"leader-a"[..])
+    );
+    {
+        let set = set.clone();
+        blocking(move || set.failover()).await;
+    }
+    let end = Instant::now() + Duration::from_secs(20);
+    let got = loop {
+        match store.get_record(&k).await {
+            Ok(r) => break r,
+            Err(e) if e.is_retryable() && Instant::now() < end => {
+                sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("get_record after the fail-over: {e}"),
+        }
+    };
+    let got = got.expect("kept across the fail-over");
+    assert_eq!(
+        (got.fence, got.value.as_slice()),
+        (Fence(7), &b"leader-a"[..])
+    );
+}

@@ -684,3 +684,103 @@ async fn concurrent_operations_are_batched_and_each_answered_on_its_own() {
         "not a lease"
     );
 }
+
+/// Records: one string `<fence>:<value>` at `p{e}:record`, no expiry, apart from the
+/// lease of the same name; fences compared exactly above 2^53 (where Lua's doubles would
+/// take 2^53 and 2^53 + 1 for equal) up to `u64::MAX`; a value over the limit refused
+/// before sending; foreign data at the record key `Corrupt` (a newer format `Config`) and
+/// left untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_fence_colon_value_exact_and_foreign_data_is_corrupt() {
+    let s = Standalone::start().await;
+    let store = &s.store;
+    let k = key("election/records");
+    let rk = store.record_key(&k);
+    assert!(rk.ends_with("}:record"), "{rk}");
+    let kr = &k;
+    let put = |fence: u64, value: &'static [u8]| async move {
+        store
+            .put_record(kr, Fence(fence), value)
+            .await
+            .unwrap_or_else(|e| panic!("put {fence}: {e}"))
+    };
+    let two53 = 1u64 << 53;
+    assert_eq!(put(two53, b"a").await.value, b"a");
+    assert_eq!(s.cli(&["GET", &rk]).await, format!("{two53}:a"));
+    assert_eq!(s.cli(&["PTTL", &rk]).await, "-1", "records never expire");
+    let r = put(two53 + 1, b"b").await;
+    assert_eq!((r.fence, r.value.as_slice()), (Fence(two53 + 1), &b"b"[..]));
+    let r = put(two53, b"c").await;
+    assert_eq!(r.fence, Fence(two53 + 1), "2^53 is below 2^53 + 1");
+    let r = put(10_000_000_000_000_000_000, b"d").await;
+    assert_eq!(r.value, b"d", "20 digits above 17");
+    let r = put(9_999_999_999_999_999_999, b"e").await;
+    assert_eq!(r.value, b"d", "same length, compared digit by digit");
+    let r = put(u64::MAX, b"max").await;
+    assert_eq!(
+        (r.fence, r.value.as_slice()),
+        (Fence(u64::MAX), &b"max"[..])
+    );
+    assert_eq!(put(u64::MAX, b"again").await.value, b"max");
+    assert_eq!(
+        store.get_record(&k).await.unwrap().map(|r| r.fence),
+        Some(Fence(u64::MAX))
+    );
+    // Leases and records are apart: a lease on the same name, listed without the record.
+    let o = OwnerToken::random();
+    let f = fence_of(&**store, &k, &o).await;
+    assert!(f < Fence(u64::MAX));
+    let listed = store.list("election/").await.unwrap();
+    assert_eq!(listed.iter().map(|l| &l.key).collect::<Vec<_>>(), [&k]);
+    store.release(&k, &o).await.unwrap();
+    assert_eq!(
+        store.get_record(&k).await.unwrap().map(|r| r.value),
+        Some(b"max".to_vec())
+    );
+    // Too long: refused before anything is sent.
+    let long = vec![b'x'; leasehold_core::MAX_RECORD_LEN + 1];
+    let e = store.put_record(&k, Fence(1), &long).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
+
+    // Foreign data at a record key.
+    for (i, v) in [
+        "garbage",
+        "",
+        ":x",
+        "01:x",
+        "-1:x",
+        "1.5:x",
+        "18446744073709551616:x",
+        "99999999999999999999:x",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let k = key(&format!("election/corrupt-{i}"));
+        let rk = store.record_key(&k);
+        s.cli(&["SET", &rk, v]).await;
+        let e = store.get_record(&k).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{v:?}: {e}");
+        let e = store
+            .put_record(&k, Fence(u64::MAX), b"x")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{v:?}: {e}");
+        assert_eq!(s.cli(&["GET", &rk]).await, *v, "overwritten");
+    }
+    let k = key("election/list");
+    let rk = store.record_key(&k);
+    s.cli(&["RPUSH", &rk, "x"]).await;
+    let e = store.put_record(&k, Fence(5), b"x").await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+    assert_eq!(s.cli(&["TYPE", &rk]).await, "list");
+    let k = key("election/newer");
+    let rk = store.record_key(&k);
+    s.cli(&["SET", &rk, "v2|5:x"]).await;
+    let e = store.get_record(&k).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert!(e.to_string().contains("upgrade"), "{e}");
+    let e = store.put_record(&k, Fence(9), b"y").await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert_eq!(s.cli(&["GET", &rk]).await, "v2|5:x");
+}

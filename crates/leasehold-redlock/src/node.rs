@@ -14,7 +14,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::BACKEND;
 use crate::config::{Node, RedlockConfig};
-use crate::scripts::{CORRUPT_CODE, ReplyError};
+use crate::scripts::{CORRUPT_CODE, FORMAT_CODE, ReplyError};
 
 /// A connection to one node and what is needed to open it again.
 pub(crate) struct NodeConn {
@@ -202,6 +202,31 @@ impl NodeConn {
         args: &[&str],
         parse: impl FnOnce(&Value, &str) -> Result<T, ReplyError>,
     ) -> Result<T, StoreError> {
+        self.run_args(op, deadline, script, keys, args, parse).await
+    }
+
+    /// [`run`](Self::run) with binary arguments (a record's value: any bytes).
+    pub(crate) async fn run_bytes<T>(
+        &self,
+        op: &str,
+        deadline: Instant,
+        script: &Script,
+        keys: &[&str],
+        args: &[&[u8]],
+        parse: impl FnOnce(&Value, &str) -> Result<T, ReplyError>,
+    ) -> Result<T, StoreError> {
+        self.run_args(op, deadline, script, keys, args, parse).await
+    }
+
+    async fn run_args<T, A: AsRef<[u8]>>(
+        &self,
+        op: &str,
+        deadline: Instant,
+        script: &Script,
+        keys: &[&str],
+        args: &[A],
+        parse: impl FnOnce(&Value, &str) -> Result<T, ReplyError>,
+    ) -> Result<T, StoreError> {
         let (generation, mut conn) = self.conn(op, deadline).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
         let mut inv = script.prepare_invoke();
@@ -210,7 +235,7 @@ impl NodeConn {
         }
         inv.arg(id.as_str());
         for a in args {
-            inv.arg(*a);
+            inv.arg(a.as_ref());
         }
         let guard = InFlight {
             node: self,
@@ -274,7 +299,11 @@ impl NodeConn {
         let (kind, what) = match (e.code(), e.kind()) {
             (Some(CORRUPT_CODE), _) => (
                 K::Corrupt,
-                "the node holds data that is not a leasehold lease at this key",
+                "the node holds data that is not leasehold's (a lease, fence or record) at this key",
+            ),
+            (Some(FORMAT_CODE), _) => (
+                K::Config,
+                "the key was written in a newer leasehold store format: upgrade this client",
             ),
             (Some("WRONGTYPE"), _) => (K::Corrupt, "a key of the wrong type is in the way"),
             (Some("NOAUTH" | "WRONGPASS"), _) | (_, ErrorKind::AuthenticationFailed) => (

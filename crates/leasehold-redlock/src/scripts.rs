@@ -7,7 +7,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use leasehold_core::{Fence, OwnerToken};
+use leasehold_core::{Fence, OwnerToken, Record};
 use redis::{Script, Value};
 
 /// The error code of a script that found something that is not a leasehold lease.
@@ -166,6 +166,9 @@ pub(crate) struct Scripts {
     pub(crate) inspect: Script,
     pub(crate) break_lease: Script,
     pub(crate) raise: Script,
+    /// `leasehold-redis`'s record scripts (see `leasehold_redis::records`).
+    pub(crate) put_record: Script,
+    pub(crate) get_record: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -176,7 +179,31 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     inspect: Script::new(&format!("{PRELUDE}{INSPECT}")),
     break_lease: Script::new(&format!("{PRELUDE}{BREAK}")),
     raise: Script::new(&format!("{PRELUDE}{RAISE}")),
+    put_record: Script::new(&leasehold_redis::records::put_script()),
+    get_record: Script::new(&leasehold_redis::records::get_script()),
 });
+
+/// The error code of a script that found a key written in a newer store format.
+pub(crate) const FORMAT_CODE: &str = "LHFORMAT";
+
+/// A record script's reply (`leasehold_redis::records::parse_reply`), with its error as
+/// this crate's.
+pub(crate) fn parse_record(v: &Value, id: &str) -> Result<Option<Record>, ReplyError> {
+    leasehold_redis::records::parse_reply(v, id).map_err(record_error)
+}
+
+/// A put's reply: always a record.
+pub(crate) fn parse_put_record(v: &Value, id: &str) -> Result<Record, ReplyError> {
+    leasehold_redis::records::parse_put_reply(v, id).map_err(record_error)
+}
+
+fn record_error(e: leasehold_redis::records::ReplyError) -> ReplyError {
+    match e {
+        leasehold_redis::records::ReplyError::WrongId => ReplyError::WrongId,
+        leasehold_redis::records::ReplyError::Shape(what) => ReplyError::Shape(what),
+        _ => ReplyError::Shape("unexpected record reply"),
+    }
+}
 
 /// Why a reply could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, MAX_RECORD_LEN,
+    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -17,6 +17,7 @@ use crate::config::RedlockConfig;
 use crate::node::NodeConn;
 use crate::scripts::{
     NodeGrant, NodeView, SCRIPTS, parse_acquire, parse_fence_reply, parse_flag, parse_inspect,
+    parse_put_record, parse_record,
 };
 
 /// A lease store over the independent Redis servers of a Redlock set (see the crate
@@ -73,6 +74,29 @@ impl<T> Tally<T> {
             .unwrap_or_default();
         StoreError::new(kind, BACKEND, format!("{op}: {what}{detail}"))
     }
+}
+
+/// The record among the nodes' replies: the highest fence; among different values at that
+/// fence (only concurrent puts at one fence with different values, see the crate docs),
+/// the value most nodes replied with, then the smallest bytes. Deterministic for a given
+/// set of replies.
+fn pick<'a>(replies: impl IntoIterator<Item = &'a Record>) -> Option<Record> {
+    let replies: Vec<&Record> = replies.into_iter().collect();
+    let top = replies.iter().map(|r| r.fence).max()?;
+    let mut counts: Vec<(&[u8], usize)> = Vec::new();
+    for r in replies.iter().filter(|r| r.fence == top) {
+        match counts.iter_mut().find(|(v, _)| *v == r.value.as_slice()) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((&r.value, 1)),
+        }
+    }
+    counts
+        .into_iter()
+        .max_by(|(va, na), (vb, nb)| na.cmp(nb).then_with(|| vb.cmp(va)))
+        .map(|(value, _)| Record {
+            fence: top,
+            value: value.to_vec(),
+        })
 }
 
 /// Percent-encodes `%`, `{` and `}`, so that the key's hash tag is exactly the encoded key
@@ -202,6 +226,40 @@ impl RedlockStore {
         format!("{}:fence", self.lease_key(key))
     }
 
+    /// The Redis key holding the record named `key` on every node (`<fence>:<value>`, never
+    /// expires; see [`put_record`](Store::put_record)): [`lease_key`](Self::lease_key)
+    /// plus `:record`, the layout and the scripts of `leasehold-redis`.
+    pub fn record_key(&self, key: &Key) -> String {
+        format!("{}:record", self.lease_key(key))
+    }
+
+    /// Writes `record` back to the nodes `behind` (they answered a read with no record or
+    /// a lower fence), at once, bounded by the node timeout; best effort (a node that
+    /// fails is repaired by a later read).
+    async fn repair(&self, name: &str, record: &Record, behind: &[usize]) {
+        let deadline = Instant::now() + self.config.node_bound();
+        let fence = leasehold_redis::records::fence_arg(record.fence);
+        let keys = [name];
+        let args: [&[u8]; 2] = [fence.as_bytes(), &record.value];
+        let replies = join_all(behind.iter().map(|i| {
+            self.nodes[*i].run_bytes(
+                "get record (repairing a node)",
+                deadline,
+                &SCRIPTS.put_record,
+                &keys,
+                &args,
+                parse_put_record,
+            )
+        }))
+        .await;
+        let failed = replies.iter().filter(|r| r.is_err()).count();
+        tracing::debug!(
+            repaired = behind.len() - failed,
+            failed,
+            "redlock: record written back to nodes that were behind"
+        );
+    }
+
     /// The bound on each node's request in an acquire or renewal of `ttl`: the node
     /// timeout, but at most a third of the TTL.
     fn step_bound(&self, ttl: Duration) -> Duration {
@@ -262,6 +320,7 @@ impl Store for RedlockStore {
         caps.reports_remaining = true;
         caps.break_lease = true;
         caps.fence_durability = FenceDurability::ClockFloored;
+        caps.records = true;
         caps
     }
 
@@ -618,5 +677,161 @@ impl Store for RedlockStore {
             ));
         }
         Ok(fence)
+    }
+
+    /// The put script of `leasehold-redis` on every node at once (each node keeps the
+    /// higher of its record and ours, and answers with what it stores). Needs a majority
+    /// of answers; returns the highest-fence record among them (equal fences with
+    /// different values: the value most nodes answered, then the smallest bytes). Written
+    /// on a majority, it is seen by every later majority read (see the crate docs,
+    /// "Records").
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a value over [`MAX_RECORD_LEN`] (nothing is
+    /// sent); `Corrupt` when a node holds something else at the record key; with fewer
+    /// than a majority of answers, `Ambiguous` when some node stored it (a later read may
+    /// or may not see it), else the nodes' retryable error.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have written the record on some nodes; put it again.
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        if value.len() > MAX_RECORD_LEN {
+            return Err(StoreError::new(
+                StoreErrorKind::InvalidInput,
+                BACKEND,
+                format!(
+                    "put record: the value is {} bytes long, the maximum is {MAX_RECORD_LEN}",
+                    value.len()
+                ),
+            ));
+        }
+        let deadline = Instant::now() + self.config.node_bound();
+        let name = self.record_key(key);
+        let (n, q) = (self.nodes.len(), self.config.quorum());
+        let fs = leasehold_redis::records::fence_arg(fence);
+        let keys = [name.as_str()];
+        let args: [&[u8]; 2] = [fs.as_bytes(), value];
+        let mut tally = self
+            .on_all(|node| {
+                node.run_bytes(
+                    "put record",
+                    deadline,
+                    &SCRIPTS.put_record,
+                    &keys,
+                    &args,
+                    parse_put_record,
+                )
+            })
+            .await;
+        if let Some(e) = tally.take_fatal() {
+            return Err(e);
+        }
+        if tally.ok.len() < q {
+            let what = format!("answered by {} of {n} nodes, {q} needed", tally.ok.len());
+            if tally.ok.is_empty() {
+                return Err(tally.short("put record", what));
+            }
+            let first = tally
+                .errors
+                .first()
+                .map(|e| format!("; first node error: {e}"))
+                .unwrap_or_default();
+            return Err(StoreError::new(
+                StoreErrorKind::Ambiguous,
+                BACKEND,
+                format!(
+                    "put record: {what}; stored on those, so a later read may or may not see \
+                     it: put it again{first}"
+                ),
+            ));
+        }
+        pick(tally.ok.iter().map(|(_, r)| r))
+            .ok_or_else(|| StoreError::new(StoreErrorKind::Other, BACKEND, "put record: no answer"))
+    }
+
+    /// The get script of `leasehold-redis` on every node at once. Needs a majority of
+    /// answers; returns the highest-fence record among them (ties as for
+    /// [`put_record`](Self::put_record)), then writes it back to the answering nodes that
+    /// had none or a lower fence (read repair: a node restarted empty gets its records
+    /// back), best effort.
+    ///
+    /// # Errors
+    /// `Corrupt` when a node holds something else at the record key; a retryable error
+    /// when fewer than a majority answered.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped repair only leaves nodes behind, as they were.
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let deadline = Instant::now() + self.config.node_bound();
+        let name = self.record_key(key);
+        let (n, q) = (self.nodes.len(), self.config.quorum());
+        let keys = [name.as_str()];
+        let mut tally = self
+            .on_all(|node| {
+                node.run(
+                    "get record",
+                    deadline,
+                    &SCRIPTS.get_record,
+                    &keys,
+                    &[],
+                    parse_record,
+                )
+            })
+            .await;
+        if let Some(e) = tally.take_fatal() {
+            return Err(e);
+        }
+        if tally.ok.len() < q {
+            return Err(tally.short(
+                "get record",
+                format!("answered by {} of {n} nodes, {q} needed", tally.ok.len()),
+            ));
+        }
+        let Some(best) = pick(tally.ok.iter().filter_map(|(_, r)| r.as_ref())) else {
+            return Ok(None);
+        };
+        let behind: Vec<usize> = tally
+            .ok
+            .iter()
+            .filter(|(_, r)| r.as_ref().is_none_or(|r| r.fence < best.fence))
+            .map(|(i, _)| *i)
+            .collect();
+        if !behind.is_empty() {
+            self.repair(&name, &best, &behind).await;
+        }
+        Ok(Some(best))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(fence: u64, value: &[u8]) -> Record {
+        Record {
+            fence: Fence(fence),
+            value: value.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_highest_fence_wins_and_ties_are_deterministic() {
+        assert_eq!(pick([]), None);
+        let a = [rec(3, b"a"), rec(9, b"z"), rec(5, b"b")];
+        assert_eq!(pick(&a), Some(rec(9, b"z")));
+        // Equal fences: most replies, then the smallest bytes, whatever the order.
+        let b = [rec(0, b"4"), rec(0, b"3"), rec(0, b"4")];
+        assert_eq!(pick(&b), Some(rec(0, b"4")));
+        let c = [rec(0, b"4"), rec(0, b"3")];
+        assert_eq!(pick(&c), Some(rec(0, b"3")));
+        let d = [rec(0, b"3"), rec(0, b"4")];
+        assert_eq!(pick(&d), Some(rec(0, b"3")));
+        let e = [rec(1, b""), rec(1, b"\0")];
+        assert_eq!(pick(&e), Some(rec(1, b"")));
     }
 }

@@ -592,6 +592,11 @@ async fn least_privilege_acl_user() {
         store.release(&k, &b).await.unwrap(),
         ReleaseOutcome::Released
     );
+    // Records: GET and SET inside their scripts.
+    let stored = store.put_record(&k, fb, b"v").await.expect("put_record");
+    assert_eq!(stored.fence, fb);
+    let got = store.get_record(&k).await.expect("get_record");
+    assert_eq!(got.map(|r| r.value), Some(b"v".to_vec()));
     let outside = format!(
         "redlock://leasehold:acl-pass@{}?prefix=other:",
         nodes.join(",")
@@ -615,4 +620,75 @@ async fn least_privilege_acl_user() {
         .await
         .expect_err("TIME refused");
     assert_eq!(err.kind(), StoreErrorKind::Config, "{err}");
+}
+
+/// Calls `f` until it answers without a retryable error, for up to 10 s (a node just
+/// killed or brought back: the first request on a broken connection fails).
+async fn retrying<T, F, Fut>(what: &str, f: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, leasehold_core::StoreError>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// Records and majority overlap: a record put while node 2 is down lands on nodes 0 and
+/// 1; node 2 comes back empty and node 0 is killed; the read from nodes 1 and 2 still
+/// returns it (node 1 is in both majorities), and writes it back to node 2 (read repair).
+/// A lower fence is then refused by the majority, and a higher one wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_put_on_a_majority_is_read_by_any_later_majority() {
+    let set = Set::start().await;
+    let store = &set.store;
+    let k = key("election/overlap");
+    let rk = store.record_key(&k);
+    let value: &[u8] = b"leader\0\xffaddr";
+    set.servers[2].kill();
+    let stored = retrying("put with node 2 down", || {
+        store.put_record(&k, Fence(1 << 60), value)
+    })
+    .await;
+    assert_eq!(
+        (stored.fence, stored.value.as_slice()),
+        (Fence(1 << 60), value)
+    );
+    assert_eq!(set.cli(0, &["EXISTS", &rk]).await.trim(), "1");
+    assert_eq!(set.cli(1, &["EXISTS", &rk]).await.trim(), "1");
+    set.servers[2].start_again();
+    assert_eq!(
+        set.cli(2, &["EXISTS", &rk]).await.trim(),
+        "0",
+        "setup: node 2 has the record"
+    );
+    set.servers[0].kill();
+    let got = retrying("get with node 0 down", || store.get_record(&k)).await;
+    assert_eq!(
+        got.map(|r| (r.fence, r.value)),
+        Some((Fence(1 << 60), value.to_vec())),
+        "the read majority (1, 2) overlaps the write majority (0, 1) at node 1"
+    );
+    assert_eq!(
+        set.cli(2, &["EXISTS", &rk]).await.trim(),
+        "1",
+        "the read wrote the record back to node 2"
+    );
+    let kept = retrying("lower put", || store.put_record(&k, Fence(5), b"old")).await;
+    assert_eq!(kept.fence, Fence(1 << 60), "a lower fence is refused");
+    let newer = retrying("higher put", || {
+        store.put_record(&k, Fence((1 << 60) + 1), b"next")
+    })
+    .await;
+    assert_eq!(newer.value, b"next");
+    set.servers[0].start_again();
+    let got = retrying("get with every node up", || store.get_record(&k)).await;
+    assert_eq!(got.map(|r| r.value), Some(b"next".to_vec()));
 }

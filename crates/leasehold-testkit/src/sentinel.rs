@@ -155,7 +155,8 @@ impl RedisSentinelSet {
     }
 
     /// `SENTINEL FAILOVER` (forced, no agreement needed) and waits until every sentinel
-    /// names the other server and it answers `ROLE` as a primary; returns its port.
+    /// names the other server and it answers `ROLE` as a primary, and the old primary (if
+    /// it runs and obeys) is a replica in sync with it; returns the new primary's port.
     ///
     /// # Panics
     ///
@@ -194,6 +195,17 @@ impl RedisSentinelSet {
                 Duration::from_secs(30),
                 "the old primary to be demoted",
                 || old.cli(&["ROLE"]).starts_with("slave"),
+            );
+            // And in sync with the new primary: until then a write that waits for a
+            // replica's acknowledgement (`min_replicas`) cannot be served.
+            wait_until(
+                Duration::from_secs(30),
+                "the demoted primary to be in sync with the new one",
+                || {
+                    let info = old.cli(&["INFO", "replication"]);
+                    info.contains("master_link_status:up")
+                        && info.contains("master_sync_in_progress:0")
+                },
             );
         }
         new

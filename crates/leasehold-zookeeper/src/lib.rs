@@ -52,4 +52,15 @@ mod keys {
             assert_eq!(back, k);
         }
     }
+
+    /// No key's directory is the records directory; an earlier client's `list` reads that
+    /// name as the key `.records`, whose lease directory is another node.
+    #[test]
+    fn the_records_directory_is_no_key_directory() {
+        let dir = crate::store::RECORDS_DIR;
+        let as_key = leasehold_core::url::percent_decode(dir).unwrap();
+        assert_eq!(as_key, ".records");
+        assert_eq!(crate::store::encode_key(&as_key), "%2Erecords");
+        assert_ne!(crate::store::encode_key(&as_key), dir);
+    }
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, MAX_RECORD_LEN,
+    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -57,6 +57,40 @@ pub(crate) fn encode_key(key: &str) -> String {
 fn decode_key(name: &str) -> Option<Key> {
     let decoded = leasehold_core::url::percent_decode(name)?;
     Key::new(decoded).ok()
+}
+
+/// The name of the records directory under the root path. [`encode_key`] writes its escapes
+/// in upper case (`%2E`), so no key's directory is ever named this; a client of an earlier
+/// version reads the name as the key `.records` in `list` and looks for that key's lease in
+/// `%2Erecords`, so it finds none and its `list` keeps working.
+pub(crate) const RECORDS_DIR: &str = "%2erecords";
+
+/// How many times a record write that lost a race (another write came between its read
+/// and its conditional write) reads and tries again.
+const RECORD_ATTEMPTS: u32 = 8;
+
+/// A record node's data: the fence (8 bytes, big-endian) and the bytes.
+fn encode_record(fence: Fence, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + value.len());
+    out.extend_from_slice(&fence.get().to_be_bytes());
+    out.extend_from_slice(value);
+    out
+}
+
+/// Reads a record node's data back; `Corrupt` when it is shorter than its fence.
+fn decode_record(data: &[u8]) -> Result<Record, StoreError> {
+    let (head, value) = data.split_at_checked(8).ok_or_else(|| {
+        err(
+            StoreErrorKind::Corrupt,
+            "a zookeeper record node holds fewer than 8 bytes: written by something else?",
+        )
+    })?;
+    let mut fence = [0u8; 8];
+    fence.copy_from_slice(head);
+    Ok(Record {
+        fence: Fence(u64::from_be_bytes(fence)),
+        value: value.to_vec(),
+    })
 }
 
 /// A queue node's name: `<owner token hex>-<sequence>`.
@@ -178,8 +212,9 @@ impl Drop for InProgress {
 ///
 /// All leases of one store share **one ZooKeeper session**. A grant is an ephemeral
 /// sequential node `<chroot>/<key>/<owner token>-<sequence>`; the lowest sequence holds
-/// the lease; the fence is the node's `czxid`. See the crate documentation for the
-/// design and its limits.
+/// the lease; the fence is the node's `czxid`. Records (see [`Store::put_record`]) are
+/// persistent nodes `<chroot>/%2erecords/<key>` holding the fence (8 bytes, big-endian)
+/// and the value. See the crate documentation for the design and its limits.
 ///
 /// Cloning is cheap: clones share the session and the table of granted leases.
 #[derive(Clone)]
@@ -281,6 +316,18 @@ impl ZkStore {
             self.inner.config.chroot_path(),
             encode_key(key.as_str())
         )
+    }
+
+    /// The directory of the records (see [`Store::put_record`]): `<chroot>/%2erecords`,
+    /// apart from every lease directory (created on the first record written).
+    pub fn records_dir(&self) -> String {
+        format!("{}/{RECORDS_DIR}", self.inner.config.chroot_path())
+    }
+
+    /// The persistent node that holds `key`'s record: `<chroot>/%2erecords/<key,
+    /// escaped>`.
+    pub fn record_path(&self, key: &Key) -> String {
+        format!("{}/{}", self.records_dir(), encode_key(key.as_str()))
     }
 
     /// The node name prefix of `owner`'s grants: `<owner token hex>-`.
@@ -676,6 +723,58 @@ impl ZkStore {
         }
     }
 
+    async fn do_put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        let s = self.session().await?;
+        let path = self.record_path(key);
+        let data = encode_record(fence, value);
+        let ours = || Record {
+            fence,
+            value: value.to_vec(),
+        };
+        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        for _ in 0..RECORD_ATTEMPTS {
+            match s.client.create(&path, &data, &options).await {
+                Ok(_) => return Ok(ours()),
+                Err(zk::Error::NoNode) => {
+                    // The first record under this root: its directory (persistent).
+                    s.client
+                        .mkdir(&self.records_dir(), &options)
+                        .await
+                        .map_err(|e| map_err("create the records directory", e))?;
+                    continue;
+                }
+                Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(map_err("create", e)),
+            }
+            let (stored, stat) = match s.client.get_data(&path).await {
+                Ok(found) => found,
+                // Deleted meanwhile (by hand: the store never deletes a record).
+                Err(zk::Error::NoNode) => continue,
+                Err(e) => return Err(map_err("get data", e)),
+            };
+            let record = decode_record(&stored)?;
+            if record.fence >= fence {
+                // Kept: a write at a fence as high as ours, or higher, is there.
+                return Ok(record);
+            }
+            match s.client.set_data(&path, &data, Some(stat.version)).await {
+                Ok(_) => return Ok(ours()),
+                // Another write came between the read and ours: compare again.
+                Err(zk::Error::BadVersion | zk::Error::NoNode) => {}
+                Err(e) => return Err(map_err("set data", e)),
+            }
+        }
+        Err(err(
+            StoreErrorKind::Busy,
+            "zookeeper record write: the record kept changing under the write",
+        ))
+    }
+
     async fn info(
         &self,
         s: &Session,
@@ -833,6 +932,7 @@ impl Store for ZkStore {
         caps.list = true;
         caps.break_lease = true;
         caps.fence_durability = FenceDurability::Consensus;
+        caps.records = true;
         caps
     }
 
@@ -989,6 +1089,8 @@ impl Store for ZkStore {
                 .map_err(|e| map_err("list children", e))?;
             let mut keys = names
                 .iter()
+                // The records directory holds no lease.
+                .filter(|n| n.as_str() != RECORDS_DIR)
                 .map(|n| {
                     decode_key(n).ok_or_else(|| {
                         err(
@@ -1048,6 +1150,51 @@ impl Store for ZkStore {
                 Err(e) => return Err(map_err("check", e)),
             };
             fence(stat.pzxid)
+        })
+        .await
+    }
+
+    /// One `create` of the persistent node `<root>/%2erecords/<key>` with fence (8 bytes,
+    /// big-endian) and value as its data (its directory created first if missing); when it
+    /// exists, a read of its data and version and, if the stored fence is lower, one
+    /// `setData` conditional on that version. A lost race (`BadVersion`) reads again (up to
+    /// 8 times, then `Busy`).
+    ///
+    /// # Cancel safety
+    /// A dropped call may have written the record.
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        if value.len() > MAX_RECORD_LEN {
+            return Err(err(
+                StoreErrorKind::InvalidInput,
+                format!(
+                    "a record value of {} bytes is over the {MAX_RECORD_LEN}-byte limit",
+                    value.len()
+                ),
+            ));
+        }
+        self.bounded("put record", self.do_put_record(key, fence, value))
+            .await
+    }
+
+    /// A `sync` (so that the read sees every write committed before it, whichever member
+    /// serves it), then a read of the record node's data.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.bounded("get record", async {
+            let s = self.session().await?;
+            self.sync(&s).await?;
+            match s.client.get_data(&self.record_path(key)).await {
+                Ok((data, _)) => decode_record(&data).map(Some),
+                Err(zk::Error::NoNode) => Ok(None),
+                Err(e) => Err(map_err("get data", e)),
+            }
         })
         .await
     }
