@@ -13,8 +13,8 @@ use crate::failure::Failure;
 
 /// The subcommand's help after the options.
 pub(crate) const HELP: &str = "\
-Creates what the store needs, if missing: the lease table, the guard and idempotency
-tables, and the SQL guard any client can call inside its own transaction:
+Creates what the store needs, if missing: the lease table, the records table, the guard
+and idempotency tables, and the SQL guard any client can call inside its own transaction:
   PostgreSQL     SELECT leasehold_guard('resource', fence);   (raises SQLSTATE LH001)
   MariaDB/MySQL  CALL leasehold_guard('resource', fence);     (SIGNALs SQLSTATE LH001)
   SQLite         INSERT INTO leasehold_guard_check VALUES ('resource', fence);
@@ -151,17 +151,19 @@ fn sql(url: &str) -> Result<String, Failure> {
                 mysql::LOCKS_SCHEMA
             };
             format!(
-                "{}-- Apply with: mariadb DATABASE < FILE (or mysql)\n{table};\n{}",
+                "{}-- Apply with: mariadb DATABASE < FILE (or mysql)\n{table};\n{};\n{}",
                 header("MariaDB/MySQL"),
+                mysql::RECORDS_SCHEMA,
                 mysql::guard::schema_sql()
             )
         }
         Kind::Sqlite => {
             sqlite::SqliteConfig::from_url(url).map_err(Failure::opening)?;
             format!(
-                "{}-- Apply with: sqlite3 -bail FILE.db < FILE (opening the store does it too)\n{};\n{};\n",
+                "{}-- Apply with: sqlite3 -bail FILE.db < FILE (opening the store does it too)\n{};\n{};\n{};\n",
                 header("SQLite"),
                 sqlite::LEASES_SCHEMA,
+                sqlite::RECORDS_SCHEMA,
                 sqlite::GUARD_SCHEMA
             )
         }
@@ -188,7 +190,7 @@ async fn run(url: &str) -> Result<Summary, Failure> {
         Kind::PgTable | Kind::PgAdvisory => {
             let config = postgres::PgConfig::from_url(url).map_err(Failure::opening)?;
             let guard = config.guard();
-            let (backend, table, pool) = if kind == Kind::PgTable {
+            let (backend, table, records, pool) = if kind == Kind::PgTable {
                 let backend = postgres::BACKEND_TABLE;
                 let store = bounded(
                     backend,
@@ -198,7 +200,12 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 .await
                 .map_err(Failure::opening)?;
                 bounded(backend, "creating the lease table", store.migrate()).await?;
-                (backend, store.table().clone(), store.pool().clone())
+                (
+                    backend,
+                    store.table().clone(),
+                    store.records_table().clone(),
+                    store.pool().clone(),
+                )
             } else {
                 let backend = postgres::BACKEND_ADVISORY;
                 let store = bounded(
@@ -209,7 +216,12 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 .await
                 .map_err(Failure::opening)?;
                 bounded(backend, "creating the lease table", store.migrate()).await?;
-                (backend, store.table().clone(), store.pool().clone())
+                (
+                    backend,
+                    store.table().clone(),
+                    store.records_table().clone(),
+                    store.pool().clone(),
+                )
             };
             bounded(
                 backend,
@@ -223,6 +235,7 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 target: config.target(),
                 objects: vec![
                     format!("table {table}"),
+                    format!("table {records}"),
                     format!("table {}", guard.guard_table()),
                     format!("table {}", guard.idempotency_table()),
                     format!("function {}(text, bigint)", guard.function_name()),
@@ -267,6 +280,7 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 target,
                 objects: vec![
                     format!("table {table}"),
+                    "table leasehold_records".into(),
                     "table leasehold_guard".into(),
                     "table leasehold_idempotency".into(),
                     "procedure leasehold_guard(resource, fence)".into(),
@@ -291,6 +305,7 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 target,
                 objects: vec![
                     "table leasehold_leases".into(),
+                    "table leasehold_records".into(),
                     "table leasehold_guard".into(),
                     "table leasehold_idempotency".into(),
                     "view leasehold_guard_check (with its trigger)".into(),

@@ -142,7 +142,8 @@ fn a_fresh_postgres_names_migrate_and_migrate_makes_run_work() {
             .iter()
             .map(|o| o.as_str().unwrap().to_owned())
             .collect();
-        assert_eq!(objects.len(), 4, "{objects:?}");
+        assert_eq!(objects.len(), 5, "{objects:?}");
+        assert!(objects.iter().any(|o| o.contains("leasehold_records")));
         assert!(
             objects
                 .iter()
@@ -172,6 +173,7 @@ fn printed_postgres_sql_is_what_a_dba_applies_and_run_then_works() {
     let out = env.run_ok(&["--store", &url, "migrate", "--print"]);
     let script = stdout(&out);
     assert!(script.contains("CREATE OR REPLACE FUNCTION \"locks\".leasehold_guard"));
+    assert!(script.contains(r#"CREATE TABLE IF NOT EXISTS "locks"."leasehold_records""#));
     // --print connects to nothing: the database has nothing yet.
     assert_eq!(
         psql_db(
@@ -256,7 +258,7 @@ fn mariadb_fresh_database_migrate_and_print() {
         for _ in 0..2 {
             let out = env.run_ok(&["--store", &url, "migrate", "--json"]);
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            assert_eq!(v["objects"].as_array().unwrap().len(), 4, "{v}");
+            assert_eq!(v["objects"].as_array().unwrap().len(), 5, "{v}");
         }
         env.run_ok(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
         let n = db.sql(&format!(
@@ -271,6 +273,7 @@ fn mariadb_fresh_database_migrate_and_print() {
     let out = env.run_ok(&["--store", &url, "migrate", "--print"]);
     let script = stdout(&out);
     assert!(script.contains("DELIMITER"), "{script}");
+    assert!(script.contains("leasehold_records"), "{script}");
     let applied = fed(db.client_command().arg("dba"), &script);
     assert!(applied.status.success(), "{}", stderr(&applied));
     env.run_ok(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
@@ -286,6 +289,7 @@ fn sqlite_migrate_and_print() {
     assert_eq!(v["store"], "sqlite");
     let out = env.run_ok(&["--store", &url, "migrate", "--print"]);
     let script = stdout(&out);
+    assert!(script.contains("leasehold_records"), "{script}");
     // The printed script builds a working database with the sqlite3 shell, twice.
     let dba = env.path("dba.db");
     for _ in 0..2 {

@@ -112,6 +112,16 @@ impl Db {
     pub(crate) async fn prepare(&self, table: StoreTable) -> Result<(), StoreError> {
         if self.config.get_migrate() {
             self.migrate(table).await?;
+            // The records table is not required to open a store: a database set up before
+            // records existed (by an account that may not create tables, or with
+            // `migrate=false`, where it is not probed) keeps working for leases, and a
+            // record call then answers `Config` ("run migrate").
+            if let Err(e) = self.migrate(crate::records::TABLE).await {
+                if e.kind() != StoreErrorKind::Config {
+                    return Err(e);
+                }
+                tracing::warn!(backend = self.backend, error = %e, "the records table leasehold_records is missing and cannot be created: records are unavailable until it is (leasehold migrate)");
+            }
         } else {
             let probe = AssertSqlSafe(format!("SELECT 1 FROM {} LIMIT 0", table.name));
             self.run("connect", async |conn| {

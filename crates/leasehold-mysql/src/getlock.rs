@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_sql::Failure;
@@ -496,7 +496,9 @@ impl MySqlGetLockStore {
         Self::connect(MySqlConfig::from_url(url)?).await
     }
 
-    /// Creates `leasehold_locks` ([`LOCKS_SCHEMA`](crate::LOCKS_SCHEMA)) unless it exists.
+    /// Creates `leasehold_locks` ([`LOCKS_SCHEMA`](crate::LOCKS_SCHEMA)) and the records
+    /// table ([`RECORDS_SCHEMA`](crate::RECORDS_SCHEMA), shared with
+    /// [`MySqlLeaseStore`](crate::MySqlLeaseStore)) unless they exist.
     ///
     /// # Cancel safety
     /// Cancel safe: the table is created by one statement, or not.
@@ -504,7 +506,8 @@ impl MySqlGetLockStore {
     /// # Errors
     /// [`StoreErrorKind::Config`] without the privilege to create it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db.migrate(TABLE).await
+        self.db.migrate(TABLE).await?;
+        self.db.migrate(crate::records::TABLE).await
     }
 
     /// The configuration (its `Display` hides the password).
@@ -854,6 +857,7 @@ impl Store for MySqlGetLockStore {
         caps.wait_for_release = true;
         caps.fifo_wait = true;
         caps.fence_durability = FenceDurability::Durable;
+        caps.records = true;
         caps
     }
 
@@ -1086,6 +1090,31 @@ impl Store for MySqlGetLockStore {
         }
         tracing::info!(key = %key, fence, killed, "mysql GET_LOCK lease broken");
         Ok(Fence(fence))
+    }
+
+    /// On the pool (records are not session-bound): one transaction on
+    /// `leasehold_records` (shared by both stores), `INSERT … ON DUPLICATE KEY UPDATE
+    /// value = IF(fence < new, …), fence = IF(fence < new, …)`, then a read of the row. A
+    /// deadlock (rolled back whole) is retried.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have committed the record (its connection is closed).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a value longer than
+    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN); [`StoreErrorKind::Config`] when
+    /// the records table is missing (connect with `migrate=true` or call `migrate`).
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        crate::records::put(&self.db, key, fence, value).await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        crate::records::get(&self.db, key).await
     }
 }
 

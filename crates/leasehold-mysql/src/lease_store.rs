@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_sql::Failure;
@@ -316,8 +316,10 @@ impl MySqlLeaseStore {
         Self::connect(MySqlConfig::from_url(url)?).await
     }
 
-    /// Creates the lease table ([`LEASES_SCHEMA`](crate::LEASES_SCHEMA)) unless it exists
-    /// (idempotent; no DDL is sent when it exists).
+    /// Creates the lease table ([`LEASES_SCHEMA`](crate::LEASES_SCHEMA)) and the records
+    /// table ([`RECORDS_SCHEMA`](crate::RECORDS_SCHEMA), shared with
+    /// [`MySqlGetLockStore`](crate::MySqlGetLockStore)) unless they exist (idempotent; no
+    /// DDL is sent for a table that exists).
     ///
     /// # Cancel safety
     /// Cancel safe: the table is created by one statement, or not.
@@ -325,7 +327,8 @@ impl MySqlLeaseStore {
     /// # Errors
     /// [`StoreErrorKind::Config`] without the privilege to create it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db.migrate(TABLE).await
+        self.db.migrate(TABLE).await?;
+        self.db.migrate(crate::records::TABLE).await
     }
 
     /// The configuration (its `Display` hides the password).
@@ -409,6 +412,7 @@ impl Store for MySqlLeaseStore {
         // Waiters queue in the server (a GET_LOCK turnstile per key), in arrival order.
         caps.fifo_wait = true;
         caps.fence_durability = FenceDurability::Durable;
+        caps.records = true;
         caps
     }
 
@@ -592,5 +596,29 @@ impl Store for MySqlLeaseStore {
             .await?;
         tracing::info!(key = %key, fence, "mysql lease broken");
         Ok(Fence(fence))
+    }
+
+    /// One transaction on `leasehold_records` (shared by both stores): `INSERT … ON
+    /// DUPLICATE KEY UPDATE value = IF(fence < new, …), fence = IF(fence < new, …)`, then
+    /// a read of the row. A deadlock (rolled back whole) is retried.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have committed the record (its connection is closed).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a value longer than
+    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN); [`StoreErrorKind::Config`] when
+    /// the records table is missing (connect with `migrate=true` or call `migrate`).
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        crate::records::put(&self.db, key, fence, value).await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        crate::records::get(&self.db, key).await
     }
 }

@@ -9,6 +9,7 @@ mod factory;
 mod getlock;
 pub mod guard;
 mod lease_store;
+mod records;
 mod schema;
 mod wait;
 
@@ -22,7 +23,7 @@ pub use getlock::{
     MAX_LOCK_NAME_LEN, MySqlGetLockStore, lock_name,
 };
 pub use lease_store::{BACKEND_TABLE, MySqlLeaseStore};
-pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA, LOCKS_SCHEMA};
+pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA, LOCKS_SCHEMA, RECORDS_SCHEMA};
 
 /// The backend name of configuration errors (the lease-table store's).
 pub const BACKEND: &str = BACKEND_TABLE;

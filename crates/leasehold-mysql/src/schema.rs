@@ -27,6 +27,22 @@ CREATE TABLE IF NOT EXISTS leasehold_locks (
     KEY leasehold_locks_key (lease_key)
 ) ENGINE=InnoDB";
 
+/// The records table of both stores' [`Store::put_record`](leasehold_core::Store::put_record):
+/// one row per record key ever written (an election or semaphore name), never deleted
+/// (records do not expire); a row is replaced only by a write with a higher fence. Created
+/// next to the store's own table (`migrate=true`, [`MySqlLeaseStore::migrate`],
+/// [`MySqlGetLockStore::migrate`]); earlier versions never read it.
+///
+/// [`MySqlLeaseStore::migrate`]: crate::MySqlLeaseStore::migrate
+/// [`MySqlGetLockStore::migrate`]: crate::MySqlGetLockStore::migrate
+pub const RECORDS_SCHEMA: &str = "\
+CREATE TABLE IF NOT EXISTS leasehold_records (
+    record_key VARBINARY(512)  NOT NULL,  -- the record key, UTF-8 bytes
+    fence      BIGINT UNSIGNED NOT NULL,  -- the fence it was written at
+    value      VARBINARY(4096) NOT NULL,  -- any bytes, at most 4096
+    PRIMARY KEY (record_key)
+) ENGINE=InnoDB";
+
 /// The guard table (one row per protected resource: the highest fence accepted) and the
 /// idempotency record (one row per job id done), for [`guard`](crate::guard).
 pub const GUARD_SCHEMA: &str = "\

@@ -86,6 +86,12 @@ async fn secrets_and_least_privilege() {
             ReleaseOutcome::Released
         );
         assert!(store.break_lease(&k).await.unwrap().get() > f);
+        let stored = store
+            .put_record(&k, leasehold_core::Fence(f), b"lp")
+            .await
+            .expect("records need SELECT, INSERT, UPDATE only");
+        assert!(stored.fence.get() >= f);
+        assert_eq!(store.get_record(&k).await.unwrap(), Some(stored));
     }
     let config = MySqlConfig::from_url(&url("mysql", SENTINEL)).unwrap();
     assert_no_secret("Display", &config.to_string());

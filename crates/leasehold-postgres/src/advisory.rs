@@ -8,14 +8,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use sha2::{Digest, Sha256};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnection, PgPool};
 
-use crate::config::{DEFAULT_ADVISORY_TABLE, PgConfig, TableName};
+use crate::config::{DEFAULT_ADVISORY_TABLE, DEFAULT_RECORD_TABLE, PgConfig, TableName};
+use crate::records::Records;
 use crate::table::{MIN_REMAINING, col, fence_of, info_of, like_prefix, micros, ttl_us};
 use crate::wait::{Queue, Sessions, close};
 use crate::{BACKEND_ADVISORY, error, schema};
@@ -206,6 +207,8 @@ struct Inner {
     table: TableName,
     target: String,
     sql: Sql,
+    /// The records table (in the store table's schema) and its statements.
+    records: Records,
     holders: Mutex<HashMap<Key, Arc<Holder>>>,
     /// Dedicated sessions kept for reuse (holders' and waiters').
     sessions: Arc<Sessions>,
@@ -365,6 +368,7 @@ impl PgAdvisoryStore {
             inner: Arc::new(Inner {
                 pool,
                 app_prefix: prefix,
+                records: Records::new(table.sibling(DEFAULT_RECORD_TABLE)),
                 table,
                 target: config.target(),
                 sql,
@@ -375,8 +379,9 @@ impl PgAdvisoryStore {
         })
     }
 
-    /// Creates the table if it does not exist (idempotent, safe to run concurrently). The
-    /// SQL is [`schema_sql`](Self::schema_sql).
+    /// Creates the store's table and the records table (`leasehold_records` in the same
+    /// schema, shared with [`PgLeaseStore`](crate::PgLeaseStore)) if they do not exist
+    /// (idempotent, safe to run concurrently). The SQL is [`schema_sql`](Self::schema_sql).
     ///
     /// # Cancel safety
     /// Cancel safe: one transaction.
@@ -387,7 +392,7 @@ impl PgAdvisoryStore {
         schema::migrate(
             &self.inner.pool,
             BACKEND,
-            &[&self.inner.table],
+            &[&self.inner.table, self.inner.records.table()],
             &[],
             self.schema_sql(),
         )
@@ -414,18 +419,25 @@ impl PgAdvisoryStore {
 
     /// The DDL that [`migrate`](Self::migrate) runs.
     pub fn schema_sql(&self) -> String {
-        schema::advisory_table_sql(&self.inner.table)
+        Self::schema_sql_for(&self.inner.table)
     }
 
-    /// The DDL of the advisory-lock store's table `table`, without a store (e.g. for
-    /// `leasehold migrate --print`, which connects to nothing).
+    /// The DDL of the advisory-lock store's table `table` and of the records table in its
+    /// schema, without a store (e.g. for `leasehold migrate --print`, which connects to
+    /// nothing).
     pub fn schema_sql_for(table: &TableName) -> String {
         schema::advisory_table_sql(table)
+            + &schema::records_table_sql(&table.sibling(DEFAULT_RECORD_TABLE))
     }
 
     /// The table in use.
     pub fn table(&self) -> &TableName {
         &self.inner.table
+    }
+
+    /// The records table in use: [`DEFAULT_RECORD_TABLE`] in the store table's schema.
+    pub fn records_table(&self) -> &TableName {
+        self.inner.records.table()
     }
 
     /// The pool used for inspect, list, break and pre-checks.
@@ -667,6 +679,7 @@ impl Store for PgAdvisoryStore {
         caps.break_lease = true;
         caps.session_bound = true;
         caps.fence_durability = FenceDurability::Durable;
+        caps.records = true;
         caps.wait_for_release = self.inner.queue.is_some();
         caps.fifo_wait = self.inner.queue.is_some();
         caps
@@ -893,6 +906,34 @@ impl Store for PgAdvisoryStore {
             .map_err(|e| error::map(BACKEND, "break", e))?;
         let fence: i64 = col(BACKEND, &row, "fence")?;
         fence_of(BACKEND, fence)
+    }
+
+    /// On the pool (records are not session-bound): one transaction on the records table,
+    /// `INSERT … ON CONFLICT (key) DO UPDATE … WHERE fence < EXCLUDED.fence`, then a read
+    /// of the row.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have committed the record.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a fence above `i64::MAX` or a value longer than
+    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN); [`StoreErrorKind::Config`] when
+    /// the records table is missing (run [`migrate`](Self::migrate)).
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        let i = &self.inner;
+        i.records
+            .put(&i.pool, BACKEND, false, key, fence, value)
+            .await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let i = &self.inner;
+        i.records.get(&i.pool, BACKEND, false, key).await
     }
 }
 

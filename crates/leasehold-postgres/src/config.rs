@@ -84,6 +84,14 @@ impl TableName {
         }
     }
 
+    /// The table `table` (a valid identifier) in the same schema as this one.
+    pub(crate) fn sibling(&self, table: &'static str) -> Self {
+        Self {
+            schema: self.schema.clone(),
+            table: table.to_owned(),
+        }
+    }
+
     /// The name as a string literal for `to_regclass`.
     pub(crate) fn regclass_literal(&self) -> String {
         format!("'{}'", self.sql().replace('\'', "''"))
@@ -106,6 +114,9 @@ impl fmt::Debug for TableName {
 pub const DEFAULT_LEASE_TABLE: &str = "leasehold_leases";
 /// The default table of the advisory-lock store.
 pub const DEFAULT_ADVISORY_TABLE: &str = "leasehold_advisory";
+/// The default records table ([`Store::put_record`](leasehold_core::Store::put_record)),
+/// shared by both stores, in the schema of the store's table.
+pub const DEFAULT_RECORD_TABLE: &str = "leasehold_records";
 /// The default guard table.
 pub const DEFAULT_GUARD_TABLE: &str = "leasehold_guard";
 /// The default idempotency table.

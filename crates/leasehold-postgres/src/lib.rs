@@ -8,6 +8,7 @@ mod error;
 mod factory;
 pub mod guard;
 mod listen;
+mod records;
 mod schema;
 mod table;
 mod wait;
@@ -15,8 +16,8 @@ mod wait;
 pub use advisory::{PgAdvisoryStore, advisory_lock_id};
 pub use config::{
     DEFAULT_ADVISORY_TABLE, DEFAULT_APPLICATION_NAME, DEFAULT_GUARD_TABLE,
-    DEFAULT_IDEMPOTENCY_TABLE, DEFAULT_LEASE_TABLE, DEFAULT_WAIT_SESSIONS, MAX_IDENTIFIER_LEN,
-    PgConfig, Pooler, TableName,
+    DEFAULT_IDEMPOTENCY_TABLE, DEFAULT_LEASE_TABLE, DEFAULT_RECORD_TABLE, DEFAULT_WAIT_SESSIONS,
+    MAX_IDENTIFIER_LEN, PgConfig, Pooler, TableName,
 };
 pub use error::store_error;
 pub use factory::PgFactory;

@@ -25,6 +25,24 @@ CREATE TABLE IF NOT EXISTS {name} (
     )
 }
 
+/// The DDL of the records table (both stores' [`Store::put_record`]), in the schema of
+/// the store's table.
+///
+/// [`Store::put_record`]: leasehold_core::Store::put_record
+pub(crate) fn records_table_sql(t: &TableName) -> String {
+    let name = t.sql();
+    format!(
+        r#"-- leasehold records (Store::put_record), shared by both stores: one row per record key
+-- (an election or semaphore name), replaced only by a higher fence, never expired.
+CREATE TABLE IF NOT EXISTS {name} (
+    key   text COLLATE "C" PRIMARY KEY,
+    fence bigint NOT NULL CHECK (fence >= 0),
+    value bytea NOT NULL CHECK (octet_length(value) <= 4096)
+);
+"#
+    )
+}
+
 /// The statement that deletes the rows of `table` whose lease ended more than `older_than`
 /// ago (their `expires_at`, on the database's clock): what [`prune`] runs, for DBAs who
 /// run it themselves (`DELETE FROM "leasehold_leases" WHERE expires_at < clock_timestamp()
@@ -246,7 +264,8 @@ pub(crate) async fn migrate(
 mod tests {
     use super::*;
     use crate::config::{
-        DEFAULT_ADVISORY_TABLE, DEFAULT_GUARD_TABLE, DEFAULT_IDEMPOTENCY_TABLE, DEFAULT_LEASE_TABLE,
+        DEFAULT_ADVISORY_TABLE, DEFAULT_GUARD_TABLE, DEFAULT_IDEMPOTENCY_TABLE,
+        DEFAULT_LEASE_TABLE, DEFAULT_RECORD_TABLE,
     };
 
     /// The SQL files for DBAs are exactly what `migrate` runs with the default names.
@@ -256,6 +275,7 @@ mod tests {
         let t = |n| TableName::new(None, n).unwrap();
         let files = [
             ("lease_table.sql", lease_table_sql(&t(DEFAULT_LEASE_TABLE))),
+            ("records.sql", records_table_sql(&t(DEFAULT_RECORD_TABLE))),
             (
                 "advisory.sql",
                 advisory_table_sql(&t(DEFAULT_ADVISORY_TABLE)),

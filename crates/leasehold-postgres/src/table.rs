@@ -6,14 +6,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use crate::config::{DEFAULT_LEASE_TABLE, DEFAULT_WAIT_SESSIONS, PgConfig, Pooler, TableName};
+use crate::config::{
+    DEFAULT_LEASE_TABLE, DEFAULT_RECORD_TABLE, DEFAULT_WAIT_SESSIONS, PgConfig, Pooler, TableName,
+};
 use crate::listen::Listener;
+use crate::records::Records;
 use crate::wait::{LockId, PARKED_IDLE_MS, Queue, Sessions, TableHead};
 use crate::{BACKEND_TABLE, error, schema};
 
@@ -448,6 +451,8 @@ struct Inner {
     table_sql: String,
     target: String,
     sql: Sql,
+    /// The records table (in the lease table's schema) and its statements.
+    records: Records,
     /// Behind a transaction-pooling proxy: simple-protocol statements only.
     simple: bool,
     /// Waiters' queues (`None`: waiting is off, or impossible behind a proxy).
@@ -509,6 +514,7 @@ impl PgLeaseStore {
             inner: Arc::new(Inner {
                 pool,
                 table_sql: table.sql(),
+                records: Records::new(table.sibling(DEFAULT_RECORD_TABLE)),
                 table,
                 target: config.target(),
                 sql,
@@ -534,6 +540,7 @@ impl PgLeaseStore {
             inner: Arc::new(Inner {
                 pool,
                 table_sql: table.sql(),
+                records: Records::new(table.sibling(DEFAULT_RECORD_TABLE)),
                 table,
                 target: "(caller's pool)".to_owned(),
                 sql,
@@ -559,10 +566,12 @@ impl PgLeaseStore {
         Queue::new(BACKEND, sessions, Some(head), max_sessions)
     }
 
-    /// Creates the lease table if it does not exist (and its schema if missing). Idempotent
-    /// and safe to run concurrently (a transaction-scoped advisory lock serialises
-    /// migrations). Needs `CREATE` on the schema only when something is missing. The SQL
-    /// is [`schema_sql`](Self::schema_sql).
+    /// Creates the lease table and the records table (`leasehold_records` in the same
+    /// schema, shared with [`PgAdvisoryStore`](crate::PgAdvisoryStore)) if they do not exist
+    /// (and their schema if missing). Idempotent and safe to run concurrently (a
+    /// transaction-scoped advisory lock serialises migrations). Needs `CREATE` on the
+    /// schema only when something is missing (a database migrated by a version without
+    /// records gets the records table). The SQL is [`schema_sql`](Self::schema_sql).
     ///
     /// # Cancel safety
     /// Cancel safe: the migration is one transaction; a dropped call rolls it back.
@@ -574,7 +583,7 @@ impl PgLeaseStore {
         schema::migrate(
             &self.inner.pool,
             BACKEND,
-            &[&self.inner.table],
+            &[&self.inner.table, self.inner.records.table()],
             &[],
             self.schema_sql(),
         )
@@ -601,18 +610,24 @@ impl PgLeaseStore {
 
     /// The DDL that [`migrate`](Self::migrate) runs, for DBAs who apply it themselves.
     pub fn schema_sql(&self) -> String {
-        schema::lease_table_sql(&self.inner.table)
+        Self::schema_sql_for(&self.inner.table)
     }
 
-    /// The DDL of the lease table `table`, without a store (e.g. for
-    /// `leasehold migrate --print`, which connects to nothing).
+    /// The DDL of the lease table `table` and of the records table in its schema, without
+    /// a store (e.g. for `leasehold migrate --print`, which connects to nothing).
     pub fn schema_sql_for(table: &TableName) -> String {
         schema::lease_table_sql(table)
+            + &schema::records_table_sql(&table.sibling(DEFAULT_RECORD_TABLE))
     }
 
     /// The table in use.
     pub fn table(&self) -> &TableName {
         &self.inner.table
+    }
+
+    /// The records table in use: [`DEFAULT_RECORD_TABLE`] in the lease table's schema.
+    pub fn records_table(&self) -> &TableName {
+        self.inner.records.table()
     }
 
     /// The connection pool.
@@ -683,6 +698,7 @@ impl Store for PgLeaseStore {
         caps.list = true;
         caps.break_lease = true;
         caps.fence_durability = FenceDurability::Durable;
+        caps.records = true;
         caps
     }
 
@@ -872,6 +888,34 @@ impl Store for PgLeaseStore {
         })?;
         let fence: i64 = col(BACKEND, row, "fence")?;
         fence_of(BACKEND, fence)
+    }
+
+    /// One transaction on the records table: `INSERT … ON CONFLICT (key) DO UPDATE …
+    /// WHERE fence < EXCLUDED.fence`, then a read of the row (behind a transaction pooler:
+    /// both in one simple-protocol query).
+    ///
+    /// # Cancel safety
+    /// A dropped call may have committed the record.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a fence above `i64::MAX` or a value longer than
+    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN); [`StoreErrorKind::Config`] when
+    /// the records table is missing (run [`migrate`](Self::migrate)).
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        let i = &self.inner;
+        i.records
+            .put(&i.pool, BACKEND, i.simple, key, fence, value)
+            .await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let i = &self.inner;
+        i.records.get(&i.pool, BACKEND, i.simple, key).await
     }
 }
 

@@ -125,7 +125,7 @@ async fn least_privilege_role_and_missing_table() {
     common::psql(
         &pg,
         "CREATE ROLE lh_app LOGIN; \
-         GRANT SELECT, INSERT, UPDATE ON leasehold_leases, leasehold_advisory, leasehold_guard, leasehold_idempotency TO lh_app",
+         GRANT SELECT, INSERT, UPDATE ON leasehold_leases, leasehold_advisory, leasehold_records, leasehold_guard, leasehold_idempotency TO lh_app",
     )
     .await;
     let app_url = format!("postgres://lh_app@127.0.0.1:{}/postgres", pg.port());
@@ -159,6 +159,12 @@ async fn least_privilege_role_and_missing_table() {
             ReleaseOutcome::Released
         );
         assert!(store.break_lease(&k).await.unwrap() > fence);
+        let stored = store
+            .put_record(&k, fence, b"least")
+            .await
+            .expect("records need SELECT, INSERT, UPDATE only");
+        assert!(stored.fence >= fence);
+        assert_eq!(store.get_record(&k).await.unwrap(), Some(stored));
     }
     let mut tx = app_table.pool().begin().await.unwrap();
     assert!(

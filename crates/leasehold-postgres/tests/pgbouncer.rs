@@ -120,6 +120,38 @@ async fn lease_table_store_and_guard_work_behind_a_transaction_pooler() {
         tx.commit().await.unwrap();
     }
     assert!(lease.release().await.unwrap());
+
+    // Records: the upsert and the read in one simple-protocol query, values inlined
+    // (quotes, backslashes, NUL and non-UTF-8 bytes), a higher fence only.
+    let k = leasehold_core::Key::new("election:pooled'\\x").unwrap();
+    let value = [0u8, b'\'', b'\\', 0xff, 0];
+    let put = |fence: u64, v: &'static [u8]| {
+        let first = first.clone();
+        let k = k.clone();
+        async move {
+            first
+                .put_record(&k, leasehold_core::Fence(fence), v)
+                .await
+                .unwrap()
+        }
+    };
+    let want = leasehold_core::Record {
+        fence: leasehold_core::Fence(5),
+        value: value.to_vec(),
+    };
+    assert_eq!(first.get_record(&k).await.unwrap(), None);
+    let stored = first
+        .put_record(&k, leasehold_core::Fence(5), &value)
+        .await
+        .unwrap();
+    assert_eq!(stored, want);
+    assert_eq!(put(5, b"same").await, want);
+    assert_eq!(put(4, b"lower").await, want);
+    assert_eq!(put(6, b"").await.value, b"");
+    assert_eq!(
+        first.get_record(&k).await.unwrap().map(|r| r.fence),
+        Some(leasehold_core::Fence(6))
+    );
 }
 
 /// The advisory store cannot work behind a transaction pooler: told so, it refuses to

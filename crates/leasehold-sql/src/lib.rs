@@ -5,6 +5,7 @@ mod failure;
 pub mod guard;
 mod pool;
 pub mod presence;
+pub mod record;
 
 pub use failure::{ErrorModel, Failure, Phase};
 pub use pool::{Checkout, bounded, with_conn};

@@ -18,7 +18,7 @@ pub use config::{
 };
 pub use error::store_error;
 pub use factory::SqliteFactory;
-pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA};
+pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA, RECORDS_SCHEMA};
 pub use store::SqliteStore;
 pub use wake::CROSS_PROCESS_POLL;
 

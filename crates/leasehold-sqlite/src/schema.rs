@@ -16,6 +16,18 @@ CREATE TABLE IF NOT EXISTS leasehold_leases (
     expires_boot_us INTEGER                       -- CLOCK_BOOTTIME of that boot, in microseconds; NULL when free
 ) STRICT";
 
+/// The records table of [`Store::put_record`](leasehold_core::Store::put_record): one row
+/// per record key ever written (an election or semaphore name), never deleted (records do
+/// not expire). A row is replaced only by a write with a higher fence. Added beside the
+/// lease table of format 2 by [`SqliteStore::migrate`](crate::SqliteStore::migrate); older
+/// versions never read it, so processes of both can share a file.
+pub const RECORDS_SCHEMA: &str = "\
+CREATE TABLE IF NOT EXISTS leasehold_records (
+    record_key TEXT    NOT NULL PRIMARY KEY,                   -- the record key (UTF-8, at most 512 bytes)
+    fence      INTEGER NOT NULL CHECK (fence >= 0),            -- the fence it was written at
+    value      BLOB    NOT NULL CHECK (length(value) <= 4096)  -- any bytes, at most 4096
+) STRICT";
+
 /// Format 1 to format 2, in one write transaction with the table of format 1 in place
 /// (parameters: `?1` the wall clock in µs, `?2` the boot id, `?3` `CLOCK_BOOTTIME` in µs,
 /// `?4` the longest TTL in µs). A held row keeps the time it had left on the wall clock,

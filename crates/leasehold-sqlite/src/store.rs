@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
-use leasehold_sql::guard::fence_from_i64;
+use leasehold_sql::guard::{fence_from_i64, fence_to_i64};
 use leasehold_sql::{Failure, bounded, with_conn};
 use sqlx::Connection;
 use sqlx::sqlite::{
@@ -299,6 +299,36 @@ async fn list_rows(
         .collect())
 }
 
+/// The record row of `key`: fence and value.
+const SELECT_RECORD: &str = "SELECT fence, value FROM leasehold_records WHERE record_key = ?1";
+
+/// Stores `value` at `fence` under `key` unless a record with a fence at least as high is
+/// there, and reads back what is stored, in one write transaction.
+async fn put_record_tx(
+    conn: &mut SqliteConnection,
+    key: &Key,
+    fence: i64,
+    value: &[u8],
+) -> Result<Record, Failure> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query(
+        "INSERT INTO leasehold_records (record_key, fence, value) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (record_key) DO UPDATE SET fence = excluded.fence, value = excluded.value \
+         WHERE excluded.fence > leasehold_records.fence",
+    )
+    .bind(key.as_str())
+    .bind(fence)
+    .bind(value)
+    .execute(&mut *tx)
+    .await?;
+    let (fence, value): (i64, Vec<u8>) = sqlx::query_as(SELECT_RECORD)
+        .bind(key.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(leasehold_sql::record::from_i64(BACKEND, key, fence, value)?)
+}
+
 /// The format of the lease table: `None` when it does not exist, 1 (expiry on the wall
 /// clock, `expires_at_us`), 2 (expiry on the boot clock, `boot_id` + `expires_boot_us`).
 async fn lease_table_format(conn: &mut SqliteConnection) -> Result<Option<u8>, Failure> {
@@ -464,8 +494,9 @@ impl SqliteStore {
         Self::connect(SqliteConfig::from_url(url)?).await
     }
 
-    /// Creates the lease table and the guard tables if they do not exist (idempotent; see
-    /// [`LEASES_SCHEMA`](crate::LEASES_SCHEMA) and [`GUARD_SCHEMA`](crate::GUARD_SCHEMA)).
+    /// Creates the lease table, the records table and the guard tables if they do not exist
+    /// (idempotent; see [`LEASES_SCHEMA`](crate::LEASES_SCHEMA),
+    /// [`RECORDS_SCHEMA`](crate::RECORDS_SCHEMA) and [`GUARD_SCHEMA`](crate::GUARD_SCHEMA)).
     /// [`connect`](Self::connect) calls it.
     ///
     /// # Cancel safety
@@ -491,6 +522,10 @@ impl SqliteStore {
                 }
                 tx.commit().await?;
             }
+            // Added beside format 2 (older versions never read it): created when missing.
+            sqlx::raw_sql(schema::RECORDS_SCHEMA)
+                .execute(&mut *conn)
+                .await?;
             crate::guard::migrate_in(conn).await
         })
         .await
@@ -583,6 +618,7 @@ impl Store for SqliteStore {
         caps.list = true;
         caps.break_lease = true;
         caps.wait_for_release = true;
+        caps.records = true;
         caps.fence_durability = match self.config.get_synchronous() {
             Synchronous::Full => FenceDurability::Durable,
             Synchronous::Normal => FenceDurability::ClockFloored,
@@ -825,5 +861,42 @@ impl Store for SqliteStore {
         self.bells.broken(key);
         tracing::info!(key = %key, %fence, "sqlite lease broken");
         Ok(fence)
+    }
+
+    /// One write transaction (`BEGIN IMMEDIATE`): an `INSERT … ON CONFLICT DO UPDATE …
+    /// WHERE excluded.fence > fence` into `leasehold_records`, then a read of the row.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have committed the record (its connection is closed).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a value longer than
+    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN) or a fence above `i64::MAX`;
+    /// [`StoreErrorKind::Busy`] when the file stays locked.
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        leasehold_sql::record::check_value(BACKEND, value)?;
+        let fence = fence_to_i64(BACKEND, fence)?;
+        self.run("put record", true, async |conn| {
+            put_record_tx(conn, key, fence, value).await
+        })
+        .await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let row: Option<(i64, Vec<u8>)> = self
+            .run("get record", false, async |conn| {
+                Ok(sqlx::query_as(SELECT_RECORD)
+                    .bind(key.as_str())
+                    .fetch_optional(conn)
+                    .await?)
+            })
+            .await?;
+        row.map(|(fence, value)| leasehold_sql::record::from_i64(BACKEND, key, fence, value))
+            .transpose()
     }
 }

@@ -1,11 +1,12 @@
-//! SQLite store specifics: URLs and the registry, WAL, fences across reopening, corrupt rows.
+//! SQLite store specifics: URLs and the registry, WAL, fences across reopening, corrupt rows,
+//! records across reopening and on a file made before records existed.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold_core::{
-    AcquireOutcome, FenceDurability, Key, OwnerToken, Registry, ReleaseOutcome, Store,
-    StoreErrorKind,
+    AcquireOutcome, Fence, FenceDurability, Key, MAX_RECORD_LEN, OwnerToken, Record, Registry,
+    ReleaseOutcome, Store, StoreErrorKind,
 };
 use leasehold_sqlite::{
     HostClock, ManualHostClock, SqliteConfig, SqliteFactory, SqliteStore, Synchronous,
@@ -248,4 +249,80 @@ async fn prune_deletes_only_ended_leases_and_fences_still_rise() {
         },
     )
     .await;
+}
+
+/// Records survive closing and reopening the store (another process, a restart); a file
+/// made before records existed (lease table of format 2, no records table) gets the table
+/// when a store connects; input a column cannot hold is refused as `InvalidInput`.
+#[tokio::test]
+async fn records_survive_reopening_and_old_files_get_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.db");
+    let k = Key::new("election:reopen").unwrap();
+    let value: Vec<u8> = vec![0, 0xff, b'l', 0, 0x80];
+    {
+        let store = SqliteStore::connect(SqliteConfig::new(&path))
+            .await
+            .unwrap();
+        assert!(store.capabilities().records);
+        let stored = store.put_record(&k, Fence(42), &value).await.unwrap();
+        assert_eq!(stored.fence, Fence(42));
+        // Bad input is refused before anything is written.
+        let e = store
+            .put_record(&k, Fence(u64::MAX), b"x")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
+        let e = store
+            .put_record(&k, Fence(43), &[0; MAX_RECORD_LEN + 1])
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::InvalidInput, "{e}");
+        store.close().await;
+    }
+    let store = SqliteStore::connect(SqliteConfig::new(&path))
+        .await
+        .unwrap();
+    let want = Record {
+        fence: Fence(42),
+        value: value.clone(),
+    };
+    assert_eq!(store.get_record(&k).await.unwrap(), Some(want.clone()));
+    assert_eq!(store.put_record(&k, Fence(41), b"old").await.unwrap(), want);
+    store.close().await;
+
+    // A file of the version before records: the records table is missing until a store
+    // connects; leases and their fences are untouched.
+    let old = dir.path().join("old.db");
+    let owner = OwnerToken::random();
+    let lease_fence = {
+        let store = SqliteStore::connect(SqliteConfig::new(&old)).await.unwrap();
+        let f = fence_of(
+            store
+                .acquire(&Key::new("job:old").unwrap(), &owner, TTL)
+                .await
+                .unwrap(),
+        );
+        sqlx::raw_sql("DROP TABLE leasehold_records")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.close().await;
+        f
+    };
+    let store = SqliteStore::connect(SqliteConfig::new(&old)).await.unwrap();
+    assert_eq!(store.get_record(&k).await.unwrap(), None);
+    assert_eq!(
+        store.put_record(&k, Fence(0), b"3").await.unwrap(),
+        Record {
+            fence: Fence(0),
+            value: b"3".to_vec()
+        }
+    );
+    let info = store
+        .inspect(&Key::new("job:old").unwrap())
+        .await
+        .unwrap()
+        .expect("the lease is kept");
+    assert_eq!((info.owner, info.fence.get()), (owner, lease_fence));
 }
