@@ -1,4 +1,5 @@
-//! The invariants C1–C10 of `FAULTS.md`, checked over a recorded history.
+//! The invariants C1–C10 of `FAULTS.md`, and C11 (the semaphore's bound), checked over a
+//! recorded history.
 //!
 //! Times are `CLOCK_MONOTONIC` nanoseconds. What each event's time means (before or after
 //! the act it records) is in [`history`](crate::history); every rule below only draws a
@@ -41,6 +42,7 @@
 //! | C8b | the final inspection (`inspect` `final`, after every worker is gone and the bound has passed) shows a lease | none |
 //! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it, the bound moved on by the time store faults (restart, fail-over) take within it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
 //! | C10 | a window's first lost observation that no fault on its own incarnation or path explains | a fault explains it when it is a freeze of that incarnation, a proxy fault on its slot's own proxy (until `proxy-pass`), or a store restart (until `store-back`), that started at or before the observation and ended no more than `fault_reach` before it: a lease whose renewals a fault broke or delayed is lost by its deadline, within a TTL of the last renewal sent before the fault ended |
+//! | C11 | with [`CheckConfig::permits`] = N: more than N windows of different leases on the slot keys of one semaphore (`NAME#<i>`, any `i`, grouped by `NAME`) in force at one instant (counted at each window's start: the windows started at or before it and not yet ended, itself included) | C3's, and no broader: with `lossy_store` it is not checked (as C3); with `restart_loses_leases`, an earlier window is not counted against a later one when a store restart `r` has `earlier.start ≤ r ≤ later.start` (the pair C3 exempts); the later window always counts |
 //!
 //! C10's fault-free counterpart is the fault-free run, which must show no lost
 //! observation and no rejected write at all.
@@ -79,13 +81,18 @@ pub struct CheckConfig {
     /// rows 10, 11, 13). C1 is never relaxed.
     pub lossy_store: bool,
     /// A store restart loses the leases it held (Redis without persistence, FAULTS rows
-    /// 9–10): C3 is relaxed for a pair of windows with a restart between their starts.
+    /// 9–10): C3 is relaxed for a pair of windows with a restart between their starts,
+    /// and C11 likewise.
     pub restart_loses_leases: bool,
     /// A fail-over forgets a grant the replicas did not acknowledge (Sentinel with
     /// `min_replicas`: such a grant was answered ambiguously, never returned): C8a admits
     /// the same owner's later, higher fence when a store fault spans the time between
     /// the two sightings.
     pub failover_forgets_unacknowledged: bool,
+    /// C11: the keys are the slots of semaphores of this many permits (`NAME#<i>`); at
+    /// most this many windows on the slots of one `NAME` may be in force at once. `None`
+    /// (a lease run): C11 is not checked.
+    pub permits: Option<u32>,
 }
 
 impl CheckConfig {
@@ -99,6 +106,7 @@ impl CheckConfig {
             lossy_store: false,
             restart_loses_leases: false,
             failover_forgets_unacknowledged: false,
+            permits: None,
         }
     }
 }
@@ -106,7 +114,7 @@ impl CheckConfig {
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// `"C1"` … `"C10"`.
+    /// `"C1"` … `"C11"`.
     pub invariant: &'static str,
     /// The rule of the invariant that flagged it (`"C4a"`, …; the invariant itself when
     /// it has one rule).
@@ -324,6 +332,9 @@ pub fn check(events: &[Event], state: &FinalState, cfg: &CheckConfig) -> Vec<Vio
     if !cfg.lossy_store {
         c2(events, &audit, &mut v);
         c3(events, &windows, cfg, &mut v);
+        if let Some(n) = cfg.permits {
+            c11(events, &windows, n, cfg, &mut v);
+        }
     }
     c4(events, &windows, cfg, run_end, &mut v);
 
@@ -468,13 +479,25 @@ fn c2(events: &[Event], audit: &[&AuditRow], v: &mut Vec<Violation>) {
     }
 }
 
-/// C3: windows of different owners on one key do not overlap.
-fn c3(events: &[Event], windows: &[Window], cfg: &CheckConfig, v: &mut Vec<Violation>) {
-    let restarts: Vec<u64> = events
+/// The instants of the store restarts.
+fn restarts(events: &[Event]) -> Vec<u64> {
+    events
         .iter()
         .filter(|e| e.op == Some(Op::Fault) && e.fault == Some(FaultKind::RestartStore))
         .map(|e| e.t)
-        .collect();
+        .collect()
+}
+
+/// C3's exemption for a pair of overlapping windows, `a` started at or before `b`: the
+/// store loses leases on a restart and one happened between their starts (it may have
+/// forgotten `a` when it granted `b`).
+fn restart_between(cfg: &CheckConfig, restarts: &[u64], a: &Window, b: &Window) -> bool {
+    cfg.restart_loses_leases && restarts.iter().any(|&t| a.start <= t && t <= b.start)
+}
+
+/// C3: windows of different owners on one key do not overlap.
+fn c3(events: &[Event], windows: &[Window], cfg: &CheckConfig, v: &mut Vec<Violation>) {
+    let restarts = restarts(events);
     let mut by_key: BTreeMap<&str, Vec<&Window>> = BTreeMap::new();
     for w in windows {
         by_key.entry(w.key.as_str()).or_default().push(w);
@@ -487,9 +510,7 @@ fn c3(events: &[Event], windows: &[Window], cfg: &CheckConfig, v: &mut Vec<Viola
                 if a.owner == b.owner || b.start >= a.end() {
                     continue;
                 }
-                let restarted = cfg.restart_loses_leases
-                    && restarts.iter().any(|&t| a.start <= t && t <= b.start);
-                if !restarted {
+                if !restart_between(cfg, &restarts, a, b) {
                     v.push(violation(
                         "C3",
                         "C3",
@@ -505,6 +526,60 @@ fn c3(events: &[Event], windows: &[Window], cfg: &CheckConfig, v: &mut Vec<Viola
                         ),
                     ));
                 }
+            }
+        }
+    }
+}
+
+/// The semaphore a slot key belongs to: `NAME` for `NAME#<digits>`.
+fn semaphore_of(key: &str) -> Option<&str> {
+    let (name, slot) = key.rsplit_once('#')?;
+    (!name.is_empty() && !slot.is_empty() && slot.bytes().all(|b| b.is_ascii_digit()))
+        .then_some(name)
+}
+
+/// C11: at no instant are more than `n` windows on the slots of one semaphore in force.
+///
+/// The number in force only rises at a window's start, so it is counted there: window
+/// `b` with every window `a` started at or before it (and listed before it) that has not
+/// ended by `b.start`. As in C3, an `a` of the same lease (key and owner) is not another
+/// holder, and an `a` with a store restart between the starts is not counted when
+/// restarts lose leases.
+fn c11(events: &[Event], windows: &[Window], n: u32, cfg: &CheckConfig, v: &mut Vec<Violation>) {
+    let restarts = restarts(events);
+    let mut by_name: BTreeMap<&str, Vec<&Window>> = BTreeMap::new();
+    for w in windows {
+        if let Some(name) = semaphore_of(&w.key) {
+            by_name.entry(name).or_default().push(w);
+        }
+    }
+    let bound = usize::try_from(n).unwrap_or(usize::MAX);
+    for (name, ws) in &mut by_name {
+        ws.sort_by_key(|w| w.start);
+        for (j, b) in ws.iter().enumerate() {
+            let mut live: Vec<&Window> = ws[..j]
+                .iter()
+                .copied()
+                .filter(|a| b.start < a.end())
+                .filter(|a| !(a.key == b.key && a.owner == b.owner))
+                .filter(|a| !restart_between(cfg, &restarts, a, b))
+                .collect();
+            live.push(b);
+            if live.len() > bound {
+                let list: Vec<String> = live
+                    .iter()
+                    .map(|w| format!("{} on {} (fence {})", w.worker, w.key, w.fence))
+                    .collect();
+                v.push(violation(
+                    "C11",
+                    "C11",
+                    format!(
+                        "{name}: {} windows in force at {} with {n} permits: {}",
+                        live.len(),
+                        b.start,
+                        list.join(", ")
+                    ),
+                ));
             }
         }
     }

@@ -130,8 +130,10 @@ pub struct Event {
     pub op: Option<Op>,
     /// Its phase.
     pub phase: Option<Phase>,
-    /// The lease key or protected resource; for a fault, its target (a worker
-    /// incarnation, a slot's path, or `store`).
+    /// The lease key or protected resource (in semaphore mode the permit's slot key,
+    /// `NAME#<i>`, except for an acquire's `invoke` and `fail`, which name the semaphore:
+    /// no slot is known yet); for a fault, its target (a worker incarnation, a slot's
+    /// path, or `store`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
     /// Owner token (hex).

@@ -56,6 +56,15 @@ enum Cmd {
         /// Seed of the fault schedule.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Semaphore mode: the workers take permits of an N-permit semaphore (N ≥ 2)
+        /// instead of the lease; every per-key rule applies per slot key, and C11 checks
+        /// that at most N windows on its slots are in force at once.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(2..=i64::from(leasehold::semaphore::MAX_PERMITS)))]
+        permits: Option<u32>,
+        /// (C11's control run) skip the semaphore: take random slot leases over N+1
+        /// slots. Needs --permits.
+        #[arg(long, hide = true, requires = "permits")]
+        overcommit: bool,
     },
     /// Check a recorded run again (its directory: events, final-state.json,
     /// summary.json), e.g. after a change to the checker. Exits 1 on violations.
@@ -81,6 +90,10 @@ enum Cmd {
         events: PathBuf,
         #[arg(long)]
         unfenced: bool,
+        #[arg(long)]
+        permits: Option<u32>,
+        #[arg(long)]
+        overcommit: bool,
     },
 }
 
@@ -94,6 +107,8 @@ fn main() -> ExitCode {
             ttl,
             events,
             unfenced,
+            permits,
+            overcommit,
         } => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -107,6 +122,8 @@ fn main() -> ExitCode {
                 key,
                 ttl,
                 unfenced,
+                permits,
+                overcommit,
                 events,
             };
             match rt.block_on(worker::run(spec, leasehold_chaos::registry())) {
@@ -143,6 +160,8 @@ fn main() -> ExitCode {
             faults,
             out,
             seed,
+            permits,
+            overcommit,
         } => {
             let spec = RunSpec {
                 store,
@@ -153,6 +172,8 @@ fn main() -> ExitCode {
                 faults,
                 out: out.clone(),
                 seed,
+                permits,
+                overcommit,
             };
             let report = match run::run(&spec) {
                 Ok(r) => r,
@@ -161,8 +182,18 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let mode = match (permits, overcommit) {
+                (None, _) => String::new(),
+                (Some(n), false) => format!(", semaphore of {n} permits"),
+                (Some(n), true) => {
+                    format!(
+                        ", semaphore of {n} permits OVERCOMMITTED over {} slots (control)",
+                        n + 1
+                    )
+                }
+            };
             let title = format!(
-                "leasehold chaos run: {store:?} store, {workers} workers, {duration:?}, TTL {ttl:?}, faults {}, seed {seed}, guard {}",
+                "leasehold chaos run: {store:?} store, {workers} workers, {duration:?}, TTL {ttl:?}, faults {}, seed {seed}, guard {}{mode}",
                 faults
                     .to_possible_value()
                     .map_or("?".into(), |v| v.get_name().to_owned()),
@@ -178,6 +209,8 @@ fn main() -> ExitCode {
                 "seed": seed,
                 "ttl_ms": ttl.as_millis() as u64,
                 "duration_ms": duration.as_millis() as u64,
+                "permits": permits,
+                "overcommit": overcommit,
                 "schedule": report.schedule,
                 "fired": report.fired.iter().map(|(k, n)| (k.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "operations": report::summary(&report),
@@ -233,10 +266,15 @@ fn recheck(out: &std::path::Path) -> Result<Vec<leasehold_chaos::Violation>, Str
             .as_u64()
             .ok_or("no ttl_ms in summary.json")?,
     );
+    // Absent (a lease run, or a run recorded before semaphore mode): no C11.
+    let permits = summary["permits"]
+        .as_u64()
+        .map(|n| u32::try_from(n).map_err(|_| format!("permits {n} out of range in summary.json")))
+        .transpose()?;
     let events = run::read_events(out)?;
     Ok(leasehold_chaos::check(
         &events,
         &state,
-        &run::check_config(store, ttl),
+        &run::check_config(store, ttl, permits),
     ))
 }

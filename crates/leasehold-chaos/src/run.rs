@@ -95,6 +95,26 @@ pub struct RunSpec {
     pub out: PathBuf,
     /// Seed of the fault schedule.
     pub seed: u64,
+    /// Semaphore mode: the workers take permits of a semaphore of this many permits
+    /// named after the run's key, and every per-key rule applies per slot key (C11
+    /// checks the bound).
+    pub permits: Option<u32>,
+    /// Semaphore mode, deliberately broken (C11's control run): the workers skip the
+    /// semaphore and take random slot leases over N+1 slots.
+    pub overcommit: bool,
+}
+
+impl RunSpec {
+    /// The lease keys the workers may take (each also a protected resource): the run's
+    /// key, or in semaphore mode its slot keys (one more when overcommitting).
+    pub fn keys(&self) -> Vec<String> {
+        match self.permits {
+            None => vec![KEY.to_owned()],
+            Some(n) => (0..n + u32::from(self.overcommit))
+                .map(|i| format!("{KEY}#{i}"))
+                .collect(),
+        }
+    }
 }
 
 /// What a run found.
@@ -281,6 +301,12 @@ fn worker_command(spec: &RunSpec, name: &str, lease_url: &str, pg_url: &str) -> 
     if spec.unfenced {
         c.arg("--unfenced");
     }
+    if let Some(n) = spec.permits {
+        c.arg("--permits").arg(n.to_string());
+    }
+    if spec.overcommit {
+        c.arg("--overcommit");
+    }
     c
 }
 
@@ -296,7 +322,8 @@ struct Slot {
     proxy_until: Option<Instant>,
     /// Stdout lines of the current incarnation read so far.
     seen: usize,
-    /// The fence it holds, by its own last `ACQUIRED` / `RELEASING` line.
+    /// The fence it holds, by its own last `ACQUIRED` / `RELEASING` line (fences are per
+    /// key: in semaphore mode two slots' fences are not comparable).
     holding: Option<u64>,
 }
 
@@ -313,7 +340,7 @@ impl Slot {
         }
         for line in &self.process.lines()[self.seen..n] {
             if let Some(f) = line.strip_prefix("ACQUIRED ") {
-                self.holding = f.trim().parse().ok();
+                self.holding = f.split_whitespace().next().and_then(|f| f.parse().ok());
             } else if line.starts_with("RELEASING") {
                 self.holding = None;
             }
@@ -351,6 +378,9 @@ enum Script {
         /// Its `PREPARING` line.
         line: usize,
         fence: u64,
+        /// The key it holds (the slot key in semaphore mode): only a newer write on that
+        /// key makes its write stale.
+        key: String,
         /// Every slot's line count at the freeze.
         marks: Vec<usize>,
         miss_checked: bool,
@@ -374,15 +404,16 @@ impl Script {
     }
 }
 
-/// The first line at index `from` or later that starts with `word `, with its index and
-/// the number after the word.
-fn find_line(w: &WorkerProcess, from: usize, word: &str) -> Option<(usize, u64)> {
+/// The first line at index `from` or later that starts with `word `, with its index,
+/// the fence after the word and the key after the fence (`word <fence> <key>`).
+fn find_line(w: &WorkerProcess, from: usize, word: &str) -> Option<(usize, u64, String)> {
     if w.line_count() <= from {
         return None;
     }
     w.lines().iter().enumerate().skip(from).find_map(|(i, l)| {
-        let rest = l.strip_prefix(word)?.strip_prefix(' ')?;
-        Some((i, rest.trim().parse().ok()?))
+        let mut rest = l.strip_prefix(word)?.strip_prefix(' ')?.split_whitespace();
+        let fence = rest.next()?.parse().ok()?;
+        Some((i, fence, rest.next().unwrap_or_default().to_owned()))
     })
 }
 
@@ -554,14 +585,21 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             .connect(&pg_url)
             .await
             .map_err(|e| e.to_string())?;
-        crate::worker::prepare_data(&pool, KEY).await?;
+        for key in spec.keys() {
+            crate::worker::prepare_data(&pool, &key).await?;
+        }
         // Creates the lease table once, before the workers start.
         crate::registry()
             .open(&direct_lease_url)
             .await
             .map_err(|e| e.to_string())
     })?;
-    let key = leasehold::Key::new(KEY).map_err(|e| e.to_string())?;
+    let keys = spec
+        .keys()
+        .into_iter()
+        .map(leasehold::Key::new)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
 
     let mut slots: Vec<Slot> = (0..servers.proxies.len())
         .map(|i| {
@@ -582,21 +620,28 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         .collect();
     let rec =
         Recorder::open(&spec.out.join("injector.jsonl"), "injector").map_err(|e| e.to_string())?;
+    // Every key in turn, all within TTL/4 (a store that does not answer stalls the
+    // injector no longer than with one key).
     let inspect = |detail: &str| {
-        let got =
-            rt.block_on(async { tokio::time::timeout(spec.ttl / 4, store.inspect(&key)).await });
-        if let Ok(Ok(held)) = got {
-            rec.record(Event {
-                worker: "harness".into(),
-                op: Some(Op::Inspect),
-                phase: Some(Phase::Ok),
-                key: KEY.into(),
-                owner: held.as_ref().map(|h| h.owner.to_hex()).unwrap_or_default(),
-                fence: held.map(|h| h.fence.get()),
-                detail: detail.into(),
-                ..Default::default()
-            });
-        }
+        rt.block_on(async {
+            let _ = tokio::time::timeout(spec.ttl / 4, async {
+                for key in &keys {
+                    if let Ok(held) = store.inspect(key).await {
+                        rec.record(Event {
+                            worker: "harness".into(),
+                            op: Some(Op::Inspect),
+                            phase: Some(Phase::Ok),
+                            key: key.as_str().into(),
+                            owner: held.as_ref().map(|h| h.owner.to_hex()).unwrap_or_default(),
+                            fence: held.map(|h| h.fence.get()),
+                            detail: detail.into(),
+                            ..Default::default()
+                        });
+                    }
+                }
+            })
+            .await;
+        });
     };
     let mut fired: BTreeMap<PlanKind, u64> = BTreeMap::new();
     let mut notes = Vec::new();
@@ -660,7 +705,8 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             Some(Script::Armed { mut from }) => {
                 let mut frozen = None;
                 for (i, s) in slots.iter().enumerate() {
-                    let Some((line, fence)) = find_line(&s.process, from[i], "PREPARING") else {
+                    let Some((line, fence, key)) = find_line(&s.process, from[i], "PREPARING")
+                    else {
                         continue;
                     };
                     from[i] = line + 1;
@@ -672,6 +718,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                             since: Instant::now(),
                             line,
                             fence,
+                            key,
                             marks: slots.iter().map(|s| s.process.line_count()).collect(),
                             miss_checked: false,
                         });
@@ -689,6 +736,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 since,
                 line,
                 fence,
+                key,
                 marks,
                 miss_checked,
             }) => {
@@ -699,8 +747,8 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                     .filter(|&(i, _)| i != slot)
                     .any(|(i, o)| {
                         let mut from = marks[i];
-                        while let Some((l, f)) = find_line(&o.process, from, "WROTE") {
-                            if f > fence {
+                        while let Some((l, f, k)) = find_line(&o.process, from, "WROTE") {
+                            if f > fence && k == key {
                                 return true;
                             }
                             from = l + 1;
@@ -725,6 +773,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                             since,
                             line,
                             fence,
+                            key,
                             marks,
                             miss_checked: true,
                         })
@@ -752,6 +801,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                         since,
                         line,
                         fence,
+                        key,
                         marks,
                         miss_checked,
                     })
@@ -905,7 +955,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         serde_json::to_string(&state).unwrap_or_default(),
     );
     let events = read_events(&spec.out)?;
-    let cfg = check_config(spec.store, ttl);
+    let cfg = check_config(spec.store, ttl, spec.permits);
     let violations = check(&events, &state, &cfg);
     Ok(Report {
         events,
@@ -966,8 +1016,9 @@ fn space_failovers(schedule: Vec<PlannedFault>, ttl: Duration) -> Vec<PlannedFau
         .collect()
 }
 
-/// The checker's configuration for a run on `store` with `ttl`.
-pub fn check_config(store: StoreKind, ttl: Duration) -> CheckConfig {
+/// The checker's configuration for a run on `store` with `ttl` (and in semaphore mode,
+/// `permits`).
+pub fn check_config(store: StoreKind, ttl: Duration, permits: Option<u32>) -> CheckConfig {
     let base = CheckConfig::for_ttl_ns(ttl.as_nanos() as u64);
     CheckConfig {
         // Sentinel with min_replicas=1: a grant the replica did not acknowledge is
@@ -980,6 +1031,7 @@ pub fn check_config(store: StoreKind, ttl: Duration) -> CheckConfig {
         // The etcd cluster and the ZooKeeper ensemble lose nothing: one member is killed
         // at a time and the other two keep the quorum, with the leases (sessions) in it.
         restart_loses_leases: matches!(store, StoreKind::Redis | StoreKind::Redlock),
+        permits,
         ..base
     }
 }
@@ -1022,6 +1074,7 @@ async fn collect(pg_url: &str) -> Result<FinalState, String> {
 ///   (no `lost` event, no check or probe answering lost) and no rejected write.
 /// - Guard off (control): the scripted stale write fired and the checker flagged it
 ///   under both C1 and C5.
+/// - Overcommitting (semaphore mode, C11's control): the checker flagged C11.
 pub fn verdict(spec: &RunSpec, report: &Report) -> Vec<String> {
     let counts = crate::report::summary(report);
     let count = |k: &str| counts.get(k).copied().unwrap_or(0);
@@ -1032,6 +1085,13 @@ pub fn verdict(spec: &RunSpec, report: &Report) -> Vec<String> {
         if report.fired.get(kind).copied().unwrap_or(0) == 0 {
             failed.push(format!("planned fault kind {} never fired", kind.as_str()));
         }
+    }
+    if spec.overcommit {
+        if !crate::checker::rules(&report.violations).contains("C11") {
+            failed
+                .push("overcommit control run: the broken bound was not flagged under C11".into());
+        }
+        return failed;
     }
     if spec.unfenced {
         let rules = crate::checker::rules(&report.violations);

@@ -25,8 +25,15 @@ pub struct WorkerSpec {
     pub lease_url: String,
     /// The PostgreSQL holding the protected data and the guard.
     pub pg_url: String,
-    /// The lease key (also the protected resource).
+    /// The lease key (also the protected resource); with [`permits`](Self::permits), the
+    /// semaphore's name (the resource is then the slot key of each permit).
     pub key: String,
+    /// Semaphore mode: take a permit of the semaphore `key` with this many permits
+    /// instead of the lease `key`.
+    pub permits: Option<u32>,
+    /// Semaphore mode, deliberately broken (the checker's C11 control): skip the
+    /// semaphore and take the lease of a random slot key `key#0` … `key#N` (N+1 slots).
+    pub overcommit: bool,
     /// The lease TTL.
     pub ttl: Duration,
     /// Skip the guard (the control run).
@@ -126,6 +133,7 @@ enum WriteOutcome {
 async fn protected_write(
     pool: &PgPool,
     spec: &WorkerSpec,
+    key: &str,
     owner: &str,
     fence: leasehold::Fence,
 ) -> WriteOutcome {
@@ -143,7 +151,7 @@ async fn protected_write(
         return WriteOutcome::Failed(e.to_string());
     }
     if !spec.unfenced {
-        let resource = match leasehold::ResourceName::new(&spec.key) {
+        let resource = match leasehold::ResourceName::new(key) {
             Ok(r) => r,
             Err(e) => return WriteOutcome::Failed(e.to_string()),
         };
@@ -157,7 +165,7 @@ async fn protected_write(
     }
     let read: Result<i64, _> =
         sqlx::query_scalar("SELECT value FROM chaos_counter WHERE resource = $1")
-            .bind(&spec.key)
+            .bind(key)
             .fetch_one(&mut *tx)
             .await;
     let value = match read {
@@ -167,7 +175,7 @@ async fn protected_write(
     let pause = rand::rng().random_range(0..10);
     tokio::time::sleep(Duration::from_millis(pause)).await;
     let update = sqlx::query("UPDATE chaos_counter SET value = $2 WHERE resource = $1")
-        .bind(&spec.key)
+        .bind(key)
         .bind(value + 1)
         .execute(&mut *tx)
         .await;
@@ -177,7 +185,7 @@ async fn protected_write(
     let seq: Result<i64, _> = sqlx::query_scalar(
         "INSERT INTO chaos_audit (resource, fence, owner) VALUES ($1, $2, $3) RETURNING seq",
     )
-    .bind(&spec.key)
+    .bind(key)
     .bind(fence.get() as i64)
     .bind(owner)
     .fetch_one(&mut *tx)
@@ -227,14 +235,35 @@ fn probe(lease: &leasehold::Lease) -> (u64, bool) {
     (t, lease.lost().is_lost())
 }
 
+/// Takes the round's lease: the lease `key`, or in semaphore mode a permit's slot lease
+/// (or, overcommitting, a random one of N+1 slot leases).
+async fn take(
+    client: &LeaseClient,
+    semaphore: Option<&leasehold::Semaphore>,
+    spec: &WorkerSpec,
+) -> Result<leasehold::Lease, leasehold::Error> {
+    let wait = spec.ttl * 5;
+    match (semaphore, spec.permits) {
+        (Some(sem), _) => Ok(sem.acquire(wait).await?.into_lease()),
+        (None, Some(n)) => {
+            let slot = rand::rng().random_range(0..=n);
+            client.acquire(format!("{}#{slot}", spec.key), wait).await
+        }
+        (None, None) => client.acquire(&spec.key, wait).await,
+    }
+}
+
 /// Runs the worker loop until the process is killed.
 ///
-/// Each round: acquire (print `ACQUIRED <fence>`); some work; a validity check (`check` event); if valid, print
-/// `PREPARING <fence>` and wait a moment (the injector's stale write freezes the worker
-/// here), print `WRITING <fence>`, probe `is_lost()` and record it with the write's
-/// `invoke`, write through the guard regardless of the probe (the write is under way:
-/// the phantom write only the guard can stop), print `WROTE <fence>` once it is
-/// acknowledged; print `RELEASING <fence>` and release; pause a moment so that the others get their turn.
+/// Each round: acquire (print `ACQUIRED <fence> <key>`, the key being the lease's: the
+/// slot key in semaphore mode); some work; a validity check (`check` event); if valid,
+/// print `PREPARING <fence> <key>` and wait a moment (the injector's stale write freezes
+/// the worker here), print `WRITING <fence> <key>`, probe `is_lost()` and record it with
+/// the write's `invoke`, write through the guard regardless of the probe (the write is
+/// under way: the phantom write only the guard can stop), print `WROTE <fence> <key>`
+/// once it is acknowledged; print `RELEASING <fence> <key>` and release; pause a moment
+/// so that the others get their turn. Every event of the round names the lease's key,
+/// which is also the protected resource.
 ///
 /// # Errors
 /// Set-up failures (store, database, event file), as text.
@@ -254,20 +283,30 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
     let client = LeaseClient::builder(store, config)
         .observer(Arc::new(RenewalRecorder(rec.clone())))
         .build();
-    let key = spec.key.clone();
+    let semaphore = match spec.permits {
+        Some(n) if !spec.overcommit => Some(
+            client
+                .semaphore(spec.key.as_str(), n)
+                .map_err(|e| e.to_string())?,
+        ),
+        _ => None,
+    };
     println!("READY {}", spec.name);
     loop {
-        rec.record(event(Op::Acquire, Phase::Invoke, &key, ""));
-        let lease = match client.acquire(&key, spec.ttl * 5).await {
+        // In semaphore mode the slot is known only once a permit is granted: the
+        // invoke and a failure name the semaphore.
+        rec.record(event(Op::Acquire, Phase::Invoke, &spec.key, ""));
+        let lease = match take(&client, semaphore.as_ref(), &spec).await {
             Ok(l) => l,
             Err(e) => {
-                let mut ev = event(Op::Acquire, Phase::Fail, &key, "");
+                let mut ev = event(Op::Acquire, Phase::Fail, &spec.key, "");
                 ev.detail = e.to_string();
                 rec.record(ev);
                 tokio::time::sleep(spec.ttl / 4).await;
                 continue;
             }
         };
+        let key = lease.key().as_str().to_owned();
         let owner = lease.owner().to_hex();
         let fence = lease.fence();
         let mut ev = event(Op::Acquire, Phase::Ok, &key, &owner);
@@ -275,7 +314,7 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
         ev.ttl_ms = Some(spec.ttl.as_millis() as u64);
         ev.valid_until = Some(instant_ns(lease.valid_until()));
         rec.record(ev);
-        println!("ACQUIRED {}", fence.get());
+        println!("ACQUIRED {} {key}", fence.get());
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let watcher = {
             let (rec, lost, key, owner) = (rec.clone(), lease.lost(), key.clone(), owner.clone());
@@ -305,10 +344,10 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
         if !lost {
             // The injector may freeze us right here, between the check and the write:
             // the phantom write that only the guard can stop.
-            println!("PREPARING {}", fence.get());
+            println!("PREPARING {} {key}", fence.get());
             let window = rand::rng().random_range(100..200);
             tokio::time::sleep(Duration::from_millis(window)).await;
-            println!("WRITING {}", fence.get());
+            println!("WRITING {} {key}", fence.get());
             let (t, lost) = probe(&lease);
             let mut ev = event(Op::Write, Phase::Invoke, &key, &owner);
             ev.t = t;
@@ -317,7 +356,7 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
             rec.record(ev);
             let mut ev = event(Op::Write, Phase::Ok, &key, &owner);
             ev.fence = Some(fence.get());
-            let acknowledged = match protected_write(&pool, &spec, &owner, fence).await {
+            let acknowledged = match protected_write(&pool, &spec, &key, &owner, fence).await {
                 WriteOutcome::Accepted(seq) => {
                     ev.seq = Some(seq);
                     true
@@ -340,10 +379,10 @@ pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
             };
             rec.record(ev);
             if acknowledged {
-                println!("WROTE {}", fence.get());
+                println!("WROTE {} {key}", fence.get());
             }
         }
-        println!("RELEASING {}", fence.get());
+        println!("RELEASING {} {key}", fence.get());
         rec.record(event(Op::Release, Phase::Invoke, &key, &owner));
         let mut ev = event(Op::Release, Phase::Ok, &key, &owner);
         match lease.release().await {

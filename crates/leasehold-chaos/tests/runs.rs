@@ -6,7 +6,11 @@
 //!   C5, every time (it is scripted, not left to chance), and nothing else is flagged but
 //!   the lost updates it may cause (C7b);
 //! - without faults, no lost signal, no check answering lost, no rejected write, no
-//!   violation.
+//!   violation;
+//! - in semaphore mode (`--permits 2`), with the guard on every slot key, the same as the
+//!   fenced runs, C11 included, with two permits held at once; a control run whose
+//!   workers skip the semaphore (random slot leases over three slots) is flagged under
+//!   C11 and nothing else.
 //!
 //! Long soaks: `cargo run -p leasehold-chaos -- run --duration 30m`.
 
@@ -132,10 +136,19 @@ fn with_the_guard(store: &str, seed: &str) {
 
 /// A fenced run on `store` whose schedule has exactly the fault kinds `all`.
 fn with_the_guard_kinds(store: &str, seed: &str, all: &[&str]) {
-    let r = run(
+    fenced(
         &format!("{store}-fenced"),
-        &["--store", store, "--duration", "18s", "--seed", seed],
+        &["--store", store, "--seed", seed],
+        all,
     );
+}
+
+/// A fenced 18 s run named `name` with `args`, whose schedule has exactly the fault
+/// kinds `all`.
+fn fenced(name: &str, args: &[&str], all: &[&str]) -> Run {
+    let mut args = args.to_vec();
+    args.extend(["--duration", "18s"]);
+    let r = run(name, &args);
     assert_eq!(r.rules(), BTreeSet::new(), "{}", r.text);
     let fired = r.planned_and_fired();
     let kinds: BTreeSet<&str> = fired.keys().map(String::as_str).collect();
@@ -158,6 +171,7 @@ fn with_the_guard_kinds(store: &str, seed: &str, all: &[&str]) {
         r.text
     );
     assert!(r.ok, "{}", r.text);
+    r
 }
 
 fn without_the_guard(store: &str, seed: &str) {
@@ -311,4 +325,93 @@ fn fault_free_run_loses_nothing_and_rejects_nothing() {
     assert!(r.count("renewals accepted") >= 1, "{}", r.text);
     assert_eq!(r.summary["schedule"], Value::Array(vec![]), "{}", r.text);
     assert!(r.ok, "{}", r.text);
+}
+
+/// The slot keys the workers of run `name` were granted, and the checker's verdict on
+/// its history with a bound of `permits` (C11 and the per-key rules).
+fn slots_and_check(
+    name: &str,
+    permits: u32,
+) -> (BTreeSet<String>, Vec<leasehold_chaos::Violation>) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{name}"));
+    let events = leasehold_chaos::run::read_events(&dir).expect("events");
+    let state: leasehold_chaos::FinalState = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(leasehold_chaos::run::STATE_FILE)).expect("state"),
+    )
+    .expect("final state");
+    let slots = events
+        .iter()
+        .filter(|e| {
+            e.op == Some(leasehold_chaos::Op::Acquire)
+                && e.phase == Some(leasehold_chaos::Phase::Ok)
+        })
+        .map(|e| e.key.clone())
+        .collect();
+    let cfg = leasehold_chaos::run::check_config(
+        leasehold_chaos::run::StoreKind::Redis,
+        std::time::Duration::from_secs(2),
+        Some(permits),
+    );
+    (slots, leasehold_chaos::check(&events, &state, &cfg))
+}
+
+/// A two-permit semaphore on Redis under every fault, the guard on each slot key: no
+/// violation (C11 included), every planned kind fired, a stale write rejected; the
+/// permits went to both slots, and two were held at once (the same history is flagged
+/// under C11 with a bound of one).
+#[test]
+fn redis_semaphore_with_the_guard_has_no_violation() {
+    let name = "redis-semaphore-fenced";
+    fenced(
+        name,
+        &["--store", "redis", "--permits", "2", "--seed", "31"],
+        &[
+            "stale-write",
+            "sigstop",
+            "kill9",
+            "restart-store",
+            "proxy-delay",
+            "proxy-drop-replies",
+            "proxy-blackhole",
+            "proxy-reset",
+        ],
+    );
+    let (slots, _) = slots_and_check(name, 2);
+    assert_eq!(
+        slots,
+        BTreeSet::from(["chaos:counter#0".to_owned(), "chaos:counter#1".to_owned()])
+    );
+    let (_, as_a_mutex) = slots_and_check(name, 1);
+    assert!(
+        leasehold_chaos::checker::rules(&as_a_mutex).contains("C11"),
+        "never two permits held at once: {as_a_mutex:?}"
+    );
+}
+
+/// C11's control: the workers skip the semaphore and take random slot leases over three
+/// slots of a two-permit semaphore. Every slot is still exclusive (the per-key rules
+/// pass); three in force at once is flagged under C11, and nothing else is.
+#[test]
+fn redis_semaphore_overcommitted_is_caught_by_c11() {
+    let r = run(
+        "redis-semaphore-overcommit",
+        &[
+            "--store",
+            "redis",
+            "--permits",
+            "2",
+            "--overcommit",
+            "--faults",
+            "none",
+            "--duration",
+            "8s",
+            "--seed",
+            "32",
+        ],
+    );
+    assert_eq!(r.rules(), BTreeSet::from(["C11".to_owned()]), "{}", r.text);
+    assert!(r.count("acquisitions") >= 5, "{}", r.text);
+    assert!(r.ok, "{}", r.text);
+    let (slots, _) = slots_and_check("redis-semaphore-overcommit", 2);
+    assert_eq!(slots.len(), 3, "{slots:?}");
 }
