@@ -61,6 +61,12 @@ impl MemoryStore {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Fault hook: the store forgets the record at `key` (as a store restarted without
+    /// persistence would).
+    pub fn forget_record(&self, key: &Key) {
+        self.lock().records.remove(key);
+    }
+
     /// Fault hook: the store forgets the lease at `key` (as if it expired early or the
     /// store lost it). The fence counter is kept.
     pub fn forget(&self, key: &Key) {

@@ -12,9 +12,12 @@
 //! each other's writes.
 //!
 //! N is stored with the name (the [record](crate::Record) `semaphore/NAME`, written once
-//! if absent): a caller asking for another N is refused with
+//! if absent, read back by every acquire): a caller asking for another N is refused with
 //! [`Error::PermitsMismatch`] before it takes a slot, so every caller counts against the
-//! same bound. To change N, use a new name.
+//! same bound. To change N, use a new name. A store that loses its records (Redis
+//! restarted without persistence) forgets N with them: the next caller's N is stored
+//! then, and callers with another N are refused from their next acquire on (a permit
+//! already held stays held).
 //!
 //! Acquiring tries the slots (starting at a random one) and, while all are held, retries
 //! with jittered backoff bounded by the shortest remaining TTL reported. Waiters are not
@@ -47,7 +50,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::client::LeaseClient;
@@ -68,7 +70,6 @@ pub struct Semaphore {
     permits: u32,
     slots: Arc<[Key]>,
     record: Key,
-    checked: Arc<OnceCell<()>>,
 }
 
 impl fmt::Debug for Semaphore {
@@ -153,7 +154,6 @@ impl LeaseClient {
             permits,
             slots: slots.into(),
             record,
-            checked: Arc::new(OnceCell::new()),
         })
     }
 }
@@ -201,9 +201,9 @@ impl Semaphore {
     pub async fn acquire(&self, wait: Duration) -> Result<Permit, Error> {
         let started = Instant::now();
         let deadline = crate::clock::saturating_add(started, wait);
-        self.checked
-            .get_or_try_init(|| self.check_permits())
-            .await?;
+        // Checked on every acquire, not once per handle: a store that lost the record
+        // (Redis restarted without persistence) may have taken another caller's N since.
+        self.check_permits().await?;
         let n = self.permits;
         let mut attempt = 0u32;
         loop {
@@ -385,6 +385,31 @@ mod tests {
             Some(StoreErrorKind::Corrupt)
         );
         p.release().await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_acquire_checks_the_stored_number_of_permits() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let two = c.semaphore("sem:lost", 2).unwrap();
+        two.try_acquire().await.unwrap().release().await.unwrap();
+        // The store loses its records (a restart without persistence): the next caller's
+        // N is stored, and the handle that checked 2 before is refused from now on.
+        store.forget_record(&Key::new("semaphore/sem:lost").unwrap());
+        let three = c.semaphore("sem:lost", 3).unwrap();
+        three.try_acquire().await.unwrap().release().await.unwrap();
+        let err = two.try_acquire().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::PermitsMismatch {
+                    stored: 3,
+                    asked: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
