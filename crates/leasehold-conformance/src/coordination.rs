@@ -346,3 +346,53 @@ pub async fn lost_permit_returns_after_its_ttl_only(fx: &Fixture) {
     );
     assert!(again.release().await.expect("release"));
 }
+
+/// Six writers race on one record, each with 25 fences interleaved with the others' (1..=150
+/// in all), half of them going up and half down: every write is answered with a record at least as
+/// high as its own fence, whose value is the one written with that fence (fence and value
+/// are kept together), and the highest fence is what stays.
+pub async fn racing_record_writes_keep_the_highest_fence(fx: &Fixture) {
+    if !fx.store.capabilities().records {
+        return; // `records_are_fenced_writes` checks that such a store says so
+    }
+    let k = key(&format!("record-race-{}", OwnerToken::random()));
+    let tasks: Vec<_> = (0..6u64)
+        .map(|w| {
+            let (store, k) = (fx.store.clone(), k.clone());
+            tokio::spawn(async move {
+                for i in 0..25u64 {
+                    // Odd writers go down, so lower fences keep arriving after higher ones.
+                    let step = if w % 2 == 1 { 24 - i } else { i };
+                    let fence = 1 + step * 6 + (w * 7 + step * 5) % 6;
+                    let value = fence.to_string();
+                    // A store that gives up under contention (`Busy`) is asked again.
+                    let got = loop {
+                        match store.put_record(&k, Fence(fence), value.as_bytes()).await {
+                            Ok(r) => break r,
+                            Err(e) if e.is_retryable() => {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                            Err(e) => panic!("put_record {fence}: {e}"),
+                        }
+                    };
+                    assert!(
+                        got.fence >= Fence(fence),
+                        "a racing write was answered with a lower record: {got:?} for fence {fence}"
+                    );
+                    assert_eq!(
+                        got.value,
+                        got.fence.get().to_string().into_bytes(),
+                        "a record's value is not the one written with its fence"
+                    );
+                }
+            })
+        })
+        .collect();
+    join_contenders(tasks).await;
+    let last = fx.store.get_record(&k).await.expect("get_record");
+    assert_eq!(
+        last.map(|r| r.fence),
+        Some(Fence(150)),
+        "the highest fence of racing writes must be what stays"
+    );
+}

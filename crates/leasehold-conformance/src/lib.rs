@@ -416,6 +416,7 @@ macro_rules! __with_cases {
             bad_input_gets_typed_errors,
             capabilities_are_honest,
             records_are_fenced_writes,
+            racing_record_writes_keep_the_highest_fence,
             one_leader_at_a_time_and_terms_rise,
             semaphore_admits_at_most_n_holders,
             lost_permit_returns_after_its_ttl_only,

@@ -592,6 +592,7 @@ const ALL_CASES: &[&str] = &[
     "bad_input_gets_typed_errors",
     "capabilities_are_honest",
     "records_are_fenced_writes",
+    "racing_record_writes_keep_the_highest_fence",
     "one_leader_at_a_time_and_terms_rise",
     "semaphore_admits_at_most_n_holders",
     "lost_permit_returns_after_its_ttl_only",
@@ -610,6 +611,12 @@ const KILLS: &[Kill] = &[
         RecordIgnoresFence,
         Memory,
         "same fence: kept, not overwritten",
+    ),
+    kill(
+        "racing_record_writes_keep_the_highest_fence",
+        RecordIgnoresFence,
+        Memory,
+        "the highest fence of racing writes must be what stays",
     ),
     kill(
         "one_leader_at_a_time_and_terms_rise",

@@ -84,37 +84,6 @@ async fn records_survive_a_restart_and_both_stores_share_them() {
     }
 }
 
-/// Writers racing on one record with shuffled fences: each is answered with a record at
-/// least as high as its own fence (never a stale read), and the highest fence wins.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_writers_keep_the_highest_fence() {
-    let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
-    let store = Arc::new(common::table_store(&pg.url()).await);
-    let k = Key::new("election:race").unwrap();
-    let mut tasks = Vec::new();
-    for w in 0..6u64 {
-        let store = store.clone();
-        let k = k.clone();
-        tasks.push(tokio::spawn(async move {
-            for i in 0..25u64 {
-                // Fences 1..=150, interleaved across writers, a different order in each.
-                let fence = 1 + (i * 6 + (w * 7 + i * 5) % 6);
-                let got = store
-                    .put_record(&k, Fence(fence), fence.to_string().as_bytes())
-                    .await
-                    .unwrap();
-                assert!(got.fence >= Fence(fence), "{got:?} for fence {fence}");
-                assert_eq!(got.value, got.fence.get().to_string().into_bytes());
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let max = store.get_record(&k).await.unwrap().unwrap();
-    assert_eq!(max.fence, Fence(150));
-}
-
 /// A database migrated by a version without records: the stores work, a record call is
 /// a configuration error that says to migrate, and `migrate` adds the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

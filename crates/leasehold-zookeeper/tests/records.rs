@@ -25,18 +25,6 @@ fn rec(fence: u64, value: &[u8]) -> Record {
     }
 }
 
-/// `1..=n` in a random order (std's randomly seeded hasher as the source).
-fn shuffled(n: u64) -> Vec<u64> {
-    use std::hash::BuildHasher;
-    let seed = std::collections::hash_map::RandomState::new();
-    let mut v: Vec<u64> = (1..=n).collect();
-    for i in (1..v.len()).rev() {
-        let j = usize::try_from(seed.hash_one(i) % (i as u64 + 1)).unwrap();
-        v.swap(i, j);
-    }
-    v
-}
-
 /// Retries `f` while the ensemble elects a leader or the session moves to a live member.
 async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
 where
@@ -52,47 +40,6 @@ where
             }
             Err(e) => panic!("{what}: {e}"),
         }
-    }
-}
-
-/// Eight writes with fences 1..=8, started together in a random order from two stores
-/// (two sessions): whatever order they land in, fence 8 is stored, and each write's
-/// answer is its own record or one with a higher fence.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_racing_writes_keep_the_highest_fence() {
-    let s = Setup::start(Servers::solo().await).await;
-    let stores: [Arc<dyn Store>; 2] = [s.store.clone(), Arc::new(s.direct().await)];
-    for round in 0..4 {
-        let k = key(&format!("race-{round}"));
-        let order = shuffled(8);
-        eprintln!("round {round}: fences in the order {order:?}");
-        let start = Arc::new(tokio::sync::Barrier::new(order.len()));
-        let tasks: Vec<_> = order
-            .iter()
-            .enumerate()
-            .map(|(i, &f)| {
-                let store = stores[i % 2].clone();
-                let (k, start) = (k.clone(), start.clone());
-                tokio::spawn(async move {
-                    let value = format!("v{f}").into_bytes();
-                    start.wait().await;
-                    let got = store.put_record(&k, Fence(f), &value).await.expect("put");
-                    (f, value, got)
-                })
-            })
-            .collect();
-        for t in tasks {
-            let (f, value, got) = t.await.unwrap();
-            assert!(got.fence >= Fence(f), "fence {f} answered {got:?}");
-            if got.fence == Fence(f) {
-                assert_eq!(got.value, value, "fence {f}: the value stored with it");
-            }
-        }
-        assert_eq!(
-            s.store.get_record(&k).await.unwrap(),
-            Some(rec(8, b"v8")),
-            "round {round} ({order:?})"
-        );
     }
 }
 
