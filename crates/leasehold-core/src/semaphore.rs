@@ -201,11 +201,23 @@ impl Semaphore {
     pub async fn acquire(&self, wait: Duration) -> Result<Permit, Error> {
         let started = Instant::now();
         let deadline = crate::clock::saturating_add(started, wait);
+        let mut attempt = 0u32;
         // Checked on every acquire, not once per handle: a store that lost the record
         // (Redis restarted without persistence) may have taken another caller's N since.
-        self.check_permits().await?;
+        // A retryable failure (a timeout under load) is retried until the deadline.
+        loop {
+            match self.check_permits().await {
+                Ok(()) => break,
+                Err(Error::Store(e)) if e.is_retryable() && Instant::now() < deadline => {
+                    let delay = self.client.backoff_delay(attempt);
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(delay.min(left)).await;
+                    attempt = attempt.saturating_add(1);
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let n = self.permits;
-        let mut attempt = 0u32;
         loop {
             let first = self.client.random_below(n);
             let mut shortest: Option<Duration> = None;
@@ -410,6 +422,33 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_unreachable_for_a_while_is_waited_out_not_reported() {
+        use crate::wrap::{FaultStore, Unreachable};
+        let faulty = Arc::new(FaultStore::new(Arc::new(MemoryStore::new())));
+        faulty.set_unreachable(Some(Unreachable::Refuse));
+        let c = LeaseClient::new(
+            faulty.clone(),
+            LeaseConfig::new(Duration::from_secs(3)).unwrap(),
+        );
+        let sem = c.semaphore("sem:down", 2).unwrap();
+        let err = sem.try_acquire().await.unwrap_err();
+        assert!(
+            err.is_retryable(),
+            "no wait: the store's error, retryable: {err}"
+        );
+        let restore = {
+            let faulty = faulty.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                faulty.set_unreachable(None);
+            })
+        };
+        let p = sem.acquire(Duration::from_secs(30)).await.unwrap();
+        restore.await.unwrap();
+        p.release().await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
