@@ -1,4 +1,4 @@
-//! Cases for what is built on the lease: the fenced records of [`Store::put_record`],
+//! Cases for what is built on the lease: the fenced records of [`Store::put_record`](leasehold_core::Store::put_record),
 //! leader election and semaphores (issue 17). Part of [`CASES`](crate::CASES): every
 //! backend runs them.
 
