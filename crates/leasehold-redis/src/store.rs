@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, MAX_RECORD_LEN,
-    OwnerToken, RENEW_BATCH, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
-    StoreErrorKind,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, RENEW_BATCH,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -694,16 +693,7 @@ impl Store for RedisStore {
         fence: Fence,
         value: &[u8],
     ) -> Result<Record, StoreError> {
-        if value.len() > MAX_RECORD_LEN {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidInput,
-                BACKEND,
-                format!(
-                    "put record: the value is {} bytes long, the maximum is {MAX_RECORD_LEN}",
-                    value.len()
-                ),
-            ));
-        }
+        StoreError::check_record_value(BACKEND, value)?;
         let name = self.layout.record_name(key);
         let fence = crate::records::fence_arg(fence);
         self.conn

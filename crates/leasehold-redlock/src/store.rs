@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::join_all;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, MAX_RECORD_LEN,
-    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -700,16 +700,7 @@ impl Store for RedlockStore {
         fence: Fence,
         value: &[u8],
     ) -> Result<Record, StoreError> {
-        if value.len() > MAX_RECORD_LEN {
-            return Err(StoreError::new(
-                StoreErrorKind::InvalidInput,
-                BACKEND,
-                format!(
-                    "put record: the value is {} bytes long, the maximum is {MAX_RECORD_LEN}",
-                    value.len()
-                ),
-            ));
-        }
+        StoreError::check_record_value(BACKEND, value)?;
         let deadline = Instant::now() + self.config.node_bound();
         let name = self.record_key(key);
         let (n, q) = (self.nodes.len(), self.config.quorum());
