@@ -680,7 +680,7 @@ impl Store for RedisStore {
     /// write does (too few in time: `Ambiguous`).
     ///
     /// # Errors
-    /// [`StoreErrorKind::InvalidInput`] for a value over [`MAX_RECORD_LEN`] (nothing is
+    /// [`StoreErrorKind::InvalidInput`] for a value over [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN) (nothing is
     /// sent); [`StoreErrorKind::Corrupt`] when the record key holds something that is not
     /// a record (left untouched); the errors of every script call.
     ///

@@ -687,7 +687,7 @@ impl Store for RedlockStore {
     /// "Records").
     ///
     /// # Errors
-    /// [`StoreErrorKind::InvalidInput`] for a value over [`MAX_RECORD_LEN`] (nothing is
+    /// [`StoreErrorKind::InvalidInput`] for a value over [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN) (nothing is
     /// sent); `Corrupt` when a node holds something else at the record key; with fewer
     /// than a majority of answers, `Ambiguous` when some node stored it (a later read may
     /// or may not see it), else the nodes' retryable error.
