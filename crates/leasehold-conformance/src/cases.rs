@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep, timeout};
 pub use crate::coordination::{
     lost_permit_returns_after_its_ttl_only, one_leader_at_a_time_and_terms_rise,
     racing_record_writes_keep_the_highest_fence, records_are_fenced_writes,
-    semaphore_admits_at_most_n_holders,
+    semaphore_admits_at_most_n_holders, watch_notices_grants_releases_and_record_writes,
 };
 
 use crate::holder::Holder;

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::{
-    AcquireOutcome, Capabilities, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store,
+    AcquireOutcome, Capabilities, Changes, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -148,6 +148,11 @@ impl Store for TimeoutStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let call = self.inner.get_record(key);
         self.bounded("get record", self.timeout, call).await
+    }
+    /// Bounds setting the watch up; the notices themselves come when they come.
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let call = self.inner.watch(key);
+        self.bounded("watch", self.timeout, call).await
     }
 }
 
@@ -391,6 +396,10 @@ impl Store for FaultStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.reach().await?;
         self.inner.get_record(key).await
+    }
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        self.reach().await?;
+        self.inner.watch(key).await
     }
 }
 
