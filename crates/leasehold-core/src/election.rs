@@ -485,8 +485,8 @@ mod tests {
     /// A store that does not notify is polled every interval.
     #[tokio::test(start_paused = true)]
     async fn observe_polls_a_store_that_does_not_notify() {
-        let store = MemoryStore::new();
-        let quiet = Quiet(store.clone());
+        let quiet = crate::wrap::FaultStore::new(Arc::new(MemoryStore::new()));
+        quiet.hide_watch();
         assert!(!quiet.capabilities().watch);
         let c = LeaseClient::new(
             Arc::new(quiet),
@@ -503,59 +503,5 @@ mod tests {
             polled.elapsed() >= Duration::from_secs(5),
             "seen at the next poll"
         );
-    }
-
-    /// The memory store without its notices.
-    #[derive(Debug)]
-    struct Quiet(MemoryStore);
-
-    #[async_trait::async_trait]
-    impl Store for Quiet {
-        fn backend(&self) -> &'static str {
-            "quiet"
-        }
-        fn capabilities(&self) -> crate::Capabilities {
-            crate::Capabilities {
-                watch: false,
-                ..self.0.capabilities()
-            }
-        }
-        async fn acquire(
-            &self,
-            key: &Key,
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<crate::AcquireOutcome, StoreError> {
-            self.0.acquire(key, owner, ttl).await
-        }
-        async fn renew(
-            &self,
-            key: &Key,
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<crate::RenewOutcome, StoreError> {
-            self.0.renew(key, owner, ttl).await
-        }
-        async fn release(
-            &self,
-            key: &Key,
-            owner: &OwnerToken,
-        ) -> Result<crate::ReleaseOutcome, StoreError> {
-            self.0.release(key, owner).await
-        }
-        async fn inspect(&self, key: &Key) -> Result<Option<crate::LeaseInfo>, StoreError> {
-            self.0.inspect(key).await
-        }
-        async fn put_record(
-            &self,
-            key: &Key,
-            fence: Fence,
-            value: &[u8],
-        ) -> Result<Record, StoreError> {
-            self.0.put_record(key, fence, value).await
-        }
-        async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-            self.0.get_record(key).await
-        }
     }
 }

@@ -209,6 +209,7 @@ struct State {
     planned: HashMap<Op, VecDeque<Injection>>,
     swallowed: Vec<Swallowed>,
     unreachable: Option<Unreachable>,
+    watch_hidden: bool,
 }
 
 /// Wraps a store and injects faults into its calls, for tests: each call of an operation
@@ -267,6 +268,13 @@ impl FaultStore {
     /// Makes every call fail or hang (`Some`), or pass again (`None`).
     pub fn set_unreachable(&self, mode: Option<Unreachable>) {
         self.lock().unreachable = mode;
+    }
+
+    /// From now on the store says it cannot watch ([`Capabilities::watch`] is false and
+    /// [`Store::watch`] answers `Unsupported`), as a store without notifications would:
+    /// to test how callers do without them.
+    pub fn hide_watch(&self) {
+        self.lock().watch_hidden = true;
     }
 
     /// The replies swallowed since the last call, oldest first.
@@ -330,7 +338,9 @@ impl Store for FaultStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        caps.watch &= !self.lock().watch_hidden;
+        caps
     }
 
     async fn acquire(
@@ -399,6 +409,9 @@ impl Store for FaultStore {
     }
     async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
         self.reach().await?;
+        if self.lock().watch_hidden {
+            return Err(StoreError::unsupported(self.inner.backend(), "watching"));
+        }
         self.inner.watch(key).await
     }
 }
