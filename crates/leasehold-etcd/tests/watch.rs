@@ -52,8 +52,9 @@ async fn version(s: &Solo, k: &Key) -> i64 {
 }
 
 /// The changes a second store (its own client and connection, straight to the server)
-/// makes are noticed by the watching store; a waiter joining the queue and a renewal
-/// that moves the key onto a longer etcd lease (a put on the live key) are not.
+/// makes are noticed by the watching store, and so is an expiry; a waiter joining the
+/// queue and a renewal that moves the key onto a longer etcd lease (a put on the live
+/// key) are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notices_another_clients_changes_but_not_queue_entries_or_renewals() {
     let s = Solo::start().await;
@@ -66,13 +67,11 @@ async fn notices_another_clients_changes_but_not_queue_entries_or_renewals() {
     notice(&mut changes, "another client's grant").await;
 
     // A waiter queues up under the key (`<lease key>\0<owner>`): no notice.
+    let w = OwnerToken::random();
+    let waiting = s.direct().await;
     let waiter = {
-        let (store, k) = (s.direct().await, k.clone());
-        tokio::spawn(async move {
-            store
-                .wait_released(&k, &OwnerToken::random(), Duration::from_secs(30))
-                .await
-        })
+        let (store, k) = (waiting.clone(), k.clone());
+        tokio::spawn(async move { store.wait_released(&k, &w, Duration::from_secs(30)).await })
     };
     quiet(&mut changes, "a waiter's queue entry").await;
     assert!(!waiter.is_finished(), "the waiter stopped waiting");
@@ -85,12 +84,22 @@ async fn notices_another_clients_changes_but_not_queue_entries_or_renewals() {
     other.release(&k, &a).await.unwrap();
     notice(&mut changes, "another client's release").await;
     waiter.await.unwrap().unwrap();
+    // The waiter takes its turn (its grant deletes its queue entry: one notice).
+    grant(&waiting, &k, &w, Duration::from_secs(4)).await;
+    notice(&mut changes, "the waiter's grant").await;
+    waiting.release(&k, &w).await.unwrap();
+    notice(&mut changes, "the waiter's release").await;
 
     other
         .put_record(&k, Fence(7), b"value")
         .await
         .expect("put_record");
     notice(&mut changes, "another client's record write").await;
+
+    // A lease nobody renews: etcd deletes the key when its lease expires.
+    grant(&other, &k, &OwnerToken::random(), Duration::from_secs(1)).await;
+    notice(&mut changes, "a grant").await;
+    notice(&mut changes, "an expiry").await;
 }
 
 /// Waits for the watch to report that notices may be lost: an `Err` item or the end.

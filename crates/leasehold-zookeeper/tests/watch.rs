@@ -45,7 +45,7 @@ async fn grant(store: &impl Store, k: &Key, owner: &OwnerToken, ttl: Duration) {
 }
 
 /// The changes a second store (its own session, straight to the server) makes are
-/// noticed by the watching store; a waiter joining the queue behind the holder and a
+/// noticed by the watching store, and so is an expiry; a waiter joining the queue behind the holder and a
 /// renewal are not. A release with a waiter hands the lease to it: its node becomes
 /// first, which is noticed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +73,11 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
         .list_children(&s.store.lease_dir(&k))
         .await
         .unwrap();
-    assert_eq!(queue.len(), 2, "the waiter's node is in the queue: {queue:?}");
+    assert_eq!(
+        queue.len(),
+        2,
+        "the waiter's node is in the queue: {queue:?}"
+    );
 
     other.renew(&k, &a, Duration::from_secs(6)).await.unwrap();
     quiet(&mut changes, "a renewal").await;
@@ -95,6 +99,11 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
         .await
         .expect("put_record");
     notice(&mut changes, "another record write").await;
+
+    // A lease nobody renews: its store deletes the node at its deadline.
+    grant(&other, &k, &OwnerToken::random(), Duration::from_secs(1)).await;
+    notice(&mut changes, "a grant").await;
+    notice(&mut changes, "an expiry").await;
 }
 
 /// Waits for the watch to report that notices may be lost: an `Err` item or the end.
@@ -148,7 +157,12 @@ async fn a_restart_or_a_silent_connection_is_reported_not_a_silent_hang() {
     notice(&mut changes, "a grant after the restart").await;
 
     s.proxies[0].set_mode(ProxyMode::Blackhole);
-    reported(&mut changes, Duration::from_secs(20), "the connection went silent").await;
+    reported(
+        &mut changes,
+        Duration::from_secs(20),
+        "the connection went silent",
+    )
+    .await;
     s.proxies[0].set_mode(ProxyMode::Pass);
 }
 
@@ -206,6 +220,11 @@ async fn dropping_the_stream_or_the_store_removes_its_watches() {
     notice(&mut changes, "a grant").await;
     assert_eq!(watches(port).await, before + 2, "re-armed: two watches");
     drop(store);
-    reported(&mut changes, Duration::from_secs(10), "the store was dropped").await;
+    reported(
+        &mut changes,
+        Duration::from_secs(10),
+        "the store was dropped",
+    )
+    .await;
     watches_come_back_to(port, before, "the store was dropped").await;
 }
