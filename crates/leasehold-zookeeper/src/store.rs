@@ -240,16 +240,17 @@ impl ZkWatching {
         let store = ZkStore {
             inner: self.store.upgrade()?,
         };
-        let current = store.inner.session.lock().await.clone();
-        let Some(s) = current.filter(|s| s.id == self.session) else {
-            return Some(Err(err(
-                StoreErrorKind::Unavailable,
-                "zookeeper: the watch's session ended: notices may have been missed",
-            )));
-        };
         Some(
             store
                 .bounded("watch", async {
+                    // The session's slot is locked while a new session is being made.
+                    let current = store.inner.session.lock().await.clone();
+                    let Some(s) = current.filter(|s| s.id == self.session) else {
+                        return Err(err(
+                            StoreErrorKind::Unavailable,
+                            "zookeeper: the watch's session ended: notices may have been missed",
+                        ));
+                    };
                     if queue {
                         let (head, armed) = watch_queue(&s.client, &self.dir).await?;
                         self.queue = armed;
@@ -1335,9 +1336,9 @@ impl Store for ZkStore {
     /// the lease handed to the first waiter is notified when its node becomes first) and
     /// every record write; not a waiter joining or leaving the queue behind the holder,
     /// and not a renewal (nothing is written). A session that disconnects, ends or is
-    /// replaced yields an `Err` item and the end; the stream ends when the store is
-    /// dropped (it does not keep the session open). The hot path (acquire, renew,
-    /// release) is unchanged.
+    /// replaced yields an `Err` item and the end, and so does dropping the store (the
+    /// stream does not keep the session open). The hot path (acquire, renew, release)
+    /// is unchanged.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the setup or the stream drops its watches, and the client
