@@ -106,6 +106,51 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
     notice(&mut changes, "an expiry").await;
 }
 
+/// A watcher that reads the lease again after each notice (as `Election::observe` does)
+/// ends with what is there after a burst of grants and releases by another session: the
+/// one-shot watch is re-armed by the read that tells what changed, so a change between
+/// an event and the re-arming is not lost. Repeated, for the races to happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_reads_on_each_notice_ends_with_the_last_change_of_a_burst() {
+    let s = Setup::start(Servers::solo().await).await;
+    let other = s.direct().await;
+    for round in 0..5 {
+        let k = key(&format!("burst-{round}"));
+        let mut changes = s.store.watch(&k).await.expect("watch");
+        let burst = {
+            let (other, k) = (other.clone(), k.clone());
+            tokio::spawn(async move {
+                let mut last = None;
+                for i in 0..20 {
+                    let owner = OwnerToken::random();
+                    grant(&other, &k, &owner, Duration::from_secs(6)).await;
+                    if i < 19 {
+                        other.release(&k, &owner).await.unwrap();
+                    }
+                    last = Some(owner);
+                }
+                last
+            })
+        };
+        let mut seen = None;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(2), changes.next()).await {
+                Ok(Some(Ok(()))) => {
+                    seen = s.store.inspect(&k).await.unwrap().map(|i| i.owner);
+                }
+                Ok(other) => panic!("the watch failed or ended: {other:?}"),
+                Err(_) if burst.is_finished() => break,
+                Err(_) => {}
+            }
+        }
+        let last = burst.await.unwrap();
+        assert_eq!(
+            seen, last,
+            "round {round}: the last read after a notice is stale"
+        );
+    }
+}
+
 /// Waits for the watch to report that notices may be lost: an `Err` item or the end.
 async fn reported(changes: &mut Changes, within: Duration, what: &str) {
     let started = tokio::time::Instant::now();
