@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, Event, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchResponse,
+    WatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 
 use crate::BACKEND;
@@ -183,6 +184,79 @@ fn fence(revision: i64) -> Result<Fence, StoreError> {
         .filter(|r| *r > 0)
         .map(Fence)
         .ok_or_else(|| err(StoreErrorKind::Corrupt, "etcd reported a revision below 1"))
+}
+
+/// Whether a watch event of [`Store::watch`] tells of a change the contract notifies: on
+/// the lease key, a creation (`version` 1: a grant) or a deletion (a delete event's key
+/// carries `version` 0: a release, a break, an expiry), not a put on a live key (a higher
+/// `version`: its holder moved it onto a longer etcd lease, same holder, same fence);
+/// on the record key, every write.
+fn notifies(event: &Event, lease_key: &[u8]) -> bool {
+    match event.kv() {
+        Some(kv) if kv.key() == lease_key => kv.version() <= 1,
+        _ => true,
+    }
+}
+
+/// Whether a watch answer tells of a change [`notifies`] keeps.
+fn answer_notifies(resp: &WatchResponse, lease_key: &[u8]) -> bool {
+    resp.events().iter().any(|e| notifies(e, lease_key))
+}
+
+/// The error of a watch etcd cancelled: its start revision was compacted away (or the
+/// watcher fell too far behind), or it was refused (permission denied).
+fn cancelled(resp: &WatchResponse) -> StoreError {
+    let reason = resp.cancel_reason();
+    let kind = if reason.contains("permission") {
+        StoreErrorKind::Config
+    } else {
+        StoreErrorKind::Unavailable
+    };
+    err(
+        kind,
+        format!(
+            "etcd cancelled a watch (compact revision {}): {reason}; notices may have been missed",
+            resp.compact_revision()
+        ),
+    )
+}
+
+/// The error of a watch stream etcd ended.
+fn watch_ended() -> StoreError {
+    err(StoreErrorKind::Unavailable, "etcd ended a watch")
+}
+
+/// The state of a [`Store::watch`] stream: the gRPC watch stream (dropping it closes the
+/// stream, and etcd removes its watches with it), and whether a notice is due before the
+/// next read (a change seen while the watch was set up).
+struct Watching {
+    stream: WatchStream,
+    lease_key: Vec<u8>,
+    due: bool,
+}
+
+impl Watching {
+    /// The next notice: `Ok` after a change [`notifies`] keeps; an error (and then the
+    /// end) when etcd cancelled or ended the watch or the connection broke (the client's
+    /// HTTP/2 keep-alive gives a silent connection up).
+    async fn next(mut self) -> Option<(Result<(), StoreError>, Option<Self>)> {
+        if std::mem::take(&mut self.due) {
+            return Some((Ok(()), Some(self)));
+        }
+        loop {
+            match self.stream.message().await {
+                Ok(Some(resp)) if resp.canceled() => return Some((Err(cancelled(&resp)), None)),
+                Ok(Some(resp)) if answer_notifies(&resp, &self.lease_key) => {
+                    return Some((Ok(()), Some(self)));
+                }
+                // A put that moved the holder's key onto a longer lease, or a progress
+                // notice.
+                Ok(Some(_)) => {}
+                Ok(None) => return Some((Err(watch_ended()), None)),
+                Err(e) => return Some((Err(map_err("watch", e)), None)),
+            }
+        }
+    }
 }
 
 impl EtcdStore {
@@ -838,6 +912,57 @@ impl EtcdStore {
         Ok(Some(resp.header().map_or(0, |h| h.revision())))
     }
 
+    /// Sets up [`Store::watch`]: one gRPC watch stream with two watches, of exactly the
+    /// lease key (not its queue, `<lease key>\0…`, nor other keys it is a prefix of) and
+    /// of exactly the record key, both from the revision etcd created the first at.
+    async fn start_watch(&self, key: &Key) -> Result<Watching, StoreError> {
+        let lease_key = self.lease_key(key).into_bytes();
+        let record_key = self.record_key(key).into_bytes();
+        let mut watch = self.client.watch_client();
+        let mut stream = watch
+            .watch(lease_key.clone(), None)
+            .await
+            .map_err(|e| map_err("watch", e))?;
+        let mut due = false;
+        // etcd answers a watch's creation first, with the revision it watches after.
+        let revision = loop {
+            match stream.message().await.map_err(|e| map_err("watch", e))? {
+                Some(resp) if resp.canceled() => return Err(cancelled(&resp)),
+                Some(resp) if resp.created() => break resp.header().map_or(0, |h| h.revision()),
+                Some(resp) => due |= answer_notifies(&resp, &lease_key),
+                None => return Err(watch_ended()),
+            }
+        };
+        // The record's watch from the same revision: nothing written to it after the
+        // lease key's watch began is missed.
+        stream
+            .watch(
+                record_key,
+                Some(WatchOptions::new().with_start_revision(revision + 1)),
+            )
+            .await
+            .map_err(|e| map_err("watch", e))?;
+        loop {
+            match stream.message().await.map_err(|e| map_err("watch", e))? {
+                Some(resp) if resp.canceled() => return Err(cancelled(&resp)),
+                Some(resp) => {
+                    // The lease key's changes may come before the record's watch is
+                    // created: notify them first thing.
+                    due |= answer_notifies(&resp, &lease_key);
+                    if resp.created() {
+                        break;
+                    }
+                }
+                None => return Err(watch_ended()),
+            }
+        }
+        Ok(Watching {
+            stream,
+            lease_key,
+            due,
+        })
+    }
+
     /// Returns once the lease key is deleted (released, expired, broken) after
     /// `after_revision`, or once the watch ends (the caller re-checks either way).
     async fn watch_deletion(&self, key: &[u8], after_revision: i64) -> Result<(), StoreError> {
@@ -918,6 +1043,7 @@ impl Store for EtcdStore {
         caps.break_lease = true;
         caps.fence_durability = FenceDurability::Consensus;
         caps.records = true;
+        caps.watch = true;
         caps
     }
 
@@ -1134,5 +1260,24 @@ impl Store for EtcdStore {
     /// Cancel safe: nothing is written.
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.bounded("get record", self.do_get_record(key)).await
+    }
+
+    /// One gRPC watch stream on the connection the store already has, with two watches:
+    /// exactly the lease key and exactly the record key (two messages on the stream
+    /// before this returns; nothing is written, no queue entry is made). An item follows
+    /// a grant (the key created), a release, a break or an expiry (the key deleted) and
+    /// every record write; not a renewal (a keep-alive writes no key; a renewal asking
+    /// for a longer TTL moves the key onto a new lease, a put on the live key, which is
+    /// filtered out) and not the waiters' queue entries (other keys). A watch etcd
+    /// cancels (its revision compacted away) or ends, or a connection that breaks
+    /// (HTTP/2 keep-alive every 10 s, given up after the operation timeout), yields an
+    /// `Err` item and the end. The hot path (acquire, renew, release) is unchanged.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped setup, or a dropped stream, closes the gRPC stream, and
+    /// etcd removes its watches with it.
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let watching = self.bounded("watch", self.start_watch(key)).await?;
+        Ok(futures::stream::unfold(Some(watching), |w| async move { w?.next().await }).boxed())
     }
 }
