@@ -231,6 +231,10 @@ impl WatchRegistration {
     pub(crate) fn watcher(&self) -> &Watcher {
         &self.watcher
     }
+
+    pub(crate) fn notifier(&self) -> &Notifier {
+        &self.notifier
+    }
 }
 
 impl Drop for WatchRegistration {
@@ -340,6 +344,18 @@ impl Notifier {
         reg: &WatchRegistration,
     ) -> Result<(), StoreError> {
         self.reconcile(&reg.channel).await
+    }
+
+    /// Drops the current pub/sub connection (as a broken one is dropped): a watcher found
+    /// that it no longer hears its channel (a heartbeat that did not come back; after a
+    /// Sentinel fail-over that left the old primary running, the connection is alive but
+    /// on a server that no longer gets the key's messages). The next subscription
+    /// connects afresh.
+    pub(crate) fn reset(&self) {
+        let current = self.lock().conn.as_ref().map(|(g, _, _)| *g);
+        if let Some(g) = current {
+            self.disconnect(g);
+        }
     }
 
     /// Reconciles `channel` in the background (from a `Drop`, outside async code).

@@ -55,11 +55,11 @@ const LAPSE_MARGIN: Duration = Duration::from_millis(50);
 
 /// How long a watch's mark (`p{e}:w`) lives without being refreshed: how long after the
 /// last watcher went away (or died) the scripts still publish the key's changes.
-pub(crate) const WATCH_MARK_TTL: Duration = Duration::from_secs(20);
+pub const WATCH_MARK_TTL: Duration = Duration::from_secs(20);
 
 /// How often a watch refreshes its mark and checks, by its heartbeat, that its
 /// subscription still hears the key.
-pub(crate) const WATCH_REFRESH: Duration = Duration::from_secs(5);
+pub const WATCH_REFRESH: Duration = Duration::from_secs(5);
 
 /// The TTL in whole milliseconds, after [`StoreError::check_ttl`] (10 ms ..= 24 h), so no
 /// zero, negative or overflowing expiry is ever sent.
@@ -175,6 +175,13 @@ impl RedisStore {
     /// [`put_record`](Store::put_record)): `<fence>:<value>`, never expires.
     pub fn record_key(&self, key: &Key) -> String {
         self.layout.record_name(key)
+    }
+
+    /// The Redis key that marks `key` watched (`<prefix>{<escaped key>}:w`, see
+    /// [`watch`](Store::watch)): it exists, with a TTL of at most [`WATCH_MARK_TTL`],
+    /// while some store watches the key or lately did.
+    pub fn watch_key(&self, key: &Key) -> String {
+        self.layout.names(key).watch
     }
 
     /// The channel argument of the scripts: `''` without notifications; `S <channel>`
@@ -822,13 +829,16 @@ impl Watching {
         if self.reg.watcher().is_lost() {
             return Err(lost());
         }
-        tokio::time::timeout_at(deadline, heard).await.map_err(|_| {
-            StoreError::timeout(
+        if tokio::time::timeout_at(deadline, heard).await.is_err() {
+            // The subscription does not hear the key: the next one connects afresh.
+            self.reg.notifier().reset();
+            return Err(StoreError::timeout(
                 BACKEND,
                 "watch (the heartbeat did not come back over pub/sub)",
                 limit,
-            )
-        })
+            ));
+        }
+        Ok(())
     }
 
     /// Forwards change notices (coalesced: at most one waits to be taken) until the
