@@ -175,12 +175,8 @@ async fn a_watch_reports_a_restart_and_a_silent_connection() {
     s.proxy.set_mode(ProxyMode::Blackhole);
     let started = Instant::now();
     let bound = WATCH_REFRESH + s.store.config().op_timeout() * 2 + Duration::from_secs(2);
-    loop {
-        match next_within(&mut changes, bound, "a silent connection").await {
-            Some(Ok(())) => continue,
-            Some(Err(_)) | None => break,
-        }
-    }
+    // Notices may come (spurious ones are allowed); the error or the end must follow.
+    while let Some(Ok(())) = next_within(&mut changes, bound, "a silent connection").await {}
     assert!(started.elapsed() < bound, "{:?}", started.elapsed());
     s.proxy.set_mode(ProxyMode::Pass);
 }
