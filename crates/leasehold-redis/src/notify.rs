@@ -28,7 +28,7 @@
 //! are for watchers only: waiters ignore them, so watching wakes no waiter.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -193,7 +193,7 @@ pub(crate) struct Watcher {
     /// This watcher's own heartbeat came back.
     pub(crate) heard: Notify,
     /// The connection the channel was subscribed on was lost: messages may be missed.
-    lost: std::sync::atomic::AtomicBool,
+    lost: AtomicBool,
 }
 
 impl Watcher {
@@ -318,7 +318,7 @@ impl Notifier {
             beat: beat.as_bytes().to_vec(),
             changed: Notify::new(),
             heard: Notify::new(),
-            lost: std::sync::atomic::AtomicBool::new(false),
+            lost: AtomicBool::new(false),
         });
         let id = {
             let mut i = self.lock();

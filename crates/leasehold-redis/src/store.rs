@@ -764,7 +764,7 @@ impl Store for RedisStore {
     ///
     /// # Errors
     /// `Unsupported` with notifications off (`notify=false`); the errors of subscribing
-    /// and of the script; `Timeout` when the heartbeat does not come back in time.
+    /// and of the script; `Unavailable` when the heartbeat does not come back in time.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call leaves at most the mark behind, which lapses.
@@ -832,10 +832,13 @@ impl Watching {
         if tokio::time::timeout_at(deadline, heard).await.is_err() {
             // The subscription does not hear the key: the next one connects afresh.
             self.reg.notifier().reset();
-            return Err(StoreError::timeout(
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
                 BACKEND,
-                "watch (the heartbeat did not come back over pub/sub)",
-                limit,
+                format!(
+                    "watch: the heartbeat did not come back over pub/sub within {limit:?}; \
+                     the subscription does not hear the key (the next watch connects afresh)"
+                ),
             ));
         }
         Ok(())
