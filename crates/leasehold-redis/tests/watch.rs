@@ -348,3 +348,39 @@ async fn notices_wake_no_waiter() {
         .unwrap();
     assert_eq!(s.store.inspect(&k).await.unwrap().unwrap().owner, next);
 }
+
+/// `Election::observe` on Redis follows the store's notices: with an interval of an hour,
+/// a new leader (elected through another store), its value and its resignation are each
+/// seen within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_follows_the_notices_not_the_interval() {
+    use leasehold_core::{LeaseClient, LeaseConfig};
+    let s = Standalone::start().await;
+    let config = LeaseConfig::new(Duration::from_secs(10)).unwrap();
+    let observer = LeaseClient::new(s.store.clone(), config.clone());
+    let campaigner = LeaseClient::new(Arc::new(other_store(&s).await), config);
+    let e = observer.election("leader:watched").unwrap();
+    let mut changes = Box::pin(e.observe(Duration::from_secs(3600)));
+    let mut next = async || {
+        timeout(Duration::from_secs(5), changes.next())
+            .await
+            .expect("a change is seen at once, not at the next poll")
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(next().await, None);
+    let a = campaigner
+        .election("leader:watched")
+        .unwrap()
+        .campaign("a", Duration::ZERO)
+        .await
+        .unwrap();
+    let mut seen = next().await.expect("a leader");
+    if seen.value.is_none() {
+        // The grant, then the value published a moment later.
+        seen = next().await.expect("a leader");
+    }
+    assert_eq!((seen.term, seen.value), (a.term(), Some(b"a".to_vec())));
+    assert!(a.resign().await.unwrap());
+    assert_eq!(next().await, None);
+}
