@@ -31,8 +31,8 @@ pub(crate) const MAX_ITEMS: usize = 256;
 /// One operation's arguments, as the `MANY` script takes them.
 #[derive(Debug, Clone)]
 pub(crate) struct Op {
-    /// lease, fence, queue, queue deadlines.
-    pub(crate) keys: [String; 4],
+    /// lease, fence, queue, queue deadlines, watch mark.
+    pub(crate) keys: [String; 5],
     /// `a` or `r`, owner, ttl ms ('' for a release), fence expiry, grace, channel.
     pub(crate) args: [String; 6],
 }

@@ -109,6 +109,9 @@ pub(crate) struct KeyNames {
     pub(crate) channel: String,
     pub(crate) queue: String,
     pub(crate) queue_deadlines: String,
+    /// `p{e}:w`: the key is watched while it exists (see `Store::watch`); it covers the
+    /// lease and the record of the key, which share its hash tag.
+    pub(crate) watch: String,
 }
 
 /// The namespace: a validated prefix.
@@ -138,6 +141,7 @@ impl Layout {
             channel: format!("{lease}:released"),
             queue: format!("{lease}:q"),
             queue_deadlines: format!("{lease}:qd"),
+            watch: format!("{lease}:w"),
             lease,
         }
     }
@@ -231,6 +235,8 @@ mod tests {
             assert_eq!(hash_tag(&n.lease), encode(k), "{k}");
             assert_eq!(l.parse_lease_name(&n.lease), Some(key.clone()), "{k}");
             assert_eq!(l.parse_lease_name(&n.fence), None, "{k}");
+            assert_eq!(hash_tag(&n.watch), hash_tag(&n.lease), "{k}");
+            assert_eq!(l.parse_lease_name(&n.watch), None, "{k}");
             let record = l.record_name(&key);
             assert_eq!(hash_tag(&record), hash_tag(&n.lease), "{k}");
             assert_eq!(l.parse_lease_name(&record), None, "{k}");

@@ -23,7 +23,7 @@ pub use error::{Cause, EvictingPolicy};
 pub use factory::RedisFactory;
 pub use keys::{DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use scripts::STORE_FORMAT;
-pub use store::RedisStore;
+pub use store::{RedisStore, WATCH_MARK_TTL, WATCH_REFRESH};
 
 /// The backend name reported by [`RedisStore`] (single server and Cluster alike).
 pub const BACKEND: &str = "redis";

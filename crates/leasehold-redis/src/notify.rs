@@ -18,9 +18,17 @@
 //!
 //! Notifications are a hint, never a guarantee: a lost message (a broken pub/sub connection)
 //! only means the waiter wakes at the holder's expiry or its own deadline instead.
+//!
+//! Watchers ([`Store::watch`](leasehold_core::Store::watch)) share the connection and the
+//! channels: a watcher registered on a channel keeps it subscribed like a waiter does,
+//! hears every message on it as a change except heartbeats (`~<token>`, the watch script's
+//! proof that the subscription still hears the key; its own wakes it on `heard`, others'
+//! are ignored), and is told when the connection is lost (`lost`), since messages may
+//! have been missed then. Messages starting with `~` (a change notice `~`, a heartbeat)
+//! are for watchers only: waiters ignore them, so watching wakes no waiter.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -42,6 +50,8 @@ use crate::error::{self, Phase};
 struct Inner {
     /// Waiters per channel: registration id → (owner token in hex, its wake-ups).
     waiters: HashMap<String, HashMap<u64, (String, Arc<Wake>)>>,
+    /// Watchers per channel: registration id → its signals.
+    watchers: HashMap<String, HashMap<u64, Arc<Watcher>>>,
     /// The id of the next registration.
     next_id: u64,
     /// Channels the current connection is subscribed to.
@@ -108,6 +118,7 @@ impl std::fmt::Debug for Notifier {
         let i = self.lock();
         f.debug_struct("Notifier")
             .field("waiting_channels", &i.waiters.len())
+            .field("watched_channels", &i.watchers.len())
             .field("subscribed", &i.subscribed.len())
             .field("connected", &i.conn.is_some())
             .finish()
@@ -161,17 +172,90 @@ impl Drop for Registration {
                     if empty {
                         i.waiters.remove(&self.channel);
                     }
-                    empty
+                    empty && !i.watchers.contains_key(&self.channel)
                 }
                 None => false,
             }
         };
-        if last && let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let notifier = self.notifier.clone();
-            let channel = std::mem::take(&mut self.channel);
-            rt.spawn(async move {
-                let _ = notifier.reconcile(&channel).await;
-            });
+        if last {
+            self.notifier
+                .reconcile_later(std::mem::take(&mut self.channel));
+        }
+    }
+}
+
+/// A watcher's signals.
+pub(crate) struct Watcher {
+    /// The heartbeat message this watcher's watch script publishes.
+    beat: Vec<u8>,
+    /// A message that may tell of a change (or the connection was lost: see `lost`).
+    pub(crate) changed: Notify,
+    /// This watcher's own heartbeat came back.
+    pub(crate) heard: Notify,
+    /// The connection the channel was subscribed on was lost: messages may be missed.
+    lost: AtomicBool,
+}
+
+impl Watcher {
+    /// Whether the connection was lost since the watcher registered.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    fn deliver(&self, payload: &[u8]) {
+        if payload == self.beat.as_slice() {
+            self.heard.notify_one();
+        } else if payload.len() > 1 && payload[0] == b'~' {
+            // Another watcher's heartbeat.
+        } else {
+            self.changed.notify_one();
+        }
+    }
+
+    fn lose(&self) {
+        self.lost.store(true, Ordering::Release);
+        self.changed.notify_one();
+    }
+}
+
+/// A registered watcher of a channel; unregisters on drop (the channel is unsubscribed in
+/// the background once nobody waits on or watches it).
+pub(crate) struct WatchRegistration {
+    notifier: Arc<Notifier>,
+    channel: String,
+    id: u64,
+    watcher: Arc<Watcher>,
+}
+
+impl WatchRegistration {
+    pub(crate) fn watcher(&self) -> &Watcher {
+        &self.watcher
+    }
+
+    pub(crate) fn notifier(&self) -> &Notifier {
+        &self.notifier
+    }
+}
+
+impl Drop for WatchRegistration {
+    fn drop(&mut self) {
+        let last = {
+            let mut i = self.notifier.lock();
+            match i.watchers.get_mut(&self.channel) {
+                Some(regs) => {
+                    regs.remove(&self.id);
+                    let empty = regs.is_empty();
+                    if empty {
+                        i.watchers.remove(&self.channel);
+                    }
+                    empty && !i.waiters.contains_key(&self.channel)
+                }
+                None => false,
+            }
+        };
+        if last {
+            self.notifier
+                .reconcile_later(std::mem::take(&mut self.channel));
         }
     }
 }
@@ -227,6 +311,63 @@ impl Notifier {
         self.reconcile(&reg.channel).await
     }
 
+    /// Registers a watcher of `channel` whose heartbeat message is `beat` (it must start
+    /// with `~` and be longer than that). Then [`subscribe_watcher`](Self::subscribe_watcher).
+    pub(crate) fn watch(self: &Arc<Self>, channel: &str, beat: &str) -> WatchRegistration {
+        let watcher = Arc::new(Watcher {
+            beat: beat.as_bytes().to_vec(),
+            changed: Notify::new(),
+            heard: Notify::new(),
+            lost: AtomicBool::new(false),
+        });
+        let id = {
+            let mut i = self.lock();
+            let id = i.next_id;
+            i.next_id += 1;
+            i.watchers
+                .entry(channel.to_owned())
+                .or_default()
+                .insert(id, watcher.clone());
+            id
+        };
+        WatchRegistration {
+            notifier: self.clone(),
+            channel: channel.to_owned(),
+            id,
+            watcher,
+        }
+    }
+
+    /// Makes sure the pub/sub connection is subscribed to the watcher's channel.
+    pub(crate) async fn subscribe_watcher(
+        self: &Arc<Self>,
+        reg: &WatchRegistration,
+    ) -> Result<(), StoreError> {
+        self.reconcile(&reg.channel).await
+    }
+
+    /// Drops the current pub/sub connection (as a broken one is dropped): a watcher found
+    /// that it no longer hears its channel (a heartbeat that did not come back; after a
+    /// Sentinel fail-over that left the old primary running, the connection is alive but
+    /// on a server that no longer gets the key's messages). The next subscription
+    /// connects afresh.
+    pub(crate) fn reset(&self) {
+        let current = self.lock().conn.as_ref().map(|(g, _, _)| *g);
+        if let Some(g) = current {
+            self.disconnect(g);
+        }
+    }
+
+    /// Reconciles `channel` in the background (from a `Drop`, outside async code).
+    fn reconcile_later(self: &Arc<Self>, channel: String) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let notifier = self.clone();
+            rt.spawn(async move {
+                let _ = notifier.reconcile(&channel).await;
+            });
+        }
+    }
+
     fn unavailable(&self, what: &str) -> StoreError {
         StoreError::new(
             StoreErrorKind::Unavailable,
@@ -243,7 +384,8 @@ impl Notifier {
         let (want, have) = {
             let i = self.lock();
             (
-                i.waiters.get(channel).is_some_and(|regs| !regs.is_empty()),
+                i.waiters.get(channel).is_some_and(|regs| !regs.is_empty())
+                    || i.watchers.get(channel).is_some_and(|regs| !regs.is_empty()),
                 i.conn.is_some() && i.subscribed.contains(channel),
             )
         };
@@ -379,7 +521,8 @@ impl Notifier {
         Err(last_err.unwrap_or_else(|| self.unavailable("no node to subscribe on")))
     }
 
-    /// Drops the pub/sub connection of `generation` and wakes every waiter (they re-check).
+    /// Drops the pub/sub connection of `generation`, wakes every waiter (they re-check) and
+    /// tells every watcher that messages may have been lost.
     fn disconnect(&self, generation: u64) {
         let mut i = self.lock();
         if i.conn.as_ref().is_some_and(|(g, _, _)| *g == generation) {
@@ -388,15 +531,25 @@ impl Notifier {
             }
             i.subscribed.clear();
             wake_all(&i);
+            lose_all(&i);
             tracing::debug!(generation, "redis pub/sub connection dropped");
         }
     }
 
     /// A message on `channel`: `<owner>` or `<owner> <next>` wakes that owner's waiters
-    /// only (the lease was reserved for it) and tells `next`'s waiters they are next;
-    /// anything else (a break's fence) wakes every waiter.
+    /// only (the lease was reserved for it) and tells `next`'s waiters they are next; a
+    /// message for watchers (starting with `~`) wakes no waiter; anything else (a break's
+    /// fence) wakes every waiter. Every watcher hears every message (see [`Watcher`]).
     fn deliver(&self, channel: &str, payload: &[u8]) {
         let i = self.lock();
+        if let Some(watchers) = i.watchers.get(channel) {
+            for w in watchers.values() {
+                w.deliver(payload);
+            }
+        }
+        if payload.first() == Some(&b'~') {
+            return;
+        }
         let Some(regs) = i.waiters.get(channel) else {
             return;
         };
@@ -416,6 +569,13 @@ impl Notifier {
 fn wake_all(i: &Inner) {
     for (_, wake) in i.waiters.values().flat_map(HashMap::values) {
         wake.go.notify_waiters();
+    }
+}
+
+/// Tells every watcher that messages may have been missed.
+fn lose_all(i: &Inner) {
+    for w in i.watchers.values().flat_map(HashMap::values) {
+        w.lose();
     }
 }
 
@@ -475,7 +635,11 @@ async fn read_pushes(notifier: Weak<Notifier>, mut pushes: UnboundedReceiver<Pus
                     n.deliver(channel, payload);
                 }
             }
-            (PushKind::Disconnection, _) => wake_all(&n.lock()),
+            (PushKind::Disconnection, _) => {
+                let i = n.lock();
+                wake_all(&i);
+                lose_all(&i);
+            }
             _ => {}
         }
     }

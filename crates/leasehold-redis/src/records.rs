@@ -57,9 +57,12 @@ local function read_record(k)
 end
 "#;
 
-/// KEYS: record. ARGV: id, fence (canonical decimal), value.
+/// KEYS: record, and optionally the key's watch mark. ARGV: id, fence (canonical decimal),
+/// value, and with the watch mark the channel (`S <channel>` for `SPUBLISH`).
 /// → `{id, fence, value}`: the record stored after the call — ours when none was stored
-/// or the stored fence is lower (then written), else the stored one, unchanged.
+/// or the stored fence is lower (then written), else the stored one, unchanged. A write
+/// while the watch mark exists is told on the channel as `~` (`leasehold-redis`'s
+/// watchers; see its crate docs).
 const PUT: &str = r#"
 if not is_fence(ARGV[2]) or #ARGV[3] > MAXREC then
   return redis.error_reply('ERR leasehold put_record: the fence is not a canonical decimal u64 or the value is longer than 4096 bytes')
@@ -70,6 +73,14 @@ if rec and not dec_lt(rec[1], ARGV[2]) then
   return {ARGV[1], rec[1], rec[2]}
 end
 redis.call('SET', KEYS[1], ARGV[2] .. ':' .. ARGV[3])
+if KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1 then
+  local chan = ARGV[4]
+  if string.sub(chan, 1, 2) == 'S ' then
+    redis.call('SPUBLISH', string.sub(chan, 3), '~')
+  else
+    redis.call('PUBLISH', chan, '~')
+  end
+end
 return {ARGV[1], ARGV[2], ARGV[3]}
 "#;
 
@@ -83,7 +94,9 @@ return {ARGV[1], rec[1], rec[2]}
 
 /// The whole Lua source of the put script (`EVALSHA` it with the record key as `KEYS[1]`
 /// and `id, fence, value` as `ARGV`; see the module docs). Writes one key: `GET` and
-/// `SET` are the only commands it runs.
+/// `SET` are the only commands it runs when called so. (`leasehold-redis` also passes
+/// the key's watch mark as `KEYS[2]` and its channel as `ARGV[4]`: a write then also runs
+/// `EXISTS` on the mark, and `PUBLISH` or `SPUBLISH` while it exists.)
 pub fn put_script() -> String {
     format!("{PRELUDE}{PUT}")
 }

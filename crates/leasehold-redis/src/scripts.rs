@@ -32,6 +32,8 @@ pub const STORE_FORMAT: u32 = 1;
 /// * `next_fence(last)` → `max(last + 1, TIME in µs)`, or `nil, err`.
 /// * `publish(chan, msg)` → `SPUBLISH` on the rest of `chan` if it starts with `S ` (a
 ///   Cluster with sharded pub/sub; a channel name never has a space), else `PUBLISH`.
+/// * `queue_watch(q, w)` → whether the key's queue `q` exists and whether its watch key
+///   `w` does (`w` nil: a caller that does not pass it; never watched), in one command.
 ///
 /// Fences stay below 2^53 so that Lua's doubles hold them exactly (the clock floor is
 /// about 1.8e15 today, 2^53 µs is in the year 2255); a larger stored value is reported as
@@ -44,6 +46,14 @@ local function publish(chan, msg)
   else
     redis.call('PUBLISH', chan, msg)
   end
+end
+-- One command for what used to be `EXISTS q`: EXISTS counts a key named twice twice, so
+-- the count is q + 2 w. A change of a watched key is told on its channel as '~' (a
+-- message that names no owner, which waiters of this version ignore; see notify.rs).
+local function queue_watch(q, w)
+  if not w then return redis.call('EXISTS', q) == 1, false end
+  local n = redis.call('EXISTS', q, w, w)
+  return n % 2 == 1, n >= 2
 end
 local function read_lease(k)
   local v = redis.pcall('GET', k)
@@ -137,8 +147,9 @@ local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
   end
   return nil
 end
--- Acquire (see ACQUIRE): a table {1, fence, ttl} or {0, pttl}, or an error's text.
-local function acquire_one(kl, kf, q, qd, owner, ttl, keep, grace, chan)
+-- Acquire (see ACQUIRE): a table {1, fence, ttl} or {0, pttl}, or an error's text. A
+-- fresh grant of a watched key (`w`, optional) is told on `chan`.
+local function acquire_one(kl, kf, q, qd, owner, ttl, keep, grace, chan, w)
   local lease, err = read_lease(kl)
   if err then return err end
   if lease then
@@ -152,7 +163,9 @@ local function acquire_one(kl, kf, q, qd, owner, ttl, keep, grace, chan)
   end
   local last, ferr = read_fence(kf)
   if ferr then return ferr end
-  if grace ~= '' and redis.call('EXISTS', q) == 1 then
+  local queued, watched = false, false
+  if grace ~= '' then queued, watched = queue_watch(q, w) end
+  if queued then
     local head = live_head(q, qd, now_ms())
     if head and head ~= owner then
       local rerr = reserve(kl, kf, q, qd, last, head, grace, keep, chan)
@@ -173,16 +186,20 @@ local function acquire_one(kl, kf, q, qd, owner, ttl, keep, grace, chan)
     redis.call('SET', kf, fs, 'PX', keep)
   end
   redis.call('SET', kl, owner .. ':' .. fs, 'PX', ttl)
+  if watched then publish(chan, '~') end
   return {1, fs, tonumber(ttl)}
 end
 -- Release (see RELEASE): 1 released, 0 not the owner, or an error's text. With a live
 -- waiter in the queue the lease is not deleted but reserved for the first one (see
--- `reserve`); with nobody queued nothing is published.
-local function release_one(kl, kf, q, qd, owner, chan, grace, keep)
+-- `reserve`); with nobody queued nothing is published unless the key is watched (`w`,
+-- optional).
+local function release_one(kl, kf, q, qd, owner, chan, grace, keep, w)
   local lease, err = read_lease(kl)
   if err then return err end
   if not (lease and lease[1] == owner) then return 0 end
-  if grace ~= '' and redis.call('EXISTS', q) == 1 then
+  local queued, watched = false, false
+  if grace ~= '' then queued, watched = queue_watch(q, w) end
+  if queued then
     local head = live_head(q, qd, now_ms())
     if head then
       local last, ferr = read_fence(kf)
@@ -195,17 +212,18 @@ local function release_one(kl, kf, q, qd, owner, chan, grace, keep)
     end
   end
   redis.call('DEL', kl)
+  if watched then publish(chan, '~') end
   return 1
 end
 "#;
 
-/// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, ttl ms, fence record
+/// KEYS: lease, fence, queue, queue deadlines, watch. ARGV: id, owner, ttl ms, fence record
 /// expiry ms ('' = never), reservation grace ms ('' = no queue), channel.
 /// → `{id, 1, fence, ttl}` acquired (fresh, reserved for this owner, or same owner:
 ///   extended, same fence); `{id, 0, pttl}` held by another owner (or, while the lease is
 ///   free, reserved now for the first live waiter in the queue). See `acquire_one`.
 const ACQUIRE: &str = r#"
-local r = acquire_one(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+local r = acquire_one(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], KEYS[5])
 if type(r) == 'string' then return redis.error_reply(r) end
 table.insert(r, 1, ARGV[1])
 return r
@@ -241,18 +259,18 @@ end
 return out
 "#;
 
-/// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, channel, reservation grace
-/// ms ('' = no queue), fence record expiry ms ('' = never).
+/// KEYS: lease, fence, queue, queue deadlines, watch. ARGV: id, owner, channel, reservation
+/// grace ms ('' = no queue), fence record expiry ms ('' = never).
 /// → `{id, 1}` released, `{id, 0}` not the owner. See `release_one`.
 const RELEASE: &str = r#"
-local r = release_one(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+local r = release_one(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
 if type(r) == 'string' then return redis.error_reply(r) end
 return {ARGV[1], r}
 "#;
 
 /// Many acquires and releases, of leases of one Cluster slot, in one call: the
 /// concurrent operations of a client's tasks. KEYS: per item, lease, fence, queue, queue
-/// deadlines. ARGV: id, then per item: `a` or `r`, owner, ttl ms (acquire) or '',
+/// deadlines, watch. ARGV: id, then per item: `a` or `r`, owner, ttl ms (acquire) or '',
 /// fence record expiry ms ('' = never), reservation grace ms ('' = no queue), channel.
 /// → `{id, r₁ … rₙ}`, each as ACQUIRE (`{1, fence, ttl}` or `{0, pttl}`) or RELEASE (`1`
 /// or `0`) would answer without the id, or the error's text (a string). Each item is
@@ -261,12 +279,12 @@ const MANY: &str = r#"
 local out = {ARGV[1]}
 local n = (#ARGV - 1) / 6
 for i = 1, n do
-  local k, a = (i - 1) * 4, 1 + (i - 1) * 6
+  local k, a = (i - 1) * 5, 1 + (i - 1) * 6
   local r
   if ARGV[a + 1] == 'a' then
-    r = acquire_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6])
+    r = acquire_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], KEYS[k + 5])
   else
-    r = release_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[a + 2], ARGV[a + 6], ARGV[a + 5], ARGV[a + 4])
+    r = release_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[a + 2], ARGV[a + 6], ARGV[a + 5], ARGV[a + 4], KEYS[k + 5])
   end
   out[i + 1] = r
 end
@@ -342,6 +360,16 @@ end
 return {ARGV[1], fs}
 "#;
 
+/// KEYS: watch. ARGV: id, mark's lifetime ms, channel, heartbeat.
+/// Marks the key watched (the scripts above then publish its changes) until the mark
+/// lapses, and publishes the watcher's heartbeat on the channel, by which the watcher
+/// knows that its subscription still hears the key. → `{id}`.
+const WATCH: &str = r#"
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
+publish(ARGV[3], ARGV[4])
+return {ARGV[1]}
+"#;
+
 /// The scripts, compiled once (their SHA1 computed once).
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -355,6 +383,7 @@ pub(crate) struct Scripts {
     pub(crate) break_lease: Script,
     pub(crate) put_record: Script,
     pub(crate) get_record: Script,
+    pub(crate) watch: Script,
 }
 
 /// The scripts, built on first use.
@@ -369,6 +398,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     break_lease: Script::new(&format!("{PRELUDE}{BREAK}")),
     put_record: Script::new(&crate::records::put_script()),
     get_record: Script::new(&crate::records::get_script()),
+    watch: Script::new(&format!("{PRELUDE}{WATCH}")),
 });
 
 /// A record script's reply error as the connection reports it.
@@ -591,6 +621,14 @@ pub(crate) fn parse_inspect(v: &Value, id: &str) -> Reply<Option<(OwnerToken, Fe
             Ok(Some((owner, fence, remaining)))
         }
         _ => Err(ReplyError::Shape("unexpected inspect reply")),
+    }
+}
+
+/// The watch script: `{id}`.
+pub(crate) fn parse_watch(v: &Value, id: &str) -> Reply<()> {
+    match items(v, id)? {
+        [] => Ok(()),
+        _ => Err(ReplyError::Shape("unexpected watch reply")),
     }
 }
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, RENEW_BATCH,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    RENEW_BATCH, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -17,7 +17,7 @@ use crate::batch::{Answer, Batcher, Op};
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::{KeyNames, Layout};
-use crate::notify::Notifier;
+use crate::notify::{Notifier, WatchRegistration};
 use crate::scripts::{self, Acquired, Renewed, SCRIPTS};
 
 /// A leasehold [`Store`] on Redis (one server) or Redis Cluster.
@@ -52,6 +52,14 @@ impl std::fmt::Debug for RedisStore {
 /// How long after a reservation's grace the next waiter re-checks (the reservation has
 /// lapsed on the server by then, up to clock rate differences).
 const LAPSE_MARGIN: Duration = Duration::from_millis(50);
+
+/// How long a watch's mark (`p{e}:w`) lives without being refreshed: how long after the
+/// last watcher went away (or died) the scripts still publish the key's changes.
+pub const WATCH_MARK_TTL: Duration = Duration::from_secs(20);
+
+/// How often a watch refreshes its mark and checks, by its heartbeat, that its
+/// subscription still hears the key.
+pub const WATCH_REFRESH: Duration = Duration::from_secs(5);
 
 /// The TTL in whole milliseconds, after [`StoreError::check_ttl`] (10 ms ..= 24 h), so no
 /// zero, negative or overflowing expiry is ever sent.
@@ -169,6 +177,13 @@ impl RedisStore {
         self.layout.record_name(key)
     }
 
+    /// The Redis key that marks `key` watched (`<prefix>{<escaped key>}:w`, see
+    /// [`watch`](Store::watch)): it exists, with a TTL of at most [`WATCH_MARK_TTL`],
+    /// while some store watches the key or lately did.
+    pub fn watch_key(&self, key: &Key) -> String {
+        self.layout.names(key).watch
+    }
+
     /// The channel argument of the scripts: `''` without notifications; `S <channel>`
     /// for sharded pub/sub (`SPUBLISH`); the channel itself otherwise.
     fn channel(&self, names: &KeyNames) -> String {
@@ -187,7 +202,13 @@ impl RedisStore {
         let names = self.layout.names(key);
         let channel = self.channel(&names);
         Op {
-            keys: [names.lease, names.fence, names.queue, names.queue_deadlines],
+            keys: [
+                names.lease,
+                names.fence,
+                names.queue,
+                names.queue_deadlines,
+                names.watch,
+            ],
             args: [kind.into(), owner.to_hex(), ms, keep, self.grace(), channel],
         }
     }
@@ -344,6 +365,7 @@ impl Store for RedisStore {
         // Refused at every (re)connection and policy check unless accepted explicitly.
         c.may_evict = self.config.allow_eviction();
         c.records = true;
+        c.watch = self.notifier.is_some();
         c
     }
 
@@ -363,13 +385,13 @@ impl Store for RedisStore {
         let got = self
             .batcher
             .submit(self.slot(key), op, |op| async move {
-                let [l, f, q, qd] = &op.keys;
+                let [l, f, q, qd, w] = &op.keys;
                 let [_, owner, ms, keep, grace, channel] = &op.args;
                 self.conn
                     .run(
                         "acquire",
                         &SCRIPTS.acquire,
-                        &[l, f, q, qd],
+                        &[l, f, q, qd, w],
                         &[owner, ms, keep, grace, channel],
                         scripts::parse_acquire,
                     )
@@ -505,13 +527,13 @@ impl Store for RedisStore {
         let got = self
             .batcher
             .submit(self.slot(key), op, |op| async move {
-                let [l, f, q, qd] = &op.keys;
+                let [l, f, q, qd, w] = &op.keys;
                 let [_, owner, _, keep, grace, channel] = &op.args;
                 self.conn
                     .run(
                         "release",
                         &SCRIPTS.release,
-                        &[l, f, q, qd],
+                        &[l, f, q, qd, w],
                         &[owner, channel, grace, keep],
                         scripts::parse_flag,
                     )
@@ -696,14 +718,22 @@ impl Store for RedisStore {
         StoreError::check_record_value(BACKEND, value)?;
         let name = self.layout.record_name(key);
         let fence = crate::records::fence_arg(fence);
-        self.conn
-            .run_bytes(
-                "put record",
-                &SCRIPTS.put_record,
-                &[&name],
-                &[fence.as_bytes(), value],
-                |v, id| scripts::record_reply(crate::records::parse_put_reply(v, id)),
+        // With notifications on, the key's watch mark and channel: a write is told to
+        // the key's watchers.
+        let names = self.layout.names(key);
+        let channel = self.channel(&names);
+        let (keys, args): (Vec<&str>, Vec<&[u8]>) = if self.notifier.is_some() {
+            (
+                vec![&name, &names.watch],
+                vec![fence.as_bytes(), value, channel.as_bytes()],
             )
+        } else {
+            (vec![&name], vec![fence.as_bytes(), value])
+        };
+        self.conn
+            .run_bytes("put record", &SCRIPTS.put_record, &keys, &args, |v, id| {
+                scripts::record_reply(crate::records::parse_put_reply(v, id))
+            })
             .await
     }
 
@@ -718,6 +748,162 @@ impl Store for RedisStore {
                 scripts::record_reply(crate::records::parse_reply(v, id))
             })
             .await
+    }
+
+    /// Subscribes to the key's channel (the one its waiters use), then marks the key
+    /// watched (`p{e}:w`, for [`WATCH_MARK_TTL`]) with one script that also publishes
+    /// this watch's heartbeat, and returns once the heartbeat came back: the subscription
+    /// is known to hear the key. From then on the scripts publish the key's changes:
+    /// a grant, a release, a break, a record write (see the crate docs, "Watching").
+    /// A task of the watch refreshes the mark every [`WATCH_REFRESH`] and checks the
+    /// heartbeat each time; a refresh that fails, a heartbeat that does not come back
+    /// within the operation timeout, or a lost pub/sub connection ends the stream with an
+    /// `Err` item. Dropping the stream stops the task and unsubscribes once nobody else
+    /// in this store waits on or watches the key; the mark lapses by itself (other
+    /// processes may be watching the key too).
+    ///
+    /// # Errors
+    /// `Unsupported` with notifications off (`notify=false`); the errors of subscribing
+    /// and of the script; `Unavailable` when the heartbeat does not come back in time.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves at most the mark behind, which lapses.
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Err(StoreError::unsupported(
+                BACKEND,
+                "watching (notifications are off: notify=false)",
+            ));
+        };
+        let names = self.layout.names(key);
+        let beat = format!("~{}", OwnerToken::random().to_hex());
+        let reg = notifier.watch(&names.channel, &beat);
+        notifier.subscribe_watcher(&reg).await?;
+        let watch = Watching {
+            conn: self.conn.clone(),
+            mark: names.watch.clone(),
+            channel: self.channel(&names),
+            beat,
+            reg,
+        };
+        watch.refresh().await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let task = tokio::spawn(watch.run(tx)).abort_handle();
+        Ok(Box::pin(WatchStream { rx, task }))
+    }
+}
+
+/// A running watch (see [`RedisStore::watch`]).
+struct Watching {
+    conn: Arc<Conn>,
+    /// The key's watch mark.
+    mark: String,
+    /// The channel argument of the scripts.
+    channel: String,
+    /// This watch's heartbeat message.
+    beat: String,
+    reg: WatchRegistration,
+}
+
+impl Watching {
+    /// Refreshes the mark, publishing the heartbeat, and waits for the heartbeat to come
+    /// back, all within the operation timeout.
+    async fn refresh(&self) -> Result<(), StoreError> {
+        let limit = self.conn.op_timeout();
+        let deadline = Instant::now() + limit;
+        let heard = self.reg.watcher().heard.notified();
+        tokio::pin!(heard);
+        heard.as_mut().enable();
+        let ttl = WATCH_MARK_TTL.as_millis().to_string();
+        // A read-only run: no `WAIT` for replicas, which a mark refreshed every few
+        // seconds does not need.
+        self.conn
+            .run_read(
+                "watch",
+                &SCRIPTS.watch,
+                &[&self.mark],
+                &[&ttl, &self.channel, &self.beat],
+                scripts::parse_watch,
+            )
+            .await?;
+        if self.reg.watcher().is_lost() {
+            return Err(lost());
+        }
+        if tokio::time::timeout_at(deadline, heard).await.is_err() {
+            // The subscription does not hear the key: the next one connects afresh.
+            self.reg.notifier().reset();
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                BACKEND,
+                format!(
+                    "watch: the heartbeat did not come back over pub/sub within {limit:?}; \
+                     the subscription does not hear the key (the next watch connects afresh)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Forwards change notices (coalesced: at most one waits to be taken) until the
+    /// stream is dropped or the watch fails (then its error is the last item).
+    async fn run(self, tx: tokio::sync::mpsc::Sender<Result<(), StoreError>>) {
+        let watcher = self.reg.watcher();
+        let mut next_refresh = Instant::now() + WATCH_REFRESH;
+        loop {
+            tokio::select! {
+                () = watcher.changed.notified() => {
+                    if watcher.is_lost() {
+                        let _ = tx.send(Err(lost())).await;
+                        return;
+                    }
+                    if let Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) =
+                        tx.try_send(Ok(()))
+                    {
+                        return;
+                    }
+                }
+                () = tokio::time::sleep_until(next_refresh) => {
+                    if let Err(e) = self.refresh().await {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                    next_refresh = Instant::now() + WATCH_REFRESH;
+                }
+                () = tx.closed() => return,
+            }
+        }
+    }
+}
+
+/// The error of a watch whose pub/sub connection was lost.
+fn lost() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        BACKEND,
+        "watch: the pub/sub connection was lost; changes may have been missed (watch again)",
+    )
+}
+
+/// The stream of a watch: its task's notices; dropping it stops the task.
+struct WatchStream {
+    rx: tokio::sync::mpsc::Receiver<Result<(), StoreError>>,
+    task: tokio::task::AbortHandle,
+}
+
+impl futures::Stream for WatchStream {
+    type Item = Result<(), StoreError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

@@ -394,3 +394,87 @@ async fn release_notifications_are_sharded_on_a_cluster() {
         "NUMSUB: {classic:?}"
     );
 }
+
+/// A watch on a Cluster subscribes with `SSUBSCRIBE` on the key's node (no classic
+/// subscription anywhere) and hears a grant made by another store. When that node
+/// restarts, the watch ends with the error of a lost pub/sub connection — the cluster
+/// client subscribes again by itself once the node is back, and the notices published
+/// meanwhile would otherwise be missed without a word — and a new watch hears the next
+/// grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_cluster_is_sharded_and_reports_a_node_restart() {
+    use futures::StreamExt;
+    let c = Cluster::start().await;
+    let other = RedisStore::new(c.config.clone()).unwrap();
+    let k = key("job:watched");
+    let mut changes = c.store.watch(&k).await.unwrap();
+    let channel = format!("{}:released", c.store.lease_key(&k));
+    let slot = tokio::task::block_in_place(|| c.cluster.keyslot(&channel));
+    let (shard, classic) = tokio::task::block_in_place(|| {
+        (
+            c.cluster
+                .node_for_slot(slot)
+                .cli(&["PUBSUB", "SHARDNUMSUB", &channel]),
+            c.cluster
+                .nodes()
+                .iter()
+                .map(|n| n.cli(&["PUBSUB", "NUMSUB", &channel]))
+                .collect::<Vec<_>>()
+                .join(" | "),
+        )
+    });
+    assert!(shard.ends_with("\n1"), "SHARDNUMSUB: {shard:?}");
+    assert!(
+        classic.split(" | ").all(|n| n.ends_with("\n0")),
+        "NUMSUB: {classic:?}"
+    );
+    let o = OwnerToken::random();
+    acquired(&other, &k, &o, Duration::from_secs(30)).await;
+    let notice = timeout(Duration::from_secs(5), changes.next()).await;
+    assert!(matches!(notice, Ok(Some(Ok(())))), "{notice:?}");
+
+    let cluster = c.cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        cluster.node_for_slot(slot).restart();
+        cluster.wait_state_ok(Duration::from_secs(30));
+    })
+    .await
+    .unwrap();
+    let end = timeout(Duration::from_secs(15), async {
+        loop {
+            match changes.next().await {
+                Some(Ok(())) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch said nothing of the node restart");
+    let e = end.expect("an error, not the bare end").unwrap_err();
+    assert!(e.to_string().contains("pub/sub connection was lost"), "{e}");
+
+    let mut changes = timeout(Duration::from_secs(20), async {
+        loop {
+            match c.store.watch(&k).await {
+                Ok(c) => return c,
+                Err(_) => sleep(Duration::from_millis(200)).await,
+            }
+        }
+    })
+    .await
+    .expect("watching again after the node restart");
+    let o = OwnerToken::random();
+    let mut tries = 0;
+    loop {
+        match other.acquire(&k, &o, Duration::from_secs(30)).await {
+            Ok(AcquireOutcome::Acquired { .. }) => break,
+            other => {
+                tries += 1;
+                assert!(tries < 20, "acquire after the node restart: {other:?}");
+                sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let notice = timeout(Duration::from_secs(5), changes.next()).await;
+    assert!(matches!(notice, Ok(Some(Ok(())))), "{notice:?}");
+}

@@ -262,7 +262,21 @@ async fn exercise_everything(store: Arc<RedisStore>) {
     let broken = store.break_lease(&k).await.unwrap();
     assert!(broken > next.fence());
     assert!(!next.release().await.unwrap());
-    // Records (GET and SET inside their scripts).
+    // A watch (SET and PUBLISH in its script, SUBSCRIBE) hears a grant.
+    {
+        use futures::StreamExt;
+        let w = Key::new("job:acl-watch").unwrap();
+        let mut changes = store.watch(&w).await.expect("watch as the ACL user");
+        let me = OwnerToken::random();
+        store
+            .acquire(&w, &me, Duration::from_secs(5))
+            .await
+            .expect("acquire a watched key as the ACL user");
+        let notice = tokio::time::timeout(Duration::from_secs(5), changes.next()).await;
+        assert!(matches!(notice, Ok(Some(Ok(())))), "{notice:?}");
+        store.release(&w, &me).await.unwrap();
+    }
+    // Records (GET and SET inside their scripts; EXISTS and PUBLISH for watchers).
     let r = Key::new("election/acl").unwrap();
     let stored = store
         .put_record(&r, broken, b"leader")

@@ -415,3 +415,75 @@ async fn replica_acknowledged_records_fail_closed_and_survive_a_failover() {
         (Fence(7), &b"leader-a"[..])
     );
 }
+
+/// A watch across a split brain: its subscription is on the old primary, which stays a
+/// primary (its `REPLICAOF` is disabled) and so never hears what is published on the
+/// new one. Nothing breaks the pub/sub connection; the watch's heartbeat, published
+/// with its refresh on the new primary, does not come back, and the watch ends with an
+/// error within `WATCH_REFRESH` plus the operation timeout (and a little) instead of
+/// hearing nothing forever. A new watch subscribes on the new primary and hears the
+/// next grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_split_off_primary_reports_it_and_a_new_watch_hears_the_new_one() {
+    use futures::StreamExt;
+    let set = Arc::new(
+        blocking(|| {
+            RedisSentinelSet::start_with(
+                "watchsplit",
+                &[
+                    "--rename-command",
+                    "REPLICAOF",
+                    "",
+                    "--rename-command",
+                    "SLAVEOF",
+                    "",
+                ],
+            )
+        })
+        .await,
+    );
+    let store = open(&set, "&policy_check=60s").await;
+    let k = Key::new("job:watched").unwrap();
+    let mut changes = store.watch(&k).await.unwrap();
+    let first = set.primary_port();
+    let second = {
+        let set = set.clone();
+        blocking(move || set.failover()).await
+    };
+    assert_ne!(first, second);
+    let other = open(&set, "").await;
+    fence(acquire(&other, &k, &OwnerToken::random()).await);
+    let started = Instant::now();
+    let bound = leasehold_redis::WATCH_REFRESH + Duration::from_secs(3 + 3);
+    loop {
+        match tokio::time::timeout(bound, changes.next()).await {
+            // A notice may come (the old primary's replica link, or a spurious one).
+            Ok(Some(Ok(()))) => continue,
+            Ok(Some(Err(_)) | None) => break,
+            Err(_) => panic!("the watch heard nothing and said nothing for {bound:?}"),
+        }
+    }
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+    let mut changes = {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            match store.watch(&k).await {
+                Ok(c) => break c,
+                Err(e) => {
+                    assert!(Instant::now() < end, "watching again: {e}");
+                    sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    };
+    let holder = OwnerToken::random();
+    let k2 = k.clone();
+    // The key is held since the grant above: break it so that the next grant is new.
+    other.break_lease(&k2).await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(1), changes.next()).await;
+    fence(acquire(&other, &k, &holder).await);
+    match tokio::time::timeout(Duration::from_secs(5), changes.next()).await {
+        Ok(Some(Ok(()))) => {}
+        other => panic!("the new watch did not hear a grant on the new primary: {other:?}"),
+    }
+}

@@ -233,6 +233,46 @@ async fn old_and_new_clients_exclude_each_other_on_the_same_key() {
     assert!(f_again > f_new);
 }
 
+/// A watched key and an old client, which does not know the watch mark: it acquires
+/// the watched key as on any other (the mark changes nothing it reads), and its grant is
+/// not notified — an observer sees it at its next read (`observe`'s interval); the new
+/// client is still turned away while it holds. Its release publishes its fence (that
+/// release's own message), which the watcher takes as a notice; the new client's grant
+/// after it is notified as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_clients_grant_on_a_watched_key_is_not_notified_and_still_excludes() {
+    use futures::StreamExt;
+    let s = Standalone::start().await;
+    let mut old = Old::new(&s).await;
+    let k = key("upgrade:watched");
+    let (a, b) = (OwnerToken::random(), OwnerToken::random());
+    let mut changes = s.store.watch(&k).await.unwrap();
+    let f_old = old
+        .acquire(&s, &k, &a)
+        .await
+        .expect("old grants on a watched key");
+    assert!(
+        timeout(Duration::from_millis(700), changes.next())
+            .await
+            .is_err(),
+        "an old client's grant was notified"
+    );
+    match s.store.acquire(&k, &b, TTL).await.unwrap() {
+        AcquireOutcome::Held { .. } => {}
+        other => panic!("the new client got past an old holder: {other:?}"),
+    }
+    assert!(old.release(&s, &k, &a).await);
+    let notice = timeout(Duration::from_secs(5), changes.next()).await;
+    assert!(matches!(notice, Ok(Some(Ok(())))), "{notice:?}");
+    let f_new = match s.store.acquire(&k, &b, TTL).await.unwrap() {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        other => panic!("{other:?}"),
+    };
+    assert!(f_new > f_old);
+    let notice = timeout(Duration::from_secs(5), changes.next()).await;
+    assert!(matches!(notice, Ok(Some(Ok(())))), "{notice:?}");
+}
+
 /// A lease written in a newer store format (a value starting `v<N>|`) is refused with a
 /// `Config` error that says to upgrade, and left as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
