@@ -55,6 +55,10 @@ use crate::wait::LockId;
 
 /// Bounds setting a watch up (connecting, `LISTEN`, the shared lock) and each ping.
 pub(crate) const SETUP: Duration = Duration::from_secs(10);
+/// The watch session's `lock_timeout` (and, one second more, its `statement_timeout`): a
+/// watch lock that is not granted within this fails that one watch (`Busy`), before
+/// [`SETUP`] would end the whole session.
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(8);
 /// How often an idle watch session is pinged (which also finds a dead connection).
 pub(crate) const PING_EVERY: Duration = Duration::from_secs(2);
 /// The watch session's `idle_session_timeout`: how long the server keeps the `W` locks
@@ -310,13 +314,15 @@ impl Task {
         // come back silently.
         l.eager_reconnect(false);
         let idle = SESSION_IDLE.as_millis().to_string();
-        let bound = SETUP.as_millis().to_string();
+        let lock_wait = LOCK_WAIT.as_millis().to_string();
+        let statement = (LOCK_WAIT + Duration::from_secs(1)).as_millis().to_string();
         sqlx::query(
             "SELECT set_config('idle_session_timeout', $1, false), \
-               set_config('lock_timeout', $2, false), set_config('statement_timeout', $2, false)",
+               set_config('lock_timeout', $2, false), set_config('statement_timeout', $3, false)",
         )
         .bind(idle)
-        .bind(bound)
+        .bind(lock_wait)
+        .bind(statement)
         .execute(&mut l)
         .await?;
         l.listen(&self.channel).await?;
@@ -400,13 +406,26 @@ impl Task {
                 let first = !self.by_lock.contains_key(&lock);
                 self.subs.insert(sub, lock);
                 self.by_lock.entry(lock).or_default().insert(sub, notices);
-                if first
-                    && let Err(e) = self
+                if first {
+                    match self
                         .advisory(listener, "pg_advisory_lock_shared", lock)
                         .await
-                {
-                    let _ = ready.send(Err(copy(&e)));
-                    return Err(e);
+                    {
+                        Ok(()) => {}
+                        // The server refused this one lock (not granted within the lock
+                        // timeout, its lock table full): only this watch fails, the session
+                        // goes on.
+                        Err(Failure::Refused(e)) => {
+                            self.subs.remove(&sub);
+                            self.by_lock.remove(&lock);
+                            let _ = ready.send(Err(e));
+                            return Ok(());
+                        }
+                        Err(Failure::Lost(e)) => {
+                            let _ = ready.send(Err(copy(&e)));
+                            return Err(e);
+                        }
+                    }
                 }
                 let _ = ready.send(Ok(()));
             }
@@ -420,8 +439,11 @@ impl Task {
                 });
                 if last {
                     self.by_lock.remove(&lock);
+                    // Whether the lock is still held is unknown after any failure here: end
+                    // the session, which releases it.
                     self.advisory(listener, "pg_advisory_unlock_shared", lock)
-                        .await?;
+                        .await
+                        .map_err(Failure::into_error)?;
                 }
             }
         }
@@ -434,7 +456,7 @@ impl Task {
         listener: &mut PgListener,
         function: &'static str,
         lock: LockId,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), Failure> {
         let (hi, lo) = match lock {
             LockId::Pair(hi, lo) => (hi, lo),
             // Not made by `lock_of`; the same 64 bits in the two-int4 form.
@@ -446,8 +468,12 @@ impl Task {
             .execute(&mut *listener);
         match tokio::time::timeout(SETUP, call).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(error::map(self.backend, "watching", e)),
-            Err(_) => Err(self.timeout("taking the watch lock")),
+            Ok(Err(e @ sqlx::Error::Database(_))) => {
+                Err(Failure::Refused(error::map(self.backend, "watching", e)))
+            }
+            Ok(Err(e)) => Err(Failure::Lost(error::map(self.backend, "watching", e))),
+            // The statement may still run: the session's state is unknown.
+            Err(_) => Err(Failure::Lost(self.timeout("taking the watch lock"))),
         }
     }
 
@@ -487,6 +513,22 @@ impl Task {
                 // same thing.
                 let _ = s.try_send(Err(copy(err)));
             }
+        }
+    }
+}
+
+/// How a statement on the watch session failed.
+enum Failure {
+    /// The server answered with an error: the session is fine.
+    Refused(StoreError),
+    /// No answer, or the connection failed: the session must end.
+    Lost(StoreError),
+}
+
+impl Failure {
+    fn into_error(self) -> StoreError {
+        match self {
+            Failure::Refused(e) | Failure::Lost(e) => e,
         }
     }
 }

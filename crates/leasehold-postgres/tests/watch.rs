@@ -16,7 +16,7 @@ use leasehold_core::{
 };
 use leasehold_postgres::sqlx::postgres::PgListener;
 use leasehold_postgres::sqlx::{self, PgPool};
-use leasehold_postgres::{PgAdvisoryStore, PgConfig};
+use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore};
 use leasehold_testkit::{FaultProxy, PostgresOptions, ProxyMode};
 use tokio::time::timeout;
 
@@ -362,18 +362,7 @@ async fn dropping_the_streams_releases_the_lock_and_the_session() {
     // A writer holds `stuck`'s watch lock (as a statement does until its commit), so a
     // watch of it waits; the caller gives up.
     let k = key("stuck");
-    let mut tx = admin.begin().await.unwrap();
-    sqlx::query(
-        "SELECT pg_advisory_xact_lock(('x' || encode(substring(d FROM 1 FOR 4), 'hex'))::bit(32)::int4, \
-           ('x' || encode(substring(d FROM 5 FOR 4), 'hex'))::bit(32)::int4) \
-         FROM (SELECT sha256(convert_to('leasehold-watch', 'UTF8') || '\\x00'::bytea \
-           || convert_to($1, 'UTF8') || '\\x00'::bytea || convert_to($2, 'UTF8')) AS d) s",
-    )
-    .bind(table.records_table().sql())
-    .bind(k.as_str())
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    let tx = hold_watch_lock(&admin, &table, &k).await;
     assert!(
         timeout(Duration::from_millis(500), table.watch(&k))
             .await
@@ -382,6 +371,68 @@ async fn dropping_the_streams_releases_the_lock_and_the_session() {
     );
     tx.commit().await.unwrap();
     gone("a watch call dropped while it waited").await;
+}
+
+/// Holds `k`'s watch lock exclusively in a transaction of the admin pool (as a writer's
+/// statement does until it commits), computed from the documented formula.
+async fn hold_watch_lock(
+    admin: &PgPool,
+    store: &PgLeaseStore,
+    k: &Key,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = admin.begin().await.unwrap();
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(('x' || encode(substring(d FROM 1 FOR 4), 'hex'))::bit(32)::int4, \
+           ('x' || encode(substring(d FROM 5 FOR 4), 'hex'))::bit(32)::int4) \
+         FROM (SELECT sha256(convert_to('leasehold-watch', 'UTF8') || '\\x00'::bytea \
+           || convert_to($1, 'UTF8') || '\\x00'::bytea || convert_to($2, 'UTF8')) AS d) s",
+    )
+    .bind(store.records_table().sql())
+    .bind(k.as_str())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx
+}
+
+/// Setting a watch up is bounded: a watch lock that another transaction keeps from it
+/// for longer than the watch session's lock timeout (8 s) fails that one watch with
+/// `Busy`, well within 10 s, and the other watches of the same session go on noticing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_kept_from_its_lock_fails_alone_and_in_time() {
+    let pg = common::start_pg(PostgresOptions::new()).await;
+    let admin = common::admin_pool(&pg).await;
+    let table = common::table_store(&pg.url()).await;
+    let other = common::table_store(&pg.url()).await;
+    let fine = key("fine");
+    let mut changes = table.watch(&fine).await.unwrap();
+    let stuck = key("stuck");
+    let tx = hold_watch_lock(&admin, &table, &stuck).await;
+    let started = tokio::time::Instant::now();
+    let err = timeout(Duration::from_secs(30), table.watch(&stuck))
+        .await
+        .expect("setting a watch up is bounded")
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Busy, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    tx.rollback().await.unwrap();
+    let owner = OwnerToken::random();
+    grant(&other, &fine, &owner).await;
+    noticed(
+        &mut changes,
+        "a grant on the same session after another watch failed",
+    )
+    .await;
+    assert_eq!(
+        watch_sessions_and_locks(&admin).await,
+        (1, 1),
+        "the failed watch holds nothing"
+    );
 }
 
 /// `Election::observe` on PostgreSQL follows the notices: with an interval of an hour, a
