@@ -221,7 +221,8 @@ async fn nothing_is_notified_for_keys_nobody_watches() {
 /// A watch whose connection is lost reports it, never hangs: through a fault proxy, a
 /// blackholed connection (found by the session's ping), a reset connection and a server
 /// restart each end the stream (an `Err` item, or its end) within a bound; after each,
-/// watching again works and notices come.
+/// watching again works and notices come. The server ends a watch session it no longer
+/// hears from (behind the blackhole) by itself, releasing its watch lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_connection_or_a_restart_ends_the_stream() {
     let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
@@ -230,6 +231,7 @@ async fn a_lost_connection_or_a_restart_ends_the_stream() {
     let table = common::table_store(&proxied).await;
     let advisory = advisory_store(&proxied).await;
     let direct = common::table_store(&pg.url()).await;
+    let admin = common::admin_pool(&pg).await;
     let k = key("watch:faults");
     let owner = OwnerToken::random();
     // The ping comes every 2 s and must answer within 10 s.
@@ -278,6 +280,14 @@ async fn a_lost_connection_or_a_restart_ends_the_stream() {
         let mut changes = store.watch(&k).await.unwrap();
         proxy.set_mode(ProxyMode::Blackhole);
         ends(&mut changes, "blackholed").await;
+        // The client's goodbye cannot pass the blackhole: the server ends the silent
+        // session itself (`idle_session_timeout`, 15 s after its last ping), and with it
+        // the watch lock, so writers stop notifying.
+        let ended = common::eventually(Duration::from_secs(25), || async {
+            (watch_sessions_and_locks(&admin).await == (0, 0)).then_some(())
+        })
+        .await;
+        assert!(ended.is_some(), "the server kept a silent watch session");
         proxy.set_mode(ProxyMode::Pass);
         works(store, "watching again after a blackhole").await;
 
