@@ -488,3 +488,73 @@ async fn observe_follows_notices_from_another_client() {
     leadership.resign().await.unwrap();
     assert_eq!(next().await, None);
 }
+
+/// Top-level statements that name `table`, as `pg_stat_statements` counts them since its
+/// last reset.
+async fn statements_on(admin: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+         WHERE query LIKE '%' || $1 || '%' AND query NOT LIKE '%pg_stat_statements%'",
+    )
+    .bind(table)
+    .fetch_one(admin)
+    .await
+    .unwrap()
+}
+
+/// Watching adds no statement (so no round trip) to the hot path, watched or not: as
+/// `pg_stat_statements` counts them, 10 grants and releases of the lease table are 20
+/// statements whether the key is watched or not, and the advisory store's are as many
+/// watched as unwatched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hot_path_sends_no_statement_more_watched_or_not() {
+    let pg = common::start_pg(
+        PostgresOptions::new().setting("shared_preload_libraries", "pg_stat_statements"),
+    )
+    .await;
+    let admin = common::admin_pool(&pg).await;
+    sqlx::raw_sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&admin)
+        .await
+        .unwrap();
+    let table = common::table_store(&pg.url()).await;
+    let advisory = advisory_store(&pg.url()).await;
+    let watcher = common::table_store(&pg.url()).await;
+    let owner = OwnerToken::random();
+    let stores: [(&dyn Store, &str); 2] = [
+        (&table, "leasehold_leases"),
+        (&advisory, "leasehold_advisory"),
+    ];
+    for (store, name) in stores {
+        let mut counts = Vec::new();
+        for watched in [false, true] {
+            let k = key(if watched {
+                "hot:watched"
+            } else {
+                "hot:unwatched"
+            });
+            let changes = if watched {
+                Some(watcher.watch(&k).await.unwrap())
+            } else {
+                None
+            };
+            // Warm up (the advisory store's first acquire opens its session).
+            grant(store, &k, &owner).await;
+            store.release(&k, &owner).await.unwrap();
+            sqlx::raw_sql("SELECT pg_stat_statements_reset()")
+                .execute(&admin)
+                .await
+                .unwrap();
+            for _ in 0..10 {
+                grant(store, &k, &owner).await;
+                store.release(&k, &owner).await.unwrap();
+            }
+            counts.push(statements_on(&admin, name).await);
+            drop(changes);
+        }
+        assert_eq!(counts[0], counts[1], "{name}: unwatched, watched");
+        if name == "leasehold_leases" {
+            assert_eq!(counts[0], 20, "one statement per acquire and per release");
+        }
+    }
+}
