@@ -25,9 +25,9 @@
 //! **Channel and payload.** One channel per records table (both stores of one schema
 //! share it, as they share the records): `leasehold_watch_` and 16 hex digits of SHA-256
 //! of `leasehold-watch-channel` and the records table, 32 bytes, well under the 63 of an
-//! identifier. The payload is `W(k)` as 16 hex digits: a key of any length, never the key
-//! itself (which could be up to the key limit and hold any character), so the 8000-byte
-//! payload limit cannot be reached. Two keys sharing 64 bits of digest share notices,
+//! identifier. The payload is `W(k)` as 16 hex digits whatever the key, never the key
+//! itself (which may be long and hold any character), so the 8000-byte payload limit
+//! cannot be reached. Two keys sharing 64 bits of digest share notices,
 //! which the contract allows (a spurious notice).
 //!
 //! **One session per store.** It is opened by the first watch and closed when the last
