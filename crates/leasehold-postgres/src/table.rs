@@ -439,6 +439,11 @@ pub(crate) const MIN_REMAINING: Duration = Duration::from_millis(1);
 ///   a new connection).
 /// - `wait_released` is not supported: waiters back off with jitter, bounded by the
 ///   holder's remaining TTL, which `Held` reports.
+/// - [`watch`](Store::watch) notifies every grant, release and break of a key and every
+///   write of its record, by any client, with `LISTEN`/`NOTIFY`; the statements send the
+///   `NOTIFY` only while somebody watches the key, so the hot path pays no round trip and
+///   no `NOTIFY` for it (see the crate's README, "Watching a key"). Not behind a
+///   transaction-pooling proxy (`Unsupported`).
 ///
 /// ## Cancel safety
 /// Every operation may be dropped at an await (the caller's timeout). A statement already
