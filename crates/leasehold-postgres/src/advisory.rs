@@ -258,7 +258,7 @@ struct Inner {
 ///   `pg_signal_backend`).
 /// - [`watch`](Store::watch) notifies every grant, release and break of a key and every
 ///   write of its record, by any client, with `LISTEN`/`NOTIFY`, sent only while somebody
-///   watches the key (see the crate's README, "Watching a key"); a lease that ends with
+///   watches the key (see the crate's README, "Watching"); a lease that ends with
 ///   its holder's session is not notified, as an expiry.
 /// - Connections: one pool (default 10) for inspect/list/break and acquisition pre-checks,
 ///   plus one dedicated connection per held lease and up to 4 idle ones kept for reuse.

@@ -442,7 +442,7 @@ pub(crate) const MIN_REMAINING: Duration = Duration::from_millis(1);
 /// - [`watch`](Store::watch) notifies every grant, release and break of a key and every
 ///   write of its record, by any client, with `LISTEN`/`NOTIFY`; the statements send the
 ///   `NOTIFY` only while somebody watches the key, so the hot path pays no round trip and
-///   no `NOTIFY` for it (see the crate's README, "Watching a key"). Not behind a
+///   no `NOTIFY` for it (see the crate's README, "Watching"). Not behind a
 ///   transaction-pooling proxy (`Unsupported`).
 ///
 /// ## Cancel safety
