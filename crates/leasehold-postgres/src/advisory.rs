@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use sha2::{Digest, Sha256};
 use sqlx::AssertSqlSafe;
@@ -19,6 +19,7 @@ use crate::config::{DEFAULT_ADVISORY_TABLE, DEFAULT_RECORD_TABLE, PgConfig, Tabl
 use crate::records::Records;
 use crate::table::{MIN_REMAINING, col, fence_of, info_of, like_prefix, micros, ttl_us};
 use crate::wait::{Queue, Sessions, close};
+use crate::watch::{self, Watches};
 use crate::{BACKEND_ADVISORY, error, schema};
 
 const BACKEND: &str = BACKEND_ADVISORY;
@@ -72,8 +73,13 @@ struct Sql {
 }
 
 impl Sql {
-    fn new(t: &TableName) -> Self {
-        let t = t.sql();
+    fn new(table: &TableName) -> Self {
+        let t = table.sql();
+        let records = table.sibling(DEFAULT_RECORD_TABLE);
+        // Each grant, release and break notifies the key's watchers, if it has any.
+        let watched_grant = watch::notify_sql(&records, "$2", "l.got");
+        let watched_release = watch::notify_sql(&records, "$1", "n.n > 0");
+        let watched_break = watch::notify_sql(&records, "$1", "true");
         let remaining = "GREATEST(0, (extract(epoch FROM (a.expires_at - clock_timestamp())) * 1000000)::bigint)";
         // Through the pool: is the lock held by any session, and for how long (per row)?
         let precheck = format!(
@@ -104,7 +110,8 @@ impl Sql {
                CASE WHEN l.got THEN set_config('idle_session_timeout', $5, false) || \
                                     set_config('application_name', $6, false) END AS settings, \
                CASE WHEN NOT l.got THEN COALESCE((SELECT {remaining} FROM {t} a WHERE a.key = $2 AND a.owner IS NOT NULL), $4) \
-                 END AS remaining_us \
+                 END AS remaining_us, \
+               {watched_grant} AS watched \
              FROM l"
             )
         };
@@ -139,7 +146,8 @@ impl Sql {
              ), n AS (SELECT count(*) AS n FROM u) \
              SELECT n.n AS cleared, pg_advisory_unlock($3) AS unlocked, \
                set_config('idle_session_timeout', '0', false) || set_config('application_name', $4, false) AS reset, \
-               set_config('synchronous_commit', 'off', true) AS commit_mode \
+               set_config('synchronous_commit', 'off', true) AS commit_mode, \
+               {watched_release} AS watched \
              FROM n"
         );
         let inspect = format!(
@@ -169,7 +177,8 @@ impl Sql {
                   SELECT x.pid FROM pg_catalog.pg_locks x WHERE x.locktype = 'advisory' \
                     AND x.objsubid = 1 AND x.granted AND x.classid::bigint = $3 AND x.objid::bigint = $4 \
                     AND x.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()) \
-                  OFFSET 0) h) AS terminated"
+                  OFFSET 0) h) AS terminated, \
+               {watched_break} AS watched"
         );
         let terminate_holder = "SELECT count(pg_catalog.pg_terminate_backend(h.pid, 5000)) FROM ( \
                SELECT x.pid FROM pg_catalog.pg_locks x WHERE x.locktype = 'advisory' \
@@ -214,6 +223,8 @@ struct Inner {
     sessions: Arc<Sessions>,
     /// Waiters' queues (`None`: waiting is off).
     queue: Option<Queue>,
+    /// Change notices.
+    watches: Watches,
 }
 
 /// A lease store on PostgreSQL session-level advisory locks (backend name
@@ -245,6 +256,10 @@ struct Inner {
 ///   [`break_lease`](Store::break_lease) it, which advances the fence and ends the holder's
 ///   session with `pg_terminate_backend` (needs the same role, or membership in
 ///   `pg_signal_backend`).
+/// - [`watch`](Store::watch) notifies every grant, release and break of a key and every
+///   write of its record, by any client, with `LISTEN`/`NOTIFY`, sent only while somebody
+///   watches the key (see the crate's README, "Watching"); a lease that ends with
+///   its holder's session is not notified, as an expiry.
 /// - Connections: one pool (default 10) for inspect/list/break and acquisition pre-checks,
 ///   plus one dedicated connection per held lease and up to 4 idle ones kept for reuse.
 ///   Mind `max_connections` when holding many leases at once.
@@ -364,6 +379,11 @@ impl PgAdvisoryStore {
                 config.get_wait_sessions() as usize,
             )
         });
+        let watches = Watches::new(
+            BACKEND,
+            config.options_named(&format!("{prefix}/watch")),
+            &table.sibling(DEFAULT_RECORD_TABLE),
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -375,6 +395,7 @@ impl PgAdvisoryStore {
                 holders: Mutex::new(HashMap::new()),
                 sessions,
                 queue,
+                watches,
             }),
         })
     }
@@ -438,6 +459,13 @@ impl PgAdvisoryStore {
     /// The records table in use: [`DEFAULT_RECORD_TABLE`] in the store table's schema.
     pub fn records_table(&self) -> &TableName {
         self.inner.records.table()
+    }
+
+    /// The channel of the store's change notices ([`Store::watch`]), shared with the
+    /// lease-table store of the same schema: see
+    /// [`PgLeaseStore::watch_channel`](crate::PgLeaseStore::watch_channel).
+    pub fn watch_channel(&self) -> &str {
+        self.inner.watches.channel()
     }
 
     /// The pool used for inspect, list, break and pre-checks.
@@ -682,6 +710,7 @@ impl Store for PgAdvisoryStore {
         caps.records = true;
         caps.wait_for_release = self.inner.queue.is_some();
         caps.fifo_wait = self.inner.queue.is_some();
+        caps.watch = true;
         caps
     }
 
@@ -934,6 +963,24 @@ impl Store for PgAdvisoryStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let i = &self.inner;
         i.records.get(&i.pool, BACKEND, false, key).await
+    }
+
+    /// `LISTEN`s on the store's watch session (one per store instance, opened by the first
+    /// watch, closed with the last stream) and holds the key's watch lock there, so that
+    /// every grant, release and break of the lease `key` and every write of the record
+    /// `key`, by any client, sends a notice at its commit (see the crate's README). A
+    /// lease that ends with its holder's session (expiry by `idle_session_timeout`, a
+    /// crash, [`terminate_holder`](Self::terminate_holder)) is not notified, as an expiry.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call gives its subscription up; dropping the stream ends the
+    /// watch.
+    ///
+    /// # Errors
+    /// Connection errors, or [`StoreErrorKind::Timeout`] when the watch is not set up
+    /// within 10 s.
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        self.inner.watches.watch(key).await
     }
 }
 

@@ -12,6 +12,7 @@ mod records;
 mod schema;
 mod table;
 mod wait;
+mod watch;
 
 pub use advisory::{PgAdvisoryStore, advisory_lock_id};
 pub use config::{

@@ -31,14 +31,20 @@ impl Records {
         // so the read that follows in the same transaction (a new snapshot under READ
         // COMMITTED) sees the record that stays until the transaction ends. A CTE could
         // not: its snapshot may predate a conflicting row committed meanwhile.
+        // (The upsert as a CTE locks and writes the same way.) A write notifies the key's
+        // watchers, if it has any (`watch`); one row, `watched`.
+        let watched = crate::watch::notify_sql(&table, "$1", "w.n > 0");
         let put = format!(
-            "INSERT INTO {t} AS r (key, fence, value) VALUES ($1, $2, $3) \
-             ON CONFLICT (key) DO UPDATE SET fence = EXCLUDED.fence, value = EXCLUDED.value \
-             WHERE r.fence < EXCLUDED.fence"
+            "WITH u AS ( \
+               INSERT INTO {t} AS r (key, fence, value) VALUES ($1, $2, $3) \
+               ON CONFLICT (key) DO UPDATE SET fence = EXCLUDED.fence, value = EXCLUDED.value \
+               WHERE r.fence < EXCLUDED.fence RETURNING 1 \
+             ) \
+             SELECT {watched} AS watched FROM (SELECT count(*) AS n FROM u) w"
         );
         let get = format!("SELECT fence, value FROM {t} WHERE key = $1");
         // Several statements in one simple query run in one implicit transaction, each
-        // with its own snapshot.
+        // with its own snapshot; the record is the row with a `value` column.
         let put_then_get = format!("{put}; {get}");
         Self {
             table,
@@ -78,7 +84,7 @@ impl Records {
                 .await
                 .map_err(map)?
                 .into_iter()
-                .next()
+                .find(|r| r.try_column("value").is_ok())
         } else {
             let mut tx = pool.begin().await.map_err(map)?;
             sqlx::query(AssertSqlSafe(self.put.clone()))

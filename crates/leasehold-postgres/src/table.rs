@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
@@ -18,6 +18,7 @@ use crate::config::{
 use crate::listen::Listener;
 use crate::records::Records;
 use crate::wait::{LockId, PARKED_IDLE_MS, Queue, Sessions, TableHead};
+use crate::watch::{self, Watches};
 use crate::{BACKEND_TABLE, error, schema};
 
 const BACKEND: &str = BACKEND_TABLE;
@@ -38,7 +39,7 @@ struct Sql {
 }
 
 /// The first 8 bytes of the SHA-256 digest of `parts` joined by NUL bytes.
-fn digest64(parts: &[&str]) -> u64 {
+pub(crate) fn digest64(parts: &[&str]) -> u64 {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     for (i, p) in parts.iter().enumerate() {
@@ -84,9 +85,10 @@ fn turnstile_sql(table: &str) -> String {
 }
 
 impl Sql {
-    fn new(t: &TableName) -> Self {
-        let channel = channel(t);
-        let t = t.sql();
+    fn new(table: &TableName) -> Self {
+        let channel = channel(table);
+        let records = table.sibling(DEFAULT_RECORD_TABLE);
+        let t = table.sql();
         let turnstile = turnstile_sql(&t);
         let remaining = "GREATEST(0, (extract(epoch FROM (l.expires_at - n.t)) * 1000000)::bigint)";
         // One statement, three sub-statements on one snapshot:
@@ -137,14 +139,19 @@ impl Sql {
                  FROM cur, n WHERE NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins) \
              ) "
         );
-        let acquire = format!("{body}SELECT acquired, fence, remaining_us FROM res");
+        // A grant notifies the key's watchers, if it has any (`watch`); a same-owner
+        // re-acquire (an extension) too, which the contract allows.
+        let watched = watch::notify_sql(&records, "$1", "res.acquired");
+        let acquire =
+            format!("{body}SELECT acquired, fence, remaining_us, {watched} AS watched FROM res");
         // The head's session holds the turnstile at session level: its try succeeds, and a
         // grant releases the session-level hold (the transaction-level one ends at commit,
         // when the next waiter in the queue gets it).
         let acquire_head = format!(
             "{body}SELECT acquired, fence, remaining_us, \
                CASE WHEN acquired THEN pg_advisory_unlock(h.hi, h.lo) END AS unlocked, \
-               CASE WHEN acquired THEN set_config('idle_session_timeout', '0', false) END AS idle \
+               CASE WHEN acquired THEN set_config('idle_session_timeout', '0', false) END AS idle, \
+               {watched} AS watched \
              FROM res, h"
         );
         let check = format!(
@@ -167,7 +174,8 @@ impl Sql {
         // off for its own transaction): if the server loses it in a crash, the lease
         // simply runs until its TTL. It notifies the waiters only when a waiter holds the
         // key's turnstile (the head of its queue); otherwise nobody waits on this key and
-        // it takes no notification lock.
+        // it takes no notification lock. Likewise for the key's watchers.
+        let watched = watch::notify_sql(&records, "$1", "count(*) > 0");
         let release = format!(
             "WITH u AS ( \
                UPDATE {t} SET owner = NULL, expires_at = clock_timestamp() \
@@ -177,6 +185,7 @@ impl Sql {
                CASE WHEN count(*) = 0 THEN false \
                     WHEN pg_try_advisory_xact_lock($3::int4, $4::int4) THEN false \
                     ELSE pg_notify('{channel}', $5)::text = '' END AS notified, \
+               {watched} AS watched, \
                set_config('synchronous_commit', 'off', true) AS commit_mode \
              FROM u"
         );
@@ -191,7 +200,9 @@ impl Sql {
              WHERE l.key LIKE $1 ESCAPE '\\' AND l.owner IS NOT NULL AND l.expires_at > n.t \
              ORDER BY l.key"
         );
-        // Break also wakes the head of the key's queue, if there is one.
+        // Break also wakes the head of the key's queue, if there is one, and notifies
+        // the key's watchers.
+        let watched = watch::notify_sql(&records, "$1", "true");
         let break_lease = format!(
             "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), b AS ( \
                INSERT INTO {t} AS l (key, owner, fence, expires_at) \
@@ -203,7 +214,8 @@ impl Sql {
              ) \
              SELECT b.fence, \
                CASE WHEN pg_try_advisory_xact_lock($2::int4, $3::int4) THEN false \
-                    ELSE pg_notify('{channel}', $4)::text = '' END AS notified \
+                    ELSE pg_notify('{channel}', $4)::text = '' END AS notified, \
+               {watched} AS watched \
              FROM b"
         );
         Self {
@@ -427,6 +439,11 @@ pub(crate) const MIN_REMAINING: Duration = Duration::from_millis(1);
 ///   a new connection).
 /// - `wait_released` is not supported: waiters back off with jitter, bounded by the
 ///   holder's remaining TTL, which `Held` reports.
+/// - [`watch`](Store::watch) notifies every grant, release and break of a key and every
+///   write of its record, by any client, with `LISTEN`/`NOTIFY`; the statements send the
+///   `NOTIFY` only while somebody watches the key, so the hot path pays no round trip and
+///   no `NOTIFY` for it (see the crate's README, "Watching"). Not behind a
+///   transaction-pooling proxy (`Unsupported`).
 ///
 /// ## Cancel safety
 /// Every operation may be dropped at an await (the caller's timeout). A statement already
@@ -457,6 +474,12 @@ struct Inner {
     simple: bool,
     /// Waiters' queues (`None`: waiting is off, or impossible behind a proxy).
     queue: Option<Queue>,
+    /// The channel of the change notices (`watch`), which writers notify even behind a
+    /// transaction-pooling proxy.
+    watch_channel: String,
+    /// Change notices (`None` behind a transaction-pooling proxy, where `LISTEN` and
+    /// session locks cannot work).
+    watches: Option<Watches>,
 }
 
 impl fmt::Debug for PgLeaseStore {
@@ -510,6 +533,14 @@ impl PgLeaseStore {
             )
         });
         let sql = Sql::new(&table);
+        let records = table.sibling(DEFAULT_RECORD_TABLE);
+        let watches = (!simple).then(|| {
+            Watches::new(
+                BACKEND,
+                config.options_named(&format!("{}/watch", config.get_application_name())),
+                &records,
+            )
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -520,6 +551,8 @@ impl PgLeaseStore {
                 sql,
                 simple,
                 queue,
+                watch_channel: watch::channel(&records),
+                watches,
             }),
         })
     }
@@ -533,9 +566,10 @@ impl PgLeaseStore {
         let queue = Self::queue(
             &table,
             options.clone(),
-            options,
+            options.clone(),
             DEFAULT_WAIT_SESSIONS as usize,
         );
+        let watches = Watches::new(BACKEND, options, &table.sibling(DEFAULT_RECORD_TABLE));
         Self {
             inner: Arc::new(Inner {
                 pool,
@@ -546,6 +580,8 @@ impl PgLeaseStore {
                 sql,
                 simple: false,
                 queue: Some(queue),
+                watch_channel: watches.channel().to_owned(),
+                watches: Some(watches),
             }),
         }
     }
@@ -635,6 +671,15 @@ impl PgLeaseStore {
         &self.inner.pool
     }
 
+    /// The channel of the store's change notices ([`Store::watch`]): `leasehold_watch_`
+    /// and 16 hex digits, one per records table (so both stores of one schema share it).
+    /// Each notice's payload names the key as 16 hex digits of its watch lock, and is sent
+    /// only while somebody watches the key (see the crate's README). Writers notify
+    /// watchers even behind a transaction-pooling proxy, where this store cannot watch.
+    pub fn watch_channel(&self) -> &str {
+        &self.inner.watch_channel
+    }
+
     /// The acquire statement's SQL (for benchmarks that compare it with raw throughput).
     /// Parameters: `$1` key (text), `$2` owner (bytea, 16 bytes), `$3` TTL in µs (bigint).
     pub fn acquire_sql(&self) -> &str {
@@ -699,6 +744,7 @@ impl Store for PgLeaseStore {
         caps.break_lease = true;
         caps.fence_durability = FenceDurability::Durable;
         caps.records = true;
+        caps.watch = self.inner.watches.is_some();
         caps
     }
 
@@ -916,6 +962,30 @@ impl Store for PgLeaseStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let i = &self.inner;
         i.records.get(&i.pool, BACKEND, i.simple, key).await
+    }
+
+    /// `LISTEN`s on the store's watch session (one per store instance, opened by the first
+    /// watch, closed with the last stream) and holds the key's watch lock there, so that
+    /// every grant, release and break of the lease `key` and every write of the record
+    /// `key`, by any client, sends a notice at its commit (see the crate's README).
+    /// Behind a transaction-pooling proxy: `Unsupported` (`LISTEN` and session locks do
+    /// not survive the transaction), and [`Capabilities::watch`] is false.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call gives its subscription up; dropping the stream ends the
+    /// watch.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Unsupported`] behind a transaction-pooling proxy; connection
+    /// errors, or [`StoreErrorKind::Timeout`] when the watch is not set up within 10 s.
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        match &self.inner.watches {
+            Some(w) => w.watch(key).await,
+            None => Err(StoreError::unsupported(
+                BACKEND,
+                "watching (LISTEN and session locks do not work behind a transaction-pooling proxy)",
+            )),
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! PostgreSQL. With `leasehold_pooler=transaction` the lease-table store, its migration
 //! and the guard work and exclude; the advisory-lock store (session-bound) refuses to open
 //! that way, and without the parameter it fails closed, never going on as if it held a
-//! lease it cannot prove.
+//! lease it cannot prove. Watching is unsupported there, but writes made through the
+//! pooler notify watchers connected straight to the server.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -210,4 +211,54 @@ async fn advisory_store_behind_a_transaction_pooler_fails_closed() {
             "{e}"
         ),
     }
+}
+
+/// Watching needs a session (`LISTEN`, and the watch lock held on it): behind a
+/// transaction pooler the lease-table store says `watch: false` and answers
+/// `Unsupported`. Its writes still notify: a watcher connected straight to the server
+/// hears of a grant, a release, a record write and a break made through the pooler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_is_unsupported_behind_a_transaction_pooler_but_its_writes_notify() {
+    use futures::StreamExt;
+    use leasehold_core::{AcquireOutcome, Fence, Key, OwnerToken, Store};
+    let (pg, bouncer) = servers().await;
+    let pooled = PgLeaseStore::connect(&PgConfig::from_url(&pooled(&bouncer)).unwrap())
+        .await
+        .unwrap();
+    pooled.migrate().await.unwrap();
+    let k = Key::new("watch:pooled'\\x").unwrap();
+    assert!(!pooled.capabilities().watch);
+    let err = pooled.watch(&k).await.map(drop).unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
+
+    let direct = PgLeaseStore::connect(&PgConfig::from_url(&pg.url()).unwrap())
+        .await
+        .unwrap();
+    assert!(direct.capabilities().watch);
+    let mut changes = direct.watch(&k).await.unwrap();
+    let mut noticed = async |what: &str| {
+        tokio::time::timeout(Duration::from_secs(10), changes.next())
+            .await
+            .unwrap_or_else(|_| panic!("no notice of {what}"))
+            .unwrap_or_else(|| panic!("the watch ended instead of noticing {what}"))
+            .unwrap_or_else(|e| panic!("the watch failed instead of noticing {what}: {e}"));
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_millis(200), changes.next()).await
+        {}
+    };
+    let owner = OwnerToken::random();
+    assert!(matches!(
+        pooled
+            .acquire(&k, &owner, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    noticed("a grant through the pooler").await;
+    pooled.release(&k, &owner).await.unwrap();
+    noticed("a release through the pooler").await;
+    pooled.put_record(&k, Fence(3), b"v").await.unwrap();
+    noticed("a record write through the pooler").await;
+    pooled.break_lease(&k).await.unwrap();
+    noticed("a break through the pooler").await;
 }
