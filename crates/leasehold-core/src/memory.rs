@@ -92,6 +92,7 @@ impl Store for MemoryStore {
             fence_durability: FenceDurability::Process,
             may_evict: false,
             records: true,
+            atomic_acquire_any: false,
         }
     }
 

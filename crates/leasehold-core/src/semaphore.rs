@@ -19,9 +19,15 @@
 //! then, and callers with another N are refused from their next acquire on (a permit
 //! already held stays held).
 //!
-//! Acquiring tries the slots (starting at a random one) and, while all are held, retries
-//! with jittered backoff bounded by the shortest remaining TTL reported. Waiters are not
-//! served in order.
+//! Taking a permit is one [`Store::acquire_any`](crate::Store::acquire_any) over the slots,
+//! rotated from a random start so that callers spread over them: the first free slot in
+//! that order is granted. On a store that does it in one atomic call
+//! ([`Capabilities::atomic_acquire_any`](crate::Capabilities::atomic_acquire_any): one Lua
+//! script on a single Redis server or a Sentinel set) that is one store call per attempt,
+//! whatever N; elsewhere it is one call per slot tried (plus one batch renewal). While all
+//! slots are held it retries with jittered backoff bounded by the shortest remaining TTL
+//! reported, until the wait ends. Waiters are not served in order (a permit freed goes to
+//! whoever asks next), even on a store that queues the waiters of a single lease.
 //!
 //! ```
 //! use std::{sync::Arc, time::Duration};
@@ -217,37 +223,24 @@ impl Semaphore {
                 Err(e) => return Err(e),
             }
         }
-        let n = self.permits;
-        loop {
-            let first = self.client.random_below(n);
-            let mut shortest: Option<Duration> = None;
-            let mut last_err = None;
-            for i in 0..n {
-                let slot = (first + i) % n;
-                match self.client.try_acquire(&self.slots[slot as usize]).await {
-                    Ok(lease) => return Ok(Permit { lease, slot }),
-                    Err(Error::Contended { remaining, .. }) => {
-                        if let Some(r) = remaining {
-                            shortest = Some(shortest.map_or(r, |s| s.min(r)));
-                        }
-                    }
-                    Err(e) if e.is_retryable() => last_err = Some(e),
-                    Err(e) => return Err(e),
-                }
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(last_err.unwrap_or(Error::WaitTimeout {
-                    key: self.name.clone(),
-                    waited: now - started,
-                }));
-            }
-            let mut delay = self.client.backoff_delay(attempt);
-            if let Some(s) = shortest {
-                delay = delay.min(s.max(Duration::from_millis(1)));
-            }
-            tokio::time::sleep(delay.min(deadline - now)).await;
-            attempt = attempt.saturating_add(1);
+        // One `acquire_any` per round over every slot, rotated from a random start so
+        // that callers spread over the slots; the client waits between rounds.
+        let n = self.permits as usize;
+        let first = self.client.random_below(self.permits) as usize;
+        let keys: Vec<Key> = (0..n)
+            .map(|i| self.slots[(first + i) % n].clone())
+            .collect();
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.client.acquire_any(&self.name, &keys, Some(left)).await {
+            Ok((lease, index)) => Ok(Permit {
+                lease,
+                slot: ((first + index) % n) as u32,
+            }),
+            Err(Error::WaitTimeout { key, .. }) => Err(Error::WaitTimeout {
+                key,
+                waited: started.elapsed(),
+            }),
+            Err(e) => Err(e),
         }
     }
 

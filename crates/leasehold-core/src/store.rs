@@ -149,6 +149,10 @@ pub struct Capabilities {
     /// [`Store::put_record`] and [`Store::get_record`] work (leader election's values
     /// and semaphores' permit counts).
     pub records: bool,
+    /// [`Store::acquire_any`] is one atomic store call over all its keys (one Lua script
+    /// on one Redis server), instead of the default's one call per key
+    /// ([`acquire_any_one_by_one`]). Either way its answer has the same meaning.
+    pub atomic_acquire_any: bool,
 }
 
 impl Capabilities {
@@ -164,6 +168,7 @@ impl Capabilities {
             fence_durability: FenceDurability::Process,
             may_evict: false,
             records: false,
+            atomic_acquire_any: false,
         }
     }
 }
@@ -301,6 +306,123 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let _ = key;
         Err(StoreError::unsupported(self.backend(), "records"))
     }
+
+    /// Takes one lease of several at once (a semaphore's permit: one of its slots):
+    ///
+    /// 1. if one of `keys` is held by `owner` already (an earlier call whose reply was
+    ///    lost, or a reservation of a store that queues its waiters), extend it and return
+    ///    it with its fence, as [`acquire`](Self::acquire) of that key would;
+    /// 2. otherwise grant the first key, in the order given, that `acquire` would grant
+    ///    (with a new fence, higher than every fence of that key);
+    /// 3. otherwise answer [`AcquireAnyOutcome::Held`] with the shortest remaining TTL the
+    ///    store reported (`None` if it reported none).
+    ///
+    /// When it answers `Ok`, `owner` holds at most one of `keys` (the one returned, if
+    /// any). Each key behaves as under `acquire` for this owner (a key reserved for
+    /// another waiter is `Held`). An empty `keys` is answered `Held { remaining: None }`.
+    /// `Err` is as ambiguous for every key of the call as the same error from `acquire`
+    /// for one: the caller retries with the same owner, or releases `owner` on every key.
+    ///
+    /// The default is [`acquire_any_one_by_one`]: a [`renew_many`](Self::renew_many) of
+    /// all the keys (to find one held by `owner`), then one `acquire` per key in order
+    /// until one is granted. A store that does it in one atomic call says so with
+    /// [`Capabilities::atomic_acquire_any`].
+    ///
+    /// # Cancel safety
+    /// As `acquire`: a dropped call may have granted (or extended) one of the keys.
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        acquire_any_one_by_one(self, keys, owner, ttl).await
+    }
+}
+
+/// The reply to [`Store::acquire_any`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AcquireAnyOutcome {
+    /// `keys[index]` is ours, as [`AcquireOutcome::Acquired`] for that key.
+    Acquired {
+        /// The position of the key in the call's `keys`.
+        index: usize,
+        /// The fence of this grant (the same fence when the key was held by the owner).
+        fence: Fence,
+        /// The TTL the store granted.
+        ttl: Duration,
+    },
+    /// Every key is held by another owner (or reserved for another waiter).
+    Held {
+        /// The shortest remaining TTL the store reported, if it reported one.
+        remaining: Option<Duration>,
+    },
+}
+
+/// [`Store::acquire_any`] with one call per key, for any store (the trait's default): a
+/// [`Store::renew_many`] of every key as `owner` finds a key `owner` holds already, which
+/// one `acquire` then extends and returns (any other one `owner` holds is released, so
+/// that it holds one at most); without one, each key is acquired in order until one is
+/// granted. So `owner` holds at most one of `keys` when it answers `Ok`, and a key
+/// granted before an error stays granted: the error is ambiguous for every key.
+///
+/// It costs one `renew_many` and up to `keys.len()` acquires; a single key is one
+/// `acquire`. Not atomic: a key freed after its acquire answered `Held` is not seen by
+/// this call.
+///
+/// # Cancel safety
+/// As [`Store::acquire_any`].
+///
+/// # Errors
+/// The first error of a store call.
+pub async fn acquire_any_one_by_one<S: Store + ?Sized>(
+    store: &S,
+    keys: &[Key],
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> Result<AcquireAnyOutcome, StoreError> {
+    if keys.len() > 1 {
+        let leases: Vec<(Key, OwnerToken)> = keys.iter().map(|k| (k.clone(), *owner)).collect();
+        let renewed = store.renew_many(&leases, ttl).await?;
+        let mut held = Vec::new();
+        for (index, r) in renewed.into_iter().enumerate() {
+            if let RenewOutcome::Renewed { .. } = r? {
+                held.push(index);
+            }
+        }
+        if let Some((&first, others)) = held.split_first() {
+            for &other in others {
+                store.release(&keys[other], owner).await?;
+            }
+            // Just renewed: `acquire` finds it held by `owner` and returns its fence.
+            if let AcquireOutcome::Acquired { fence, ttl } =
+                store.acquire(&keys[first], owner, ttl).await?
+            {
+                return Ok(AcquireAnyOutcome::Acquired {
+                    index: first,
+                    fence,
+                    ttl,
+                });
+            }
+        }
+    }
+    let mut shortest: Option<Duration> = None;
+    for (index, key) in keys.iter().enumerate() {
+        match store.acquire(key, owner, ttl).await? {
+            AcquireOutcome::Acquired { fence, ttl } => {
+                return Ok(AcquireAnyOutcome::Acquired { index, fence, ttl });
+            }
+            AcquireOutcome::Held { remaining } => {
+                if let Some(r) = remaining {
+                    shortest = Some(shortest.map_or(r, |s| s.min(r)));
+                }
+            }
+        }
+    }
+    Ok(AcquireAnyOutcome::Held {
+        remaining: shortest,
+    })
 }
 
 #[cfg(test)]

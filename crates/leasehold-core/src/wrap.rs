@@ -16,7 +16,8 @@ use async_trait::async_trait;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::{
-    AcquireOutcome, Capabilities, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, LeaseInfo, Record, ReleaseOutcome,
+    RenewOutcome, Store,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -149,6 +150,16 @@ impl Store for TimeoutStore {
         let call = self.inner.get_record(key);
         self.bounded("get record", self.timeout, call).await
     }
+
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        let call = self.inner.acquire_any(keys, owner, ttl);
+        self.bounded("acquire", self.timeout, call).await
+    }
 }
 
 /// An operation of the store contract that a fault can be planned for.
@@ -161,6 +172,9 @@ pub enum Op {
     Renew,
     /// [`Store::release`].
     Release,
+    /// [`Store::acquire_any`] (one planned fault for the whole call, whichever store
+    /// calls it makes).
+    AcquireAny,
 }
 
 /// What happens to one planned call.
@@ -197,6 +211,8 @@ pub enum Swallowed {
     Renew(Result<RenewOutcome, String>),
     /// A release's reply.
     Release(Result<ReleaseOutcome, String>),
+    /// An [`acquire_any`](Store::acquire_any)'s reply.
+    AcquireAny(Result<AcquireAnyOutcome, String>),
 }
 
 #[derive(Debug, Default)]
@@ -392,6 +408,17 @@ impl Store for FaultStore {
         self.reach().await?;
         self.inner.get_record(key).await
     }
+
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        let call = self.inner.acquire_any(keys, owner, ttl);
+        self.faulted(Op::AcquireAny, call, Swallowed::AcquireAny)
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -424,6 +451,7 @@ mod tests {
             t.break_lease(&key()).await.map(drop),
             t.put_record(&key(), Fence(1), b"v").await.map(drop),
             t.get_record(&key()).await.map(drop),
+            t.acquire_any(&[key()], &o, ttl).await.map(drop),
         ];
         for r in kinds {
             assert_eq!(r.unwrap_err().kind(), StoreErrorKind::Timeout);
