@@ -306,6 +306,7 @@ mod tests {
     use crate::config::LeaseConfig;
     use crate::memory::MemoryStore;
     use crate::store::Store;
+    use crate::token::OwnerToken;
 
     fn client(store: &MemoryStore) -> LeaseClient {
         LeaseClient::new(
@@ -457,5 +458,109 @@ mod tests {
         let again = sem.acquire(Duration::from_secs(10)).await.unwrap();
         assert!(again.fence() > fence, "fences per slot rise");
         assert_eq!(sem.holders().await.unwrap().len(), 1);
+    }
+
+    /// Random numbers that are all zero: a semaphore starts at slot 0.
+    struct Zeros;
+
+    impl rand::RngCore for Zeros {
+        fn next_u32(&mut self) -> u32 {
+            0
+        }
+        fn next_u64(&mut self) -> u64 {
+            0
+        }
+        fn fill_bytes(&mut self, dst: &mut [u8]) {
+            dst.fill(0);
+        }
+    }
+
+    /// A semaphore of 3 on a fault-injecting memory store, whose slot 0 another owner
+    /// holds, tried from slot 0: a permit is granted slot 1.
+    async fn faulty_semaphore() -> (Arc<crate::wrap::FaultStore>, Semaphore, OwnerToken) {
+        let faulty = Arc::new(crate::wrap::FaultStore::new(Arc::new(MemoryStore::new())));
+        let cfg = LeaseConfig::new(Duration::from_secs(3)).unwrap();
+        let sem = LeaseClient::with_rng(faulty.clone(), cfg, Zeros)
+            .semaphore("sem:faulty", 3)
+            .unwrap();
+        let other = OwnerToken::random();
+        faulty
+            .acquire(sem.slot_key(0).unwrap(), &other, Duration::from_secs(60))
+            .await
+            .unwrap();
+        (faulty, sem, other)
+    }
+
+    /// Who holds each slot.
+    async fn slot_owners(store: &dyn Store, sem: &Semaphore) -> Vec<Option<OwnerToken>> {
+        let mut out = Vec::new();
+        for slot in 0..sem.permits() {
+            let info = store.inspect(sem.slot_key(slot).unwrap()).await.unwrap();
+            out.push(info.map(|i| i.owner));
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_permit_reply_is_retried_with_the_same_owner_and_slot() {
+        use crate::wrap::{Injection, Op, Swallowed};
+        let (faulty, sem, other) = faulty_semaphore().await;
+        faulty.inject(Op::AcquireAny, Injection::AmbiguousAfterApply);
+        let p = sem.try_acquire().await.unwrap();
+        let swallowed = faulty.take_swallowed();
+        assert!(
+            matches!(
+                swallowed[..],
+                [Swallowed::AcquireAny(Ok(crate::store::AcquireAnyOutcome::Acquired { index: 1, fence, .. }))]
+                    if fence == p.fence()
+            ),
+            "the retry returns the grant whose reply was lost: {swallowed:?} vs {}",
+            p.fence()
+        );
+        assert_eq!(p.slot(), 1);
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![Some(other), Some(*p.lease().owner()), None],
+            "one slot for the permit"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_acquire_never_answered_releases_its_owner_on_every_slot() {
+        use crate::wrap::{Injection, Op};
+        let (faulty, sem, other) = faulty_semaphore().await;
+        // The first attempt and its two retries are applied (slot 1 is granted, then
+        // extended) and never answered.
+        for _ in 0..3 {
+            faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
+        }
+        let err = sem.try_acquire().await.unwrap_err();
+        assert_eq!(
+            err.store_error().map(|e| e.kind()),
+            Some(StoreErrorKind::Timeout),
+            "{err}"
+        );
+        assert_eq!(faulty.take_swallowed().len(), 3);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![Some(other), None, None],
+            "the slot granted without a reply is released, the other holder's is not"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_permit_acquire_releases_its_owner_on_every_slot() {
+        use crate::wrap::{Injection, Op};
+        let (faulty, sem, other) = faulty_semaphore().await;
+        faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
+        let res = tokio::time::timeout(Duration::from_millis(100), sem.try_acquire()).await;
+        assert!(res.is_err(), "cancelled while the call hangs");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![Some(other), None, None],
+            "the slot granted to the cancelled call is released"
+        );
     }
 }

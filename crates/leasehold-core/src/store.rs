@@ -428,6 +428,74 @@ pub async fn acquire_any_one_by_one<S: Store + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::MemoryStore;
+
+    fn keys(n: usize) -> Vec<Key> {
+        (0..n)
+            .map(|i| Key::new(format!("any#{i}")).unwrap())
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquire_any_one_by_one_prefers_the_owners_key_then_the_first_free_one() {
+        let store = MemoryStore::new();
+        let ks = keys(4);
+        let (me, other) = (OwnerToken::random(), OwnerToken::random());
+        let ttl = Duration::from_secs(10);
+        store.acquire(&ks[0], &other, ttl).await.unwrap();
+        // The first free key in order.
+        let got = store.acquire_any(&ks, &me, ttl).await.unwrap();
+        let AcquireAnyOutcome::Acquired {
+            index: 1, fence, ..
+        } = got
+        else {
+            panic!("the first free key in order: {got:?}");
+        };
+        // Key 0 is free again, key 1 is ours: ours is extended, key 0 is left alone.
+        store.release(&ks[0], &other).await.unwrap();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let again = store.acquire_any(&ks, &me, ttl).await.unwrap();
+        assert_eq!(
+            again,
+            AcquireAnyOutcome::Acquired {
+                index: 1,
+                fence,
+                ttl
+            },
+            "the owner's key, with its fence"
+        );
+        assert_eq!(store.inspect(&ks[0]).await.unwrap(), None, "not granted");
+        let info = store.inspect(&ks[1]).await.unwrap().unwrap();
+        assert_eq!(info.remaining, Some(ttl), "extended");
+        // Two keys of the owner (a misuse): one is kept, the other released.
+        store.acquire(&ks[3], &me, ttl).await.unwrap();
+        let got = store.acquire_any(&ks, &me, ttl).await.unwrap();
+        assert!(
+            matches!(got, AcquireAnyOutcome::Acquired { index: 1, .. }),
+            "{got:?}"
+        );
+        assert_eq!(store.inspect(&ks[3]).await.unwrap(), None, "at most one");
+        // All held by others: the shortest remaining TTL.
+        let them = OwnerToken::random();
+        for (k, secs) in ks.iter().zip([7, 3, 9, 4]) {
+            store.break_lease(k).await.unwrap();
+            store
+                .acquire(k, &them, Duration::from_secs(secs))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            store.acquire_any(&ks, &me, ttl).await.unwrap(),
+            AcquireAnyOutcome::Held {
+                remaining: Some(Duration::from_secs(3))
+            }
+        );
+        assert_eq!(
+            store.acquire_any(&[], &me, ttl).await.unwrap(),
+            AcquireAnyOutcome::Held { remaining: None },
+            "nothing to grant"
+        );
+    }
 
     #[test]
     fn fenced_bytes_round_trip_and_refuse_what_is_not_a_record() {
