@@ -21,8 +21,8 @@ use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, N
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
-    ReleaseOutcome, RenewOutcome, Store, StoreError,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo,
+    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
 };
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, RedisServer};
@@ -76,10 +76,13 @@ enum Flaw {
     ClaimsFifo,
     /// `put_record` overwrites whatever is stored, whatever its fence.
     RecordIgnoresFence,
+    /// `acquire_any` acquires each key in order without first looking for one the owner
+    /// holds: after a lost reply the owner may end up with two keys.
+    AcquireAnyIgnoresOwner,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 19] = [
+    const ALL: [Flaw; 20] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -99,6 +102,7 @@ impl Flaw {
         Flaw::ClaimsDurableFences,
         Flaw::ClaimsFifo,
         Flaw::RecordIgnoresFence,
+        Flaw::AcquireAnyIgnoresOwner,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -417,6 +421,35 @@ impl Store for Broken {
         }
         self.inner.get_record(key).await
     }
+
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        if self.flaw != Flaw::AcquireAnyIgnoresOwner {
+            // The default, through this store's flawed `acquire` and `renew_many`.
+            return leasehold_core::acquire_any_one_by_one(self, keys, owner, ttl).await;
+        }
+        let mut shortest: Option<Duration> = None;
+        for (index, key) in keys.iter().enumerate() {
+            match self.acquire(key, owner, ttl).await? {
+                AcquireOutcome::Acquired { fence, ttl } => {
+                    return Ok(AcquireAnyOutcome::Acquired { index, fence, ttl });
+                }
+                AcquireOutcome::Held { remaining } => {
+                    shortest = match (shortest, remaining) {
+                        (Some(s), Some(r)) => Some(s.min(r)),
+                        (s, r) => s.or(r),
+                    };
+                }
+            }
+        }
+        Ok(AcquireAnyOutcome::Held {
+            remaining: shortest,
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -596,6 +629,7 @@ const ALL_CASES: &[&str] = &[
     "one_leader_at_a_time_and_terms_rise",
     "semaphore_admits_at_most_n_holders",
     "lost_permit_returns_after_its_ttl_only",
+    "acquire_any_takes_the_owners_key_or_the_first_free_one",
     "row_02_near_miss_freeze_keeps_the_lease",
     "row_04_server_paused_lost_before_store_expiry",
     "row_05_lost_reply_retry_returns_same_lease",
@@ -606,6 +640,30 @@ const ALL_CASES: &[&str] = &[
 ];
 
 const KILLS: &[Kill] = &[
+    kill(
+        "acquire_any_takes_the_owners_key_or_the_first_free_one",
+        AcquireAnyIgnoresOwner,
+        Memory,
+        "acquire_any must return the key the owner holds",
+    ),
+    kill(
+        "acquire_any_takes_the_owners_key_or_the_first_free_one",
+        FenceNeverAdvances,
+        Memory,
+        "the fence of key 0 must rise",
+    ),
+    kill(
+        "acquire_any_takes_the_owners_key_or_the_first_free_one",
+        RacyAcquire,
+        Memory,
+        "two owners were granted one key at once by acquire_any",
+    ),
+    kill(
+        "acquire_any_takes_the_owners_key_or_the_first_free_one",
+        ClaimsTooMuch,
+        Memory,
+        "the store claims to report the remaining TTL",
+    ),
     kill(
         "records_are_fenced_writes",
         RecordIgnoresFence,
@@ -996,6 +1054,7 @@ flaw_tests! {
     fences_claimed_durable_are_caught: ClaimsDurableFences,
     fifo_claimed_falsely_is_caught: ClaimsFifo,
     records_written_whatever_the_fence_are_caught: RecordIgnoresFence,
+    acquire_any_that_ignores_the_owners_key_is_caught: AcquireAnyIgnoresOwner,
 }
 
 #[test]
