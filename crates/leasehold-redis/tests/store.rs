@@ -891,6 +891,7 @@ async fn acquire_any_script_keeps_acquire_semantics_per_key() {
         .unwrap();
     let reserved = s.store.inspect(&keys[0]).await.unwrap().expect("reserved");
     assert_eq!(reserved.owner, waiter);
+    assert!(reserved.fence > f0, "a reservation carries a new fence");
     s.store.release(&keys[1], &me).await.unwrap();
     let newcomer = OwnerToken::random();
     assert_eq!(
