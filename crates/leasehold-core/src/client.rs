@@ -18,7 +18,7 @@ use crate::lease::{Grant, Lease, LeaseShared};
 use crate::metrics as m;
 use crate::observer::LeaseObserver;
 use crate::scheduler::{self, SchedulerHandle};
-use crate::store::{AcquireAnyOutcome, AcquireOutcome, Capabilities, Store};
+use crate::store::{AcquireAnyOutcome, Capabilities, Store, first_granted};
 use crate::token::OwnerToken;
 
 /// Acquires leases on one [`Store`] and renews them with one background scheduler.
@@ -442,9 +442,11 @@ impl LeaseClient {
     }
 
     /// Takes a lease of one of `keys` (a semaphore's slots, in the order to try them),
-    /// with the guarantees of [`acquire`](Self::acquire): one [`Store::acquire_any`] per
-    /// attempt, ambiguous replies retried with the same owner, and a release of the owner
-    /// on every key queued when the call may have been granted one but hands out no lease.
+    /// with the guarantees of [`acquire`](Self::acquire): per attempt one
+    /// [`Store::acquire_any`] where it is atomic or after a lost reply, else one `acquire`
+    /// per key in order (see `attempt`); ambiguous replies retried with the same owner,
+    /// and a release of the owner on every key queued when the call may have been granted
+    /// one but hands out no lease.
     /// `name` labels errors, logs and metrics. While every key is held it waits up to
     /// `wait` (`None`: answers [`Error::Contended`] at once) with jittered backoff bounded
     /// by the shortest remaining TTL reported; it does not wait on release notifications.
@@ -498,35 +500,31 @@ impl LeaseClient {
         res
     }
 
-    /// One attempt: `acquire` of the one key, or `acquire_any` of the keys, bounded by the
-    /// operation timeout.
+    /// One attempt, each store call bounded by the operation timeout: an `acquire` of
+    /// each key in order until one is granted; or, for several keys, one `acquire_any`
+    /// when the store does it in one atomic call, or when an earlier attempt of this call
+    /// may have granted one of them (`may_hold`: then the owner's key must be found
+    /// first). An owner that has had only `Held` answers holds none of the keys, so the
+    /// keys are then tried one by one without the default's search for the owner's key.
     async fn attempt(
         &self,
         target: Target<'_>,
         owner: &OwnerToken,
+        may_hold: bool,
     ) -> Result<AcquireAnyOutcome, StoreError> {
         let cfg = &self.inner.config;
         let store = &self.inner.store;
-        let (backend, limit) = (store.backend(), cfg.op_timeout());
-        match target {
-            Target::One(key) => {
-                let call = store.acquire(key, owner, cfg.ttl());
-                Ok(
-                    match StoreError::bounded(backend, "acquire", limit, call).await? {
-                        AcquireOutcome::Acquired { fence, ttl } => AcquireAnyOutcome::Acquired {
-                            index: 0,
-                            fence,
-                            ttl,
-                        },
-                        AcquireOutcome::Held { remaining } => AcquireAnyOutcome::Held { remaining },
-                    },
-                )
-            }
-            Target::Any { keys, .. } => {
-                let call = store.acquire_any(keys, owner, cfg.ttl());
-                StoreError::bounded(backend, "acquire", limit, call).await
-            }
+        let (backend, limit, ttl) = (store.backend(), cfg.op_timeout(), cfg.ttl());
+        if let Target::Any { keys, .. } = target
+            && (may_hold || self.inner.capabilities.atomic_acquire_any)
+        {
+            let call = store.acquire_any(keys, owner, ttl);
+            return StoreError::bounded(backend, "acquire", limit, call).await;
         }
+        first_granted(target.keys(), |key| {
+            StoreError::bounded(backend, "acquire", limit, store.acquire(key, owner, ttl))
+        })
+        .await
     }
 
     async fn acquire_loop(
@@ -553,9 +551,9 @@ impl LeaseClient {
             if self.inner.closing.load(Ordering::Acquire) {
                 return Err(Error::ShuttingDown);
             }
-            orphan.maybe_granted = true;
+            let may_hold = std::mem::replace(&mut orphan.maybe_granted, true);
             let sent_at: At = clock.now();
-            let reply = self.attempt(target, &owner).await;
+            let reply = self.attempt(target, &owner, may_hold).await;
             let err = match reply {
                 Ok(AcquireAnyOutcome::Acquired { index, fence, ttl }) => {
                     let ttl = ttl.min(cfg.ttl());

@@ -24,7 +24,10 @@
 //! that order is granted. On a store that does it in one atomic call
 //! ([`Capabilities::atomic_acquire_any`](crate::Capabilities::atomic_acquire_any): one Lua
 //! script on a single Redis server or a Sentinel set) that is one store call per attempt,
-//! whatever N; elsewhere it is one call per slot tried (plus one batch renewal). While all
+//! whatever N. Elsewhere the slots are tried with one `acquire` each, in that order, until
+//! one is granted, as long as no reply has been lost (the caller then holds no slot);
+//! after a lost reply the retry is the store's `acquire_any`, which first looks for the
+//! slot the lost reply may have granted, so a caller never ends up with two. While all
 //! slots are held it retries with jittered backoff bounded by the shortest remaining TTL
 //! reported, until the wait ends. Waiters are not served in order (a permit freed goes to
 //! whoever asks next), even on a store that queues the waiters of a single lease.
@@ -502,17 +505,51 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lost_permit_reply_is_retried_with_the_same_owner_and_slot() {
+    async fn slots_are_tried_one_by_one_until_a_reply_is_lost() {
+        use crate::wrap::{Injection, Op};
+        let (faulty, sem, other) = faulty_semaphore().await;
+        // The memory store has no atomic acquire_any: a caller that has lost no reply
+        // holds no slot, so it tries them with plain acquires and never calls it.
+        assert!(!faulty.capabilities().atomic_acquire_any);
+        for _ in 0..3 {
+            faulty.inject(Op::AcquireAny, Injection::HangBeforeApply);
+        }
+        let p = sem.try_acquire().await.unwrap();
+        assert_eq!(p.slot(), 1);
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![Some(other), Some(*p.lease().owner()), None]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_lost_reply_the_owners_slot_is_taken_again_not_a_freed_one() {
+        use crate::store::AcquireAnyOutcome;
         use crate::wrap::{Injection, Op, Swallowed};
         let (faulty, sem, other) = faulty_semaphore().await;
-        faulty.inject(Op::AcquireAny, Injection::AmbiguousAfterApply);
+        // Slot 0's `Held` is lost: from then on the owner may hold a slot, so the retry
+        // is one `acquire_any`, which grants slot 1 and never answers. Meanwhile slot 0
+        // is freed; the next retry must return slot 1 (the owner's, same fence), not
+        // take slot 0 as well.
+        faulty.inject(Op::Acquire, Injection::AmbiguousAfterApply);
+        faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
+        let freer = {
+            let (faulty, slot0) = (faulty.clone(), sem.slot_key(0).unwrap().clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                faulty.release(&slot0, &other).await.unwrap();
+            })
+        };
         let p = sem.try_acquire().await.unwrap();
+        freer.await.unwrap();
         let swallowed = faulty.take_swallowed();
         assert!(
             matches!(
                 swallowed[..],
-                [Swallowed::AcquireAny(Ok(crate::store::AcquireAnyOutcome::Acquired { index: 1, fence, .. }))]
-                    if fence == p.fence()
+                [
+                    Swallowed::Acquire(Ok(crate::store::AcquireOutcome::Held { .. })),
+                    Swallowed::AcquireAny(Ok(AcquireAnyOutcome::Acquired { index: 1, fence, .. }))
+                ] if fence == p.fence()
             ),
             "the retry returns the grant whose reply was lost: {swallowed:?} vs {}",
             p.fence()
@@ -520,7 +557,7 @@ mod tests {
         assert_eq!(p.slot(), 1);
         assert_eq!(
             slot_owners(&*faulty, &sem).await,
-            vec![Some(other), Some(*p.lease().owner()), None],
+            vec![None, Some(*p.lease().owner()), None],
             "one slot for the permit"
         );
     }
@@ -529,9 +566,10 @@ mod tests {
     async fn a_permit_acquire_never_answered_releases_its_owner_on_every_slot() {
         use crate::wrap::{Injection, Op};
         let (faulty, sem, other) = faulty_semaphore().await;
-        // The first attempt and its two retries are applied (slot 1 is granted, then
-        // extended) and never answered.
-        for _ in 0..3 {
+        // The first attempt (slot 0: held) and its two retries (slot 1 granted, then
+        // extended) are applied and never answered.
+        faulty.inject(Op::Acquire, Injection::HangAfterApply);
+        for _ in 0..2 {
             faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
         }
         let err = sem.try_acquire().await.unwrap_err();
@@ -553,6 +591,7 @@ mod tests {
     async fn a_cancelled_permit_acquire_releases_its_owner_on_every_slot() {
         use crate::wrap::{Injection, Op};
         let (faulty, sem, other) = faulty_semaphore().await;
+        faulty.inject(Op::Acquire, Injection::AmbiguousAfterApply);
         faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
         let res = tokio::time::timeout(Duration::from_millis(100), sem.try_acquire()).await;
         assert!(res.is_err(), "cancelled while the call hangs");

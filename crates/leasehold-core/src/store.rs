@@ -407,9 +407,23 @@ pub async fn acquire_any_one_by_one<S: Store + ?Sized>(
             }
         }
     }
+    first_granted(keys, |key| store.acquire(key, owner, ttl)).await
+}
+
+/// Calls `acquire` (an [`Store::acquire`] of one key) on each of `keys` in order until one
+/// answers `Acquired`: that key's position and grant; else `Held` with the shortest
+/// remaining TTL reported. The first error ends it.
+pub(crate) async fn first_granted<'k, F, Fut>(
+    keys: &'k [Key],
+    mut acquire: F,
+) -> Result<AcquireAnyOutcome, StoreError>
+where
+    F: FnMut(&'k Key) -> Fut,
+    Fut: Future<Output = Result<AcquireOutcome, StoreError>>,
+{
     let mut shortest: Option<Duration> = None;
     for (index, key) in keys.iter().enumerate() {
-        match store.acquire(key, owner, ttl).await? {
+        match acquire(key).await? {
             AcquireOutcome::Acquired { fence, ttl } => {
                 return Ok(AcquireAnyOutcome::Acquired { index, fence, ttl });
             }
