@@ -226,8 +226,9 @@ impl Semaphore {
                 Err(e) => return Err(e),
             }
         }
-        // One `acquire_any` per round over every slot, rotated from a random start so
-        // that callers spread over the slots; the client waits between rounds.
+        // One attempt per round over every slot (one `acquire_any` where the store does it
+        // atomically), rotated from a random start so that callers spread over the slots;
+        // the client waits between rounds.
         let n = self.permits as usize;
         let first = self.client.random_below(self.permits) as usize;
         let keys: Vec<Key> = (0..n)
