@@ -30,8 +30,11 @@ Example:
 pub(crate) const OBSERVE_HELP: &str = "\
 Prints the leader of election NAME now, then one line of JSON per change (a new term,
 no leader, or the value published): {\"name\",\"leader\":{\"owner\",\"term\",\"value\"}|null}.
-Reads every --interval (it never joins the queue of campaigners). Runs until interrupted;
-a store error is printed as {\"name\",\"error\":...} and reading goes on.
+Where the store notifies changes (see the store's README) a change is printed as soon
+as the store tells of it; the leader is also read every --interval, which
+is how an expiry (never notified) is seen, and how changes are seen on the other stores.
+It never joins the queue of campaigners. Runs until interrupted; a store error is printed
+as {\"name\",\"error\":...} and reading goes on.
 
 Exit status:
   0   interrupted (SIGINT, SIGTERM) or its reader closed the pipe

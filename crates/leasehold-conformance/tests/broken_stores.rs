@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, Network};
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
-    AcquireAnyOutcome, AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo,
-    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key,
+    LeaseInfo, OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
 };
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, RedisServer};
@@ -76,13 +76,17 @@ enum Flaw {
     ClaimsFifo,
     /// `put_record` overwrites whatever is stored, whatever its fence.
     RecordIgnoresFence,
+    /// The watch is set up but never tells of a change.
+    WatchMisses,
+    /// The capabilities deny watching, but the store watches.
+    HidesWatch,
     /// `acquire_any` acquires each key in order without first looking for one the owner
     /// holds: after a lost reply the owner may end up with two keys.
     AcquireAnyIgnoresOwner,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 20] = [
+    const ALL: [Flaw; 22] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -102,6 +106,8 @@ impl Flaw {
         Flaw::ClaimsDurableFences,
         Flaw::ClaimsFifo,
         Flaw::RecordIgnoresFence,
+        Flaw::WatchMisses,
+        Flaw::HidesWatch,
         Flaw::AcquireAnyIgnoresOwner,
     ];
 
@@ -233,6 +239,9 @@ impl Store for Broken {
         }
         if self.flaw == Flaw::ClaimsFifo {
             caps.fifo_wait = true;
+        }
+        if self.flaw == Flaw::HidesWatch {
+            caps.watch = false;
         }
         caps
     }
@@ -420,6 +429,15 @@ impl Store for Broken {
             return Ok(Some(r.clone()));
         }
         self.inner.get_record(key).await
+    }
+
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let changes = self.inner.watch(key).await?;
+        if self.flaw == Flaw::WatchMisses {
+            // Keeps the watch alive and says nothing.
+            return Ok(changes.filter(|_| std::future::ready(false)).boxed());
+        }
+        Ok(changes)
     }
 
     async fn acquire_any(
@@ -629,6 +647,7 @@ const ALL_CASES: &[&str] = &[
     "one_leader_at_a_time_and_terms_rise",
     "semaphore_admits_at_most_n_holders",
     "lost_permit_returns_after_its_ttl_only",
+    "watch_notices_grants_releases_and_record_writes",
     "acquire_any_takes_the_owners_key_or_the_first_free_one",
     "row_02_near_miss_freeze_keeps_the_lease",
     "row_04_server_paused_lost_before_store_expiry",
@@ -640,6 +659,18 @@ const ALL_CASES: &[&str] = &[
 ];
 
 const KILLS: &[Kill] = &[
+    kill(
+        "watch_notices_grants_releases_and_record_writes",
+        WatchMisses,
+        Memory,
+        "no notice of a grant",
+    ),
+    kill(
+        "watch_notices_grants_releases_and_record_writes",
+        HidesWatch,
+        Memory,
+        "watching works but capabilities say it does not",
+    ),
     kill(
         "acquire_any_takes_the_owners_key_or_the_first_free_one",
         AcquireAnyIgnoresOwner,
@@ -1054,6 +1085,8 @@ flaw_tests! {
     fences_claimed_durable_are_caught: ClaimsDurableFences,
     fifo_claimed_falsely_is_caught: ClaimsFifo,
     records_written_whatever_the_fence_are_caught: RecordIgnoresFence,
+    a_watch_that_misses_changes_is_caught: WatchMisses,
+    a_watch_hidden_by_the_capabilities_is_caught: HidesWatch,
     acquire_any_that_ignores_the_owners_key_is_caught: AcquireAnyIgnoresOwner,
 }
 

@@ -38,13 +38,13 @@
 use std::fmt;
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 
 use crate::client::LeaseClient;
 use crate::error::{Error, StoreError};
 use crate::key::{IntoKey, Key};
 use crate::lease::{Lease, LostSignal};
-use crate::store::{MAX_RECORD_LEN, Record};
+use crate::store::{Changes, MAX_RECORD_LEN, Record};
 use crate::token::{Fence, OwnerToken};
 
 /// An election: a name to campaign for, read and observe. Cheap to clone.
@@ -238,34 +238,96 @@ impl Election {
     }
 
     /// The leader now, then each change of leader (another term, no leader, or the value
-    /// published), read every `interval`. A store error is yielded as an item and reading
-    /// goes on. The stream never ends; drop it to stop.
+    /// published). A store error is yielded as an item and observing goes on. The stream
+    /// never ends; drop it to stop.
     ///
-    /// Observing polls (`inspect` and a record read per `interval`): it must not join a
-    /// store's queue of waiters, which would hold up the campaigners.
+    /// Where the store notifies changes ([`Capabilities::watch`](crate::Capabilities)),
+    /// a change is read as soon as the store tells of it (a grant, a release, the value
+    /// published), without polling; the leader is still read every `interval` as well,
+    /// which bounds how late an expiry (not notified) or a lost notice is seen. Elsewhere
+    /// the leader is read every `interval`. Observing never joins a store's queue of
+    /// waiters, which would hold up the campaigners.
     pub fn observe(
         &self,
         interval: Duration,
     ) -> impl Stream<Item = Result<Option<Leader>, Error>> + Send + 'static {
-        let election = self.clone();
         let interval = interval.max(Duration::from_millis(1));
-        futures::stream::unfold(
-            (election, None::<Option<Leader>>, false),
-            move |(election, last, started)| async move {
-                let mut started = started;
-                loop {
-                    if started {
-                        tokio::time::sleep(interval).await;
-                    }
-                    started = true;
-                    match election.leader().await {
-                        Ok(now) if last.as_ref() == Some(&now) => {}
-                        Ok(now) => return Some((Ok(now.clone()), (election, Some(now), true))),
-                        Err(e) => return Some((Err(e), (election, last, true))),
-                    }
+        let state = Observing {
+            election: self.clone(),
+            last: None,
+            changes: None,
+            started: false,
+        };
+        futures::stream::unfold(state, move |mut state| async move {
+            loop {
+                if state.started {
+                    state.wait(interval).await;
                 }
-            },
-        )
+                state.started = true;
+                // Watch before reading, so no change after the read goes unnoticed.
+                state.watch().await;
+                match state.election.leader().await {
+                    Ok(now) if state.last.as_ref() == Some(&now) => {}
+                    Ok(now) => {
+                        state.last = Some(now.clone());
+                        return Some((Ok(now), state));
+                    }
+                    Err(e) => return Some((Err(e), state)),
+                }
+            }
+        })
+    }
+}
+
+/// The state of [`Election::observe`].
+struct Observing {
+    election: Election,
+    last: Option<Option<Leader>>,
+    /// The store's change notices of the lease and of the value record, while watching.
+    changes: Option<Changes>,
+    started: bool,
+}
+
+impl Observing {
+    /// Starts watching if the store notifies and no watch is running. A failure leaves
+    /// this round to polling; the next round tries again.
+    async fn watch(&mut self) {
+        let store = self.election.client.store();
+        if self.changes.is_some() || !store.capabilities().watch {
+            return;
+        }
+        let limit = self.election.client.config().op_timeout();
+        let backend = store.backend();
+        let lease = StoreError::bounded(backend, "watch", limit, store.watch(&self.election.name));
+        let record =
+            StoreError::bounded(backend, "watch", limit, store.watch(&self.election.record));
+        match futures::future::join(lease, record).await {
+            (Ok(lease), Ok(record)) => {
+                self.changes = Some(futures::stream::select(lease, record).boxed());
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(election = %self.election.name, error = %e, "watch failed; polling");
+            }
+        }
+    }
+
+    /// Waits for a change notice or `interval`, whichever comes first. A failed or ended
+    /// watch is dropped (to be set up again) after its wait.
+    async fn wait(&mut self, interval: Duration) {
+        let Some(changes) = self.changes.as_mut() else {
+            tokio::time::sleep(interval).await;
+            return;
+        };
+        tokio::select! {
+            notice = changes.next() => {
+                if !matches!(notice, Some(Ok(()))) {
+                    self.changes = None;
+                    // A watch that fails at once must not turn into a busy loop.
+                    tokio::time::sleep(interval.min(Duration::from_millis(100))).await;
+                }
+            }
+            () = tokio::time::sleep(interval) => {}
+        }
     }
 }
 
@@ -289,6 +351,7 @@ mod tests {
     use crate::config::LeaseConfig;
     use crate::memory::MemoryStore;
     use crate::store::Store;
+    use tokio::time::Instant;
 
     fn client(store: &MemoryStore) -> LeaseClient {
         LeaseClient::new(
@@ -390,5 +453,55 @@ mod tests {
         let b = e.campaign("b", Duration::ZERO).await.unwrap();
         let seen = changes.next().await.unwrap().unwrap().unwrap();
         assert_eq!(seen.term, b.term());
+    }
+
+    /// With a store that notifies, each change is seen at once, not at the next poll: the
+    /// interval here is an hour, and every change is seen within a second (paused time).
+    #[tokio::test(start_paused = true)]
+    async fn observe_follows_the_store_notices_not_the_interval() {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let e = c.election("leader:notices").unwrap();
+        let mut changes = Box::pin(e.observe(Duration::from_secs(3600)));
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(1), changes.next())
+                .await
+                .expect("a change is seen at once, not at the next poll")
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(next().await, None);
+        let a = e.campaign("a", Duration::ZERO).await.unwrap();
+        let mut seen = next().await.unwrap();
+        if seen.value.is_none() {
+            // The grant, then the value published a moment later.
+            seen = next().await.unwrap();
+        }
+        assert_eq!((seen.term, seen.value), (a.term(), Some(b"a".to_vec())));
+        a.resign().await.unwrap();
+        assert_eq!(next().await, None);
+    }
+
+    /// A store that does not notify is polled every interval.
+    #[tokio::test(start_paused = true)]
+    async fn observe_polls_a_store_that_does_not_notify() {
+        let quiet = crate::wrap::FaultStore::new(Arc::new(MemoryStore::new()));
+        quiet.hide_watch();
+        assert!(!quiet.capabilities().watch);
+        let c = LeaseClient::new(
+            Arc::new(quiet),
+            LeaseConfig::new(Duration::from_secs(3)).unwrap(),
+        );
+        let e = c.election("leader:quiet").unwrap();
+        let mut changes = Box::pin(e.observe(Duration::from_secs(5)));
+        assert_eq!(changes.next().await.unwrap().unwrap(), None);
+        let polled = Instant::now();
+        let a = e.campaign("a", Duration::ZERO).await.unwrap();
+        let seen = changes.next().await.unwrap().unwrap().unwrap();
+        assert_eq!(seen.term, a.term());
+        assert!(
+            polled.elapsed() >= Duration::from_secs(5),
+            "seen at the next poll"
+        );
     }
 }

@@ -36,8 +36,8 @@ pub use registry::{OpenFuture, Registry, StoreFactory};
 pub use semaphore::{Permit, Semaphore};
 pub use store::{AcquireAnyOutcome, acquire_any_one_by_one};
 pub use store::{
-    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, MAX_RECORD_LEN, RENEW_BATCH, Record,
-    ReleaseOutcome, RenewOutcome, Store,
+    AcquireOutcome, Capabilities, Changes, FenceDurability, LeaseInfo, MAX_RECORD_LEN, RENEW_BATCH,
+    Record, ReleaseOutcome, RenewOutcome, Store,
 };
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 pub use tokio_util::sync::CancellationToken;

@@ -10,14 +10,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::store::{
-    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, Record, ReleaseOutcome, RenewOutcome,
-    Store,
+    AcquireOutcome, Capabilities, Changes, FenceDurability, LeaseInfo, Record, ReleaseOutcome,
+    RenewOutcome, Store,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -49,6 +50,9 @@ impl State {
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     released: Arc<Notify>,
+    /// Counts the changes [`Store::watch`] notifies (of any key: a watcher of one key
+    /// is also woken by the others', which the contract allows).
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl MemoryStore {
@@ -59,6 +63,11 @@ impl MemoryStore {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes the watchers.
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Fault hook: the store forgets the record at `key` (as a store restarted without
@@ -72,6 +81,7 @@ impl MemoryStore {
     pub fn forget(&self, key: &Key) {
         self.lock().leases.remove(key);
         self.released.notify_waiters();
+        self.changed();
     }
 }
 
@@ -92,6 +102,7 @@ impl Store for MemoryStore {
             fence_durability: FenceDurability::Process,
             may_evict: false,
             records: true,
+            watch: true,
             atomic_acquire_any: false,
         }
     }
@@ -126,6 +137,8 @@ impl Store for MemoryStore {
                 expires_at: now + ttl,
             },
         );
+        drop(s);
+        self.changed();
         Ok(AcquireOutcome::Acquired { fence, ttl })
     }
 
@@ -157,6 +170,7 @@ impl Store for MemoryStore {
         s.leases.remove(key);
         drop(s);
         self.released.notify_waiters();
+        self.changed();
         Ok(ReleaseOutcome::Released)
     }
 
@@ -219,6 +233,7 @@ impl Store for MemoryStore {
         let fence = Fence(*last);
         drop(s);
         self.released.notify_waiters();
+        self.changed();
         Ok(fence)
     }
 
@@ -229,20 +244,39 @@ impl Store for MemoryStore {
         value: &[u8],
     ) -> Result<Record, StoreError> {
         let mut s = self.lock();
-        let slot = s.records.entry(key.clone()).or_insert_with(|| Record {
-            fence,
-            value: value.to_vec(),
+        let mut written = false;
+        let slot = s.records.entry(key.clone()).or_insert_with(|| {
+            written = true;
+            Record {
+                fence,
+                value: value.to_vec(),
+            }
         });
         if slot.fence < fence {
             *slot = Record {
                 fence,
                 value: value.to_vec(),
             };
+            written = true;
         }
-        Ok(slot.clone())
+        let stored = slot.clone();
+        drop(s);
+        if written {
+            self.changed();
+        }
+        Ok(stored)
     }
 
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         Ok(self.lock().records.get(key).cloned())
+    }
+
+    async fn watch(&self, _key: &Key) -> Result<Changes, StoreError> {
+        let rx = self.changes.subscribe();
+        Ok(futures::stream::unfold(rx, |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some((Ok(()), rx))
+        })
+        .boxed())
     }
 }

@@ -14,6 +14,12 @@ pub const RENEW_BATCH: usize = 1000;
 /// The longest [`Record`] value a store accepts, in bytes.
 pub const MAX_RECORD_LEN: usize = 4096;
 
+/// The change notices of one key, from [`Store::watch`]: each item says that the lease
+/// or the record of the key may have changed since the previous item (or since the watch
+/// began); the watcher reads again to learn what changed. An `Err` item, or the end of the
+/// stream, says notices may have been missed: read again and watch anew.
+pub type Changes = futures::stream::BoxStream<'static, Result<(), StoreError>>;
+
 /// A small value kept by the store next to its leases, written only by a higher fence
 /// (see [`Store::put_record`]). Leader election publishes the leader's value in one; a
 /// semaphore records its number of permits in one.
@@ -149,6 +155,9 @@ pub struct Capabilities {
     /// [`Store::put_record`] and [`Store::get_record`] work (leader election's values
     /// and semaphores' permit counts).
     pub records: bool,
+    /// [`Store::watch`] notifies changes instead of returning `Unsupported` (an election's
+    /// observers learn of a new leader without polling).
+    pub watch: bool,
     /// [`Store::acquire_any`] is one atomic store call over all its keys (one Lua script
     /// on one Redis server), instead of the default's one call per key
     /// ([`acquire_any_one_by_one`]). Either way its answer has the same meaning.
@@ -168,6 +177,7 @@ impl Capabilities {
             fence_durability: FenceDurability::Process,
             may_evict: false,
             records: false,
+            watch: false,
             atomic_acquire_any: false,
         }
     }
@@ -305,6 +315,21 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let _ = key;
         Err(StoreError::unsupported(self.backend(), "records"))
+    }
+
+    /// Watches `key`: once this returns, the stream yields an item after every grant
+    /// (a new holder, not an extension), release and break of the lease `key` and every
+    /// write of the record `key` (see [`Changes`]); several changes may share one item,
+    /// and an item may come without a change. An expiry need not be notified: a watcher
+    /// bounds its wait by the holder's remaining TTL. Watching changes nothing in the
+    /// store and joins no queue of waiters (it must not hold up anyone acquiring `key`).
+    /// Default: `Unsupported`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; dropping the stream ends the watch.
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let _ = key;
+        Err(StoreError::unsupported(self.backend(), "watching"))
     }
 
     /// Takes one lease of several at once (a semaphore's permit: one of its slots):

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::{
-    AcquireAnyOutcome, AcquireOutcome, Capabilities, LeaseInfo, Record, ReleaseOutcome,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, LeaseInfo, Record, ReleaseOutcome,
     RenewOutcome, Store,
 };
 use crate::token::{Fence, OwnerToken};
@@ -151,6 +151,12 @@ impl Store for TimeoutStore {
         self.bounded("get record", self.timeout, call).await
     }
 
+    /// Bounds setting the watch up; the notices themselves come when they come.
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let call = self.inner.watch(key);
+        self.bounded("watch", self.timeout, call).await
+    }
+
     async fn acquire_any(
         &self,
         keys: &[Key],
@@ -220,6 +226,7 @@ struct State {
     planned: HashMap<Op, VecDeque<Injection>>,
     swallowed: Vec<Swallowed>,
     unreachable: Option<Unreachable>,
+    watch_hidden: bool,
 }
 
 /// Wraps a store and injects faults into its calls, for tests: each call of an operation
@@ -278,6 +285,13 @@ impl FaultStore {
     /// Makes every call fail or hang (`Some`), or pass again (`None`).
     pub fn set_unreachable(&self, mode: Option<Unreachable>) {
         self.lock().unreachable = mode;
+    }
+
+    /// From now on the store says it cannot watch ([`Capabilities::watch`] is false and
+    /// [`Store::watch`] answers `Unsupported`), as a store without notifications would:
+    /// to test how callers do without them.
+    pub fn hide_watch(&self) {
+        self.lock().watch_hidden = true;
     }
 
     /// The replies swallowed since the last call, oldest first.
@@ -341,7 +355,9 @@ impl Store for FaultStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        caps.watch &= !self.lock().watch_hidden;
+        caps
     }
 
     async fn acquire(
@@ -407,6 +423,14 @@ impl Store for FaultStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.reach().await?;
         self.inner.get_record(key).await
+    }
+
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        self.reach().await?;
+        if self.lock().watch_hidden {
+            return Err(StoreError::unsupported(self.inner.backend(), "watching"));
+        }
+        self.inner.watch(key).await
     }
 
     async fn acquire_any(
