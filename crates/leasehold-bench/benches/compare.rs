@@ -785,7 +785,9 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
 // SQLite
 
 /// Counts the transactions a store runs (acquire, renew, release: one SQLite write
-/// transaction each); forwards everything else untouched.
+/// transaction each); forwards everything else untouched. `renew_many` and `acquire_any`
+/// keep the trait's defaults, which call `renew` and `acquire` here, so each of their
+/// transactions is counted too.
 #[derive(Debug)]
 struct Counting {
     inner: Arc<dyn Store>,

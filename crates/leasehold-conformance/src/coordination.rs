@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_core::{Error, Fence, Key, MAX_RECORD_LEN, OwnerToken, Record, StoreErrorKind};
+use leasehold_core::{
+    AcquireAnyOutcome, AcquireOutcome, Error, Fence, Key, MAX_RECORD_LEN, OwnerToken, Record,
+    StoreErrorKind,
+};
 use tokio::time::Instant;
 
 use crate::Fixture;
@@ -468,5 +471,169 @@ pub async fn watch_notices_grants_releases_and_record_writes(fx: &Fixture) {
         noticed("a break").await;
     } else {
         store.release(&k, &b).await.expect("release");
+    }
+}
+
+/// [`Store::acquire_any`](leasehold_core::Store::acquire_any), as a semaphore takes a
+/// permit: it grants the first free key in the order given and never a key another owner
+/// holds; it returns the key the owner holds already (same fence) rather than a free one
+/// before it, so the owner holds one key at most; with every key held it answers `Held`
+/// with the shortest remaining TTL (when the store reports one); each key's fence rises
+/// with every grant; and contenders racing over the same keys get one key each.
+pub async fn acquire_any_takes_the_owners_key_or_the_first_free_one(fx: &Fixture) {
+    let store = &fx.store;
+    let name = format!("any-{}", OwnerToken::random());
+    let keys: Vec<Key> = (0..4).map(|i| key(&format!("{name}#{i}"))).collect();
+    let ttl = fx.ttl;
+    let (me, other) = (OwnerToken::random(), OwnerToken::random());
+    let acquire = |k: usize, owner: OwnerToken| {
+        let k = keys[k].clone();
+        async move {
+            match store.acquire(&k, &owner, ttl).await.expect("acquire") {
+                AcquireOutcome::Acquired { fence, .. } => fence,
+                held => panic!("setup: {k} is not free: {held:?}"),
+            }
+        }
+    };
+    let holder = |k: usize| {
+        let k = keys[k].clone();
+        async move { store.inspect(&k).await.expect("inspect").map(|i| i.owner) }
+    };
+    let other_fence = acquire(0, other).await;
+    let got = store
+        .acquire_any(&keys, &me, ttl)
+        .await
+        .expect("acquire_any");
+    let AcquireAnyOutcome::Acquired { index, fence, .. } = got else {
+        panic!("acquire_any with free keys answered {got:?}");
+    };
+    assert_eq!(
+        index, 1,
+        "acquire_any must grant the first free key in order (key 0 is held)"
+    );
+    assert_eq!(
+        holder(0).await,
+        Some(other),
+        "acquire_any took a key another owner holds"
+    );
+    assert_eq!(holder(1).await, Some(me));
+    assert_eq!((holder(2).await, holder(3).await), (None, None));
+    // Key 0 is free again; the owner's key 1 comes before it.
+    store.release(&keys[0], &other).await.expect("release");
+    let again = store
+        .acquire_any(&keys, &me, ttl)
+        .await
+        .expect("acquire_any");
+    assert!(
+        matches!(again, AcquireAnyOutcome::Acquired { index: 1, fence: f, .. } if f == fence),
+        "acquire_any must return the key the owner holds, with its fence: {again:?} (held: key 1, fence {fence})"
+    );
+    assert_eq!(
+        holder(0).await,
+        None,
+        "acquire_any left the owner holding two keys"
+    );
+    // Every key held: `Held`, with the shortest remaining TTL when reported.
+    let newer = acquire(0, other).await;
+    assert!(newer > other_fence, "the fence of key 0 must rise");
+    acquire(2, other).await;
+    let short = OwnerToken::random();
+    match store
+        .acquire(&keys[3], &short, ttl / 2)
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Acquired { .. } => {}
+        held => panic!("setup: key 3 is not free: {held:?}"),
+    }
+    let third = OwnerToken::random();
+    match store
+        .acquire_any(&keys, &third, ttl)
+        .await
+        .expect("acquire_any")
+    {
+        AcquireAnyOutcome::Held { remaining } => {
+            if store.capabilities().reports_remaining {
+                let r = remaining.expect("the store claims to report the remaining TTL");
+                assert!(
+                    r <= ttl / 2,
+                    "acquire_any must report the shortest remaining TTL: {r:?} > {:?}",
+                    ttl / 2
+                );
+            }
+        }
+        granted => panic!("acquire_any took a key another owner holds: {granted:?}"),
+    }
+    // The owner's key freed: taken again with a higher fence.
+    store.release(&keys[1], &me).await.expect("release");
+    match store
+        .acquire_any(&keys, &third, ttl)
+        .await
+        .expect("acquire_any")
+    {
+        AcquireAnyOutcome::Acquired {
+            index: 1, fence: f, ..
+        } => assert!(
+            f > fence,
+            "the fence of a key granted by acquire_any must rise: {f} after {fence}"
+        ),
+        got => panic!("the one free key must be granted: {got:?}"),
+    }
+    for (k, owner) in [(0, other), (1, third), (2, other), (3, short)] {
+        let _ = store.release(&keys[k], &owner).await;
+    }
+    // Eight contenders race over three free keys: one key each, at most three granted.
+    let race: Vec<Key> = (0..3).map(|i| key(&format!("{name}-race#{i}"))).collect();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, race) = (store.clone(), race.clone());
+            tokio::spawn(async move {
+                let owner = OwnerToken::random();
+                loop {
+                    match store.acquire_any(&race, &owner, ttl).await {
+                        Ok(AcquireAnyOutcome::Acquired { index, .. }) => {
+                            return Some((index, owner));
+                        }
+                        Ok(_) => return None,
+                        // A store that gives up under contention (`Busy`) is asked again.
+                        Err(e) if e.is_retryable() && !e.is_ambiguous() => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(e) => panic!("acquire_any: {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut granted = Vec::new();
+    for t in tasks {
+        if let Some(g) = t.await.expect("contender") {
+            granted.push(g);
+        }
+    }
+    let mut indexes: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    assert_eq!(
+        indexes.len(),
+        granted.len(),
+        "two owners were granted one key at once by acquire_any: {granted:?}"
+    );
+    assert_eq!(
+        granted.len(),
+        3,
+        "three free keys, three grants: {granted:?}"
+    );
+    for (i, owner) in granted {
+        assert_eq!(
+            store
+                .inspect(&race[i])
+                .await
+                .expect("inspect")
+                .map(|l| l.owner),
+            Some(owner),
+            "two owners were granted one key at once by acquire_any"
+        );
+        let _ = store.release(&race[i], &owner).await;
     }
 }

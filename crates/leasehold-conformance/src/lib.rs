@@ -421,6 +421,7 @@ macro_rules! __with_cases {
             semaphore_admits_at_most_n_holders,
             lost_permit_returns_after_its_ttl_only,
             watch_notices_grants_releases_and_record_writes,
+            acquire_any_takes_the_owners_key_or_the_first_free_one,
         }
     };
 }

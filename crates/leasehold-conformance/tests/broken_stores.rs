@@ -21,8 +21,8 @@ use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, N
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key,
+    LeaseInfo, OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
 };
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, RedisServer};
@@ -80,10 +80,13 @@ enum Flaw {
     WatchMisses,
     /// The capabilities deny watching, but the store watches.
     HidesWatch,
+    /// `acquire_any` acquires each key in order without first looking for one the owner
+    /// holds: after a lost reply the owner may end up with two keys.
+    AcquireAnyIgnoresOwner,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 21] = [
+    const ALL: [Flaw; 22] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -105,6 +108,7 @@ impl Flaw {
         Flaw::RecordIgnoresFence,
         Flaw::WatchMisses,
         Flaw::HidesWatch,
+        Flaw::AcquireAnyIgnoresOwner,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -435,6 +439,35 @@ impl Store for Broken {
         }
         Ok(changes)
     }
+
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        if self.flaw != Flaw::AcquireAnyIgnoresOwner {
+            // The default, through this store's flawed `acquire` and `renew_many`.
+            return leasehold_core::acquire_any_one_by_one(self, keys, owner, ttl).await;
+        }
+        let mut shortest: Option<Duration> = None;
+        for (index, key) in keys.iter().enumerate() {
+            match self.acquire(key, owner, ttl).await? {
+                AcquireOutcome::Acquired { fence, ttl } => {
+                    return Ok(AcquireAnyOutcome::Acquired { index, fence, ttl });
+                }
+                AcquireOutcome::Held { remaining } => {
+                    shortest = match (shortest, remaining) {
+                        (Some(s), Some(r)) => Some(s.min(r)),
+                        (s, r) => s.or(r),
+                    };
+                }
+            }
+        }
+        Ok(AcquireAnyOutcome::Held {
+            remaining: shortest,
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -615,6 +648,7 @@ const ALL_CASES: &[&str] = &[
     "semaphore_admits_at_most_n_holders",
     "lost_permit_returns_after_its_ttl_only",
     "watch_notices_grants_releases_and_record_writes",
+    "acquire_any_takes_the_owners_key_or_the_first_free_one",
     "row_02_near_miss_freeze_keeps_the_lease",
     "row_04_server_paused_lost_before_store_expiry",
     "row_05_lost_reply_retry_returns_same_lease",
@@ -636,6 +670,30 @@ const KILLS: &[Kill] = &[
         HidesWatch,
         Memory,
         "watching works but capabilities say it does not",
+    ),
+    kill(
+        "acquire_any_takes_the_owners_key_or_the_first_free_one",
+        AcquireAnyIgnoresOwner,
+        Memory,
+        "acquire_any must return the key the owner holds",
+    ),
+    kill(
+        "acquire_any_takes_the_owners_key_or_the_first_free_one",
+        FenceNeverAdvances,
+        Memory,
+        "the fence of key 0 must rise",
+    ),
+    kill(
+        "acquire_any_takes_the_owners_key_or_the_first_free_one",
+        RacyAcquire,
+        Memory,
+        "two owners were granted one key at once by acquire_any",
+    ),
+    kill(
+        "acquire_any_takes_the_owners_key_or_the_first_free_one",
+        ClaimsTooMuch,
+        Memory,
+        "the store claims to report the remaining TTL",
     ),
     kill(
         "records_are_fenced_writes",
@@ -1029,6 +1087,7 @@ flaw_tests! {
     records_written_whatever_the_fence_are_caught: RecordIgnoresFence,
     a_watch_that_misses_changes_is_caught: WatchMisses,
     a_watch_hidden_by_the_capabilities_is_caught: HidesWatch,
+    acquire_any_that_ignores_the_owners_key_is_caught: AcquireAnyIgnoresOwner,
 }
 
 #[test]

@@ -12,13 +12,13 @@ use tokio::time::Instant;
 
 use crate::clock::{At, Clock, LeaseClock};
 use crate::config::LeaseConfig;
-use crate::error::{Error, StoreError};
+use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{IntoKey, Key};
 use crate::lease::{Grant, Lease, LeaseShared};
 use crate::metrics as m;
 use crate::observer::LeaseObserver;
 use crate::scheduler::{self, SchedulerHandle};
-use crate::store::{AcquireOutcome, Capabilities, Store};
+use crate::store::{AcquireAnyOutcome, Capabilities, Store, first_granted};
 use crate::token::OwnerToken;
 
 /// Acquires leases on one [`Store`] and renews them with one background scheduler.
@@ -436,11 +436,45 @@ impl LeaseClient {
     }
 
     async fn acquire_inner(&self, key: Key, wait: Option<Duration>) -> Result<Lease, Error> {
+        self.acquire_target(Target::One(&key), wait)
+            .await
+            .map(|(lease, _)| lease)
+    }
+
+    /// Takes a lease of one of `keys` (a semaphore's slots, in the order to try them),
+    /// with the guarantees of [`acquire`](Self::acquire): per attempt one
+    /// [`Store::acquire_any`] where it is atomic or after a lost reply, else one `acquire`
+    /// per key in order (see `attempt`); ambiguous replies retried with the same owner,
+    /// and a release of the owner on every key queued when the call may have been granted
+    /// one but hands out no lease.
+    /// `name` labels errors, logs and metrics. While every key is held it waits up to
+    /// `wait` (`None`: answers [`Error::Contended`] at once) with jittered backoff bounded
+    /// by the shortest remaining TTL reported; it does not wait on release notifications.
+    /// Returns the lease and the position of its key in `keys`.
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire): a dropped call queues the release of its
+    /// owner on every key.
+    pub(crate) async fn acquire_any(
+        &self,
+        name: &Key,
+        keys: &[Key],
+        wait: Option<Duration>,
+    ) -> Result<(Lease, usize), Error> {
+        self.acquire_target(Target::Any { name, keys }, wait).await
+    }
+
+    async fn acquire_target(
+        &self,
+        target: Target<'_>,
+        wait: Option<Duration>,
+    ) -> Result<(Lease, usize), Error> {
         let started = Instant::now();
         let backend = self.inner.store.backend();
+        let key = target.label();
         let span = tracing::debug_span!("leasehold.acquire", %key, backend);
         let res =
-            tracing::Instrument::instrument(self.acquire_loop(&key, started, wait), span).await;
+            tracing::Instrument::instrument(self.acquire_loop(target, started, wait), span).await;
         let took = started.elapsed();
         let result = match &res {
             Ok(_) => "acquired",
@@ -450,8 +484,8 @@ impl LeaseClient {
         };
         m::acquire(backend, key.resource_type(), result, took);
         match &res {
-            Ok(lease) => tracing::debug!(
-                %key,
+            Ok((lease, _)) => tracing::debug!(
+                key = %lease.key(),
                 owner = %lease.owner(),
                 fence = lease.fence().get(),
                 ttl_ms = lease.ttl().as_millis() as u64,
@@ -466,20 +500,48 @@ impl LeaseClient {
         res
     }
 
+    /// One attempt, each store call bounded by the operation timeout: an `acquire` of
+    /// each key in order until one is granted; or, for several keys, one `acquire_any`
+    /// when the store does it in one atomic call, or when an earlier attempt of this call
+    /// may have granted one of them (`may_hold`: then the owner's key must be found
+    /// first). An owner that has had only `Held` answers holds none of the keys, so the
+    /// keys are then tried one by one without the default's search for the owner's key.
+    async fn attempt(
+        &self,
+        target: Target<'_>,
+        owner: &OwnerToken,
+        may_hold: bool,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        let cfg = &self.inner.config;
+        let store = &self.inner.store;
+        let (backend, limit, ttl) = (store.backend(), cfg.op_timeout(), cfg.ttl());
+        if let Target::Any { keys, .. } = target
+            && (may_hold || self.inner.capabilities.atomic_acquire_any)
+        {
+            let call = store.acquire_any(keys, owner, ttl);
+            return StoreError::bounded(backend, "acquire", limit, call).await;
+        }
+        first_granted(target.keys(), |key| {
+            StoreError::bounded(backend, "acquire", limit, store.acquire(key, owner, ttl))
+        })
+        .await
+    }
+
     async fn acquire_loop(
         &self,
-        key: &Key,
+        target: Target<'_>,
         started: Instant,
         wait: Option<Duration>,
-    ) -> Result<Lease, Error> {
+    ) -> Result<(Lease, usize), Error> {
         let cfg = &self.inner.config;
         let store = &self.inner.store;
         let clock = &self.inner.clock;
+        let key = target.label();
         let deadline = wait.map(|w| crate::clock::saturating_add(started, w));
         let owner = OwnerToken::random();
         let mut orphan = OrphanGuard {
             client: self,
-            key,
+            keys: target.keys(),
             owner,
             maybe_granted: false,
         };
@@ -489,45 +551,52 @@ impl LeaseClient {
             if self.inner.closing.load(Ordering::Acquire) {
                 return Err(Error::ShuttingDown);
             }
-            orphan.maybe_granted = true;
+            let may_hold = std::mem::replace(&mut orphan.maybe_granted, true);
             let sent_at: At = clock.now();
-            let reply = StoreError::bounded(
-                store.backend(),
-                "acquire",
-                cfg.op_timeout(),
-                store.acquire(key, &owner, cfg.ttl()),
-            )
-            .await;
+            let reply = self.attempt(target, &owner, may_hold).await;
             let err = match reply {
-                Ok(AcquireOutcome::Acquired { fence, ttl }) => {
+                Ok(AcquireAnyOutcome::Acquired { index, fence, ttl }) => {
                     let ttl = ttl.min(cfg.ttl());
                     let valid_until = sent_at.add(cfg.validity(ttl));
-                    if clock.now() < valid_until {
-                        orphan.maybe_granted = false;
-                        let grant = Grant {
-                            key: key.clone(),
-                            owner,
-                            fence,
-                            ttl,
-                            sent_at,
-                            valid_until,
-                        };
-                        let shared =
-                            Arc::new(LeaseShared::new(grant, store.backend(), clock.clone()));
-                        let sched = self.scheduler();
-                        scheduler::track(sched, &shared, cfg);
-                        return Ok(Lease::new(
-                            shared,
-                            sched.clone(),
-                            store.clone(),
-                            cfg.op_timeout(),
-                            LiveGuard::new(&self.inner.live),
-                        ));
+                    match target.keys().get(index) {
+                        Some(granted) if clock.now() < valid_until => {
+                            orphan.maybe_granted = false;
+                            let grant = Grant {
+                                key: granted.clone(),
+                                owner,
+                                fence,
+                                ttl,
+                                sent_at,
+                                valid_until,
+                            };
+                            let shared =
+                                Arc::new(LeaseShared::new(grant, store.backend(), clock.clone()));
+                            let sched = self.scheduler();
+                            scheduler::track(sched, &shared, cfg);
+                            let lease = Lease::new(
+                                shared,
+                                sched.clone(),
+                                store.clone(),
+                                cfg.op_timeout(),
+                                LiveGuard::new(&self.inner.live),
+                            );
+                            return Ok((lease, index));
+                        }
+                        // The reply came too late to leave any validity: treat it as lost.
+                        Some(_) => {
+                            StoreError::timeout(store.backend(), "acquire", cfg.op_timeout())
+                        }
+                        None => StoreError::new(
+                            StoreErrorKind::Corrupt,
+                            store.backend(),
+                            format!(
+                                "acquire: the store granted key {index} of {}",
+                                target.keys().len()
+                            ),
+                        ),
                     }
-                    // The reply came too late to leave any validity: treat it as lost.
-                    StoreError::timeout(store.backend(), "acquire", cfg.op_timeout())
                 }
-                Ok(AcquireOutcome::Held { remaining }) => {
+                Ok(AcquireAnyOutcome::Held { remaining }) => {
                     // A grant to this owner from an earlier ambiguous attempt would have
                     // been returned as `Acquired`: nothing of ours is held.
                     orphan.maybe_granted = false;
@@ -545,7 +614,8 @@ impl LeaseClient {
                             waited: now - started,
                         });
                     }
-                    self.pause(key, &owner, attempt, remaining, deadline).await;
+                    self.pause(target, &owner, attempt, remaining, deadline)
+                        .await;
                     attempt = attempt.saturating_add(1);
                     continue;
                 }
@@ -562,7 +632,7 @@ impl LeaseClient {
                 return Err(err.into());
             };
             tracing::debug!(%key, error = %err, "acquire failed; retrying");
-            self.pause(key, &owner, attempt, None, deadline).await;
+            self.pause(target, &owner, attempt, None, deadline).await;
             attempt = attempt.saturating_add(1);
         }
     }
@@ -571,7 +641,7 @@ impl LeaseClient {
     /// remaining TTL and the caller's deadline, or until the store notifies a release.
     async fn pause(
         &self,
-        key: &Key,
+        target: Target<'_>,
         owner: &OwnerToken,
         attempt: u32,
         remaining: Option<Duration>,
@@ -587,7 +657,12 @@ impl LeaseClient {
         } else {
             remaining
         };
-        if let Some(holder_left) = holder_left.filter(|_| caps.wait_for_release) {
+        // Only a single key is waited on: the notification is per key.
+        let notified = match target {
+            Target::One(key) if caps.wait_for_release => holder_left.map(|h| (key, h)),
+            _ => None,
+        };
+        if let Some((key, holder_left)) = notified {
             let bound = holder_left
                 .min(until_deadline)
                 .max(Duration::from_millis(1));
@@ -622,11 +697,40 @@ impl LeaseClient {
     }
 }
 
-/// Queues a release of the owner token when an acquire that may have been granted ends
-/// without handing out a lease (cancelled, or failed after an ambiguous reply).
+/// What one acquire call takes: one key, or any one of several (a semaphore's slots).
+#[derive(Debug, Clone, Copy)]
+enum Target<'a> {
+    One(&'a Key),
+    Any {
+        /// Names the call in errors, logs and metrics (the semaphore's name).
+        name: &'a Key,
+        keys: &'a [Key],
+    },
+}
+
+impl<'a> Target<'a> {
+    /// The key that errors, logs and metrics name.
+    fn label(self) -> &'a Key {
+        match self {
+            Self::One(key) | Self::Any { name: key, .. } => key,
+        }
+    }
+
+    /// Every key the call may be granted.
+    fn keys(self) -> &'a [Key] {
+        match self {
+            Self::One(key) => std::slice::from_ref(key),
+            Self::Any { keys, .. } => keys,
+        }
+    }
+}
+
+/// Queues a release of the owner token, on every key of the call, when an acquire that
+/// may have been granted ends without handing out a lease (cancelled, or failed after an
+/// ambiguous reply).
 struct OrphanGuard<'a> {
     client: &'a LeaseClient,
-    key: &'a Key,
+    keys: &'a [Key],
     owner: OwnerToken,
     maybe_granted: bool,
 }
@@ -634,9 +738,10 @@ struct OrphanGuard<'a> {
 impl Drop for OrphanGuard<'_> {
     fn drop(&mut self) {
         if self.maybe_granted && tokio::runtime::Handle::try_current().is_ok() {
-            self.client
-                .scheduler()
-                .release_orphan(self.key.clone(), self.owner);
+            let sched = self.client.scheduler();
+            for key in self.keys {
+                sched.release_orphan(key.clone(), self.owner);
+            }
         }
     }
 }

@@ -103,6 +103,7 @@ impl Store for MemoryStore {
             may_evict: false,
             records: true,
             watch: true,
+            atomic_acquire_any: false,
         }
     }
 

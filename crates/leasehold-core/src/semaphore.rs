@@ -19,9 +19,18 @@
 //! then, and callers with another N are refused from their next acquire on (a permit
 //! already held stays held).
 //!
-//! Acquiring tries the slots (starting at a random one) and, while all are held, retries
-//! with jittered backoff bounded by the shortest remaining TTL reported. Waiters are not
-//! served in order.
+//! Taking a permit is one [`Store::acquire_any`](crate::Store::acquire_any) over the slots,
+//! rotated from a random start so that callers spread over them: the first free slot in
+//! that order is granted. On a store that does it in one atomic call
+//! ([`Capabilities::atomic_acquire_any`](crate::Capabilities::atomic_acquire_any): one Lua
+//! script on a single Redis server or a Sentinel set) that is one store call per attempt,
+//! whatever N. Elsewhere the slots are tried with one `acquire` each, in that order, until
+//! one is granted, as long as no reply has been lost (the caller then holds no slot);
+//! after a lost reply the retry is the store's `acquire_any`, which first looks for the
+//! slot the lost reply may have granted, so a caller never ends up with two. While all
+//! slots are held it retries with jittered backoff bounded by the shortest remaining TTL
+//! reported, until the wait ends. Waiters are not served in order (a permit freed goes to
+//! whoever asks next), even on a store that queues the waiters of a single lease.
 //!
 //! ```
 //! use std::{sync::Arc, time::Duration};
@@ -217,37 +226,25 @@ impl Semaphore {
                 Err(e) => return Err(e),
             }
         }
-        let n = self.permits;
-        loop {
-            let first = self.client.random_below(n);
-            let mut shortest: Option<Duration> = None;
-            let mut last_err = None;
-            for i in 0..n {
-                let slot = (first + i) % n;
-                match self.client.try_acquire(&self.slots[slot as usize]).await {
-                    Ok(lease) => return Ok(Permit { lease, slot }),
-                    Err(Error::Contended { remaining, .. }) => {
-                        if let Some(r) = remaining {
-                            shortest = Some(shortest.map_or(r, |s| s.min(r)));
-                        }
-                    }
-                    Err(e) if e.is_retryable() => last_err = Some(e),
-                    Err(e) => return Err(e),
-                }
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(last_err.unwrap_or(Error::WaitTimeout {
-                    key: self.name.clone(),
-                    waited: now - started,
-                }));
-            }
-            let mut delay = self.client.backoff_delay(attempt);
-            if let Some(s) = shortest {
-                delay = delay.min(s.max(Duration::from_millis(1)));
-            }
-            tokio::time::sleep(delay.min(deadline - now)).await;
-            attempt = attempt.saturating_add(1);
+        // One attempt per round over every slot (one `acquire_any` where the store does it
+        // atomically), rotated from a random start so that callers spread over the slots;
+        // the client waits between rounds.
+        let n = self.permits as usize;
+        let first = self.client.random_below(self.permits) as usize;
+        let keys: Vec<Key> = (0..n)
+            .map(|i| self.slots[(first + i) % n].clone())
+            .collect();
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.client.acquire_any(&self.name, &keys, Some(left)).await {
+            Ok((lease, index)) => Ok(Permit {
+                lease,
+                slot: ((first + index) % n) as u32,
+            }),
+            Err(Error::WaitTimeout { key, .. }) => Err(Error::WaitTimeout {
+                key,
+                waited: started.elapsed(),
+            }),
+            Err(e) => Err(e),
         }
     }
 
@@ -313,6 +310,7 @@ mod tests {
     use crate::config::LeaseConfig;
     use crate::memory::MemoryStore;
     use crate::store::Store;
+    use crate::token::OwnerToken;
 
     fn client(store: &MemoryStore) -> LeaseClient {
         LeaseClient::new(
@@ -464,5 +462,145 @@ mod tests {
         let again = sem.acquire(Duration::from_secs(10)).await.unwrap();
         assert!(again.fence() > fence, "fences per slot rise");
         assert_eq!(sem.holders().await.unwrap().len(), 1);
+    }
+
+    /// Random numbers that are all zero: a semaphore starts at slot 0.
+    struct Zeros;
+
+    impl rand::RngCore for Zeros {
+        fn next_u32(&mut self) -> u32 {
+            0
+        }
+        fn next_u64(&mut self) -> u64 {
+            0
+        }
+        fn fill_bytes(&mut self, dst: &mut [u8]) {
+            dst.fill(0);
+        }
+    }
+
+    /// A semaphore of 3 on a fault-injecting memory store, whose slot 0 another owner
+    /// holds, tried from slot 0: a permit is granted slot 1.
+    async fn faulty_semaphore() -> (Arc<crate::wrap::FaultStore>, Semaphore, OwnerToken) {
+        let faulty = Arc::new(crate::wrap::FaultStore::new(Arc::new(MemoryStore::new())));
+        let cfg = LeaseConfig::new(Duration::from_secs(3)).unwrap();
+        let sem = LeaseClient::with_rng(faulty.clone(), cfg, Zeros)
+            .semaphore("sem:faulty", 3)
+            .unwrap();
+        let other = OwnerToken::random();
+        faulty
+            .acquire(sem.slot_key(0).unwrap(), &other, Duration::from_secs(60))
+            .await
+            .unwrap();
+        (faulty, sem, other)
+    }
+
+    /// Who holds each slot.
+    async fn slot_owners(store: &dyn Store, sem: &Semaphore) -> Vec<Option<OwnerToken>> {
+        let mut out = Vec::new();
+        for slot in 0..sem.permits() {
+            let info = store.inspect(sem.slot_key(slot).unwrap()).await.unwrap();
+            out.push(info.map(|i| i.owner));
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slots_are_tried_one_by_one_until_a_reply_is_lost() {
+        use crate::wrap::{Injection, Op};
+        let (faulty, sem, other) = faulty_semaphore().await;
+        // The memory store has no atomic acquire_any: a caller that has lost no reply
+        // holds no slot, so it tries them with plain acquires and never calls it.
+        assert!(!faulty.capabilities().atomic_acquire_any);
+        for _ in 0..3 {
+            faulty.inject(Op::AcquireAny, Injection::HangBeforeApply);
+        }
+        let p = sem.try_acquire().await.unwrap();
+        assert_eq!(p.slot(), 1);
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![Some(other), Some(*p.lease().owner()), None]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_lost_reply_the_owners_slot_is_taken_again_not_a_freed_one() {
+        use crate::store::AcquireAnyOutcome;
+        use crate::wrap::{Injection, Op, Swallowed};
+        let (faulty, sem, other) = faulty_semaphore().await;
+        // Slot 0's `Held` is lost: from then on the owner may hold a slot, so the retry
+        // is one `acquire_any`, which grants slot 1 and never answers. Meanwhile slot 0
+        // is freed; the next retry must return slot 1 (the owner's, same fence), not
+        // take slot 0 as well.
+        faulty.inject(Op::Acquire, Injection::AmbiguousAfterApply);
+        faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
+        let freer = {
+            let (faulty, slot0) = (faulty.clone(), sem.slot_key(0).unwrap().clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                faulty.release(&slot0, &other).await.unwrap();
+            })
+        };
+        let p = sem.try_acquire().await.unwrap();
+        freer.await.unwrap();
+        let swallowed = faulty.take_swallowed();
+        assert!(
+            matches!(
+                swallowed[..],
+                [
+                    Swallowed::Acquire(Ok(crate::store::AcquireOutcome::Held { .. })),
+                    Swallowed::AcquireAny(Ok(AcquireAnyOutcome::Acquired { index: 1, fence, .. }))
+                ] if fence == p.fence()
+            ),
+            "the retry returns the grant whose reply was lost: {swallowed:?} vs {}",
+            p.fence()
+        );
+        assert_eq!(p.slot(), 1);
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![None, Some(*p.lease().owner()), None],
+            "one slot for the permit"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_acquire_never_answered_releases_its_owner_on_every_slot() {
+        use crate::wrap::{Injection, Op};
+        let (faulty, sem, other) = faulty_semaphore().await;
+        // The first attempt (slot 0: held) and its two retries (slot 1 granted, then
+        // extended) are applied and never answered.
+        faulty.inject(Op::Acquire, Injection::HangAfterApply);
+        for _ in 0..2 {
+            faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
+        }
+        let err = sem.try_acquire().await.unwrap_err();
+        assert_eq!(
+            err.store_error().map(|e| e.kind()),
+            Some(StoreErrorKind::Timeout),
+            "{err}"
+        );
+        assert_eq!(faulty.take_swallowed().len(), 3);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![Some(other), None, None],
+            "the slot granted without a reply is released, the other holder's is not"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_permit_acquire_releases_its_owner_on_every_slot() {
+        use crate::wrap::{Injection, Op};
+        let (faulty, sem, other) = faulty_semaphore().await;
+        faulty.inject(Op::Acquire, Injection::AmbiguousAfterApply);
+        faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
+        let res = tokio::time::timeout(Duration::from_millis(100), sem.try_acquire()).await;
+        assert!(res.is_err(), "cancelled while the call hangs");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![Some(other), None, None],
+            "the slot granted to the cancelled call is released"
+        );
     }
 }

@@ -158,6 +158,10 @@ pub struct Capabilities {
     /// [`Store::watch`] notifies changes instead of returning `Unsupported` (an election's
     /// observers learn of a new leader without polling).
     pub watch: bool,
+    /// [`Store::acquire_any`] is one atomic store call over all its keys (one Lua script
+    /// on one Redis server), instead of the default's one call per key
+    /// ([`acquire_any_one_by_one`]). Either way its answer has the same meaning.
+    pub atomic_acquire_any: bool,
 }
 
 impl Capabilities {
@@ -174,6 +178,7 @@ impl Capabilities {
             may_evict: false,
             records: false,
             watch: false,
+            atomic_acquire_any: false,
         }
     }
 }
@@ -326,11 +331,210 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let _ = key;
         Err(StoreError::unsupported(self.backend(), "watching"))
     }
+
+    /// Takes one lease of several at once (a semaphore's permit: one of its slots):
+    ///
+    /// 1. if one of `keys` is held by `owner` already (an earlier call whose reply was
+    ///    lost, or a reservation of a store that queues its waiters), extend it and return
+    ///    it with its fence, as [`acquire`](Self::acquire) of that key would;
+    /// 2. otherwise grant the first key, in the order given, that `acquire` would grant
+    ///    (with a new fence, higher than every fence of that key);
+    /// 3. otherwise answer [`AcquireAnyOutcome::Held`] with the shortest remaining TTL the
+    ///    store reported (`None` if it reported none).
+    ///
+    /// When it answers `Ok`, `owner` holds at most one of `keys` (the one returned, if
+    /// any). Each key behaves as under `acquire` for this owner (a key reserved for
+    /// another waiter is `Held`). An empty `keys` is answered `Held { remaining: None }`.
+    /// `Err` is as ambiguous for every key of the call as the same error from `acquire`
+    /// for one: the caller retries with the same owner, or releases `owner` on every key.
+    ///
+    /// The default is [`acquire_any_one_by_one`]: a [`renew_many`](Self::renew_many) of
+    /// all the keys (to find one held by `owner`), then one `acquire` per key in order
+    /// until one is granted. A store that does it in one atomic call says so with
+    /// [`Capabilities::atomic_acquire_any`].
+    ///
+    /// # Cancel safety
+    /// As `acquire`: a dropped call may have granted (or extended) one of the keys.
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        acquire_any_one_by_one(self, keys, owner, ttl).await
+    }
+}
+
+/// The reply to [`Store::acquire_any`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AcquireAnyOutcome {
+    /// `keys[index]` is ours, as [`AcquireOutcome::Acquired`] for that key.
+    Acquired {
+        /// The position of the key in the call's `keys`.
+        index: usize,
+        /// The fence of this grant (the same fence when the key was held by the owner).
+        fence: Fence,
+        /// The TTL the store granted.
+        ttl: Duration,
+    },
+    /// Every key is held by another owner (or reserved for another waiter).
+    Held {
+        /// The shortest remaining TTL the store reported, if it reported one.
+        remaining: Option<Duration>,
+    },
+}
+
+/// [`Store::acquire_any`] with one call per key, for any store (the trait's default): a
+/// [`Store::renew_many`] of every key as `owner` finds a key `owner` holds already, which
+/// one `acquire` then extends and returns (any other one `owner` holds is released, so
+/// that it holds one at most); without one, each key is acquired in order until one is
+/// granted. So `owner` holds at most one of `keys` when it answers `Ok`, and a key
+/// granted before an error stays granted: the error is ambiguous for every key.
+///
+/// It costs one `renew_many` and up to `keys.len()` acquires; a single key is one
+/// `acquire`. Not atomic: a key freed after its acquire answered `Held` is not seen by
+/// this call.
+///
+/// # Cancel safety
+/// As [`Store::acquire_any`].
+///
+/// # Errors
+/// The first error of a store call.
+pub async fn acquire_any_one_by_one<S: Store + ?Sized>(
+    store: &S,
+    keys: &[Key],
+    owner: &OwnerToken,
+    ttl: Duration,
+) -> Result<AcquireAnyOutcome, StoreError> {
+    if keys.len() > 1 {
+        let leases: Vec<(Key, OwnerToken)> = keys.iter().map(|k| (k.clone(), *owner)).collect();
+        let renewed = store.renew_many(&leases, ttl).await?;
+        let mut held = Vec::new();
+        for (index, r) in renewed.into_iter().enumerate() {
+            if let RenewOutcome::Renewed { .. } = r? {
+                held.push(index);
+            }
+        }
+        if let Some((&first, others)) = held.split_first() {
+            for &other in others {
+                store.release(&keys[other], owner).await?;
+            }
+            // Just renewed: `acquire` finds it held by `owner` and returns its fence.
+            if let AcquireOutcome::Acquired { fence, ttl } =
+                store.acquire(&keys[first], owner, ttl).await?
+            {
+                return Ok(AcquireAnyOutcome::Acquired {
+                    index: first,
+                    fence,
+                    ttl,
+                });
+            }
+        }
+    }
+    first_granted(keys, |key| store.acquire(key, owner, ttl)).await
+}
+
+/// Calls `acquire` (an [`Store::acquire`] of one key) on each of `keys` in order until one
+/// answers `Acquired`: that key's position and grant; else `Held` with the shortest
+/// remaining TTL reported. The first error ends it.
+pub(crate) async fn first_granted<'k, F, Fut>(
+    keys: &'k [Key],
+    mut acquire: F,
+) -> Result<AcquireAnyOutcome, StoreError>
+where
+    F: FnMut(&'k Key) -> Fut,
+    Fut: Future<Output = Result<AcquireOutcome, StoreError>>,
+{
+    let mut shortest: Option<Duration> = None;
+    for (index, key) in keys.iter().enumerate() {
+        match acquire(key).await? {
+            AcquireOutcome::Acquired { fence, ttl } => {
+                return Ok(AcquireAnyOutcome::Acquired { index, fence, ttl });
+            }
+            AcquireOutcome::Held { remaining } => {
+                if let Some(r) = remaining {
+                    shortest = Some(shortest.map_or(r, |s| s.min(r)));
+                }
+            }
+        }
+    }
+    Ok(AcquireAnyOutcome::Held {
+        remaining: shortest,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::MemoryStore;
+
+    fn keys(n: usize) -> Vec<Key> {
+        (0..n)
+            .map(|i| Key::new(format!("any#{i}")).unwrap())
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquire_any_one_by_one_prefers_the_owners_key_then_the_first_free_one() {
+        let store = MemoryStore::new();
+        let ks = keys(4);
+        let (me, other) = (OwnerToken::random(), OwnerToken::random());
+        let ttl = Duration::from_secs(10);
+        store.acquire(&ks[0], &other, ttl).await.unwrap();
+        // The first free key in order.
+        let got = store.acquire_any(&ks, &me, ttl).await.unwrap();
+        let AcquireAnyOutcome::Acquired {
+            index: 1, fence, ..
+        } = got
+        else {
+            panic!("the first free key in order: {got:?}");
+        };
+        // Key 0 is free again, key 1 is ours: ours is extended, key 0 is left alone.
+        store.release(&ks[0], &other).await.unwrap();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let again = store.acquire_any(&ks, &me, ttl).await.unwrap();
+        assert_eq!(
+            again,
+            AcquireAnyOutcome::Acquired {
+                index: 1,
+                fence,
+                ttl
+            },
+            "the owner's key, with its fence"
+        );
+        assert_eq!(store.inspect(&ks[0]).await.unwrap(), None, "not granted");
+        let info = store.inspect(&ks[1]).await.unwrap().unwrap();
+        assert_eq!(info.remaining, Some(ttl), "extended");
+        // Two keys of the owner (a misuse): one is kept, the other released.
+        store.acquire(&ks[3], &me, ttl).await.unwrap();
+        let got = store.acquire_any(&ks, &me, ttl).await.unwrap();
+        assert!(
+            matches!(got, AcquireAnyOutcome::Acquired { index: 1, .. }),
+            "{got:?}"
+        );
+        assert_eq!(store.inspect(&ks[3]).await.unwrap(), None, "at most one");
+        // All held by others: the shortest remaining TTL.
+        let them = OwnerToken::random();
+        for (k, secs) in ks.iter().zip([7, 3, 9, 4]) {
+            store.break_lease(k).await.unwrap();
+            store
+                .acquire(k, &them, Duration::from_secs(secs))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            store.acquire_any(&ks, &me, ttl).await.unwrap(),
+            AcquireAnyOutcome::Held {
+                remaining: Some(Duration::from_secs(3))
+            }
+        );
+        assert_eq!(
+            store.acquire_any(&[], &me, ttl).await.unwrap(),
+            AcquireAnyOutcome::Held { remaining: None },
+            "nothing to grant"
+        );
+    }
 
     #[test]
     fn fenced_bytes_round_trip_and_refuse_what_is_not_a_record() {

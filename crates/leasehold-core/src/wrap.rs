@@ -16,7 +16,8 @@ use async_trait::async_trait;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::{
-    AcquireOutcome, Capabilities, Changes, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, LeaseInfo, Record, ReleaseOutcome,
+    RenewOutcome, Store,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -149,10 +150,21 @@ impl Store for TimeoutStore {
         let call = self.inner.get_record(key);
         self.bounded("get record", self.timeout, call).await
     }
+
     /// Bounds setting the watch up; the notices themselves come when they come.
     async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
         let call = self.inner.watch(key);
         self.bounded("watch", self.timeout, call).await
+    }
+
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        let call = self.inner.acquire_any(keys, owner, ttl);
+        self.bounded("acquire", self.timeout, call).await
     }
 }
 
@@ -166,6 +178,9 @@ pub enum Op {
     Renew,
     /// [`Store::release`].
     Release,
+    /// [`Store::acquire_any`] (one planned fault for the whole call, whichever store
+    /// calls it makes).
+    AcquireAny,
 }
 
 /// What happens to one planned call.
@@ -202,6 +217,8 @@ pub enum Swallowed {
     Renew(Result<RenewOutcome, String>),
     /// A release's reply.
     Release(Result<ReleaseOutcome, String>),
+    /// An [`acquire_any`](Store::acquire_any)'s reply.
+    AcquireAny(Result<AcquireAnyOutcome, String>),
 }
 
 #[derive(Debug, Default)]
@@ -407,12 +424,24 @@ impl Store for FaultStore {
         self.reach().await?;
         self.inner.get_record(key).await
     }
+
     async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
         self.reach().await?;
         if self.lock().watch_hidden {
             return Err(StoreError::unsupported(self.inner.backend(), "watching"));
         }
         self.inner.watch(key).await
+    }
+
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        let call = self.inner.acquire_any(keys, owner, ttl);
+        self.faulted(Op::AcquireAny, call, Swallowed::AcquireAny)
+            .await
     }
 }
 
@@ -446,6 +475,7 @@ mod tests {
             t.break_lease(&key()).await.map(drop),
             t.put_record(&key(), Fence(1), b"v").await.map(drop),
             t.get_record(&key()).await.map(drop),
+            t.acquire_any(&[key()], &o, ttl).await.map(drop),
         ];
         for r in kinds {
             assert_eq!(r.unwrap_err().kind(), StoreErrorKind::Timeout);

@@ -12,7 +12,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use leasehold_core::{Fence, OwnerToken};
+use leasehold_core::{AcquireAnyOutcome, Fence, OwnerToken};
 use redis::{Script, Value};
 
 /// The error code of a script that found something that is not a leasehold lease.
@@ -229,6 +229,39 @@ table.insert(r, 1, ARGV[1])
 return r
 "#;
 
+/// Acquire of any one of n leases (a semaphore's slots), on one server.
+/// KEYS: per lease, lease, fence, queue, queue deadlines, watch mark (a grant is
+/// published to the watchers of a watched lease, as ACQUIRE does). ARGV: id, owner, ttl ms, fence
+/// record expiry ms ('' = never), reservation grace ms ('' = no queue), then one channel
+/// per lease.
+/// → `{id, 1, i, fence, ttl}`: lease i (1-based) acquired, as ACQUIRE would answer for it:
+///   the first lease held by this owner (extended, same fence), else the first, in order,
+///   that ACQUIRE grants; `{id, 0, pttl}`: none, with the shortest pttl ACQUIRE answered.
+/// Each lease is acquired with `acquire_one`, as its own ACQUIRE would (its queue and
+/// reservations included); leases after the one granted are not touched. A lease key
+/// that holds something else is skipped by the owner's search and reported by
+/// `acquire_one` if the search in order reaches it.
+const ACQUIRE_ANY: &str = r#"
+local n = #KEYS / 5
+local function one(i)
+  local k = (i - 1) * 5
+  return acquire_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[5 + i], KEYS[k + 5])
+end
+local pick = nil
+for i = 1, n do
+  local lease = read_lease(KEYS[(i - 1) * 5 + 1])
+  if lease and lease[1] == ARGV[2] then pick = i break end
+end
+local shortest = nil
+for i = pick or 1, pick or n do
+  local r = one(i)
+  if type(r) == 'string' then return redis.error_reply(r) end
+  if r[1] == 1 then return {ARGV[1], 1, i, r[2], r[3]} end
+  if shortest == nil or r[2] < shortest then shortest = r[2] end
+end
+return {ARGV[1], 0, shortest}
+"#;
+
 /// KEYS: lease. ARGV: id, owner, ttl ms. → `{id, 1}` renewed, `{id, 0}` not the owner.
 const RENEW: &str = r#"
 local lease, err = read_lease(KEYS[1])
@@ -374,6 +407,7 @@ return {ARGV[1]}
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
+    pub(crate) acquire_any: Script,
     pub(crate) renew: Script,
     pub(crate) renew_many: Script,
     pub(crate) release: Script,
@@ -389,6 +423,7 @@ pub(crate) struct Scripts {
 /// The scripts, built on first use.
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(&format!("{PRELUDE}{ACQUIRE}")),
+    acquire_any: Script::new(&format!("{PRELUDE}{ACQUIRE_ANY}")),
     renew: Script::new(&format!("{PRELUDE}{RENEW}")),
     renew_many: Script::new(&format!("{PRELUDE}{RENEW_MANY}")),
     release: Script::new(&format!("{PRELUDE}{RELEASE}")),
@@ -478,6 +513,35 @@ fn items<'v>(v: &'v Value, id: &str) -> Reply<&'v [Value]> {
 
 pub(crate) fn parse_acquire(v: &Value, id: &str) -> Reply<Acquired> {
     parse_acquired(items(v, id)?)
+}
+
+/// Acquire of any of `n` leases: `{id, 1, i, fence, ttl}` → lease `i - 1` acquired, with
+/// `1 <= i <= n`; `{id, 0, pttl}` → all held.
+pub(crate) fn parse_acquire_any(v: &Value, id: &str, n: usize) -> Reply<AcquireAnyOutcome> {
+    let it = items(v, id)?;
+    match (it.first().and_then(as_int), it.len()) {
+        (Some(1), 4) => {
+            let index = as_int(&it[1])
+                .and_then(|i| usize::try_from(i).ok())
+                .filter(|i| (1..=n).contains(i))
+                .ok_or(ReplyError::Shape("bad lease index"))?;
+            match parse_acquired(&[it[0].clone(), it[2].clone(), it[3].clone()])? {
+                Acquired::Granted { fence, ttl } => Ok(AcquireAnyOutcome::Acquired {
+                    index: index - 1,
+                    fence,
+                    ttl,
+                }),
+                Acquired::Held { .. } => Err(ReplyError::Shape("unexpected acquire reply")),
+            }
+        }
+        (Some(0), 2) => match parse_acquired(it)? {
+            Acquired::Held { remaining } => Ok(AcquireAnyOutcome::Held {
+                remaining: Some(remaining),
+            }),
+            Acquired::Granted { .. } => Err(ReplyError::Shape("unexpected acquire reply")),
+        },
+        _ => Err(ReplyError::Shape("unexpected acquire reply")),
+    }
 }
 
 /// Renew and release: `{id, 1}` or `{id, 0}`.
@@ -732,6 +796,52 @@ mod tests {
         );
         let held_neg = Value::Array(vec![bulk("9"), Value::Int(0), Value::Int(-1)]);
         assert!(parse_acquire(&held_neg, "9").is_err());
+    }
+
+    #[test]
+    fn acquire_any_replies_are_strict() {
+        let reply = |items: Vec<Value>| {
+            let mut v = vec![bulk("id")];
+            v.extend(items);
+            Value::Array(v)
+        };
+        let granted = reply(vec![
+            Value::Int(1),
+            Value::Int(3),
+            bulk("42"),
+            Value::Int(1000),
+        ]);
+        assert_eq!(
+            parse_acquire_any(&granted, "id", 3),
+            Ok(AcquireAnyOutcome::Acquired {
+                index: 2,
+                fence: Fence(42),
+                ttl: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(
+            parse_acquire_any(&granted, "other", 3),
+            Err(ReplyError::WrongId)
+        );
+        // An index past the keys sent, or 0 (Lua counts from 1), is no answer.
+        assert!(parse_acquire_any(&granted, "id", 2).is_err());
+        let zero = reply(vec![
+            Value::Int(1),
+            Value::Int(0),
+            bulk("42"),
+            Value::Int(1000),
+        ]);
+        assert!(parse_acquire_any(&zero, "id", 3).is_err());
+        let held = reply(vec![Value::Int(0), Value::Int(250)]);
+        assert_eq!(
+            parse_acquire_any(&held, "id", 3),
+            Ok(AcquireAnyOutcome::Held {
+                remaining: Some(Duration::from_millis(250))
+            })
+        );
+        // A single-lease acquire's reply is not an acquire of any.
+        let single = reply(vec![Value::Int(1), bulk("42"), Value::Int(1000)]);
+        assert!(parse_acquire_any(&single, "id", 3).is_err());
     }
 
     #[test]

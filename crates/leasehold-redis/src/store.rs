@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    RENEW_BATCH, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key,
+    LeaseInfo, OwnerToken, RENEW_BATCH, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
+    StoreErrorKind,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -366,6 +367,9 @@ impl Store for RedisStore {
         c.may_evict = self.config.allow_eviction();
         c.records = true;
         c.watch = self.notifier.is_some();
+        // One script spans the slots' keys on one server; a Cluster spreads them over
+        // hash slots, so there each slot is acquired on its own.
+        c.atomic_acquire_any = !self.is_cluster();
         c
     }
 
@@ -790,6 +794,54 @@ impl Store for RedisStore {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let task = tokio::spawn(watch.run(tx)).abort_handle();
         Ok(Box::pin(WatchStream { rx, task }))
+    }
+
+    /// One Lua script over every key's lease, fence and queue keys on a single server or
+    /// a Sentinel set: each key is acquired as [`acquire`](Self::acquire) would (fence
+    /// floored at the server's clock, queue and reservations), the owner's key first,
+    /// else the first granted in order. On a Cluster the keys hash to different slots,
+    /// which no script can span: there it is the default,
+    /// [`acquire_any_one_by_one`](leasehold_core::acquire_any_one_by_one) (see
+    /// [`Capabilities::atomic_acquire_any`]).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    async fn acquire_any(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireAnyOutcome, StoreError> {
+        if self.is_cluster() || keys.is_empty() {
+            return leasehold_core::acquire_any_one_by_one(self, keys, owner, ttl).await;
+        }
+        let ttl_ms = ttl_ms(ttl)?;
+        let (owner, ms, keep, grace) = (
+            owner.to_hex(),
+            ttl_ms.to_string(),
+            self.fence_expiry(ttl_ms),
+            self.grace(),
+        );
+        let mut names = Vec::with_capacity(keys.len() * 5);
+        let mut channels = Vec::with_capacity(keys.len());
+        for key in keys {
+            let n = self.layout.names(key);
+            channels.push(self.channel(&n));
+            names.extend([n.lease, n.fence, n.queue, n.queue_deadlines, n.watch]);
+        }
+        let key_args: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = vec![&owner, &ms, &keep, &grace];
+        args.extend(channels.iter().map(String::as_str));
+        let n = keys.len();
+        self.conn
+            .run(
+                "acquire",
+                &SCRIPTS.acquire_any,
+                &key_args,
+                &args,
+                |v, id| scripts::parse_acquire_any(v, id, n),
+            )
+            .await
     }
 }
 

@@ -478,3 +478,51 @@ async fn a_watch_on_a_cluster_is_sharded_and_reports_a_node_restart() {
     let notice = timeout(Duration::from_secs(5), changes.next()).await;
     assert!(matches!(notice, Ok(Some(Ok(())))), "{notice:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_work_on_a_cluster_one_slot_at_a_time() {
+    let c = Cluster::start().await;
+    assert!(
+        !c.store.capabilities().atomic_acquire_any,
+        "the slots hash to different Cluster slots: no one script"
+    );
+    let client = LeaseClient::new(
+        c.store.clone(),
+        LeaseConfig::new(Duration::from_secs(30)).unwrap(),
+    );
+    let sem = client.semaphore("export:cluster", 3).unwrap();
+    let a = sem.try_acquire().await.unwrap();
+    let b = sem.try_acquire().await.unwrap();
+    let d = sem.try_acquire().await.unwrap();
+    let mut taken = vec![a.slot(), b.slot(), d.slot()];
+    taken.sort();
+    assert_eq!(taken, vec![0, 1, 2], "three permits, three slots");
+    let err = sem.try_acquire().await.unwrap_err();
+    assert!(
+        matches!(err, leasehold_core::Error::WaitTimeout { .. }),
+        "{err}"
+    );
+    // The owner's own slot comes first on a Cluster too (the default `acquire_any`).
+    let me = OwnerToken::random();
+    let keys: Vec<Key> = (0..3).map(|i| key(&format!("cluster:any#{i}"))).collect();
+    let f2 = acquired(&*c.store, &keys[2], &me, Duration::from_secs(5)).await;
+    match c
+        .store
+        .acquire_any(&keys, &me, Duration::from_secs(5))
+        .await
+        .unwrap()
+    {
+        leasehold_core::AcquireAnyOutcome::Acquired { index, fence, .. } => {
+            assert_eq!((index, fence), (2, f2), "the owner's key, same fence");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.store.inspect(&keys[0]).await.unwrap(), None);
+    let fence = b.fence();
+    let slot = b.slot();
+    b.release().await.unwrap();
+    let again = sem.try_acquire().await.unwrap();
+    assert_eq!(again.slot(), slot, "the freed slot");
+    assert!(again.fence() > fence, "fences per slot rise");
+    drop((a, d, again));
+}

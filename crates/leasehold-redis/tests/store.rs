@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::Standalone;
 use leasehold_core::{
-    AcquireOutcome, Action, Error, Fence, Key, LeaseClient, LeaseConfig, OwnerToken,
-    ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+    AcquireAnyOutcome, AcquireOutcome, Action, Error, Fence, Key, LeaseClient, LeaseConfig,
+    OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
 use leasehold_redis::{RedisConfig, RedisFactory, RedisStore};
 use tokio::time::{Instant, sleep, timeout};
@@ -783,4 +783,136 @@ async fn records_are_fence_colon_value_exact_and_foreign_data_is_corrupt() {
     let e = store.put_record(&k, Fence(9), b"y").await.unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
     assert_eq!(s.cli(&["GET", &rk]).await, "v2|5:x");
+}
+
+/// `acquire_any` of `keys` as `owner`: the index and fence granted.
+async fn any_of(store: &dyn Store, keys: &[Key], owner: &OwnerToken) -> (usize, Fence) {
+    match store.acquire_any(keys, owner, TTL).await.unwrap() {
+        AcquireAnyOutcome::Acquired { index, fence, .. } => (index, fence),
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_is_one_acquire_script_call_on_one_server() {
+    let s = Standalone::start().await;
+    assert!(s.store.capabilities().atomic_acquire_any);
+    let cfg = LeaseConfig::new(Duration::from_secs(30)).unwrap();
+    let client = LeaseClient::new(s.store.clone(), cfg);
+    const N: u32 = 8;
+    let sem = client.semaphore("export:one-call", N).unwrap();
+    // Scripts loaded, permit count stored.
+    sem.try_acquire().await.unwrap().release().await.unwrap();
+    // Seven of the eight slots held by someone else: trying them one by one would be up
+    // to eight acquires.
+    let other = OwnerToken::random();
+    for slot in 0..N - 1 {
+        fence_of(&*s.store, sem.slot_key(slot).unwrap(), &other).await;
+    }
+    let before = s.evalsha_calls().await;
+    let p = sem.try_acquire().await.unwrap();
+    let calls = s.evalsha_calls().await - before;
+    assert_eq!(p.slot(), N - 1, "the one free slot");
+    assert_eq!(
+        calls, 2,
+        "a permit is the permit-count record and one acquire script call"
+    );
+    // All held: one call answers with the shortest remaining TTL.
+    let before = s.evalsha_calls().await;
+    let err = sem.try_acquire().await.unwrap_err();
+    assert!(matches!(err, Error::WaitTimeout { .. }), "{err}");
+    assert_eq!(s.evalsha_calls().await - before, 2);
+    p.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_any_script_keeps_acquire_semantics_per_key() {
+    let s = Standalone::start().await;
+    let keys: Vec<Key> = (0..3).map(|i| key(&format!("any:sem#{i}"))).collect();
+    let (me, other) = (OwnerToken::random(), OwnerToken::random());
+    // The first free key in order, fence floored at the server clock like `acquire`.
+    let f0 = fence_of(&*s.store, &keys[0], &other).await;
+    let before = server_time_us(&s).await;
+    let (i, f1) = any_of(&*s.store, &keys, &me).await;
+    assert_eq!(i, 1, "key 0 is held: the first free one in order");
+    assert!(f1.get() >= before, "fence floored at the server clock");
+    assert_eq!(
+        s.cli(&["GET", &s.store.lease_key(&keys[1])]).await,
+        format!("{}:{f1}", me.to_hex()),
+        "the same lease value as `acquire` writes"
+    );
+    assert_eq!(
+        s.cli(&["GET", &s.store.fence_key(&keys[1])]).await,
+        f1.to_string()
+    );
+    // Key 0 freed: the owner's key 1 is still the answer, extended, with its fence.
+    assert_eq!(
+        s.store.release(&keys[0], &other).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(any_of(&*s.store, &keys, &me).await, (1, f1));
+    assert_eq!(s.store.inspect(&keys[0]).await.unwrap(), None, "not taken");
+    // All held: the shortest remaining TTL.
+    fence_of(&*s.store, &keys[0], &other).await;
+    let short = OwnerToken::random();
+    s.store
+        .acquire(&keys[2], &short, Duration::from_millis(1500))
+        .await
+        .unwrap();
+    match s
+        .store
+        .acquire_any(&keys, &OwnerToken::random(), TTL)
+        .await
+        .unwrap()
+    {
+        AcquireAnyOutcome::Held { remaining: Some(r) } => {
+            assert!(r <= Duration::from_millis(1500), "{r:?}")
+        }
+        other => panic!("all held: {other:?}"),
+    }
+    // A key reserved for a queued waiter: a newcomer is turned away from it as by
+    // `acquire`, and the waiter's `acquire_any` confirms its reservation (same fence).
+    let waiter = OwnerToken::random();
+    let wait = {
+        let (store, k) = (s.store.clone(), keys[0].clone());
+        tokio::spawn(async move {
+            store
+                .wait_released(&k, &waiter, Duration::from_secs(30))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(200)).await;
+    assert!(!wait.is_finished(), "queued behind the holder");
+    s.store.release(&keys[0], &other).await.unwrap();
+    timeout(Duration::from_secs(3), wait)
+        .await
+        .expect("woken")
+        .unwrap()
+        .unwrap();
+    let reserved = s.store.inspect(&keys[0]).await.unwrap().expect("reserved");
+    assert_eq!(reserved.owner, waiter);
+    assert!(reserved.fence > f0, "a reservation carries a new fence");
+    s.store.release(&keys[1], &me).await.unwrap();
+    let newcomer = OwnerToken::random();
+    assert_eq!(
+        any_of(&*s.store, &keys, &newcomer).await.0,
+        1,
+        "the reserved key is skipped, the next free one granted"
+    );
+    assert_eq!(
+        any_of(&*s.store, &keys, &waiter).await,
+        (0, reserved.fence),
+        "the waiter takes its reservation"
+    );
+    // Foreign data at a key is reported when the search in order reaches it, as by
+    // `acquire`, and is left untouched.
+    let corrupt = vec![key("any:bad#0"), key("any:bad#1")];
+    s.cli(&["SET", &s.store.lease_key(&corrupt[0]), "not a lease"])
+        .await;
+    let err = s.store.acquire_any(&corrupt, &me, TTL).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert_eq!(
+        s.cli(&["GET", &s.store.lease_key(&corrupt[0])]).await,
+        "not a lease"
+    );
 }

@@ -117,6 +117,34 @@ async fn a_watch_hears_the_changes_another_store_makes() {
     silent(&mut changes, Duration::from_millis(700), "another key").await;
 }
 
+/// A permit taken by `acquire_any` (one script over the slots) is a grant like any other:
+/// the watcher of the slot it took hears it; a slot it did not take stays silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_by_acquire_any_is_noticed_on_its_slot() {
+    let s = Standalone::start().await;
+    let other = other_store(&s).await;
+    let slots = [key("watch/any#0"), key("watch/any#1")];
+    let mut first = s.store.watch(&slots[0]).await.unwrap();
+    let mut second = s.store.watch(&slots[1]).await.unwrap();
+    granted(&other, &slots[0], &OwnerToken::random()).await;
+    noticed(&mut first, "the first slot's grant").await;
+    match other
+        .acquire_any(&slots, &OwnerToken::random(), TTL)
+        .await
+        .unwrap()
+    {
+        leasehold_core::AcquireAnyOutcome::Acquired { index: 1, .. } => {}
+        other => panic!("expected the second slot, got {other:?}"),
+    }
+    noticed(&mut second, "a grant by acquire_any").await;
+    silent(
+        &mut first,
+        Duration::from_millis(700),
+        "a slot acquire_any found held",
+    )
+    .await;
+}
+
 /// A server restart (the pub/sub connection closes) ends the watch with the error of a
 /// lost connection, at once (not at the next refresh); a new watch then works (the
 /// restart lost the mark, and the new watch sets it again). A connection gone silent (the proxy swallows everything, no

@@ -321,6 +321,9 @@ impl Store for RedlockStore {
         caps.break_lease = true;
         caps.fence_durability = FenceDurability::ClockFloored;
         caps.records = true;
+        // `acquire_any` is the trait's default: one quorum acquire per key (after one
+        // batch renewal looking for the owner's key), not one atomic call.
+        caps.atomic_acquire_any = false;
         caps
     }
 
