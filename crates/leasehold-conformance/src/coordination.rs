@@ -405,8 +405,9 @@ pub async fn racing_record_writes_keep_the_highest_fence(fx: &Fixture) {
     );
 }
 
-/// How long a change may take to be noticed by a watch: generous, for a loaded machine.
-const NOTICE_WITHIN: Duration = Duration::from_secs(10);
+/// How long a change may take to be noticed by a watch in
+/// [`watch_notices_grants_releases_and_record_writes`]: generous, for a loaded machine.
+pub const NOTICE_WITHIN: Duration = Duration::from_secs(10);
 
 /// [`Store::watch`](leasehold_core::Store::watch) notices a grant, a release, a break and
 /// a record write, each within [`NOTICE_WITHIN`], and a watcher joins no queue: the
