@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use leasehold_core::{
     AcquireAnyOutcome, AcquireOutcome, Error, Fence, Key, MAX_RECORD_LEN, OwnerToken, Record,
     StoreErrorKind,
@@ -14,6 +13,7 @@ use leasehold_core::{
 use tokio::time::Instant;
 
 use crate::Fixture;
+use crate::watching::{granted, noticed};
 
 fn key(name: &str) -> Key {
     Key::new(format!("conformance:{name}")).expect("valid key")
@@ -405,12 +405,8 @@ pub async fn racing_record_writes_keep_the_highest_fence(fx: &Fixture) {
     );
 }
 
-/// How long a change may take to be noticed by a watch in
-/// [`watch_notices_grants_releases_and_record_writes`]: generous, for a loaded machine.
-pub const NOTICE_WITHIN: Duration = Duration::from_secs(10);
-
 /// [`Store::watch`](leasehold_core::Store::watch) notices a grant, a release, a break and
-/// a record write, each within [`NOTICE_WITHIN`], and a watcher joins no queue: the
+/// a record write, each within [`NOTICE_WITHIN`](crate::watching::NOTICE_WITHIN), and a watcher joins no queue: the
 /// lease released while it watches goes to whoever acquires next. A store that says it
 /// cannot watch answers `Unsupported`.
 pub async fn watch_notices_grants_releases_and_record_writes(fx: &Fixture) {
@@ -427,49 +423,25 @@ pub async fn watch_notices_grants_releases_and_record_writes(fx: &Fixture) {
         return;
     }
     let mut changes = store.watch(&k).await.expect("watch");
-    let mut noticed = async |what: &str| {
-        match tokio::time::timeout(NOTICE_WITHIN, changes.next()).await {
-            Ok(Some(Ok(()))) => {}
-            Ok(Some(Err(e))) => panic!("the watch failed instead of noticing {what}: {e}"),
-            Ok(None) => panic!("the watch ended instead of noticing {what}"),
-            Err(_) => panic!("no notice of {what} within {NOTICE_WITHIN:?}"),
-        }
-        // Several notices may tell of one change: take what came with it, so the next
-        // step waits for a notice of its own.
-        while let Ok(Some(_)) =
-            tokio::time::timeout(Duration::from_millis(200), changes.next()).await
-        {}
-    };
     let (a, b) = (OwnerToken::random(), OwnerToken::random());
     let ttl = fx.ttl * 20;
-    let grant = |owner: OwnerToken| {
-        let k = k.clone();
-        async move {
-            match store.acquire(&k, &owner, ttl).await.expect("acquire") {
-                leasehold_core::AcquireOutcome::Acquired { fence, .. } => fence,
-                held => {
-                    panic!("the watched key was not granted: {held:?} (does the watch hold it up?)")
-                }
-            }
-        }
-    };
-    grant(a).await;
-    noticed("a grant").await;
+    granted(store.as_ref(), &k, &a, ttl).await;
+    noticed(&mut changes, "a grant").await;
     store.release(&k, &a).await.expect("release");
-    noticed("a release").await;
+    noticed(&mut changes, "a release").await;
     // The watcher is in no queue: the released lease goes to the next caller at once.
-    grant(b).await;
-    noticed("the next grant").await;
+    granted(store.as_ref(), &k, &b, ttl).await;
+    noticed(&mut changes, "the next grant").await;
     if caps.records {
         store
             .put_record(&k, Fence(1), b"leader")
             .await
             .expect("put_record");
-        noticed("a record write").await;
+        noticed(&mut changes, "a record write").await;
     }
     if caps.break_lease {
         store.break_lease(&k).await.expect("break");
-        noticed("a break").await;
+        noticed(&mut changes, "a break").await;
     } else {
         store.release(&k, &b).await.expect("release");
     }

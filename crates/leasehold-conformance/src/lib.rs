@@ -20,6 +20,7 @@ pub mod fault_cases;
 pub mod growth;
 pub mod holder;
 pub mod waiting;
+pub mod watching;
 
 /// Fault hooks a backend's fixture provides to the suite.
 #[async_trait]

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::Solo;
 use futures::StreamExt;
-use leasehold_core::{AcquireOutcome, Changes, Fence, Key, OwnerToken, Store};
+use leasehold_conformance::watching::{granted, notice, quiet};
+use leasehold_core::{Changes, Fence, Key, OwnerToken, Store};
 use leasehold_testkit::ProxyMode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -17,32 +18,8 @@ fn key(name: &str) -> Key {
     Key::new(format!("etcd-watch:{name}")).unwrap()
 }
 
-/// How long a notice may take on a loaded machine.
-const NOTICE_WITHIN: Duration = Duration::from_secs(10);
 /// How long the tests wait to see that something does not notify.
 const QUIET_FOR: Duration = Duration::from_millis(1500);
-
-async fn notice(changes: &mut Changes, what: &str) {
-    match tokio::time::timeout(NOTICE_WITHIN, changes.next()).await {
-        Ok(Some(Ok(()))) => {}
-        Ok(Some(Err(e))) => panic!("the watch failed instead of noticing {what}: {e}"),
-        Ok(None) => panic!("the watch ended instead of noticing {what}"),
-        Err(_) => panic!("no notice of {what} within {NOTICE_WITHIN:?}"),
-    }
-}
-
-async fn quiet(changes: &mut Changes, what: &str) {
-    if let Ok(item) = tokio::time::timeout(QUIET_FOR, changes.next()).await {
-        panic!("{what} was notified: {item:?}");
-    }
-}
-
-async fn grant(store: &impl Store, k: &Key, owner: &OwnerToken, ttl: Duration) {
-    match store.acquire(k, owner, ttl).await.expect("acquire") {
-        AcquireOutcome::Acquired { .. } => {}
-        held => panic!("expected a grant, got {held:?}"),
-    }
-}
 
 /// The lease key's version (1 when created, +1 per put), read with a raw client.
 async fn version(s: &Solo, k: &Key) -> i64 {
@@ -63,7 +40,7 @@ async fn notices_another_clients_changes_but_not_queue_entries_or_renewals() {
     let mut changes = s.store.watch(&k).await.expect("watch");
 
     let a = OwnerToken::random();
-    grant(&other, &k, &a, Duration::from_secs(4)).await;
+    granted(&other, &k, &a, Duration::from_secs(4)).await;
     notice(&mut changes, "another client's grant").await;
 
     // A waiter queues up under the key (`<lease key>\0<owner>`): no notice.
@@ -73,19 +50,19 @@ async fn notices_another_clients_changes_but_not_queue_entries_or_renewals() {
         let (store, k) = (waiting.clone(), k.clone());
         tokio::spawn(async move { store.wait_released(&k, &w, Duration::from_secs(30)).await })
     };
-    quiet(&mut changes, "a waiter's queue entry").await;
+    quiet(&mut changes, QUIET_FOR, "a waiter's queue entry").await;
     assert!(!waiter.is_finished(), "the waiter stopped waiting");
 
     // A renewal for a longer TTL than granted moves the key onto a new lease.
     other.renew(&k, &a, Duration::from_secs(9)).await.unwrap();
     assert_eq!(version(&s, &k).await, 2, "the renewal put the key again");
-    quiet(&mut changes, "a renewal").await;
+    quiet(&mut changes, QUIET_FOR, "a renewal").await;
 
     other.release(&k, &a).await.unwrap();
     notice(&mut changes, "another client's release").await;
     waiter.await.unwrap().unwrap();
     // The waiter takes its turn (its grant deletes its queue entry: one notice).
-    grant(&waiting, &k, &w, Duration::from_secs(4)).await;
+    granted(&waiting, &k, &w, Duration::from_secs(4)).await;
     notice(&mut changes, "the waiter's grant").await;
     waiting.release(&k, &w).await.unwrap();
     notice(&mut changes, "the waiter's release").await;
@@ -97,7 +74,7 @@ async fn notices_another_clients_changes_but_not_queue_entries_or_renewals() {
     notice(&mut changes, "another client's record write").await;
 
     // A lease nobody renews: etcd deletes the key when its lease expires.
-    grant(&other, &k, &OwnerToken::random(), Duration::from_secs(1)).await;
+    granted(&other, &k, &OwnerToken::random(), Duration::from_secs(1)).await;
     notice(&mut changes, "a grant").await;
     notice(&mut changes, "an expiry").await;
 }
@@ -142,7 +119,7 @@ async fn a_restart_or_a_silent_connection_is_reported_not_a_silent_hang() {
         }
     };
     let a = OwnerToken::random();
-    grant(&*s.store, &k, &a, Duration::from_secs(30)).await;
+    granted(&*s.store, &k, &a, Duration::from_secs(30)).await;
     notice(&mut changes, "a grant after the restart").await;
 
     // The connection goes silent: no reset, no answer.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use leasehold_conformance::watching::{NOTICE_WITHIN, granted, noticed, quiet};
 use leasehold_core::{
     AcquireOutcome, Changes, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, Store,
     StoreErrorKind,
@@ -20,8 +21,8 @@ use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore};
 use leasehold_testkit::{FaultProxy, PostgresOptions, ProxyMode};
 use tokio::time::timeout;
 
-/// A generous bound on a notice (the conformance suite uses the same).
-const NOTICE: Duration = Duration::from_secs(10);
+/// A lease's TTL in these tests: longer than any of them.
+const TTL: Duration = Duration::from_secs(60);
 /// How long "nothing comes" is watched for.
 const QUIET: Duration = Duration::from_millis(800);
 
@@ -35,35 +36,6 @@ async fn advisory_store(url: &str) -> PgAdvisoryStore {
         .expect("connect advisory store");
     store.migrate().await.expect("migrate");
     store
-}
-
-/// The next notice, which must come within [`NOTICE`]; then whatever came with it.
-async fn noticed(changes: &mut Changes, what: &str) {
-    match timeout(NOTICE, changes.next()).await {
-        Ok(Some(Ok(()))) => {}
-        Ok(Some(Err(e))) => panic!("the watch failed instead of noticing {what}: {e}"),
-        Ok(None) => panic!("the watch ended instead of noticing {what}"),
-        Err(_) => panic!("no notice of {what} within {NOTICE:?}"),
-    }
-    while let Ok(Some(_)) = timeout(Duration::from_millis(200), changes.next()).await {}
-}
-
-/// Nothing comes for [`QUIET`].
-async fn quiet(changes: &mut Changes, what: &str) {
-    if let Ok(item) = timeout(QUIET, changes.next()).await {
-        panic!("{what} was noticed: {item:?}");
-    }
-}
-
-async fn grant(store: &dyn Store, k: &Key, owner: &OwnerToken) -> Fence {
-    match store
-        .acquire(k, owner, Duration::from_secs(60))
-        .await
-        .unwrap()
-    {
-        AcquireOutcome::Acquired { fence, .. } => fence,
-        held => panic!("not granted: {held:?}"),
-    }
 }
 
 /// The watch sessions of the server (by `application_name`) and the shared advisory locks
@@ -95,13 +67,13 @@ async fn changes_made_by_another_store_instance_are_noticed() {
     let mut changes = watcher.watch(&k).await.unwrap();
     let (a, b) = (OwnerToken::random(), OwnerToken::random());
 
-    grant(&other, &key("watch:another-key"), &a).await;
-    quiet(&mut changes, "a grant of another key").await;
-    grant(&other, &k, &a).await;
+    granted(&other, &key("watch:another-key"), &a, TTL).await;
+    quiet(&mut changes, QUIET, "a grant of another key").await;
+    granted(&other, &k, &a, TTL).await;
     noticed(&mut changes, "a grant").await;
     other.release(&k, &a).await.unwrap();
     noticed(&mut changes, "a release").await;
-    grant(&other, &k, &b).await;
+    granted(&other, &k, &b, TTL).await;
     noticed(&mut changes, "the next grant").await;
     other.put_record(&k, Fence(5), b"v").await.unwrap();
     noticed(&mut changes, "a record write").await;
@@ -112,11 +84,11 @@ async fn changes_made_by_another_store_instance_are_noticed() {
     let adv_watcher = advisory_store(&pg.url()).await;
     let adv_other = advisory_store(&pg.url()).await;
     let mut adv_changes = adv_watcher.watch(&k).await.unwrap();
-    grant(&adv_other, &k, &a).await;
+    granted(&adv_other, &k, &a, TTL).await;
     noticed(&mut adv_changes, "an advisory grant").await;
     adv_other.release(&k, &a).await.unwrap();
     noticed(&mut adv_changes, "an advisory release").await;
-    grant(&adv_other, &k, &b).await;
+    granted(&adv_other, &k, &b, TTL).await;
     noticed(&mut adv_changes, "the next advisory grant").await;
     adv_other.break_lease(&k).await.unwrap();
     noticed(&mut adv_changes, "an advisory break").await;
@@ -131,7 +103,7 @@ async fn changes_made_by_another_store_instance_are_noticed() {
     .await;
     // A record write that loses to a higher fence changes nothing.
     other.put_record(&k, Fence(1), b"old").await.unwrap();
-    quiet(&mut changes, "a record write refused by its fence").await;
+    quiet(&mut changes, QUIET, "a record write refused by its fence").await;
 }
 
 /// The hot path with nobody watching sends no `NOTIFY` at all: a test session listening
@@ -160,7 +132,7 @@ async fn nothing_is_notified_for_keys_nobody_watches() {
     let stores: [&dyn Store; 2] = [&table, &advisory];
     for store in stores {
         let k = key("unwatched");
-        grant(store, &k, &a).await;
+        granted(store, &k, &a, TTL).await;
         assert!(matches!(
             store
                 .acquire(&k, &b, Duration::from_secs(60))
@@ -170,7 +142,7 @@ async fn nothing_is_notified_for_keys_nobody_watches() {
         ));
         store.renew(&k, &a, Duration::from_secs(60)).await.unwrap();
         store.release(&k, &a).await.unwrap();
-        grant(store, &k, &b).await;
+        granted(store, &k, &b, TTL).await;
         store.break_lease(&k).await.unwrap();
         store.put_record(&k, Fence(1), b"v").await.unwrap();
         assert_eq!(heard(&mut ear).await, None, "{}", store.backend());
@@ -188,7 +160,7 @@ async fn nothing_is_notified_for_keys_nobody_watches() {
     .await
     .unwrap();
     for (store, fence) in stores.into_iter().zip([Fence(2), Fence(3)]) {
-        grant(store, &k, &a).await;
+        granted(store, &k, &a, TTL).await;
         assert_eq!(heard(&mut ear).await.as_deref(), Some(&*expected), "grant");
         assert!(matches!(
             store
@@ -213,7 +185,7 @@ async fn nothing_is_notified_for_keys_nobody_watches() {
         assert_eq!(heard(&mut ear).await.as_deref(), Some(&*expected), "record");
         store.break_lease(&k).await.unwrap();
         assert_eq!(heard(&mut ear).await.as_deref(), Some(&*expected), "break");
-        grant(store, &key("unwatched"), &a).await;
+        granted(store, &key("unwatched"), &a, TTL).await;
         assert_eq!(heard(&mut ear).await, None, "another key");
     }
 }
@@ -269,7 +241,7 @@ async fn a_lost_connection_or_a_restart_ends_the_stream() {
             .watch(&k)
             .await
             .unwrap_or_else(|e| panic!("{what}: {e}"));
-        grant(&direct, &k, &owner).await;
+        granted(&direct, &k, &owner, TTL).await;
         noticed(&mut changes, what).await;
         direct.release(&k, &owner).await.unwrap();
         noticed(&mut changes, what).await;
@@ -432,7 +404,7 @@ async fn a_watch_kept_from_its_lock_fails_alone_and_in_time() {
     );
     tx.rollback().await.unwrap();
     let owner = OwnerToken::random();
-    grant(&other, &fine, &owner).await;
+    granted(&other, &fine, &owner, TTL).await;
     noticed(
         &mut changes,
         "a grant on the same session after another watch failed",
@@ -467,7 +439,7 @@ async fn observe_follows_notices_from_another_client() {
             .observe(Duration::from_secs(3600)),
     );
     let mut next = async || {
-        timeout(NOTICE, seen.next())
+        timeout(NOTICE_WITHIN, seen.next())
             .await
             .expect("a change is seen at once, not at the next poll")
             .unwrap()
@@ -539,14 +511,14 @@ async fn the_hot_path_sends_no_statement_more_watched_or_not() {
                 None
             };
             // Warm up (the advisory store's first acquire opens its session).
-            grant(store, &k, &owner).await;
+            granted(store, &k, &owner, TTL).await;
             store.release(&k, &owner).await.unwrap();
             sqlx::raw_sql("SELECT pg_stat_statements_reset()")
                 .execute(&admin)
                 .await
                 .unwrap();
             for _ in 0..10 {
-                grant(store, &k, &owner).await;
+                granted(store, &k, &owner, TTL).await;
                 store.release(&k, &owner).await.unwrap();
             }
             counts.push(statements_on(&admin, name).await);

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::Standalone;
 use futures::StreamExt;
+use leasehold_conformance::watching::{granted, noticed, quiet};
 use leasehold_core::{AcquireOutcome, Changes, Fence, Key, OwnerToken, ReleaseOutcome, Store};
 use leasehold_redis::{RedisStore, WATCH_MARK_TTL, WATCH_REFRESH};
 use leasehold_testkit::ProxyMode;
@@ -33,29 +34,6 @@ async fn next_within(
     timeout(within, changes.next())
         .await
         .unwrap_or_else(|_| panic!("nothing from the watch within {within:?}: {what}"))
-}
-
-/// Expects a notice within 5 s, then takes whatever else came with the same change.
-async fn noticed(changes: &mut Changes, what: &str) {
-    match next_within(changes, Duration::from_secs(5), what).await {
-        Some(Ok(())) => {}
-        other => panic!("{what}: expected a notice, got {other:?}"),
-    }
-    while let Ok(Some(_)) = timeout(Duration::from_millis(200), changes.next()).await {}
-}
-
-/// Expects no item for `quiet`.
-async fn silent(changes: &mut Changes, quiet: Duration, what: &str) {
-    if let Ok(item) = timeout(quiet, changes.next()).await {
-        panic!("{what}: expected no notice, got {item:?}");
-    }
-}
-
-async fn granted(store: &dyn Store, k: &Key, owner: &OwnerToken) -> Fence {
-    match store.acquire(k, owner, TTL).await.unwrap() {
-        AcquireOutcome::Acquired { fence, .. } => fence,
-        other => panic!("expected a grant, got {other:?}"),
-    }
 }
 
 /// A second store on the same server, on connections of its own (not through the proxy).
@@ -88,14 +66,14 @@ async fn a_watch_hears_the_changes_another_store_makes() {
     let k = key("watch/other");
     let mut changes = s.store.watch(&k).await.unwrap();
     let (a, b) = (OwnerToken::random(), OwnerToken::random());
-    granted(&other, &k, &a).await;
+    granted(&other, &k, &a, TTL).await;
     noticed(&mut changes, "a grant").await;
-    granted(&other, &k, &a).await;
+    granted(&other, &k, &a, TTL).await;
     other.renew(&k, &a, TTL).await.unwrap();
     other.put_record(&k, Fence(5), b"v5").await.unwrap();
     noticed(&mut changes, "a record write").await;
     other.put_record(&k, Fence(4), b"v4").await.unwrap();
-    silent(
+    quiet(
         &mut changes,
         Duration::from_millis(700),
         "a re-acquire, a renewal, a refused record write",
@@ -106,15 +84,15 @@ async fn a_watch_hears_the_changes_another_store_makes() {
         ReleaseOutcome::Released
     );
     noticed(&mut changes, "a release").await;
-    granted(&other, &k, &b).await;
+    granted(&other, &k, &b, TTL).await;
     noticed(&mut changes, "the next grant").await;
     other.break_lease(&k).await.unwrap();
     noticed(&mut changes, "a break").await;
     let elsewhere = key("watch/elsewhere");
-    granted(&other, &elsewhere, &a).await;
+    granted(&other, &elsewhere, &a, TTL).await;
     other.release(&elsewhere, &a).await.unwrap();
     other.put_record(&elsewhere, Fence(1), b"x").await.unwrap();
-    silent(&mut changes, Duration::from_millis(700), "another key").await;
+    quiet(&mut changes, Duration::from_millis(700), "another key").await;
 }
 
 /// A permit taken by `acquire_any` (one script over the slots) is a grant like any other:
@@ -126,7 +104,7 @@ async fn a_grant_by_acquire_any_is_noticed_on_its_slot() {
     let slots = [key("watch/any#0"), key("watch/any#1")];
     let mut first = s.store.watch(&slots[0]).await.unwrap();
     let mut second = s.store.watch(&slots[1]).await.unwrap();
-    granted(&other, &slots[0], &OwnerToken::random()).await;
+    granted(&other, &slots[0], &OwnerToken::random(), TTL).await;
     noticed(&mut first, "the first slot's grant").await;
     match other
         .acquire_any(&slots, &OwnerToken::random(), TTL)
@@ -137,7 +115,7 @@ async fn a_grant_by_acquire_any_is_noticed_on_its_slot() {
         other => panic!("expected the second slot, got {other:?}"),
     }
     noticed(&mut second, "a grant by acquire_any").await;
-    silent(
+    quiet(
         &mut first,
         Duration::from_millis(700),
         "a slot acquire_any found held",
@@ -240,7 +218,7 @@ async fn dropping_a_watch_unsubscribes_and_stops_refreshing() {
     // A waiter and a watcher on one key: dropping the watch keeps the waiter's
     // subscription.
     let holder = OwnerToken::random();
-    granted(&*s.store, &k, &holder).await;
+    granted(&*s.store, &k, &holder, TTL).await;
     let changes = s.store.watch(&k).await.unwrap();
     let waiter = {
         let (store, k) = (s.store.clone(), k.clone());
@@ -294,12 +272,12 @@ async fn an_acquire_and_release_run_the_same_commands_unless_watched() {
     let s = Standalone::start().await;
     // Connect (and check the eviction policy) and load the scripts before counting.
     let warm = OwnerToken::random();
-    granted(&*s.store, &key("warm-up"), &warm).await;
+    granted(&*s.store, &key("warm-up"), &warm, TTL).await;
     s.store.release(&key("warm-up"), &warm).await.unwrap();
     let pair = async |k: &Key| {
         let owner = OwnerToken::random();
         s.cli(&["CONFIG", "RESETSTAT"]).await;
-        granted(&*s.store, k, &owner).await;
+        granted(&*s.store, k, &owner, TTL).await;
         assert_eq!(
             s.store.release(k, &owner).await.unwrap(),
             ReleaseOutcome::Released
@@ -346,7 +324,7 @@ async fn notices_wake_no_waiter() {
     let other = Arc::new(other_store(&s).await);
     let k = key("watch/waiters");
     let holder = OwnerToken::random();
-    granted(&*other, &k, &holder).await;
+    granted(&*other, &k, &holder, TTL).await;
     let mut changes = s.store.watch(&k).await.unwrap();
     let next = OwnerToken::random();
     let waiter = {

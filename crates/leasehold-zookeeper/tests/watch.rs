@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::{Servers, Setup};
 use futures::StreamExt;
-use leasehold_core::{AcquireOutcome, Changes, Fence, Key, OwnerToken, Store};
+use leasehold_conformance::watching::{granted, notice, quiet};
+use leasehold_core::{Changes, Fence, Key, OwnerToken, Store};
 use leasehold_testkit::ProxyMode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -17,32 +18,8 @@ fn key(name: &str) -> Key {
     Key::new(format!("zk-watch:{name}")).unwrap()
 }
 
-/// How long a notice may take on a loaded machine.
-const NOTICE_WITHIN: Duration = Duration::from_secs(10);
 /// How long the tests wait to see that something does not notify.
 const QUIET_FOR: Duration = Duration::from_millis(1500);
-
-async fn notice(changes: &mut Changes, what: &str) {
-    match tokio::time::timeout(NOTICE_WITHIN, changes.next()).await {
-        Ok(Some(Ok(()))) => {}
-        Ok(Some(Err(e))) => panic!("the watch failed instead of noticing {what}: {e}"),
-        Ok(None) => panic!("the watch ended instead of noticing {what}"),
-        Err(_) => panic!("no notice of {what} within {NOTICE_WITHIN:?}"),
-    }
-}
-
-async fn quiet(changes: &mut Changes, what: &str) {
-    if let Ok(item) = tokio::time::timeout(QUIET_FOR, changes.next()).await {
-        panic!("{what} was notified: {item:?}");
-    }
-}
-
-async fn grant(store: &impl Store, k: &Key, owner: &OwnerToken, ttl: Duration) {
-    match store.acquire(k, owner, ttl).await.expect("acquire") {
-        AcquireOutcome::Acquired { .. } => {}
-        held => panic!("expected a grant, got {held:?}"),
-    }
-}
 
 /// The changes a second store (its own session, straight to the server) makes are
 /// noticed by the watching store, and so is an expiry; a waiter joining the queue behind the holder and a
@@ -56,7 +33,7 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
     let mut changes = s.store.watch(&k).await.expect("watch");
 
     let a = OwnerToken::random();
-    grant(&other, &k, &a, Duration::from_secs(6)).await;
+    granted(&other, &k, &a, Duration::from_secs(6)).await;
     notice(&mut changes, "another session's grant").await;
 
     // A waiter takes a place in the queue (a node behind the holder's): no notice.
@@ -66,7 +43,7 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
         let (store, k) = (waiting.clone(), k.clone());
         tokio::spawn(async move { store.wait_released(&k, &w, Duration::from_secs(30)).await })
     };
-    quiet(&mut changes, "a waiter joining the queue").await;
+    quiet(&mut changes, QUIET_FOR, "a waiter joining the queue").await;
     assert!(!waiter.is_finished(), "the waiter stopped waiting");
     let queue = common::raw(&s.servers.connect_string())
         .await
@@ -80,12 +57,12 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
     );
 
     other.renew(&k, &a, Duration::from_secs(6)).await.unwrap();
-    quiet(&mut changes, "a renewal").await;
+    quiet(&mut changes, QUIET_FOR, "a renewal").await;
 
     other.release(&k, &a).await.unwrap();
     notice(&mut changes, "another session's release (to the waiter)").await;
     waiter.await.unwrap().unwrap();
-    grant(&waiting, &k, &w, Duration::from_secs(6)).await;
+    granted(&waiting, &k, &w, Duration::from_secs(6)).await;
     waiting.release(&k, &w).await.unwrap();
     notice(&mut changes, "the waiter's release").await;
 
@@ -101,7 +78,7 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
     notice(&mut changes, "another record write").await;
 
     // A lease nobody renews: its store deletes the node at its deadline.
-    grant(&other, &k, &OwnerToken::random(), Duration::from_secs(1)).await;
+    granted(&other, &k, &OwnerToken::random(), Duration::from_secs(1)).await;
     notice(&mut changes, "a grant").await;
     notice(&mut changes, "an expiry").await;
 }
@@ -123,7 +100,7 @@ async fn a_watcher_that_reads_on_each_notice_ends_with_the_last_change_of_a_burs
                 let mut last = None;
                 for i in 0..20 {
                     let owner = OwnerToken::random();
-                    grant(&other, &k, &owner, Duration::from_secs(6)).await;
+                    granted(&other, &k, &owner, Duration::from_secs(6)).await;
                     if i < 19 {
                         other.release(&k, &owner).await.unwrap();
                     }
@@ -198,7 +175,7 @@ async fn a_restart_or_a_silent_connection_is_reported_not_a_silent_hang() {
 
     let mut changes = watch_again(&s, &k).await;
     let a = OwnerToken::random();
-    grant(&*s.store, &k, &a, Duration::from_secs(6)).await;
+    granted(&*s.store, &k, &a, Duration::from_secs(6)).await;
     notice(&mut changes, "a grant after the restart").await;
 
     s.proxies[0].set_mode(ProxyMode::Blackhole);
@@ -261,7 +238,7 @@ async fn dropping_the_stream_or_the_store_removes_its_watches() {
 
     let k = key("drop-store");
     let mut changes = store.watch(&k).await.expect("watch");
-    grant(&store, &k, &OwnerToken::random(), Duration::from_secs(6)).await;
+    granted(&store, &k, &OwnerToken::random(), Duration::from_secs(6)).await;
     notice(&mut changes, "a grant").await;
     assert_eq!(watches(port).await, before + 2, "re-armed: two watches");
     drop(store);
