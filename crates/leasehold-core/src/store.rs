@@ -321,7 +321,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// (a new holder, not an extension), release and break of the lease `key` and every
     /// write of the record `key` (see [`Changes`]); several changes may share one item,
     /// and an item may come without a change. An expiry need not be notified: a watcher
-    /// bounds its wait by the holder's remaining TTL. Watching changes nothing in the
+    /// also reads again on a timer of its own (`Election::observe`: its interval). Watching changes nothing in the
     /// store and joins no queue of waiters (it must not hold up anyone acquiring `key`).
     /// Default: `Unsupported`.
     ///

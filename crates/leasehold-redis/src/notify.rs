@@ -163,24 +163,38 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let last = {
-            let mut i = self.notifier.lock();
-            match i.waiters.get_mut(&self.channel) {
-                Some(regs) => {
-                    regs.remove(&self.id);
-                    let empty = regs.is_empty();
-                    if empty {
-                        i.waiters.remove(&self.channel);
-                    }
-                    empty && !i.watchers.contains_key(&self.channel)
+        unregister(&self.notifier, &mut self.channel, self.id, |i| {
+            &mut i.waiters
+        });
+    }
+}
+
+/// Removes registration `id` of `channel` from the notifier's waiters or watchers (`regs`
+/// picks which); once nobody waits on or watches the channel, it is unsubscribed in the
+/// background.
+fn unregister<T>(
+    notifier: &Arc<Notifier>,
+    channel: &mut String,
+    id: u64,
+    regs: fn(&mut Inner) -> &mut HashMap<String, HashMap<u64, T>>,
+) {
+    let unused = {
+        let mut i = notifier.lock();
+        let map = regs(&mut i);
+        match map.get_mut(channel.as_str()) {
+            Some(r) => {
+                r.remove(&id);
+                if r.is_empty() {
+                    map.remove(channel.as_str());
                 }
-                None => false,
+                !i.waiters.contains_key(channel.as_str())
+                    && !i.watchers.contains_key(channel.as_str())
             }
-        };
-        if last {
-            self.notifier
-                .reconcile_later(std::mem::take(&mut self.channel));
+            None => false,
         }
+    };
+    if unused {
+        notifier.reconcile_later(std::mem::take(channel));
     }
 }
 
@@ -239,24 +253,9 @@ impl WatchRegistration {
 
 impl Drop for WatchRegistration {
     fn drop(&mut self) {
-        let last = {
-            let mut i = self.notifier.lock();
-            match i.watchers.get_mut(&self.channel) {
-                Some(regs) => {
-                    regs.remove(&self.id);
-                    let empty = regs.is_empty();
-                    if empty {
-                        i.watchers.remove(&self.channel);
-                    }
-                    empty && !i.waiters.contains_key(&self.channel)
-                }
-                None => false,
-            }
-        };
-        if last {
-            self.notifier
-                .reconcile_later(std::mem::take(&mut self.channel));
-        }
+        unregister(&self.notifier, &mut self.channel, self.id, |i| {
+            &mut i.watchers
+        });
     }
 }
 
