@@ -164,6 +164,12 @@ pub struct ZkFaults {
 impl Faults for ZkFaults {
     async fn forget(&self, key: &Key) {
         let dir = self.store.lease_dir(key);
+        // The raw client may read from a member that has not yet applied the holder's
+        // create (ZooKeeper serves reads from any member): bring it up to date first.
+        self.raw
+            .sync(&dir)
+            .await
+            .expect("forget: sync with the leader");
         let mut children = self
             .raw
             .list_children(&dir)
