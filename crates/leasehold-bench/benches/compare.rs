@@ -146,13 +146,13 @@ fn uncontended_about(plan: &Plan, what: &str) -> Vec<String> {
 fn contended_about(plan: &Plan, what: &str) -> Vec<String> {
     vec![
         format!(
-            "contended: {} tasks take turns on one key{what}, each holding it {} ms (a tokio sleep) before releasing; {} slices of {} ms per contender, interleaved, a fresh key per slice.",
+            "contended: {} tasks take turns on one key{what}, each holding it {} ms (a thread's sleep on the blocking pool, not a tokio sleep, whose timer rounds up) before releasing; {} slices of {} ms per contender, interleaved, a fresh key per slice.",
             plan.contenders,
             plan.hold.as_millis(),
             plan.slices,
             plan.contended_slice.as_millis()
         ),
-        "hold = the mean measured hold (the sleep's timer rounds up); util = fraction of wall time the key is held (acquire returned → release called); hand-off = one task calling release → another task's acquire returning; wait = acquire called → returned; turns/task = acquisitions of the least and the most lucky task; calls/acq = the store's own count of calls over the slices ÷ acquisitions.".into(),
+        "hold = the mean measured hold (the sleep plus a hand-over to the blocking pool and back); util = fraction of wall time the key is held (acquire returned → release called); hand-off = one task calling release → another task's acquire returning; wait = acquire called → returned; turns/task = acquisitions of the least and the most lucky task; calls/acq = the store's own count of calls over the slices ÷ acquisitions.".into(),
     ]
 }
 
