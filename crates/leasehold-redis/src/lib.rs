@@ -13,6 +13,7 @@ mod policy;
 pub mod records;
 mod scripts;
 mod store;
+pub mod wire;
 
 pub use config::{
     DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_RETENTION, DEFAULT_OP_TIMEOUT,

@@ -18,8 +18,11 @@
 use leasehold_core::{Fence, MAX_RECORD_LEN, Record};
 use redis::Value;
 
-/// Helpers of both record scripts: `dec_lt(a, b)` (a < b for canonical decimals),
-/// `is_fence(s)`, `read_record(k)` → `false` (none), `{fence, value}`, or `nil, err`.
+use crate::wire::LEASE_PRELUDE;
+
+/// Helpers of both record scripts, after [`LEASE_PRELUDE`] (`get_string`): `dec_lt(a, b)`
+/// (a < b for canonical decimals), `is_fence(s)`, `read_record(k)` → `false` (none),
+/// `{fence, value}`, or `nil, err`.
 const PRELUDE: &str = r#"
 local MAXREC = 4096
 local U64MAX = '18446744073709551615'
@@ -37,18 +40,8 @@ local function is_fence(s)
   return not dec_lt(U64MAX, s)
 end
 local function read_record(k)
-  local v = redis.pcall('GET', k)
-  if type(v) == 'table' and v.err then
-    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
-      return nil, 'LHCORRUPT the record key holds a value of another type (not a string), not a leasehold record'
-    end
-    return nil, v.err
-  end
-  if not v then return false end
-  local ver = string.match(v, '^v([0-9]+)|')
-  if ver then
-    return nil, 'LHFORMAT the record key was written in leasehold store format ' .. ver .. ', newer than this client (format 1): upgrade this client'
-  end
+  local v, err = get_string(k, 'record')
+  if not v then return v, err end
   local f = string.match(v, '^([0-9]+):')
   if f == nil or not is_fence(f) or #v - #f - 1 > MAXREC then
     return nil, 'LHCORRUPT the record key holds a string that is not a leasehold record (fence:value)'
@@ -98,13 +91,13 @@ return {ARGV[1], rec[1], rec[2]}
 /// the key's watch mark as `KEYS[2]` and its channel as `ARGV[4]`: a write then also runs
 /// `EXISTS` on the mark, and `PUBLISH` or `SPUBLISH` while it exists.)
 pub fn put_script() -> String {
-    format!("{PRELUDE}{PUT}")
+    format!("{LEASE_PRELUDE}{PRELUDE}{PUT}")
 }
 
 /// The whole Lua source of the get script (`KEYS[1]`: the record key; `ARGV`: `id`).
 /// Writes nothing: `GET` is the only command it runs.
 pub fn get_script() -> String {
-    format!("{PRELUDE}{GET}")
+    format!("{LEASE_PRELUDE}{PRELUDE}{GET}")
 }
 
 /// The fence as the scripts take it: decimal, no leading zeros.
@@ -112,15 +105,7 @@ pub fn fence_arg(fence: Fence) -> String {
     fence.0.to_string()
 }
 
-/// Why a record script's reply was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ReplyError {
-    /// The reply does not carry this request's id: it belongs to another request.
-    WrongId,
-    /// The reply does not have the shape the scripts return (what is wrong).
-    Shape(&'static str),
-}
+pub use crate::wire::ReplyError;
 
 /// A fence as the scripts write it: `0`, or a decimal without leading zeros, within u64.
 fn parse_fence(b: &[u8]) -> Option<Fence> {

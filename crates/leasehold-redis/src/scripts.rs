@@ -15,31 +15,23 @@ use std::time::Duration;
 use leasehold_core::{AcquireAnyOutcome, Fence, OwnerToken};
 use redis::{Script, Value};
 
-/// The error code of a script that found something that is not a leasehold lease.
-pub(crate) const CORRUPT_CODE: &str = "LHCORRUPT";
-
-/// The error code of a script that found a lease written in a newer store format
-/// (a value starting `v<N>|`): this client must be upgraded.
-pub(crate) const FORMAT_CODE: &str = "LHFORMAT";
+pub(crate) use crate::wire::{
+    CORRUPT_CODE, FORMAT_CODE, Reply, ReplyError, parse_fence_reply as parse_break, parse_flag,
+    parse_inspect,
+};
+use crate::wire::{INSPECT, LEASE_PRELUDE, RENEW, as_int, as_str, items, ms, parse_fence};
 
 /// The store format these scripts read and write (see the crate docs, "Store format").
 pub const STORE_FORMAT: u32 = 1;
 
-/// Helpers shared by the scripts.
+/// Helpers shared by the scripts, after [`LEASE_PRELUDE`] (`read_lease`,
+/// `read_fence`, `next_fence`):
 ///
-/// * `read_lease(k)` → `false` (no lease), `{owner, fence}`, or `nil, err`.
-/// * `read_fence(k)` → the last fence as a number (0 if none), or `nil, err`.
-/// * `next_fence(last)` → `max(last + 1, TIME in µs)`, or `nil, err`.
 /// * `publish(chan, msg)` → `SPUBLISH` on the rest of `chan` if it starts with `S ` (a
 ///   Cluster with sharded pub/sub; a channel name never has a space), else `PUBLISH`.
 /// * `queue_watch(q, w)` → whether the key's queue `q` exists and whether its watch key
 ///   `w` does (`w` nil: a caller that does not pass it; never watched), in one command.
-///
-/// Fences stay below 2^53 so that Lua's doubles hold them exactly (the clock floor is
-/// about 1.8e15 today, 2^53 µs is in the year 2255); a larger stored value is reported as
-/// corrupt rather than rounded.
 const PRELUDE: &str = r#"
-local MAXF = 9007199254740992
 local function publish(chan, msg)
   if string.sub(chan, 1, 2) == 'S ' then
     redis.call('SPUBLISH', string.sub(chan, 3), msg)
@@ -54,47 +46,6 @@ local function queue_watch(q, w)
   if not w then return redis.call('EXISTS', q) == 1, false end
   local n = redis.call('EXISTS', q, w, w)
   return n % 2 == 1, n >= 2
-end
-local function read_lease(k)
-  local v = redis.pcall('GET', k)
-  if type(v) == 'table' and v.err then
-    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
-      return nil, 'LHCORRUPT the lease key holds a value of another type (not a string), not a leasehold lease'
-    end
-    return nil, v.err
-  end
-  if not v then return false end
-  local ver = string.match(v, '^v([0-9]+)|')
-  if ver then
-    return nil, 'LHFORMAT the lease key was written in leasehold store format ' .. ver .. ', newer than this client (format 1): upgrade this client, or keep older and newer clients off the same keys'
-  end
-  local owner, fence = string.match(v, '^([0-9a-f]+):([1-9][0-9]*)$')
-  if owner == nil or #owner ~= 32 or #fence > 16 or tonumber(fence) >= MAXF then
-    return nil, 'LHCORRUPT the lease key holds a string that is not a leasehold lease (owner:fence)'
-  end
-  return {owner, fence}
-end
-local function read_fence(k)
-  local v = redis.pcall('GET', k)
-  if type(v) == 'table' and v.err then
-    if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
-      return nil, 'LHCORRUPT the fence key holds a value of another type (not a string)'
-    end
-    return nil, v.err
-  end
-  if not v then return 0 end
-  if not string.match(v, '^[1-9][0-9]*$') or #v > 16 or tonumber(v) >= MAXF then
-    return nil, 'LHCORRUPT the fence key holds a value that is not a fence (a positive integer below 2^53)'
-  end
-  return tonumber(v)
-end
-local function next_fence(last)
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local f = last + 1
-  if now > f then f = now end
-  if f >= MAXF then return nil, 'LHCORRUPT the fence would pass 2^53' end
-  return f
 end
 local function now_ms()
   local t = redis.call('TIME')
@@ -262,17 +213,6 @@ end
 return {ARGV[1], 0, shortest}
 "#;
 
-/// KEYS: lease. ARGV: id, owner, ttl ms. → `{id, 1}` renewed, `{id, 0}` not the owner.
-const RENEW: &str = r#"
-local lease, err = read_lease(KEYS[1])
-if err then return redis.error_reply(err) end
-if lease and lease[1] == ARGV[2] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {ARGV[1], 1}
-end
-return {ARGV[1], 0}
-"#;
-
 /// KEYS: lease₁ … leaseₙ (one Cluster slot). ARGV: id, ttl ms, owner₁ … ownerₙ.
 /// → `{id, r₁ … rₙ}`: `1` renewed, `0` not the owner, or the error's text (a string) for
 /// a key that holds something else. Each key is renewed (or not) as RENEW would.
@@ -356,16 +296,6 @@ enqueue(KEYS[3], KEYS[4], ARGV[2], now, now + 2 * grace)
 return {ARGV[1], 1, grace}
 "#;
 
-/// KEYS: lease. ARGV: id. → `{id}` free, `{id, owner, fence, pttl}` held.
-const INSPECT: &str = r#"
-local lease, err = read_lease(KEYS[1])
-if err then return redis.error_reply(err) end
-if not lease then return {ARGV[1]} end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry') end
-return {ARGV[1], lease[1], lease[2], pttl}
-"#;
-
 /// KEYS: lease, fence. ARGV: id, channel ('' = don't publish), fence record expiry ms
 /// ('' = never). → `{id, fence}`.
 /// A corrupt lease value is reported, not deleted: it may be someone else's data.
@@ -422,93 +352,25 @@ pub(crate) struct Scripts {
 
 /// The scripts, built on first use.
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(&format!("{PRELUDE}{ACQUIRE}")),
-    acquire_any: Script::new(&format!("{PRELUDE}{ACQUIRE_ANY}")),
-    renew: Script::new(&format!("{PRELUDE}{RENEW}")),
-    renew_many: Script::new(&format!("{PRELUDE}{RENEW_MANY}")),
-    release: Script::new(&format!("{PRELUDE}{RELEASE}")),
-    many: Script::new(&format!("{PRELUDE}{MANY}")),
-    wait: Script::new(&format!("{PRELUDE}{WAIT}")),
-    inspect: Script::new(&format!("{PRELUDE}{INSPECT}")),
-    break_lease: Script::new(&format!("{PRELUDE}{BREAK}")),
+    acquire: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{ACQUIRE}")),
+    acquire_any: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{ACQUIRE_ANY}")),
+    renew: Script::new(&format!("{LEASE_PRELUDE}{RENEW}")),
+    renew_many: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{RENEW_MANY}")),
+    release: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{RELEASE}")),
+    many: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{MANY}")),
+    wait: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{WAIT}")),
+    inspect: Script::new(&format!("{LEASE_PRELUDE}{INSPECT}")),
+    break_lease: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{BREAK}")),
     put_record: Script::new(&crate::records::put_script()),
     get_record: Script::new(&crate::records::get_script()),
-    watch: Script::new(&format!("{PRELUDE}{WATCH}")),
+    watch: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{WATCH}")),
 });
-
-/// A record script's reply error as the connection reports it.
-pub(crate) fn record_reply<T>(r: Result<T, crate::records::ReplyError>) -> Reply<T> {
-    r.map_err(|e| match e {
-        crate::records::ReplyError::WrongId => ReplyError::WrongId,
-        crate::records::ReplyError::Shape(what) => ReplyError::Shape(what),
-    })
-}
-
-/// Why a reply could not be parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ReplyError {
-    /// The reply does not carry this request's id: it belongs to another request.
-    WrongId,
-    /// The reply does not have the shape this script returns.
-    Shape(&'static str),
-}
-
-pub(crate) type Reply<T> = Result<T, ReplyError>;
 
 /// A parsed acquire reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquired {
     Granted { fence: Fence, ttl: Duration },
     Held { remaining: Duration },
-}
-
-fn as_int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        _ => None,
-    }
-}
-
-fn as_str(v: &Value) -> Option<&str> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok(),
-        Value::SimpleString(s) => Some(s),
-        _ => None,
-    }
-}
-
-/// A fence as the scripts write it: a positive decimal below 2^53, no leading zero.
-pub(crate) fn parse_fence(s: &str) -> Option<Fence> {
-    if s.is_empty() || s.len() > 16 || s.starts_with('0') || !s.bytes().all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    let n: u64 = s.parse().ok()?;
-    (n < (1u64 << 53)).then_some(Fence(n))
-}
-
-fn parse_owner(s: &str) -> Option<OwnerToken> {
-    if s.len() != 32 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
-    }
-    s.parse().ok()
-}
-
-fn ms(i: i64) -> Option<Duration> {
-    u64::try_from(i).ok().map(Duration::from_millis)
-}
-
-/// Splits `{id, rest...}` and checks the id.
-fn items<'v>(v: &'v Value, id: &str) -> Reply<&'v [Value]> {
-    let Value::Array(items) = v else {
-        return Err(ReplyError::Shape("not an array"));
-    };
-    match items.first().and_then(as_str) {
-        Some(got) if got == id => Ok(&items[1..]),
-        _ => Err(ReplyError::WrongId),
-    }
 }
 
 pub(crate) fn parse_acquire(v: &Value, id: &str) -> Reply<Acquired> {
@@ -541,16 +403,6 @@ pub(crate) fn parse_acquire_any(v: &Value, id: &str, n: usize) -> Reply<AcquireA
             Acquired::Granted { .. } => Err(ReplyError::Shape("unexpected acquire reply")),
         },
         _ => Err(ReplyError::Shape("unexpected acquire reply")),
-    }
-}
-
-/// Renew and release: `{id, 1}` or `{id, 0}`.
-pub(crate) fn parse_flag(v: &Value, id: &str) -> Reply<bool> {
-    let it = items(v, id)?;
-    match (it.len(), it.first().and_then(as_int)) {
-        (1, Some(1)) => Ok(true),
-        (1, Some(0)) => Ok(false),
-        _ => Err(ReplyError::Shape("unexpected flag reply")),
     }
 }
 
@@ -667,42 +519,11 @@ pub(crate) fn parse_renew_many(v: &Value, id: &str, n: usize) -> Reply<Vec<Renew
         .collect()
 }
 
-/// Inspect: `None` when free, else owner, fence, remaining.
-pub(crate) fn parse_inspect(v: &Value, id: &str) -> Reply<Option<(OwnerToken, Fence, Duration)>> {
-    let it = items(v, id)?;
-    match it.len() {
-        0 => Ok(None),
-        3 => {
-            let owner = as_str(&it[0])
-                .and_then(parse_owner)
-                .ok_or(ReplyError::Shape("bad owner"))?;
-            let fence = as_str(&it[1])
-                .and_then(parse_fence)
-                .ok_or(ReplyError::Shape("bad fence"))?;
-            let remaining = as_int(&it[2])
-                .and_then(ms)
-                .ok_or(ReplyError::Shape("bad pttl"))?;
-            Ok(Some((owner, fence, remaining)))
-        }
-        _ => Err(ReplyError::Shape("unexpected inspect reply")),
-    }
-}
-
 /// The watch script: `{id}`.
 pub(crate) fn parse_watch(v: &Value, id: &str) -> Reply<()> {
     match items(v, id)? {
         [] => Ok(()),
         _ => Err(ReplyError::Shape("unexpected watch reply")),
-    }
-}
-
-pub(crate) fn parse_break(v: &Value, id: &str) -> Reply<Fence> {
-    let it = items(v, id)?;
-    match it {
-        [f] => as_str(f)
-            .and_then(parse_fence)
-            .ok_or(ReplyError::Shape("bad fence")),
-        _ => Err(ReplyError::Shape("unexpected break reply")),
     }
 }
 
@@ -745,28 +566,6 @@ mod tests {
             item_error("renew", "NOPERM no").kind(),
             leasehold_core::StoreErrorKind::Other
         );
-    }
-
-    #[test]
-    fn fences_are_strict() {
-        assert_eq!(parse_fence("1"), Some(Fence(1)));
-        assert_eq!(
-            parse_fence("1764000000000000"),
-            Some(Fence(1_764_000_000_000_000))
-        );
-        for bad in [
-            "",
-            "0",
-            "01",
-            "-1",
-            "1.5",
-            "1e5",
-            " 1",
-            "9007199254740992",
-            "99999999999999999",
-        ] {
-            assert_eq!(parse_fence(bad), None, "{bad}");
-        }
     }
 
     #[test]
@@ -842,30 +641,5 @@ mod tests {
         // A single-lease acquire's reply is not an acquire of any.
         let single = reply(vec![Value::Int(1), bulk("42"), Value::Int(1000)]);
         assert!(parse_acquire_any(&single, "id", 3).is_err());
-    }
-
-    #[test]
-    fn inspect_replies() {
-        let owner = OwnerToken::random();
-        let v = Value::Array(vec![
-            bulk("1"),
-            bulk(&owner.to_hex()),
-            bulk("5"),
-            Value::Int(10),
-        ]);
-        assert_eq!(
-            parse_inspect(&v, "1"),
-            Ok(Some((owner, Fence(5), Duration::from_millis(10))))
-        );
-        assert_eq!(parse_inspect(&Value::Array(vec![bulk("1")]), "1"), Ok(None));
-        let upper = Value::Array(vec![
-            bulk("1"),
-            bulk(&owner.to_hex().to_uppercase()),
-            bulk("5"),
-            Value::Int(10),
-        ]);
-        assert!(
-            parse_inspect(&upper, "1").is_err() || owner.to_hex() == owner.to_hex().to_uppercase()
-        );
     }
 }

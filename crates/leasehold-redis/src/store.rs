@@ -736,7 +736,7 @@ impl Store for RedisStore {
         };
         self.conn
             .run_bytes("put record", &SCRIPTS.put_record, &keys, &args, |v, id| {
-                scripts::record_reply(crate::records::parse_put_reply(v, id))
+                crate::records::parse_put_reply(v, id)
             })
             .await
     }
@@ -749,7 +749,7 @@ impl Store for RedisStore {
         let name = self.layout.record_name(key);
         self.conn
             .run_read("get record", &SCRIPTS.get_record, &[&name], &[], |v, id| {
-                scripts::record_reply(crate::records::parse_reply(v, id))
+                crate::records::parse_reply(v, id)
             })
             .await
     }
