@@ -12,7 +12,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use leasehold_core::{AcquireAnyOutcome, Fence, OwnerToken};
+use leasehold_core::{AcquireAnyOutcome, Fence};
 use redis::{Script, Value};
 
 pub(crate) use crate::wire::{

@@ -296,7 +296,10 @@ mod tests {
 
         let fence = |f: &str| Value::Array(vec![bulk("3"), bulk(f)]);
         assert_eq!(parse_fence_reply(&fence("42"), "3"), Ok(Fence(42)));
-        assert_eq!(parse_fence_reply(&fence("42"), "4"), Err(ReplyError::WrongId));
+        assert_eq!(
+            parse_fence_reply(&fence("42"), "4"),
+            Err(ReplyError::WrongId)
+        );
         assert!(parse_fence_reply(&fence("0"), "3").is_err());
     }
 }

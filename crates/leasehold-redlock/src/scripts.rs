@@ -18,7 +18,9 @@ pub(crate) use leasehold_redis::wire::{
     CORRUPT_CODE, FORMAT_CODE, LeaseView as NodeView, ReplyError, parse_fence_reply, parse_flag,
     parse_inspect,
 };
-use leasehold_redis::wire::{INSPECT, LEASE_PRELUDE, RENEW, as_int, as_str, items, ms, parse_fence};
+use leasehold_redis::wire::{
+    INSPECT, LEASE_PRELUDE, RENEW, as_int, as_str, items, ms, parse_fence,
+};
 use redis::{Script, Value};
 
 /// Round one of an acquire. KEYS: lease, fence. ARGV: id, owner, ttl ms.
