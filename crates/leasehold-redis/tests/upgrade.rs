@@ -273,8 +273,8 @@ async fn an_old_clients_grant_on_a_watched_key_is_not_notified_and_still_exclude
     assert!(matches!(notice, Ok(Some(Ok(())))), "{notice:?}");
 }
 
-/// A lease written in a newer store format (a value starting `v<N>|`) is refused with a
-/// `Config` error that says to upgrade, and left as it is.
+/// A lease, fence or record written in a newer store format (a value starting `v<N>|`) is
+/// refused with a `Config` error that says to upgrade, and left as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_in_a_newer_format_is_refused_clearly() {
     let s = Standalone::start().await;
@@ -296,4 +296,33 @@ async fn a_key_in_a_newer_format_is_refused_clearly() {
     }
     assert_eq!(leasehold_redis::STORE_FORMAT, 1);
     assert_eq!(s.cli(&["GET", &lk]).await, value);
+
+    // The same for a fence key and a record key (they are read through one helper): a
+    // grant on a key whose fence is in a newer format, and a record read or write, are
+    // refused and change nothing.
+    let k2 = key("upgrade:newer-fence");
+    let fk = s.store.fence_key(&k2);
+    s.cli(&["SET", &fk, "v2|1764000000000001"]).await;
+    let e = s
+        .store
+        .acquire(&k2, &me, TTL)
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert_eq!(s.store.inspect(&k2).await.unwrap(), None);
+    assert_eq!(s.cli(&["GET", &fk]).await, "v2|1764000000000001");
+    let rk = s.store.record_key(&k2);
+    s.cli(&["SET", &rk, "v2|7|value"]).await;
+    for e in [
+        s.store.get_record(&k2).await.map(|_| ()).unwrap_err(),
+        s.store
+            .put_record(&k2, Fence(9), b"mine")
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+    ] {
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    }
+    assert_eq!(s.cli(&["GET", &rk]).await, "v2|7|value");
 }
