@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireAnyOutcome, AcquireOutcome, Error, Fence, Key, MAX_RECORD_LEN, OwnerToken, Record,
-    StoreErrorKind,
+    AcquireAnyOutcome, AcquireOutcome, CheckedAcquire, Error, Fence, Key, MAX_RECORD_LEN,
+    OwnerToken, Record, RecordCheck, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -609,4 +609,92 @@ pub async fn acquire_any_takes_the_owners_key_or_the_first_free_one(fx: &Fixture
         );
         let _ = store.release(&race[i], &owner).await;
     }
+}
+
+/// [`Store::acquire_any_checked`](leasehold_core::Store::acquire_any_checked), as a
+/// semaphore takes a permit behind its number of permits: an absent record is written (at
+/// fence 0) and the acquire goes ahead; a record holding the value lets it go ahead; a
+/// record holding another value refuses the call, which answers the stored record, takes
+/// no key and leaves the record as it was. A store without records answers `Unsupported`.
+pub async fn acquire_any_checked_takes_nothing_behind_another_value(fx: &Fixture) {
+    let store = &fx.store;
+    let ttl = fx.ttl;
+    let name = format!("checked-{}", OwnerToken::random());
+    let keys: Vec<Key> = (0..3).map(|i| key(&format!("{name}#{i}"))).collect();
+    let record = key(&format!("semaphore/{name}"));
+    let check = RecordCheck {
+        key: &record,
+        value: b"3",
+    };
+    let me = OwnerToken::random();
+    if !store.capabilities().records {
+        let err = store
+            .acquire_any_checked(&keys, &me, ttl, check)
+            .await
+            .expect_err("a store without records must refuse a checked acquire");
+        assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
+        return;
+    }
+    let fence = match store
+        .acquire_any_checked(&keys, &me, ttl, check)
+        .await
+        .expect("acquire_any_checked")
+    {
+        CheckedAcquire::Passed(AcquireAnyOutcome::Acquired {
+            index: 0, fence, ..
+        }) => fence,
+        got => panic!("acquire_any_checked with no record must write it and acquire: {got:?}"),
+    };
+    let stored = |what: &'static str| {
+        let record = record.clone();
+        async move {
+            let r = store.get_record(&record).await.expect("get_record");
+            assert_eq!(
+                r.map(|r| (r.fence, r.value)),
+                Some((Fence(0), b"3".to_vec())),
+                "{what}"
+            );
+        }
+    };
+    stored("acquire_any_checked must write an absent record at fence 0").await;
+    match store
+        .acquire_any_checked(&keys, &me, ttl, check)
+        .await
+        .expect("acquire_any_checked")
+    {
+        CheckedAcquire::Passed(AcquireAnyOutcome::Acquired {
+            index: 0, fence: f, ..
+        }) if f == fence => {}
+        got => panic!(
+            "acquire_any_checked behind the same value must answer as acquire_any (the owner's key, fence {fence}): {got:?}"
+        ),
+    }
+    let other = OwnerToken::random();
+    let wrong = RecordCheck {
+        key: &record,
+        value: b"4",
+    };
+    match store
+        .acquire_any_checked(&keys, &other, ttl, wrong)
+        .await
+        .expect("acquire_any_checked")
+    {
+        CheckedAcquire::Refused(r) => assert_eq!(
+            r.value,
+            b"3".to_vec(),
+            "a refused acquire_any_checked must answer the stored record"
+        ),
+        got => panic!(
+            "acquire_any_checked must refuse a record holding another value, and take nothing: {got:?}"
+        ),
+    }
+    for k in &keys[1..] {
+        assert_eq!(
+            store.inspect(k).await.expect("inspect"),
+            None,
+            "acquire_any_checked took a key behind a refused check"
+        );
+    }
+    stored("a refused acquire_any_checked changed the record").await;
+    store.release(&keys[0], &me).await.expect("release");
 }

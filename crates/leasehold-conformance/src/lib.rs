@@ -423,6 +423,7 @@ macro_rules! __with_cases {
             lost_permit_returns_after_its_ttl_only,
             watch_notices_grants_releases_and_record_writes,
             acquire_any_takes_the_owners_key_or_the_first_free_one,
+            acquire_any_checked_takes_nothing_behind_another_value,
         }
     };
 }

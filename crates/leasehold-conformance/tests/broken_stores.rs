@@ -21,8 +21,9 @@ use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, N
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
-    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key,
-    LeaseInfo, OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, Fence,
+    FenceDurability, Key, LeaseInfo, OwnerToken, Record, RecordCheck, ReleaseOutcome, RenewOutcome,
+    Store, StoreError,
 };
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, RedisServer};
@@ -83,10 +84,13 @@ enum Flaw {
     /// `acquire_any` acquires each key in order without first looking for one the owner
     /// holds: after a lost reply the owner may end up with two keys.
     AcquireAnyIgnoresOwner,
+    /// `acquire_any_checked` writes an absent record but acquires whatever value the
+    /// record holds.
+    CheckIgnoresRecord,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 22] = [
+    const ALL: [Flaw; 23] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -109,6 +113,7 @@ impl Flaw {
         Flaw::WatchMisses,
         Flaw::HidesWatch,
         Flaw::AcquireAnyIgnoresOwner,
+        Flaw::CheckIgnoresRecord,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -468,6 +473,24 @@ impl Store for Broken {
             remaining: shortest,
         })
     }
+
+    async fn acquire_any_checked(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+        check: RecordCheck<'_>,
+    ) -> Result<CheckedAcquire, StoreError> {
+        if self.flaw == Flaw::CheckIgnoresRecord {
+            self.put_record(check.key, Fence(0), check.value).await?;
+            return self
+                .acquire_any(keys, owner, ttl)
+                .await
+                .map(CheckedAcquire::Passed);
+        }
+        // The default, through this store's (possibly flawed) record and acquire calls.
+        leasehold_core::acquire_any_checked_in_two_calls(self, keys, owner, ttl, check).await
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -649,6 +672,7 @@ const ALL_CASES: &[&str] = &[
     "lost_permit_returns_after_its_ttl_only",
     "watch_notices_grants_releases_and_record_writes",
     "acquire_any_takes_the_owners_key_or_the_first_free_one",
+    "acquire_any_checked_takes_nothing_behind_another_value",
     "row_02_near_miss_freeze_keeps_the_lease",
     "row_04_server_paused_lost_before_store_expiry",
     "row_05_lost_reply_retry_returns_same_lease",
@@ -659,6 +683,18 @@ const ALL_CASES: &[&str] = &[
 ];
 
 const KILLS: &[Kill] = &[
+    kill(
+        "acquire_any_checked_takes_nothing_behind_another_value",
+        CheckIgnoresRecord,
+        Memory,
+        "must refuse a record holding another value",
+    ),
+    kill(
+        "acquire_any_checked_takes_nothing_behind_another_value",
+        RecordIgnoresFence,
+        Memory,
+        "must refuse a record holding another value",
+    ),
     kill(
         "watch_notices_grants_releases_and_record_writes",
         WatchMisses,
@@ -1088,6 +1124,7 @@ flaw_tests! {
     a_watch_that_misses_changes_is_caught: WatchMisses,
     a_watch_hidden_by_the_capabilities_is_caught: HidesWatch,
     acquire_any_that_ignores_the_owners_key_is_caught: AcquireAnyIgnoresOwner,
+    a_checked_acquire_that_ignores_the_record_is_caught: CheckIgnoresRecord,
 }
 
 #[test]

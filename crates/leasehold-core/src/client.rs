@@ -18,7 +18,9 @@ use crate::lease::{Grant, Lease, LeaseShared};
 use crate::metrics as m;
 use crate::observer::LeaseObserver;
 use crate::scheduler::{self, SchedulerHandle};
-use crate::store::{AcquireAnyOutcome, Capabilities, Store, first_granted};
+use crate::store::{
+    AcquireAnyOutcome, Capabilities, CheckedAcquire, RecordCheck, Store, first_granted,
+};
 use crate::token::OwnerToken;
 
 /// Acquires leases on one [`Store`] and renews them with one background scheduler.
@@ -450,6 +452,9 @@ impl LeaseClient {
     /// `name` labels errors, logs and metrics. While every key is held it waits up to
     /// `wait` (`None`: answers [`Error::Contended`] at once) with jittered backoff bounded
     /// by the shortest remaining TTL reported; it does not wait on release notifications.
+    /// With `check` (a semaphore's number of permits), each attempt is one
+    /// [`Store::acquire_any_checked`] (the store's atomic `acquire_any` is required): a
+    /// record holding another number ends the call with [`Error::PermitsMismatch`].
     /// Returns the lease and the position of its key in `keys`.
     ///
     /// # Cancel safety
@@ -460,8 +465,10 @@ impl LeaseClient {
         name: &Key,
         keys: &[Key],
         wait: Option<Duration>,
+        check: Option<PermitCheck<'_>>,
     ) -> Result<(Lease, usize), Error> {
-        self.acquire_target(Target::Any { name, keys }, wait).await
+        self.acquire_target(Target::Any { name, keys, check }, wait)
+            .await
     }
 
     async fn acquire_target(
@@ -506,25 +513,37 @@ impl LeaseClient {
     /// may have granted one of them (`may_hold`: then the owner's key must be found
     /// first). An owner that has had only `Held` answers holds none of the keys, so the
     /// keys are then tried one by one without the default's search for the owner's key.
+    /// A target with a check makes one `acquire_any_checked` instead.
     async fn attempt(
         &self,
         target: Target<'_>,
         owner: &OwnerToken,
         may_hold: bool,
-    ) -> Result<AcquireAnyOutcome, StoreError> {
+    ) -> Result<CheckedAcquire, StoreError> {
         let cfg = &self.inner.config;
         let store = &self.inner.store;
         let (backend, limit, ttl) = (store.backend(), cfg.op_timeout(), cfg.ttl());
-        if let Target::Any { keys, .. } = target
+        if let Target::Any {
+            keys,
+            check: Some(check),
+            ..
+        } = target
+        {
+            let call = store.acquire_any_checked(keys, owner, ttl, check.record);
+            return StoreError::bounded(backend, "acquire", limit, call).await;
+        }
+        let outcome = if let Target::Any { keys, .. } = target
             && (may_hold || self.inner.capabilities.atomic_acquire_any)
         {
             let call = store.acquire_any(keys, owner, ttl);
-            return StoreError::bounded(backend, "acquire", limit, call).await;
-        }
-        first_granted(target.keys(), |key| {
-            StoreError::bounded(backend, "acquire", limit, store.acquire(key, owner, ttl))
-        })
-        .await
+            StoreError::bounded(backend, "acquire", limit, call).await
+        } else {
+            first_granted(target.keys(), |key| {
+                StoreError::bounded(backend, "acquire", limit, store.acquire(key, owner, ttl))
+            })
+            .await
+        };
+        outcome.map(CheckedAcquire::Passed)
     }
 
     async fn acquire_loop(
@@ -555,7 +574,7 @@ impl LeaseClient {
             let sent_at: At = clock.now();
             let reply = self.attempt(target, &owner, may_hold).await;
             let err = match reply {
-                Ok(AcquireAnyOutcome::Acquired { index, fence, ttl }) => {
+                Ok(CheckedAcquire::Passed(AcquireAnyOutcome::Acquired { index, fence, ttl })) => {
                     let ttl = ttl.min(cfg.ttl());
                     let valid_until = sent_at.add(cfg.validity(ttl));
                     match target.keys().get(index) {
@@ -596,7 +615,7 @@ impl LeaseClient {
                         ),
                     }
                 }
-                Ok(AcquireAnyOutcome::Held { remaining }) => {
+                Ok(CheckedAcquire::Passed(AcquireAnyOutcome::Held { remaining })) => {
                     // A grant to this owner from an earlier ambiguous attempt would have
                     // been returned as `Acquired`: nothing of ours is held.
                     orphan.maybe_granted = false;
@@ -618,6 +637,26 @@ impl LeaseClient {
                         .await;
                     attempt = attempt.saturating_add(1);
                     continue;
+                }
+                Ok(CheckedAcquire::Refused(stored)) => {
+                    // Nothing was acquired by this call; one that may have been granted
+                    // earlier is released by the guard.
+                    orphan.maybe_granted = may_hold;
+                    let (Target::Any { name, .. }, Some(permits)) = (target, target.permits())
+                    else {
+                        return Err(StoreError::new(
+                            StoreErrorKind::Corrupt,
+                            store.backend(),
+                            "acquire: a check was refused on a call that made none",
+                        )
+                        .into());
+                    };
+                    return Err(crate::semaphore::mismatch(
+                        name,
+                        permits,
+                        &stored,
+                        store.backend(),
+                    ));
                 }
                 Err(e) => e,
             };
@@ -705,7 +744,19 @@ enum Target<'a> {
         /// Names the call in errors, logs and metrics (the semaphore's name).
         name: &'a Key,
         keys: &'a [Key],
+        /// The semaphore's number of permits, checked in each attempt's store call.
+        check: Option<PermitCheck<'a>>,
     },
+}
+
+/// A semaphore's number of permits, checked by the store call that takes a permit
+/// ([`Store::acquire_any_checked`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PermitCheck<'a> {
+    /// The semaphore's record and the number as it is stored.
+    pub(crate) record: RecordCheck<'a>,
+    /// The number asked for.
+    pub(crate) permits: u32,
 }
 
 impl<'a> Target<'a> {
@@ -713,6 +764,14 @@ impl<'a> Target<'a> {
     fn label(self) -> &'a Key {
         match self {
             Self::One(key) | Self::Any { name: key, .. } => key,
+        }
+    }
+
+    /// The number of permits the call checks, if it checks one.
+    fn permits(self) -> Option<u32> {
+        match self {
+            Self::Any { check: Some(c), .. } => Some(c.permits),
+            _ => None,
         }
     }
 

@@ -34,7 +34,10 @@ pub use lease::{Lease, LostFuture, LostReason, LostSignal};
 pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use registry::{OpenFuture, Registry, StoreFactory};
 pub use semaphore::{Permit, Semaphore};
-pub use store::{AcquireAnyOutcome, acquire_any_one_by_one};
+pub use store::{
+    AcquireAnyOutcome, CheckedAcquire, RecordCheck, acquire_any_checked_in_two_calls,
+    acquire_any_one_by_one,
+};
 pub use store::{
     AcquireOutcome, Capabilities, Changes, FenceDurability, LeaseInfo, MAX_RECORD_LEN, RENEW_BATCH,
     Record, ReleaseOutcome, RenewOutcome, Store,

@@ -23,8 +23,9 @@
 //! rotated from a random start so that callers spread over them: the first free slot in
 //! that order is granted. On a store that does it in one atomic call
 //! ([`Capabilities::atomic_acquire_any`](crate::Capabilities::atomic_acquire_any): one Lua
-//! script on a single Redis server or a Sentinel set) that is one store call per attempt,
-//! whatever N. Elsewhere the slots are tried with one `acquire` each, in that order, until
+//! script on a single Redis server or a Sentinel set) the check of N goes in the same call
+//! ([`Store::acquire_any_checked`](crate::Store::acquire_any_checked)): one store call per
+//! attempt, whatever N. Elsewhere N is checked with a record call of its own first, and the slots are tried with one `acquire` each, in that order, until
 //! one is granted, as long as no reply has been lost (the caller then holds no slot);
 //! after a lost reply the retry is the store's `acquire_any`, which first looks for the
 //! slot the lost reply may have granted, so a caller never ends up with two. While all
@@ -61,11 +62,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::client::LeaseClient;
+use crate::client::{LeaseClient, PermitCheck};
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::key::{IntoKey, Key};
 use crate::lease::{Lease, LostSignal};
-use crate::store::LeaseInfo;
+use crate::store::{LeaseInfo, Record, RecordCheck};
 use crate::token::Fence;
 
 /// The most permits a semaphore may have (each is a slot a waiting caller may try).
@@ -210,11 +211,27 @@ impl Semaphore {
     pub async fn acquire(&self, wait: Duration) -> Result<Permit, Error> {
         let started = Instant::now();
         let deadline = crate::clock::saturating_add(started, wait);
-        let mut attempt = 0u32;
+        let store = self.client.store();
+        let caps = store.capabilities();
+        if !caps.records {
+            return Err(StoreError::unsupported(store.backend(), "records").into());
+        }
         // Checked on every acquire, not once per handle: a store that lost the record
         // (Redis restarted without persistence) may have taken another caller's N since.
-        // A retryable failure (a timeout under load) is retried until the deadline.
-        loop {
+        // Where the store takes any of the slots in one atomic call, the check goes in
+        // that call (`acquire_any_checked`: one call per attempt); elsewhere it is a call
+        // of its own first. A retryable failure (a timeout under load) is retried until
+        // the deadline.
+        let value = self.permits.to_string();
+        let check = caps.atomic_acquire_any.then_some(PermitCheck {
+            record: RecordCheck {
+                key: &self.record,
+                value: value.as_bytes(),
+            },
+            permits: self.permits,
+        });
+        let mut attempt = 0u32;
+        while check.is_none() {
             match self.check_permits().await {
                 Ok(()) => break,
                 Err(Error::Store(e)) if e.is_retryable() && Instant::now() < deadline => {
@@ -235,7 +252,11 @@ impl Semaphore {
             .map(|i| self.slots[(first + i) % n].clone())
             .collect();
         let left = deadline.saturating_duration_since(Instant::now());
-        match self.client.acquire_any(&self.name, &keys, Some(left)).await {
+        match self
+            .client
+            .acquire_any(&self.name, &keys, Some(left), check)
+            .await
+        {
             Ok((lease, index)) => Ok(Permit {
                 lease,
                 slot: ((first + index) % n) as u32,
@@ -272,33 +293,36 @@ impl Semaphore {
     /// Stores N with the name if absent; refuses a caller whose N differs.
     async fn check_permits(&self) -> Result<(), Error> {
         let store = self.client.store();
-        if !store.capabilities().records {
-            return Err(StoreError::unsupported(store.backend(), "records").into());
-        }
         let limit = self.client.config().op_timeout();
         let value = self.permits.to_string();
         let call = store.put_record(&self.record, Fence(0), value.as_bytes());
         let stored = StoreError::bounded(store.backend(), "put record", limit, call).await?;
-        let parsed = std::str::from_utf8(&stored.value)
-            .ok()
-            .and_then(|s| s.parse::<u32>().ok());
-        match parsed {
-            Some(stored) if stored == self.permits => Ok(()),
-            Some(stored) => Err(Error::PermitsMismatch {
-                name: self.name.clone(),
-                stored,
-                asked: self.permits,
-            }),
-            None => Err(StoreError::new(
-                StoreErrorKind::Corrupt,
-                store.backend(),
-                format!(
-                    "the record `{}` does not hold a number of permits",
-                    self.record
-                ),
-            )
-            .into()),
+        if stored.value == value.as_bytes() {
+            return Ok(());
         }
+        Err(mismatch(&self.name, self.permits, &stored, store.backend()))
+    }
+}
+
+/// The error for a semaphore record that does not hold `permits` as this crate writes it
+/// (decimal): [`Error::PermitsMismatch`] for another number, `Corrupt` for anything else.
+pub(crate) fn mismatch(name: &Key, permits: u32, stored: &Record, backend: &'static str) -> Error {
+    let number = std::str::from_utf8(&stored.value)
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|n| n.to_string().as_bytes() == stored.value.as_slice() && *n != permits);
+    match number {
+        Some(stored) => Error::PermitsMismatch {
+            name: name.clone(),
+            stored,
+            asked: permits,
+        },
+        None => StoreError::new(
+            StoreErrorKind::Corrupt,
+            backend,
+            format!("the record `semaphore/{name}` does not hold a number of permits"),
+        )
+        .into(),
     }
 }
 

@@ -363,6 +363,77 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<AcquireAnyOutcome, StoreError> {
         acquire_any_one_by_one(self, keys, owner, ttl).await
     }
+
+    /// [`acquire_any`](Self::acquire_any) behind a check of a record: the record
+    /// `check.key` is written with `check.value` if none is stored (as
+    /// [`put_record`](Self::put_record) at fence 0 would); if it then holds another
+    /// value, nothing is acquired and the stored record is answered
+    /// ([`CheckedAcquire::Refused`]); else the answer of `acquire_any`
+    /// ([`CheckedAcquire::Passed`]). A semaphore checks its number of permits so.
+    ///
+    /// The default, [`acquire_any_checked_in_two_calls`], makes the two calls,
+    /// `put_record` then `acquire_any`. A store whose
+    /// `acquire_any` is one atomic call ([`Capabilities::atomic_acquire_any`]) makes this
+    /// one call too, check and acquire together.
+    ///
+    /// # Cancel safety
+    /// As `acquire_any`: a dropped call may have written the record and granted (or
+    /// extended) one of the keys.
+    async fn acquire_any_checked(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+        check: RecordCheck<'_>,
+    ) -> Result<CheckedAcquire, StoreError> {
+        acquire_any_checked_in_two_calls(self, keys, owner, ttl, check).await
+    }
+}
+
+/// [`Store::acquire_any_checked`] in two calls, for any store (the trait's default):
+/// [`Store::put_record`] of the check's value at fence 0, then, if the record holds that
+/// value, [`Store::acquire_any`]. Not atomic: the record may change between the two.
+///
+/// # Cancel safety
+/// As [`Store::acquire_any_checked`].
+///
+/// # Errors
+/// The first error of a store call.
+pub async fn acquire_any_checked_in_two_calls<S: Store + ?Sized>(
+    store: &S,
+    keys: &[Key],
+    owner: &OwnerToken,
+    ttl: Duration,
+    check: RecordCheck<'_>,
+) -> Result<CheckedAcquire, StoreError> {
+    let stored = store.put_record(check.key, Fence(0), check.value).await?;
+    if stored.value != check.value {
+        return Ok(CheckedAcquire::Refused(stored));
+    }
+    store
+        .acquire_any(keys, owner, ttl)
+        .await
+        .map(CheckedAcquire::Passed)
+}
+
+/// The record [`Store::acquire_any_checked`] checks: it must hold `value` (written if
+/// absent) for the acquire to go ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordCheck<'a> {
+    /// The record's key (in the records' name space, apart from the leases).
+    pub key: &'a Key,
+    /// The value it must hold, at most [`MAX_RECORD_LEN`] bytes.
+    pub value: &'a [u8],
+}
+
+/// The reply to [`Store::acquire_any_checked`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckedAcquire {
+    /// The record holds the value: the answer of [`Store::acquire_any`].
+    Passed(AcquireAnyOutcome),
+    /// The record holds another value (this one): nothing was acquired.
+    Refused(Record),
 }
 
 /// The reply to [`Store::acquire_any`].

@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::{
-    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, LeaseInfo, Record, ReleaseOutcome,
-    RenewOutcome, Store,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, LeaseInfo, Record,
+    RecordCheck, ReleaseOutcome, RenewOutcome, Store,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -164,6 +164,17 @@ impl Store for TimeoutStore {
         ttl: Duration,
     ) -> Result<AcquireAnyOutcome, StoreError> {
         let call = self.inner.acquire_any(keys, owner, ttl);
+        self.bounded("acquire", self.timeout, call).await
+    }
+
+    async fn acquire_any_checked(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+        check: RecordCheck<'_>,
+    ) -> Result<CheckedAcquire, StoreError> {
+        let call = self.inner.acquire_any_checked(keys, owner, ttl, check);
         self.bounded("acquire", self.timeout, call).await
     }
 }

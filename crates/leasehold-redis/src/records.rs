@@ -23,7 +23,7 @@ use crate::wire::LEASE_PRELUDE;
 /// Helpers of both record scripts, after [`LEASE_PRELUDE`] (`get_string`): `dec_lt(a, b)`
 /// (a < b for canonical decimals), `is_fence(s)`, `read_record(k)` → `false` (none),
 /// `{fence, value}`, or `nil, err`.
-const PRELUDE: &str = r#"
+pub(crate) const PRELUDE: &str = r#"
 local MAXREC = 4096
 local U64MAX = '18446744073709551615'
 local function dec_lt(a, b)
@@ -142,21 +142,24 @@ pub fn parse_reply(v: &Value, id: &str) -> Result<Option<Record>, ReplyError> {
     }
     match &items[1..] {
         [] => Ok(None),
-        [f, value] => {
-            let fence = bytes(f)
-                .and_then(parse_fence)
-                .ok_or(ReplyError::Shape("bad record fence"))?;
-            let value = bytes(value).ok_or(ReplyError::Shape("bad record value"))?;
-            if value.len() > MAX_RECORD_LEN {
-                return Err(ReplyError::Shape("record value too long"));
-            }
-            Ok(Some(Record {
-                fence,
-                value: value.to_vec(),
-            }))
-        }
+        [f, value] => parse_record(f, value).map(Some),
         _ => Err(ReplyError::Shape("unexpected record reply")),
     }
+}
+
+/// A record as the scripts return it: its fence and its value.
+pub(crate) fn parse_record(f: &Value, value: &Value) -> Result<Record, ReplyError> {
+    let fence = bytes(f)
+        .and_then(parse_fence)
+        .ok_or(ReplyError::Shape("bad record fence"))?;
+    let value = bytes(value).ok_or(ReplyError::Shape("bad record value"))?;
+    if value.len() > MAX_RECORD_LEN {
+        return Err(ReplyError::Shape("record value too long"));
+    }
+    Ok(Record {
+        fence,
+        value: value.to_vec(),
+    })
 }
 
 /// Parses a put's reply: always a record.

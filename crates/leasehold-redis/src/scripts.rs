@@ -12,7 +12,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use leasehold_core::{AcquireAnyOutcome, Fence};
+use leasehold_core::{AcquireAnyOutcome, CheckedAcquire, Fence};
 use redis::{Script, Value};
 
 pub(crate) use crate::wire::{
@@ -193,24 +193,57 @@ return r
 /// that holds something else is skipped by the owner's search and reported by
 /// `acquire_one` if the search in order reaches it.
 const ACQUIRE_ANY: &str = r#"
-local n = #KEYS / 5
-local function one(i)
-  local k = (i - 1) * 5
-  return acquire_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[5 + i], KEYS[k + 5])
+local r = acquire_any(0, 0)
+if type(r) == 'string' then return redis.error_reply(r) end
+return r
+"#;
+
+/// The body of [`ACQUIRE_ANY`] for leases whose keys start after `KEYS[k0]` and whose
+/// channels start after `ARGV[5 + a0]` (ARGV[1..5]: id, owner, ttl ms, fence record
+/// expiry, grace), so that a script with more arguments in front can call it; the reply
+/// as ACQUIRE_ANY's, or an error's text.
+const ACQUIRE_ANY_FN: &str = r#"
+local function acquire_any(k0, a0)
+  local n = (#KEYS - k0) / 5
+  local function one(i)
+    local k = k0 + (i - 1) * 5
+    return acquire_one(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[5 + a0 + i], KEYS[k + 5])
+  end
+  local pick = nil
+  for i = 1, n do
+    local lease = read_lease(KEYS[k0 + (i - 1) * 5 + 1])
+    if lease and lease[1] == ARGV[2] then pick = i break end
+  end
+  local shortest = nil
+  for i = pick or 1, pick or n do
+    local r = one(i)
+    if type(r) == 'string' then return r end
+    if r[1] == 1 then return {ARGV[1], 1, i, r[2], r[3]} end
+    if shortest == nil or r[2] < shortest then shortest = r[2] end
+  end
+  return {ARGV[1], 0, shortest}
 end
-local pick = nil
-for i = 1, n do
-  local lease = read_lease(KEYS[(i - 1) * 5 + 1])
-  if lease and lease[1] == ARGV[2] then pick = i break end
+"#;
+
+/// Acquire of any one of n leases behind a check of a record (a semaphore's number of
+/// permits), in one call. KEYS: the record, the record's watch mark, then per lease as
+/// ACQUIRE_ANY. ARGV: id, owner, ttl ms, fence record expiry ms, grace ms, the value the
+/// record must hold, the record's channel, then one channel per lease.
+/// The record is written with the value at fence 0 if absent (as the record put script
+/// at fence 0 would, telling its watchers); if it then holds another value, nothing is
+/// acquired: → `{id, 2, fence, value}`, the stored record. Else ACQUIRE_ANY's reply.
+const ACQUIRE_ANY_CHECKED: &str = r#"
+local rec, err = read_record(KEYS[1])
+if err then return redis.error_reply(err) end
+if not rec then
+  redis.call('SET', KEYS[1], '0:' .. ARGV[6])
+  if redis.call('EXISTS', KEYS[2]) == 1 then publish(ARGV[7], '~') end
+  rec = {'0', ARGV[6]}
 end
-local shortest = nil
-for i = pick or 1, pick or n do
-  local r = one(i)
-  if type(r) == 'string' then return redis.error_reply(r) end
-  if r[1] == 1 then return {ARGV[1], 1, i, r[2], r[3]} end
-  if shortest == nil or r[2] < shortest then shortest = r[2] end
-end
-return {ARGV[1], 0, shortest}
+if rec[2] ~= ARGV[6] then return {ARGV[1], 2, rec[1], rec[2]} end
+local r = acquire_any(2, 2)
+if type(r) == 'string' then return redis.error_reply(r) end
+return r
 "#;
 
 /// KEYS: lease₁ … leaseₙ (one Cluster slot). ARGV: id, ttl ms, owner₁ … ownerₙ.
@@ -338,6 +371,7 @@ return {ARGV[1]}
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) acquire_any: Script,
+    pub(crate) acquire_any_checked: Script,
     pub(crate) renew: Script,
     pub(crate) renew_many: Script,
     pub(crate) release: Script,
@@ -353,7 +387,13 @@ pub(crate) struct Scripts {
 /// The scripts, built on first use.
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{ACQUIRE}")),
-    acquire_any: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{ACQUIRE_ANY}")),
+    acquire_any: Script::new(&format!(
+        "{LEASE_PRELUDE}{PRELUDE}{ACQUIRE_ANY_FN}{ACQUIRE_ANY}"
+    )),
+    acquire_any_checked: Script::new(&format!(
+        "{LEASE_PRELUDE}{PRELUDE}{}{ACQUIRE_ANY_FN}{ACQUIRE_ANY_CHECKED}",
+        crate::records::PRELUDE
+    )),
     renew: Script::new(&format!("{LEASE_PRELUDE}{RENEW}")),
     renew_many: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{RENEW_MANY}")),
     release: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{RELEASE}")),
@@ -403,6 +443,17 @@ pub(crate) fn parse_acquire_any(v: &Value, id: &str, n: usize) -> Reply<AcquireA
             Acquired::Granted { .. } => Err(ReplyError::Shape("unexpected acquire reply")),
         },
         _ => Err(ReplyError::Shape("unexpected acquire reply")),
+    }
+}
+
+/// Acquire of any behind a record check: `{id, 2, fence, value}` → refused, with the
+/// stored record; else as [`parse_acquire_any`].
+pub(crate) fn parse_acquire_any_checked(v: &Value, id: &str, n: usize) -> Reply<CheckedAcquire> {
+    match items(v, id)? {
+        [flag, f, value] if as_int(flag) == Some(2) => {
+            crate::records::parse_record(f, value).map(CheckedAcquire::Refused)
+        }
+        _ => parse_acquire_any(v, id, n).map(CheckedAcquire::Passed),
     }
 }
 
@@ -641,5 +692,28 @@ mod tests {
         // A single-lease acquire's reply is not an acquire of any.
         let single = reply(vec![Value::Int(1), bulk("42"), Value::Int(1000)]);
         assert!(parse_acquire_any(&single, "id", 3).is_err());
+        // Behind a record check: refused with the stored record, or acquire_any's reply.
+        let refused = reply(vec![Value::Int(2), bulk("0"), bulk("3")]);
+        assert_eq!(
+            parse_acquire_any_checked(&refused, "id", 3),
+            Ok(CheckedAcquire::Refused(leasehold_core::Record {
+                fence: Fence(0),
+                value: b"3".to_vec()
+            }))
+        );
+        assert_eq!(
+            parse_acquire_any_checked(&refused, "other", 3),
+            Err(ReplyError::WrongId)
+        );
+        assert_eq!(
+            parse_acquire_any_checked(&held, "id", 3),
+            Ok(CheckedAcquire::Passed(AcquireAnyOutcome::Held {
+                remaining: Some(Duration::from_millis(250))
+            }))
+        );
+        let bad_fence = reply(vec![Value::Int(2), bulk("-1"), bulk("3")]);
+        assert!(parse_acquire_any_checked(&bad_fence, "id", 3).is_err());
+        let short = reply(vec![Value::Int(2), bulk("0")]);
+        assert!(parse_acquire_any_checked(&short, "id", 3).is_err());
     }
 }

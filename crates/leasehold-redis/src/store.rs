@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key,
-    LeaseInfo, OwnerToken, RENEW_BATCH, Record, ReleaseOutcome, RenewOutcome, Store, StoreError,
-    StoreErrorKind,
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, Fence,
+    FenceDurability, Key, LeaseInfo, OwnerToken, RENEW_BATCH, Record, RecordCheck, ReleaseOutcome,
+    RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -815,23 +815,8 @@ impl Store for RedisStore {
         if self.is_cluster() || keys.is_empty() {
             return leasehold_core::acquire_any_one_by_one(self, keys, owner, ttl).await;
         }
-        let ttl_ms = ttl_ms(ttl)?;
-        let (owner, ms, keep, grace) = (
-            owner.to_hex(),
-            ttl_ms.to_string(),
-            self.fence_expiry(ttl_ms),
-            self.grace(),
-        );
-        let mut names = Vec::with_capacity(keys.len() * 5);
-        let mut channels = Vec::with_capacity(keys.len());
-        for key in keys {
-            let n = self.layout.names(key);
-            channels.push(self.channel(&n));
-            names.extend([n.lease, n.fence, n.queue, n.queue_deadlines, n.watch]);
-        }
-        let key_args: Vec<&str> = names.iter().map(String::as_str).collect();
-        let mut args: Vec<&str> = vec![&owner, &ms, &keep, &grace];
-        args.extend(channels.iter().map(String::as_str));
+        let call = AnyCall::new(self, keys, owner, ttl)?;
+        let (key_args, args) = call.args(&[]);
         let n = keys.len();
         self.conn
             .run(
@@ -842,6 +827,98 @@ impl Store for RedisStore {
                 |v, id| scripts::parse_acquire_any(v, id, n),
             )
             .await
+    }
+
+    /// One Lua script where [`acquire_any`](Self::acquire_any) is one (a single server, a
+    /// Sentinel set): the record check (written at fence 0 if absent, telling its
+    /// watchers, as [`put_record`](Self::put_record) would) and the acquire together, so
+    /// that a semaphore's permit is one script call. On a Cluster (the record and the
+    /// slots hash to different slots) and for no keys: the default, `put_record` then
+    /// `acquire_any`.
+    ///
+    /// # Errors
+    /// As [`put_record`](Self::put_record) and [`acquire_any`](Self::acquire_any).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire): a dropped call may have written the record and
+    /// granted a key.
+    async fn acquire_any_checked(
+        &self,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+        check: RecordCheck<'_>,
+    ) -> Result<CheckedAcquire, StoreError> {
+        if self.is_cluster() || keys.is_empty() {
+            return leasehold_core::acquire_any_checked_in_two_calls(self, keys, owner, ttl, check)
+                .await;
+        }
+        StoreError::check_record_value(BACKEND, check.value)?;
+        let call = AnyCall::new(self, keys, owner, ttl)?;
+        let record = self.layout.record_name(check.key);
+        let record_names = self.layout.names(check.key);
+        let record_channel = self.channel(&record_names);
+        let front = [record.as_str(), record_names.watch.as_str()];
+        let (key_args, args) = call.args(&front);
+        let mut bytes: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        // After owner, ttl, fence expiry and grace: the value and the record's channel.
+        bytes.splice(4..4, [check.value, record_channel.as_bytes()]);
+        let n = keys.len();
+        self.conn
+            .run_bytes(
+                "acquire",
+                &SCRIPTS.acquire_any_checked,
+                &key_args,
+                &bytes,
+                |v, id| scripts::parse_acquire_any_checked(v, id, n),
+            )
+            .await
+    }
+}
+
+/// The keys and arguments of an acquire of any of several leases, as the `ACQUIRE_ANY`
+/// script (and the checked one, after its own) takes them.
+struct AnyCall {
+    names: Vec<String>,
+    channels: Vec<String>,
+    fixed: [String; 4],
+}
+
+impl AnyCall {
+    fn new(
+        store: &RedisStore,
+        keys: &[Key],
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Self, StoreError> {
+        let ttl_ms = ttl_ms(ttl)?;
+        let mut names = Vec::with_capacity(keys.len() * 5);
+        let mut channels = Vec::with_capacity(keys.len());
+        for key in keys {
+            let n = store.layout.names(key);
+            channels.push(store.channel(&n));
+            names.extend([n.lease, n.fence, n.queue, n.queue_deadlines, n.watch]);
+        }
+        Ok(Self {
+            names,
+            channels,
+            fixed: [
+                owner.to_hex(),
+                ttl_ms.to_string(),
+                store.fence_expiry(ttl_ms),
+                store.grace(),
+            ],
+        })
+    }
+
+    /// `front` keys, then five per lease; owner, ttl, fence expiry, grace, then one
+    /// channel per lease (the request id goes in front of these when the call is sent).
+    fn args<'a>(&'a self, front: &[&'a str]) -> (Vec<&'a str>, Vec<&'a str>) {
+        let mut keys: Vec<&str> = front.to_vec();
+        keys.extend(self.names.iter().map(String::as_str));
+        let mut args: Vec<&str> = self.fixed.iter().map(String::as_str).collect();
+        args.extend(self.channels.iter().map(String::as_str));
+        (keys, args)
     }
 }
 

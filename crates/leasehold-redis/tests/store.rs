@@ -814,15 +814,42 @@ async fn a_permit_is_one_acquire_script_call_on_one_server() {
     let calls = s.evalsha_calls().await - before;
     assert_eq!(p.slot(), N - 1, "the one free slot");
     assert_eq!(
-        calls, 2,
-        "a permit is the permit-count record and one acquire script call"
+        calls, 1,
+        "a permit is one script call: the permit-count check and the acquire"
     );
     // All held: one call answers with the shortest remaining TTL.
     let before = s.evalsha_calls().await;
     let err = sem.try_acquire().await.unwrap_err();
     assert!(matches!(err, Error::WaitTimeout { .. }), "{err}");
-    assert_eq!(s.evalsha_calls().await - before, 2);
+    assert_eq!(s.evalsha_calls().await - before, 1);
     p.release().await.unwrap();
+    // The record lost and taken by a caller with another N (a server restarted without
+    // persistence): the same one call refuses, and takes no slot.
+    let record = s
+        .store
+        .record_key(&Key::new("semaphore/export:one-call").unwrap());
+    assert_eq!(s.cli(&["GET", &record]).await, "0:8");
+    s.cli(&["SET", &record, "0:3"]).await;
+    let before = s.evalsha_calls().await;
+    let err = sem.try_acquire().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::PermitsMismatch {
+                stored: 3,
+                asked: 8,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(s.evalsha_calls().await - before, 1);
+    let free = sem.slot_key(N - 1).unwrap();
+    assert_eq!(s.store.inspect(free).await.unwrap(), None, "no slot taken");
+    // Absent, the record is written by the acquire that needs it.
+    s.cli(&["DEL", &record]).await;
+    sem.try_acquire().await.unwrap().release().await.unwrap();
+    assert_eq!(s.cli(&["GET", &record]).await, "0:8");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
