@@ -612,6 +612,127 @@ mod tests {
         );
     }
 
+    /// A fault-injecting store whose `acquire_any` the client takes for one atomic call
+    /// (its capability says so), so that a permit's check of N rides in each attempt
+    /// (`acquire_any_checked`, here the default's two calls).
+    #[derive(Debug)]
+    struct CheckedPath(Arc<crate::wrap::FaultStore>);
+
+    #[async_trait::async_trait]
+    impl Store for CheckedPath {
+        fn backend(&self) -> &'static str {
+            self.0.backend()
+        }
+        fn capabilities(&self) -> crate::store::Capabilities {
+            let mut caps = self.0.capabilities();
+            caps.atomic_acquire_any = true;
+            caps
+        }
+        async fn acquire(
+            &self,
+            key: &Key,
+            owner: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<crate::store::AcquireOutcome, StoreError> {
+            self.0.acquire(key, owner, ttl).await
+        }
+        async fn renew(
+            &self,
+            key: &Key,
+            owner: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<crate::store::RenewOutcome, StoreError> {
+            self.0.renew(key, owner, ttl).await
+        }
+        async fn release(
+            &self,
+            key: &Key,
+            owner: &OwnerToken,
+        ) -> Result<crate::store::ReleaseOutcome, StoreError> {
+            self.0.release(key, owner).await
+        }
+        async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+            self.0.inspect(key).await
+        }
+        async fn put_record(
+            &self,
+            key: &Key,
+            fence: Fence,
+            value: &[u8],
+        ) -> Result<Record, StoreError> {
+            self.0.put_record(key, fence, value).await
+        }
+        async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+            self.0.get_record(key).await
+        }
+        async fn acquire_any(
+            &self,
+            keys: &[Key],
+            owner: &OwnerToken,
+            ttl: Duration,
+        ) -> Result<crate::store::AcquireAnyOutcome, StoreError> {
+            self.0.acquire_any(keys, owner, ttl).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_check_refused_after_a_lost_reply_releases_the_slot_that_reply_granted() {
+        use crate::wrap::{FaultStore, Injection, Op, Swallowed};
+        let memory = Arc::new(MemoryStore::new());
+        let faulty = Arc::new(FaultStore::new(memory.clone()));
+        let store = Arc::new(CheckedPath(faulty.clone()));
+        let cfg = LeaseConfig::new(Duration::from_secs(3)).unwrap();
+        let sem = LeaseClient::with_rng(store.clone(), cfg, Zeros)
+            .semaphore("sem:checked", 3)
+            .unwrap();
+        let other = OwnerToken::random();
+        faulty
+            .acquire(sem.slot_key(0).unwrap(), &other, Duration::from_secs(60))
+            .await
+            .unwrap();
+        // The first attempt writes N = 3 and is granted slot 1, but its reply is lost.
+        // Meanwhile the record is lost and another caller stores N = 2: the retry's check
+        // is refused, and the slot the lost reply granted must not stay held.
+        faulty.inject(Op::AcquireAny, Injection::HangAfterApply);
+        let changer = {
+            let memory = memory.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let record = Key::new("semaphore/sem:checked").unwrap();
+                memory.forget_record(&record);
+                memory.put_record(&record, Fence(0), b"2").await.unwrap();
+            })
+        };
+        let err = sem.try_acquire().await.unwrap_err();
+        changer.await.unwrap();
+        assert!(
+            matches!(
+                err,
+                Error::PermitsMismatch {
+                    stored: 2,
+                    asked: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            matches!(
+                faulty.take_swallowed()[..],
+                [Swallowed::AcquireAny(Ok(
+                    crate::store::AcquireAnyOutcome::Acquired { index: 1, .. }
+                ))]
+            ),
+            "setup: slot 1 granted without a reply"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            slot_owners(&*faulty, &sem).await,
+            vec![Some(other), None, None],
+            "the slot granted without a reply is released after the refused check"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_cancelled_permit_acquire_releases_its_owner_on_every_slot() {
         use crate::wrap::{Injection, Op};
