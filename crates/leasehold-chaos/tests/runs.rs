@@ -331,6 +331,7 @@ fn fault_free_run_loses_nothing_and_rejects_nothing() {
 /// its history with a bound of `permits` (C11 and the per-key rules).
 fn slots_and_check(
     name: &str,
+    store: leasehold_chaos::run::StoreKind,
     permits: u32,
 ) -> (BTreeSet<String>, Vec<leasehold_chaos::Violation>) {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{name}"));
@@ -347,24 +348,20 @@ fn slots_and_check(
         })
         .map(|e| e.key.clone())
         .collect();
-    let cfg = leasehold_chaos::run::check_config(
-        leasehold_chaos::run::StoreKind::Redis,
-        std::time::Duration::from_secs(2),
-        Some(permits),
-    );
+    let cfg =
+        leasehold_chaos::run::check_config(store, std::time::Duration::from_secs(2), Some(permits));
     (slots, leasehold_chaos::check(&events, &state, &cfg))
 }
 
-/// A two-permit semaphore on Redis under every fault, the guard on each slot key: no
+/// A two-permit semaphore on `store` under every fault, the guard on each slot key: no
 /// violation (C11 included), every planned kind fired, a stale write rejected; the
 /// permits went to both slots, and two were held at once (the same history is flagged
 /// under C11 with a bound of one).
-#[test]
-fn redis_semaphore_with_the_guard_has_no_violation() {
-    let name = "redis-semaphore-fenced";
+fn semaphore_with_the_guard(store: &str, kind: leasehold_chaos::run::StoreKind, seed: &str) {
+    let name = format!("{store}-semaphore-fenced");
     fenced(
-        name,
-        &["--store", "redis", "--permits", "2", "--seed", "31"],
+        &name,
+        &["--store", store, "--permits", "2", "--seed", seed],
         &[
             "stale-write",
             "sigstop",
@@ -376,15 +373,39 @@ fn redis_semaphore_with_the_guard_has_no_violation() {
             "proxy-reset",
         ],
     );
-    let (slots, _) = slots_and_check(name, 2);
+    let (slots, _) = slots_and_check(&name, kind, 2);
     assert_eq!(
         slots,
         BTreeSet::from(["chaos:counter#0".to_owned(), "chaos:counter#1".to_owned()])
     );
-    let (_, as_a_mutex) = slots_and_check(name, 1);
+    let (_, as_a_mutex) = slots_and_check(&name, kind, 1);
     assert!(
         leasehold_chaos::checker::rules(&as_a_mutex).contains("C11"),
         "never two permits held at once: {as_a_mutex:?}"
+    );
+}
+
+/// Redis: a permit is one Lua script (the check of N included).
+#[test]
+fn redis_semaphore_with_the_guard_has_no_violation() {
+    semaphore_with_the_guard("redis", leasehold_chaos::run::StoreKind::Redis, "31");
+}
+
+/// PostgreSQL's lease table: a permit is a record statement and one acquire per slot
+/// tried; the store fault restarts the server.
+#[test]
+fn postgres_semaphore_with_the_guard_has_no_violation() {
+    semaphore_with_the_guard("postgres", leasehold_chaos::run::StoreKind::Postgres, "33");
+}
+
+/// ZooKeeper: each slot a queue of ephemeral sequential nodes; the store fault kills the
+/// server and starts it again.
+#[test]
+fn zookeeper_semaphore_with_the_guard_has_no_violation() {
+    semaphore_with_the_guard(
+        "zookeeper",
+        leasehold_chaos::run::StoreKind::Zookeeper,
+        "34",
     );
 }
 
@@ -412,6 +433,10 @@ fn redis_semaphore_overcommitted_is_caught_by_c11() {
     assert_eq!(r.rules(), BTreeSet::from(["C11".to_owned()]), "{}", r.text);
     assert!(r.count("acquisitions") >= 5, "{}", r.text);
     assert!(r.ok, "{}", r.text);
-    let (slots, _) = slots_and_check("redis-semaphore-overcommit", 2);
+    let (slots, _) = slots_and_check(
+        "redis-semaphore-overcommit",
+        leasehold_chaos::run::StoreKind::Redis,
+        2,
+    );
     assert_eq!(slots.len(), 3, "{slots:?}");
 }
