@@ -612,77 +612,16 @@ mod tests {
         );
     }
 
-    /// A fault-injecting store whose `acquire_any` the client takes for one atomic call
-    /// (its capability says so), so that a permit's check of N rides in each attempt
-    /// (`acquire_any_checked`, here the default's two calls).
-    #[derive(Debug)]
-    struct CheckedPath(Arc<crate::wrap::FaultStore>);
-
-    #[async_trait::async_trait]
-    impl Store for CheckedPath {
-        fn backend(&self) -> &'static str {
-            self.0.backend()
-        }
-        fn capabilities(&self) -> crate::store::Capabilities {
-            let mut caps = self.0.capabilities();
-            caps.atomic_acquire_any = true;
-            caps
-        }
-        async fn acquire(
-            &self,
-            key: &Key,
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<crate::store::AcquireOutcome, StoreError> {
-            self.0.acquire(key, owner, ttl).await
-        }
-        async fn renew(
-            &self,
-            key: &Key,
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<crate::store::RenewOutcome, StoreError> {
-            self.0.renew(key, owner, ttl).await
-        }
-        async fn release(
-            &self,
-            key: &Key,
-            owner: &OwnerToken,
-        ) -> Result<crate::store::ReleaseOutcome, StoreError> {
-            self.0.release(key, owner).await
-        }
-        async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-            self.0.inspect(key).await
-        }
-        async fn put_record(
-            &self,
-            key: &Key,
-            fence: Fence,
-            value: &[u8],
-        ) -> Result<Record, StoreError> {
-            self.0.put_record(key, fence, value).await
-        }
-        async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-            self.0.get_record(key).await
-        }
-        async fn acquire_any(
-            &self,
-            keys: &[Key],
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<crate::store::AcquireAnyOutcome, StoreError> {
-            self.0.acquire_any(keys, owner, ttl).await
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_check_refused_after_a_lost_reply_releases_the_slot_that_reply_granted() {
         use crate::wrap::{FaultStore, Injection, Op, Swallowed};
         let memory = Arc::new(MemoryStore::new());
         let faulty = Arc::new(FaultStore::new(memory.clone()));
-        let store = Arc::new(CheckedPath(faulty.clone()));
+        // The client takes the atomic path: the check of N rides in each attempt's
+        // `acquire_any_checked` (here the default's two calls).
+        faulty.claim_atomic_acquire_any();
         let cfg = LeaseConfig::new(Duration::from_secs(3)).unwrap();
-        let sem = LeaseClient::with_rng(store.clone(), cfg, Zeros)
+        let sem = LeaseClient::with_rng(faulty.clone(), cfg, Zeros)
             .semaphore("sem:checked", 3)
             .unwrap();
         let other = OwnerToken::random();

@@ -238,6 +238,7 @@ struct State {
     swallowed: Vec<Swallowed>,
     unreachable: Option<Unreachable>,
     watch_hidden: bool,
+    acquire_any_atomic: bool,
 }
 
 /// Wraps a store and injects faults into its calls, for tests: each call of an operation
@@ -305,6 +306,15 @@ impl FaultStore {
         self.lock().watch_hidden = true;
     }
 
+    /// From now on the store says its [`acquire_any`](Store::acquire_any) is one atomic
+    /// call ([`Capabilities::atomic_acquire_any`]) whatever the wrapped store does, so that
+    /// a client takes that path (one `acquire_any` or `acquire_any_checked` per attempt):
+    /// to test that path over a store that does not have it. The calls themselves are
+    /// unchanged.
+    pub fn claim_atomic_acquire_any(&self) {
+        self.lock().acquire_any_atomic = true;
+    }
+
     /// The replies swallowed since the last call, oldest first.
     pub fn take_swallowed(&self) -> Vec<Swallowed> {
         std::mem::take(&mut self.lock().swallowed)
@@ -367,7 +377,9 @@ impl Store for FaultStore {
 
     fn capabilities(&self) -> Capabilities {
         let mut caps = self.inner.capabilities();
-        caps.watch &= !self.lock().watch_hidden;
+        let st = self.lock();
+        caps.watch &= !st.watch_hidden;
+        caps.atomic_acquire_any |= st.acquire_any_atomic;
         caps
     }
 
