@@ -2,10 +2,12 @@
 //! [`watch_notices_grants_releases_and_record_writes`](crate::coordination::watch_notices_grants_releases_and_record_writes)
 //! and each store's own watch tests): a notice expected, silence expected, a grant.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use leasehold_core::{AcquireOutcome, Changes, Fence, Key, OwnerToken, Store};
+use leasehold_core::{AcquireOutcome, Changes, Fence, Key, OwnerToken, Store, StoreError};
+use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
 /// How long a change may take to be noticed by a watch: generous, for a loaded machine.
@@ -43,4 +45,19 @@ pub async fn granted(store: &dyn Store, key: &Key, owner: &OwnerToken, ttl: Dura
         AcquireOutcome::Acquired { fence, .. } => fence,
         held => panic!("the key was not granted: {held:?} (does a watch hold it up?)"),
     }
+}
+
+/// A waiter for `key`'s release (owner `owner`, waiting up to 30 s) in a task of its own:
+/// it joins the store's queue, which a watch must not notice.
+pub fn waiter<S: Store + ?Sized + 'static>(
+    store: Arc<S>,
+    key: &Key,
+    owner: OwnerToken,
+) -> JoinHandle<Result<(), StoreError>> {
+    let key = key.clone();
+    tokio::spawn(async move {
+        store
+            .wait_released(&key, &owner, Duration::from_secs(30))
+            .await
+    })
 }

@@ -5,11 +5,12 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::Solo;
 use futures::StreamExt;
-use leasehold_conformance::watching::{granted, notice, quiet};
+use leasehold_conformance::watching::{granted, notice, quiet, waiter};
 use leasehold_core::{Changes, Fence, Key, OwnerToken, Store};
 use leasehold_testkit::ProxyMode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -45,11 +46,8 @@ async fn notices_another_clients_changes_but_not_queue_entries_or_renewals() {
 
     // A waiter queues up under the key (`<lease key>\0<owner>`): no notice.
     let w = OwnerToken::random();
-    let waiting = s.direct().await;
-    let waiter = {
-        let (store, k) = (waiting.clone(), k.clone());
-        tokio::spawn(async move { store.wait_released(&k, &w, Duration::from_secs(30)).await })
-    };
+    let waiting = Arc::new(s.direct().await);
+    let waiter = waiter(waiting.clone(), &k, w);
     quiet(&mut changes, QUIET_FOR, "a waiter's queue entry").await;
     assert!(!waiter.is_finished(), "the waiter stopped waiting");
 
@@ -62,7 +60,7 @@ async fn notices_another_clients_changes_but_not_queue_entries_or_renewals() {
     notice(&mut changes, "another client's release").await;
     waiter.await.unwrap().unwrap();
     // The waiter takes its turn (its grant deletes its queue entry: one notice).
-    granted(&waiting, &k, &w, Duration::from_secs(4)).await;
+    granted(&*waiting, &k, &w, Duration::from_secs(4)).await;
     notice(&mut changes, "the waiter's grant").await;
     waiting.release(&k, &w).await.unwrap();
     notice(&mut changes, "the waiter's release").await;

@@ -5,11 +5,12 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Servers, Setup};
 use futures::StreamExt;
-use leasehold_conformance::watching::{granted, notice, quiet};
+use leasehold_conformance::watching::{granted, notice, quiet, waiter};
 use leasehold_core::{Changes, Fence, Key, OwnerToken, Store};
 use leasehold_testkit::ProxyMode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,11 +39,8 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
 
     // A waiter takes a place in the queue (a node behind the holder's): no notice.
     let w = OwnerToken::random();
-    let waiting = s.direct().await;
-    let waiter = {
-        let (store, k) = (waiting.clone(), k.clone());
-        tokio::spawn(async move { store.wait_released(&k, &w, Duration::from_secs(30)).await })
-    };
+    let waiting = Arc::new(s.direct().await);
+    let waiter = waiter(waiting.clone(), &k, w);
     quiet(&mut changes, QUIET_FOR, "a waiter joining the queue").await;
     assert!(!waiter.is_finished(), "the waiter stopped waiting");
     let queue = common::raw(&s.servers.connect_string())
@@ -62,7 +60,7 @@ async fn notices_another_sessions_changes_but_not_waiters_or_renewals() {
     other.release(&k, &a).await.unwrap();
     notice(&mut changes, "another session's release (to the waiter)").await;
     waiter.await.unwrap().unwrap();
-    granted(&waiting, &k, &w, Duration::from_secs(6)).await;
+    granted(&*waiting, &k, &w, Duration::from_secs(6)).await;
     waiting.release(&k, &w).await.unwrap();
     notice(&mut changes, "the waiter's release").await;
 
