@@ -19,6 +19,25 @@ fn key(s: &str) -> Key {
     Key::new(s).unwrap()
 }
 
+/// The subscribers of `channel`: sharded (`SHARDNUMSUB` on the node serving `slot`) and
+/// classic (`NUMSUB` on every node, joined by ` | `), as each node's `redis-cli` prints
+/// them.
+fn subscriptions(c: &Cluster, slot: u16, channel: &str) -> (String, String) {
+    tokio::task::block_in_place(|| {
+        (
+            c.cluster
+                .node_for_slot(slot)
+                .cli(&["PUBSUB", "SHARDNUMSUB", channel]),
+            c.cluster
+                .nodes()
+                .iter()
+                .map(|n| n.cli(&["PUBSUB", "NUMSUB", channel]))
+                .collect::<Vec<_>>()
+                .join(" | "),
+        )
+    })
+}
+
 async fn acquired(store: &dyn Store, k: &Key, o: &OwnerToken, ttl: Duration) -> Fence {
     match store.acquire(k, o, ttl).await.unwrap() {
         AcquireOutcome::Acquired { fence, .. } => fence,
@@ -327,20 +346,7 @@ async fn notified_on(
     };
     let channel = format!("{}:released", c.store.lease_key(&k));
     let slot = tokio::task::block_in_place(|| c.cluster.keyslot(&channel));
-    let counts = || {
-        tokio::task::block_in_place(|| {
-            let node = c.cluster.node_for_slot(slot);
-            (
-                node.cli(&["PUBSUB", "SHARDNUMSUB", &channel]),
-                c.cluster
-                    .nodes()
-                    .iter()
-                    .map(|n| n.cli(&["PUBSUB", "NUMSUB", &channel]))
-                    .collect::<Vec<_>>()
-                    .join(" | "),
-            )
-        })
-    };
+    let counts = || subscriptions(c, slot, &channel);
     // Subscribed before it queues: look until the subscription shows (bounded).
     let mut seen = counts();
     for _ in 0..50 {
@@ -410,19 +416,7 @@ async fn a_watch_on_a_cluster_is_sharded_and_reports_a_node_restart() {
     let mut changes = c.store.watch(&k).await.unwrap();
     let channel = format!("{}:released", c.store.lease_key(&k));
     let slot = tokio::task::block_in_place(|| c.cluster.keyslot(&channel));
-    let (shard, classic) = tokio::task::block_in_place(|| {
-        (
-            c.cluster
-                .node_for_slot(slot)
-                .cli(&["PUBSUB", "SHARDNUMSUB", &channel]),
-            c.cluster
-                .nodes()
-                .iter()
-                .map(|n| n.cli(&["PUBSUB", "NUMSUB", &channel]))
-                .collect::<Vec<_>>()
-                .join(" | "),
-        )
-    });
+    let (shard, classic) = subscriptions(&c, slot, &channel);
     assert!(shard.ends_with("\n1"), "SHARDNUMSUB: {shard:?}");
     assert!(
         classic.split(" | ").all(|n| n.ends_with("\n0")),

@@ -177,16 +177,13 @@ async fn follows_a_failover_to_the_new_primary() {
     assert_eq!(new_has, "1", "old primary: {old_has}");
 }
 
-/// A split brain: the old primary cannot be demoted (its `REPLICAOF` is disabled), so it
-/// stays a primary that takes writes. The store must still move to the new primary at
-/// once, on the sentinels' `+switch-master` (no `READONLY`, no broken connection tells
-/// it), so that its writes are not lost when the old primary is finally reconfigured.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moves_on_switch_master_even_if_the_old_primary_still_takes_writes() {
-    let set = Arc::new(
-        blocking(|| {
+/// A Sentinel set whose servers cannot be made replicas (`REPLICAOF` and `SLAVEOF`
+/// renamed away): a demoted primary keeps taking writes, a split brain on demand.
+async fn split_brain_set(name: &'static str) -> Arc<RedisSentinelSet> {
+    Arc::new(
+        blocking(move || {
             RedisSentinelSet::start_with(
-                "split",
+                name,
                 &[
                     "--rename-command",
                     "REPLICAOF",
@@ -198,7 +195,16 @@ async fn moves_on_switch_master_even_if_the_old_primary_still_takes_writes() {
             )
         })
         .await,
-    );
+    )
+}
+
+/// A split brain: the old primary cannot be demoted (its `REPLICAOF` is disabled), so it
+/// stays a primary that takes writes. The store must still move to the new primary at
+/// once, on the sentinels' `+switch-master` (no `READONLY`, no broken connection tells
+/// it), so that its writes are not lost when the old primary is finally reconfigured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moves_on_switch_master_even_if_the_old_primary_still_takes_writes() {
+    let set = split_brain_set("split").await;
     let store = open(&set, "&policy_check=60s").await;
     let first = set.primary_port();
     fence(
@@ -426,22 +432,7 @@ async fn replica_acknowledged_records_fail_closed_and_survive_a_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_on_a_split_off_primary_reports_it_and_a_new_watch_hears_the_new_one() {
     use futures::StreamExt;
-    let set = Arc::new(
-        blocking(|| {
-            RedisSentinelSet::start_with(
-                "watchsplit",
-                &[
-                    "--rename-command",
-                    "REPLICAOF",
-                    "",
-                    "--rename-command",
-                    "SLAVEOF",
-                    "",
-                ],
-            )
-        })
-        .await,
-    );
+    let set = split_brain_set("watchsplit").await;
     let store = open(&set, "&policy_check=60s").await;
     let k = Key::new("job:watched").unwrap();
     let mut changes = store.watch(&k).await.unwrap();
