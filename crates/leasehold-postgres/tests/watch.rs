@@ -106,6 +106,17 @@ async fn changes_made_by_another_store_instance_are_noticed() {
     quiet(&mut changes, QUIET, "a record write refused by its fence").await;
 }
 
+/// An acquire of `k` by `b` refused (held by `a`), then `a`'s renewal: two calls that
+/// change no holder, so they must notify nothing.
+async fn refused_then_renewed(store: &dyn Store, k: &Key, a: &OwnerToken, b: &OwnerToken) {
+    let refused = store.acquire(k, b, Duration::from_secs(60)).await.unwrap();
+    assert!(
+        matches!(refused, AcquireOutcome::Held { .. }),
+        "{refused:?}"
+    );
+    store.renew(k, a, Duration::from_secs(60)).await.unwrap();
+}
+
 /// The hot path with nobody watching sends no `NOTIFY` at all: a test session listening
 /// on the store's watch channel hears nothing while the store grants, releases, breaks
 /// and writes records of unwatched keys (and nothing for a refused acquire or a renewal
@@ -133,14 +144,7 @@ async fn nothing_is_notified_for_keys_nobody_watches() {
     for store in stores {
         let k = key("unwatched");
         granted(store, &k, &a, TTL).await;
-        assert!(matches!(
-            store
-                .acquire(&k, &b, Duration::from_secs(60))
-                .await
-                .unwrap(),
-            AcquireOutcome::Held { .. }
-        ));
-        store.renew(&k, &a, Duration::from_secs(60)).await.unwrap();
+        refused_then_renewed(store, &k, &a, &b).await;
         store.release(&k, &a).await.unwrap();
         granted(store, &k, &b, TTL).await;
         store.break_lease(&k).await.unwrap();
@@ -162,14 +166,7 @@ async fn nothing_is_notified_for_keys_nobody_watches() {
     for (store, fence) in stores.into_iter().zip([Fence(2), Fence(3)]) {
         granted(store, &k, &a, TTL).await;
         assert_eq!(heard(&mut ear).await.as_deref(), Some(&*expected), "grant");
-        assert!(matches!(
-            store
-                .acquire(&k, &b, Duration::from_secs(60))
-                .await
-                .unwrap(),
-            AcquireOutcome::Held { .. }
-        ));
-        store.renew(&k, &a, Duration::from_secs(60)).await.unwrap();
+        refused_then_renewed(store, &k, &a, &b).await;
         assert_eq!(
             heard(&mut ear).await,
             None,
