@@ -642,7 +642,11 @@ impl LeaseClient {
                     // Nothing was acquired by this call; one that may have been granted
                     // earlier is released by the guard.
                     orphan.maybe_granted = may_hold;
-                    let (Target::Any { name, .. }, Some(permits)) = (target, target.permits())
+                    let Target::Any {
+                        name,
+                        check: Some(check),
+                        ..
+                    } = target
                     else {
                         return Err(StoreError::new(
                             StoreErrorKind::Corrupt,
@@ -653,7 +657,8 @@ impl LeaseClient {
                     };
                     return Err(crate::semaphore::mismatch(
                         name,
-                        permits,
+                        check.record.key,
+                        check.permits,
                         &stored,
                         store.backend(),
                     ));
@@ -764,14 +769,6 @@ impl<'a> Target<'a> {
     fn label(self) -> &'a Key {
         match self {
             Self::One(key) | Self::Any { name: key, .. } => key,
-        }
-    }
-
-    /// The number of permits the call checks, if it checks one.
-    fn permits(self) -> Option<u32> {
-        match self {
-            Self::Any { check: Some(c), .. } => Some(c.permits),
-            _ => None,
         }
     }
 

@@ -232,7 +232,7 @@ impl Semaphore {
         });
         let mut attempt = 0u32;
         while check.is_none() {
-            match self.check_permits().await {
+            match self.check_permits(&value).await {
                 Ok(()) => break,
                 Err(Error::Store(e)) if e.is_retryable() && Instant::now() < deadline => {
                     let delay = self.client.backoff_delay(attempt);
@@ -290,23 +290,35 @@ impl Semaphore {
         Ok(out)
     }
 
-    /// Stores N with the name if absent; refuses a caller whose N differs.
-    async fn check_permits(&self) -> Result<(), Error> {
+    /// Stores N (`value`, in decimal) with the name if absent; refuses a caller whose N
+    /// differs.
+    async fn check_permits(&self, value: &str) -> Result<(), Error> {
         let store = self.client.store();
         let limit = self.client.config().op_timeout();
-        let value = self.permits.to_string();
         let call = store.put_record(&self.record, Fence(0), value.as_bytes());
         let stored = StoreError::bounded(store.backend(), "put record", limit, call).await?;
         if stored.value == value.as_bytes() {
             return Ok(());
         }
-        Err(mismatch(&self.name, self.permits, &stored, store.backend()))
+        Err(mismatch(
+            &self.name,
+            &self.record,
+            self.permits,
+            &stored,
+            store.backend(),
+        ))
     }
 }
 
 /// The error for a semaphore record that does not hold `permits` as this crate writes it
 /// (decimal): [`Error::PermitsMismatch`] for another number, `Corrupt` for anything else.
-pub(crate) fn mismatch(name: &Key, permits: u32, stored: &Record, backend: &'static str) -> Error {
+pub(crate) fn mismatch(
+    name: &Key,
+    record: &Key,
+    permits: u32,
+    stored: &Record,
+    backend: &'static str,
+) -> Error {
     let number = std::str::from_utf8(&stored.value)
         .ok()
         .and_then(|s| s.parse::<u32>().ok())
@@ -320,7 +332,7 @@ pub(crate) fn mismatch(name: &Key, permits: u32, stored: &Record, backend: &'sta
         None => StoreError::new(
             StoreErrorKind::Corrupt,
             backend,
-            format!("the record `semaphore/{name}` does not hold a number of permits"),
+            format!("the record `{record}` does not hold a number of permits"),
         )
         .into(),
     }
