@@ -575,7 +575,15 @@ impl LeaseClient {
             let reply = self.attempt(target, &owner, may_hold).await;
             let err = match reply {
                 Ok(CheckedAcquire::Passed(AcquireAnyOutcome::Acquired { index, fence, ttl })) => {
+                    // The holder never counts on more than it asked; on less, every
+                    // schedule of the lease follows the TTL granted, and a grant too
+                    // short to be renewed in time is refused (and released by the
+                    // guard: `maybe_granted` is set while an attempt is out).
                     let ttl = ttl.min(cfg.ttl());
+                    if let Err(e) = cfg.check_grant(ttl) {
+                        tracing::warn!(%key, %owner, error = %e, "grant refused: too short to renew in time; releasing it");
+                        return Err(e.into());
+                    }
                     let valid_until = sent_at.add(cfg.validity(ttl));
                     match target.keys().get(index) {
                         Some(granted) if clock.now() < valid_until => {

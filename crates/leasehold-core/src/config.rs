@@ -49,6 +49,27 @@ pub enum ConfigError {
         /// The TTL.
         ttl: Duration,
     },
+    /// The store granted a shorter TTL than the one asked, and the configuration scaled
+    /// to it (see [`LeaseConfig::renew_interval_for`]) leaves no room to renew: the
+    /// grant is refused and released. Ask for a TTL the store grants in full
+    /// (ZooKeeper grants at most its session timeout), or make the margin smaller.
+    #[error(
+        "the store granted a ttl of {granted:?} where {asked:?} was asked, and scaled to it operation timeout {op_timeout:?} + renew interval {renew_interval:?} + drift allowance {drift:?} + margin {margin:?} do not fit below {granted:?}: ask for a ttl the store grants in full (ZooKeeper grants at most its session timeout) or lower the margin"
+    )]
+    GrantTooShort {
+        /// The TTL asked for (the configured one).
+        asked: Duration,
+        /// The TTL the store granted.
+        granted: Duration,
+        /// The operation timeout scaled to the grant.
+        op_timeout: Duration,
+        /// The renew interval scaled to the grant.
+        renew_interval: Duration,
+        /// `drift_factor × granted`.
+        drift: Duration,
+        /// The safety margin (not scaled).
+        margin: Duration,
+    },
     /// The drift factor is not in `0.0..0.5` (or is not a number).
     #[error("clock drift factor {0} must be in 0.0..0.5")]
     DriftFactor(f64),
@@ -82,6 +103,22 @@ pub enum ConfigError {
 ///   is when the acquire or the last successful renew was *sent*.
 /// - The heartbeat renews every `renew_interval` (default `ttl / 3`); each store call is
 ///   bounded by `op_timeout` (default `ttl / 6`, at most 5 s).
+/// - Every schedule of a lease follows the TTL the store **granted**, not the TTL asked:
+///   a store may grant less (ZooKeeper grants at most its session timeout). The validity
+///   deadline counts from the TTL granted (never from more than the TTL asked), and the
+///   renew interval, the bound on each renewal and the retry delay after a failed one are
+///   the configured ones scaled by `granted / ttl`
+///   ([`renew_interval_for`](Self::renew_interval_for),
+///   [`op_timeout_for`](Self::op_timeout_for)): with the defaults, a 30 s lease granted
+///   6 s is renewed every 2 s. The same follows each renewal's reply, which reports the
+///   TTL that renewal granted. [`Lease::ttl`](crate::Lease::ttl) says what was granted.
+/// - A grant too short for the configuration to renew in time (its own rule, applied to
+///   the scaled values: [`check_grant`](Self::check_grant)) is refused with
+///   [`ConfigError::GrantTooShort`], naming both TTLs, and released; it is never handed
+///   out to be lost before its first renewal. With the defaults only grants of about
+///   10 ms fail; a configuration with a large fixed `margin` fails sooner.
+/// - `max_hold` is an absolute duration from the acquire's send: the TTL granted does not
+///   change it.
 /// - The lease is lost after `renew_failures_before_lost` consecutive failed renewals
 ///   (default 2), at the validity deadline, on `NotOwner`, or past `max_hold` /
 ///   `max_renewals`.
@@ -171,15 +208,18 @@ impl LeaseConfig {
         Self::builder(ttl).build()
     }
 
-    /// The time to live requested from the store.
+    /// The time to live requested from the store (which may grant less: see
+    /// [`Lease::ttl`](crate::Lease::ttl)).
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
-    /// How often the heartbeat renews.
+    /// How often the heartbeat renews a lease granted the full TTL (see
+    /// [`renew_interval_for`](Self::renew_interval_for) for a shorter grant).
     pub fn renew_interval(&self) -> Duration {
         self.renew_interval
     }
-    /// The bound on every single store call.
+    /// The bound on every single store call (a renewal of a lease granted less than the
+    /// TTL: [`op_timeout_for`](Self::op_timeout_for)).
     pub fn op_timeout(&self) -> Duration {
         self.op_timeout
     }
@@ -223,6 +263,100 @@ impl LeaseConfig {
         ttl.mul_f64(1.0 - self.drift_factor)
             .saturating_sub(self.margin)
     }
+
+    /// The renew interval of a lease the store granted `granted` (by the acquire or by
+    /// its last renewal): [`renew_interval`](Self::renew_interval) scaled by
+    /// `granted / ttl`. A grant of the TTL asked (or more: the holder never counts on
+    /// more than it asked) keeps the configured interval; with the defaults, a shorter
+    /// grant is renewed every third of it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::LeaseConfig;
+    ///
+    /// let config = LeaseConfig::new(Duration::from_secs(30))?; // renews every 10 s
+    /// // ZooKeeper with a 6 s session timeout grants 6 s: renewed every 2 s.
+    /// assert_eq!(config.renew_interval_for(Duration::from_secs(6)), Duration::from_secs(2));
+    /// assert_eq!(config.op_timeout_for(Duration::from_secs(6)), Duration::from_secs(1));
+    /// assert_eq!(config.renew_interval_for(Duration::from_secs(60)), Duration::from_secs(10));
+    /// # Ok::<(), leasehold_core::ConfigError>(())
+    /// ```
+    pub fn renew_interval_for(&self, granted: Duration) -> Duration {
+        self.scaled(self.renew_interval, granted)
+    }
+
+    /// The bound on each renewal of a lease the store granted `granted`:
+    /// [`op_timeout`](Self::op_timeout) scaled by `granted / ttl`, as the renew interval
+    /// is, so a shorter grant keeps the configuration's proportions (and its fit check).
+    pub fn op_timeout_for(&self, granted: Duration) -> Duration {
+        self.scaled(self.op_timeout, granted)
+    }
+
+    /// `d × granted / ttl`, exactly (in nanoseconds), with `granted` capped at the TTL.
+    fn scaled(&self, d: Duration, granted: Duration) -> Duration {
+        let granted = granted.min(self.ttl);
+        if granted == self.ttl {
+            return d;
+        }
+        // d ≤ 24 h and granted < ttl ≤ 24 h: the product fits in u128, the quotient
+        // (below d) in u64.
+        let nanos = d.as_nanos() * granted.as_nanos() / self.ttl.as_nanos();
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// Checks that a lease the store granted `granted` can be renewed in time: the
+    /// configuration's own rule ([`ConfigError::NoRoomToRenew`]) applied to the grant,
+    /// with the operation timeout and the renew interval scaled to it
+    /// ([`op_timeout_for`](Self::op_timeout_for),
+    /// [`renew_interval_for`](Self::renew_interval_for)):
+    /// `op_timeout + renew_interval + drift × granted + margin < granted`. Only the fixed
+    /// margin does not scale, so only a grant far shorter than the TTL asked fails.
+    ///
+    /// # Errors
+    /// [`ConfigError::GrantTooShort`], naming both TTLs, when it does not fit (or the
+    /// grant is below [`MIN_TTL`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::{ConfigError, LeaseConfig};
+    ///
+    /// let config = LeaseConfig::builder(Duration::from_secs(30))
+    ///     .margin(Duration::from_secs(5))
+    ///     .build()?;
+    /// assert!(config.check_grant(Duration::from_secs(30)).is_ok());
+    /// assert!(config.check_grant(Duration::from_secs(20)).is_ok());
+    /// // 2 s of 6 s go to renewing, 1 s to the call, 5 s to the margin: no room.
+    /// let err = config.check_grant(Duration::from_secs(6)).unwrap_err();
+    /// assert!(matches!(err, ConfigError::GrantTooShort { .. }));
+    /// assert!(err.to_string().contains("granted a ttl of 6s where 30s was asked"));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn check_grant(&self, granted: Duration) -> Result<(), ConfigError> {
+        let granted = granted.min(self.ttl);
+        let op_timeout = self.op_timeout_for(granted);
+        let renew_interval = self.renew_interval_for(granted);
+        let drift = granted.mul_f64(self.drift_factor);
+        let needed = op_timeout + renew_interval + drift + self.margin;
+        if granted < MIN_TTL
+            || op_timeout.is_zero()
+            || renew_interval.is_zero()
+            || needed >= granted
+        {
+            return Err(ConfigError::GrantTooShort {
+                asked: self.ttl,
+                granted,
+                op_timeout,
+                renew_interval,
+                drift,
+                margin: self.margin,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Builder of a [`LeaseConfig`]: consuming setters, validated by [`build`](Self::build).
@@ -242,12 +376,15 @@ pub struct LeaseConfigBuilder {
 }
 
 impl LeaseConfigBuilder {
-    /// Renew every `d` (default `ttl / 3`).
+    /// Renew every `d` (default `ttl / 3`). A lease granted a shorter TTL than `ttl` is
+    /// renewed every `d × granted / ttl` ([`LeaseConfig::renew_interval_for`]).
     pub fn renew_interval(mut self, d: Duration) -> Self {
         self.renew_interval = Some(d);
         self
     }
-    /// Bound every store call by `d` (default `ttl / 6`, at most 5 s).
+    /// Bound every store call by `d` (default `ttl / 6`, at most 5 s). The renewals of a
+    /// lease granted a shorter TTL than `ttl` are bounded by `d × granted / ttl`
+    /// ([`LeaseConfig::op_timeout_for`]).
     pub fn op_timeout(mut self, d: Duration) -> Self {
         self.op_timeout = Some(d);
         self

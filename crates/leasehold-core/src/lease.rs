@@ -73,6 +73,9 @@ impl fmt::Display for LostReason {
 #[derive(Debug)]
 struct State {
     valid_until: At,
+    /// The TTL the store granted, by the acquire or by the last accepted renewal (at
+    /// most the TTL asked).
+    ttl: Duration,
     lost: Option<LostReason>,
     /// When the lost signal fired, on the lease clock.
     lost_at: Option<At>,
@@ -109,7 +112,6 @@ pub(crate) struct LeaseShared {
     pub(crate) key: Key,
     pub(crate) owner: OwnerToken,
     pub(crate) fence: Fence,
-    pub(crate) ttl: Duration,
     /// When the request that granted the lease was sent: every schedule counts from it.
     pub(crate) acquired_at: At,
     pub(crate) backend: &'static str,
@@ -124,7 +126,6 @@ impl fmt::Debug for LeaseShared {
             .field("key", &self.key)
             .field("owner", &self.owner)
             .field("fence", &self.fence)
-            .field("ttl", &self.ttl)
             .field("state", &*self.lock())
             .finish()
     }
@@ -139,12 +140,12 @@ impl LeaseShared {
             key: grant.key,
             owner: grant.owner,
             fence: grant.fence,
-            ttl: grant.ttl,
             acquired_at: grant.sent_at,
             backend,
             clock,
             state: Mutex::new(State {
                 valid_until: grant.valid_until,
+                ttl: grant.ttl,
                 lost: None,
                 lost_at: None,
                 releasing: false,
@@ -179,6 +180,11 @@ impl LeaseShared {
         self.lock().valid_until
     }
 
+    /// The TTL the store granted last (at most the TTL asked).
+    pub(crate) fn ttl(&self) -> Duration {
+        self.lock().ttl
+    }
+
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
         self.lock().lost
     }
@@ -208,17 +214,31 @@ impl LeaseShared {
         self.lock().releasing = true;
     }
 
-    /// Moves the deadline to `until` after a confirmed renewal, and returns the deadline
-    /// it replaced; refuses (`None`) once the lease is lost, ended or being released, or
-    /// when the old deadline has already passed: a lease past its deadline is lost,
-    /// whatever a late reply says.
-    pub(crate) fn extend(&self, until: At, now: At) -> Option<At> {
-        let mut s = self.lock();
-        if s.done() || now >= s.valid_until {
-            return None;
+    /// Moves the deadline to `until` after a confirmed renewal that granted `ttl`, and
+    /// returns the deadline it replaced; refuses (`None`) once the lease is lost, ended
+    /// or being released, or when the old deadline has already passed: a lease past its
+    /// deadline is lost, whatever a late reply says.
+    ///
+    /// The new deadline replaces the old one even when it is earlier: a renewal that
+    /// granted a shorter TTL than the grant before it set the store's expiry earlier too.
+    /// The watchdog thread is then pointed at the earlier deadline.
+    pub(crate) fn extend(self: &Arc<Self>, until: At, ttl: Duration, now: At) -> Option<At> {
+        let old = {
+            let mut s = self.lock();
+            if s.done() || now >= s.valid_until {
+                return None;
+            }
+            let old = s.valid_until;
+            s.valid_until = until;
+            s.ttl = ttl;
+            old
+        };
+        if until < old && self.watched.load(std::sync::atomic::Ordering::Acquire) {
+            // The watchdog queued the old deadline: queue the new one instead. A lease
+            // that ended meanwhile is dropped by the watchdog when it looks.
+            crate::watchdog::unwatch(self.id);
+            crate::watchdog::watch(self);
         }
-        let old = s.valid_until;
-        s.valid_until = old.max(until);
         Some(old)
     }
 
@@ -266,7 +286,7 @@ impl LeaseShared {
             key = %self.key,
             owner = %self.owner,
             fence = self.fence.get(),
-            ttl_ms = self.ttl.as_millis() as u64,
+            ttl_ms = self.ttl().as_millis() as u64,
             reason = reason.as_str(),
             held_ms = held.as_millis() as u64,
             "lease lost"
@@ -392,9 +412,15 @@ impl Lease {
         self.shared.fence
     }
 
-    /// The TTL granted by the store.
+    /// The TTL the store granted, which every schedule of the lease follows: that of the
+    /// acquire, then that of the last renewal. Never above the TTL asked
+    /// ([`LeaseConfig::ttl`](crate::LeaseConfig::ttl)): a store that grants more (etcd
+    /// rounds up to whole seconds) is counted on for the TTL asked only. A store may grant
+    /// less (ZooKeeper grants at most its session timeout): the lease is then renewed
+    /// every [`LeaseConfig::renew_interval_for`](crate::LeaseConfig::renew_interval_for)
+    /// this TTL, and its validity deadline counts from it.
     pub fn ttl(&self) -> Duration {
-        self.shared.ttl
+        self.shared.ttl()
     }
 
     /// The local validity deadline, as an instant on tokio's clock: the lease is believed

@@ -160,6 +160,9 @@ impl SchedulerHandle {
 
 struct Entry {
     shared: Arc<LeaseShared>,
+    /// The TTL the store granted last (at most the TTL asked): the renew interval, the
+    /// bound on a renewal and the retry delay are the configuration's, scaled to it.
+    ttl: Duration,
     /// Its place in `Scheduler::due` while no renewal is in flight.
     next_renew: At,
     max_hold_at: Option<At>,
@@ -288,10 +291,13 @@ impl Scheduler {
         if shared.is_done() {
             return;
         }
-        // Every schedule counts from the send of the request that granted the lease.
+        // Every schedule counts from the send of the request that granted the lease, and
+        // follows the TTL it granted; the maximum hold is absolute.
         let acquired_at = shared.acquired_at;
+        let ttl = shared.ttl();
         let mut entry = Entry {
-            next_renew: acquired_at.add(self.config.renew_interval()),
+            ttl,
+            next_renew: acquired_at.add(self.config.renew_interval_for(ttl)),
             max_hold_at: self.config.max_hold().map(|d| acquired_at.add(d)),
             check_at: acquired_at,
             shared: shared.clone(),
@@ -402,7 +408,16 @@ impl Scheduler {
         }
         let mut ids = std::mem::take(&mut self.batch);
         let room = ids.len().div_ceil(RENEW_BATCH) * RENEW_BATCH - ids.len();
-        let horizon = now.add(self.config.renew_interval() / COALESCE);
+        // The window follows the renew interval of the batch's own leases (scaled to the
+        // TTL granted; the longest of them when grants differ, which only renews a lease
+        // of a shorter grant a little earlier).
+        let interval = ids
+            .iter()
+            .filter_map(|id| self.entries.get(id))
+            .map(|e| self.config.renew_interval_for(e.ttl))
+            .max()
+            .unwrap_or_else(|| self.config.renew_interval());
+        let horizon = now.add(interval / COALESCE);
         let soon: Vec<(At, u64)> = self
             .due
             .range(..=(horizon, u64::MAX))
@@ -476,11 +491,17 @@ impl Scheduler {
 
     /// Sends one batch of renewals (entries already marked in flight).
     fn start_batch(&mut self, ids: &[u64], now: At) {
+        let mut op_timeout = Duration::ZERO;
         let leases: Vec<(u64, Arc<LeaseShared>)> = ids
             .iter()
-            .filter_map(|id| self.entries.get(id).map(|e| (*id, e.shared.clone())))
+            .filter_map(|id| {
+                let e = self.entries.get(id)?;
+                op_timeout = op_timeout.max(self.config.op_timeout_for(e.ttl));
+                Some((*id, e.shared.clone()))
+            })
             .collect();
         let store = self.store.clone();
+        // Always the TTL asked: the store grants what it can.
         let ttl = self.config.ttl();
         let clock = self.clock.clone();
         let observer = self.observer.clone();
@@ -490,7 +511,7 @@ impl Scheduler {
             .map(|(_, s)| s.valid_until())
             .max()
             .unwrap_or(now);
-        let budget = self.config.op_timeout().min(last_deadline.since(now));
+        let budget = op_timeout.min(last_deadline.since(now));
         self.inflight.push(Box::pin(async move {
             let sent_at = clock.now();
             // Looked at again when the request is really about to go (the task may have
@@ -619,9 +640,11 @@ impl Scheduler {
         match result {
             Ok(RenewOutcome::Renewed { ttl }) => {
                 tally.add(rt, "renewed");
-                let until = sent_at.add(self.config.validity(ttl.min(self.config.ttl())));
+                // The deadline and the next renewal follow the TTL this renewal granted.
+                let ttl = ttl.min(self.config.ttl());
+                let until = sent_at.add(self.config.validity(ttl));
                 let replaced = if now < until {
-                    e.shared.extend(until, now)
+                    e.shared.extend(until, ttl, now)
                 } else {
                     None
                 };
@@ -638,10 +661,18 @@ impl Scheduler {
                     },
                 );
                 if accepted {
+                    if ttl != e.ttl
+                        && let Err(err) = self.config.check_grant(ttl)
+                    {
+                        // Held until its deadline, which is right for the grant; the
+                        // next renewal may not make it in time.
+                        tracing::warn!(key = %e.shared.key, fence = e.shared.fence.get(), error = %err, "a renewal granted a ttl too short to renew in time");
+                    }
+                    e.ttl = ttl;
                     e.failures = 0;
                     e.unreachable_failures = 0;
                     e.renewals += 1;
-                    e.next_renew = sent_at.add(self.config.renew_interval());
+                    e.next_renew = sent_at.add(self.config.renew_interval_for(ttl));
                     tracing::trace!(key = %e.shared.key, fence = e.shared.fence.get(), latency_us = latency.as_micros() as u64, "renewed");
                 } else {
                     // The reply came after the deadline (a frozen process, a starved
@@ -677,7 +708,7 @@ impl Scheduler {
                     };
                     return self.lose(id, reason);
                 }
-                e.next_renew = now.add(retry_delay(&self.config));
+                e.next_renew = now.add(retry_delay(&self.config, e.ttl));
             }
         }
         let next_renew = e.next_renew;
@@ -723,9 +754,10 @@ fn observe(observer: &dyn LeaseObserver, shared: &LeaseShared, phase: RenewalPha
     });
 }
 
-/// Delay before retrying a failed renewal: a quarter of the renew interval.
-fn retry_delay(config: &LeaseConfig) -> Duration {
-    config.renew_interval() / 4
+/// Delay before retrying a failed renewal of a lease granted `ttl`: a quarter of its
+/// renew interval.
+fn retry_delay(config: &LeaseConfig, ttl: Duration) -> Duration {
+    config.renew_interval_for(ttl) / 4
 }
 
 /// Registers a lease with the scheduler and, if configured, the watchdog thread.
@@ -736,12 +768,13 @@ pub(crate) fn track(sched: &SchedulerHandle, shared: &Arc<LeaseShared>, config: 
     }
 }
 
-/// The first instant a new lease needs the scheduler: its first renewal, its deadline or
-/// its maximum hold, whichever is first, all counted from the acquire's send.
+/// The first instant a new lease needs the scheduler: its first renewal (timed from the
+/// TTL granted), its deadline or its maximum hold, whichever is first, all counted from
+/// the acquire's send.
 fn first_event(shared: &LeaseShared, config: &LeaseConfig) -> At {
     let mut t = shared
         .acquired_at
-        .add(config.renew_interval())
+        .add(config.renew_interval_for(shared.ttl()))
         .min(shared.valid_until());
     if let Some(mh) = config.max_hold() {
         t = t.min(shared.acquired_at.add(mh));

@@ -62,6 +62,39 @@ proptest! {
         }
     }
 
+    /// Issue 24.2: a grant of any TTL, on any configuration that builds. A grant of the
+    /// TTL asked or more always fits (and keeps the configured timings); a shorter grant
+    /// gets the configured renew interval and operation timeout scaled by granted / asked
+    /// (never longer than configured), and is accepted exactly when they leave room to
+    /// renew it: then its first renewal comes before its deadline.
+    #[test]
+    fn a_grant_is_accepted_exactly_when_the_scaled_timings_fit(
+        (ttl, renew, op, drift) in mixed_configuration(),
+        share in 0.0f64..1.2,
+        raw in any_duration(),
+        pick_raw in any::<bool>(),
+    ) {
+        let Ok(c) = build(ttl, renew, op, drift) else { return Ok(()) };
+        // A share of the TTL asked (most of the interesting cases), or any duration.
+        let granted = if pick_raw { raw } else { c.ttl().mul_f64(share) };
+        prop_assert!(c.check_grant(c.ttl()).is_ok());
+        let g = granted.min(c.ttl());
+        let (ri, ot) = (c.renew_interval_for(granted), c.op_timeout_for(granted));
+        prop_assert!(ri <= c.renew_interval() && ot <= c.op_timeout());
+        if granted >= c.ttl() {
+            prop_assert_eq!((ri, ot), (c.renew_interval(), c.op_timeout()));
+        }
+        let fits = g >= leasehold_core::config::MIN_TTL
+            && !ri.is_zero()
+            && !ot.is_zero()
+            && ot + ri + g.mul_f64(c.drift_factor()) + c.margin() < g;
+        let checked = c.check_grant(granted);
+        prop_assert_eq!(checked.is_ok(), fits, "{:?}", checked);
+        if fits {
+            prop_assert!(ri < c.validity(g), "renewal {:?} after the deadline {:?}", ri, c.validity(g));
+        }
+    }
+
     /// Configurations valid by construction (every value within its range, the budget
     /// split so that `op + renew + drift × ttl + margin < ttl`) always build.
     #[test]
