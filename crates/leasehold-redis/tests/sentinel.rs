@@ -551,7 +551,10 @@ async fn a_replica_clock_ahead_never_ends_a_lease_its_holder_still_believes() {
         ahead > Duration::from_millis(4500) && ahead < Duration::from_millis(6000),
         "the replica's clock is {ahead:?} ahead, not about 5 s"
     );
-    let (holder_store, proxies) = proxied_store(&set, |b| b);
+    // The offset is accepted (the default limit refuses it: see the next test), so the
+    // store takes it off the TTL it reports as granted.
+    let (holder_store, proxies) =
+        proxied_store(&set, |b| b.max_clock_offset(Duration::from_secs(10)));
     let holder_store = Arc::new(holder_store);
     let ttl = Duration::from_secs(20);
     let config = LeaseConfig::builder(ttl)
@@ -619,4 +622,101 @@ async fn a_replica_clock_ahead_never_ends_a_lease_its_holder_still_believes() {
         granted_at - asked_at
     );
     assert!(fence_c > lease.fence());
+    // What the store took off is the offset (about 5 s), not more.
+    assert!(
+        valid_until - asked_at
+            > LeaseConfig::new(ttl)
+                .unwrap()
+                .validity(ttl - Duration::from_millis(5500)),
+        "the holder's deadline came {:?} after its request: more than the offset was taken off",
+        valid_until - asked_at
+    );
+}
+
+/// The default `max_clock_offset` (500 ms) refuses a replica 5 s ahead, and the periodic
+/// measurement (`clock_check`) finds a replica's clock stepped on a running set: grants
+/// (acquires, renewals) are refused with a typed `Config` error naming the replica and the
+/// offset, a release still works, a store opened now fails to open; once the clock is
+/// back, grants work again. With the clocks together, the TTL reported as granted is the
+/// one asked less at most a few milliseconds (the measurement's round trips).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_clock_too_far_ahead_is_refused_when_opening_and_by_the_periodic_check() {
+    let (set, clock) = set_with_replica_clock("refused", "+0").await;
+    let store = open(&set, "&clock_check=500ms").await;
+    assert_eq!(
+        store.config().max_clock_offset(),
+        leasehold_redis::DEFAULT_MAX_CLOCK_OFFSET
+    );
+    let ttl = Duration::from_secs(10);
+    let (k, o) = (Key::new("job:clock-held").unwrap(), OwnerToken::random());
+    match store.acquire(&k, &o, ttl).await.unwrap() {
+        AcquireOutcome::Acquired { ttl: granted, .. } => assert!(
+            granted <= ttl && granted > ttl - Duration::from_millis(50),
+            "granted {granted:?} of {ttl:?} with the clocks together"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // The replica's clock steps 5 s ahead.
+    clock.set("+5s");
+    let replica_port = set.replica().port();
+    let end = Instant::now() + FakeWallClock::PICKUP + Duration::from_secs(5);
+    let mut i = 0;
+    let refused = loop {
+        i += 1;
+        let fresh = Key::new(format!("job:clock-{i}")).unwrap();
+        match store.acquire(&fresh, &OwnerToken::random(), ttl).await {
+            Ok(AcquireOutcome::Acquired { .. }) => {}
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => break e,
+        }
+        assert!(Instant::now() < end, "the stepped clock was not found");
+        sleep(Duration::from_millis(100)).await;
+    };
+    assert_clock_refusal(&refused, replica_port);
+    // The holder's renewal is refused too; its release works.
+    let e = store.renew(&k, &o, ttl).await.unwrap_err();
+    assert_clock_refusal(&e, replica_port);
+    assert_eq!(
+        store.release(&k, &o).await.unwrap(),
+        leasehold_core::ReleaseOutcome::Released
+    );
+    // A store opened now is refused when it opens.
+    let e = RedisStore::open(&format!("{}?timeout=3s&connect_timeout=2s", set.url()))
+        .await
+        .unwrap_err();
+    assert_clock_refusal(&e, replica_port);
+    // The clock is set right: grants work again.
+    clock.set("+0");
+    let end = Instant::now() + FakeWallClock::PICKUP + Duration::from_secs(5);
+    loop {
+        match store.acquire(&k, &o, ttl).await {
+            Ok(AcquireOutcome::Acquired { .. }) => break,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => assert_eq!(e.kind(), StoreErrorKind::Config, "{e}"),
+        }
+        assert!(
+            Instant::now() < end,
+            "still refused after the clock was set right"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `e` is the refusal of a replica on `replica_port` about 5 s ahead.
+fn assert_clock_refusal(e: &leasehold_core::StoreError, replica_port: u16) {
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let c = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<leasehold_redis::ClockOffset>())
+        .unwrap_or_else(|| panic!("no ClockOffset source: {e}"));
+    assert!(c.replica().ends_with(&format!(":{replica_port}")), "{c}");
+    assert!(
+        c.offset() > Duration::from_millis(4500) && c.offset() < Duration::from_secs(6),
+        "{c}"
+    );
+    assert_eq!(c.limit(), leasehold_redis::DEFAULT_MAX_CLOCK_OFFSET);
+    let text = e.to_string();
+    assert!(
+        text.contains("max_clock_offset") && text.contains("NTP"),
+        "{text}"
+    );
 }

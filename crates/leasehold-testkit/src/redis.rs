@@ -262,7 +262,7 @@ impl RedisServer {
                     .ends_with(&["type", "i"])
             })
             .filter_map(|l| l.split_whitespace().nth(1))
-            .last()
+            .next_back()
             .unwrap_or_else(|| panic!("the AOF manifest names no incremental file:\n{text}"));
         aof_dir.join(name)
     }
