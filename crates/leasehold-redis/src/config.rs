@@ -33,6 +33,17 @@ pub const MAX_FENCE_RETENTION: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// already checked (see [`RedisConfigBuilder::policy_check`]).
 pub const DEFAULT_POLICY_CHECK: Duration = Duration::from_secs(10);
 
+/// Default largest amount by which a Sentinel replica's clock may be ahead of the
+/// primary's (see [`RedisConfigBuilder::max_clock_offset`]).
+pub const DEFAULT_MAX_CLOCK_OFFSET: Duration = Duration::from_millis(500);
+
+/// The largest `max_clock_offset` accepted (one hour).
+pub const MAX_CLOCK_OFFSET: Duration = Duration::from_secs(3600);
+
+/// Default interval at which a Sentinel store measures its replicas' clocks again (see
+/// [`RedisConfigBuilder::clock_check`]).
+pub const DEFAULT_CLOCK_CHECK: Duration = Duration::from_secs(10);
+
 const DEFAULT_PORT: u16 = 6379;
 
 fn config_error(msg: impl Into<String>) -> StoreError {
@@ -149,6 +160,8 @@ pub struct RedisConfig {
     queue_grace: Duration,
     sharded_pubsub: bool,
     min_replicas: u32,
+    max_clock_offset: Duration,
+    clock_check: Duration,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -171,6 +184,8 @@ impl fmt::Debug for RedisConfig {
             .field("queue_grace", &self.queue_grace)
             .field("sharded_pubsub", &self.sharded_pubsub)
             .field("min_replicas", &self.min_replicas)
+            .field("max_clock_offset", &self.max_clock_offset)
+            .field("clock_check", &self.clock_check)
             .finish()
     }
 }
@@ -244,6 +259,16 @@ impl fmt::Display for RedisConfig {
         }
         if self.db != 0 && matches!(self.topology, Topology::Sentinel { .. }) {
             write!(f, "&db={}", self.db)?;
+        }
+        if self.max_clock_offset != DEFAULT_MAX_CLOCK_OFFSET {
+            write!(
+                f,
+                "&max_clock_offset={}ms",
+                self.max_clock_offset.as_millis()
+            )?;
+        }
+        if self.clock_check != DEFAULT_CLOCK_CHECK {
+            write!(f, "&clock_check={}ms", self.clock_check.as_millis())?;
         }
         if let Some(tls) = &self.tls {
             if let Some(ca) = &tls.ca_file {
@@ -379,6 +404,16 @@ impl RedisConfig {
     pub fn sharded_pubsub(&self) -> bool {
         self.sharded_pubsub && matches!(self.topology, Topology::Cluster { .. })
     }
+    /// The largest amount by which a Sentinel replica's clock may be ahead of the
+    /// primary's ([`RedisConfigBuilder::max_clock_offset`]).
+    pub fn max_clock_offset(&self) -> Duration {
+        self.max_clock_offset
+    }
+    /// How often a Sentinel store measures its replicas' clocks again
+    /// ([`RedisConfigBuilder::clock_check`]).
+    pub fn clock_check(&self) -> Duration {
+        self.clock_check
+    }
 
     pub(crate) fn map_addr(&self, addr: &NodeAddr) -> NodeAddr {
         self.address_map
@@ -427,6 +462,8 @@ impl RedisConfigBuilder {
                 queue_grace: DEFAULT_QUEUE_GRACE,
                 sharded_pubsub: true,
                 min_replicas: 0,
+                max_clock_offset: DEFAULT_MAX_CLOCK_OFFSET,
+                clock_check: DEFAULT_CLOCK_CHECK,
             },
         }
     }
@@ -588,6 +625,29 @@ impl RedisConfigBuilder {
         self.cfg.min_replicas = n;
         self
     }
+    /// Sentinel only: the largest amount by which a replica's clock may be ahead of the
+    /// primary's (default 500 ms, 1 ms ..= 1 h).
+    ///
+    /// Redis gives replicas each key's expiry as an absolute time of the primary's clock,
+    /// and a promoted replica expires keys by its own: a replica `d` ahead ends every
+    /// lease `d` early after a fail-over. The store measures each replica's offset (its
+    /// `TIME` against the primary's, bounded by the round trip) on every connection to a
+    /// primary and every [`clock_check`](Self::clock_check), takes the largest positive
+    /// one off every TTL it reports as granted (so the holder's deadline comes first), and
+    /// refuses to grant ([`StoreErrorKind::Config`] with a
+    /// [`ClockOffset`](crate::ClockOffset) source) while it is above this limit. See the
+    /// crate docs, "Replica clocks".
+    pub fn max_clock_offset(mut self, d: Duration) -> Self {
+        self.cfg.max_clock_offset = d;
+        self
+    }
+    /// Sentinel only: how often the replicas' clocks are measured again (default 10 s),
+    /// besides every new connection to a primary. One `ROLE` and a few `TIME`s per
+    /// replica, on connections of their own, off the operations' path.
+    pub fn clock_check(mut self, d: Duration) -> Self {
+        self.cfg.clock_check = d;
+        self
+    }
     /// Connect to `to` whenever `from` is named, by the configuration or by the Cluster
     /// topology (NAT, port forwarding, test proxies).
     pub fn map_address(mut self, from: NodeAddr, to: NodeAddr) -> Self {
@@ -599,8 +659,10 @@ impl RedisConfigBuilder {
     /// Validates and builds.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Config`] when: the prefix is invalid; a timeout or the policy
-    /// check interval is zero or above 24 h; a Cluster
+    /// [`StoreErrorKind::Config`] when: the prefix is invalid; a timeout, the policy
+    /// check interval or the clock check interval is zero or above 24 h;
+    /// `max_clock_offset` is below 1 ms or above 1 h, or either clock setting is changed
+    /// on a topology other than Sentinel; a Cluster
     /// has no seed or a database other than 0; a host is empty or a port is 0.
     pub fn build(self) -> Result<RedisConfig, StoreError> {
         let cfg = self.cfg;
@@ -639,6 +701,27 @@ impl RedisConfigBuilder {
             return Err(config_error(format!(
                 "min_replicas must be at most {MAX_MIN_REPLICAS}"
             )));
+        }
+        if cfg.max_clock_offset < Duration::from_millis(1)
+            || cfg.max_clock_offset > MAX_CLOCK_OFFSET
+        {
+            return Err(config_error(
+                "max_clock_offset must be at least 1ms and at most 1h",
+            ));
+        }
+        if cfg.clock_check.is_zero() || cfg.clock_check > DAY {
+            return Err(config_error(
+                "the clock check interval must be above zero and at most 24h",
+            ));
+        }
+        let sentinel = matches!(cfg.topology, Topology::Sentinel { .. });
+        if !sentinel
+            && (cfg.max_clock_offset != DEFAULT_MAX_CLOCK_OFFSET
+                || cfg.clock_check != DEFAULT_CLOCK_CHECK)
+        {
+            return Err(config_error(
+                "max_clock_offset and clock_check are for Sentinel (the replicas' clocks); a single server or a Cluster does not measure them",
+            ));
         }
         if cfg.min_replicas > 0 && matches!(cfg.topology, Topology::Cluster { .. }) {
             return Err(config_error(
@@ -839,6 +922,10 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
                     config_error("URL parameter `min_replicas` must be a whole number")
                 })?)
             }
+            "max_clock_offset" if sentinel => {
+                b = b.max_clock_offset(parse_duration(&name, &value)?)
+            }
+            "clock_check" if sentinel => b = b.clock_check(parse_duration(&name, &value)?),
             "db" if sentinel => {
                 b = b.db(value
                     .parse()
@@ -861,7 +948,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             other => {
                 let shown: String = other.chars().take(32).collect();
                 return Err(config_error(format!(
-                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, min_replicas, cluster_retries, sharded_pubsub, db (Sentinel), tls_ca, tls_cert, tls_key"
+                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, min_replicas, cluster_retries, sharded_pubsub, db, max_clock_offset, clock_check (Sentinel), tls_ca, tls_cert, tls_key"
                 )));
             }
         }
@@ -1161,6 +1248,46 @@ mod tests {
                 .kind(),
             StoreErrorKind::Config
         );
+    }
+
+    #[test]
+    fn clock_parameters_are_sentinels() {
+        let c = RedisConfig::from_url("redis+sentinel://a:1/m").unwrap();
+        assert_eq!(c.max_clock_offset(), DEFAULT_MAX_CLOCK_OFFSET);
+        assert_eq!(c.clock_check(), DEFAULT_CLOCK_CHECK);
+        assert!(!c.to_string().contains("clock"), "{c}");
+        let c =
+            RedisConfig::from_url("redis+sentinel://a:1/m?max_clock_offset=2s&clock_check=250ms")
+                .unwrap();
+        assert_eq!(c.max_clock_offset(), Duration::from_secs(2));
+        assert_eq!(c.clock_check(), Duration::from_millis(250));
+        let shown = c.to_string();
+        assert!(
+            shown.contains("max_clock_offset=2000ms") && shown.contains("clock_check=250ms"),
+            "{shown}"
+        );
+        assert_eq!(RedisConfig::from_url(&shown).unwrap(), c);
+        for bad in [
+            "redis+sentinel://a:1/m?max_clock_offset=0",
+            "redis+sentinel://a:1/m?max_clock_offset=2h",
+            "redis+sentinel://a:1/m?max_clock_offset=soon",
+            "redis+sentinel://a:1/m?clock_check=0",
+            "redis://a:1/?max_clock_offset=1s",
+            "redis+cluster://a:1/?clock_check=1s",
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}");
+        }
+        for b in [
+            RedisConfigBuilder::standalone("h", 1).max_clock_offset(Duration::from_secs(1)),
+            RedisConfigBuilder::cluster([NodeAddr::new("h", 1)])
+                .clock_check(Duration::from_secs(1)),
+            RedisConfigBuilder::sentinel([NodeAddr::new("h", 1)], "m")
+                .max_clock_offset(Duration::from_micros(10)),
+            RedisConfigBuilder::sentinel([NodeAddr::new("h", 1)], "m").clock_check(Duration::ZERO),
+        ] {
+            assert_eq!(b.build().unwrap_err().kind(), StoreErrorKind::Config);
+        }
     }
 
     #[test]

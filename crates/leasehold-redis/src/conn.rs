@@ -32,6 +32,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
+use crate::clocks::{self, ReplicaClocks};
 use crate::config::{NodeAddr, RedisConfig, Topology};
 use crate::error::{self, Phase};
 use crate::policy;
@@ -197,10 +198,16 @@ enum Kind {
         config: AsyncConnectionConfig,
         holder: Arc<Holder<MultiplexedConnection>>,
         /// The primary the current connection reached.
-        primary: Mutex<Option<NodeAddr>>,
+        primary: Arc<Mutex<Option<NodeAddr>>>,
         /// The task that listens for the sentinels' `+switch-master` (started with the
         /// first connection).
         watcher: Mutex<Option<tokio::task::AbortHandle>>,
+        /// The replicas' clock offsets (measured on every new connection and by
+        /// `clock_task`).
+        clocks: Arc<ReplicaClocks>,
+        /// The task that measures the replicas' clocks every `clock_check` (started with
+        /// the first connection).
+        clock_task: Mutex<Option<tokio::task::AbortHandle>>,
     },
 }
 
@@ -214,17 +221,24 @@ fn config_epoch(fields: &[String]) -> u64 {
 }
 
 /// Whether a `ROLE` reply is a primary's.
-fn is_primary(role: &Value) -> bool {
+pub(crate) fn is_primary(role: &Value) -> bool {
     matches!(role, Value::Array(items)
         if matches!(items.first(), Some(Value::BulkString(r)) if r == b"master"))
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if let Kind::Sentinel { watcher, .. } = &self.kind
-            && let Some(task) = watcher.lock().unwrap_or_else(|e| e.into_inner()).take()
+        if let Kind::Sentinel {
+            watcher,
+            clock_task,
+            ..
+        } = &self.kind
         {
-            task.abort();
+            for task in [watcher, clock_task] {
+                if let Some(task) = task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    task.abort();
+                }
+            }
         }
     }
 }
@@ -535,7 +549,7 @@ fn node_info(cfg: &RedisConfig, node: &NodeAddr) -> Result<ConnectionInfo, Store
     Ok(info.set_redis_settings(redis))
 }
 
-fn client_for(cfg: &RedisConfig, node: &NodeAddr) -> Result<Client, StoreError> {
+pub(crate) fn client_for(cfg: &RedisConfig, node: &NodeAddr) -> Result<Client, StoreError> {
     let info = node_info(cfg, node)?;
     let secret = cfg.password().map(|p| p.expose());
     #[cfg(feature = "tls")]
@@ -595,8 +609,10 @@ impl Conn {
                         .set_connection_timeout(Some(cfg.connect_timeout()))
                         .set_response_timeout(None),
                     holder: Arc::new(Holder::new()),
-                    primary: Mutex::new(None),
+                    primary: Arc::new(Mutex::new(None)),
                     watcher: Mutex::new(None),
+                    clocks: Arc::new(ReplicaClocks::new(cfg.max_clock_offset())),
+                    clock_task: Mutex::new(None),
                 },
                 Vec::new(),
             ),
@@ -772,6 +788,8 @@ impl Conn {
                 holder,
                 primary,
                 watcher,
+                clocks,
+                clock_task,
             } => timeout_at(
                 deadline,
                 holder.get(
@@ -780,14 +798,31 @@ impl Conn {
                         refused_recently()?;
                         let (node, conn) = discovery.connect_primary(config).await?;
                         *primary.lock().unwrap_or_else(|e| e.into_inner()) = Some(node);
-                        let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
-                        if w.is_none() {
-                            let task = tokio::spawn(watch_switches(
-                                discovery.clone(),
-                                Arc::downgrade(holder),
-                            ));
-                            *w = Some(task.abort_handle());
+                        {
+                            let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
+                            if w.is_none() {
+                                let task = tokio::spawn(watch_switches(
+                                    discovery.clone(),
+                                    Arc::downgrade(holder),
+                                ));
+                                *w = Some(task.abort_handle());
+                            }
                         }
+                        {
+                            let mut t = clock_task.lock().unwrap_or_else(|e| e.into_inner());
+                            if t.is_none() {
+                                let task = tokio::spawn(clocks::watch(
+                                    Arc::downgrade(clocks),
+                                    self.config.clone(),
+                                    primary.clone(),
+                                    self.config.clock_check(),
+                                ));
+                                *t = Some(task.abort_handle());
+                            }
+                        }
+                        // The replicas' clocks, before the connection is used (refused
+                        // when one is too far ahead).
+                        self.measure_clocks(op, &conn, primary, clocks).await?;
                         Ok(conn)
                     },
                     |c| self.check_primary(op, c, primary),
@@ -833,6 +868,50 @@ impl Conn {
         self.judge(op, &node.to_string(), reply)?;
         self.checked_once.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Measures the clocks of the replicas of the primary on `conn` (from its `ROLE`) and
+    /// refuses the connection when one is too far ahead (see `clocks`).
+    async fn measure_clocks(
+        &self,
+        op: &str,
+        conn: &MultiplexedConnection,
+        primary: &Mutex<Option<NodeAddr>>,
+        clocks: &ReplicaClocks,
+    ) -> Result<(), StoreError> {
+        let Some(node) = primary.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return Ok(());
+        };
+        let role = redis::cmd("ROLE")
+            .query_async::<Value>(&mut conn.clone())
+            .await
+            .map_err(|e| self.map(op, Phase::Connect, &e))?;
+        if !is_primary(&role) {
+            // `check_primary` refuses it.
+            return Ok(());
+        }
+        clocks
+            .measure(&self.config, &node, conn, clocks::replicas_in_role(&role))
+            .await;
+        clocks.allowance(op).map(|_| ())
+    }
+
+    /// How much to take off a TTL the primary is about to grant: the largest amount by
+    /// which one of its replicas' clocks is ahead of its own (Sentinel; zero otherwise).
+    /// Refused while that is above `max_clock_offset`.
+    pub(crate) fn clock_allowance(&self, op: &str) -> Result<Duration, StoreError> {
+        match &self.kind {
+            Kind::Sentinel { clocks, .. } => clocks.allowance(op),
+            _ => Ok(Duration::ZERO),
+        }
+    }
+
+    /// [`clock_allowance`](Self::clock_allowance) without the limit, for a grant made.
+    pub(crate) fn clock_allowance_now(&self) -> Duration {
+        match &self.kind {
+            Kind::Sentinel { clocks, .. } => clocks.current(),
+            _ => Duration::ZERO,
+        }
     }
 
     /// Checks that the server Sentinel named is a primary (`ROLE`; a server demoted by a

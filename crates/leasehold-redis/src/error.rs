@@ -1,6 +1,7 @@
 //! Mapping `redis` errors into [`StoreError`]s, with credentials scrubbed.
 
 use std::fmt;
+use std::time::Duration;
 
 use leasehold_core::{StoreError, StoreErrorKind};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
@@ -90,6 +91,78 @@ impl fmt::Display for EvictingPolicy {
 }
 
 impl std::error::Error for EvictingPolicy {}
+
+/// The source of the [`StoreError`] (kind [`StoreErrorKind::Config`]) by which a
+/// Sentinel store refuses to grant while a replica's clock is ahead of the primary's by
+/// more than `max_clock_offset` (see the crate docs, "Replica clocks"): which replica,
+/// which primary, by how much (an upper bound), and the limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClockOffset {
+    replica: String,
+    primary: String,
+    offset: Duration,
+    limit: Duration,
+}
+
+impl ClockOffset {
+    pub(crate) fn new(replica: String, primary: String, offset: Duration, limit: Duration) -> Self {
+        Self {
+            replica,
+            primary,
+            offset,
+            limit,
+        }
+    }
+
+    /// The replica (`host:port`, as the primary's `ROLE` names it).
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// The primary it was measured against.
+    pub fn primary(&self) -> &str {
+        &self.primary
+    }
+
+    /// How far the replica's clock is ahead of the primary's, at most (the measured
+    /// difference plus the round trip).
+    pub fn offset(&self) -> Duration {
+        self.offset
+    }
+
+    /// The largest offset the store accepts (`max_clock_offset`).
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+}
+
+impl fmt::Display for ClockOffset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the clock of replica {} is up to {:?} ahead of primary {}'s (max_clock_offset {:?})",
+            self.replica, self.offset, self.primary, self.limit
+        )
+    }
+}
+
+impl std::error::Error for ClockOffset {}
+
+/// The refusal of a replica whose clock is too far ahead of the primary's.
+pub(crate) fn clock_offset(op: &str, c: ClockOffset) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Config,
+        BACKEND,
+        format!(
+            "{op}: {c}. Redis gives replicas each key's expiry as an absolute time, so once \
+             promoted by a fail-over that replica ends every lease up to that much early, \
+             while its holder still believes; refusing to grant. Synchronise the servers' \
+             clocks (NTP), or raise the URL parameter max_clock_offset (every lease's \
+             validity is then shortened by the offset)"
+        ),
+    )
+    .with_source(c)
+}
 
 /// What to do about a server that may evict: the two ways out.
 const EVICTION_WAYS_OUT: &str = "set `maxmemory-policy noeviction` on the server (on every \

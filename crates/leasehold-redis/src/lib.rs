@@ -3,6 +3,7 @@
 #![warn(unreachable_pub)]
 
 mod batch;
+mod clocks;
 mod config;
 mod conn;
 mod error;
@@ -16,11 +17,12 @@ mod store;
 pub mod wire;
 
 pub use config::{
-    DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_RETENTION, DEFAULT_OP_TIMEOUT,
-    DEFAULT_POLICY_CHECK, DEFAULT_QUEUE_GRACE, MAX_FENCE_RETENTION, MAX_MASTER_NAME_LEN,
-    MAX_MIN_REPLICAS, NodeAddr, RedisConfig, RedisConfigBuilder, TlsSettings, Topology,
+    DEFAULT_CLOCK_CHECK, DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_RETENTION,
+    DEFAULT_MAX_CLOCK_OFFSET, DEFAULT_OP_TIMEOUT, DEFAULT_POLICY_CHECK, DEFAULT_QUEUE_GRACE,
+    MAX_CLOCK_OFFSET, MAX_FENCE_RETENTION, MAX_MASTER_NAME_LEN, MAX_MIN_REPLICAS, NodeAddr,
+    RedisConfig, RedisConfigBuilder, TlsSettings, Topology,
 };
-pub use error::{Cause, EvictingPolicy};
+pub use error::{Cause, ClockOffset, EvictingPolicy};
 pub use factory::RedisFactory;
 pub use keys::{DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use scripts::STORE_FORMAT;

@@ -223,6 +223,27 @@ impl RedisStore {
         }
     }
 
+    /// The TTL to report for a grant of `ttl`: less the largest amount by which a
+    /// replica's clock is ahead of the primary's (Sentinel; see the crate docs, "Replica
+    /// clocks"), as measured before the request was sent (`before`) or since, whichever is
+    /// larger. The holder's deadline, counted from this TTL, then comes before the lease's
+    /// end on any replica a fail-over may promote.
+    fn granted(&self, ttl: Duration, before: Duration) -> Duration {
+        ttl.saturating_sub(before.max(self.conn.clock_allowance_now()))
+    }
+
+    /// [`granted`](Self::granted) for an answer of `acquire_any`.
+    fn granted_any(&self, got: AcquireAnyOutcome, before: Duration) -> AcquireAnyOutcome {
+        match got {
+            AcquireAnyOutcome::Acquired { index, fence, ttl } => AcquireAnyOutcome::Acquired {
+                index,
+                fence,
+                ttl: self.granted(ttl, before),
+            },
+            other => other,
+        }
+    }
+
     /// The reservation grace in ms, or `""` when there is no queue (notifications off).
     fn grace(&self) -> String {
         if self.notifier.is_some() {
@@ -383,6 +404,7 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         let ttl_ms = ttl_ms(ttl)?;
+        let before = self.conn.clock_allowance("acquire")?;
         let ms = ttl_ms.to_string();
         let keep = self.fence_expiry(ttl_ms);
         let op = self.op(key, "a", owner, ms, keep);
@@ -411,7 +433,10 @@ impl Store for RedisStore {
             ));
         };
         Ok(match got {
-            Acquired::Granted { fence, ttl } => AcquireOutcome::Acquired { fence, ttl },
+            Acquired::Granted { fence, ttl } => AcquireOutcome::Acquired {
+                fence,
+                ttl: self.granted(ttl, before),
+            },
             Acquired::Held { remaining } => AcquireOutcome::Held {
                 remaining: Some(remaining),
             },
@@ -427,6 +452,7 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         let ms_value = ttl_ms(ttl)?;
+        let before = self.conn.clock_allowance("renew")?;
         let ms = ms_value.to_string();
         let names = self.layout.names(key);
         let owner = owner.to_hex();
@@ -442,7 +468,7 @@ impl Store for RedisStore {
             .await?;
         Ok(if renewed {
             RenewOutcome::Renewed {
-                ttl: Duration::from_millis(ms_value),
+                ttl: self.granted(Duration::from_millis(ms_value), before),
             }
         } else {
             RenewOutcome::NotOwner
@@ -461,7 +487,7 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
         let ms_value = ttl_ms(ttl)?;
-        let granted = Duration::from_millis(ms_value);
+        let before = self.conn.clock_allowance("renew")?;
         let ms = ms_value.to_string();
         // Positions of the leases, by slot (one group on a single server).
         let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
@@ -495,6 +521,7 @@ impl Store for RedisStore {
                 }
             });
         let mut answers = futures::future::join_all(calls).await;
+        let granted = self.granted(Duration::from_millis(ms_value), before);
         if answers.len() == 1 && answers[0].1.is_err() {
             // One call, failed: the batch as a whole failed.
             if let Some((_, Err(e))) = answers.pop() {
@@ -816,9 +843,11 @@ impl Store for RedisStore {
             return leasehold_core::acquire_any_one_by_one(self, keys, owner, ttl).await;
         }
         let call = AnyCall::new(self, keys, owner, ttl)?;
+        let before = self.conn.clock_allowance("acquire")?;
         let (key_args, args) = call.args(&[]);
         let n = keys.len();
-        self.conn
+        let got = self
+            .conn
             .run(
                 "acquire",
                 &SCRIPTS.acquire_any,
@@ -826,7 +855,8 @@ impl Store for RedisStore {
                 &args,
                 |v, id| scripts::parse_acquire_any(v, id, n),
             )
-            .await
+            .await?;
+        Ok(self.granted_any(got, before))
     }
 
     /// One Lua script where [`acquire_any`](Self::acquire_any) is one (a single server, a
@@ -855,6 +885,7 @@ impl Store for RedisStore {
         }
         StoreError::check_record_value(BACKEND, check.value)?;
         let call = AnyCall::new(self, keys, owner, ttl)?;
+        let before = self.conn.clock_allowance("acquire")?;
         let record = self.layout.record_name(check.key);
         let record_names = self.layout.names(check.key);
         let record_channel = self.channel(&record_names);
@@ -864,7 +895,8 @@ impl Store for RedisStore {
         // After owner, ttl, fence expiry and grace: the value and the record's channel.
         bytes.splice(4..4, [check.value, record_channel.as_bytes()]);
         let n = keys.len();
-        self.conn
+        let got = self
+            .conn
             .run_bytes(
                 "acquire",
                 &SCRIPTS.acquire_any_checked,
@@ -872,7 +904,11 @@ impl Store for RedisStore {
                 &bytes,
                 |v, id| scripts::parse_acquire_any_checked(v, id, n),
             )
-            .await
+            .await?;
+        Ok(match got {
+            CheckedAcquire::Passed(any) => CheckedAcquire::Passed(self.granted_any(any, before)),
+            other => other,
+        })
     }
 }
 

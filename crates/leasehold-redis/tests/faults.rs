@@ -512,6 +512,244 @@ async fn row_09_restart_with_persistence_keeps_the_lease() {
     );
 }
 
+/// A `kill -9` of a server with the append-only file on (`appendfsync everysec`, the
+/// default) right after a grant: Redis wrote the grant to the file before it replied, and
+/// the kernel keeps what was written when the process dies, so the restarted server has
+/// the lease with its owner and fence. Nobody else gets it, the holder's heartbeat renews
+/// it, and the next fence after its release is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_09_kill_9_with_appendonly_keeps_the_lease_and_its_fence() {
+    let s = Standalone::start_with(RedisOptions::new().appendonly(true), |b| b).await;
+    let ttl = Duration::from_secs(6);
+    let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(ttl).unwrap());
+    let k = key("job:kill9-persisted");
+    let lease = client.try_acquire(&k).await.unwrap();
+    let fence_record = s.cli(&["GET", &s.store.fence_key(&k)]).await;
+    // SIGKILL at once (no time for a sync), start again on the same directory.
+    tokio::task::block_in_place(|| s.server.restart());
+    // The store's connection died with the server: a first call may say so (retryable).
+    let mut info = None;
+    for _ in 0..5 {
+        match s.store.inspect(&k).await {
+            Ok(i) => {
+                info = Some(i.expect("the lease survived kill -9"));
+                break;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+    }
+    let info = info.expect("the store answers after the restart");
+    assert_eq!((info.owner, info.fence), (*lease.owner(), lease.fence()));
+    assert_eq!(
+        s.cli(&["GET", &s.store.fence_key(&k)]).await,
+        fence_record,
+        "the fence record survived"
+    );
+    // Nobody else gets it while it is held.
+    let other = OwnerToken::random();
+    assert!(matches!(
+        s.store.acquire(&k, &other, ttl).await.unwrap(),
+        AcquireOutcome::Held { .. }
+    ));
+    // The holder's heartbeat renews it on the restarted server (its deadline moves on).
+    let first_deadline = lease.valid_until();
+    let end = Instant::now() + ttl;
+    while lease.valid_until() == first_deadline {
+        assert!(Instant::now() < end, "no renewal after the restart");
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert!(lease.is_valid());
+    let old = lease.fence();
+    assert!(lease.release().await.unwrap());
+    let next = client.try_acquire(&k).await.unwrap();
+    assert!(next.fence() > old);
+    next.release().await.unwrap();
+}
+
+/// The host's wall clock, in whole seconds since the epoch.
+#[allow(clippy::disallowed_methods)] // the server's clock is the host's: which second it is now
+fn host_unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+async fn server_time(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    (secs, micros)
+}
+
+async fn info_field(conn: &mut redis::aio::MultiplexedConnection, field: &str) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in INFO persistence:\n{info}"))
+        .trim()
+        .to_owned()
+}
+
+/// What an operating-system crash leaves of a server with `appendfsync everysec` (the
+/// default): the append-only file up to its last sync. Redis 7.0 starts a background
+/// sync at most once per wall-clock second (when its cached second is past the second of
+/// the last one), covering what was written up to then. The crash is simulated in that
+/// window: a fresh second begins; a marker write starts that second's sync, which is
+/// awaited (`aof_pending_bio_fsync:0`), and the file's length then is the synced length;
+/// the writes under test follow and are acknowledged; the server is frozen (`SIGSTOP`)
+/// while the host's clock is still in that second, so no later sync can have started;
+/// then it is killed, the file is cut back to the synced length (what the crash loses)
+/// and the server starts again. `attempt` runs the acknowledged writes; if the second
+/// ran out before the freeze (a loaded machine), the window is set up again with fresh
+/// keys (a precondition, not the outcome, is retried).
+async fn os_crash_after<T, F, Fut>(s: &Standalone, mut attempt: F) -> T
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let mut raw = redis::Client::open(s.server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let aof = s.server.aof_incr_file();
+    for round in 0..5u32 {
+        // Quiet for two seconds of the server's clock: everything written before has been
+        // synced, and the last sync was in an earlier second.
+        let (quiet_from, _) = server_time(&mut raw).await;
+        while server_time(&mut raw).await.0 < quiet_from + 2 {
+            sleep(Duration::from_millis(50)).await;
+        }
+        while info_field(&mut raw, "aof_pending_bio_fsync").await != "0" {
+            sleep(Duration::from_millis(10)).await;
+        }
+        // Some way into a fresh second (the server's cached second has caught up).
+        let (mut second, mut micros) = server_time(&mut raw).await;
+        while !(150_000..400_000).contains(&micros) {
+            sleep(Duration::from_millis(10)).await;
+            (second, micros) = server_time(&mut raw).await;
+        }
+        let _: () = redis::cmd("SET")
+            .arg("lh-test:sync-marker")
+            .arg(round)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let synced = std::fs::metadata(&aof).unwrap().len();
+        while info_field(&mut raw, "aof_pending_bio_fsync").await != "0" {
+            sleep(Duration::from_millis(1)).await;
+        }
+        let out = attempt(round).await;
+        tokio::task::block_in_place(|| s.server.pause());
+        if host_unix_secs() != second {
+            // The second ran out: a sync may have covered the writes. Set it up again.
+            tokio::task::block_in_place(|| s.server.resume());
+            continue;
+        }
+        let written = std::fs::metadata(&aof).unwrap().len();
+        assert!(
+            written > synced,
+            "the acknowledged writes are not in the file"
+        );
+        tokio::task::block_in_place(|| {
+            s.server.kill();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&aof)
+                .unwrap()
+                .set_len(synced)
+                .unwrap();
+            s.server.start_again();
+        });
+        return out;
+    }
+    panic!("could not fit the writes and the freeze into one second in 5 tries");
+}
+
+/// An operating-system crash with `appendfsync everysec` (the default) loses the
+/// acknowledged writes of the last second: a grant and a renewal made just before it are
+/// gone after the restart. Holder H's grant vanished, so a contender acquires at once
+/// while H still believes; holder H2's renewal vanished, so the store frees its lease at
+/// the expiry of the grant before, earlier than H2's deadline. Fences still rise: the
+/// contender's is above H's (the clock floor). Before issue 24 the row said "holds"; this
+/// test, asserting that, failed: the contender acquired while H believed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_09_os_crash_with_everysec_loses_the_last_second_fences_still_rise() {
+    let s = Standalone::start_with(RedisOptions::new().appendonly(true), |b| b).await;
+    let ttl = Duration::from_secs(30);
+    let config = LeaseConfig::new(ttl).unwrap();
+    let client = LeaseClient::new(s.store.clone(), config.clone());
+    // H2's lease, granted before the window (synced by the time the window opens).
+    let renew_ttl = Duration::from_secs(8);
+    let (k2, h2) = (key("job:os-crash-renewed"), OwnerToken::random());
+    s.store.acquire(&k2, &h2, renew_ttl).await.unwrap();
+    let (k, lease, renewed_at) = os_crash_after(&s, |round| {
+        let client = client.clone();
+        let (store, k2, h2) = (s.store.clone(), k2.clone(), h2);
+        async move {
+            let k = key(&format!("job:os-crash-{round}"));
+            let lease = client.try_acquire(&k).await.unwrap();
+            let renewed_at = Instant::now();
+            assert_eq!(
+                store.renew(&k2, &h2, renew_ttl).await.unwrap(),
+                RenewOutcome::Renewed { ttl: renew_ttl }
+            );
+            (k, lease, renewed_at)
+        }
+    })
+    .await;
+    // H's grant is gone: a contender acquires at once, while H still believes (two
+    // holders at once: the row says so), with a higher fence (the clock floor).
+    let contender = OwnerToken::random();
+    let mut got = None;
+    for _ in 0..5 {
+        match s.store.acquire(&k, &contender, ttl).await {
+            Ok(r) => {
+                got = Some(r);
+                break;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+    }
+    let fence = match got.expect("the store answers after the restart") {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        other => panic!("the lost grant is still there: {other:?}"),
+    };
+    assert!(
+        lease.is_valid(),
+        "H stopped believing before the contender's grant"
+    );
+    assert!(
+        fence > lease.fence(),
+        "fence went back: {fence} <= {}",
+        lease.fence()
+    );
+    // H2's lease is there (its grant was synced) but its renewal is gone: the store frees
+    // it before H2's deadline.
+    let info = s
+        .store
+        .inspect(&k2)
+        .await
+        .unwrap()
+        .expect("H2's grant was synced");
+    assert_eq!(info.owner, h2);
+    let store_frees_at = Instant::now() + info.remaining.unwrap();
+    let h2_deadline = renewed_at + config.validity(renew_ttl);
+    assert!(
+        store_frees_at < h2_deadline,
+        "H2's renewal survived the crash (the store frees the lease {:?} after H2's deadline)",
+        store_frees_at - h2_deadline
+    );
+    // H learns at its next renewal.
+    assert_eq!(
+        s.store.renew(&k, lease.owner(), ttl).await.unwrap(),
+        RenewOutcome::NotOwner
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_10_kill_9_and_immediate_restart_fences_never_go_back() {
     let s = Standalone::start().await;

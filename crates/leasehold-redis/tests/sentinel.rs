@@ -19,12 +19,13 @@ use std::time::Duration;
 
 use leasehold_core::guard::GuardDecision;
 use leasehold_core::{
-    AcquireOutcome, Fence, Key, OwnerToken, RenewOutcome, ResourceName, Store, StoreErrorKind,
+    AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, ResourceName,
+    Store, StoreErrorKind,
 };
-use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_redis::{NodeAddr, RedisConfig, RedisConfigBuilder, RedisStore};
 use leasehold_sqlite::guard;
 use leasehold_sqlite::sqlx::{self, Connection};
-use leasehold_testkit::RedisSentinelSet;
+use leasehold_testkit::{FakeWallClock, FaultProxy, ProxyMode, RedisSentinelSet};
 use tokio::time::{Instant, sleep};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -477,4 +478,245 @@ async fn a_watch_on_a_split_off_primary_reports_it_and_a_new_watch_hears_the_new
         Ok(Some(Ok(()))) => {}
         other => panic!("the new watch did not hear a grant on the new primary: {other:?}"),
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 24 item 5: a replica whose wall clock is ahead of the primary's.
+
+/// A Sentinel set whose replica runs with its wall clock `offset` ahead (libfaketime).
+async fn set_with_replica_clock(
+    name: &'static str,
+    offset: &str,
+) -> (Arc<RedisSentinelSet>, Arc<FakeWallClock>) {
+    let clock = Arc::new(FakeWallClock::new());
+    clock.set(offset);
+    let c = clock.clone();
+    let set = Arc::new(blocking(move || RedisSentinelSet::start_with_replica_clock(name, c)).await);
+    (set, clock)
+}
+
+/// `TIME` of a server, in µs.
+fn server_time_us(server: &leasehold_testkit::RedisServer) -> i128 {
+    let out = server.cli(&["TIME"]);
+    let mut parts = out.lines().map(|l| l.trim().parse::<i128>().unwrap());
+    parts.next().unwrap() * 1_000_000 + parts.next().unwrap()
+}
+
+/// A store for `set` whose data connections all go through fault proxies (the sentinels
+/// are asked directly), so that the holder can be cut off from every data server.
+fn proxied_store(
+    set: &RedisSentinelSet,
+    tweak: impl FnOnce(RedisConfigBuilder) -> RedisConfigBuilder,
+) -> (RedisStore, Vec<Arc<FaultProxy>>) {
+    let proxies: Vec<Arc<FaultProxy>> = set
+        .servers()
+        .iter()
+        .map(|s| Arc::new(FaultProxy::start(s.addr())))
+        .collect();
+    let mut b = RedisConfigBuilder::sentinel(
+        set.sentinel_ports()
+            .into_iter()
+            .map(|p| NodeAddr::new("127.0.0.1", p)),
+        set.master_name(),
+    )
+    .op_timeout(Duration::from_secs(1))
+    .connect_timeout(Duration::from_secs(1));
+    for (s, p) in set.servers().iter().zip(&proxies) {
+        b = b.map_address(
+            NodeAddr::new("127.0.0.1", s.port()),
+            NodeAddr::new("127.0.0.1", p.port()),
+        );
+    }
+    let store = RedisStore::new(tweak(b).build().unwrap()).unwrap();
+    (store, proxies)
+}
+
+/// Redis gives a replica each key's expiry as an absolute time of the primary's clock, and
+/// a promoted replica expires keys by its own clock: with the replica's clock 5 s ahead, a
+/// held lease disappears 5 s early at the fail-over. The holder is cut off from every data
+/// server right after its grant (so no renewal resets the expiry on the new primary) and
+/// believes until its deadline; a contender polls until it gets the lease. At that instant
+/// the holder must no longer believe: its deadline came first, because the store took the
+/// replica's measured offset off the TTL it reports as granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_clock_ahead_never_ends_a_lease_its_holder_still_believes() {
+    let (set, _clock) = set_with_replica_clock("ahead", "+5s").await;
+    // The replica's clock really is ahead (libfaketime reached redis-server).
+    let (p, r) = {
+        let set = set.clone();
+        blocking(move || (server_time_us(set.primary()), server_time_us(set.replica()))).await
+    };
+    let ahead = Duration::from_micros(u64::try_from(r - p).unwrap_or(0));
+    assert!(
+        ahead > Duration::from_millis(4500) && ahead < Duration::from_millis(6000),
+        "the replica's clock is {ahead:?} ahead, not about 5 s"
+    );
+    // The offset is accepted (the default limit refuses it: see the next test), so the
+    // store takes it off the TTL it reports as granted.
+    let (holder_store, proxies) =
+        proxied_store(&set, |b| b.max_clock_offset(Duration::from_secs(10)));
+    let holder_store = Arc::new(holder_store);
+    let ttl = Duration::from_secs(20);
+    let config = LeaseConfig::builder(ttl)
+        .op_timeout(Duration::from_secs(1))
+        // The holder believes until its deadline, whatever its renewals say.
+        .renew_failures_before_lost(1000)
+        .build()
+        .unwrap();
+    let client = LeaseClient::new(holder_store.clone(), config);
+    let k = Key::new("job:clock-ahead").unwrap();
+    let asked_at = Instant::now();
+    let lease = client.try_acquire(&k).await.expect("the holder acquires");
+    // The replica has the grant (and its absolute expiry).
+    let lease_key = holder_store.lease_key(&k);
+    {
+        let (set, lk) = (set.clone(), lease_key.clone());
+        blocking(move || {
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while set.replica().cli(&["EXISTS", &lk]) != "1" {
+                assert!(
+                    std::time::Instant::now() < end,
+                    "the replica never got the lease"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await;
+    }
+    // The holder is cut off from the data servers; the replica is promoted.
+    for p in &proxies {
+        p.set_mode(ProxyMode::Blackhole);
+    }
+    {
+        let set = set.clone();
+        blocking(move || set.failover()).await;
+    }
+    // A contender (the new primary's clock is the replica's) polls for the lease.
+    let contender = open(&set, "").await;
+    let c = OwnerToken::random();
+    let end = Instant::now() + ttl * 2;
+    let (granted_at, fence_c) = loop {
+        match contender.acquire(&k, &c, Duration::from_secs(5)).await {
+            Ok(AcquireOutcome::Acquired { fence, .. }) => break (Instant::now(), fence),
+            Ok(AcquireOutcome::Held { .. }) => {}
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        assert!(Instant::now() < end, "the contender never got the lease");
+        sleep(Duration::from_millis(20)).await;
+    };
+    let holder_believes = lease.is_valid();
+    let valid_until = lease.valid_until();
+    // The scenario is the early expiry: the store freed the lease before the TTL asked.
+    assert!(
+        granted_at < asked_at + ttl,
+        "the contender got the lease only {:?} after the grant: no early expiry to test",
+        granted_at - asked_at
+    );
+    assert!(
+        !holder_believes && valid_until <= granted_at,
+        "the contender holds the lease (fence {fence_c}) while the first holder still \
+         believes for another {:?} (its deadline {:?} after its request, the contender's \
+         grant {:?} after it)",
+        valid_until.saturating_duration_since(granted_at),
+        valid_until - asked_at,
+        granted_at - asked_at
+    );
+    assert!(fence_c > lease.fence());
+    // What the store took off is the offset (about 5 s), not more.
+    assert!(
+        valid_until - asked_at
+            > LeaseConfig::new(ttl)
+                .unwrap()
+                .validity(ttl - Duration::from_millis(5500)),
+        "the holder's deadline came {:?} after its request: more than the offset was taken off",
+        valid_until - asked_at
+    );
+}
+
+/// The default `max_clock_offset` (500 ms) refuses a replica 5 s ahead, and the periodic
+/// measurement (`clock_check`) finds a replica's clock stepped on a running set: grants
+/// (acquires, renewals) are refused with a typed `Config` error naming the replica and the
+/// offset, a release still works, a store opened now fails to open; once the clock is
+/// back, grants work again. With the clocks together, the TTL reported as granted is the
+/// one asked less at most a few milliseconds (the measurement's round trips).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_clock_too_far_ahead_is_refused_when_opening_and_by_the_periodic_check() {
+    let (set, clock) = set_with_replica_clock("refused", "+0").await;
+    let store = open(&set, "&clock_check=500ms").await;
+    assert_eq!(
+        store.config().max_clock_offset(),
+        leasehold_redis::DEFAULT_MAX_CLOCK_OFFSET
+    );
+    let ttl = Duration::from_secs(10);
+    let (k, o) = (Key::new("job:clock-held").unwrap(), OwnerToken::random());
+    match store.acquire(&k, &o, ttl).await.unwrap() {
+        AcquireOutcome::Acquired { ttl: granted, .. } => assert!(
+            granted <= ttl && granted > ttl - Duration::from_millis(50),
+            "granted {granted:?} of {ttl:?} with the clocks together"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // The replica's clock steps 5 s ahead.
+    clock.set("+5s");
+    let replica_port = set.replica().port();
+    let end = Instant::now() + FakeWallClock::PICKUP + Duration::from_secs(5);
+    let mut i = 0;
+    let refused = loop {
+        i += 1;
+        let fresh = Key::new(format!("job:clock-{i}")).unwrap();
+        match store.acquire(&fresh, &OwnerToken::random(), ttl).await {
+            Ok(AcquireOutcome::Acquired { .. }) => {}
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => break e,
+        }
+        assert!(Instant::now() < end, "the stepped clock was not found");
+        sleep(Duration::from_millis(100)).await;
+    };
+    assert_clock_refusal(&refused, replica_port);
+    // The holder's renewal is refused too; its release works.
+    let e = store.renew(&k, &o, ttl).await.unwrap_err();
+    assert_clock_refusal(&e, replica_port);
+    assert_eq!(
+        store.release(&k, &o).await.unwrap(),
+        leasehold_core::ReleaseOutcome::Released
+    );
+    // A store opened now is refused when it opens.
+    let e = RedisStore::open(&format!("{}?timeout=3s&connect_timeout=2s", set.url()))
+        .await
+        .unwrap_err();
+    assert_clock_refusal(&e, replica_port);
+    // The clock is set right: grants work again.
+    clock.set("+0");
+    let end = Instant::now() + FakeWallClock::PICKUP + Duration::from_secs(5);
+    loop {
+        match store.acquire(&k, &o, ttl).await {
+            Ok(AcquireOutcome::Acquired { .. }) => break,
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => assert_eq!(e.kind(), StoreErrorKind::Config, "{e}"),
+        }
+        assert!(
+            Instant::now() < end,
+            "still refused after the clock was set right"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `e` is the refusal of a replica on `replica_port` about 5 s ahead.
+fn assert_clock_refusal(e: &leasehold_core::StoreError, replica_port: u16) {
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let c = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<leasehold_redis::ClockOffset>())
+        .unwrap_or_else(|| panic!("no ClockOffset source: {e}"));
+    assert!(c.replica().ends_with(&format!(":{replica_port}")), "{c}");
+    assert!(
+        c.offset() > Duration::from_millis(4500) && c.offset() < Duration::from_secs(6),
+        "{c}"
+    );
+    assert_eq!(c.limit(), leasehold_redis::DEFAULT_MAX_CLOCK_OFFSET);
+    let text = e.to_string();
+    assert!(
+        text.contains("max_clock_offset") && text.contains("NTP"),
+        "{text}"
+    );
 }

@@ -7,8 +7,9 @@
 //! [`set`](FakeWallClock::set) rewrites; the process sees a change within
 //! [`FakeWallClock::PICKUP`] (libfaketime caches it for a second).
 //!
-//! libfaketime cannot start Debian's `redis-server` (jemalloc): use it on the client
-//! processes under test (Rust programs on glibc's allocator work).
+//! A program linked with jemalloc (Debian's `redis-server`) deadlocks before `main` under
+//! plain [`apply`](FakeWallClock::apply): run it with
+//! [`apply_with_glibc_malloc`](FakeWallClock::apply_with_glibc_malloc), which says why.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -90,6 +91,30 @@ impl FakeWallClock {
             .env("FAKETIME_CACHE_DURATION", "1")
             .env("DONT_FAKE_MONOTONIC", "1")
             .env_remove("FAKETIME");
+    }
+
+    /// [`apply`](Self::apply) for a program linked with jemalloc, such as Debian's
+    /// `redis-server`: glibc is preloaded after libfaketime, so that glibc's `malloc`
+    /// serves the program instead of jemalloc's.
+    ///
+    /// Why: libfaketime 0.9.10 initialises itself at the first clock read, and its
+    /// initialisation looks up symbols that glibc 2.34 and later no longer export
+    /// (`__ftime`); each failed lookup allocates its error message. jemalloc reads the
+    /// clock while it initialises, through libfaketime, so the lookup's allocation enters
+    /// jemalloc's initialisation again and the process deadlocks on jemalloc's own lock
+    /// before `main` (seen with `gdb`: jemalloc init → `clock_gettime` → libfaketime init
+    /// → `dlsym` → `malloc` → jemalloc init). `FAKETIME_NO_CACHE`, `DONT_FAKE_MONOTONIC`,
+    /// `FAKETIME` in the environment, `libfaketimeMT`, preloading jemalloc first and
+    /// `--jemalloc-bg-thread no` change nothing. With glibc preloaded after libfaketime,
+    /// the lookup order finds glibc's `malloc` before the program's jemalloc, so
+    /// libfaketime's initialisation never enters jemalloc; jemalloc stays linked (its
+    /// statistics calls still answer) but allocates nothing. A test of the program's
+    /// clock does not depend on its allocator.
+    pub fn apply_with_glibc_malloc(&self, cmd: &mut Command) {
+        self.apply(cmd);
+        let mut preload = self.library.as_os_str().to_owned();
+        preload.push(" libc.so.6");
+        cmd.env("LD_PRELOAD", preload);
     }
 }
 

@@ -4,12 +4,13 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
 
+use crate::faketime::FakeWallClock;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
 use crate::util;
@@ -35,6 +36,9 @@ pub struct RedisOptions {
     pub enable_debug_command: bool,
     /// Extra `redis-server` arguments, e.g. `["--maxmemory", "10mb"]`.
     pub extra_args: Vec<String>,
+    /// Runs the server under this wall clock (libfaketime; its monotonic clock stays the
+    /// host's): see [`FakeWallClock::apply_with_glibc_malloc`].
+    pub wall_clock: Option<Arc<FakeWallClock>>,
 }
 
 impl RedisOptions {
@@ -58,6 +62,12 @@ impl RedisOptions {
     /// Enables the `DEBUG` command (`--enable-debug-command yes`).
     pub fn enable_debug_command(mut self) -> Self {
         self.enable_debug_command = true;
+        self
+    }
+
+    /// Runs the server under `clock` (its `TIME`, and the expiry of its keys, follow it).
+    pub fn wall_clock(mut self, clock: Arc<FakeWallClock>) -> Self {
+        self.wall_clock = Some(clock);
         self
     }
 
@@ -224,6 +234,39 @@ impl RedisServer {
         log_text(&self.dir)
     }
 
+    /// The append-only file that takes the server's writes now: the last incremental
+    /// file its manifest names (Redis 7 multi-part AOF, default `appenddirname`
+    /// `appendonlydir` and `appendfilename` `appendonly.aof`). Cutting it back to an
+    /// earlier length while the server is down loses the writes after that point, as an
+    /// operating-system crash loses what was written but not yet synced.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the server runs without the append-only file (no manifest) or the
+    /// manifest names no incremental file.
+    pub fn aof_incr_file(&self) -> PathBuf {
+        let aof_dir = self.dir.join("appendonlydir");
+        let manifest = aof_dir.join("appendonly.aof.manifest");
+        let text = std::fs::read_to_string(&manifest).unwrap_or_else(|e| {
+            panic!(
+                "no AOF manifest {} (is appendonly on?): {e}",
+                manifest.display()
+            )
+        });
+        // Lines: `file <name> seq <n> type <b|h|i>`.
+        let name = text
+            .lines()
+            .filter(|l| {
+                l.split_whitespace()
+                    .collect::<Vec<_>>()
+                    .ends_with(&["type", "i"])
+            })
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .next_back()
+            .unwrap_or_else(|| panic!("the AOF manifest names no incremental file:\n{text}"));
+        aof_dir.join(name)
+    }
+
     crate::process::control_methods!();
 
     /// Shuts the server down cleanly (`SIGTERM`: the append-only file, if on,
@@ -348,6 +391,9 @@ fn spawn(bin: &Path, dir: &Path, port: u16, opts: &RedisOptions) -> ServerProces
         cmd.arg("--enable-debug-command").arg("yes");
     }
     cmd.args(&opts.extra_args);
+    if let Some(clock) = &opts.wall_clock {
+        clock.apply_with_glibc_malloc(&mut cmd);
+    }
     ServerProcess::spawn(format!("redis-server:{port}"), cmd, &dir.join("stdout.log"))
 }
 

@@ -2,10 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::faketime::FakeWallClock;
 use crate::process::ServerProcess;
 use crate::redis::{RedisOptions, RedisServer, ping};
 use crate::{free_port, ready, util};
@@ -54,9 +56,31 @@ impl RedisSentinelSet {
     ///
     /// As [`start`](Self::start).
     pub fn start_with(master: &str, primary_args: &[&str]) -> Self {
+        Self::launch(master, primary_args, None)
+    }
+
+    /// [`start`](Self::start), with the replica's wall clock under `clock` (libfaketime):
+    /// e.g. a replica whose clock is 5 s ahead of the primary's.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start); if libfaketime is not installed.
+    pub fn start_with_replica_clock(master: &str, clock: Arc<FakeWallClock>) -> Self {
+        Self::launch(master, &[], Some(clock))
+    }
+
+    fn launch(
+        master: &str,
+        primary_args: &[&str],
+        replica_clock: Option<Arc<FakeWallClock>>,
+    ) -> Self {
         let opts = RedisOptions::new().args(["--repl-diskless-sync-delay", "0"]);
         let primary = RedisServer::start_with(opts.clone().args(primary_args.iter().copied()));
-        let replica = RedisServer::start_with(opts.args([
+        let mut replica_opts = opts;
+        if let Some(clock) = replica_clock {
+            replica_opts = replica_opts.wall_clock(clock);
+        }
+        let replica = RedisServer::start_with(replica_opts.args([
             "--replicaof".to_owned(),
             "127.0.0.1".to_owned(),
             primary.port().to_string(),
