@@ -8,7 +8,8 @@
 //! [`FakeWallClock`]), with only `CLOCK_REALTIME` faked; the test that starts it, at its
 //! top, runs the worker instead of its body when `LEASEHOLD_WALL_WORKER` is set. The
 //! worker prints its wall clock, so the test checks that the jumps did reach it.
-//! (libfaketime cannot start Debian's `redis-server`; the servers run on the real clock.)
+//! The servers run on the real clock: a server's own clock offset is another fault
+//! (the Sentinel replica clock tests in `leasehold-redis/tests/sentinel.rs`).
 
 mod common;
 
