@@ -7,6 +7,15 @@ pub const USAGE: u8 = 64;
 pub const STORE: u8 = 69;
 /// The lease was lost while the command ran; the command was stopped.
 pub const LEASE_LOST: u8 = 70;
+/// The command ran to its end, but `run` saw its end only after the lease's validity
+/// deadline had passed (or the lease was lost): it cannot vouch that the command ran under
+/// the lease to the end. Check the work. (`EX_OSERR` in `sysexits.h`; here the second of
+/// the lease-loss statuses.)
+pub const COMPLETED_AFTER_LOSS: u8 = 71;
+/// The lease was lost (or about to be, with less than `--grace` left) before the command
+/// could be started: it was not started. (`EX_OSFILE` in `sysexits.h`; here the third of
+/// the lease-loss statuses.)
+pub const LOST_BEFORE_START: u8 = 72;
 /// `install-completions`: a file or directory could not be created (`EX_CANTCREAT`).
 pub const CANNOT_CREATE: u8 = 73;
 /// `man`, `completions`: standard output could not be written (`EX_IOERR`).

@@ -26,6 +26,17 @@ pub(crate) enum Failure {
     },
     /// The lease was lost while the command ran; the command was stopped: exit 70.
     LeaseLost(String),
+    /// The command ran to its end, but its end was seen only after the lease was lost or
+    /// its validity deadline passed: exit 71.
+    CompletedAfterLoss {
+        /// The command's own exit status (128+N if it was killed by signal N).
+        status: u8,
+        /// How the lease was lost.
+        why: String,
+    },
+    /// The lease was lost (or had less than `--grace` left) before the command started;
+    /// the command was not started: exit 72.
+    LostBeforeStart(String),
     /// The command (or the guard process) could not be started: exit 126.
     CannotExecute(String),
     /// A file could not be created (`install-completions`): exit 73.
@@ -79,6 +90,8 @@ impl Failure {
             Self::Store(_) | Self::Internal(_) => exit::STORE,
             Self::NotAcquired { code, .. } => *code,
             Self::LeaseLost(_) => exit::LEASE_LOST,
+            Self::CompletedAfterLoss { .. } => exit::COMPLETED_AFTER_LOSS,
+            Self::LostBeforeStart(_) => exit::LOST_BEFORE_START,
             Self::CannotExecute(_) => exit::CANNOT_EXECUTE,
             Self::CannotCreate(_) => exit::CANNOT_CREATE,
             Self::Output(_) => exit::IO_ERROR,
@@ -101,6 +114,14 @@ impl fmt::Display for Failure {
                 f,
                 "lease lost while the command ran ({why}); it was stopped"
             ),
+            Self::CompletedAfterLoss { status, why } => write!(
+                f,
+                "the command ended with status {status}, but leasehold saw its end only after \
+                 the lease was lost ({why}): it may have run on without the lease; check its work"
+            ),
+            Self::LostBeforeStart(why) => {
+                write!(f, "{why} before the command started; it was not started")
+            }
         }
     }
 }
@@ -127,6 +148,12 @@ mod tests {
         assert_eq!(Failure::Store(input).code(), 64);
         assert_eq!(Failure::Usage("x".into()).code(), 64);
         assert_eq!(Failure::LeaseLost("x".into()).code(), 70);
+        let late = Failure::CompletedAfterLoss {
+            status: 0,
+            why: "x".into(),
+        };
+        assert_eq!(late.code(), 71);
+        assert_eq!(Failure::LostBeforeStart("x".into()).code(), 72);
         assert_eq!(Failure::CannotExecute("x".into()).code(), 126);
         assert_eq!(Failure::CannotCreate("x".into()).code(), 73);
         assert_eq!(Failure::Output("x".into()).code(), 74);

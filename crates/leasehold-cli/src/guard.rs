@@ -15,8 +15,11 @@
 //! The guard sends SIGKILL to the group when the last deadline passes without a newer one
 //! (the supervisor is frozen, stopped or too slow to renew), and at once when the pipe
 //! reaches its end without `done` (the supervisor died). It needs no runtime: one `poll`
-//! loop. If the guard and `leasehold run` are both frozen, nothing on this host stops the
-//! command: the fence is the protection then.
+//! loop, which waits for the deadline on a `CLOCK_BOOTTIME` timer set at the absolute
+//! deadline, so a host suspend counts against it (the lease's own clock, see
+//! `leasehold::clock`, counts the same time) and it fires at the resume if the deadline
+//! passed meanwhile. If the guard and `leasehold run` are both frozen, nothing on this
+//! host stops the command: the fence is the protection then.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
@@ -27,6 +30,10 @@ use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal, killpg};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{
+    ClockId as TimerClock, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags,
+};
 use nix::time::{ClockId, clock_gettime};
 use nix::unistd::Pid;
 
@@ -113,10 +120,15 @@ impl Guard {
         self.send(&format!("pgid {pgid}\n"))
     }
 
-    /// The validity deadline, `remaining` from now.
-    pub(crate) fn deadline(&mut self, remaining: Duration) -> bool {
-        let at =
-            boottime_ns().saturating_add(i128::try_from(remaining.as_nanos()).unwrap_or(i128::MAX));
+    /// The lease's validity deadline, as `CLOCK_BOOTTIME`.
+    ///
+    /// The clock is read *before* the lease's time left (on the lease's clock, which
+    /// counts suspended time too): if leasehold is frozen or the host suspended between
+    /// the two reads, the deadline sent comes out early by that much, never late.
+    pub(crate) fn deadline(&mut self, lease: &leasehold::Lease) -> bool {
+        let now = boottime_ns();
+        let remaining = lease.remaining();
+        let at = now.saturating_add(i128::try_from(remaining.as_nanos()).unwrap_or(i128::MAX));
         self.send(&format!("deadline {at}\n"))
     }
 
@@ -181,8 +193,54 @@ pub(crate) fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The guard's alarm: a timer on `CLOCK_BOOTTIME` set at the absolute deadline. The
+/// kernel counts time the host spent suspended against it and fires it at the resume if
+/// the deadline passed meanwhile, whereas a `poll` timeout runs on `CLOCK_MONOTONIC`,
+/// which stops during a suspend.
+struct Alarm(TimerFd);
+
+impl Alarm {
+    /// `None` where the kernel has no `CLOCK_BOOTTIME` timers (before Linux 3.15): the
+    /// guard then re-reads the clock at least every [`FALLBACK_RECHECK_MS`].
+    fn new() -> Option<Self> {
+        TimerFd::new(
+            TimerClock::CLOCK_BOOTTIME,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )
+        .ok()
+        .map(Self)
+    }
+
+    /// Fires at `at` (absolute `CLOCK_BOOTTIME` nanoseconds). Whether it is set.
+    fn set(&self, at: i128) -> bool {
+        let at = at.max(1);
+        let secs = i64::try_from(at / 1_000_000_000).unwrap_or(i64::MAX);
+        let nanos = i64::try_from(at % 1_000_000_000).unwrap_or(0);
+        self.0
+            .set(
+                Expiration::OneShot(TimeSpec::new(secs, nanos)),
+                TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+            )
+            .is_ok()
+    }
+
+    fn unset(&self) {
+        let _ = self.0.unset();
+    }
+
+    /// Reads the expirations, if any (the timer is non-blocking).
+    fn drain(&self) {
+        let _ = nix::unistd::read(self.0.as_fd(), &mut [0u8; 8]);
+    }
+}
+
+/// Without a [`Alarm`], the longest the guard waits before it reads the clock again: a
+/// suspend can delay the kill by up to this much.
+const FALLBACK_RECHECK_MS: i128 = 1_000;
+
 /// The guard's loop, until `done` or the end of its input.
 fn watch(input: std::os::fd::BorrowedFd<'_>) {
+    let alarm = Alarm::new();
     let mut pgid: Option<Pid> = None;
     let mut deadline: Option<i128> = None;
     let mut killed = false;
@@ -200,13 +258,21 @@ fn watch(input: std::os::fd::BorrowedFd<'_>) {
             if left <= 0 {
                 kill(pgid);
                 killed = true;
+                if let Some(a) = &alarm {
+                    a.unset();
+                }
                 continue;
             }
-            // Round up, so as never to wake before the deadline; re-check long waits.
-            let ms = (left + 999_999) / 1_000_000;
-            timeout = PollTimeout::try_from(ms.min(60_000)).unwrap_or(PollTimeout::MAX);
+            if !alarm.as_ref().is_some_and(|a| a.set(at)) {
+                // Round up, so as never to wake before the deadline.
+                let ms = ((left + 999_999) / 1_000_000).min(FALLBACK_RECHECK_MS);
+                timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+            }
         }
-        let mut fds = [PollFd::new(input, PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(input, PollFlags::POLLIN)];
+        if let Some(a) = &alarm {
+            fds.push(PollFd::new(a.0.as_fd(), PollFlags::POLLIN));
+        }
         match poll(&mut fds, timeout) {
             Ok(0) | Err(Errno::EINTR) => continue,
             Ok(_) => {}
@@ -217,6 +283,14 @@ fn watch(input: std::os::fd::BorrowedFd<'_>) {
                 }
                 return;
             }
+        }
+        let input_ready = fds[0].any().unwrap_or(true);
+        if let Some(a) = &alarm {
+            a.drain();
+        }
+        if !input_ready {
+            // The alarm: the loop's top compares the deadline with the clock.
+            continue;
         }
         let n = match nix::unistd::read(input, &mut buf) {
             Ok(n) => n,

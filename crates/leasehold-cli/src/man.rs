@@ -20,9 +20,13 @@ const EXIT_STATUS: &str = "\
 Every subcommand exits 0 when it did its work; leasehold run exits with the command's own
 status (128+N if it was killed by signal N). Otherwise, leasehold's own statuses, taken
 from sysexits.h as flock(1) does:
-  64  bad usage: flags, key, durations, a store URL that cannot be opened as given, memory://
+  64  bad usage: flags, key, durations, a store URL that cannot be opened as given,
+      memory://; run: a --grace not below half the TTL the store granted
   69  store error: unreachable, no answer in time, authentication, permissions
   70  run: the lease was lost while the command ran; the command was stopped
+  71  run: the command ended, but its end was seen only after the lease was lost or its
+      validity deadline passed: it may have run on without the lease; check its work
+  72  run: the lease was lost before the command could start; it was not started
   73  install-completions: a file could not be created
   74  man, completions: standard output could not be written
   75  run: not acquired (held by another owner past --wait, or at once with --no-wait);

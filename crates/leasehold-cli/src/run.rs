@@ -14,11 +14,11 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use leasehold::{Lease, LeaseClient, LeaseConfig};
+use leasehold::{Lease, LeaseClient, LeaseConfig, LostReason, LostSignal};
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, Signal, killpg};
+use nix::sys::signal::{SigSet, Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{Pid, getpgrp, getppid, getsid, tcgetpgrp, tcsetpgrp};
+use nix::unistd::{Pid, getpgrp, getpid, getppid, getsid, tcgetpgrp, tcsetpgrp};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -38,15 +38,20 @@ the fence is per slot) and LEASEHOLD_PERMIT_SLOT its number.
 `leasehold run --key NAME` is also a campaigner of the election NAME: while the command
 runs, `leasehold leader NAME` shows it as the leader (with no value).
 
-While it runs the lease is renewed. When the lease is lost (the store no longer lists
-this owner, renewals failed, --max-hold was reached), or the store has not confirmed it
-with less than --grace of validity left, the command's process group gets SIGTERM, and
-SIGKILL when --grace runs out or at the latest at the lease's validity deadline (at once
-if leasehold only sees the loss after that deadline, e.g. after it was frozen). SIGINT,
-SIGTERM, SIGHUP, SIGQUIT and SIGTSTP sent to leasehold are passed on to the group. The
-lease is released once the command and every process left in its group are gone (they get
-SIGKILL when the command exits), never before; if they cannot be confirmed gone, the lease
-is left to expire in the store.
+Right before the command starts, the lease is looked at again: a lease lost by then (or
+with less than --grace left) never gets a command started (exit 72). While it runs the
+lease is renewed. When the lease is lost (the store no longer lists this owner, renewals
+failed, --max-hold was reached), or the store has not confirmed it with less than --grace
+of validity left, the command's process group gets SIGTERM, and SIGKILL when --grace runs
+out or at the latest at the lease's validity deadline (at once if leasehold only sees the
+loss after that deadline, e.g. after it was frozen). SIGINT, SIGTERM, SIGHUP, SIGQUIT and
+SIGTSTP sent to leasehold are passed on to the group (after a SIGTSTP that does not come
+from its terminal, leasehold then stops too, alone, until it is sent SIGCONT). The lease is released once the command and every
+process left in its group are gone (they get SIGKILL when the command exits), never
+before; if they cannot be confirmed gone, the lease is left to expire in the store. A
+command whose end leasehold sees only after the lease was lost or its validity deadline
+passed (leasehold was frozen, stopped or starved meanwhile) may have run on without the
+lease: that is exit 71, never the command's own status.
 
 In a terminal, leasehold behaves like a shell running a job: when it is in the
 foreground it hands the terminal to the command's group, so the command can read it and
@@ -55,19 +60,30 @@ its process group, so the shell sees the job stopped; the lease is NOT renewed w
 job is stopped. On fg, leasehold checks the lease first: if it was lost or its validity
 deadline passed, the command is killed and leasehold exits 70; otherwise the command gets
 the terminal back and continues. Not in the foreground of a terminal: the terminal is
-left alone.
+left alone, and a command that reaches for it stays stopped until the job is brought to
+the foreground. A command stopped any other way (kill -STOP, a debugger, a container
+pause, a cgroup freezer) stops nothing else: leasehold goes on renewing the lease, and
+its caller (a script, the script's other processes) goes on running; the command stays
+stopped until whatever stopped it continues it.
 
 A guard process (leasehold itself, in its own session) watches the command: if leasehold
 is killed, the command's whole process group is killed at once; if leasehold is frozen or
 stopped, the group is killed at the lease's validity deadline, before the lease can expire
-in the store. If leasehold and its guard are both frozen, nothing on this host can stop
-the command: the fence (LEASEHOLD_FENCE) is what keeps its writes safe then.
+in the store. It waits for that deadline on CLOCK_BOOTTIME, which counts a host suspend.
+If leasehold and its guard are both frozen, nothing on this host can stop the command:
+the fence (LEASEHOLD_FENCE) is what keeps its writes safe then.
 
 Exit status: the command's own (128+N if killed by signal N), or
   64  bad usage (flags, key, durations, a store URL that cannot be opened as given:
-      scheme, host, port, parameters or credentials; memory://)
+      scheme, host, port, parameters or credentials; memory://; a --grace that is not
+      below half the TTL the store granted)
   69  store error (unreachable, authentication, permissions)
   70  lease lost while the command ran (it was stopped)
+  71  the command ended, but leasehold saw its end only after the lease was lost or its
+      validity deadline passed: it may have run on without the lease; check its work
+      (with --json, \"command_exit_code\" is its own status)
+  72  the lease was lost (or had less than --grace left) before the command could
+      start; it was not started
   75  not acquired: held by another owner past --wait, or at once with --no-wait
       (change with --conflict-exit-code, like flock -E)
   126 the command (or its guard process) could not be started
@@ -111,14 +127,16 @@ pub(crate) struct RunArgs {
     max_hold: Option<Duration>,
     /// Time between SIGTERM and SIGKILL (default: TTL/5; below TTL/2), never past the
     /// lease's validity deadline. The command also gets SIGTERM when the store has not
-    /// confirmed the lease with this much validity left.
+    /// confirmed the lease with this much validity left. The TTL is the one the store
+    /// granted, which can be less than --ttl (ZooKeeper: at most its session timeout).
     #[arg(long, value_parser = parse_grace)]
     grace: Option<Duration>,
     /// Exit status when the lease is not acquired (default 75).
     #[arg(long, default_value_t = exit::NOT_ACQUIRED)]
     conflict_exit_code: u8,
     /// When done, print one line of JSON on standard output, after the command's own
-    /// output: {"key","outcome","exit_code","fence","owner","held_ms","released","error"}.
+    /// output: {"key","outcome","exit_code","command_exit_code","fence","owner","held_ms",
+    /// "released","error"}.
     #[arg(long)]
     json: bool,
     /// The command and its arguments (after `--`).
@@ -147,12 +165,9 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
     let config = builder
         .build()
         .map_err(|e| Failure::Usage(format!("invalid lease settings: {e}")))?;
-    let grace = args.grace.unwrap_or(args.ttl / 5);
-    if grace >= args.ttl / 2 {
-        return Err(Failure::Usage(format!(
-            "--grace {grace:?} must be below half the TTL"
-        )));
-    }
+    // Checked against the asked TTL first, to fail before connecting; the store may grant
+    // less, so it is checked again against the granted TTL once acquired.
+    grace_for(args.grace, args.ttl, args.ttl).map_err(Failure::Usage)?;
     let key =
         leasehold::Key::new(&args.key).map_err(|e| Failure::Usage(format!("invalid key: {e}")))?;
     let store = connect(url).await?;
@@ -177,8 +192,17 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
         }
     };
     let lease = acquired.map_err(|e| Failure::from_lease(e, args.conflict_exit_code))?;
-    tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), "lease acquired");
+    tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), ttl = ?lease.ttl(), "lease acquired");
     facts.acquired(lease.fence().get(), lease.owner().to_hex());
+    let grace = match grace_for(args.grace, args.ttl, lease.ttl()) {
+        Ok(g) => g,
+        Err(e) => {
+            // The command never started: the lease goes back at once.
+            let released = lease.release().await.unwrap_or(false);
+            facts.ended(released);
+            return Err(Failure::Usage(e));
+        }
+    };
     let outcome = supervise(&lease, slot, args, grace).await;
     if !outcome.group_gone {
         // Releasing (or dropping, which releases) could let the next holder in while a
@@ -203,6 +227,34 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
     };
     facts.ended(released);
     outcome.status
+}
+
+/// The grace period: `--grace`, or a fifth of the TTL the store granted (which may be less
+/// than the TTL asked: ZooKeeper grants at most its session timeout); it must be below half
+/// of the granted TTL, or the command would be told to stop as soon as it started.
+fn grace_for(
+    grace: Option<Duration>,
+    asked: Duration,
+    granted: Duration,
+) -> Result<Duration, String> {
+    let Some(grace) = grace else {
+        return Ok(granted / 5);
+    };
+    if grace < granted / 2 {
+        Ok(grace)
+    } else if granted == asked {
+        Err(format!(
+            "--grace {grace:?} must be below half the TTL ({asked:?})"
+        ))
+    } else {
+        Err(format!(
+            "--grace {grace:?} must be below half the TTL the store granted: it granted \
+             {granted:?} of the {asked:?} asked with --ttl; lower --grace below {:?}, or use \
+             a store (or store settings, e.g. ZooKeeper's session_timeout) that grants the \
+             TTL asked",
+            granted / 2
+        ))
+    }
 }
 
 fn unix_ms_at(deadline: Instant) -> u128 {
@@ -279,6 +331,15 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
             };
         }
     };
+    // Starting the guard can take seconds (and leasehold may have been frozen meanwhile):
+    // the lease is looked at again right before the command starts.
+    if let Err(failure) = check_before_start(lease, grace) {
+        guard.done();
+        return Outcome {
+            status: Err(failure),
+            group_gone: true,
+        };
+    }
     let child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -297,7 +358,7 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
     drop(child);
     guard.watch(pgid);
     let mut deadline_sent = lease.valid_until();
-    guard.deadline(lease.remaining());
+    guard.deadline(lease);
     let terminal = Terminal::open();
     if let Some(t) = &terminal {
         t.hand_to(pgid);
@@ -305,47 +366,62 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
     let mut job = Job {
         pgid,
         guard: guard.pid(),
+        lost: lease.lost(),
         end: None,
+        lost_when_ended: None,
         stopped: None,
+        new_stop: false,
     };
     let lost = lease.lost();
     let poll_every = (lease.ttl() / 20).clamp(Duration::from_millis(5), Duration::from_millis(100));
     let mut stopping: Option<Stopping> = None;
+    let mut forwarded_tstp = false;
     loop {
         job.reap();
         if job.end.is_some() {
             break;
         }
-        if let Some(sig) = job.stopped.take() {
-            let has_terminal = terminal
-                .as_ref()
-                .is_some_and(|t| t.hand_to(pgid) || t.foreground() == Some(pgid));
-            let touched_terminal_early =
-                matches!(sig, Signal::SIGTTIN | Signal::SIGTTOU) && has_terminal;
-            if stopping.is_some() || touched_terminal_early || !job_control_above() {
-                // It reached for the terminal just before it was handed over, or it is being
-                // stopped for good, or nothing above us could ever continue a stopped job:
-                // let it run.
-                tracing::debug!(
-                    ?sig,
-                    touched_terminal_early,
-                    "continuing the stopped command"
-                );
-                job.signal(Signal::SIGCONT);
-                continue;
-            }
-            // A job-control stop (Ctrl-Z, or the terminal used from the background): our
-            // whole process group stops too (the rest of a pipeline, a calling script), as
-            // the terminal would have stopped it, so that the shell sees the job stopped.
+        if let Some(sig) = job.take_new_stop() {
+            let forwarded = sig == Signal::SIGTSTP && std::mem::take(&mut forwarded_tstp);
+            let action =
+                what_to_do_with_a_stop(sig, stopping.is_some(), forwarded, terminal.as_ref(), pgid);
+            tracing::debug!(?sig, ?action, "the command stopped");
+            let stop_target = match action {
+                StopAction::Continue => {
+                    tracing::debug!(?sig, "continuing the stopped command");
+                    job.signal(Signal::SIGCONT);
+                    continue;
+                }
+                StopAction::LeaveStopped => {
+                    tracing::info!(
+                        signal = ?sig,
+                        "the command was stopped from outside (not by this job's terminal); it stays stopped until something continues it, and the lease is still renewed meanwhile"
+                    );
+                    continue;
+                }
+                StopAction::WaitForTerminal => {
+                    tracing::info!(
+                        signal = ?sig,
+                        "the command reached for the terminal from the background; it stays stopped until this job is in the foreground"
+                    );
+                    continue;
+                }
+                // A job-control stop (Ctrl-Z while this job is in the terminal's
+                // foreground): our whole process group stops too (the rest of a pipeline, a
+                // calling script), as the terminal would have stopped it, so that the shell
+                // sees the job stopped.
+                StopAction::StopTheJob => Pid::from_raw(-getpgrp().as_raw()),
+                StopAction::StopLeasehold => getpid(),
+            };
             // The lease is not renewed meanwhile; the guard still kills the command at the
             // validity deadline.
             if let Some(t) = &terminal {
                 t.take_back(pgid);
             }
             // We stop with it, in the call or just after; the SIGCONT that ends the stop
-            // (fg, bg) is what we wait for.
+            // (fg, bg, kill -CONT) is what we wait for.
             signals.drain_sigcont();
-            if killpg(getpgrp(), Signal::SIGSTOP).is_ok() {
+            if kill(stop_target, Signal::SIGSTOP).is_ok() {
                 let _ = signals.cont.recv().await;
             }
             job.reap();
@@ -353,7 +429,7 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
                 break;
             }
             if let Some(why) = why_stop(lease, grace) {
-                stopping = Some(begin_stop(&job, lease, grace, &why));
+                stopping = begin_stop(&mut job, lease, grace, &why);
                 continue;
             }
             // fg gave us the terminal: the command gets it before it continues.
@@ -363,17 +439,21 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
             job.signal(Signal::SIGCONT);
             continue;
         }
-        // A job started in the background and brought to the foreground since.
-        if let Some(t) = &terminal {
-            t.hand_to(pgid);
+        // A job started in the background and brought to the foreground since: the
+        // command gets the terminal, and continues if it stopped reaching for it.
+        if terminal.as_ref().is_some_and(|t| t.hand_to(pgid))
+            && matches!(job.stopped, Some(Signal::SIGTTIN | Signal::SIGTTOU))
+        {
+            job.signal(Signal::SIGCONT);
         }
-        if lease.valid_until() != deadline_sent && guard.deadline(lease.remaining()) {
+        if lease.valid_until() != deadline_sent && guard.deadline(lease) {
             deadline_sent = lease.valid_until();
         }
         if stopping.is_none()
             && let Some(why) = why_stop(lease, grace)
         {
-            stopping = Some(begin_stop(&job, lease, grace, &why));
+            stopping = begin_stop(&mut job, lease, grace, &why);
+            continue;
         }
         let stop_at = lease
             .valid_until()
@@ -383,7 +463,7 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
         tokio::select! {
             _ = signals.child.recv() => {}
             reason = lost.wait(), if stopping.is_none() => {
-                stopping = Some(begin_stop(&job, lease, grace, &format!("lease lost ({reason})")));
+                stopping = begin_stop(&mut job, lease, grace, &format!("lease lost ({reason})"));
             }
             () = sleep_until(stop_at), if stopping.is_none() => {}
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
@@ -398,7 +478,10 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
             _ = signals.term.recv() => job.signal(Signal::SIGTERM),
             _ = signals.hup.recv() => job.signal(Signal::SIGHUP),
             _ = signals.quit.recv() => job.signal(Signal::SIGQUIT),
-            _ = signals.tstp.recv() => job.signal(Signal::SIGTSTP),
+            _ = signals.tstp.recv() => {
+                forwarded_tstp = true;
+                job.signal(Signal::SIGTSTP);
+            }
         }
     }
     // Whatever the command left in its group goes too, and the lease stays until all of it
@@ -417,18 +500,112 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
         );
     }
     let end = job.end.unwrap_or(End::Signal(Signal::SIGKILL));
-    let killed_by_guard =
-        stopping.is_none() && end == End::Signal(Signal::SIGKILL) && !lease.is_valid();
-    let status = match stopping {
-        Some(s) => Err(Failure::LeaseLost(s.why)),
-        None if killed_by_guard => Err(Failure::LeaseLost(
+    Outcome {
+        status: verdict(end, job.lost_when_ended, stopping),
+        group_gone,
+    }
+}
+
+/// Refuses to start the command under a lease that is lost, past its validity deadline,
+/// or with less than `grace` of validity left (it would be told to stop at once).
+fn check_before_start(lease: &Lease, grace: Duration) -> Result<(), Failure> {
+    match why_stop(lease, grace) {
+        Some(why) => Err(Failure::LostBeforeStart(why)),
+        None => Ok(()),
+    }
+}
+
+/// What `run` reports once the command has ended: `end` is how it ended, `lost` how the
+/// lease had been lost when that end was seen (`None`: still valid then), `stopping`
+/// whether leasehold was stopping it.
+fn verdict(end: End, lost: Option<LostReason>, stopping: Option<Stopping>) -> Result<u8, Failure> {
+    match (stopping, lost) {
+        (Some(s), _) => Err(Failure::LeaseLost(s.why)),
+        // The guard kills the group with SIGKILL at the deadline while leasehold is
+        // stopped or frozen.
+        (None, Some(_)) if end == End::Signal(Signal::SIGKILL) => Err(Failure::LeaseLost(
             "its validity deadline passed while leasehold was stopped or frozen; \
              the guard process killed the command"
                 .into(),
         )),
-        None => Ok(end.code()),
+        // It ended on its own, but leasehold saw that only after the lease was lost: it may
+        // have ended before the loss, or run on without the lease. Nobody can vouch for it.
+        (None, Some(reason)) => Err(Failure::CompletedAfterLoss {
+            status: end.code(),
+            why: describe_loss(reason),
+        }),
+        (None, None) => Ok(end.code()),
+    }
+}
+
+/// A lost reason, as `run` words it.
+fn describe_loss(reason: LostReason) -> String {
+    match reason {
+        LostReason::Expired => "its validity deadline passed without a renewal".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// What to do when the command stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopAction {
+    /// Continue it at once.
+    Continue,
+    /// Stop this job (leasehold's own process group) as the terminal would have.
+    StopTheJob,
+    /// Stop leasehold itself (only its own process), which was sent SIGTSTP.
+    StopLeasehold,
+    /// Leave it stopped: whoever stopped it continues it.
+    LeaveStopped,
+    /// Leave it stopped until this job is in the terminal's foreground.
+    WaitForTerminal,
+}
+
+/// Terminal job control acts only on the terminal's stop signals (SIGTSTP, SIGTTIN,
+/// SIGTTOU), and only while this job (leasehold's process group, or the command's group it
+/// handed the terminal to) is the terminal's foreground group. Any other stop — SIGSTOP
+/// from a debugger, a container pause, a cgroup freezer, a SIGTSTP sent to the command from
+/// outside the terminal — stops nothing else: leasehold's process group may be a whole
+/// script and its other background processes, not a job anyone would continue.
+/// `forwarded_tstp`: leasehold passed on a SIGTSTP it was sent itself.
+fn what_to_do_with_a_stop(
+    sig: Signal,
+    stopping: bool,
+    forwarded_tstp: bool,
+    terminal: Option<&Terminal>,
+    pgid: Pid,
+) -> StopAction {
+    if stopping {
+        // Being stopped for good: it must run to act on SIGTERM.
+        return StopAction::Continue;
+    }
+    let in_front = || {
+        terminal
+            .and_then(Terminal::foreground)
+            .is_some_and(|fg| fg == getpgrp() || fg == pgid)
     };
-    Outcome { status, group_gone }
+    match sig {
+        Signal::SIGTTIN | Signal::SIGTTOU if terminal.is_some() => {
+            if terminal.is_some_and(|t| t.hand_to(pgid)) || in_front() {
+                // It reached for the terminal just before it was handed over.
+                StopAction::Continue
+            } else {
+                StopAction::WaitForTerminal
+            }
+        }
+        Signal::SIGTSTP if in_front() => {
+            if job_control_above() {
+                StopAction::StopTheJob
+            } else {
+                // Nothing above us could ever continue a stopped job: let it run.
+                StopAction::Continue
+            }
+        }
+        // `kill -TSTP` of leasehold itself, passed on: the command stopped, and so does
+        // leasehold (only leasehold), until it is sent SIGCONT.
+        Signal::SIGTSTP if forwarded_tstp => StopAction::StopLeasehold,
+        _ => StopAction::LeaveStopped,
+    }
 }
 
 /// The signals leasehold handles while the command runs.
@@ -506,28 +683,34 @@ fn why_stop(lease: &Lease, grace: Duration) -> Option<String> {
 }
 
 /// SIGTERM now and SIGKILL after the grace, never past the validity deadline; SIGKILL at
-/// once when that deadline has passed already (or there is no grace).
-fn begin_stop(job: &Job, lease: &Lease, grace: Duration, why: &str) -> Stopping {
+/// once when that deadline has passed already (or there is no grace). Nothing if the
+/// command has ended already (reaped first, so that an end that was there to be seen is
+/// reported as an end, not as a stop).
+fn begin_stop(job: &mut Job, lease: &Lease, grace: Duration, why: &str) -> Option<Stopping> {
+    job.reap();
+    if job.end.is_some() {
+        return None;
+    }
     let now = Instant::now();
     let deadline = lease.valid_until();
     if deadline <= now || grace.is_zero() {
         tracing::warn!("{why}; killing the command");
         job.signal(Signal::SIGKILL);
-        Stopping {
+        Some(Stopping {
             why: why.to_owned(),
             kill_at: now,
             killed: true,
-        }
+        })
     } else {
         tracing::warn!("{why}; stopping the command");
         job.signal(Signal::SIGTERM);
         // A stopped process acts on SIGTERM only once continued.
         job.signal(Signal::SIGCONT);
-        Stopping {
+        Some(Stopping {
             why: why.to_owned(),
             kill_at: deadline.min(now + grace),
             killed: false,
-        }
+        })
     }
 }
 
@@ -543,11 +726,35 @@ fn job_control_above() -> bool {
 struct Job {
     pgid: Pid,
     guard: Pid,
+    /// The lease's lost signal, read when the command's end is seen.
+    lost: LostSignal,
     end: Option<End>,
+    /// How the lease had been lost when the command's end was seen (`None`: it was still
+    /// valid then, so the command ended under the lease).
+    lost_when_ended: Option<LostReason>,
+    /// The signal that stopped the command, while it is stopped.
     stopped: Option<Signal>,
+    /// A stop not yet handled.
+    new_stop: bool,
 }
 
 impl Job {
+    /// The signal of a stop not handled yet.
+    fn take_new_stop(&mut self) -> Option<Signal> {
+        if std::mem::take(&mut self.new_stop) {
+            self.stopped
+        } else {
+            None
+        }
+    }
+
+    /// Records the command's end, and whether the lease was still valid when it was seen
+    /// (read after `waitpid` reported it: the end came before this look at the clock).
+    fn ended(&mut self, end: End) {
+        self.end = Some(end);
+        self.lost_when_ended = self.lost.reason();
+    }
+
     fn signal(&self, sig: Signal) {
         if let Err(e) = killpg(self.pgid, sig) {
             tracing::debug!(?sig, error = %e, "signal to the command's process group");
@@ -567,13 +774,19 @@ impl Job {
                     return;
                 }
                 Ok(WaitStatus::Exited(pid, code)) if pid == self.pgid => {
-                    self.end = Some(End::Code(code));
+                    self.ended(End::Code(code));
                 }
                 Ok(WaitStatus::Signaled(pid, sig, _)) if pid == self.pgid => {
-                    self.end = Some(End::Signal(sig));
+                    self.ended(End::Signal(sig));
                 }
-                Ok(WaitStatus::Stopped(pid, sig)) if pid == self.pgid => self.stopped = Some(sig),
-                Ok(WaitStatus::Continued(pid)) if pid == self.pgid => self.stopped = None,
+                Ok(WaitStatus::Stopped(pid, sig)) if pid == self.pgid => {
+                    self.stopped = Some(sig);
+                    self.new_stop = true;
+                }
+                Ok(WaitStatus::Continued(pid)) if pid == self.pgid => {
+                    self.stopped = None;
+                    self.new_stop = false;
+                }
                 Ok(WaitStatus::Exited(pid, _) | WaitStatus::Signaled(pid, _, _))
                     if pid == self.guard =>
                 {
@@ -634,5 +847,148 @@ impl Terminal {
         if self.foreground() == Some(pgid) {
             let _ = tcsetpgrp(&self.0, getpgrp());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use leasehold::clock::ManualClock;
+    use leasehold::memory::MemoryStore;
+
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    /// A client on the in-memory store whose lease clock a test can move as a host suspend
+    /// (or a freeze of `run`) would, with no timer firing.
+    fn client(ttl: Duration) -> (LeaseClient, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new());
+        let config = LeaseConfig::builder(ttl)
+            .watchdog_thread(false)
+            .build()
+            .unwrap();
+        let client = LeaseClient::builder(Arc::new(MemoryStore::new()), config)
+            .clock(clock.clone())
+            .build();
+        (client, clock)
+    }
+
+    #[test]
+    fn grace_is_a_fifth_of_the_granted_ttl_and_must_fit_below_half_of_it() {
+        let ms = Duration::from_millis;
+        // Default: a fifth of what the store granted, not of what was asked.
+        assert_eq!(grace_for(None, 30 * S, 30 * S), Ok(6 * S));
+        assert_eq!(grace_for(None, 30 * S, 4 * S), Ok(ms(800)));
+        assert_eq!(grace_for(Some(S), 30 * S, 4 * S), Ok(S));
+        assert_eq!(
+            grace_for(Some(Duration::ZERO), 30 * S, 4 * S),
+            Ok(Duration::ZERO)
+        );
+        // Too long for the TTL asked.
+        let e = grace_for(Some(15 * S), 30 * S, 30 * S).unwrap_err();
+        assert!(e.contains("--grace 15s") && e.contains("30s"), "{e}");
+        // Fits the TTL asked, not the one granted: both named.
+        let e = grace_for(Some(2 * S), 30 * S, 4 * S).unwrap_err();
+        assert!(
+            e.contains("--grace 2s") && e.contains("granted 4s") && e.contains("30s asked"),
+            "{e}"
+        );
+    }
+
+    /// Item 7: `Guard::start` can take seconds, and `run` can be frozen meanwhile: a lease
+    /// lost by then — or with less than the grace left — never gets a command started.
+    #[tokio::test(start_paused = true)]
+    async fn no_command_starts_under_a_lease_lost_while_the_guard_started() {
+        let (client, clock) = client(10 * S);
+        let grace = 2 * S;
+        let lease = client.try_acquire("job:late-start").await.unwrap();
+        assert!(check_before_start(&lease, grace).is_ok());
+        // Renewed on paused time: still fine much later.
+        tokio::time::sleep(25 * S).await;
+        assert!(check_before_start(&lease, grace).is_ok());
+        // Less than the grace left (frozen for most of the validity window).
+        clock.suspend(lease.remaining() - S);
+        let e = check_before_start(&lease, grace).unwrap_err();
+        assert_eq!(e.code(), exit::LOST_BEFORE_START, "{e}");
+        assert!(e.to_string().contains("not started"), "{e}");
+        // Past the deadline: lost.
+        clock.suspend(2 * S);
+        assert!(!lease.is_valid());
+        let e = check_before_start(&lease, grace).unwrap_err();
+        assert_eq!(e.code(), exit::LOST_BEFORE_START, "{e}");
+        assert!(e.to_string().contains("lease lost"), "{e}");
+    }
+
+    /// Item 8 on paused time: a command whose end is seen while the lease is valid passes
+    /// its status through; seen after the deadline, it is `completed_after_loss` (71), with
+    /// the command's status kept; a SIGKILL seen after the deadline is the guard's (70);
+    /// a command leasehold was stopping is `lease_lost` (70).
+    #[tokio::test(start_paused = true)]
+    async fn an_end_seen_after_the_deadline_is_completed_after_loss() {
+        let (client, clock) = client(3 * S);
+        let lease = client.try_acquire("job:late-end").await.unwrap();
+        let lost = lease.lost();
+        tokio::time::sleep(10 * S).await;
+        assert!(lease.is_valid(), "renewed on paused time");
+        assert_eq!(verdict(End::Code(3), lost.reason(), None).unwrap(), 3);
+        // Frozen (or suspended) past the deadline: no timer fired, the clock moved.
+        clock.suspend(4 * S);
+        let seen = lost.reason();
+        assert_eq!(seen, Some(LostReason::Expired));
+        let e = verdict(End::Code(3), seen, None).unwrap_err();
+        assert_eq!(e.code(), exit::COMPLETED_AFTER_LOSS, "{e}");
+        assert!(
+            matches!(e, Failure::CompletedAfterLoss { status: 3, .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("check its work"), "{e}");
+        let e = verdict(End::Signal(Signal::SIGTERM), seen, None).unwrap_err();
+        assert!(
+            matches!(e, Failure::CompletedAfterLoss { status: 143, .. }),
+            "{e:?}"
+        );
+        let e = verdict(End::Signal(Signal::SIGKILL), seen, None).unwrap_err();
+        assert_eq!(e.code(), exit::LEASE_LOST, "{e}");
+        let stopping = Stopping {
+            why: "lease lost (expired)".into(),
+            kill_at: Instant::now(),
+            killed: false,
+        };
+        let e = verdict(End::Code(0), None, Some(stopping)).unwrap_err();
+        assert_eq!(e.code(), exit::LEASE_LOST, "{e}");
+    }
+
+    /// Item 10: without this job in a terminal's foreground, a stop of the command stops
+    /// nothing else; a SIGTSTP leasehold itself was sent and passed on stops leasehold alone.
+    #[test]
+    fn a_stop_from_outside_stops_nothing_else() {
+        let pgid = Pid::from_raw(i32::MAX);
+        for sig in [
+            Signal::SIGSTOP,
+            Signal::SIGTSTP,
+            Signal::SIGTTIN,
+            Signal::SIGTTOU,
+        ] {
+            assert_eq!(
+                what_to_do_with_a_stop(sig, false, false, None, pgid),
+                StopAction::LeaveStopped,
+                "{sig:?}"
+            );
+            assert_eq!(
+                what_to_do_with_a_stop(sig, true, false, None, pgid),
+                StopAction::Continue,
+                "{sig:?} while it is being stopped for good"
+            );
+        }
+        assert_eq!(
+            what_to_do_with_a_stop(Signal::SIGTSTP, false, true, None, pgid),
+            StopAction::StopLeasehold
+        );
+        assert_eq!(
+            what_to_do_with_a_stop(Signal::SIGSTOP, false, true, None, pgid),
+            StopAction::LeaveStopped
+        );
     }
 }

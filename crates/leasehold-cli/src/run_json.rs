@@ -14,12 +14,17 @@ use crate::failure::Failure;
 pub(crate) struct Facts {
     /// The key as given.
     key: String,
-    /// `completed` (the command ran to its end; `exit_code` is its status) or what
-    /// leasehold failed at: `usage`, `store_error`, `not_acquired`, `lease_lost`,
-    /// `cannot_execute`, `internal`.
+    /// `completed` (the command ran to its end under the lease; `exit_code` is its
+    /// status), `completed_after_loss` (it ran to its end, but its end was seen only after
+    /// the lease was lost: check the work), or what leasehold failed at: `usage`,
+    /// `store_error`, `not_acquired`, `lost_before_start`, `lease_lost`, `cannot_execute`,
+    /// `internal`.
     outcome: &'static str,
     /// The process's exit status.
     exit_code: u8,
+    /// The command's own exit status when it ran to its end (`completed`,
+    /// `completed_after_loss`); `None` otherwise.
+    command_exit_code: Option<u8>,
     /// The fence the command ran under, if the lease was acquired.
     fence: Option<u64>,
     /// The owner token (hex), if the lease was acquired.
@@ -41,6 +46,7 @@ impl Facts {
             key: key.to_owned(),
             outcome: "completed",
             exit_code: 0,
+            command_exit_code: None,
             fence: None,
             owner: None,
             held_ms: None,
@@ -68,11 +74,17 @@ impl Facts {
     /// Prints the result object for `result` (the command's status, or the failure).
     pub(crate) fn print(mut self, result: &Result<u8, Failure>) {
         match result {
-            Ok(code) => self.exit_code = *code,
+            Ok(code) => {
+                self.exit_code = *code;
+                self.command_exit_code = Some(*code);
+            }
             Err(failure) => {
                 self.exit_code = failure.code();
                 self.outcome = outcome(failure);
                 self.error = Some(failure.to_string());
+                if let Failure::CompletedAfterLoss { status, .. } = failure {
+                    self.command_exit_code = Some(*status);
+                }
             }
         }
         if self.held_ms.is_none() && self.acquired_at.is_some() {
@@ -92,6 +104,8 @@ fn outcome(failure: &Failure) -> &'static str {
         Failure::Store(_) => "store_error",
         Failure::NotAcquired { .. } => "not_acquired",
         Failure::LeaseLost(_) => "lease_lost",
+        Failure::CompletedAfterLoss { .. } => "completed_after_loss",
+        Failure::LostBeforeStart(_) => "lost_before_start",
         Failure::CannotExecute(_) => "cannot_execute",
         Failure::CannotCreate(_) | Failure::Output(_) | Failure::Internal(_) => "internal",
     }

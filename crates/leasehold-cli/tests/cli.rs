@@ -920,11 +920,12 @@ fn extreme_durations_never_panic() {
         ]);
         let err = stderr(&out);
         assert!(!err.contains("panicked"), "{flag} {value}: {err}");
-        // A 10 ms lease may time out on the way or be lost before the command ends (one
-        // line, store error or lease lost); anything else is a bug.
+        // A 10 ms lease may time out on the way, be lost before the command starts, while
+        // it runs, or before its end is seen (one line: store error, 72, 70 or 71);
+        // anything else is a bug.
         let ok = match *value {
             "10ms" => {
-                matches!(out.status.code(), Some(5 | 69 | 70))
+                matches!(out.status.code(), Some(5 | 69 | 70 | 71 | 72))
                     && err.lines().filter(|l| l.starts_with("leasehold: ")).count() <= 1
             }
             _ => out.status.code() == Some(5),
@@ -947,7 +948,9 @@ fn extreme_durations_never_panic() {
             stderr(&out)
         );
     }
-    // --max-hold 1ns: the lease is lost at once and the command stopped.
+    // --max-hold 1ns: the lease is lost at once: before the command starts (72, the
+    // guard process takes a while to start), or just after, and the command is stopped
+    // (70).
     let out = env.run(&[
         "run",
         "--key",
@@ -958,7 +961,12 @@ fn extreme_durations_never_panic() {
         "sleep",
         "30",
     ]);
-    assert_eq!(out.status.code(), Some(70), "{}", stderr(&out));
+    assert!(
+        matches!(out.status.code(), Some(70 | 72)),
+        "{:?}: {}",
+        out.status,
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -1319,7 +1327,10 @@ fn ctrl_z_and_fg(via_script: bool) {
         "--key",
         "job:tty-stop",
         "--",
-        "sh",
+        // bash, not dash: dash starts `sleep` with vfork, and a Ctrl-Z that lands between
+        // the vfork and the exec stops the child while the command itself waits for it in
+        // uninterruptible sleep, never stopping — no job control could see that job stop.
+        "bash",
         "-c",
         "echo $$ > \"$2\"; echo ready; while [ ! -e \"$1\" ]; do echo t >> \"$0\"; sleep 0.05; done; read x; echo got:$x",
         ticks.to_str().unwrap(),
@@ -1383,8 +1394,10 @@ fn ctrl_z_and_fg(via_script: bool) {
         Some("exit 0".into())
     );
     if via_script {
+        // The shell reports the exit as soon as the script ends; the terminal may show its
+        // last line a moment later.
         assert!(
-            term.screen().contains("script-saw:0"),
+            term.wait_screen("script-saw:0", Duration::from_secs(20)),
             "{:?}",
             term.screen()
         );
