@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_core::{Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, Store};
-use leasehold_testkit::{WorkerProcess, ZkEnsemble, ZkServer};
+use leasehold_testkit::{WorkerProcess, ZK_TICK, ZkEnsemble, ZkServer};
 use leasehold_zookeeper::ZkStore;
 
 const CHILD_URL: &str = "LEASEHOLD_ZK_ROW22_URL";
@@ -74,9 +74,10 @@ async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over()
     }
     let zk = tokio::task::spawn_blocking(ZkServer::start).await.unwrap();
     let url = format!(
-        "zookeeper://127.0.0.1:{}/row22?session_timeout={}ms",
+        "zookeeper://127.0.0.1:{}/row22?session_timeout={}ms&tick_time={}ms",
         zk.port(),
-        TTL.as_millis()
+        TTL.as_millis(),
+        ZK_TICK.as_millis()
     );
     let key = "row22:frozen";
     let mut cmd = WorkerProcess::test_command(
@@ -188,9 +189,10 @@ async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_hones
     );
     let ttl = Duration::from_secs(4);
     let url = format!(
-        "zookeeper://{}/row22b?session_timeout={}ms&timeout=2s",
+        "zookeeper://{}/row22b?session_timeout={}ms&timeout=2s&tick_time={}ms",
         ensemble.connect_string(),
-        ttl.as_millis()
+        ttl.as_millis(),
+        ZK_TICK.as_millis()
     );
     let store: Arc<dyn Store> = Arc::new(ZkStore::open(&url).await.unwrap());
     let observer = ZkStore::open(&url).await.unwrap();

@@ -48,13 +48,29 @@ async fn bad_urls_are_config_errors_and_a_dead_address_is_not() {
     assert!(e.is_retryable(), "{e}");
 }
 
+/// Checks a grant of `asked` by a call that took `took`, on a session whose longest grant
+/// is `longest`: the TTL asked for, at most `longest` less the call's round trip (which
+/// `took` bounds from above).
+fn assert_granted(granted: Duration, asked: Duration, longest: Duration, took: Duration) {
+    let most = asked.min(longest);
+    let least = asked.min(longest.saturating_sub(took));
+    assert!(
+        least <= granted && granted <= most,
+        "granted {granted:?} for {asked:?} asked: must lie in {least:?}..={most:?} (the \
+         session's longest grant {longest:?} less a round trip of at most {took:?})"
+    );
+}
+
 /// The session timeout asked for is bounded by the server's min and max; every grant and
-/// renewal reports what the session can back (the TTL asked for, at most the negotiated
-/// timeout).
+/// renewal reports what the session can back: the TTL asked for, at most the negotiated
+/// timeout less the time the leader may take to hear of the session (half the ensemble's
+/// tick — given, or half the session timeout when not — plus the client's ping interval)
+/// and less the call's round trip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
     let zk = start_solo().await;
     let base = format!("zookeeper://127.0.0.1:{}/ttl", zk.port());
+    let a = OwnerToken::random();
 
     // Asked for less than the server's minimum (500 ms): raised to it. (The client gives its
     // first connect the session timeout asked for, so ask for one a busy server can meet.)
@@ -65,17 +81,44 @@ async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
         low.negotiated_session_timeout().await.unwrap(),
         ZK_MIN_SESSION_TIMEOUT
     );
+    // No tick given: half of 500 ms assumed, reports every 125 ms; the client's tick is
+    // 25 ms (its 400 ms connection timeout is over 3/5 of the session's), a ping after 3.
+    let lag = low.report_lag().await.unwrap();
+    assert_eq!(lag, Duration::from_millis(125 + 4 * 25));
+    let longest = ZK_MIN_SESSION_TIMEOUT - lag;
     let k = key("low");
-    let a = OwnerToken::random();
-    let (_, granted) = acquired(&low, &k, &a, Duration::from_millis(400)).await;
-    assert_eq!(
-        granted,
-        Duration::from_millis(400),
-        "a TTL under the session timeout is kept"
-    );
+    let asked = Duration::from_millis(100);
+    let t = std::time::Instant::now();
+    let (_, granted) = acquired(&low, &k, &a, asked).await;
+    assert_granted(granted, asked, longest, t.elapsed());
     low.release(&k, &a).await.unwrap();
 
-    // Asked for more than the server's maximum: lowered to it; a longer TTL is cut to it.
+    // The ensemble's tick given: a quarter of a second, reports every 125 ms; the client's
+    // tick is 1/8 of its 1.6 s connection timeout.
+    let ticked = ZkStore::open(&format!("{base}?session_timeout=4s&tick_time=250ms"))
+        .await
+        .unwrap();
+    let lag = ticked.report_lag().await.unwrap();
+    assert_eq!(lag, Duration::from_millis(125 + 4 * 200));
+    let longest = Duration::from_secs(4) - lag;
+    let k = key("ticked");
+    let asked = Duration::from_secs(4);
+    let t = std::time::Instant::now();
+    let (_, granted) = acquired(&ticked, &k, &a, asked).await;
+    assert_granted(granted, asked, longest, t.elapsed());
+    let t = std::time::Instant::now();
+    let RenewOutcome::Renewed { ttl: renewed } = ticked.renew(&k, &a, asked).await.unwrap() else {
+        panic!("the holder's renewal must be granted");
+    };
+    assert_granted(renewed, asked, longest, t.elapsed());
+    // What a waiter sees: the longest the holder's grant can be.
+    let info = ticked.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(info.remaining, Some(longest));
+    ticked.release(&k, &a).await.unwrap();
+
+    // Asked for more than the server's maximum: lowered to it; a longer TTL is cut to it
+    // less the lag (no tick given: 30 s assumed, reports every 15 s; the client's tick is
+    // 3 s, 1/20 of the session timeout, a ping after 3).
     let high = ZkStore::open(&format!("{base}?session_timeout=120s"))
         .await
         .unwrap();
@@ -83,21 +126,28 @@ async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
         high.negotiated_session_timeout().await.unwrap(),
         ZK_MAX_SESSION_TIMEOUT
     );
+    let lag = high.report_lag().await.unwrap();
+    assert_eq!(lag, Duration::from_secs(15 + 4 * 3));
+    let longest = ZK_MAX_SESSION_TIMEOUT - lag;
     let k = key("high");
-    let (_, granted) = acquired(&high, &k, &a, Duration::from_secs(90)).await;
-    assert_eq!(
-        granted, ZK_MAX_SESSION_TIMEOUT,
-        "the grant reports the session timeout"
-    );
-    assert_eq!(
-        high.renew(&k, &a, Duration::from_secs(90)).await.unwrap(),
-        RenewOutcome::Renewed {
-            ttl: ZK_MAX_SESSION_TIMEOUT
-        }
-    );
+    let asked = Duration::from_secs(90);
+    let t = std::time::Instant::now();
+    let (_, granted) = acquired(&high, &k, &a, asked).await;
+    assert_granted(granted, asked, longest, t.elapsed());
+    let t = std::time::Instant::now();
+    let RenewOutcome::Renewed { ttl: renewed } = high.renew(&k, &a, asked).await.unwrap() else {
+        panic!("the holder's renewal must be granted");
+    };
+    assert_granted(renewed, asked, longest, t.elapsed());
     let info = high.inspect(&k).await.unwrap().expect("held");
-    assert_eq!(info.remaining, Some(ZK_MAX_SESSION_TIMEOUT));
+    assert_eq!(info.remaining, Some(longest));
     high.release(&k, &a).await.unwrap();
+
+    // A tick so long that nothing of the session timeout is left: refused when opening.
+    let e = ZkStore::open(&format!("{base}?session_timeout=4s&tick_time=10s"))
+        .await
+        .expect_err("nothing left to grant");
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
 }
 
 /// Fences are czxids: after a `kill -9` and restart of the server, a new grant's fence is
