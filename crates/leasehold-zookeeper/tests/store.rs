@@ -382,3 +382,94 @@ async fn a_release_wakes_only_the_next_waiter() {
         ReleaseOutcome::Released
     );
 }
+
+/// The zxid of a marker node created (and then deleted) by `raw`: between two markers, the
+/// difference less 2 (the first's delete, the second's create) is the number of other
+/// transactions.
+async fn last_zxid(raw: &zookeeper_client::Client) -> i64 {
+    let options =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    let (stat, _) = raw.create("/zxid-marker", &[], &options).await.unwrap();
+    raw.delete("/zxid-marker", None).await.unwrap();
+    stat.czxid
+}
+
+/// `renew_many` confirms a batch with **one** check `multi` (one transaction through the
+/// leader, whatever the batch's size); a lease whose node is gone fails that `multi`, is
+/// answered `NotOwner`, and the rest are confirmed by one more: a lost lease costs one
+/// transaction and fails no other lease's renewal, wherever it sits in the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_many_confirms_a_batch_in_one_multi_and_a_lost_lease_fails_no_other() {
+    let zk = start_solo().await;
+    let store = ZkStore::open(&format!(
+        "zookeeper://127.0.0.1:{}/batch?session_timeout=10s&tick_time=250ms",
+        zk.port()
+    ))
+    .await
+    .unwrap();
+    let raw = raw(&zk.connect_string()).await;
+    let ttl = Duration::from_secs(8);
+    let owner = OwnerToken::random();
+    let keys: Vec<Key> = (0..5).map(|i| key(&format!("batch-{i}"))).collect();
+    for k in &keys {
+        acquired(&store, k, &owner, ttl).await;
+    }
+    let batch: Vec<(Key, OwnerToken)> = keys.iter().map(|k| (k.clone(), owner)).collect();
+    let renewed = |got: Vec<Result<RenewOutcome, leasehold_core::StoreError>>| -> Vec<bool> {
+        got.into_iter()
+            .map(|r| match r.expect("no error for one lease") {
+                RenewOutcome::Renewed { .. } => true,
+                RenewOutcome::NotOwner => false,
+            })
+            .collect()
+    };
+
+    // All live: one transaction.
+    let before = last_zxid(&raw).await;
+    let got = store.renew_many(&batch, ttl).await.unwrap();
+    let after = last_zxid(&raw).await;
+    assert_eq!(renewed(got), vec![true; 5]);
+    assert_eq!(
+        after - before - 2,
+        1,
+        "a batch of five must be confirmed by one transaction"
+    );
+
+    // The first and the fourth lost (their nodes deleted behind the store's back): one
+    // failed multi per lost lease, then the rest in one.
+    for k in [&keys[0], &keys[3]] {
+        let dir = store.lease_dir(k);
+        let children = raw.list_children(&dir).await.unwrap();
+        assert_eq!(children.len(), 1, "{children:?}");
+        raw.delete(&format!("{dir}/{}", children[0]), None)
+            .await
+            .unwrap();
+    }
+    let before = last_zxid(&raw).await;
+    let got = store.renew_many(&batch, ttl).await.unwrap();
+    let after = last_zxid(&raw).await;
+    assert_eq!(renewed(got), vec![false, true, true, false, true]);
+    let multis = after - before - 2;
+    eprintln!("two lost leases in a batch of five: {multis} transactions");
+    assert!(
+        multis <= 3,
+        "two lost leases must cost at most one more transaction each, not one per lease \
+         ({multis} in all)"
+    );
+    for k in [&keys[1], &keys[2], &keys[4]] {
+        let info = store.inspect(k).await.unwrap().expect("still held");
+        assert_eq!(info.owner, owner);
+        assert_eq!(
+            store.release(k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+    // The lost ones stay lost.
+    for k in [&keys[0], &keys[3]] {
+        assert_eq!(
+            store.renew(k, &owner, ttl).await.unwrap(),
+            RenewOutcome::NotOwner
+        );
+        assert_eq!(store.inspect(k).await.unwrap(), None);
+    }
+}
