@@ -1037,20 +1037,18 @@ impl ZkStore {
         let delete = futures::future::join_all(ended.iter().map(|n| self.delete_quietly(&s, n)));
         let (checks, _) = futures::join!(confirm, delete);
         let checks = checks?;
-        let granted = if checks.contains(&Check::Live) {
-            Some(Self::grant(&s, ttl, sent)?)
-        } else {
-            None
-        };
-        for ((i, slot, g), check) in live.iter().zip(checks) {
-            match (check, granted) {
-                (Check::Live, Some(granted))
-                    if self.extend(slot, &g.node, sent + granted, granted) =>
-                {
+        for ((_, slot, g), check) in live.iter().zip(&checks) {
+            if *check == Check::Gone {
+                self.forget(slot, &g.node);
+            }
+        }
+        if checks.contains(&Check::Live) {
+            let granted = Self::grant(&s, ttl, sent)?;
+            for ((i, slot, g), check) in live.iter().zip(&checks) {
+                // Not if the store's task deleted the node meanwhile: `NotOwner`.
+                if *check == Check::Live && self.extend(slot, &g.node, sent + granted, granted) {
                     answers[*i] = RenewOutcome::Renewed { ttl: granted };
                 }
-                (Check::Live, _) => {}
-                (Check::Gone, _) => self.forget(slot, &g.node),
             }
         }
         Ok(answers.into_iter().map(Ok).collect())
@@ -1693,28 +1691,36 @@ mod race_tests {
     /// The same owner's acquire of a grant the store knows races the store's task that
     /// deletes unrenewed nodes: the acquire checked the node (still there), then the grant's
     /// deadline passed and the task deleted the node, then the acquire went on. It must not
-    /// answer `Acquired` for the deleted node: its answer, if `Acquired`, is a lease the
-    /// ensemble holds for the owner with that fence.
+    /// answer `Acquired` for the deleted node: its answer, if `Acquired`, is a new grant (a
+    /// higher fence) that the ensemble holds for the owner — unless that grant's TTL,
+    /// counted from the call's send (before the hold), has run out already.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reacquire_racing_the_reaper_never_answers_acquired_for_a_deleted_node() {
         let zk = tokio::task::spawn_blocking(ZkServer::start).await.unwrap();
-        let store = ZkStore::open(&format!("{}?session_timeout=4s&timeout=2s", zk.url()))
-            .await
-            .unwrap();
+        let store = ZkStore::open(&format!(
+            "{}?session_timeout=10s&timeout=2s&tick_time=250ms",
+            zk.url()
+        ))
+        .await
+        .unwrap();
         let key = Key::new("race:reap").unwrap();
         let owner = OwnerToken::random();
-        let ttl = Duration::from_secs(1);
+        // Short, so that the store's task deletes the node soon; the re-acquire asks for
+        // longer, so that a new grant outlives the hold.
+        let short = Duration::from_secs(1);
+        let long = Duration::from_secs(7);
         let AcquireOutcome::Acquired { fence, .. } =
-            store.acquire(&key, &owner, ttl).await.unwrap()
+            store.acquire(&key, &owner, short).await.unwrap()
         else {
             panic!("the first acquire must be granted");
         };
         // The re-acquire stops after its check of the node, before it records the grant.
         store.inner.hooks.reacquire_checked.arm();
+        let sent = tokio::time::Instant::now();
         let again = tokio::spawn({
             let store = store.clone();
             let key = key.clone();
-            async move { store.acquire(&key, &owner, ttl).await }
+            async move { store.acquire(&key, &owner, long).await }
         });
         tokio::time::timeout(
             Duration::from_secs(10),
@@ -1734,18 +1740,28 @@ mod race_tests {
         store.inner.hooks.reacquire_checked.resume();
         let outcome = again.await.unwrap().expect("the re-acquire answers");
         let held = store.inspect(&key).await.unwrap();
-        if let AcquireOutcome::Acquired { fence: got, .. } = outcome {
-            let info = held.unwrap_or_else(|| {
-                panic!(
-                    "the re-acquire answered Acquired (fence {got}, first grant's fence {fence}) \
-                     for a node the store had deleted: nobody holds the lease"
-                )
-            });
-            assert_eq!(
-                (info.owner, info.fence),
-                (owner, got),
-                "the re-acquire answered Acquired for a node that is not the holder's"
+        if let AcquireOutcome::Acquired {
+            fence: got,
+            ttl: granted,
+        } = outcome
+        {
+            assert_ne!(
+                got, fence,
+                "the re-acquire answered Acquired with the fence of the node the store had \
+                 deleted: nobody holds that lease"
             );
+            match held {
+                Some(info) => assert_eq!(
+                    (info.owner, info.fence),
+                    (owner, got),
+                    "the re-acquire answered Acquired for a node that is not the holder's"
+                ),
+                None => assert!(
+                    sent + granted <= tokio::time::Instant::now(),
+                    "the re-acquire answered Acquired (fence {got}, {granted:?} from its send) \
+                     for a node that is gone"
+                ),
+            }
         }
     }
 }
