@@ -95,8 +95,16 @@ async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over()
     tokio::task::block_in_place(|| holder.pause());
     let paused_at = Instant::now();
 
-    let other = Arc::new(ZkStore::open(&url).await.unwrap());
-    let client = LeaseClient::new(other.clone(), LeaseConfig::new(TTL).unwrap());
+    // B renews until the end (each renewal a quorum write, from the TTL its longer
+    // session grants in full), which a loaded machine must not make it lose.
+    let b_url = format!(
+        "zookeeper://127.0.0.1:{}/row22?session_timeout={}ms&tick_time={}ms",
+        zk.port(),
+        (TTL * 4).as_millis(),
+        ZK_TICK.as_millis()
+    );
+    let other = Arc::new(ZkStore::open(&b_url).await.unwrap());
+    let client = LeaseClient::new(other.clone(), LeaseConfig::new(TTL * 2).unwrap());
     let k = Key::new(key).unwrap();
     let lease_b = client
         .acquire(&k, TTL * 5)
