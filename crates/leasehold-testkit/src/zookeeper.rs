@@ -492,8 +492,11 @@ impl ZkEnsemble {
     ///
     /// Panics if the ensemble was started without [`ZkEnsembleOptions::proxied_peers`].
     pub fn rejoin(&self, i: usize) {
-        self.set_links(i, ProxyMode::Reset);
         self.set_links(i, ProxyMode::Pass);
+        for l in self.links.iter().filter(|l| l.from == i || l.to == i) {
+            l.quorum.reset_all();
+            l.election.reset_all();
+        }
     }
 
     /// The client ports of the members, in member order.
