@@ -71,8 +71,9 @@ pub use redis::{RedisOptions, RedisServer};
 pub use sentinel::RedisSentinelSet;
 pub use worker::WorkerProcess;
 pub use zookeeper::{
-    MAX_SESSION_TIMEOUT as ZK_MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT as ZK_MIN_SESSION_TIMEOUT,
-    TICK as ZK_TICK, ZOOKEEPER_JAR, ZkEnsemble, ZkServer,
+    DEFAULT_SYNC_LIMIT as ZK_DEFAULT_SYNC_LIMIT, MAX_SESSION_TIMEOUT as ZK_MAX_SESSION_TIMEOUT,
+    MIN_SESSION_TIMEOUT as ZK_MIN_SESSION_TIMEOUT, TICK as ZK_TICK, ZOOKEEPER_JAR, ZkEnsemble,
+    ZkEnsembleOptions, ZkServer,
 };
 
 /// Re-export of [`nix::sys::signal::Signal`], the type taken by the

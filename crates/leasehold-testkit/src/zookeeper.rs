@@ -1,6 +1,7 @@
 //! Private ZooKeeper servers: [`ZkServer`] (one standalone server) and [`ZkEnsemble`]
-//! (three members), each on its own ports and temporary data directory, run by the `java`
-//! found on `PATH` with Debian's `/usr/share/java/zookeeper.jar`.
+//! (three members, their links to each other optionally through fault proxies), each on its
+//! own ports and temporary data directory, run by the `java` found on `PATH` with Debian's
+//! `/usr/share/java/zookeeper.jar`.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -13,6 +14,7 @@ use tempfile::TempDir;
 
 use crate::free_port;
 use crate::process::ServerProcess;
+use crate::proxy::{FaultProxy, ProxyMode};
 use crate::ready::{self, ReadyError};
 use crate::util;
 
@@ -32,6 +34,9 @@ pub const TICK: Duration = Duration::from_millis(250);
 pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(500);
 /// The longest session timeout the test servers grant.
 pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_secs(60);
+/// The default `syncLimit`, in ticks: a follower that hears nothing from its leader for
+/// this long (2.5 s) gives up on it and stops serving its clients.
+pub const DEFAULT_SYNC_LIMIT: u32 = 10;
 
 fn java() -> PathBuf {
     util::find_binary("java", "default-jre-headless (pulled in by zookeeper)")
@@ -62,14 +67,21 @@ impl Member {
     }
 }
 
-/// Writes `zoo.cfg` (and `myid` for an ensemble member) in `dir`.
-fn write_config(dir: &Path, client_port: u16, ensemble: Option<(usize, &[(u16, u16)])>) {
+/// Writes `zoo.cfg` (and `myid` for an ensemble member) in `dir`. For an ensemble member,
+/// `peers` are the quorum and election ports this member dials to reach each member (its
+/// own line: the ports it listens on).
+fn write_config(
+    dir: &Path,
+    client_port: u16,
+    sync_limit: u32,
+    ensemble: Option<(usize, &[(u16, u16)])>,
+) {
     let data = dir.join("data");
     std::fs::create_dir_all(&data)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", data.display()));
     let mut cfg = format!(
-        "tickTime={}\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client_port}\n\
-         clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+        "tickTime={}\ninitLimit=20\nsyncLimit={sync_limit}\ndataDir={}\n\
+         clientPort={client_port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
          4lw.commands.whitelist=ruok,srvr,stat,mntr\nminSessionTimeout={}\n\
          maxSessionTimeout={}\nmaxClientCnxns=0\n",
         TICK.as_millis(),
@@ -171,7 +183,7 @@ impl ZkServer {
             "zookeeper",
             free_port,
             |port| {
-                write_config(&dir, port, None);
+                write_config(&dir, port, DEFAULT_SYNC_LIMIT, None);
                 spawn(&java, &dir, port)
             },
             wait_serving,
@@ -265,13 +277,56 @@ impl ZkServer {
     }
 }
 
+/// How a [`ZkEnsemble`] is started ([`ZkEnsemble::start_with`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZkEnsembleOptions {
+    /// Route the members' links to each other (their quorum and election ports) through a
+    /// [`FaultProxy`] per member and direction, so that a member can be cut off from the
+    /// others while its clients still reach it ([`ZkEnsemble::isolate`]). Default: off.
+    ///
+    /// Each member's `zoo.cfg` names the proxies as the other members' addresses. One
+    /// link may still bypass its proxy: when a member dials the election port of a
+    /// higher-numbered one, that one drops the connection and dials back the election
+    /// address the first *announced* (its own port), as ZooKeeper's `QuorumCnxManager`
+    /// does. The quorum links (a follower's connection to its leader: proposals, commits,
+    /// pings and the sessions' activity reports) always go through their proxy.
+    pub proxied_peers: bool,
+    /// `syncLimit`, in ticks: a follower that hears nothing from its leader for this long
+    /// gives up on it and stops serving its clients. Default [`DEFAULT_SYNC_LIMIT`].
+    pub sync_limit: u32,
+}
+
+impl Default for ZkEnsembleOptions {
+    fn default() -> Self {
+        Self {
+            proxied_peers: false,
+            sync_limit: DEFAULT_SYNC_LIMIT,
+        }
+    }
+}
+
+/// The proxies of one member's links to another member (see
+/// [`ZkEnsembleOptions::proxied_peers`]).
+#[derive(Debug)]
+struct PeerLink {
+    /// The member that dials through these proxies.
+    from: usize,
+    /// The member they forward to.
+    to: usize,
+    quorum: FaultProxy,
+    election: FaultProxy,
+}
+
 /// A private three-member ZooKeeper ensemble on 127.0.0.1: each member has its own
-/// client, quorum and election ports and its own data directory; 250 ms tick.
+/// client, quorum and election ports and its own data directory; 250 ms tick. With
+/// [`ZkEnsembleOptions::proxied_peers`], the members reach each other through fault
+/// proxies, and a member can be cut off from the others ([`isolate`](Self::isolate)).
 ///
 /// Dropping it kills every member and removes the directories.
 #[derive(Debug)]
 pub struct ZkEnsemble {
     members: Vec<Member>,
+    links: Vec<PeerLink>,
     java: PathBuf,
     _tmp: TempDir,
 }
@@ -280,12 +335,23 @@ impl ZkEnsemble {
     /// The number of members.
     pub const SIZE: usize = 3;
 
-    /// Starts three members and waits until each serves (as leader or follower).
+    /// Starts three members (default [`ZkEnsembleOptions`]) and waits until each serves
+    /// (as leader or follower).
     ///
     /// # Panics
     ///
     /// Panics if `java` or the jar is missing, or the ensemble does not form within 60 s.
     pub fn start() -> Self {
+        Self::start_with(ZkEnsembleOptions::default())
+    }
+
+    /// Starts three members with `options` and waits until each serves (as leader or
+    /// follower).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `java` or the jar is missing, or the ensemble does not form within 60 s.
+    pub fn start_with(options: ZkEnsembleOptions) -> Self {
         check_jar();
         let java = java();
         let tmp = tempfile::Builder::new()
@@ -295,11 +361,11 @@ impl ZkEnsemble {
         // A port handed out by `free_port` may be taken by another test process before the
         // member binds it: start again on fresh ports then (up to 4 attempts).
         let mut attempt = 0;
-        let members = loop {
+        let (members, links) = loop {
             attempt += 1;
             let root = tmp.path().join(format!("try{attempt}"));
-            match Self::try_start(&java, &root) {
-                Ok(members) => break members,
+            match Self::try_start(&java, &root, &options) {
+                Ok(started) => break started,
                 Err((members, e)) => {
                     let taken = members.iter().any(|m| is_bind_error(&m.log()));
                     let logs: Vec<String> = members
@@ -322,26 +388,60 @@ impl ZkEnsemble {
             }
         };
         let clients: Vec<u16> = members.iter().map(|m| m.client_port).collect();
-        tracing::info!(?clients, "zookeeper ensemble ready");
+        tracing::info!(
+            ?clients,
+            proxied = !links.is_empty(),
+            "zookeeper ensemble ready"
+        );
         Self {
             members,
+            links,
             java,
             _tmp: tmp,
         }
     }
 
-    /// Spawns three members under `root` on fresh ports and waits until each serves.
+    /// Spawns three members under `root` on fresh ports (with their peer proxies, if
+    /// asked) and waits until each serves.
     #[allow(clippy::type_complexity)]
-    fn try_start(java: &Path, root: &Path) -> Result<Vec<Member>, (Vec<Member>, String)> {
+    fn try_start(
+        java: &Path,
+        root: &Path,
+        options: &ZkEnsembleOptions,
+    ) -> Result<(Vec<Member>, Vec<PeerLink>), (Vec<Member>, String)> {
         // `free_port` never hands out a port twice, so the nine ports are distinct.
         let peers: Vec<(u16, u16)> = (0..Self::SIZE)
             .map(|_| (free_port(), free_port()))
             .collect();
         let clients: Vec<u16> = (0..Self::SIZE).map(|_| free_port()).collect();
+        let mut links = Vec::new();
+        if options.proxied_peers {
+            for from in 0..Self::SIZE {
+                for to in (0..Self::SIZE).filter(|&to| to != from) {
+                    let (quorum, election) = peers[to];
+                    links.push(PeerLink {
+                        from,
+                        to,
+                        quorum: FaultProxy::start((Ipv4Addr::LOCALHOST, quorum).into()),
+                        election: FaultProxy::start((Ipv4Addr::LOCALHOST, election).into()),
+                    });
+                }
+            }
+        }
         let members: Vec<Member> = (0..Self::SIZE)
             .map(|i| {
                 let dir = root.join(format!("m{}", i + 1));
-                write_config(&dir, clients[i], Some((i + 1, &peers)));
+                // How member `i` reaches each member: its own ports for itself, the proxies
+                // of its links to the others.
+                let seen: Vec<(u16, u16)> = (0..Self::SIZE)
+                    .map(|j| {
+                        links
+                            .iter()
+                            .find(|l| l.from == i && l.to == j)
+                            .map_or(peers[j], |l| (l.quorum.port(), l.election.port()))
+                    })
+                    .collect();
+                write_config(&dir, clients[i], options.sync_limit, Some((i + 1, &seen)));
                 let process = spawn(java, &dir, clients[i]);
                 Member {
                     process: Mutex::new(process),
@@ -357,7 +457,46 @@ impl ZkEnsemble {
                 return Err((members, msg));
             }
         }
-        Ok(members)
+        Ok((members, links))
+    }
+
+    /// Sets every proxy of member `i`'s links, to and from the others, to `mode`.
+    fn set_links(&self, i: usize, mode: ProxyMode) {
+        assert!(
+            !self.links.is_empty(),
+            "the ensemble was started without proxied_peers: its members' links cannot be cut"
+        );
+        for l in self.links.iter().filter(|l| l.from == i || l.to == i) {
+            l.quorum.set_mode(mode);
+            l.election.set_mode(mode);
+        }
+    }
+
+    /// Cuts member `i` off from the other members: every proxy of its links to and from
+    /// them blackholes (bytes in flight and after are dropped, nothing is closed), while
+    /// its clients still reach it on its client port. A follower keeps serving its clients
+    /// from its own copy until it gives up on the leader (`syncLimit` ticks); the others
+    /// keep a quorum.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the ensemble was started without [`ZkEnsembleOptions::proxied_peers`].
+    pub fn isolate(&self, i: usize) {
+        self.set_links(i, ProxyMode::Blackhole);
+    }
+
+    /// Undoes [`isolate`](Self::isolate): member `i`'s links pass again (connections
+    /// that lost bytes meanwhile are reset, so the members connect anew).
+    ///
+    /// # Panics
+    ///
+    /// Panics if the ensemble was started without [`ZkEnsembleOptions::proxied_peers`].
+    pub fn rejoin(&self, i: usize) {
+        self.set_links(i, ProxyMode::Pass);
+        for l in self.links.iter().filter(|l| l.from == i || l.to == i) {
+            l.quorum.reset_all();
+            l.election.reset_all();
+        }
     }
 
     /// The client ports of the members, in member order.

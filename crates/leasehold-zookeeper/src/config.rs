@@ -34,6 +34,7 @@ fn config_error(msg: impl Into<String>) -> StoreError {
 /// | `session_timeout` | the session timeout asked for (the server bounds it) | 10 s |
 /// | `timeout` | bound on each operation (`250ms`, `2s`, …) | 5 s |
 /// | `connect_timeout` | bound on establishing a session | 5 s |
+/// | `tick_time` | the ensemble's `tickTime` (see [`tick_time`](Self::tick_time)) | half the session timeout |
 ///
 /// Unknown parameters are refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +44,7 @@ pub struct ZkConfig {
     session_timeout: Duration,
     op_timeout: Duration,
     connect_timeout: Duration,
+    tick_time: Option<Duration>,
 }
 
 impl fmt::Display for ZkConfig {
@@ -75,6 +77,7 @@ impl ZkConfig {
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             op_timeout: DEFAULT_OP_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tick_time: None,
         })
     }
 
@@ -122,9 +125,10 @@ impl ZkConfig {
                 "session_timeout" => config = config.session_timeout(d?)?,
                 "timeout" => config = config.op_timeout(d?)?,
                 "connect_timeout" => config = config.connect_timeout(d?)?,
+                "tick_time" => config = config.tick_time(d?)?,
                 other => {
                     return Err(config_error(format!(
-                        "unknown zookeeper URL parameter {other:?} (known: session_timeout, timeout, connect_timeout)"
+                        "unknown zookeeper URL parameter {other:?} (known: session_timeout, timeout, connect_timeout, tick_time)"
                     )));
                 }
             }
@@ -206,6 +210,21 @@ impl ZkConfig {
         Ok(self)
     }
 
+    /// Sets the ensemble's `tickTime` (its `zoo.cfg`; ZooKeeper's sample configuration has
+    /// 2 s). A follower reports its clients' activity to the leader every half tick, and
+    /// the leader expires a session counting from the last report it received: every grant
+    /// leaves that much of the session timeout out (see the crate documentation, "TTL and
+    /// the session timeout"). Unset, the store assumes the longest tick the session timeout
+    /// allows under ZooKeeper's default `minSessionTimeout` (two ticks): half the session
+    /// timeout. Setting it lower than the ensemble's real tick breaks that bound.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+    pub fn tick_time(mut self, tick: Duration) -> Result<Self, StoreError> {
+        self.tick_time = Some(check_timeout("tick_time", tick)?);
+        Ok(self)
+    }
+
     /// The servers, `host:port` each.
     pub fn hosts(&self) -> &[String] {
         &self.hosts
@@ -229,6 +248,19 @@ impl ZkConfig {
     /// The bound on establishing a session.
     pub fn connect_bound(&self) -> Duration {
         self.connect_timeout
+    }
+
+    /// The ensemble's `tickTime`, if set.
+    pub fn ensemble_tick(&self) -> Option<Duration> {
+        self.tick_time
+    }
+
+    /// The connection timeout the store gives the client (a connection silent that long is
+    /// given up): 2/5 of the session timeout asked for, but not so short that a busy
+    /// server fails the connect (at least 400 ms; the server raises short session
+    /// timeouts anyway).
+    pub(crate) fn connection_timeout(&self) -> Duration {
+        (self.session_timeout * 2 / 5).max(Duration::from_millis(400))
     }
 
     /// The connect string the client takes: `host:port,host:port`.
@@ -274,9 +306,10 @@ mod tests {
     #[test]
     fn parses_every_part() {
         let c = ZkConfig::from_url(
-            "zookeeper://a:2181,b.example:2182/x/y%2Dz/?session_timeout=2s&timeout=1500ms&connect_timeout=3s",
+            "zookeeper://a:2181,b.example:2182/x/y%2Dz/?session_timeout=2s&timeout=1500ms&connect_timeout=3s&tick_time=250ms",
         )
         .unwrap();
+        assert_eq!(c.ensemble_tick(), Some(Duration::from_millis(250)));
         assert_eq!(c.hosts(), ["a:2181", "b.example:2182"]);
         assert_eq!(c.chroot_path(), "/x/y-z");
         assert_eq!(c.session_timeout_asked(), Duration::from_secs(2));
@@ -292,6 +325,7 @@ mod tests {
         assert_eq!(c.session_timeout_asked(), DEFAULT_SESSION_TIMEOUT);
         assert_eq!(c.op_bound(), DEFAULT_OP_TIMEOUT);
         assert_eq!(c.connect_bound(), DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.ensemble_tick(), None);
     }
 
     #[test]
@@ -319,6 +353,8 @@ mod tests {
             "zookeeper://h:1?session_timeout=10ms",
             "zookeeper://h:1?session_timeout=2h",
             "zookeeper://h:1?timeout=1s&timeout=2s",
+            "zookeeper://h:1?tick_time=0ms",
+            "zookeeper://h:1?tick_time=2h",
             "zookeeper://u:p@h:1",
             "zookeeper://h:1#frag",
             "zookeeper://bad host:1",

@@ -275,12 +275,76 @@ struct Session {
     id: i64,
     /// The session timeout the ensemble granted.
     timeout: Duration,
+    /// How much of `timeout` no grant may use ([`report_lag`]).
+    lag: Duration,
 }
+
+impl Session {
+    /// The longest TTL a grant can have: the session timeout less the report lag (a grant
+    /// is shorter still by its request's round trip, see [`ZkStore::grant`]).
+    fn longest_ttl(&self) -> Duration {
+        self.timeout.saturating_sub(self.lag)
+    }
+}
+
+/// The shortest TTL the store grants (the core's shortest TTL).
+const MIN_GRANT: Duration = Duration::from_millis(10);
+
+/// How long before a request was sent the last activity of the session the leader had heard
+/// of may lie, not counting the request's round trip (`docs/design.md`, "ZooKeeper: a renewal
+/// confirmed by a quorum write").
+///
+/// The leader expires a session counting from the last activity it heard of, and it hears
+/// of the activity of a session connected to a follower only through that follower's
+/// answers to its pings, sent every half tick, each listing the sessions active at the
+/// follower since the one before. A request the leader commits (a check `multi`, a
+/// `create`) was forwarded by the follower after every answer the follower had sent
+/// before it, so the leader had read them all. The last of them was sent at most half a
+/// tick (and a delivery, counted in the round trip) before the follower forwarded the
+/// request, and it listed the session if the session was active at the follower since the
+/// answer before: the client sends a ping whenever it has sent nothing for three of its
+/// ticks (checked every tick). So the leader had heard of activity no older than half a
+/// tick plus four client ticks before the request was sent, and cannot expire the session
+/// before that activity + the session timeout.
+///
+/// The client's ticks are those of `zookeeper-client` 0.11: 1/8 of the connection
+/// timeout, or 1/20 of the session timeout when the connection timeout is longer than 3/5
+/// of it; its ping interval is at most 10 s. The ensemble's tick is
+/// [`ZkConfig::ensemble_tick`], or, unset, half the session timeout (the longest ZooKeeper's
+/// default `minSessionTimeout` of two ticks allows).
+pub(crate) fn report_lag(config: &ZkConfig, negotiated: Duration) -> Duration {
+    let tick = config.ensemble_tick().unwrap_or(negotiated / 2);
+    let reports = tick / 2;
+    let conn = config.connection_timeout();
+    let client_tick = if conn > negotiated * 3 / 5 {
+        negotiated / 20
+    } else {
+        conn / 8
+    }
+    .max(Duration::from_millis(1));
+    let quiet = (client_tick * 3).min(Duration::from_secs(10)) + client_tick;
+    reports + quiet
+}
+
+/// What the leader answered about one node of a check `multi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// The node exists with the version checked, and the session was live at the leader.
+    Live,
+    /// The node is gone (or another), or the session ended.
+    Gone,
+}
+
+/// The most bytes of node paths one check `multi` carries (the server refuses a request
+/// larger than its `jute.maxbuffer`, 1 MB by default): a bigger batch is split.
+const CHECK_BATCH_BYTES: usize = 256 * 1024;
 
 /// A lease this store granted and still believes live.
 #[derive(Debug, Clone)]
 struct Granted {
     node: String,
+    /// The node's data version (never changed by the store: 0 for a node it created).
+    version: i32,
     fence: Fence,
     session: i64,
     ttl: Duration,
@@ -305,6 +369,9 @@ struct Inner {
     /// never granted while its deletion is under way.
     adopt: tokio::sync::Mutex<()>,
     reaper: tokio::sync::Notify,
+    /// Points where a test holds a call (tests only).
+    #[cfg(test)]
+    hooks: hooks::Hooks,
 }
 
 /// A waiter's presence: its node is kept while a call of its owner is in progress and for
@@ -393,6 +460,8 @@ impl ZkStore {
                 waiting: Mutex::new(HashMap::new()),
                 adopt: tokio::sync::Mutex::new(()),
                 reaper: tokio::sync::Notify::new(),
+                #[cfg(test)]
+                hooks: hooks::Hooks::default(),
             }),
         };
         let session = store.session().await?;
@@ -426,6 +495,22 @@ impl ZkStore {
     /// Cancel safe.
     pub async fn negotiated_session_timeout(&self) -> Result<Duration, StoreError> {
         Ok(self.session().await?.timeout)
+    }
+
+    /// How much of the negotiated session timeout no grant uses: the longest a leader may
+    /// take to hear of the session's activity at a follower (half the ensemble's tick, see
+    /// [`ZkConfig::tick_time`], plus the client's ping interval). Every grant and renewal's
+    /// TTL is at most the session timeout less this lag and less the request's round trip
+    /// (see the crate documentation, "TTL and the session timeout"). Establishes a session
+    /// if there is none.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn report_lag(&self) -> Result<Duration, StoreError> {
+        Ok(self.session().await?.lag)
     }
 
     /// The id of the current ZooKeeper session (the `ephemeralOwner` of this store's
@@ -486,24 +571,34 @@ impl ZkStore {
         let config = &self.inner.config;
         let hosts = config.connect_string();
         let client = StoreError::bounded(BACKEND, "connect", config.connect_bound(), async {
-            // The client's connection timeout (a connection silent that long is given up)
-            // is 2/5 of the session timeout, but not so short that a busy server fails
-            // the connect: the server raises short session timeouts anyway.
-            let asked = config.session_timeout_asked();
             zk::Client::connector()
-                .with_session_timeout(asked)
-                .with_connection_timeout((asked * 2 / 5).max(Duration::from_millis(400)))
+                .with_session_timeout(config.session_timeout_asked())
+                .with_connection_timeout(config.connection_timeout())
                 .with_fail_eagerly()
                 .connect(&hosts)
                 .await
                 .map_err(|e| map_err("connect", e))
         })
         .await?;
+        let timeout = client.session_timeout();
         let session = Session {
             id: client.session_id().0,
-            timeout: client.session_timeout(),
+            timeout,
+            lag: report_lag(config, timeout),
             client,
         };
+        if session.longest_ttl() < MIN_GRANT {
+            return Err(err(
+                StoreErrorKind::Config,
+                format!(
+                    "zookeeper: the session timeout the ensemble granted ({timeout:?}) leaves no \
+                     TTL to grant after the {:?} the leader may take to hear of the session's \
+                     activity (half the ensemble's tick plus the client's ping interval): ask \
+                     for a longer session_timeout, or set tick_time to the ensemble's tickTime",
+                    session.lag
+                ),
+            ));
+        }
         tracing::debug!(
             session = session.id,
             timeout_ms = session.timeout.as_millis() as u64,
@@ -566,6 +661,129 @@ impl ZkStore {
             .sync(self.inner.config.chroot_path())
             .await
             .map_err(|e| map_err("sync", e))
+    }
+
+    /// The TTL a request sent at `sent` and answered now grants: the TTL asked for, at
+    /// most the session timeout less the report lag and the request's round trip (the
+    /// leader cannot expire the session before then, see [`report_lag`]).
+    ///
+    /// # Errors
+    /// `Timeout` when the round trip took so long that nothing of the session timeout is
+    /// left to grant.
+    fn grant(s: &Session, ttl: Duration, sent: Instant) -> Result<Duration, StoreError> {
+        let round_trip = sent.elapsed();
+        let granted = ttl.min(s.longest_ttl().saturating_sub(round_trip));
+        if granted < MIN_GRANT {
+            return Err(err(
+                StoreErrorKind::Timeout,
+                format!(
+                    "zookeeper: the request took {round_trip:?}; of the session timeout {:?} \
+                     less the {:?} the leader may take to hear of the session, nothing is \
+                     left to grant",
+                    s.timeout, s.lag
+                ),
+            ));
+        }
+        Ok(granted)
+    }
+
+    /// Has the leader check `nodes` (path, data version) in check `multi`s that change no
+    /// data: each commits through the leader (a quorum write), which also checks that the
+    /// session is live there, so the answer does not come from the copy of the member the
+    /// session is connected to. One `multi` per [`CHECK_BATCH_BYTES`] of paths, sent
+    /// together. A `multi` is all or nothing: when one check fails, the leader names the
+    /// first failing one; that node is `Gone` and the rest are checked again, so one lost
+    /// lease costs one more `multi` and fails no other. The session ended: all `Gone`.
+    async fn confirm(&self, s: &Session, nodes: &[(&str, i32)]) -> Result<Vec<Check>, StoreError> {
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        let mut bytes = 0;
+        for (i, (path, _)) in nodes.iter().enumerate() {
+            if i > start && bytes + path.len() > CHECK_BATCH_BYTES {
+                chunks.push(&nodes[start..i]);
+                start = i;
+                bytes = 0;
+            }
+            bytes += path.len() + 16;
+        }
+        chunks.push(&nodes[start..]);
+        let answers =
+            futures::future::try_join_all(chunks.into_iter().map(|c| Self::confirm_chunk(s, c)))
+                .await?;
+        Ok(answers.concat())
+    }
+
+    async fn confirm_chunk(s: &Session, nodes: &[(&str, i32)]) -> Result<Vec<Check>, StoreError> {
+        let mut answers = vec![Check::Live; nodes.len()];
+        let mut left: Vec<usize> = (0..nodes.len()).collect();
+        while !left.is_empty() {
+            let mut multi = s.client.new_multi_writer();
+            for &i in &left {
+                let (path, version) = nodes[i];
+                multi
+                    .add_check_version(path, version)
+                    .map_err(|e| map_err("check", e))?;
+            }
+            match multi.commit().await {
+                Ok(_) => break,
+                Err(zk::MultiWriteError::OperationFailed {
+                    index,
+                    source: zk::Error::NoNode | zk::Error::BadVersion,
+                }) => {
+                    if index >= left.len() {
+                        return Err(err(
+                            StoreErrorKind::Other,
+                            "zookeeper answered a check multi about an operation it was not sent",
+                        ));
+                    }
+                    answers[left.remove(index)] = Check::Gone;
+                }
+                Err(
+                    zk::MultiWriteError::OperationFailed {
+                        source: zk::Error::SessionExpired,
+                        ..
+                    }
+                    | zk::MultiWriteError::RequestFailed {
+                        source: zk::Error::SessionExpired,
+                    },
+                ) => return Ok(vec![Check::Gone; nodes.len()]),
+                Err(
+                    zk::MultiWriteError::OperationFailed { source, .. }
+                    | zk::MultiWriteError::RequestFailed { source },
+                ) => return Err(map_err("check", source)),
+            }
+        }
+        Ok(answers)
+    }
+
+    /// Moves the deadline of the grant of `slot` on `node` to `deadline` (TTL `ttl`), if
+    /// the store still has that grant: not if the store's task deleted its node meanwhile
+    /// (it takes a grant out of the table before it deletes the node), nor if a release
+    /// raced. Whether it did.
+    fn extend(
+        &self,
+        slot: &(String, OwnerToken),
+        node: &str,
+        deadline: Instant,
+        ttl: Duration,
+    ) -> bool {
+        let mut table = self.granted();
+        match table.get_mut(slot) {
+            Some(cur) if cur.node == node => {
+                cur.deadline = deadline;
+                cur.ttl = ttl;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes the grant of `slot` out of the table if it is still the one on `node`.
+    fn forget(&self, slot: &(String, OwnerToken), node: &str) {
+        let mut table = self.granted();
+        if table.get(slot).is_some_and(|cur| cur.node == node) {
+            table.remove(slot);
+        }
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Instant>> {
@@ -637,36 +855,33 @@ impl ZkStore {
     ) -> Result<AcquireOutcome, StoreError> {
         let sent = Instant::now();
         let s = self.session().await?;
-        let granted_ttl = ttl.min(s.timeout);
         let dir = self.lease_dir(key);
         let slot = (dir.clone(), *owner);
-        // 1. A lease this store granted to `owner` (a retry after an ambiguous reply).
+        // 1. A lease this store granted to `owner` (a retry after an ambiguous reply): the
+        //    leader confirms its node, as for a renewal.
         let known = self.granted().get(&slot).cloned();
         if let Some(g) = known {
             if g.session == s.id && sent < g.deadline {
-                match s.client.check_stat(&g.node).await {
-                    Ok(Some(stat)) if stat.ephemeral_owner == s.id => {
-                        self.record(
-                            &dir,
-                            owner,
-                            Granted {
-                                deadline: sent + granted_ttl,
-                                ttl: granted_ttl,
-                                ..g.clone()
-                            },
-                        );
+                let check = self.confirm(&s, &[(&g.node, g.version)]).await?;
+                #[cfg(test)]
+                self.inner.hooks.reacquire_checked.at().await;
+                if check == [Check::Live] {
+                    let granted = Self::grant(&s, ttl, sent)?;
+                    // Only while the store still has the grant: its task takes a grant out
+                    // of the table before it deletes the node of a lease nobody renewed,
+                    // which may have happened since the check.
+                    if self.extend(&slot, &g.node, sent + granted, granted) {
+                        self.waiting().remove(&slot);
                         return Ok(AcquireOutcome::Acquired {
                             fence: g.fence,
-                            ttl: granted_ttl,
+                            ttl: granted,
                         });
                     }
-                    Ok(_) => {}
-                    Err(e) => return Err(map_err("check", e)),
                 }
             } else {
                 self.delete_quietly(&s, &g.node).await;
             }
-            self.granted().remove(&slot);
+            self.forget(&slot, &g.node);
         }
         // 2. The queue: a node of ours left by an ambiguous create, or another holder.
         let prefix = Self::node_prefix(owner);
@@ -677,29 +892,34 @@ impl ZkStore {
             match s.client.check_stat(&node).await {
                 Ok(Some(stat)) if stat.ephemeral_owner == s.id => {
                     if queue[0].2 == *name {
-                        let fence = fence(stat.czxid)?;
-                        self.record(
-                            &dir,
-                            owner,
-                            Granted {
-                                node,
+                        // Read from the member's copy: the leader confirms it.
+                        if self.confirm(&s, &[(&node, stat.version)]).await? == [Check::Live] {
+                            let fence = fence(stat.czxid)?;
+                            let granted = Self::grant(&s, ttl, sent)?;
+                            self.record(
+                                &dir,
+                                owner,
+                                Granted {
+                                    node,
+                                    version: stat.version,
+                                    fence,
+                                    session: s.id,
+                                    ttl: granted,
+                                    deadline: sent + granted,
+                                },
+                            );
+                            return Ok(AcquireOutcome::Acquired {
                                 fence,
-                                session: s.id,
-                                ttl: granted_ttl,
-                                deadline: sent + granted_ttl,
-                            },
-                        );
-                        return Ok(AcquireOutcome::Acquired {
-                            fence,
-                            ttl: granted_ttl,
-                        });
-                    }
-                    if self.waiting().contains_key(&slot) {
+                                ttl: granted,
+                            });
+                        }
+                    } else if self.waiting().contains_key(&slot) {
                         // Our place in the queue (made by `wait_released`): keep it.
                         let _mark = self.in_progress(&dir, owner);
                         return self.held(&s, &dir, &queue[0].2).await;
+                    } else {
+                        self.delete_quietly(&s, &node).await;
                     }
-                    self.delete_quietly(&s, &node).await;
                 }
                 // Gone, or a node of an ended session (it goes with it).
                 Ok(_) => {}
@@ -709,8 +929,9 @@ impl ZkStore {
         if let Some((_, _, first)) = queue.iter().find(|(o, _, _)| o != owner) {
             return self.held(&s, &dir, first).await;
         }
-        // 3. Free: queue up, and see whether we are first.
-        let data = granted_ttl.as_millis().to_string();
+        // 3. Free: queue up, and see whether we are first. The node's data is the longest
+        //    TTL it can be granted (the round trip is not known yet).
+        let data = ttl.min(s.longest_ttl()).as_millis().to_string();
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
         let path = format!("{dir}/{prefix}");
         let mut created = None;
@@ -742,21 +963,24 @@ impl ZkStore {
         let queue = self.queue(&s, &dir).await?;
         match queue.first() {
             Some((o, _, name)) if o == owner && node.ends_with(name.as_str()) => {
+                // The create committed through the leader, which checked the session live.
                 let fence = fence(stat.czxid)?;
+                let granted = Self::grant(&s, ttl, sent)?;
                 self.record(
                     &dir,
                     owner,
                     Granted {
                         node,
+                        version: stat.version,
                         fence,
                         session: s.id,
-                        ttl: granted_ttl,
-                        deadline: sent + granted_ttl,
+                        ttl: granted,
+                        deadline: sent + granted,
                     },
                 );
                 Ok(AcquireOutcome::Acquired {
                     fence,
-                    ttl: granted_ttl,
+                    ttl: granted,
                 })
             }
             Some((_, _, first)) => {
@@ -772,48 +996,62 @@ impl ZkStore {
         }
     }
 
-    async fn do_renew(
+    /// Renews `leases` (see [`Store::renew_many`]): the leases this store still believes
+    /// live are confirmed by the leader in check `multi`s ([`confirm`](Self::confirm)),
+    /// and extended from the call's send by what [`grant`](Self::grant) allows.
+    async fn do_renew_many(
         &self,
-        key: &Key,
-        owner: &OwnerToken,
+        leases: &[(Key, OwnerToken)],
         ttl: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
         let sent = Instant::now();
-        let slot = (self.lease_dir(key), *owner);
-        let Some(g) = self.granted().get(&slot).cloned() else {
-            return Ok(RenewOutcome::NotOwner);
-        };
         let s = self.session().await?;
-        if g.session != s.id || sent >= g.deadline {
-            // Expired (not renewed in time) or its session ended.
-            self.granted().remove(&slot);
-            self.delete_quietly(&s, &g.node).await;
-            return Ok(RenewOutcome::NotOwner);
+        let mut answers: Vec<RenewOutcome> = vec![RenewOutcome::NotOwner; leases.len()];
+        // The leases to confirm: (index in `leases`, slot, grant).
+        let mut live = Vec::new();
+        let mut ended = Vec::new();
+        for (i, (key, owner)) in leases.iter().enumerate() {
+            let slot = (self.lease_dir(key), *owner);
+            let Some(g) = self.granted().get(&slot).cloned() else {
+                continue;
+            };
+            if g.session != s.id || sent >= g.deadline {
+                // Expired (not renewed in time) or its session ended.
+                self.forget(&slot, &g.node);
+                ended.push(g.node);
+            } else {
+                live.push((i, slot, g));
+            }
         }
-        let granted_ttl = ttl.min(s.timeout);
-        match s.client.check_stat(&g.node).await {
-            Ok(Some(stat)) if stat.ephemeral_owner == s.id => {
-                let mut table = self.granted();
-                // Renew only the grant that was read (a release may have raced).
-                if let Some(cur) = table.get_mut(&slot)
-                    && cur.node == g.node
-                {
-                    cur.deadline = sent + granted_ttl;
-                    cur.ttl = granted_ttl;
-                    return Ok(RenewOutcome::Renewed { ttl: granted_ttl });
+        let nodes: Vec<(&str, i32)> = live
+            .iter()
+            .map(|(_, _, g)| (g.node.as_str(), g.version))
+            .collect();
+        let confirm = async {
+            if nodes.is_empty() {
+                Ok(Vec::new())
+            } else {
+                self.confirm(&s, &nodes).await
+            }
+        };
+        let delete = futures::future::join_all(ended.iter().map(|n| self.delete_quietly(&s, n)));
+        let (checks, _) = futures::join!(confirm, delete);
+        let checks = checks?;
+        for ((_, slot, g), check) in live.iter().zip(&checks) {
+            if *check == Check::Gone {
+                self.forget(slot, &g.node);
+            }
+        }
+        if checks.contains(&Check::Live) {
+            let granted = Self::grant(&s, ttl, sent)?;
+            for ((i, slot, g), check) in live.iter().zip(&checks) {
+                // Not if the store's task deleted the node meanwhile: `NotOwner`.
+                if *check == Check::Live && self.extend(slot, &g.node, sent + granted, granted) {
+                    answers[*i] = RenewOutcome::Renewed { ttl: granted };
                 }
-                Ok(RenewOutcome::NotOwner)
             }
-            Ok(_) => {
-                self.granted().remove(&slot);
-                Ok(RenewOutcome::NotOwner)
-            }
-            Err(zk::Error::SessionExpired) => {
-                self.granted().remove(&slot);
-                Ok(RenewOutcome::NotOwner)
-            }
-            Err(e) => Err(map_err("check", e)),
         }
+        Ok(answers.into_iter().map(Ok).collect())
     }
 
     async fn do_release(
@@ -1074,8 +1312,10 @@ impl Store for ZkStore {
 
     /// A list of the key's queue; when it is free, one `create` of an ephemeral sequential
     /// node named with the owner token and a second list (is ours the lowest?). A retry by
-    /// the same owner finds its node by name. The TTL granted is the TTL asked for, bounded
-    /// by the session timeout the ensemble granted.
+    /// the same owner finds its node by name, and the leader confirms it (a check `multi`,
+    /// as [`renew`](Self::renew)). The TTL granted is the TTL asked for, at most the session
+    /// timeout the ensemble granted less the time the leader may take to hear of the
+    /// session's activity and less the call's round trip ([`ZkStore::report_lag`]).
     ///
     /// # Cancel safety
     /// A dropped call may have created the node; the same owner's retry finds it, and a
@@ -1102,8 +1342,12 @@ impl Store for ZkStore {
         .await
     }
 
-    /// One `exists` of the lease's node on the session: the ensemble acknowledged the
-    /// session alive at that request, so the lease is extended from its send.
+    /// One check `multi` of the lease's node (its path and version), which changes no data
+    /// and commits through the leader: the leader confirms that the node is still there
+    /// and the session live, whichever member the session is connected to. The lease is
+    /// extended from the request's send by the TTL asked for, at most the session timeout
+    /// less the time the leader may take to hear of the session's activity and less the
+    /// round trip ([`ZkStore::report_lag`]).
     ///
     /// # Cancel safety
     /// A dropped call may have been acknowledged by the ensemble; the store's own deadline
@@ -1115,7 +1359,27 @@ impl Store for ZkStore {
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
-        self.bounded("renew", self.do_renew(key, owner, ttl)).await
+        let lease = [(key.clone(), *owner)];
+        let mut answers = self
+            .bounded("renew", self.do_renew_many(&lease, ttl))
+            .await?;
+        answers.pop().unwrap_or(Ok(RenewOutcome::NotOwner))
+    }
+
+    /// As [`renew`](Self::renew) for every lease of the batch at once: **one** check
+    /// `multi` over all their nodes (split every 256 KiB of paths). A node that is gone
+    /// fails the `multi` as a whole; the leader names it, it is answered `NotOwner` and
+    /// the others are checked again, so one lost lease fails no other's renewal.
+    ///
+    /// # Cancel safety
+    /// As `renew`: a dropped call may have been acknowledged; no deadline is moved.
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        self.bounded("renew", self.do_renew_many(leases, ttl)).await
     }
 
     /// One `delete` of the lease's node.
@@ -1176,7 +1440,7 @@ impl Store for ZkStore {
                                 // Queue up behind everyone there.
                                 let options = zk::CreateMode::EphemeralSequential
                                     .with_acls(zk::Acls::anyone_all());
-                                let data = s.timeout.as_millis().to_string();
+                                let data = s.longest_ttl().as_millis().to_string();
                                 let path = format!("{dir}/{}", Self::node_prefix(owner));
                                 match s.client.create(&path, data.as_bytes(), &options).await {
                                     Ok(_) => continue,
@@ -1368,5 +1632,136 @@ impl Store for ZkStore {
             })
             .await?;
         Ok(futures::stream::unfold(Some(watching), |w| async move { w?.next().await }).boxed())
+    }
+}
+
+/// Pause points for tests: a test arms one, the call stops there until the test resumes it.
+#[cfg(test)]
+mod hooks {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::sync::Notify;
+
+    #[derive(Default)]
+    pub(super) struct Hooks {
+        /// A same-owner re-acquire of a grant the store knows: after its check of the
+        /// node, before it records the grant.
+        pub(super) reacquire_checked: Pause,
+    }
+
+    /// Holds the next call that reaches it (once armed) until [`resume`](Self::resume).
+    #[derive(Default)]
+    pub(super) struct Pause {
+        armed: AtomicBool,
+        reached: Notify,
+        resume: Notify,
+    }
+
+    impl Pause {
+        pub(super) fn arm(&self) {
+            self.armed.store(true, Ordering::SeqCst);
+        }
+
+        pub(super) async fn at(&self) {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                self.reached.notify_one();
+                self.resume.notified().await;
+            }
+        }
+
+        pub(super) async fn reached(&self) {
+            self.reached.notified().await;
+        }
+
+        pub(super) fn resume(&self) {
+            self.resume.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod race_tests {
+    use std::time::Duration;
+
+    use leasehold_core::{AcquireOutcome, Key, OwnerToken, Store};
+    use leasehold_testkit::ZkServer;
+
+    use super::ZkStore;
+
+    /// The same owner's acquire of a grant the store knows races the store's task that
+    /// deletes unrenewed nodes: the acquire checked the node (still there), then the grant's
+    /// deadline passed and the task deleted the node, then the acquire went on. It must not
+    /// answer `Acquired` for the deleted node: its answer, if `Acquired`, is a new grant (a
+    /// higher fence) that the ensemble holds for the owner — unless that grant's TTL,
+    /// counted from the call's send (before the hold), has run out already.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reacquire_racing_the_reaper_never_answers_acquired_for_a_deleted_node() {
+        let zk = tokio::task::spawn_blocking(ZkServer::start).await.unwrap();
+        let store = ZkStore::open(&format!(
+            "{}?session_timeout=10s&timeout=2s&tick_time=250ms",
+            zk.url()
+        ))
+        .await
+        .unwrap();
+        let key = Key::new("race:reap").unwrap();
+        let owner = OwnerToken::random();
+        // Short, so that the store's task deletes the node soon; the re-acquire asks for
+        // longer, so that a new grant outlives the hold.
+        let short = Duration::from_secs(1);
+        let long = Duration::from_secs(7);
+        let AcquireOutcome::Acquired { fence, .. } =
+            store.acquire(&key, &owner, short).await.unwrap()
+        else {
+            panic!("the first acquire must be granted");
+        };
+        // The re-acquire stops after its check of the node, before it records the grant.
+        store.inner.hooks.reacquire_checked.arm();
+        let sent = tokio::time::Instant::now();
+        let again = tokio::spawn({
+            let store = store.clone();
+            let key = key.clone();
+            async move { store.acquire(&key, &owner, long).await }
+        });
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            store.inner.hooks.reacquire_checked.reached(),
+        )
+        .await
+        .expect("the re-acquire reached its check");
+        // Meanwhile the grant's deadline passes and the store deletes its node.
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.inspect(&key).await.unwrap().is_some() {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the store never deleted the unrenewed node"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        store.inner.hooks.reacquire_checked.resume();
+        let outcome = again.await.unwrap().expect("the re-acquire answers");
+        let held = store.inspect(&key).await.unwrap();
+        if let AcquireOutcome::Acquired {
+            fence: got,
+            ttl: granted,
+        } = outcome
+        {
+            assert_ne!(
+                got, fence,
+                "the re-acquire answered Acquired with the fence of the node the store had \
+                 deleted: nobody holds that lease"
+            );
+            match held {
+                Some(info) => assert_eq!(
+                    (info.owner, info.fence),
+                    (owner, got),
+                    "the re-acquire answered Acquired for a node that is not the holder's"
+                ),
+                None => assert!(
+                    sent + granted <= tokio::time::Instant::now(),
+                    "the re-acquire answered Acquired (fence {got}, {granted:?} from its send) \
+                     for a node that is gone"
+                ),
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_core::{Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, Store};
-use leasehold_testkit::{WorkerProcess, ZkEnsemble, ZkServer};
+use leasehold_testkit::{WorkerProcess, ZK_TICK, ZkEnsemble, ZkServer};
 use leasehold_zookeeper::ZkStore;
 
 const CHILD_URL: &str = "LEASEHOLD_ZK_ROW22_URL";
@@ -74,9 +74,10 @@ async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over()
     }
     let zk = tokio::task::spawn_blocking(ZkServer::start).await.unwrap();
     let url = format!(
-        "zookeeper://127.0.0.1:{}/row22?session_timeout={}ms",
+        "zookeeper://127.0.0.1:{}/row22?session_timeout={}ms&tick_time={}ms",
         zk.port(),
-        TTL.as_millis()
+        TTL.as_millis(),
+        ZK_TICK.as_millis()
     );
     let key = "row22:frozen";
     let mut cmd = WorkerProcess::test_command(
@@ -94,8 +95,16 @@ async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over()
     tokio::task::block_in_place(|| holder.pause());
     let paused_at = Instant::now();
 
-    let other = Arc::new(ZkStore::open(&url).await.unwrap());
-    let client = LeaseClient::new(other.clone(), LeaseConfig::new(TTL).unwrap());
+    // B renews until the end (each renewal a quorum write, from the TTL its longer
+    // session grants in full), which a loaded machine must not make it lose.
+    let b_url = format!(
+        "zookeeper://127.0.0.1:{}/row22?session_timeout={}ms&tick_time={}ms",
+        zk.port(),
+        (TTL * 4).as_millis(),
+        ZK_TICK.as_millis()
+    );
+    let other = Arc::new(ZkStore::open(&b_url).await.unwrap());
+    let client = LeaseClient::new(other.clone(), LeaseConfig::new(TTL * 2).unwrap());
     let k = Key::new(key).unwrap();
     let lease_b = client
         .acquire(&k, TTL * 5)
@@ -188,9 +197,10 @@ async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_hones
     );
     let ttl = Duration::from_secs(4);
     let url = format!(
-        "zookeeper://{}/row22b?session_timeout={}ms&timeout=2s",
+        "zookeeper://{}/row22b?session_timeout={}ms&timeout=2s&tick_time={}ms",
         ensemble.connect_string(),
-        ttl.as_millis()
+        ttl.as_millis(),
+        ZK_TICK.as_millis()
     );
     let store: Arc<dyn Store> = Arc::new(ZkStore::open(&url).await.unwrap());
     let observer = ZkStore::open(&url).await.unwrap();

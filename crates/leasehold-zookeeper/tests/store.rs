@@ -48,13 +48,29 @@ async fn bad_urls_are_config_errors_and_a_dead_address_is_not() {
     assert!(e.is_retryable(), "{e}");
 }
 
+/// Checks a grant of `asked` by a call that took `took`, on a session whose longest grant
+/// is `longest`: the TTL asked for, at most `longest` less the call's round trip (which
+/// `took` bounds from above).
+fn assert_granted(granted: Duration, asked: Duration, longest: Duration, took: Duration) {
+    let most = asked.min(longest);
+    let least = asked.min(longest.saturating_sub(took));
+    assert!(
+        least <= granted && granted <= most,
+        "granted {granted:?} for {asked:?} asked: must lie in {least:?}..={most:?} (the \
+         session's longest grant {longest:?} less a round trip of at most {took:?})"
+    );
+}
+
 /// The session timeout asked for is bounded by the server's min and max; every grant and
-/// renewal reports what the session can back (the TTL asked for, at most the negotiated
-/// timeout).
+/// renewal reports what the session can back: the TTL asked for, at most the negotiated
+/// timeout less the time the leader may take to hear of the session (half the ensemble's
+/// tick — given, or half the session timeout when not — plus the client's ping interval)
+/// and less the call's round trip.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
     let zk = start_solo().await;
     let base = format!("zookeeper://127.0.0.1:{}/ttl", zk.port());
+    let a = OwnerToken::random();
 
     // Asked for less than the server's minimum (500 ms): raised to it. (The client gives its
     // first connect the session timeout asked for, so ask for one a busy server can meet.)
@@ -65,17 +81,44 @@ async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
         low.negotiated_session_timeout().await.unwrap(),
         ZK_MIN_SESSION_TIMEOUT
     );
+    // No tick given: half of 500 ms assumed, reports every 125 ms; the client's tick is
+    // 25 ms (its 400 ms connection timeout is over 3/5 of the session's), a ping after 3.
+    let lag = low.report_lag().await.unwrap();
+    assert_eq!(lag, Duration::from_millis(125 + 4 * 25));
+    let longest = ZK_MIN_SESSION_TIMEOUT - lag;
     let k = key("low");
-    let a = OwnerToken::random();
-    let (_, granted) = acquired(&low, &k, &a, Duration::from_millis(400)).await;
-    assert_eq!(
-        granted,
-        Duration::from_millis(400),
-        "a TTL under the session timeout is kept"
-    );
+    let asked = Duration::from_millis(100);
+    let t = std::time::Instant::now();
+    let (_, granted) = acquired(&low, &k, &a, asked).await;
+    assert_granted(granted, asked, longest, t.elapsed());
     low.release(&k, &a).await.unwrap();
 
-    // Asked for more than the server's maximum: lowered to it; a longer TTL is cut to it.
+    // The ensemble's tick given: a quarter of a second, reports every 125 ms; the client's
+    // tick is 1/8 of its 1.6 s connection timeout.
+    let ticked = ZkStore::open(&format!("{base}?session_timeout=4s&tick_time=250ms"))
+        .await
+        .unwrap();
+    let lag = ticked.report_lag().await.unwrap();
+    assert_eq!(lag, Duration::from_millis(125 + 4 * 200));
+    let longest = Duration::from_secs(4) - lag;
+    let k = key("ticked");
+    let asked = Duration::from_secs(4);
+    let t = std::time::Instant::now();
+    let (_, granted) = acquired(&ticked, &k, &a, asked).await;
+    assert_granted(granted, asked, longest, t.elapsed());
+    let t = std::time::Instant::now();
+    let RenewOutcome::Renewed { ttl: renewed } = ticked.renew(&k, &a, asked).await.unwrap() else {
+        panic!("the holder's renewal must be granted");
+    };
+    assert_granted(renewed, asked, longest, t.elapsed());
+    // What a waiter sees: the longest the holder's grant can be.
+    let info = ticked.inspect(&k).await.unwrap().expect("held");
+    assert_eq!(info.remaining, Some(longest));
+    ticked.release(&k, &a).await.unwrap();
+
+    // Asked for more than the server's maximum: lowered to it; a longer TTL is cut to it
+    // less the lag (no tick given: 30 s assumed, reports every 15 s; the client's tick is
+    // 3 s, 1/20 of the session timeout, a ping after 3).
     let high = ZkStore::open(&format!("{base}?session_timeout=120s"))
         .await
         .unwrap();
@@ -83,21 +126,28 @@ async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
         high.negotiated_session_timeout().await.unwrap(),
         ZK_MAX_SESSION_TIMEOUT
     );
+    let lag = high.report_lag().await.unwrap();
+    assert_eq!(lag, Duration::from_secs(15 + 4 * 3));
+    let longest = ZK_MAX_SESSION_TIMEOUT - lag;
     let k = key("high");
-    let (_, granted) = acquired(&high, &k, &a, Duration::from_secs(90)).await;
-    assert_eq!(
-        granted, ZK_MAX_SESSION_TIMEOUT,
-        "the grant reports the session timeout"
-    );
-    assert_eq!(
-        high.renew(&k, &a, Duration::from_secs(90)).await.unwrap(),
-        RenewOutcome::Renewed {
-            ttl: ZK_MAX_SESSION_TIMEOUT
-        }
-    );
+    let asked = Duration::from_secs(90);
+    let t = std::time::Instant::now();
+    let (_, granted) = acquired(&high, &k, &a, asked).await;
+    assert_granted(granted, asked, longest, t.elapsed());
+    let t = std::time::Instant::now();
+    let RenewOutcome::Renewed { ttl: renewed } = high.renew(&k, &a, asked).await.unwrap() else {
+        panic!("the holder's renewal must be granted");
+    };
+    assert_granted(renewed, asked, longest, t.elapsed());
     let info = high.inspect(&k).await.unwrap().expect("held");
-    assert_eq!(info.remaining, Some(ZK_MAX_SESSION_TIMEOUT));
+    assert_eq!(info.remaining, Some(longest));
     high.release(&k, &a).await.unwrap();
+
+    // A tick so long that nothing of the session timeout is left: refused when opening.
+    let e = ZkStore::open(&format!("{base}?session_timeout=4s&tick_time=10s"))
+        .await
+        .expect_err("nothing left to grant");
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
 }
 
 /// Fences are czxids: after a `kill -9` and restart of the server, a new grant's fence is
@@ -331,4 +381,95 @@ async fn a_release_wakes_only_the_next_waiter() {
         store.release(&k, &releaser).await.unwrap(),
         ReleaseOutcome::Released
     );
+}
+
+/// The zxid of a marker node created (and then deleted) by `raw`: between two markers, the
+/// difference less 2 (the first's delete, the second's create) is the number of other
+/// transactions.
+async fn last_zxid(raw: &zookeeper_client::Client) -> i64 {
+    let options =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    let (stat, _) = raw.create("/zxid-marker", &[], &options).await.unwrap();
+    raw.delete("/zxid-marker", None).await.unwrap();
+    stat.czxid
+}
+
+/// `renew_many` confirms a batch with **one** check `multi` (one transaction through the
+/// leader, whatever the batch's size); a lease whose node is gone fails that `multi`, is
+/// answered `NotOwner`, and the rest are confirmed by one more: a lost lease costs one
+/// transaction and fails no other lease's renewal, wherever it sits in the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_many_confirms_a_batch_in_one_multi_and_a_lost_lease_fails_no_other() {
+    let zk = start_solo().await;
+    let store = ZkStore::open(&format!(
+        "zookeeper://127.0.0.1:{}/batch?session_timeout=10s&tick_time=250ms",
+        zk.port()
+    ))
+    .await
+    .unwrap();
+    let raw = raw(&zk.connect_string()).await;
+    let ttl = Duration::from_secs(8);
+    let owner = OwnerToken::random();
+    let keys: Vec<Key> = (0..5).map(|i| key(&format!("batch-{i}"))).collect();
+    for k in &keys {
+        acquired(&store, k, &owner, ttl).await;
+    }
+    let batch: Vec<(Key, OwnerToken)> = keys.iter().map(|k| (k.clone(), owner)).collect();
+    let renewed = |got: Vec<Result<RenewOutcome, leasehold_core::StoreError>>| -> Vec<bool> {
+        got.into_iter()
+            .map(|r| match r.expect("no error for one lease") {
+                RenewOutcome::Renewed { .. } => true,
+                RenewOutcome::NotOwner => false,
+            })
+            .collect()
+    };
+
+    // All live: one transaction.
+    let before = last_zxid(&raw).await;
+    let got = store.renew_many(&batch, ttl).await.unwrap();
+    let after = last_zxid(&raw).await;
+    assert_eq!(renewed(got), vec![true; 5]);
+    assert_eq!(
+        after - before - 2,
+        1,
+        "a batch of five must be confirmed by one transaction"
+    );
+
+    // The first and the fourth lost (their nodes deleted behind the store's back): one
+    // failed multi per lost lease, then the rest in one.
+    for k in [&keys[0], &keys[3]] {
+        let dir = store.lease_dir(k);
+        let children = raw.list_children(&dir).await.unwrap();
+        assert_eq!(children.len(), 1, "{children:?}");
+        raw.delete(&format!("{dir}/{}", children[0]), None)
+            .await
+            .unwrap();
+    }
+    let before = last_zxid(&raw).await;
+    let got = store.renew_many(&batch, ttl).await.unwrap();
+    let after = last_zxid(&raw).await;
+    assert_eq!(renewed(got), vec![false, true, true, false, true]);
+    let multis = after - before - 2;
+    eprintln!("two lost leases in a batch of five: {multis} transactions");
+    assert!(
+        multis <= 3,
+        "two lost leases must cost at most one more transaction each, not one per lease \
+         ({multis} in all)"
+    );
+    for k in [&keys[1], &keys[2], &keys[4]] {
+        let info = store.inspect(k).await.unwrap().expect("still held");
+        assert_eq!(info.owner, owner);
+        assert_eq!(
+            store.release(k, &owner).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+    // The lost ones stay lost.
+    for k in [&keys[0], &keys[3]] {
+        assert_eq!(
+            store.renew(k, &owner, ttl).await.unwrap(),
+            RenewOutcome::NotOwner
+        );
+        assert_eq!(store.inspect(k).await.unwrap(), None);
+    }
 }

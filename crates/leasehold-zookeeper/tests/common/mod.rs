@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_conformance::{Faults, Fixture, Network, Pausable};
 use leasehold_core::{Key, Store};
-use leasehold_testkit::{FaultProxy, ProxyMode, ZkEnsemble, ZkServer};
+use leasehold_testkit::{FaultProxy, ProxyMode, ZK_TICK, ZkEnsemble, ZkServer};
 use leasehold_zookeeper::{ZkConfig, ZkStore};
 use zookeeper_client as zk;
 
@@ -16,7 +16,8 @@ use zookeeper_client as zk;
 pub const FIXTURE_TTL: Duration = Duration::from_secs(3);
 
 /// The session timeout the stores ask for (the test servers grant 0.5 s to 60 s): every
-/// grant's TTL is bounded by it, and the suite renews leases for longer than the base TTL
+/// grant's TTL is bounded by it, less the report lag (1.725 s here: the stores give the
+/// servers' 250 ms tick), and the suite renews leases for longer than the base TTL
 /// (`renew_many` with 3 × TTL must outlive 1.7 × TTL) and blackholes the network for up
 /// to about 2 × TTL (row 7) expecting the held lease to survive, while a `kill -9`ed
 /// holder must be taken over within 3 × TTL + 2 s (the session's expiry frees it).
@@ -85,10 +86,11 @@ impl Servers {
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         format!(
-            "zookeeper://{}/leasehold?session_timeout={}ms&timeout={}ms",
+            "zookeeper://{}/leasehold?session_timeout={}ms&timeout={}ms&tick_time={}ms",
             hosts.join(","),
             self.session_timeout().as_millis(),
-            OP_TIMEOUT.as_millis()
+            OP_TIMEOUT.as_millis(),
+            ZK_TICK.as_millis()
         )
     }
 
@@ -128,6 +130,8 @@ impl Setup {
             .op_timeout(OP_TIMEOUT)
             .unwrap()
             .connect_timeout(Duration::from_secs(5))
+            .unwrap()
+            .tick_time(ZK_TICK)
             .unwrap();
         let store = Arc::new(ZkStore::connect(config).await.expect("connect"));
         Self {
