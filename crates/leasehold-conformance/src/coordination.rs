@@ -698,3 +698,183 @@ pub async fn acquire_any_checked_takes_nothing_behind_another_value(fx: &Fixture
     stored("a refused acquire_any_checked changed the record").await;
     store.release(&keys[0], &me).await.expect("release");
 }
+
+/// A name is one kind of resource (see `leasehold_core::kind`). On each pairing, in both
+/// orders, the second kind is refused with [`Error::KindMismatch`] naming the first, and
+/// holds or marks nothing: a lease (checked, as `leasehold run --key` does) or a campaign
+/// beside a semaphore's permits; a semaphore beside a held lease (and, once that lease is
+/// free, the name is free for the semaphore: a lease marks nothing); a semaphore beside a
+/// leader, and after it resigned. A lease and an election on one name are one kind: they
+/// exclude each other through the one lease, in both orders. Then first uses of fresh
+/// names by a semaphore and a lease (or a campaign) started together: never both hold.
+pub async fn a_name_is_one_kind_of_resource(fx: &Fixture) {
+    use leasehold_core::ResourceKind::{Election, Lease, Semaphore};
+    let run = OwnerToken::random();
+    if without_records(fx, &format!("kind-{run}")).await {
+        return;
+    }
+    let store = &fx.store;
+    let client = fx.client();
+    let name = |what: &str| key(&format!("kind-{what}-{run}"));
+    let refused = |err: Error, found, asked| match err {
+        Error::KindMismatch {
+            found: f, asked: a, ..
+        } if f == found && a == asked => {}
+        e => panic!("expected a refusal of a {asked} on a {found}'s name, got: {e}"),
+    };
+    let record = |prefix: &str, name: &Key| key(&format!("{prefix}/{name}"));
+    let free = async |k: &Key, what: &str| {
+        assert_eq!(store.inspect(k).await.expect("inspect"), None, "{what}");
+    };
+
+    // A semaphore first.
+    let sem_name = name("semaphore");
+    let sem = client.semaphore(sem_name.clone(), 2).expect("valid");
+    let permit = sem.try_acquire().await.expect("a permit of a fresh name");
+    let lease = client
+        .try_acquire(sem_name.clone())
+        .await
+        .expect("the plain acquire checks nothing");
+    let err = client
+        .check_lease_kind(lease)
+        .await
+        .expect_err("a lease beside a semaphore's permits must be refused");
+    refused(err, Semaphore, Lease);
+    free(&sem_name, "a refused lease must be released").await;
+    let err = client
+        .election(sem_name.clone())
+        .expect("valid")
+        .campaign("v", Duration::ZERO)
+        .await
+        .expect_err("a campaign beside a semaphore's permits must be refused");
+    refused(err, Semaphore, Election);
+    free(&sem_name, "a refused campaign must release the lease").await;
+    assert_eq!(
+        store
+            .get_record(&record("election", &sem_name))
+            .await
+            .expect("get_record"),
+        None,
+        "a refused campaign must publish nothing"
+    );
+    permit.release().await.expect("release");
+
+    // A lease first.
+    let lease_name = name("lease");
+    let lease = client.try_acquire(lease_name.clone()).await.expect("lease");
+    let lease = client
+        .check_lease_kind(lease)
+        .await
+        .expect("a lease on a fresh name passes the check");
+    let sem = client.semaphore(lease_name.clone(), 2).expect("valid");
+    let err = sem
+        .try_acquire()
+        .await
+        .expect_err("a permit beside a held lease must be refused");
+    refused(err, Lease, Semaphore);
+    assert!(
+        sem.holders().await.expect("holders").is_empty(),
+        "a refused permit holds no slot"
+    );
+    assert_eq!(
+        store
+            .get_record(&record("semaphore", &lease_name))
+            .await
+            .expect("get_record"),
+        None,
+        "a refused semaphore must not mark a lease's name as its own"
+    );
+    lease.release().await.expect("release");
+    sem.try_acquire()
+        .await
+        .expect("a released lease leaves no mark: a semaphore may take the name")
+        .release()
+        .await
+        .expect("release");
+
+    // An election first.
+    let election_name = name("election");
+    let election = client.election(election_name.clone()).expect("valid");
+    let leader = election
+        .campaign("v", Duration::ZERO)
+        .await
+        .expect("campaign");
+    let sem = client.semaphore(election_name.clone(), 2).expect("valid");
+    let err = sem
+        .try_acquire()
+        .await
+        .expect_err("a permit beside a leader must be refused");
+    refused(err, Election, Semaphore);
+    leader.resign().await.expect("resign");
+    let err = sem
+        .try_acquire()
+        .await
+        .expect_err("a permit on an election's name must be refused without a leader too");
+    refused(err, Election, Semaphore);
+    assert!(
+        sem.holders().await.expect("holders").is_empty(),
+        "a refused permit holds no slot"
+    );
+
+    // A lease and an election: one kind, one lease.
+    let shared = name("shared");
+    let election = client.election(shared.clone()).expect("valid");
+    let lease = client.try_acquire(shared.clone()).await.expect("lease");
+    let lease = client
+        .check_lease_kind(lease)
+        .await
+        .expect("a lease passes");
+    match election.campaign("v", Duration::ZERO).await {
+        Err(Error::WaitTimeout { .. }) => {}
+        other => panic!("a campaign must wait while a lease holds its name: {other:?}"),
+    }
+    let seen = election
+        .leader()
+        .await
+        .expect("leader")
+        .expect("the lease leads");
+    assert_eq!(seen.term, lease.fence(), "the lease's holder is the leader");
+    lease.release().await.expect("release");
+    let leader = election
+        .campaign("v", Duration::ZERO)
+        .await
+        .expect("campaign");
+    match client.try_acquire(shared.clone()).await {
+        Err(Error::Contended { .. }) => {}
+        other => panic!("a lease must be refused while a leader holds its name: {other:?}"),
+    }
+    leader.resign().await.expect("resign");
+
+    // Racing first uses of fresh names: never both held. Each outcome is kept (a grant
+    // stays held) until both are in.
+    for round in 0..8 {
+        let fresh = name(&format!("race-{round}"));
+        let sem = client.semaphore(fresh.clone(), 2).expect("valid");
+        let (p, other) = if round % 2 == 0 {
+            let lease = async {
+                let lease = client.try_acquire(fresh.clone()).await?;
+                client.check_lease_kind(lease).await
+            };
+            let (p, l) = tokio::join!(sem.try_acquire(), lease);
+            let l = l.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>);
+            (p, l)
+        } else {
+            let election = client.election(fresh.clone()).expect("valid");
+            let (p, e) = tokio::join!(sem.try_acquire(), election.campaign("v", Duration::ZERO));
+            (p, e.map(|e| Box::new(e) as Box<dyn std::any::Any + Send>))
+        };
+        for r in [p.as_ref().err(), other.as_ref().err()]
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                matches!(r, Error::KindMismatch { .. }) || r.is_retryable(),
+                "round {round}: {r}"
+            );
+        }
+        assert!(
+            p.is_err() || other.is_err(),
+            "round {round}: a semaphore and a lease (or leader) both hold `{fresh}`"
+        );
+    }
+}
