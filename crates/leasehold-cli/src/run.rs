@@ -177,6 +177,7 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
         }
     };
     let lease = acquired.map_err(|e| Failure::from_lease(e, args.conflict_exit_code))?;
+    let lease = crate::kind::checked(&client, lease, args.permits).await?;
     tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), "lease acquired");
     facts.acquired(lease.fence().get(), lease.owner().to_hex());
     let outcome = supervise(&lease, slot, args, grace).await;
