@@ -75,9 +75,12 @@ async fn election(url: &str, name: &str) -> Result<Election, Failure> {
         .op_timeout(ADMIN_TIMEOUT)
         .build()
         .map_err(|e| Failure::Internal(e.to_string()))?;
-    LeaseClient::new(store, config)
+    let client = LeaseClient::new(store, config);
+    let election = client
         .election(name)
-        .map_err(|e| Failure::Usage(format!("invalid election name: {e}")))
+        .map_err(|e| Failure::Usage(format!("invalid election name: {e}")))?;
+    crate::kind::election(&client, &election).await?;
+    Ok(election)
 }
 
 fn line(name: &str, leader: Option<&Leader>) -> String {

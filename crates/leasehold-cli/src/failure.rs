@@ -77,6 +77,7 @@ impl Failure {
             | leasehold::Error::InvalidResource(_)
             | leasehold::Error::InvalidPermits { .. }
             | leasehold::Error::PermitsMismatch { .. }
+            | leasehold::Error::KindMismatch { .. }
             | leasehold::Error::ValueTooLong { .. } => Self::Usage(e.to_string()),
             other => Self::Internal(other.to_string()),
         }

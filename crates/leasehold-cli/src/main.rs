@@ -8,6 +8,7 @@ mod exit;
 mod failure;
 mod guard;
 mod help;
+mod kind;
 mod man;
 mod migrate;
 mod out;

@@ -192,6 +192,7 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
         }
     };
     let lease = acquired.map_err(|e| Failure::from_lease(e, args.conflict_exit_code))?;
+    let lease = crate::kind::checked(&client, lease, args.permits).await?;
     tracing::info!(%key, fence = lease.fence().get(), owner = %lease.owner(), ttl = ?lease.ttl(), "lease acquired");
     facts.acquired(lease.fence().get(), lease.owner().to_hex());
     let grace = match grace_for(args.grace, args.ttl, lease.ttl()) {

@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 // The cases of what is built on the lease live in their own module; listed with these.
 pub use crate::coordination::{
-    acquire_any_checked_takes_nothing_behind_another_value,
+    a_name_is_one_kind_of_resource, acquire_any_checked_takes_nothing_behind_another_value,
     acquire_any_takes_the_owners_key_or_the_first_free_one, lost_permit_returns_after_its_ttl_only,
     one_leader_at_a_time_and_terms_rise, racing_record_writes_keep_the_highest_fence,
     records_are_fenced_writes, semaphore_admits_at_most_n_holders,

@@ -698,3 +698,227 @@ pub async fn acquire_any_checked_takes_nothing_behind_another_value(fx: &Fixture
     stored("a refused acquire_any_checked changed the record").await;
     store.release(&keys[0], &me).await.expect("release");
 }
+
+/// A name is one kind of resource (see `leasehold_core::kind`). On each pairing, in both
+/// orders, the second kind is refused with [`Error::KindMismatch`] naming the first, and
+/// holds or marks nothing: a lease (checked, as `leasehold run --key` does) or a campaign
+/// beside a semaphore's permits; a semaphore beside a held lease (and, once that lease is
+/// free, the name is free for the semaphore: a lease marks nothing); a semaphore beside a
+/// leader, and after it resigned. A lease and an election on one name are one kind: they
+/// exclude each other through the one lease, in both orders. Then first uses of fresh
+/// names by a semaphore and a lease (or a campaign) started together: never both hold.
+///
+/// What must succeed is asked with a wait, and store calls that answer a retryable error
+/// under load are asked again: the case is about which kind gets the name, not about
+/// first-try latency.
+pub async fn a_name_is_one_kind_of_resource(fx: &Fixture) {
+    use leasehold_core::ResourceKind::{Election, Lease, Semaphore};
+    const WAIT: Duration = Duration::from_secs(30);
+    let run = OwnerToken::random();
+    if without_records(fx, &format!("kind-{run}")).await {
+        return;
+    }
+    let store = &fx.store;
+    let client = fx.client();
+    let name = |what: &str| key(&format!("kind-{what}-{run}"));
+    let refused = |err: Error, found, asked| match err {
+        Error::KindMismatch {
+            found: f, asked: a, ..
+        } if f == found && a == asked => {}
+        e => panic!("expected a refusal of a {asked} on a {found}'s name, got: {e}"),
+    };
+    let record = |prefix: &str, name: &Key| key(&format!("{prefix}/{name}"));
+    // A read asked again while it answers a retryable error (a timeout under load).
+    async fn read<T, F: Future<Output = Result<T, E>>, E: std::fmt::Display>(
+        what: &str,
+        retryable: impl Fn(&E) -> bool,
+        mut call: impl FnMut() -> F,
+    ) -> T {
+        let until = Instant::now() + WAIT;
+        loop {
+            match call().await {
+                Ok(v) => return v,
+                Err(e) if retryable(&e) && Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{what}: {e}"),
+            }
+        }
+    }
+    let held = async |k: &Key| {
+        read(
+            "inspect",
+            |e: &leasehold_core::StoreError| e.is_retryable(),
+            || store.inspect(k),
+        )
+        .await
+        .is_some()
+    };
+    // Not held now, or soon: a release lost to a timeout under load is retried in the
+    // background, and the lease expires after its TTL at the latest; a lease still held
+    // past that is kept by someone.
+    let gone = async |k: &Key, what: &str| {
+        let until = Instant::now() + fx.ttl * 2 + Duration::from_secs(1);
+        while held(k).await {
+            assert!(Instant::now() < until, "{what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let get = async |k: &Key| {
+        read(
+            "get_record",
+            |e: &leasehold_core::StoreError| e.is_retryable(),
+            || store.get_record(k),
+        )
+        .await
+    };
+    let slots_held = async |sem: &leasehold_core::Semaphore| {
+        read("holders", |e: &Error| e.is_retryable(), || sem.holders())
+            .await
+            .len()
+    };
+    // A release lost to a timeout under load leaves the lease to expire.
+    let released = |r: Result<bool, Error>| match r {
+        Ok(_) => {}
+        Err(e) if e.is_retryable() => {}
+        Err(e) => panic!("release: {e}"),
+    };
+
+    // A semaphore first.
+    let sem_name = name("semaphore");
+    let sem = client.semaphore(sem_name.clone(), 2).expect("valid");
+    let permit = sem.acquire(WAIT).await.expect("a permit of a fresh name");
+    let lease = client
+        .acquire(sem_name.clone(), WAIT)
+        .await
+        .expect("the plain acquire checks nothing");
+    let err = client
+        .check_lease_kind(lease)
+        .await
+        .expect_err("a lease beside a semaphore's permits must be refused");
+    refused(err, Semaphore, Lease);
+    gone(&sem_name, "a refused lease must be released").await;
+    let err = client
+        .election(sem_name.clone())
+        .expect("valid")
+        .campaign("v", WAIT)
+        .await
+        .expect_err("a campaign beside a semaphore's permits must be refused");
+    refused(err, Semaphore, Election);
+    gone(&sem_name, "a refused campaign must release the lease").await;
+    assert_eq!(
+        get(&record("election", &sem_name)).await,
+        None,
+        "a refused campaign must publish nothing"
+    );
+    released(permit.release().await);
+
+    // A lease first.
+    let lease_name = name("lease");
+    let lease = client
+        .acquire(lease_name.clone(), WAIT)
+        .await
+        .expect("lease");
+    let lease = client
+        .check_lease_kind(lease)
+        .await
+        .expect("a lease on a fresh name passes the check");
+    let sem = client.semaphore(lease_name.clone(), 2).expect("valid");
+    let err = sem
+        .acquire(WAIT)
+        .await
+        .expect_err("a permit beside a held lease must be refused");
+    refused(err, Lease, Semaphore);
+    assert_eq!(slots_held(&sem).await, 0, "a refused permit holds no slot");
+    assert_eq!(
+        get(&record("semaphore", &lease_name)).await,
+        None,
+        "a refused semaphore must not mark a lease's name as its own"
+    );
+    released(lease.release().await);
+    gone(&lease_name, "a released lease must be gone").await;
+    let permit = sem
+        .acquire(WAIT)
+        .await
+        .expect("a released lease leaves no mark: a semaphore may take the name");
+    released(permit.release().await);
+
+    // An election first.
+    let election_name = name("election");
+    let election = client.election(election_name.clone()).expect("valid");
+    let leader = election.campaign("v", WAIT).await.expect("campaign");
+    let sem = client.semaphore(election_name.clone(), 2).expect("valid");
+    let err = sem
+        .acquire(WAIT)
+        .await
+        .expect_err("a permit beside a leader must be refused");
+    refused(err, Election, Semaphore);
+    released(leader.resign().await);
+    let err = sem
+        .acquire(WAIT)
+        .await
+        .expect_err("a permit on an election's name must be refused without a leader too");
+    refused(err, Election, Semaphore);
+    assert_eq!(slots_held(&sem).await, 0, "a refused permit holds no slot");
+
+    // A lease and an election: one kind, one lease.
+    let shared = name("shared");
+    let election = client.election(shared.clone()).expect("valid");
+    let lease = client.acquire(shared.clone(), WAIT).await.expect("lease");
+    let lease = client
+        .check_lease_kind(lease)
+        .await
+        .expect("a lease passes");
+    match election.campaign("v", Duration::from_millis(200)).await {
+        Err(Error::WaitTimeout { .. }) => {}
+        Err(e) if e.is_retryable() => {}
+        other => panic!("a campaign must wait while a lease holds its name: {other:?}"),
+    }
+    let seen = read("leader", |e: &Error| e.is_retryable(), || election.leader()).await;
+    assert_eq!(
+        seen.map(|l| l.term),
+        Some(lease.fence()),
+        "the lease's holder is the leader"
+    );
+    released(lease.release().await);
+    let leader = election.campaign("v", WAIT).await.expect("campaign");
+    match client.try_acquire(shared.clone()).await {
+        Err(Error::Contended { .. }) => {}
+        Err(e) if e.is_retryable() => {}
+        other => panic!("a lease must be refused while a leader holds its name: {other:?}"),
+    }
+    released(leader.resign().await);
+
+    // Racing first uses of fresh names: never both held. Each outcome is kept (a grant
+    // stays held) until both are in.
+    for round in 0..8 {
+        let fresh = name(&format!("race-{round}"));
+        let sem = client.semaphore(fresh.clone(), 2).expect("valid");
+        let (p, other) = if round % 2 == 0 {
+            let lease = async {
+                let lease = client.try_acquire(fresh.clone()).await?;
+                client.check_lease_kind(lease).await
+            };
+            let (p, l) = tokio::join!(sem.try_acquire(), lease);
+            let l = l.map(|l| Box::new(l) as Box<dyn std::any::Any + Send>);
+            (p, l)
+        } else {
+            let election = client.election(fresh.clone()).expect("valid");
+            let (p, e) = tokio::join!(sem.try_acquire(), election.campaign("v", Duration::ZERO));
+            (p, e.map(|e| Box::new(e) as Box<dyn std::any::Any + Send>))
+        };
+        for r in [p.as_ref().err(), other.as_ref().err()]
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                matches!(r, Error::KindMismatch { .. }) || r.is_retryable(),
+                "round {round}: {r}"
+            );
+        }
+        assert!(
+            p.is_err() || other.is_err(),
+            "round {round}: a semaphore and a lease (or leader) both hold `{fresh}`"
+        );
+    }
+}

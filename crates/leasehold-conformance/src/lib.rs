@@ -424,6 +424,7 @@ macro_rules! __with_cases {
             watch_notices_grants_releases_and_record_writes,
             acquire_any_takes_the_owners_key_or_the_first_free_one,
             acquire_any_checked_takes_nothing_behind_another_value,
+            a_name_is_one_kind_of_resource,
         }
     };
 }

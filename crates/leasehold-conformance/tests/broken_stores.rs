@@ -87,10 +87,13 @@ enum Flaw {
     /// `acquire_any_checked` writes an absent record but acquires whatever value the
     /// record holds.
     CheckIgnoresRecord,
+    /// `get_record` reads a copy that lags [`RECORD_LAG`] behind the writes (as a read
+    /// from a lagging replica would): a record just written reads as absent.
+    RecordReadsLag,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 23] = [
+    const ALL: [Flaw; 24] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -114,6 +117,7 @@ impl Flaw {
         Flaw::HidesWatch,
         Flaw::AcquireAnyIgnoresOwner,
         Flaw::CheckIgnoresRecord,
+        Flaw::RecordReadsLag,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -131,6 +135,8 @@ const FOREVER: Duration = Duration::from_secs(24 * 60 * 60);
 const RACE_WINDOW: Duration = Duration::from_millis(20);
 /// How long [`Flaw::GuessesWhenUnreachable`] gives a call.
 const GUESS_AFTER: Duration = Duration::from_millis(200);
+/// How far the record reads of [`Flaw::RecordReadsLag`] lag behind the writes.
+const RECORD_LAG: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
 struct Broken {
@@ -142,6 +148,8 @@ struct Broken {
     arrivals: Mutex<HashMap<OwnerToken, u32>>,
     /// The records written blindly, for [`Flaw::RecordIgnoresFence`].
     records: Mutex<HashMap<Key, Record>>,
+    /// When each record was first written, for [`Flaw::RecordReadsLag`].
+    written: Mutex<HashMap<Key, tokio::time::Instant>>,
 }
 
 impl Broken {
@@ -152,6 +160,7 @@ impl Broken {
             cache: Mutex::new(HashMap::new()),
             arrivals: Mutex::new(HashMap::new()),
             records: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
         }
     }
 
@@ -426,10 +435,24 @@ impl Store for Broken {
                 .insert(key.clone(), record.clone());
             return Ok(record);
         }
-        self.inner.put_record(key, fence, value).await
+        let stored = self.inner.put_record(key, fence, value).await?;
+        if self.flaw == Flaw::RecordReadsLag {
+            let now = tokio::time::Instant::now();
+            self.written
+                .lock()
+                .unwrap()
+                .entry(key.clone())
+                .or_insert(now);
+        }
+        Ok(stored)
     }
 
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        if let Some(at) = self.written.lock().unwrap().get(key)
+            && at.elapsed() < RECORD_LAG
+        {
+            return Ok(None);
+        }
         if let Some(r) = self.records.lock().unwrap().get(key) {
             return Ok(Some(r.clone()));
         }
@@ -673,6 +696,7 @@ const ALL_CASES: &[&str] = &[
     "watch_notices_grants_releases_and_record_writes",
     "acquire_any_takes_the_owners_key_or_the_first_free_one",
     "acquire_any_checked_takes_nothing_behind_another_value",
+    "a_name_is_one_kind_of_resource",
     "row_02_near_miss_freeze_keeps_the_lease",
     "row_04_server_paused_lost_before_store_expiry",
     "row_05_lost_reply_retry_returns_same_lease",
@@ -683,6 +707,18 @@ const ALL_CASES: &[&str] = &[
 ];
 
 const KILLS: &[Kill] = &[
+    kill(
+        "a_name_is_one_kind_of_resource",
+        RecordReadsLag,
+        Memory,
+        "a lease beside a semaphore's permits must be refused",
+    ),
+    kill(
+        "a_name_is_one_kind_of_resource",
+        InspectLies,
+        Memory,
+        "a refused lease must be released",
+    ),
     kill(
         "acquire_any_checked_takes_nothing_behind_another_value",
         CheckIgnoresRecord,
@@ -1125,6 +1161,7 @@ flaw_tests! {
     a_watch_hidden_by_the_capabilities_is_caught: HidesWatch,
     acquire_any_that_ignores_the_owners_key_is_caught: AcquireAnyIgnoresOwner,
     a_checked_acquire_that_ignores_the_record_is_caught: CheckIgnoresRecord,
+    record_reads_that_lag_behind_the_writes_are_caught: RecordReadsLag,
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //! term, so a deposed leader can never overwrite its successor's value.
 //!
 //! `leasehold run --key NAME` campaigns for the election `NAME` (without a value):
-//! elections and leases share one name space.
+//! elections and leases share one name space, and are one [kind](crate::kind) of
+//! resource. A semaphore is another: a campaign on a semaphore's name is refused
+//! ([`Error::KindMismatch`]) once its lease is granted, before it publishes anything.
 //!
 //! ```
 //! use std::{sync::Arc, time::Duration};
@@ -158,7 +160,8 @@ impl Election {
     /// # Errors
     /// [`Error::ValueTooLong`], [`Error::WaitTimeout`] (not elected in time),
     /// [`Error::LeaseLost`] (lost before the value was published, or a later leader had
-    /// already published), [`Error::Store`] (including `Unsupported` on a store without
+    /// already published), [`Error::KindMismatch`] (the name is a semaphore's; the lease
+    /// is released), [`Error::Store`] (including `Unsupported` on a store without
     /// records), and the errors of [`LeaseClient::acquire`].
     pub async fn campaign(
         &self,
@@ -172,6 +175,11 @@ impl Election {
             return Err(StoreError::unsupported(store.backend(), "records").into());
         }
         let lease = self.client.acquire(&self.name, wait).await?;
+        // Not a semaphore's name: read now that the lease is granted (`crate::kind`).
+        let lease = self
+            .client
+            .checked_lease(lease, crate::kind::ResourceKind::Election)
+            .await?;
         let term = lease.fence();
         let limit = self.client.config().op_timeout();
         let mut attempt = 0;

@@ -335,6 +335,17 @@ pub enum Error {
         /// The number this caller asked for.
         asked: u32,
     },
+    /// The name is used as another kind of resource (see [`kind`](crate::kind)): a
+    /// semaphore and a lease (or an election) cannot share a name. Nothing was left held.
+    #[error("{}", crate::kind::mismatch_message(name, *found, *asked))]
+    KindMismatch {
+        /// The name.
+        name: Key,
+        /// What the store records the name as.
+        found: crate::kind::ResourceKind,
+        /// What this caller asked for.
+        asked: crate::kind::ResourceKind,
+    },
     /// The client is shutting down ([`LeaseClient::shutdown`](crate::LeaseClient::shutdown)):
     /// it grants no new leases.
     #[error("the lease client is shutting down: no new leases")]
@@ -359,7 +370,8 @@ impl Error {
             | Self::InvalidConfig(_)
             | Self::ValueTooLong { .. }
             | Self::InvalidPermits { .. }
-            | Self::PermitsMismatch { .. } => Action::Reconfigure,
+            | Self::PermitsMismatch { .. }
+            | Self::KindMismatch { .. } => Action::Reconfigure,
             Self::Contended { .. } | Self::WaitTimeout { .. } => Action::TryLater,
             Self::LeaseLost(_) | Self::FenceRejected { .. } => Action::OwnershipLost,
             Self::ShuttingDown => Action::Stop,

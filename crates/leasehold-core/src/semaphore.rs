@@ -33,6 +33,13 @@
 //! reported, until the wait ends. Waiters are not served in order (a permit freed goes to
 //! whoever asks next), even on a store that queues the waiters of a single lease.
 //!
+//! The name is a semaphore's and nothing else's ([`kind`](crate::kind)): once a permit is
+//! granted, one round trip more (two reads at once) checks that the lease `NAME` is free
+//! and the record `election/NAME` absent; if not, the permit is released and the call
+//! answers [`Error::KindMismatch`]. A handle's first acquire makes the same check before
+//! its first store call, so that a semaphore refused on a lease's or an election's name
+//! does not mark it as a semaphore's.
+//!
 //! ```
 //! use std::{sync::Arc, time::Duration};
 //! use leasehold_core::{Error, LeaseClient, LeaseConfig, memory::MemoryStore};
@@ -58,6 +65,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -80,6 +88,9 @@ pub struct Semaphore {
     permits: u32,
     slots: Arc<[Key]>,
     record: Key,
+    /// Whether an acquire of this handle found the name a semaphore's (its kind checked
+    /// after a grant): later acquires skip the check before their first store call.
+    confirmed: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Semaphore {
@@ -164,6 +175,7 @@ impl LeaseClient {
             permits,
             slots: slots.into(),
             record,
+            confirmed: Arc::new(AtomicBool::new(false)),
         })
     }
 }
@@ -206,6 +218,8 @@ impl Semaphore {
     /// # Errors
     /// [`Error::WaitTimeout`] (all permits still held when the wait ended),
     /// [`Error::PermitsMismatch`] (the store holds another N for this name),
+    /// [`Error::KindMismatch`] (the name is a lease's or an election's: see
+    /// [`kind`](crate::kind)),
     /// [`Error::Store`] (including `Unsupported` on a store without records; the last
     /// retryable error when the wait ended), [`Error::ShuttingDown`].
     pub async fn acquire(&self, wait: Duration) -> Result<Permit, Error> {
@@ -230,6 +244,13 @@ impl Semaphore {
             },
             permits: self.permits,
         });
+        // A name in use as a lease or an election is refused before this handle's first
+        // acquire can write the record that makes it a semaphore's (`crate::kind`).
+        if !self.confirmed.load(Ordering::Relaxed) {
+            self.client
+                .check_semaphore_kind(&self.name, deadline)
+                .await?;
+        }
         let mut attempt = 0u32;
         while check.is_none() {
             match self.check_permits(&value).await {
@@ -252,21 +273,37 @@ impl Semaphore {
             .map(|i| self.slots[(first + i) % n].clone())
             .collect();
         let left = deadline.saturating_duration_since(Instant::now());
-        match self
+        let permit = match self
             .client
             .acquire_any(&self.name, &keys, Some(left), check)
             .await
         {
-            Ok((lease, index)) => Ok(Permit {
+            Ok((lease, index)) => Permit {
                 lease,
                 slot: ((first + index) % n) as u32,
-            }),
-            Err(Error::WaitTimeout { key, .. }) => Err(Error::WaitTimeout {
-                key,
-                waited: started.elapsed(),
-            }),
-            Err(e) => Err(e),
+            },
+            Err(Error::WaitTimeout { key, .. }) => {
+                return Err(Error::WaitTimeout {
+                    key,
+                    waited: started.elapsed(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        // A lease (or an election) must not hold the name: checked now that the record is
+        // in the store, so that a lease taken at the same moment sees it (`crate::kind`).
+        let valid_until = permit.lease.valid_until();
+        if let Err(e) = self
+            .client
+            .check_semaphore_kind(&self.name, valid_until)
+            .await
+        {
+            // Not released (a timeout): dropping the lease releases it in the background.
+            let _ = permit.release().await;
+            return Err(e);
         }
+        self.confirmed.store(true, Ordering::Relaxed);
+        Ok(permit)
     }
 
     /// The permits held now: `(slot, holder)` for each held slot.

@@ -814,8 +814,10 @@ async fn a_permit_is_one_acquire_script_call_on_one_server() {
     let calls = s.evalsha_calls().await - before;
     assert_eq!(p.slot(), N - 1, "the one free slot");
     assert_eq!(
-        calls, 1,
-        "a permit is one script call: the permit-count check and the acquire"
+        calls, 3,
+        "a permit is one acquire script call (the permit-count check and the acquire), then \
+         the two reads of the name's kind once it is granted (the lease NAME, the record \
+         election/NAME)"
     );
     // All held: one call answers with the shortest remaining TTL.
     let before = s.evalsha_calls().await;
