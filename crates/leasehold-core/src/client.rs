@@ -58,6 +58,8 @@ struct Inner {
     live: Arc<Live>,
     /// Set by [`LeaseClient::shutdown`]: no new leases.
     closing: AtomicBool,
+    /// The leases the store may report ended ([`Store::ended_grants`]).
+    ended: Option<Arc<crate::ended::Tracked>>,
 }
 
 /// Counts a client's live lease handles; wakes [`LeaseClient::shutdown`] at zero.
@@ -146,17 +148,21 @@ impl LeaseClientBuilder {
     pub fn build(self) -> LeaseClient {
         let capabilities = self.store.capabilities();
         let rng = self.rng.unwrap_or_else(|| Box::new(StdRng::from_os_rng()));
+        let clock: LeaseClock = self.clock.map(LeaseClock::new).unwrap_or_default();
+        let ended =
+            (self.store.ended_grants()).map(|e| e.subscribe(clock.clone(), self.config.ttl()));
         LeaseClient {
             inner: Arc::new(Inner {
                 store: self.store,
                 config: self.config,
                 capabilities,
-                clock: self.clock.map(LeaseClock::new).unwrap_or_default(),
+                clock,
                 observer: self.observer,
                 sched: OnceLock::new(),
                 rng: Mutex::new(rng),
                 live: Arc::default(),
                 closing: AtomicBool::new(false),
+                ended,
             }),
         }
     }
@@ -590,6 +596,9 @@ impl LeaseClient {
                             };
                             let shared =
                                 Arc::new(LeaseShared::new(grant, store.backend(), clock.clone()));
+                            if let Some(ended) = &self.inner.ended {
+                                ended.track(&shared);
+                            }
                             let sched = self.scheduler();
                             scheduler::track(sched, &shared, cfg);
                             let lease = Lease::new(
