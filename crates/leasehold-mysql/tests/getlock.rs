@@ -732,3 +732,55 @@ async fn a_timed_out_renewal_keeps_the_lock_until_the_loss_is_recorded_on_the_le
     assert!(taken.release().await.unwrap());
     drop(slow);
 }
+
+/// Issue 24.6 without a client: a renewal that times out in the keeper is answered
+/// `NotOwner`, but no lease client has the grant to record the loss on (a direct caller of
+/// the store), so the keeper keeps the session, and the lock, until the TTL has passed
+/// since the last renewal that went through was sent; then it lets it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_callers_timed_out_renewal_keeps_the_lock_until_the_ttl() {
+    let db = common::start_db();
+    let proxy = FaultProxy::start(db.addr());
+    let a = MySqlGetLockStore::open(&format!(
+        "mysql+getlock://root@127.0.0.1:{}/test?timeout=400ms&connect_timeout=2s",
+        proxy.port()
+    ))
+    .await
+    .expect("open A's store");
+    let b = open(&getlock_url(&db)).await;
+    let key = Key::new("gl:direct").unwrap();
+    let (owner, ttl) = (OwnerToken::random(), Duration::from_secs(3));
+    assert!(matches!(
+        a.acquire(&key, &owner, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let renewed_at = Instant::now();
+    assert!(matches!(
+        a.renew(&key, &owner, ttl).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    proxy.set_mode(ProxyMode::Blackhole);
+    assert_eq!(
+        a.renew(&key, &owner, ttl).await.unwrap(),
+        RenewOutcome::NotOwner,
+        "the renewal that timed out"
+    );
+    // A session the keeper closed now would free the lock at once.
+    proxy.set_mode(ProxyMode::Pass);
+    let taken_at = timeout(LONG, async {
+        let other = OwnerToken::random();
+        loop {
+            if let Ok(AcquireOutcome::Acquired { .. }) = b.acquire(&key, &other, ttl).await {
+                return Instant::now();
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the lock is let go after the TTL");
+    assert!(
+        taken_at >= renewed_at + ttl,
+        "the lock was let go {:?} after the last renewal was sent, before the TTL ({ttl:?})",
+        taken_at - renewed_at
+    );
+}

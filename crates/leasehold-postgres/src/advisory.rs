@@ -393,10 +393,8 @@ impl PgAdvisoryStore {
             config.options_named(&format!("{prefix}/watch")),
             &table.sibling(DEFAULT_RECORD_TABLE),
         );
-        // Never ended for being idle: its end must mean the server ended its sessions.
-        let server_watch_options = config
-            .options_named(&truncate_app_name(format!("{prefix}/server-watch")))
-            .options([("idle_session_timeout", "0")]);
+        let server_watch_options =
+            config.options_named(&truncate_app_name(format!("{prefix}/server-watch")));
         let store = Self {
             inner: Arc::new(Inner {
                 pool,
@@ -745,6 +743,10 @@ async fn watch_server(inner: Weak<Inner>, options: PgConnectOptions, mut watchin
         let mut l = PgListener::connect_with(&pool).await?;
         l.ignore_pool_close_event(true);
         l.eager_reconnect(false);
+        // Never ended for being idle: its end must mean the server ended its sessions.
+        sqlx::query("SET idle_session_timeout = 0")
+            .execute(&mut l)
+            .await?;
         Ok::<_, sqlx::Error>(l)
     }
     .await;

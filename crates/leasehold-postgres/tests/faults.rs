@@ -492,3 +492,22 @@ async fn f9_advisory_crash_restart_loses_the_lease_before_the_restarted_server_g
     .await;
     assert_lost_before_the_takeover(&t);
 }
+
+/// The server watch must end only when the server ends its sessions: a server-wide
+/// `idle_session_timeout` (here 1 s) does not end it, so a lease held for longer is not
+/// reported lost (the holder's own session sets its idle timeout to the TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_server_watch_outlives_a_server_idle_session_timeout() {
+    let pg = common::start_pg(PostgresOptions::new().setting("idle_session_timeout", "1s")).await;
+    let store = Arc::new(
+        PgAdvisoryStore::connect(&PgConfig::from_str(&pg.url()).unwrap())
+            .await
+            .unwrap(),
+    );
+    store.migrate().await.unwrap();
+    let client = LeaseClient::new(store.clone(), LeaseConfig::new(TTL).unwrap());
+    let lease = client.try_acquire("job:idle-watch").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(lease.is_valid(), "lost: {:?}", lease.lost_reason());
+    assert!(lease.release().await.unwrap());
+}
