@@ -182,9 +182,21 @@ fn lock(held: &Mutex<HashMap<Key, Holder>>) -> MutexGuard<'_, HashMap<Key, Holde
 /// - **Renew** checks `IS_USED_LOCK(name) = CONNECTION_ID()` on the lock's own session; a
 ///   session that was killed or broke answers `NotOwner`, and so does a check that gets no
 ///   reply within the store's `timeout`: the session is then closed (freeing the lock) only
-///   after that `NotOwner` was handed to the renewal's caller, or, if the caller gave up
-///   first, to its next renewal (or at the TTL). An error answered by the server on a
-///   live session stays a retryable error and the lock stays held.
+///   once the loss is recorded on the holder's lease ([`Store::ended_grants`]: a lease
+///   client marks it lost, [`LostReason::SessionEnded`](leasehold_core::LostReason),
+///   before the keeper goes on), or, when no lease client has it (a direct caller), once
+///   the TTL has passed since the last renewal that went through. A `NotOwner` handed over
+///   is not enough: the heartbeat takes a batch of renewals in when the slowest answers.
+///   An error answered by the server on a live session stays a retryable error and the lock
+///   stays held.
+/// - **Server restarts are seen at once.** The store keeps a *server watch*: one more
+///   session that runs `DO SLEEP(30)` again and again. A shutdown or crash of the server
+///   ends it with every lock's session, and every lease the store holds is then lost at
+///   once (`SessionEnded`), before the restarted server can grant the lock again. A lock is
+///   taken only while the server watch is open (it opens with [`connect`](Self::connect),
+///   else with the first acquire), and kept only if the same one is still open when the
+///   grant is recorded. A crash of the server's host or a restart behind a partition sends
+///   nothing: only the fence protects then.
 /// - **Process bound**: only the store instance that acquired a lease can renew or release
 ///   it (it owns the session); another instance answers `NotOwner`. Dropping the store
 ///   ends all its sessions, releasing their locks.

@@ -255,8 +255,16 @@ struct Inner {
 /// - **Renew** is one round trip on the holder's connection that checks the lock is still
 ///   held by this very session (`pg_locks`, `pid = pg_backend_pid()`), extends the row and
 ///   resets the idle timeout. When the session was terminated
-///   (`pg_terminate_backend`, server restart, network reset) the renewal fails, the store
-///   answers `NotOwner`, and the lease is lost **within one renew interval** (FAULTS 16).
+///   (`pg_terminate_backend`, network reset) the renewal fails, the store answers
+///   `NotOwner`, and the lease is lost **within one renew interval** (FAULTS 16).
+/// - **Server restarts are seen at once.** The store keeps a *server watch*: one more
+///   session (`<prefix>/server-watch`, idle timeout off) that is only read. A restart or
+///   crash of the server ends it with every lock's session, and every lease the store holds
+///   is then lost at once ([`LostReason::SessionEnded`](leasehold_core::LostReason), through
+///   [`Store::ended_grants`]), before the restarted server can grant the lock again. A lock
+///   is taken only while the server watch is open (it opens with the store), and kept only
+///   if the same one is still open when the grant is recorded. A crash of the server's host
+///   or a restart behind a partition sends nothing: only the fence protects then.
 /// - **Release** clears the row, then unlocks, in one statement, and keeps the connection
 ///   for reuse. Dropping the store closes every held session, releasing its locks.
 /// - Only the store instance (the process) that acquired a lease can renew or release it:
@@ -270,7 +278,8 @@ struct Inner {
 ///   watches the key (see the crate's README, "Watching"); a lease that ends with
 ///   its holder's session is not notified, as an expiry.
 /// - Connections: one pool (default 10) for inspect/list/break and acquisition pre-checks,
-///   plus one dedicated connection per held lease and up to 4 idle ones kept for reuse.
+///   the server watch, plus one dedicated connection per held lease and up to 4 idle ones
+///   kept for reuse.
 ///   Mind `max_connections` when holding many leases at once.
 ///
 /// ## Cancel safety
