@@ -58,8 +58,6 @@ struct Inner {
     live: Arc<Live>,
     /// Set by [`LeaseClient::shutdown`]: no new leases.
     closing: AtomicBool,
-    /// The leases the store may report ended ([`Store::ended_grants`]).
-    ended: Option<Arc<crate::ended::Tracked>>,
 }
 
 /// Counts a client's live lease handles; wakes [`LeaseClient::shutdown`] at zero.
@@ -67,6 +65,9 @@ struct Inner {
 pub(crate) struct Live {
     count: AtomicUsize,
     zero: Notify,
+    /// The leases the store may report ended ([`Store::ended_grants`]), told as long as a
+    /// lease handle or the client lives.
+    ended: Option<Arc<crate::ended::Tracked>>,
 }
 
 /// One live lease handle, counted until it is dropped.
@@ -160,9 +161,11 @@ impl LeaseClientBuilder {
                 observer: self.observer,
                 sched: OnceLock::new(),
                 rng: Mutex::new(rng),
-                live: Arc::default(),
+                live: Arc::new(Live {
+                    ended,
+                    ..Live::default()
+                }),
                 closing: AtomicBool::new(false),
-                ended,
             }),
         }
     }
@@ -596,7 +599,7 @@ impl LeaseClient {
                             };
                             let shared =
                                 Arc::new(LeaseShared::new(grant, store.backend(), clock.clone()));
-                            if let Some(ended) = &self.inner.ended {
+                            if let Some(ended) = &self.inner.live.ended {
                                 ended.track(&shared);
                             }
                             let sched = self.scheduler();

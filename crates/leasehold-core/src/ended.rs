@@ -277,6 +277,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_lease_outliving_its_client_is_still_told() {
+        let store = Arc::new(Reporting::default());
+        let lease = {
+            let client = LeaseClient::new(store.clone(), config());
+            client.try_acquire("s:kept").await.unwrap()
+        };
+        assert!(
+            store
+                .ended
+                .report(lease.key(), lease.owner(), lease.fence())
+        );
+        assert_eq!(lease.lost_reason(), Some(LostReason::SessionEnded));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn another_grant_of_the_same_owner_or_an_unknown_one_is_not_lost() {
         let store = Arc::new(Reporting::default());
         let a = LeaseClient::new(store.clone(), config());
