@@ -506,8 +506,11 @@ impl MySqlGetLockStore {
     pub async fn connect(config: MySqlConfig) -> Result<Self, StoreError> {
         let store = Self::new(config)?;
         store.db.prepare(TABLE).await?;
-        // Opened now, in the background, so the first acquire finds it open.
-        store.watch.start(store.server_watch_task());
+        // Opened now, so the first acquire finds it open (if it cannot be, the first
+        // acquire tries again).
+        if let Err(e) = store.server_watch_up().await {
+            tracing::debug!(error = %e, "server watch not opened yet");
+        }
         Ok(store)
     }
 

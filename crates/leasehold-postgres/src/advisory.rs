@@ -421,8 +421,11 @@ impl PgAdvisoryStore {
                 ended: EndedGrants::new(),
             }),
         };
-        // Opened now, in the background, so the first acquire finds it open.
-        store.inner.server_watch.start(store.server_watch_task());
+        // Opened now, so the first acquire finds it open (if it cannot be, the first
+        // acquire tries again).
+        if let Err(e) = store.server_watch_up().await {
+            tracing::debug!(error = %e, "server watch not opened yet");
+        }
         Ok(store)
     }
 
