@@ -259,7 +259,8 @@ pub async fn row_04_server_paused_lost_before_store_expiry(fx: &Fixture) {
     let expected = matches!(
         reason,
         LostReason::Expired | LostReason::RenewFailed { .. } | LostReason::StoreUnavailable
-    ) || (caps.session_bound && reason == LostReason::NotOwner);
+    ) || (caps.session_bound
+        && matches!(reason, LostReason::NotOwner | LostReason::SessionEnded));
     assert!(
         expected,
         "server paused: lost for the wrong reason: {reason:?}"

@@ -65,6 +65,9 @@ struct Inner {
 pub(crate) struct Live {
     count: AtomicUsize,
     zero: Notify,
+    /// The leases the store may report ended ([`Store::ended_grants`]), told as long as a
+    /// lease handle or the client lives.
+    ended: Option<Arc<crate::ended::Tracked>>,
 }
 
 /// One live lease handle, counted until it is dropped.
@@ -146,16 +149,22 @@ impl LeaseClientBuilder {
     pub fn build(self) -> LeaseClient {
         let capabilities = self.store.capabilities();
         let rng = self.rng.unwrap_or_else(|| Box::new(StdRng::from_os_rng()));
+        let clock: LeaseClock = self.clock.map(LeaseClock::new).unwrap_or_default();
+        let ended =
+            (self.store.ended_grants()).map(|e| e.subscribe(clock.clone(), self.config.ttl()));
         LeaseClient {
             inner: Arc::new(Inner {
                 store: self.store,
                 config: self.config,
                 capabilities,
-                clock: self.clock.map(LeaseClock::new).unwrap_or_default(),
+                clock,
                 observer: self.observer,
                 sched: OnceLock::new(),
                 rng: Mutex::new(rng),
-                live: Arc::default(),
+                live: Arc::new(Live {
+                    ended,
+                    ..Live::default()
+                }),
                 closing: AtomicBool::new(false),
             }),
         }
@@ -598,6 +607,9 @@ impl LeaseClient {
                             };
                             let shared =
                                 Arc::new(LeaseShared::new(grant, store.backend(), clock.clone()));
+                            if let Some(ended) = &self.inner.live.ended {
+                                ended.track(&shared);
+                            }
                             let sched = self.scheduler();
                             scheduler::track(sched, &shared, cfg);
                             let lease = Lease::new(

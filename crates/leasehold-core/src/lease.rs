@@ -41,6 +41,9 @@ pub enum LostReason {
     /// The client is shutting down ([`LeaseClient::shutdown`](crate::LeaseClient::shutdown)):
     /// renewal stopped on purpose. Not counted as a lost lease in metrics.
     Shutdown,
+    /// The store saw the server session that held the lease end (a server restart, a
+    /// killed session), and the lease with it ([`EndedGrants`](crate::EndedGrants)).
+    SessionEnded,
 }
 
 impl LostReason {
@@ -53,6 +56,7 @@ impl LostReason {
             Self::MaxHoldExceeded => "max_hold_exceeded",
             Self::StoreUnavailable => "store_unavailable",
             Self::Shutdown => "shutdown",
+            Self::SessionEnded => "session_ended",
         }
     }
 }
@@ -66,6 +70,7 @@ impl fmt::Display for LostReason {
             Self::MaxHoldExceeded => f.write_str("the maximum hold time or renewals was reached"),
             Self::StoreUnavailable => f.write_str("the store was unreachable"),
             Self::Shutdown => f.write_str("the client is shutting down"),
+            Self::SessionEnded => f.write_str("the store's session holding the lease ended"),
         }
     }
 }

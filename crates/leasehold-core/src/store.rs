@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::ended::EndedGrants;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::token::{Fence, OwnerToken};
@@ -249,6 +250,22 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
                 .map(|(key, owner)| self.renew(key, owner, ttl)),
         )
         .await)
+    }
+
+    /// Where this store reports a grant that ended on its side while its holder may still
+    /// believe it holds it — a session-bound lease whose server session it saw end (the
+    /// server restarted, the session was killed) — so that every
+    /// [`LeaseClient`](crate::LeaseClient) on it loses that lease at once
+    /// ([`LostReason::SessionEnded`](crate::LostReason::SessionEnded)) instead of at its
+    /// next renewal. A client subscribes once, when it is built. The store reports
+    /// ([`EndedGrants::report`]) *before* it lets go of anything that may still hold the
+    /// grant, and keeps that until the holder's deadline when the report says no client
+    /// has the grant.
+    ///
+    /// `None` (the default): the store reports nothing, as a store whose leases end only
+    /// by expiry (its holders learn at their renewals, and their deadlines come first).
+    fn ended_grants(&self) -> Option<&EndedGrants> {
+        None
     }
 
     /// Compare-and-delete: remove the lease only if `owner` holds `key`.

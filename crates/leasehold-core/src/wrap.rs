@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::ended::EndedGrants;
 use crate::error::{StoreError, StoreErrorKind};
 use crate::key::Key;
 use crate::store::{
@@ -74,6 +75,10 @@ impl Store for TimeoutStore {
 
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+
+    fn ended_grants(&self) -> Option<&EndedGrants> {
+        self.inner.ended_grants()
     }
 
     async fn acquire(
@@ -381,6 +386,10 @@ impl Store for FaultStore {
         caps.watch &= !st.watch_hidden;
         caps.atomic_acquire_any |= st.acquire_any_atomic;
         caps
+    }
+
+    fn ended_grants(&self) -> Option<&EndedGrants> {
+        self.inner.ended_grants()
     }
 
     async fn acquire(

@@ -894,6 +894,11 @@ fn lost_reasons_say_what_happened() {
             "unreachable",
         ),
         (LostReason::Shutdown, "shutdown", "shutting down"),
+        (
+            LostReason::SessionEnded,
+            "session_ended",
+            "session holding the lease ended",
+        ),
     ];
     for (reason, label, text) in cases {
         assert_eq!(reason.as_str(), label);

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, EndedGrants, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_sql::Failure;
+use leasehold_sql::server_watch::{ServerWatch, Watching};
 use sha2::{Digest, Sha256};
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool};
 use tokio::sync::{mpsc, oneshot};
@@ -125,6 +126,12 @@ const RESERVED_IDLE_SECS: u64 = 2;
 /// as a timeout: the caller waits again).
 const MAX_WAIT_SECS: f64 = 86_400.0;
 
+/// The statement the server watch's session waits in, again and again: a running statement
+/// is never ended for idleness (`wait_timeout`), and the server ends it at once when it
+/// shuts down or the session is killed. `DO`, not `SELECT`: MySQL's `max_execution_time`
+/// applies to `SELECT`s only.
+const SERVER_WATCH_SLEEP: &str = "DO SLEEP(30)";
+
 /// A lock the server's queue granted to a waiting session, kept for its owner's acquire.
 struct Reservation {
     id: u64,
@@ -175,9 +182,21 @@ fn lock(held: &Mutex<HashMap<Key, Holder>>) -> MutexGuard<'_, HashMap<Key, Holde
 /// - **Renew** checks `IS_USED_LOCK(name) = CONNECTION_ID()` on the lock's own session; a
 ///   session that was killed or broke answers `NotOwner`, and so does a check that gets no
 ///   reply within the store's `timeout`: the session is then closed (freeing the lock) only
-///   after that `NotOwner` was handed to the renewal's caller, or, if the caller gave up
-///   first, to its next renewal (or at the TTL). An error answered by the server on a
-///   live session stays a retryable error and the lock stays held.
+///   once the loss is recorded on the holder's lease ([`Store::ended_grants`]: a lease
+///   client marks it lost, [`LostReason::SessionEnded`](leasehold_core::LostReason),
+///   before the keeper goes on), or, when no lease client has it (a direct caller), once
+///   the TTL has passed since the last renewal that went through. A `NotOwner` handed over
+///   is not enough: the heartbeat takes a batch of renewals in when the slowest answers.
+///   An error answered by the server on a live session stays a retryable error and the lock
+///   stays held.
+/// - **Server restarts are seen at once.** The store keeps a *server watch*: one more
+///   session that runs `DO SLEEP(30)` again and again. A shutdown or crash of the server
+///   ends it with every lock's session, and every lease the store holds is then lost at
+///   once (`SessionEnded`), before the restarted server can grant the lock again. A lock is
+///   taken only while the server watch is open (it opens with [`connect`](Self::connect),
+///   else with the first acquire), and kept only if the same one is still open when the
+///   grant is recorded. A crash of the server's host or a restart behind a partition sends
+///   nothing: only the fence protects then.
 /// - **Process bound**: only the store instance that acquired a lease can renew or release
 ///   it (it owns the session); another instance answers `NotOwner`. Dropping the store
 ///   ends all its sessions, releasing their locks.
@@ -194,6 +213,10 @@ pub struct MySqlGetLockStore {
     reserved: Reserved,
     idle: Idle,
     next_id: AtomicU64,
+    /// The session that sees the server end its sessions.
+    watch: ServerWatch,
+    /// Where the leases whose sessions ended are reported.
+    ended: Arc<EndedGrants>,
 }
 
 impl std::fmt::Debug for MySqlGetLockStore {
@@ -313,6 +336,9 @@ struct Keeper {
     key: Key,
     name: String,
     id: u64,
+    owner: OwnerToken,
+    fence: Fence,
+    ended: Arc<EndedGrants>,
 }
 
 impl Keeper {
@@ -329,8 +355,9 @@ impl Keeper {
                 cmd = cmds.recv() => match cmd {
                     None => break "store dropped",
                     Some(Cmd::Renew { reply, .. }) if stale => {
-                        if reply.send(Ok(false)).is_ok() {
-                            break "lost reported";
+                        let _ = reply.send(Ok(false));
+                        if self.loss_recorded() {
+                            break "lost recorded";
                         }
                     }
                     Some(Cmd::Renew { ttl, sent, reply }) => {
@@ -348,11 +375,16 @@ impl Keeper {
                                 let _ = reply.send(Err(e));
                             }
                             // The session is gone or about to be (we close it): so is its
-                            // lock, and the lease with it. The holder must hear `NotOwner`
-                            // before the lock is let go, never a retryable error.
+                            // lock, and the lease with it. The holder must have lost the
+                            // lease before the lock is let go, and a `NotOwner` handed over
+                            // is not that: the heartbeat takes in a batch of renewals when
+                            // the slowest has answered. So the loss is recorded on the lease
+                            // first; when no client has the lease (a direct caller), the
+                            // session is kept until the TTL has passed.
                             Answer::Unusable(e) => {
                                 tracing::warn!(key = %self.key, error = %e, "mysql lock session lost");
-                                if reply.send(Ok(false)).is_ok() {
+                                let _ = reply.send(Ok(false));
+                                if self.loss_recorded() {
                                     break "session lost";
                                 }
                                 stale = true;
@@ -410,6 +442,12 @@ impl Keeper {
         let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
     }
 
+    /// Records the loss of the lease on its holder's lease handle (every client of the
+    /// store that has it): whether one did, so that no holder believes any more.
+    fn loss_recorded(&self) -> bool {
+        self.ended.report(&self.key, &self.owner, self.fence)
+    }
+
     /// Runs `fut` on the session, bounded by the operation timeout.
     async fn call<T>(
         &self,
@@ -451,6 +489,8 @@ impl MySqlGetLockStore {
             reserved: Arc::default(),
             idle: Arc::default(),
             next_id: AtomicU64::new(1),
+            watch: ServerWatch::new(BACKEND_GETLOCK),
+            ended: Arc::default(),
         })
     }
 
@@ -466,6 +506,11 @@ impl MySqlGetLockStore {
     pub async fn connect(config: MySqlConfig) -> Result<Self, StoreError> {
         let store = Self::new(config)?;
         store.db.prepare(TABLE).await?;
+        // Opened now, so the first acquire finds it open (if it cannot be, the first
+        // acquire tries again).
+        if let Err(e) = store.server_watch_up().await {
+            tracing::debug!(error = %e, "server watch not opened yet");
+        }
         Ok(store)
     }
 
@@ -560,6 +605,21 @@ impl MySqlGetLockStore {
             .await
     }
 
+    /// Spawns the server watch's task, handed to [`ServerWatch`].
+    fn server_watch_task(&self) -> impl FnOnce(Watching) -> tokio::task::JoinHandle<()> + use<> {
+        let (db, held) = (self.db.clone(), Arc::downgrade(&self.held));
+        let ended = Arc::downgrade(&self.ended);
+        move |watching| tokio::spawn(watch_server(db, held, ended, watching))
+    }
+
+    /// Waits until the server watch is up (starting it if needed); its term. Called right
+    /// before the statement that takes the lock, or the first one on a session that holds
+    /// it already (see [`ServerWatch::up`]).
+    async fn server_watch_up(&self) -> Result<u64, StoreError> {
+        let within = self.db.config.get_connect_timeout() * 2;
+        self.watch.up(within, self.server_watch_task()).await
+    }
+
     /// The command channel of `key`'s keeper if `owner` holds it here (and its fence).
     fn holder_of(&self, key: &Key, owner: &OwnerToken) -> Option<(mpsc::Sender<Cmd>, Fence)> {
         lock(&self.held)
@@ -583,8 +643,7 @@ impl MySqlGetLockStore {
         key: &Key,
         owner: &OwnerToken,
         name: &str,
-        ttl: Duration,
-        sent: Instant,
+        asked: Asked,
     ) -> Result<AcquireOutcome, StoreError> {
         // Cheap check first, so contenders do not open a session each time.
         let used: Option<u64> = self
@@ -602,6 +661,7 @@ impl MySqlGetLockStore {
             return Ok(AcquireOutcome::Held { remaining: None });
         }
         let (mut conn, reused) = self.session("acquire").await?;
+        let term = self.server_watch_up().await?;
         let try_lock = "SELECT CAST(GET_LOCK(?, 0) AS SIGNED), CAST(CONNECTION_ID() AS UNSIGNED)";
         let got: (Option<i64>, u64) = match sqlx::query_as(try_lock)
             .bind(name)
@@ -637,12 +697,14 @@ impl MySqlGetLockStore {
         }
         // We hold the lock; if this future is dropped from here on, dropping `conn` ends
         // the session and the server frees the lock.
-        self.install(key, owner, name, conn, connection_id, ttl, sent)
+        self.install(key, owner, name, conn, connection_id, asked, term)
             .await
     }
 
     /// Records `owner` as the holder on `conn`, the session holding `name`'s lock (a new
-    /// fence), and hands the session to a keeper.
+    /// fence), and hands the session to a keeper, if the server watch is still up at the
+    /// term it was up at before the lock's session last answered (else the session is let
+    /// go).
     #[allow(clippy::too_many_arguments)]
     async fn install(
         &self,
@@ -651,9 +713,10 @@ impl MySqlGetLockStore {
         name: &str,
         mut conn: MySqlConnection,
         connection_id: u64,
-        ttl: Duration,
-        sent: Instant,
+        asked: Asked,
+        term: u64,
     ) -> Result<AcquireOutcome, StoreError> {
+        let Asked { ttl, sent } = asked;
         let fence = record_holder(&mut conn, name, key.as_str(), owner)
             .await
             .map_err(|f| self.db.error(f, "acquire", Phase::Statement))?;
@@ -667,19 +730,28 @@ impl MySqlGetLockStore {
             key: key.clone(),
             name: name.to_owned(),
             id,
+            owner: *owner,
+            fence,
+            ended: self.ended.clone(),
         };
         // Any previous holder entry for this key is stale (we got the lock): dropping its
         // sender ends its keeper.
-        lock(&self.held).insert(
-            key.clone(),
-            Holder {
+        let installed = self.watch.while_up(term, || {
+            let holder = Holder {
                 id,
                 owner: *owner,
                 fence,
                 connection_id,
                 cmds: tx,
-            },
-        );
+            };
+            lock(&self.held).insert(key.clone(), holder);
+        });
+        if installed.is_none() {
+            // The server ended its sessions meanwhile, maybe this one: dropping it frees
+            // the lock if it still holds it.
+            drop(conn);
+            return Err(self.watch.went_down("acquire"));
+        }
         tokio::spawn(keeper.run(conn, sent + ttl, rx));
         Ok(AcquireOutcome::Acquired { fence, ttl })
     }
@@ -716,14 +788,15 @@ impl MySqlGetLockStore {
         owner: &OwnerToken,
         name: &str,
         mut r: Reservation,
-        ttl: Duration,
-        sent: Instant,
+        asked: Asked,
     ) -> Result<AcquireOutcome, StoreError> {
+        // Dropping the reservation ends its session, and the lock with it.
+        let term = self.server_watch_up().await?;
         r.conn
             .execute("SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
             .await
             .map_err(|e| self.db.error(e.into(), "acquire", Phase::Statement))?;
-        self.install(key, owner, name, r.conn, r.connection_id, ttl, sent)
+        self.install(key, owner, name, r.conn, r.connection_id, asked, term)
             .await
     }
 
@@ -831,6 +904,65 @@ impl MySqlGetLockStore {
     }
 }
 
+/// What an acquire asked for, and when it was sent.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    ttl: Duration,
+    sent: Instant,
+}
+
+/// The server watch's task (see [`leasehold_sql::server_watch`]): a session that waits in
+/// [`SERVER_WATCH_SLEEP`] again and again until the server ends it (a shutdown ends every
+/// session, a crash closes every socket) or the connection breaks. Then every lease the
+/// store holds is reported ended, at once.
+async fn watch_server(
+    db: Arc<Db>,
+    held: Weak<Mutex<HashMap<Key, Holder>>>,
+    ended: Weak<EndedGrants>,
+    mut watching: Watching,
+) {
+    let mut conn = match db.dedicated("watching the server").await {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::debug!(error = %e, "server watch not opened");
+            watching.ended(|| ());
+            return;
+        }
+    };
+    // MariaDB's statement time limit, if one is set: not for this session (MySQL has no
+    // such variable, and refuses; its `max_execution_time` spares `DO`).
+    let _ = conn.execute("SET SESSION max_statement_time = 0").await;
+    watching.opened();
+    let why = loop {
+        match conn.execute(SERVER_WATCH_SLEEP).await {
+            Ok(_) => {}
+            // Interrupted (`KILL QUERY`, a time limit): the session lives on.
+            Err(e) if !crate::error::breaks_connection(&e) => {
+                tracing::debug!(error = %e, "server watch statement interrupted");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => break db.error(e.into(), "watching the server", Phase::Statement),
+        }
+    };
+    let (Some(held), Some(ended)) = (held.upgrade(), ended.upgrade()) else {
+        return;
+    };
+    let lost: Vec<(Key, OwnerToken, Fence)> = watching
+        .ended(|| {
+            lock(&held)
+                .iter()
+                .map(|(k, h)| (k.clone(), h.owner, h.fence))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !lost.is_empty() {
+        tracing::warn!(held = lost.len(), error = %why, "the server ended its sessions: every GET_LOCK lease held here is lost");
+    }
+    for (key, owner, fence) in lost {
+        ended.report(&key, &owner, fence);
+    }
+}
+
 fn lock_idle(
     idle: &Mutex<Vec<(MySqlConnection, Instant)>>,
 ) -> MutexGuard<'_, Vec<(MySqlConnection, Instant)>> {
@@ -847,6 +979,10 @@ fn lock_reserved(
 impl Store for MySqlGetLockStore {
     fn backend(&self) -> &'static str {
         BACKEND_GETLOCK
+    }
+
+    fn ended_grants(&self) -> Option<&EndedGrants> {
+        Some(&self.ended)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -877,16 +1013,21 @@ impl Store for MySqlGetLockStore {
                 Some(Ok(false)) | None => {}
             }
         }
+        // The server watch is up before the lock is taken (its session opens meanwhile),
+        // and the grant is installed only while the same watch is up: a server that ends
+        // its sessions from then on has this lease reported ended with every other.
+        self.watch.start(self.server_watch_task());
+        let asked = Asked { ttl, sent };
         let name = lock_name(key);
         if let Some(r) = self.take_reservation(key, owner) {
             // The server's queue handed the lock to this owner's wait.
             return self
                 .db
-                .bounded("acquire", self.claim(key, owner, &name, r, ttl, sent))
+                .bounded("acquire", self.claim(key, owner, &name, r, asked))
                 .await;
         }
         self.db
-            .bounded("acquire", self.acquire_fresh(key, owner, &name, ttl, sent))
+            .bounded("acquire", self.acquire_fresh(key, owner, &name, asked))
             .await
     }
 

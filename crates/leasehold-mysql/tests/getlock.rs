@@ -15,6 +15,14 @@
 //! - `renewal_abandoned_by_its_caller_keeps_the_lock_until_lost_is_reported`: the same when
 //!   the heartbeat's own bound is the shorter one and it gives up on the renewal before the
 //!   keeper does: the lock must stay held until the holder has been told it lost it.
+//! - `a_timed_out_renewal_keeps_the_lock_until_the_loss_is_recorded_on_the_lease` (issue
+//!   24.6): the timed-out renewal shares its batch with a slow one, so its `NotOwner` is
+//!   taken in only when the slow one answers: the keeper records the loss on the lease
+//!   before it lets the session go.
+//! - `crash_restart_…` and `clean_restart_loses_the_lease_before_the_restarted_server_grants_it`
+//!   (issue 24.3, FAULTS 9): the server's end is seen on the store's server watch session,
+//!   and the holder loses its lease before the restarted server can grant the lock to a
+//!   contender that tries every 2 ms; fences keep rising.
 //!
 //! Child processes are this test binary run again with the spawning test selected and
 //! `LEASEHOLD_MYSQL_WORKER` set: that test runs the worker instead of its body
@@ -124,14 +132,22 @@ async fn killed_session_loses_lease_and_another_acquires() {
     let reason = timeout(bound, lease.lost())
         .await
         .expect("lost fires within one renew interval after the KILL");
+    // Its keeper's renewal fails on the dead session and records the loss on the lease.
     assert!(
         matches!(
             reason,
-            LostReason::NotOwner | LostReason::RenewFailed { .. }
+            LostReason::SessionEnded | LostReason::NotOwner | LostReason::RenewFailed { .. }
         ),
         "{reason:?}"
     );
-    assert_eq!(a.held_count(), 0, "the dead session is forgotten");
+    // Forgotten right after: the loss is recorded on the lease first.
+    timeout(Duration::from_secs(5), async {
+        while a.held_count() > 0 {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the dead session is forgotten");
     let taken = client_b
         .acquire(&key, common::TTL * 2)
         .await
@@ -150,7 +166,7 @@ async fn killed_session_loses_lease_and_another_acquires() {
     assert!(
         matches!(
             reason,
-            LostReason::NotOwner | LostReason::RenewFailed { .. }
+            LostReason::SessionEnded | LostReason::NotOwner | LostReason::RenewFailed { .. }
         ),
         "{reason:?}"
     );
@@ -243,6 +259,9 @@ impl Store for Recorded {
     }
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
+    }
+    fn ended_grants(&self) -> Option<&leasehold_core::EndedGrants> {
+        self.inner.ended_grants()
     }
     async fn acquire(
         &self,
@@ -411,7 +430,8 @@ async fn renewal_timeout_loses_lease_before_lock_is_free() {
     let t = blackholed_renewal("job:slow-renew", "400ms", config).await;
     assert_no_overlap(&t);
     let (lost_at, reason) = t.lost;
-    assert_eq!(reason, LostReason::NotOwner, "{:?}", t.renewals);
+    // Recorded on the lease by the keeper before it let the session go.
+    assert_eq!(reason, LostReason::SessionEnded, "{:?}", t.renewals);
     // The very renewal that timed out reports the loss: no retryable error first.
     let (answered_at, answer) = *t
         .renewals
@@ -443,43 +463,331 @@ async fn renewal_abandoned_by_its_caller_keeps_the_lock_until_lost_is_reported()
         .unwrap();
     let t = blackholed_renewal("job:abandoned-renew", "1s", config).await;
     assert_no_overlap(&t);
-    // Normally the next renewal after the keeper's timeout is told `NotOwner`; on a
-    // starved machine the validity deadline may come first.
+    // The keeper records the loss on the lease when it gives up on the session (after the
+    // heartbeat gave up on the renewal); a retry told `NotOwner` first, or on a starved
+    // machine the validity deadline, may come before.
     assert!(
-        matches!(t.lost.1, LostReason::NotOwner | LostReason::Expired),
+        matches!(
+            t.lost.1,
+            LostReason::SessionEnded | LostReason::NotOwner | LostReason::Expired
+        ),
         "{:?}: {:?}",
         t.lost.1,
         t.renewals
     );
 }
 
-/// FAULTS 9 for `GET_LOCK`: a server restart ends every session, and with it the lock.
-/// The holder learns it at its next renewal (lost, never renewed as if held); the next
-/// grant's fence is above the old one (the counter row is durable).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_restart_ends_the_lock_and_fences_still_grow() {
-    let db = common::start_db();
+/// What the contender saw when it first got the lock after the server went away.
+struct RestartTakeover {
+    /// When the server began to go away.
+    stopped_at: Instant,
+    /// When A's lost signal fired, and why.
+    lost: (Instant, LostReason),
+    /// When B sent the acquire that was granted, and when it returned.
+    b_sent: Instant,
+    b_got: Instant,
+    /// A's `is_valid()` read the moment B's acquire returned `Acquired`.
+    a_valid_when_b_got_it: bool,
+    fences: (Fence, Fence),
+}
+
+/// The contender probe of issue 24.3: A holds a lease with a 30 s TTL (its next renewal
+/// 10 s away); the server is restarted by `restart`, and B, another store, tries the lock
+/// every 2 ms from before the restart on, so it gets it as soon as the restarted server
+/// accepts connections.
+async fn restart_probe(key: &str, restart: fn(&common::Server)) -> RestartTakeover {
+    let db = Arc::new(common::start_db());
     let url = getlock_url(&db);
-    let store = open(&url).await;
-    let client = LeaseClient::new(store.clone(), config());
-    let lease = client.try_acquire("gl:restart").await.unwrap();
-    let old = lease.fence();
-    tokio::task::block_in_place(|| db.restart());
-    let reason = timeout(LONG, lease.lost())
-        .await
-        .expect("the holder learns its session ended");
-    assert!(
-        matches!(
-            reason,
-            LostReason::NotOwner | LostReason::RenewFailed { .. } | LostReason::StoreUnavailable
-        ),
-        "{reason:?}"
+    let a = open(&url).await;
+    let b = open(&url).await;
+    let client = LeaseClient::new(
+        a.clone(),
+        LeaseConfig::new(Duration::from_secs(30)).unwrap(),
     );
-    drop(lease);
-    let next = client
-        .acquire("gl:restart", LONG)
+    let lease = Arc::new(client.try_acquire(key).await.unwrap());
+    let lost = {
+        let signal = lease.lost();
+        tokio::spawn(async move {
+            let reason = signal.wait().await;
+            (Instant::now(), reason)
+        })
+    };
+    let probe = {
+        let (lease, key) = (lease.clone(), Key::new(key).unwrap());
+        tokio::spawn(async move {
+            let owner = OwnerToken::random();
+            loop {
+                let sent = Instant::now();
+                let got =
+                    timeout(Duration::from_secs(2), b.acquire(&key, &owner, common::TTL)).await;
+                if let Ok(Ok(AcquireOutcome::Acquired { fence, .. })) = got {
+                    let a_valid = lease.is_valid();
+                    return (sent, Instant::now(), a_valid, fence);
+                }
+                sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    // B is turned away while A holds.
+    sleep(Duration::from_millis(100)).await;
+    assert!(!probe.is_finished(), "B got the lock while A held it");
+    let stopped_at = Instant::now();
+    let server = db.clone();
+    tokio::task::spawn_blocking(move || restart(&server))
         .await
-        .expect("the key is free after the restart");
-    assert!(next.fence() > old, "{} <= {old}", next.fence());
-    assert!(next.release().await.unwrap());
+        .unwrap();
+    let (b_sent, b_got, a_valid_when_b_got_it, b_fence) = timeout(LONG, probe)
+        .await
+        .expect("B gets the lock after the restart")
+        .unwrap();
+    let lost = timeout(LONG, lost)
+        .await
+        .expect("A's lost signal fires")
+        .unwrap();
+    RestartTakeover {
+        stopped_at,
+        lost,
+        b_sent,
+        b_got,
+        a_valid_when_b_got_it,
+        fences: (lease.fence(), b_fence),
+    }
+}
+
+/// No instant at which B held the lock while A still believed: A reads invalid the moment
+/// B's acquire returns `Acquired` (`is_valid()` is read on the spot), having lost it to the
+/// server watch (`SessionEnded`), not to a renewal. The time the lost signal's waiter woke
+/// up is reported, an upper bound on the detection.
+fn assert_lost_before_the_takeover(t: &RestartTakeover) {
+    let (lost_at, reason) = t.lost;
+    eprintln!(
+        "A lost the lease ({reason:?}) {:?} after the restart began, {:?} before B got the lock (B's granted acquire took {:?})",
+        lost_at.saturating_duration_since(t.stopped_at),
+        t.b_got.saturating_duration_since(lost_at),
+        t.b_got.saturating_duration_since(t.b_sent),
+    );
+    assert!(
+        !t.a_valid_when_b_got_it,
+        "B got the lock (fence {}) while A (fence {}) still believed it held it; A's lost signal ({reason:?}) was seen {:?} after B got it",
+        t.fences.1.get(),
+        t.fences.0.get(),
+        lost_at.saturating_duration_since(t.b_got),
+    );
+    assert_eq!(reason, LostReason::SessionEnded);
+    assert!(t.fences.1 > t.fences.0, "fences rise across the restart");
+}
+
+/// Issue 24.3, FAULTS 9 for `GET_LOCK`: the server killed (`kill -9`: the kernel closes
+/// every session's socket) and started again: A loses its lease before the restarted
+/// server can grant the lock to B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_restart_loses_the_lease_before_the_restarted_server_grants_it() {
+    let t = restart_probe("gl:crash-probe", |db| db.restart()).await;
+    assert_lost_before_the_takeover(&t);
+}
+
+/// The same with a clean shutdown (`SIGTERM`: the server ends every session, then stops)
+/// and a start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_restart_loses_the_lease_before_the_restarted_server_grants_it() {
+    let t = restart_probe("gl:clean-probe", |db| {
+        db.stop();
+        db.start_again();
+    })
+    .await;
+    assert_lost_before_the_takeover(&t);
+}
+
+/// The GET_LOCK store through which the renewal of `slow` answers late and the renewal of
+/// every other key times out, in the same batch: once armed, `slow`'s renewal is served
+/// first, then the proxy blackholes the store's traffic (so the other renewals get no
+/// answer and their keeper gives up on them), and `slow`'s answer is held back a while.
+#[derive(Debug)]
+struct SlowBatch {
+    inner: Arc<MySqlGetLockStore>,
+    proxy: Arc<FaultProxy>,
+    slow: Key,
+    hold_back: Duration,
+    armed: std::sync::atomic::AtomicBool,
+    blackholed: tokio::sync::watch::Sender<bool>,
+}
+
+#[async_trait]
+impl Store for SlowBatch {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn ended_grants(&self) -> Option<&leasehold_core::EndedGrants> {
+        self.inner.ended_grants()
+    }
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.inner.acquire(key, owner, ttl).await
+    }
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        if !self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            return self.inner.renew(key, owner, ttl).await;
+        }
+        if *key == self.slow {
+            let r = self.inner.renew(key, owner, ttl).await;
+            self.proxy.set_mode(ProxyMode::Blackhole);
+            self.blackholed.send_replace(true);
+            sleep(self.hold_back).await;
+            return r;
+        }
+        let mut blackholed = self.blackholed.subscribe();
+        let _ = blackholed.wait_for(|b| *b).await;
+        self.inner.renew(key, owner, ttl).await
+    }
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.inner.release(key, owner).await
+    }
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.inner.inspect(key).await
+    }
+}
+
+/// Issue 24.6: a renewal that times out in the keeper (400 ms) is answered `NotOwner`, but
+/// its batch is handed to the heartbeat only when the slowest renewal in it answers
+/// (900 ms, under the heartbeat's 1 s bound): the lock must stay held until the loss is
+/// recorded on the lease. B tries the lock every 2 ms from the moment A's keeper has let the
+/// session go (the proxy then passes again, so the server frees the lock at once) and reads
+/// A's `is_valid()` the moment it gets the lock: it must already be false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_renewal_keeps_the_lock_until_the_loss_is_recorded_on_the_lease() {
+    let db = common::start_db();
+    let proxy = Arc::new(FaultProxy::start(db.addr()));
+    let a_store = Arc::new(
+        MySqlGetLockStore::open(&format!(
+            "mysql+getlock://root@127.0.0.1:{}/test?timeout=400ms&connect_timeout=2s",
+            proxy.port()
+        ))
+        .await
+        .expect("open A's store"),
+    );
+    let store = Arc::new(SlowBatch {
+        inner: a_store.clone(),
+        proxy: proxy.clone(),
+        slow: Key::new("gl:batch-slow").unwrap(),
+        hold_back: Duration::from_millis(900),
+        armed: false.into(),
+        blackholed: tokio::sync::watch::Sender::new(false),
+    });
+    let config = LeaseConfig::builder(Duration::from_secs(3))
+        .renew_interval(Duration::from_millis(1200))
+        .op_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let client_a = LeaseClient::new(store.clone(), config);
+    let client_b = LeaseClient::new(open(&getlock_url(&db)).await, self::config());
+    // Acquired together: their renewals fall into one batch.
+    let timed_out = Arc::new(client_a.try_acquire("gl:batch-timed-out").await.unwrap());
+    let slow = client_a.try_acquire("gl:batch-slow").await.unwrap();
+    store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    let lost = {
+        let signal = timed_out.lost();
+        tokio::spawn(async move {
+            let reason = signal.wait().await;
+            (Instant::now(), reason)
+        })
+    };
+    timeout(LONG, async {
+        while a_store.held_count() > 1 {
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("A's keeper lets the timed-out lease's session go");
+    proxy.set_mode(ProxyMode::Pass);
+    let (b_sent, a_valid_at_send, a_valid, taken) = timeout(LONG, async {
+        loop {
+            let a_valid_at_send = timed_out.is_valid();
+            let sent = Instant::now();
+            if let Ok(taken) = client_b.try_acquire("gl:batch-timed-out").await {
+                return (sent, a_valid_at_send, timed_out.is_valid(), taken);
+            }
+            sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("B acquires once A's session is gone");
+    let (lost_at, reason) = timeout(LONG, lost).await.expect("A's lost fires").unwrap();
+    assert!(
+        !a_valid_at_send && !a_valid,
+        "B got the lock (fence {}) while A's lease (fence {}) was still valid (when B sent \
+         its acquire: {a_valid_at_send}, when B got it: {a_valid}); A's lost signal \
+         ({reason:?}) was seen {:?} after B sent it",
+        taken.fence().get(),
+        timed_out.fence().get(),
+        lost_at.saturating_duration_since(b_sent),
+    );
+    assert_eq!(reason, LostReason::SessionEnded);
+    assert!(taken.fence() > timed_out.fence());
+    assert!(taken.release().await.unwrap());
+    drop(slow);
+}
+
+/// Issue 24.6 without a client: a renewal that times out in the keeper is answered
+/// `NotOwner`, but no lease client has the grant to record the loss on (a direct caller of
+/// the store), so the keeper keeps the session, and the lock, until the TTL has passed
+/// since the last renewal that went through was sent; then it lets it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_callers_timed_out_renewal_keeps_the_lock_until_the_ttl() {
+    let db = common::start_db();
+    let proxy = FaultProxy::start(db.addr());
+    let a = MySqlGetLockStore::open(&format!(
+        "mysql+getlock://root@127.0.0.1:{}/test?timeout=400ms&connect_timeout=2s",
+        proxy.port()
+    ))
+    .await
+    .expect("open A's store");
+    let b = open(&getlock_url(&db)).await;
+    let key = Key::new("gl:direct").unwrap();
+    let (owner, ttl) = (OwnerToken::random(), Duration::from_secs(3));
+    assert!(matches!(
+        a.acquire(&key, &owner, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let renewed_at = Instant::now();
+    assert!(matches!(
+        a.renew(&key, &owner, ttl).await.unwrap(),
+        RenewOutcome::Renewed { .. }
+    ));
+    proxy.set_mode(ProxyMode::Blackhole);
+    assert_eq!(
+        a.renew(&key, &owner, ttl).await.unwrap(),
+        RenewOutcome::NotOwner,
+        "the renewal that timed out"
+    );
+    // A session the keeper closed now would free the lock at once.
+    proxy.set_mode(ProxyMode::Pass);
+    let taken_at = timeout(LONG, async {
+        let other = OwnerToken::random();
+        loop {
+            if let Ok(AcquireOutcome::Acquired { .. }) = b.acquire(&key, &other, ttl).await {
+                return Instant::now();
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the lock is let go after the TTL");
+    assert!(
+        taken_at >= renewed_at + ttl,
+        "the lock was let go {:?} after the last renewal was sent, before the TTL ({ttl:?})",
+        taken_at - renewed_at
+    );
 }

@@ -3,17 +3,18 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Capabilities, Changes, EndedGrants, Fence, FenceDurability, Key, LeaseInfo,
+    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
+use leasehold_sql::server_watch::{ServerWatch, Watching};
 use sha2::{Digest, Sha256};
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use crate::config::{DEFAULT_ADVISORY_TABLE, DEFAULT_RECORD_TABLE, PgConfig, TableName};
 use crate::records::Records;
@@ -30,6 +31,9 @@ const IDLE_CONNECTIONS: usize = 4;
 
 /// How long `break_lease` waits for the evicted holder's session to end.
 const TERMINATE_WAIT_MS: i64 = 5000;
+
+/// How long an acquire waits for the server watch's session to open.
+const SERVER_WATCH_OPEN: Duration = Duration::from_secs(10);
 
 /// The 64-bit advisory lock id of `key`: the first 8 bytes of the SHA-256 digest of the
 /// key's UTF-8 bytes, read as a big-endian signed integer.
@@ -225,6 +229,11 @@ struct Inner {
     queue: Option<Queue>,
     /// Change notices.
     watches: Watches,
+    /// The session that sees the server end its sessions, and its connection settings.
+    server_watch: ServerWatch,
+    server_watch_options: PgConnectOptions,
+    /// Where the leases whose sessions ended are reported.
+    ended: EndedGrants,
 }
 
 /// A lease store on PostgreSQL session-level advisory locks (backend name
@@ -246,8 +255,16 @@ struct Inner {
 /// - **Renew** is one round trip on the holder's connection that checks the lock is still
 ///   held by this very session (`pg_locks`, `pid = pg_backend_pid()`), extends the row and
 ///   resets the idle timeout. When the session was terminated
-///   (`pg_terminate_backend`, server restart, network reset) the renewal fails, the store
-///   answers `NotOwner`, and the lease is lost **within one renew interval** (FAULTS 16).
+///   (`pg_terminate_backend`, network reset) the renewal fails, the store answers
+///   `NotOwner`, and the lease is lost **within one renew interval** (FAULTS 16).
+/// - **Server restarts are seen at once.** The store keeps a *server watch*: one more
+///   session (`<prefix>/server-watch`, idle timeout off) that is only read. A restart or
+///   crash of the server ends it with every lock's session, and every lease the store holds
+///   is then lost at once ([`LostReason::SessionEnded`](leasehold_core::LostReason), through
+///   [`Store::ended_grants`]), before the restarted server can grant the lock again. A lock
+///   is taken only while the server watch is open (it opens with the store), and kept only
+///   if the same one is still open when the grant is recorded. A crash of the server's host
+///   or a restart behind a partition sends nothing: only the fence protects then.
 /// - **Release** clears the row, then unlocks, in one statement, and keeps the connection
 ///   for reuse. Dropping the store closes every held session, releasing its locks.
 /// - Only the store instance (the process) that acquired a lease can renew or release it:
@@ -261,7 +278,8 @@ struct Inner {
 ///   watches the key (see the crate's README, "Watching"); a lease that ends with
 ///   its holder's session is not notified, as an expiry.
 /// - Connections: one pool (default 10) for inspect/list/break and acquisition pre-checks,
-///   plus one dedicated connection per held lease and up to 4 idle ones kept for reuse.
+///   the server watch, plus one dedicated connection per held lease and up to 4 idle ones
+///   kept for reuse.
 ///   Mind `max_connections` when holding many leases at once.
 ///
 /// ## Cancel safety
@@ -384,7 +402,9 @@ impl PgAdvisoryStore {
             config.options_named(&format!("{prefix}/watch")),
             &table.sibling(DEFAULT_RECORD_TABLE),
         );
-        Ok(Self {
+        let server_watch_options =
+            config.options_named(&truncate_app_name(format!("{prefix}/server-watch")));
+        let store = Self {
             inner: Arc::new(Inner {
                 pool,
                 app_prefix: prefix,
@@ -396,8 +416,17 @@ impl PgAdvisoryStore {
                 sessions,
                 queue,
                 watches,
+                server_watch: ServerWatch::new(BACKEND),
+                server_watch_options,
+                ended: EndedGrants::new(),
             }),
-        })
+        };
+        // Opened now, so the first acquire finds it open (if it cannot be, the first
+        // acquire tries again).
+        if let Err(e) = store.server_watch_up().await {
+            tracing::debug!(error = %e, "server watch not opened yet");
+        }
+        Ok(store)
     }
 
     /// Creates the store's table and the records table (`leasehold_records` in the same
@@ -511,7 +540,22 @@ impl PgAdvisoryStore {
     }
 
     fn holders(&self) -> MutexGuard<'_, HashMap<Key, Arc<Holder>>> {
-        self.inner.holders.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.holders()
+    }
+
+    /// Spawns the server watch's task, handed to [`ServerWatch`].
+    fn server_watch_task(&self) -> impl FnOnce(Watching) -> tokio::task::JoinHandle<()> + use<> {
+        let inner = Arc::downgrade(&self.inner);
+        let options = self.inner.server_watch_options.clone();
+        move |watching| tokio::spawn(watch_server(inner, options, watching))
+    }
+
+    /// Waits until the server watch is up (starting it if needed); its term. Called right
+    /// before the statement that takes the lock, or the first one on a session that holds
+    /// it already (see [`ServerWatch::up`]).
+    async fn server_watch_up(&self) -> Result<u64, StoreError> {
+        let task = self.server_watch_task();
+        self.inner.server_watch.up(SERVER_WATCH_OPEN, task).await
     }
 
     fn holder(&self, key: &Key) -> Option<Arc<Holder>> {
@@ -548,7 +592,8 @@ impl PgAdvisoryStore {
         key: &Key,
         owner: &OwnerToken,
         ttl: Duration,
-    ) -> Result<Result<(sqlx::postgres::PgRow, PgConnection), AcquireOutcome>, StoreError> {
+    ) -> Result<Result<(sqlx::postgres::PgRow, PgConnection, u64), AcquireOutcome>, StoreError>
+    {
         let lock_id = advisory_lock_id(key.as_str());
         let (hi, lo) = lock_parts(lock_id);
         // A kept idle session may have been ended meanwhile (server restart, a DBA's
@@ -584,6 +629,13 @@ impl PgAdvisoryStore {
                     self.connect_dedicated().await?
                 }
             };
+            let term = match self.server_watch_up().await {
+                Ok(term) => term,
+                Err(e) => {
+                    self.put_idle(conn);
+                    return Err(e);
+                }
+            };
             // If this future is dropped from here on, `conn` is dropped with it: the
             // session ends and any lock it took is released.
             let res = sqlx::query(AssertSqlSafe(self.inner.sql.acquire.clone()))
@@ -596,7 +648,7 @@ impl PgAdvisoryStore {
                 .fetch_one(&mut conn)
                 .await;
             match res {
-                Ok(row) => return Ok(Ok((row, conn))),
+                Ok(row) => return Ok(Ok((row, conn, term))),
                 Err(e) if from_idle && error::is_connection_loss(&e) => {
                     close(conn);
                     continue;
@@ -681,6 +733,74 @@ impl PgAdvisoryStore {
     }
 }
 
+impl Inner {
+    fn holders(&self) -> MutexGuard<'_, HashMap<Key, Arc<Holder>>> {
+        self.holders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The server watch's task (see [`leasehold_sql::server_watch`]): a session that only
+/// reads — a `PgListener` listening on nothing, which reads its connection while idle —
+/// until the server ends it (a restart sends `FATAL` and closes, a crash closes) or the
+/// connection breaks. Then every lease the store holds is reported ended, at once.
+async fn watch_server(inner: Weak<Inner>, options: PgConnectOptions, mut watching: Watching) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .acquire_timeout(SERVER_WATCH_OPEN)
+        .connect_lazy_with(options);
+    let listener = async {
+        let mut l = PgListener::connect_with(&pool).await?;
+        l.ignore_pool_close_event(true);
+        l.eager_reconnect(false);
+        // Never ended for being idle: its end must mean the server ended its sessions.
+        sqlx::query("SET idle_session_timeout = 0")
+            .execute(&mut l)
+            .await?;
+        Ok::<_, sqlx::Error>(l)
+    }
+    .await;
+    let mut listener = match listener {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::debug!(error = %error::map(BACKEND, "watching the server", e), "server watch not opened");
+            watching.ended(|| ());
+            return;
+        }
+    };
+    watching.opened();
+    let why = loop {
+        match listener.try_recv().await {
+            // Nothing is listened for; a notice is no end.
+            Ok(Some(_)) => continue,
+            Ok(None) => break "the connection ended".to_owned(),
+            Err(e) => break error::map(BACKEND, "watching the server", e).to_string(),
+        }
+    };
+    let Some(inner) = inner.upgrade() else { return };
+    let held: Vec<(Key, OwnerToken, Fence)> = watching
+        .ended(|| {
+            inner
+                .holders()
+                .iter()
+                .map(|(k, h)| (k.clone(), h.owner, h.fence))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !held.is_empty() {
+        tracing::warn!(
+            held = held.len(),
+            why,
+            "the server ended its sessions: every advisory lease held here is lost"
+        );
+    }
+    for (key, owner, fence) in held {
+        inner.ended.report(&key, &owner, fence);
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         let holders = std::mem::take(self.holders.get_mut().unwrap_or_else(|e| e.into_inner()));
@@ -698,6 +818,10 @@ impl Drop for Inner {
 impl Store for PgAdvisoryStore {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn ended_grants(&self) -> Option<&EndedGrants> {
+        Some(&self.inner.ended)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -732,10 +856,16 @@ impl Store for PgAdvisoryStore {
                 });
             }
         }
+        // The server watch is up before the lock is taken (its session opens meanwhile),
+        // and the grant is installed only while the same watch is up: a server that ends
+        // its sessions from then on has this lease reported ended with every other.
+        self.inner.server_watch.start(self.server_watch_task());
         let queue = self.inner.queue.as_ref();
         let row = match queue.and_then(|q| q.claim(key, owner)) {
             // This owner's turn came in the queue: its session holds the lock already.
             Some(mut claim) => {
+                // Dropping the claim closes the session, and the lock with it.
+                let term = self.server_watch_up().await?;
                 let res = sqlx::query(AssertSqlSafe(self.inner.sql.acquire_parked.clone()))
                     .bind(advisory_lock_id(key.as_str()))
                     .bind(key.as_str())
@@ -746,7 +876,7 @@ impl Store for PgAdvisoryStore {
                     .fetch_one(claim.conn())
                     .await;
                 match res {
-                    Ok(row) => (row, claim.granted()),
+                    Ok(row) => (row, claim.granted(), term),
                     // Dropping the claim closes the session, and the lock with it.
                     Err(e) => return Err(error::map(BACKEND, "acquire", e)),
                 }
@@ -764,7 +894,7 @@ impl Store for PgAdvisoryStore {
                 }
             }
         };
-        let (row, conn) = row;
+        let (row, conn, term) = row;
         let got: bool = col(BACKEND, &row, "got")?;
         if !got {
             let remaining: Option<i64> = col(BACKEND, &row, "remaining_us")?;
@@ -796,15 +926,27 @@ impl Store for PgAdvisoryStore {
                 return Err(e);
             }
         };
-        let holder = Arc::new(Holder {
+        let mut holder = Some(Arc::new(Holder {
             owner: *owner,
             fence,
             pid,
             conn: tokio::sync::Mutex::new(Some(conn)),
-        });
+        }));
         // Replaces a stale local holder of another owner, whose session must be gone since
         // this session got the lock.
-        let old = self.holders().insert(key.clone(), holder);
+        let installed = self.inner.server_watch.while_up(term, || {
+            let holder = holder.take().expect("installed once");
+            self.holders().insert(key.clone(), holder)
+        });
+        let Some(old) = installed else {
+            // The server ended its sessions meanwhile, maybe this one: let it go.
+            if let Some(h) = holder.and_then(|h| Arc::try_unwrap(h).ok())
+                && let Some(c) = h.conn.into_inner()
+            {
+                close(c);
+            }
+            return Err(self.inner.server_watch.went_down("acquire"));
+        };
         if let Some(old) = old
             && let Ok(old) = Arc::try_unwrap(old)
             && let Some(c) = old.conn.into_inner()

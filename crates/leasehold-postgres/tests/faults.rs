@@ -1,6 +1,8 @@
 //! FAULTS rows 16 (PostgreSQL session killed), 18 (immediate shutdown under load, fsync
-//! on) and 9 (clean restart: the lease table keeps its leases, the advisory store loses
-//! them with their sessions) against a private PostgreSQL.
+//! on) and 9 (clean restart: the lease table keeps its leases; the advisory store loses
+//! them with their sessions, and its holder loses the lease at the shutdown, before the
+//! restarted server can grant the lock to a contender probing every 2 ms: issue 24.3)
+//! against a private PostgreSQL.
 
 mod common;
 
@@ -370,41 +372,142 @@ async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
     );
 }
 
-/// FAULTS 9, advisory store: a restart ends every session, and with it the session lock.
-/// The holder learns it at its next renewal (lost, never renewed as if held); the next
-/// grant's fence is above the old one (the counter row is durable).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn f9_restart_ends_advisory_leases_and_fences_still_grow() {
+/// What the contender saw when it first got the lock after the server went away.
+struct Takeover {
+    /// When the server began to go away.
+    stopped_at: Instant,
+    /// When A's lost signal fired, and why.
+    lost: (Instant, LostReason),
+    /// When B sent the acquire that was granted, and when it returned.
+    b_sent: Instant,
+    b_got: Instant,
+    /// A's `is_valid()` read the moment B's acquire returned `Acquired`.
+    a_valid_when_b_got_it: bool,
+    fences: (Fence, Fence),
+}
+
+/// The contender probe of issue 24.3 on the advisory store: A holds a lease with a 30 s
+/// TTL (its next renewal 10 s away); the server is restarted by `restart`, and B, another
+/// store on the same server, tries the lock every 2 ms from before the restart on, so it
+/// gets it as soon as the restarted server accepts connections. Returns what B saw.
+async fn advisory_restart_probe(key: &str, restart: fn(&leasehold_testkit::Postgres)) -> Takeover {
     let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
-    let url = pg.url();
+    let config = PgConfig::from_str(&format!("{}?connect_timeout=2", pg.url())).unwrap();
+    let a = Arc::new(PgAdvisoryStore::connect(&config).await.unwrap());
+    a.migrate().await.unwrap();
+    let b = PgAdvisoryStore::connect(&config).await.unwrap();
+    let client = LeaseClient::new(
+        a.clone(),
+        LeaseConfig::new(Duration::from_secs(30)).unwrap(),
+    );
+    let lease = Arc::new(client.try_acquire(key).await.unwrap());
+    let lost = {
+        let signal = lease.lost();
+        tokio::spawn(async move {
+            let reason = signal.wait().await;
+            (Instant::now(), reason)
+        })
+    };
+    let probe = {
+        let (lease, key) = (lease.clone(), Key::new(key).unwrap());
+        tokio::spawn(async move {
+            let owner = OwnerToken::random();
+            loop {
+                let sent = Instant::now();
+                let got = timeout(Duration::from_secs(2), b.acquire(&key, &owner, TTL)).await;
+                if let Ok(Ok(AcquireOutcome::Acquired { fence, .. })) = got {
+                    let a_valid = lease.is_valid();
+                    return (sent, Instant::now(), a_valid, fence);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    // B is turned away while A holds.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!probe.is_finished(), "B got the lock while A held it");
+    let stopped_at = Instant::now();
+    let p = pg.clone();
+    tokio::task::spawn_blocking(move || restart(&p))
+        .await
+        .unwrap();
+    let (b_sent, b_got, a_valid_when_b_got_it, b_fence) = timeout(LONG, probe)
+        .await
+        .expect("B gets the lock after the restart")
+        .unwrap();
+    let lost = timeout(LONG, lost)
+        .await
+        .expect("A's lost signal fires")
+        .unwrap();
+    Takeover {
+        stopped_at,
+        lost,
+        b_sent,
+        b_got,
+        a_valid_when_b_got_it,
+        fences: (lease.fence(), b_fence),
+    }
+}
+
+/// No instant at which B held the lock while A still believed: A reads invalid the moment
+/// B's acquire returns `Acquired` (`is_valid()` is read on the spot), having lost it to the
+/// server watch (`SessionEnded`), not to a renewal. The time the lost signal's waiter woke
+/// up is reported, an upper bound on the detection.
+fn assert_lost_before_the_takeover(t: &Takeover) {
+    let (lost_at, reason) = t.lost;
+    eprintln!(
+        "A lost the lease ({reason:?}) {:?} after the restart began, {:?} before B got the lock (B's granted acquire took {:?})",
+        lost_at.saturating_duration_since(t.stopped_at),
+        t.b_got.saturating_duration_since(lost_at),
+        t.b_got.saturating_duration_since(t.b_sent),
+    );
+    assert!(
+        !t.a_valid_when_b_got_it,
+        "B got the lock (fence {}) while A (fence {}) still believed it held it; A's lost signal ({reason:?}) was seen {:?} after B got it",
+        t.fences.1.get(),
+        t.fences.0.get(),
+        lost_at.saturating_duration_since(t.b_got),
+    );
+    assert_eq!(reason, LostReason::SessionEnded);
+    assert!(t.fences.1 > t.fences.0, "fences rise across the restart");
+}
+
+/// Issue 24.3, FAULTS 9 for advisory locks: a fast shutdown and restart of the server
+/// (SIGINT: every session is ended, then a checkpoint, then a new postmaster) loses A's
+/// lease at the shutdown, before the restarted server can grant the lock to B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f9_advisory_restart_loses_the_lease_before_the_restarted_server_grants_it() {
+    let t = advisory_restart_probe("job:f9-probe", |pg| pg.restart()).await;
+    assert_lost_before_the_takeover(&t);
+}
+
+/// The same with the server killed (`kill -9` of the postmaster and its backends: the
+/// kernel closes every session's socket) and started again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f9_advisory_crash_restart_loses_the_lease_before_the_restarted_server_grants_it() {
+    let t = advisory_restart_probe("job:f9-crash-probe", |pg| {
+        pg.kill();
+        pg.start_again();
+    })
+    .await;
+    assert_lost_before_the_takeover(&t);
+}
+
+/// The server watch must end only when the server ends its sessions: a server-wide
+/// `idle_session_timeout` (here 1 s) does not end it, so a lease held for longer is not
+/// reported lost (the holder's own session sets its idle timeout to the TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_server_watch_outlives_a_server_idle_session_timeout() {
+    let pg = common::start_pg(PostgresOptions::new().setting("idle_session_timeout", "1s")).await;
     let store = Arc::new(
-        PgAdvisoryStore::connect(&PgConfig::from_str(&url).unwrap())
+        PgAdvisoryStore::connect(&PgConfig::from_str(&pg.url()).unwrap())
             .await
             .unwrap(),
     );
     store.migrate().await.unwrap();
     let client = LeaseClient::new(store.clone(), LeaseConfig::new(TTL).unwrap());
-    let lease = client.try_acquire("job:f9-advisory").await.unwrap();
-    let old = lease.fence();
-    let p = pg.clone();
-    tokio::task::spawn_blocking(move || p.restart())
-        .await
-        .unwrap();
-    let reason = timeout(LONG, lease.lost())
-        .await
-        .expect("the holder learns its session ended");
-    assert!(
-        matches!(
-            reason,
-            LostReason::NotOwner | LostReason::RenewFailed { .. } | LostReason::StoreUnavailable
-        ),
-        "{reason:?}"
-    );
-    drop(lease);
-    let next = client
-        .acquire("job:f9-advisory", LONG)
-        .await
-        .expect("the key is free after the restart");
-    assert!(next.fence() > old, "{} <= {old}", next.fence());
-    assert!(next.release().await.unwrap());
+    let lease = client.try_acquire("job:idle-watch").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(lease.is_valid(), "lost: {:?}", lease.lost_reason());
+    assert!(lease.release().await.unwrap());
 }

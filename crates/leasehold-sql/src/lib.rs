@@ -6,6 +6,7 @@ pub mod guard;
 mod pool;
 pub mod presence;
 pub mod record;
+pub mod server_watch;
 
 pub use failure::{ErrorModel, Failure, Phase};
 pub use pool::{Checkout, bounded, with_conn};
