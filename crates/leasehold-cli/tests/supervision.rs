@@ -141,7 +141,10 @@ fn grace_too_long_for_the_ttl_zookeeper_granted_is_refused_naming_both_ttls() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--grace 5s"), "{err}");
     // The grant is under the 4 s session (less the leader's report lag): both TTLs named.
-    assert!(err.contains("granted") && err.contains("of the 30s asked"), "{err}");
+    assert!(
+        err.contains("granted") && err.contains("of the 30s asked"),
+        "{err}"
+    );
     assert!(!marker.exists(), "the command ran");
     assert!(!held(&env, Some(&url), "job:zk-grace-long"), "released");
 }
