@@ -19,6 +19,7 @@ pub mod coordination;
 pub mod fault_cases;
 pub mod growth;
 pub mod holder;
+pub mod takeover;
 pub mod waiting;
 pub mod watching;
 

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_conformance::takeover::{self, assert_lost_before_the_takeover, restart_takeover};
 use leasehold_core::{
     AcquireOutcome, Capabilities, Error, Fence, Key, Lease, LeaseClient, LeaseConfig, LeaseInfo,
     LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
@@ -477,104 +478,16 @@ async fn renewal_abandoned_by_its_caller_keeps_the_lock_until_lost_is_reported()
     );
 }
 
-/// What the contender saw when it first got the lock after the server went away.
-struct RestartTakeover {
-    /// When the server began to go away.
-    stopped_at: Instant,
-    /// When A's lost signal fired, and why.
-    lost: (Instant, LostReason),
-    /// When B sent the acquire that was granted, and when it returned.
-    b_sent: Instant,
-    b_got: Instant,
-    /// A's `is_valid()` read the moment B's acquire returned `Acquired`.
-    a_valid_when_b_got_it: bool,
-    fences: (Fence, Fence),
-}
-
-/// The contender probe of issue 24.3: A holds a lease with a 30 s TTL (its next renewal
-/// 10 s away); the server is restarted by `restart`, and B, another store, tries the lock
-/// every 2 ms from before the restart on, so it gets it as soon as the restarted server
-/// accepts connections.
-async fn restart_probe(key: &str, restart: fn(&common::Server)) -> RestartTakeover {
+/// The contender probe of issue 24.3 ([`leasehold_conformance::takeover`]): B is another
+/// store on the same server.
+async fn restart_probe(key: &str, restart: fn(&common::Server)) -> takeover::Takeover {
     let db = Arc::new(common::start_db());
     let url = getlock_url(&db);
-    let a = open(&url).await;
-    let b = open(&url).await;
-    let client = LeaseClient::new(
-        a.clone(),
-        LeaseConfig::new(Duration::from_secs(30)).unwrap(),
-    );
-    let lease = Arc::new(client.try_acquire(key).await.unwrap());
-    let lost = {
-        let signal = lease.lost();
-        tokio::spawn(async move {
-            let reason = signal.wait().await;
-            (Instant::now(), reason)
-        })
-    };
-    let probe = {
-        let (lease, key) = (lease.clone(), Key::new(key).unwrap());
-        tokio::spawn(async move {
-            let owner = OwnerToken::random();
-            loop {
-                let sent = Instant::now();
-                let got =
-                    timeout(Duration::from_secs(2), b.acquire(&key, &owner, common::TTL)).await;
-                if let Ok(Ok(AcquireOutcome::Acquired { fence, .. })) = got {
-                    let a_valid = lease.is_valid();
-                    return (sent, Instant::now(), a_valid, fence);
-                }
-                sleep(Duration::from_millis(2)).await;
-            }
-        })
-    };
-    // B is turned away while A holds.
-    sleep(Duration::from_millis(100)).await;
-    assert!(!probe.is_finished(), "B got the lock while A held it");
-    let stopped_at = Instant::now();
+    let (a, b) = (open(&url).await, open(&url).await);
     let server = db.clone();
-    tokio::task::spawn_blocking(move || restart(&server))
-        .await
-        .unwrap();
-    let (b_sent, b_got, a_valid_when_b_got_it, b_fence) = timeout(LONG, probe)
-        .await
-        .expect("B gets the lock after the restart")
-        .unwrap();
-    let lost = timeout(LONG, lost)
-        .await
-        .expect("A's lost signal fires")
-        .unwrap();
-    RestartTakeover {
-        stopped_at,
-        lost,
-        b_sent,
-        b_got,
-        a_valid_when_b_got_it,
-        fences: (lease.fence(), b_fence),
-    }
-}
-
-/// No instant at which B held the lock while A still believed: A reads invalid the moment
-/// B's acquire returns `Acquired` (`is_valid()` is read on the spot), having lost it to the
-/// server watch (`SessionEnded`), not to a renewal. The time the lost signal's waiter woke
-/// up is reported, an upper bound on the detection.
-fn assert_lost_before_the_takeover(t: &RestartTakeover) {
-    let (lost_at, reason) = t.lost;
-    eprintln!(
-        "A lost the lease ({reason:?}) {:?} after the restart began, {:?} before B got the lock (B's granted acquire took {:?})",
-        lost_at.saturating_duration_since(t.stopped_at),
-        t.b_got.saturating_duration_since(lost_at),
-        t.b_got.saturating_duration_since(t.b_sent),
-    );
-    assert!(
-        !t.a_valid_when_b_got_it,
-        "B got the lock (fence {}) while A (fence {}) still believed it held it; A's lost signal ({reason:?}) was seen {:?} after B got it",
-        t.fences.1.get(),
-        t.fences.0.get(),
-        lost_at.saturating_duration_since(t.b_got),
-    );
-    assert_eq!(reason, LostReason::SessionEnded);
-    assert!(t.fences.1 > t.fences.0, "fences rise across the restart");
+    let t = restart_takeover(a, b, key, Duration::from_secs(2), move || restart(&server)).await;
+    drop(db); // The server lives until the probe has seen the takeover.
+    t
 }
 
 /// Issue 24.3, FAULTS 9 for `GET_LOCK`: the server killed (`kill -9`: the kernel closes

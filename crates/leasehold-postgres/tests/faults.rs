@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold_conformance::takeover::{
+    Takeover, assert_lost_before_the_takeover, restart_takeover,
+};
 use leasehold_core::{
     AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken, RenewOutcome,
     Store,
@@ -372,104 +375,18 @@ async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
     );
 }
 
-/// What the contender saw when it first got the lock after the server went away.
-struct Takeover {
-    /// When the server began to go away.
-    stopped_at: Instant,
-    /// When A's lost signal fired, and why.
-    lost: (Instant, LostReason),
-    /// When B sent the acquire that was granted, and when it returned.
-    b_sent: Instant,
-    b_got: Instant,
-    /// A's `is_valid()` read the moment B's acquire returned `Acquired`.
-    a_valid_when_b_got_it: bool,
-    fences: (Fence, Fence),
-}
-
-/// The contender probe of issue 24.3 on the advisory store: A holds a lease with a 30 s
-/// TTL (its next renewal 10 s away); the server is restarted by `restart`, and B, another
-/// store on the same server, tries the lock every 2 ms from before the restart on, so it
-/// gets it as soon as the restarted server accepts connections. Returns what B saw.
+/// The contender probe of issue 24.3 on the advisory store
+/// ([`leasehold_conformance::takeover`]): B is another store on the same server.
 async fn advisory_restart_probe(key: &str, restart: fn(&leasehold_testkit::Postgres)) -> Takeover {
     let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
     let config = PgConfig::from_str(&format!("{}?connect_timeout=2", pg.url())).unwrap();
     let a = Arc::new(PgAdvisoryStore::connect(&config).await.unwrap());
     a.migrate().await.unwrap();
-    let b = PgAdvisoryStore::connect(&config).await.unwrap();
-    let client = LeaseClient::new(
-        a.clone(),
-        LeaseConfig::new(Duration::from_secs(30)).unwrap(),
-    );
-    let lease = Arc::new(client.try_acquire(key).await.unwrap());
-    let lost = {
-        let signal = lease.lost();
-        tokio::spawn(async move {
-            let reason = signal.wait().await;
-            (Instant::now(), reason)
-        })
-    };
-    let probe = {
-        let (lease, key) = (lease.clone(), Key::new(key).unwrap());
-        tokio::spawn(async move {
-            let owner = OwnerToken::random();
-            loop {
-                let sent = Instant::now();
-                let got = timeout(Duration::from_secs(2), b.acquire(&key, &owner, TTL)).await;
-                if let Ok(Ok(AcquireOutcome::Acquired { fence, .. })) = got {
-                    let a_valid = lease.is_valid();
-                    return (sent, Instant::now(), a_valid, fence);
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-    };
-    // B is turned away while A holds.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!probe.is_finished(), "B got the lock while A held it");
-    let stopped_at = Instant::now();
-    let p = pg.clone();
-    tokio::task::spawn_blocking(move || restart(&p))
-        .await
-        .unwrap();
-    let (b_sent, b_got, a_valid_when_b_got_it, b_fence) = timeout(LONG, probe)
-        .await
-        .expect("B gets the lock after the restart")
-        .unwrap();
-    let lost = timeout(LONG, lost)
-        .await
-        .expect("A's lost signal fires")
-        .unwrap();
-    Takeover {
-        stopped_at,
-        lost,
-        b_sent,
-        b_got,
-        a_valid_when_b_got_it,
-        fences: (lease.fence(), b_fence),
-    }
-}
-
-/// No instant at which B held the lock while A still believed: A reads invalid the moment
-/// B's acquire returns `Acquired` (`is_valid()` is read on the spot), having lost it to the
-/// server watch (`SessionEnded`), not to a renewal. The time the lost signal's waiter woke
-/// up is reported, an upper bound on the detection.
-fn assert_lost_before_the_takeover(t: &Takeover) {
-    let (lost_at, reason) = t.lost;
-    eprintln!(
-        "A lost the lease ({reason:?}) {:?} after the restart began, {:?} before B got the lock (B's granted acquire took {:?})",
-        lost_at.saturating_duration_since(t.stopped_at),
-        t.b_got.saturating_duration_since(lost_at),
-        t.b_got.saturating_duration_since(t.b_sent),
-    );
-    assert!(
-        !t.a_valid_when_b_got_it,
-        "B got the lock (fence {}) while A (fence {}) still believed it held it; A's lost signal ({reason:?}) was seen {:?} after B got it",
-        t.fences.1.get(),
-        t.fences.0.get(),
-        lost_at.saturating_duration_since(t.b_got),
-    );
-    assert_eq!(reason, LostReason::SessionEnded);
-    assert!(t.fences.1 > t.fences.0, "fences rise across the restart");
+    let b = Arc::new(PgAdvisoryStore::connect(&config).await.unwrap());
+    let server = pg.clone();
+    let t = restart_takeover(a, b, key, TTL, move || restart(&server)).await;
+    drop(pg); // The server lives until the probe has seen the takeover.
+    t
 }
 
 /// Issue 24.3, FAULTS 9 for advisory locks: a fast shutdown and restart of the server
