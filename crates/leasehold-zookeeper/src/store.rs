@@ -790,6 +790,40 @@ impl ZkStore {
         self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// `node` (whose stat is `stat`), confirmed by the leader as the first of `dir`'s
+    /// queue, is `owner`'s grant: recorded with its fence and the TTL the session backs
+    /// for a request sent at `sent`, and answered.
+    #[allow(clippy::too_many_arguments)]
+    fn granted_node(
+        &self,
+        s: &Session,
+        dir: &str,
+        owner: &OwnerToken,
+        node: String,
+        stat: &zk::Stat,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let fence = fence(stat.czxid)?;
+        let granted = Self::grant(s, ttl, sent)?;
+        self.record(
+            dir,
+            owner,
+            Granted {
+                node,
+                version: stat.version,
+                fence,
+                session: s.id,
+                ttl: granted,
+                deadline: sent + granted,
+            },
+        );
+        Ok(AcquireOutcome::Acquired {
+            fence,
+            ttl: granted,
+        })
+    }
+
     fn record(&self, dir: &str, owner: &OwnerToken, g: Granted) {
         let slot = (dir.to_owned(), *owner);
         self.waiting().remove(&slot);
@@ -894,24 +928,7 @@ impl ZkStore {
                     if queue[0].2 == *name {
                         // Read from the member's copy: the leader confirms it.
                         if self.confirm(&s, &[(&node, stat.version)]).await? == [Check::Live] {
-                            let fence = fence(stat.czxid)?;
-                            let granted = Self::grant(&s, ttl, sent)?;
-                            self.record(
-                                &dir,
-                                owner,
-                                Granted {
-                                    node,
-                                    version: stat.version,
-                                    fence,
-                                    session: s.id,
-                                    ttl: granted,
-                                    deadline: sent + granted,
-                                },
-                            );
-                            return Ok(AcquireOutcome::Acquired {
-                                fence,
-                                ttl: granted,
-                            });
+                            return self.granted_node(&s, &dir, owner, node, &stat, ttl, sent);
                         }
                     } else if self.waiting().contains_key(&slot) {
                         // Our place in the queue (made by `wait_released`): keep it.
@@ -964,24 +981,7 @@ impl ZkStore {
         match queue.first() {
             Some((o, _, name)) if o == owner && node.ends_with(name.as_str()) => {
                 // The create committed through the leader, which checked the session live.
-                let fence = fence(stat.czxid)?;
-                let granted = Self::grant(&s, ttl, sent)?;
-                self.record(
-                    &dir,
-                    owner,
-                    Granted {
-                        node,
-                        version: stat.version,
-                        fence,
-                        session: s.id,
-                        ttl: granted,
-                        deadline: sent + granted,
-                    },
-                );
-                Ok(AcquireOutcome::Acquired {
-                    fence,
-                    ttl: granted,
-                })
+                self.granted_node(&s, &dir, owner, node, &stat, ttl, sent)
             }
             Some((_, _, first)) => {
                 // Another acquire got in first: leave no node behind.
