@@ -179,3 +179,15 @@ mod tests {
         assert_eq!(feature_of("memory"), None);
     }
 }
+
+/// The repository's `README.md`, compiled and run as this crate's doctests
+/// (`cargo test -p leasehold --doc`), so its examples cannot drift from the API. Only in
+/// doctest builds: never in the documentation or a user's build.
+///
+/// `src/repository-readme` is a symlink to the repository's README (no `.md` name, so no
+/// tool reads it as a second copy of the document, whose relative links resolve from the
+/// repository root only); `cargo package` stores the file it points to, so the packaged
+/// crate's doctests compile too.
+#[cfg(doctest)]
+#[doc = include_str!("repository-readme")]
+pub struct RepositoryReadme;

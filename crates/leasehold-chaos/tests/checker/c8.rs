@@ -1,0 +1,136 @@
+//! C8: an owner token belongs to one fence (C8a, with its exemptions for a fresh grant
+//! after an unreturned one), and nothing is left in the store after the run (C8b).
+
+use crate::history::*;
+use leasehold_chaos::{CheckConfig, Event, FaultKind, FinalState, Op, Phase};
+
+#[test]
+fn c8a_one_owner_recorded_with_two_fences() {
+    // By the store's own record.
+    let (mut h, s) = clean();
+    h.push(inspect(200 * MS, "A", Some(7), ""));
+    assert_rules(&h, &s, &cfg(), &["C8a"]);
+    // By the audit.
+    let (h, _) = clean();
+    let s = state(vec![row(1, 1, "A"), row(2, 2, "B"), row(3, 3, "B")]);
+    assert_rules(&h, &s, &cfg(), &["C8a"]);
+}
+
+/// The store records owner O with fence 5 at 10 ms and 500 ms (the acquire's reply was
+/// lost; `returned`: an acquire did return it at 20 ms, released at 30 ms); O's retry is
+/// granted fence `f2` at `f2_at`.
+fn regranted(f2_at: u64, f2: u64, returned: bool) -> Vec<Event> {
+    let mut h = vec![ev(5 * MS, "a#0", Op::Acquire, Phase::Invoke, "")];
+    h.push(inspect(10 * MS, "O", Some(5), ""));
+    if returned {
+        h.push(Event {
+            fence: Some(5),
+            valid_until: Some(900 * MS),
+            ..ev(20 * MS, "a#0", Op::Acquire, Phase::Ok, "O")
+        });
+        h.extend(released(30 * MS, "a#0", "O"));
+    }
+    h.push(inspect(500 * MS, "O", Some(5), ""));
+    h.extend(acquired(f2_at, "a#0", "O", f2));
+    h.extend(released(f2_at + 100 * MS, "a#0", "O"));
+    h
+}
+
+#[test]
+fn c8a_a_fresh_grant_to_the_same_owner_is_exempt_only_a_ttl_after_an_unreturned_one() {
+    let none = FinalState::default();
+    // A TTL after the first sighting (not the last): the unreturned grant had expired.
+    assert_rules(&regranted(10 * MS + TTL, 9, false), &none, &cfg(), &[]);
+    assert_rules(
+        &regranted(10 * MS + TTL - 1, 9, false),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+    // The earlier grant was returned to a worker (and renewable): no exemption.
+    assert_rules(
+        &regranted(10 * MS + 3 * TTL, 9, true),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+    // A fresh grant has a higher fence.
+    assert_rules(&regranted(10 * MS + TTL, 4, false), &none, &cfg(), &["C8a"]);
+}
+
+/// `regranted`, with a store fault (a fail-over) from `from` to `to` inserted.
+fn regranted_across(f2_at: u64, returned: bool, from: u64, to: u64) -> Vec<Event> {
+    let mut h = regranted(f2_at, 9, returned);
+    h.push(fault(from, "store", FaultKind::RestartStore));
+    h.push(fault(to, "store", FaultKind::StoreBack));
+    h
+}
+
+#[test]
+fn c8a_a_failover_that_forgot_an_unreturned_grant_is_exempt_only_when_configured_and_between() {
+    let none = FinalState::default();
+    let sentinel = CheckConfig {
+        failover_forgets_unacknowledged: true,
+        ..cfg()
+    };
+    // Re-granted 300 ms after the last sighting (well within a TTL of the first).
+    let f2_at = 800 * MS;
+    // A fail-over between the two sightings (first at 10 ms, second at f2_at).
+    assert_rules(
+        &regranted_across(f2_at, false, 600 * MS, 700 * MS),
+        &none,
+        &sentinel,
+        &[],
+    );
+    // Touching either end still counts: it spans the time between them.
+    assert_rules(
+        &regranted_across(f2_at, false, f2_at, f2_at + MS),
+        &none,
+        &sentinel,
+        &[],
+    );
+    assert_rules(
+        &regranted_across(f2_at, false, 0, 10 * MS),
+        &none,
+        &sentinel,
+        &[],
+    );
+    // Just outside: after the second sighting, or over before the first.
+    assert_rules(
+        &regranted_across(f2_at, false, f2_at + 1, f2_at + MS),
+        &none,
+        &sentinel,
+        &["C8a"],
+    );
+    assert_rules(
+        &regranted_across(f2_at, false, 0, 10 * MS - 1),
+        &none,
+        &sentinel,
+        &["C8a"],
+    );
+    // The earlier grant was returned (the caller holds and renews it): no exemption.
+    assert_rules(
+        &regranted_across(f2_at, true, 600 * MS, 700 * MS),
+        &none,
+        &sentinel,
+        &["C8a"],
+    );
+    // A store that does not forget unacknowledged grants gets no exemption.
+    assert_rules(
+        &regranted_across(f2_at, false, 600 * MS, 700 * MS),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+}
+
+#[test]
+fn c8b_a_lease_left_over_after_the_run() {
+    let (mut h, s) = clean();
+    h.push(inspect(6000 * MS, "B", Some(2), "final"));
+    assert_rules(&h, &s, &cfg(), &["C8b"]);
+    // An inspection during the run that sees a holder is no leftover.
+    let (mut h, s) = clean();
+    h.push(inspect(450 * MS, "B", Some(2), ""));
+    assert_rules(&h, &s, &cfg(), &[]);
+}
