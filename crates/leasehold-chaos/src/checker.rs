@@ -1,4 +1,4 @@
-//! The invariants C1–C10 of `FAULTS.md`, and C11 (the semaphore's bound), checked over a
+//! The invariants C1–C10 of `docs/faults.md`, and C11 (the semaphore's bound), checked over a
 //! recorded history.
 //!
 //! Times are `CLOCK_MONOTONIC` nanoseconds. What each event's time means (before or after
@@ -26,19 +26,19 @@
 //!
 //! | rule | flags | exemption (and its justification) |
 //! | --- | --- | --- |
-//! | C1 | an audit row, in `seq` (commit) order, with a lower fence than an earlier row of the same resource | none (FAULTS: "Always") |
-//! | C2 | one fence of one key recorded with two owners, by any of: acquire replies, the store's inspections, audit rows, worker events | `lossy_store` (FAULTS rows 10–11 admit fence reuse; C1 still holds) |
+//! | C1 | an audit row, in `seq` (commit) order, with a lower fence than an earlier row of the same resource | none (docs/faults.md, "History checker": "Always") |
+//! | C2 | one fence of one key recorded with two owners, by any of: acquire replies, the store's inspections, audit rows, worker events | `lossy_store` (docs/faults.md rows 10–11 admit fence reuse; C1 still holds) |
 //! | C3 | two windows of different owners on one key that overlap | `lossy_store` (rows 10, 11, 13); `restart_loses_leases` and a store restart at `r` with `a.start ≤ r ≤ b.start` (rows 9–10: a store without persistence forgets the first holder's lease while it still runs) |
-//! | C4a | a window whose deadline `D` passed while held (no lost observation or release before `D`) without a lost observation by its running-time due | the incarnation was killed by the due (a dead process fires nothing); the holder released it by the due (DESIGN §4: a lease its holder released never reports lost); the history ends before the due |
-//! | C4b | a `check` or write probe answering *not lost* at or after its window's deadline, or after the window's `lost` event was recorded. This is the "first act after resume" rule: a process frozen past its deadline must get *lost* from its first question after the `sigcont` | a probe at or after the holder's release invoke (DESIGN §4: a lease its holder released never reports lost) |
+//! | C4a | a window whose deadline `D` passed while held (no lost observation or release before `D`) without a lost observation by its running-time due | the incarnation was killed by the due (a dead process fires nothing); the holder released it by the due (docs/design.md §4.6: a lease its holder released never reports lost); the history ends before the due |
+//! | C4b | a `check` or write probe answering *not lost* at or after its window's deadline, or after the window's `lost` event was recorded. This is the "first act after resume" rule: a process frozen past its deadline must get *lost* from its first question after the `sigcont` | a probe at or after the holder's release invoke (docs/design.md §4.6: a lease its holder released never reports lost) |
 //! | C4c | a write invoked at or after its window's deadline with no lost observation at or before it (its own probe counts) | none |
-//! | C5 | a write invoked at or after its window's end, accepted (`ok`, or `unknown` with its owner's row in the audit) | accepted only while no write with a higher fence on that resource had been acknowledged (`write ok`) before it started: the guard compares fences (DESIGN §6) and cannot know that a window ended until a newer holder's write is in |
+//! | C5 | a write invoked at or after its window's end, accepted (`ok`, or `unknown` with its owner's row in the audit) | accepted only while no write with a higher fence on that resource had been acknowledged (`write ok`) before it started: the guard compares fences (docs/design.md §6) and cannot know that a window ended until a newer holder's write is in |
 //! | C6a | a renewal sent (`renew invoke`) with no validity left (`remaining_ns` 0), or after its lost signal fired (the observer's `lost` flag, or a `lost` event recorded at or before the send), or at or after the deadline in force | none |
 //! | C6b | a renewal accepted by the client (`renew ok`) with no validity left or with the lost signal already fired | none |
 //! | C6c | a renewal the store answered *renewed* (`renew ok`, or `renew fail` `refused`) or a release it answered *released* (`release ok`) sent at or after another owner's later grant of the key was recorded | none |
 //! | C7a | an acknowledged write (`write ok`) whose `seq` is missing from the audit | none |
 //! | C7b | a counter that differs from its number of audit rows (a lost update) | none |
-//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (DESIGN §4, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it) |
+//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (docs/design.md §4.11, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it) |
 //! | C8b | the final inspection (`inspect` `final`, after every worker is gone and the bound has passed) shows a lease | none |
 //! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it, the bound moved on by the time store faults (restart, fail-over) take within it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
 //! | C10 | a window's first lost observation that no fault on its own incarnation or path explains | a fault explains it when it is a freeze of that incarnation, a proxy fault on its slot's own proxy (until `proxy-pass`), or a store restart (until `store-back`), that started at or before the observation and ended no more than `fault_reach` before it: a lease whose renewals a fault broke or delayed is lost by its deadline, within a TTL of the last renewal sent before the fault ended |
@@ -77,10 +77,10 @@ pub struct CheckConfig {
     pub takeover_bound_ns: u64,
     /// C10: how long after a fault ended it may still explain a lost signal.
     pub fault_reach_ns: u64,
-    /// C2/C3 relaxed: the failure model admits fence reuse and overlapping windows (FAULTS
+    /// C2/C3 relaxed: the failure model admits fence reuse and overlapping windows (docs/faults.md
     /// rows 10, 11, 13). C1 is never relaxed.
     pub lossy_store: bool,
-    /// A store restart loses the leases it held (Redis without persistence, FAULTS rows
+    /// A store restart loses the leases it held (Redis without persistence, docs/faults.md rows
     /// 9–10): C3 is relaxed for a pair of windows with a restart between their starts,
     /// and C11 likewise.
     pub restart_loses_leases: bool,

@@ -2,7 +2,7 @@
 //!
 //! Workers record every event as a JSON line stamped with `CLOCK_MONOTONIC` nanoseconds;
 //! the guard keeps an audit row per protected write in the same transaction; the checker
-//! replays both and checks the invariants C1–C10 of `FAULTS.md`, and in semaphore mode
+//! replays both and checks the invariants C1–C10 of `docs/faults.md`, and in semaphore mode
 //! C11 (a semaphore's bound). Its own tests feed it hand-made bad histories, and a
 //! control run without the guard must make it fail.
 #![forbid(unsafe_code)]

@@ -173,7 +173,7 @@ impl Servers {
         }
         let n = self.restarts.get();
         self.restarts.set(n + 1);
-        // A member of a three-member cluster: the leader first (the fail-over case, FAULTS
+        // A member of a three-member cluster: the leader first (the fail-over case, docs/faults.md
         // row 21/22), then the next member each time, so every member is killed in turn.
         let member = |size: usize, leader: Option<usize>| {
             if n == 0 {
@@ -1025,9 +1025,9 @@ pub fn check_config(store: StoreKind, ttl: Duration, permits: Option<u32>) -> Ch
         // answered ambiguously, and a fail-over to that replica forgets it; the owner's
         // retry is then granted afresh, with a higher fence (C8a's exemption for it).
         failover_forgets_unacknowledged: store == StoreKind::RedisSentinel,
-        // Redis runs without persistence here: a restart forgets the leases (FAULTS 9-10);
+        // Redis runs without persistence here: a restart forgets the leases (docs/faults.md rows 9–10);
         // a Redlock node restarted empty at once can take a bare majority's lease with
-        // it (FAULTS 12-13, see leasehold-redlock's failure model).
+        // it (docs/faults.md rows 12–13, see leasehold-redlock's failure model).
         // The etcd cluster and the ZooKeeper ensemble lose nothing: one member is killed
         // at a time and the other two keep the quorum, with the leases (sessions) in it.
         restart_loses_leases: matches!(store, StoreKind::Redis | StoreKind::Redlock),

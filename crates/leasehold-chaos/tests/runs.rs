@@ -1,4 +1,4 @@
-//! Bounded chaos runs (FAULTS "History checker"), each read back from its
+//! Bounded chaos runs (docs/faults.md, "History checker"), each read back from its
 //! `summary.json` (never from the human table):
 //! - with the guard, on each store, every planned fault kind fires, the guard rejects at
 //!   least one stale write, and the checker finds no violation;
@@ -218,7 +218,7 @@ fn postgres_store_with_the_guard_has_no_violation() {
 }
 
 /// Redlock over three nodes: the store fault kills one node and starts it again empty
-/// (FAULTS 12); path faults hit all of a worker's node connections.
+/// (docs/faults.md row 12); path faults hit all of a worker's node connections.
 #[test]
 fn redlock_store_with_the_guard_has_no_violation() {
     with_the_guard("redlock", "16");

@@ -739,7 +739,7 @@ fn max_hold_keeps_the_lease_until_a_command_ignoring_sigterm_is_gone_on_redis() 
     max_hold_releases_only_after_the_command_is_gone(&Env::new(), Some(&redis.url()));
 }
 
-/// FAULTS rows 1 and 28: `leasehold run` frozen past its TTL. Its command and the
+/// docs/faults.md rows 1 and 28: `leasehold run` frozen past its TTL. Its command and the
 /// command's grandchild die by the validity deadline, before the store-side expiry, while
 /// the supervisor is still frozen; the next holder starts after their last record.
 #[test]
@@ -830,7 +830,7 @@ fn frozen_supervisor_its_command_group_dies_by_the_validity_deadline() {
     assert_eq!(status.code(), Some(70), "lease lost exit code");
 }
 
-/// FAULTS row 28: `kill -9` of `leasehold run`. Its command and the command's grandchild
+/// docs/faults.md row 28: `kill -9` of `leasehold run`. Its command and the command's grandchild
 /// are gone long before the TTL (30 s) could run out.
 #[test]
 fn killed_supervisor_takes_its_whole_command_group_with_it() {

@@ -927,7 +927,7 @@ pub async fn ambiguous_acquire_reply_returns_same_lease(fx: &Fixture) {
     }
 }
 
-/// The stale writer (DESIGN §8): A holds the lease and writes; A is paused past its TTL;
+/// The stale writer (docs/design.md §8): A holds the lease and writes; A is paused past its TTL;
 /// B acquires and writes; A's late write with its old fence is rejected by the storage-side
 /// guard, in the same transaction as the write. A store without a guard must say so.
 pub async fn stale_writer_rejected_by_guard(fx: &Fixture) {
@@ -986,7 +986,7 @@ pub async fn stale_writer_rejected_by_guard(fx: &Fixture) {
     fx.store.release(&k, &b).await.unwrap();
 }
 
-/// A holder process killed with `kill -9` (FAULTS row 3): while it lives nobody else gets
+/// A holder process killed with `kill -9` (docs/faults.md row 3): while it lives nobody else gets
 /// the lease; after its death a waiter gets it, not before the store-side TTL has run out
 /// (a session-bound store may free it when the session ends, at once), and within the
 /// TTL and a generous margin, with a higher fence.

@@ -1,4 +1,4 @@
-//! The shared fault cases: FAULTS rows 2, 4, 5, 6, 7, 8 and 24, for every networked
+//! The shared fault cases: docs/faults.md rows 2, 4, 5, 6, 7, 8 and 24, for every networked
 //! backend, through the fault proxies of its fixture's [`Network`].
 //!
 //! Each case panics on failure; its messages say what went wrong in words the broken-store
@@ -140,7 +140,7 @@ fn fence_of(what: &str, outcome: AcquireOutcome) -> Fence {
     }
 }
 
-/// FAULTS row 2, near miss: a holder process frozen (`SIGSTOP`) for a little less than its
+/// docs/faults.md row 2, near miss: a holder process frozen (`SIGSTOP`) for a little less than its
 /// validity window keeps its lease: nobody else gets it during or after the freeze, its
 /// lost signal never fires, its renewals go on, and it still holds the lease when it
 /// releases it.
@@ -220,7 +220,7 @@ pub async fn row_02_near_miss_freeze_keeps_the_lease(fx: &Fixture) {
     assert!(next.release().await.unwrap());
 }
 
-/// FAULTS row 4: the server is frozen (`SIGSTOP`) past the TTL. Renewals time out; the
+/// docs/faults.md row 4: the server is frozen (`SIGSTOP`) past the TTL. Renewals time out; the
 /// lost signal fires at the local deadline, before the store-side expiry. Afterwards the
 /// lost lease is not taken over while its holder keeps its handle; the holder's release
 /// frees it and the next fence is higher.
@@ -305,7 +305,7 @@ pub async fn row_04_server_paused_lost_before_store_expiry(fx: &Fixture) {
     assert!(next.release().await.unwrap());
 }
 
-/// FAULTS row 5: the proxy forwards an acquire and drops its reply. The retry with the
+/// docs/faults.md row 5: the proxy forwards an acquire and drops its reply. The retry with the
 /// same owner returns the grant that was applied (same fence), never a second lease; after
 /// the release nothing is left. The same end to end through the lease client, whose
 /// ambiguous-reply retry reuses its owner.
@@ -405,7 +405,7 @@ pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
     );
 }
 
-/// FAULTS row 6: slow replies. With every chunk held a while, an acquire still succeeds
+/// docs/faults.md row 6: slow replies. With every chunk held a while, an acquire still succeeds
 /// and its validity window counts from the send (so it is shorter by the time the reply
 /// took). With the link slower than the TTL, acquisitions fail, and whatever they were
 /// granted late is gone within 3 × TTL.
@@ -484,7 +484,7 @@ pub async fn row_06_slow_replies_shorten_validity_and_too_slow_fails(fx: &Fixtur
     assert!(again.release().await.unwrap());
 }
 
-/// FAULTS row 7: a blackhole. No call answers through it: each fails (within the store's
+/// docs/faults.md row 7: a blackhole. No call answers through it: each fails (within the store's
 /// own bound, when it declares one) or is ended by the caller; a waiting acquire ends by
 /// its deadline. Once the network is back the store works again and the lease held before
 /// is intact.
@@ -669,7 +669,7 @@ async fn gone_within(fx: &Fixture, k: &Key, holder: &OwnerToken, ttl: Duration, 
     }
 }
 
-/// FAULTS row 8: the connection is reset after the request reached the server. The call
+/// docs/faults.md row 8: the connection is reset after the request reached the server. The call
 /// fails with a retryable error (or the store retries by itself); the retry with the same
 /// owner returns the same grant, never a second lease; a reset while idle makes the next
 /// calls reconnect.
@@ -773,7 +773,7 @@ pub async fn row_08_reset_mid_command_idempotent_retry(fx: &Fixture) {
     );
 }
 
-/// FAULTS row 24: acquisitions (through the lease client and raw store calls) cancelled at
+/// docs/faults.md row 24: acquisitions (through the lease client and raw store calls) cancelled at
 /// every stage of a slow call leave nothing behind after 3 × TTL, and the keys stay
 /// usable.
 pub async fn row_24_cancelled_acquires_leave_nothing_behind(fx: &Fixture) {

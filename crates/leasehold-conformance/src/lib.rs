@@ -35,7 +35,7 @@ pub trait Faults: Send + Sync {
     async fn restore(&self);
 }
 
-/// Writes through a backend's storage-side guard (DESIGN §6), for the stale-writer case.
+/// Writes through a backend's storage-side guard (docs/design.md §6), for the stale-writer case.
 #[async_trait]
 pub trait FencedWrites: Send + Sync {
     /// In **one transaction** of the guarded storage: checks `fence` against the highest
@@ -200,7 +200,7 @@ pub struct Network {
     /// A second store on the same server(s), **not** through the proxies: it sees what the
     /// server holds while the proxies misbehave.
     pub direct: Arc<dyn Store>,
-    /// The server process(es), for FAULTS row 4.
+    /// The server process(es), for docs/faults.md row 4.
     pub servers: Arc<dyn Pausable>,
     /// The longest a call of [`Fixture::store`] waits for an unresponsive server before it
     /// fails by itself, if the store bounds its calls (`None`: only the caller's timeout
@@ -489,7 +489,7 @@ macro_rules! conformance_suite {
     };
 }
 
-/// Generates one `#[tokio::test]` per fault case (FAULTS rows 2, 4, 5, 6, 7, 8, 24),
+/// Generates one `#[tokio::test]` per fault case (docs/faults.md rows 2, 4, 5, 6, 7, 8, 24),
 /// each calling `$fixture().await`, whose fixture must declare a [`Network`] (and, for
 /// row 2, [`Fixture::other_processes`] and a `holder = $open`, as in
 /// [`conformance_suite!`]).

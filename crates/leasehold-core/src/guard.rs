@@ -1,4 +1,4 @@
-//! Shared vocabulary of the storage-side guards (DESIGN §6).
+//! Shared vocabulary of the storage-side guards (docs/design.md §6).
 //!
 //! A guard keeps, per protected resource, the highest fence it has accepted. Checking the
 //! fence, writing the data and advancing the guard happen in one transaction of the

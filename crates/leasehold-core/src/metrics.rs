@@ -1,4 +1,4 @@
-//! Metric names (DESIGN §7) and the helpers that record them through the `metrics` facade.
+//! Metric names (docs/design.md §7) and the helpers that record them through the `metrics` facade.
 //!
 //! Every metric carries the labels `backend` and `resource_type` (the part of the key
 //! before its first `:`), plus the label in the table below. A full key is never a label.

@@ -1,4 +1,4 @@
-//! The store contract every backend implements (DESIGN §3).
+//! The store contract every backend implements (docs/design.md §3).
 
 use std::time::Duration;
 
@@ -184,7 +184,7 @@ impl Capabilities {
     }
 }
 
-/// A backend: the four atomic operations of DESIGN §3 against one real external system,
+/// A backend: the four atomic operations of docs/design.md §3 against one real external system,
 /// plus optional hooks. Used as a trait object (`Arc<dyn Store>`), so the store can be
 /// chosen at run time from a URL (see [`Registry`](crate::Registry)).
 ///

@@ -7,7 +7,7 @@ use leasehold_core::memory::MemoryStore;
 use leasehold_core::{Key, LeaseClient, LeaseConfig, LostReason};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-/// FAULTS row 23: the async runtime is blocked by CPU work; the lost signal still fires
+/// docs/faults.md row 23: the async runtime is blocked by CPU work; the lost signal still fires
 /// at the validity deadline, seen from another thread.
 #[test]
 fn starved_runtime_still_fires_lost_at_the_deadline() {

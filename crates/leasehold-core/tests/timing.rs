@@ -627,7 +627,7 @@ async fn client_clock_jump_changes_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn near_miss_freeze_keeps_the_lease() {
-    // FAULTS row 2: frozen for just under the validity window (2.965 s of a 3 s TTL).
+    // docs/faults.md row 2: frozen for just under the validity window (2.965 s of a 3 s TTL).
     let store = Scripted::default();
     let c = client(&store, config(3 * S).build().unwrap());
     let lease = c.try_acquire(key()).await.unwrap();
@@ -640,7 +640,7 @@ async fn near_miss_freeze_keeps_the_lease() {
 
 #[tokio::test(start_paused = true)]
 async fn slow_acquire_reply_shortens_the_validity_window() {
-    // FAULTS row 6: the reply takes 0.4 × TTL; the window still counts from the send.
+    // docs/faults.md row 6: the reply takes 0.4 × TTL; the window still counts from the send.
     let store = Scripted::default();
     store.set(Fault::SlowAcquire(1200 * MS));
     let cfg = config(3 * S).op_timeout(1900 * MS).build().unwrap();

@@ -1,4 +1,4 @@
-//! The shared conformance suite and the shared fault cases (FAULTS rows 2, 4, 5, 6, 7, 8,
+//! The shared conformance suite and the shared fault cases (docs/faults.md rows 2, 4, 5, 6, 7, 8,
 //! 24) against a private single-member etcd, reached through a fault proxy; the holder
 //! process of the `kill -9` and near-miss cases opens it from its URL.
 

@@ -156,7 +156,7 @@ async fn a_waiter_that_goes_away_drops_out_of_the_queue() {
     assert!(queued(&s, &k).await.is_empty());
 }
 
-/// FAULTS row 21, third part: a waiter's etcd lease revoked (its queue entry deleted by
+/// docs/faults.md row 21, third part: a waiter's etcd lease revoked (its queue entry deleted by
 /// etcd). The waiter is not handed the lock: its wait ends (the caller re-checks), its
 /// `acquire` is still `Held` while the lease is held, and it can only wait again at the
 /// end of the line, behind the waiter that was behind it. Fences keep rising.

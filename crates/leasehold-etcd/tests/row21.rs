@@ -1,4 +1,4 @@
-//! FAULTS row 21 on a private three-member etcd cluster: the leader killed while a lease
+//! docs/faults.md row 21 on a private three-member etcd cluster: the leader killed while a lease
 //! is held and renewed, and a non-leader member stopped (`SIGSTOP`) while it is the
 //! holder's only endpoint. In both, the holder either keeps the lease (its renewals go on
 //! after the fault) or hears it lost no later than its validity deadline; a contender that

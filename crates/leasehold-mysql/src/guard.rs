@@ -1,4 +1,4 @@
-//! The storage-side fence guard and the idempotency record, in MariaDB/MySQL (DESIGN §6).
+//! The storage-side fence guard and the idempotency record, in MariaDB/MySQL (docs/design.md §6).
 //!
 //! Both work inside **your** transaction on **your** database, so that checking the fence,
 //! writing the data and advancing the guard commit or roll back together:

@@ -1,7 +1,7 @@
-//! The conformance suite and the shared fault cases (FAULTS rows 2, 4, 5, 6, 7, 8, 24) on
+//! The conformance suite and the shared fault cases (docs/faults.md rows 2, 4, 5, 6, 7, 8, 24) on
 //! the MariaDB GET_LOCK store, one private server per case, reached through a fault proxy
 //! (blackholed for `make_unreachable`); `forget` KILLs the session holding the lock
-//! (FAULTS 19); the guard case writes through the MySQL guard; the holder process of the
+//! (docs/faults.md row 19); the guard case writes through the MySQL guard; the holder process of the
 //! `kill -9` and near-miss cases opens the store straight to the server.
 
 mod common;

@@ -1,4 +1,4 @@
-//! The conformance suite and the shared fault cases (FAULTS rows 2, 4, 5, 6, 7, 8, 24) on
+//! The conformance suite and the shared fault cases (docs/faults.md rows 2, 4, 5, 6, 7, 8, 24) on
 //! the MariaDB lease-table store, one private server per case, reached through a fault
 //! proxy (blackholed for `make_unreachable`); `forget` clears the lease row's owner from a
 //! direct connection; the guard case writes through the MySQL guard; the holder process of

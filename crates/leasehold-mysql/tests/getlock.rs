@@ -1,14 +1,14 @@
 //! GET_LOCK session faults.
 //!
-//! - `killed_session_loses_lease_and_another_acquires` (FAULTS 19): `KILL` of the holder's
+//! - `killed_session_loses_lease_and_another_acquires` (docs/faults.md row 19): `KILL` of the holder's
 //!   connection fires its lost signal within one renew interval and another store takes
 //!   the lease with a higher fence; then a break from another store (which `KILL`s the
 //!   holder's session) does the same.
-//! - `holder_process_paused_then_killed` (FAULTS 1 and 3 for a session-bound store): a
+//! - `holder_process_paused_then_killed` (docs/faults.md rows 1 and 3 for a session-bound store): a
 //!   frozen holder process keeps its session, so the lock outlives the TTL until it wakes,
 //!   then its lost signal fires and the lock is free; a `kill -9`ed holder frees it at once.
 //!
-//! - `renewal_timeout_loses_lease_before_lock_is_free` (issue 10.2, FAULTS 7): a renewal
+//! - `renewal_timeout_loses_lease_before_lock_is_free` (issue 10.2, docs/faults.md row 7): a renewal
 //!   blackholed past the store's operation bound makes the keeper end its session (which
 //!   frees the lock); the holder must be told `NotOwner` by that very renewal, so that no
 //!   other process ever holds the lock while the first still believes it holds the lease.
@@ -20,7 +20,7 @@
 //!   taken in only when the slow one answers: the keeper records the loss on the lease
 //!   before it lets the session go.
 //! - `crash_restart_…` and `clean_restart_loses_the_lease_before_the_restarted_server_grants_it`
-//!   (issue 24.3, FAULTS 9): the server's end is seen on the store's server watch session,
+//!   (issue 24.3, docs/faults.md row 9): the server's end is seen on the store's server watch session,
 //!   and the holder loses its lease before the restarted server can grant the lock to a
 //!   contender that tries every 2 ms; fences keep rising.
 //!
@@ -490,7 +490,7 @@ async fn restart_probe(key: &str, restart: fn(&common::Server)) -> takeover::Tak
     t
 }
 
-/// Issue 24.3, FAULTS 9 for `GET_LOCK`: the server killed (`kill -9`: the kernel closes
+/// Issue 24.3, docs/faults.md row 9 for `GET_LOCK`: the server killed (`kill -9`: the kernel closes
 /// every session's socket) and started again: A loses its lease before the restarted
 /// server can grant the lock to B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

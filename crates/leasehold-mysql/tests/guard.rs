@@ -1,4 +1,4 @@
-//! The MySQL guard and idempotency record (FAULTS 17 on MariaDB).
+//! The MySQL guard and idempotency record (docs/faults.md row 17 on MariaDB).
 
 mod common;
 
@@ -113,7 +113,7 @@ async fn writer(
     }
 }
 
-/// FAULTS 17 at READ COMMITTED, REPEATABLE READ and SERIALIZABLE: writers with shuffled
+/// docs/faults.md row 17 at READ COMMITTED, REPEATABLE READ and SERIALIZABLE: writers with shuffled
 /// fences (some equal) and random pauses. Accepted fences never decrease in commit order
 /// (the AUTO_INCREMENT sequence of the data row written under the guard's row lock);
 /// refusals are Busy and retryable, never acceptances; rejected writes leave no row.

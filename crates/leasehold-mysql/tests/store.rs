@@ -1,5 +1,5 @@
 //! MariaDB store specifics: secrets, least privilege, URLs and the registry, corrupt rows,
-//! server clock floors, and a crash restart of the server (FAULTS 9 for the lease table).
+//! server clock floors, and a crash restart of the server (docs/faults.md row 9 for the lease table).
 
 mod common;
 

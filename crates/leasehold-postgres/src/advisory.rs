@@ -250,13 +250,13 @@ struct Inner {
 /// - **TTL.** The TTL is enforced by the server's `idle_session_timeout` (PostgreSQL 14
 ///   or newer): a holder that does not renew within the TTL — paused, partitioned, or
 ///   simply not renewing — has its session ended by the server, which releases the lock.
-///   The holder's own deadline (DESIGN §4) comes earlier, so the holder always believes
+///   The holder's own deadline (docs/design.md §4.1) comes earlier, so the holder always believes
 ///   it lost the lease before the server frees it.
 /// - **Renew** is one round trip on the holder's connection that checks the lock is still
 ///   held by this very session (`pg_locks`, `pid = pg_backend_pid()`), extends the row and
 ///   resets the idle timeout. When the session was terminated
 ///   (`pg_terminate_backend`, network reset) the renewal fails, the store answers
-///   `NotOwner`, and the lease is lost **within one renew interval** (FAULTS 16).
+///   `NotOwner`, and the lease is lost **within one renew interval** (docs/faults.md row 16).
 /// - **Server restarts are seen at once.** The store keeps a *server watch*: one more
 ///   session (`<prefix>/server-watch`, idle timeout off) that is only read. A restart or
 ///   crash of the server ends it with every lock's session, and every lease the store holds

@@ -1,4 +1,4 @@
-//! The storage-side guard (DESIGN §6) and idempotency records, inside the caller's own
+//! The storage-side guard (docs/design.md §6) and idempotency records, inside the caller's own
 //! transaction.
 //!
 //! A lease cannot stop a paused holder from writing; the database that receives the write

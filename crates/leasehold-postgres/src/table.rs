@@ -67,7 +67,7 @@ fn channel(table: &TableName) -> String {
     format!("leasehold_{:016x}", digest64(&[&table.sql()]))
 }
 
-/// `now_us`: the database clock in µs since the Unix epoch, the fence floor (DESIGN §5).
+/// `now_us`: the database clock in µs since the Unix epoch, the fence floor (docs/design.md §5).
 const NOW_US: &str = "(extract(epoch FROM n.t) * 1000000)::bigint";
 
 /// A query giving `hi`, `lo`: the turnstile of key `$1` in `table` (as [`turnstile`]
@@ -435,7 +435,7 @@ pub(crate) const MIN_REMAINING: Duration = Duration::from_millis(1);
 ///   contention, and its throughput is bounded by one row's lock hand-over (see the
 ///   crate's README for measured figures).
 /// - The TTL is enforced by the database: a paused or dead holder's row simply expires.
-///   The pool reconnects after a connection is killed (FAULTS 16: the next renewal uses
+///   The pool reconnects after a connection is killed (docs/faults.md row 16: the next renewal uses
 ///   a new connection).
 /// - `wait_released` is not supported: waiters back off with jitter, bounded by the
 ///   holder's remaining TTL, which `Held` reports.

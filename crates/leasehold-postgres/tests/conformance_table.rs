@@ -1,4 +1,4 @@
-//! The conformance suite and the shared fault cases (FAULTS rows 2, 4, 5, 6, 7, 8, 24) on
+//! The conformance suite and the shared fault cases (docs/faults.md rows 2, 4, 5, 6, 7, 8, 24) on
 //! the lease-table store, against a private PostgreSQL behind a fault proxy; the guard
 //! case writes through the PostgreSQL guard; the holder process of the `kill -9` and
 //! near-miss cases opens the store straight to the server.

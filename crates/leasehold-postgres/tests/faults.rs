@@ -1,4 +1,4 @@
-//! FAULTS rows 16 (PostgreSQL session killed), 18 (immediate shutdown under load, fsync
+//! docs/faults.md rows 16 (PostgreSQL session killed), 18 (immediate shutdown under load, fsync
 //! on) and 9 (clean restart: the lease table keeps its leases; the advisory store loses
 //! them with their sessions, and its holder loses the lease at the shutdown, before the
 //! restarted server can grant the lock to a contender probing every 2 ms: issue 24.3)
@@ -43,7 +43,7 @@ async fn terminate(admin: &PgPool, app: &str) -> i64 {
     .unwrap()
 }
 
-/// FAULTS 16, advisory lock: `pg_terminate_backend` on the holder's session (found by its
+/// docs/faults.md row 16, advisory lock: `pg_terminate_backend` on the holder's session (found by its
 /// application_name) loses the lease within one renew interval; another owner then
 /// acquires with a higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,7 +86,7 @@ async fn f16_advisory_holder_terminated_loses_within_one_renew_interval() {
     assert!(next.release().await.unwrap());
 }
 
-/// FAULTS 16, guard: a guarded write whose session is terminated before COMMIT rolls back
+/// docs/faults.md row 16, guard: a guarded write whose session is terminated before COMMIT rolls back
 /// entirely (guard and data), and the commit error says the outcome is ambiguous.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f16_guarded_write_in_killed_transaction_rolls_back() {
@@ -147,7 +147,7 @@ async fn f16_guarded_write_in_killed_transaction_rolls_back() {
     assert_eq!(rows, vec!["committed".to_owned()]);
 }
 
-/// FAULTS 16, lease table: killing the pool's sessions does not lose the lease: the next
+/// docs/faults.md row 16, lease table: killing the pool's sessions does not lose the lease: the next
 /// renewal reconnects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f16_table_lease_survives_killed_sessions() {
@@ -170,7 +170,7 @@ async fn f16_table_lease_survives_killed_sessions() {
     assert!(lease.release().await.unwrap());
 }
 
-/// FAULTS 9 (PostgreSQL): a clean restart keeps leases and fences; the pool reconnects.
+/// docs/faults.md row 9 (PostgreSQL): a clean restart keeps leases and fences; the pool reconnects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f9_clean_restart_keeps_leases() {
     let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
@@ -204,7 +204,7 @@ async fn f9_clean_restart_keeps_leases() {
     assert_eq!((info.owner, info.fence), (owner, fence));
 }
 
-/// FAULTS 18: `pg_ctl stop -m immediate` (SIGQUIT) under load with fsync on. Every
+/// docs/faults.md row 18: `pg_ctl stop -m immediate` (SIGQUIT) under load with fsync on. Every
 /// acknowledged (committed) guarded write and guard value survives crash recovery, and the
 /// next lease fence is above every acknowledged one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -389,7 +389,7 @@ async fn advisory_restart_probe(key: &str, restart: fn(&leasehold_testkit::Postg
     t
 }
 
-/// Issue 24.3, FAULTS 9 for advisory locks: a fast shutdown and restart of the server
+/// Issue 24.3, docs/faults.md row 9 for advisory locks: a fast shutdown and restart of the server
 /// (SIGINT: every session is ended, then a checkpoint, then a new postmaster) loses A's
 /// lease at the shutdown, before the restarted server can grant the lock to B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The guard and the idempotency record against a private PostgreSQL, including FAULTS
+//! The guard and the idempotency record against a private PostgreSQL, including docs/faults.md
 //! row 17 (guard races under READ COMMITTED and SERIALIZABLE) with a negative control.
 
 mod common;
@@ -277,7 +277,7 @@ struct RaceLog {
     busy: usize,
 }
 
-/// FAULTS 17: `writers` tasks write shuffled fences with random pauses at `isolation`.
+/// docs/faults.md row 17: `writers` tasks write shuffled fences with random pauses at `isolation`.
 /// Returns the fences of the audit rows in commit order (the audit's sequence is drawn
 /// after the guard check, while the guard row is locked) and the client-side log.
 async fn race(

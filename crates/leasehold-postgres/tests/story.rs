@@ -1,4 +1,4 @@
-//! The seeds' story end to end, with real worker processes (FAULTS row 1, with the guard):
+//! The seeds' story end to end, with real worker processes (docs/faults.md row 1, with the guard):
 //! worker A acquires, is frozen with SIGSTOP past its TTL; B acquires and writes through
 //! the guard; A resumes and writes: rejected and reported as ownership lost; the data
 //! holds only B's write, and B's lease is intact. Twice: lease and guard in PostgreSQL,

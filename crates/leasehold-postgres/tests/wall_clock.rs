@@ -1,4 +1,4 @@
-//! FAULTS 14 on the server stores, for real: a lease-holding client process whose wall
+//! docs/faults.md row 14 on the server stores, for real: a lease-holding client process whose wall
 //! clock jumps (an hour forward, an hour back, a month forward) keeps its lease exactly as
 //! if nothing happened — no loss, no early expiry, and a normal client is kept out the
 //! whole time. The server (Redis, PostgreSQL) is not touched: its clock decides expiry,

@@ -11,7 +11,7 @@
 //!
 //! A new connection is used only after the server's `maxmemory-policy` has been read
 //! (`INFO memory`; on a Cluster, on every primary) and found not to evict keys, or the
-//! configuration accepts eviction (FAULTS row 25). The policy is read again, before the
+//! configuration accepts eviction (docs/faults.md row 25). The policy is read again, before the
 //! next operation, once the last check is older than the configured `policy_check`: it
 //! finds a policy changed on a running server, and Cluster nodes that the cluster client
 //! reconnected (or discovered) by itself, which this holder cannot see.

@@ -1,4 +1,4 @@
-//! Reading the server's `maxmemory-policy` (FAULTS row 25).
+//! Reading the server's `maxmemory-policy` (docs/faults.md row 25).
 //!
 //! Every policy except `noeviction` may evict a held lease key before its TTL:
 //! `volatile-lru`, `volatile-lfu`, `volatile-random` and `volatile-ttl` evict keys that

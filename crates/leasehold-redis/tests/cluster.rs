@@ -1,5 +1,5 @@
 //! Redis Cluster specifics against a private 3-master cluster: hash tags checked with the
-//! server's `CLUSTER KEYSLOT`, slot migration while a lease is held (FAULTS row 15),
+//! server's `CLUSTER KEYSLOT`, slot migration while a lease is held (docs/faults.md row 15),
 //! listing across primaries, a node killed and restarted without its data.
 
 mod common;

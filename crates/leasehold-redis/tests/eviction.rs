@@ -1,4 +1,4 @@
-//! FAULTS row 25: Redis under an evicting `maxmemory-policy` can drop a held lease key and
+//! docs/faults.md row 25: Redis under an evicting `maxmemory-policy` can drop a held lease key and
 //! let a second holder in. The store reads the policy (`INFO memory`) when it connects, on
 //! every Cluster primary, after every reconnect and every `policy_check`, and refuses an
 //! evicting policy unless the URL accepts it with `allow_eviction=true`.

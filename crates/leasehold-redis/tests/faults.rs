@@ -1,4 +1,4 @@
-//! FAULTS rows against real `redis-server` processes: a paused holder process (1), a paused
+//! docs/faults.md rows against real `redis-server` processes: a paused holder process (1), a paused
 //! server (4), a reset through the fault proxy (8), a blackhole (7), restarts without
 //! persistence and `kill -9` (9, 10), cancelled acquisitions (24).
 //!

@@ -1,4 +1,4 @@
-//! Issue 14.4 / FAULTS row 26 against a real server: one client holding 100,000 leases on
+//! Issue 14.4 / docs/faults.md row 26 against a real server: one client holding 100,000 leases on
 //! a private, healthy Redis loses none, renews them in batches (one script call per 1,000
 //! leases per renew interval, plus a few), keeps its resident memory per lease in bounds,
 //! and still fires each lost signal by its own deadline once the store stops answering.

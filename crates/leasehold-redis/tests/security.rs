@@ -220,7 +220,7 @@ fn acl_rules(prefix: &str) -> Vec<String> {
         "+subscribe",
         "+unsubscribe",
         "+scan",
-        // Reading maxmemory-policy (`INFO memory`) when connecting: FAULTS row 25.
+        // Reading maxmemory-policy (`INFO memory`) when connecting: docs/faults.md row 25.
         "+info",
     ]
     .iter()

@@ -1,4 +1,4 @@
-//! Redis with a replica behind Sentinel (issue 16 items 1–3, FAULTS row 11), against a
+//! Redis with a replica behind Sentinel (issue 16 items 1–3, docs/faults.md row 11), against a
 //! private primary, replica and three sentinels:
 //!
 //! - `redis+sentinel://` finds the primary through the sentinels, follows a fail-over
@@ -250,7 +250,7 @@ async fn moves_on_switch_master_even_if_the_old_primary_still_takes_writes() {
 /// `min_replicas=1`: with the replica paused, an acquire fails closed (ambiguous, never a
 /// grant reported) within its timeout; once the replica is back the same owner's retry is
 /// granted with the same fence. A lease granted that way survives a fail-over with its
-/// owner and fence (FAULTS row 11, replication-wait mode).
+/// owner and fence (docs/faults.md row 11, replication-wait mode).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acknowledged_grants_fail_closed_and_survive_a_failover() {
     let set = start("acked").await;

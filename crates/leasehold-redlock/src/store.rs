@@ -172,7 +172,7 @@ impl RedlockStore {
             ));
         }
         if !store.config.eviction_allowed() {
-            // A node that may evict keys forgets leases early (FAULTS row 25): refused
+            // A node that may evict keys forgets leases early (docs/faults.md row 25): refused
             // unless accepted explicitly. Checked on every node reached now.
             let reached: Vec<usize> = tally.ok.iter().map(|(i, _)| *i).collect();
             let policies = join_all(

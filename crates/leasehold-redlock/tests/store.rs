@@ -1,4 +1,4 @@
-//! Store tests against private servers: URLs and bad input, node failures (FAULTS rows 12
+//! Store tests against private servers: URLs and bad input, node failures (docs/faults.md rows 12
 //! and 13), and a history check of the fences across changing majorities.
 
 mod common;
@@ -74,7 +74,7 @@ async fn bad_urls_and_unreachable_sets_get_typed_errors() {
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
 }
 
-/// FAULTS row 25 for Redlock: a node whose `maxmemory-policy` may evict keys forgets
+/// docs/faults.md row 25 for Redlock: a node whose `maxmemory-policy` may evict keys forgets
 /// leases early, so the store refuses to open (a `Config` error naming the node and the
 /// policy) unless `allow_eviction=true` says it is accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,7 +168,7 @@ async fn a_key_of_another_type_on_one_node_is_corrupt_not_free() {
     );
 }
 
-/// FAULTS row 12: one node of three killed, then one paused: the store still grants,
+/// docs/faults.md row 12: one node of three killed, then one paused: the store still grants,
 /// renews, inspects and releases on the majority, within the per-node timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minority_down_or_paused_still_grants() {
@@ -211,7 +211,7 @@ async fn a_minority_down_or_paused_still_grants() {
     store.release(&k, &c).await.unwrap();
 }
 
-/// FAULTS row 12: two nodes of three down: the acquire is refused (never a grant), ends
+/// docs/faults.md row 12: two nodes of three down: the acquire is refused (never a grant), ends
 /// within its bounds, and leaves no lock on the live node; the same with the two nodes
 /// blackholed (their requests time out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -272,7 +272,7 @@ async fn a_majority_down_refuses_and_leaves_no_keys() {
     store.release(&k, &o).await.unwrap();
 }
 
-/// FAULTS rows 12 and 13: a node restarted empty (`kill -9`, no persistence) while a
+/// docs/faults.md rows 12 and 13: a node restarted empty (`kill -9`, no persistence) while a
 /// lease is held on all three, and the lease deleted early on one node, leave the holder
 /// its majority: nobody else gets the lease, its renewals go on. Deleted on two nodes,
 /// the lease goes to the next owner with a higher fence (what the guard needs) and the
@@ -341,7 +341,7 @@ async fn a_node_restarted_empty_or_forgetting_keeps_one_holder_and_fences_rise()
     );
 }
 
-/// FAULTS row 12, the case the crate docs name as outside the failure model: the holder
+/// docs/faults.md row 12, the case the crate docs name as outside the failure model: the holder
 /// has a bare majority (one node was cut off when it acquired), one of its two nodes
 /// restarts empty at once, and the cut-off node comes back. A second owner then gets the
 /// lease while the first may still hold it (Redlock needs a restarted node to stay down
@@ -544,7 +544,7 @@ fn acl_rules(prefix: &str) -> Vec<String> {
         "+pttl",
         "+del",
         "+time",
-        // Reading maxmemory-policy when the store opens (FAULTS row 25).
+        // Reading maxmemory-policy when the store opens (docs/faults.md row 25).
         "+info",
     ]
     .iter()

@@ -1,4 +1,4 @@
-//! The steps every SQL guard (DESIGN §6) takes the same way, whatever its SQL: converting
+//! The steps every SQL guard (docs/design.md §6) takes the same way, whatever its SQL: converting
 //! fences to and from their column, reporting a rejection, reading an idempotency insert.
 //!
 //! The statements themselves stay in each backend: they differ in SQL, in locking and in

@@ -1,4 +1,4 @@
-//! A worker that shuts down gracefully on SIGTERM (FAULTS row 27).
+//! A worker that shuts down gracefully on SIGTERM (docs/faults.md row 27).
 //!
 //! It holds a lease on the embedded SQLite store and writes batches of two rows, each
 //! batch in one transaction guarded by the lease's fence. On SIGTERM it calls

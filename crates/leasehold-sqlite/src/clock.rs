@@ -1,4 +1,4 @@
-//! The host clock that SQLite leases expire on (DESIGN §4, "Store-side clocks").
+//! The host clock that SQLite leases expire on (docs/design.md §3.2, "Expiry runs on the store's clock").
 //!
 //! A SQLite lease file is shared by the processes of one host, so the store can use a
 //! host-wide clock that never jumps and counts suspended time: `CLOCK_BOOTTIME`, the clock

@@ -1,4 +1,4 @@
-//! The storage-side fence guard and the idempotency record, in SQLite (DESIGN §6).
+//! The storage-side fence guard and the idempotency record, in SQLite (docs/design.md §6).
 //!
 //! Both work inside **your** transaction on **your** SQLite database (which may or may not
 //! be the file that holds the leases), so that checking the fence, writing the data and

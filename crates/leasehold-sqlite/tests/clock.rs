@@ -1,4 +1,4 @@
-//! FAULTS 14 on SQLite with an injected clock: expiry runs on `CLOCK_BOOTTIME` tagged with
+//! docs/faults.md row 14 on SQLite with an injected clock: expiry runs on `CLOCK_BOOTTIME` tagged with
 //! the boot id, never on the wall clock. A wall-clock step changes nothing; the boot clock
 //! passing the TTL expires the lease; another boot id expires it; fences keep growing
 //! across all of it. And a file of the old format (expiry on the wall clock) is converted,

@@ -8,7 +8,7 @@
 //!
 //! The guard case writes through the SQLite guard (in the same file); the holder process
 //! of the `kill -9` case opens the store from its `sqlite://` URL. SQLite is not
-//! networked: the shared fault cases (`fault_suite!`) do not apply; FAULTS rows 1, 3 and
+//! networked: the shared fault cases (`fault_suite!`) do not apply; docs/faults.md rows 1, 3 and
 //! 20 on SQLite are in `processes.rs`.
 
 use std::sync::Arc;

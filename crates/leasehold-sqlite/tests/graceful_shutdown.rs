@@ -1,4 +1,4 @@
-//! Issue 10.12 / FAULTS row 27: the example worker (`examples/graceful_worker.rs`)
+//! Issue 10.12 / docs/faults.md row 27: the example worker (`examples/graceful_worker.rs`)
 //! receives SIGTERM in the middle of a guarded transaction. Its transaction rolls back,
 //! nothing is half written, and its lease is released as soon as its work has stopped:
 //! the next holder gets it at once, not after the 10 s TTL.

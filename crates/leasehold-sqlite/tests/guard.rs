@@ -1,4 +1,4 @@
-//! The SQLite guard and idempotency record (FAULTS 17 on SQLite).
+//! The SQLite guard and idempotency record (docs/faults.md row 17 on SQLite).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,7 +95,7 @@ async fn writer(pool: SqlitePool, id: i64, fence: u64, immediate: bool) -> (Outc
     }
 }
 
-/// FAULTS 17: writers with shuffled fences (some equal), random pauses, deferred and
+/// docs/faults.md row 17: writers with shuffled fences (some equal), random pauses, deferred and
 /// immediate transactions. Accepted fences never decrease in commit order (the
 /// AUTOINCREMENT sequence of the data row written in the same transaction); refusals are
 /// `Busy` and retryable, never accepted; rejected writes leave no row.

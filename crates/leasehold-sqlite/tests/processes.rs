@@ -8,13 +8,13 @@
 //! - `processes_contend_exclusive_and_fences_increase`: four processes contend for one key
 //!   and write through the guard; their hold windows (stamped with `CLOCK_MONOTONIC`,
 //!   shared by every process of the host) never overlap and fences grow in time order.
-//! - `holder_paused_past_ttl_is_fenced_off` (FAULTS 1 on SQLite): a holder process frozen
+//! - `holder_paused_past_ttl_is_fenced_off` (docs/faults.md row 1 on SQLite): a holder process frozen
 //!   with `SIGSTOP` past its TTL loses the lease to the test, and when it runs again its
 //!   lost signal fires and the guard rejects its write.
-//! - `holder_killed_is_taken_over_within_ttl` (FAULTS 3).
+//! - `holder_killed_is_taken_over_within_ttl` (docs/faults.md row 3).
 //! - `writer_paused_mid_transaction_gives_bounded_busy` and
-//!   `writer_killed_mid_transaction_leaves_no_half_written_row` (FAULTS 20).
-//! - `a_wall_clock_jump_in_another_process_changes_nothing` (FAULTS 14): processes whose
+//!   `writer_killed_mid_transaction_leaves_no_half_written_row` (docs/faults.md row 20).
+//! - `a_wall_clock_jump_in_another_process_changes_nothing` (docs/faults.md row 14): processes whose
 //!   wall clock is an hour ahead / behind (libfaketime) neither take a held lease nor wait
 //!   an hour for an abandoned one.
 //! - `a_holder_and_a_waiter_in_two_processes_agree_on_the_clock`: the remaining time one
@@ -379,7 +379,7 @@ async fn processes_contend_exclusive_and_fences_increase() {
 }
 
 /// Freezes `w` with SIGSTOP, but never in the middle of one of its write transactions
-/// (a renewal): that would be FAULTS 20, tested on its own below.
+/// (a renewal): that would be docs/faults.md row 20, tested on its own below.
 async fn pause_outside_transaction(w: &WorkerProcess, path: &Path) {
     let options = SqliteConnectOptions::new()
         .filename(path)
@@ -488,7 +488,7 @@ async fn holder_killed_is_taken_over_within_ttl() {
     assert!(lease.release().await.unwrap());
 }
 
-/// FAULTS 20, paused: a process frozen inside a write transaction makes every write of the
+/// docs/faults.md row 20, paused: a process frozen inside a write transaction makes every write of the
 /// store fail with `Busy` after the busy timeout (never hang); reads still work and do not
 /// see its uncommitted row; once it rolls back the store works again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -557,7 +557,7 @@ async fn writer_paused_mid_transaction_gives_bounded_busy() {
     assert_eq!(store.inspect(&half).await.unwrap(), None);
 }
 
-/// FAULTS 20, killed: `kill -9` of a process in the middle of a write transaction (with
+/// docs/faults.md row 20, killed: `kill -9` of a process in the middle of a write transaction (with
 /// uncommitted pages already in the WAL) leaves no trace of it, and the lock is free at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writer_killed_mid_transaction_leaves_no_half_written_row() {
@@ -622,7 +622,7 @@ async fn writer_killed_mid_transaction_leaves_no_half_written_row() {
     assert!(store.release(&k, &owner).await.is_ok());
 }
 
-/// FAULTS 14 on SQLite: a process whose wall clock is an hour ahead still sees the lease of
+/// docs/faults.md row 14 on SQLite: a process whose wall clock is an hour ahead still sees the lease of
 /// a process with a normal clock as held, and a process whose wall clock is an hour behind
 /// takes over an abandoned lease when its TTL has run out, not an hour later. Expiry is on
 /// `CLOCK_BOOTTIME`, which libfaketime leaves alone here (`DONT_FAKE_MONOTONIC=1`).

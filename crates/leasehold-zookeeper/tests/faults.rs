@@ -1,4 +1,4 @@
-//! FAULTS row 22, ZooKeeper session faults: (a) a holder process frozen (`SIGSTOP`) past its
+//! docs/faults.md row 22, ZooKeeper session faults: (a) a holder process frozen (`SIGSTOP`) past its
 //! session timeout; (b) a member of a three-member ensemble killed while a lease is held.
 
 mod common;
@@ -62,7 +62,7 @@ async fn holder_process(url: String, key: String) {
     }
 }
 
-/// FAULTS row 22 (a): the holder process is frozen for its session timeout + 3 s. The
+/// docs/faults.md row 22 (a): the holder process is frozen for its session timeout + 3 s. The
 /// ensemble expires its session (its node goes), another process acquires with a higher
 /// fence while it is frozen, and the holder's first look at its lease after it wakes says
 /// lost; its renewal is refused.
@@ -184,7 +184,7 @@ async fn watch(lease: &leasehold_core::Lease, span: Duration) -> bool {
     lease.lost_reason().is_some()
 }
 
-/// FAULTS row 22 (b): a member of the ensemble is killed while a lease is held (first the
+/// docs/faults.md row 22 (b): a member of the ensemble is killed while a lease is held (first the
 /// leader, then a follower). The lease is kept through the fail-over, or reported lost;
 /// if lost, whoever gets the key next does so with a higher fence and only once the lost
 /// lease no longer looks valid. Fences only rise.

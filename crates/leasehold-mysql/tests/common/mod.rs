@@ -88,7 +88,7 @@ pub enum Kind {
     GetLock,
 }
 
-/// `forget`: clear the lease row (table) or KILL the lock's session (GET_LOCK, FAULTS 19);
+/// `forget`: clear the lease row (table) or KILL the lock's session (GET_LOCK, docs/faults.md row 19);
 /// `make_unreachable`: blackhole the proxy the store talks through.
 pub struct MyFaults {
     pub admin: MySqlPool,

@@ -30,7 +30,7 @@ pub struct Set {
     pub store: Arc<RedlockStore>,
 }
 
-/// The servers of a set, paused and resumed together (FAULTS row 4).
+/// The servers of a set, paused and resumed together (docs/faults.md row 4).
 pub struct Servers(pub Vec<Arc<RedisServer>>);
 
 impl Pausable for Servers {
