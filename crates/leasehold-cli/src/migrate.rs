@@ -5,9 +5,10 @@
 use std::process::ExitCode;
 
 use clap::Args;
+use leasehold::StoreError;
 use serde::Serialize;
 
-use crate::admin::bounded;
+use crate::admin::ADMIN_TIMEOUT;
 use crate::failure::Failure;
 
 /// The subcommand's help after the options.
@@ -191,14 +192,21 @@ async fn run(url: &str) -> Result<Summary, Failure> {
             let guard = config.guard();
             let (backend, table, records, pool) = if kind == Kind::PgTable {
                 let backend = postgres::BACKEND_TABLE;
-                let store = bounded(
+                let store = StoreError::bounded(
                     backend,
                     "connecting",
+                    ADMIN_TIMEOUT,
                     postgres::PgLeaseStore::connect(&config),
                 )
                 .await
                 .map_err(Failure::opening)?;
-                bounded(backend, "creating the lease table", store.migrate()).await?;
+                StoreError::bounded(
+                    backend,
+                    "creating the lease table",
+                    ADMIN_TIMEOUT,
+                    store.migrate(),
+                )
+                .await?;
                 (
                     backend,
                     store.table().clone(),
@@ -207,14 +215,21 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 )
             } else {
                 let backend = postgres::BACKEND_ADVISORY;
-                let store = bounded(
+                let store = StoreError::bounded(
                     backend,
                     "connecting",
+                    ADMIN_TIMEOUT,
                     postgres::PgAdvisoryStore::connect(&config),
                 )
                 .await
                 .map_err(Failure::opening)?;
-                bounded(backend, "creating the lease table", store.migrate()).await?;
+                StoreError::bounded(
+                    backend,
+                    "creating the lease table",
+                    ADMIN_TIMEOUT,
+                    store.migrate(),
+                )
+                .await?;
                 (
                     backend,
                     store.table().clone(),
@@ -222,9 +237,10 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                     store.pool().clone(),
                 )
             };
-            bounded(
+            StoreError::bounded(
                 backend,
                 "creating the guard tables and function",
+                ADMIN_TIMEOUT,
                 guard.migrate(&pool),
             )
             .await?;
@@ -248,9 +264,10 @@ async fn run(url: &str) -> Result<Summary, Failure> {
             let target = redact(url);
             let (backend, table, pool) = if kind == Kind::MySqlTable {
                 let backend = mysql::BACKEND_TABLE;
-                let store = bounded(
+                let store = StoreError::bounded(
                     backend,
                     "connecting and creating the lease table",
+                    ADMIN_TIMEOUT,
                     mysql::MySqlLeaseStore::connect(config),
                 )
                 .await
@@ -258,18 +275,20 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 (backend, "leasehold_leases", store.pool().clone())
             } else {
                 let backend = mysql::BACKEND_GETLOCK;
-                let store = bounded(
+                let store = StoreError::bounded(
                     backend,
                     "connecting and creating the lock table",
+                    ADMIN_TIMEOUT,
                     mysql::MySqlGetLockStore::connect(config),
                 )
                 .await
                 .map_err(Failure::opening)?;
                 (backend, "leasehold_locks", store.pool().clone())
             };
-            bounded(
+            StoreError::bounded(
                 backend,
                 "creating the guard tables and procedure",
+                ADMIN_TIMEOUT,
                 mysql::guard::migrate(&pool),
             )
             .await?;
@@ -290,14 +309,21 @@ async fn run(url: &str) -> Result<Summary, Failure> {
             let config = sqlite::SqliteConfig::from_url(url).map_err(Failure::opening)?;
             let target = config.to_string();
             // Opening creates everything that is missing; migrate() again says so.
-            let store = bounded(
+            let store = StoreError::bounded(
                 sqlite::BACKEND,
                 "opening the database",
+                ADMIN_TIMEOUT,
                 sqlite::SqliteStore::connect(config),
             )
             .await
             .map_err(Failure::opening)?;
-            bounded(sqlite::BACKEND, "creating the tables", store.migrate()).await?;
+            StoreError::bounded(
+                sqlite::BACKEND,
+                "creating the tables",
+                ADMIN_TIMEOUT,
+                store.migrate(),
+            )
+            .await?;
             store.close().await;
             Ok(Summary {
                 store: sqlite::BACKEND,
@@ -406,7 +432,7 @@ pub(crate) fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use leasehold::{StoreError, StoreErrorKind};
+    use leasehold::StoreErrorKind;
 
     use super::*;
 

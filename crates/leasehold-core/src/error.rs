@@ -478,6 +478,39 @@ mod tests {
         assert!(format!("{e:?}").contains("schema_missing: true"));
     }
 
+    // The two tests below were leasehold-sql's, for its copy of `bounded`; they moved
+    // here with the one `bounded` left.
+    #[tokio::test(start_paused = true)]
+    async fn bounded_times_out_as_timeout() {
+        let e = StoreError::bounded("test", "acquire", Duration::from_secs(2), async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Timeout);
+        assert!(e.is_ambiguous());
+        assert_eq!(e.backend(), "test");
+        assert!(e.message().starts_with("acquire "), "{e}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_passes_results_through() {
+        let bound = Duration::from_secs(1);
+        assert_eq!(
+            StoreError::bounded("test", "op", bound, async { Ok(5) })
+                .await
+                .unwrap(),
+            5
+        );
+        let e = StoreError::bounded::<()>("test", "op", bound, async {
+            Err(StoreError::new(StoreErrorKind::Busy, "test", "locked"))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Busy);
+    }
+
     #[test]
     fn display_includes_source() {
         let e = StoreError::new(StoreErrorKind::Unavailable, "redis", "connect failed")
