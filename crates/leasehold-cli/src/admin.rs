@@ -11,26 +11,11 @@ use serde::Serialize;
 use crate::failure::Failure;
 use crate::stores;
 
-/// The bound on opening the store and on each store call of `inspect`, `list` and
-/// `break`: an unreachable store fails them in time instead of hanging.
+/// The bound on opening the store, on each step of `migrate` and on each store call of
+/// `inspect`, `list` and `break` ([`StoreError::bounded`]): an unreachable or locked store
+/// fails them in time, with a [`Timeout`](leasehold::StoreErrorKind::Timeout), instead of
+/// hanging.
 pub(crate) const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `fut`, bounded by [`ADMIN_TIMEOUT`]: an unreachable or locked store fails the step in
-/// time instead of hanging.
-pub(crate) async fn bounded<T>(
-    backend: &'static str,
-    step: &str,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(ADMIN_TIMEOUT, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::new(
-            StoreErrorKind::Timeout,
-            backend,
-            format!("no answer from the store within {ADMIN_TIMEOUT:?} while {step}"),
-        )),
-    }
-}
 
 #[derive(Serialize)]
 struct View {
@@ -81,7 +66,7 @@ pub(crate) fn refuse_memory(url: &str) -> Result<(), Failure> {
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
     refuse_memory(url)?;
     // `leasehold` links every store, so its registry knows every scheme.
-    bounded("store", "connecting", leasehold::open(url))
+    StoreError::bounded("store", "connecting", ADMIN_TIMEOUT, leasehold::open(url))
         .await
         .map_err(Failure::opening)
 }

@@ -54,7 +54,7 @@ impl Failure {
     /// URL but a database to migrate: a store failure.
     pub(crate) fn opening(e: StoreError) -> Self {
         match e.kind() {
-            StoreErrorKind::Config if crate::migrate::is_missing_schema(&e) => Self::Store(e),
+            StoreErrorKind::Config if e.is_schema_missing() => Self::Store(e),
             StoreErrorKind::Config | StoreErrorKind::InvalidInput => {
                 Self::BadStore(format!("bad store URL: {e}"))
             }

@@ -5,10 +5,10 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold::StoreError;
 use serde::Serialize;
 
-use crate::admin::bounded;
+use crate::admin::ADMIN_TIMEOUT;
 use crate::failure::Failure;
 
 /// The subcommand's help after the options.
@@ -192,14 +192,21 @@ async fn run(url: &str) -> Result<Summary, Failure> {
             let guard = config.guard();
             let (backend, table, records, pool) = if kind == Kind::PgTable {
                 let backend = postgres::BACKEND_TABLE;
-                let store = bounded(
+                let store = StoreError::bounded(
                     backend,
                     "connecting",
+                    ADMIN_TIMEOUT,
                     postgres::PgLeaseStore::connect(&config),
                 )
                 .await
                 .map_err(Failure::opening)?;
-                bounded(backend, "creating the lease table", store.migrate()).await?;
+                StoreError::bounded(
+                    backend,
+                    "creating the lease table",
+                    ADMIN_TIMEOUT,
+                    store.migrate(),
+                )
+                .await?;
                 (
                     backend,
                     store.table().clone(),
@@ -208,14 +215,21 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 )
             } else {
                 let backend = postgres::BACKEND_ADVISORY;
-                let store = bounded(
+                let store = StoreError::bounded(
                     backend,
                     "connecting",
+                    ADMIN_TIMEOUT,
                     postgres::PgAdvisoryStore::connect(&config),
                 )
                 .await
                 .map_err(Failure::opening)?;
-                bounded(backend, "creating the lease table", store.migrate()).await?;
+                StoreError::bounded(
+                    backend,
+                    "creating the lease table",
+                    ADMIN_TIMEOUT,
+                    store.migrate(),
+                )
+                .await?;
                 (
                     backend,
                     store.table().clone(),
@@ -223,9 +237,10 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                     store.pool().clone(),
                 )
             };
-            bounded(
+            StoreError::bounded(
                 backend,
                 "creating the guard tables and function",
+                ADMIN_TIMEOUT,
                 guard.migrate(&pool),
             )
             .await?;
@@ -249,9 +264,10 @@ async fn run(url: &str) -> Result<Summary, Failure> {
             let target = redact(url);
             let (backend, table, pool) = if kind == Kind::MySqlTable {
                 let backend = mysql::BACKEND_TABLE;
-                let store = bounded(
+                let store = StoreError::bounded(
                     backend,
                     "connecting and creating the lease table",
+                    ADMIN_TIMEOUT,
                     mysql::MySqlLeaseStore::connect(config),
                 )
                 .await
@@ -259,18 +275,20 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 (backend, "leasehold_leases", store.pool().clone())
             } else {
                 let backend = mysql::BACKEND_GETLOCK;
-                let store = bounded(
+                let store = StoreError::bounded(
                     backend,
                     "connecting and creating the lock table",
+                    ADMIN_TIMEOUT,
                     mysql::MySqlGetLockStore::connect(config),
                 )
                 .await
                 .map_err(Failure::opening)?;
                 (backend, "leasehold_locks", store.pool().clone())
             };
-            bounded(
+            StoreError::bounded(
                 backend,
                 "creating the guard tables and procedure",
+                ADMIN_TIMEOUT,
                 mysql::guard::migrate(&pool),
             )
             .await?;
@@ -291,14 +309,21 @@ async fn run(url: &str) -> Result<Summary, Failure> {
             let config = sqlite::SqliteConfig::from_url(url).map_err(Failure::opening)?;
             let target = config.to_string();
             // Opening creates everything that is missing; migrate() again says so.
-            let store = bounded(
+            let store = StoreError::bounded(
                 sqlite::BACKEND,
                 "opening the database",
+                ADMIN_TIMEOUT,
                 sqlite::SqliteStore::connect(config),
             )
             .await
             .map_err(Failure::opening)?;
-            bounded(sqlite::BACKEND, "creating the tables", store.migrate()).await?;
+            StoreError::bounded(
+                sqlite::BACKEND,
+                "creating the tables",
+                ADMIN_TIMEOUT,
+                store.migrate(),
+            )
+            .await?;
             store.close().await;
             Ok(Summary {
                 store: sqlite::BACKEND,
@@ -324,25 +349,30 @@ async fn run(url: &str) -> Result<Summary, Failure> {
     }
 }
 
-/// The text by which the stores' missing-table errors name this command.
-const MIGRATE_HINT: &str = "`leasehold migrate --store URL`";
+/// How the PostgreSQL and MariaDB/MySQL stores name this command in a missing-schema
+/// message, for any URL: replaced by the command for the user's own URL. Only wording:
+/// a missing schema is recognised by type
+/// ([`StoreError::is_schema_missing`](leasehold::StoreError::is_schema_missing)).
+const GENERIC_COMMAND: &str = "`leasehold migrate --store URL`";
 
-/// Whether `e` says leasehold's tables are missing (and names `leasehold migrate`).
-pub(crate) fn is_missing_schema(e: &StoreError) -> bool {
-    e.kind() == StoreErrorKind::Config && e.message().contains(MIGRATE_HINT)
-}
-
-/// A store failure that says leasehold's tables are missing, rewritten to name the exact
-/// command to run (with `url` stripped of credentials); any other failure as it is.
+/// A store failure that says leasehold's schema is missing
+/// ([`StoreError::is_schema_missing`](leasehold::StoreError::is_schema_missing)),
+/// rewritten to name the exact command to run (with `url` stripped of credentials): in
+/// place of the store's generic command, or after its message when it names none. Any
+/// other failure as it is.
 pub(crate) fn explain_missing_schema(url: &str, failure: Failure) -> Failure {
     match failure {
-        Failure::Store(e) if is_missing_schema(&e) => {
+        Failure::Store(e) if e.is_schema_missing() => {
             let command = format!("`leasehold migrate --store '{}'`", redact(url));
-            let mut message = e.message().replace(MIGRATE_HINT, &command);
+            let mut message = if e.message().contains(GENERIC_COMMAND) {
+                e.message().replace(GENERIC_COMMAND, &command)
+            } else {
+                format!("{}: create them with {command}", e.message())
+            };
             if let Some(source) = std::error::Error::source(&e) {
                 message = format!("{message}: {source}");
             }
-            Failure::Store(StoreError::new(e.kind(), e.backend(), message))
+            Failure::Store(e.reworded(message))
         }
         other => other,
     }
@@ -402,6 +432,8 @@ pub(crate) fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use leasehold::StoreErrorKind;
+
     use super::*;
 
     #[test]
@@ -426,8 +458,7 @@ mod tests {
 
     #[test]
     fn a_missing_table_names_the_command_with_the_url_and_no_password() {
-        let e = StoreError::new(
-            StoreErrorKind::Config,
+        let e = StoreError::schema_missing(
             "postgres",
             "acquire failed: a leasehold table does not exist: create leasehold's tables with `leasehold migrate --store URL`, the URL parameter leasehold_migrate=true, or migrate()",
         );
@@ -442,5 +473,33 @@ mod tests {
         let other = StoreError::new(StoreErrorKind::Config, "postgres", "permission denied");
         let f = explain_missing_schema("postgres://u:pw@h/d", Failure::Store(other));
         assert_eq!(f.to_string(), "postgres store: permission denied");
+    }
+
+    /// A missing schema is recognised by its type, not by what its message says: one
+    /// that names no command still gets the user's; a message that names the command but
+    /// is not marked is left alone (and opening with it is a bad URL, exit 64).
+    #[test]
+    fn a_missing_schema_is_recognised_by_type_not_text() {
+        let e = StoreError::schema_missing("sqlite", "acquire: lacks leasehold's tables")
+            .with_source(std::io::Error::other("no such table: leasehold_leases"));
+        let f = Failure::opening(e);
+        assert_eq!(f.code(), crate::exit::STORE);
+        let f = explain_missing_schema("sqlite:///var/x.db?key=secret", f);
+        assert_eq!(
+            f.to_string(),
+            "sqlite store: acquire: lacks leasehold's tables: create them with \
+             `leasehold migrate --store 'sqlite:///var/x.db'`: no such table: leasehold_leases"
+        );
+        assert_eq!(f.code(), crate::exit::STORE);
+
+        let text = "a leasehold table does not exist: run `leasehold migrate --store URL`";
+        let unmarked = StoreError::new(StoreErrorKind::Config, "postgres", text);
+        let f = explain_missing_schema("postgres://u:pw@h/d", Failure::Store(unmarked));
+        assert_eq!(f.to_string(), format!("postgres store: {text}"));
+        let f = Failure::opening(StoreError::new(StoreErrorKind::Config, "mysql", text));
+        assert!(matches!(f, Failure::BadStore(_)), "{f}");
+        assert_eq!(f.code(), crate::exit::USAGE);
+        let f = Failure::opening(StoreError::schema_missing("mysql", "no table"));
+        assert!(matches!(f, Failure::Store(_)), "{f}");
     }
 }

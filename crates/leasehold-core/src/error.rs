@@ -90,10 +90,15 @@ impl StoreErrorKind {
 /// can be tested for the same outcome.
 ///
 /// Backends must never put credentials into the message.
+///
+/// Programs decide by type, never by the message's text: the [`kind`](Self::kind) (and so
+/// the [`action`](Self::action)), and [`is_schema_missing`](Self::is_schema_missing) for a
+/// database that leasehold's tables were never created in.
 pub struct StoreError {
     kind: StoreErrorKind,
     backend: &'static str,
     message: String,
+    schema_missing: bool,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
@@ -104,7 +109,31 @@ impl StoreError {
             kind,
             backend,
             message: message.into(),
+            schema_missing: false,
             source: None,
+        }
+    }
+
+    /// A [`StoreErrorKind::Config`] error saying that leasehold's schema is missing on a
+    /// store that answered: a table, the schema that should hold it, or the SQL guard's
+    /// routine was never created. The cure is to migrate (`leasehold migrate`, the store's
+    /// `migrate()`, or its URL parameter), which the message should say;
+    /// [`is_schema_missing`](Self::is_schema_missing) tells it apart from the other
+    /// configuration errors by type.
+    pub fn schema_missing(backend: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            schema_missing: true,
+            ..Self::new(StoreErrorKind::Config, backend, message)
+        }
+    }
+
+    /// The same error (kind, backend, [`is_schema_missing`](Self::is_schema_missing))
+    /// with another message and no source: for a copy (the source is not `Clone`, so fold
+    /// its text into `message`), or a message rewritten for its reader.
+    pub fn reworded(&self, message: impl Into<String>) -> Self {
+        Self {
+            schema_missing: self.schema_missing,
+            ..Self::new(self.kind, self.backend, message)
         }
     }
 
@@ -184,7 +213,7 @@ impl StoreError {
             Some(src) => format!("{} (batch): {src}", self.message),
             None => format!("{} (batch)", self.message),
         };
-        Self::new(self.kind, self.backend, message)
+        self.reworded(message)
     }
 
     /// A [`StoreErrorKind::Unsupported`] for `what`.
@@ -215,6 +244,13 @@ impl StoreError {
     /// Whether the request may have been applied.
     pub fn is_ambiguous(&self) -> bool {
         self.kind.is_ambiguous()
+    }
+    /// Whether the store says leasehold's schema is missing (see
+    /// [`schema_missing`](Self::schema_missing)): a [`StoreErrorKind::Config`] error whose
+    /// cure is to migrate. Set by the SQL stores where the database reports a missing
+    /// table, schema or routine of leasehold's.
+    pub fn is_schema_missing(&self) -> bool {
+        self.schema_missing
     }
     /// What to do about it.
     pub fn action(&self) -> Action {
@@ -248,6 +284,7 @@ impl fmt::Debug for StoreError {
             .field("kind", &self.kind)
             .field("backend", &self.backend)
             .field("message", &self.message)
+            .field("schema_missing", &self.schema_missing)
             .field("source", &self.source.as_ref().map(|s| s.to_string()))
             .finish()
     }
@@ -412,6 +449,66 @@ mod tests {
         let e = StoreError::new(StoreErrorKind::Corrupt, "x", "wrong type");
         assert_eq!(e.action(), Action::Investigate);
         assert!(!e.is_retryable());
+    }
+
+    #[test]
+    fn a_missing_schema_is_a_config_error_known_by_type() {
+        let e = StoreError::schema_missing("postgres", "no table: migrate");
+        assert!(e.is_schema_missing());
+        assert_eq!(e.kind(), StoreErrorKind::Config);
+        assert_eq!(e.action(), Action::Reconfigure);
+        assert!(!e.is_retryable());
+        assert_eq!(e.to_string(), "postgres store: no table: migrate");
+        // Copies keep the mark; no other error has it, whatever its text.
+        let e = e.with_source(std::io::Error::other("relation does not exist"));
+        let copy = e.copy_for_batch();
+        assert!(copy.is_schema_missing());
+        assert_eq!(
+            copy.message(),
+            "no table: migrate (batch): relation does not exist"
+        );
+        let reworded = e.reworded("run `leasehold migrate`");
+        assert!(reworded.is_schema_missing());
+        assert_eq!(reworded.kind(), StoreErrorKind::Config);
+        assert_eq!(reworded.backend(), "postgres");
+        assert!(std::error::Error::source(&reworded).is_none());
+        let other = StoreError::new(StoreErrorKind::Config, "postgres", "no table: migrate");
+        assert!(!other.is_schema_missing());
+        assert!(!other.reworded("x").is_schema_missing());
+        assert!(format!("{e:?}").contains("schema_missing: true"));
+    }
+
+    // The two tests below were leasehold-sql's, for its copy of `bounded`; they moved
+    // here with the one `bounded` left.
+    #[tokio::test(start_paused = true)]
+    async fn bounded_times_out_as_timeout() {
+        let e = StoreError::bounded("test", "acquire", Duration::from_secs(2), async {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Timeout);
+        assert!(e.is_ambiguous());
+        assert_eq!(e.backend(), "test");
+        assert!(e.message().starts_with("acquire "), "{e}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_passes_results_through() {
+        let bound = Duration::from_secs(1);
+        assert_eq!(
+            StoreError::bounded("test", "op", bound, async { Ok(5) })
+                .await
+                .unwrap(),
+            5
+        );
+        let e = StoreError::bounded::<()>("test", "op", bound, async {
+            Err(StoreError::new(StoreErrorKind::Busy, "test", "locked"))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Busy);
     }
 
     #[test]

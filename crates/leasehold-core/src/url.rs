@@ -57,25 +57,55 @@ pub struct UrlParts<'a> {
     pub params: Vec<(&'a str, &'a str)>,
 }
 
-/// Splits a store URL of `scheme` (given without `://`). The error (a sentence without the
-/// URL, which may hold a password) says what is wrong: another scheme, a fragment (`#`),
-/// or a repeated parameter.
+/// Why [`split_url`] refused a store URL. Its text is a sentence that never holds the URL
+/// (which may hold a password); a backend puts it into its configuration error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UrlError {
+    /// The URL does not start with `<scheme>://` of the backend that parses it.
+    #[error("the URL must start with {expected}://")]
+    WrongScheme {
+        /// The scheme the backend takes, without `://`.
+        expected: String,
+    },
+    /// The URL has a fragment (`#…`): no store URL takes one.
+    #[error("the URL has a fragment (#); this kind of URL takes none")]
+    Fragment,
+    /// A query parameter is given twice.
+    #[error("URL parameter {name:?} is repeated")]
+    RepeatedParameter {
+        /// The parameter's name, cut to its first 32 characters.
+        name: String,
+    },
+}
+
+/// Splits a store URL of `scheme` (given without `://`).
+///
+/// # Errors
+/// A [`UrlError`] saying what is wrong: another scheme, a fragment (`#`), or a repeated
+/// parameter.
 ///
 /// ```
 /// use leasehold_core::url::split_url;
 /// let p = split_url("etcd://u:p@a:1,b:2/x?timeout=2s&prefix=y", "etcd").unwrap();
 /// assert_eq!((p.userinfo, p.hosts, p.path), (Some("u:p"), "a:1,b:2", Some("/x")));
 /// assert_eq!(p.params, [("timeout", "2s"), ("prefix", "y")]);
-/// assert!(split_url("etcd://a:1?t=1&t=2", "etcd").is_err());
-/// assert!(split_url("redis://a:1", "etcd").is_err());
+/// use leasehold_core::url::UrlError;
+/// assert!(matches!(
+///     split_url("etcd://a:1?t=1&t=2", "etcd"),
+///     Err(UrlError::RepeatedParameter { .. })
+/// ));
+/// assert!(matches!(split_url("redis://a:1", "etcd"), Err(UrlError::WrongScheme { .. })));
 /// ```
-pub fn split_url<'a>(url: &'a str, scheme: &str) -> Result<UrlParts<'a>, String> {
+pub fn split_url<'a>(url: &'a str, scheme: &str) -> Result<UrlParts<'a>, UrlError> {
     let rest = url
         .strip_prefix(scheme)
         .and_then(|r| r.strip_prefix("://"))
-        .ok_or_else(|| format!("the URL must start with {scheme}://"))?;
+        .ok_or_else(|| UrlError::WrongScheme {
+            expected: scheme.to_owned(),
+        })?;
     if rest.contains('#') {
-        return Err("the URL has a fragment (#); this kind of URL takes none".into());
+        return Err(UrlError::Fragment);
     }
     let (authority_and_path, query) = rest.split_once('?').unwrap_or((rest, ""));
     let (authority, path) = match authority_and_path.find('/') {
@@ -90,8 +120,9 @@ pub fn split_url<'a>(url: &'a str, scheme: &str) -> Result<UrlParts<'a>, String>
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         if params.iter().any(|(n, _)| *n == name) {
-            let shown: String = name.chars().take(32).collect();
-            return Err(format!("URL parameter {shown:?} is repeated"));
+            return Err(UrlError::RepeatedParameter {
+                name: name.chars().take(32).collect(),
+            });
         }
         params.push((name, value));
     }
@@ -129,5 +160,54 @@ mod tests {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
         assert_eq!(parse_duration(&format!("{}m", u64::MAX)), None);
+    }
+
+    #[test]
+    fn each_refusal_is_its_own_variant_with_the_same_sentence() {
+        let e = split_url("redis://a:1", "etcd").unwrap_err();
+        assert_eq!(
+            e,
+            UrlError::WrongScheme {
+                expected: "etcd".into()
+            }
+        );
+        assert_eq!(e.to_string(), "the URL must start with etcd://");
+        // A scheme that only starts like the expected one is another scheme.
+        assert!(matches!(
+            split_url("etcdx://a:1", "etcd"),
+            Err(UrlError::WrongScheme { .. })
+        ));
+        assert!(matches!(
+            split_url("etcd:/a:1", "etcd"),
+            Err(UrlError::WrongScheme { .. })
+        ));
+
+        let e = split_url("etcd://u:p@a:1/#x", "etcd").unwrap_err();
+        assert_eq!(e, UrlError::Fragment);
+        assert_eq!(
+            e.to_string(),
+            "the URL has a fragment (#); this kind of URL takes none"
+        );
+        assert!(!e.to_string().contains("u:p"), "no URL in the text");
+
+        let e = split_url("etcd://a:1?timeout=1s&prefix=x&timeout=2s", "etcd").unwrap_err();
+        assert_eq!(
+            e,
+            UrlError::RepeatedParameter {
+                name: "timeout".into()
+            }
+        );
+        assert_eq!(e.to_string(), r#"URL parameter "timeout" is repeated"#);
+        // A long (or hostile) name is cut to 32 characters.
+        let long = "n".repeat(100);
+        let e = split_url(&format!("etcd://a:1?{long}=1&{long}=2"), "etcd").unwrap_err();
+        assert_eq!(
+            e,
+            UrlError::RepeatedParameter {
+                name: "n".repeat(32)
+            }
+        );
+        let e = split_url("etcd://a:1?caf\u{e9}=1&caf\u{e9}=2", "etcd").unwrap_err();
+        assert_eq!(e.to_string(), "URL parameter \"caf\u{e9}\" is repeated");
     }
 }

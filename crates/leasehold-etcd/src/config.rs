@@ -357,6 +357,30 @@ mod tests {
         }
     }
 
+    /// The URL's shape is checked by the core's `split_url` (a typed `UrlError`); its
+    /// sentence is the message, unchanged.
+    #[test]
+    fn malformed_urls_say_what_is_wrong() {
+        for (bad, said) in [
+            (
+                "redis://h:1",
+                "etcd store: etcd: the URL must start with etcd://",
+            ),
+            (
+                "etcd://h:1#frag",
+                "etcd store: etcd: the URL has a fragment (#); this kind of URL takes none",
+            ),
+            (
+                "etcd://h:1?prefix=a&prefix=b",
+                r#"etcd store: etcd: URL parameter "prefix" is repeated"#,
+            ),
+        ] {
+            let err = EtcdConfig::from_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), StoreErrorKind::Config, "{bad}");
+            assert_eq!(err.to_string(), said, "{bad}");
+        }
+    }
+
     #[test]
     fn errors_never_show_the_password() {
         let err = EtcdConfig::from_url("etcd://u:sentinel-pw@h:1?colour=blue").unwrap_err();

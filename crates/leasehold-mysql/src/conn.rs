@@ -4,7 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use leasehold_core::{StoreError, StoreErrorKind};
-use leasehold_sql::{ErrorModel, Failure, Phase, bounded, with_conn};
+use leasehold_sql::{ErrorModel, Failure, Phase, with_conn};
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor, MySqlConnection};
@@ -87,13 +87,13 @@ impl Db {
         f.into_store(self, op, phase)
     }
 
-    /// Bounds `fut` by the operation timeout.
+    /// [`StoreError::bounded`] by this store's operation timeout.
     pub(crate) async fn bounded<T>(
         &self,
         op: &str,
         fut: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        bounded(self.backend, op, self.config.get_timeout(), fut).await
+        StoreError::bounded(self.backend, op, self.config.get_timeout(), fut).await
     }
 
     /// Runs `body` on a pooled connection, bounded by the operation timeout; the connection

@@ -37,7 +37,7 @@ pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
 /// | server error | kind |
 /// | --- | --- |
 /// | 1205 lock wait timeout, 1213 deadlock, 1040/1203 too many connections, 1290/1792 read-only, 1637 too many transactions, 1020 record changed | `Busy` |
-/// | 1044/1045/1698 access denied, 1142/1143/1227/1095 no privilege, 1049 unknown database, 1146 no table / 1305 no procedure (run `leasehold migrate`), 1054 unknown column, 1251/2059 authentication plugin | `Config` |
+/// | 1044/1045/1698 access denied, 1142/1143/1227/1095 no privilege, 1049 unknown database, 1146 no table / 1305 no procedure (run `leasehold migrate`: these two are [`is_schema_missing`](StoreError::is_schema_missing)), 1054 unknown column, 1251/2059 authentication plugin | `Config` |
 /// | 1644 with SQLSTATE `LH001` (the procedure `leasehold_guard` rejected a stale fence) | `Other` |
 /// | 1690 value out of range (an exhausted fence) | `Corrupt` |
 /// | 1366/1406 bad value, data too long | `InvalidInput` |
@@ -89,10 +89,19 @@ pub(crate) fn map_sqlx(
         }
         _ => what(kind),
     };
-    scrub(
-        StoreError::new(kind, backend, format!("{op}: {what}")).with_source(e),
-        secret,
-    )
+    let message = format!("{op}: {what}");
+    let error = if is_missing_schema(&e) {
+        StoreError::schema_missing(backend, message)
+    } else {
+        StoreError::new(kind, backend, message)
+    };
+    scrub(error.with_source(e), secret)
+}
+
+/// Whether the server says leasehold's schema is missing: no such table (1146) or
+/// procedure (1305). Such errors are [`StoreError::schema_missing`].
+fn is_missing_schema(e: &sqlx::Error) -> bool {
+    matches!(error_number(e), Some(1146 | 1305))
 }
 
 /// The hint of a missing table (1146): how to create it from a shell, a URL and Rust.
@@ -132,7 +141,7 @@ pub(crate) fn scrub(e: StoreError, secret: Option<&str>) -> StoreError {
         .map(|s| s.to_string().replace(secret, "<redacted>"))
         .unwrap_or_default();
     let message = e.message().replace(secret, "<redacted>");
-    StoreError::new(e.kind(), e.backend(), format!("{message}: {source}"))
+    e.reworded(format!("{message}: {source}"))
 }
 
 /// Maps an error of your own statements on a MariaDB/MySQL database (e.g. the protected

@@ -7,9 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, Key, OwnerToken, Registry, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+    AcquireOutcome, Fence, Key, OwnerToken, Registry, ReleaseOutcome, RenewOutcome, ResourceName,
+    Store, StoreErrorKind,
 };
-use leasehold_mysql::{MySqlConfig, MySqlFactory, MySqlGetLockStore, MySqlLeaseStore};
+use leasehold_mysql::{
+    MySqlConfig, MySqlFactory, MySqlGetLockStore, MySqlLeaseStore, guard, store_error,
+};
 
 const TTL: Duration = Duration::from_secs(5);
 const SENTINEL: &str = "Sentinel-pw-7f3a9c";
@@ -220,4 +223,62 @@ async fn prune_deletes_only_ended_leases_and_fences_still_rise() {
         async || common::keys_in(&pool, "leasehold_leases").await,
     )
     .await;
+}
+
+/// A database leasehold's tables were never created in: opening either store with
+/// `migrate=false` fails with a missing schema known by type (`is_schema_missing`, kind
+/// `Config`), as do a call needing a dropped records table, a guard check without the
+/// guard table and a `CALL` of the guard procedure before it exists. An unknown database
+/// is a `Config` error that is not a missing schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_schema_is_known_by_type() {
+    let db = common::start_db();
+    db.sql("CREATE DATABASE fresh");
+    let url = |scheme: &str, database: &str, extra: &str| {
+        format!(
+            "{scheme}://root@127.0.0.1:{}/{database}?connect_timeout=5s&timeout=10s{extra}",
+            db.port()
+        )
+    };
+    for scheme in ["mysql", "mysql+getlock"] {
+        let e = registry()
+            .open(&url(scheme, "fresh", "&migrate=false"))
+            .await
+            .unwrap_err();
+        assert!(e.is_schema_missing(), "{scheme}: {e}");
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{scheme}: {e}");
+    }
+
+    let store = MySqlLeaseStore::open(&url("mysql", "fresh", ""))
+        .await
+        .unwrap();
+    db.sql("DROP TABLE fresh.leasehold_records");
+    let e = store
+        .get_record(&Key::new("election:x").unwrap())
+        .await
+        .unwrap_err();
+    assert!(e.is_schema_missing(), "{e}");
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let e = guard::check_and_advance(&mut tx, &ResourceName::new("ledger:x").unwrap(), Fence(1))
+        .await
+        .unwrap_err();
+    assert!(e.is_schema_missing(), "{e}");
+    drop(tx);
+    let e = store_error(
+        sqlx::query("CALL leasehold_guard('ledger:x', 1)")
+            .execute(store.pool())
+            .await
+            .unwrap_err(),
+    );
+    assert!(e.is_schema_missing(), "{e}");
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+
+    let e = registry()
+        .open(&url("mysql", "no_such_database", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert!(!e.is_schema_missing(), "{e}");
 }

@@ -55,6 +55,12 @@ const MISSING_TABLE: &str = "a leasehold table does not exist: create leasehold'
      `leasehold migrate --store URL` (--print for the SQL), the URL parameter \
      leasehold_migrate=true, or migrate()";
 
+/// Whether a SQLSTATE says leasehold's schema is missing: an undefined schema (3F000) or
+/// table (42P01). Such errors are [`StoreError::schema_missing`].
+fn is_missing_schema(code: &str) -> bool {
+    matches!(code, "3F000" | "42P01")
+}
+
 /// Classifies a SQLSTATE. `None` for codes that do not say anything specific.
 fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
     use StoreErrorKind as K;
@@ -183,7 +189,12 @@ pub(crate) fn map(backend: &'static str, op: &str, err: sqlx::Error) -> StoreErr
         Some(h) => format!("{op} failed: {h}"),
         None => format!("{op} failed"),
     };
-    StoreError::new(kind, backend, message).with_source(PgCause {
+    let error = if sqlstate(&err).is_some_and(is_missing_schema) {
+        StoreError::schema_missing(backend, message)
+    } else {
+        StoreError::new(kind, backend, message)
+    };
+    error.with_source(PgCause {
         text: describe(&err),
     })
 }
@@ -198,7 +209,7 @@ pub(crate) fn map(backend: &'static str, op: &str, err: sqlx::Error) -> StoreErr
 /// | connection refused, pool timed out, 08001/08004, 57P03, 25006 (read-only) | [`Unavailable`](StoreErrorKind::Unavailable) |
 /// | reset or closed after sending, 57P01/57P02 (session terminated), other 08xxx | [`Ambiguous`](StoreErrorKind::Ambiguous): it may have committed |
 /// | 57014 (statement cancelled), I/O timeout | [`Timeout`](StoreErrorKind::Timeout) |
-/// | 28xxx (authentication), 42501 (permission), 3D000, 3F000, 42P01 (missing database, schema or table: run `leasehold migrate` or `migrate()`), other 42xxx, TLS, bad URL | [`Config`](StoreErrorKind::Config) |
+/// | 28xxx (authentication), 42501 (permission), 3D000, 3F000, 42P01 (missing database, schema or table: run `leasehold migrate` or `migrate()`; the last two are [`is_schema_missing`](StoreError::is_schema_missing)), other 42xxx, TLS, bad URL | [`Config`](StoreErrorKind::Config) |
 /// | `LH001` (the SQL function `leasehold_guard` rejected a stale fence: ownership lost, roll back) | [`Other`](StoreErrorKind::Other) |
 /// | 22xxx data errors | [`InvalidInput`](StoreErrorKind::InvalidInput) |
 /// | 23xxx constraint violations in leasehold tables, undecodable rows | [`Corrupt`](StoreErrorKind::Corrupt) |
@@ -232,6 +243,12 @@ mod tests {
             let hint = sqlstate_kind(missing).1.unwrap();
             assert!(hint.contains("leasehold migrate --store"), "{hint}");
             assert!(hint.contains("leasehold_migrate=true"), "{hint}");
+            assert!(is_missing_schema(missing));
+        }
+        // Other configuration errors are not a missing schema, whatever they say.
+        for other in ["3D000", "42501", "42883", "42703", "28P01", "42P05"] {
+            assert_eq!(sqlstate_kind(other).0, StoreErrorKind::Config, "{other}");
+            assert!(!is_missing_schema(other), "{other}");
         }
     }
 

@@ -533,9 +533,9 @@ impl Failure {
     }
 }
 
-/// A copy of `e`'s kind, backend and message (its source is not `Clone`).
+/// A copy of `e`'s kind, backend, message and schema mark (its source is not `Clone`).
 fn copy(e: &StoreError) -> StoreError {
-    StoreError::new(e.kind(), e.backend(), e.message().to_owned())
+    e.reworded(e.message())
 }
 
 #[cfg(test)]

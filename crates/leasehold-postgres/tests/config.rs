@@ -352,3 +352,54 @@ async fn advisory_lock_id_sessions_and_names() {
     );
     let _ = PgGuard::new();
 }
+
+/// A database leasehold's tables were never created in: every store call, a record call
+/// and a guard check fail with a missing schema known by type (`is_schema_missing`, kind
+/// `Config`), on both stores and in a schema that does not exist; a missing database is a
+/// `Config` error that is not a missing schema. Migrating makes the calls work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_schema_is_known_by_type() {
+    let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
+    common::psql(&pg, "CREATE DATABASE fresh").await;
+    let port = pg.port();
+    let fresh = format!("postgres://postgres@127.0.0.1:{port}/fresh");
+    let k = Key::new("job:fresh").unwrap();
+    let ttl = Duration::from_secs(5);
+    for url in [
+        fresh.clone(),
+        fresh.replace("postgres://", "postgres+advisory://"),
+        format!("{fresh}?leasehold_schema=never_created"),
+    ] {
+        let store = registry().open(&url).await.expect(&url);
+        let e = store
+            .acquire(&k, &OwnerToken::random(), ttl)
+            .await
+            .unwrap_err();
+        assert!(e.is_schema_missing(), "{url}: {e}");
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{url}: {e}");
+        let e = store.get_record(&k).await.unwrap_err();
+        assert!(e.is_schema_missing(), "{url}: {e}");
+    }
+    let table = PgLeaseStore::connect(&PgConfig::from_url(&fresh).unwrap())
+        .await
+        .unwrap();
+    let mut tx = table.pool().begin().await.unwrap();
+    let e = guard::check_and_advance(&mut tx, &name("ledger:fresh"), leasehold_core::Fence(1))
+        .await
+        .unwrap_err();
+    assert!(e.is_schema_missing(), "{e}");
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    drop(tx);
+    table.migrate().await.unwrap();
+    assert!(matches!(
+        table.acquire(&k, &OwnerToken::random(), ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+
+    let e = registry()
+        .open(&format!("postgres://postgres@127.0.0.1:{port}/no_such_db"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    assert!(!e.is_schema_missing(), "{e}");
+}

@@ -541,6 +541,30 @@ mod tests {
         assert!(RedlockConfig::new(&many[..15]).is_ok());
     }
 
+    /// The URL's shape is checked by the core's `split_url` (a typed `UrlError`); its
+    /// sentence is the message, unchanged.
+    #[test]
+    fn malformed_urls_say_what_is_wrong() {
+        for (bad, said) in [
+            (
+                "redis://h:1,h:2,h:3",
+                "redlock store: Redlock: the URL must start with redlock://",
+            ),
+            (
+                "redlock://h:1,h:2,h:3#frag",
+                "redlock store: Redlock: the URL has a fragment (#); this kind of URL takes none",
+            ),
+            (
+                "redlock://h:1,h:2,h:3?prefix=a&prefix=b",
+                r#"redlock store: Redlock: URL parameter "prefix" is repeated"#,
+            ),
+        ] {
+            let err = RedlockConfig::from_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), StoreErrorKind::Config, "{bad}");
+            assert_eq!(err.to_string(), said, "{bad}");
+        }
+    }
+
     #[test]
     fn errors_never_show_the_password() {
         for url in [

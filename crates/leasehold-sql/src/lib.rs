@@ -9,7 +9,7 @@ pub mod record;
 pub mod server_watch;
 
 pub use failure::{ErrorModel, Failure, Phase};
-pub use pool::{Checkout, bounded, with_conn};
+pub use pool::{Checkout, with_conn};
 
 /// The longest `older_than` the stores' `prune` passes to the database, in µs (ten years):
 /// a longer one is cut to it, so that the server's date arithmetic cannot overflow.

@@ -1,35 +1,12 @@
-//! Bounded calls and pooled connections that never go back to the pool broken.
+//! Pooled connections that never go back to the pool broken.
 
-use std::future::Future;
 use std::ops::{Deref, DerefMut};
-use std::time::Duration;
 
 use leasehold_core::StoreError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
 use crate::failure::{ErrorModel, Failure, Phase};
-
-/// Runs `fut`, giving up after `bound` with [`StoreErrorKind::Timeout`] (the operation
-/// `op` of `backend` may still have been applied).
-///
-/// Dropping `fut` at the bound drops whatever it holds: a [`Checkout`] in it closes its
-/// connection, whose reply may still be on its way.
-///
-/// It is [`StoreError::bounded`], the bound the core puts on its own store calls.
-///
-/// # Errors
-/// The error of `fut`, or [`StoreError::timeout`] when the bound ran out.
-///
-/// [`StoreErrorKind::Timeout`]: leasehold_core::StoreErrorKind::Timeout
-pub async fn bounded<T>(
-    backend: &'static str,
-    op: &str,
-    bound: Duration,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    StoreError::bounded(backend, op, bound, fut).await
-}
 
 /// A pooled connection that is **closed** instead of returned to the pool, unless the
 /// operation using it marks it [`keep`](Self::keep) after running to its end. A checkout
@@ -97,7 +74,9 @@ impl<DB: Database> Drop for Checkout<DB> {
 ///
 /// The connection goes back to the pool when `body` succeeds or fails without breaking it
 /// ([`Failure::breaks_connection`]); it is closed when `body` breaks it or when this
-/// future is dropped before `body` ended (wrap the call in [`bounded`] for a time bound).
+/// future is dropped before `body` ended. For a time bound, wrap the call in
+/// [`StoreError::bounded`]: at the bound it drops this future, so the connection, whose
+/// reply may still be on its way, is closed.
 ///
 /// ```
 /// # async fn f(pool: sqlx::SqlitePool, model: &dyn leasehold_sql::ErrorModel) -> Result<(), leasehold_core::StoreError> {
@@ -140,6 +119,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use leasehold_core::StoreErrorKind;
     use sqlx::sqlite::SqlitePoolOptions;
     use sqlx::{Sqlite, SqliteConnection, SqlitePool};
@@ -182,35 +163,6 @@ mod tests {
                 .unwrap();
         }
         n == 1
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn bounded_times_out_as_timeout() {
-        let e = bounded("test", "acquire", Duration::from_secs(2), async {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            Ok(())
-        })
-        .await
-        .unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::Timeout);
-        assert!(e.is_ambiguous());
-        assert_eq!(e.backend(), "test");
-        assert!(e.message().starts_with("acquire "), "{e}");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn bounded_passes_results_through() {
-        let bound = Duration::from_secs(1);
-        assert_eq!(
-            bounded("test", "op", bound, async { Ok(5) }).await.unwrap(),
-            5
-        );
-        let e = bounded::<()>("test", "op", bound, async {
-            Err(StoreError::new(StoreErrorKind::Busy, "test", "locked"))
-        })
-        .await
-        .unwrap_err();
-        assert_eq!(e.kind(), StoreErrorKind::Busy);
     }
 
     #[tokio::test]
@@ -283,7 +235,7 @@ mod tests {
     #[tokio::test]
     async fn with_conn_cut_short_by_its_bound_closes_the_connection() {
         let pool = pool().await;
-        let e = bounded(
+        let e = StoreError::bounded(
             "test",
             "slow",
             Duration::from_millis(50),

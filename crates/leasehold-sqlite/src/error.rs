@@ -36,7 +36,7 @@ pub(crate) fn primary_code(e: &sqlx::Error) -> Option<i32> {
 /// | SQLite | kind |
 /// | --- | --- |
 /// | `SQLITE_BUSY`, `SQLITE_LOCKED` (the busy timeout ran out), pool exhausted | `Busy` |
-/// | `SQLITE_CANTOPEN`, `SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH`, no such table | `Config` |
+/// | `SQLITE_CANTOPEN`, `SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH`, no such table (the last [`is_schema_missing`](StoreError::is_schema_missing)) | `Config` |
 /// | `SQLITE_CORRUPT`, `SQLITE_NOTADB`, a value that does not decode | `Corrupt` |
 /// | `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, file I/O, pool closed | `Unavailable` |
 /// | the connection's worker thread died | `Ambiguous` |
@@ -50,7 +50,7 @@ pub(crate) fn map_sqlx(e: sqlx::Error, op: &str) -> StoreError {
                 Some(3 | 8 | 14 | 23) => StoreErrorKind::Config,
                 Some(11 | 26) => StoreErrorKind::Corrupt,
                 Some(7 | 10 | 13) => StoreErrorKind::Unavailable,
-                Some(1) if db.message().contains("no such table") => StoreErrorKind::Config,
+                Some(1) if is_missing_table(db.message()) => StoreErrorKind::Config,
                 _ => StoreErrorKind::Other,
             }
         }
@@ -86,7 +86,22 @@ pub(crate) fn map_sqlx(e: sqlx::Error, op: &str) -> StoreError {
         StoreErrorKind::Ambiguous => "the SQLite worker died while the request was in flight",
         _ => "SQLite failed",
     };
-    StoreError::new(kind, BACKEND, format!("{op}: {what}")).with_source(e)
+    let message = format!("{op}: {what}");
+    let error = match &e {
+        sqlx::Error::Database(db)
+            if primary_code(&e) == Some(1) && is_missing_table(db.message()) =>
+        {
+            StoreError::schema_missing(BACKEND, message)
+        }
+        _ => StoreError::new(kind, BACKEND, message),
+    };
+    error.with_source(e)
+}
+
+/// Whether SQLite's message for a generic error (`SQLITE_ERROR`, which has no code of its
+/// own for this) says a table is missing. Such errors are [`StoreError::schema_missing`].
+fn is_missing_table(message: &str) -> bool {
+    message.contains("no such table")
 }
 
 /// Maps an error of your own statements on a SQLite database (e.g. the protected write or
@@ -97,4 +112,43 @@ pub(crate) fn map_sqlx(e: sqlx::Error, op: &str) -> StoreError {
 /// [`Config`](StoreErrorKind::Config); a corrupt file is [`Corrupt`](StoreErrorKind::Corrupt).
 pub fn store_error(err: sqlx::Error) -> StoreError {
     map_sqlx(err, "statement")
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::sqlite::SqlitePoolOptions;
+
+    use super::*;
+
+    /// SQLite's own errors on an empty database: a missing table is a missing schema, by
+    /// type; other `Config` or generic errors are not.
+    #[tokio::test]
+    async fn a_missing_table_is_a_missing_schema() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let err = sqlx::query("SELECT * FROM leasehold_leases")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        let e = map_sqlx(err, "acquire");
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+        assert!(e.is_schema_missing(), "{e}");
+        assert_eq!(
+            e.message(),
+            "acquire: the database cannot be opened or lacks leasehold's tables"
+        );
+        let err = sqlx::query("SELECT no_such_function()")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        let e = map_sqlx(err, "acquire");
+        assert_eq!(e.kind(), StoreErrorKind::Other, "{e}");
+        assert!(!e.is_schema_missing(), "{e}");
+        let e = map_sqlx(sqlx::Error::Configuration("bad".into()), "connect");
+        assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+        assert!(!e.is_schema_missing(), "{e}");
+    }
 }

@@ -10,7 +10,7 @@ use leasehold_core::{
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_sql::guard::{fence_from_i64, fence_to_i64};
-use leasehold_sql::{Failure, bounded, with_conn};
+use leasehold_sql::{Failure, with_conn};
 use sqlx::Connection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -594,7 +594,7 @@ impl SqliteStore {
         write: bool,
         body: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T, Failure>,
     ) -> Result<T, StoreError> {
-        bounded(BACKEND, op, self.op_bound, async {
+        StoreError::bounded(BACKEND, op, self.op_bound, async {
             let _writer = if write {
                 Some(self.writer.lock().await)
             } else {

@@ -326,3 +326,31 @@ async fn records_survive_reopening_and_old_files_get_the_table() {
         .expect("the lease is kept");
     assert_eq!((info.owner, info.fence.get()), (owner, lease_fence));
 }
+
+/// A table of leasehold's dropped under an open store: its calls fail with a missing
+/// schema, known by type (`is_schema_missing`, kind `Config`), never by the message; the
+/// store's `migrate` makes them work again.
+#[tokio::test]
+async fn a_missing_table_is_a_missing_schema_by_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::connect(SqliteConfig::new(dir.path().join("m.db")))
+        .await
+        .unwrap();
+    let k = Key::new("job:missing").unwrap();
+    sqlx::raw_sql("DROP TABLE leasehold_records; DROP TABLE leasehold_leases")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let e = store.get_record(&k).await.unwrap_err();
+    assert!(e.is_schema_missing(), "{e}");
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let e = store
+        .acquire(&k, &OwnerToken::random(), TTL)
+        .await
+        .unwrap_err();
+    assert!(e.is_schema_missing(), "{e}");
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    store.migrate().await.unwrap();
+    assert_eq!(store.get_record(&k).await.unwrap(), None);
+    fence_of(store.acquire(&k, &OwnerToken::random(), TTL).await.unwrap());
+}

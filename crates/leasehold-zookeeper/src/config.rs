@@ -328,6 +328,30 @@ mod tests {
         assert_eq!(c.ensemble_tick(), None);
     }
 
+    /// The URL's shape is checked by the core's `split_url` (a typed `UrlError`); its
+    /// sentence is the message, unchanged.
+    #[test]
+    fn malformed_urls_say_what_is_wrong() {
+        for (bad, said) in [
+            (
+                "etcd://h:1",
+                "zookeeper store: zookeeper: the URL must start with zookeeper://",
+            ),
+            (
+                "zookeeper://h:1#frag",
+                "zookeeper store: zookeeper: the URL has a fragment (#); this kind of URL takes none",
+            ),
+            (
+                "zookeeper://h:1?timeout=1s&timeout=2s",
+                r#"zookeeper store: zookeeper: URL parameter "timeout" is repeated"#,
+            ),
+        ] {
+            let err = ZkConfig::from_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), StoreErrorKind::Config, "{bad}");
+            assert_eq!(err.to_string(), said, "{bad}");
+        }
+    }
+
     #[test]
     fn rejects_bad_urls_with_config_errors() {
         for bad in [
