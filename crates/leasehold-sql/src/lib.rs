@@ -4,9 +4,10 @@
 mod failure;
 pub mod guard;
 mod pool;
-pub mod presence;
+mod presence;
 pub mod record;
 pub mod server_watch;
+pub mod wait;
 
 pub use failure::{ErrorModel, Failure, Phase};
 pub use pool::{Checkout, with_conn};

@@ -1,7 +1,6 @@
-//! Whether the owner behind a waiting-queue entry is still around: the bookkeeping the
-//! PostgreSQL and MariaDB/MySQL wait queues share. An entry counts its owner's calls in
-//! progress (waits and acquires); once it has had none for a grace period, the owner is
-//! taken to have gone and the entry leaves the queue.
+//! Whether the owner behind a waiting-queue entry ([`crate::wait`]) is still around. An
+//! entry counts its owner's calls in progress (waits and acquires); once it has had none
+//! for a grace period, the owner is taken to have gone and the entry leaves the queue.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -23,16 +22,6 @@ pub struct Presence {
 impl Default for Presence {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-impl std::fmt::Debug for Presence {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let a = self.activity();
-        f.debug_struct("Presence")
-            .field("waiting", &a.waiting)
-            .field("acquiring", &a.acquiring)
-            .finish()
     }
 }
 
@@ -93,44 +82,30 @@ impl Presence {
     }
 }
 
-/// A queue entry with a [`Presence`].
-pub trait HasPresence {
-    /// The entry's presence.
-    fn presence(&self) -> &Presence;
-}
-
-/// Marks an entry's owner as waiting (or acquiring) while alive, and keeps the entry.
-pub struct Active<E: HasPresence> {
-    entry: Arc<E>,
+/// Marks an entry's owner as waiting (or acquiring) while alive.
+pub struct Active {
+    presence: Arc<Presence>,
     waiting: bool,
 }
 
-impl<E: HasPresence> std::fmt::Debug for Active<E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Active")
-            .field("waiting", &self.waiting)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<E: HasPresence> Active<E> {
+impl Active {
     /// A wait (`waiting`) or an acquire of the entry's owner, in progress until dropped.
-    pub fn new(entry: Arc<E>, waiting: bool) -> Self {
-        entry.presence().touch(|a| {
+    pub fn new(presence: Arc<Presence>, waiting: bool) -> Self {
+        presence.touch(|a| {
             if waiting {
                 a.waiting += 1;
             } else {
                 a.acquiring += 1;
             }
         });
-        Self { entry, waiting }
+        Self { presence, waiting }
     }
 }
 
-impl<E: HasPresence> Drop for Active<E> {
+impl Drop for Active {
     fn drop(&mut self) {
         let waiting = self.waiting;
-        self.entry.presence().touch(|a| {
+        self.presence.touch(|a| {
             if waiting {
                 a.waiting -= 1;
             } else {
@@ -144,25 +119,18 @@ impl<E: HasPresence> Drop for Active<E> {
 mod tests {
     use super::*;
 
-    struct E(Presence);
-    impl HasPresence for E {
-        fn presence(&self) -> &Presence {
-            &self.0
-        }
-    }
-
     /// Not abandoned while a call is in progress; abandoned a grace after the last one
     /// ended, not before.
     #[tokio::test]
     async fn abandoned_only_a_grace_after_the_last_call() {
-        let e = Arc::new(E(Presence::new()));
+        let e = Arc::new(Presence::new());
         let grace = Duration::from_millis(100);
         let active = Active::new(e.clone(), true);
-        let gone = tokio::time::timeout(Duration::from_millis(400), e.0.abandoned(grace)).await;
+        let gone = tokio::time::timeout(Duration::from_millis(400), e.abandoned(grace)).await;
         assert!(gone.is_err(), "abandoned while a wait is in progress");
         drop(active);
         let ended = Instant::now();
-        tokio::time::timeout(Duration::from_secs(10), e.0.abandoned(grace))
+        tokio::time::timeout(Duration::from_secs(10), e.abandoned(grace))
             .await
             .expect("abandoned once the grace is over");
         assert!(ended.elapsed() >= grace - Duration::from_millis(5));
