@@ -582,9 +582,12 @@ impl Store for SlowBatch {
 async fn a_timed_out_renewal_keeps_the_lock_until_the_loss_is_recorded_on_the_lease() {
     let db = common::start_db();
     let proxy = Arc::new(FaultProxy::start(db.addr()));
+    // B's store, opened first with the usual bounds, creates the schema; A's, whose 400 ms
+    // bound is the keeper's under test, does not (a slow machine could miss it there).
+    let b_store = open(&getlock_url(&db)).await;
     let a_store = Arc::new(
         MySqlGetLockStore::open(&format!(
-            "mysql+getlock://root@127.0.0.1:{}/test?timeout=400ms&connect_timeout=2s",
+            "mysql+getlock://root@127.0.0.1:{}/test?timeout=400ms&connect_timeout=2s&migrate=false",
             proxy.port()
         ))
         .await
@@ -604,7 +607,7 @@ async fn a_timed_out_renewal_keeps_the_lock_until_the_loss_is_recorded_on_the_le
         .build()
         .unwrap();
     let client_a = LeaseClient::new(store.clone(), config);
-    let client_b = LeaseClient::new(open(&getlock_url(&db)).await, self::config());
+    let client_b = LeaseClient::new(b_store, self::config());
     // Acquired together: their renewals fall into one batch.
     let timed_out = Arc::new(client_a.try_acquire("gl:batch-timed-out").await.unwrap());
     let slow = client_a.try_acquire("gl:batch-slow").await.unwrap();
@@ -661,13 +664,14 @@ async fn a_timed_out_renewal_keeps_the_lock_until_the_loss_is_recorded_on_the_le
 async fn a_direct_callers_timed_out_renewal_keeps_the_lock_until_the_ttl() {
     let db = common::start_db();
     let proxy = FaultProxy::start(db.addr());
+    // B's store creates the schema with the usual bounds (as in the test above).
+    let b = open(&getlock_url(&db)).await;
     let a = MySqlGetLockStore::open(&format!(
-        "mysql+getlock://root@127.0.0.1:{}/test?timeout=400ms&connect_timeout=2s",
+        "mysql+getlock://root@127.0.0.1:{}/test?timeout=400ms&connect_timeout=2s&migrate=false",
         proxy.port()
     ))
     .await
     .expect("open A's store");
-    let b = open(&getlock_url(&db)).await;
     let key = Key::new("gl:direct").unwrap();
     let (owner, ttl) = (OwnerToken::random(), Duration::from_secs(3));
     assert!(matches!(
