@@ -1,7 +1,7 @@
 //! Waiting for a lease of the lease-table store without polling, in arrival order: the
 //! server's `GET_LOCK` queue.
 //!
-//! A caller that waits for a key ([`Store::wait_released`](leasehold_core::Store)) joins
+//! A caller that waits for a key ([`WaitStore::wait_released`](leasehold_core::WaitStore::wait_released)) joins
 //! the key's queue: a session dedicated to the waiting owner blocks in
 //! `GET_LOCK(turnstile, …)` on the key's *turnstile* ([`turnstile`]: a lock name derived
 //! from the database, the table and the key, distinct from every `GET_LOCK` store name).

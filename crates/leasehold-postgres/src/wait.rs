@@ -1,6 +1,6 @@
 //! Waiting for a lease without polling, in a fair order: the server's lock queue.
 //!
-//! A caller that waits for a key ([`Store::wait_released`](leasehold_core::Store)) joins
+//! A caller that waits for a key ([`WaitStore::wait_released`](leasehold_core::WaitStore::wait_released)) joins
 //! the key's queue: a session dedicated to it blocks in `pg_advisory_lock` on a lock
 //! derived from the key, and PostgreSQL grants that lock to its waiters one at a time, in
 //! the order they asked. Holding it makes the waiter the *head* of the queue:

@@ -109,7 +109,7 @@ pub(crate) struct KeyNames {
     pub(crate) channel: String,
     pub(crate) queue: String,
     pub(crate) queue_deadlines: String,
-    /// `p{e}:w`: the key is watched while it exists (see `Store::watch`); it covers the
+    /// `p{e}:w`: the key is watched while it exists (see `WatchStore::watch`); it covers the
     /// lease and the record of the key, which share its hash tag.
     pub(crate) watch: String,
 }

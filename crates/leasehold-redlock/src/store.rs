@@ -318,12 +318,7 @@ impl Store for RedlockStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.reports_remaining = true;
-        caps.break_lease = true;
         caps.fence_durability = FenceDurability::ClockFloored;
-        caps.records = true;
-        // `acquire_any` is the trait's default: one quorum acquire per key (after one
-        // batch renewal looking for the owner's key), not one atomic call.
-        caps.atomic_acquire_any = false;
         caps
     }
 
@@ -611,6 +606,12 @@ impl Store for RedlockStore {
             ));
         }
         Ok(None)
+    }
+
+    /// Not yet: `Unsupported`.
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        let _ = prefix;
+        Err(StoreError::unsupported(BACKEND, "listing leases"))
     }
 
     /// Deletes whatever lease holds `key` on every node and advances each node's fence
