@@ -36,7 +36,7 @@ use crate::store::{
 use crate::token::{Fence, OwnerToken};
 
 /// Bounds every call of the wrapped store by a timeout: a call that has not answered in
-/// time fails with [`StoreErrorKind::Timeout`](crate::StoreErrorKind::Timeout) (an
+/// time fails with [`Timeout`](crate::StoreErrorKind::Timeout) (an
 /// ambiguous failure: it may have been applied). Its extensions are the wrapped store's,
 /// bounded the same way; [`wait_released`](WaitStore::wait_released) is bounded by its own
 /// `timeout` plus this one.
