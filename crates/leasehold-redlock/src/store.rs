@@ -10,6 +10,7 @@ use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
+use leasehold_redis::wire::{decode_key as decode, encode_key as encode, glob_escape};
 use tokio::time::Instant;
 
 use crate::BACKEND;
@@ -97,53 +98,6 @@ fn pick<'a>(replies: impl IntoIterator<Item = &'a Record>) -> Option<Record> {
             fence: top,
             value: value.to_vec(),
         })
-}
-
-/// Escapes the glob characters of `SCAN MATCH`.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Reverses [`encode`]; `None` for anything `encode` cannot produce.
-fn decode(enc: &str) -> Option<String> {
-    let mut out = String::with_capacity(enc.len());
-    let mut rest = enc;
-    while let Some(i) = rest.find(['%', '{', '}']) {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        let c = match tail.get(..3) {
-            Some("%25") => '%',
-            Some("%7B") => '{',
-            Some("%7D") => '}',
-            _ => return None,
-        };
-        out.push(c);
-        rest = &tail[3..];
-    }
-    out.push_str(rest);
-    Some(out)
-}
-
-/// Percent-encodes `%`, `{` and `}`, so that the key's hash tag is exactly the encoded key
-/// and no user key can make two lease keys collide.
-fn encode(key: &str) -> String {
-    let mut out = String::with_capacity(key.len() + 8);
-    for c in key.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 impl RedlockStore {
