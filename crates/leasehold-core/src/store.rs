@@ -166,7 +166,7 @@ impl Capabilities {
 /// Every operation is one atomic step on the store. Expiry is measured on the store's own
 /// clock. Implementations need not apply timeouts: the caller bounds every call.
 ///
-/// A wrapper (a policy such as [`TimeoutStore`](crate::wrap::TimeoutStore)) forwards the
+/// A policy wrapper such as [`TimeoutStore`](crate::wrap::TimeoutStore) forwards the
 /// extensions of the store it wraps: its accessors answer `Some` exactly where the
 /// wrapped store's do.
 ///
