@@ -37,8 +37,8 @@ use leasehold_bench::{
     Contender, Counter, Json, Plan, Ratio, Res, Section, Side, contended, release, uncontended,
 };
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo, OwnerToken,
-    ReleaseOutcome, RenewOutcome, Store, StoreError,
+    AcquireOutcome, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, RenewOutcome, Store,
+    StoreError, WaitStore,
 };
 use rand::Rng as _;
 
@@ -785,9 +785,9 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
 // SQLite
 
 /// Counts the transactions a store runs (acquire, renew, release: one SQLite write
-/// transaction each); forwards everything else untouched. `renew_many` and `acquire_any`
-/// keep the trait's defaults, which call `renew` and `acquire` here, so each of their
-/// transactions is counted too.
+/// transaction each); forwards everything else untouched. It has no batch, so the
+/// client's batch renewals and `acquire_any` fall back to `renew` and `acquire` here, and
+/// each of their transactions is counted too; its waiter is the inner store's.
 #[derive(Debug)]
 struct Counting {
     inner: Arc<dyn Store>,
@@ -795,12 +795,9 @@ struct Counting {
 }
 
 #[async_trait]
-impl Store for Counting {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl leasehold_core::wrap::Forward for Counting {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
     async fn acquire(
         &self,
@@ -824,22 +821,8 @@ impl Store for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.inner.release(key, owner).await
     }
-    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.inner.inspect(key).await
-    }
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.wait_released(key, owner, timeout).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
-        self.inner.break_lease(key).await
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        self.inner.waiter()
     }
 }
 

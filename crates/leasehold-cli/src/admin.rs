@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::wrap::TimeoutStore;
-use leasehold::{Key, LeaseInfo, Store, StoreError, StoreErrorKind};
+use leasehold::{Key, LeaseInfo, Store, StoreError};
 use serde::Serialize;
 
 use crate::failure::Failure;
@@ -80,17 +80,6 @@ fn parse_key(key: &str) -> Result<Key, Failure> {
     Key::new(key).map_err(|e| Failure::Usage(format!("invalid key: {e}")))
 }
 
-/// An operation the store does not support is a usage error for the command.
-fn unsupported(what: &str) -> impl Fn(StoreError) -> Failure + '_ {
-    move |e| {
-        if e.kind() == StoreErrorKind::Unsupported {
-            Failure::Usage(format!("this store cannot {what}: {e}"))
-        } else {
-            Failure::Store(e)
-        }
-    }
-}
-
 pub(crate) async fn inspect(url: &str, key: &str, json: bool) -> Result<ExitCode, Failure> {
     let key = parse_key(key)?;
     let store = connect_bounded(url).await?;
@@ -111,10 +100,7 @@ pub(crate) async fn inspect(url: &str, key: &str, json: bool) -> Result<ExitCode
 
 pub(crate) async fn list(url: &str, prefix: &str, json: bool) -> Result<ExitCode, Failure> {
     let store = connect_bounded(url).await?;
-    let list = store
-        .list(prefix)
-        .await
-        .map_err(unsupported("list leases"))?;
+    let list = store.list(prefix).await?;
     let views: Vec<View> = list.iter().map(View::from).collect();
     let text = if json {
         format!("{}\n", serde_json::to_string(&views).expect("serializable"))
@@ -128,10 +114,7 @@ pub(crate) async fn break_lease(url: &str, key: &str, json: bool) -> Result<Exit
     let key = parse_key(key)?;
     let store = connect_bounded(url).await?;
     let before = store.inspect(&key).await.ok().flatten();
-    let fence = store
-        .break_lease(&key)
-        .await
-        .map_err(unsupported("break leases"))?;
+    let fence = store.break_lease(&key).await?;
     tracing::warn!(%key, fence = fence.get(), evicted = ?before.as_ref().map(|b| b.owner.to_hex()), "lease broken");
     let text = if json {
         format!(

@@ -65,12 +65,6 @@ fn view(leader: &Leader) -> View {
 
 async fn election(url: &str, name: &str) -> Result<Election, Failure> {
     let store = connect(url).await?;
-    if !store.capabilities().records {
-        return Err(Failure::Usage(format!(
-            "this store cannot keep an election's value ({} has no records)",
-            store.backend()
-        )));
-    }
     let config = LeaseConfig::builder(Duration::from_secs(60))
         .op_timeout(ADMIN_TIMEOUT)
         .build()

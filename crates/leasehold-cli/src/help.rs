@@ -19,7 +19,7 @@ With --json, one line: an array of {\"key\",\"owner\",\"fence\",\"remaining_ms\"
 
 Exit status:
   0   printed (possibly nothing)
-  64  bad usage, or a store that cannot list leases
+  64  bad usage
   69  store error (unreachable, no answer within 10s, authentication, permissions)
 
 Example:
@@ -31,7 +31,7 @@ With --json, one line: {\"key\":...,\"fence\":N,\"evicted\":{...}|null}.
 
 Exit status:
   0   broken (or there was no holder); the fence was advanced
-  64  bad usage, or a store that cannot break leases
+  64  bad usage
   69  store error (unreachable, no answer within 10s, authentication, permissions)
 
 Example:

@@ -23,7 +23,7 @@ pub use crate::coordination::{
 };
 
 use crate::holder::Holder;
-use crate::{Fixture, GuardSupport, OtherProcesses};
+use crate::{Extensions, Fixture, GuardSupport, OtherProcesses};
 use leasehold_core::wrap::{FaultStore, Injection, Op, Swallowed};
 
 fn key(name: &str) -> Key {
@@ -347,7 +347,8 @@ pub async fn renew_extends_ttl(fx: &Fixture) {
     fx.store.release(&k, &a).await.unwrap();
 }
 
-/// `renew_many` (the scheduler's batch renewal) answers each lease as `renew` would, in
+/// `renew_many` (the scheduler's batch renewal: the store's batch, or each renewal on its
+/// own on a store without one) answers each lease as `renew` would, in
 /// the order asked: the owner's live leases are renewed (and outlive their first TTL), a
 /// lease held by another owner, a free key and a released lease are not, and none of
 /// those is created or taken over by the batch.
@@ -379,9 +380,7 @@ pub async fn renew_many_answers_each_lease_in_order(fx: &Fixture) {
         (released.clone(), a),
         (mine[2].clone(), a),
     ];
-    let got = fx
-        .store
-        .renew_many(&asked, long)
+    let got = leasehold_core::renew_many(&*fx.store, &asked, long)
         .await
         .unwrap_or_else(|e| panic!("renew_many: {e}"));
     let renewed: Vec<bool> = got
@@ -713,10 +712,27 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
     }
 }
 
-/// Each claim in the capabilities holds, and each missing capability answers
-/// `Unsupported`.
+/// Each claim in the capabilities holds; the store offers exactly the extensions its
+/// fixture declares, and its waiter (if any) is woken by a release; listing and breaking
+/// work.
 pub async fn capabilities_are_honest(fx: &Fixture) {
     let caps = fx.store.capabilities();
+    let has = Extensions::of(&*fx.store);
+    let expected = fx.extensions;
+    for (what, has, expected) in [
+        ("a batch (Store::batch)", has.batch, expected.batch),
+        ("a watcher (Store::watcher)", has.watcher, expected.watcher),
+        ("a waiter (Store::waiter)", has.waiter, expected.waiter),
+    ] {
+        assert!(
+            has || !expected,
+            "the fixture expects {what}, but the store has none"
+        );
+        assert!(
+            !has || expected,
+            "the store has {what} that its fixture does not declare (Fixture::expects_…)"
+        );
+    }
     let k = key("caps");
     let a = OwnerToken::random();
     let fa = fence_of(acquire_raw(fx, &k, &a, fx.ttl * 4).await);
@@ -735,14 +751,17 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
 
     // wait_released: the waiter, woken, acquires as itself (a store that queues its
     // waiters may have reserved the lease for it) and gets the lease.
-    let started = Instant::now();
-    let w = OwnerToken::random();
-    let wait = {
-        let (store, k) = (fx.store.clone(), k.clone());
-        let t = fx.ttl * 8;
-        tokio::spawn(async move { store.wait_released(&k, &w, t).await })
-    };
-    if caps.wait_for_release {
+    if fx.store.waiter().is_some() {
+        let started = Instant::now();
+        let w = OwnerToken::random();
+        let wait = {
+            let (store, k) = (fx.store.clone(), k.clone());
+            let t = fx.ttl * 8;
+            tokio::spawn(async move {
+                let waiter = store.waiter().expect("the store has a waiter");
+                waiter.wait_released(&k, &w, t).await
+            })
+        };
         sleep(fx.ttl / 4).await;
         assert!(!wait.is_finished(), "wait_released returned while held");
         assert_eq!(
@@ -761,11 +780,6 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
             ReleaseOutcome::Released
         );
     } else {
-        let err = wait
-            .await
-            .unwrap()
-            .expect_err("wait_released must say Unsupported");
-        assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
         fx.store.release(&k, &a).await.unwrap();
     }
 
@@ -776,53 +790,41 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
     let other = Key::new("elsewhere:caps").unwrap();
     let c = OwnerToken::random();
     fence_of(acquire_raw(fx, &other, &c, fx.ttl * 4).await);
-    match fx.store.list("conformance:caps").await {
-        Ok(list) if caps.list => {
-            let keys: Vec<_> = list.iter().map(|i| i.key.clone()).collect();
-            assert_eq!(keys, vec![k.clone()], "list by prefix");
-            assert_eq!((list[0].owner, list[0].fence), (b, fb));
-        }
-        Ok(list) => panic!("list works but capabilities say it does not: {list:?}"),
-        Err(e) => {
-            assert!(!caps.list, "capabilities claim list, but: {e}");
-            assert_eq!(e.kind(), StoreErrorKind::Unsupported, "{e}");
-        }
-    }
+    let list = fx
+        .store
+        .list("conformance:caps")
+        .await
+        .unwrap_or_else(|e| panic!("list: {e}"));
+    let keys: Vec<_> = list.iter().map(|i| i.key.clone()).collect();
+    assert_eq!(keys, vec![k.clone()], "list by prefix");
+    assert_eq!((list[0].owner, list[0].fence), (b, fb));
 
     // break_lease
-    match fx.store.break_lease(&k).await {
-        Ok(broken) if caps.break_lease => {
-            assert!(
-                broken > fb,
-                "break must advance the fence: {broken} vs {fb}"
-            );
-            assert_eq!(
-                fx.store.inspect(&k).await.unwrap(),
-                None,
-                "break removes the lease"
-            );
-            assert_eq!(
-                fx.store.renew(&k, &b, fx.ttl).await.unwrap(),
-                RenewOutcome::NotOwner
-            );
-            let d = OwnerToken::random();
-            let fd = fence_of(acquire_raw(fx, &k, &d, fx.ttl).await);
-            assert!(
-                fd > broken,
-                "next grant {fd} must be above the broken fence {broken}"
-            );
-            fx.store.release(&k, &d).await.unwrap();
-        }
-        Ok(f) => panic!("break works but capabilities say it does not: {f}"),
-        Err(e) => {
-            assert!(
-                !caps.break_lease,
-                "capabilities claim break_lease, but: {e}"
-            );
-            assert_eq!(e.kind(), StoreErrorKind::Unsupported, "{e}");
-            fx.store.release(&k, &b).await.unwrap();
-        }
-    }
+    let broken = fx
+        .store
+        .break_lease(&k)
+        .await
+        .unwrap_or_else(|e| panic!("break: {e}"));
+    assert!(
+        broken > fb,
+        "break must advance the fence: {broken} vs {fb}"
+    );
+    assert_eq!(
+        fx.store.inspect(&k).await.unwrap(),
+        None,
+        "break removes the lease"
+    );
+    assert_eq!(
+        fx.store.renew(&k, &b, fx.ttl).await.unwrap(),
+        RenewOutcome::NotOwner
+    );
+    let d = OwnerToken::random();
+    let fd = fence_of(acquire_raw(fx, &k, &d, fx.ttl).await);
+    assert!(
+        fd > broken,
+        "next grant {fd} must be above the broken fence {broken}"
+    );
+    fx.store.release(&k, &d).await.unwrap();
     fx.store.release(&other, &c).await.unwrap();
 }
 

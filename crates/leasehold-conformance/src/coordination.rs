@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use leasehold_core::{
     AcquireAnyOutcome, AcquireOutcome, CheckedAcquire, Error, Fence, Key, MAX_RECORD_LEN,
-    OwnerToken, Record, RecordCheck, StoreErrorKind,
+    OwnerToken, Record, RecordCheck,
 };
 use tokio::time::Instant;
 
@@ -20,21 +20,10 @@ fn key(name: &str) -> Key {
 }
 
 /// `put_record` writes only with a higher fence (or when absent), returns what is stored,
-/// and keeps records apart from leases; a store that says it lacks records answers
-/// `Unsupported` to both calls.
+/// and keeps records apart from leases.
 pub async fn records_are_fenced_writes(fx: &Fixture) {
     let store = &fx.store;
     let k = key(&format!("record-{}", OwnerToken::random()));
-    if !store.capabilities().records {
-        for err in [
-            store.put_record(&k, Fence(1), b"v").await.map(drop),
-            store.get_record(&k).await.map(drop),
-        ] {
-            let err = err.expect_err("records work but capabilities say they do not");
-            assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
-        }
-        return;
-    }
     let get = || async { store.get_record(&k).await.expect("get_record") };
     let k2 = &k;
     let put = |fence: u64, value: &'static [u8]| async move {
@@ -156,41 +145,11 @@ impl Drop for Inside<'_> {
     }
 }
 
-/// Whether the store lacks records; if so, checks that leader election and semaphores
-/// say `Unsupported` (they cannot keep a leader's value or a permit count without them).
-async fn without_records(fx: &Fixture, name: &str) -> bool {
-    if fx.store.capabilities().records {
-        return false;
-    }
-    let client = fx.client();
-    let e = client.election(key(name)).expect("valid election name");
-    let err = e
-        .campaign("v", Duration::ZERO)
-        .await
-        .expect_err("a campaign without records must fail");
-    let s = client.semaphore(key(name), 2).expect("valid semaphore");
-    let err2 = s
-        .try_acquire()
-        .await
-        .expect_err("a semaphore without records must fail");
-    for err in [err, err2] {
-        assert_eq!(
-            err.store_error().map(|e| e.kind()),
-            Some(StoreErrorKind::Unsupported),
-            "without records: {err}"
-        );
-    }
-    true
-}
-
 /// 32 contenders campaign at once: never two leaders at a time (checked while each one
 /// leads, not only at the end), each leader reads itself as the leader with its value,
 /// and terms rise in the order leaders were elected.
 pub async fn one_leader_at_a_time_and_terms_rise(fx: &Fixture) {
     let name = format!("election-{}", OwnerToken::random());
-    if without_records(fx, &name).await {
-        return;
-    }
     let client = fx.client();
     let election = client.election(key(&name)).expect("valid election name");
     let leading = Arc::new(AtomicUsize::new(0));
@@ -246,9 +205,6 @@ pub async fn one_leader_at_a_time_and_terms_rise(fx: &Fixture) {
 pub async fn semaphore_admits_at_most_n_holders(fx: &Fixture) {
     const N: u32 = 3;
     let name = format!("semaphore-{}", OwnerToken::random());
-    if without_records(fx, &name).await {
-        return;
-    }
     let client = fx.client();
     let sem = client.semaphore(key(&name), N).expect("valid semaphore");
     let inside = Arc::new(AtomicUsize::new(0));
@@ -319,9 +275,6 @@ pub async fn semaphore_admits_at_most_n_holders(fx: &Fixture) {
 /// never before; then the permit is taken again with a higher fence.
 pub async fn lost_permit_returns_after_its_ttl_only(fx: &Fixture) {
     let name = format!("permit-{}", OwnerToken::random());
-    if without_records(fx, &name).await {
-        return;
-    }
     let cfg = fx.config();
     let client = fx.client();
     let sem = client.semaphore(key(&name), 1).expect("valid semaphore");
@@ -360,9 +313,6 @@ pub async fn lost_permit_returns_after_its_ttl_only(fx: &Fixture) {
 /// high as its own fence, whose value is the one written with that fence (fence and value
 /// are kept together), and the highest fence is what stays.
 pub async fn racing_record_writes_keep_the_highest_fence(fx: &Fixture) {
-    if !fx.store.capabilities().records {
-        return; // `records_are_fenced_writes` checks that such a store says so
-    }
     let k = key(&format!("record-race-{}", OwnerToken::random()));
     let tasks: Vec<_> = (0..6u64)
         .map(|w| {
@@ -405,24 +355,19 @@ pub async fn racing_record_writes_keep_the_highest_fence(fx: &Fixture) {
     );
 }
 
-/// [`Store::watch`](leasehold_core::Store::watch) notices a grant, a release, a break and
-/// a record write, each within [`NOTICE_WITHIN`](crate::watching::NOTICE_WITHIN), and a watcher joins no queue: the
-/// lease released while it watches goes to whoever acquires next. A store that says it
-/// cannot watch answers `Unsupported`.
+/// The store's watcher ([`WatchStore::watch`](leasehold_core::WatchStore::watch)) notices
+/// a grant, a release, a break and a record write, each within
+/// [`NOTICE_WITHIN`](crate::watching::NOTICE_WITHIN), and a watcher joins no queue: the
+/// lease released while it watches goes to whoever acquires next. A store without a
+/// watcher has nothing to check here (`capabilities_are_honest` checks that its fixture
+/// expects none).
 pub async fn watch_notices_grants_releases_and_record_writes(fx: &Fixture) {
     let store = &fx.store;
-    let caps = store.capabilities();
     let k = key(&format!("watch-{}", OwnerToken::random()));
-    if !caps.watch {
-        let err = store
-            .watch(&k)
-            .await
-            .map(drop)
-            .expect_err("watching works but capabilities say it does not");
-        assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
+    let Some(watcher) = store.watcher() else {
         return;
-    }
-    let mut changes = store.watch(&k).await.expect("watch");
+    };
+    let mut changes = watcher.watch(&k).await.expect("watch");
     let (a, b) = (OwnerToken::random(), OwnerToken::random());
     let ttl = fx.ttl * 20;
     granted(store.as_ref(), &k, &a, ttl).await;
@@ -432,23 +377,17 @@ pub async fn watch_notices_grants_releases_and_record_writes(fx: &Fixture) {
     // The watcher is in no queue: the released lease goes to the next caller at once.
     granted(store.as_ref(), &k, &b, ttl).await;
     noticed(&mut changes, "the next grant").await;
-    if caps.records {
-        store
-            .put_record(&k, Fence(1), b"leader")
-            .await
-            .expect("put_record");
-        noticed(&mut changes, "a record write").await;
-    }
-    if caps.break_lease {
-        store.break_lease(&k).await.expect("break");
-        noticed(&mut changes, "a break").await;
-    } else {
-        store.release(&k, &b).await.expect("release");
-    }
+    store
+        .put_record(&k, Fence(1), b"leader")
+        .await
+        .expect("put_record");
+    noticed(&mut changes, "a record write").await;
+    store.break_lease(&k).await.expect("break");
+    noticed(&mut changes, "a break").await;
 }
 
-/// [`Store::acquire_any`](leasehold_core::Store::acquire_any), as a semaphore takes a
-/// permit: it grants the first free key in the order given and never a key another owner
+/// [`acquire_any`](leasehold_core::acquire_any) (the store's batch, or the one-by-one
+/// default on a store without one), as a semaphore takes a permit: it grants the first free key in the order given and never a key another owner
 /// holds; it returns the key the owner holds already (same fence) rather than a free one
 /// before it, so the owner holds one key at most; with every key held it answers `Held`
 /// with the shortest remaining TTL (when the store reports one); each key's fence rises
@@ -473,8 +412,7 @@ pub async fn acquire_any_takes_the_owners_key_or_the_first_free_one(fx: &Fixture
         async move { store.inspect(&k).await.expect("inspect").map(|i| i.owner) }
     };
     let other_fence = acquire(0, other).await;
-    let got = store
-        .acquire_any(&keys, &me, ttl)
+    let got = leasehold_core::acquire_any(&**store, &keys, &me, ttl)
         .await
         .expect("acquire_any");
     let AcquireAnyOutcome::Acquired { index, fence, .. } = got else {
@@ -493,8 +431,7 @@ pub async fn acquire_any_takes_the_owners_key_or_the_first_free_one(fx: &Fixture
     assert_eq!((holder(2).await, holder(3).await), (None, None));
     // Key 0 is free again; the owner's key 1 comes before it.
     store.release(&keys[0], &other).await.expect("release");
-    let again = store
-        .acquire_any(&keys, &me, ttl)
+    let again = leasehold_core::acquire_any(&**store, &keys, &me, ttl)
         .await
         .expect("acquire_any");
     assert!(
@@ -520,8 +457,7 @@ pub async fn acquire_any_takes_the_owners_key_or_the_first_free_one(fx: &Fixture
         held => panic!("setup: key 3 is not free: {held:?}"),
     }
     let third = OwnerToken::random();
-    match store
-        .acquire_any(&keys, &third, ttl)
+    match leasehold_core::acquire_any(&**store, &keys, &third, ttl)
         .await
         .expect("acquire_any")
     {
@@ -539,8 +475,7 @@ pub async fn acquire_any_takes_the_owners_key_or_the_first_free_one(fx: &Fixture
     }
     // The owner's key freed: taken again with a higher fence.
     store.release(&keys[1], &me).await.expect("release");
-    match store
-        .acquire_any(&keys, &third, ttl)
+    match leasehold_core::acquire_any(&**store, &keys, &third, ttl)
         .await
         .expect("acquire_any")
     {
@@ -563,7 +498,7 @@ pub async fn acquire_any_takes_the_owners_key_or_the_first_free_one(fx: &Fixture
             tokio::spawn(async move {
                 let owner = OwnerToken::random();
                 loop {
-                    match store.acquire_any(&race, &owner, ttl).await {
+                    match leasehold_core::acquire_any(&*store, &race, &owner, ttl).await {
                         Ok(AcquireAnyOutcome::Acquired { index, .. }) => {
                             return Some((index, owner));
                         }
@@ -611,11 +546,11 @@ pub async fn acquire_any_takes_the_owners_key_or_the_first_free_one(fx: &Fixture
     }
 }
 
-/// [`Store::acquire_any_checked`](leasehold_core::Store::acquire_any_checked), as a
-/// semaphore takes a permit behind its number of permits: an absent record is written (at
-/// fence 0) and the acquire goes ahead; a record holding the value lets it go ahead; a
-/// record holding another value refuses the call, which answers the stored record, takes
-/// no key and leaves the record as it was. A store without records answers `Unsupported`.
+/// [`acquire_any_checked`](leasehold_core::acquire_any_checked) (the store's batch, or the
+/// two-call default on a store without one), as a semaphore takes a permit behind its
+/// number of permits: an absent record is written (at fence 0) and the acquire goes ahead;
+/// a record holding the value lets it go ahead; a record holding another value refuses the
+/// call, which answers the stored record, takes no key and leaves the record as it was.
 pub async fn acquire_any_checked_takes_nothing_behind_another_value(fx: &Fixture) {
     let store = &fx.store;
     let ttl = fx.ttl;
@@ -627,16 +562,7 @@ pub async fn acquire_any_checked_takes_nothing_behind_another_value(fx: &Fixture
         value: b"3",
     };
     let me = OwnerToken::random();
-    if !store.capabilities().records {
-        let err = store
-            .acquire_any_checked(&keys, &me, ttl, check)
-            .await
-            .expect_err("a store without records must refuse a checked acquire");
-        assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
-        return;
-    }
-    let fence = match store
-        .acquire_any_checked(&keys, &me, ttl, check)
+    let fence = match leasehold_core::acquire_any_checked(&**store, &keys, &me, ttl, check)
         .await
         .expect("acquire_any_checked")
     {
@@ -657,8 +583,7 @@ pub async fn acquire_any_checked_takes_nothing_behind_another_value(fx: &Fixture
         }
     };
     stored("acquire_any_checked must write an absent record at fence 0").await;
-    match store
-        .acquire_any_checked(&keys, &me, ttl, check)
+    match leasehold_core::acquire_any_checked(&**store, &keys, &me, ttl, check)
         .await
         .expect("acquire_any_checked")
     {
@@ -674,8 +599,7 @@ pub async fn acquire_any_checked_takes_nothing_behind_another_value(fx: &Fixture
         key: &record,
         value: b"4",
     };
-    match store
-        .acquire_any_checked(&keys, &other, ttl, wrong)
+    match leasehold_core::acquire_any_checked(&**store, &keys, &other, ttl, wrong)
         .await
         .expect("acquire_any_checked")
     {
@@ -715,9 +639,6 @@ pub async fn a_name_is_one_kind_of_resource(fx: &Fixture) {
     use leasehold_core::ResourceKind::{Election, Lease, Semaphore};
     const WAIT: Duration = Duration::from_secs(30);
     let run = OwnerToken::random();
-    if without_records(fx, &format!("kind-{run}")).await {
-        return;
-    }
     let store = &fx.store;
     let client = fx.client();
     let name = |what: &str| key(&format!("kind-{what}-{run}"));

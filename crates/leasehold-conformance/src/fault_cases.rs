@@ -584,24 +584,20 @@ pub async fn row_07_blackhole_no_answer_and_recovery(fx: &Fixture) {
             );
         }),
     ];
-    if caps.list {
-        calls.push(Box::pin(check(
-            net,
-            limit,
-            "list",
-            fx.store.list("conformance:"),
-            |_| false,
-        )));
-    }
-    if caps.break_lease {
-        calls.push(Box::pin(check(
-            net,
-            limit,
-            "break",
-            fx.store.break_lease(&fresh),
-            |_| false,
-        )));
-    }
+    calls.push(Box::pin(check(
+        net,
+        limit,
+        "list",
+        fx.store.list("conformance:"),
+        |_| false,
+    )));
+    calls.push(Box::pin(check(
+        net,
+        limit,
+        "break",
+        fx.store.break_lease(&fresh),
+        |_| false,
+    )));
     futures::future::join_all(calls).await;
     net.set_mode(ProxyMode::Pass);
     // The store works again. The lease held before is intact — unless the store is
@@ -778,7 +774,6 @@ pub async fn row_08_reset_mid_command_idempotent_retry(fx: &Fixture) {
 /// usable.
 pub async fn row_24_cancelled_acquires_leave_nothing_behind(fx: &Fixture) {
     let net = net(fx);
-    let caps = fx.store.capabilities();
     let ttl = fx.ttl / 2;
     let cfg = LeaseConfig::builder(ttl)
         .op_timeout(ttl * 2 / 5)
@@ -836,14 +831,12 @@ pub async fn row_24_cancelled_acquires_leave_nothing_behind(fx: &Fixture) {
             "cancelled acquires: a lease was left behind after 3 × TTL"
         );
     }
-    if caps.list {
-        let direct = net.direct.clone();
-        let listed = until_ok(fx, "list", || direct.list("conformance:cancel-")).await;
-        assert!(
-            listed.is_empty(),
-            "cancelled acquires: a lease was left behind after 3 × TTL (list): {listed:?}"
-        );
-    }
+    let direct = net.direct.clone();
+    let listed = until_ok(fx, "list", || direct.list("conformance:cancel-")).await;
+    assert!(
+        listed.is_empty(),
+        "cancelled acquires: a lease was left behind after 3 × TTL (list): {listed:?}"
+    );
     let lease = client
         .acquire(&keys[0], fx.ttl * 3)
         .await

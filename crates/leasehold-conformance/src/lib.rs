@@ -273,6 +273,32 @@ impl Network {
     }
 }
 
+/// The extensions of the store contract a fixture's store offers ([`Store::batch`],
+/// [`Store::watcher`], [`Store::waiter`]). `capabilities_are_honest` checks that the store
+/// has exactly the ones its fixture declares, so a store (or a wrapper) that loses one is
+/// caught, not quietly left to the callers' fallbacks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Extensions {
+    /// [`Store::batch`] answers `Some`.
+    pub batch: bool,
+    /// [`Store::watcher`] answers `Some`.
+    pub watcher: bool,
+    /// [`Store::waiter`] answers `Some`.
+    pub waiter: bool,
+}
+
+impl Extensions {
+    /// The extensions `store` offers.
+    pub fn of(store: &dyn Store) -> Self {
+        Self {
+            batch: store.batch().is_some(),
+            watcher: store.watcher().is_some(),
+            waiter: store.waiter().is_some(),
+        }
+    }
+}
+
 /// What each case runs against. Build it with [`Fixture::new`] and the declarations that
 /// follow it.
 pub struct Fixture {
@@ -289,6 +315,8 @@ pub struct Fixture {
     pub processes: OtherProcesses,
     /// The network between the store and its server, for the fault cases.
     pub network: Option<Network>,
+    /// The extensions the store offers (none unless declared).
+    pub extensions: Extensions,
     /// Keeps servers, proxies and temporary directories alive for the case.
     pub keep_alive: Box<dyn Any + Send + Sync>,
 }
@@ -301,6 +329,7 @@ impl std::fmt::Debug for Fixture {
             .field("guard", &self.guard)
             .field("processes", &self.processes)
             .field("network", &self.network)
+            .field("extensions", &self.extensions)
             .finish_non_exhaustive()
     }
 }
@@ -309,7 +338,9 @@ impl Fixture {
     /// A fixture with nothing declared beyond the store: the guard and holder-process
     /// cases fail until the backend declares what it has ([`guard`](Self::guard) or
     /// [`no_guard`](Self::no_guard); [`other_processes`](Self::other_processes) or
-    /// [`this_process_only`](Self::this_process_only)).
+    /// [`this_process_only`](Self::this_process_only)), and the store must offer no
+    /// extension until it declares which ([`expects_batch`](Self::expects_batch),
+    /// [`expects_watcher`](Self::expects_watcher), [`expects_waiter`](Self::expects_waiter)).
     pub fn new(store: Arc<dyn Store>, faults: Arc<dyn Faults>, ttl: Duration) -> Self {
         Self {
             store,
@@ -318,8 +349,27 @@ impl Fixture {
             guard: GuardSupport::Undeclared,
             processes: OtherProcesses::Undeclared,
             network: None,
+            extensions: Extensions::default(),
             keep_alive: Box::new(()),
         }
+    }
+
+    /// Declares that the store has its own batch ([`Store::batch`]).
+    pub fn expects_batch(mut self) -> Self {
+        self.extensions.batch = true;
+        self
+    }
+
+    /// Declares that the store notifies changes ([`Store::watcher`]).
+    pub fn expects_watcher(mut self) -> Self {
+        self.extensions.watcher = true;
+        self
+    }
+
+    /// Declares that the store notifies releases to waiters ([`Store::waiter`]).
+    pub fn expects_waiter(mut self) -> Self {
+        self.extensions.waiter = true;
+        self
     }
 
     /// Keeps `value` (servers, proxies, directories) alive as long as the fixture.

@@ -41,7 +41,8 @@ pub fn slow_polling_client(store: Arc<dyn Store>) -> LeaseClient {
     LeaseClient::with_rng(store, config, rand::rngs::StdRng::seed_from_u64(7))
 }
 
-/// `store.wait_released(k, owner, t)` in a task of its own.
+/// `store`'s [`WaitStore::wait_released`](leasehold_core::WaitStore::wait_released)`(k,
+/// owner, t)` in a task of its own; panics when the store has no waiter.
 pub fn spawn_wait_as(
     store: &Arc<dyn Store>,
     k: &Key,
@@ -49,7 +50,14 @@ pub fn spawn_wait_as(
     t: Duration,
 ) -> JoinHandle<Result<(), StoreError>> {
     let (w, k, o) = (store.clone(), k.clone(), *owner);
-    tokio::spawn(async move { w.wait_released(&k, &o, t).await })
+    tokio::spawn(async move { wait(&*w).wait_released(&k, &o, t).await })
+}
+
+/// The store's waiter; panics when it has none (the waiting suite is for stores with one).
+fn wait(store: &dyn Store) -> &dyn leasehold_core::WaitStore {
+    store
+        .waiter()
+        .expect("the store has a waiter (Store::waiter)")
 }
 
 /// `wait_released` does not return while the lease is held, and returns soon after a
@@ -72,7 +80,7 @@ pub async fn woken_by_a_release_from_another_store(open: impl AsyncFn() -> Arc<d
         .await
         .expect("woken soon after the release, not at the holder's expiry")
         .unwrap()
-        .expect("wait_released is supported");
+        .expect("wait_released ok");
     assert!(released.elapsed() < SOON);
     fence(waiter.acquire(&k, &w, LONG_TTL).await.unwrap());
 }
@@ -126,7 +134,7 @@ pub async fn woken_by_break_and_expiry(open: impl AsyncFn() -> Arc<dyn Store>) {
         .await
         .expect("woken soon after the break")
         .unwrap()
-        .expect("wait_released is supported");
+        .expect("wait_released ok");
     assert!(broken.elapsed() < SOON);
 
     // Expired: the holder (a bare store call, nothing renews it) holds for 2 s.
@@ -145,7 +153,7 @@ pub async fn woken_by_break_and_expiry(open: impl AsyncFn() -> Arc<dyn Store>) {
         .await
         .expect("woken soon after the holder's expiry")
         .unwrap()
-        .expect("wait_released is supported");
+        .expect("wait_released ok");
     assert!(
         acquired.elapsed() >= ttl - Duration::from_millis(100),
         "returned before the expiry: {:?}",
@@ -167,10 +175,13 @@ pub async fn ends_at_its_timeout(open: impl AsyncFn() -> Arc<dyn Store>) {
     );
     let t = Duration::from_millis(1500);
     let started = Instant::now();
-    timeout(t + SOON, waiter.wait_released(&k, &OwnerToken::random(), t))
-        .await
-        .expect("the wait ends at its timeout")
-        .unwrap();
+    timeout(
+        t + SOON,
+        wait(&*waiter).wait_released(&k, &OwnerToken::random(), t),
+    )
+    .await
+    .expect("the wait ends at its timeout")
+    .unwrap();
     let took = started.elapsed();
     assert!(
         took >= t - Duration::from_millis(50),

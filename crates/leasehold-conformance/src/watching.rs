@@ -1,4 +1,4 @@
-//! Helpers for tests of [`Store::watch`] (the shared case
+//! Helpers for tests of [`WatchStore::watch`](leasehold_core::WatchStore::watch) (the shared case
 //! [`watch_notices_grants_releases_and_record_writes`](crate::coordination::watch_notices_grants_releases_and_record_writes)
 //! and each store's own watch tests): a notice expected, silence expected, a grant.
 
@@ -56,7 +56,10 @@ pub fn waiter<S: Store + ?Sized + 'static>(
 ) -> JoinHandle<Result<(), StoreError>> {
     let key = key.clone();
     tokio::spawn(async move {
-        store
+        let waiter = store
+            .waiter()
+            .expect("the store has a waiter (Store::waiter)");
+        waiter
             .wait_released(&key, &owner, Duration::from_secs(30))
             .await
     })

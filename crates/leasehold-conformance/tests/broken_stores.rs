@@ -21,9 +21,9 @@ use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, N
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
-    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, Fence,
+    AcquireAnyOutcome, AcquireOutcome, BatchStore, Capabilities, Changes, CheckedAcquire, Fence,
     FenceDurability, Key, LeaseInfo, OwnerToken, Record, RecordCheck, ReleaseOutcome, RenewOutcome,
-    Store, StoreError,
+    Store, StoreError, WaitStore, WatchStore,
 };
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, RedisServer};
@@ -79,8 +79,11 @@ enum Flaw {
     RecordIgnoresFence,
     /// The watch is set up but never tells of a change.
     WatchMisses,
-    /// The capabilities deny watching, but the store watches.
-    HidesWatch,
+    /// The store passes on no watcher (as a wrapper that forgets to forward its inner
+    /// store's), while its fixture declares one. (The old flaw "the capabilities deny
+    /// watching, but the store watches" cannot be written any more: a store without a
+    /// watcher has no `watch` to call.)
+    DropsWatcher,
     /// `acquire_any` acquires each key in order without first looking for one the owner
     /// holds: after a lost reply the owner may end up with two keys.
     AcquireAnyIgnoresOwner,
@@ -114,7 +117,7 @@ impl Flaw {
         Flaw::ClaimsFifo,
         Flaw::RecordIgnoresFence,
         Flaw::WatchMisses,
-        Flaw::HidesWatch,
+        Flaw::DropsWatcher,
         Flaw::AcquireAnyIgnoresOwner,
         Flaw::CheckIgnoresRecord,
         Flaw::RecordReadsLag,
@@ -254,10 +257,24 @@ impl Store for Broken {
         if self.flaw == Flaw::ClaimsFifo {
             caps.fifo_wait = true;
         }
-        if self.flaw == Flaw::HidesWatch {
-            caps.watch = false;
-        }
         caps
+    }
+
+    /// Always: its batch renewals, `acquire_any` and `acquire_any_checked` run through
+    /// its own (possibly flawed) calls.
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        Some(self)
+    }
+
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        if self.flaw == Flaw::DropsWatcher {
+            return None;
+        }
+        self.inner.watcher().map(|_| self as &dyn WatchStore)
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        self.inner.waiter().map(|_| self as &dyn WaitStore)
     }
 
     async fn acquire(
@@ -334,21 +351,6 @@ impl Store for Broken {
         })
     }
 
-    async fn renew_many(
-        &self,
-        leases: &[(Key, OwnerToken)],
-        ttl: Duration,
-    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
-        let mut out = Vec::with_capacity(leases.len());
-        for (key, owner) in leases {
-            out.push(self.renew(key, owner, ttl).await);
-        }
-        if self.flaw == Flaw::BatchMisorders {
-            out.reverse();
-        }
-        Ok(out)
-    }
-
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         if self.flaw == Flaw::GuessesWhenUnreachable {
             return self
@@ -379,24 +381,6 @@ impl Store for Broken {
             }
             i
         }))
-    }
-
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let res = self.inner.wait_released(key, owner, timeout).await;
-        if self.flaw == Flaw::ClaimsFifo {
-            let arrived = {
-                let mut a = self.arrivals.lock().unwrap();
-                let n = a.len() as u32;
-                *a.entry(*owner).or_insert(n)
-            };
-            tokio::time::sleep(Duration::from_millis(200) * 10u32.saturating_sub(arrived)).await;
-        }
-        res
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -458,14 +442,23 @@ impl Store for Broken {
         }
         self.inner.get_record(key).await
     }
+}
 
-    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
-        let changes = self.inner.watch(key).await?;
-        if self.flaw == Flaw::WatchMisses {
-            // Keeps the watch alive and says nothing.
-            return Ok(changes.filter(|_| std::future::ready(false)).boxed());
+#[async_trait]
+impl BatchStore for Broken {
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        let mut out = Vec::with_capacity(leases.len());
+        for (key, owner) in leases {
+            out.push(self.renew(key, owner, ttl).await);
         }
-        Ok(changes)
+        if self.flaw == Flaw::BatchMisorders {
+            out.reverse();
+        }
+        Ok(out)
     }
 
     async fn acquire_any(
@@ -513,6 +506,45 @@ impl Store for Broken {
         }
         // The default, through this store's (possibly flawed) record and acquire calls.
         leasehold_core::acquire_any_checked_in_two_calls(self, keys, owner, ttl, check).await
+    }
+}
+
+#[async_trait]
+impl WatchStore for Broken {
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let Some(watcher) = self.inner.watcher() else {
+            return Err(StoreError::unsupported("broken", "watching"));
+        };
+        let changes = watcher.watch(key).await?;
+        if self.flaw == Flaw::WatchMisses {
+            // Keeps the watch alive and says nothing.
+            return Ok(changes.filter(|_| std::future::ready(false)).boxed());
+        }
+        Ok(changes)
+    }
+}
+
+#[async_trait]
+impl WaitStore for Broken {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let Some(waiter) = self.inner.waiter() else {
+            return Err(StoreError::unsupported("broken", "waiting for release"));
+        };
+        let res = waiter.wait_released(key, owner, timeout).await;
+        if self.flaw == Flaw::ClaimsFifo {
+            let arrived = {
+                let mut a = self.arrivals.lock().unwrap();
+                let n = a.len() as u32;
+                *a.entry(*owner).or_insert(n)
+            };
+            tokio::time::sleep(Duration::from_millis(200) * 10u32.saturating_sub(arrived)).await;
+        }
+        res
     }
 }
 
@@ -579,7 +611,11 @@ fn memory_fixture(flaw: Flaw) -> Fixture {
     if flaw == Flaw::Undeclared {
         return fx;
     }
-    fx.guard(Arc::new(guard)).this_process_only()
+    fx.guard(Arc::new(guard))
+        .this_process_only()
+        .expects_batch()
+        .expects_watcher()
+        .expects_waiter()
 }
 
 /// The fault hooks of the Redis-backed fixture: none of the cases run on it uses them.
@@ -624,6 +660,9 @@ async fn redis_fixture(flaw: Flaw) -> Fixture {
     .no_guard("Redis has no storage-side guard")
     .other_processes(format!("{flaw:?}|{}", server.url()))
     .network(network)
+    .expects_batch()
+    .expects_watcher()
+    .expects_waiter()
     .keep_alive((server, proxy))
 }
 
@@ -738,10 +777,10 @@ const KILLS: &[Kill] = &[
         "no notice of a grant",
     ),
     kill(
-        "watch_notices_grants_releases_and_record_writes",
-        HidesWatch,
+        "capabilities_are_honest",
+        DropsWatcher,
         Memory,
-        "watching works but capabilities say it does not",
+        "the fixture expects a watcher",
     ),
     kill(
         "acquire_any_takes_the_owners_key_or_the_first_free_one",
@@ -1158,7 +1197,7 @@ flaw_tests! {
     fifo_claimed_falsely_is_caught: ClaimsFifo,
     records_written_whatever_the_fence_are_caught: RecordIgnoresFence,
     a_watch_that_misses_changes_is_caught: WatchMisses,
-    a_watch_hidden_by_the_capabilities_is_caught: HidesWatch,
+    a_watcher_dropped_by_the_store_is_caught: DropsWatcher,
     acquire_any_that_ignores_the_owners_key_is_caught: AcquireAnyIgnoresOwner,
     a_checked_acquire_that_ignores_the_record_is_caught: CheckIgnoresRecord,
     record_reads_that_lag_behind_the_writes_are_caught: RecordReadsLag,

@@ -36,6 +36,11 @@ async fn fixture() -> Fixture {
     )
     .no_guard("the in-memory store has no storage-side guard")
     .this_process_only()
+    // The fault-injecting wrapper always has a batch (the defaults over the memory
+    // store, through its faultable calls); the watcher and waiter are the memory store's.
+    .expects_batch()
+    .expects_watcher()
+    .expects_waiter()
 }
 
 leasehold_conformance::conformance_suite!(fixture);

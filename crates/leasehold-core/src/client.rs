@@ -13,14 +13,13 @@ use tokio::time::Instant;
 use crate::clock::{At, Clock, LeaseClock};
 use crate::config::LeaseConfig;
 use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::ext::{AcquireAnyOutcome, CheckedAcquire, RecordCheck, first_granted};
 use crate::key::{IntoKey, Key};
 use crate::lease::{Grant, Lease, LeaseShared};
 use crate::metrics as m;
 use crate::observer::LeaseObserver;
 use crate::scheduler::{self, SchedulerHandle};
-use crate::store::{
-    AcquireAnyOutcome, Capabilities, CheckedAcquire, RecordCheck, Store, first_granted,
-};
+use crate::store::{Capabilities, Store};
 use crate::token::OwnerToken;
 
 /// Acquires leases on one [`Store`] and renews them with one background scheduler.
@@ -454,7 +453,7 @@ impl LeaseClient {
 
     /// Takes a lease of one of `keys` (a semaphore's slots, in the order to try them),
     /// with the guarantees of [`acquire`](Self::acquire): per attempt one
-    /// [`Store::acquire_any`] where it is atomic or after a lost reply, else one `acquire`
+    /// [`acquire_any`](crate::acquire_any) where it is atomic or after a lost reply, else one `acquire`
     /// per key in order (see `attempt`); ambiguous replies retried with the same owner,
     /// and a release of the owner on every key queued when the call may have been granted
     /// one but hands out no lease.
@@ -462,7 +461,7 @@ impl LeaseClient {
     /// `wait` (`None`: answers [`Error::Contended`] at once) with jittered backoff bounded
     /// by the shortest remaining TTL reported; it does not wait on release notifications.
     /// With `check` (a semaphore's number of permits), each attempt is one
-    /// [`Store::acquire_any_checked`] (the store's atomic `acquire_any` is required): a
+    /// [`acquire_any_checked`](crate::acquire_any_checked) (the store's atomic `acquire_any` is required): a
     /// record holding another number ends the call with [`Error::PermitsMismatch`].
     /// Returns the lease and the position of its key in `keys`.
     ///
@@ -538,13 +537,13 @@ impl LeaseClient {
             ..
         } = target
         {
-            let call = store.acquire_any_checked(keys, owner, ttl, check.record);
+            let call = crate::ext::acquire_any_checked(&**store, keys, owner, ttl, check.record);
             return StoreError::bounded(backend, "acquire", limit, call).await;
         }
         let outcome = if let Target::Any { keys, .. } = target
-            && (may_hold || self.inner.capabilities.atomic_acquire_any)
+            && (may_hold || store.batch().is_some_and(|b| b.atomic_acquire_any()))
         {
-            let call = store.acquire_any(keys, owner, ttl);
+            let call = crate::ext::acquire_any(&**store, keys, owner, ttl);
             StoreError::bounded(backend, "acquire", limit, call).await
         } else {
             first_granted(target.keys(), |key| {
@@ -722,15 +721,15 @@ impl LeaseClient {
             remaining
         };
         // Only a single key is waited on: the notification is per key.
-        let notified = match target {
-            Target::One(key) if caps.wait_for_release => holder_left.map(|h| (key, h)),
+        let notified = match (target, self.inner.store.waiter()) {
+            (Target::One(key), Some(waiter)) => holder_left.map(|h| (key, h, waiter)),
             _ => None,
         };
-        if let Some((key, holder_left)) = notified {
+        if let Some((key, holder_left, waiter)) = notified {
             let bound = holder_left
                 .min(until_deadline)
                 .max(Duration::from_millis(1));
-            let wait = self.inner.store.wait_released(key, owner, bound);
+            let wait = waiter.wait_released(key, owner, bound);
             let limit = bound.saturating_add(self.inner.config.op_timeout());
             if tokio::time::timeout(limit, wait)
                 .await
@@ -775,7 +774,7 @@ enum Target<'a> {
 }
 
 /// A semaphore's number of permits, checked by the store call that takes a permit
-/// ([`Store::acquire_any_checked`]).
+/// ([`acquire_any_checked`](crate::acquire_any_checked)).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PermitCheck<'a> {
     /// The semaphore's record and the number as it is stored.

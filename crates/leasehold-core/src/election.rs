@@ -44,9 +44,10 @@ use futures::{Stream, StreamExt};
 
 use crate::client::LeaseClient;
 use crate::error::{Error, StoreError};
+use crate::ext::Changes;
 use crate::key::{IntoKey, Key};
 use crate::lease::{Lease, LostSignal};
-use crate::store::{Changes, MAX_RECORD_LEN, Record};
+use crate::store::{MAX_RECORD_LEN, Record};
 use crate::token::{Fence, OwnerToken};
 
 /// An election: a name to campaign for, read and observe. Cheap to clone.
@@ -161,8 +162,7 @@ impl Election {
     /// [`Error::ValueTooLong`], [`Error::WaitTimeout`] (not elected in time),
     /// [`Error::LeaseLost`] (lost before the value was published, or a later leader had
     /// already published), [`Error::KindMismatch`] (the name is a semaphore's; the lease
-    /// is released), [`Error::Store`] (including `Unsupported` on a store without
-    /// records), and the errors of [`LeaseClient::acquire`].
+    /// is released), [`Error::Store`], and the errors of [`LeaseClient::acquire`].
     pub async fn campaign(
         &self,
         value: impl Into<Vec<u8>>,
@@ -171,9 +171,6 @@ impl Election {
         let value = value.into();
         check_len(&value)?;
         let store = self.client.store().clone();
-        if !store.capabilities().records {
-            return Err(StoreError::unsupported(store.backend(), "records").into());
-        }
         let lease = self.client.acquire(&self.name, wait).await?;
         // Not a semaphore's name: read now that the lease is granted (`crate::kind`).
         let lease = self
@@ -249,7 +246,7 @@ impl Election {
     /// published). A store error is yielded as an item and observing goes on. The stream
     /// never ends; drop it to stop.
     ///
-    /// Where the store notifies changes ([`Capabilities::watch`](crate::Capabilities)),
+    /// Where the store notifies changes (it has a [`Store::watcher`](crate::Store::watcher)),
     /// a change is read as soon as the store tells of it (a grant, a release, the value
     /// published), without polling; the leader is still read every `interval` as well,
     /// which bounds how late an expiry (not notified) or a lost notice is seen. Elsewhere
@@ -301,14 +298,22 @@ impl Observing {
     /// this round to polling; the next round tries again.
     async fn watch(&mut self) {
         let store = self.election.client.store();
-        if self.changes.is_some() || !store.capabilities().watch {
+        if self.changes.is_some() {
             return;
         }
+        let Some(watcher) = store.watcher() else {
+            return;
+        };
         let limit = self.election.client.config().op_timeout();
         let backend = store.backend();
-        let lease = StoreError::bounded(backend, "watch", limit, store.watch(&self.election.name));
-        let record =
-            StoreError::bounded(backend, "watch", limit, store.watch(&self.election.record));
+        let lease =
+            StoreError::bounded(backend, "watch", limit, watcher.watch(&self.election.name));
+        let record = StoreError::bounded(
+            backend,
+            "watch",
+            limit,
+            watcher.watch(&self.election.record),
+        );
         match futures::future::join(lease, record).await {
             (Ok(lease), Ok(record)) => {
                 self.changes = Some(futures::stream::select(lease, record).boxed());
@@ -495,7 +500,7 @@ mod tests {
     async fn observe_polls_a_store_that_does_not_notify() {
         let quiet = crate::wrap::FaultStore::new(Arc::new(MemoryStore::new()));
         quiet.hide_watch();
-        assert!(!quiet.capabilities().watch);
+        assert!(quiet.watcher().is_none());
         let c = LeaseClient::new(
             Arc::new(quiet),
             LeaseConfig::new(Duration::from_secs(3)).unwrap(),

@@ -188,7 +188,7 @@ mod tests {
 
     use super::*;
     use crate::memory::MemoryStore;
-    use crate::store::{AcquireOutcome, Capabilities, LeaseInfo, ReleaseOutcome, RenewOutcome};
+    use crate::store::AcquireOutcome;
     use crate::{LeaseClient, LeaseConfig, Store, StoreError};
 
     /// The memory store, reporting ended grants; a grant of a key starting with `dies:`
@@ -201,12 +201,12 @@ mod tests {
     }
 
     #[async_trait]
-    impl Store for Reporting {
+    impl crate::wrap::Forward for Reporting {
+        fn inner(&self) -> &dyn Store {
+            &self.inner
+        }
         fn backend(&self) -> &'static str {
             "reporting"
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
         }
         fn ended_grants(&self) -> Option<&EndedGrants> {
             Some(&self.ended)
@@ -224,24 +224,6 @@ mod tests {
                 assert!(!self.ended.report(key, owner, fence), "not taken in yet");
             }
             Ok(got)
-        }
-        async fn renew(
-            &self,
-            key: &Key,
-            owner: &OwnerToken,
-            ttl: Duration,
-        ) -> Result<RenewOutcome, StoreError> {
-            self.inner.renew(key, owner, ttl).await
-        }
-        async fn release(
-            &self,
-            key: &Key,
-            owner: &OwnerToken,
-        ) -> Result<ReleaseOutcome, StoreError> {
-            self.inner.release(key, owner).await
-        }
-        async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-            self.inner.inspect(key).await
         }
     }
 

@@ -282,11 +282,10 @@ impl LeaseClient {
         }
     }
 
-    /// Whether the record `record` exists (`false` for `None`: a name too long to have it,
-    /// and on a store without records, where it cannot exist).
+    /// Whether the record `record` exists (`false` for `None`: a name too long to have it).
     async fn read_mark(&self, record: Option<Key>) -> Result<bool, StoreError> {
         let store = self.store();
-        let Some(record) = record.filter(|_| store.capabilities().records) else {
+        let Some(record) = record else {
             return Ok(false);
         };
         let limit = self.config().op_timeout();
@@ -327,9 +326,7 @@ mod tests {
     use super::*;
     use crate::config::LeaseConfig;
     use crate::memory::MemoryStore;
-    use crate::store::{
-        AcquireOutcome, Capabilities, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store,
-    };
+    use crate::store::{AcquireOutcome, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store};
     use crate::token::{Fence, OwnerToken};
 
     fn client(store: Arc<dyn Store>) -> LeaseClient {
@@ -576,12 +573,12 @@ mod tests {
     }
 
     #[async_trait]
-    impl Store for Jittery {
+    impl crate::wrap::Forward for Jittery {
+        fn inner(&self) -> &dyn Store {
+            &self.inner
+        }
         fn backend(&self) -> &'static str {
             "jittery"
-        }
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
         }
         async fn acquire(
             &self,

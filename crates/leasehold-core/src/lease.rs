@@ -478,19 +478,19 @@ impl Lease {
     ///
     /// # Examples
     ///
-    /// Select on it to stop the work the moment the lease is lost (here the store forgets
+    /// Select on it to stop the work the moment the lease is lost (here an operator breaks
     /// the lease, so the next renewal answers `NotOwner`):
     ///
     /// ```
     /// use std::{sync::Arc, time::Duration};
-    /// use leasehold_core::{LeaseClient, LeaseConfig, LostReason, memory::MemoryStore};
+    /// use leasehold_core::{LeaseClient, LeaseConfig, LostReason, Store, memory::MemoryStore};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), leasehold_core::Error> {
     /// let store = Arc::new(MemoryStore::new());
     /// let client = LeaseClient::new(store.clone(), LeaseConfig::new(Duration::from_millis(300))?);
     /// let lease = client.try_acquire("job:export").await?;
-    /// store.forget(lease.key()); // a fault: the store loses the lease
+    /// store.break_lease(lease.key()).await?; // an operator breaks the lease
     ///
     /// let work = async {
     ///     loop {
@@ -545,7 +545,7 @@ impl Lease {
     ///
     /// ```
     /// use std::{sync::Arc, time::Duration};
-    /// use leasehold_core::{Error, LeaseClient, LeaseConfig, LostReason, memory::MemoryStore};
+    /// use leasehold_core::{Error, LeaseClient, LeaseConfig, LostReason, Store, memory::MemoryStore};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Error> {
@@ -558,7 +558,7 @@ impl Lease {
     /// assert_eq!(written, 3);
     ///
     /// // Work still running when the lease is lost is dropped at that point.
-    /// store.forget(lease.key());
+    /// store.break_lease(lease.key()).await?;
     /// let endless = lease.run(std::future::pending::<()>()).await;
     /// assert!(matches!(endless, Err(Error::LeaseLost(LostReason::NotOwner))));
     /// # Ok(()) }
@@ -676,7 +676,7 @@ impl Drop for Lease {
 ///
 /// ```
 /// use std::{sync::Arc, time::Duration};
-/// use leasehold_core::{LeaseClient, LeaseConfig, LostReason, memory::MemoryStore};
+/// use leasehold_core::{LeaseClient, LeaseConfig, LostReason, Store, memory::MemoryStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), leasehold_core::Error> {
@@ -691,7 +691,7 @@ impl Drop for Lease {
 ///     let lost = lost.clone();
 ///     async move { lost.wait().await } // or `lost.await`
 /// });
-/// store.forget(lease.key()); // the store loses it: the next renewal says NotOwner
+/// store.break_lease(lease.key()).await?; // broken: the next renewal says NotOwner
 /// assert_eq!(watcher.await.unwrap(), LostReason::NotOwner);
 /// assert!(lost.is_lost());
 /// assert_eq!(lost.reason(), Some(LostReason::NotOwner));

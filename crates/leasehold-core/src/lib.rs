@@ -9,6 +9,7 @@ pub mod config;
 pub mod election;
 mod ended;
 mod error;
+mod ext;
 pub mod guard;
 mod key;
 pub mod kind;
@@ -31,6 +32,11 @@ pub use config::{ConfigError, LeaseConfig, LeaseConfigBuilder};
 pub use election::{Election, Leader, Leadership};
 pub use ended::EndedGrants;
 pub use error::{Action, Error, StoreError, StoreErrorKind};
+pub use ext::{
+    AcquireAnyOutcome, BatchStore, Changes, CheckedAcquire, RENEW_BATCH, RecordCheck, WaitStore,
+    WatchStore, acquire_any, acquire_any_checked, acquire_any_checked_in_two_calls,
+    acquire_any_one_by_one, renew_many,
+};
 pub use guard::{GuardDecision, Idempotency, ResourceName, ResourceNameError};
 pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
 pub use kind::ResourceKind;
@@ -39,12 +45,8 @@ pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use registry::{OpenFuture, Registry, StoreFactory};
 pub use semaphore::{Permit, Semaphore};
 pub use store::{
-    AcquireAnyOutcome, CheckedAcquire, RecordCheck, acquire_any_checked_in_two_calls,
-    acquire_any_one_by_one,
-};
-pub use store::{
-    AcquireOutcome, Capabilities, Changes, FenceDurability, LeaseInfo, MAX_RECORD_LEN, RENEW_BATCH,
-    Record, ReleaseOutcome, RenewOutcome, Store,
+    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, MAX_RECORD_LEN, Record,
+    ReleaseOutcome, RenewOutcome, Store,
 };
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 pub use tokio_util::sync::CancellationToken;

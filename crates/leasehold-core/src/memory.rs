@@ -1,6 +1,6 @@
 //! An in-memory store: one process only. For single-process programs and for users' own
 //! tests; it passes the whole conformance suite. To make it misbehave in tests, wrap it
-//! in a [`FaultStore`](crate::wrap::FaultStore).
+//! in a `FaultStore` (`wrap::FaultStore`, with the `test-util` feature).
 //!
 //! Expiry uses tokio's clock, so it follows paused time in tests. Fences live in process
 //! memory ([`FenceDurability::Process`]): they start again at 1 in a new process.
@@ -15,10 +15,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::StoreError;
+use crate::ext::{Changes, WaitStore, WatchStore};
 use crate::key::Key;
 use crate::store::{
-    AcquireOutcome, Capabilities, Changes, FenceDurability, LeaseInfo, Record, ReleaseOutcome,
-    RenewOutcome, Store,
+    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, Record, ReleaseOutcome, RenewOutcome,
+    Store,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -50,7 +51,7 @@ impl State {
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     released: Arc<Notify>,
-    /// Counts the changes [`Store::watch`] notifies (of any key: a watcher of one key
+    /// Counts the changes [`WatchStore::watch`] notifies (of any key: a watcher of one key
     /// is also woken by the others', which the contract allows).
     changes: Arc<tokio::sync::watch::Sender<u64>>,
 }
@@ -71,13 +72,15 @@ impl MemoryStore {
     }
 
     /// Fault hook: the store forgets the record at `key` (as a store restarted without
-    /// persistence would).
+    /// persistence would). Feature `test-util`.
+    #[cfg(feature = "test-util")]
     pub fn forget_record(&self, key: &Key) {
         self.lock().records.remove(key);
     }
 
     /// Fault hook: the store forgets the lease at `key` (as if it expired early or the
-    /// store lost it). The fence counter is kept.
+    /// store lost it). The fence counter is kept. Feature `test-util`.
+    #[cfg(feature = "test-util")]
     pub fn forget(&self, key: &Key) {
         self.lock().leases.remove(key);
         self.released.notify_waiters();
@@ -93,18 +96,20 @@ impl Store for MemoryStore {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            wait_for_release: true,
             fifo_wait: false,
             reports_remaining: true,
-            list: true,
-            break_lease: true,
             session_bound: false,
             fence_durability: FenceDurability::Process,
             may_evict: false,
-            records: true,
-            watch: true,
-            atomic_acquire_any: false,
         }
+    }
+
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        Some(self)
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        Some(self)
     }
 
     async fn acquire(
@@ -184,29 +189,6 @@ impl Store for MemoryStore {
         }))
     }
 
-    async fn wait_released(
-        &self,
-        key: &Key,
-        _owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let deadline = crate::clock::saturating_add(Instant::now(), timeout);
-        loop {
-            let notified = self.released.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let expires_at = match self.lock().live(key, Instant::now()) {
-                None => return Ok(()),
-                Some(h) => h.expires_at,
-            };
-            // Expiry is not notified: wake at the holder's expiry at the latest.
-            let wake = expires_at.min(deadline);
-            if tokio::time::timeout_at(wake, notified).await.is_err() && wake == deadline {
-                return Ok(());
-            }
-        }
-    }
-
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         let now = Instant::now();
         let s = self.lock();
@@ -270,7 +252,36 @@ impl Store for MemoryStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         Ok(self.lock().records.get(key).cloned())
     }
+}
 
+#[async_trait]
+impl WaitStore for MemoryStore {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        _owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let deadline = crate::clock::saturating_add(Instant::now(), timeout);
+        loop {
+            let notified = self.released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let expires_at = match self.lock().live(key, Instant::now()) {
+                None => return Ok(()),
+                Some(h) => h.expires_at,
+            };
+            // Expiry is not notified: wake at the holder's expiry at the latest.
+            let wake = expires_at.min(deadline);
+            if tokio::time::timeout_at(wake, notified).await.is_err() && wake == deadline {
+                return Ok(());
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl WatchStore for MemoryStore {
     async fn watch(&self, _key: &Key) -> Result<Changes, StoreError> {
         let rx = self.changes.subscribe();
         Ok(futures::stream::unfold(rx, |mut rx| async move {

@@ -7,7 +7,8 @@
 //! dozen bytes per lease: a client holding 100,000 leases does the same work per renewal
 //! as one holding ten.
 //!
-//! Renewals go to the store in batches ([`Store::renew_many`], at most [`RENEW_BATCH`]
+//! Renewals go to the store in batches ([`renew_many`](crate::renew_many): the store's
+//! [`BatchStore`](crate::BatchStore), or each renewal on its own at once, at most [`RENEW_BATCH`]
 //! leases each). The renewals due at one wake-up form a batch; a batch with room left takes
 //! the renewals due within the next [`COALESCE`] of the renew interval too (renewing a
 //! lease a little early is always safe: its deadline counts from the batch's send). So
@@ -25,11 +26,12 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::clock::{At, LeaseClock, SUSPEND_CHECK};
 use crate::config::LeaseConfig;
 use crate::error::{StoreError, StoreErrorKind};
+use crate::ext::RENEW_BATCH;
 use crate::key::Key;
 use crate::lease::{LeaseShared, LostReason};
 use crate::metrics as m;
 use crate::observer::{LeaseObserver, RenewalEvent, RenewalPhase};
-use crate::store::{RENEW_BATCH, RenewOutcome, Store};
+use crate::store::{RenewOutcome, Store};
 use crate::token::OwnerToken;
 
 /// The longest the scheduler sleeps when it holds no lease.
@@ -536,24 +538,28 @@ impl Scheduler {
             let request: Vec<(crate::Key, OwnerToken)> =
                 sent.iter().map(|(_, s)| (s.key.clone(), s.owner)).collect();
             let backend = store.backend();
-            let result =
-                StoreError::bounded(backend, "renew", budget, store.renew_many(&request, ttl))
-                    .await
-                    .and_then(|results| {
-                        if results.len() == request.len() {
-                            Ok(results)
-                        } else {
-                            Err(StoreError::new(
-                                StoreErrorKind::Corrupt,
-                                backend,
-                                format!(
-                                    "renew: {} results for a batch of {} leases",
-                                    results.len(),
-                                    request.len()
-                                ),
-                            ))
-                        }
-                    });
+            let result = StoreError::bounded(
+                backend,
+                "renew",
+                budget,
+                crate::ext::renew_many(&*store, &request, ttl),
+            )
+            .await
+            .and_then(|results| {
+                if results.len() == request.len() {
+                    Ok(results)
+                } else {
+                    Err(StoreError::new(
+                        StoreErrorKind::Corrupt,
+                        backend,
+                        format!(
+                            "renew: {} results for a batch of {} leases",
+                            results.len(),
+                            request.len()
+                        ),
+                    ))
+                }
+            });
             Done::Renew {
                 sent_at,
                 sent,

@@ -19,12 +19,12 @@
 //! then, and callers with another N are refused from their next acquire on (a permit
 //! already held stays held).
 //!
-//! Taking a permit is one [`Store::acquire_any`](crate::Store::acquire_any) over the slots,
+//! Taking a permit is one [`acquire_any`](crate::acquire_any) over the slots,
 //! rotated from a random start so that callers spread over them: the first free slot in
 //! that order is granted. On a store that does it in one atomic call
-//! ([`Capabilities::atomic_acquire_any`](crate::Capabilities::atomic_acquire_any): one Lua
+//! ([`BatchStore::atomic_acquire_any`](crate::BatchStore::atomic_acquire_any): one Lua
 //! script on a single Redis server or a Sentinel set) the check of N goes in the same call
-//! ([`Store::acquire_any_checked`](crate::Store::acquire_any_checked)): one store call per
+//! ([`BatchStore::acquire_any_checked`](crate::BatchStore::acquire_any_checked)): one store call per
 //! attempt, whatever N. Elsewhere N is checked with a record call of its own first, and the slots are tried with one `acquire` each, in that order, until
 //! one is granted, as long as no reply has been lost (the caller then holds no slot);
 //! after a lost reply the retry is the store's `acquire_any`, which first looks for the
@@ -72,9 +72,10 @@ use tokio::time::Instant;
 
 use crate::client::{LeaseClient, PermitCheck};
 use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::ext::RecordCheck;
 use crate::key::{IntoKey, Key};
 use crate::lease::{Lease, LostSignal};
-use crate::store::{LeaseInfo, Record, RecordCheck};
+use crate::store::{LeaseInfo, Record};
 use crate::token::Fence;
 
 /// The most permits a semaphore may have (each is a slot a waiting caller may try).
@@ -220,16 +221,13 @@ impl Semaphore {
     /// [`Error::PermitsMismatch`] (the store holds another N for this name),
     /// [`Error::KindMismatch`] (the name is a lease's or an election's: see
     /// [`kind`](crate::kind)),
-    /// [`Error::Store`] (including `Unsupported` on a store without records; the last
-    /// retryable error when the wait ended), [`Error::ShuttingDown`].
+    /// [`Error::Store`] (the last retryable error when the wait ended),
+    /// [`Error::ShuttingDown`].
     pub async fn acquire(&self, wait: Duration) -> Result<Permit, Error> {
         let started = Instant::now();
         let deadline = crate::clock::saturating_add(started, wait);
         let store = self.client.store();
-        let caps = store.capabilities();
-        if !caps.records {
-            return Err(StoreError::unsupported(store.backend(), "records").into());
-        }
+        let atomic = store.batch().is_some_and(|b| b.atomic_acquire_any());
         // Checked on every acquire, not once per handle: a store that lost the record
         // (Redis restarted without persistence) may have taken another caller's N since.
         // Where the store takes any of the slots in one atomic call, the check goes in
@@ -237,7 +235,7 @@ impl Semaphore {
         // of its own first. A retryable failure (a timeout under load) is retried until
         // the deadline.
         let value = self.permits.to_string();
-        let check = caps.atomic_acquire_any.then_some(PermitCheck {
+        let check = atomic.then_some(PermitCheck {
             record: RecordCheck {
                 key: &self.record,
                 value: value.as_bytes(),
@@ -584,7 +582,7 @@ mod tests {
         let (faulty, sem, other) = faulty_semaphore().await;
         // The memory store has no atomic acquire_any: a caller that has lost no reply
         // holds no slot, so it tries them with plain acquires and never calls it.
-        assert!(!faulty.capabilities().atomic_acquire_any);
+        assert!(!faulty.batch().unwrap().atomic_acquire_any());
         for _ in 0..3 {
             faulty.inject(Op::AcquireAny, Injection::HangBeforeApply);
         }
@@ -598,7 +596,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn after_a_lost_reply_the_owners_slot_is_taken_again_not_a_freed_one() {
-        use crate::store::AcquireAnyOutcome;
+        use crate::ext::AcquireAnyOutcome;
         use crate::wrap::{Injection, Op, Swallowed};
         let (faulty, sem, other) = faulty_semaphore().await;
         // Slot 0's `Held` is lost: from then on the owner may hold a slot, so the retry
@@ -708,7 +706,7 @@ mod tests {
             matches!(
                 faulty.take_swallowed()[..],
                 [Swallowed::AcquireAny(Ok(
-                    crate::store::AcquireAnyOutcome::Acquired { index: 1, .. }
+                    crate::ext::AcquireAnyOutcome::Acquired { index: 1, .. }
                 ))]
             ),
             "setup: slot 1 granted without a reply"

@@ -3,29 +3,43 @@
 //!
 //! - [`TimeoutStore`] bounds every call (acquire, renew, release, inspect, list, break,
 //!   wait) by a duration, so that nothing on any path can hang on a blackholed store.
-//! - [`FaultStore`] injects faults in process, for tests: a reply lost after the store
-//!   applied the call, a call that never answers, or a store that is unreachable
-//!   altogether. Network faults (delay, blackhole, reset) are the fault proxy's job.
+//! - `FaultStore` (feature `test-util`) injects faults in process, for tests: a reply
+//!   lost after the store applied the call, a call that never answers, or a store that is
+//!   unreachable altogether. Network faults (delay, blackhole, reset) are the fault
+//!   proxy's job.
+//! - `Forward` (feature `test-util`): a test's store that passes every call to another
+//!   and overrides only what it changes.
+//!
+//! A wrapper forwards the extensions of the store it wraps ([`Store::batch`],
+//! [`Store::watcher`], [`Store::waiter`], [`Store::ended_grants`]).
 
+#[cfg(feature = "test-util")]
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+#[cfg(feature = "test-util")]
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::ended::EndedGrants;
-use crate::error::{StoreError, StoreErrorKind};
+use crate::error::StoreError;
+#[cfg(feature = "test-util")]
+use crate::error::StoreErrorKind;
+use crate::ext::{
+    AcquireAnyOutcome, BatchStore, Changes, CheckedAcquire, RecordCheck, WaitStore, WatchStore,
+};
 use crate::key::Key;
 use crate::store::{
-    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, LeaseInfo, Record,
-    RecordCheck, ReleaseOutcome, RenewOutcome, Store,
+    AcquireOutcome, Capabilities, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store,
 };
 use crate::token::{Fence, OwnerToken};
 
 /// Bounds every call of the wrapped store by a timeout: a call that has not answered in
-/// time fails with [`StoreErrorKind::Timeout`] (an ambiguous failure: it may have been
-/// applied). [`wait_released`](Store::wait_released) is bounded by its own `timeout` plus
-/// this one.
+/// time fails with [`Timeout`](crate::StoreErrorKind::Timeout) (an
+/// ambiguous failure: it may have been applied). Its extensions are the wrapped store's,
+/// bounded the same way; [`wait_released`](WaitStore::wait_released) is bounded by its own
+/// `timeout` plus this one.
 ///
 /// [`LeaseClient`](crate::LeaseClient) already bounds its own calls by the configuration's
 /// operation timeout; wrap a store in this for the other paths (an admin tool's inspect,
@@ -77,6 +91,18 @@ impl Store for TimeoutStore {
         self.inner.capabilities()
     }
 
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        self.inner.batch().map(|_| self as &dyn BatchStore)
+    }
+
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        self.inner.watcher().map(|_| self as &dyn WatchStore)
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        self.inner.waiter().map(|_| self as &dyn WaitStore)
+    }
+
     fn ended_grants(&self) -> Option<&EndedGrants> {
         self.inner.ended_grants()
     }
@@ -101,15 +127,6 @@ impl Store for TimeoutStore {
         self.bounded("renew", self.timeout, call).await
     }
 
-    async fn renew_many(
-        &self,
-        leases: &[(Key, OwnerToken)],
-        ttl: Duration,
-    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
-        let call = self.inner.renew_many(leases, ttl);
-        self.bounded("renew", self.timeout, call).await
-    }
-
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         let call = self.inner.release(key, owner);
         self.bounded("release", self.timeout, call).await
@@ -118,17 +135,6 @@ impl Store for TimeoutStore {
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         let call = self.inner.inspect(key);
         self.bounded("inspect", self.timeout, call).await
-    }
-
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let call = self.inner.wait_released(key, owner, timeout);
-        let limit = timeout.saturating_add(self.timeout);
-        self.bounded("wait for release", limit, call).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -155,11 +161,23 @@ impl Store for TimeoutStore {
         let call = self.inner.get_record(key);
         self.bounded("get record", self.timeout, call).await
     }
+}
 
-    /// Bounds setting the watch up; the notices themselves come when they come.
-    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
-        let call = self.inner.watch(key);
-        self.bounded("watch", self.timeout, call).await
+/// The wrapped store's batch (or, should it have none by now, the defaults over it),
+/// each call bounded.
+#[async_trait]
+impl BatchStore for TimeoutStore {
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        let call = crate::ext::renew_many(&*self.inner, leases, ttl);
+        self.bounded("renew", self.timeout, call).await
+    }
+
+    fn atomic_acquire_any(&self) -> bool {
+        self.inner.batch().is_some_and(|b| b.atomic_acquire_any())
     }
 
     async fn acquire_any(
@@ -168,7 +186,7 @@ impl Store for TimeoutStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAnyOutcome, StoreError> {
-        let call = self.inner.acquire_any(keys, owner, ttl);
+        let call = crate::ext::acquire_any(&*self.inner, keys, owner, ttl);
         self.bounded("acquire", self.timeout, call).await
     }
 
@@ -179,12 +197,50 @@ impl Store for TimeoutStore {
         ttl: Duration,
         check: RecordCheck<'_>,
     ) -> Result<CheckedAcquire, StoreError> {
-        let call = self.inner.acquire_any_checked(keys, owner, ttl, check);
+        let call = crate::ext::acquire_any_checked(&*self.inner, keys, owner, ttl, check);
         self.bounded("acquire", self.timeout, call).await
     }
 }
 
+/// The wrapped store's watch; setting it up is bounded, the notices come when they come.
+#[async_trait]
+impl WatchStore for TimeoutStore {
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let call = async {
+            match self.inner.watcher() {
+                Some(w) => w.watch(key).await,
+                None => Err(StoreError::unsupported(self.inner.backend(), "watching")),
+            }
+        };
+        self.bounded("watch", self.timeout, call).await
+    }
+}
+
+/// The wrapped store's wait, bounded by its own `timeout` plus this one.
+#[async_trait]
+impl WaitStore for TimeoutStore {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let call = async {
+            match self.inner.waiter() {
+                Some(w) => w.wait_released(key, owner, timeout).await,
+                None => Err(StoreError::unsupported(
+                    self.inner.backend(),
+                    "waiting for release",
+                )),
+            }
+        };
+        let limit = timeout.saturating_add(self.timeout);
+        self.bounded("wait for release", limit, call).await
+    }
+}
+
 /// An operation of the store contract that a fault can be planned for.
+#[cfg(feature = "test-util")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Op {
@@ -194,12 +250,13 @@ pub enum Op {
     Renew,
     /// [`Store::release`].
     Release,
-    /// [`Store::acquire_any`] (one planned fault for the whole call, whichever store
+    /// [`BatchStore::acquire_any`] (one planned fault for the whole call, whichever store
     /// calls it makes).
     AcquireAny,
 }
 
 /// What happens to one planned call.
+#[cfg(feature = "test-util")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Injection {
@@ -214,6 +271,7 @@ pub enum Injection {
 }
 
 /// How an unreachable [`FaultStore`] behaves, for every call until it is reachable again.
+#[cfg(feature = "test-util")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Unreachable {
@@ -224,6 +282,7 @@ pub enum Unreachable {
 }
 
 /// A reply that the caller never saw.
+#[cfg(feature = "test-util")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Swallowed {
@@ -233,10 +292,11 @@ pub enum Swallowed {
     Renew(Result<RenewOutcome, String>),
     /// A release's reply.
     Release(Result<ReleaseOutcome, String>),
-    /// An [`acquire_any`](Store::acquire_any)'s reply.
+    /// An [`acquire_any`](BatchStore::acquire_any)'s reply.
     AcquireAny(Result<AcquireAnyOutcome, String>),
 }
 
+#[cfg(feature = "test-util")]
 #[derive(Debug, Default)]
 struct State {
     planned: HashMap<Op, VecDeque<Injection>>,
@@ -249,7 +309,14 @@ struct State {
 /// Wraps a store and injects faults into its calls, for tests: each call of an operation
 /// takes the next [`Injection`] planned for it with [`inject`](Self::inject), and
 /// [`set_unreachable`](Self::set_unreachable) makes every call fail or hang. Everything
-/// else passes through.
+/// else passes through. Feature `test-util`: it can make a store lie about itself, so it
+/// is never in a default build.
+///
+/// It always has a batch ([`Store::batch`]): its renewals go one by one through its own
+/// `renew` (planned renewal faults apply to them), and its
+/// [`acquire_any`](BatchStore::acquire_any) is one faultable call ([`Op::AcquireAny`]) of
+/// the wrapped store's (or the default over it). Its watcher and waiter are the wrapped
+/// store's.
 ///
 /// ```
 /// use std::{sync::Arc, time::Duration};
@@ -266,12 +333,14 @@ struct State {
 /// assert_eq!(store.take_swallowed().len(), 1);
 /// # drop(lease); Ok(()) }
 /// ```
+#[cfg(feature = "test-util")]
 #[derive(Debug)]
 pub struct FaultStore {
     inner: Arc<dyn Store>,
     state: Mutex<State>,
 }
 
+#[cfg(feature = "test-util")]
 impl FaultStore {
     /// Wraps `inner`; no fault planned.
     pub fn new(inner: Arc<dyn Store>) -> Self {
@@ -304,18 +373,17 @@ impl FaultStore {
         self.lock().unreachable = mode;
     }
 
-    /// From now on the store says it cannot watch ([`Capabilities::watch`] is false and
-    /// [`Store::watch`] answers `Unsupported`), as a store without notifications would:
-    /// to test how callers do without them.
+    /// From now on the store offers no watcher ([`Store::watcher`] is `None`), as a store
+    /// without notifications: to test how callers do without them.
     pub fn hide_watch(&self) {
         self.lock().watch_hidden = true;
     }
 
-    /// From now on the store says its [`acquire_any`](Store::acquire_any) is one atomic
-    /// call ([`Capabilities::atomic_acquire_any`]) whatever the wrapped store does, so that
-    /// a client takes that path (one `acquire_any` or `acquire_any_checked` per attempt):
-    /// to test that path over a store that does not have it. The calls themselves are
-    /// unchanged.
+    /// From now on the store says its [`acquire_any`](BatchStore::acquire_any) is one
+    /// atomic call ([`BatchStore::atomic_acquire_any`]) whatever the wrapped store does, so
+    /// that a client takes that path (one `acquire_any` or `acquire_any_checked` per
+    /// attempt): to test that path over a store that does not have it (a lie). The calls
+    /// themselves are unchanged.
     pub fn claim_atomic_acquire_any(&self) {
         self.lock().acquire_any_atomic = true;
     }
@@ -374,6 +442,7 @@ impl FaultStore {
     }
 }
 
+#[cfg(feature = "test-util")]
 #[async_trait]
 impl Store for FaultStore {
     fn backend(&self) -> &'static str {
@@ -381,11 +450,22 @@ impl Store for FaultStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = self.inner.capabilities();
-        let st = self.lock();
-        caps.watch &= !st.watch_hidden;
-        caps.atomic_acquire_any |= st.acquire_any_atomic;
-        caps
+        self.inner.capabilities()
+    }
+
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        Some(self)
+    }
+
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        if self.lock().watch_hidden {
+            return None;
+        }
+        self.inner.watcher().map(|_| self as &dyn WatchStore)
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        self.inner.waiter().map(|_| self as &dyn WaitStore)
     }
 
     fn ended_grants(&self) -> Option<&EndedGrants> {
@@ -422,16 +502,6 @@ impl Store for FaultStore {
         self.inner.inspect(key).await
     }
 
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        self.reach().await?;
-        self.inner.wait_released(key, owner, timeout).await
-    }
-
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         self.reach().await?;
         self.inner.list(prefix).await
@@ -456,13 +526,22 @@ impl Store for FaultStore {
         self.reach().await?;
         self.inner.get_record(key).await
     }
+}
 
-    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
-        self.reach().await?;
-        if self.lock().watch_hidden {
-            return Err(StoreError::unsupported(self.inner.backend(), "watching"));
-        }
-        self.inner.watch(key).await
+#[cfg(feature = "test-util")]
+#[async_trait]
+impl BatchStore for FaultStore {
+    /// Each renewal through this store's own `renew`, all at once.
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        Ok(crate::ext::renew_each(self, leases, ttl).await)
+    }
+
+    fn atomic_acquire_any(&self) -> bool {
+        self.lock().acquire_any_atomic || self.inner.batch().is_some_and(|b| b.atomic_acquire_any())
     }
 
     async fn acquire_any(
@@ -471,9 +550,255 @@ impl Store for FaultStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAnyOutcome, StoreError> {
-        let call = self.inner.acquire_any(keys, owner, ttl);
+        let call = crate::ext::acquire_any(&*self.inner, keys, owner, ttl);
         self.faulted(Op::AcquireAny, call, Swallowed::AcquireAny)
             .await
+    }
+}
+
+#[cfg(feature = "test-util")]
+#[async_trait]
+impl WatchStore for FaultStore {
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        self.reach().await?;
+        let hidden = self.lock().watch_hidden;
+        match self.inner.watcher() {
+            Some(w) if !hidden => w.watch(key).await,
+            _ => Err(StoreError::unsupported(self.inner.backend(), "watching")),
+        }
+    }
+}
+
+#[cfg(feature = "test-util")]
+#[async_trait]
+impl WaitStore for FaultStore {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        self.reach().await?;
+        match self.inner.waiter() {
+            Some(w) => w.wait_released(key, owner, timeout).await,
+            None => Err(StoreError::unsupported(
+                self.inner.backend(),
+                "waiting for release",
+            )),
+        }
+    }
+}
+/// A test's store that passes every call to another ([`inner`](Self::inner)) and
+/// overrides only what it changes: every type that implements it is a [`Store`], each
+/// operation the inner store's unless overridden here. Feature `test-util`.
+///
+/// Its extensions are none unless it overrides their accessors, as the old defaults had
+/// it: a batch of the inner store would bypass this store's own `renew`. To pass one on
+/// untouched, return the inner store's (`self.inner().watcher()`); to change one,
+/// implement the extension trait for this type and return `Some(self)`.
+///
+/// Implement it by its path (`impl leasehold_core::wrap::Forward for MyStore`) rather than
+/// importing it: with both `Forward` and `Store` in scope, a call such as `store.acquire(..)`
+/// on the concrete type is ambiguous.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use std::time::Duration;
+/// use leasehold_core::{Key, OwnerToken, RenewOutcome, Store, StoreError, memory::MemoryStore};
+///
+/// /// The memory store, counting renewals.
+/// #[derive(Debug, Default)]
+/// struct Counting {
+///     inner: MemoryStore,
+///     renewals: AtomicU32,
+/// }
+///
+/// #[async_trait::async_trait]
+/// impl leasehold_core::wrap::Forward for Counting {
+///     fn inner(&self) -> &dyn Store {
+///         &self.inner
+///     }
+///     async fn renew(&self, key: &Key, owner: &OwnerToken, ttl: Duration) -> Result<RenewOutcome, StoreError> {
+///         self.renewals.fetch_add(1, Ordering::Relaxed);
+///         self.inner.renew(key, owner, ttl).await
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), StoreError> {
+/// let store = Counting::default();
+/// let (key, owner) = (Key::new("job:x").unwrap(), OwnerToken::random());
+/// store.acquire(&key, &owner, Duration::from_secs(10)).await?;
+/// store.renew(&key, &owner, Duration::from_secs(10)).await?;
+/// assert_eq!(store.renewals.load(Ordering::Relaxed), 1);
+/// assert!(store.watcher().is_none(), "no extension unless it says so");
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "test-util")]
+#[async_trait]
+pub trait Forward: Send + Sync + std::fmt::Debug + 'static {
+    /// The store every call not overridden goes to.
+    fn inner(&self) -> &dyn Store;
+
+    /// [`Store::backend`]: the inner store's.
+    fn backend(&self) -> &'static str {
+        self.inner().backend()
+    }
+
+    /// [`Store::capabilities`]: the inner store's.
+    fn capabilities(&self) -> Capabilities {
+        self.inner().capabilities()
+    }
+
+    /// [`Store::acquire`].
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.inner().acquire(key, owner, ttl).await
+    }
+
+    /// [`Store::renew`].
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.inner().renew(key, owner, ttl).await
+    }
+
+    /// [`Store::release`].
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        self.inner().release(key, owner).await
+    }
+
+    /// [`Store::inspect`].
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        self.inner().inspect(key).await
+    }
+
+    /// [`Store::list`].
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        self.inner().list(prefix).await
+    }
+
+    /// [`Store::break_lease`].
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        self.inner().break_lease(key).await
+    }
+
+    /// [`Store::put_record`].
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        self.inner().put_record(key, fence, value).await
+    }
+
+    /// [`Store::get_record`].
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner().get_record(key).await
+    }
+
+    /// [`Store::batch`]: none unless overridden.
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        None
+    }
+
+    /// [`Store::watcher`]: none unless overridden.
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        None
+    }
+
+    /// [`Store::waiter`]: none unless overridden.
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        None
+    }
+
+    /// [`Store::ended_grants`]: the inner store's (a grant it reports ended is one this
+    /// store handed out).
+    fn ended_grants(&self) -> Option<&EndedGrants> {
+        self.inner().ended_grants()
+    }
+}
+
+#[cfg(feature = "test-util")]
+#[async_trait]
+impl<T: Forward> Store for T {
+    fn backend(&self) -> &'static str {
+        Forward::backend(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Forward::capabilities(self)
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        Forward::acquire(self, key, owner, ttl).await
+    }
+
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        Forward::renew(self, key, owner, ttl).await
+    }
+
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
+        Forward::release(self, key, owner).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
+        Forward::inspect(self, key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        Forward::list(self, prefix).await
+    }
+
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        Forward::break_lease(self, key).await
+    }
+
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        Forward::put_record(self, key, fence, value).await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        Forward::get_record(self, key).await
+    }
+
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        Forward::batch(self)
+    }
+
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        Forward::watcher(self)
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        Forward::waiter(self)
+    }
+
+    fn ended_grants(&self) -> Option<&EndedGrants> {
+        Forward::ended_grants(self)
     }
 }
 
@@ -507,13 +832,16 @@ mod tests {
             t.break_lease(&key()).await.map(drop),
             t.put_record(&key(), Fence(1), b"v").await.map(drop),
             t.get_record(&key()).await.map(drop),
-            t.acquire_any(&[key()], &o, ttl).await.map(drop),
+            crate::ext::acquire_any(&t, &[key()], &o, ttl)
+                .await
+                .map(drop),
         ];
         for r in kinds {
             assert_eq!(r.unwrap_err().kind(), StoreErrorKind::Timeout);
         }
         let start = tokio::time::Instant::now();
-        let err = t
+        let waiter = t.waiter().expect("the wrapped store's waiter");
+        let err = waiter
             .wait_released(&key(), &OwnerToken::random(), Duration::from_secs(5))
             .await;
         assert_eq!(err.unwrap_err().kind(), StoreErrorKind::Timeout);

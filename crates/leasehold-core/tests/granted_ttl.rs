@@ -10,9 +10,8 @@ use async_trait::async_trait;
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Injection, Op};
 use leasehold_core::{
-    AcquireOutcome, Action, Capabilities, Changes, ConfigError, Error, Fence, Key, LeaseClient,
-    LeaseConfig, LeaseInfo, LostReason, OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store,
-    StoreError,
+    AcquireOutcome, Action, ConfigError, Error, Key, LeaseClient, LeaseConfig, LostReason,
+    OwnerToken, RenewOutcome, Store, StoreError, WaitStore, WatchStore,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -50,12 +49,12 @@ impl Capped {
 }
 
 #[async_trait]
-impl Store for Capped {
+impl leasehold_core::wrap::Forward for Capped {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
     fn backend(&self) -> &'static str {
         "capped"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
     }
     async fn acquire(
         &self,
@@ -74,36 +73,11 @@ impl Store for Capped {
         self.renewals.lock().unwrap().push(Instant::now());
         self.inner.renew(key, owner, self.grant(ttl)).await
     }
-    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        self.inner.release(key, owner).await
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        self.inner.watcher()
     }
-    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.inner.inspect(key).await
-    }
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.wait_released(key, owner, timeout).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    async fn put_record(
-        &self,
-        key: &Key,
-        fence: Fence,
-        value: &[u8],
-    ) -> Result<Record, StoreError> {
-        self.inner.put_record(key, fence, value).await
-    }
-    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.get_record(key).await
-    }
-    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
-        self.inner.watch(key).await
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        self.inner.waiter()
     }
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Key, LeaseClient, LeaseConfig, LeaseInfo, OwnerToken,
-    RENEW_BATCH, ReleaseOutcome, RenewOutcome, Store, StoreError,
+    BatchStore, Key, LeaseClient, LeaseConfig, OwnerToken, RENEW_BATCH, RenewOutcome, Store,
+    StoreError,
 };
 
 const N: usize = 10_000;
@@ -28,20 +28,12 @@ struct Counting {
 }
 
 #[async_trait]
-impl Store for Counting {
+impl leasehold_core::wrap::Forward for Counting {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
     fn backend(&self) -> &'static str {
         "counting"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.inner.acquire(key, owner, ttl).await
     }
     async fn renew(
         &self,
@@ -53,6 +45,15 @@ impl Store for Counting {
         self.renewals.fetch_add(1, Ordering::Relaxed);
         self.inner.renew(key, owner, ttl).await
     }
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        Some(self)
+    }
+}
+
+/// A batch: the memory store's renewals (it has no batch of its own: each on its own, at
+/// once), counted as one request.
+#[async_trait]
+impl BatchStore for Counting {
     async fn renew_many(
         &self,
         leases: &[(Key, OwnerToken)],
@@ -62,13 +63,7 @@ impl Store for Counting {
         self.renewals.fetch_add(leases.len(), Ordering::Relaxed);
         self.largest_batch
             .fetch_max(leases.len(), Ordering::Relaxed);
-        self.inner.renew_many(leases, ttl).await
-    }
-    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        self.inner.release(key, owner).await
-    }
-    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.inner.inspect(key).await
+        leasehold_core::renew_many(&self.inner, leases, ttl).await
     }
 }
 

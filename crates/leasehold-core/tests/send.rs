@@ -100,9 +100,21 @@ fn store_futures_are_send(store: Arc<dyn Store>) {
     assert_send(&store.renew(&key, &owner, ttl));
     assert_send(&store.release(&key, &owner));
     assert_send(&store.inspect(&key));
-    assert_send(&store.wait_released(&key, &owner, ttl));
     assert_send(&store.list("job:"));
     assert_send(&store.break_lease(&key));
+    assert_send(&store.put_record(&key, leasehold_core::Fence(1), b"v"));
+    assert_send(&store.get_record(&key));
+    // The extensions, and the helpers that choose between a store's batch and the default.
+    let waiter = store.waiter().expect("every store here has a waiter");
+    assert_send(&waiter.wait_released(&key, &owner, ttl));
+    let watcher = store.watcher().expect("every store here has a watcher");
+    assert_send(&watcher.watch(&key));
+    if let Some(batch) = store.batch() {
+        assert_send(&batch.renew_many(&[], ttl));
+        assert_send(&batch.acquire_any(&[], &owner, ttl));
+    }
+    assert_send(&leasehold_core::renew_many(&*store, &[], ttl));
+    assert_send(&leasehold_core::acquire_any(&*store, &[], &owner, ttl));
     // Spawnable when the task owns the store and the arguments.
     assert_send_static(&async move { store.acquire(&key, &owner, ttl).await });
 }

@@ -9,8 +9,7 @@ use async_trait::async_trait;
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::metrics::{ALL, Kind, RENEWAL_SLACK};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Key, LeaseClient, LeaseConfig, LeaseInfo, OwnerToken,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -26,20 +25,12 @@ struct SlowRenewals {
 const LATENCY: Duration = Duration::from_millis(200);
 
 #[async_trait]
-impl Store for SlowRenewals {
+impl leasehold_core::wrap::Forward for SlowRenewals {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
     fn backend(&self) -> &'static str {
         "slow"
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn acquire(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.inner.acquire(key, owner, ttl).await
     }
     async fn renew(
         &self,
@@ -58,12 +49,6 @@ impl Store for SlowRenewals {
         let out = self.inner.renew(key, owner, ttl).await;
         tokio::time::sleep(LATENCY).await;
         out
-    }
-    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        self.inner.release(key, owner).await
-    }
-    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.inner.inspect(key).await
     }
 }
 

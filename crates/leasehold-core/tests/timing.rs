@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Injection, Op, Unreachable};
 use leasehold_core::{
-    AcquireOutcome, Backoff, Capabilities, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo,
-    LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Backoff, Error, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -112,16 +112,18 @@ impl Scripted {
 }
 
 #[async_trait]
-impl Store for Scripted {
+impl leasehold_core::wrap::Forward for Scripted {
+    fn inner(&self) -> &dyn Store {
+        &*self.faults
+    }
     fn backend(&self) -> &'static str {
         "scripted"
     }
-    fn capabilities(&self) -> Capabilities {
-        let mut c = self.faults.capabilities();
+    fn waiter(&self) -> Option<&dyn WaitStore> {
         if self.hide_wait_for_release {
-            c.wait_for_release = false;
+            return None;
         }
-        c
+        self.faults.waiter()
     }
     async fn acquire(
         &self,
@@ -174,20 +176,6 @@ impl Store for Scripted {
             sleep(d).await;
         }
         out
-    }
-    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.faults.inspect(key).await
-    }
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        if self.hide_wait_for_release {
-            return Err(StoreError::unsupported("scripted", "wait"));
-        }
-        self.faults.wait_released(key, owner, timeout).await
     }
 }
 

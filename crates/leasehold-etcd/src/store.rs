@@ -12,7 +12,7 @@ use etcd_client::{
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
     AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore, WatchStore,
 };
 
 use crate::BACKEND;
@@ -186,7 +186,7 @@ fn fence(revision: i64) -> Result<Fence, StoreError> {
         .ok_or_else(|| err(StoreErrorKind::Corrupt, "etcd reported a revision below 1"))
 }
 
-/// Whether a watch event of [`Store::watch`] tells of a change the contract notifies: on
+/// Whether a watch event of [`WatchStore::watch`] tells of a change the contract notifies: on
 /// the lease key, a creation (`version` 1: a grant) or a deletion (a delete event's key
 /// carries `version` 0: a release, a break, an expiry), not a put on a live key (a higher
 /// `version`: its holder moved it onto a longer etcd lease, same holder, same fence);
@@ -226,7 +226,7 @@ fn watch_ended() -> StoreError {
     err(StoreErrorKind::Unavailable, "etcd ended a watch")
 }
 
-/// The state of a [`Store::watch`] stream: the gRPC watch stream (dropping it closes the
+/// The state of a [`WatchStore::watch`] stream: the gRPC watch stream (dropping it closes the
 /// stream, and etcd removes its watches with it), and whether a notice is due before the
 /// next read (a change seen while the watch was set up).
 struct Watching {
@@ -912,7 +912,7 @@ impl EtcdStore {
         Ok(Some(resp.header().map_or(0, |h| h.revision())))
     }
 
-    /// Sets up [`Store::watch`]: one gRPC watch stream with two watches, of exactly the
+    /// Sets up [`WatchStore::watch`]: one gRPC watch stream with two watches, of exactly the
     /// lease key (not its queue, `<lease key>\0…`, nor other keys it is a prefix of) and
     /// of exactly the record key, both from the revision etcd created the first at.
     async fn start_watch(&self, key: &Key) -> Result<Watching, StoreError> {
@@ -1036,22 +1036,25 @@ impl Store for EtcdStore {
 
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
-        caps.wait_for_release = true;
         caps.fifo_wait = true;
         caps.reports_remaining = true;
-        caps.list = true;
-        caps.break_lease = true;
         caps.fence_durability = FenceDurability::Consensus;
-        caps.records = true;
-        caps.watch = true;
         caps
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        Some(self)
+    }
+
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        Some(self)
     }
 
     /// A read of the key and of the first entry of its waiting queue; when it is free and
     /// nobody else is first in line, a lease grant and one transaction that creates the
     /// key on that lease only if it does not exist (`create_revision == 0`) and nobody is
     /// queued ahead of `owner` (deleting `owner`'s queue entry). A free key with another
-    /// waiter first in line is `Held` (see [`wait_released`](Store::wait_released)). When the
+    /// waiter first in line is `Held` (see [`wait_released`](WaitStore::wait_released)). When the
     /// key is ours already, a keep-alive (and a move to a longer lease when asked for a
     /// longer TTL); when it is another's, a time-to-live query for `Held { remaining }`.
     ///
@@ -1128,29 +1131,6 @@ impl Store for EtcdStore {
             }
         })
         .await
-    }
-
-    /// Waits in line, as etcd's own `concurrency.Mutex` does: returns at once when the
-    /// key is free for `owner` (nobody holds it and nobody else waits ahead); otherwise
-    /// joins the key's queue (or keeps its place there) with an entry on its own short
-    /// etcd lease, kept alive while waiting, and watches only the deletion of the entry
-    /// just ahead of it; the first in line watches the lease key's deletion (a release,
-    /// a break or the holder's expiry: no polling). `owner` confirms with `acquire`.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: dropping the call closes the watch and stops the keep-alives; the
-    /// queue entry stays for `QUEUE_GRACE_SECS` (2 s), so a waiter that comes back in time
-    /// keeps its place, and one that does not drops out by itself.
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let lease_key = self.lease_key(key);
-        tokio::time::timeout(timeout, self.wait_in_line(&lease_key, owner))
-            .await
-            .unwrap_or(Ok(()))
     }
 
     /// A range read of `<store prefix><prefix>`, then one time-to-live query per lease
@@ -1261,7 +1241,36 @@ impl Store for EtcdStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.bounded("get record", self.do_get_record(key)).await
     }
+}
 
+#[async_trait]
+impl WaitStore for EtcdStore {
+    /// Waits in line, as etcd's own `concurrency.Mutex` does: returns at once when the
+    /// key is free for `owner` (nobody holds it and nobody else waits ahead); otherwise
+    /// joins the key's queue (or keeps its place there) with an entry on its own short
+    /// etcd lease, kept alive while waiting, and watches only the deletion of the entry
+    /// just ahead of it; the first in line watches the lease key's deletion (a release,
+    /// a break or the holder's expiry: no polling). `owner` confirms with `acquire`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the call closes the watch and stops the keep-alives; the
+    /// queue entry stays for `QUEUE_GRACE_SECS` (2 s), so a waiter that comes back in time
+    /// keeps its place, and one that does not drops out by itself.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let lease_key = self.lease_key(key);
+        tokio::time::timeout(timeout, self.wait_in_line(&lease_key, owner))
+            .await
+            .unwrap_or(Ok(()))
+    }
+}
+
+#[async_trait]
+impl WatchStore for EtcdStore {
     /// One gRPC watch stream on the connection the store already has, with two watches:
     /// exactly the lease key and exactly the record key (two messages on the stream
     /// before this returns; nothing is written, no queue entry is made). An item follows

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::Solo;
+use leasehold_core::WaitStore;
 use leasehold_core::{
     AcquireOutcome, Fence, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireOutcome, Capabilities, EndedGrants, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use leasehold_sql::Failure;
 use leasehold_sql::server_watch::{ServerWatch, Watching};
@@ -206,7 +206,7 @@ fn lock(held: &Mutex<HashMap<Key, Holder>>) -> MutexGuard<'_, HashMap<Key, Holde
 ///   unknown to other processes, so it is not reported.
 /// - **Waiting** queues in the server's own lock queue (`GET_LOCK` with a timeout), in
 ///   arrival order; the lock the server hands a waiter is reserved for its owner's acquire
-///   for [`GETLOCK_RESERVE_GRACE`] (see [`Store::wait_released`] on this type).
+///   for [`GETLOCK_RESERVE_GRACE`] (see [`WaitStore::wait_released`] on this type).
 pub struct MySqlGetLockStore {
     db: Arc<Db>,
     held: Held,
@@ -987,14 +987,14 @@ impl Store for MySqlGetLockStore {
 
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
-        caps.list = true;
-        caps.break_lease = true;
         caps.session_bound = true;
-        caps.wait_for_release = true;
         caps.fifo_wait = true;
         caps.fence_durability = FenceDurability::Durable;
-        caps.records = true;
         caps
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        Some(self)
     }
 
     async fn acquire(
@@ -1134,32 +1134,6 @@ impl Store for MySqlGetLockStore {
         Ok(out)
     }
 
-    /// Waits in the server's own queue for the lock (`GET_LOCK` with the timeout, on a
-    /// session of its own; no polling). When the server grants it, the lock is kept
-    /// reserved for `owner` for [`GETLOCK_RESERVE_GRACE`]: `owner`'s `acquire` through
-    /// this store takes it (a new fence), anyone else is answered `Held`; unclaimed, it
-    /// passes to the next waiter. The server grants the lock to its waiters in arrival
-    /// order, so waiters of every process are served first come, first served.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped wait leaves the server's queue (its session is killed from
-    /// another); a lock already reserved stays so for the grace at most.
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let ours = self.holder_of(key, owner).is_some()
-            || lock_reserved(&self.reserved)
-                .get(key)
-                .is_some_and(|r| r.owner == *owner);
-        if ours {
-            return Ok(());
-        }
-        self.queue_for(key, owner, &lock_name(key), timeout).await
-    }
-
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         // A lock reserved for a waiter here is ended by the `KILL` below, as any holder's.
         drop(lock_reserved(&self.reserved).remove(key));
@@ -1256,6 +1230,35 @@ impl Store for MySqlGetLockStore {
 
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         crate::records::get(&self.db, key).await
+    }
+}
+
+#[async_trait]
+impl WaitStore for MySqlGetLockStore {
+    /// Waits in the server's own queue for the lock (`GET_LOCK` with the timeout, on a
+    /// session of its own; no polling). When the server grants it, the lock is kept
+    /// reserved for `owner` for [`GETLOCK_RESERVE_GRACE`]: `owner`'s `acquire` through
+    /// this store takes it (a new fence), anyone else is answered `Held`; unclaimed, it
+    /// passes to the next waiter. The server grants the lock to its waiters in arrival
+    /// order, so waiters of every process are served first come, first served.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait leaves the server's queue (its session is killed from
+    /// another); a lock already reserved stays so for the grace at most.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let ours = self.holder_of(key, owner).is_some()
+            || lock_reserved(&self.reserved)
+                .get(key)
+                .is_some_and(|r| r.owner == *owner);
+        if ours {
+            return Ok(());
+        }
+        self.queue_for(key, owner, &lock_name(key), timeout).await
     }
 }
 

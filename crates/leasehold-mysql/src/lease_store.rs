@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use leasehold_sql::Failure;
 use sqlx::mysql::MySqlArguments;
@@ -39,7 +39,7 @@ const DEADLOCK_RETRIES: u32 = 5;
 /// row back), so no row lock is ever left waiting on a client that went away; break is
 /// one short transaction. See the crate docs for the schema and the failure model.
 ///
-/// Waiters ([`Store::wait_released`]) queue in the server, in arrival order, on a
+/// Waiters ([`WaitStore::wait_released`]) queue in the server, in arrival order, on a
 /// `GET_LOCK` session each, and are woken by a release or a break from any process (or
 /// the holder's expiry); nobody acquires past the queue. See the crate docs ("Waiting").
 ///
@@ -406,14 +406,14 @@ impl Store for MySqlLeaseStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.reports_remaining = true;
-        caps.list = true;
-        caps.break_lease = true;
-        caps.wait_for_release = true;
         // Waiters queue in the server (a GET_LOCK turnstile per key), in arrival order.
         caps.fifo_wait = true;
         caps.fence_durability = FenceDurability::Durable;
-        caps.records = true;
         caps
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        Some(self)
     }
 
     async fn acquire(
@@ -530,32 +530,6 @@ impl Store for MySqlLeaseStore {
         )
     }
 
-    /// Returns when `owner`'s turn in `key`'s wait queue has come and the lease is free
-    /// (released, broken or expired), or when `timeout` has passed; `Ok` either way.
-    ///
-    /// The owner waits in the server's queue on a session of its own (`GET_LOCK` on the
-    /// key's turnstile, in arrival order across every process), woken by a release or a
-    /// break from any process (`KILL QUERY` of the head's `SLEEP`) or by the holder's
-    /// expiry; the owner's next acquire is then granted past every newcomer. See the
-    /// crate docs ("Waiting").
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the place in the queue is kept for a short grace period (500 ms, for
-    /// the next call or the owner's acquire), then given up.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Busy`] when 64 owners wait on this store already;
-    /// [`StoreErrorKind::Unavailable`] (or as the server answered) when no waiting
-    /// session can be opened.
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        self.queue.wait(key, owner, timeout).await
-    }
-
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         type ListRow = (Vec<u8>, Option<String>, u64, Option<i64>, i64);
         let pattern = like_prefix(prefix);
@@ -620,5 +594,34 @@ impl Store for MySqlLeaseStore {
 
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         crate::records::get(&self.db, key).await
+    }
+}
+
+#[async_trait]
+impl WaitStore for MySqlLeaseStore {
+    /// Returns when `owner`'s turn in `key`'s wait queue has come and the lease is free
+    /// (released, broken or expired), or when `timeout` has passed; `Ok` either way.
+    ///
+    /// The owner waits in the server's queue on a session of its own (`GET_LOCK` on the
+    /// key's turnstile, in arrival order across every process), woken by a release or a
+    /// break from any process (`KILL QUERY` of the head's `SLEEP`) or by the holder's
+    /// expiry; the owner's next acquire is then granted past every newcomer. See the
+    /// crate docs ("Waiting").
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the place in the queue is kept for a short grace period (500 ms, for
+    /// the next call or the owner's acquire), then given up.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Busy`] when 64 owners wait on this store already;
+    /// [`StoreErrorKind::Unavailable`] (or as the server answered) when no waiting
+    /// session can be opened.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        self.queue.wait(key, owner, timeout).await
     }
 }

@@ -36,8 +36,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_conformance::takeover::{self, assert_lost_before_the_takeover, restart_takeover};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Error, Fence, Key, Lease, LeaseClient, LeaseConfig, LeaseInfo,
-    LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Error, Fence, Key, Lease, LeaseClient, LeaseConfig, LostReason, OwnerToken,
+    RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_mysql::{MySqlGetLockStore, lock_name};
 use leasehold_testkit::{FaultProxy, ProxyMode, WorkerProcess};
@@ -254,23 +254,9 @@ impl Recorded {
 }
 
 #[async_trait]
-impl Store for Recorded {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn ended_grants(&self) -> Option<&leasehold_core::EndedGrants> {
-        self.inner.ended_grants()
-    }
-    async fn acquire(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.inner.acquire(key, owner, ttl).await
+impl leasehold_core::wrap::Forward for Recorded {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
     async fn renew(
         &self,
@@ -282,18 +268,6 @@ impl Store for Recorded {
         let seen = r.as_ref().copied().map_err(StoreError::kind);
         self.renewals.lock().unwrap().push((Instant::now(), seen));
         r
-    }
-    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        self.inner.release(key, owner).await
-    }
-    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.inner.inspect(key).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
-        self.inner.break_lease(key).await
     }
 }
 
@@ -526,23 +500,9 @@ struct SlowBatch {
 }
 
 #[async_trait]
-impl Store for SlowBatch {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn ended_grants(&self) -> Option<&leasehold_core::EndedGrants> {
-        self.inner.ended_grants()
-    }
-    async fn acquire(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<AcquireOutcome, StoreError> {
-        self.inner.acquire(key, owner, ttl).await
+impl leasehold_core::wrap::Forward for SlowBatch {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
     async fn renew(
         &self,
@@ -563,12 +523,6 @@ impl Store for SlowBatch {
         let mut blackholed = self.blackholed.subscribe();
         let _ = blackholed.wait_for(|b| *b).await;
         self.inner.renew(key, owner, ttl).await
-    }
-    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        self.inner.release(key, owner).await
-    }
-    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        self.inner.inspect(key).await
     }
 }
 

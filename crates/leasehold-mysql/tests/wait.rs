@@ -39,7 +39,7 @@ async fn open(db: &common::Server) -> Arc<dyn Store> {
     let s = MySqlLeaseStore::connect(MySqlConfig::from_url(&url(db)).unwrap())
         .await
         .unwrap();
-    assert!(s.capabilities().wait_for_release);
+    assert!(s.waiter().is_some());
     Arc::new(s)
 }
 

@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireOutcome, Capabilities, Changes, EndedGrants, Fence, FenceDurability, Key, LeaseInfo,
-    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
+    WatchStore,
 };
 use leasehold_sql::server_watch::{ServerWatch, Watching};
 use sha2::{Digest, Sha256};
@@ -273,7 +274,7 @@ struct Inner {
 ///   [`break_lease`](Store::break_lease) it, which advances the fence and ends the holder's
 ///   session with `pg_terminate_backend` (needs the same role, or membership in
 ///   `pg_signal_backend`).
-/// - [`watch`](Store::watch) notifies every grant, release and break of a key and every
+/// - [`watch`](WatchStore::watch) notifies every grant, release and break of a key and every
 ///   write of its record, by any client, with `LISTEN`/`NOTIFY`, sent only while somebody
 ///   watches the key (see the crate's README, "Watching"); a lease that ends with
 ///   its holder's session is not notified, as an expiry.
@@ -490,7 +491,7 @@ impl PgAdvisoryStore {
         self.inner.records.table()
     }
 
-    /// The channel of the store's change notices ([`Store::watch`]), shared with the
+    /// The channel of the store's change notices ([`WatchStore::watch`]), shared with the
     /// lease-table store of the same schema: see
     /// [`PgLeaseStore::watch_channel`](crate::PgLeaseStore::watch_channel).
     pub fn watch_channel(&self) -> &str {
@@ -827,15 +828,19 @@ impl Store for PgAdvisoryStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.reports_remaining = true;
-        caps.list = true;
-        caps.break_lease = true;
         caps.session_bound = true;
         caps.fence_durability = FenceDurability::Durable;
-        caps.records = true;
-        caps.wait_for_release = self.inner.queue.is_some();
         caps.fifo_wait = self.inner.queue.is_some();
-        caps.watch = true;
         caps
+    }
+
+    /// With waiting sessions (`leasehold_wait_sessions` above 0).
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        self.inner.queue.as_ref().map(|_| self as &dyn WaitStore)
+    }
+
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        Some(self)
     }
 
     async fn acquire(
@@ -1020,32 +1025,6 @@ impl Store for PgAdvisoryStore {
         }
     }
 
-    /// Joins the queue of the key's advisory lock on a session of its own
-    /// (`pg_advisory_lock`) and returns when that session holds the lock — the server
-    /// hands it over when the holder releases, is broken or its session ends (expiry,
-    /// crash) — or at `timeout`. `owner` then acquires with its own request, on that
-    /// session. The lock is kept for `owner` if its acquire of `key` last answered `Held`
-    /// on this store (the holder side's loop); a wait by any other owner queues too, and
-    /// passes the lock on as soon as it gets it.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a contender's place in the queue is kept for a short grace period (for
-    /// its next call or acquire), then given up; any other caller's is given up at once.
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        match &self.inner.queue {
-            Some(q) => q.wait(key, owner, timeout).await,
-            None => Err(StoreError::unsupported(
-                BACKEND,
-                "waiting for release (leasehold_wait_sessions=0)",
-            )),
-        }
-    }
-
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         let row = sqlx::query(AssertSqlSafe(self.inner.sql.inspect.clone()))
             .bind(key.as_str())
@@ -1106,7 +1085,39 @@ impl Store for PgAdvisoryStore {
         let i = &self.inner;
         i.records.get(&i.pool, BACKEND, false, key).await
     }
+}
 
+#[async_trait]
+impl WaitStore for PgAdvisoryStore {
+    /// Joins the queue of the key's advisory lock on a session of its own
+    /// (`pg_advisory_lock`) and returns when that session holds the lock — the server
+    /// hands it over when the holder releases, is broken or its session ends (expiry,
+    /// crash) — or at `timeout`. `owner` then acquires with its own request, on that
+    /// session. The lock is kept for `owner` if its acquire of `key` last answered `Held`
+    /// on this store (the holder side's loop); a wait by any other owner queues too, and
+    /// passes the lock on as soon as it gets it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a contender's place in the queue is kept for a short grace period (for
+    /// its next call or acquire), then given up; any other caller's is given up at once.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        match &self.inner.queue {
+            Some(q) => q.wait(key, owner, timeout).await,
+            None => Err(StoreError::unsupported(
+                BACKEND,
+                "waiting for release (leasehold_wait_sessions=0)",
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl WatchStore for PgAdvisoryStore {
     /// `LISTEN`s on the store's watch session (one per store instance, opened by the first
     /// watch, closed with the last stream) and holds the key's watch lock there, so that
     /// every grant, release and break of the lease `key` and every write of the record

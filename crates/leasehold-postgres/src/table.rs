@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore, WatchStore,
 };
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Row};
@@ -439,7 +439,7 @@ pub(crate) const MIN_REMAINING: Duration = Duration::from_millis(1);
 ///   a new connection).
 /// - `wait_released` is not supported: waiters back off with jitter, bounded by the
 ///   holder's remaining TTL, which `Held` reports.
-/// - [`watch`](Store::watch) notifies every grant, release and break of a key and every
+/// - [`watch`](WatchStore::watch) notifies every grant, release and break of a key and every
 ///   write of its record, by any client, with `LISTEN`/`NOTIFY`; the statements send the
 ///   `NOTIFY` only while somebody watches the key, so the hot path pays no round trip and
 ///   no `NOTIFY` for it (see the crate's README, "Watching"). Not behind a
@@ -671,7 +671,7 @@ impl PgLeaseStore {
         &self.inner.pool
     }
 
-    /// The channel of the store's change notices ([`Store::watch`]): `leasehold_watch_`
+    /// The channel of the store's change notices ([`WatchStore::watch`]): `leasehold_watch_`
     /// and 16 hex digits, one per records table (so both stores of one schema share it).
     /// Each notice's payload names the key as 16 hex digits of its watch lock, and is sent
     /// only while somebody watches the key (see the crate's README). Writers notify
@@ -737,15 +737,21 @@ impl Store for PgLeaseStore {
 
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
-        caps.wait_for_release = self.inner.queue.is_some();
         caps.fifo_wait = self.inner.queue.is_some();
         caps.reports_remaining = true;
-        caps.list = true;
-        caps.break_lease = true;
         caps.fence_durability = FenceDurability::Durable;
-        caps.records = true;
-        caps.watch = self.inner.watches.is_some();
         caps
+    }
+
+    /// With waiting sessions (`leasehold_wait_sessions` above 0, not behind a
+    /// transaction-pooling proxy).
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        self.inner.queue.as_ref().map(|_| self as &dyn WaitStore)
+    }
+
+    /// Not behind a transaction-pooling proxy (LISTEN needs a session).
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        self.inner.watches.as_ref().map(|_| self as &dyn WatchStore)
     }
 
     /// # Cancel safety
@@ -877,35 +883,6 @@ impl Store for PgLeaseStore {
         rows.first().map(|r| info_of(BACKEND, r)).transpose()
     }
 
-    /// Joins the key's wait queue (a session of its own, blocked in the server's lock
-    /// queue) and returns when it is this caller's turn and the lease is free — woken by
-    /// the release or break notification, or at the holder's expiry — or at `timeout`.
-    /// `owner` then acquires with its own request. The turn is kept for `owner` if its
-    /// acquire of `key` last answered `Held` on this store (the holder side's loop); a
-    /// wait by any other owner queues too, and passes the turn on when it comes.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a contender's place in the queue is kept for a short grace period (for
-    /// its next call or acquire), then given up; any other caller's is given up at once.
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        match &self.inner.queue {
-            Some(q) => q.wait(key, owner, timeout).await,
-            None => Err(StoreError::unsupported(
-                BACKEND,
-                if self.inner.simple {
-                    "waiting for release (behind a transaction-pooling proxy)"
-                } else {
-                    "waiting for release (leasehold_wait_sessions=0)"
-                },
-            )),
-        }
-    }
-
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         let pattern = like_prefix(prefix);
         let rows = self
@@ -963,13 +940,49 @@ impl Store for PgLeaseStore {
         let i = &self.inner;
         i.records.get(&i.pool, BACKEND, i.simple, key).await
     }
+}
 
+#[async_trait]
+impl WaitStore for PgLeaseStore {
+    /// Joins the key's wait queue (a session of its own, blocked in the server's lock
+    /// queue) and returns when it is this caller's turn and the lease is free — woken by
+    /// the release or break notification, or at the holder's expiry — or at `timeout`.
+    /// `owner` then acquires with its own request. The turn is kept for `owner` if its
+    /// acquire of `key` last answered `Held` on this store (the holder side's loop); a
+    /// wait by any other owner queues too, and passes the turn on when it comes.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a contender's place in the queue is kept for a short grace period (for
+    /// its next call or acquire), then given up; any other caller's is given up at once.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        match &self.inner.queue {
+            Some(q) => q.wait(key, owner, timeout).await,
+            None => Err(StoreError::unsupported(
+                BACKEND,
+                if self.inner.simple {
+                    "waiting for release (behind a transaction-pooling proxy)"
+                } else {
+                    "waiting for release (leasehold_wait_sessions=0)"
+                },
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl WatchStore for PgLeaseStore {
     /// `LISTEN`s on the store's watch session (one per store instance, opened by the first
     /// watch, closed with the last stream) and holds the key's watch lock there, so that
     /// every grant, release and break of the lease `key` and every write of the record
     /// `key`, by any client, sends a notice at its commit (see the crate's README).
     /// Behind a transaction-pooling proxy: `Unsupported` (`LISTEN` and session locks do
-    /// not survive the transaction), and [`Capabilities::watch`] is false.
+    /// not survive the transaction), and the store offers no watcher ([`Store::watcher`]
+    /// is `None`).
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call gives its subscription up; dropping the stream ends the

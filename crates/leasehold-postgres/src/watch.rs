@@ -1,4 +1,4 @@
-//! Change notices ([`Store::watch`](leasehold_core::Store::watch)) of both stores:
+//! Change notices ([`WatchStore::watch`](leasehold_core::WatchStore::watch)) of both stores:
 //! `LISTEN`/`NOTIFY`, sent only while somebody watches the key.
 //!
 //! **Who watches.** A watcher of key `k` holds, on its store's one watch session, the

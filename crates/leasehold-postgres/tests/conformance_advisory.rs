@@ -66,6 +66,8 @@ async fn fixture() -> Fixture {
     .guard(Arc::new(writes))
     .other_processes(pg.url())
     .network(network)
+    .expects_watcher()
+    .expects_waiter()
     .keep_alive((pg, proxy))
 }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use leasehold_core::WatchStore;
 use leasehold_core::{GuardDecision, LeaseClient, LeaseConfig, StoreErrorKind};
 use leasehold_postgres::sqlx::{self, Connection};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore, guard};
@@ -227,14 +228,14 @@ async fn watch_is_unsupported_behind_a_transaction_pooler_but_its_writes_notify(
         .unwrap();
     pooled.migrate().await.unwrap();
     let k = Key::new("watch:pooled'\\x").unwrap();
-    assert!(!pooled.capabilities().watch);
+    assert!(pooled.watcher().is_none());
     let err = pooled.watch(&k).await.map(drop).unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unsupported, "{err}");
 
     let direct = PgLeaseStore::connect(&PgConfig::from_url(&pg.url()).unwrap())
         .await
         .unwrap();
-    assert!(direct.capabilities().watch);
+    assert!(direct.watcher().is_some());
     let mut changes = direct.watch(&k).await.unwrap();
     let mut noticed = async |what: &str| {
         tokio::time::timeout(Duration::from_secs(10), changes.next())

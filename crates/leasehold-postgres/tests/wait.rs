@@ -176,7 +176,10 @@ async fn turn_kept_for_the_named_owner(kind: Kind) {
     let wait = loop {
         let mut wait = {
             let (waiter, k) = (waiter.clone(), k.clone());
-            tokio::spawn(async move { waiter.wait_released(&k, &w, Duration::from_secs(60)).await })
+            tokio::spawn(async move {
+                let waiter = waiter.waiter().expect("a waiter");
+                waiter.wait_released(&k, &w, Duration::from_secs(60)).await
+            })
         };
         let Ok(done) = timeout(Duration::from_secs(1), &mut wait).await else {
             break wait;
@@ -486,7 +489,7 @@ async fn wait_sessions_bound(kind: Kind) {
     let holder = open(kind, &pg.url()).await;
     let url = format!("{}?leasehold_wait_sessions=1", pg.url());
     let store = open(kind, &url).await;
-    assert!(store.capabilities().wait_for_release);
+    assert!(store.waiter().is_some());
     let k = key("bound");
     let h = OwnerToken::random();
     fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
@@ -517,16 +520,8 @@ async fn wait_sessions_bound(kind: Kind) {
 
     let url = format!("{}?leasehold_wait_sessions=0", pg.url());
     let store = open(kind, &url).await;
-    assert!(!store.capabilities().wait_for_release);
-    let err = store
-        .wait_released(&k, &OwnerToken::random(), Duration::from_secs(1))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        err.kind(),
-        leasehold_core::StoreErrorKind::Unsupported,
-        "{err}"
-    );
+    // No waiting sessions: the store offers no waiter (there is no wait to call).
+    assert!(store.waiter().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use leasehold_conformance::watching::{NOTICE_WITHIN, granted, noticed, quiet};
+use leasehold_core::WatchStore;
 use leasehold_core::{
     AcquireOutcome, Changes, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, Store,
     StoreErrorKind,
@@ -233,7 +234,7 @@ async fn a_lost_connection_or_a_restart_ends_the_stream() {
             }
         }
     };
-    let works = async |store: &dyn Store, what: &str| {
+    let works = async |store: &dyn WatchStore, what: &str| {
         let mut changes = store
             .watch(&k)
             .await
@@ -243,7 +244,7 @@ async fn a_lost_connection_or_a_restart_ends_the_stream() {
         direct.release(&k, &owner).await.unwrap();
         noticed(&mut changes, what).await;
     };
-    let stores: [&dyn Store; 2] = [&table, &advisory];
+    let stores: [&dyn WatchStore; 2] = [&table, &advisory];
 
     for store in stores {
         let mut changes = store.watch(&k).await.unwrap();
@@ -311,7 +312,7 @@ async fn dropping_the_streams_releases_the_lock_and_the_session() {
         .unwrap_or_else(|| panic!("{what}: the watch session or its lock is still there"));
     };
     assert_eq!(watch_sessions_and_locks(&admin).await, (0, 0));
-    let stores: [&dyn Store; 2] = [&table, &advisory];
+    let stores: [&dyn WatchStore; 2] = [&table, &advisory];
     for store in stores {
         let one = store.watch(&key("a")).await.unwrap();
         let two = store.watch(&key("a")).await.unwrap();

@@ -359,7 +359,7 @@ impl RedisConfig {
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
-    /// Whether releases are published and [`wait_released`](leasehold_core::Store::wait_released)
+    /// Whether releases are published and [`wait_released`](leasehold_core::WaitStore::wait_released)
     /// listens for them (pub/sub).
     pub fn notifications(&self) -> bool {
         self.notifications

@@ -21,6 +21,7 @@
 use leasehold_core::{Key, StoreError, StoreErrorKind};
 
 use crate::BACKEND;
+use crate::wire::{decode_key as decode, encode_key as encode, glob_escape};
 
 /// The longest namespace prefix accepted, in bytes.
 pub const MAX_PREFIX_LEN: usize = 128;
@@ -55,52 +56,6 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Percent-encodes `%`, `{` and `}`.
-pub(crate) fn encode(key: &str) -> String {
-    let mut out = String::with_capacity(key.len() + 8);
-    for c in key.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Reverses [`encode`]; `None` for anything `encode` cannot produce.
-pub(crate) fn decode(enc: &str) -> Option<String> {
-    let mut out = String::with_capacity(enc.len());
-    let mut rest = enc;
-    while let Some(i) = rest.find(['%', '{', '}']) {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        let c = match tail.get(..3) {
-            Some("%25") => '%',
-            Some("%7B") => '{',
-            Some("%7D") => '}',
-            _ => return None,
-        };
-        out.push(c);
-        rest = &tail[3..];
-    }
-    out.push_str(rest);
-    Some(out)
-}
-
-/// Escapes glob characters for `SCAN MATCH`.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// The Redis names used for one lease key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyNames {
@@ -109,7 +64,7 @@ pub(crate) struct KeyNames {
     pub(crate) channel: String,
     pub(crate) queue: String,
     pub(crate) queue_deadlines: String,
-    /// `p{e}:w`: the key is watched while it exists (see `Store::watch`); it covers the
+    /// `p{e}:w`: the key is watched while it exists (see `WatchStore::watch`); it covers the
     /// lease and the record of the key, which share its hash tag.
     pub(crate) watch: String,
 }

@@ -19,7 +19,7 @@
 //! Notifications are a hint, never a guarantee: a lost message (a broken pub/sub connection)
 //! only means the waiter wakes at the holder's expiry or its own deadline instead.
 //!
-//! Watchers ([`Store::watch`](leasehold_core::Store::watch)) share the connection and the
+//! Watchers ([`WatchStore::watch`](leasehold_core::WatchStore::watch)) share the connection and the
 //! channels: a watcher registered on a channel keeps it subscribed like a waiter does,
 //! hears every message on it as a change except heartbeats (`~<token>`, the watch script's
 //! proof that the subscription still hears the key; its own wakes it on `heard`, others'

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
-    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, Fence,
+    AcquireAnyOutcome, AcquireOutcome, BatchStore, Capabilities, Changes, CheckedAcquire, Fence,
     FenceDurability, Key, LeaseInfo, OwnerToken, RENEW_BATCH, Record, RecordCheck, ReleaseOutcome,
-    RenewOutcome, Store, StoreError, StoreErrorKind,
+    RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore, WatchStore,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -179,7 +179,7 @@ impl RedisStore {
     }
 
     /// The Redis key that marks `key` watched (`<prefix>{<escaped key>}:w`, see
-    /// [`watch`](Store::watch)): it exists, with a TTL of at most [`WATCH_MARK_TTL`],
+    /// [`watch`](WatchStore::watch)): it exists, with a TTL of at most [`WATCH_MARK_TTL`],
     /// while some store watches the key or lately did.
     pub fn watch_key(&self, key: &Key) -> String {
         self.layout.names(key).watch
@@ -377,21 +377,29 @@ impl Store for RedisStore {
 
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::minimal();
-        c.wait_for_release = self.notifier.is_some();
         c.fifo_wait = self.notifier.is_some();
         c.reports_remaining = true;
-        c.list = true;
-        c.break_lease = true;
         c.session_bound = false;
         c.fence_durability = FenceDurability::ClockFloored;
         // Refused at every (re)connection and policy check unless accepted explicitly.
         c.may_evict = self.config.allow_eviction();
-        c.records = true;
-        c.watch = self.notifier.is_some();
-        // One script spans the slots' keys on one server; a Cluster spreads them over
-        // hash slots, so there each slot is acquired on its own.
-        c.atomic_acquire_any = !self.is_cluster();
         c
+    }
+
+    /// Always: batches of renewals are one pipeline per server (per Cluster node), and
+    /// `acquire_any` one script on a single server or a Sentinel set.
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        Some(self)
+    }
+
+    /// With notifications on (the default; `notify=false` turns them off).
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        self.notifier.as_ref().map(|_| self as &dyn WatchStore)
+    }
+
+    /// With notifications on (the default; `notify=false` turns them off).
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        self.notifier.as_ref().map(|_| self as &dyn WaitStore)
     }
 
     /// # Cancel safety
@@ -475,82 +483,6 @@ impl Store for RedisStore {
         })
     }
 
-    /// One script call per Cluster slot (a single server: one call), each renewing up to
-    /// [`RENEW_BATCH`] leases; the calls for different slots run concurrently. A call that
-    /// fails fails for each of its leases (ambiguous as a single renewal would be).
-    ///
-    /// # Cancel safety
-    /// As [`acquire`](Self::acquire): a dropped call may have renewed any of the leases.
-    async fn renew_many(
-        &self,
-        leases: &[(Key, OwnerToken)],
-        ttl: Duration,
-    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
-        let ms_value = ttl_ms(ttl)?;
-        let before = self.conn.clock_allowance("renew")?;
-        let ms = ms_value.to_string();
-        // Positions of the leases, by slot (one group on a single server).
-        let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
-        let cluster = self.conn.is_cluster();
-        for (i, (key, _)) in leases.iter().enumerate() {
-            let slot = if cluster { self.layout.slot(key) } else { 0 };
-            groups.entry(slot).or_default().push(i);
-        }
-        let calls = groups
-            .values()
-            .flat_map(|positions| positions.chunks(RENEW_BATCH))
-            .map(|positions| {
-                let names: Vec<String> = positions
-                    .iter()
-                    .map(|&i| self.layout.names(&leases[i].0).lease)
-                    .collect();
-                let mut args: Vec<String> = Vec::with_capacity(positions.len() + 1);
-                args.push(ms.clone());
-                args.extend(positions.iter().map(|&i| leases[i].1.to_hex()));
-                async move {
-                    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
-                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                    let n = positions.len();
-                    let got = self
-                        .conn
-                        .run("renew", &SCRIPTS.renew_many, &keys, &args, |v, id| {
-                            scripts::parse_renew_many(v, id, n)
-                        })
-                        .await;
-                    (positions, got)
-                }
-            });
-        let mut answers = futures::future::join_all(calls).await;
-        let granted = self.granted(Duration::from_millis(ms_value), before);
-        if answers.len() == 1 && answers[0].1.is_err() {
-            // One call, failed: the batch as a whole failed.
-            if let Some((_, Err(e))) = answers.pop() {
-                return Err(e);
-            }
-        }
-        let mut out: Vec<Option<Result<RenewOutcome, StoreError>>> =
-            std::iter::repeat_with(|| None).take(leases.len()).collect();
-        for (positions, got) in answers {
-            match got {
-                Ok(results) => {
-                    for (&i, r) in positions.iter().zip(results) {
-                        out[i] = Some(match r {
-                            Renewed::Yes => Ok(RenewOutcome::Renewed { ttl: granted }),
-                            Renewed::NotOwner => Ok(RenewOutcome::NotOwner),
-                            Renewed::Failed(text) => Err(scripts::item_error("renew", &text)),
-                        });
-                    }
-                }
-                Err(e) => {
-                    for &i in positions {
-                        out[i] = Some(Err(StoreError::new(e.kind(), BACKEND, e.message())));
-                    }
-                }
-            }
-        }
-        Ok(out.into_iter().flatten().collect())
-    }
-
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
@@ -591,88 +523,6 @@ impl Store for RedisStore {
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
         let names = self.layout.names(key);
         self.inspect_names(key, &names).await
-    }
-
-    /// Waits in the key's queue. Subscribes to the key's channel, then (one script) joins
-    /// the queue as `owner` — or returns at once when the lease is free with nobody ahead,
-    /// or already reserved for `owner` — and waits until the lease is reserved for
-    /// `owner` (a release, or a lease found free, hands it to the first live waiter and
-    /// publishes that waiter's owner), the holder's expiry, or `timeout`, whichever comes
-    /// first. The caller then acquires as `owner`, which confirms a reservation; a
-    /// reservation not confirmed within the queue grace lapses, and the lease passes on.
-    ///
-    /// The queue entry lives until the end of this wait plus the queue grace, so a waiter
-    /// that goes away holds nobody up for longer; a waiter that waits again (after a
-    /// `Held` answer) keeps its place.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the subscription is dropped (in the background) when the last waiter
-    /// on a key leaves; the queue entry lapses on its own (see above).
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let Some(notifier) = &self.notifier else {
-            return Err(StoreError::unsupported(
-                BACKEND,
-                "waiting for release (notifications are off: notify=false)",
-            ));
-        };
-        let now = Instant::now();
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
-        let names = self.layout.names(key);
-        let owner = owner.to_hex();
-        let reg = notifier.register(&names.channel, &owner);
-        let go = reg.wake().go.notified();
-        tokio::pin!(go);
-        go.as_mut().enable();
-        notifier.subscribe(&reg).await?;
-        let longest = u64::try_from(timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .clamp(1, 24 * 3600 * 1000)
-            .to_string();
-        let wait = self
-            .conn
-            .run(
-                "wait for release",
-                &SCRIPTS.wait,
-                &[
-                    &names.lease,
-                    &names.fence,
-                    &names.queue,
-                    &names.queue_deadlines,
-                ],
-                &[
-                    &owner,
-                    &longest,
-                    &self.grace(),
-                    &self.fence_expiry(0),
-                    &self.channel(&names),
-                ],
-                scripts::parse_wait,
-            )
-            .await?;
-        let Some(remaining) = wait else {
-            return Ok(());
-        };
-        let mut wake = deadline.min(Instant::now() + remaining);
-        loop {
-            // Told it is next: the reservation of the waiter ahead lapses after the
-            // grace if that waiter went away; re-check then at the latest.
-            let next = reg.wake().next.notified();
-            tokio::select! {
-                _ = &mut go => return Ok(()),
-                _ = tokio::time::sleep_until(wake) => return Ok(()),
-                _ = next => {
-                    let lapse = Instant::now() + self.config.queue_grace() + LAPSE_MARGIN;
-                    wake = wake.min(lapse);
-                }
-            }
-        }
     }
 
     /// `SCAN MATCH` over the namespace (on every primary of a Cluster), then one inspect
@@ -780,47 +630,90 @@ impl Store for RedisStore {
             })
             .await
     }
+}
 
-    /// Subscribes to the key's channel (the one its waiters use), then marks the key
-    /// watched (`p{e}:w`, for [`WATCH_MARK_TTL`]) with one script that also publishes
-    /// this watch's heartbeat, and returns once the heartbeat came back: the subscription
-    /// is known to hear the key. From then on the scripts publish the key's changes:
-    /// a grant, a release, a break, a record write (see the crate docs, "Watching").
-    /// A task of the watch refreshes the mark every [`WATCH_REFRESH`] and checks the
-    /// heartbeat each time; a refresh that fails, a heartbeat that does not come back
-    /// within the operation timeout, or a lost pub/sub connection ends the stream with an
-    /// `Err` item. Dropping the stream stops the task and unsubscribes once nobody else
-    /// in this store waits on or watches the key; the mark lapses by itself (other
-    /// processes may be watching the key too).
-    ///
-    /// # Errors
-    /// `Unsupported` with notifications off (`notify=false`); the errors of subscribing
-    /// and of the script; `Unavailable` when the heartbeat does not come back in time.
+#[async_trait]
+impl BatchStore for RedisStore {
+    /// One script spans the slots' keys on one server (or a Sentinel set); a Cluster
+    /// spreads them over hash slots, so there each slot is acquired on its own.
+    fn atomic_acquire_any(&self) -> bool {
+        !self.is_cluster()
+    }
+
+    /// One script call per Cluster slot (a single server: one call), each renewing up to
+    /// [`RENEW_BATCH`] leases; the calls for different slots run concurrently. A call that
+    /// fails fails for each of its leases (ambiguous as a single renewal would be).
     ///
     /// # Cancel safety
-    /// Cancel safe: a dropped call leaves at most the mark behind, which lapses.
-    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
-        let Some(notifier) = &self.notifier else {
-            return Err(StoreError::unsupported(
-                BACKEND,
-                "watching (notifications are off: notify=false)",
-            ));
-        };
-        let names = self.layout.names(key);
-        let beat = format!("~{}", OwnerToken::random().to_hex());
-        let reg = notifier.watch(&names.channel, &beat);
-        notifier.subscribe_watcher(&reg).await?;
-        let watch = Watching {
-            conn: self.conn.clone(),
-            mark: names.watch.clone(),
-            channel: self.channel(&names),
-            beat,
-            reg,
-        };
-        watch.refresh().await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let task = tokio::spawn(watch.run(tx)).abort_handle();
-        Ok(Box::pin(WatchStream { rx, task }))
+    /// As [`acquire`](Self::acquire): a dropped call may have renewed any of the leases.
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        let ms_value = ttl_ms(ttl)?;
+        let before = self.conn.clock_allowance("renew")?;
+        let ms = ms_value.to_string();
+        // Positions of the leases, by slot (one group on a single server).
+        let mut groups: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        let cluster = self.conn.is_cluster();
+        for (i, (key, _)) in leases.iter().enumerate() {
+            let slot = if cluster { self.layout.slot(key) } else { 0 };
+            groups.entry(slot).or_default().push(i);
+        }
+        let calls = groups
+            .values()
+            .flat_map(|positions| positions.chunks(RENEW_BATCH))
+            .map(|positions| {
+                let names: Vec<String> = positions
+                    .iter()
+                    .map(|&i| self.layout.names(&leases[i].0).lease)
+                    .collect();
+                let mut args: Vec<String> = Vec::with_capacity(positions.len() + 1);
+                args.push(ms.clone());
+                args.extend(positions.iter().map(|&i| leases[i].1.to_hex()));
+                async move {
+                    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let n = positions.len();
+                    let got = self
+                        .conn
+                        .run("renew", &SCRIPTS.renew_many, &keys, &args, |v, id| {
+                            scripts::parse_renew_many(v, id, n)
+                        })
+                        .await;
+                    (positions, got)
+                }
+            });
+        let mut answers = futures::future::join_all(calls).await;
+        let granted = self.granted(Duration::from_millis(ms_value), before);
+        if answers.len() == 1 && answers[0].1.is_err() {
+            // One call, failed: the batch as a whole failed.
+            if let Some((_, Err(e))) = answers.pop() {
+                return Err(e);
+            }
+        }
+        let mut out: Vec<Option<Result<RenewOutcome, StoreError>>> =
+            std::iter::repeat_with(|| None).take(leases.len()).collect();
+        for (positions, got) in answers {
+            match got {
+                Ok(results) => {
+                    for (&i, r) in positions.iter().zip(results) {
+                        out[i] = Some(match r {
+                            Renewed::Yes => Ok(RenewOutcome::Renewed { ttl: granted }),
+                            Renewed::NotOwner => Ok(RenewOutcome::NotOwner),
+                            Renewed::Failed(text) => Err(scripts::item_error("renew", &text)),
+                        });
+                    }
+                }
+                Err(e) => {
+                    for &i in positions {
+                        out[i] = Some(Err(StoreError::new(e.kind(), BACKEND, e.message())));
+                    }
+                }
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// One Lua script over every key's lease, fence and queue keys on a single server or
@@ -829,7 +722,7 @@ impl Store for RedisStore {
     /// else the first granted in order. On a Cluster the keys hash to different slots,
     /// which no script can span: there it is the default,
     /// [`acquire_any_one_by_one`](leasehold_core::acquire_any_one_by_one) (see
-    /// [`Capabilities::atomic_acquire_any`]).
+    /// [`atomic_acquire_any`](BatchStore::atomic_acquire_any)).
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
@@ -909,6 +802,137 @@ impl Store for RedisStore {
             CheckedAcquire::Passed(any) => CheckedAcquire::Passed(self.granted_any(any, before)),
             other => other,
         })
+    }
+}
+
+#[async_trait]
+impl WatchStore for RedisStore {
+    /// Subscribes to the key's channel (the one its waiters use), then marks the key
+    /// watched (`p{e}:w`, for [`WATCH_MARK_TTL`]) with one script that also publishes
+    /// this watch's heartbeat, and returns once the heartbeat came back: the subscription
+    /// is known to hear the key. From then on the scripts publish the key's changes:
+    /// a grant, a release, a break, a record write (see the crate docs, "Watching").
+    /// A task of the watch refreshes the mark every [`WATCH_REFRESH`] and checks the
+    /// heartbeat each time; a refresh that fails, a heartbeat that does not come back
+    /// within the operation timeout, or a lost pub/sub connection ends the stream with an
+    /// `Err` item. Dropping the stream stops the task and unsubscribes once nobody else
+    /// in this store waits on or watches the key; the mark lapses by itself (other
+    /// processes may be watching the key too).
+    ///
+    /// # Errors
+    /// `Unsupported` with notifications off (`notify=false`: the store then offers no
+    /// watcher, [`Store::watcher`] is `None`); the errors of subscribing
+    /// and of the script; `Unavailable` when the heartbeat does not come back in time.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves at most the mark behind, which lapses.
+    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Err(StoreError::unsupported(
+                BACKEND,
+                "watching (notifications are off: notify=false)",
+            ));
+        };
+        let names = self.layout.names(key);
+        let beat = format!("~{}", OwnerToken::random().to_hex());
+        let reg = notifier.watch(&names.channel, &beat);
+        notifier.subscribe_watcher(&reg).await?;
+        let watch = Watching {
+            conn: self.conn.clone(),
+            mark: names.watch.clone(),
+            channel: self.channel(&names),
+            beat,
+            reg,
+        };
+        watch.refresh().await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let task = tokio::spawn(watch.run(tx)).abort_handle();
+        Ok(Box::pin(WatchStream { rx, task }))
+    }
+}
+
+#[async_trait]
+impl WaitStore for RedisStore {
+    /// Waits in the key's queue. Subscribes to the key's channel, then (one script) joins
+    /// the queue as `owner` — or returns at once when the lease is free with nobody ahead,
+    /// or already reserved for `owner` — and waits until the lease is reserved for
+    /// `owner` (a release, or a lease found free, hands it to the first live waiter and
+    /// publishes that waiter's owner), the holder's expiry, or `timeout`, whichever comes
+    /// first. The caller then acquires as `owner`, which confirms a reservation; a
+    /// reservation not confirmed within the queue grace lapses, and the lease passes on.
+    ///
+    /// The queue entry lives until the end of this wait plus the queue grace, so a waiter
+    /// that goes away holds nobody up for longer; a waiter that waits again (after a
+    /// `Held` answer) keeps its place.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the subscription is dropped (in the background) when the last waiter
+    /// on a key leaves; the queue entry lapses on its own (see above).
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Err(StoreError::unsupported(
+                BACKEND,
+                "waiting for release (notifications are off: notify=false)",
+            ));
+        };
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+        let names = self.layout.names(key);
+        let owner = owner.to_hex();
+        let reg = notifier.register(&names.channel, &owner);
+        let go = reg.wake().go.notified();
+        tokio::pin!(go);
+        go.as_mut().enable();
+        notifier.subscribe(&reg).await?;
+        let longest = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(1, 24 * 3600 * 1000)
+            .to_string();
+        let wait = self
+            .conn
+            .run(
+                "wait for release",
+                &SCRIPTS.wait,
+                &[
+                    &names.lease,
+                    &names.fence,
+                    &names.queue,
+                    &names.queue_deadlines,
+                ],
+                &[
+                    &owner,
+                    &longest,
+                    &self.grace(),
+                    &self.fence_expiry(0),
+                    &self.channel(&names),
+                ],
+                scripts::parse_wait,
+            )
+            .await?;
+        let Some(remaining) = wait else {
+            return Ok(());
+        };
+        let mut wake = deadline.min(Instant::now() + remaining);
+        loop {
+            // Told it is next: the reservation of the waiter ahead lapses after the
+            // grace if that waiter went away; re-check then at the latest.
+            let next = reg.wake().next.notified();
+            tokio::select! {
+                _ = &mut go => return Ok(()),
+                _ = tokio::time::sleep_until(wake) => return Ok(()),
+                _ = next => {
+                    let lapse = Instant::now() + self.config.queue_grace() + LAPSE_MARGIN;
+                    wake = wake.min(lapse);
+                }
+            }
+        }
     }
 }
 

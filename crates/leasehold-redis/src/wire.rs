@@ -5,6 +5,9 @@
 //! Public so that `leasehold-redlock` runs the very same code on each of its nodes (one
 //! format, one parser, one set of error texts); not meant for other callers.
 //!
+//! A lease key `k` is the Redis key `<prefix>{<encode_key(k)>}` (see [`encode_key`]), which
+//! `list` finds with `SCAN MATCH` and names back with [`decode_key`].
+//!
 //! A lease key holds `<owner>:<fence>` (32 lowercase hex digits, a decimal fence) with a
 //! millisecond expiry; a fence key holds the last fence granted. Fences stay below 2^53 so
 //! that Lua's doubles hold them exactly (the clock floor is about 1.8e15 today; 2^53 µs is
@@ -17,6 +20,54 @@ use std::time::Duration;
 
 use leasehold_core::{Fence, OwnerToken};
 use redis::Value;
+
+/// Percent-encodes `%`, `{` and `}` of a lease key: the part of its Redis key between the
+/// braces, so that it is exactly the Cluster hash tag and no user key can make two Redis
+/// keys collide. Injective and prefix-preserving.
+pub fn encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Reverses [`encode_key`]; `None` for anything `encode_key` cannot produce.
+pub fn decode_key(enc: &str) -> Option<String> {
+    let mut out = String::with_capacity(enc.len());
+    let mut rest = enc;
+    while let Some(i) = rest.find(['%', '{', '}']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        let c = match tail.get(..3) {
+            Some("%25") => '%',
+            Some("%7B") => '{',
+            Some("%7D") => '}',
+            _ => return None,
+        };
+        out.push(c);
+        rest = &tail[3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+/// Escapes the glob characters of `SCAN MATCH` (`*?[]\`).
+pub fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
 
 /// The error code of a script that found something that is not a leasehold lease, fence
 /// or record.

@@ -12,6 +12,7 @@ use leasehold_core::{
     AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, RenewOutcome,
     Store, StoreErrorKind,
 };
+use leasehold_core::{BatchStore, WaitStore, WatchStore};
 use leasehold_redis::{RedisConfig, RedisFactory, RedisStore};
 use tokio::time::{sleep, timeout};
 
@@ -477,7 +478,7 @@ async fn a_watch_on_a_cluster_is_sharded_and_reports_a_node_restart() {
 async fn permits_work_on_a_cluster_one_slot_at_a_time() {
     let c = Cluster::start().await;
     assert!(
-        !c.store.capabilities().atomic_acquire_any,
+        !c.store.atomic_acquire_any(),
         "the slots hash to different Cluster slots: no one script"
     );
     let client = LeaseClient::new(

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Standalone;
+use leasehold_core::WaitStore;
 use leasehold_core::{
     AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken,
     ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,

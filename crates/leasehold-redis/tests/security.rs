@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Standalone;
+use leasehold_core::WatchStore;
 use leasehold_core::{
     Action, Error, Key, LeaseClient, LeaseConfig, OwnerToken, Registry, Store, StoreError,
     StoreErrorKind,

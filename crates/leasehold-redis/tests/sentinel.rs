@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::WatchStore;
 use leasehold_core::guard::GuardDecision;
 use leasehold_core::{
     AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, ResourceName,

@@ -12,6 +12,7 @@ use leasehold_core::{
     AcquireAnyOutcome, AcquireOutcome, Action, Error, Fence, Key, LeaseClient, LeaseConfig,
     OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
+use leasehold_core::{BatchStore, WaitStore};
 use leasehold_redis::{RedisConfig, RedisFactory, RedisStore};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -426,7 +427,7 @@ async fn notifications_off_means_wait_released_is_unsupported() {
         b.notifications(false)
     })
     .await;
-    assert!(!s.store.capabilities().wait_for_release);
+    assert!(s.store.waiter().is_none() && s.store.watcher().is_none());
     let e = s
         .store
         .wait_released(&key("job:x"), &OwnerToken::random(), Duration::from_secs(1))
@@ -787,7 +788,10 @@ async fn records_are_fence_colon_value_exact_and_foreign_data_is_corrupt() {
 
 /// `acquire_any` of `keys` as `owner`: the index and fence granted.
 async fn any_of(store: &dyn Store, keys: &[Key], owner: &OwnerToken) -> (usize, Fence) {
-    match store.acquire_any(keys, owner, TTL).await.unwrap() {
+    match leasehold_core::acquire_any(store, keys, owner, TTL)
+        .await
+        .unwrap()
+    {
         AcquireAnyOutcome::Acquired { index, fence, .. } => (index, fence),
         other => panic!("expected Acquired, got {other:?}"),
     }
@@ -796,7 +800,7 @@ async fn any_of(store: &dyn Store, keys: &[Key], owner: &OwnerToken) -> (usize, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_is_one_acquire_script_call_on_one_server() {
     let s = Standalone::start().await;
-    assert!(s.store.capabilities().atomic_acquire_any);
+    assert!(s.store.atomic_acquire_any());
     let cfg = LeaseConfig::new(Duration::from_secs(30)).unwrap();
     let client = LeaseClient::new(s.store.clone(), cfg);
     const N: u32 = 8;

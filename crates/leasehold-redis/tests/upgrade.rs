@@ -13,6 +13,7 @@ use common::Standalone;
 use leasehold_core::{
     AcquireOutcome, Fence, Key, OwnerToken, ReleaseOutcome, Store, StoreErrorKind,
 };
+use leasehold_core::{WaitStore, WatchStore};
 use tokio::time::{Instant, sleep, timeout};
 
 /// The previous release's shared Lua helpers (format 1).

@@ -14,6 +14,7 @@ use common::Standalone;
 use futures::StreamExt;
 use leasehold_conformance::watching::{granted, noticed, quiet};
 use leasehold_core::{AcquireOutcome, Changes, Fence, Key, OwnerToken, ReleaseOutcome, Store};
+use leasehold_core::{BatchStore, WaitStore, WatchStore};
 use leasehold_redis::{RedisStore, WATCH_MARK_TTL, WATCH_REFRESH};
 use leasehold_testkit::ProxyMode;
 use tokio::time::{Instant, sleep, timeout};

@@ -42,8 +42,8 @@ impl std::fmt::Debug for NodeConn {
 
 /// What a permission error says the store needs.
 const ACL_NEEDS: &str = "permission denied by the node's ACL (the store needs PING, INFO, \
-    EVALSHA, SCRIPT LOAD and, inside its scripts, GET, SET, PEXPIRE, PTTL, DEL and TIME, on \
-    keys under its prefix)";
+    EVALSHA, SCRIPT LOAD, SCAN and, inside its scripts, GET, SET, PEXPIRE, PTTL, DEL and TIME, \
+    on keys under its prefix)";
 
 fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
@@ -182,6 +182,58 @@ impl NodeConn {
                 l.strip_prefix("maxmemory_policy:")
                     .map(|p| p.trim().to_owned())
             })),
+        }
+    }
+
+    /// The keys of the node matching `pattern` (`SCAN MATCH`, cursor to the end), each
+    /// round trip bounded by `bound`; keys that are not UTF-8 are left out. A failure drops
+    /// the connection (a reply still on its way would be taken for the next request's).
+    pub(crate) async fn scan(
+        &self,
+        op: &str,
+        pattern: &str,
+        bound: std::time::Duration,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut cursor = 0u64;
+        let mut keys = Vec::new();
+        loop {
+            let deadline = Instant::now() + bound;
+            let (generation, mut conn) = self.conn(op, deadline).await?;
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(500);
+            let guard = InFlight {
+                node: self,
+                generation,
+                armed: true,
+            };
+            let res = timeout_at(deadline, cmd.query_async::<(u64, Vec<Vec<u8>>)>(&mut conn)).await;
+            let mut guard = guard;
+            guard.armed = false;
+            match res {
+                Err(_) => {
+                    self.invalidate(generation);
+                    return Err(StoreError::new(
+                        StoreErrorKind::Timeout,
+                        BACKEND,
+                        format!("{op}: node {} did not answer SCAN in time", self.name),
+                    ));
+                }
+                Ok(Err(e)) => {
+                    self.invalidate(generation);
+                    return Err(self.map(op, &e, false));
+                }
+                Ok(Ok((next, found))) => {
+                    keys.extend(found.into_iter().filter_map(|k| String::from_utf8(k).ok()));
+                    if next == 0 {
+                        return Ok(keys);
+                    }
+                    cursor = next;
+                }
+            }
         }
     }
 

@@ -1,6 +1,6 @@
 //! [`RedlockStore`]: the store contract over N independent Redis servers.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::time::Duration;
 
@@ -10,6 +10,7 @@ use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
+use leasehold_redis::wire::{decode_key as decode, encode_key as encode, glob_escape};
 use tokio::time::Instant;
 
 use crate::BACKEND;
@@ -97,21 +98,6 @@ fn pick<'a>(replies: impl IntoIterator<Item = &'a Record>) -> Option<Record> {
             fence: top,
             value: value.to_vec(),
         })
-}
-
-/// Percent-encodes `%`, `{` and `}`, so that the key's hash tag is exactly the encoded key
-/// and no user key can make two lease keys collide.
-fn encode(key: &str) -> String {
-    let mut out = String::with_capacity(key.len() + 8);
-    for c in key.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 impl RedlockStore {
@@ -233,6 +219,20 @@ impl RedlockStore {
         format!("{}:record", self.lease_key(key))
     }
 
+    /// The lease key named by a Redis key a scan found, if it is a lease key
+    /// ([`lease_key`](Self::lease_key)): not a fence or record key beside it, not a foreign
+    /// key that happens to match.
+    fn parse_lease_key(&self, redis_key: &str) -> Option<Key> {
+        let inner = redis_key
+            .strip_prefix(self.config.key_prefix())?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        if inner.contains('}') {
+            return None;
+        }
+        Key::new(decode(inner)?).ok()
+    }
+
     /// Writes `record` back to the nodes `behind` (they answered a read with no record or
     /// a lower fence), at once, bounded by the node timeout; best effort (a node that
     /// fails is repaired by a later read).
@@ -318,12 +318,7 @@ impl Store for RedlockStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.reports_remaining = true;
-        caps.break_lease = true;
         caps.fence_durability = FenceDurability::ClockFloored;
-        caps.records = true;
-        // `acquire_any` is the trait's default: one quorum acquire per key (after one
-        // batch renewal looking for the owner's key), not one atomic call.
-        caps.atomic_acquire_any = false;
         caps
     }
 
@@ -613,6 +608,53 @@ impl Store for RedlockStore {
         Ok(None)
     }
 
+    /// The candidates first: every node's lease keys under `prefix` (`SCAN MATCH`, each
+    /// round trip bounded by the node timeout), which needs a majority of the nodes to
+    /// answer, so that every lease a majority holds is on at least one node scanned. Then
+    /// one [`inspect`](Self::inspect) per candidate, in key order: a lease is listed as
+    /// the majority view reports it, and a partial lock (an acquire that reached a
+    /// minority) is not listed.
+    ///
+    /// # Errors
+    /// A retryable error when fewer than a majority of the nodes answered the scan, or
+    /// when an inspect cannot tell; a non-retryable node error as it is.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it changes nothing.
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        let bound = self.config.node_bound();
+        let pattern = format!(
+            "{}{{{}*",
+            glob_escape(self.config.key_prefix()),
+            glob_escape(&encode(prefix))
+        );
+        let (n, q) = (self.nodes.len(), self.config.quorum());
+        let mut tally = self.on_all(|node| node.scan("list", &pattern, bound)).await;
+        if let Some(e) = tally.take_fatal() {
+            return Err(e);
+        }
+        if tally.ok.len() < q {
+            return Err(tally.short(
+                "list",
+                format!("scanned {} of {n} nodes, {q} needed", tally.ok.len()),
+            ));
+        }
+        let candidates: BTreeSet<Key> = tally
+            .ok
+            .iter()
+            .flat_map(|(_, keys)| keys)
+            .filter_map(|k| self.parse_lease_key(k))
+            .filter(|k| k.as_str().starts_with(prefix))
+            .collect();
+        let mut out = Vec::with_capacity(candidates.len());
+        for key in candidates {
+            if let Some(info) = self.inspect(&key).await? {
+                out.push(info);
+            }
+        }
+        Ok(out)
+    }
+
     /// Deletes whatever lease holds `key` on every node and advances each node's fence
     /// past it (floored at the node's clock); then records the highest of those fences
     /// on every node. Needs a majority in both rounds, so the next grant's fence is
@@ -811,6 +853,36 @@ mod tests {
             fence: Fence(fence),
             value: value.to_vec(),
         }
+    }
+
+    /// A scan's Redis keys name their lease keys back: a lease key of any user key
+    /// (braces and percent signs included) decodes to that key; the fence and record keys
+    /// beside it, and keys of another prefix, name none; glob characters are escaped.
+    #[test]
+    fn scanned_keys_name_their_lease_keys() {
+        let config = RedlockConfig::new(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+            .unwrap()
+            .prefix("app:")
+            .unwrap();
+        let store = RedlockStore::new(config).unwrap();
+        for k in ["job:x", "{a}x", "}", "{}", "a}{b}", "100%", "%7B", "*?[]\\"] {
+            let key = Key::new(k).unwrap();
+            assert_eq!(
+                store.parse_lease_key(&store.lease_key(&key)),
+                Some(key.clone()),
+                "{k}"
+            );
+            assert_eq!(store.parse_lease_key(&store.fence_key(&key)), None, "{k}");
+            assert_eq!(store.parse_lease_key(&store.record_key(&key)), None, "{k}");
+            assert_eq!(decode(&encode(k)).as_deref(), Some(k));
+        }
+        assert_eq!(store.parse_lease_key("other:{job:x}"), None);
+        assert_eq!(
+            store.parse_lease_key("app:{job%zz}"),
+            None,
+            "not an encoding"
+        );
+        assert_eq!(glob_escape("a*b?c[d]e\\f"), "a\\*b\\?c\\[d\\]e\\\\f");
     }
 
     #[test]

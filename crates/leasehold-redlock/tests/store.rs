@@ -546,6 +546,8 @@ fn acl_rules(prefix: &str) -> Vec<String> {
         "+time",
         // Reading maxmemory-policy when the store opens (docs/faults.md row 25).
         "+info",
+        // Listing leases.
+        "+scan",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -584,6 +586,11 @@ async fn least_privilege_acl_user() {
         RenewOutcome::Renewed { .. }
     ));
     assert_eq!(store.inspect(&k).await.unwrap().map(|i| i.fence), Some(fa));
+    let listed = store.list("store:").await.expect("list");
+    assert_eq!(
+        listed.iter().map(|i| (&i.key, i.fence)).collect::<Vec<_>>(),
+        vec![(&k, fa)]
+    );
     let broken = store.break_lease(&k).await.unwrap();
     assert!(broken > fa);
     let (b, fb) = acquire_fresh(&store, &k, TTL).await;
@@ -620,6 +627,78 @@ async fn least_privilege_acl_user() {
         .await
         .expect_err("TIME refused");
     assert_eq!(err.kind(), StoreErrorKind::Config, "{err}");
+}
+
+/// `list` answers the majority view: a lease held on a majority is listed (owner and
+/// fence as `inspect` reports them), a partial lock on one node only is not, nor are the
+/// fence and record keys beside the leases, nor leases under another prefix. With one node
+/// blackholed it still lists every lease a majority holds, but a key it cannot tell about
+/// (the partial lock might be on the silent node too) makes it fail, as `inspect` of that
+/// key does; with two nodes blackholed it cannot tell at all. Either way a retryable
+/// error, never a partial answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_answers_the_majority_view() {
+    let set = Set::start().await;
+    let store = &set.store;
+    let (a, b) = (key("list-a"), key("list-b"));
+    let (owner_a, fa) = acquire_fresh(store, &a, TTL * 10).await;
+    let (owner_b, fb) = acquire_fresh(store, &b, TTL * 10).await;
+    store
+        .put_record(&key("list-record"), fa, b"v")
+        .await
+        .expect("put_record");
+    // A partial lock: the lease key on one node only (an acquire that reached only it).
+    let partial = key("list-partial");
+    let stray = format!("{}:1", OwnerToken::random().to_hex());
+    cli(
+        &set.servers[0],
+        &["SET", &store.lease_key(&partial), &stray, "PX", "60000"],
+    )
+    .await;
+    let elsewhere = Key::new("elsewhere:list").unwrap();
+    acquire_fresh(store, &elsewhere, TTL * 10).await;
+    let expected = vec![(a.clone(), owner_a, fa), (b.clone(), owner_b, fb)];
+    let listed = |list: Vec<leasehold_core::LeaseInfo>| {
+        list.into_iter()
+            .map(|i| (i.key, i.owner, i.fence))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        listed(store.list("store:list-").await.expect("list")),
+        expected,
+        "the leases a majority holds, in key order, and nothing else"
+    );
+    assert_eq!(
+        listed(store.list("store:list-a").await.expect("list")),
+        expected[..1],
+        "by prefix"
+    );
+    // One node cut off: the partial lock might be on it too, so its key's majority view
+    // is unknown, as `inspect` says; list says so too rather than guess.
+    set.proxies[1].set_mode(ProxyMode::Blackhole);
+    let err = store
+        .list("store:list-")
+        .await
+        .expect_err("a candidate whose majority view is unknown");
+    assert!(err.is_retryable(), "{err}");
+    // Without it, a majority still answers for every lease.
+    cli(&set.servers[0], &["DEL", &store.lease_key(&partial)]).await;
+    assert_eq!(
+        listed(
+            store
+                .list("store:list-")
+                .await
+                .expect("list with one node cut off")
+        ),
+        expected
+    );
+    // Two: no majority to tell from.
+    set.proxies[2].set_mode(ProxyMode::Blackhole);
+    let err = store
+        .list("store:list-")
+        .await
+        .expect_err("list with two of three nodes cut off");
+    assert!(err.is_retryable(), "{err}");
 }
 
 /// Calls `f` until it answers without a retryable error, for up to 10 s (a node just

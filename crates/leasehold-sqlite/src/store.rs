@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use leasehold_sql::guard::{fence_from_i64, fence_to_i64};
 use leasehold_sql::{Failure, with_conn};
@@ -615,15 +615,15 @@ impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.reports_remaining = true;
-        caps.list = true;
-        caps.break_lease = true;
-        caps.wait_for_release = true;
-        caps.records = true;
         caps.fence_durability = match self.config.get_synchronous() {
             Synchronous::Full => FenceDurability::Durable,
             Synchronous::Normal => FenceDurability::ClockFloored,
         };
         caps
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        Some(self)
     }
 
     async fn acquire(
@@ -731,6 +731,87 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
+        let now = self.clock.now()?;
+        let rows = self
+            .run("list", false, async |conn| {
+                list_rows(conn, &now, prefix).await
+            })
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (name, row) in rows {
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let key = Key::new(&name).map_err(|e| corrupt(&name, e))?;
+            if let State::Live {
+                owner,
+                fence,
+                expires_us,
+            } = interpret(&name, Some(row), &now)?
+            {
+                out.push(LeaseInfo {
+                    key,
+                    owner,
+                    fence: fence_from_i64(fence),
+                    remaining: Some(remaining(expires_us, &now)),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
+        let fence = self
+            .run("break", true, async |conn| {
+                break_tx(conn, &*self.clock, key.as_str()).await
+            })
+            .await?;
+        self.bells.broken(key);
+        tracing::info!(key = %key, %fence, "sqlite lease broken");
+        Ok(fence)
+    }
+
+    /// One write transaction (`BEGIN IMMEDIATE`): an `INSERT … ON CONFLICT DO UPDATE …
+    /// WHERE excluded.fence > fence` into `leasehold_records`, then a read of the row.
+    ///
+    /// # Cancel safety
+    /// A dropped call may have committed the record (its connection is closed).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::InvalidInput`] for a value longer than
+    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN) or a fence above `i64::MAX`;
+    /// [`StoreErrorKind::Busy`] when the file stays locked.
+    async fn put_record(
+        &self,
+        key: &Key,
+        fence: Fence,
+        value: &[u8],
+    ) -> Result<Record, StoreError> {
+        leasehold_sql::record::check_value(BACKEND, value)?;
+        let fence = fence_to_i64(BACKEND, fence)?;
+        self.run("put record", true, async |conn| {
+            put_record_tx(conn, key, fence, value).await
+        })
+        .await
+    }
+
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let row: Option<(i64, Vec<u8>)> = self
+            .run("get record", false, async |conn| {
+                Ok(sqlx::query_as(SELECT_RECORD)
+                    .bind(key.as_str())
+                    .fetch_optional(conn)
+                    .await?)
+            })
+            .await?;
+        row.map(|(fence, value)| leasehold_sql::record::from_i64(BACKEND, key, fence, value))
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl WaitStore for SqliteStore {
     /// Returns when `key` is free for `owner` (released, broken or expired), or when
     /// `timeout` has passed; `Ok` either way.
     ///
@@ -820,83 +901,5 @@ impl Store for SqliteStore {
                 .unwrap_or(Ok(())),
             None => wait.await,
         }
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        let now = self.clock.now()?;
-        let rows = self
-            .run("list", false, async |conn| {
-                list_rows(conn, &now, prefix).await
-            })
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for (name, row) in rows {
-            if !name.starts_with(prefix) {
-                continue;
-            }
-            let key = Key::new(&name).map_err(|e| corrupt(&name, e))?;
-            if let State::Live {
-                owner,
-                fence,
-                expires_us,
-            } = interpret(&name, Some(row), &now)?
-            {
-                out.push(LeaseInfo {
-                    key,
-                    owner,
-                    fence: fence_from_i64(fence),
-                    remaining: Some(remaining(expires_us, &now)),
-                });
-            }
-        }
-        Ok(out)
-    }
-
-    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
-        let fence = self
-            .run("break", true, async |conn| {
-                break_tx(conn, &*self.clock, key.as_str()).await
-            })
-            .await?;
-        self.bells.broken(key);
-        tracing::info!(key = %key, %fence, "sqlite lease broken");
-        Ok(fence)
-    }
-
-    /// One write transaction (`BEGIN IMMEDIATE`): an `INSERT … ON CONFLICT DO UPDATE …
-    /// WHERE excluded.fence > fence` into `leasehold_records`, then a read of the row.
-    ///
-    /// # Cancel safety
-    /// A dropped call may have committed the record (its connection is closed).
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::InvalidInput`] for a value longer than
-    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN) or a fence above `i64::MAX`;
-    /// [`StoreErrorKind::Busy`] when the file stays locked.
-    async fn put_record(
-        &self,
-        key: &Key,
-        fence: Fence,
-        value: &[u8],
-    ) -> Result<Record, StoreError> {
-        leasehold_sql::record::check_value(BACKEND, value)?;
-        let fence = fence_to_i64(BACKEND, fence)?;
-        self.run("put record", true, async |conn| {
-            put_record_tx(conn, key, fence, value).await
-        })
-        .await
-    }
-
-    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let row: Option<(i64, Vec<u8>)> = self
-            .run("get record", false, async |conn| {
-                Ok(sqlx::query_as(SELECT_RECORD)
-                    .bind(key.as_str())
-                    .fetch_optional(conn)
-                    .await?)
-            })
-            .await?;
-        row.map(|(fence, value)| leasehold_sql::record::from_i64(BACKEND, key, fence, value))
-            .transpose()
     }
 }

@@ -139,6 +139,7 @@ async fn fixture() -> Fixture {
     )
     .guard(Arc::new(SqliteWrites { pool }))
     .other_processes(url)
+    .expects_waiter()
     .keep_alive(dir)
 }
 

@@ -28,6 +28,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::WaitStore;
 use leasehold_core::{
     AcquireOutcome, Backoff, Error, GuardDecision, Key, LeaseClient, LeaseConfig, OwnerToken,
     Store, StoreErrorKind,

@@ -25,7 +25,7 @@ const SOON: Duration = Duration::from_secs(3);
 
 async fn open(path: &std::path::Path) -> Arc<dyn Store> {
     let s = SqliteStore::connect(SqliteConfig::new(path)).await.unwrap();
-    assert!(s.capabilities().wait_for_release);
+    assert!(s.waiter().is_some());
     Arc::new(s)
 }
 
@@ -46,7 +46,10 @@ fn spawn_wait(
     t: Duration,
 ) -> tokio::task::JoinHandle<Result<(), leasehold_core::StoreError>> {
     let (w, k) = (store.clone(), k.clone());
-    tokio::spawn(async move { w.wait_released(&k, &OwnerToken::random(), t).await })
+    tokio::spawn(async move {
+        let waiter = w.waiter().expect("a waiter");
+        waiter.wait_released(&k, &OwnerToken::random(), t).await
+    })
 }
 
 async fn open_in(dir: &tempfile::TempDir) -> Arc<dyn Store> {
@@ -223,7 +226,10 @@ async fn a_turn_left_unclaimed_is_passed_on_after_the_grace_period() {
     ));
     let first = {
         let (idle, k) = (idle.clone(), k.clone());
-        tokio::spawn(async move { idle.wait_released(&k, &o, Duration::from_secs(60)).await })
+        tokio::spawn(async move {
+            let waiter = idle.waiter().expect("a waiter");
+            waiter.wait_released(&k, &o, Duration::from_secs(60)).await
+        })
     };
     sleep(Duration::from_millis(500)).await;
     let patient = slow_polling_client(open(&path).await);

@@ -8,8 +8,9 @@ use async_trait::async_trait;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, BatchStore, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo,
+    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
+    WatchStore,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -179,14 +180,14 @@ fn session_broke(state: zk::SessionState) -> StoreError {
     )
 }
 
-/// What woke a [`Store::watch`] stream.
+/// What woke a [`WatchStore::watch`] stream.
 enum Woken {
     Queue(zk::WatchedEvent),
     Record(zk::WatchedEvent),
     State(zk::SessionState),
 }
 
-/// The state of a [`Store::watch`] stream: a one-shot watch of the key's queue and one of
+/// The state of a [`WatchStore::watch`] stream: a one-shot watch of the key's queue and one of
 /// its record, re-armed after each event (the re-arming read tells what changed).
 struct ZkWatching {
     /// The store, not kept alive by the watch (its session ends with it).
@@ -996,7 +997,7 @@ impl ZkStore {
         }
     }
 
-    /// Renews `leases` (see [`Store::renew_many`]): the leases this store still believes
+    /// Renews `leases` (see [`BatchStore::renew_many`]): the leases this store still believes
     /// live are confirmed by the leader in check `multi`s ([`confirm`](Self::confirm)),
     /// and extended from the call's send by what [`grant`](Self::grant) allows.
     async fn do_renew_many(
@@ -1299,15 +1300,23 @@ impl Store for ZkStore {
 
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
-        caps.wait_for_release = true;
         caps.fifo_wait = true;
         caps.reports_remaining = true;
-        caps.list = true;
-        caps.break_lease = true;
         caps.fence_durability = FenceDurability::Consensus;
-        caps.records = true;
-        caps.watch = true;
         caps
+    }
+
+    /// Batches of renewals: one multi-op per batch.
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        Some(self)
+    }
+
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        Some(self)
+    }
+
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        Some(self)
     }
 
     /// A list of the key's queue; when it is free, one `create` of an ephemeral sequential
@@ -1366,22 +1375,6 @@ impl Store for ZkStore {
         answers.pop().unwrap_or(Ok(RenewOutcome::NotOwner))
     }
 
-    /// As [`renew`](Self::renew) for every lease of the batch at once: **one** check
-    /// `multi` over all their nodes (split every 256 KiB of paths). A node that is gone
-    /// fails the `multi` as a whole; the leader names it, it is answered `NotOwner` and
-    /// the others are checked again, so one lost lease fails no other's renewal.
-    ///
-    /// # Cancel safety
-    /// As `renew`: a dropped call may have been acknowledged; no deadline is moved.
-    async fn renew_many(
-        &self,
-        leases: &[(Key, OwnerToken)],
-        ttl: Duration,
-    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
-        StoreError::check_ttl(BACKEND, ttl)?;
-        self.bounded("renew", self.do_renew_many(leases, ttl)).await
-    }
-
     /// One `delete` of the lease's node.
     ///
     /// # Cancel safety
@@ -1403,73 +1396,6 @@ impl Store for ZkStore {
             self.info(&s, key.clone(), &dir).await
         })
         .await
-    }
-
-    /// Takes a place in the key's queue: an ephemeral sequential node named with `owner`
-    /// (kept across this owner's calls, deleted a second after its last one), then
-    /// watches **only its predecessor** (no herd). Returns when the predecessor is gone
-    /// (released, broken, its session ended) or the key is free; when `owner`'s node is
-    /// first, the lease is reserved for `owner`'s next `acquire` (others are answered
-    /// `Held`), so waiters are served in the order they started waiting.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped wait keeps its place for a second (the owner's next call
-    /// finds it), then the store deletes it.
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let dir = self.lease_dir(key);
-        let _mark = self.in_progress(&dir, owner);
-        let wait = async {
-            let (s, watcher) = self
-                .bounded("watch", async {
-                    let s = self.session().await?;
-                    for _ in 0..8 {
-                        let queue = self.queue(&s, &dir).await?;
-                        let mine = queue.iter().position(|(o, _, _)| o == owner);
-                        let predecessor = match mine {
-                            // First: reserved for us (or ours already).
-                            Some(0) => return Ok((s, None)),
-                            Some(i) => queue[i - 1].2.clone(),
-                            // Free: nothing to wait for.
-                            None if queue.is_empty() => return Ok((s, None)),
-                            None => {
-                                // Queue up behind everyone there.
-                                let options = zk::CreateMode::EphemeralSequential
-                                    .with_acls(zk::Acls::anyone_all());
-                                let data = s.longest_ttl().as_millis().to_string();
-                                let path = format!("{dir}/{}", Self::node_prefix(owner));
-                                match s.client.create(&path, data.as_bytes(), &options).await {
-                                    Ok(_) => continue,
-                                    // The directory went with its last node: free.
-                                    Err(zk::Error::NoNode) => return Ok((s, None)),
-                                    Err(e) => return Err(map_err("create", e)),
-                                }
-                            }
-                        };
-                        match s
-                            .client
-                            .check_and_watch_stat(&format!("{dir}/{predecessor}"))
-                            .await
-                        {
-                            Ok((Some(_), w)) => return Ok((s, Some(w))),
-                            Ok((None, _)) => continue,
-                            Err(e) => return Err(map_err("watch", e)),
-                        }
-                    }
-                    Ok((s, None))
-                })
-                .await?;
-            let _keep = s;
-            if let Some(w) = watcher {
-                w.changed().await;
-            }
-            Ok(())
-        };
-        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(()))
     }
 
     /// A list of the root path, then an inspect of each matching key (at most 32 at a
@@ -1590,7 +1516,99 @@ impl Store for ZkStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl BatchStore for ZkStore {
+    /// As [`renew`](Self::renew) for every lease of the batch at once: **one** check
+    /// `multi` over all their nodes (split every 256 KiB of paths). A node that is gone
+    /// fails the `multi` as a whole; the leader names it, it is answered `NotOwner` and
+    /// the others are checked again, so one lost lease fails no other's renewal.
+    ///
+    /// # Cancel safety
+    /// As `renew`: a dropped call may have been acknowledged; no deadline is moved.
+    async fn renew_many(
+        &self,
+        leases: &[(Key, OwnerToken)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
+        StoreError::check_ttl(BACKEND, ttl)?;
+        self.bounded("renew", self.do_renew_many(leases, ttl)).await
+    }
+}
+
+#[async_trait]
+impl WaitStore for ZkStore {
+    /// Takes a place in the key's queue: an ephemeral sequential node named with `owner`
+    /// (kept across this owner's calls, deleted a second after its last one), then
+    /// watches **only its predecessor** (no herd). Returns when the predecessor is gone
+    /// (released, broken, its session ended) or the key is free; when `owner`'s node is
+    /// first, the lease is reserved for `owner`'s next `acquire` (others are answered
+    /// `Held`), so waiters are served in the order they started waiting.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait keeps its place for a second (the owner's next call
+    /// finds it), then the store deletes it.
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let dir = self.lease_dir(key);
+        let _mark = self.in_progress(&dir, owner);
+        let wait = async {
+            let (s, watcher) = self
+                .bounded("watch", async {
+                    let s = self.session().await?;
+                    for _ in 0..8 {
+                        let queue = self.queue(&s, &dir).await?;
+                        let mine = queue.iter().position(|(o, _, _)| o == owner);
+                        let predecessor = match mine {
+                            // First: reserved for us (or ours already).
+                            Some(0) => return Ok((s, None)),
+                            Some(i) => queue[i - 1].2.clone(),
+                            // Free: nothing to wait for.
+                            None if queue.is_empty() => return Ok((s, None)),
+                            None => {
+                                // Queue up behind everyone there.
+                                let options = zk::CreateMode::EphemeralSequential
+                                    .with_acls(zk::Acls::anyone_all());
+                                let data = s.longest_ttl().as_millis().to_string();
+                                let path = format!("{dir}/{}", Self::node_prefix(owner));
+                                match s.client.create(&path, data.as_bytes(), &options).await {
+                                    Ok(_) => continue,
+                                    // The directory went with its last node: free.
+                                    Err(zk::Error::NoNode) => return Ok((s, None)),
+                                    Err(e) => return Err(map_err("create", e)),
+                                }
+                            }
+                        };
+                        match s
+                            .client
+                            .check_and_watch_stat(&format!("{dir}/{predecessor}"))
+                            .await
+                        {
+                            Ok((Some(_), w)) => return Ok((s, Some(w))),
+                            Ok((None, _)) => continue,
+                            Err(e) => return Err(map_err("watch", e)),
+                        }
+                    }
+                    Ok((s, None))
+                })
+                .await?;
+            let _keep = s;
+            if let Some(w) = watcher {
+                w.changed().await;
+            }
+            Ok(())
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(()))
+    }
+}
+
+#[async_trait]
+impl WatchStore for ZkStore {
     /// Two one-shot watches on the store's session, set up by two pipelined requests
     /// (one round trip; three requests when the key's directory does not exist): the
     /// key's queue (its children, or the directory's creation) and its record node (its

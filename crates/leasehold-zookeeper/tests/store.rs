@@ -10,6 +10,7 @@ use common::{Servers, Setup, raw};
 use leasehold_core::{
     AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
+use leasehold_core::{BatchStore, WaitStore};
 use leasehold_testkit::{ProxyMode, ZK_MAX_SESSION_TIMEOUT, ZK_MIN_SESSION_TIMEOUT, ZkServer};
 use leasehold_zookeeper::{ZkConfig, ZkStore};
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{Servers, Setup};
 use futures::StreamExt;
 use leasehold_conformance::watching::{granted, notice, quiet, waiter};
+use leasehold_core::WatchStore;
 use leasehold_core::{Changes, Fence, Key, OwnerToken, Store};
 use leasehold_testkit::ProxyMode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

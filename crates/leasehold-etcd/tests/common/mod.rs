@@ -123,6 +123,8 @@ pub async fn solo_fixture() -> Fixture {
         .no_guard(NO_GUARD)
         .other_processes(url)
         .network(network)
+        .expects_watcher()
+        .expects_waiter()
         .keep_alive(s)
 }
 
@@ -198,5 +200,7 @@ pub async fn cluster_fixture() -> Fixture {
         .no_guard(NO_GUARD)
         .other_processes(url)
         .network(network)
+        .expects_watcher()
+        .expects_waiter()
         .keep_alive(t)
 }

@@ -261,6 +261,7 @@ pub async fn conformance_fixture(kind: Kind) -> leasehold_conformance::Fixture {
     .guard(Arc::new(writes))
     .other_processes(direct_url)
     .network(network)
+    .expects_waiter()
     .keep_alive((db, proxy))
 }
 

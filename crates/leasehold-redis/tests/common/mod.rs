@@ -197,6 +197,10 @@ pub async fn standalone_fixture() -> Fixture {
         .no_guard(NO_GUARD)
         .other_processes(url)
         .network(network)
+        // Batches always; notifications are on by default.
+        .expects_batch()
+        .expects_watcher()
+        .expects_waiter()
         .keep_alive(s)
 }
 
@@ -229,6 +233,10 @@ pub async fn cluster_fixture() -> Fixture {
         .no_guard(NO_GUARD)
         .other_processes(url)
         .network(network)
+        // Batches always; notifications are on by default.
+        .expects_batch()
+        .expects_watcher()
+        .expects_waiter()
         .keep_alive(c)
 }
 
@@ -280,6 +288,10 @@ pub async fn sentinel_fixture() -> Fixture {
         .no_guard(NO_GUARD)
         .other_processes(url)
         .network(network)
+        // Batches always; notifications are on by default.
+        .expects_batch()
+        .expects_watcher()
+        .expects_waiter()
         .keep_alive(set)
 }
 

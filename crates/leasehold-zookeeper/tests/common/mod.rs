@@ -222,6 +222,9 @@ async fn fixture(servers: Servers) -> Fixture {
         .no_guard(NO_GUARD)
         .other_processes(url)
         .network(network)
+        .expects_batch()
+        .expects_watcher()
+        .expects_waiter()
         .keep_alive(s)
 }
 
