@@ -20,6 +20,6 @@ pub use history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines
 
 /// The stores the harness can run against: every store the `leasehold` crate is built
 /// with here (Redis, PostgreSQL, etcd, ZooKeeper and Redlock).
-pub fn registry() -> leasehold::Registry {
+pub fn registry() -> leasehold::store::Registry {
     leasehold::registry()
 }

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use leasehold::postgres::sqlx::{self, PgPool, postgres::PgPoolOptions};
 use leasehold::{
-    GuardDecision, LeaseClient, LeaseConfig, LeaseObserver, Registry, RenewalEvent, RenewalPhase,
-    Store,
+    GuardDecision, LeaseClient, LeaseConfig, LeaseObserver, RenewalEvent, RenewalPhase, Store,
 };
 use rand::Rng;
 
@@ -267,7 +266,7 @@ async fn take(
 ///
 /// # Errors
 /// Set-up failures (store, database, event file), as text.
-pub async fn run(spec: WorkerSpec, registry: Registry) -> Result<(), String> {
+pub async fn run(spec: WorkerSpec, registry: leasehold::store::Registry) -> Result<(), String> {
     let rec = Recorder::open(&spec.events, &spec.name).map_err(|e| e.to_string())?;
     let store: Arc<dyn Store> = registry
         .open(&spec.lease_url)

@@ -108,7 +108,9 @@ impl ManualClock {
             let mut s = self.suspended.lock().unwrap_or_else(|e| e.into_inner());
             *s = s.saturating_add(d);
         }
-        crate::watchdog::clock_moved();
+        if let Some(moved) = ON_MOVE.get() {
+            moved();
+        }
     }
 }
 
@@ -168,6 +170,15 @@ impl LeaseClock {
         at.0.checked_sub(self.0.suspended())
             .unwrap_or_else(Instant::now)
     }
+}
+
+/// Told when a clock moves forward at once (a [`ManualClock`]'s suspend): the deadline
+/// watchdog registers itself here when it starts, and converts its deadlines again.
+static ON_MOVE: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Registers the one listener of clock moves.
+pub(crate) fn on_move(listener: fn()) {
+    let _ = ON_MOVE.set(listener);
 }
 
 #[cfg(test)]

@@ -353,7 +353,7 @@ pub enum Error {
         max: usize,
     },
     /// A semaphore's number of permits is 0 or above
-    /// [`MAX_PERMITS`](crate::semaphore::MAX_PERMITS).
+    /// [`MAX_PERMITS`](crate::recipes::semaphore::MAX_PERMITS).
     #[error("a semaphore needs 1 to {max} permits, not {permits}")]
     InvalidPermits {
         /// The number asked for.
@@ -372,16 +372,16 @@ pub enum Error {
         /// The number this caller asked for.
         asked: u32,
     },
-    /// The name is used as another kind of resource (see [`kind`](crate::kind)): a
+    /// The name is used as another kind of resource (see [`kind`](crate::recipes::kind)): a
     /// semaphore and a lease (or an election) cannot share a name. Nothing was left held.
-    #[error("{}", crate::kind::mismatch_message(name, *found, *asked))]
+    #[error("{}", crate::recipes::kind::mismatch_message(name, *found, *asked))]
     KindMismatch {
         /// The name.
         name: Key,
         /// What the store records the name as.
-        found: crate::kind::ResourceKind,
+        found: crate::recipes::kind::ResourceKind,
         /// What this caller asked for.
-        asked: crate::kind::ResourceKind,
+        asked: crate::recipes::kind::ResourceKind,
     },
     /// The client is shutting down ([`LeaseClient::shutdown`](crate::LeaseClient::shutdown)):
     /// it grants no new leases.

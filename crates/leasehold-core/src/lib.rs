@@ -2,52 +2,49 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-pub mod backoff;
-mod client;
+// The model, one folder each: `store` (the contract every backend implements, its
+// extensions, the in-memory store and the URL registry), `lease` (the holder's side: the
+// client, the lease handle, renewal, the deadline watchdog), `recipes` (elections and
+// semaphores, built on the client's public acquire step) and `wrap` (policies as store
+// wrappers). The files at the top are the vocabulary all of them share.
 pub mod clock;
 pub mod config;
-pub mod election;
-mod ended;
 mod error;
-mod ext;
 pub mod guard;
 mod key;
-pub mod kind;
-mod lease;
-pub mod memory;
+pub mod lease;
 pub mod metrics;
-mod observer;
-mod registry;
-mod scheduler;
-pub mod semaphore;
-mod store;
+pub mod recipes;
+pub mod store;
 mod token;
-pub mod url;
-mod watchdog;
 pub mod wrap;
 
-pub use backoff::Backoff;
-pub use client::{LeaseClient, LeaseClientBuilder, ShutdownReport};
+pub use config::backoff;
+pub use recipes::{election, kind, semaphore};
+pub use store::{memory, url};
+
+pub use config::backoff::Backoff;
 pub use config::{ConfigError, LeaseConfig, LeaseConfigBuilder};
 pub use election::{Election, Leader, Leadership};
-pub use ended::EndedGrants;
 pub use error::{Action, Error, StoreError, StoreErrorKind};
-pub use ext::{
-    AcquireAnyOutcome, BatchStore, Changes, CheckedAcquire, RENEW_BATCH, RecordCheck, WaitStore,
-    WatchStore, acquire_any, acquire_any_checked, acquire_any_checked_in_two_calls,
-    acquire_any_one_by_one, renew_many,
-};
 pub use guard::{GuardDecision, Idempotency, ResourceName, ResourceNameError};
 pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
 pub use kind::ResourceKind;
+pub use lease::EndedGrants;
+pub use lease::{AcquireStep, LeaseClient, LeaseClientBuilder, ShutdownReport, StepCall};
 pub use lease::{Lease, LostFuture, LostReason, LostSignal};
-pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};
-pub use registry::{OpenFuture, Registry, StoreFactory};
+pub use lease::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use semaphore::{Permit, Semaphore};
+pub use store::{
+    AcquireAnyOutcome, BatchStore, Changes, CheckedAcquire, RENEW_BATCH, RecordCheck, WaitStore,
+    WatchStore, acquire_any, acquire_any_checked, acquire_any_checked_in_two_calls,
+    acquire_any_one_by_one, first_granted, renew_many,
+};
 pub use store::{
     AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, MAX_RECORD_LEN, Record,
     ReleaseOutcome, RenewOutcome, Store,
 };
+pub use store::{OpenFuture, Registry, StoreFactory};
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 pub use tokio_util::sync::CancellationToken;
 

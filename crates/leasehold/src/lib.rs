@@ -3,7 +3,27 @@
 
 use std::sync::Arc;
 
-pub use leasehold_core::*;
+use store::Registry;
+
+// What a user of leases names, at the root; what a store's writer needs, under `store`.
+pub use leasehold_core::{
+    AcquireStep, Action, Backoff, CancellationToken, ConfigError, Election, Error, Fence,
+    GuardDecision, Idempotency, IntoKey, Key, KeyError, Leader, Leadership, Lease, LeaseClient,
+    LeaseClientBuilder, LeaseConfig, LeaseConfigBuilder, LeaseInfo, LeaseObserver, LostFuture,
+    LostReason, LostSignal, MAX_KEY_LEN, OwnerToken, ParseOwnerTokenError, Permit, RenewalEvent,
+    RenewalPhase, ResourceKind, ResourceName, ResourceNameError, Semaphore, ShutdownReport,
+    StepCall, Store, StoreError, StoreErrorKind,
+};
+pub use leasehold_core::{clock, config, election, guard, kind, memory, metrics, semaphore, wrap};
+
+/// For people who write a store: the contract every backend implements and its
+/// extensions, the words it speaks, the helpers that give a store without a batch the
+/// batch operations, the registry that opens a store from a URL, URL parsing, and the
+/// in-memory store. Check a new store with the conformance suite (feature `conformance`).
+pub mod store {
+    pub use leasehold_core::store::*;
+    pub use leasehold_core::{EndedGrants, url};
+}
 
 /// The Redis store (`redis://`, `rediss://`, `redis+cluster://`): the
 /// [`leasehold-redis`](https://docs.rs/leasehold-redis) crate.
@@ -45,7 +65,7 @@ pub use leasehold_zookeeper as zookeeper;
 #[cfg(feature = "conformance")]
 pub use leasehold_conformance as conformance;
 
-/// A [`Registry`] of every store this build enables (its cargo features), plus the
+/// A [`Registry`](store::Registry) of every store this build enables (its cargo features), plus the
 /// in-memory store (`memory://`).
 pub fn registry() -> Registry {
     #[allow(unused_mut)]

@@ -1,6 +1,7 @@
-//! What some stores do beyond the [`Store`] contract: each extension is a trait reached
-//! from the store by an accessor that answers `None` on a store without it, so a store
-//! that lacks one says so by its type, not by an error at run time.
+//! The store contract (docs/design.md §3): the [`Store`] trait every backend implements,
+//! and what some stores do beyond it, each extension a trait reached from the store by an
+//! accessor that answers `None` on a store without it, so a store that lacks one says so
+//! by its type, not by an error at run time.
 //!
 //! - [`BatchStore`] ([`Store::batch`]): many renewals in one call, and one lease of
 //!   several keys (a semaphore's permit), atomically where the store can. Callers go
@@ -17,17 +18,131 @@ use async_trait::async_trait;
 
 use crate::error::StoreError;
 use crate::key::Key;
-use crate::store::{AcquireOutcome, Record, RenewOutcome, Store};
+use crate::lease::ended::EndedGrants;
+use crate::store::types::{
+    AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, LeaseInfo, Record,
+    RecordCheck, ReleaseOutcome, RenewOutcome,
+};
 use crate::token::{Fence, OwnerToken};
 
-/// The most leases the renewal scheduler sends in one [`renew_many`] call.
-pub const RENEW_BATCH: usize = 1000;
+/// A backend: the atomic operations of the store contract (docs/design.md §3) against one
+/// real external system, which every store implements, and the extensions that only some
+/// stores have, each reached by an accessor that answers `None` where the store lacks it
+/// ([`batch`](Self::batch), [`watcher`](Self::watcher), [`waiter`](Self::waiter),
+/// [`ended_grants`](Self::ended_grants)). Used as a trait object (`Arc<dyn Store>`), so
+/// the store can be chosen at run time from a URL (see [`Registry`](crate::Registry)).
+///
+/// Every operation is one atomic step on the store. Expiry is measured on the store's own
+/// clock. Implementations need not apply timeouts: the caller bounds every call.
+///
+/// A policy wrapper such as [`TimeoutStore`](crate::wrap::TimeoutStore) forwards the
+/// extensions of the store it wraps: its accessors answer `Some` exactly where the
+/// wrapped store's do.
+///
+/// # Cancel safety
+/// Callers may drop any of these futures (on timeout). An operation that was sent may
+/// still take effect; the holder treats that as an ambiguous reply.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// The backend's name, used as the `backend` metric label (`"memory"`, `"redis"`).
+    fn backend(&self) -> &'static str;
 
-/// The change notices of one key, from [`WatchStore::watch`]: each item says that the
-/// lease or the record of the key may have changed since the previous item (or since the
-/// watch began); the watcher reads again to learn what changed. An `Err` item, or the end
-/// of the stream, says notices may have been missed: read again and watch anew.
-pub type Changes = futures::stream::BoxStream<'static, Result<(), StoreError>>;
+    /// Facts about this backend.
+    fn capabilities(&self) -> Capabilities;
+
+    /// If `key` is free or expired: issue a fence higher than every fence ever issued for
+    /// `key`, record `owner` and the fence, set the TTL. If held by `owner` already: extend
+    /// it and return the same fence. Otherwise report it held.
+    ///
+    /// A store that queues its waiters may, when the lease is released (or found free
+    /// with someone waiting), *reserve* it for the first waiter: record that waiter's
+    /// owner with a new fence and a short TTL, and tell it. The waiter's `acquire` then
+    /// finds the key held by its own owner and extends it (same fence), so its validity
+    /// counts from that request's send, as for any grant; anyone else is answered
+    /// `Held` meanwhile (no one gets past the queue).
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError>;
+
+    /// Compare-and-extend: extend the TTL only if `owner` holds `key`.
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError>;
+
+    /// Compare-and-delete: remove the lease only if `owner` holds `key`.
+    async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError>;
+
+    /// The current holder of `key`, if any.
+    async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError>;
+
+    /// The held leases whose keys start with `prefix`.
+    async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError>;
+
+    /// Admin: remove whatever lease holds `key` *and advance its fence*, so writes by the
+    /// evicted holder are rejected by the guard. Returns the fence now recorded.
+    async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError>;
+
+    /// Fenced write of a small record, in a namespace of its own (a record named `k` and
+    /// the lease `k` are unrelated): store `value` at `fence` under `key` if no record is
+    /// stored there or the stored one has a *lower* fence, in one atomic step; return the
+    /// record stored after the call — ours, or the one that kept its place. Records never
+    /// expire (one per election or semaphore name). The caller checks `value.len() <=`
+    /// [`MAX_RECORD_LEN`](crate::MAX_RECORD_LEN).
+    ///
+    /// With `fence` 0 this is "set if absent, else read" (a semaphore's permit count).
+    ///
+    /// # Cancel safety
+    /// A dropped call may have written the record.
+    async fn put_record(&self, key: &Key, fence: Fence, value: &[u8])
+    -> Result<Record, StoreError>;
+
+    /// The record stored under `key` by [`put_record`](Self::put_record), if any.
+    async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError>;
+
+    /// The store's batch operations ([`BatchStore`]: many renewals in one call, one lease
+    /// of several keys), if it has its own. `None` (the default): callers renew each lease
+    /// on its own, concurrently, and take one of several keys with
+    /// [`acquire_any_one_by_one`](crate::acquire_any_one_by_one) (see
+    /// [`renew_many`](crate::renew_many) and [`acquire_any`](crate::acquire_any), which
+    /// choose).
+    fn batch(&self) -> Option<&dyn BatchStore> {
+        None
+    }
+
+    /// The store's change notices ([`WatchStore`]), if it notifies. `None` (the default):
+    /// a watcher reads again on a timer (an election's observers poll).
+    fn watcher(&self) -> Option<&dyn WatchStore> {
+        None
+    }
+
+    /// The store's release notices for waiting acquires ([`WaitStore`]), if it has them.
+    /// `None` (the default): a waiting acquire retries with backoff.
+    fn waiter(&self) -> Option<&dyn WaitStore> {
+        None
+    }
+
+    /// Where this store reports a grant that ended on its side while its holder may still
+    /// believe it holds it — a session-bound lease whose server session it saw end (the
+    /// server restarted, the session was killed) — so that every
+    /// [`LeaseClient`](crate::LeaseClient) on it loses that lease at once
+    /// ([`LostReason::SessionEnded`](crate::LostReason::SessionEnded)) instead of at its
+    /// next renewal. A client subscribes once, when it is built. The store reports
+    /// ([`EndedGrants::report`]) *before* it lets go of anything that may still hold the
+    /// grant, and keeps that until the holder's deadline when the report says no client
+    /// has the grant.
+    ///
+    /// `None` (the default): the store reports nothing, as a store whose leases end only
+    /// by expiry (its holders learn at their renewals, and their deadlines come first).
+    fn ended_grants(&self) -> Option<&EndedGrants> {
+        None
+    }
+}
 
 /// The batch operations of a store that has its own ([`Store::batch`]): renewals of many
 /// leases in one call, and one lease of several keys. A store whose batch is one atomic
@@ -40,7 +155,7 @@ pub trait BatchStore: Store {
     /// as ambiguous for every lease in it as the same error from `renew` for one.
     ///
     /// The renewal scheduler sends a client's due renewals through this in batches of at
-    /// most [`RENEW_BATCH`], so a store that sends a batch in one round trip (the Redis
+    /// most [`RENEW_BATCH`](crate::RENEW_BATCH), so a store that sends a batch in one round trip (the Redis
     /// store does) renews 100,000 leases with a hundred round trips. A store without a
     /// batch has each renewal sent on its own, concurrently ([`renew_many`]).
     ///
@@ -68,7 +183,7 @@ pub trait BatchStore: Store {
     ///    it with its fence, as [`acquire`](Store::acquire) of that key would;
     /// 2. otherwise grant the first key, in the order given, that `acquire` would grant
     ///    (with a new fence, higher than every fence of that key);
-    /// 3. otherwise answer [`AcquireAnyOutcome::Held`] with the shortest remaining TTL the
+    /// 3. otherwise answer [`AcquireAnyOutcome::Held`](crate::AcquireAnyOutcome::Held) with the shortest remaining TTL the
     ///    store reported (`None` if it reported none).
     ///
     /// When it answers `Ok`, `owner` holds at most one of `keys` (the one returned, if
@@ -96,8 +211,8 @@ pub trait BatchStore: Store {
     /// `check.key` is written with `check.value` if none is stored (as
     /// [`put_record`](Store::put_record) at fence 0 would); if it then holds another
     /// value, nothing is acquired and the stored record is answered
-    /// ([`CheckedAcquire::Refused`]); else the answer of `acquire_any`
-    /// ([`CheckedAcquire::Passed`]). A semaphore checks its number of permits so.
+    /// ([`CheckedAcquire::Refused`](crate::CheckedAcquire::Refused)); else the answer of `acquire_any`
+    /// ([`CheckedAcquire::Passed`](crate::CheckedAcquire::Passed)). A semaphore checks its number of permits so.
     ///
     /// The default, [`acquire_any_checked_in_two_calls`], makes the two calls,
     /// `put_record` then `acquire_any`. A store whose `acquire_any` is one atomic call
@@ -123,7 +238,7 @@ pub trait BatchStore: Store {
 pub trait WatchStore: Store {
     /// Watches `key`: once this returns, the stream yields an item after every grant
     /// (a new holder, not an extension), release and break of the lease `key` and every
-    /// write of the record `key` (see [`Changes`]); several changes may share one item,
+    /// write of the record `key` (see [`Changes`](crate::Changes)); several changes may share one item,
     /// and an item may come without a change. An expiry need not be notified: a watcher
     /// also reads again on a timer of its own (`Election::observe`: its interval).
     /// Watching changes nothing in the store and joins no queue of waiters (it must not
@@ -256,46 +371,6 @@ pub async fn acquire_any_checked_in_two_calls<S: Store + ?Sized>(
         .map(CheckedAcquire::Passed)
 }
 
-/// The record [`BatchStore::acquire_any_checked`] checks: it must hold `value` (written if
-/// absent) for the acquire to go ahead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecordCheck<'a> {
-    /// The record's key (in the records' name space, apart from the leases).
-    pub key: &'a Key,
-    /// The value it must hold, at most [`MAX_RECORD_LEN`](crate::MAX_RECORD_LEN) bytes.
-    pub value: &'a [u8],
-}
-
-/// The reply to [`BatchStore::acquire_any_checked`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CheckedAcquire {
-    /// The record holds the value: the answer of [`BatchStore::acquire_any`].
-    Passed(AcquireAnyOutcome),
-    /// The record holds another value (this one): nothing was acquired.
-    Refused(Record),
-}
-
-/// The reply to [`BatchStore::acquire_any`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AcquireAnyOutcome {
-    /// `keys[index]` is ours, as [`AcquireOutcome::Acquired`] for that key.
-    Acquired {
-        /// The position of the key in the call's `keys`.
-        index: usize,
-        /// The fence of this grant (the same fence when the key was held by the owner).
-        fence: Fence,
-        /// The TTL the store granted.
-        ttl: Duration,
-    },
-    /// Every key is held by another owner (or reserved for another waiter).
-    Held {
-        /// The shortest remaining TTL the store reported, if it reported one.
-        remaining: Option<Duration>,
-    },
-}
-
 /// [`BatchStore::acquire_any`] with one call per key, for any store (the trait's default,
 /// and what [`acquire_any`] does on a store without a batch):
 /// a [`renew_many`] of every key as `owner` finds a key `owner` holds already, which
@@ -350,7 +425,7 @@ pub async fn acquire_any_one_by_one<S: Store + ?Sized>(
 /// Calls `acquire` (a [`Store::acquire`] of one key) on each of `keys` in order until one
 /// answers `Acquired`: that key's position and grant; else `Held` with the shortest
 /// remaining TTL reported. The first error ends it.
-pub(crate) async fn first_granted<'k, F, Fut>(
+pub async fn first_granted<'k, F, Fut>(
     keys: &'k [Key],
     mut acquire: F,
 ) -> Result<AcquireAnyOutcome, StoreError>
@@ -379,7 +454,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
+    use crate::store::memory::MemoryStore;
 
     fn keys(n: usize) -> Vec<Key> {
         (0..n)

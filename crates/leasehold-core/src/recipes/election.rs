@@ -8,7 +8,7 @@
 //! term, so a deposed leader can never overwrite its successor's value.
 //!
 //! `leasehold run --key NAME` campaigns for the election `NAME` (without a value):
-//! elections and leases share one name space, and are one [kind](crate::kind) of
+//! elections and leases share one name space, and are one [kind](crate::recipes::kind) of
 //! resource. A semaphore is another: a campaign on a semaphore's name is refused
 //! ([`Error::KindMismatch`]) once its lease is granted, before it publishes anything.
 //!
@@ -42,11 +42,11 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 
-use crate::client::LeaseClient;
 use crate::error::{Error, StoreError};
-use crate::ext::Changes;
 use crate::key::{IntoKey, Key};
+use crate::lease::client::LeaseClient;
 use crate::lease::{Lease, LostSignal};
+use crate::store::Changes;
 use crate::store::{MAX_RECORD_LEN, Record};
 use crate::token::{Fence, OwnerToken};
 
@@ -172,10 +172,10 @@ impl Election {
         check_len(&value)?;
         let store = self.client.store().clone();
         let lease = self.client.acquire(&self.name, wait).await?;
-        // Not a semaphore's name: read now that the lease is granted (`crate::kind`).
+        // Not a semaphore's name: read now that the lease is granted (`crate::recipes::kind`).
         let lease = self
             .client
-            .checked_lease(lease, crate::kind::ResourceKind::Election)
+            .checked_lease(lease, crate::recipes::kind::ResourceKind::Election)
             .await?;
         let term = lease.fence();
         let limit = self.client.config().op_timeout();
@@ -362,8 +362,8 @@ mod tests {
 
     use super::*;
     use crate::config::LeaseConfig;
-    use crate::memory::MemoryStore;
     use crate::store::Store;
+    use crate::store::memory::MemoryStore;
     use tokio::time::Instant;
 
     fn client(store: &MemoryStore) -> LeaseClient {

@@ -26,11 +26,12 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::clock::{At, LeaseClock, SUSPEND_CHECK};
 use crate::config::LeaseConfig;
 use crate::error::{StoreError, StoreErrorKind};
-use crate::ext::RENEW_BATCH;
 use crate::key::Key;
-use crate::lease::{LeaseShared, LostReason};
+use crate::lease::lost::LostReason;
+use crate::lease::observer::{LeaseObserver, RenewalEvent, RenewalPhase};
+use crate::lease::shared::LeaseShared;
 use crate::metrics as m;
-use crate::observer::{LeaseObserver, RenewalEvent, RenewalPhase};
+use crate::store::RENEW_BATCH;
 use crate::store::{RenewOutcome, Store};
 use crate::token::OwnerToken;
 
@@ -542,7 +543,7 @@ impl Scheduler {
                 backend,
                 "renew",
                 budget,
-                crate::ext::renew_many(&*store, &request, ttl),
+                crate::store::renew_many(&*store, &request, ttl),
             )
             .await
             .and_then(|results| {
@@ -793,7 +794,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::memory::MemoryStore;
+    use crate::store::memory::MemoryStore;
     use crate::{LeaseClient, LeaseConfig};
 
     /// The scheduler looks at one entry per renewal (and a few more per lease), however

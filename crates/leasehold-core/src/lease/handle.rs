@@ -3,330 +3,21 @@
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::clock::{At, LeaseClock};
 use crate::error::{Error, StoreError};
 use crate::key::Key;
-use crate::metrics as m;
-use crate::scheduler::SchedulerHandle;
+use crate::lease::live::LiveGuard;
+use crate::lease::lost::LostReason;
+use crate::lease::scheduler::SchedulerHandle;
+use crate::lease::shared::LeaseShared;
 use crate::store::{ReleaseOutcome, Store};
 use crate::token::{Fence, OwnerToken};
-
-/// Why a lease was lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// The store said this owner no longer holds the lease (it expired store-side, was
-    /// broken by an admin, or was taken by another owner).
-    NotOwner,
-    /// Renewals failed this many times in a row with errors from the store.
-    RenewFailed {
-        /// Consecutive failed renewals.
-        attempts: u32,
-    },
-    /// The validity deadline passed without a confirmed renewal: the process was frozen
-    /// or starved, or renewals were too slow.
-    Expired,
-    /// The maximum hold time or number of renewals was reached; the heartbeat stopped.
-    MaxHoldExceeded,
-    /// The store could not be reached (timeouts, refused connections) until the lease
-    /// could no longer be proven.
-    StoreUnavailable,
-    /// The client is shutting down ([`LeaseClient::shutdown`](crate::LeaseClient::shutdown)):
-    /// renewal stopped on purpose. Not counted as a lost lease in metrics.
-    Shutdown,
-    /// The store saw the server session that held the lease end (a server restart, a
-    /// killed session), and the lease with it ([`EndedGrants`](crate::EndedGrants)).
-    SessionEnded,
-}
-
-impl LostReason {
-    /// A short stable name, used as the `reason` metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::NotOwner => "not_owner",
-            Self::RenewFailed { .. } => "renew_failed",
-            Self::Expired => "expired",
-            Self::MaxHoldExceeded => "max_hold_exceeded",
-            Self::StoreUnavailable => "store_unavailable",
-            Self::Shutdown => "shutdown",
-            Self::SessionEnded => "session_ended",
-        }
-    }
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NotOwner => f.write_str("the store no longer lists this owner as the holder"),
-            Self::RenewFailed { attempts } => write!(f, "{attempts} consecutive renewals failed"),
-            Self::Expired => f.write_str("the validity deadline passed without a renewal"),
-            Self::MaxHoldExceeded => f.write_str("the maximum hold time or renewals was reached"),
-            Self::StoreUnavailable => f.write_str("the store was unreachable"),
-            Self::Shutdown => f.write_str("the client is shutting down"),
-            Self::SessionEnded => f.write_str("the store's session holding the lease ended"),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct State {
-    valid_until: At,
-    /// The TTL the store granted, by the acquire or by the last accepted renewal (at
-    /// most the TTL asked).
-    ttl: Duration,
-    lost: Option<LostReason>,
-    /// When the lost signal fired, on the lease clock.
-    lost_at: Option<At>,
-    /// The holder is releasing it: stop renewing.
-    releasing: bool,
-    /// Released, dropped or lost: no more metrics or lost signals.
-    ended: bool,
-}
-
-impl State {
-    /// Lost, ended or being released: nothing renews it, nothing reports it lost again.
-    fn done(&self) -> bool {
-        self.ended || self.releasing || self.lost.is_some()
-    }
-}
-
-/// What the store granted, and when the granting request was sent.
-#[derive(Debug)]
-pub(crate) struct Grant {
-    pub(crate) key: Key,
-    pub(crate) owner: OwnerToken,
-    pub(crate) fence: Fence,
-    pub(crate) ttl: Duration,
-    pub(crate) sent_at: At,
-    pub(crate) valid_until: At,
-}
-
-/// State shared by the handle, the renewal scheduler and the deadline watchdog.
-pub(crate) struct LeaseShared {
-    /// Process-wide unique id.
-    pub(crate) id: u64,
-    /// Whether the watchdog thread watches it.
-    watched: std::sync::atomic::AtomicBool,
-    pub(crate) key: Key,
-    pub(crate) owner: OwnerToken,
-    pub(crate) fence: Fence,
-    /// When the request that granted the lease was sent: every schedule counts from it.
-    pub(crate) acquired_at: At,
-    pub(crate) backend: &'static str,
-    pub(crate) clock: LeaseClock,
-    state: Mutex<State>,
-    lost: CancellationToken,
-}
-
-impl fmt::Debug for LeaseShared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lease")
-            .field("key", &self.key)
-            .field("owner", &self.owner)
-            .field("fence", &self.fence)
-            .field("state", &*self.lock())
-            .finish()
-    }
-}
-
-impl LeaseShared {
-    pub(crate) fn new(grant: Grant, backend: &'static str, clock: LeaseClock) -> Self {
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        Self {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            watched: std::sync::atomic::AtomicBool::new(false),
-            key: grant.key,
-            owner: grant.owner,
-            fence: grant.fence,
-            acquired_at: grant.sent_at,
-            backend,
-            clock,
-            state: Mutex::new(State {
-                valid_until: grant.valid_until,
-                ttl: grant.ttl,
-                lost: None,
-                lost_at: None,
-                releasing: false,
-                ended: false,
-            }),
-            lost: CancellationToken::new(),
-        }
-    }
-
-    /// Hands the lease to the watchdog thread until it ends.
-    pub(crate) fn watch(self: &Arc<Self>) {
-        self.watched
-            .store(true, std::sync::atomic::Ordering::Release);
-        crate::watchdog::watch(self);
-    }
-
-    fn unwatch(&self) {
-        if self
-            .watched
-            .swap(false, std::sync::atomic::Ordering::AcqRel)
-        {
-            crate::watchdog::unwatch(self.id);
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state stays consistent even if a holder of the lock panicked.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn valid_until(&self) -> At {
-        self.lock().valid_until
-    }
-
-    /// The TTL the store granted last (at most the TTL asked).
-    pub(crate) fn ttl(&self) -> Duration {
-        self.lock().ttl
-    }
-
-    pub(crate) fn lost_reason(&self) -> Option<LostReason> {
-        self.lock().lost
-    }
-
-    /// The lost reason after checking the deadline on the spot (firing the signal if it
-    /// has passed). `None` while held, and for a lease its holder released or is
-    /// releasing.
-    pub(crate) fn reason_now(&self) -> Option<LostReason> {
-        self.check(self.clock.now());
-        self.lock().lost
-    }
-
-    /// Lost or ended: the scheduler and the watchdog can forget it.
-    pub(crate) fn is_done(&self) -> bool {
-        self.lock().done()
-    }
-
-    /// Still held at `now`: not done, and its deadline not passed.
-    pub(crate) fn is_held_at(&self, now: At) -> bool {
-        let s = self.lock();
-        !s.done() && now < s.valid_until
-    }
-
-    /// The holder started releasing: the scheduler stops renewing it (lazily, at its next
-    /// look) without being sent a message.
-    pub(crate) fn begin_release(&self) {
-        self.lock().releasing = true;
-    }
-
-    /// Moves the deadline to `until` after a confirmed renewal that granted `ttl`, and
-    /// returns the deadline it replaced; refuses (`None`) once the lease is lost, ended
-    /// or being released, or when the old deadline has already passed: a lease past its
-    /// deadline is lost, whatever a late reply says.
-    ///
-    /// The new deadline replaces the old one even when it is earlier: a renewal that
-    /// granted a shorter TTL than the grant before it set the store's expiry earlier too.
-    /// The watchdog thread is then pointed at the earlier deadline.
-    pub(crate) fn extend(self: &Arc<Self>, until: At, ttl: Duration, now: At) -> Option<At> {
-        let old = {
-            let mut s = self.lock();
-            if s.done() || now >= s.valid_until {
-                return None;
-            }
-            let old = s.valid_until;
-            s.valid_until = until;
-            s.ttl = ttl;
-            old
-        };
-        if until < old && self.watched.load(std::sync::atomic::Ordering::Acquire) {
-            // The watchdog queued the old deadline: queue the new one instead. A lease
-            // that ended meanwhile is dropped by the watchdog when it looks.
-            crate::watchdog::unwatch(self.id);
-            crate::watchdog::watch(self);
-        }
-        Some(old)
-    }
-
-    /// Checks the deadline at `now`; fires the lost signal when it has passed.
-    /// Returns whether the lease is still valid.
-    pub(crate) fn check(&self, now: At) -> bool {
-        let (expired, lost) = {
-            let s = self.lock();
-            (now >= s.valid_until, s.done())
-        };
-        if lost {
-            return false;
-        }
-        if expired {
-            self.mark_lost(LostReason::Expired);
-            return false;
-        }
-        true
-    }
-
-    /// Fires the lost signal with `reason`, once. Returns whether this call fired it.
-    ///
-    /// A lease its holder is releasing (or has released) is never reported lost: the
-    /// holder let go of it, whatever a late renewal reply or the deadline says.
-    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
-        let now = self.clock.now();
-        {
-            let mut s = self.lock();
-            if s.done() {
-                return false;
-            }
-            s.lost = Some(reason);
-            s.lost_at = Some(now);
-        }
-        self.lost.cancel();
-        self.unwatch();
-        let held = now.since(self.acquired_at);
-        if reason == LostReason::Shutdown {
-            m::hold_ended(self.backend, self.key.resource_type(), "shutdown", held);
-            tracing::info!(key = %self.key, owner = %self.owner, fence = self.fence.get(), "renewal stopped: client shutting down");
-            return true;
-        }
-        m::lease_lost(self.backend, self.key.resource_type(), reason, held);
-        tracing::warn!(
-            key = %self.key,
-            owner = %self.owner,
-            fence = self.fence.get(),
-            ttl_ms = self.ttl().as_millis() as u64,
-            reason = reason.as_str(),
-            held_ms = held.as_millis() as u64,
-            "lease lost"
-        );
-        true
-    }
-
-    /// Marks the lease ended by its holder (released or dropped). Returns false if it had
-    /// already ended.
-    pub(crate) fn end(&self) -> bool {
-        self.end_as("released")
-    }
-
-    /// [`end`](Self::end), recording `how` as the `end` label of the hold duration.
-    pub(crate) fn end_as(&self, how: &'static str) -> bool {
-        let lost = {
-            let mut s = self.lock();
-            if s.ended {
-                return false;
-            }
-            s.ended = true;
-            s.lost.is_some()
-        };
-        self.unwatch();
-        if !lost {
-            m::hold_ended(
-                self.backend,
-                self.key.resource_type(),
-                how,
-                self.clock.now().since(self.acquired_at),
-            );
-        }
-        true
-    }
-}
 
 /// A held lease: the proof, for as long as it is valid, that this process may act on the
 /// resource named by its key.
@@ -347,7 +38,7 @@ pub struct Lease {
     store: Arc<dyn Store>,
     op_timeout: Duration,
     /// Counts this handle among its client's live leases until it is gone.
-    _live: crate::client::LiveGuard,
+    _live: LiveGuard,
 }
 
 impl fmt::Debug for Lease {
@@ -362,7 +53,7 @@ impl Lease {
         sched: SchedulerHandle,
         store: Arc<dyn Store>,
         op_timeout: Duration,
-        live: crate::client::LiveGuard,
+        live: LiveGuard,
     ) -> Self {
         Self {
             shared,
@@ -745,7 +436,7 @@ impl LostSignal {
     /// declared the lease lost, whenever the code waiting on the signal wakes up. `None`
     /// while it has not fired.
     pub fn lost_at(&self) -> Option<Instant> {
-        let at = self.shared.lock().lost_at?;
+        let at = self.shared.lost_at()?;
         Some(self.shared.clock.to_tokio(at))
     }
 }

@@ -22,14 +22,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::ended::EndedGrants;
 use crate::error::StoreError;
 #[cfg(feature = "test-util")]
 use crate::error::StoreErrorKind;
-use crate::ext::{
+use crate::key::Key;
+use crate::lease::ended::EndedGrants;
+use crate::store::{
     AcquireAnyOutcome, BatchStore, Changes, CheckedAcquire, RecordCheck, WaitStore, WatchStore,
 };
-use crate::key::Key;
 use crate::store::{
     AcquireOutcome, Capabilities, LeaseInfo, Record, ReleaseOutcome, RenewOutcome, Store,
 };
@@ -172,7 +172,7 @@ impl BatchStore for TimeoutStore {
         leases: &[(Key, OwnerToken)],
         ttl: Duration,
     ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
-        let call = crate::ext::renew_many(&*self.inner, leases, ttl);
+        let call = crate::store::renew_many(&*self.inner, leases, ttl);
         self.bounded("renew", self.timeout, call).await
     }
 
@@ -186,7 +186,7 @@ impl BatchStore for TimeoutStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAnyOutcome, StoreError> {
-        let call = crate::ext::acquire_any(&*self.inner, keys, owner, ttl);
+        let call = crate::store::acquire_any(&*self.inner, keys, owner, ttl);
         self.bounded("acquire", self.timeout, call).await
     }
 
@@ -197,7 +197,7 @@ impl BatchStore for TimeoutStore {
         ttl: Duration,
         check: RecordCheck<'_>,
     ) -> Result<CheckedAcquire, StoreError> {
-        let call = crate::ext::acquire_any_checked(&*self.inner, keys, owner, ttl, check);
+        let call = crate::store::acquire_any_checked(&*self.inner, keys, owner, ttl, check);
         self.bounded("acquire", self.timeout, call).await
     }
 }
@@ -537,7 +537,7 @@ impl BatchStore for FaultStore {
         leases: &[(Key, OwnerToken)],
         ttl: Duration,
     ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
-        Ok(crate::ext::renew_each(self, leases, ttl).await)
+        Ok(crate::store::renew_each(self, leases, ttl).await)
     }
 
     fn atomic_acquire_any(&self) -> bool {
@@ -550,7 +550,7 @@ impl BatchStore for FaultStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireAnyOutcome, StoreError> {
-        let call = crate::ext::acquire_any(&*self.inner, keys, owner, ttl);
+        let call = crate::store::acquire_any(&*self.inner, keys, owner, ttl);
         self.faulted(Op::AcquireAny, call, Swallowed::AcquireAny)
             .await
     }
@@ -805,7 +805,7 @@ impl<T: Forward> Store for T {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::MemoryStore;
+    use crate::store::memory::MemoryStore;
 
     fn key() -> Key {
         Key::new("job:wrap").unwrap()
@@ -832,7 +832,7 @@ mod tests {
             t.break_lease(&key()).await.map(drop),
             t.put_record(&key(), Fence(1), b"v").await.map(drop),
             t.get_record(&key()).await.map(drop),
-            crate::ext::acquire_any(&t, &[key()], &o, ttl)
+            crate::store::acquire_any(&t, &[key()], &o, ttl)
                 .await
                 .map(drop),
         ];

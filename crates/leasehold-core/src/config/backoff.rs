@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 
 /// Full-jitter exponential backoff: the delay before retry `attempt` (0-based) is drawn
 /// uniformly from `0..=min(cap, base × 2^attempt)`.

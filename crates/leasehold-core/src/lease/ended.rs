@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use crate::clock::{At, LeaseClock};
 use crate::key::Key;
-use crate::lease::{LeaseShared, LostReason};
+use crate::lease::lost::LostReason;
+use crate::lease::shared::LeaseShared;
 use crate::token::{Fence, OwnerToken};
 
 /// A client's table is swept of ended entries when it has grown to this many at least.
@@ -187,8 +188,8 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::memory::MemoryStore;
     use crate::store::AcquireOutcome;
+    use crate::store::memory::MemoryStore;
     use crate::{LeaseClient, LeaseConfig, Store, StoreError};
 
     /// The memory store, reporting ended grants; a grant of a key starting with `dies:`
@@ -315,7 +316,7 @@ mod tests {
         let grant = |key: &str, fence: u64| {
             let now = clock.now();
             Arc::new(LeaseShared::new(
-                crate::lease::Grant {
+                crate::lease::shared::Grant {
                     key: Key::new(key).unwrap(),
                     owner,
                     fence: Fence(fence),

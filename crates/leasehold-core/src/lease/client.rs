@@ -1,25 +1,26 @@
 //! The client: acquires leases on one store and renews them with one scheduler.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::clock::{At, Clock, LeaseClock};
 use crate::config::LeaseConfig;
 use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::ext::{AcquireAnyOutcome, CheckedAcquire, RecordCheck, first_granted};
 use crate::key::{IntoKey, Key};
-use crate::lease::{Grant, Lease, LeaseShared};
+use crate::lease::Lease;
+use crate::lease::live::{Live, LiveGuard};
+use crate::lease::observer::LeaseObserver;
+use crate::lease::scheduler::{self, SchedulerHandle};
+use crate::lease::shared::{Grant, LeaseShared};
+use crate::lease::step::{AcquireStep, OneKey, StepCall};
 use crate::metrics as m;
-use crate::observer::LeaseObserver;
-use crate::scheduler::{self, SchedulerHandle};
-use crate::store::{Capabilities, Store};
+use crate::store::{AcquireAnyOutcome, Capabilities, Store};
 use crate::token::OwnerToken;
 
 /// Acquires leases on one [`Store`] and renews them with one background scheduler.
@@ -57,35 +58,6 @@ struct Inner {
     live: Arc<Live>,
     /// Set by [`LeaseClient::shutdown`]: no new leases.
     closing: AtomicBool,
-}
-
-/// Counts a client's live lease handles; wakes [`LeaseClient::shutdown`] at zero.
-#[derive(Debug, Default)]
-pub(crate) struct Live {
-    count: AtomicUsize,
-    zero: Notify,
-    /// The leases the store may report ended ([`Store::ended_grants`]), told as long as a
-    /// lease handle or the client lives.
-    ended: Option<Arc<crate::ended::Tracked>>,
-}
-
-/// One live lease handle, counted until it is dropped.
-#[derive(Debug)]
-pub(crate) struct LiveGuard(Arc<Live>);
-
-impl LiveGuard {
-    fn new(live: &Arc<Live>) -> Self {
-        live.count.fetch_add(1, Ordering::AcqRel);
-        Self(live.clone())
-    }
-}
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.zero.notify_waiters();
-        }
-    }
 }
 
 /// What [`LeaseClient::shutdown`] did.
@@ -446,50 +418,39 @@ impl LeaseClient {
     }
 
     async fn acquire_inner(&self, key: Key, wait: Option<Duration>) -> Result<Lease, Error> {
-        self.acquire_target(Target::One(&key), wait)
-            .await
-            .map(|(lease, _)| lease)
+        let step = OneKey(&key);
+        self.acquire_with(&step, wait).await.map(|(lease, _)| lease)
     }
 
-    /// Takes a lease of one of `keys` (a semaphore's slots, in the order to try them),
-    /// with the guarantees of [`acquire`](Self::acquire): per attempt one
-    /// [`acquire_any`](crate::acquire_any) where it is atomic or after a lost reply, else one `acquire`
-    /// per key in order (see `attempt`); ambiguous replies retried with the same owner,
-    /// and a release of the owner on every key queued when the call may have been granted
-    /// one but hands out no lease.
-    /// `name` labels errors, logs and metrics. While every key is held it waits up to
-    /// `wait` (`None`: answers [`Error::Contended`] at once) with jittered backoff bounded
-    /// by the shortest remaining TTL reported; it does not wait on release notifications.
-    /// With `check` (a semaphore's number of permits), each attempt is one
-    /// [`acquire_any_checked`](crate::acquire_any_checked) (the store's atomic `acquire_any` is required): a
-    /// record holding another number ends the call with [`Error::PermitsMismatch`].
-    /// Returns the lease and the position of its key in `keys`.
+    /// Takes a lease of one of `step`'s keys, attempt by attempt, with the guarantees of
+    /// [`acquire`](Self::acquire): the building block of the recipes (a semaphore's
+    /// permit is a step over its slots), as etcd's `concurrency` builds on its client.
+    /// Each attempt is one [`AcquireStep::attempt`] with this acquire's owner token;
+    /// ambiguous replies are retried with the same owner, and the owner is released on
+    /// every key of the step when the call may have been granted one but hands out no
+    /// lease. While every key is held it waits up to `wait` (`None`: answers
+    /// [`Error::Contended`] at once) with jittered backoff bounded by the shortest
+    /// remaining TTL reported. Returns the lease and the position of its key in
+    /// [`AcquireStep::keys`].
     ///
     /// # Cancel safety
     /// As [`try_acquire`](Self::try_acquire): a dropped call queues the release of its
-    /// owner on every key.
-    pub(crate) async fn acquire_any(
+    /// owner on every key of the step.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), and any error of the step's own that is not an
+    /// [`Error::Store`].
+    pub async fn acquire_with(
         &self,
-        name: &Key,
-        keys: &[Key],
-        wait: Option<Duration>,
-        check: Option<PermitCheck<'_>>,
-    ) -> Result<(Lease, usize), Error> {
-        self.acquire_target(Target::Any { name, keys, check }, wait)
-            .await
-    }
-
-    async fn acquire_target(
-        &self,
-        target: Target<'_>,
+        step: &dyn AcquireStep,
         wait: Option<Duration>,
     ) -> Result<(Lease, usize), Error> {
         let started = Instant::now();
         let backend = self.inner.store.backend();
-        let key = target.label();
+        let key = step.name();
         let span = tracing::debug_span!("leasehold.acquire", %key, backend);
         let res =
-            tracing::Instrument::instrument(self.acquire_loop(target, started, wait), span).await;
+            tracing::Instrument::instrument(self.acquire_loop(step, started, wait), span).await;
         let took = started.elapsed();
         let result = match &res {
             Ok(_) => "acquired",
@@ -515,60 +476,21 @@ impl LeaseClient {
         res
     }
 
-    /// One attempt, each store call bounded by the operation timeout: an `acquire` of
-    /// each key in order until one is granted; or, for several keys, one `acquire_any`
-    /// when the store does it in one atomic call, or when an earlier attempt of this call
-    /// may have granted one of them (`may_hold`: then the owner's key must be found
-    /// first). An owner that has had only `Held` answers holds none of the keys, so the
-    /// keys are then tried one by one without the default's search for the owner's key.
-    /// A target with a check makes one `acquire_any_checked` instead.
-    async fn attempt(
-        &self,
-        target: Target<'_>,
-        owner: &OwnerToken,
-        may_hold: bool,
-    ) -> Result<CheckedAcquire, StoreError> {
-        let cfg = &self.inner.config;
-        let store = &self.inner.store;
-        let (backend, limit, ttl) = (store.backend(), cfg.op_timeout(), cfg.ttl());
-        if let Target::Any {
-            keys,
-            check: Some(check),
-            ..
-        } = target
-        {
-            let call = crate::ext::acquire_any_checked(&**store, keys, owner, ttl, check.record);
-            return StoreError::bounded(backend, "acquire", limit, call).await;
-        }
-        let outcome = if let Target::Any { keys, .. } = target
-            && (may_hold || store.batch().is_some_and(|b| b.atomic_acquire_any()))
-        {
-            let call = crate::ext::acquire_any(&**store, keys, owner, ttl);
-            StoreError::bounded(backend, "acquire", limit, call).await
-        } else {
-            first_granted(target.keys(), |key| {
-                StoreError::bounded(backend, "acquire", limit, store.acquire(key, owner, ttl))
-            })
-            .await
-        };
-        outcome.map(CheckedAcquire::Passed)
-    }
-
     async fn acquire_loop(
         &self,
-        target: Target<'_>,
+        step: &dyn AcquireStep,
         started: Instant,
         wait: Option<Duration>,
     ) -> Result<(Lease, usize), Error> {
         let cfg = &self.inner.config;
         let store = &self.inner.store;
         let clock = &self.inner.clock;
-        let key = target.label();
+        let key = step.name();
         let deadline = wait.map(|w| crate::clock::saturating_add(started, w));
         let owner = OwnerToken::random();
         let mut orphan = OrphanGuard {
             client: self,
-            keys: target.keys(),
+            keys: step.keys(),
             owner,
             maybe_granted: false,
         };
@@ -580,9 +502,16 @@ impl LeaseClient {
             }
             let may_hold = std::mem::replace(&mut orphan.maybe_granted, true);
             let sent_at: At = clock.now();
-            let reply = self.attempt(target, &owner, may_hold).await;
+            let call = StepCall {
+                store,
+                owner,
+                ttl: cfg.ttl(),
+                limit: cfg.op_timeout(),
+                may_hold,
+            };
+            let reply = step.attempt(&call).await;
             let err = match reply {
-                Ok(CheckedAcquire::Passed(AcquireAnyOutcome::Acquired { index, fence, ttl })) => {
+                Ok(AcquireAnyOutcome::Acquired { index, fence, ttl }) => {
                     // The holder never counts on more than it asked; on less, every
                     // schedule of the lease follows the TTL granted, and a grant too
                     // short to be renewed in time is refused (and released by the
@@ -593,7 +522,7 @@ impl LeaseClient {
                         return Err(e.into());
                     }
                     let valid_until = sent_at.add(cfg.validity(ttl));
-                    match target.keys().get(index) {
+                    match step.keys().get(index) {
                         Some(granted) if clock.now() < valid_until => {
                             orphan.maybe_granted = false;
                             let grant = Grant {
@@ -629,12 +558,12 @@ impl LeaseClient {
                             store.backend(),
                             format!(
                                 "acquire: the store granted key {index} of {}",
-                                target.keys().len()
+                                step.keys().len()
                             ),
                         ),
                     }
                 }
-                Ok(CheckedAcquire::Passed(AcquireAnyOutcome::Held { remaining })) => {
+                Ok(AcquireAnyOutcome::Held { remaining }) => {
                     // A grant to this owner from an earlier ambiguous attempt would have
                     // been returned as `Acquired`: nothing of ours is held.
                     orphan.maybe_granted = false;
@@ -652,37 +581,17 @@ impl LeaseClient {
                             waited: now - started,
                         });
                     }
-                    self.pause(target, &owner, attempt, remaining, deadline)
-                        .await;
+                    self.pause(step, &owner, attempt, remaining, deadline).await;
                     attempt = attempt.saturating_add(1);
                     continue;
                 }
-                Ok(CheckedAcquire::Refused(stored)) => {
-                    // Nothing was acquired by this call; one that may have been granted
-                    // earlier is released by the guard.
+                Err(Error::Store(e)) => e,
+                Err(e) => {
+                    // A refusal of the step's own: this attempt took nothing; one that
+                    // may have been granted earlier is released by the guard.
                     orphan.maybe_granted = may_hold;
-                    let Target::Any {
-                        name,
-                        check: Some(check),
-                        ..
-                    } = target
-                    else {
-                        return Err(StoreError::new(
-                            StoreErrorKind::Corrupt,
-                            store.backend(),
-                            "acquire: a check was refused on a call that made none",
-                        )
-                        .into());
-                    };
-                    return Err(crate::semaphore::mismatch(
-                        name,
-                        check.record.key,
-                        check.permits,
-                        &stored,
-                        store.backend(),
-                    ));
+                    return Err(e);
                 }
-                Err(e) => e,
             };
             // A failed attempt. Ambiguous replies are retried at once with the same owner.
             if err.is_ambiguous() && ambiguous < cfg.ambiguous_retries() {
@@ -695,7 +604,7 @@ impl LeaseClient {
                 return Err(err.into());
             };
             tracing::debug!(%key, error = %err, "acquire failed; retrying");
-            self.pause(target, &owner, attempt, None, deadline).await;
+            self.pause(step, &owner, attempt, None, deadline).await;
             attempt = attempt.saturating_add(1);
         }
     }
@@ -704,7 +613,7 @@ impl LeaseClient {
     /// remaining TTL and the caller's deadline, or until the store notifies a release.
     async fn pause(
         &self,
-        target: Target<'_>,
+        step: &dyn AcquireStep,
         owner: &OwnerToken,
         attempt: u32,
         remaining: Option<Duration>,
@@ -721,8 +630,10 @@ impl LeaseClient {
             remaining
         };
         // Only a single key is waited on: the notification is per key.
-        let notified = match (target, self.inner.store.waiter()) {
-            (Target::One(key), Some(waiter)) => holder_left.map(|h| (key, h, waiter)),
+        let notified = match (step.keys(), self.inner.store.waiter()) {
+            ([key], Some(waiter)) if step.waits_for_release() => {
+                holder_left.map(|h| (key, h, waiter))
+            }
             _ => None,
         };
         if let Some((key, holder_left, waiter)) = notified {
@@ -757,46 +668,6 @@ impl LeaseClient {
     pub(crate) fn random_below(&self, n: u32) -> u32 {
         let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
         rand::Rng::random_range(&mut **rng, 0..n.max(1))
-    }
-}
-
-/// What one acquire call takes: one key, or any one of several (a semaphore's slots).
-#[derive(Debug, Clone, Copy)]
-enum Target<'a> {
-    One(&'a Key),
-    Any {
-        /// Names the call in errors, logs and metrics (the semaphore's name).
-        name: &'a Key,
-        keys: &'a [Key],
-        /// The semaphore's number of permits, checked in each attempt's store call.
-        check: Option<PermitCheck<'a>>,
-    },
-}
-
-/// A semaphore's number of permits, checked by the store call that takes a permit
-/// ([`acquire_any_checked`](crate::acquire_any_checked)).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PermitCheck<'a> {
-    /// The semaphore's record and the number as it is stored.
-    pub(crate) record: RecordCheck<'a>,
-    /// The number asked for.
-    pub(crate) permits: u32,
-}
-
-impl<'a> Target<'a> {
-    /// The key that errors, logs and metrics name.
-    fn label(self) -> &'a Key {
-        match self {
-            Self::One(key) | Self::Any { name: key, .. } => key,
-        }
-    }
-
-    /// Every key the call may be granted.
-    fn keys(self) -> &'a [Key] {
-        match self {
-            Self::One(key) => std::slice::from_ref(key),
-            Self::Any { keys, .. } => keys,
-        }
     }
 }
 

@@ -13,11 +13,21 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
 use crate::clock::SUSPEND_CHECK;
-use crate::lease::LeaseShared;
 
 /// The longest the thread sleeps when it watches no lease; a lease whose deadline is
 /// later than the thread's planned wake-up is added without waking it.
 const IDLE: Duration = Duration::from_secs(1);
+
+/// What the thread watches: a lease's deadline, and the check that fires its lost signal.
+pub(crate) trait Watched: Send + Sync {
+    /// Process-wide unique id.
+    fn id(&self) -> u64;
+    /// The monotonic instant at which the deadline passes, given the suspension so far.
+    fn monotonic_deadline(&self) -> StdInstant;
+    /// Checks the deadline now, firing the lost signal once it has passed: `true` while
+    /// the lease is still held (renewed meanwhile).
+    fn check_now(&self) -> bool;
+}
 
 /// Set when a clock moved by a suspend, so every deadline must be converted again.
 static CLOCK_MOVED: AtomicBool = AtomicBool::new(false);
@@ -27,21 +37,16 @@ struct Queue {
     /// Deadlines converted to the monotonic clock with the suspension known when they
     /// were queued.
     by_deadline: BTreeSet<(StdInstant, u64)>,
-    leases: HashMap<u64, (StdInstant, Weak<LeaseShared>)>,
+    leases: HashMap<u64, (StdInstant, Weak<dyn Watched>)>,
     /// When the thread wakes up by itself; `None` while it is awake.
     sleeping_until: Option<StdInstant>,
     /// The host's suspended time when the deadlines were last converted.
     suspended: Duration,
 }
 
-/// The monotonic instant at which `lease`'s deadline passes, given the suspension so far.
-fn monotonic_deadline(lease: &LeaseShared) -> StdInstant {
-    lease.clock.to_tokio(lease.valid_until()).into_std()
-}
-
 /// A clock moved forward by a suspend (a [`ManualClock`](crate::clock::ManualClock) in
 /// tests): convert every deadline again at once.
-pub(crate) fn clock_moved() {
+fn clock_moved() {
     CLOCK_MOVED.store(true, Ordering::Release);
     if let Some(w) = INSTANCE.get() {
         w.wake.notify_one();
@@ -65,19 +70,21 @@ fn instance() -> &'static Watchdog {
             .name("leasehold-watchdog".into())
             .spawn(move || w.run())
             .expect("spawn the leasehold watchdog thread");
+        crate::clock::on_move(clock_moved);
         w
     })
 }
 
 /// Watches `lease` until [`unwatch`] or its deadline passes without a renewal.
-pub(crate) fn watch(lease: &Arc<LeaseShared>) {
+pub(crate) fn watch(lease: Arc<dyn Watched>) {
     let w = instance();
-    let deadline = monotonic_deadline(lease);
+    let deadline = lease.monotonic_deadline();
     let mut q = w.lock();
     // Wake the thread only if it would otherwise sleep past this deadline.
     let earliest = q.sleeping_until.is_some_and(|until| deadline < until);
-    q.by_deadline.insert((deadline, lease.id));
-    q.leases.insert(lease.id, (deadline, Arc::downgrade(lease)));
+    q.by_deadline.insert((deadline, lease.id()));
+    q.leases
+        .insert(lease.id(), (deadline, Arc::downgrade(&lease)));
     drop(q);
     if earliest {
         w.wake.notify_one();
@@ -103,7 +110,7 @@ impl Watchdog {
         let leases = std::mem::take(&mut q.leases);
         q.by_deadline.clear();
         for (id, (old, weak)) in leases {
-            let deadline = weak.upgrade().map_or(old, |l| monotonic_deadline(&l));
+            let deadline = weak.upgrade().map_or(old, |l| l.monotonic_deadline());
             q.by_deadline.insert((deadline, id));
             q.leases.insert(id, (deadline, weak));
         }
@@ -149,10 +156,12 @@ impl Watchdog {
             };
             drop(q);
             // check() fires the lost signal with `Expired` once the deadline has passed.
-            if !lease.is_done() && lease.check(lease.clock.now()) {
+            if lease.check_now() {
                 // Renewed meanwhile: watch the new deadline (never in the past, so a
                 // rounding difference between the clocks cannot make the thread spin).
-                let current = monotonic_deadline(&lease).max(now + Duration::from_millis(1));
+                let current = lease
+                    .monotonic_deadline()
+                    .max(now + Duration::from_millis(1));
                 let mut q = self.lock();
                 q.by_deadline.insert((current, id));
                 q.leases.insert(id, (current, weak));
@@ -176,7 +185,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::memory::MemoryStore;
+    use crate::store::memory::MemoryStore;
     use crate::{LeaseClient, LeaseConfig};
 
     /// The thread sleeps until the next deadline, looking at the clock every

@@ -19,7 +19,7 @@
 //! then, and callers with another N are refused from their next acquire on (a permit
 //! already held stays held).
 //!
-//! Taking a permit is one [`acquire_any`](crate::acquire_any) over the slots,
+//! Taking a permit is one [`acquire_any`] over the slots,
 //! rotated from a random start so that callers spread over them: the first free slot in
 //! that order is granted. On a store that does it in one atomic call
 //! ([`BatchStore::atomic_acquire_any`](crate::BatchStore::atomic_acquire_any): one Lua
@@ -33,7 +33,7 @@
 //! reported, until the wait ends. Waiters are not served in order (a permit freed goes to
 //! whoever asks next), even on a store that queues the waiters of a single lease.
 //!
-//! The name is a semaphore's and nothing else's ([`kind`](crate::kind)): once a permit is
+//! The name is a semaphore's and nothing else's ([`kind`](crate::recipes::kind)): once a permit is
 //! granted, one round trip more (two reads at once) checks that the lease `NAME` is free
 //! and the record `election/NAME` absent; if not, the permit is released and the call
 //! answers [`Error::KindMismatch`]. A handle's first acquire makes the same check before
@@ -70,11 +70,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::client::{LeaseClient, PermitCheck};
+use async_trait::async_trait;
+
 use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::ext::RecordCheck;
 use crate::key::{IntoKey, Key};
+use crate::lease::{AcquireStep, LeaseClient, StepCall};
 use crate::lease::{Lease, LostSignal};
+use crate::store::{
+    AcquireAnyOutcome, CheckedAcquire, RecordCheck, acquire_any, acquire_any_checked, first_granted,
+};
 use crate::store::{LeaseInfo, Record};
 use crate::token::Fence;
 
@@ -220,7 +224,7 @@ impl Semaphore {
     /// [`Error::WaitTimeout`] (all permits still held when the wait ended),
     /// [`Error::PermitsMismatch`] (the store holds another N for this name),
     /// [`Error::KindMismatch`] (the name is a lease's or an election's: see
-    /// [`kind`](crate::kind)),
+    /// [`kind`](crate::recipes::kind)),
     /// [`Error::Store`] (the last retryable error when the wait ended),
     /// [`Error::ShuttingDown`].
     pub async fn acquire(&self, wait: Duration) -> Result<Permit, Error> {
@@ -235,15 +239,12 @@ impl Semaphore {
         // of its own first. A retryable failure (a timeout under load) is retried until
         // the deadline.
         let value = self.permits.to_string();
-        let check = atomic.then_some(PermitCheck {
-            record: RecordCheck {
-                key: &self.record,
-                value: value.as_bytes(),
-            },
-            permits: self.permits,
+        let check = atomic.then_some(RecordCheck {
+            key: &self.record,
+            value: value.as_bytes(),
         });
         // A name in use as a lease or an election is refused before this handle's first
-        // acquire can write the record that makes it a semaphore's (`crate::kind`).
+        // acquire can write the record that makes it a semaphore's (`crate::recipes::kind`).
         if !self.confirmed.load(Ordering::Relaxed) {
             self.client
                 .check_semaphore_kind(&self.name, deadline)
@@ -271,11 +272,13 @@ impl Semaphore {
             .map(|i| self.slots[(first + i) % n].clone())
             .collect();
         let left = deadline.saturating_duration_since(Instant::now());
-        let permit = match self
-            .client
-            .acquire_any(&self.name, &keys, Some(left), check)
-            .await
-        {
+        let step = Slots {
+            semaphore: self,
+            keys: &keys,
+            check,
+            atomic,
+        };
+        let permit = match self.client.acquire_with(&step, Some(left)).await {
             Ok((lease, index)) => Permit {
                 lease,
                 slot: ((first + index) % n) as u32,
@@ -289,7 +292,7 @@ impl Semaphore {
             Err(e) => return Err(e),
         };
         // A lease (or an election) must not hold the name: checked now that the record is
-        // in the store, so that a lease taken at the same moment sees it (`crate::kind`).
+        // in the store, so that a lease taken at the same moment sees it (`crate::recipes::kind`).
         let valid_until = permit.lease.valid_until();
         if let Err(e) = self
             .client
@@ -345,9 +348,62 @@ impl Semaphore {
     }
 }
 
+/// A permit's acquire step: one of the slots, with the check of N where the store takes
+/// any slot in one atomic call.
+struct Slots<'a> {
+    semaphore: &'a Semaphore,
+    /// The slots, in the order to try them.
+    keys: &'a [Key],
+    /// The semaphore's record and N as it is stored, checked in the same store call.
+    check: Option<RecordCheck<'a>>,
+    /// Whether the store takes any of the slots in one atomic call.
+    atomic: bool,
+}
+
+#[async_trait]
+impl AcquireStep for Slots<'_> {
+    fn name(&self) -> &Key {
+        &self.semaphore.name
+    }
+
+    fn keys(&self) -> &[Key] {
+        self.keys
+    }
+
+    /// One `acquire_any_checked` with a check; else one `acquire_any` where it is atomic
+    /// or after a lost reply (the owner's slot must be found first); else one `acquire`
+    /// per slot in order (an owner that has had only `Held` answers holds none).
+    async fn attempt(&self, call: &StepCall<'_>) -> Result<AcquireAnyOutcome, Error> {
+        let (store, owner, ttl) = (call.store(), call.owner(), call.ttl());
+        if let Some(check) = self.check {
+            let checked = acquire_any_checked(store, self.keys, owner, ttl, check);
+            return match call.bounded("acquire", checked).await? {
+                CheckedAcquire::Passed(outcome) => Ok(outcome),
+                CheckedAcquire::Refused(stored) => Err(mismatch(
+                    &self.semaphore.name,
+                    check.key,
+                    self.semaphore.permits,
+                    &stored,
+                    store.backend(),
+                )),
+            };
+        }
+        let outcome = if call.may_hold() || self.atomic {
+            call.bounded("acquire", acquire_any(store, self.keys, owner, ttl))
+                .await
+        } else {
+            first_granted(self.keys, |key| {
+                call.bounded("acquire", store.acquire(key, owner, ttl))
+            })
+            .await
+        };
+        Ok(outcome?)
+    }
+}
+
 /// The error for a semaphore record that does not hold `permits` as this crate writes it
 /// (decimal): [`Error::PermitsMismatch`] for another number, `Corrupt` for anything else.
-pub(crate) fn mismatch(
+fn mismatch(
     name: &Key,
     record: &Key,
     permits: u32,
@@ -379,8 +435,8 @@ mod tests {
 
     use super::*;
     use crate::config::LeaseConfig;
-    use crate::memory::MemoryStore;
     use crate::store::Store;
+    use crate::store::memory::MemoryStore;
     use crate::token::OwnerToken;
 
     fn client(store: &MemoryStore) -> LeaseClient {
@@ -596,7 +652,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn after_a_lost_reply_the_owners_slot_is_taken_again_not_a_freed_one() {
-        use crate::ext::AcquireAnyOutcome;
+        use crate::store::AcquireAnyOutcome;
         use crate::wrap::{Injection, Op, Swallowed};
         let (faulty, sem, other) = faulty_semaphore().await;
         // Slot 0's `Held` is lost: from then on the owner may hold a slot, so the retry
@@ -706,7 +762,7 @@ mod tests {
             matches!(
                 faulty.take_swallowed()[..],
                 [Swallowed::AcquireAny(Ok(
-                    crate::ext::AcquireAnyOutcome::Acquired { index: 1, .. }
+                    crate::store::AcquireAnyOutcome::Acquired { index: 1, .. }
                 ))]
             ),
             "setup: slot 1 granted without a reply"

@@ -15,12 +15,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::StoreError;
-use crate::ext::{Changes, WaitStore, WatchStore};
 use crate::key::Key;
 use crate::store::{
     AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, Record, ReleaseOutcome, RenewOutcome,
     Store,
 };
+use crate::store::{Changes, WaitStore, WatchStore};
 use crate::token::{Fence, OwnerToken};
 
 const BACKEND: &str = "memory";

@@ -7,8 +7,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::error::{StoreError, StoreErrorKind};
-use crate::memory::MemoryStore;
 use crate::store::Store;
+use crate::store::memory::MemoryStore;
 
 /// The future returned by a [`StoreFactory`].
 pub type OpenFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn Store>, StoreError>> + Send>>;
