@@ -3,9 +3,27 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::history::{Op, Phase};
-use crate::run::Report;
-use crate::schedule::PlanKind;
+use crate::checker::Violation;
+use crate::history::{Event, FinalState, Op, Phase};
+use crate::schedule::{PlanKind, PlannedFault};
+
+/// What a run found.
+#[derive(Debug)]
+pub struct Report {
+    /// Every event, sorted by time.
+    pub events: Vec<Event>,
+    /// What the protected storage holds.
+    pub state: FinalState,
+    /// Broken invariants.
+    pub violations: Vec<Violation>,
+    /// The schedule drawn from the seed.
+    pub schedule: Vec<PlannedFault>,
+    /// Planned faults that fired, by kind (the stale write counts once its frozen worker
+    /// was woken after another holder's write).
+    pub fired: BTreeMap<PlanKind, u64>,
+    /// What the injector noted that is not an event (a missed freeze, a late fault).
+    pub notes: Vec<String>,
+}
 
 /// Key of [`summary`]: acquisitions granted (`acquire ok`).
 pub const ACQUISITIONS: &str = "acquisitions";

@@ -19,10 +19,12 @@ use leasehold_testkit::{
     WorkerProcess, ZkEnsemble,
 };
 
-use crate::checker::{CheckConfig, Violation, check};
+use crate::checker::{CheckConfig, check};
 use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
 use crate::schedule::{FaultSet, HOLDER, PlanKind, PlannedFault, plan_kinds};
 use crate::worker::Recorder;
+
+pub use crate::report::Report;
 
 /// Which store holds the leases (the guard and the data are always in PostgreSQL).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -115,24 +117,6 @@ impl RunSpec {
                 .collect(),
         }
     }
-}
-
-/// What a run found.
-#[derive(Debug)]
-pub struct Report {
-    /// Every event, sorted by time.
-    pub events: Vec<Event>,
-    /// What the protected storage holds.
-    pub state: FinalState,
-    /// Broken invariants.
-    pub violations: Vec<Violation>,
-    /// The schedule drawn from the seed.
-    pub schedule: Vec<PlannedFault>,
-    /// Planned faults that fired, by kind (the stale write counts once its frozen worker
-    /// was woken after another holder's write).
-    pub fired: BTreeMap<PlanKind, u64>,
-    /// What the injector noted that is not an event (a missed freeze, a late fault).
-    pub notes: Vec<String>,
 }
 
 const KEY: &str = "chaos:counter";
