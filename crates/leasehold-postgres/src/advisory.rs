@@ -13,13 +13,14 @@ use leasehold_core::{
     WatchStore,
 };
 use leasehold_sql::server_watch::{ServerWatch, Watching};
-use sha2::{Digest, Sha256};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 
 use crate::config::{DEFAULT_ADVISORY_TABLE, DEFAULT_RECORD_TABLE, PgConfig, TableName};
 use crate::records::Records;
-use crate::table::{MIN_REMAINING, col, fence_of, info_of, like_prefix, micros, ttl_us};
+use crate::sql::{
+    MIN_REMAINING, advisory_lock_id, col, fence_of, info_of, like_prefix, micros, ttl_us,
+};
 use crate::wait::{Queue, Sessions, close};
 use crate::watch::{self, Watches};
 use crate::{BACKEND_ADVISORY, error, schema};
@@ -35,22 +36,6 @@ const TERMINATE_WAIT_MS: i64 = 5000;
 
 /// How long an acquire waits for the server watch's session to open.
 const SERVER_WATCH_OPEN: Duration = Duration::from_secs(10);
-
-/// The 64-bit advisory lock id of `key`: the first 8 bytes of the SHA-256 digest of the
-/// key's UTF-8 bytes, read as a big-endian signed integer.
-///
-/// Stable across versions, platforms and languages; in SQL it is
-/// `('x' || left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 16))::bit(64)::bigint`.
-/// In `pg_locks` the lock shows as `locktype = 'advisory'`, `classid` = the high 32 bits,
-/// `objid` = the low 32 bits, `objsubid = 1`. Two keys share a lock only if their digests
-/// share 64 bits (for a billion keys, a chance of about 3 in 100 000); they would then
-/// exclude each other, which is safe, while keeping separate fences.
-pub fn advisory_lock_id(key: &str) -> i64 {
-    let digest = Sha256::digest(key.as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    i64::from_be_bytes(first)
-}
 
 /// `(classid, objid)` of a bigint advisory lock as `pg_locks` shows them.
 fn lock_parts(id: i64) -> (i64, i64) {

@@ -50,7 +50,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::TableName;
 use crate::error;
-use crate::table::digest64;
+use crate::sql::digest64;
 use crate::wait::LockId;
 
 /// Bounds setting a watch up (connecting, `LISTEN`, the shared lock) and each ping.
