@@ -14,9 +14,10 @@ use leasehold_core::{
 };
 use leasehold_sql::server_watch::{ServerWatch, Watching};
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool};
 
 use crate::config::{DEFAULT_ADVISORY_TABLE, DEFAULT_RECORD_TABLE, PgConfig, TableName};
+use crate::listen::listener_pool;
 use crate::records::Records;
 use crate::sql::{
     MIN_REMAINING, advisory_lock_id, col, fence_of, info_of, like_prefix, micros, ttl_us,
@@ -730,13 +731,7 @@ impl Inner {
 /// until the server ends it (a restart sends `FATAL` and closes, a crash closes) or the
 /// connection breaks. Then every lease the store holds is reported ended, at once.
 async fn watch_server(inner: Weak<Inner>, options: PgConnectOptions, mut watching: Watching) {
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .min_connections(0)
-        .idle_timeout(None)
-        .max_lifetime(None)
-        .acquire_timeout(SERVER_WATCH_OPEN)
-        .connect_lazy_with(options);
+    let pool = listener_pool(options, SERVER_WATCH_OPEN);
     let listener = async {
         let mut l = PgListener::connect_with(&pool).await?;
         l.ignore_pool_close_event(true);
