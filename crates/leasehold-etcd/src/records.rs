@@ -28,8 +28,9 @@ fn decode_record(kv: &KeyValue) -> Result<Record, StoreError> {
 }
 
 impl EtcdStore {
-    /// The etcd key that holds `key`'s record (see [`Store::put_record`]):
-    /// `<prefix>\0records\0<key>`, apart from every lease key and waiting queue.
+    /// The etcd key that holds `key`'s record (see
+    /// [`Store::put_record`](leasehold_core::Store::put_record)): `<prefix>\0records\0<key>`,
+    /// apart from every lease key and waiting queue.
     pub fn record_key(&self, key: &Key) -> String {
         format!("{}{RECORDS_NS}{}", self.config.key_prefix(), key.as_str())
     }

@@ -66,7 +66,8 @@ impl ZkStore {
         )
     }
 
-    /// The directory of the records (see [`Store::put_record`]): `<chroot>/%2erecords`,
+    /// The directory of the records (see
+    /// [`Store::put_record`](leasehold_core::Store::put_record)): `<chroot>/%2erecords`,
     /// apart from every lease directory (created on the first record written).
     pub fn records_dir(&self) -> String {
         format!("{}/{RECORDS_DIR}", self.inner.config.chroot_path())
