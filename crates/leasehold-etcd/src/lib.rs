@@ -2,9 +2,13 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-mod config;
-mod factory;
-mod store;
+mod config; // the `etcd://` URL and settings
+mod error; // etcd client errors as `StoreError`s
+mod factory; // `StoreFactory`
+mod records; // `put_record` / `get_record`
+mod store; // `EtcdStore` and its `Store` impl
+mod wait; // `WaitStore`: the waiting queue
+mod watch; // `WatchStore`: change notices
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, EtcdConfig, MAX_PREFIX_LEN,

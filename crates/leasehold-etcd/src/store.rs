@@ -1,22 +1,23 @@
-//! [`EtcdStore`]: the four operations of the store contract as etcd transactions and
-//! lease calls.
+//! [`EtcdStore`] and its [`Store`] impl: each grant one etcd lease and one transaction,
+//! the key's create revision as the fence.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, Event, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchResponse,
-    WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
 };
 use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore, WatchStore,
+    AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore, WatchStore,
 };
 
 use crate::BACKEND;
 use crate::config::EtcdConfig;
+use crate::error::{err, map_err, tonic_code};
+use crate::wait::{head_options, queue_entry, queue_prefix};
 
 /// A lease store on an etcd cluster (v3 API).
 ///
@@ -33,8 +34,8 @@ use crate::config::EtcdConfig;
 /// Cloning is cheap: clones share one gRPC channel.
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
-    config: EtcdConfig,
+    pub(crate) client: Client,
+    pub(crate) config: EtcdConfig,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -46,122 +47,16 @@ impl std::fmt::Debug for EtcdStore {
 }
 
 /// What the lease key's value says.
-struct Holder {
-    owner: OwnerToken,
-    granted_secs: i64,
-    kv: KeyValue,
+pub(crate) struct Holder {
+    pub(crate) owner: OwnerToken,
+    pub(crate) granted_secs: i64,
+    pub(crate) kv: KeyValue,
 }
-
-/// What one read of the lease key and of its queue found.
-struct Line {
-    /// The lease's holder, if any.
-    holder: Option<Holder>,
-    /// The queue entry asked for (the first in line, or a waiter's predecessor).
-    ahead: Option<KeyValue>,
-    /// The revision of the read: watches start after it.
-    revision: i64,
-}
-
-/// The TTL of a waiter's queue entry: how long the entry outlives its waiter's last
-/// keep-alive (a waiter between two waits, or confirming with `acquire`, is covered; a
-/// waiter that died or gave up holds the queue up this long at most).
-const QUEUE_GRACE_SECS: i64 = 2;
 
 /// How many times a renewal answered `Unavailable` is tried again (within its bound).
 const RENEW_RETRIES: u32 = 3;
 /// The pause before such a retry.
 const RENEW_RETRY_PAUSE: Duration = Duration::from_millis(100);
-
-/// How often a waiting waiter keeps its queue entry alive.
-const QUEUE_KEEP_ALIVE_EVERY: Duration = Duration::from_millis(500);
-
-/// The prefix of `lease_key`'s waiting queue: `<lease key>\0` (lease keys never hold a
-/// NUL, so no other key's lease or queue starts with it).
-fn queue_prefix(lease_key: &str) -> String {
-    format!("{lease_key}\0")
-}
-
-/// The queue entry of `owner` waiting for `lease_key`: `<lease key>\0<owner token hex>`.
-fn queue_entry(lease_key: &str, owner: &OwnerToken) -> String {
-    format!("{lease_key}\0{owner}")
-}
-
-/// The namespace of records under the store prefix: `<prefix>\0records\0`. Lease keys are
-/// never empty and never contain a NUL byte, so no lease key, and no queue (`<lease
-/// key>\0…`), starts with it; `list` skips every key holding a NUL.
-const RECORDS_NS: &str = "\0records\0";
-
-/// How many times a record write whose compare lost (another write came between the
-/// read and the transaction) reads and tries again.
-const RECORD_ATTEMPTS: u32 = 8;
-
-/// Reads a record's value back (`Record::to_fenced_bytes`); `Corrupt` when it is not one.
-fn decode_record(kv: &KeyValue) -> Result<Record, StoreError> {
-    Record::from_fenced_bytes(kv.value()).ok_or_else(|| {
-        err(
-            StoreErrorKind::Corrupt,
-            "an etcd record key holds no fence and value: written by something else?",
-        )
-    })
-}
-
-/// A range over a queue prefix that returns its first entry (the lowest create revision).
-fn head_options() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1)
-}
-
-fn err(kind: StoreErrorKind, msg: impl Into<String>) -> StoreError {
-    StoreError::new(kind, BACKEND, msg)
-}
-
-/// Maps a client error to a typed store error. The client's errors never contain the
-/// password (it is sent only in the authentication request).
-fn map_err(op: &str, e: etcd_client::Error) -> StoreError {
-    use etcd_client::Error as E;
-    let kind = match &e {
-        E::GRpcStatus(status) => match i32::from(status.code()) {
-            tonic_code::UNAVAILABLE => StoreErrorKind::Unavailable,
-            tonic_code::DEADLINE_EXCEEDED | tonic_code::CANCELLED => StoreErrorKind::Timeout,
-            tonic_code::UNAUTHENTICATED | tonic_code::PERMISSION_DENIED => StoreErrorKind::Config,
-            tonic_code::RESOURCE_EXHAUSTED => StoreErrorKind::Busy,
-            // etcd answers a missing or refused authentication with InvalidArgument
-            // ("user name is empty", "authentication failed", "invalid auth token").
-            tonic_code::INVALID_ARGUMENT
-                if ["user", "auth", "token", "password"]
-                    .iter()
-                    .any(|w| status.message().contains(w)) =>
-            {
-                StoreErrorKind::Config
-            }
-            tonic_code::INVALID_ARGUMENT => StoreErrorKind::InvalidInput,
-            tonic_code::UNKNOWN | tonic_code::INTERNAL => StoreErrorKind::Ambiguous,
-            _ => StoreErrorKind::Other,
-        },
-        E::TransportError(_) | E::IoError(_) => StoreErrorKind::Unavailable,
-        E::InvalidArgs(_) | E::InvalidUri(_) | E::InvalidMetadataValue(_) => StoreErrorKind::Config,
-        E::LeaseKeepAliveError(_) | E::WatchError(_) => StoreErrorKind::Ambiguous,
-        _ => StoreErrorKind::Other,
-    };
-    err(kind, format!("etcd {op} failed")).with_source(e)
-}
-
-/// gRPC status codes by number (the standard numbering), so the crate does not depend
-/// on `tonic` itself.
-mod tonic_code {
-    pub(super) const CANCELLED: i32 = 1;
-    pub(super) const UNKNOWN: i32 = 2;
-    pub(super) const INVALID_ARGUMENT: i32 = 3;
-    pub(super) const DEADLINE_EXCEEDED: i32 = 4;
-    pub(super) const NOT_FOUND: i32 = 5;
-    pub(super) const PERMISSION_DENIED: i32 = 7;
-    pub(super) const RESOURCE_EXHAUSTED: i32 = 8;
-    pub(super) const INTERNAL: i32 = 13;
-    pub(super) const UNAVAILABLE: i32 = 14;
-    pub(super) const UNAUTHENTICATED: i32 = 16;
-}
 
 /// The TTL in whole seconds, rounded up (etcd leases have one-second resolution).
 fn ttl_secs(ttl: Duration) -> i64 {
@@ -184,79 +79,6 @@ fn fence(revision: i64) -> Result<Fence, StoreError> {
         .filter(|r| *r > 0)
         .map(Fence)
         .ok_or_else(|| err(StoreErrorKind::Corrupt, "etcd reported a revision below 1"))
-}
-
-/// Whether a watch event of [`WatchStore::watch`] tells of a change the contract notifies: on
-/// the lease key, a creation (`version` 1: a grant) or a deletion (a delete event's key
-/// carries `version` 0: a release, a break, an expiry), not a put on a live key (a higher
-/// `version`: its holder moved it onto a longer etcd lease, same holder, same fence);
-/// on the record key, every write.
-fn notifies(event: &Event, lease_key: &[u8]) -> bool {
-    match event.kv() {
-        Some(kv) if kv.key() == lease_key => kv.version() <= 1,
-        _ => true,
-    }
-}
-
-/// Whether a watch answer tells of a change [`notifies`] keeps.
-fn answer_notifies(resp: &WatchResponse, lease_key: &[u8]) -> bool {
-    resp.events().iter().any(|e| notifies(e, lease_key))
-}
-
-/// The error of a watch etcd cancelled: its start revision was compacted away (or the
-/// watcher fell too far behind), or it was refused (permission denied).
-fn cancelled(resp: &WatchResponse) -> StoreError {
-    let reason = resp.cancel_reason();
-    let kind = if reason.contains("permission") {
-        StoreErrorKind::Config
-    } else {
-        StoreErrorKind::Unavailable
-    };
-    err(
-        kind,
-        format!(
-            "etcd cancelled a watch (compact revision {}): {reason}; notices may have been missed",
-            resp.compact_revision()
-        ),
-    )
-}
-
-/// The error of a watch stream etcd ended.
-fn watch_ended() -> StoreError {
-    err(StoreErrorKind::Unavailable, "etcd ended a watch")
-}
-
-/// The state of a [`WatchStore::watch`] stream: the gRPC watch stream (dropping it closes the
-/// stream, and etcd removes its watches with it), and whether a notice is due before the
-/// next read (a change seen while the watch was set up).
-struct Watching {
-    stream: WatchStream,
-    lease_key: Vec<u8>,
-    due: bool,
-}
-
-impl Watching {
-    /// The next notice: `Ok` after a change [`notifies`] keeps; an error (and then the
-    /// end) when etcd cancelled or ended the watch or the connection broke (the client's
-    /// HTTP/2 keep-alive gives a silent connection up).
-    async fn next(mut self) -> Option<(Result<(), StoreError>, Option<Self>)> {
-        if std::mem::take(&mut self.due) {
-            return Some((Ok(()), Some(self)));
-        }
-        loop {
-            match self.stream.message().await {
-                Ok(Some(resp)) if resp.canceled() => return Some((Err(cancelled(&resp)), None)),
-                Ok(Some(resp)) if answer_notifies(&resp, &self.lease_key) => {
-                    return Some((Ok(()), Some(self)));
-                }
-                // A put that moved the holder's key onto a longer lease, or a progress
-                // notice.
-                Ok(Some(_)) => {}
-                Ok(None) => return Some((Err(watch_ended()), None)),
-                Err(e) => return Some((Err(map_err("watch", e)), None)),
-            }
-        }
-    }
 }
 
 impl EtcdStore {
@@ -331,102 +153,7 @@ impl EtcdStore {
         format!("{}{}", self.config.key_prefix(), key.as_str())
     }
 
-    /// The etcd key that holds `key`'s record (see [`Store::put_record`]):
-    /// `<prefix>\0records\0<key>`, apart from every lease key and waiting queue.
-    pub fn record_key(&self, key: &Key) -> String {
-        format!("{}{RECORDS_NS}{}", self.config.key_prefix(), key.as_str())
-    }
-
-    async fn do_put_record(
-        &self,
-        key: &Key,
-        fence: Fence,
-        value: &[u8],
-    ) -> Result<Record, StoreError> {
-        let record_key = self.record_key(key);
-        let data = Record {
-            fence,
-            value: value.to_vec(),
-        }
-        .to_fenced_bytes();
-        let ours = || Record {
-            fence,
-            value: value.to_vec(),
-        };
-        let mut kv = self.client.kv_client();
-        // What the last read (or the failed transaction's read) found.
-        let mut seen = kv
-            .get(record_key.as_str(), None)
-            .await
-            .map_err(|e| map_err("get", e))?
-            .take_kvs()
-            .into_iter()
-            .next();
-        for _ in 0..RECORD_ATTEMPTS {
-            let unchanged = match &seen {
-                None => Compare::create_revision(record_key.as_str(), CompareOp::Equal, 0),
-                Some(stored) => {
-                    let record = decode_record(stored)?;
-                    if record.fence >= fence {
-                        // Kept: a write at a fence as high as ours, or higher, is there.
-                        return Ok(record);
-                    }
-                    Compare::mod_revision(
-                        record_key.as_str(),
-                        CompareOp::Equal,
-                        stored.mod_revision(),
-                    )
-                }
-            };
-            let txn = Txn::new()
-                .when([unchanged])
-                // No etcd lease: records never expire.
-                .and_then([TxnOp::put(record_key.as_str(), data.clone(), None)])
-                .or_else([TxnOp::get(record_key.as_str(), None)]);
-            let resp = kv.txn(txn).await.map_err(|e| {
-                let e = map_err("txn", e);
-                if e.kind() == StoreErrorKind::Unavailable {
-                    // etcd answers a proposal that timed out or met a leader change with
-                    // `Unavailable`, though it may still commit.
-                    err(
-                        StoreErrorKind::Ambiguous,
-                        "etcd record write failed; it may have been applied",
-                    )
-                    .with_source(e)
-                } else {
-                    e
-                }
-            })?;
-            if resp.succeeded() {
-                return Ok(ours());
-            }
-            // Another write came between the read and the transaction: its value is in
-            // the answer; compare again.
-            seen = resp
-                .op_responses()
-                .into_iter()
-                .find_map(|r| match r {
-                    TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
-                    _ => None,
-                })
-                .flatten();
-        }
-        Err(err(
-            StoreErrorKind::Busy,
-            "etcd record write: the record kept changing under the write",
-        ))
-    }
-
-    async fn do_get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let mut kv = self.client.kv_client();
-        let mut resp = kv
-            .get(self.record_key(key), None)
-            .await
-            .map_err(|e| map_err("get", e))?;
-        resp.take_kvs().first().map(decode_record).transpose()
-    }
-
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         op: &str,
         call: impl Future<Output = Result<T, StoreError>>,
@@ -447,7 +174,7 @@ impl EtcdStore {
     }
 
     /// Grants a fresh etcd lease of `ttl_secs`: its id and the TTL etcd granted.
-    async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64), StoreError> {
+    pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64), StoreError> {
         let mut lease = self.client.lease_client();
         let resp = lease
             .grant(ttl_secs, None)
@@ -464,7 +191,7 @@ impl EtcdStore {
 
     /// Revokes an etcd lease, best effort: a lease that could not be revoked expires by
     /// itself within its TTL (and then holds no key).
-    async fn revoke_quietly(&self, id: i64) {
+    pub(crate) async fn revoke_quietly(&self, id: i64) {
         let mut lease = self.client.lease_client();
         if let Err(e) = lease.revoke(id).await {
             tracing::debug!(lease = id, error = %e, "etcd lease revoke failed; it expires by itself");
@@ -473,7 +200,7 @@ impl EtcdStore {
 
     /// Keeps lease `id` alive once. `Ok(false)` when etcd no longer has it (expired or
     /// revoked).
-    async fn keep_alive_once(&self, id: i64) -> Result<bool, StoreError> {
+    pub(crate) async fn keep_alive_once(&self, id: i64) -> Result<bool, StoreError> {
         let mut lease = self.client.lease_client();
         match lease.keep_alive(id).await {
             // The client sends one request and reads its answer before it returns; the
@@ -597,10 +324,7 @@ impl EtcdStore {
                         });
                     }
                     self.revoke_quietly(id).await;
-                    let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
-                        TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
-                        _ => None,
-                    });
+                    let mut gets = gets(&resp);
                     let (current, head) = (gets.next().flatten(), gets.next().flatten());
                     match (current, head) {
                         (Some(kv), _) => decode(kv)?,
@@ -656,176 +380,9 @@ impl EtcdStore {
             remaining: Some(remaining.max(Duration::from_secs(1))),
         })
     }
-
-    /// One read of the lease key and of one queue entry: the first in line (`before`
-    /// is `None`), or the last one created before revision `before` (the predecessor of
-    /// the waiter whose entry was created at `before`).
-    async fn read_line(&self, lease_key: &str, before: Option<i64>) -> Result<Line, StoreError> {
-        let queue = queue_prefix(lease_key);
-        let ahead = match before {
-            None => head_options(),
-            Some(rev) => GetOptions::new()
-                .with_prefix()
-                .with_max_create_revision(rev - 1)
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1),
-        };
-        let txn = Txn::new().and_then([
-            TxnOp::get(lease_key, None),
-            TxnOp::get(queue.as_str(), Some(ahead)),
-        ]);
-        let mut kv = self.client.kv_client();
-        let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
-            TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
-            _ => None,
-        });
-        let holder = gets.next().flatten().map(decode).transpose()?;
-        let ahead = gets.next().flatten();
-        Ok(Line {
-            holder,
-            ahead,
-            revision,
-        })
-    }
-
-    /// Joins the queue of `lease_key` as `owner`, or keeps its place: an entry already
-    /// there is kept alive (same create revision, so the same place). Its create
-    /// revision and etcd lease.
-    async fn join_queue(
-        &self,
-        lease_key: &str,
-        owner: &OwnerToken,
-    ) -> Result<(i64, i64), StoreError> {
-        let entry = queue_entry(lease_key, owner);
-        for _ in 0..3 {
-            let mut kv = self.client.kv_client();
-            let mut resp = kv
-                .get(entry.as_str(), None)
-                .await
-                .map_err(|e| map_err("get", e))?;
-            // An entry that lapsed was deleted with its etcd lease: join again at the end.
-            if let Some(existing) = resp.take_kvs().into_iter().next()
-                && self.keep_alive_once(existing.lease()).await?
-            {
-                return Ok((existing.create_revision(), existing.lease()));
-            }
-            let (id, _) = self.grant(QUEUE_GRACE_SECS).await?;
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    entry.as_str(),
-                    CompareOp::Equal,
-                    0,
-                )])
-                .and_then([TxnOp::put(
-                    entry.as_str(),
-                    owner.to_string(),
-                    Some(PutOptions::new().with_lease(id)),
-                )]);
-            let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
-            if resp.succeeded() {
-                return Ok((resp.header().map_or(0, |h| h.revision()), id));
-            }
-            // Another wait of the same owner created it meanwhile: use that one.
-            self.revoke_quietly(id).await;
-        }
-        Err(err(
-            StoreErrorKind::Busy,
-            "etcd wait: the waiter's queue entry kept changing",
-        ))
-    }
-
-    /// Keeps the queue entry's etcd lease alive while its waiter waits. Returns `Ok` when
-    /// etcd no longer has the lease (the entry lapsed: the caller re-checks and joins
-    /// again), an error when the keep-alives fail.
-    async fn keep_entry_alive(&self, id: i64) -> Result<(), StoreError> {
-        let mut lease = self.client.lease_client();
-        let (mut keeper, mut stream) = match self
-            .bounded("lease keep-alive", async {
-                lease
-                    .keep_alive(id)
-                    .await
-                    .map_err(|e| map_err("lease keep-alive", e))
-            })
-            .await
-        {
-            Ok(pair) => pair,
-            Err(e) if e.kind() == StoreErrorKind::Ambiguous => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        loop {
-            tokio::time::sleep(QUEUE_KEEP_ALIVE_EVERY).await;
-            let resp = self
-                .bounded("lease keep-alive", async {
-                    keeper
-                        .keep_alive()
-                        .await
-                        .map_err(|e| map_err("lease keep-alive", e))?;
-                    stream
-                        .message()
-                        .await
-                        .map_err(|e| map_err("lease keep-alive", e))
-                })
-                .await?;
-            match resp {
-                Some(r) if r.ttl() > 0 => {}
-                Some(_) => return Ok(()),
-                None => {
-                    return Err(err(
-                        StoreErrorKind::Unavailable,
-                        "etcd ended the keep-alive stream of a waiter's queue entry",
-                    ));
-                }
-            }
-        }
-    }
-
-    /// Waits in line: joins the queue, watches the deletion of the predecessor's entry
-    /// until there is none, then (first in line) the deletion of the lease key.
-    async fn wait_in_line(&self, lease_key: &str, owner: &OwnerToken) -> Result<(), StoreError> {
-        let line = self
-            .bounded("read", self.read_line(lease_key, None))
-            .await?;
-        let entry = queue_entry(lease_key, owner);
-        if line.holder.is_none()
-            && line
-                .ahead
-                .as_ref()
-                .is_none_or(|head| head.key() == entry.as_bytes())
-        {
-            // Free for this owner now.
-            return Ok(());
-        }
-        let (place, entry_lease) = self
-            .bounded("join queue", self.join_queue(lease_key, owner))
-            .await?;
-        let watch = async {
-            loop {
-                let line = self
-                    .bounded("read", self.read_line(lease_key, Some(place)))
-                    .await?;
-                if let Some(before) = line.ahead {
-                    // Only the predecessor's deletion can move this waiter up.
-                    self.watch_deletion(before.key(), line.revision).await?;
-                    continue;
-                }
-                if line.holder.is_some() {
-                    self.watch_deletion(lease_key.as_bytes(), line.revision)
-                        .await?;
-                }
-                return Ok(());
-            }
-        };
-        tokio::select! {
-            r = watch => r,
-            r = self.keep_entry_alive(entry_lease) => r,
-        }
-    }
-
     /// The remaining TTL of etcd lease `id` in whole seconds (rounded down by etcd), or
     /// `None` when etcd no longer has it.
-    async fn remaining(&self, id: i64) -> Result<Option<Duration>, StoreError> {
+    pub(crate) async fn remaining(&self, id: i64) -> Result<Option<Duration>, StoreError> {
         let mut lease = self.client.lease_client();
         let resp = lease
             .time_to_live(id, None)
@@ -912,87 +469,6 @@ impl EtcdStore {
         Ok(Some(resp.header().map_or(0, |h| h.revision())))
     }
 
-    /// Sets up [`WatchStore::watch`]: one gRPC watch stream with two watches, of exactly the
-    /// lease key (not its queue, `<lease key>\0…`, nor other keys it is a prefix of) and
-    /// of exactly the record key, both from the revision etcd created the first at.
-    async fn start_watch(&self, key: &Key) -> Result<Watching, StoreError> {
-        let lease_key = self.lease_key(key).into_bytes();
-        let record_key = self.record_key(key).into_bytes();
-        let mut watch = self.client.watch_client();
-        let mut stream = watch
-            .watch(lease_key.clone(), None)
-            .await
-            .map_err(|e| map_err("watch", e))?;
-        let mut due = false;
-        // etcd answers a watch's creation first, with the revision it watches after.
-        let revision = loop {
-            match stream.message().await.map_err(|e| map_err("watch", e))? {
-                Some(resp) if resp.canceled() => return Err(cancelled(&resp)),
-                Some(resp) if resp.created() => break resp.header().map_or(0, |h| h.revision()),
-                Some(resp) => due |= answer_notifies(&resp, &lease_key),
-                None => return Err(watch_ended()),
-            }
-        };
-        // The record's watch from the same revision: nothing written to it after the
-        // lease key's watch began is missed.
-        stream
-            .watch(
-                record_key,
-                Some(WatchOptions::new().with_start_revision(revision + 1)),
-            )
-            .await
-            .map_err(|e| map_err("watch", e))?;
-        loop {
-            match stream.message().await.map_err(|e| map_err("watch", e))? {
-                Some(resp) if resp.canceled() => return Err(cancelled(&resp)),
-                Some(resp) => {
-                    // The lease key's changes may come before the record's watch is
-                    // created: notify them first thing.
-                    due |= answer_notifies(&resp, &lease_key);
-                    if resp.created() {
-                        break;
-                    }
-                }
-                None => return Err(watch_ended()),
-            }
-        }
-        Ok(Watching {
-            stream,
-            lease_key,
-            due,
-        })
-    }
-
-    /// Returns once the lease key is deleted (released, expired, broken) after
-    /// `after_revision`, or once the watch ends (the caller re-checks either way).
-    async fn watch_deletion(&self, key: &[u8], after_revision: i64) -> Result<(), StoreError> {
-        let mut watch = self.client.watch_client();
-        let options = WatchOptions::new()
-            .with_start_revision(after_revision + 1)
-            .with_filters([WatchFilterType::NoPut]);
-        let mut stream = self
-            .bounded("watch", async {
-                watch
-                    .watch(key, Some(options))
-                    .await
-                    .map_err(|e| map_err("watch", e))
-            })
-            .await?;
-        loop {
-            match stream.message().await {
-                // Puts are filtered out: any event is a delete. A cancelled watch (the
-                // start revision was compacted away) may have missed it.
-                Ok(Some(resp)) if resp.canceled() || !resp.events().is_empty() => return Ok(()),
-                // The creation notice, or a progress notice.
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    return Err(err(StoreErrorKind::Unavailable, "etcd ended a watch"));
-                }
-                Err(e) => return Err(map_err("watch", e)),
-            }
-        }
-    }
-
     async fn info(&self, key: Key, holder: Holder) -> Result<Option<LeaseInfo>, StoreError> {
         let Some(remaining) = self.remaining(holder.kv.lease()).await? else {
             // The etcd lease is gone: the key is being deleted with it.
@@ -1007,7 +483,16 @@ impl EtcdStore {
     }
 }
 
-fn decode(kv: KeyValue) -> Result<Holder, StoreError> {
+/// The first key each get of a transaction found, in order (`None` for a get that found
+/// nothing).
+pub(crate) fn gets(resp: &TxnResponse) -> impl Iterator<Item = Option<KeyValue>> {
+    resp.op_responses().into_iter().filter_map(|r| match r {
+        TxnOpResponse::Get(mut g) => Some(g.take_kvs().into_iter().next()),
+        _ => None,
+    })
+}
+
+pub(crate) fn decode(kv: KeyValue) -> Result<Holder, StoreError> {
     let corrupt = || {
         err(
             StoreErrorKind::Corrupt,
@@ -1240,53 +725,5 @@ impl Store for EtcdStore {
     /// Cancel safe: nothing is written.
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.bounded("get record", self.do_get_record(key)).await
-    }
-}
-
-#[async_trait]
-impl WaitStore for EtcdStore {
-    /// Waits in line, as etcd's own `concurrency.Mutex` does: returns at once when the
-    /// key is free for `owner` (nobody holds it and nobody else waits ahead); otherwise
-    /// joins the key's queue (or keeps its place there) with an entry on its own short
-    /// etcd lease, kept alive while waiting, and watches only the deletion of the entry
-    /// just ahead of it; the first in line watches the lease key's deletion (a release,
-    /// a break or the holder's expiry: no polling). `owner` confirms with `acquire`.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: dropping the call closes the watch and stops the keep-alives; the
-    /// queue entry stays for `QUEUE_GRACE_SECS` (2 s), so a waiter that comes back in time
-    /// keeps its place, and one that does not drops out by itself.
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let lease_key = self.lease_key(key);
-        tokio::time::timeout(timeout, self.wait_in_line(&lease_key, owner))
-            .await
-            .unwrap_or(Ok(()))
-    }
-}
-
-#[async_trait]
-impl WatchStore for EtcdStore {
-    /// One gRPC watch stream on the connection the store already has, with two watches:
-    /// exactly the lease key and exactly the record key (two messages on the stream
-    /// before this returns; nothing is written, no queue entry is made). An item follows
-    /// a grant (the key created), a release, a break or an expiry (the key deleted) and
-    /// every record write; not a renewal (a keep-alive writes no key; a renewal asking
-    /// for a longer TTL moves the key onto a new lease, a put on the live key, which is
-    /// filtered out) and not the waiters' queue entries (other keys). A watch etcd
-    /// cancels (its revision compacted away) or ends, or a connection that breaks
-    /// (HTTP/2 keep-alive every 10 s, given up after the operation timeout), yields an
-    /// `Err` item and the end. The hot path (acquire, renew, release) is unchanged.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped setup, or a dropped stream, closes the gRPC stream, and
-    /// etcd removes its watches with it.
-    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
-        let watching = self.bounded("watch", self.start_watch(key)).await?;
-        Ok(futures::stream::unfold(Some(watching), |w| async move { w?.next().await }).boxed())
     }
 }

@@ -11,6 +11,7 @@ use sqlx::{ConnectOptions, Connection, Executor, MySqlConnection};
 
 use crate::config::MySqlConfig;
 use crate::error::{breaks_connection, error_number, map_sqlx};
+use crate::schema::RECORDS_SCHEMA;
 
 /// Pooled connections idle for longer than this are pinged before use.
 const IDLE_PING_AFTER: Duration = Duration::from_secs(2);
@@ -31,6 +32,12 @@ pub(crate) struct StoreTable {
     /// Its `CREATE TABLE IF NOT EXISTS` statement.
     pub(crate) schema: &'static str,
 }
+
+/// The records table both stores share.
+pub(crate) const RECORDS_TABLE: StoreTable = StoreTable {
+    name: "leasehold_records",
+    schema: RECORDS_SCHEMA,
+};
 
 /// Per-session settings: READ COMMITTED (no gap locks in the stores' own transactions) and
 /// a lock wait bounded by the operation timeout.
@@ -116,7 +123,7 @@ impl Db {
             // records existed (by an account that may not create tables, or with
             // `migrate=false`, where it is not probed) keeps working for leases, and a
             // record call then answers `Config` ("run migrate").
-            if let Err(e) = self.migrate(crate::records::TABLE).await {
+            if let Err(e) = self.migrate(RECORDS_TABLE).await {
                 if e.kind() != StoreErrorKind::Config {
                     return Err(e);
                 }

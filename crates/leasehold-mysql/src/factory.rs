@@ -6,7 +6,7 @@ use leasehold_core::{OpenFuture, Store, StoreFactory};
 
 use crate::config::MySqlConfig;
 use crate::getlock::MySqlGetLockStore;
-use crate::lease_store::MySqlLeaseStore;
+use crate::store::MySqlLeaseStore;
 
 /// Serves `mysql://` and `mariadb://` ([`MySqlLeaseStore`], the lease table) and
 /// `mysql+getlock://` and `mariadb+getlock://` ([`MySqlGetLockStore`], `GET_LOCK`

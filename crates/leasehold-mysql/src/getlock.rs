@@ -19,10 +19,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::config::MySqlConfig;
-use crate::conn::{Db, StoreTable};
+use crate::conn::{Db, RECORDS_TABLE, StoreTable};
 use crate::error::Phase;
-use crate::lease_store::like_prefix;
-use crate::schema::{LOCKS_SCHEMA, now_us};
+use crate::schema::LOCKS_SCHEMA;
+use crate::sql::{like_prefix, now_us};
 
 /// The backend name of [`MySqlGetLockStore`].
 pub const BACKEND_GETLOCK: &str = "mysql-getlock";
@@ -552,7 +552,7 @@ impl MySqlGetLockStore {
     /// [`StoreErrorKind::Config`] without the privilege to create it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.db.migrate(TABLE).await?;
-        self.db.migrate(crate::records::TABLE).await
+        self.db.migrate(RECORDS_TABLE).await
     }
 
     /// The configuration (its `Display` hides the password).

@@ -2,16 +2,17 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-mod config;
-mod conn;
-mod error;
-mod factory;
-mod getlock;
-pub mod guard;
-mod lease_store;
-mod records;
-mod schema;
-mod wait;
+mod config; // the `mysql://` URL and settings
+mod conn; // the pool, dedicated connections, bounds
+mod error; // sqlx and server errors as `StoreError`s
+mod factory; // `StoreFactory`
+mod getlock; // `MySqlGetLockStore`: the second store, on `GET_LOCK`
+pub mod guard; // the fence guard users install in their own database
+mod records; // `put_record` / `get_record` (both stores)
+mod schema; // the tables' SQL
+mod sql; // SQL text helpers both stores share
+mod store; // `MySqlLeaseStore` (the lease table) and its `Store` impl
+mod wait; // `WaitStore`: the waiting queue
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT, DEFAULT_TIMEOUT, MySqlConfig,
@@ -22,9 +23,11 @@ pub use getlock::{
     BACKEND_GETLOCK, GETLOCK_RESERVE_GRACE, HASHED_LOCK_NAME_PREFIX, LOCK_NAME_PREFIX,
     MAX_LOCK_NAME_LEN, MySqlGetLockStore, lock_name,
 };
-pub use lease_store::{BACKEND_TABLE, MySqlLeaseStore};
 pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA, LOCKS_SCHEMA, RECORDS_SCHEMA};
+pub use store::MySqlLeaseStore;
 
+/// The backend name of [`MySqlLeaseStore`].
+pub const BACKEND_TABLE: &str = "mysql";
 /// The backend name of configuration errors (the lease-table store's).
 pub const BACKEND: &str = BACKEND_TABLE;
 

@@ -7,15 +7,8 @@ use leasehold_core::{Fence, Key, Record, StoreError};
 use leasehold_sql::{Failure, record};
 use sqlx::Connection;
 
-use crate::conn::{Db, StoreTable};
+use crate::conn::Db;
 use crate::error::is_deadlock;
-use crate::schema::RECORDS_SCHEMA;
-
-/// The records table.
-pub(crate) const TABLE: StoreTable = StoreTable {
-    name: "leasehold_records",
-    schema: RECORDS_SCHEMA,
-};
 
 /// How many times a put that lost a deadlock (rolled back whole) is retried.
 const DEADLOCK_RETRIES: u32 = 5;

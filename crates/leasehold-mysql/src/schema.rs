@@ -102,12 +102,3 @@ END";
 
 /// The SQLSTATE of [`GUARD_PROCEDURE`]'s rejection of a stale fence.
 pub const FENCE_REJECTED_SQLSTATE: &str = "LH001";
-
-/// The server clock in microseconds since the Unix epoch, constant within one statement.
-/// (`UNIX_TIMESTAMP(NOW(6))` with the session time zone at UTC, which the stores set.)
-macro_rules! now_us {
-    () => {
-        "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
-    };
-}
-pub(crate) use now_us;

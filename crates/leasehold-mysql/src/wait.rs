@@ -41,7 +41,7 @@ use sqlx::{AssertSqlSafe, Executor, MySqlConnection};
 
 use crate::conn::Db;
 use crate::error::error_number;
-use crate::schema::now_us;
+use crate::sql::now_us;
 
 /// The prefix of a turnstile's lock name.
 pub(crate) const TURNSTILE_PREFIX: &str = "leasehold-wait#";

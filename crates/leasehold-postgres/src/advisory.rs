@@ -13,13 +13,15 @@ use leasehold_core::{
     WatchStore,
 };
 use leasehold_sql::server_watch::{ServerWatch, Watching};
-use sha2::{Digest, Sha256};
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool};
 
 use crate::config::{DEFAULT_ADVISORY_TABLE, DEFAULT_RECORD_TABLE, PgConfig, TableName};
+use crate::listen::listener_pool;
 use crate::records::Records;
-use crate::table::{MIN_REMAINING, col, fence_of, info_of, like_prefix, micros, ttl_us};
+use crate::sql::{
+    MIN_REMAINING, advisory_lock_id, col, fence_of, info_of, like_prefix, micros, ttl_us,
+};
 use crate::wait::{Queue, Sessions, close};
 use crate::watch::{self, Watches};
 use crate::{BACKEND_ADVISORY, error, schema};
@@ -35,22 +37,6 @@ const TERMINATE_WAIT_MS: i64 = 5000;
 
 /// How long an acquire waits for the server watch's session to open.
 const SERVER_WATCH_OPEN: Duration = Duration::from_secs(10);
-
-/// The 64-bit advisory lock id of `key`: the first 8 bytes of the SHA-256 digest of the
-/// key's UTF-8 bytes, read as a big-endian signed integer.
-///
-/// Stable across versions, platforms and languages; in SQL it is
-/// `('x' || left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 16))::bit(64)::bigint`.
-/// In `pg_locks` the lock shows as `locktype = 'advisory'`, `classid` = the high 32 bits,
-/// `objid` = the low 32 bits, `objsubid = 1`. Two keys share a lock only if their digests
-/// share 64 bits (for a billion keys, a chance of about 3 in 100 000); they would then
-/// exclude each other, which is safe, while keeping separate fences.
-pub fn advisory_lock_id(key: &str) -> i64 {
-    let digest = Sha256::digest(key.as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    i64::from_be_bytes(first)
-}
 
 /// `(classid, objid)` of a bigint advisory lock as `pg_locks` shows them.
 fn lock_parts(id: i64) -> (i64, i64) {
@@ -745,13 +731,7 @@ impl Inner {
 /// until the server ends it (a restart sends `FATAL` and closes, a crash closes) or the
 /// connection breaks. Then every lease the store holds is reported ended, at once.
 async fn watch_server(inner: Weak<Inner>, options: PgConnectOptions, mut watching: Watching) {
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .min_connections(0)
-        .idle_timeout(None)
-        .max_lifetime(None)
-        .acquire_timeout(SERVER_WATCH_OPEN)
-        .connect_lazy_with(options);
+    let pool = listener_pool(options, SERVER_WATCH_OPEN);
     let listener = async {
         let mut l = PgListener::connect_with(&pool).await?;
         l.ignore_pool_close_event(true);

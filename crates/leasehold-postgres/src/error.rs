@@ -5,6 +5,9 @@ use std::io;
 
 use leasehold_core::{StoreError, StoreErrorKind};
 
+/// The SQLSTATE the SQL guard function raises when it rejects a stale fence.
+pub(crate) const FENCE_REJECTED_SQLSTATE: &str = "LH001";
+
 /// A sqlx error reduced to text that never contains credentials: the SQLSTATE and the
 /// server's message for database errors, the I/O error kind and message otherwise. Kept
 /// as the source of a [`StoreError`].
@@ -91,7 +94,7 @@ fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
         "3F000" => (K::Config, Some(MISSING_SCHEMA)),
         "42P01" => (K::Config, Some(MISSING_TABLE)),
         // The SQL guard function refused a stale fence in the caller's statement.
-        crate::schema::FENCE_REJECTED_SQLSTATE => (
+        FENCE_REJECTED_SQLSTATE => (
             K::Other,
             Some(
                 "leasehold_guard rejected a stale fence: the lease was lost; roll back and \

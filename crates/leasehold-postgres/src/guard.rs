@@ -112,7 +112,7 @@ const BACKEND: &str = GUARD_BACKEND;
 
 /// The SQLSTATE the SQL function `leasehold_guard(resource, fence)` raises when it
 /// rejects a stale fence (see the module docs).
-pub const FENCE_REJECTED_SQLSTATE: &str = schema::FENCE_REJECTED_SQLSTATE;
+pub const FENCE_REJECTED_SQLSTATE: &str = error::FENCE_REJECTED_SQLSTATE;
 
 /// The guard and idempotency tables, with their statements rendered once.
 ///

@@ -2,19 +2,20 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-mod advisory;
-mod config;
-mod error;
-mod factory;
-pub mod guard;
-mod listen;
-mod records;
-mod schema;
-mod table;
-mod wait;
-mod watch;
+mod advisory; // `PgAdvisoryStore`: the second store, on advisory locks
+mod config; // the `postgres://` URL and settings
+mod error; // sqlx errors as `StoreError`s
+mod factory; // `StoreFactory`
+pub mod guard; // the fence guard users install in their own database
+mod listen; // the LISTEN session waiters share
+mod records; // `put_record` / `get_record` (both stores)
+mod schema; // migrations
+mod sql; // SQL text and row helpers both stores share
+mod store; // `PgLeaseStore` (the lease table) and its `Store` impl
+mod wait; // `WaitStore`: the waiting queue
+mod watch; // `WatchStore`: change notices
 
-pub use advisory::{PgAdvisoryStore, advisory_lock_id};
+pub use advisory::PgAdvisoryStore;
 pub use config::{
     DEFAULT_ADVISORY_TABLE, DEFAULT_APPLICATION_NAME, DEFAULT_GUARD_TABLE,
     DEFAULT_IDEMPOTENCY_TABLE, DEFAULT_LEASE_TABLE, DEFAULT_RECORD_TABLE, DEFAULT_WAIT_SESSIONS,
@@ -23,7 +24,8 @@ pub use config::{
 pub use error::store_error;
 pub use factory::PgFactory;
 pub use guard::PgGuard;
-pub use table::PgLeaseStore;
+pub use sql::advisory_lock_id;
+pub use store::PgLeaseStore;
 
 /// Re-export of the sqlx version this crate is built with, so callers use matching types
 /// for [`guard`]'s transactions.

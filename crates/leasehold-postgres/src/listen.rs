@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 
@@ -161,14 +161,20 @@ impl Listener {
     }
 }
 
-async fn run(weak: Weak<Shared>, connect: PgConnectOptions, channel: String) {
-    let pool = PgPoolOptions::new()
+/// A pool of the one session a `PgListener` listens on, opened within `open`, never
+/// closed for being idle or old.
+pub(crate) fn listener_pool(options: PgConnectOptions, open: Duration) -> PgPool {
+    PgPoolOptions::new()
         .max_connections(1)
         .min_connections(0)
         .idle_timeout(None)
         .max_lifetime(None)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(connect);
+        .acquire_timeout(open)
+        .connect_lazy_with(options)
+}
+
+async fn run(weak: Weak<Shared>, connect: PgConnectOptions, channel: String) {
+    let pool = listener_pool(connect, Duration::from_secs(10));
     let mut generation = 0u64;
     loop {
         let listener = async {

@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use crate::config::TableName;
 use crate::error;
-use crate::table::{Arg, inline};
+use crate::sql::{Arg, bound, inline};
 
 /// The records statements, rendered once for the configured table.
 pub(crate) struct Records {
@@ -74,11 +74,9 @@ impl Records {
         record::check_value(backend, value)?;
         let fence = fence_to_i64(backend, fence)?;
         let map = |e| error::map(backend, "put record", e);
+        let args = [Arg::Text(key.as_str()), Arg::Int(fence), Arg::Bytes(value)];
         let row = if simple {
-            let text = inline(
-                &self.put_then_get,
-                &[Arg::Text(key.as_str()), Arg::Int(fence), Arg::Bytes(value)],
-            )?;
+            let text = inline(&self.put_then_get, &args)?;
             sqlx::raw_sql(AssertSqlSafe(text))
                 .fetch_all(pool)
                 .await
@@ -87,15 +85,11 @@ impl Records {
                 .find(|r| r.try_column("value").is_ok())
         } else {
             let mut tx = pool.begin().await.map_err(map)?;
-            sqlx::query(AssertSqlSafe(self.put.clone()))
-                .bind(key.as_str())
-                .bind(fence)
-                .bind(value)
+            bound(&self.put, &args)
                 .execute(&mut *tx)
                 .await
                 .map_err(map)?;
-            let row = sqlx::query(AssertSqlSafe(self.get.clone()))
-                .bind(key.as_str())
+            let row = bound(&self.get, &args[..1])
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(map)?;
@@ -121,19 +115,16 @@ impl Records {
         key: &Key,
     ) -> Result<Option<Record>, StoreError> {
         let map = |e| error::map(backend, "get record", e);
+        let args = [Arg::Text(key.as_str())];
         let row = if simple {
-            let text = inline(&self.get, &[Arg::Text(key.as_str())])?;
+            let text = inline(&self.get, &args)?;
             sqlx::raw_sql(AssertSqlSafe(text))
                 .fetch_optional(pool)
                 .await
-                .map_err(map)?
         } else {
-            sqlx::query(AssertSqlSafe(self.get.clone()))
-                .bind(key.as_str())
-                .fetch_optional(pool)
-                .await
-                .map_err(map)?
-        };
+            bound(&self.get, &args).fetch_optional(pool).await
+        }
+        .map_err(map)?;
         row.map(|r| read(backend, key, &r)).transpose()
     }
 }

@@ -113,9 +113,6 @@ CREATE TABLE IF NOT EXISTS {i} (
     )
 }
 
-/// The SQLSTATE the SQL guard function raises when it rejects a stale fence.
-pub(crate) const FENCE_REJECTED_SQLSTATE: &str = "LH001";
-
 /// The SQL guard function's name, in the guard table's schema.
 pub(crate) fn guard_function_name(guard: &TableName) -> String {
     match guard.schema() {
@@ -137,7 +134,7 @@ pub(crate) fn guard_function_regprocedure(guard: &TableName) -> String {
 fn guard_function_sql(guard: &TableName) -> String {
     let g = guard.sql();
     let f = guard_function_name(guard);
-    let state = FENCE_REJECTED_SQLSTATE;
+    let state = error::FENCE_REJECTED_SQLSTATE;
     format!(
         r#"-- leasehold SQL guard: call it in the transaction of the protected write, e.g.
 --   BEGIN; SELECT leasehold_guard('ledger:invoices', 42); UPDATE ...; COMMIT;
@@ -186,7 +183,7 @@ $leasehold$;
 /// The advisory lock (transaction-scoped) that serialises concurrent migrations:
 /// the first 8 bytes of SHA-256("leasehold-migrate").
 fn migrate_lock_id() -> i64 {
-    crate::advisory::advisory_lock_id("leasehold-migrate")
+    crate::sql::advisory_lock_id("leasehold-migrate")
 }
 
 /// Applies `ddl` for `tables` and `functions` (`regprocedure` literals) in one

@@ -39,6 +39,7 @@ use sqlx::{AssertSqlSafe, Connection, Row};
 
 use crate::error;
 use crate::listen::Listener;
+use crate::sql::{digest64, micros};
 
 /// `idle_session_timeout` of a queue session that holds the turn while the lease is free:
 /// a frozen waiter process holds up the queue for at most this long.
@@ -101,6 +102,13 @@ impl LockId {
     }
 }
 
+/// The turnstile of `key` in table `table` (as in SQL): the advisory lock its waiters
+/// queue on, in the two-int4 form (`objsubid = 2` in `pg_locks`), made of the first 8
+/// bytes of SHA-256 of `leasehold-wait`, the table and the key, NUL-separated.
+pub(crate) fn turnstile(table: &str, key: &Key) -> LockId {
+    LockId::pair(digest64(&["leasehold-wait", table, key.as_str()]))
+}
+
 /// Dedicated sessions (not pooled): connected on demand, a few kept for reuse.
 pub(crate) struct Sessions {
     backend: &'static str,
@@ -153,7 +161,7 @@ pub(crate) struct TableHead {
 impl TableHead {
     /// The turnstile of `key`.
     pub(crate) fn lock_of(&self, key: &Key) -> LockId {
-        crate::table::turnstile(&self.table, key)
+        turnstile(&self.table, key)
     }
 
     /// As head of `key`'s queue: waits until the row is free (`false`: the session was
@@ -192,7 +200,7 @@ impl TableHead {
             let Ok(remaining) = row.try_get::<i64, _>("remaining_us") else {
                 return false;
             };
-            let mut wait = crate::table::micros(remaining).max(Duration::from_millis(1));
+            let mut wait = micros(remaining).max(Duration::from_millis(1));
             if !listening {
                 wait = wait.min(RECHECK_WITHOUT_LISTENER);
             }
@@ -223,7 +231,7 @@ impl PgWait {
     fn lock_of(&self, key: &Key) -> LockId {
         match &self.head {
             Some(h) => h.lock_of(key),
-            None => LockId::Big(crate::advisory::advisory_lock_id(key.as_str())),
+            None => LockId::Big(crate::sql::advisory_lock_id(key.as_str())),
         }
     }
 }

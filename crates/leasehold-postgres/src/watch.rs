@@ -45,12 +45,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use leasehold_core::{Changes, Key, StoreError, StoreErrorKind};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::TableName;
 use crate::error;
-use crate::table::digest64;
+use crate::listen::listener_pool;
+use crate::sql::digest64;
 use crate::wait::LockId;
 
 /// Bounds setting a watch up (connecting, `LISTEN`, the shared lock) and each ping.
@@ -287,13 +288,7 @@ enum Event {
 
 impl Task {
     async fn run(mut self, connect: PgConnectOptions) {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .acquire_timeout(SETUP)
-            .connect_lazy_with(connect);
+        let pool = listener_pool(connect, SETUP);
         let end = match tokio::time::timeout(SETUP, self.connect(&pool)).await {
             Ok(Ok(listener)) => self.serve(listener).await,
             Ok(Err(e)) => Err(error::map(self.backend, "connecting the watch session", e)),

@@ -2,19 +2,19 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-mod batch;
-mod clocks;
-mod config;
-mod conn;
-mod error;
-mod factory;
-mod keys;
-mod notify;
-mod policy;
-pub mod records;
-mod scripts;
-mod store;
-pub mod wire;
+mod batch; // concurrent operations sent as one script call per slot
+mod clocks; // the replicas' clock offsets (Sentinel)
+mod config; // the `redis://` URLs and settings
+mod conn; // the connection, replaced after an error
+mod error; // redis errors as `StoreError`s
+mod factory; // `StoreFactory`
+mod keys; // the key layout: prefix, hash tag, escaping
+mod notify; // the pub/sub connection waiters and watchers share
+mod policy; // the server's `maxmemory-policy`
+pub mod records; // `put_record` / `get_record` scripts
+mod scripts; // the Lua scripts, one per operation
+mod store; // `RedisStore`, its `Store` impl and its batch, wait and watch extensions
+pub mod wire; // the store format Redis and Redlock share
 
 pub use config::{
     DEFAULT_CLOCK_CHECK, DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_RETENTION,

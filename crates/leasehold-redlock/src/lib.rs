@@ -2,11 +2,11 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-mod config;
-mod factory;
-mod node;
-mod scripts;
-mod store;
+mod config; // the `redlock://` URL and settings
+mod factory; // `StoreFactory`
+mod node; // one node of the set: its connection and errors
+mod scripts; // the Lua scripts run on each node
+mod store; // `RedlockStore` and its `Store` impl
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_DRIFT_MIN, DEFAULT_NODE_TIMEOUT,

@@ -2,14 +2,14 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-mod clock;
-mod config;
-mod error;
-mod factory;
-pub mod guard;
-mod schema;
-mod store;
-mod wake;
+mod clock; // the host clock leases expire on
+mod config; // the `sqlite://` URL and settings
+mod error; // sqlx and SQLite errors as `StoreError`s
+mod factory; // `StoreFactory`
+pub mod guard; // the fence guard users install in their own database
+mod schema; // the tables' SQL
+mod store; // `SqliteStore` and its `Store` impl (records included)
+mod wait; // waking waiters: the in-process bells and queue
 
 pub use clock::{HostClock, HostTime, ManualHostClock, SystemHostClock};
 pub use config::{
@@ -20,7 +20,7 @@ pub use error::store_error;
 pub use factory::SqliteFactory;
 pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA, RECORDS_SCHEMA};
 pub use store::SqliteStore;
-pub use wake::CROSS_PROCESS_POLL;
+pub use wait::CROSS_PROCESS_POLL;
 
 /// The `sqlx` this crate is built with, so that callers of the [`guard`] use the same one.
 pub use sqlx;

@@ -22,7 +22,7 @@ use crate::clock::{HostClock, HostTime};
 use crate::config::{SqliteConfig, Synchronous};
 use crate::error::SqliteErrors;
 use crate::schema;
-use crate::wake::{Bells, CROSS_PROCESS_POLL, GRACE, Turn};
+use crate::wait::{Bells, CROSS_PROCESS_POLL, GRACE, Turn};
 
 /// A leasehold [`Store`] in one SQLite database file, shared by every process of one host
 /// that opens the same file.

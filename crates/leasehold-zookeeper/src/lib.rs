@@ -2,9 +2,15 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
-mod config;
-mod factory;
-mod store;
+mod config; // the `zookeeper://` URL and settings
+mod error; // ZooKeeper client errors as `StoreError`s
+mod factory; // `StoreFactory`
+mod paths; // node paths: key directories, queue nodes, records
+mod records; // `put_record` / `get_record`
+mod session; // the session, and how much of its timeout a grant may use
+mod store; // `ZkStore` and its `Store` (and `BatchStore`) impl
+mod wait; // `WaitStore`: a place in the key's queue
+mod watch; // `WatchStore`: change notices
 
 pub use config::{
     DEFAULT_CHROOT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_SESSION_TIMEOUT,
@@ -43,7 +49,7 @@ mod keys {
     #[test]
     fn keys_become_one_path_component_and_back() {
         for k in ["job:a", "a/b", "..", ".", "x%y z", "ü:é", "a-b_c:9"] {
-            let enc = crate::store::encode_key(k);
+            let enc = crate::paths::encode_key(k);
             assert!(
                 !enc.contains('/') && enc != "." && enc != "..",
                 "{k} -> {enc}"
@@ -57,10 +63,10 @@ mod keys {
     /// name as the key `.records`, whose lease directory is another node.
     #[test]
     fn the_records_directory_is_no_key_directory() {
-        let dir = crate::store::RECORDS_DIR;
+        let dir = crate::paths::RECORDS_DIR;
         let as_key = leasehold_core::url::percent_decode(dir).unwrap();
         assert_eq!(as_key, ".records");
-        assert_eq!(crate::store::encode_key(&as_key), "%2Erecords");
-        assert_ne!(crate::store::encode_key(&as_key), dir);
+        assert_eq!(crate::paths::encode_key(&as_key), "%2Erecords");
+        assert_ne!(crate::paths::encode_key(&as_key), dir);
     }
 }

@@ -1,109 +1,26 @@
-//! [`ZkStore`]: the store contract as ephemeral sequential nodes on one ZooKeeper session.
+//! [`ZkStore`] and its [`Store`] impl: ephemeral sequential nodes on one ZooKeeper
+//! session, the lowest node of a key's queue the holder, its `czxid` the fence.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use leasehold_core::{
-    AcquireOutcome, BatchStore, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo,
-    OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
-    WatchStore,
+    AcquireOutcome, BatchStore, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore, WatchStore,
 };
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
-
-fn err(kind: StoreErrorKind, msg: impl Into<String>) -> StoreError {
-    StoreError::new(kind, BACKEND, msg)
-}
-
-/// Maps a client error to a typed store error.
-fn map_err(op: &str, e: zk::Error) -> StoreError {
-    use zk::Error as E;
-    let kind = match &e {
-        // The request may have reached the server: a write may have been applied.
-        // The connection broke (reset, no answer within the connection timeout) with the
-        // request sent: it may have been applied.
-        E::ConnectionLoss | E::Custom(_) | E::UnexpectedError(_) => StoreErrorKind::Ambiguous,
-        E::Timeout => StoreErrorKind::Timeout,
-        E::NoHosts | E::ClientClosed | E::SessionExpired | E::SessionMoved => {
-            StoreErrorKind::Unavailable
-        }
-        E::NoAuth | E::AuthFailed | E::InvalidAcl => StoreErrorKind::Config,
-        E::Throttled => StoreErrorKind::Busy,
-        E::BadArguments(_) => StoreErrorKind::InvalidInput,
-        _ => StoreErrorKind::Other,
-    };
-    err(kind, format!("zookeeper {op} failed")).with_source(e)
-}
-
-/// A key as one ZooKeeper path component: ASCII letters, digits, `:`, `_` and `-` stay,
-/// every other byte (`/`, `.`, `%`, spaces, non-ASCII) becomes `%XX`. Reversible.
-pub(crate) fn encode_key(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
-    for b in key.bytes() {
-        if b.is_ascii_alphanumeric() || b == b':' || b == b'_' || b == b'-' {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn decode_key(name: &str) -> Option<Key> {
-    let decoded = leasehold_core::url::percent_decode(name)?;
-    Key::new(decoded).ok()
-}
-
-/// The name of the records directory under the root path. [`encode_key`] writes its escapes
-/// in upper case (`%2E`), so no key's directory is ever named this; a client of an earlier
-/// version reads the name as the key `.records` in `list` and looks for that key's lease in
-/// `%2Erecords`, so it finds none and its `list` keeps working.
-pub(crate) const RECORDS_DIR: &str = "%2erecords";
-
-/// How many times a record write that lost a race (another write came between its read
-/// and its conditional write) reads and tries again.
-const RECORD_ATTEMPTS: u32 = 8;
-
-/// Reads a record node's data back (`Record::to_fenced_bytes`); `Corrupt` when it is
-/// not one.
-fn decode_record(data: &[u8]) -> Result<Record, StoreError> {
-    Record::from_fenced_bytes(data).ok_or_else(|| {
-        err(
-            StoreErrorKind::Corrupt,
-            "a zookeeper record node holds no fence and value: written by something else?",
-        )
-    })
-}
-
-/// A queue node's name: `<owner token hex>-<sequence>`.
-fn parse_node(name: &str) -> Option<(OwnerToken, i64)> {
-    let (owner, seq) = name.rsplit_once('-')?;
-    Some((owner.parse().ok()?, seq.parse().ok()?))
-}
-
-/// The queue of `dir`, lowest sequence first. Names that are not queue nodes are `Corrupt`.
-fn sorted_queue(children: Vec<String>) -> Result<Vec<(OwnerToken, i64, String)>, StoreError> {
-    let mut queue = children
-        .into_iter()
-        .map(|name| {
-            parse_node(&name).map(|(o, s)| (o, s, name)).ok_or_else(|| {
-                err(
-                    StoreErrorKind::Corrupt,
-                    "a node in a lease directory is not a lease node",
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    queue.sort_by_key(|(_, seq, _)| *seq);
-    Ok(queue)
-}
+use crate::error::{err, map_err};
+use crate::paths::{RECORDS_DIR, decode_key, sorted_queue};
+use crate::records::decode_record;
+use crate::session::{Check, Session};
+use crate::wait::{Presence, WAITER_GRACE};
 
 fn fence(zxid: i64) -> Result<Fence, StoreError> {
     u64::try_from(zxid)
@@ -126,285 +43,39 @@ fn ttl_of(data: &[u8]) -> Result<Duration, StoreError> {
         })
 }
 
-/// A one-shot ZooKeeper watch, waiting for its event (dropping it removes the watch,
-/// on the server too).
-type Armed = BoxFuture<'static, zk::WatchedEvent>;
-
-/// Reads the first node of the queue in `dir` (the holder, or the first waiter the lease
-/// is reserved for) and watches the queue: its children, or, when the directory does not
-/// exist, its creation.
-async fn watch_queue(
-    client: &zk::Client,
-    dir: &str,
-) -> Result<(Option<String>, Armed), StoreError> {
-    for _ in 0..8 {
-        match client.list_and_watch_children(dir).await {
-            Ok((children, watcher)) => {
-                let head = sorted_queue(children)?
-                    .into_iter()
-                    .next()
-                    .map(|(_, _, name)| name);
-                return Ok((head, watcher.changed().boxed()));
-            }
-            Err(zk::Error::NoNode) => {}
-            Err(e) => return Err(map_err("watch the queue", e)),
-        }
-        match client.check_and_watch_stat(dir).await {
-            Ok((None, watcher)) => return Ok((None, watcher.changed().boxed())),
-            // Created between the two requests: list it.
-            Ok((Some(_), _)) => {}
-            Err(e) => return Err(map_err("watch the queue", e)),
-        }
-    }
-    Err(err(
-        StoreErrorKind::Busy,
-        "zookeeper watch: the key's directory kept appearing and going",
-    ))
-}
-
-/// Reads the record node's `mzxid` (`None` when it does not exist) and watches it: its
-/// data and deletion, or its creation.
-async fn watch_record(client: &zk::Client, path: &str) -> Result<(Option<i64>, Armed), StoreError> {
-    let (stat, watcher) = client
-        .check_and_watch_stat(path)
-        .await
-        .map_err(|e| map_err("watch the record", e))?;
-    Ok((stat.map(|s| s.mzxid), watcher.changed().boxed()))
-}
-
-/// The error of a watch whose session broke.
-fn session_broke(state: zk::SessionState) -> StoreError {
-    err(
-        StoreErrorKind::Unavailable,
-        format!("zookeeper session {state} while watching: notices may have been missed"),
-    )
-}
-
-/// What woke a [`WatchStore::watch`] stream.
-enum Woken {
-    Queue(zk::WatchedEvent),
-    Record(zk::WatchedEvent),
-    State(zk::SessionState),
-}
-
-/// The state of a [`WatchStore::watch`] stream: a one-shot watch of the key's queue and one of
-/// its record, re-armed after each event (the re-arming read tells what changed).
-struct ZkWatching {
-    /// The store, not kept alive by the watch (its session ends with it).
-    store: Weak<Inner>,
-    /// The session the watches are on.
-    session: i64,
-    state: zk::StateWatcher,
-    dir: String,
-    record: String,
-    head: Option<String>,
-    record_zxid: Option<i64>,
-    queue: Armed,
-    record_watch: Armed,
-}
-
-impl ZkWatching {
-    /// The next notice: `Ok` when the queue's first node (the holder) or the record
-    /// changed; an error (and then the end) when the session disconnected, ended or was
-    /// replaced, or a re-arming read failed; the end when the store is gone.
-    async fn next(mut self) -> Option<(Result<(), StoreError>, Option<Self>)> {
-        loop {
-            let woken = tokio::select! {
-                event = &mut self.queue => Woken::Queue(event),
-                event = &mut self.record_watch => Woken::Record(event),
-                state = self.state.changed() => Woken::State(state),
-            };
-            let changed = match woken {
-                Woken::State(
-                    zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly,
-                ) => {
-                    continue;
-                }
-                Woken::State(state) => Err(session_broke(state)),
-                Woken::Queue(e) | Woken::Record(e) if e.event_type == zk::EventType::Session => {
-                    Err(session_broke(e.session_state))
-                }
-                Woken::Queue(_) => self.rearm(true).await?,
-                Woken::Record(_) => self.rearm(false).await?,
-            };
-            match changed {
-                Ok(true) => return Some((Ok(()), Some(self))),
-                Ok(false) => {}
-                Err(e) => return Some((Err(e), None)),
-            }
-        }
-    }
-
-    /// Watches the queue (`queue`) or the record again and reads it: whether it changed
-    /// since last read. `None` when the store is gone.
-    async fn rearm(&mut self, queue: bool) -> Option<Result<bool, StoreError>> {
-        let store = ZkStore {
-            inner: self.store.upgrade()?,
-        };
-        Some(
-            store
-                .bounded("watch", async {
-                    // The session's slot is locked while a new session is being made.
-                    let current = store.inner.session.lock().await.clone();
-                    let Some(s) = current.filter(|s| s.id == self.session) else {
-                        return Err(err(
-                            StoreErrorKind::Unavailable,
-                            "zookeeper: the watch's session ended: notices may have been missed",
-                        ));
-                    };
-                    if queue {
-                        let (head, armed) = watch_queue(&s.client, &self.dir).await?;
-                        self.queue = armed;
-                        let before = std::mem::replace(&mut self.head, head);
-                        Ok(before != self.head)
-                    } else {
-                        let (zxid, armed) = watch_record(&s.client, &self.record).await?;
-                        self.record_watch = armed;
-                        let before = std::mem::replace(&mut self.record_zxid, zxid);
-                        Ok(before != self.record_zxid)
-                    }
-                })
-                .await,
-        )
-    }
-}
-
-/// The store's ZooKeeper session.
-#[derive(Clone)]
-struct Session {
-    client: zk::Client,
-    id: i64,
-    /// The session timeout the ensemble granted.
-    timeout: Duration,
-    /// How much of `timeout` no grant may use ([`report_lag`]).
-    lag: Duration,
-}
-
-impl Session {
-    /// The longest TTL a grant can have: the session timeout less the report lag (a grant
-    /// is shorter still by its request's round trip, see [`ZkStore::grant`]).
-    fn longest_ttl(&self) -> Duration {
-        self.timeout.saturating_sub(self.lag)
-    }
-}
-
-/// The shortest TTL the store grants (the core's shortest TTL).
-const MIN_GRANT: Duration = Duration::from_millis(10);
-
-/// How long before a request was sent the last activity of the session the leader had heard
-/// of may lie, not counting the request's round trip (`docs/design.md`, "ZooKeeper: a renewal
-/// confirmed by a quorum write").
-///
-/// The leader expires a session counting from the last activity it heard of, and it hears
-/// of the activity of a session connected to a follower only through that follower's
-/// answers to its pings, sent every half tick, each listing the sessions active at the
-/// follower since the one before. A request the leader commits (a check `multi`, a
-/// `create`) was forwarded by the follower after every answer the follower had sent
-/// before it, so the leader had read them all. The last of them was sent at most half a
-/// tick (and a delivery, counted in the round trip) before the follower forwarded the
-/// request, and it listed the session if the session was active at the follower since the
-/// answer before: the client sends a ping whenever it has sent nothing for three of its
-/// ticks (checked every tick). So the leader had heard of activity no older than half a
-/// tick plus four client ticks before the request was sent, and cannot expire the session
-/// before that activity + the session timeout.
-///
-/// The client's ticks are those of `zookeeper-client` 0.11: 1/8 of the connection
-/// timeout, or 1/20 of the session timeout when the connection timeout is longer than 3/5
-/// of it; its ping interval is at most 10 s. The ensemble's tick is
-/// [`ZkConfig::ensemble_tick`], or, unset, half the session timeout (the longest ZooKeeper's
-/// default `minSessionTimeout` of two ticks allows).
-pub(crate) fn report_lag(config: &ZkConfig, negotiated: Duration) -> Duration {
-    let tick = config.ensemble_tick().unwrap_or(negotiated / 2);
-    let reports = tick / 2;
-    let conn = config.connection_timeout();
-    let client_tick = if conn > negotiated * 3 / 5 {
-        negotiated / 20
-    } else {
-        conn / 8
-    }
-    .max(Duration::from_millis(1));
-    let quiet = (client_tick * 3).min(Duration::from_secs(10)) + client_tick;
-    reports + quiet
-}
-
-/// What the leader answered about one node of a check `multi`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Check {
-    /// The node exists with the version checked, and the session was live at the leader.
-    Live,
-    /// The node is gone (or another), or the session ended.
-    Gone,
-}
-
-/// The most bytes of node paths one check `multi` carries (the server refuses a request
-/// larger than its `jute.maxbuffer`, 1 MB by default): a bigger batch is split.
-const CHECK_BATCH_BYTES: usize = 256 * 1024;
-
 /// A lease this store granted and still believes live.
 #[derive(Debug, Clone)]
-struct Granted {
-    node: String,
+pub(crate) struct Granted {
+    pub(crate) node: String,
     /// The node's data version (never changed by the store: 0 for a node it created).
-    version: i32,
-    fence: Fence,
-    session: i64,
-    ttl: Duration,
+    pub(crate) version: i32,
+    pub(crate) fence: Fence,
+    pub(crate) session: i64,
+    pub(crate) ttl: Duration,
     /// The send of the last acquire or renewal + the TTL: past it the store deletes the
     /// node (nobody renewed the lease).
-    deadline: Instant,
+    pub(crate) deadline: Instant,
 }
 
-struct Inner {
-    config: ZkConfig,
-    session: tokio::sync::Mutex<Option<Session>>,
-    granted: Mutex<HashMap<(String, OwnerToken), Granted>>,
+pub(crate) struct Inner {
+    pub(crate) config: ZkConfig,
+    pub(crate) session: tokio::sync::Mutex<Option<Session>>,
+    pub(crate) granted: Mutex<HashMap<(String, OwnerToken), Granted>>,
     /// Acquires that may have created a node this store does not know of yet (in flight,
     /// or dropped by their caller): until when the node may live unclaimed.
-    pending: Mutex<HashMap<(String, OwnerToken), Instant>>,
+    pub(crate) pending: Mutex<HashMap<(String, OwnerToken), Instant>>,
     /// Owners with a place in a key's queue (a waiter node): their calls in progress,
     /// and when the last one ended.
-    waiting: Mutex<HashMap<(String, OwnerToken), Presence>>,
+    pub(crate) waiting: Mutex<HashMap<(String, OwnerToken), Presence>>,
     /// Held by an acquire that adopts a node of its owner (a waiter's place, a node left by
     /// a cut acquire) from its check of the node to its record of the grant, and by the
     /// store's task while it deletes unclaimed nodes: a node is either granted or deleted,
     /// never granted while its deletion is under way.
-    adopt: tokio::sync::Mutex<()>,
-    reaper: tokio::sync::Notify,
+    pub(crate) adopt: tokio::sync::Mutex<()>,
+    pub(crate) reaper: tokio::sync::Notify,
     /// Points where a test holds a call (tests only).
     #[cfg(test)]
     hooks: hooks::Hooks,
-}
-
-/// A waiter's presence: its node is kept while a call of its owner is in progress and for
-/// [`WAITER_GRACE`] after the last one; then the store deletes it (the waiter gave up).
-#[derive(Debug, Clone, Copy)]
-struct Presence {
-    calls: u32,
-    last: Instant,
-}
-
-/// How long a waiter's place in the queue outlives its owner's last call: the lease client
-/// calls `acquire` right after `wait_released` returns, and `wait_released` again right
-/// after an acquire answers `Held`.
-const WAITER_GRACE: Duration = Duration::from_secs(1);
-
-/// Marks a call of a waiter in progress; the mark ends when it is dropped (also when the
-/// call is cancelled).
-struct InProgress {
-    inner: Arc<Inner>,
-    slot: (String, OwnerToken),
-}
-
-impl Drop for InProgress {
-    fn drop(&mut self) {
-        let mut waiting = self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = waiting.get_mut(&self.slot) {
-            p.calls = p.calls.saturating_sub(1);
-            p.last = Instant::now();
-        }
-        drop(waiting);
-        self.inner.reaper.notify_one();
-    }
 }
 
 /// A lease store on a ZooKeeper ensemble (3.5 or later).
@@ -418,7 +89,7 @@ impl Drop for InProgress {
 /// Cloning is cheap: clones share the session and the table of granted leases.
 #[derive(Clone)]
 pub struct ZkStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for ZkStore {
@@ -526,33 +197,7 @@ impl ZkStore {
         Ok(self.session().await?.id)
     }
 
-    /// The directory of `key`'s queue: `<chroot>/<key, escaped>`.
-    pub fn lease_dir(&self, key: &Key) -> String {
-        format!(
-            "{}/{}",
-            self.inner.config.chroot_path(),
-            encode_key(key.as_str())
-        )
-    }
-
-    /// The directory of the records (see [`Store::put_record`]): `<chroot>/%2erecords`,
-    /// apart from every lease directory (created on the first record written).
-    pub fn records_dir(&self) -> String {
-        format!("{}/{RECORDS_DIR}", self.inner.config.chroot_path())
-    }
-
-    /// The persistent node that holds `key`'s record: `<chroot>/%2erecords/<key,
-    /// escaped>`.
-    pub fn record_path(&self, key: &Key) -> String {
-        format!("{}/{}", self.records_dir(), encode_key(key.as_str()))
-    }
-
-    /// The node name prefix of `owner`'s grants: `<owner token hex>-`.
-    pub fn node_prefix(owner: &OwnerToken) -> String {
-        format!("{owner}-")
-    }
-
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         op: &str,
         call: impl Future<Output = Result<T, StoreError>>,
@@ -560,65 +205,14 @@ impl ZkStore {
         StoreError::bounded(BACKEND, op, self.inner.config.op_bound(), call).await
     }
 
-    /// The current session, or a new one when there is none or it ended (expired,
-    /// closed): the leases of an ended session are gone with its nodes.
-    async fn session(&self) -> Result<Session, StoreError> {
-        let mut slot = self.inner.session.lock().await;
-        if let Some(s) = slot.as_ref()
-            && !s.client.state().is_terminated()
-        {
-            return Ok(s.clone());
-        }
-        let config = &self.inner.config;
-        let hosts = config.connect_string();
-        let client = StoreError::bounded(BACKEND, "connect", config.connect_bound(), async {
-            zk::Client::connector()
-                .with_session_timeout(config.session_timeout_asked())
-                .with_connection_timeout(config.connection_timeout())
-                .with_fail_eagerly()
-                .connect(&hosts)
-                .await
-                .map_err(|e| map_err("connect", e))
-        })
-        .await?;
-        let timeout = client.session_timeout();
-        let session = Session {
-            id: client.session_id().0,
-            timeout,
-            lag: report_lag(config, timeout),
-            client,
-        };
-        if session.longest_ttl() < MIN_GRANT {
-            return Err(err(
-                StoreErrorKind::Config,
-                format!(
-                    "zookeeper: the session timeout the ensemble granted ({timeout:?}) leaves no \
-                     TTL to grant after the {:?} the leader may take to hear of the session's \
-                     activity (half the ensemble's tick plus the client's ping interval): ask \
-                     for a longer session_timeout, or set tick_time to the ensemble's tickTime",
-                    session.lag
-                ),
-            ));
-        }
-        tracing::debug!(
-            session = session.id,
-            timeout_ms = session.timeout.as_millis() as u64,
-            "zookeeper session established"
-        );
-        if let Some(old) = slot.replace(session.clone()) {
-            // Every lease of the old session ended with it.
-            let id = old.id;
-            self.granted().retain(|_, g| g.session != id);
-        }
-        Ok(session)
-    }
-
-    fn granted(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Granted>> {
+    pub(crate) fn granted(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Granted>> {
         self.inner.granted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The queue of `dir` (empty when the directory does not exist).
-    async fn queue(
+    pub(crate) async fn queue(
         &self,
         s: &Session,
         dir: &str,
@@ -652,109 +246,6 @@ impl ZkStore {
                 tracing::debug!(error = %e, "zookeeper delete failed; the node ends with the session")
             }
         }
-    }
-
-    /// Brings the server this session reads from up to date with the leader (ZooKeeper
-    /// serves reads from any member, which may lag): a read after it sees every write
-    /// committed before it, whoever made it.
-    async fn sync(&self, s: &Session) -> Result<(), StoreError> {
-        s.client
-            .sync(self.inner.config.chroot_path())
-            .await
-            .map_err(|e| map_err("sync", e))
-    }
-
-    /// The TTL a request sent at `sent` and answered now grants: the TTL asked for, at
-    /// most the session timeout less the report lag and the request's round trip (the
-    /// leader cannot expire the session before then, see [`report_lag`]).
-    ///
-    /// # Errors
-    /// `Timeout` when the round trip took so long that nothing of the session timeout is
-    /// left to grant.
-    fn grant(s: &Session, ttl: Duration, sent: Instant) -> Result<Duration, StoreError> {
-        let round_trip = sent.elapsed();
-        let granted = ttl.min(s.longest_ttl().saturating_sub(round_trip));
-        if granted < MIN_GRANT {
-            return Err(err(
-                StoreErrorKind::Timeout,
-                format!(
-                    "zookeeper: the request took {round_trip:?}; of the session timeout {:?} \
-                     less the {:?} the leader may take to hear of the session, nothing is \
-                     left to grant",
-                    s.timeout, s.lag
-                ),
-            ));
-        }
-        Ok(granted)
-    }
-
-    /// Has the leader check `nodes` (path, data version) in check `multi`s that change no
-    /// data: each commits through the leader (a quorum write), which also checks that the
-    /// session is live there, so the answer does not come from the copy of the member the
-    /// session is connected to. One `multi` per [`CHECK_BATCH_BYTES`] of paths, sent
-    /// together. A `multi` is all or nothing: when one check fails, the leader names the
-    /// first failing one; that node is `Gone` and the rest are checked again, so one lost
-    /// lease costs one more `multi` and fails no other. The session ended: all `Gone`.
-    async fn confirm(&self, s: &Session, nodes: &[(&str, i32)]) -> Result<Vec<Check>, StoreError> {
-        let mut chunks = Vec::new();
-        let mut start = 0;
-        let mut bytes = 0;
-        for (i, (path, _)) in nodes.iter().enumerate() {
-            if i > start && bytes + path.len() > CHECK_BATCH_BYTES {
-                chunks.push(&nodes[start..i]);
-                start = i;
-                bytes = 0;
-            }
-            bytes += path.len() + 16;
-        }
-        chunks.push(&nodes[start..]);
-        let answers =
-            futures::future::try_join_all(chunks.into_iter().map(|c| Self::confirm_chunk(s, c)))
-                .await?;
-        Ok(answers.concat())
-    }
-
-    async fn confirm_chunk(s: &Session, nodes: &[(&str, i32)]) -> Result<Vec<Check>, StoreError> {
-        let mut answers = vec![Check::Live; nodes.len()];
-        let mut left: Vec<usize> = (0..nodes.len()).collect();
-        while !left.is_empty() {
-            let mut multi = s.client.new_multi_writer();
-            for &i in &left {
-                let (path, version) = nodes[i];
-                multi
-                    .add_check_version(path, version)
-                    .map_err(|e| map_err("check", e))?;
-            }
-            match multi.commit().await {
-                Ok(_) => break,
-                Err(zk::MultiWriteError::OperationFailed {
-                    index,
-                    source: zk::Error::NoNode | zk::Error::BadVersion,
-                }) => {
-                    if index >= left.len() {
-                        return Err(err(
-                            StoreErrorKind::Other,
-                            "zookeeper answered a check multi about an operation it was not sent",
-                        ));
-                    }
-                    answers[left.remove(index)] = Check::Gone;
-                }
-                Err(
-                    zk::MultiWriteError::OperationFailed {
-                        source: zk::Error::SessionExpired,
-                        ..
-                    }
-                    | zk::MultiWriteError::RequestFailed {
-                        source: zk::Error::SessionExpired,
-                    },
-                ) => return Ok(vec![Check::Gone; nodes.len()]),
-                Err(
-                    zk::MultiWriteError::OperationFailed { source, .. }
-                    | zk::MultiWriteError::RequestFailed { source },
-                ) => return Err(map_err("check", source)),
-            }
-        }
-        Ok(answers)
     }
 
     /// Moves the deadline of the grant of `slot` on `node` to `deadline` (TTL `ttl`), if
@@ -830,30 +321,6 @@ impl ZkStore {
         self.waiting().remove(&slot);
         self.granted().insert(slot, g);
         self.inner.reaper.notify_one();
-    }
-
-    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Presence>> {
-        self.inner.waiting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Marks a call of `owner` as a waiter of `dir` in progress (its place is kept).
-    fn in_progress(&self, dir: &str, owner: &OwnerToken) -> InProgress {
-        let slot = (dir.to_owned(), *owner);
-        let now = Instant::now();
-        self.waiting()
-            .entry(slot.clone())
-            .and_modify(|p| {
-                p.calls += 1;
-                p.last = now;
-            })
-            .or_insert(Presence {
-                calls: 1,
-                last: now,
-            });
-        InProgress {
-            inner: self.inner.clone(),
-            slot,
-        }
     }
 
     /// Runs `acquire` with a pending mark for `(dir, owner)`: if the call is dropped after
@@ -1075,10 +542,7 @@ impl ZkStore {
                     Ok(()) | Err(zk::Error::NoNode) => ReleaseOutcome::NotOwner,
                     Err(e) => return Err(map_err("delete", e)),
                 };
-                let mut table = self.granted();
-                if table.get(&slot).is_some_and(|cur| cur.node == g.node) {
-                    table.remove(&slot);
-                }
+                self.forget(&slot, &g.node);
                 Ok(outcome)
             }
             _ => {
@@ -1091,62 +555,6 @@ impl ZkStore {
                 Ok(ReleaseOutcome::NotOwner)
             }
         }
-    }
-
-    async fn do_put_record(
-        &self,
-        key: &Key,
-        fence: Fence,
-        value: &[u8],
-    ) -> Result<Record, StoreError> {
-        let s = self.session().await?;
-        let path = self.record_path(key);
-        let data = Record {
-            fence,
-            value: value.to_vec(),
-        }
-        .to_fenced_bytes();
-        let ours = || Record {
-            fence,
-            value: value.to_vec(),
-        };
-        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-        for _ in 0..RECORD_ATTEMPTS {
-            match s.client.create(&path, &data, &options).await {
-                Ok(_) => return Ok(ours()),
-                Err(zk::Error::NoNode) => {
-                    // The first record under this root: its directory (persistent).
-                    s.client
-                        .mkdir(&self.records_dir(), &options)
-                        .await
-                        .map_err(|e| map_err("create the records directory", e))?;
-                    continue;
-                }
-                Err(zk::Error::NodeExists) => {}
-                Err(e) => return Err(map_err("create", e)),
-            }
-            let (stored, stat) = match s.client.get_data(&path).await {
-                Ok(found) => found,
-                // Deleted meanwhile (by hand: the store never deletes a record).
-                Err(zk::Error::NoNode) => continue,
-                Err(e) => return Err(map_err("get data", e)),
-            };
-            let record = decode_record(&stored)?;
-            if record.fence >= fence {
-                // Kept: a write at a fence as high as ours, or higher, is there.
-                return Ok(record);
-            }
-            match s.client.set_data(&path, &data, Some(stat.version)).await {
-                Ok(_) => return Ok(ours()),
-                // Another write came between the read and ours: compare again.
-                Err(zk::Error::BadVersion | zk::Error::NoNode) => {}
-                Err(e) => return Err(map_err("set data", e)),
-            }
-        }
-        Err(err(
-            StoreErrorKind::Busy,
-            "zookeeper record write: the record kept changing under the write",
-        ))
     }
 
     async fn info(
@@ -1534,122 +942,6 @@ impl BatchStore for ZkStore {
     ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
         self.bounded("renew", self.do_renew_many(leases, ttl)).await
-    }
-}
-
-#[async_trait]
-impl WaitStore for ZkStore {
-    /// Takes a place in the key's queue: an ephemeral sequential node named with `owner`
-    /// (kept across this owner's calls, deleted a second after its last one), then
-    /// watches **only its predecessor** (no herd). Returns when the predecessor is gone
-    /// (released, broken, its session ended) or the key is free; when `owner`'s node is
-    /// first, the lease is reserved for `owner`'s next `acquire` (others are answered
-    /// `Held`), so waiters are served in the order they started waiting.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped wait keeps its place for a second (the owner's next call
-    /// finds it), then the store deletes it.
-    async fn wait_released(
-        &self,
-        key: &Key,
-        owner: &OwnerToken,
-        timeout: Duration,
-    ) -> Result<(), StoreError> {
-        let dir = self.lease_dir(key);
-        let _mark = self.in_progress(&dir, owner);
-        let wait = async {
-            let (s, watcher) = self
-                .bounded("watch", async {
-                    let s = self.session().await?;
-                    for _ in 0..8 {
-                        let queue = self.queue(&s, &dir).await?;
-                        let mine = queue.iter().position(|(o, _, _)| o == owner);
-                        let predecessor = match mine {
-                            // First: reserved for us (or ours already).
-                            Some(0) => return Ok((s, None)),
-                            Some(i) => queue[i - 1].2.clone(),
-                            // Free: nothing to wait for.
-                            None if queue.is_empty() => return Ok((s, None)),
-                            None => {
-                                // Queue up behind everyone there.
-                                let options = zk::CreateMode::EphemeralSequential
-                                    .with_acls(zk::Acls::anyone_all());
-                                let data = s.longest_ttl().as_millis().to_string();
-                                let path = format!("{dir}/{}", Self::node_prefix(owner));
-                                match s.client.create(&path, data.as_bytes(), &options).await {
-                                    Ok(_) => continue,
-                                    // The directory went with its last node: free.
-                                    Err(zk::Error::NoNode) => return Ok((s, None)),
-                                    Err(e) => return Err(map_err("create", e)),
-                                }
-                            }
-                        };
-                        match s
-                            .client
-                            .check_and_watch_stat(&format!("{dir}/{predecessor}"))
-                            .await
-                        {
-                            Ok((Some(_), w)) => return Ok((s, Some(w))),
-                            Ok((None, _)) => continue,
-                            Err(e) => return Err(map_err("watch", e)),
-                        }
-                    }
-                    Ok((s, None))
-                })
-                .await?;
-            let _keep = s;
-            if let Some(w) = watcher {
-                w.changed().await;
-            }
-            Ok(())
-        };
-        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(()))
-    }
-}
-
-#[async_trait]
-impl WatchStore for ZkStore {
-    /// Two one-shot watches on the store's session, set up by two pipelined requests
-    /// (one round trip; three requests when the key's directory does not exist): the
-    /// key's queue (its children, or the directory's creation) and its record node (its
-    /// data, or its creation). Each is re-armed by the read that follows its event, so no
-    /// change between the event and the re-arming goes unseen. An item follows a change
-    /// of the queue's first node (a grant, a release, a break, a holder's session ending;
-    /// the lease handed to the first waiter is notified when its node becomes first) and
-    /// every record write; not a waiter joining or leaving the queue behind the holder,
-    /// and not a renewal (nothing is written). A session that disconnects, ends or is
-    /// replaced yields an `Err` item and the end, and so does dropping the store (the
-    /// stream does not keep the session open). The hot path (acquire, renew, release)
-    /// is unchanged.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: dropping the setup or the stream drops its watches, and the client
-    /// removes them from the server.
-    async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
-        let watching = self
-            .bounded("watch", async {
-                let s = self.session().await?;
-                let state = s.client.state_watcher();
-                let dir = self.lease_dir(key);
-                let record = self.record_path(key);
-                let ((head, queue), (record_zxid, record_watch)) = futures::try_join!(
-                    watch_queue(&s.client, &dir),
-                    watch_record(&s.client, &record)
-                )?;
-                Ok(ZkWatching {
-                    store: Arc::downgrade(&self.inner),
-                    session: s.id,
-                    state,
-                    dir,
-                    record,
-                    head,
-                    record_zxid,
-                    queue,
-                    record_watch,
-                })
-            })
-            .await?;
-        Ok(futures::stream::unfold(Some(watching), |w| async move { w?.next().await }).boxed())
     }
 }
 

@@ -14,14 +14,13 @@ use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
 
+use crate::BACKEND_TABLE;
 use crate::config::MySqlConfig;
-use crate::conn::{Db, StoreTable};
+use crate::conn::{Db, RECORDS_TABLE, StoreTable};
 use crate::error::is_deadlock;
-use crate::schema::{LEASES_SCHEMA, now_us};
+use crate::schema::LEASES_SCHEMA;
+use crate::sql::{like_prefix, now_us};
 use crate::wait::{Queue, wake_head};
-
-/// The backend name of [`MySqlLeaseStore`].
-pub const BACKEND_TABLE: &str = "mysql";
 
 /// The lease table.
 const TABLE: StoreTable = StoreTable {
@@ -91,19 +90,6 @@ fn remaining(expires: i64, now: i64) -> Duration {
 fn ttl_us(ttl: Duration) -> Result<i64, StoreError> {
     StoreError::check_ttl(BACKEND_TABLE, ttl)?;
     Ok(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX))
-}
-
-/// Escapes `%`, `_` and the escape character `!` for `LIKE … ESCAPE '!'`.
-pub(crate) fn like_prefix(prefix: &str) -> String {
-    let mut out = String::with_capacity(prefix.len() + 1);
-    for c in prefix.chars() {
-        if matches!(c, '%' | '_' | '!') {
-            out.push('!');
-        }
-        out.push(c);
-    }
-    out.push('%');
-    out
 }
 
 /// Whether the row is granted to the caller (`?` = the caller's owner token, twice), on
@@ -328,7 +314,7 @@ impl MySqlLeaseStore {
     /// [`StoreErrorKind::Config`] without the privilege to create it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.db.migrate(TABLE).await?;
-        self.db.migrate(crate::records::TABLE).await
+        self.db.migrate(RECORDS_TABLE).await
     }
 
     /// The configuration (its `Display` hides the password).

@@ -1,0 +1,246 @@
+//! The store's ZooKeeper session, how much of its timeout a grant may use
+//! ([`report_lag`]), and the leader's confirmation of grants in check `multi`s.
+
+use std::time::Duration;
+
+use leasehold_core::{StoreError, StoreErrorKind};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::BACKEND;
+use crate::config::ZkConfig;
+use crate::error::{err, map_err};
+use crate::store::ZkStore;
+
+/// The store's ZooKeeper session.
+#[derive(Clone)]
+pub(crate) struct Session {
+    pub(crate) client: zk::Client,
+    pub(crate) id: i64,
+    /// The session timeout the ensemble granted.
+    pub(crate) timeout: Duration,
+    /// How much of `timeout` no grant may use ([`report_lag`]).
+    pub(crate) lag: Duration,
+}
+
+impl Session {
+    /// The longest TTL a grant can have: the session timeout less the report lag (a grant
+    /// is shorter still by its request's round trip, see [`ZkStore::grant`]).
+    pub(crate) fn longest_ttl(&self) -> Duration {
+        self.timeout.saturating_sub(self.lag)
+    }
+}
+
+/// The shortest TTL the store grants (the core's shortest TTL).
+const MIN_GRANT: Duration = Duration::from_millis(10);
+
+/// How long before a request was sent the last activity of the session the leader had heard
+/// of may lie, not counting the request's round trip (`docs/design.md`, "ZooKeeper: a renewal
+/// confirmed by a quorum write").
+///
+/// The leader expires a session counting from the last activity it heard of, and it hears
+/// of the activity of a session connected to a follower only through that follower's
+/// answers to its pings, sent every half tick, each listing the sessions active at the
+/// follower since the one before. A request the leader commits (a check `multi`, a
+/// `create`) was forwarded by the follower after every answer the follower had sent
+/// before it, so the leader had read them all. The last of them was sent at most half a
+/// tick (and a delivery, counted in the round trip) before the follower forwarded the
+/// request, and it listed the session if the session was active at the follower since the
+/// answer before: the client sends a ping whenever it has sent nothing for three of its
+/// ticks (checked every tick). So the leader had heard of activity no older than half a
+/// tick plus four client ticks before the request was sent, and cannot expire the session
+/// before that activity + the session timeout.
+///
+/// The client's ticks are those of `zookeeper-client` 0.11: 1/8 of the connection
+/// timeout, or 1/20 of the session timeout when the connection timeout is longer than 3/5
+/// of it; its ping interval is at most 10 s. The ensemble's tick is
+/// [`ZkConfig::ensemble_tick`], or, unset, half the session timeout (the longest ZooKeeper's
+/// default `minSessionTimeout` of two ticks allows).
+pub(crate) fn report_lag(config: &ZkConfig, negotiated: Duration) -> Duration {
+    let tick = config.ensemble_tick().unwrap_or(negotiated / 2);
+    let reports = tick / 2;
+    let conn = config.connection_timeout();
+    let client_tick = if conn > negotiated * 3 / 5 {
+        negotiated / 20
+    } else {
+        conn / 8
+    }
+    .max(Duration::from_millis(1));
+    let quiet = (client_tick * 3).min(Duration::from_secs(10)) + client_tick;
+    reports + quiet
+}
+
+/// What the leader answered about one node of a check `multi`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// The node exists with the version checked, and the session was live at the leader.
+    Live,
+    /// The node is gone (or another), or the session ended.
+    Gone,
+}
+
+/// The most bytes of node paths one check `multi` carries (the server refuses a request
+/// larger than its `jute.maxbuffer`, 1 MB by default): a bigger batch is split.
+const CHECK_BATCH_BYTES: usize = 256 * 1024;
+
+impl ZkStore {
+    /// The current session, or a new one when there is none or it ended (expired,
+    /// closed): the leases of an ended session are gone with its nodes.
+    pub(crate) async fn session(&self) -> Result<Session, StoreError> {
+        let mut slot = self.inner.session.lock().await;
+        if let Some(s) = slot.as_ref()
+            && !s.client.state().is_terminated()
+        {
+            return Ok(s.clone());
+        }
+        let config = &self.inner.config;
+        let hosts = config.connect_string();
+        let client = StoreError::bounded(BACKEND, "connect", config.connect_bound(), async {
+            zk::Client::connector()
+                .with_session_timeout(config.session_timeout_asked())
+                .with_connection_timeout(config.connection_timeout())
+                .with_fail_eagerly()
+                .connect(&hosts)
+                .await
+                .map_err(|e| map_err("connect", e))
+        })
+        .await?;
+        let timeout = client.session_timeout();
+        let session = Session {
+            id: client.session_id().0,
+            timeout,
+            lag: report_lag(config, timeout),
+            client,
+        };
+        if session.longest_ttl() < MIN_GRANT {
+            return Err(err(
+                StoreErrorKind::Config,
+                format!(
+                    "zookeeper: the session timeout the ensemble granted ({timeout:?}) leaves no \
+                     TTL to grant after the {:?} the leader may take to hear of the session's \
+                     activity (half the ensemble's tick plus the client's ping interval): ask \
+                     for a longer session_timeout, or set tick_time to the ensemble's tickTime",
+                    session.lag
+                ),
+            ));
+        }
+        tracing::debug!(
+            session = session.id,
+            timeout_ms = session.timeout.as_millis() as u64,
+            "zookeeper session established"
+        );
+        if let Some(old) = slot.replace(session.clone()) {
+            // Every lease of the old session ended with it.
+            let id = old.id;
+            self.granted().retain(|_, g| g.session != id);
+        }
+        Ok(session)
+    }
+
+    /// Brings the server this session reads from up to date with the leader (ZooKeeper
+    /// serves reads from any member, which may lag): a read after it sees every write
+    /// committed before it, whoever made it.
+    pub(crate) async fn sync(&self, s: &Session) -> Result<(), StoreError> {
+        s.client
+            .sync(self.inner.config.chroot_path())
+            .await
+            .map_err(|e| map_err("sync", e))
+    }
+
+    /// The TTL a request sent at `sent` and answered now grants: the TTL asked for, at
+    /// most the session timeout less the report lag and the request's round trip (the
+    /// leader cannot expire the session before then, see [`report_lag`]).
+    ///
+    /// # Errors
+    /// `Timeout` when the round trip took so long that nothing of the session timeout is
+    /// left to grant.
+    pub(crate) fn grant(s: &Session, ttl: Duration, sent: Instant) -> Result<Duration, StoreError> {
+        let round_trip = sent.elapsed();
+        let granted = ttl.min(s.longest_ttl().saturating_sub(round_trip));
+        if granted < MIN_GRANT {
+            return Err(err(
+                StoreErrorKind::Timeout,
+                format!(
+                    "zookeeper: the request took {round_trip:?}; of the session timeout {:?} \
+                     less the {:?} the leader may take to hear of the session, nothing is \
+                     left to grant",
+                    s.timeout, s.lag
+                ),
+            ));
+        }
+        Ok(granted)
+    }
+
+    /// Has the leader check `nodes` (path, data version) in check `multi`s that change no
+    /// data: each commits through the leader (a quorum write), which also checks that the
+    /// session is live there, so the answer does not come from the copy of the member the
+    /// session is connected to. One `multi` per [`CHECK_BATCH_BYTES`] of paths, sent
+    /// together. A `multi` is all or nothing: when one check fails, the leader names the
+    /// first failing one; that node is `Gone` and the rest are checked again, so one lost
+    /// lease costs one more `multi` and fails no other. The session ended: all `Gone`.
+    pub(crate) async fn confirm(
+        &self,
+        s: &Session,
+        nodes: &[(&str, i32)],
+    ) -> Result<Vec<Check>, StoreError> {
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        let mut bytes = 0;
+        for (i, (path, _)) in nodes.iter().enumerate() {
+            if i > start && bytes + path.len() > CHECK_BATCH_BYTES {
+                chunks.push(&nodes[start..i]);
+                start = i;
+                bytes = 0;
+            }
+            bytes += path.len() + 16;
+        }
+        chunks.push(&nodes[start..]);
+        let answers =
+            futures::future::try_join_all(chunks.into_iter().map(|c| Self::confirm_chunk(s, c)))
+                .await?;
+        Ok(answers.concat())
+    }
+
+    async fn confirm_chunk(s: &Session, nodes: &[(&str, i32)]) -> Result<Vec<Check>, StoreError> {
+        let mut answers = vec![Check::Live; nodes.len()];
+        let mut left: Vec<usize> = (0..nodes.len()).collect();
+        while !left.is_empty() {
+            let mut multi = s.client.new_multi_writer();
+            for &i in &left {
+                let (path, version) = nodes[i];
+                multi
+                    .add_check_version(path, version)
+                    .map_err(|e| map_err("check", e))?;
+            }
+            match multi.commit().await {
+                Ok(_) => break,
+                Err(zk::MultiWriteError::OperationFailed {
+                    index,
+                    source: zk::Error::NoNode | zk::Error::BadVersion,
+                }) => {
+                    if index >= left.len() {
+                        return Err(err(
+                            StoreErrorKind::Other,
+                            "zookeeper answered a check multi about an operation it was not sent",
+                        ));
+                    }
+                    answers[left.remove(index)] = Check::Gone;
+                }
+                Err(
+                    zk::MultiWriteError::OperationFailed {
+                        source: zk::Error::SessionExpired,
+                        ..
+                    }
+                    | zk::MultiWriteError::RequestFailed {
+                        source: zk::Error::SessionExpired,
+                    },
+                ) => return Ok(vec![Check::Gone; nodes.len()]),
+                Err(
+                    zk::MultiWriteError::OperationFailed { source, .. }
+                    | zk::MultiWriteError::RequestFailed { source },
+                ) => return Err(map_err("check", source)),
+            }
+        }
+        Ok(answers)
+    }
+}
