@@ -65,7 +65,7 @@ pub use leasehold_zookeeper as zookeeper;
 #[cfg(feature = "conformance")]
 pub use leasehold_conformance as conformance;
 
-/// A [`Registry`](store::Registry) of every store this build enables (its cargo features), plus the
+/// A [`Registry`] of every store this build enables (its cargo features), plus the
 /// in-memory store (`memory://`).
 pub fn registry() -> Registry {
     #[allow(unused_mut)]
