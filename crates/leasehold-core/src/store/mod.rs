@@ -8,6 +8,7 @@ pub(crate) mod registry;
 mod types;
 pub mod url;
 
+#[cfg(feature = "test-util")]
 pub(crate) use contract::renew_each;
 pub use contract::{
     BatchStore, Store, WaitStore, WatchStore, acquire_any, acquire_any_checked,
