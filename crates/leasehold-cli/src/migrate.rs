@@ -182,6 +182,15 @@ fn sql(url: &str) -> Result<String, Failure> {
     })
 }
 
+/// `call` bounded by [`ADMIN_TIMEOUT`], its timeout naming `backend` and `what`.
+async fn admin<T>(
+    backend: &'static str,
+    what: &str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    StoreError::bounded(backend, what, ADMIN_TIMEOUT, call).await
+}
+
 /// Migrates `url`'s store: its table, the guard tables, the SQL guard.
 async fn run(url: &str) -> Result<Summary, Failure> {
     use leasehold::{mysql, postgres, sqlite};
@@ -190,57 +199,26 @@ async fn run(url: &str) -> Result<Summary, Failure> {
         Kind::PgTable | Kind::PgAdvisory => {
             let config = postgres::PgConfig::from_url(url).map_err(Failure::opening)?;
             let guard = config.guard();
+            // The two PostgreSQL stores have the same migration methods, each its own type.
+            macro_rules! migrated {
+                ($store:ty, $backend:expr) => {{
+                    let backend = $backend;
+                    let store = admin(backend, "connecting", <$store>::connect(&config))
+                        .await
+                        .map_err(Failure::opening)?;
+                    admin(backend, "creating the lease table", store.migrate()).await?;
+                    let (table, records) = (store.table().clone(), store.records_table().clone());
+                    (backend, table, records, store.pool().clone())
+                }};
+            }
             let (backend, table, records, pool) = if kind == Kind::PgTable {
-                let backend = postgres::BACKEND_TABLE;
-                let store = StoreError::bounded(
-                    backend,
-                    "connecting",
-                    ADMIN_TIMEOUT,
-                    postgres::PgLeaseStore::connect(&config),
-                )
-                .await
-                .map_err(Failure::opening)?;
-                StoreError::bounded(
-                    backend,
-                    "creating the lease table",
-                    ADMIN_TIMEOUT,
-                    store.migrate(),
-                )
-                .await?;
-                (
-                    backend,
-                    store.table().clone(),
-                    store.records_table().clone(),
-                    store.pool().clone(),
-                )
+                migrated!(postgres::PgLeaseStore, postgres::BACKEND_TABLE)
             } else {
-                let backend = postgres::BACKEND_ADVISORY;
-                let store = StoreError::bounded(
-                    backend,
-                    "connecting",
-                    ADMIN_TIMEOUT,
-                    postgres::PgAdvisoryStore::connect(&config),
-                )
-                .await
-                .map_err(Failure::opening)?;
-                StoreError::bounded(
-                    backend,
-                    "creating the lease table",
-                    ADMIN_TIMEOUT,
-                    store.migrate(),
-                )
-                .await?;
-                (
-                    backend,
-                    store.table().clone(),
-                    store.records_table().clone(),
-                    store.pool().clone(),
-                )
+                migrated!(postgres::PgAdvisoryStore, postgres::BACKEND_ADVISORY)
             };
-            StoreError::bounded(
+            admin(
                 backend,
                 "creating the guard tables and function",
-                ADMIN_TIMEOUT,
                 guard.migrate(&pool),
             )
             .await?;
@@ -264,10 +242,9 @@ async fn run(url: &str) -> Result<Summary, Failure> {
             let target = redact(url);
             let (backend, table, pool) = if kind == Kind::MySqlTable {
                 let backend = mysql::BACKEND_TABLE;
-                let store = StoreError::bounded(
+                let store = admin(
                     backend,
                     "connecting and creating the lease table",
-                    ADMIN_TIMEOUT,
                     mysql::MySqlLeaseStore::connect(config),
                 )
                 .await
@@ -275,20 +252,18 @@ async fn run(url: &str) -> Result<Summary, Failure> {
                 (backend, "leasehold_leases", store.pool().clone())
             } else {
                 let backend = mysql::BACKEND_GETLOCK;
-                let store = StoreError::bounded(
+                let store = admin(
                     backend,
                     "connecting and creating the lock table",
-                    ADMIN_TIMEOUT,
                     mysql::MySqlGetLockStore::connect(config),
                 )
                 .await
                 .map_err(Failure::opening)?;
                 (backend, "leasehold_locks", store.pool().clone())
             };
-            StoreError::bounded(
+            admin(
                 backend,
                 "creating the guard tables and procedure",
-                ADMIN_TIMEOUT,
                 mysql::guard::migrate(&pool),
             )
             .await?;
@@ -309,21 +284,14 @@ async fn run(url: &str) -> Result<Summary, Failure> {
             let config = sqlite::SqliteConfig::from_url(url).map_err(Failure::opening)?;
             let target = config.to_string();
             // Opening creates everything that is missing; migrate() again says so.
-            let store = StoreError::bounded(
+            let store = admin(
                 sqlite::BACKEND,
                 "opening the database",
-                ADMIN_TIMEOUT,
                 sqlite::SqliteStore::connect(config),
             )
             .await
             .map_err(Failure::opening)?;
-            StoreError::bounded(
-                sqlite::BACKEND,
-                "creating the tables",
-                ADMIN_TIMEOUT,
-                store.migrate(),
-            )
-            .await?;
+            admin(sqlite::BACKEND, "creating the tables", store.migrate()).await?;
             store.close().await;
             Ok(Summary {
                 store: sqlite::BACKEND,
