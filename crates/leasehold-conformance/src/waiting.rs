@@ -4,12 +4,13 @@
 //! several on the same database. Each takes `open`, which opens another store instance on
 //! the same database or file each time it is called.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, Backoff, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome,
-    Store, StoreError,
+    AcquireOutcome, Backoff, Error, Fence, Key, LeaseClient, LeaseConfig, OwnerToken,
+    ReleaseOutcome, Store, StoreError,
 };
 use rand::SeedableRng;
 use tokio::task::JoinHandle;
@@ -197,16 +198,229 @@ pub async fn ends_at_its_timeout(open: impl AsyncFn() -> Arc<dyn Store>) {
     ));
 }
 
+/// Whether the store claims [`Capabilities::fifo_wait`] (a queue across processes), as
+/// the suite's `fifo` arm requires and its `fifo_in_process` arm (a queue within one
+/// process only, as SQLite's) forbids.
+///
+/// [`Capabilities::fifo_wait`]: leasehold_core::Capabilities::fifo_wait
+pub async fn claims_fifo_wait(open: impl AsyncFn() -> Arc<dyn Store>, claimed: bool) {
+    let store = open().await;
+    assert_eq!(
+        store.capabilities().fifo_wait,
+        claimed,
+        "fifo_wait claimed as the waiting suite's arm says"
+    );
+}
+
+/// A waiting client on a store of its own, as another process.
+fn spawn_waiting(client: LeaseClient, k: &Key) -> JoinHandle<Result<leasehold_core::Lease, Error>> {
+    let k = k.clone();
+    tokio::spawn(async move { client.acquire(k, Duration::from_secs(120)).await })
+}
+
+/// A waiter is queued when the holder releases: a newcomer's acquire right after the
+/// release is told the lease is held, and the waiter gets it.
+pub async fn a_newcomer_does_not_take_the_lease_past_a_waiter(
+    open: impl AsyncFn() -> Arc<dyn Store>,
+) {
+    let holder = open().await;
+    let newcomer = open().await;
+    let k = key("barging");
+    let h = OwnerToken::random();
+    let first = fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let waiting = spawn_waiting(slow_polling_client(open().await), &k);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        holder.release(&k, &h).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    match newcomer
+        .acquire(&k, &OwnerToken::random(), LONG_TTL)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held { remaining } => assert!(remaining.is_some()),
+        other => panic!("a newcomer took the lease past the waiter: {other:?}"),
+    }
+    let lease = timeout(SOON, waiting).await.unwrap().unwrap().unwrap();
+    assert!(lease.fence() > first);
+    assert!(lease.release().await.unwrap());
+}
+
+/// Three waiters, each a client on a store of its own (as three processes), queue one
+/// after the other: released, they get the lease in the order they came.
+pub async fn waiters_of_several_instances_are_served_in_arrival_order(
+    open: impl AsyncFn() -> Arc<dyn Store>,
+) {
+    let holder = open().await;
+    let k = key("fifo");
+    let h = OwnerToken::random();
+    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let client = slow_polling_client(open().await);
+        let (got, k) = (got.clone(), k.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = client.acquire(k, Duration::from_secs(120)).await.unwrap();
+            got.lock().unwrap().push(i);
+            sleep(Duration::from_millis(300)).await;
+            assert!(lease.release().await.unwrap());
+        }));
+        // Each is in the queue before the next asks.
+        sleep(Duration::from_millis(700)).await;
+    }
+    holder.release(&k, &h).await.unwrap();
+    for t in tasks {
+        timeout(SOON * 2, t).await.expect("all served").unwrap();
+    }
+    assert_eq!(*got.lock().unwrap(), vec![0, 1, 2]);
+}
+
+/// `contenders` contenders, each on a store of its own (as many processes), loop on one
+/// key: acquire with a wait, hold 3 ms, release, acquire again at once. Each gets its
+/// turns: over 20 grants per contender, every contender has between half and one and a
+/// half times its share, and never waits for more than 3 turns of any other contender in
+/// a row.
+pub async fn contenders_take_turns_in_arrival_order(
+    open: impl AsyncFn() -> Arc<dyn Store>,
+    contenders: usize,
+) {
+    let grants = 20 * contenders;
+    let order = Arc::new(Mutex::new(Vec::<usize>::new()));
+    let start = Arc::new(tokio::sync::Barrier::new(contenders));
+    let mut tasks = Vec::new();
+    for i in 0..contenders {
+        let store = open().await;
+        let config = LeaseConfig::builder(Duration::from_secs(10))
+            .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(100)).unwrap())
+            .build()
+            .unwrap();
+        let client = LeaseClient::new(store, config);
+        let (order, start) = (order.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            while order.lock().unwrap().len() < grants {
+                let lease = client
+                    .acquire("wait:fair", Duration::from_secs(60))
+                    .await
+                    .expect("a turn within a minute");
+                order.lock().unwrap().push(i);
+                sleep(Duration::from_millis(3)).await;
+                assert!(lease.release().await.unwrap());
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(120), t)
+            .await
+            .expect("the contenders finish")
+            .unwrap();
+    }
+    let order = order.lock().unwrap()[..grants].to_vec();
+    let share = grants / contenders;
+    let counts: Vec<usize> = (0..contenders)
+        .map(|i| order.iter().filter(|&&j| j == i).count())
+        .collect();
+    assert!(
+        counts.iter().all(|&c| c >= share / 2 && c <= share * 3 / 2),
+        "turns per contender {counts:?}, share {share}"
+    );
+    // Between two turns of one contender, no other contender has more than 3 turns.
+    for i in 0..contenders {
+        let mut since: HashMap<usize, usize> = HashMap::new();
+        for &j in &order {
+            if j == i {
+                since.clear();
+            } else {
+                let n = since.entry(j).or_default();
+                *n += 1;
+                assert!(
+                    *n <= 3,
+                    "contender {i} waited while {j} had {n} turns: {order:?}"
+                );
+            }
+        }
+    }
+}
+
+/// A waiter that gives up (its wait runs out, or its acquire is cancelled), queued first,
+/// leaves the queue: the next waiter gets the lease within seconds of the release.
+pub async fn waiters_that_give_up_leave_the_queue(open: impl AsyncFn() -> Arc<dyn Store>) {
+    let holder = open().await;
+    let k = key("quitters");
+    let h = OwnerToken::random();
+    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
+    let impatient = slow_polling_client(open().await);
+    let gave_up = impatient
+        .acquire(k.as_str(), Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(matches!(gave_up, Error::WaitTimeout { .. }), "{gave_up:?}");
+    let cancelled = spawn_waiting(slow_polling_client(open().await), &k);
+    let patient = spawn_waiting(slow_polling_client(open().await), &k);
+    sleep(Duration::from_millis(500)).await;
+    cancelled.abort();
+    assert_eq!(
+        holder.release(&k, &h).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let released = Instant::now();
+    let lease = timeout(SOON, patient)
+        .await
+        .expect("the patient waiter is not held up by those who left")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < SOON);
+    assert!(lease.release().await.unwrap());
+}
+
 /// One `#[tokio::test]` per shared wait check of this module, for a store's test file:
 /// `setup` is evaluated at the start of each test and kept for its length (a private
 /// server, a temporary directory); `open` is an async function taking `&` that value and
 /// returning a new store instance (`Arc<dyn Store>`) on it, as another process would open.
 ///
+/// With `fifo, contenders = N,` first, for a store that claims `fifo_wait` (a queue across
+/// processes), it adds the queue's checks: no newcomer past a waiter, arrival order across
+/// instances, waiters that give up leave the queue, N contenders taking turns, and the
+/// claim itself. `fifo_in_process` is for a store whose queue holds the waiters of one
+/// process only (SQLite): the same checks on instances of one process, and no claim.
+///
 /// ```ignore
 /// leasehold_conformance::waiting_suite!(setup = common::start_db(), open = open);
+/// leasehold_conformance::waiting_suite!(fifo, contenders = 6, setup = common::start_db(), open = open);
 /// ```
 #[macro_export]
 macro_rules! waiting_suite {
+    (fifo, contenders = $n:expr, setup = $setup:expr, open = $open:expr) => {
+        $crate::waiting_suite!(@queue $n, true, $setup, $open);
+    };
+    (fifo_in_process, contenders = $n:expr, setup = $setup:expr, open = $open:expr) => {
+        $crate::waiting_suite!(@queue $n, false, $setup, $open);
+    };
+    (@queue $n:expr, $claimed:expr, $setup:expr, $open:expr) => {
+        $crate::waiting_suite!(setup = $setup, open = $open);
+        $crate::waiting_suite!(@one a_newcomer_does_not_take_the_lease_past_a_waiter,
+            a_newcomer_does_not_take_the_lease_past_a_waiter, $setup, $open);
+        $crate::waiting_suite!(@one waiters_of_several_instances_are_served_in_arrival_order,
+            waiters_of_several_instances_are_served_in_arrival_order, $setup, $open);
+        $crate::waiting_suite!(@one waiters_that_give_up_leave_the_queue,
+            waiters_that_give_up_leave_the_queue, $setup, $open);
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn contenders_take_turns_in_arrival_order() {
+            let env = $setup;
+            $crate::waiting::contenders_take_turns_in_arrival_order(
+                async || ($open)(&env).await,
+                $n,
+            )
+            .await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fifo_wait_is_claimed_as_the_queue_reaches() {
+            let env = $setup;
+            $crate::waiting::claims_fifo_wait(async || ($open)(&env).await, $claimed).await;
+        }
+    };
     (setup = $setup:expr, open = $open:expr) => {
         $crate::waiting_suite!(@one wait_released_is_woken_by_a_release_from_another_store,
             woken_by_a_release_from_another_store, $setup, $open);

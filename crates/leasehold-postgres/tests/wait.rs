@@ -10,19 +10,17 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_conformance::waiting::{self, slow_polling_client};
+use leasehold_conformance::waiting::slow_polling_client;
 use leasehold_core::{
-    AcquireOutcome, Backoff, Error, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome,
-    Store,
+    AcquireOutcome, Backoff, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, Store,
 };
 use leasehold_postgres::sqlx::{self, PgPool};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore};
 use leasehold_testkit::{Postgres, PostgresOptions};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{sleep, timeout};
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -66,94 +64,34 @@ fn fence(o: AcquireOutcome) -> leasehold_core::Fence {
     }
 }
 
-/// The checks every SQL store shares (`leasehold_conformance::waiting`), each store
-/// another connection pool, as another process would have.
-async fn woken_by_release(kind: Kind) {
-    let pg = server().await;
-    waiting::woken_by_a_release_from_another_store(async || open(kind, &pg.url()).await).await;
+async fn open_table(pg: &Postgres) -> Arc<dyn Store> {
+    open(Kind::Table, &pg.url()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn table_wait_released_is_woken_by_a_release_from_another_connection() {
-    woken_by_release(Kind::Table).await;
+async fn open_advisory(pg: &Postgres) -> Arc<dyn Store> {
+    open(Kind::Advisory, &pg.url()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_wait_released_is_woken_by_a_release_from_another_connection() {
-    woken_by_release(Kind::Advisory).await;
-}
-
-async fn client_hand_off(kind: Kind) {
-    let pg = server().await;
-    waiting::waiting_client_gets_the_lease_at_its_release(async || open(kind, &pg.url()).await)
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn table_waiting_client_gets_the_lease_at_its_release() {
-    client_hand_off(Kind::Table).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_waiting_client_gets_the_lease_at_its_release() {
-    client_hand_off(Kind::Advisory).await;
-}
-
-async fn woken_by_break_and_expiry(kind: Kind) {
-    let pg = server().await;
-    waiting::woken_by_break_and_expiry(async || open(kind, &pg.url()).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn table_wait_released_is_woken_by_break_and_expiry() {
-    woken_by_break_and_expiry(Kind::Table).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_wait_released_is_woken_by_break_and_expiry() {
-    woken_by_break_and_expiry(Kind::Advisory).await;
-}
-
-/// A waiter is queued when the holder releases: a newcomer's acquire right after the
-/// release is told the lease is held, and the waiter gets it.
-async fn no_barging(kind: Kind) {
-    let pg = server().await;
-    let holder = open(kind, &pg.url()).await;
-    let newcomer = open(kind, &pg.url()).await;
-    let waiter = slow_polling_client(open(kind, &pg.url()).await);
-    let k = key("barging");
-    let h = OwnerToken::random();
-    let first = fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
-    let waiting = {
-        let k = k.clone();
-        tokio::spawn(async move { waiter.acquire(k, Duration::from_secs(120)).await })
-    };
-    sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        holder.release(&k, &h).await.unwrap(),
-        ReleaseOutcome::Released
+// The checks every SQL store shares (`leasehold_conformance::waiting`), each store
+// another connection pool, as another process would have; both stores keep a queue.
+mod table {
+    use super::*;
+    leasehold_conformance::waiting_suite!(
+        fifo,
+        contenders = 8,
+        setup = server().await,
+        open = open_table
     );
-    match newcomer
-        .acquire(&k, &OwnerToken::random(), LONG_TTL)
-        .await
-        .unwrap()
-    {
-        AcquireOutcome::Held { remaining } => assert!(remaining.is_some()),
-        other => panic!("a newcomer took the lease past the waiter: {other:?}"),
-    }
-    let lease = timeout(SOON, waiting).await.unwrap().unwrap().unwrap();
-    assert!(lease.fence() > first);
-    assert!(lease.release().await.unwrap());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn table_a_newcomer_does_not_take_the_lease_past_a_waiter() {
-    no_barging(Kind::Table).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_a_newcomer_does_not_take_the_lease_past_a_waiter() {
-    no_barging(Kind::Advisory).await;
+mod advisory {
+    use super::*;
+    leasehold_conformance::waiting_suite!(
+        fifo,
+        contenders = 8,
+        setup = server().await,
+        open = open_advisory
+    );
 }
 
 /// The turn is kept for the owner that `wait_released` names, whichever task calls: an
@@ -227,142 +165,6 @@ async fn table_the_turn_is_kept_for_the_owner_named_by_the_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_the_turn_is_kept_for_the_owner_named_by_the_wait() {
     turn_kept_for_the_named_owner(Kind::Advisory).await;
-}
-
-/// 8 contenders, each on a store of its own (as 8 processes), loop on one key: acquire
-/// with a wait, hold 3 ms, release, acquire again at once. Each gets its turns: over 160
-/// grants, every contender has between half and one and a half times its share, and
-/// never waits for more than 3 turns of any other contender in a row.
-async fn fair_turns(kind: Kind) {
-    const CONTENDERS: usize = 8;
-    const GRANTS: usize = 160;
-    let pg = server().await;
-    let order = Arc::new(Mutex::new(Vec::<usize>::new()));
-    let start = Arc::new(tokio::sync::Barrier::new(CONTENDERS));
-    let mut tasks = Vec::new();
-    for i in 0..CONTENDERS {
-        let client = LeaseClient::new(
-            open(kind, &pg.url()).await,
-            LeaseConfig::builder(Duration::from_secs(10))
-                .backoff(
-                    Backoff::new(Duration::from_millis(1), Duration::from_millis(100)).unwrap(),
-                )
-                .build()
-                .unwrap(),
-        );
-        let (order, start) = (order.clone(), start.clone());
-        tasks.push(tokio::spawn(async move {
-            start.wait().await;
-            loop {
-                if order.lock().unwrap().len() >= GRANTS {
-                    return;
-                }
-                let lease = client
-                    .acquire("wait:fair", Duration::from_secs(60))
-                    .await
-                    .expect("a turn within a minute");
-                order.lock().unwrap().push(i);
-                sleep(Duration::from_millis(3)).await;
-                assert!(lease.release().await.unwrap());
-            }
-        }));
-    }
-    for t in tasks {
-        timeout(Duration::from_secs(120), t)
-            .await
-            .expect("the contenders finish")
-            .unwrap();
-    }
-    let order = order.lock().unwrap().clone();
-    let mut turns: HashMap<usize, usize> = HashMap::new();
-    for &i in &order[..GRANTS] {
-        *turns.entry(i).or_default() += 1;
-    }
-    let share = GRANTS / CONTENDERS;
-    let counts: Vec<usize> = (0..CONTENDERS)
-        .map(|i| turns.get(&i).copied().unwrap_or(0))
-        .collect();
-    assert!(
-        counts.iter().all(|&c| c >= share / 2 && c <= share * 3 / 2),
-        "turns per contender {counts:?}, share {share}"
-    );
-    // Between two turns of one contender, no other contender has more than 3 turns.
-    for i in 0..CONTENDERS {
-        let mut since: HashMap<usize, usize> = HashMap::new();
-        for &j in &order[..GRANTS] {
-            if j == i {
-                since.clear();
-            } else {
-                let n = since.entry(j).or_default();
-                *n += 1;
-                assert!(
-                    *n <= 3,
-                    "contender {i} waited while {j} had {n} turns: {order:?}"
-                );
-            }
-        }
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn table_contenders_take_turns_in_arrival_order() {
-    fair_turns(Kind::Table).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_contenders_take_turns_in_arrival_order() {
-    fair_turns(Kind::Advisory).await;
-}
-
-/// A waiter that gives up (its wait runs out, or its acquire is cancelled) leaves the
-/// queue: the next waiter gets the lease within seconds of the release.
-async fn quitters_leave_the_queue(kind: Kind) {
-    let pg = server().await;
-    let holder = open(kind, &pg.url()).await;
-    let k = key("quitters");
-    let h = OwnerToken::random();
-    fence(holder.acquire(&k, &h, LONG_TTL).await.unwrap());
-    // One waiter's wait runs out, another's acquire is cancelled, both queued first.
-    let impatient = slow_polling_client(open(kind, &pg.url()).await);
-    let gave_up = impatient
-        .acquire(k.as_str(), Duration::from_millis(500))
-        .await
-        .unwrap_err();
-    assert!(matches!(gave_up, Error::WaitTimeout { .. }), "{gave_up:?}");
-    let cancelled = slow_polling_client(open(kind, &pg.url()).await);
-    let cancelled_task = {
-        let k = k.clone();
-        tokio::spawn(async move { cancelled.acquire(k, Duration::from_secs(120)).await })
-    };
-    let patient = slow_polling_client(open(kind, &pg.url()).await);
-    let patient_task = {
-        let k = k.clone();
-        tokio::spawn(async move { patient.acquire(k, Duration::from_secs(120)).await })
-    };
-    sleep(Duration::from_millis(500)).await;
-    cancelled_task.abort();
-    assert_eq!(
-        holder.release(&k, &h).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    let released = Instant::now();
-    let lease = timeout(SOON, patient_task)
-        .await
-        .expect("the patient waiter is not held up by those who left")
-        .unwrap()
-        .unwrap();
-    assert!(released.elapsed() < SOON);
-    assert!(lease.release().await.unwrap());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn table_waiters_that_give_up_leave_the_queue() {
-    quitters_leave_the_queue(Kind::Table).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn advisory_waiters_that_give_up_leave_the_queue() {
-    quitters_leave_the_queue(Kind::Advisory).await;
 }
 
 /// Whether everything written to the WAL so far is flushed to disk.
