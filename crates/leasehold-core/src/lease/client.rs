@@ -657,15 +657,19 @@ impl LeaseClient {
     }
 }
 
+/// The client's retry policy and random source, for recipes that wait or spread callers on
+/// their own (a semaphore retries its permit-count check and starts at a random slot), so
+/// that they follow the configured backoff and a test's injected generator.
 impl LeaseClient {
-    /// A full-jitter backoff delay for retry `attempt`, from the client's random source.
-    pub(crate) fn backoff_delay(&self, attempt: u32) -> Duration {
+    /// A full-jitter backoff delay for retry `attempt` (from 0) of the configured
+    /// [`Backoff`](crate::Backoff), drawn from the client's random source.
+    pub fn backoff_delay(&self, attempt: u32) -> Duration {
         let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
         self.inner.config.backoff().delay(attempt, &mut **rng)
     }
 
-    /// A random number below `n` (> 0), from the client's random source.
-    pub(crate) fn random_below(&self, n: u32) -> u32 {
+    /// A random number below `n` (0 when `n` is 0), from the client's random source.
+    pub fn random_below(&self, n: u32) -> u32 {
         let mut rng = self.inner.rng.lock().unwrap_or_else(|e| e.into_inner());
         rand::Rng::random_range(&mut **rng, 0..n.max(1))
     }

@@ -1,5 +1,5 @@
 //! Policies as store wrappers, as `object_store` does with `LimitStore` and
-//! `ThrottleStore`: each wraps any [`Store`] and is a [`Store`] itself.
+//! `ThrottleStore`: each wraps any [`Store`](crate::Store) and is a [`Store`](crate::Store) itself.
 //!
 //! - [`TimeoutStore`] bounds every call (acquire, renew, release, inspect, list, break,
 //!   wait) by a duration, so that nothing on any path can hang on a blackholed store.
@@ -10,8 +10,8 @@
 //! - `Forward` (feature `test-util`): a test's store that passes every call to another
 //!   and overrides only what it changes.
 //!
-//! A wrapper forwards the extensions of the store it wraps ([`Store::batch`],
-//! [`Store::watcher`], [`Store::waiter`], [`Store::ended_grants`]).
+//! A wrapper forwards the extensions of the store it wraps ([`Store::batch`](crate::Store::batch),
+//! [`Store::watcher`](crate::Store::watcher), [`Store::waiter`](crate::Store::waiter), [`Store::ended_grants`](crate::Store::ended_grants)).
 
 #[cfg(feature = "test-util")]
 mod fault;
