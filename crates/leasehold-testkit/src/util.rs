@@ -10,6 +10,9 @@ use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::unistd::User;
+use tempfile::TempDir;
+
 /// Directories searched in addition to `$PATH` (CI environments sometimes run
 /// with a `PATH` that lacks the `sbin` directories where `mariadbd` lives).
 const EXTRA_DIRS: &[&str] = &[
@@ -38,6 +41,36 @@ pub(crate) fn try_find_binary(name: &str) -> Option<PathBuf> {
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// A new temporary directory `PREFIX…` in `$TMPDIR`.
+pub(crate) fn temp_dir(prefix: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap_or_else(|e| panic!("cannot create a temporary directory {prefix}…: {e}"))
+}
+
+/// A new temporary directory `/tmp/PREFIX…` owned by the OS user `name` (who comes with
+/// `package`), and that user. In /tmp rather than `$TMPDIR`: the user must be able to
+/// reach it, and socket paths in it must stay short.
+pub(crate) fn temp_dir_owned_by(prefix: &str, name: &str, package: &str) -> (TempDir, User) {
+    let user = User::from_name(name)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("OS user {name} not found: install package {package}"));
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap_or_else(|e| panic!("cannot create a temporary directory /tmp/{prefix}…: {e}"));
+    chown(tmp.path(), &user);
+    (tmp, user)
+}
+
+/// Gives `path` to `user` (and the user's group).
+pub(crate) fn chown(path: &Path, user: &User) {
+    std::os::unix::fs::chown(path, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+        .unwrap_or_else(|e| panic!("cannot chown {} to {}: {e}", path.display(), user.name));
 }
 
 /// Runs a command to completion with captured stdout/stderr, killing it and

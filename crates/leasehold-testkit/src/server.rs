@@ -1,0 +1,204 @@
+//! [`Server`]: what every private server shares (its process, port and directory, its
+//! first start on a free port, its restart), around a [`Launch`] that holds what is its
+//! own (its command line, its readiness probe, its logs).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::free_port;
+use crate::process::ServerProcess;
+use crate::ready::ReadyError;
+
+/// How many ports a first start tries before giving up.
+const START_ATTEMPTS: usize = 4;
+
+/// How one kind of server is spawned, probed and diagnosed.
+pub(crate) trait Launch {
+    /// The server's name in messages (`postgres`, `redis-server`, ...).
+    const NAME: &'static str;
+
+    /// Picks the port of a first start (and any other port the server needs).
+    fn pick_port(&self) -> u16 {
+        free_port()
+    }
+
+    /// Spawns the server on `port`, in `dir`.
+    fn spawn(&self, dir: &Path, port: u16) -> ServerProcess;
+
+    /// Waits until the freshly spawned `process` answers on `port`.
+    fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError>;
+
+    /// Whether the server's log in `dir` says its port was taken.
+    fn port_taken(&self, dir: &Path) -> bool;
+
+    /// The tails of the server's logs in `dir`, for a panic message.
+    fn logs(&self, dir: &Path) -> String;
+}
+
+/// A server process on its port and directory, started and restarted by its [`Launch`].
+#[derive(Debug)]
+pub(crate) struct Server<L> {
+    process: Mutex<ServerProcess>,
+    port: u16,
+    dir: PathBuf,
+    launch: L,
+}
+
+impl<L: Launch> Server<L> {
+    /// Starts the server in `dir` on a port from [`Launch::pick_port`] and waits until it is
+    /// ready. If it exits because its port was taken meanwhile (a race between parallel test
+    /// processes), tries another port, up to 4 in all.
+    ///
+    /// # Panics
+    ///
+    /// Panics with the server's logs if it does not get ready.
+    pub(crate) fn start(launch: L, dir: PathBuf) -> Self {
+        for attempt in 1..=START_ATTEMPTS {
+            let port = launch.pick_port();
+            let process = launch.spawn(&dir, port);
+            match launch.ready(&process, port) {
+                Ok(()) => {
+                    tracing::info!(port, dir = %dir.display(), "{} ready", L::NAME);
+                    return Self::new(process, port, dir, launch);
+                }
+                Err(e) => {
+                    drop(process);
+                    if e == ReadyError::Exited
+                        && attempt < START_ATTEMPTS
+                        && launch.port_taken(&dir)
+                    {
+                        tracing::warn!(
+                            port,
+                            attempt,
+                            "{} port taken: retrying on another port",
+                            L::NAME
+                        );
+                        continue;
+                    }
+                    panic!("{} on port {port} {e}\n{}", L::NAME, launch.logs(&dir));
+                }
+            }
+        }
+        unreachable!("the last start attempt either returns or panics")
+    }
+
+    /// Wraps a process already spawned by `launch` on `port`, in `dir`.
+    pub(crate) fn new(process: ServerProcess, port: u16, dir: PathBuf, launch: L) -> Self {
+        Self {
+            process: Mutex::new(process),
+            port,
+            dir,
+            launch,
+        }
+    }
+
+    /// Starts the server again on the same port and directory, after it was stopped or
+    /// killed, and waits until it is ready.
+    ///
+    /// # Panics
+    ///
+    /// Panics if it is still running or does not get ready.
+    pub(crate) fn start_again(&self) {
+        let mut guard = self.process();
+        assert!(
+            !guard.is_running(),
+            "{} on port {} is still running: stop or kill it first",
+            L::NAME,
+            self.port
+        );
+        let process = self.launch.spawn(&self.dir, self.port);
+        if let Err(e) = self.launch.ready(&process, self.port) {
+            drop(process);
+            panic!(
+                "{} restart on port {} {e}\n{}",
+                L::NAME,
+                self.port,
+                self.launch.logs(&self.dir)
+            );
+        }
+        *guard = process;
+        tracing::info!(port = self.port, "{} restarted", L::NAME);
+    }
+}
+
+impl<L> Server<L> {
+    /// The current process.
+    pub(crate) fn process(&self) -> MutexGuard<'_, ServerProcess> {
+        self.process.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The server's directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How the server is started.
+    pub(crate) fn launch(&self) -> &L {
+        &self.launch
+    }
+}
+
+/// Expands, inside the `impl` block of a type with a `server: Server<_>` field, to its
+/// `port` and `addr` accessors (with the given docs) and to the process-control methods,
+/// so every server offers the same controls with the same docs.
+macro_rules! server_methods {
+    ($port_doc:literal, $addr_doc:literal) => {
+        #[doc = $port_doc]
+        pub fn port(&self) -> u16 {
+            self.server.port()
+        }
+
+        #[doc = $addr_doc]
+        pub fn addr(&self) -> std::net::SocketAddr {
+            self.server.addr()
+        }
+
+        /// The PID of the current server process.
+        pub fn pid(&self) -> u32 {
+            self.server.process().pid()
+        }
+
+        /// Whether the server process is alive (paused counts as alive).
+        pub fn is_running(&self) -> bool {
+            self.server.process().is_running()
+        }
+
+        /// Whether the server is paused.
+        pub fn is_paused(&self) -> bool {
+            self.server.process().is_paused()
+        }
+
+        /// Freezes the server (and its child processes) with `SIGSTOP`: the kernel still
+        /// accepts connections, but nothing is answered.
+        pub fn pause(&self) {
+            self.server.process().pause();
+        }
+
+        /// Continues a paused server with `SIGCONT`.
+        pub fn resume(&self) {
+            self.server.process().resume();
+        }
+
+        /// Kills the server with `SIGKILL` (a crash) and waits for it.
+        pub fn kill(&self) {
+            self.server.process().kill();
+        }
+
+        /// Sends `sig` to the server process.
+        pub fn signal(&self, sig: nix::sys::signal::Signal) {
+            self.server.process().signal(sig);
+        }
+    };
+}
+pub(crate) use server_methods;
