@@ -9,12 +9,11 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use crate::free_port;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
-use crate::server::{Launch, Server};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 /// How long etcd may take to report itself healthy after it was spawned.
@@ -27,9 +26,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
 pub struct EtcdServer {
-    // Field order matters: the process is killed before the directory goes.
     server: Server<Launcher>,
-    _tmp: TempDir,
 }
 
 impl EtcdServer {
@@ -48,10 +45,9 @@ impl EtcdServer {
             token: "etcd-cluster".to_owned(),
             ready_timeout: READY_TIMEOUT,
         };
-        let tmp = util::temp_dir("leasehold-etcd-");
+        let home = Home::Own(util::temp_dir("leasehold-etcd-"));
         Self {
-            server: Server::start(launcher, tmp.path().to_path_buf()),
-            _tmp: tmp,
+            server: Server::start(launcher, home),
         }
     }
 
@@ -78,9 +74,7 @@ impl EtcdServer {
     /// Shuts the server down cleanly (`SIGTERM`) and waits for it; kills it if it takes
     /// more than 30 s.
     pub fn stop(&self) {
-        self.server
-            .process()
-            .terminate(Signal::SIGTERM, Duration::from_secs(30));
+        self.server.stop(Signal::SIGTERM, Duration::from_secs(30));
     }
 
     /// Starts the server again on the same ports and data directory, after

@@ -9,7 +9,7 @@ use tempfile::TempDir;
 
 use crate::etcd::{self, Launcher};
 use crate::free_port;
-use crate::server::{Launch, Server};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 /// How long the members may take to elect a leader and report healthy.
@@ -124,7 +124,7 @@ impl EtcdCluster {
             };
             let process = launcher.spawn(&dir, port);
             members.push(EtcdMember {
-                server: Server::new(process, port, dir, launcher),
+                server: Server::new(process, port, launcher, Home::In(dir)),
             });
         }
         let cluster = Self {

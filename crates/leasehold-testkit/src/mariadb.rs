@@ -5,11 +5,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
-use crate::server::{Launch, Server};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
@@ -45,9 +44,7 @@ impl MariaDbOptions {
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
 pub struct MariaDb {
-    // Field order matters: the process is killed before the directory goes.
     server: Server<Launcher>,
-    _tmp: TempDir,
 }
 
 /// How `mariadbd` is started: this binary, with these options.
@@ -110,8 +107,7 @@ impl MariaDb {
 
         let launcher = Launcher { mariadbd, opts };
         let db = Self {
-            server: Server::start(launcher, dir),
-            _tmp: tmp,
+            server: Server::start(launcher, Home::Own(tmp)),
         };
         db.sql_in(None, "CREATE DATABASE IF NOT EXISTS test")
             .unwrap_or_else(|e| panic!("CREATE DATABASE test failed: {e}"));
@@ -137,9 +133,7 @@ impl MariaDb {
 
     /// Clean shutdown (`SIGTERM`) and wait.
     pub fn stop(&self) {
-        self.server
-            .process()
-            .terminate(Signal::SIGTERM, STOP_TIMEOUT);
+        self.server.stop(Signal::SIGTERM, STOP_TIMEOUT);
     }
 
     /// Starts the server again on the same data directory and port after

@@ -5,12 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use tempfile::TempDir;
-
 use crate::postgres::Postgres;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
-use crate::server::{Launch, Server};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 /// PgBouncer's pooling mode.
@@ -39,7 +37,6 @@ impl PoolMode {
 #[derive(Debug)]
 pub struct PgBouncer {
     server: Server<Launcher>,
-    _tmp: TempDir,
 }
 
 /// How `pgbouncer` is started: in front of this upstream port, in this mode, with this pool.
@@ -69,8 +66,7 @@ impl PgBouncer {
         };
         let (tmp, _) = util::temp_dir_owned_by("leasehold-pgbouncer-", "postgres", "postgresql");
         Self {
-            server: Server::start(launcher, tmp.path().to_path_buf()),
-            _tmp: tmp,
+            server: Server::start(launcher, Home::Own(tmp)),
         }
     }
 

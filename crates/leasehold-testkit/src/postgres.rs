@@ -6,11 +6,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
-use crate::server::{Launch, Server};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 const INITDB_TIMEOUT: Duration = Duration::from_secs(120);
@@ -58,9 +57,7 @@ impl PostgresOptions {
 /// `SIGKILL` if needed) and removes the directory.
 #[derive(Debug)]
 pub struct Postgres {
-    // Field order matters: the process is stopped before the directory goes.
     server: Server<Launcher>,
-    _tmp: TempDir,
 }
 
 /// How the postmaster is started: as `postgres` through `setpriv`, with these options.
@@ -145,8 +142,7 @@ impl Postgres {
 
         let launcher = Launcher { setpriv, bin, opts };
         Self {
-            server: Server::start(launcher, dir),
-            _tmp: tmp,
+            server: Server::start(launcher, Home::Own(tmp)),
         }
     }
 
@@ -189,17 +185,13 @@ impl Postgres {
 
     /// Fast shutdown (`SIGINT`: sessions are ended, a checkpoint is written).
     pub fn stop(&self) {
-        self.server
-            .process()
-            .terminate(Signal::SIGINT, STOP_TIMEOUT);
+        self.server.stop(Signal::SIGINT, STOP_TIMEOUT);
     }
 
     /// Immediate shutdown (`SIGQUIT`, like `pg_ctl stop -m immediate`): no
     /// checkpoint, the next start runs crash recovery.
     pub fn stop_immediate(&self) {
-        self.server
-            .process()
-            .terminate(Signal::SIGQUIT, STOP_TIMEOUT);
+        self.server.stop(Signal::SIGQUIT, STOP_TIMEOUT);
     }
 
     /// Starts the server again on the same data directory and port, after

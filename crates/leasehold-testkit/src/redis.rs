@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use crate::faketime::FakeWallClock;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
-use crate::server::{Launch, Server};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 use crate::{free_port, free_port_with_bus};
 
@@ -118,10 +117,8 @@ pub(crate) enum PortKind {
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
 pub struct RedisServer {
-    // Field order matters: the process is killed before the directory goes.
     server: Server<Launcher>,
     redis_cli: PathBuf,
-    _tmp: Option<TempDir>,
 }
 
 /// How `redis-server` is started: this binary, with these options, on this kind of port.
@@ -148,18 +145,12 @@ impl RedisServer {
     ///
     /// Panics if `redis-server` is not installed or does not get ready within 10 s.
     pub fn start_with(opts: RedisOptions) -> Self {
-        let tmp = util::temp_dir("leasehold-redis-");
-        let dir = tmp.path().to_path_buf();
-        Self::launch(dir, Some(tmp), opts, PortKind::Plain)
+        let home = Home::Own(util::temp_dir("leasehold-redis-"));
+        Self::launch(home, opts, PortKind::Plain)
     }
 
-    /// Starts a server in `dir` (which must exist) on a fresh port.
-    pub(crate) fn launch(
-        dir: PathBuf,
-        tmp: Option<TempDir>,
-        opts: RedisOptions,
-        port_kind: PortKind,
-    ) -> Self {
+    /// Starts a server in `home` (which must exist) on a fresh port.
+    pub(crate) fn launch(home: Home, opts: RedisOptions, port_kind: PortKind) -> Self {
         let launcher = Launcher {
             redis_server: util::find_binary("redis-server", "redis-server"),
             opts,
@@ -167,8 +158,7 @@ impl RedisServer {
         };
         Self {
             redis_cli: util::find_binary("redis-cli", "redis-tools"),
-            server: Server::start(launcher, dir),
-            _tmp: tmp,
+            server: Server::start(launcher, home),
         }
     }
 
@@ -239,9 +229,7 @@ impl RedisServer {
     /// Shuts the server down cleanly (`SIGTERM`: the append-only file, if on,
     /// is flushed) and waits for it; kills it if it takes more than 30 s.
     pub fn stop(&self) {
-        self.server
-            .process()
-            .terminate(Signal::SIGTERM, Duration::from_secs(30));
+        self.server.stop(Signal::SIGTERM, Duration::from_secs(30));
     }
 
     /// Starts the server again on the same port and directory, after

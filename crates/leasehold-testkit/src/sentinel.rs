@@ -5,13 +5,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
-
 use crate::faketime::FakeWallClock;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
 use crate::redis::{RedisOptions, RedisServer, ping};
-use crate::server::{Launch, Server};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 /// How long a sentinel may take to answer `PING`.
@@ -20,9 +18,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// One `redis-server --sentinel` process with its own config file and directory.
 #[derive(Debug)]
 struct Sentinel {
-    // Field order matters: the process is killed before the directory goes.
     server: Server<Launcher>,
-    _tmp: TempDir,
 }
 
 /// How a sentinel is started: `redis-server --sentinel` watching this primary.
@@ -271,15 +267,14 @@ impl RedisSentinelSet {
 
 impl Sentinel {
     fn start(master: &str, primary_port: u16) -> Self {
-        let tmp = util::temp_dir("leasehold-sentinel-");
         let launcher = Launcher {
             bin: util::find_binary("redis-server", "redis-server"),
             master: master.to_owned(),
             primary_port,
         };
+        let home = Home::Own(util::temp_dir("leasehold-sentinel-"));
         Self {
-            server: Server::start(launcher, tmp.path().to_path_buf()),
-            _tmp: tmp,
+            server: Server::start(launcher, home),
         }
     }
 }

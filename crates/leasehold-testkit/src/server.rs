@@ -5,6 +5,10 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
 
 use crate::free_port;
 use crate::process::ServerProcess;
@@ -36,31 +40,52 @@ pub(crate) trait Launch {
     fn logs(&self, dir: &Path) -> String;
 }
 
+/// Where a server keeps its files.
+#[derive(Debug)]
+pub(crate) enum Home {
+    /// A temporary directory of its own, removed once the process is killed.
+    Own(TempDir),
+    /// A directory inside a cluster's.
+    In(PathBuf),
+}
+
+impl Home {
+    fn path(&self) -> &Path {
+        match self {
+            Home::Own(tmp) => tmp.path(),
+            Home::In(dir) => dir,
+        }
+    }
+}
+
 /// A server process on its port and directory, started and restarted by its [`Launch`].
+/// Dropping it kills the process, then removes its own directory.
 #[derive(Debug)]
 pub(crate) struct Server<L> {
+    // Field order matters: the process is killed before the directory goes.
     process: Mutex<ServerProcess>,
     port: u16,
-    dir: PathBuf,
     launch: L,
+    home: Home,
 }
 
 impl<L: Launch> Server<L> {
-    /// Starts the server in `dir` on a port from [`Launch::pick_port`] and waits until it is
+    /// Starts the server in `home` on a port from [`Launch::pick_port`] and waits until it is
     /// ready. If it exits because its port was taken meanwhile (a race between parallel test
     /// processes), tries another port, up to 4 in all.
     ///
     /// # Panics
     ///
     /// Panics with the server's logs if it does not get ready.
-    pub(crate) fn start(launch: L, dir: PathBuf) -> Self {
+    pub(crate) fn start(launch: L, home: Home) -> Self {
+        let dir = home.path().to_path_buf();
         for attempt in 1..=START_ATTEMPTS {
             let port = launch.pick_port();
             let process = launch.spawn(&dir, port);
             match launch.ready(&process, port) {
                 Ok(()) => {
                     tracing::info!(port, dir = %dir.display(), "{} ready", L::NAME);
-                    return Self::new(process, port, dir, launch);
+                    return Self::new(process, port, launch, home);
                 }
                 Err(e) => {
                     drop(process);
@@ -83,13 +108,13 @@ impl<L: Launch> Server<L> {
         unreachable!("the last start attempt either returns or panics")
     }
 
-    /// Wraps a process already spawned by `launch` on `port`, in `dir`.
-    pub(crate) fn new(process: ServerProcess, port: u16, dir: PathBuf, launch: L) -> Self {
+    /// Wraps a process already spawned by `launch` on `port`, in `home`.
+    pub(crate) fn new(process: ServerProcess, port: u16, launch: L, home: Home) -> Self {
         Self {
             process: Mutex::new(process),
             port,
-            dir,
             launch,
+            home,
         }
     }
 
@@ -107,14 +132,14 @@ impl<L: Launch> Server<L> {
             L::NAME,
             self.port
         );
-        let process = self.launch.spawn(&self.dir, self.port);
+        let process = self.launch.spawn(self.dir(), self.port);
         if let Err(e) = self.launch.ready(&process, self.port) {
             drop(process);
             panic!(
                 "{} restart on port {} {e}\n{}",
                 L::NAME,
                 self.port,
-                self.launch.logs(&self.dir)
+                self.launch.logs(self.dir())
             );
         }
         *guard = process;
@@ -140,7 +165,12 @@ impl<L> Server<L> {
 
     /// The server's directory.
     pub(crate) fn dir(&self) -> &Path {
-        &self.dir
+        self.home.path()
+    }
+
+    /// Sends `sig` and waits up to `timeout` for the server to exit, then kills it.
+    pub(crate) fn stop(&self, sig: Signal, timeout: Duration) {
+        self.process().terminate(sig, timeout);
     }
 
     /// How the server is started.

@@ -15,7 +15,7 @@ use crate::free_port;
 use crate::process::ServerProcess;
 use crate::proxy::{FaultProxy, ProxyMode};
 use crate::ready::{self, ReadyError};
-use crate::server::{Launch, Server};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 /// Debian's ZooKeeper server jar (package `zookeeper`).
@@ -177,7 +177,6 @@ fn is_bind_error(log: &str) -> bool {
 #[derive(Debug)]
 pub struct ZkServer {
     server: Member,
-    _tmp: TempDir,
 }
 
 impl ZkServer {
@@ -194,10 +193,9 @@ impl ZkServer {
             sync_limit: DEFAULT_SYNC_LIMIT,
             ensemble: None,
         };
-        let tmp = util::temp_dir("leasehold-zk-");
+        let home = Home::Own(util::temp_dir("leasehold-zk-"));
         Self {
-            server: Server::start(launcher, tmp.path().to_path_buf()),
-            _tmp: tmp,
+            server: Server::start(launcher, home),
         }
     }
 
@@ -406,7 +404,7 @@ impl ZkEnsemble {
                     ensemble: Some((i + 1, seen)),
                 };
                 let process = launcher.spawn(&dir, clients[i]);
-                Server::new(process, clients[i], dir, launcher)
+                Server::new(process, clients[i], launcher, Home::In(dir))
             })
             .collect();
         for m in &members {
