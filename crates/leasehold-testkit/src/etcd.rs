@@ -63,7 +63,7 @@ impl EtcdServer {
 
     /// The contents of the server's log file.
     pub fn log(&self) -> String {
-        util::read_log(&self.dir().join("log"))
+        self.server.log()
     }
 
     crate::server::server_methods!(
@@ -118,6 +118,8 @@ pub(crate) struct Launcher {
 
 impl Launch for Launcher {
     const NAME: &'static str = "etcd";
+    const LOGS: &'static [&'static str] = &["log"];
+    const PORT_TAKEN: &'static [&'static str] = &["address already in use"];
 
     fn pick_port(&self) -> u16 {
         let port = free_port();
@@ -176,18 +178,6 @@ impl Launch for Launcher {
             self.ready_timeout,
             Duration::from_millis(50),
             || health(port),
-        )
-    }
-
-    fn port_taken(&self, dir: &Path) -> bool {
-        util::read_log(&dir.join("log")).contains("address already in use")
-    }
-
-    fn logs(&self, dir: &Path) -> String {
-        format!(
-            "(dir {})\n--- log ---\n{}",
-            dir.display(),
-            util::log_tail(&dir.join("log"), 8192)
         )
     }
 }

@@ -43,7 +43,7 @@ impl EtcdMember {
 
     /// The contents of the member's log file.
     pub fn log(&self) -> String {
-        util::read_log(&self.dir().join("log"))
+        self.server.log()
     }
 
     crate::server::server_methods!(

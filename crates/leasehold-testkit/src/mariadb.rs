@@ -197,6 +197,9 @@ impl MariaDb {
 
 impl Launch for Launcher {
     const NAME: &'static str = "mariadbd";
+    const LOGS: &'static [&'static str] = &["err.log", "stdout.log"];
+    const PORT_TAKEN: &'static [&'static str] =
+        &["Address already in use", "Do you already have another"];
 
     fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
         let mut cmd = Command::new(&self.mariadbd);
@@ -227,18 +230,5 @@ impl Launch for Launcher {
                 .status
                 .success()
         })
-    }
-
-    fn port_taken(&self, dir: &Path) -> bool {
-        let log = util::read_log(&dir.join("err.log"));
-        log.contains("Address already in use") || log.contains("Do you already have another")
-    }
-
-    fn logs(&self, dir: &Path) -> String {
-        format!(
-            "--- err.log ---\n{}\n--- stdout ---\n{}",
-            util::log_tail(&dir.join("err.log"), 8192),
-            util::log_tail(&dir.join("stdout.log"), 4096)
-        )
     }
 }

@@ -77,7 +77,7 @@ impl PgBouncer {
 
     /// PgBouncer's log.
     pub fn log(&self) -> String {
-        util::read_log(&self.server.dir().join("pgbouncer.log"))
+        self.server.log()
     }
 
     crate::server::server_methods!("The TCP port on 127.0.0.1.", "`127.0.0.1:port`.");
@@ -85,6 +85,8 @@ impl PgBouncer {
 
 impl Launch for Launcher {
     const NAME: &'static str = "pgbouncer";
+    const LOGS: &'static [&'static str] = &["pgbouncer.log"];
+    const PORT_TAKEN: &'static [&'static str] = &["Address already in use"];
 
     fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
         let ini = dir.join("pgbouncer.ini");
@@ -123,17 +125,6 @@ impl Launch for Launcher {
             Duration::from_secs(30),
             Duration::from_millis(20),
             || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-        )
-    }
-
-    fn port_taken(&self, dir: &Path) -> bool {
-        util::read_log(&dir.join("pgbouncer.log")).contains("Address already in use")
-    }
-
-    fn logs(&self, dir: &Path) -> String {
-        format!(
-            "--- log ---\n{}",
-            util::log_tail(&dir.join("pgbouncer.log"), 8192)
         )
     }
 }

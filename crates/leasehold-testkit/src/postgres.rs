@@ -178,7 +178,7 @@ impl Postgres {
 
     /// The server log (stdout and stderr of every start).
     pub fn log(&self) -> String {
-        util::read_log(&self.server.dir().join("postgres.log"))
+        self.server.log()
     }
 
     crate::server::server_methods!("The TCP port on 127.0.0.1.", "`127.0.0.1:port`.");
@@ -305,6 +305,8 @@ fn as_postgres(setpriv: &Path, program: &Path) -> Command {
 
 impl Launch for Launcher {
     const NAME: &'static str = "postgres";
+    const LOGS: &'static [&'static str] = &["postgres.log"];
+    const PORT_TAKEN: &'static [&'static str] = &["could not bind"];
 
     fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
         let mut cmd = as_postgres(&self.setpriv, &pg_binary(&self.bin, "postgres"));
@@ -336,16 +338,5 @@ impl Launch for Launcher {
                 .status
                 .success()
         })
-    }
-
-    fn port_taken(&self, dir: &Path) -> bool {
-        util::read_log(&dir.join("postgres.log")).contains("could not bind")
-    }
-
-    fn logs(&self, dir: &Path) -> String {
-        format!(
-            "--- log ---\n{}",
-            util::log_tail(&dir.join("postgres.log"), 8192)
-        )
     }
 }

@@ -188,7 +188,7 @@ impl RedisServer {
 
     /// The contents of the server's log file.
     pub fn log(&self) -> String {
-        log_text(self.dir())
+        self.server.log()
     }
 
     /// The append-only file that takes the server's writes now: the last incremental
@@ -294,12 +294,10 @@ impl RedisServer {
     }
 }
 
-fn log_text(dir: &Path) -> String {
-    util::read_log(&dir.join("log")) + &util::read_log(&dir.join("stdout.log"))
-}
-
 impl Launch for Launcher {
     const NAME: &'static str = "redis-server";
+    const LOGS: &'static [&'static str] = &["log", "stdout.log"];
+    const PORT_TAKEN: &'static [&'static str] = &["Address already in use", "bind:"];
 
     fn pick_port(&self) -> u16 {
         match self.port_kind {
@@ -344,20 +342,6 @@ impl Launch for Launcher {
         ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
             ping(port, auth)
         })
-    }
-
-    fn port_taken(&self, dir: &Path) -> bool {
-        let log = log_text(dir);
-        log.contains("Address already in use") || log.contains("bind:")
-    }
-
-    fn logs(&self, dir: &Path) -> String {
-        format!(
-            "(dir {})\n--- log ---\n{}{}",
-            dir.display(),
-            util::log_tail(&dir.join("log"), 8192),
-            util::log_tail(&dir.join("stdout.log"), 4096)
-        )
     }
 }
 

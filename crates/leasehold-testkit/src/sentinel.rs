@@ -281,6 +281,8 @@ impl Sentinel {
 
 impl Launch for Launcher {
     const NAME: &'static str = "redis sentinel";
+    const LOGS: &'static [&'static str] = &["log"];
+    const PORT_TAKEN: &'static [&'static str] = &["Address already in use"];
 
     fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
         let conf: PathBuf = dir.join("sentinel.conf");
@@ -310,14 +312,6 @@ impl Launch for Launcher {
         ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
             ping(port, false)
         })
-    }
-
-    fn port_taken(&self, dir: &Path) -> bool {
-        util::read_log(&dir.join("log")).contains("Address already in use")
-    }
-
-    fn logs(&self, dir: &Path) -> String {
-        util::log_tail(&dir.join("log"), 8192)
     }
 }
 

@@ -13,6 +13,7 @@ use tempfile::TempDir;
 use crate::free_port;
 use crate::process::ServerProcess;
 use crate::ready::ReadyError;
+use crate::util;
 
 /// How many ports a first start tries before giving up.
 const START_ATTEMPTS: usize = 4;
@@ -21,6 +22,10 @@ const START_ATTEMPTS: usize = 4;
 pub(crate) trait Launch {
     /// The server's name in messages (`postgres`, `redis-server`, ...).
     const NAME: &'static str;
+    /// Its log files in its directory, the main one first.
+    const LOGS: &'static [&'static str];
+    /// What its logs say when its port was taken.
+    const PORT_TAKEN: &'static [&'static str];
 
     /// Picks the port of a first start (and any other port the server needs).
     fn pick_port(&self) -> u16 {
@@ -32,12 +37,30 @@ pub(crate) trait Launch {
 
     /// Waits until the freshly spawned `process` answers on `port`.
     fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError>;
+}
 
-    /// Whether the server's log in `dir` says its port was taken.
-    fn port_taken(&self, dir: &Path) -> bool;
+/// The server's logs in `dir`, one after the other.
+fn read_logs<L: Launch>(dir: &Path) -> String {
+    L::LOGS
+        .iter()
+        .map(|f| util::read_log(&dir.join(f)))
+        .collect()
+}
 
-    /// The tails of the server's logs in `dir`, for a panic message.
-    fn logs(&self, dir: &Path) -> String;
+/// Whether the server's logs in `dir` say its port was taken.
+fn port_taken<L: Launch>(dir: &Path) -> bool {
+    let log = read_logs::<L>(dir);
+    L::PORT_TAKEN.iter().any(|m| log.contains(m))
+}
+
+/// The tails of the server's logs in `dir`, for a panic message.
+fn log_tails<L: Launch>(dir: &Path) -> String {
+    let mut tails = format!("(dir {})", dir.display());
+    for f in L::LOGS {
+        let tail = util::log_tail(&dir.join(f), 8192);
+        tails.push_str(&format!("\n--- {f} ---\n{tail}"));
+    }
+    tails
 }
 
 /// Where a server keeps its files.
@@ -89,9 +112,7 @@ impl<L: Launch> Server<L> {
                 }
                 Err(e) => {
                     drop(process);
-                    if e == ReadyError::Exited
-                        && attempt < START_ATTEMPTS
-                        && launch.port_taken(&dir)
+                    if e == ReadyError::Exited && attempt < START_ATTEMPTS && port_taken::<L>(&dir)
                     {
                         tracing::warn!(
                             port,
@@ -101,7 +122,7 @@ impl<L: Launch> Server<L> {
                         );
                         continue;
                     }
-                    panic!("{} on port {port} {e}\n{}", L::NAME, launch.logs(&dir));
+                    panic!("{} on port {port} {e}\n{}", L::NAME, log_tails::<L>(&dir));
                 }
             }
         }
@@ -139,11 +160,21 @@ impl<L: Launch> Server<L> {
                 "{} restart on port {} {e}\n{}",
                 L::NAME,
                 self.port,
-                self.launch.logs(self.dir())
+                log_tails::<L>(self.dir())
             );
         }
         *guard = process;
         tracing::info!(port = self.port, "{} restarted", L::NAME);
+    }
+
+    /// The server's logs, one after the other.
+    pub(crate) fn log(&self) -> String {
+        read_logs::<L>(self.dir())
+    }
+
+    /// Whether the server's logs say its port was taken.
+    pub(crate) fn port_taken(&self) -> bool {
+        port_taken::<L>(self.dir())
     }
 }
 

@@ -62,10 +62,6 @@ struct Launcher {
 /// One server process of a standalone server or an ensemble.
 type Member = Server<Launcher>;
 
-fn member_log(member: &Member) -> String {
-    util::read_log(&member.dir().join("log"))
-}
-
 /// Writes `zoo.cfg` (and `myid` for an ensemble member) in `dir`. For an ensemble member,
 /// `peers` are the quorum and election ports this member dials to reach each member (its
 /// own line: the ports it listens on).
@@ -101,6 +97,8 @@ fn write_config(
 
 impl Launch for Launcher {
     const NAME: &'static str = "zookeeper";
+    const LOGS: &'static [&'static str] = &["log"];
+    const PORT_TAKEN: &'static [&'static str] = &["Address already in use", "BindException"];
 
     fn spawn(&self, dir: &Path, client_port: u16) -> ServerProcess {
         let ensemble = (self.ensemble.as_ref()).map(|(id, peers)| (*id, peers.as_slice()));
@@ -129,18 +127,6 @@ impl Launch for Launcher {
             mode(port).is_some()
         })
     }
-
-    fn port_taken(&self, dir: &Path) -> bool {
-        is_bind_error(&util::read_log(&dir.join("log")))
-    }
-
-    fn logs(&self, dir: &Path) -> String {
-        format!(
-            "(dir {})\n--- log ---\n{}",
-            dir.display(),
-            util::log_tail(&dir.join("log"), 8192)
-        )
-    }
 }
 
 /// The answer to the four-letter command `srvr` on `port`, or an empty string.
@@ -164,10 +150,6 @@ fn mode(port: u16) -> Option<String> {
     srvr(port)
         .lines()
         .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_owned()))
-}
-
-fn is_bind_error(log: &str) -> bool {
-    log.contains("Address already in use") || log.contains("BindException")
 }
 
 /// A private standalone ZooKeeper 3.8 server on 127.0.0.1: its own client port and
@@ -216,7 +198,7 @@ impl ZkServer {
 
     /// The server's log.
     pub fn log(&self) -> String {
-        member_log(&self.server)
+        self.server.log()
     }
 
     crate::server::server_methods!("The client port on 127.0.0.1.", "`127.0.0.1:port`.");
@@ -325,7 +307,7 @@ impl ZkEnsemble {
             match Self::try_start(&java, &root, &options) {
                 Ok(started) => break started,
                 Err((members, e)) => {
-                    let taken = members.iter().any(|m| is_bind_error(&member_log(m)));
+                    let taken = members.iter().any(Member::port_taken);
                     let logs: Vec<String> = members
                         .iter()
                         .map(|m| {
@@ -487,7 +469,7 @@ impl ZkEnsemble {
 
     /// Member `i`'s log.
     pub fn log(&self, i: usize) -> String {
-        member_log(&self.members[i])
+        self.members[i].log()
     }
 
     /// Kills member `i` with `SIGKILL` and waits for it.
