@@ -1,8 +1,6 @@
 //! A private single-member `etcd` (v3 API) on its own client and peer ports and its own
 //! temporary data directory.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -190,15 +188,8 @@ pub(crate) fn health(port: u16) -> bool {
 
 /// `GET path` on the client port (HTTP/1.0, so the server closes the connection after
 /// its answer): the first `limit` bytes of the answer, or `None` when nothing answered.
-pub(crate) fn http_get(port: u16, path: &str, limit: u64) -> Option<String> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut buf = Vec::new();
-    let _ = stream.take(limit).read_to_end(&mut buf);
-    (!buf.is_empty()).then(|| String::from_utf8_lossy(&buf).into_owned())
+pub(crate) fn http_get(port: u16, path: &str, limit: usize) -> Option<String> {
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    util::ask(port, request.as_bytes(), limit, |_| false)
+        .map(|a| String::from_utf8_lossy(&a).into_owned())
 }

@@ -1,7 +1,5 @@
 //! A private `redis-server` on its own port and temporary directory.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -347,28 +345,6 @@ impl Launch for Launcher {
 
 /// Sends an inline `PING` and checks for `+PONG` (or `-NOAUTH` when a password is set).
 pub(crate) fn ping(port: u16, auth: bool) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 64];
-    let mut len = 0;
-    while len < buf.len() {
-        match stream.read(&mut buf[len..]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                len += n;
-                if buf[..len].contains(&b'\n') {
-                    break;
-                }
-            }
-        }
-    }
-    let reply = &buf[..len];
-    reply.starts_with(b"+PONG") || (auth && reply.starts_with(b"-NOAUTH"))
+    util::ask(port, b"PING\r\n", 64, |a| a.contains(&b'\n'))
+        .is_some_and(|a| a.starts_with(b"+PONG") || (auth && a.starts_with(b"-NOAUTH")))
 }

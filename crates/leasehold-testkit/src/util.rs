@@ -1,10 +1,12 @@
-//! Small helpers shared by the server launchers: binary lookup, running a
-//! command with a timeout, polling, log tails and the `/proc` process tree.
+//! Small helpers shared by the server launchers: binary lookup, temporary
+//! directories, running a command with a timeout, asking a server on a port,
+//! polling, log tails and the `/proc` process tree.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::thread;
@@ -154,6 +156,32 @@ fn shell_quote(arg: &OsStr) -> String {
     } else {
         format!("'{}'", arg.replace('\'', r"'\''"))
     }
+}
+
+/// Sends `request` to 127.0.0.1:`port` and reads the answer, up to `limit` bytes, until the
+/// server closes the connection or `complete` says the answer is whole; `None` when nothing
+/// answered.
+pub(crate) fn ask(
+    port: u16,
+    request: &[u8],
+    limit: usize,
+    complete: impl Fn(&[u8]) -> bool,
+) -> Option<Vec<u8>> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    stream.write_all(request).ok()?;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 8192];
+    while answer.len() < limit && !complete(&answer) {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+        }
+    }
+    answer.truncate(limit);
+    (!answer.is_empty()).then_some(answer)
 }
 
 /// Formats a finished command's output for a panic message.

@@ -3,8 +3,7 @@
 //! own ports and temporary data directory, run by the `java` found on `PATH` with Debian's
 //! `/usr/share/java/zookeeper.jar`.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -131,18 +130,9 @@ impl Launch for Launcher {
 
 /// The answer to the four-letter command `srvr` on `port`, or an empty string.
 fn srvr(port: u16) -> String {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-        return String::new();
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"srvr").is_err() {
-        return String::new();
-    }
-    let mut buf = Vec::new();
-    let _ = stream.take(8192).read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf).into_owned()
+    util::ask(port, b"srvr", 8192, |_| false)
+        .map(|a| String::from_utf8_lossy(&a).into_owned())
+        .unwrap_or_default()
 }
 
 /// The server's mode (`standalone`, `leader`, `follower`), if it serves.
