@@ -7,6 +7,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::redis::{PortKind, RedisOptions, RedisServer};
+use crate::server::Home;
 use crate::util;
 
 /// How long the nodes may take to agree on `cluster_state:ok`.
@@ -83,7 +84,7 @@ impl RedisCluster {
                     "--cluster-node-timeout".to_string(),
                     "2000".to_string(),
                 ]);
-                RedisServer::launch(dir, None, node_opts, PortKind::WithBus)
+                RedisServer::launch(Home::In(dir), node_opts, PortKind::WithBus)
             })
             .collect();
 

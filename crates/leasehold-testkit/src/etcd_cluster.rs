@@ -1,16 +1,15 @@
 //! A private three-member etcd cluster: each member on its own client and peer ports, in
 //! its own data directory, one member at a time killed, restarted or paused.
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::path::Path;
+use std::sync::atomic::AtomicU16;
 use std::time::Duration;
 
 use tempfile::TempDir;
 
-use crate::etcd::{self, Member};
+use crate::etcd::{self, Launcher};
 use crate::free_port;
-use crate::process::ServerProcess;
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 /// How long the members may take to elect a leader and report healthy.
@@ -23,60 +22,45 @@ const MEMBERS: usize = 3;
 /// One member of an [`EtcdCluster`].
 #[derive(Debug)]
 pub struct EtcdMember {
-    process: Mutex<ServerProcess>,
-    name: String,
-    port: u16,
-    peer_port: u16,
-    dir: PathBuf,
+    server: Server<Launcher>,
 }
 
 impl EtcdMember {
-    fn process(&self) -> MutexGuard<'_, ServerProcess> {
-        self.process.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The member's name (`e1`, `e2`, `e3`).
     pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The client port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:port` (the client port).
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+        &self.server.launch().name
     }
 
     /// `etcd://127.0.0.1:port`: this member only.
     pub fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.port)
+        format!("etcd://127.0.0.1:{}", self.port())
     }
 
     /// The member's directory (its data directory is `data` inside it).
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.server.dir()
     }
 
     /// The contents of the member's log file.
     pub fn log(&self) -> String {
-        util::read_log(&self.dir.join("log"))
+        self.server.log()
     }
 
-    crate::process::control_methods!();
+    crate::server::server_methods!(
+        "The client port on 127.0.0.1.",
+        "`127.0.0.1:port` (the client port)."
+    );
 
     /// Whether the member answers `GET /health` with `"health":"true"` right now (it is
     /// up and sees a leader).
     pub fn is_healthy(&self) -> bool {
-        etcd::health(self.port)
+        etcd::health(self.port())
     }
 
     /// Whether the member says it is the leader right now (`etcd_server_is_leader 1` in
     /// its `/metrics`); false when it does not answer.
     pub fn is_leader(&self) -> bool {
-        etcd::http_get(self.port, "/metrics", 8 << 20)
+        etcd::http_get(self.port(), "/metrics", 8 << 20)
             .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
     }
 }
@@ -91,9 +75,6 @@ impl EtcdMember {
 pub struct EtcdCluster {
     // Field order matters: the members are killed before the directory goes.
     members: Vec<EtcdMember>,
-    etcd: PathBuf,
-    cluster: String,
-    token: String,
     _root: TempDir,
 }
 
@@ -118,10 +99,7 @@ impl EtcdCluster {
     }
 
     fn try_start(etcd: &Path) -> Result<Self, String> {
-        let root = tempfile::Builder::new()
-            .prefix("leasehold-etcd-cluster-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot create a temporary directory for etcd: {e}"));
+        let root = util::temp_dir("leasehold-etcd-cluster-");
         let ports: Vec<(u16, u16)> = (0..MEMBERS).map(|_| (free_port(), free_port())).collect();
         let cluster = ports
             .iter()
@@ -136,37 +114,28 @@ impl EtcdCluster {
             let dir = root.path().join(&name);
             std::fs::create_dir_all(&dir)
                 .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-            let process = etcd::spawn(
-                etcd,
-                &dir,
-                &Member {
-                    name: &name,
-                    port,
-                    peer: peer_port,
-                    cluster: cluster.clone(),
-                    token: &token,
-                },
-            );
-            members.push(EtcdMember {
-                process: Mutex::new(process),
+            let launcher = Launcher {
+                etcd: etcd.to_path_buf(),
                 name,
-                port,
-                peer_port,
-                dir,
+                peer: AtomicU16::new(peer_port),
+                cluster: Some(cluster.clone()),
+                token: token.clone(),
+                ready_timeout: READY_TIMEOUT,
+            };
+            let process = launcher.spawn(&dir, port);
+            members.push(EtcdMember {
+                server: Server::new(process, port, launcher, Home::In(dir)),
             });
         }
         let cluster = Self {
             members,
-            etcd: etcd.to_path_buf(),
-            cluster,
-            token,
             _root: root,
         };
         let formed = util::poll_until(READY_TIMEOUT, Duration::from_millis(100), || {
             cluster
                 .members
                 .iter()
-                .all(|m| m.process().is_running() && m.is_healthy())
+                .all(|m| m.is_running() && m.is_healthy())
                 .then_some(())
         });
         match formed {
@@ -185,10 +154,10 @@ impl EtcdCluster {
             .map(|m| {
                 format!(
                     "--- {} (port {}, dir {}) ---\n{}",
-                    m.name,
-                    m.port,
-                    m.dir.display(),
-                    util::log_tail(&m.dir.join("log"), 4096)
+                    m.name(),
+                    m.port(),
+                    m.dir().display(),
+                    util::log_tail(&m.dir().join("log"), 4096)
                 )
             })
             .collect::<Vec<_>>()
@@ -213,7 +182,7 @@ impl EtcdCluster {
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("127.0.0.1:{}", m.port))
+            .map(|m| format!("127.0.0.1:{}", m.port()))
             .collect()
     }
 
@@ -242,37 +211,7 @@ impl EtcdCluster {
     ///
     /// Panics if the member is still running or does not get healthy within 30 s.
     pub fn start_again(&self, i: usize) {
-        let m = &self.members[i];
-        let mut guard = m.process();
-        assert!(
-            !guard.is_running(),
-            "etcd member {} is still running: kill it first",
-            m.name
-        );
-        let process = etcd::spawn(
-            &self.etcd,
-            &m.dir,
-            &Member {
-                name: &m.name,
-                port: m.port,
-                peer: m.peer_port,
-                cluster: self.cluster.clone(),
-                token: &self.token,
-            },
-        );
-        let healthy = util::poll_until(READY_TIMEOUT, Duration::from_millis(100), || {
-            (!process.is_running() || m.is_healthy()).then_some(())
-        });
-        if healthy.is_none() || !process.is_running() {
-            drop(process);
-            panic!(
-                "etcd member {} did not come back\n--- log ---\n{}",
-                m.name,
-                util::log_tail(&m.dir.join("log"), 8192)
-            );
-        }
-        *guard = process;
-        tracing::info!(member = %m.name, "etcd member restarted");
+        self.members[i].server.start_again();
     }
 
     /// Freezes every member (`SIGSTOP`).

@@ -53,6 +53,7 @@ mod proxy;
 mod ready;
 mod redis;
 mod sentinel;
+mod server;
 mod util;
 mod worker;
 mod zookeeper;

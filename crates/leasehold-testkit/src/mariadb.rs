@@ -1,18 +1,14 @@
 //! A private MariaDB server on its own port, socket and temporary directory.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use nix::unistd::User;
-use tempfile::TempDir;
 
-use crate::free_port;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
@@ -48,13 +44,14 @@ impl MariaDbOptions {
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
 pub struct MariaDb {
-    // Field order matters: the process is killed before the directory goes.
-    process: Mutex<ServerProcess>,
-    port: u16,
-    dir: PathBuf,
+    server: Server<Launcher>,
+}
+
+/// How `mariadbd` is started: this binary, with these options.
+#[derive(Debug)]
+struct Launcher {
     mariadbd: PathBuf,
     opts: MariaDbOptions,
-    _tmp: TempDir,
 }
 
 impl MariaDb {
@@ -79,31 +76,15 @@ impl MariaDb {
         let install_db = util::find_binary("mariadb-install-db", "mariadb-server");
         util::find_binary("mariadb", "mariadb-client");
         util::find_binary("mariadb-admin", "mariadb-client");
-        let user = User::from_name("mysql")
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| panic!("OS user mysql not found: install package mariadb-server"));
-        // /tmp rather than $TMPDIR: the mysql user must be able to reach it,
-        // and the socket path must stay short.
-        let tmp = tempfile::Builder::new()
-            .prefix("leasehold-mariadb-")
-            .tempdir_in("/tmp")
-            .unwrap_or_else(|e| panic!("cannot create a temporary directory for mariadb: {e}"));
+        let (tmp, user) = util::temp_dir_owned_by("leasehold-mariadb-", "mysql", "mariadb-server");
         let dir = tmp.path().to_path_buf();
-        std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-            .unwrap_or_else(|e| panic!("cannot chown {} to mysql: {e}", dir.display()));
 
         // A private temporary directory: parallel installs sharing /tmp delete each
         // other's temporary tables ("Unknown table 'mysql.tmp_user_sys'").
         let server_tmp = dir.join("tmp");
         std::fs::create_dir(&server_tmp)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", server_tmp.display()));
-        std::os::unix::fs::chown(
-            &server_tmp,
-            Some(user.uid.as_raw()),
-            Some(user.gid.as_raw()),
-        )
-        .unwrap_or_else(|e| panic!("cannot chown {} to mysql: {e}", server_tmp.display()));
+        util::chown(&server_tmp, &user);
         let mut cmd = Command::new(install_db);
         cmd.current_dir(&dir)
             .env("TMPDIR", &server_tmp)
@@ -124,72 +105,35 @@ impl MariaDb {
         );
         tracing::debug!(elapsed = ?started.elapsed(), "mariadb-install-db done");
 
-        let (process, port) = ready::start_on_free_port(
-            "mariadbd",
-            free_port,
-            |port| spawn(&mariadbd, &dir, port, &opts),
-            wait_ready,
-            || {
-                let log = util::read_log(&dir.join("err.log"));
-                log.contains("Address already in use")
-                    || log.contains("Do you already have another")
-            },
-            || {
-                format!(
-                    "--- err.log ---\n{}\n--- stdout ---\n{}",
-                    util::log_tail(&dir.join("err.log"), 8192),
-                    util::log_tail(&dir.join("stdout.log"), 4096)
-                )
-            },
-        );
+        let launcher = Launcher { mariadbd, opts };
         let db = Self {
-            process: Mutex::new(process),
-            port,
-            dir,
-            mariadbd,
-            opts,
-            _tmp: tmp,
+            server: Server::start(launcher, Home::Own(tmp)),
         };
         db.sql_in(None, "CREATE DATABASE IF NOT EXISTS test")
             .unwrap_or_else(|e| panic!("CREATE DATABASE test failed: {e}"));
-        tracing::info!(port, "mariadb ready");
         db
-    }
-
-    fn process(&self) -> MutexGuard<'_, ServerProcess> {
-        self.process.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:port`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }
 
     /// `mysql://root@127.0.0.1:PORT/test`.
     pub fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/test", self.port)
+        format!("mysql://root@127.0.0.1:{}/test", self.port())
     }
 
     /// The server's Unix socket.
     pub fn socket_path(&self) -> PathBuf {
-        self.dir.join("sock")
+        self.server.dir().join("sock")
     }
 
     /// The server's error log.
     pub fn log(&self) -> String {
-        util::read_log(&self.dir.join("err.log"))
+        util::read_log(&self.server.dir().join("err.log"))
     }
 
-    crate::process::control_methods!();
+    crate::server::server_methods!("The TCP port on 127.0.0.1.", "`127.0.0.1:port`.");
 
     /// Clean shutdown (`SIGTERM`) and wait.
     pub fn stop(&self) {
-        self.process().terminate(Signal::SIGTERM, STOP_TIMEOUT);
+        self.server.stop(Signal::SIGTERM, STOP_TIMEOUT);
     }
 
     /// Starts the server again on the same data directory and port after
@@ -199,23 +143,7 @@ impl MariaDb {
     ///
     /// Panics if it is still running or does not get ready.
     pub fn start_again(&self) {
-        let mut guard = self.process();
-        assert!(
-            !guard.is_running(),
-            "mariadbd on port {} is still running: stop it first",
-            self.port
-        );
-        let process = spawn(&self.mariadbd, &self.dir, self.port, &self.opts);
-        if let Err(e) = wait_ready(&process, self.port) {
-            drop(process);
-            panic!(
-                "mariadbd restart on port {} {e}\n--- err.log ---\n{}",
-                self.port,
-                util::log_tail(&self.dir.join("err.log"), 8192)
-            );
-        }
-        *guard = process;
-        tracing::info!(port = self.port, "mariadb restarted");
+        self.server.start_again();
     }
 
     /// Crash-restart: [`kill`](Self::kill) then [`start_again`](Self::start_again).
@@ -230,7 +158,7 @@ impl MariaDb {
         let mut cmd = Command::new(util::find_binary("mariadb", "mariadb-client"));
         cmd.arg("--no-defaults")
             .arg("-h127.0.0.1")
-            .arg(format!("-P{}", self.port))
+            .arg(format!("-P{}", self.port()))
             .args(["-uroot", "--connect-timeout=10", "-N", "-B"]);
         cmd
     }
@@ -263,37 +191,44 @@ impl MariaDb {
     /// Panics if the statement fails or takes more than 60 s.
     pub fn sql(&self, stmt: &str) -> String {
         self.try_sql(stmt)
-            .unwrap_or_else(|e| panic!("SQL {stmt:?} on port {} failed: {e}", self.port))
+            .unwrap_or_else(|e| panic!("SQL {stmt:?} on port {} failed: {e}", self.port()))
     }
 }
 
-fn spawn(mariadbd: &Path, dir: &Path, port: u16, opts: &MariaDbOptions) -> ServerProcess {
-    let mut cmd = Command::new(mariadbd);
-    cmd.current_dir(dir)
-        .arg("--no-defaults")
-        .arg("--user=mysql")
-        .arg(format!("--datadir={}", dir.join("data").display()))
-        .arg(format!("--socket={}", dir.join("sock").display()))
-        .arg(format!("--pid-file={}", dir.join("pid").display()))
-        .arg(format!("--port={port}"))
-        .arg("--bind-address=127.0.0.1")
-        .arg("--skip-name-resolve")
-        .arg(format!("--log-error={}", dir.join("err.log").display()))
-        .arg(format!("--tmpdir={}", dir.join("tmp").display()))
-        .args(&opts.extra_args);
-    ServerProcess::spawn(format!("mariadbd:{port}"), cmd, &dir.join("stdout.log"))
-}
+impl Launch for Launcher {
+    const NAME: &'static str = "mariadbd";
+    const LOGS: &'static [&'static str] = &["err.log", "stdout.log"];
+    const PORT_TAKEN: &'static [&'static str] =
+        &["Address already in use", "Do you already have another"];
 
-fn wait_ready(process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
-    let admin = util::find_binary("mariadb-admin", "mariadb-client");
-    ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
-        let mut cmd = Command::new(&admin);
-        cmd.arg("--no-defaults")
-            .arg("-h127.0.0.1")
-            .arg(format!("-P{port}"))
-            .args(["-uroot", "--connect-timeout=5", "ping"]);
-        util::run_with_timeout(&mut cmd, Duration::from_secs(30), "mariadb-admin ping")
-            .status
-            .success()
-    })
+    fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
+        let mut cmd = Command::new(&self.mariadbd);
+        cmd.current_dir(dir)
+            .arg("--no-defaults")
+            .arg("--user=mysql")
+            .arg(format!("--datadir={}", dir.join("data").display()))
+            .arg(format!("--socket={}", dir.join("sock").display()))
+            .arg(format!("--pid-file={}", dir.join("pid").display()))
+            .arg(format!("--port={port}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--skip-name-resolve")
+            .arg(format!("--log-error={}", dir.join("err.log").display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
+            .args(&self.opts.extra_args);
+        ServerProcess::spawn(format!("mariadbd:{port}"), cmd, &dir.join("stdout.log"))
+    }
+
+    fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+        let admin = util::find_binary("mariadb-admin", "mariadb-client");
+        ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
+            let mut cmd = Command::new(&admin);
+            cmd.arg("--no-defaults")
+                .arg("-h127.0.0.1")
+                .arg(format!("-P{port}"))
+                .args(["-uroot", "--connect-timeout=5", "ping"]);
+            util::run_with_timeout(&mut cmd, Duration::from_secs(30), "mariadb-admin ping")
+                .status
+                .success()
+        })
+    }
 }

@@ -1,19 +1,14 @@
 //! A private PgBouncer in front of a private PostgreSQL, on its own port and directory.
 
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use nix::unistd::User;
-use tempfile::TempDir;
-
-use crate::free_port;
 use crate::postgres::Postgres;
 use crate::process::ServerProcess;
-use crate::ready;
+use crate::ready::{self, ReadyError};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 /// PgBouncer's pooling mode.
@@ -41,10 +36,17 @@ impl PoolMode {
 /// (PgBouncer refuses to run as root). Killed on drop.
 #[derive(Debug)]
 pub struct PgBouncer {
-    process: Mutex<ServerProcess>,
-    port: u16,
-    dir: PathBuf,
-    _tmp: TempDir,
+    server: Server<Launcher>,
+}
+
+/// How `pgbouncer` is started: in front of this upstream port, in this mode, with this pool.
+#[derive(Debug)]
+struct Launcher {
+    bin: PathBuf,
+    setpriv: PathBuf,
+    upstream: u16,
+    mode: PoolMode,
+    pool_size: u32,
 }
 
 impl PgBouncer {
@@ -55,95 +57,74 @@ impl PgBouncer {
     ///
     /// Panics if `pgbouncer` is not installed or does not get ready.
     pub fn start(upstream: &Postgres, mode: PoolMode, pool_size: u32) -> Self {
-        let bin = util::find_binary("pgbouncer", "pgbouncer");
-        let setpriv = util::find_binary("setpriv", "util-linux");
-        let user = User::from_name("postgres")
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| panic!("OS user postgres not found: install package postgresql"));
-        let tmp = tempfile::Builder::new()
-            .prefix("leasehold-pgbouncer-")
-            .tempdir_in("/tmp")
-            .unwrap_or_else(|e| panic!("cannot create a temporary directory for pgbouncer: {e}"));
-        let dir = tmp.path().to_path_buf();
-        std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-            .unwrap_or_else(|e| panic!("cannot chown {} to postgres: {e}", dir.display()));
-        let log = dir.join("pgbouncer.log");
-        let (process, port) = ready::start_on_free_port(
-            "pgbouncer",
-            free_port,
-            |port| {
-                let ini = dir.join("pgbouncer.ini");
-                fs::write(
-                    &ini,
-                    format!(
-                        "[databases]\n\
-                         * = host=127.0.0.1 port={up} user=postgres\n\
-                         [pgbouncer]\n\
-                         listen_addr = 127.0.0.1\n\
-                         listen_port = {port}\n\
-                         unix_socket_dir =\n\
-                         auth_type = any\n\
-                         pool_mode = {mode}\n\
-                         default_pool_size = {pool_size}\n\
-                         max_client_conn = 200\n\
-                         server_reset_query_always = 0\n\
-                         ignore_startup_parameters = extra_float_digits,options,search_path\n",
-                        up = upstream.port(),
-                        mode = mode.as_str(),
-                    ),
-                )
-                .unwrap_or_else(|e| panic!("cannot write {}: {e}", ini.display()));
-                let mut cmd = Command::new(&setpriv);
-                cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
-                    .arg(&bin)
-                    .arg(&ini)
-                    .current_dir(&dir);
-                ServerProcess::spawn(format!("pgbouncer:{port}"), cmd, &log)
-            },
-            |process, port| {
-                ready::wait_ready(
-                    process,
-                    Duration::from_secs(30),
-                    Duration::from_millis(20),
-                    || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
-                )
-            },
-            || util::read_log(&log).contains("Address already in use"),
-            || format!("--- log ---\n{}", util::log_tail(&log, 8192)),
-        );
-        tracing::info!(port, "pgbouncer ready");
+        let launcher = Launcher {
+            bin: util::find_binary("pgbouncer", "pgbouncer"),
+            setpriv: util::find_binary("setpriv", "util-linux"),
+            upstream: upstream.port(),
+            mode,
+            pool_size,
+        };
+        let (tmp, _) = util::temp_dir_owned_by("leasehold-pgbouncer-", "postgres", "postgresql");
         Self {
-            process: Mutex::new(process),
-            port,
-            dir,
-            _tmp: tmp,
+            server: Server::start(launcher, Home::Own(tmp)),
         }
-    }
-
-    fn process(&self) -> MutexGuard<'_, ServerProcess> {
-        self.process.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:port`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/DB` through the pooler.
     pub fn url_for_db(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port())
     }
 
     /// PgBouncer's log.
     pub fn log(&self) -> String {
-        util::read_log(&self.dir.join("pgbouncer.log"))
+        self.server.log()
     }
 
-    crate::process::control_methods!();
+    crate::server::server_methods!("The TCP port on 127.0.0.1.", "`127.0.0.1:port`.");
+}
+
+impl Launch for Launcher {
+    const NAME: &'static str = "pgbouncer";
+    const LOGS: &'static [&'static str] = &["pgbouncer.log"];
+    const PORT_TAKEN: &'static [&'static str] = &["Address already in use"];
+
+    fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
+        let ini = dir.join("pgbouncer.ini");
+        fs::write(
+            &ini,
+            format!(
+                "[databases]\n\
+                 * = host=127.0.0.1 port={up} user=postgres\n\
+                 [pgbouncer]\n\
+                 listen_addr = 127.0.0.1\n\
+                 listen_port = {port}\n\
+                 unix_socket_dir =\n\
+                 auth_type = any\n\
+                 pool_mode = {mode}\n\
+                 default_pool_size = {pool_size}\n\
+                 max_client_conn = 200\n\
+                 server_reset_query_always = 0\n\
+                 ignore_startup_parameters = extra_float_digits,options,search_path\n",
+                up = self.upstream,
+                mode = self.mode.as_str(),
+                pool_size = self.pool_size,
+            ),
+        )
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", ini.display()));
+        let mut cmd = Command::new(&self.setpriv);
+        cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
+            .arg(&self.bin)
+            .arg(&ini)
+            .current_dir(dir);
+        ServerProcess::spawn(format!("pgbouncer:{port}"), cmd, &dir.join("pgbouncer.log"))
+    }
+
+    fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+        ready::wait_ready(
+            process,
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        )
+    }
 }

@@ -1,19 +1,15 @@
 //! A private PostgreSQL cluster on its own port and temporary directory.
 
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use nix::unistd::User;
-use tempfile::TempDir;
 
-use crate::free_port;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 const INITDB_TIMEOUT: Duration = Duration::from_secs(120);
@@ -61,14 +57,15 @@ impl PostgresOptions {
 /// `SIGKILL` if needed) and removes the directory.
 #[derive(Debug)]
 pub struct Postgres {
-    // Field order matters: the process is stopped before the directory goes.
-    process: Mutex<ServerProcess>,
-    port: u16,
-    dir: PathBuf,
-    bin: PathBuf,
+    server: Server<Launcher>,
+}
+
+/// How the postmaster is started: as `postgres` through `setpriv`, with these options.
+#[derive(Debug)]
+struct Launcher {
     setpriv: PathBuf,
+    bin: PathBuf,
     opts: PostgresOptions,
-    _tmp: TempDir,
 }
 
 /// Finds `/usr/lib/postgresql/<version>/bin` (the highest version present).
@@ -124,19 +121,9 @@ impl Postgres {
         let bin = postgres_bin_dir();
         let setpriv = util::find_binary("setpriv", "util-linux");
         let initdb = pg_binary(&bin, "initdb");
-        let user = User::from_name("postgres")
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| panic!("OS user postgres not found: install package postgresql"));
-        // /tmp rather than $TMPDIR: the postgres user must be able to reach it,
-        // and the socket path (DIR/.s.PGSQL.PORT) must stay short.
-        let tmp = tempfile::Builder::new()
-            .prefix("leasehold-pg-")
-            .tempdir_in("/tmp")
-            .unwrap_or_else(|e| panic!("cannot create a temporary directory for postgres: {e}"));
+        // The socket path (DIR/.s.PGSQL.PORT) must stay short.
+        let (tmp, _) = util::temp_dir_owned_by("leasehold-pg-", "postgres", "postgresql");
         let dir = tmp.path().to_path_buf();
-        std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-            .unwrap_or_else(|e| panic!("cannot chown {} to postgres: {e}", dir.display()));
 
         let mut cmd = as_postgres(&setpriv, &initdb);
         cmd.current_dir(&dir)
@@ -153,43 +140,10 @@ impl Postgres {
         );
         tracing::debug!(elapsed = ?started.elapsed(), "initdb done");
 
-        let (process, port) = ready::start_on_free_port(
-            "postgres",
-            free_port,
-            |port| spawn(&setpriv, &bin, &dir, port, &opts),
-            |process, port| wait_ready(process, &bin, port),
-            || util::read_log(&dir.join("postgres.log")).contains("could not bind"),
-            || {
-                format!(
-                    "--- log ---\n{}",
-                    util::log_tail(&dir.join("postgres.log"), 8192)
-                )
-            },
-        );
-        tracing::info!(port, dir = %dir.display(), "postgres ready");
+        let launcher = Launcher { setpriv, bin, opts };
         Self {
-            process: Mutex::new(process),
-            port,
-            dir,
-            bin,
-            setpriv,
-            opts,
-            _tmp: tmp,
+            server: Server::start(launcher, Home::Own(tmp)),
         }
-    }
-
-    fn process(&self) -> MutexGuard<'_, ServerProcess> {
-        self.process.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:port`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
@@ -199,45 +153,45 @@ impl Postgres {
 
     /// `postgres://postgres@127.0.0.1:PORT/DB`.
     pub fn url_for_db(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port())
     }
 
     /// The data directory (`DIR/data`).
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.join("data")
+        self.server.dir().join("data")
     }
 
     /// The directory holding the Unix socket (`-k`).
     pub fn socket_dir(&self) -> &Path {
-        &self.dir
+        self.server.dir()
     }
 
     /// The directory with the PostgreSQL binaries in use.
     pub fn bin_dir(&self) -> &Path {
-        &self.bin
+        &self.server.launch().bin
     }
 
     /// The options the server was started with.
     pub fn options(&self) -> &PostgresOptions {
-        &self.opts
+        &self.server.launch().opts
     }
 
     /// The server log (stdout and stderr of every start).
     pub fn log(&self) -> String {
-        util::read_log(&self.dir.join("postgres.log"))
+        self.server.log()
     }
 
-    crate::process::control_methods!();
+    crate::server::server_methods!("The TCP port on 127.0.0.1.", "`127.0.0.1:port`.");
 
     /// Fast shutdown (`SIGINT`: sessions are ended, a checkpoint is written).
     pub fn stop(&self) {
-        self.process().terminate(Signal::SIGINT, STOP_TIMEOUT);
+        self.server.stop(Signal::SIGINT, STOP_TIMEOUT);
     }
 
     /// Immediate shutdown (`SIGQUIT`, like `pg_ctl stop -m immediate`): no
     /// checkpoint, the next start runs crash recovery.
     pub fn stop_immediate(&self) {
-        self.process().terminate(Signal::SIGQUIT, STOP_TIMEOUT);
+        self.server.stop(Signal::SIGQUIT, STOP_TIMEOUT);
     }
 
     /// Starts the server again on the same data directory and port, after
@@ -248,23 +202,7 @@ impl Postgres {
     ///
     /// Panics if it is still running or does not get ready.
     pub fn start_again(&self) {
-        let mut guard = self.process();
-        assert!(
-            !guard.is_running(),
-            "postgres on port {} is still running: stop it first",
-            self.port
-        );
-        let process = spawn(&self.setpriv, &self.bin, &self.dir, self.port, &self.opts);
-        if let Err(e) = wait_ready(&process, &self.bin, self.port) {
-            drop(process);
-            panic!(
-                "postgres restart on port {} {e}\n--- log ---\n{}",
-                self.port,
-                util::log_tail(&self.dir.join("postgres.log"), 8192)
-            );
-        }
-        *guard = process;
-        tracing::info!(port = self.port, "postgres restarted");
+        self.server.start_again();
     }
 
     /// Fast shutdown then start again.
@@ -277,8 +215,8 @@ impl Postgres {
     /// TCP, with `-X -q -A -t -v ON_ERROR_STOP=1` (no psqlrc, unaligned
     /// tuples only).
     pub fn psql_command(&self) -> Command {
-        let mut cmd = Command::new(pg_binary(&self.bin, "psql"));
-        cmd.current_dir(&self.dir)
+        let mut cmd = Command::new(pg_binary(self.bin_dir(), "psql"));
+        cmd.current_dir(self.socket_dir())
             .args([
                 "-X",
                 "-q",
@@ -290,7 +228,7 @@ impl Postgres {
                 "127.0.0.1",
                 "-p",
             ])
-            .arg(self.port.to_string())
+            .arg(self.port().to_string())
             .args(["-U", "postgres", "-d", "postgres"])
             .env("PGCONNECT_TIMEOUT", "10");
         cmd
@@ -317,13 +255,13 @@ impl Postgres {
     /// Panics if psql fails or takes more than 60 s.
     pub fn psql(&self, sql: &str) -> String {
         self.try_psql(sql)
-            .unwrap_or_else(|e| panic!("psql {sql:?} on port {} failed: {e}", self.port))
+            .unwrap_or_else(|e| panic!("psql {sql:?} on port {} failed: {e}", self.port()))
     }
 }
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        let process = self.process();
+        let process = self.server.process();
         if process.is_running() {
             // An immediate shutdown lets the postmaster reap its backends and
             // remove its shared memory; a bare SIGKILL would leak both.
@@ -365,40 +303,40 @@ fn as_postgres(setpriv: &Path, program: &Path) -> Command {
     cmd
 }
 
-fn spawn(
-    setpriv: &Path,
-    bin: &Path,
-    dir: &Path,
-    port: u16,
-    opts: &PostgresOptions,
-) -> ServerProcess {
-    let mut cmd = as_postgres(setpriv, &pg_binary(bin, "postgres"));
-    cmd.current_dir(dir)
-        .arg("-D")
-        .arg(dir.join("data"))
-        .arg("-p")
-        .arg(port.to_string())
-        .arg("-k")
-        .arg(dir)
-        .args(["-c", "listen_addresses=127.0.0.1"]);
-    if !opts.fsync {
-        cmd.args(["-c", "fsync=off"]);
-    }
-    for (name, value) in &opts.settings {
-        cmd.arg("-c").arg(format!("{name}={value}"));
-    }
-    ServerProcess::spawn(format!("postgres:{port}"), cmd, &dir.join("postgres.log"))
-}
+impl Launch for Launcher {
+    const NAME: &'static str = "postgres";
+    const LOGS: &'static [&'static str] = &["postgres.log"];
+    const PORT_TAKEN: &'static [&'static str] = &["could not bind"];
 
-fn wait_ready(process: &ServerProcess, bin: &Path, port: u16) -> Result<(), ReadyError> {
-    let pg_isready = pg_binary(bin, "pg_isready");
-    ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
-        let mut cmd = Command::new(&pg_isready);
-        cmd.args(["-q", "-h", "127.0.0.1", "-p"])
+    fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
+        let mut cmd = as_postgres(&self.setpriv, &pg_binary(&self.bin, "postgres"));
+        cmd.current_dir(dir)
+            .arg("-D")
+            .arg(dir.join("data"))
+            .arg("-p")
             .arg(port.to_string())
-            .args(["-U", "postgres", "-t", "5"]);
-        util::run_with_timeout(&mut cmd, Duration::from_secs(30), "pg_isready")
-            .status
-            .success()
-    })
+            .arg("-k")
+            .arg(dir)
+            .args(["-c", "listen_addresses=127.0.0.1"]);
+        if !self.opts.fsync {
+            cmd.args(["-c", "fsync=off"]);
+        }
+        for (name, value) in &self.opts.settings {
+            cmd.arg("-c").arg(format!("{name}={value}"));
+        }
+        ServerProcess::spawn(format!("postgres:{port}"), cmd, &dir.join("postgres.log"))
+    }
+
+    fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+        let pg_isready = pg_binary(&self.bin, "pg_isready");
+        ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
+            let mut cmd = Command::new(&pg_isready);
+            cmd.args(["-q", "-h", "127.0.0.1", "-p"])
+                .arg(port.to_string())
+                .args(["-U", "postgres", "-t", "5"]);
+            util::run_with_timeout(&mut cmd, Duration::from_secs(30), "pg_isready")
+                .status
+                .success()
+        })
+    }
 }

@@ -1,18 +1,16 @@
 //! A private `redis-server` on its own port and temporary directory.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use tempfile::TempDir;
 
 use crate::faketime::FakeWallClock;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 use crate::{free_port, free_port_with_bus};
 
@@ -117,14 +115,16 @@ pub(crate) enum PortKind {
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
 pub struct RedisServer {
-    // Field order matters: the process is killed before the directory goes.
-    process: Mutex<ServerProcess>,
-    port: u16,
-    dir: PathBuf,
-    opts: RedisOptions,
-    redis_server: PathBuf,
+    server: Server<Launcher>,
     redis_cli: PathBuf,
-    _tmp: Option<TempDir>,
+}
+
+/// How `redis-server` is started: this binary, with these options, on this kind of port.
+#[derive(Debug)]
+struct Launcher {
+    redis_server: PathBuf,
+    opts: RedisOptions,
+    port_kind: PortKind,
 }
 
 impl RedisServer {
@@ -143,95 +143,50 @@ impl RedisServer {
     ///
     /// Panics if `redis-server` is not installed or does not get ready within 10 s.
     pub fn start_with(opts: RedisOptions) -> Self {
-        let tmp = tempfile::Builder::new()
-            .prefix("leasehold-redis-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot create a temporary directory for redis: {e}"));
-        let dir = tmp.path().to_path_buf();
-        Self::launch(dir, Some(tmp), opts, PortKind::Plain)
+        let home = Home::Own(util::temp_dir("leasehold-redis-"));
+        Self::launch(home, opts, PortKind::Plain)
     }
 
-    /// Starts a server in `dir` (which must exist) on a fresh port.
-    pub(crate) fn launch(
-        dir: PathBuf,
-        tmp: Option<TempDir>,
-        opts: RedisOptions,
-        port_kind: PortKind,
-    ) -> Self {
-        let redis_server = util::find_binary("redis-server", "redis-server");
-        let redis_cli = util::find_binary("redis-cli", "redis-tools");
-        let auth = opts.effective_password().is_some();
-        let (process, port) = ready::start_on_free_port(
-            "redis-server",
-            || match port_kind {
-                PortKind::Plain => free_port(),
-                PortKind::WithBus => free_port_with_bus(),
-            },
-            |port| spawn(&redis_server, &dir, port, &opts),
-            |process, port| wait_ready(process, port, auth),
-            || is_bind_error(&log_text(&dir)),
-            || {
-                format!(
-                    "(dir {})\n--- log ---\n{}{}",
-                    dir.display(),
-                    util::log_tail(&dir.join("log"), 8192),
-                    util::log_tail(&dir.join("stdout.log"), 4096)
-                )
-            },
-        );
-        tracing::info!(port, dir = %dir.display(), "redis-server ready");
-        Self {
-            process: Mutex::new(process),
-            port,
-            dir,
+    /// Starts a server in `home` (which must exist) on a fresh port.
+    pub(crate) fn launch(home: Home, opts: RedisOptions, port_kind: PortKind) -> Self {
+        let launcher = Launcher {
+            redis_server: util::find_binary("redis-server", "redis-server"),
             opts,
-            redis_server,
-            redis_cli,
-            _tmp: tmp,
+            port_kind,
+        };
+        Self {
+            redis_cli: util::find_binary("redis-cli", "redis-tools"),
+            server: Server::start(launcher, home),
         }
-    }
-
-    fn process(&self) -> MutexGuard<'_, ServerProcess> {
-        self.process.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `127.0.0.1:port`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
     }
 
     /// `redis://127.0.0.1:port/` (never contains the password).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        format!("redis://127.0.0.1:{}/", self.port())
     }
 
     /// Like [`url`](Self::url) but with the password, if one is set:
     /// `redis://:password@127.0.0.1:port/`.
     pub fn authed_url(&self) -> String {
-        match self.opts.effective_password() {
-            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}/", self.port),
+        match self.options().effective_password() {
+            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}/", self.port()),
             None => self.url(),
         }
     }
 
     /// The options the server was started with.
     pub fn options(&self) -> &RedisOptions {
-        &self.opts
+        &self.server.launch().opts
     }
 
     /// The server's working directory (`--dir`).
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.server.dir()
     }
 
     /// The contents of the server's log file.
     pub fn log(&self) -> String {
-        log_text(&self.dir)
+        self.server.log()
     }
 
     /// The append-only file that takes the server's writes now: the last incremental
@@ -245,7 +200,7 @@ impl RedisServer {
     /// Panics if the server runs without the append-only file (no manifest) or the
     /// manifest names no incremental file.
     pub fn aof_incr_file(&self) -> PathBuf {
-        let aof_dir = self.dir.join("appendonlydir");
+        let aof_dir = self.dir().join("appendonlydir");
         let manifest = aof_dir.join("appendonly.aof.manifest");
         let text = std::fs::read_to_string(&manifest).unwrap_or_else(|e| {
             panic!(
@@ -267,13 +222,12 @@ impl RedisServer {
         aof_dir.join(name)
     }
 
-    crate::process::control_methods!();
+    crate::server::server_methods!("The TCP port on 127.0.0.1.", "`127.0.0.1:port`.");
 
     /// Shuts the server down cleanly (`SIGTERM`: the append-only file, if on,
     /// is flushed) and waits for it; kills it if it takes more than 30 s.
     pub fn stop(&self) {
-        self.process()
-            .terminate(Signal::SIGTERM, Duration::from_secs(30));
+        self.server.stop(Signal::SIGTERM, Duration::from_secs(30));
     }
 
     /// Starts the server again on the same port and directory, after
@@ -284,28 +238,7 @@ impl RedisServer {
     ///
     /// Panics if the server is still running or does not get ready.
     pub fn start_again(&self) {
-        let mut guard = self.process();
-        assert!(
-            !guard.is_running(),
-            "redis-server on port {} is still running: kill or stop it first",
-            self.port
-        );
-        let process = spawn(&self.redis_server, &self.dir, self.port, &self.opts);
-        if let Err(e) = wait_ready(
-            &process,
-            self.port,
-            self.opts.effective_password().is_some(),
-        ) {
-            drop(process);
-            panic!(
-                "redis-server restart on port {} {e}\n--- log ---\n{}",
-                self.port,
-                util::log_tail(&self.dir.join("log"), 8192)
-                    + &util::log_tail(&self.dir.join("stdout.log"), 4096)
-            );
-        }
-        *guard = process;
-        tracing::info!(port = self.port, "redis-server restarted");
+        self.server.start_again();
     }
 
     /// Crash-restarts the server: `SIGKILL`, then start again on the same port
@@ -328,8 +261,8 @@ impl RedisServer {
         cmd.arg("-h")
             .arg("127.0.0.1")
             .arg("-p")
-            .arg(self.port.to_string());
-        if let Some(pw) = self.opts.effective_password() {
+            .arg(self.port().to_string());
+        if let Some(pw) = self.options().effective_password() {
             cmd.env("REDISCLI_AUTH", pw);
         }
         cmd.args(args);
@@ -351,7 +284,7 @@ impl RedisServer {
         if !out.status.success() && stdout.is_empty() {
             panic!(
                 "redis-cli {args:?} on port {} failed: {}",
-                self.port,
+                self.port(),
                 util::describe_output(&out)
             );
         }
@@ -359,74 +292,59 @@ impl RedisServer {
     }
 }
 
-fn log_text(dir: &Path) -> String {
-    util::read_log(&dir.join("log")) + &util::read_log(&dir.join("stdout.log"))
-}
+impl Launch for Launcher {
+    const NAME: &'static str = "redis-server";
+    const LOGS: &'static [&'static str] = &["log", "stdout.log"];
+    const PORT_TAKEN: &'static [&'static str] = &["Address already in use", "bind:"];
 
-fn is_bind_error(log: &str) -> bool {
-    log.contains("Address already in use") || log.contains("bind:")
-}
+    fn pick_port(&self) -> u16 {
+        match self.port_kind {
+            PortKind::Plain => free_port(),
+            PortKind::WithBus => free_port_with_bus(),
+        }
+    }
 
-fn spawn(bin: &Path, dir: &Path, port: u16, opts: &RedisOptions) -> ServerProcess {
-    let mut cmd = Command::new(bin);
-    cmd.current_dir(dir)
-        .arg("--port")
-        .arg(port.to_string())
-        .arg("--bind")
-        .arg("127.0.0.1")
-        .arg("--dir")
-        .arg(dir)
-        .arg("--save")
-        .arg("")
-        .arg("--appendonly")
-        .arg(if opts.appendonly { "yes" } else { "no" })
-        .arg("--logfile")
-        .arg(dir.join("log"))
-        .arg("--daemonize")
-        .arg("no");
-    if let Some(pw) = &opts.password {
-        cmd.arg("--requirepass").arg(pw);
+    fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
+        let opts = &self.opts;
+        let mut cmd = Command::new(&self.redis_server);
+        cmd.current_dir(dir)
+            .arg("--port")
+            .arg(port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(dir)
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg(if opts.appendonly { "yes" } else { "no" })
+            .arg("--logfile")
+            .arg(dir.join("log"))
+            .arg("--daemonize")
+            .arg("no");
+        if let Some(pw) = &opts.password {
+            cmd.arg("--requirepass").arg(pw);
+        }
+        if opts.enable_debug_command {
+            cmd.arg("--enable-debug-command").arg("yes");
+        }
+        cmd.args(&opts.extra_args);
+        if let Some(clock) = &opts.wall_clock {
+            clock.apply_with_glibc_malloc(&mut cmd);
+        }
+        ServerProcess::spawn(format!("redis-server:{port}"), cmd, &dir.join("stdout.log"))
     }
-    if opts.enable_debug_command {
-        cmd.arg("--enable-debug-command").arg("yes");
-    }
-    cmd.args(&opts.extra_args);
-    if let Some(clock) = &opts.wall_clock {
-        clock.apply_with_glibc_malloc(&mut cmd);
-    }
-    ServerProcess::spawn(format!("redis-server:{port}"), cmd, &dir.join("stdout.log"))
-}
 
-fn wait_ready(process: &ServerProcess, port: u16, auth: bool) -> Result<(), ReadyError> {
-    ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
-        ping(port, auth)
-    })
+    fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+        let auth = self.opts.effective_password().is_some();
+        ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
+            ping(port, auth)
+        })
+    }
 }
 
 /// Sends an inline `PING` and checks for `+PONG` (or `-NOAUTH` when a password is set).
 pub(crate) fn ping(port: u16, auth: bool) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 64];
-    let mut len = 0;
-    while len < buf.len() {
-        match stream.read(&mut buf[len..]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                len += n;
-                if buf[..len].contains(&b'\n') {
-                    break;
-                }
-            }
-        }
-    }
-    let reply = &buf[..len];
-    reply.starts_with(b"+PONG") || (auth && reply.starts_with(b"-NOAUTH"))
+    util::ask(port, b"PING\r\n", 64, |a| a.contains(&b'\n'))
+        .is_some_and(|a| a.starts_with(b"+PONG") || (auth && a.starts_with(b"-NOAUTH")))
 }

@@ -5,12 +5,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
-
 use crate::faketime::FakeWallClock;
 use crate::process::ServerProcess;
+use crate::ready::{self, ReadyError};
 use crate::redis::{RedisOptions, RedisServer, ping};
-use crate::{free_port, ready, util};
+use crate::server::{Home, Launch, Server};
+use crate::util;
 
 /// How long a sentinel may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -18,10 +18,15 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// One `redis-server --sentinel` process with its own config file and directory.
 #[derive(Debug)]
 struct Sentinel {
-    // Field order matters: the process is killed before the directory goes.
-    _process: ServerProcess,
-    port: u16,
-    _tmp: TempDir,
+    server: Server<Launcher>,
+}
+
+/// How a sentinel is started: `redis-server --sentinel` watching this primary.
+#[derive(Debug)]
+struct Launcher {
+    bin: PathBuf,
+    master: String,
+    primary_port: u16,
 }
 
 /// A primary, a replica of it and three sentinels (quorum 2) monitoring it under a name.
@@ -123,7 +128,7 @@ impl RedisSentinelSet {
 
     /// The sentinels' ports.
     pub fn sentinel_ports(&self) -> Vec<u16> {
-        self.sentinels.iter().map(|s| s.port).collect()
+        self.sentinels.iter().map(|s| s.server.port()).collect()
     }
 
     /// `redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/NAME`.
@@ -248,8 +253,13 @@ impl RedisSentinelSet {
     /// Runs `redis-cli` against sentinel `i`.
     pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> String {
         let mut cmd = Command::new(util::find_binary("redis-cli", "redis-tools"));
-        cmd.args(["-h", "127.0.0.1", "-p", &self.sentinels[i].port.to_string()])
-            .args(args);
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.sentinels[i].server.port().to_string(),
+        ])
+        .args(args);
         let out = util::run_with_timeout(&mut cmd, Duration::from_secs(30), "redis-cli");
         String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
     }
@@ -257,51 +267,52 @@ impl RedisSentinelSet {
 
 impl Sentinel {
     fn start(master: &str, primary_port: u16) -> Self {
-        let tmp = tempfile::Builder::new()
-            .prefix("leasehold-sentinel-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
-        let dir = tmp.path().to_path_buf();
-        let bin = util::find_binary("redis-server", "redis-server");
-        let (process, port) = ready::start_on_free_port(
-            "redis sentinel",
-            free_port,
-            |port| spawn(&bin, &dir, port, master, primary_port),
-            |process, port| {
-                ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
-                    ping(port, false)
-                })
-            },
-            || util::read_log(&dir.join("log")).contains("Address already in use"),
-            || util::log_tail(&dir.join("log"), 8192),
-        );
+        let launcher = Launcher {
+            bin: util::find_binary("redis-server", "redis-server"),
+            master: master.to_owned(),
+            primary_port,
+        };
+        let home = Home::Own(util::temp_dir("leasehold-sentinel-"));
         Self {
-            _process: process,
-            port,
-            _tmp: tmp,
+            server: Server::start(launcher, home),
         }
     }
 }
 
-fn spawn(bin: &Path, dir: &Path, port: u16, master: &str, primary_port: u16) -> ServerProcess {
-    let conf: PathBuf = dir.join("sentinel.conf");
-    let text = format!(
-        "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {log}\n\
-         sentinel monitor {master} 127.0.0.1 {primary_port} 2\n\
-         sentinel down-after-milliseconds {master} 60000\n\
-         sentinel failover-timeout {master} 10000\n\
-         sentinel parallel-syncs {master} 1\n",
-        dir = dir.display(),
-        log = dir.join("log").display(),
-    );
-    std::fs::write(&conf, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
-    let mut cmd = Command::new(bin);
-    cmd.current_dir(dir).arg(&conf).arg("--sentinel");
-    ServerProcess::spawn(
-        format!("redis-sentinel:{port}"),
-        cmd,
-        &dir.join("stdout.log"),
-    )
+impl Launch for Launcher {
+    const NAME: &'static str = "redis sentinel";
+    const LOGS: &'static [&'static str] = &["log"];
+    const PORT_TAKEN: &'static [&'static str] = &["Address already in use"];
+
+    fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
+        let conf: PathBuf = dir.join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {log}\n\
+             sentinel monitor {master} 127.0.0.1 {primary_port} 2\n\
+             sentinel down-after-milliseconds {master} 60000\n\
+             sentinel failover-timeout {master} 10000\n\
+             sentinel parallel-syncs {master} 1\n",
+            dir = dir.display(),
+            log = dir.join("log").display(),
+            master = self.master,
+            primary_port = self.primary_port,
+        );
+        std::fs::write(&conf, text)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
+        let mut cmd = Command::new(&self.bin);
+        cmd.current_dir(dir).arg(&conf).arg("--sentinel");
+        ServerProcess::spawn(
+            format!("redis-sentinel:{port}"),
+            cmd,
+            &dir.join("stdout.log"),
+        )
+    }
+
+    fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+        ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
+            ping(port, false)
+        })
+    }
 }
 
 fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {

@@ -1,14 +1,19 @@
-//! Small helpers shared by the server launchers: binary lookup, running a
-//! command with a timeout, polling, log tails and the `/proc` process tree.
+//! Small helpers shared by the server launchers: binary lookup, temporary
+//! directories, running a command with a timeout, asking a server on a port,
+//! polling, log tails and the `/proc` process tree.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use nix::unistd::User;
+use tempfile::TempDir;
 
 /// Directories searched in addition to `$PATH` (CI environments sometimes run
 /// with a `PATH` that lacks the `sbin` directories where `mariadbd` lives).
@@ -38,6 +43,36 @@ pub(crate) fn try_find_binary(name: &str) -> Option<PathBuf> {
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// A new temporary directory `PREFIX…` in `$TMPDIR`.
+pub(crate) fn temp_dir(prefix: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap_or_else(|e| panic!("cannot create a temporary directory {prefix}…: {e}"))
+}
+
+/// A new temporary directory `/tmp/PREFIX…` owned by the OS user `name` (who comes with
+/// `package`), and that user. In /tmp rather than `$TMPDIR`: the user must be able to
+/// reach it, and socket paths in it must stay short.
+pub(crate) fn temp_dir_owned_by(prefix: &str, name: &str, package: &str) -> (TempDir, User) {
+    let user = User::from_name(name)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("OS user {name} not found: install package {package}"));
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap_or_else(|e| panic!("cannot create a temporary directory /tmp/{prefix}…: {e}"));
+    chown(tmp.path(), &user);
+    (tmp, user)
+}
+
+/// Gives `path` to `user` (and the user's group).
+pub(crate) fn chown(path: &Path, user: &User) {
+    std::os::unix::fs::chown(path, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+        .unwrap_or_else(|e| panic!("cannot chown {} to {}: {e}", path.display(), user.name));
 }
 
 /// Runs a command to completion with captured stdout/stderr, killing it and
@@ -121,6 +156,32 @@ fn shell_quote(arg: &OsStr) -> String {
     } else {
         format!("'{}'", arg.replace('\'', r"'\''"))
     }
+}
+
+/// Sends `request` to 127.0.0.1:`port` and reads the answer, up to `limit` bytes, until the
+/// server closes the connection or `complete` says the answer is whole; `None` when nothing
+/// answered.
+pub(crate) fn ask(
+    port: u16,
+    request: &[u8],
+    limit: usize,
+    complete: impl Fn(&[u8]) -> bool,
+) -> Option<Vec<u8>> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    stream.write_all(request).ok()?;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 8192];
+    while answer.len() < limit && !complete(&answer) {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&chunk[..n]),
+        }
+    }
+    answer.truncate(limit);
+    (!answer.is_empty()).then_some(answer)
 }
 
 /// Formats a finished command's output for a panic message.

@@ -3,11 +3,9 @@
 //! own ports and temporary data directory, run by the `java` found on `PATH` with Debian's
 //! `/usr/share/java/zookeeper.jar`.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -16,6 +14,7 @@ use crate::free_port;
 use crate::process::ServerProcess;
 use crate::proxy::{FaultProxy, ProxyMode};
 use crate::ready::{self, ReadyError};
+use crate::server::{Home, Launch, Server};
 use crate::util;
 
 /// Debian's ZooKeeper server jar (package `zookeeper`).
@@ -49,23 +48,18 @@ fn check_jar() {
     );
 }
 
-/// One server process of a standalone server or an ensemble.
+/// How one server of a standalone server or an ensemble is started: its `zoo.cfg`, then
+/// `java`.
 #[derive(Debug)]
-struct Member {
-    process: Mutex<ServerProcess>,
-    client_port: u16,
-    dir: PathBuf,
+struct Launcher {
+    java: PathBuf,
+    sync_limit: u32,
+    /// For an ensemble member: its id and how it reaches each member (see [`write_config`]).
+    ensemble: Option<(usize, Vec<(u16, u16)>)>,
 }
 
-impl Member {
-    fn process(&self) -> MutexGuard<'_, ServerProcess> {
-        self.process.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn log(&self) -> String {
-        util::read_log(&self.dir.join("log"))
-    }
-}
+/// One server process of a standalone server or an ensemble.
+type Member = Server<Launcher>;
 
 /// Writes `zoo.cfg` (and `myid` for an ensemble member) in `dir`. For an ensemble member,
 /// `peers` are the quorum and election ports this member dials to reach each member (its
@@ -100,40 +94,45 @@ fn write_config(
         .unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
 }
 
-fn spawn(java: &Path, dir: &Path, client_port: u16) -> ServerProcess {
-    let mut cmd = Command::new(java);
-    cmd.current_dir(dir)
-        // A small JVM: the machine is shared.
-        .arg("-Xmx256m")
-        .arg("-XX:+UseSerialGC")
-        .arg("-XX:TieredStopAtLevel=1")
-        .arg("-Dzookeeper.admin.enableServer=false")
-        .arg("-cp")
-        .arg(format!(
-            "/etc/zookeeper/conf:{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}"
-        ))
-        .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-        .arg(dir.join("zoo.cfg"));
-    for var in ["JVMFLAGS", "SERVER_JVMFLAGS", "CLASSPATH", "ZOOCFGDIR"] {
-        cmd.env_remove(var);
+impl Launch for Launcher {
+    const NAME: &'static str = "zookeeper";
+    const LOGS: &'static [&'static str] = &["log"];
+    const PORT_TAKEN: &'static [&'static str] = &["Address already in use", "BindException"];
+
+    fn spawn(&self, dir: &Path, client_port: u16) -> ServerProcess {
+        let ensemble = (self.ensemble.as_ref()).map(|(id, peers)| (*id, peers.as_slice()));
+        write_config(dir, client_port, self.sync_limit, ensemble);
+        let mut cmd = Command::new(&self.java);
+        cmd.current_dir(dir)
+            // A small JVM: the machine is shared.
+            .arg("-Xmx256m")
+            .arg("-XX:+UseSerialGC")
+            .arg("-XX:TieredStopAtLevel=1")
+            .arg("-Dzookeeper.admin.enableServer=false")
+            .arg("-cp")
+            .arg(format!(
+                "/etc/zookeeper/conf:{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}"
+            ))
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(dir.join("zoo.cfg"));
+        for var in ["JVMFLAGS", "SERVER_JVMFLAGS", "CLASSPATH", "ZOOCFGDIR"] {
+            cmd.env_remove(var);
+        }
+        ServerProcess::spawn(format!("zookeeper:{client_port}"), cmd, &dir.join("log"))
     }
-    ServerProcess::spawn(format!("zookeeper:{client_port}"), cmd, &dir.join("log"))
+
+    fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+        ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(100), || {
+            mode(port).is_some()
+        })
+    }
 }
 
 /// The answer to the four-letter command `srvr` on `port`, or an empty string.
 fn srvr(port: u16) -> String {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
-        return String::new();
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"srvr").is_err() {
-        return String::new();
-    }
-    let mut buf = Vec::new();
-    let _ = stream.take(8192).read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf).into_owned()
+    util::ask(port, b"srvr", 8192, |_| false)
+        .map(|a| String::from_utf8_lossy(&a).into_owned())
+        .unwrap_or_default()
 }
 
 /// The server's mode (`standalone`, `leader`, `follower`), if it serves.
@@ -143,25 +142,13 @@ fn mode(port: u16) -> Option<String> {
         .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_owned()))
 }
 
-fn wait_serving(process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
-    ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(100), || {
-        mode(port).is_some()
-    })
-}
-
-fn is_bind_error(log: &str) -> bool {
-    log.contains("Address already in use") || log.contains("BindException")
-}
-
 /// A private standalone ZooKeeper 3.8 server on 127.0.0.1: its own client port and
 /// temporary data directory, a 250 ms tick, session timeouts between 0.5 s and 60 s.
 ///
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
 pub struct ZkServer {
-    member: Member,
-    java: PathBuf,
-    _tmp: TempDir,
+    server: Member,
 }
 
 impl ZkServer {
@@ -173,53 +160,15 @@ impl ZkServer {
     /// `zookeeper`), or if the server does not serve within 60 s.
     pub fn start() -> Self {
         check_jar();
-        let java = java();
-        let tmp = tempfile::Builder::new()
-            .prefix("leasehold-zk-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot create a temporary directory for ZooKeeper: {e}"));
-        let dir = tmp.path().to_path_buf();
-        let (process, port) = ready::start_on_free_port(
-            "zookeeper",
-            free_port,
-            |port| {
-                write_config(&dir, port, DEFAULT_SYNC_LIMIT, None);
-                spawn(&java, &dir, port)
-            },
-            wait_serving,
-            || is_bind_error(&util::read_log(&dir.join("log"))),
-            || {
-                format!(
-                    "(dir {})\n--- log ---\n{}",
-                    dir.display(),
-                    util::log_tail(&dir.join("log"), 8192)
-                )
-            },
-        );
-        tracing::info!(port, dir = %dir.display(), "zookeeper ready");
+        let launcher = Launcher {
+            java: java(),
+            sync_limit: DEFAULT_SYNC_LIMIT,
+            ensemble: None,
+        };
+        let home = Home::Own(util::temp_dir("leasehold-zk-"));
         Self {
-            member: Member {
-                process: Mutex::new(process),
-                client_port: port,
-                dir,
-            },
-            java,
-            _tmp: tmp,
+            server: Server::start(launcher, home),
         }
-    }
-
-    fn process(&self) -> MutexGuard<'_, ServerProcess> {
-        self.member.process()
-    }
-
-    /// The client port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.member.client_port
-    }
-
-    /// `127.0.0.1:port`.
-    pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port()))
     }
 
     /// `zookeeper://127.0.0.1:port/leasehold`.
@@ -234,15 +183,15 @@ impl ZkServer {
 
     /// The server's directory (its data directory is `data` inside it).
     pub fn dir(&self) -> &Path {
-        &self.member.dir
+        self.server.dir()
     }
 
     /// The server's log.
     pub fn log(&self) -> String {
-        self.member.log()
+        self.server.log()
     }
 
-    crate::process::control_methods!();
+    crate::server::server_methods!("The client port on 127.0.0.1.", "`127.0.0.1:port`.");
 
     /// Starts the server again on the same port and data directory after
     /// [`kill`](Self::kill), and waits until it serves.
@@ -251,22 +200,7 @@ impl ZkServer {
     ///
     /// Panics if the server is still running or does not serve again.
     pub fn start_again(&self) {
-        let mut guard = self.process();
-        assert!(
-            !guard.is_running(),
-            "zookeeper on port {} is still running: kill it first",
-            self.port()
-        );
-        let process = spawn(&self.java, self.dir(), self.port());
-        if let Err(e) = wait_serving(&process, self.port()) {
-            drop(process);
-            panic!(
-                "zookeeper restart on port {} {e}\n--- log ---\n{}",
-                self.port(),
-                util::log_tail(&self.dir().join("log"), 8192)
-            );
-        }
-        *guard = process;
+        self.server.start_again();
     }
 
     /// Crash-restarts the server: `SIGKILL`, then start again on the same port and data
@@ -327,7 +261,6 @@ struct PeerLink {
 pub struct ZkEnsemble {
     members: Vec<Member>,
     links: Vec<PeerLink>,
-    java: PathBuf,
     _tmp: TempDir,
 }
 
@@ -354,10 +287,7 @@ impl ZkEnsemble {
     pub fn start_with(options: ZkEnsembleOptions) -> Self {
         check_jar();
         let java = java();
-        let tmp = tempfile::Builder::new()
-            .prefix("leasehold-zk3-")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot create a temporary directory for ZooKeeper: {e}"));
+        let tmp = util::temp_dir("leasehold-zk3-");
         // A port handed out by `free_port` may be taken by another test process before the
         // member binds it: start again on fresh ports then (up to 4 attempts).
         let mut attempt = 0;
@@ -367,14 +297,14 @@ impl ZkEnsemble {
             match Self::try_start(&java, &root, &options) {
                 Ok(started) => break started,
                 Err((members, e)) => {
-                    let taken = members.iter().any(|m| is_bind_error(&m.log()));
+                    let taken = members.iter().any(Member::port_taken);
                     let logs: Vec<String> = members
                         .iter()
                         .map(|m| {
                             format!(
                                 "--- {} ---\n{}",
-                                m.dir.display(),
-                                util::log_tail(&m.dir.join("log"), 4096)
+                                m.dir().display(),
+                                util::log_tail(&m.dir().join("log"), 4096)
                             )
                         })
                         .collect();
@@ -387,7 +317,7 @@ impl ZkEnsemble {
                 }
             }
         };
-        let clients: Vec<u16> = members.iter().map(|m| m.client_port).collect();
+        let clients: Vec<u16> = members.iter().map(Member::port).collect();
         tracing::info!(
             ?clients,
             proxied = !links.is_empty(),
@@ -396,7 +326,6 @@ impl ZkEnsemble {
         Self {
             members,
             links,
-            java,
             _tmp: tmp,
         }
     }
@@ -441,19 +370,19 @@ impl ZkEnsemble {
                             .map_or(peers[j], |l| (l.quorum.port(), l.election.port()))
                     })
                     .collect();
-                write_config(&dir, clients[i], options.sync_limit, Some((i + 1, &seen)));
-                let process = spawn(java, &dir, clients[i]);
-                Member {
-                    process: Mutex::new(process),
-                    client_port: clients[i],
-                    dir,
-                }
+                let launcher = Launcher {
+                    java: java.to_path_buf(),
+                    sync_limit: options.sync_limit,
+                    ensemble: Some((i + 1, seen)),
+                };
+                let process = launcher.spawn(&dir, clients[i]);
+                Server::new(process, clients[i], launcher, Home::In(dir))
             })
             .collect();
         for m in &members {
-            let result = wait_serving(&m.process(), m.client_port);
+            let result = m.launch().ready(&m.process(), m.port());
             if let Err(e) = result {
-                let msg = format!("member on port {} {e}", m.client_port);
+                let msg = format!("member on port {} {e}", m.port());
                 return Err((members, msg));
             }
         }
@@ -501,7 +430,7 @@ impl ZkEnsemble {
 
     /// The client ports of the members, in member order.
     pub fn ports(&self) -> Vec<u16> {
-        self.members.iter().map(|m| m.client_port).collect()
+        self.members.iter().map(Member::port).collect()
     }
 
     /// `127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3`.
@@ -520,7 +449,7 @@ impl ZkEnsemble {
 
     /// Member `i`'s mode (`leader`, `follower`), or `None` if it does not serve.
     pub fn mode(&self, i: usize) -> Option<String> {
-        mode(self.members[i].client_port)
+        mode(self.members[i].port())
     }
 
     /// The index of the current leader, if a member says it leads.
@@ -560,21 +489,7 @@ impl ZkEnsemble {
     ///
     /// Panics if it is still running or does not rejoin within 60 s.
     pub fn start_again(&self, i: usize) {
-        let m = &self.members[i];
-        let mut guard = m.process();
-        assert!(
-            !guard.is_running(),
-            "ensemble member {i} is still running: kill it first"
-        );
-        let process = spawn(&self.java, &m.dir, m.client_port);
-        if let Err(e) = wait_serving(&process, m.client_port) {
-            drop(process);
-            panic!(
-                "zookeeper member {i} restart {e}\n--- log ---\n{}",
-                util::log_tail(&m.dir.join("log"), 8192)
-            );
-        }
-        *guard = process;
+        self.members[i].start_again();
     }
 
     /// Kills member `i` and starts it again.
