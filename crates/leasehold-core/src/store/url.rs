@@ -1,7 +1,33 @@
 //! Small, strict helpers for backends that parse their own store URLs, so every backend
-//! decodes credentials and reads duration parameters the same way.
+//! decodes credentials, reads `host:port` lists and parameters, and keeps passwords out of
+//! `Debug` the same way.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
+
+/// A password (or other secret) that `Debug` shows as `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl From<String> for Secret {
+    fn from(secret: String) -> Self {
+        Self(secret)
+    }
+}
+
+impl Secret {
+    /// The secret itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
 
 /// Decodes `%XX` escapes. `None` for a malformed escape or a result that is not UTF-8
 /// (a strict decoder: a password is never silently altered).
@@ -77,6 +103,120 @@ pub enum UrlError {
         /// The parameter's name, cut to its first 32 characters.
         name: String,
     },
+    /// A query parameter the backend does not take.
+    #[error("unknown URL parameter {name:?} (known: {known})")]
+    UnknownParameter {
+        /// The parameter's name, cut to its first 32 characters.
+        name: String,
+        /// The parameters the backend takes, comma-separated.
+        known: &'static str,
+    },
+    /// A query parameter's value has a malformed `%XX` escape or is not UTF-8.
+    #[error("URL parameter {name:?} has a malformed %-escape")]
+    MalformedEscape {
+        /// The parameter's name, cut to its first 32 characters.
+        name: String,
+    },
+    /// A query parameter's value is not a duration ([`parse_duration`]).
+    #[error("URL parameter {name:?} is not a duration (500ms, 5s, 1m or a number of milliseconds)")]
+    NotADuration {
+        /// The parameter's name, cut to its first 32 characters.
+        name: String,
+    },
+    /// A query parameter's value is not a number of the kind it takes.
+    #[error("URL parameter {name:?} is not a number")]
+    NotANumber {
+        /// The parameter's name, cut to its first 32 characters.
+        name: String,
+    },
+}
+
+/// A parameter's name as an error shows it: its first 32 characters.
+fn shown(name: &str) -> String {
+    name.chars().take(32).collect()
+}
+
+impl UrlError {
+    /// The error for parameter `name`, not one of `known` (comma-separated).
+    pub fn unknown(name: &str, known: &'static str) -> Self {
+        Self::UnknownParameter {
+            name: shown(name),
+            known,
+        }
+    }
+}
+
+/// Parameter `name`'s value, percent-decoded ([`percent_decode`]).
+///
+/// # Errors
+/// [`UrlError::MalformedEscape`].
+pub fn param_value(name: &str, value: &str) -> Result<String, UrlError> {
+    percent_decode(value).ok_or_else(|| UrlError::MalformedEscape { name: shown(name) })
+}
+
+/// Parameter `name`'s value as a duration ([`parse_duration`]).
+///
+/// # Errors
+/// [`UrlError::NotADuration`].
+pub fn param_duration(name: &str, value: &str) -> Result<Duration, UrlError> {
+    parse_duration(value).ok_or_else(|| UrlError::NotADuration { name: shown(name) })
+}
+
+/// Parameter `name`'s value as a number (or anything else [`FromStr`] reads).
+///
+/// # Errors
+/// [`UrlError::NotANumber`].
+pub fn param_number<T: FromStr>(name: &str, value: &str) -> Result<T, UrlError> {
+    value
+        .parse()
+        .map_err(|_| UrlError::NotANumber { name: shown(name) })
+}
+
+/// Why [`host_port`] refused an entry of a host list. Its text follows the entry's name
+/// (`etcd endpoint 2 has a bad port`) and never repeats the entry, which in a malformed URL
+/// may hold part of the credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostPortError {
+    /// No `:` separates a port.
+    #[error("is not host:port")]
+    NotHostPort,
+    /// The host is empty, or neither `[…]` nor letters, digits, `.`, `-` and `_`.
+    #[error("has a bad host")]
+    BadHost,
+    /// The port is not a number from 1 to 65535.
+    #[error("has a bad port")]
+    BadPort,
+}
+
+/// Splits one `host:port` of a host list: the host as written (an IPv6 address in its
+/// brackets, their content unchecked) and the port.
+///
+/// # Errors
+/// A [`HostPortError`] saying what is wrong.
+///
+/// ```
+/// use leasehold_core::url::{HostPortError, host_port};
+/// assert_eq!(host_port("db-1.example:2379"), Ok(("db-1.example", 2379)));
+/// assert_eq!(host_port("[::1]:2181"), Ok(("[::1]", 2181)));
+/// assert_eq!(host_port("h:0"), Err(HostPortError::BadPort));
+/// assert_eq!(host_port("bad host:1"), Err(HostPortError::BadHost));
+/// ```
+pub fn host_port(entry: &str) -> Result<(&str, u16), HostPortError> {
+    let (host, port) = entry.rsplit_once(':').ok_or(HostPortError::NotHostPort)?;
+    let bracketed = host.starts_with('[') && host.ends_with(']');
+    let host_ok = !host.is_empty()
+        && (bracketed
+            || host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'));
+    if !host_ok {
+        return Err(HostPortError::BadHost);
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok((host, p)),
+        _ => Err(HostPortError::BadPort),
+    }
 }
 
 /// Splits a store URL of `scheme` (given without `://`).
@@ -120,9 +260,7 @@ pub fn split_url<'a>(url: &'a str, scheme: &str) -> Result<UrlParts<'a>, UrlErro
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         if params.iter().any(|(n, _)| *n == name) {
-            return Err(UrlError::RepeatedParameter {
-                name: name.chars().take(32).collect(),
-            });
+            return Err(UrlError::RepeatedParameter { name: shown(name) });
         }
         params.push((name, value));
     }
