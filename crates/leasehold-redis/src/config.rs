@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use leasehold_core::url::Secret;
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -48,22 +49,6 @@ const DEFAULT_PORT: u16 = 6379;
 
 fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
-}
-
-/// A password that never shows in `Debug` or `Display`.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Secret(String);
-
-impl Secret {
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
 }
 
 /// A `host:port` pair.
@@ -523,7 +508,7 @@ impl RedisConfigBuilder {
     }
     /// The password (`AUTH`).
     pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.cfg.password = Some(Secret(password.into()));
+        self.cfg.password = Some(Secret::from(password.into()));
         self
     }
     /// The namespace prefix (default `leasehold:`): no braces, glob characters, whitespace
