@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use leasehold_core::url::{
-    Secret, UrlError, host_port, param_duration, param_value, percent_decode, split_url,
+    Secret, UrlError, host_list, param_duration, param_value, percent_decode, split_url,
 };
 use leasehold_core::{StoreError, StoreErrorKind};
 
@@ -91,11 +91,10 @@ impl EtcdConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let endpoints = endpoints
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| parse_endpoint(i + 1, e.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        // The messages do not repeat the text: in a malformed URL it may hold part of the
+        // credentials.
+        let endpoints = host_list(endpoints)
+            .map_err(|(n, e)| config_error(format!("etcd endpoint {n} {e}")))?;
         if endpoints.is_empty() {
             return Err(config_error("an etcd URL needs at least one host:port"));
         }
@@ -257,13 +256,6 @@ fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
         )));
     }
     Ok(d)
-}
-
-/// Checks endpoint number `n`. The messages do not repeat the text: in a malformed URL it
-/// may hold part of the credentials.
-fn parse_endpoint(n: usize, e: &str) -> Result<String, StoreError> {
-    let (host, port) = host_port(e).map_err(|e| config_error(format!("etcd endpoint {n} {e}")))?;
-    Ok(format!("{host}:{port}"))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::url::{UrlError, host_port, param_duration, percent_decode, split_url};
+use leasehold_core::url::{UrlError, host_list, param_duration, percent_decode, split_url};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -67,11 +67,8 @@ impl ZkConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let hosts = hosts
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| parse_host(i + 1, e.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let hosts =
+            host_list(hosts).map_err(|(n, e)| config_error(format!("zookeeper host {n} {e}")))?;
         if hosts.is_empty() {
             return Err(config_error("a zookeeper URL needs at least one host:port"));
         }
@@ -274,12 +271,6 @@ fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
         )));
     }
     Ok(d)
-}
-
-/// Checks host number `n`. The messages do not repeat the text (see [`host_port`]).
-fn parse_host(n: usize, e: &str) -> Result<String, StoreError> {
-    let (host, port) = host_port(e).map_err(|e| config_error(format!("zookeeper host {n} {e}")))?;
-    Ok(format!("{host}:{port}"))
 }
 
 #[cfg(test)]

@@ -68,6 +68,23 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
     }
 }
 
+/// Checks every entry of a host list with [`host_port`]: `host:port` each (the port as a
+/// number), or the number (from 1) of the first bad entry and what is wrong with it.
+///
+/// # Errors
+/// The first bad entry's number and [`HostPortError`].
+pub fn host_list<I, S>(entries: I) -> Result<Vec<String>, (usize, HostPortError)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let check = |(i, e): (usize, S)| match host_port(e.as_ref()) {
+        Ok((host, port)) => Ok(format!("{host}:{port}")),
+        Err(e) => Err((i + 1, e)),
+    };
+    entries.into_iter().enumerate().map(check).collect()
+}
+
 /// A store URL `scheme://[userinfo@]hosts[/path][?name=value&…]` split into its parts,
 /// nothing decoded: each backend decodes and checks the parts it takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
