@@ -212,7 +212,7 @@ impl EtcdConfig {
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.credentials = Some(Credentials {
             user: user.into(),
-            password: Secret::from(password.into()),
+            password: Secret(password.into()),
         });
         self
     }

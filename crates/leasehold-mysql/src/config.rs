@@ -125,7 +125,7 @@ impl MySqlConfig {
             };
             config.user = percent_decode(user, "user name")?;
             config.password = password
-                .map(|p| percent_decode(p, "password").map(Secret::from))
+                .map(|p| percent_decode(p, "password").map(Secret))
                 .transpose()
                 .map_err(|_| {
                     config_error("the password in the MySQL URL is badly percent-encoded")
@@ -215,7 +215,7 @@ impl MySqlConfig {
 
     /// The password (default none).
     pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(Secret::from(password.into()));
+        self.password = Some(Secret(password.into()));
         self
     }
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold_core::url::Secret;
+use leasehold_core::url::{Secret, percent_decode as pct_decode};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -508,7 +508,7 @@ impl RedisConfigBuilder {
     }
     /// The password (`AUTH`).
     pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.cfg.password = Some(Secret::from(password.into()));
+        self.cfg.password = Some(Secret(password.into()));
         self
     }
     /// The namespace prefix (default `leasehold:`): no braces, glob characters, whitespace
@@ -1022,10 +1022,6 @@ pub(crate) fn parse_duration(name: &str, v: &str) -> Result<Duration, StoreError
         )));
     }
     Ok(Duration::from_millis(ms))
-}
-
-fn pct_decode(s: &str) -> Option<String> {
-    leasehold_core::url::percent_decode(s)
 }
 
 fn pct_encode(s: &str) -> String {

@@ -337,7 +337,7 @@ impl RedlockConfig {
     pub fn credentials(mut self, user: Option<&str>, password: impl Into<String>) -> Self {
         self.credentials = Some(Credentials {
             user: user.map(str::to_owned),
-            password: Secret::from(password.into()),
+            password: Secret(password.into()),
         });
         self
     }

@@ -133,10 +133,9 @@ impl SqliteConfig {
                 .split_once('=')
                 .ok_or_else(|| config_error(format!("URL parameter `{pair}` has no value")))?;
             let value = percent_decode(value)?;
+            let duration = || param_duration(name, &value).map_err(url_error);
             match name {
-                "busy_timeout" => {
-                    config.busy_timeout = param_duration(name, &value).map_err(url_error)?;
-                }
+                "busy_timeout" => config.busy_timeout = duration()?,
                 "synchronous" => {
                     config.synchronous = match value.to_ascii_lowercase().as_str() {
                         "full" => Synchronous::Full,

@@ -1,6 +1,5 @@
 //! Small, strict helpers for backends that parse their own store URLs, so every backend
-//! decodes credentials, reads `host:port` lists and parameters, and keeps passwords out of
-//! `Debug` the same way.
+//! decodes credentials, reads hosts and parameters, and redacts passwords the same way.
 
 use std::fmt;
 use std::str::FromStr;
@@ -8,13 +7,7 @@ use std::time::Duration;
 
 /// A password (or other secret) that `Debug` shows as `<redacted>`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl From<String> for Secret {
-    fn from(secret: String) -> Self {
-        Self(secret)
-    }
-}
+pub struct Secret(pub String);
 
 impl Secret {
     /// The secret itself, for the one place that sends it.
@@ -70,9 +63,6 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
 
 /// Checks every entry of a host list with [`host_port`]: `host:port` each (the port as a
 /// number), or the number (from 1) of the first bad entry and what is wrong with it.
-///
-/// # Errors
-/// The first bad entry's number and [`HostPortError`].
 pub fn host_list<I, S>(entries: I) -> Result<Vec<String>, (usize, HostPortError)>
 where
     I: IntoIterator<Item = S>,
@@ -128,23 +118,13 @@ pub enum UrlError {
         /// The parameters the backend takes, comma-separated.
         known: &'static str,
     },
-    /// A query parameter's value has a malformed `%XX` escape or is not UTF-8.
-    #[error("URL parameter {name:?} has a malformed %-escape")]
-    MalformedEscape {
+    /// A query parameter's value is not what it takes ([`param_value`] and the like).
+    #[error("URL parameter {name:?} {problem}")]
+    BadValue {
         /// The parameter's name, cut to its first 32 characters.
         name: String,
-    },
-    /// A query parameter's value is not a duration ([`parse_duration`]).
-    #[error("URL parameter {name:?} is not a duration (500ms, 5s, 1m or a number of milliseconds)")]
-    NotADuration {
-        /// The parameter's name, cut to its first 32 characters.
-        name: String,
-    },
-    /// A query parameter's value is not a number of the kind it takes.
-    #[error("URL parameter {name:?} is not a number")]
-    NotANumber {
-        /// The parameter's name, cut to its first 32 characters.
-        name: String,
+        /// What is wrong, a sentence's end: `is not a number`.
+        problem: &'static str,
     },
 }
 
@@ -161,32 +141,32 @@ impl UrlError {
             known,
         }
     }
+
+    fn bad_value(name: &str, problem: &'static str) -> Self {
+        Self::BadValue {
+            name: shown(name),
+            problem,
+        }
+    }
 }
 
-/// Parameter `name`'s value, percent-decoded ([`percent_decode`]).
-///
-/// # Errors
-/// [`UrlError::MalformedEscape`].
+/// Parameter `name`'s value, percent-decoded ([`percent_decode`]); else a
+/// [`UrlError::BadValue`] (as the other `param_` functions).
 pub fn param_value(name: &str, value: &str) -> Result<String, UrlError> {
-    percent_decode(value).ok_or_else(|| UrlError::MalformedEscape { name: shown(name) })
+    percent_decode(value).ok_or_else(|| UrlError::bad_value(name, "has a malformed %-escape"))
 }
 
 /// Parameter `name`'s value as a duration ([`parse_duration`]).
-///
-/// # Errors
-/// [`UrlError::NotADuration`].
 pub fn param_duration(name: &str, value: &str) -> Result<Duration, UrlError> {
-    parse_duration(value).ok_or_else(|| UrlError::NotADuration { name: shown(name) })
+    let problem = "is not a duration (500ms, 5s, 1m or a number of milliseconds)";
+    parse_duration(value).ok_or_else(|| UrlError::bad_value(name, problem))
 }
 
 /// Parameter `name`'s value as a number (or anything else [`FromStr`] reads).
-///
-/// # Errors
-/// [`UrlError::NotANumber`].
 pub fn param_number<T: FromStr>(name: &str, value: &str) -> Result<T, UrlError> {
     value
         .parse()
-        .map_err(|_| UrlError::NotANumber { name: shown(name) })
+        .map_err(|_| UrlError::bad_value(name, "is not a number"))
 }
 
 /// Why [`host_port`] refused an entry of a host list. Its text follows the entry's name
@@ -207,18 +187,7 @@ pub enum HostPortError {
 }
 
 /// Splits one `host:port` of a host list: the host as written (an IPv6 address in its
-/// brackets, their content unchecked) and the port.
-///
-/// # Errors
-/// A [`HostPortError`] saying what is wrong.
-///
-/// ```
-/// use leasehold_core::url::{HostPortError, host_port};
-/// assert_eq!(host_port("db-1.example:2379"), Ok(("db-1.example", 2379)));
-/// assert_eq!(host_port("[::1]:2181"), Ok(("[::1]", 2181)));
-/// assert_eq!(host_port("h:0"), Err(HostPortError::BadPort));
-/// assert_eq!(host_port("bad host:1"), Err(HostPortError::BadHost));
-/// ```
+/// brackets, their content unchecked) and the port; else a [`HostPortError`].
 pub fn host_port(entry: &str) -> Result<(&str, u16), HostPortError> {
     let (host, port) = entry.rsplit_once(':').ok_or(HostPortError::NotHostPort)?;
     let bracketed = host.starts_with('[') && host.ends_with(']');
@@ -292,6 +261,42 @@ pub fn split_url<'a>(url: &'a str, scheme: &str) -> Result<UrlParts<'a>, UrlErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_lists() {
+        assert_eq!(host_port("db-1.example:2379"), Ok(("db-1.example", 2379)));
+        assert_eq!(host_port("[::1]:2181"), Ok(("[::1]", 2181)));
+        for (bad, why) in [
+            ("h", HostPortError::NotHostPort),
+            ("bad host:1", HostPortError::BadHost),
+            (":1", HostPortError::BadHost),
+            ("h:0", HostPortError::BadPort),
+            ("h:+1", HostPortError::BadPort),
+            ("h:70000", HostPortError::BadPort),
+        ] {
+            assert_eq!(host_port(bad), Err(why), "{bad}");
+        }
+        assert_eq!(
+            host_list(["a:01", "b:2"]),
+            Ok(vec!["a:1".into(), "b:2".into()])
+        );
+        assert_eq!(
+            host_list(["a:1", "b"]),
+            Err((2, HostPortError::NotHostPort))
+        );
+        let e = param_duration("timeout", "soon").unwrap_err();
+        let said = "URL parameter \"timeout\" is not a duration (500ms, 5s, 1m or a number of milliseconds)";
+        assert_eq!(e.to_string(), said);
+        assert_eq!(
+            param_number::<u32>("n", "x").unwrap_err().to_string(),
+            "URL parameter \"n\" is not a number"
+        );
+        assert_eq!(
+            param_value("p", "%zz").unwrap_err().to_string(),
+            "URL parameter \"p\" has a malformed %-escape"
+        );
+        assert_eq!(format!("{:?}", Secret("pw".to_owned())), "<redacted>");
+    }
 
     #[test]
     fn decoding_is_strict() {
