@@ -17,9 +17,8 @@ use crate::error::{err, map_err};
 /// the key's create revision: cluster-wide, monotonic across leader changes and restarts,
 /// with no extra write. Waiters queue in arrival order under `<prefix><key>\0` (each on
 /// its own short etcd lease), as etcd's `concurrency.Mutex` does. Records (see
-/// [`Store::put_record`](leasehold_core::Store::put_record)) are keys
-/// `<prefix>\0records\0<key>` on no etcd lease, holding the fence (8 bytes, big-endian)
-/// and the value.
+/// [`put_record`](leasehold_core::Store::put_record)) are keys `<prefix>\0records\0<key>`
+/// on no etcd lease, holding the fence (8 bytes, big-endian) and the value.
 ///
 /// Cloning is cheap: clones share one gRPC channel.
 #[derive(Clone)]

@@ -53,10 +53,9 @@ pub(crate) struct Inner {
 ///
 /// All leases of one store share **one ZooKeeper session**. A grant is an ephemeral
 /// sequential node `<chroot>/<key>/<owner token>-<sequence>`; the lowest sequence holds
-/// the lease; the fence is the node's `czxid`. Records (see
-/// [`Store::put_record`](leasehold_core::Store::put_record)) are persistent nodes
-/// `<chroot>/%2erecords/<key>` holding the fence (8 bytes, big-endian) and the value. See
-/// the crate documentation for the design and its limits.
+/// the lease; the fence is the node's `czxid`. Records ([`leasehold_core::Store::put_record`])
+/// are persistent nodes `<chroot>/%2erecords/<key>` holding the fence (8 bytes, big-endian)
+/// and the value. See the crate documentation for the design and its limits.
 ///
 /// Cloning is cheap: clones share the session and the table of granted leases.
 #[derive(Clone)]
