@@ -4,7 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::url::{parse_duration, percent_decode, split_url};
+use leasehold_core::url::{
+    Secret, UrlError, host_list, param_duration, param_value, percent_decode, split_url,
+};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -22,21 +24,16 @@ fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
 }
 
-/// A user name and password for etcd's authentication. The password is never shown by
-/// `Debug` or anywhere else.
-#[derive(Clone, PartialEq, Eq)]
-struct Credentials {
-    user: String,
-    password: String,
+fn url_error(e: UrlError) -> StoreError {
+    config_error(format!("etcd: {e}"))
 }
 
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credentials")
-            .field("user", &self.user)
-            .field("password", &"<redacted>")
-            .finish()
-    }
+/// A user name and password for etcd's authentication. The password is never shown by
+/// `Debug` or anywhere else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Credentials {
+    user: String,
+    password: Secret,
 }
 
 /// How to reach an etcd cluster (v3 API) and how the store behaves.
@@ -94,11 +91,10 @@ impl EtcdConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let endpoints = endpoints
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| parse_endpoint(i + 1, e.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        // The messages do not repeat the text: in a malformed URL it may hold part of the
+        // credentials.
+        let endpoints = host_list(endpoints)
+            .map_err(|(n, e)| config_error(format!("etcd endpoint {n} {e}")))?;
         if endpoints.is_empty() {
             return Err(config_error("an etcd URL needs at least one host:port"));
         }
@@ -130,7 +126,7 @@ impl EtcdConfig {
     /// # Ok::<(), leasehold_core::StoreError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let parts = split_url(url, "etcd").map_err(|e| config_error(format!("etcd: {e}")))?;
+        let parts = split_url(url, "etcd").map_err(url_error)?;
         if parts.path.is_some_and(|p| p != "/") {
             return Err(config_error(
                 "an etcd URL has no path: use the prefix parameter for a namespace",
@@ -150,26 +146,18 @@ impl EtcdConfig {
             if user.is_empty() {
                 return Err(config_error("the etcd user name is empty"));
             }
-            config.credentials = Some(Credentials { user, password });
+            config = config.credentials(user, password);
         }
         for (name, value) in parts.params {
-            let value = percent_decode(value).ok_or_else(|| {
-                config_error(format!(
-                    "etcd URL parameter {name:?} has a malformed %-escape"
-                ))
-            })?;
+            let value = param_value(name, value).map_err(url_error)?;
+            let duration = || param_duration(name, &value).map_err(url_error);
             match name {
                 "prefix" => config = config.prefix(value)?,
-                "timeout" => {
-                    config.op_timeout = parse_timeout(name, &value)?;
-                }
-                "connect_timeout" => {
-                    config.connect_timeout = parse_timeout(name, &value)?;
-                }
-                other => {
-                    return Err(config_error(format!(
-                        "unknown etcd URL parameter {other:?} (known: prefix, timeout, connect_timeout)"
-                    )));
+                "timeout" => config.op_timeout = check_timeout(name, duration()?)?,
+                "connect_timeout" => config.connect_timeout = check_timeout(name, duration()?)?,
+                _ => {
+                    let known = "prefix, timeout, connect_timeout";
+                    return Err(url_error(UrlError::unknown(name, known)));
                 }
             }
         }
@@ -224,7 +212,7 @@ impl EtcdConfig {
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.credentials = Some(Credentials {
             user: user.into(),
-            password: password.into(),
+            password: Secret(password.into()),
         });
         self
     }
@@ -257,17 +245,8 @@ impl EtcdConfig {
     pub(crate) fn user_and_password(&self) -> Option<(&str, &str)> {
         self.credentials
             .as_ref()
-            .map(|c| (c.user.as_str(), c.password.as_str()))
+            .map(|c| (c.user.as_str(), c.password.expose()))
     }
-}
-
-fn parse_timeout(name: &str, value: &str) -> Result<Duration, StoreError> {
-    let d = parse_duration(value).ok_or_else(|| {
-        config_error(format!(
-            "etcd URL parameter {name} is not a duration (250ms, 2s, 1m)"
-        ))
-    })?;
-    check_timeout(name, d)
 }
 
 fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
@@ -277,27 +256,6 @@ fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
         )));
     }
     Ok(d)
-}
-
-/// Checks endpoint number `n`. The messages do not repeat the text: in a malformed URL it
-/// may hold part of the credentials.
-fn parse_endpoint(n: usize, e: &str) -> Result<String, StoreError> {
-    let (host, port) = e
-        .rsplit_once(':')
-        .ok_or_else(|| config_error(format!("etcd endpoint {n} is not host:port")))?;
-    let bracketed = host.starts_with('[') && host.ends_with(']');
-    let host_ok = !host.is_empty()
-        && (bracketed
-            || host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'));
-    if !host_ok {
-        return Err(config_error(format!("etcd endpoint {n} has a bad host")));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(format!("{host}:{p}")),
-        _ => Err(config_error(format!("etcd endpoint {n} has a bad port"))),
-    }
 }
 
 #[cfg(test)]

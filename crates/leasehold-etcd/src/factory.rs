@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use leasehold_core::{OpenFuture, Store, StoreFactory};
 
-use crate::store::EtcdStore;
+use crate::conn::EtcdStore;
 
 /// Serves the URL scheme `etcd`.
 ///

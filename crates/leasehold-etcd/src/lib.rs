@@ -3,18 +3,19 @@
 #![warn(unreachable_pub)]
 
 mod config; // the `etcd://` URL and settings
+mod conn; // `EtcdStore` itself: its client, etcd lease calls, lease key values
 mod error; // etcd client errors as `StoreError`s
 mod factory; // `StoreFactory`
 mod records; // `put_record` / `get_record`
-mod store; // `EtcdStore` and its `Store` impl
+mod store; // `Store` for `EtcdStore`
 mod wait; // `WaitStore`: the waiting queue
 mod watch; // `WatchStore`: change notices
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, DEFAULT_PREFIX, EtcdConfig, MAX_PREFIX_LEN,
 };
+pub use conn::EtcdStore;
 pub use factory::EtcdFactory;
-pub use store::EtcdStore;
 
 /// The backend name reported by [`EtcdStore`].
 pub const BACKEND: &str = "etcd";

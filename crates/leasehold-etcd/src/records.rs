@@ -4,9 +4,8 @@
 use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp};
 use leasehold_core::{Fence, Key, Record, StoreError, StoreErrorKind};
 
+use crate::conn::{EtcdStore, gets};
 use crate::error::{err, map_err};
-use crate::store::EtcdStore;
-use crate::store::gets;
 
 /// The namespace of records under the store prefix: `<prefix>\0records\0`. Lease keys are
 /// never empty and never contain a NUL byte, so no lease key, and no queue (`<lease

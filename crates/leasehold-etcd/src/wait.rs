@@ -10,8 +10,8 @@ use etcd_client::{
 };
 use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind, WaitStore};
 
+use crate::conn::{EtcdStore, Holder, decode, gets};
 use crate::error::{err, map_err};
-use crate::store::{EtcdStore, Holder, decode, gets};
 use crate::watch::watch_ended;
 
 /// What one read of the lease key and of its queue found.

@@ -6,8 +6,8 @@ use etcd_client::{Event, WatchOptions, WatchResponse, WatchStream};
 use futures::StreamExt;
 use leasehold_core::{Changes, Key, StoreError, StoreErrorKind, WatchStore};
 
+use crate::conn::EtcdStore;
 use crate::error::{err, map_err};
-use crate::store::EtcdStore;
 
 /// Whether a watch event of [`WatchStore::watch`] tells of a change the contract notifies: on
 /// the lease key, a creation (`version` 1: a grant) or a deletion (a delete event's key

@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use leasehold_core::url::{Secret, UrlError, param_duration, param_number};
 use leasehold_core::{StoreError, StoreErrorKind};
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 
@@ -17,16 +18,6 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
 pub const DEFAULT_PORT: u16 = 3306;
 
 const SCHEMES: &[&str] = &["mysql", "mariadb", "mysql+getlock", "mariadb+getlock"];
-
-/// A password that never shows in `Debug` or `Display`.
-#[derive(Clone, PartialEq, Eq)]
-struct Secret(String);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
 
 /// Where a MariaDB/MySQL server is and how the stores use it.
 ///
@@ -56,6 +47,10 @@ pub struct MySqlConfig {
 
 fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, crate::BACKEND, msg)
+}
+
+fn url_error(e: UrlError) -> StoreError {
+    config_error(format!("MySQL: {e}"))
 }
 
 impl MySqlConfig {
@@ -168,13 +163,12 @@ impl MySqlConfig {
                 .split_once('=')
                 .ok_or_else(|| config_error(format!("URL parameter `{pair}` has no value")))?;
             let value = percent_decode(value, name)?;
+            let duration = || param_duration(name, &value).map_err(url_error);
             match name {
-                "timeout" => config.timeout = parse_duration(name, &value)?,
-                "connect_timeout" => config.connect_timeout = parse_duration(name, &value)?,
+                "timeout" => config.timeout = duration()?,
+                "connect_timeout" => config.connect_timeout = duration()?,
                 "max_connections" => {
-                    config.max_connections = value.parse().map_err(|_| {
-                        config_error(format!("max_connections `{value}` is not a number"))
-                    })?;
+                    config.max_connections = param_number(name, &value).map_err(url_error)?;
                 }
                 "migrate" => {
                     config.migrate = match value.as_str() {
@@ -188,10 +182,9 @@ impl MySqlConfig {
                     }
                 }
                 "socket" => config.socket = Some(PathBuf::from(value)),
-                other => {
-                    return Err(config_error(format!(
-                        "unknown MySQL URL parameter `{other}` (known: timeout, connect_timeout, max_connections, migrate, socket)"
-                    )));
+                _ => {
+                    let known = "timeout, connect_timeout, max_connections, migrate, socket";
+                    return Err(url_error(UrlError::unknown(name, known)));
                 }
             }
         }
@@ -320,7 +313,7 @@ impl MySqlConfig {
     pub(crate) fn secret(&self) -> Option<&str> {
         self.password
             .as_ref()
-            .map(|s| s.0.as_str())
+            .map(Secret::expose)
             .filter(|s| !s.is_empty())
     }
 
@@ -343,7 +336,7 @@ impl MySqlConfig {
             o = o.host(&self.host).port(self.port);
         }
         if let Some(p) = &self.password {
-            o = o.password(&p.0);
+            o = o.password(p.expose());
         }
         o
     }
@@ -394,14 +387,6 @@ fn percent_decode(s: &str, what: &str) -> Result<String, StoreError> {
     leasehold_core::url::percent_decode(s).ok_or_else(|| {
         config_error(format!(
             "the URL's {what} is not valid percent-encoded UTF-8"
-        ))
-    })
-}
-
-fn parse_duration(name: &str, value: &str) -> Result<Duration, StoreError> {
-    leasehold_core::url::parse_duration(value).ok_or_else(|| {
-        config_error(format!(
-            "{name} `{value}` is not a duration (500ms, 5s, 1m or a number of milliseconds)"
         ))
     })
 }

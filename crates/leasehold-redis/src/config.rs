@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use leasehold_core::url::{Secret, percent_decode as pct_decode};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -48,22 +49,6 @@ const DEFAULT_PORT: u16 = 6379;
 
 fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
-}
-
-/// A password that never shows in `Debug` or `Display`.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Secret(String);
-
-impl Secret {
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
 }
 
 /// A `host:port` pair.
@@ -1037,10 +1022,6 @@ pub(crate) fn parse_duration(name: &str, v: &str) -> Result<Duration, StoreError
         )));
     }
     Ok(Duration::from_millis(ms))
-}
-
-fn pct_decode(s: &str) -> Option<String> {
-    leasehold_core::url::percent_decode(s)
 }
 
 fn pct_encode(s: &str) -> String {

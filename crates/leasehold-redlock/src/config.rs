@@ -4,7 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::url::{parse_duration, percent_decode, split_url};
+use leasehold_core::url::{
+    HostPortError, Secret, UrlError, host_port, param_duration, param_number, param_value,
+    percent_decode, split_url,
+};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -31,21 +34,16 @@ fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
 }
 
-/// A Redis user name (optional, for ACL users) and password, the same on every node. The
-/// password is never shown by `Debug`, `Display` or an error.
-#[derive(Clone, PartialEq, Eq)]
-struct Credentials {
-    user: Option<String>,
-    password: String,
+fn url_error(e: UrlError) -> StoreError {
+    config_error(format!("Redlock: {e}"))
 }
 
-impl fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credentials")
-            .field("user", &self.user)
-            .field("password", &"<redacted>")
-            .finish()
-    }
+/// A Redis user name (optional, for ACL users) and password, the same on every node. The
+/// password is never shown by `Debug`, `Display` or an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Credentials {
+    user: Option<String>,
+    password: Secret,
 }
 
 /// One node of the set: host and port.
@@ -201,7 +199,7 @@ impl RedlockConfig {
     /// # Ok::<(), leasehold_core::StoreError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let parts = split_url(url, "redlock").map_err(|e| config_error(format!("Redlock: {e}")))?;
+        let parts = split_url(url, "redlock").map_err(url_error)?;
         if parts.path.is_some_and(|p| p != "/") {
             return Err(config_error(
                 "a Redlock URL has no path (no database index): use the prefix parameter for a namespace",
@@ -222,22 +220,16 @@ impl RedlockConfig {
             if password.is_empty() {
                 return Err(config_error("the Redis password in the URL is empty"));
             }
-            config.credentials = Some(Credentials {
-                user: (!user.is_empty()).then_some(user),
-                password,
-            });
+            config = config.credentials((!user.is_empty()).then_some(&user), password);
         }
         for (name, value) in parts.params {
-            let value = percent_decode(value).ok_or_else(|| {
-                config_error(format!(
-                    "Redlock URL parameter {name:?} has a malformed %-escape"
-                ))
-            })?;
+            let value = param_value(name, value).map_err(url_error)?;
+            let duration = || param_duration(name, &value).map_err(url_error);
             match name {
                 "prefix" => config = config.prefix(value)?,
-                "node_timeout" => config = config.node_timeout(parse_dur(name, &value)?)?,
-                "connect_timeout" => config = config.connect_timeout(parse_dur(name, &value)?)?,
-                "drift_min" => config = config.drift_min(parse_dur(name, &value)?)?,
+                "node_timeout" => config = config.node_timeout(duration()?)?,
+                "connect_timeout" => config = config.connect_timeout(duration()?)?,
+                "drift_min" => config = config.drift_min(duration()?)?,
                 "allow_eviction" => {
                     config.allow_eviction = match value.as_str() {
                         "true" => true,
@@ -250,16 +242,12 @@ impl RedlockConfig {
                     }
                 }
                 "drift_factor" => {
-                    let f = value.parse::<f64>().map_err(|_| {
-                        config_error("Redlock URL parameter drift_factor is not a number")
-                    })?;
-                    config = config.drift_factor(f)?;
+                    config = config.drift_factor(param_number(name, &value).map_err(url_error)?)?;
                 }
-                other => {
-                    return Err(config_error(format!(
-                        "unknown Redlock URL parameter {other:?} (known: prefix, node_timeout, \
-                         connect_timeout, drift_factor, drift_min, allow_eviction)"
-                    )));
+                _ => {
+                    let known = "prefix, node_timeout, connect_timeout, drift_factor, drift_min, \
+                                 allow_eviction";
+                    return Err(url_error(UrlError::unknown(name, known)));
                 }
             }
         }
@@ -349,7 +337,7 @@ impl RedlockConfig {
     pub fn credentials(mut self, user: Option<&str>, password: impl Into<String>) -> Self {
         self.credentials = Some(Credentials {
             user: user.map(str::to_owned),
-            password: password.into(),
+            password: Secret(password.into()),
         });
         self
     }
@@ -391,16 +379,8 @@ impl RedlockConfig {
     }
 
     pub(crate) fn password(&self) -> Option<&str> {
-        self.credentials.as_ref().map(|c| c.password.as_str())
+        self.credentials.as_ref().map(|c| c.password.expose())
     }
-}
-
-fn parse_dur(name: &str, value: &str) -> Result<Duration, StoreError> {
-    parse_duration(value).ok_or_else(|| {
-        config_error(format!(
-            "Redlock URL parameter {name} is not a duration (50ms, 2s, 1m)"
-        ))
-    })
 }
 
 fn check_dur(name: &str, d: Duration, zero_ok: bool) -> Result<Duration, StoreError> {
@@ -420,32 +400,22 @@ fn check_dur(name: &str, d: Duration, zero_ok: bool) -> Result<Duration, StoreEr
 /// Checks node number `n`. The messages do not repeat the text: in a malformed URL it may
 /// hold part of the credentials.
 fn parse_node(n: usize, e: &str) -> Result<Node, StoreError> {
-    let (host, port) = e
-        .rsplit_once(':')
-        .ok_or_else(|| config_error(format!("Redlock node {n} is not host:port")))?;
-    let bracketed = host.len() > 2 && host.starts_with('[') && host.ends_with(']');
-    let host_ok = if bracketed {
-        host[1..host.len() - 1]
-            .chars()
-            .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
-    } else {
-        !host.is_empty()
-            && host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_')
+    let bad = |e: HostPortError| config_error(format!("Redlock node {n} {e}"));
+    let (host, port) = host_port(e).map_err(bad)?;
+    let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        // An IPv6 address, kept without its brackets.
+        Some(ip)
+            if !ip.is_empty()
+                && ip
+                    .chars()
+                    .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.') =>
+        {
+            ip.to_owned()
+        }
+        Some(_) => return Err(bad(HostPortError::BadHost)),
+        None => host.to_ascii_lowercase(),
     };
-    if !host_ok {
-        return Err(config_error(format!("Redlock node {n} has a bad host")));
-    }
-    let host = if bracketed {
-        host[1..host.len() - 1].to_owned()
-    } else {
-        host.to_ascii_lowercase()
-    };
-    match port.parse::<u16>() {
-        Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(Node { host, port: p }),
-        _ => Err(config_error(format!("Redlock node {n} has a bad port"))),
-    }
+    Ok(Node { host, port })
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::url::{UrlError, param_duration, param_number};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -71,6 +72,10 @@ fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
 }
 
+fn url_error(e: UrlError) -> StoreError {
+    config_error(format!("SQLite: {e}"))
+}
+
 impl SqliteConfig {
     /// A configuration for the database file at `path` with the defaults: busy timeout
     /// [`DEFAULT_BUSY_TIMEOUT`], [`Synchronous::Full`], [`DEFAULT_MAX_CONNECTIONS`].
@@ -128,8 +133,9 @@ impl SqliteConfig {
                 .split_once('=')
                 .ok_or_else(|| config_error(format!("URL parameter `{pair}` has no value")))?;
             let value = percent_decode(value)?;
+            let duration = || param_duration(name, &value).map_err(url_error);
             match name {
-                "busy_timeout" => config.busy_timeout = parse_duration(name, &value)?,
+                "busy_timeout" => config.busy_timeout = duration()?,
                 "synchronous" => {
                     config.synchronous = match value.to_ascii_lowercase().as_str() {
                         "full" => Synchronous::Full,
@@ -142,14 +148,11 @@ impl SqliteConfig {
                     }
                 }
                 "max_connections" => {
-                    config.max_connections = value.parse().map_err(|_| {
-                        config_error(format!("max_connections `{value}` is not a number"))
-                    })?;
+                    config.max_connections = param_number(name, &value).map_err(url_error)?;
                 }
-                other => {
-                    return Err(config_error(format!(
-                        "unknown SQLite URL parameter `{other}` (known: busy_timeout, synchronous, max_connections)"
-                    )));
+                _ => {
+                    let known = "busy_timeout, synchronous, max_connections";
+                    return Err(url_error(UrlError::unknown(name, known)));
                 }
             }
         }
@@ -263,15 +266,6 @@ impl fmt::Display for SqliteConfig {
 fn percent_decode(s: &str) -> Result<String, StoreError> {
     leasehold_core::url::percent_decode(s)
         .ok_or_else(|| config_error("the SQLite URL is not valid percent-encoded UTF-8"))
-}
-
-/// `500ms`, `5s`, `1m`, or a plain number of milliseconds.
-fn parse_duration(name: &str, value: &str) -> Result<Duration, StoreError> {
-    leasehold_core::url::parse_duration(value).ok_or_else(|| {
-        config_error(format!(
-            "{name} `{value}` is not a duration (500ms, 5s, 1m or a number of milliseconds)"
-        ))
-    })
 }
 
 #[cfg(test)]

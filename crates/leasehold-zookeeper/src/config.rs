@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::url::{parse_duration, percent_decode, split_url};
+use leasehold_core::url::{UrlError, host_list, param_duration, percent_decode, split_url};
 use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -22,6 +22,10 @@ pub const MAX_CHROOT_LEN: usize = 256;
 
 fn config_error(msg: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND, msg)
+}
+
+fn url_error(e: UrlError) -> StoreError {
+    config_error(format!("zookeeper: {e}"))
 }
 
 /// How to reach a ZooKeeper ensemble and how the store behaves.
@@ -63,11 +67,8 @@ impl ZkConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let hosts = hosts
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| parse_host(i + 1, e.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let hosts =
+            host_list(hosts).map_err(|(n, e)| config_error(format!("zookeeper host {n} {e}")))?;
         if hosts.is_empty() {
             return Err(config_error("a zookeeper URL needs at least one host:port"));
         }
@@ -102,8 +103,7 @@ impl ZkConfig {
     /// # Ok::<(), leasehold_core::StoreError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let parts =
-            split_url(url, "zookeeper").map_err(|e| config_error(format!("zookeeper: {e}")))?;
+        let parts = split_url(url, "zookeeper").map_err(url_error)?;
         if parts.userinfo.is_some() {
             return Err(config_error(
                 "zookeeper URLs take no user information: authentication is not supported",
@@ -116,20 +116,15 @@ impl ZkConfig {
             config = config.chroot(path)?;
         }
         for (name, value) in parts.params {
-            let d = parse_duration(value).ok_or_else(|| {
-                config_error(format!(
-                    "zookeeper URL parameter {name:?} is not a duration (250ms, 2s, 1m)"
-                ))
-            });
+            let d = param_duration(name, value).map_err(url_error);
             match name {
                 "session_timeout" => config = config.session_timeout(d?)?,
                 "timeout" => config = config.op_timeout(d?)?,
                 "connect_timeout" => config = config.connect_timeout(d?)?,
                 "tick_time" => config = config.tick_time(d?)?,
-                other => {
-                    return Err(config_error(format!(
-                        "unknown zookeeper URL parameter {other:?} (known: session_timeout, timeout, connect_timeout, tick_time)"
-                    )));
+                _ => {
+                    let known = "session_timeout, timeout, connect_timeout, tick_time";
+                    return Err(url_error(UrlError::unknown(name, known)));
                 }
             }
         }
@@ -276,27 +271,6 @@ fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
         )));
     }
     Ok(d)
-}
-
-fn parse_host(n: usize, e: &str) -> Result<String, StoreError> {
-    let (host, port) = e
-        .rsplit_once(':')
-        .ok_or_else(|| config_error(format!("zookeeper host {n} is not host:port")))?;
-    let bracketed = host.starts_with('[') && host.ends_with(']');
-    let host_ok = !host.is_empty()
-        && (bracketed
-            || host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'));
-    if !host_ok {
-        return Err(config_error(format!(
-            "zookeeper host {n} has a bad host name"
-        )));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(format!("{host}:{p}")),
-        _ => Err(config_error(format!("zookeeper host {n} has a bad port"))),
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use leasehold_core::{OpenFuture, Store, StoreFactory};
 
-use crate::store::ZkStore;
+use crate::session::ZkStore;
 
 /// Serves the URL scheme `zookeeper`.
 ///

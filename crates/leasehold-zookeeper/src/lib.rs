@@ -7,8 +7,8 @@ mod error; // ZooKeeper client errors as `StoreError`s
 mod factory; // `StoreFactory`
 mod paths; // node paths: key directories, queue nodes, records
 mod records; // `put_record` / `get_record`
-mod session; // the session, and how much of its timeout a grant may use
-mod store; // `ZkStore` and its `Store` (and `BatchStore`) impl
+mod session; // `ZkStore` itself: its session, how much of its timeout a grant may use
+mod store; // `Store` (and `BatchStore`) for `ZkStore`
 mod wait; // `WaitStore`: a place in the key's queue
 mod watch; // `WatchStore`: change notices
 
@@ -17,7 +17,7 @@ pub use config::{
     MAX_CHROOT_LEN, ZkConfig,
 };
 pub use factory::ZkFactory;
-pub use store::ZkStore;
+pub use session::ZkStore;
 
 /// The backend name reported by [`ZkStore`].
 pub const BACKEND: &str = "zookeeper";

@@ -4,7 +4,7 @@
 use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind};
 
 use crate::error::err;
-use crate::store::ZkStore;
+use crate::session::ZkStore;
 
 /// A key as one ZooKeeper path component: ASCII letters, digits, `:`, `_` and `-` stay,
 /// every other byte (`/`, `.`, `%`, spaces, non-ASCII) becomes `%XX`. Reversible.

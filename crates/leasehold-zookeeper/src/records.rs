@@ -5,7 +5,7 @@ use leasehold_core::{Fence, Key, Record, StoreError, StoreErrorKind};
 use zookeeper_client as zk;
 
 use crate::error::{err, map_err};
-use crate::store::ZkStore;
+use crate::session::ZkStore;
 
 /// How many times a record write that lost a race (another write came between its read
 /// and its conditional write) reads and tries again.

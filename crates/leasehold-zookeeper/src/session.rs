@@ -1,16 +1,83 @@
-//! The store's ZooKeeper session, how much of its timeout a grant may use
-//! ([`report_lag`]), and the leader's confirmation of grants in check `multi`s.
+//! [`ZkStore`] itself and what every role of it shares: its ZooKeeper session, how much
+//! of the session's timeout a grant may use ([`report_lag`]), the leader's confirmation of
+//! grants in check `multi`s, and the tables of grants and waiters.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Fence, OwnerToken, StoreError, StoreErrorKind};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
 use crate::error::{err, map_err};
-use crate::store::ZkStore;
+
+/// A lease this store granted and still believes live.
+#[derive(Debug, Clone)]
+pub(crate) struct Granted {
+    pub(crate) node: String,
+    /// The node's data version (never changed by the store: 0 for a node it created).
+    pub(crate) version: i32,
+    pub(crate) fence: Fence,
+    pub(crate) session: i64,
+    pub(crate) ttl: Duration,
+    /// The send of the last acquire or renewal + the TTL: past it the store deletes the
+    /// node (nobody renewed the lease).
+    pub(crate) deadline: Instant,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: ZkConfig,
+    pub(crate) session: tokio::sync::Mutex<Option<Session>>,
+    pub(crate) granted: Mutex<HashMap<(String, OwnerToken), Granted>>,
+    /// Acquires that may have created a node this store does not know of yet (in flight,
+    /// or dropped by their caller): until when the node may live unclaimed.
+    pub(crate) pending: Mutex<HashMap<(String, OwnerToken), Instant>>,
+    /// Owners with a place in a key's queue (a waiter node): their calls in progress,
+    /// and when the last one ended.
+    pub(crate) waiting: Mutex<HashMap<(String, OwnerToken), Presence>>,
+    /// Held by an acquire that adopts a node of its owner (a waiter's place, a node left by
+    /// a cut acquire) from its check of the node to its record of the grant, and by the
+    /// store's task while it deletes unclaimed nodes: a node is either granted or deleted,
+    /// never granted while its deletion is under way.
+    pub(crate) adopt: tokio::sync::Mutex<()>,
+    pub(crate) reaper: tokio::sync::Notify,
+    /// Points where a test holds a call (tests only).
+    #[cfg(test)]
+    pub(crate) hooks: hooks::Hooks,
+}
+
+/// A lease store on a ZooKeeper ensemble (3.5 or later).
+///
+/// All leases of one store share **one ZooKeeper session**. A grant is an ephemeral
+/// sequential node `<chroot>/<key>/<owner token>-<sequence>`; the lowest sequence holds
+/// the lease; the fence is the node's `czxid`. Records ([`leasehold_core::Store::put_record`])
+/// are persistent nodes `<chroot>/%2erecords/<key>` holding the fence (8 bytes, big-endian)
+/// and the value. See the crate documentation for the design and its limits.
+///
+/// Cloning is cheap: clones share the session and the table of granted leases.
+#[derive(Clone)]
+pub struct ZkStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ZkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkStore")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A waiter's presence: its node is kept while a call of its owner is in progress and for
+/// `WAITER_GRACE` after the last one; then the store deletes it (the waiter gave up).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Presence {
+    pub(crate) calls: u32,
+    pub(crate) last: Instant,
+}
 
 /// The store's ZooKeeper session.
 #[derive(Clone)]
@@ -84,6 +151,20 @@ pub(crate) enum Check {
 const CHECK_BATCH_BYTES: usize = 256 * 1024;
 
 impl ZkStore {
+    pub(crate) async fn bounded<T>(
+        &self,
+        op: &str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        StoreError::bounded(BACKEND, op, self.inner.config.op_bound(), call).await
+    }
+
+    pub(crate) fn granted(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Granted>> {
+        self.inner.granted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The current session, or a new one when there is none or it ended (expired,
     /// closed): the leases of an ended session are gone with its nodes.
     pub(crate) async fn session(&self) -> Result<Session, StoreError> {
@@ -242,5 +323,49 @@ impl ZkStore {
             }
         }
         Ok(answers)
+    }
+}
+
+/// Pause points for tests: a test arms one, the call stops there until the test resumes it.
+#[cfg(test)]
+mod hooks {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::sync::Notify;
+
+    #[derive(Default)]
+    pub(crate) struct Hooks {
+        /// A same-owner re-acquire of a grant the store knows: after its check of the
+        /// node, before it records the grant.
+        pub(crate) reacquire_checked: Pause,
+    }
+
+    /// Holds the next call that reaches it (once armed) until [`resume`](Self::resume).
+    #[derive(Default)]
+    pub(crate) struct Pause {
+        armed: AtomicBool,
+        reached: Notify,
+        resume: Notify,
+    }
+
+    impl Pause {
+        pub(crate) fn arm(&self) {
+            self.armed.store(true, Ordering::SeqCst);
+        }
+
+        pub(crate) async fn at(&self) {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                self.reached.notify_one();
+                self.resume.notified().await;
+            }
+        }
+
+        pub(crate) async fn reached(&self) {
+            self.reached.notified().await;
+        }
+
+        pub(crate) fn resume(&self) {
+            self.resume.notify_one();
+        }
     }
 }

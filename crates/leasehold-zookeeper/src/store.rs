@@ -19,8 +19,8 @@ use crate::config::ZkConfig;
 use crate::error::{err, map_err};
 use crate::paths::{RECORDS_DIR, decode_key, sorted_queue};
 use crate::records::decode_record;
-use crate::session::{Check, Session};
-use crate::wait::{Presence, WAITER_GRACE};
+use crate::session::{Check, Granted, Inner, Session, ZkStore};
+use crate::wait::WAITER_GRACE;
 
 fn fence(zxid: i64) -> Result<Fence, StoreError> {
     u64::try_from(zxid)
@@ -41,63 +41,6 @@ fn ttl_of(data: &[u8]) -> Result<Duration, StoreError> {
                 "a lease node's data is not its TTL",
             )
         })
-}
-
-/// A lease this store granted and still believes live.
-#[derive(Debug, Clone)]
-pub(crate) struct Granted {
-    pub(crate) node: String,
-    /// The node's data version (never changed by the store: 0 for a node it created).
-    pub(crate) version: i32,
-    pub(crate) fence: Fence,
-    pub(crate) session: i64,
-    pub(crate) ttl: Duration,
-    /// The send of the last acquire or renewal + the TTL: past it the store deletes the
-    /// node (nobody renewed the lease).
-    pub(crate) deadline: Instant,
-}
-
-pub(crate) struct Inner {
-    pub(crate) config: ZkConfig,
-    pub(crate) session: tokio::sync::Mutex<Option<Session>>,
-    pub(crate) granted: Mutex<HashMap<(String, OwnerToken), Granted>>,
-    /// Acquires that may have created a node this store does not know of yet (in flight,
-    /// or dropped by their caller): until when the node may live unclaimed.
-    pub(crate) pending: Mutex<HashMap<(String, OwnerToken), Instant>>,
-    /// Owners with a place in a key's queue (a waiter node): their calls in progress,
-    /// and when the last one ended.
-    pub(crate) waiting: Mutex<HashMap<(String, OwnerToken), Presence>>,
-    /// Held by an acquire that adopts a node of its owner (a waiter's place, a node left by
-    /// a cut acquire) from its check of the node to its record of the grant, and by the
-    /// store's task while it deletes unclaimed nodes: a node is either granted or deleted,
-    /// never granted while its deletion is under way.
-    pub(crate) adopt: tokio::sync::Mutex<()>,
-    pub(crate) reaper: tokio::sync::Notify,
-    /// Points where a test holds a call (tests only).
-    #[cfg(test)]
-    hooks: hooks::Hooks,
-}
-
-/// A lease store on a ZooKeeper ensemble (3.5 or later).
-///
-/// All leases of one store share **one ZooKeeper session**. A grant is an ephemeral
-/// sequential node `<chroot>/<key>/<owner token>-<sequence>`; the lowest sequence holds
-/// the lease; the fence is the node's `czxid`. Records (see [`Store::put_record`]) are
-/// persistent nodes `<chroot>/%2erecords/<key>` holding the fence (8 bytes, big-endian)
-/// and the value. See the crate documentation for the design and its limits.
-///
-/// Cloning is cheap: clones share the session and the table of granted leases.
-#[derive(Clone)]
-pub struct ZkStore {
-    pub(crate) inner: Arc<Inner>,
-}
-
-impl std::fmt::Debug for ZkStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ZkStore")
-            .field("config", &self.inner.config)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ZkStore {
@@ -133,7 +76,7 @@ impl ZkStore {
                 adopt: tokio::sync::Mutex::new(()),
                 reaper: tokio::sync::Notify::new(),
                 #[cfg(test)]
-                hooks: hooks::Hooks::default(),
+                hooks: Default::default(),
             }),
         };
         let session = store.session().await?;
@@ -195,20 +138,6 @@ impl ZkStore {
     /// Cancel safe.
     pub async fn session_id(&self) -> Result<i64, StoreError> {
         Ok(self.session().await?.id)
-    }
-
-    pub(crate) async fn bounded<T>(
-        &self,
-        op: &str,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        StoreError::bounded(BACKEND, op, self.inner.config.op_bound(), call).await
-    }
-
-    pub(crate) fn granted(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Granted>> {
-        self.inner.granted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The queue of `dir` (empty when the directory does not exist).
@@ -942,50 +871,6 @@ impl BatchStore for ZkStore {
     ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
         StoreError::check_ttl(BACKEND, ttl)?;
         self.bounded("renew", self.do_renew_many(leases, ttl)).await
-    }
-}
-
-/// Pause points for tests: a test arms one, the call stops there until the test resumes it.
-#[cfg(test)]
-mod hooks {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
-    use tokio::sync::Notify;
-
-    #[derive(Default)]
-    pub(super) struct Hooks {
-        /// A same-owner re-acquire of a grant the store knows: after its check of the
-        /// node, before it records the grant.
-        pub(super) reacquire_checked: Pause,
-    }
-
-    /// Holds the next call that reaches it (once armed) until [`resume`](Self::resume).
-    #[derive(Default)]
-    pub(super) struct Pause {
-        armed: AtomicBool,
-        reached: Notify,
-        resume: Notify,
-    }
-
-    impl Pause {
-        pub(super) fn arm(&self) {
-            self.armed.store(true, Ordering::SeqCst);
-        }
-
-        pub(super) async fn at(&self) {
-            if self.armed.swap(false, Ordering::SeqCst) {
-                self.reached.notify_one();
-                self.resume.notified().await;
-            }
-        }
-
-        pub(super) async fn reached(&self) {
-            self.reached.notified().await;
-        }
-
-        pub(super) fn resume(&self) {
-            self.resume.notify_one();
-        }
     }
 }
 

@@ -11,15 +11,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::map_err;
-use crate::store::{Inner, ZkStore};
-
-/// A waiter's presence: its node is kept while a call of its owner is in progress and for
-/// [`WAITER_GRACE`] after the last one; then the store deletes it (the waiter gave up).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Presence {
-    pub(crate) calls: u32,
-    pub(crate) last: Instant,
-}
+use crate::session::{Inner, Presence, ZkStore};
 
 /// How long a waiter's place in the queue outlives its owner's last call: the lease client
 /// calls `acquire` right after `wait_released` returns, and `wait_released` again right

@@ -11,7 +11,7 @@ use zookeeper_client as zk;
 
 use crate::error::{err, map_err};
 use crate::paths::sorted_queue;
-use crate::store::{Inner, ZkStore};
+use crate::session::{Inner, ZkStore};
 
 /// A one-shot ZooKeeper watch, waiting for its event (dropping it removes the watch,
 /// on the server too).

@@ -1,7 +1,26 @@
 //! Small, strict helpers for backends that parse their own store URLs, so every backend
-//! decodes credentials and reads duration parameters the same way.
+//! decodes credentials, reads hosts and parameters, and redacts passwords the same way.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
+
+/// A password (or other secret) that `Debug` shows as `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl Secret {
+    /// The secret itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
 
 /// Decodes `%XX` escapes. `None` for a malformed escape or a result that is not UTF-8
 /// (a strict decoder: a password is never silently altered).
@@ -42,6 +61,20 @@ pub fn parse_duration(v: &str) -> Option<Duration> {
     }
 }
 
+/// Checks every entry of a host list with [`host_port`]: `host:port` each (the port as a
+/// number), or the number (from 1) of the first bad entry and what is wrong with it.
+pub fn host_list<I, S>(entries: I) -> Result<Vec<String>, (usize, HostPortError)>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let check = |(i, e): (usize, S)| match host_port(e.as_ref()) {
+        Ok((host, port)) => Ok(format!("{host}:{port}")),
+        Err(e) => Err((i + 1, e)),
+    };
+    entries.into_iter().enumerate().map(check).collect()
+}
+
 /// A store URL `scheme://[userinfo@]hosts[/path][?name=value&…]` split into its parts,
 /// nothing decoded: each backend decodes and checks the parts it takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +110,99 @@ pub enum UrlError {
         /// The parameter's name, cut to its first 32 characters.
         name: String,
     },
+    /// A query parameter the backend does not take.
+    #[error("unknown URL parameter {name:?} (known: {known})")]
+    UnknownParameter {
+        /// The parameter's name, cut to its first 32 characters.
+        name: String,
+        /// The parameters the backend takes, comma-separated.
+        known: &'static str,
+    },
+    /// A query parameter's value is not what it takes ([`param_value`] and the like).
+    #[error("URL parameter {name:?} {problem}")]
+    BadValue {
+        /// The parameter's name, cut to its first 32 characters.
+        name: String,
+        /// What is wrong, a sentence's end: `is not a number`.
+        problem: &'static str,
+    },
+}
+
+/// A parameter's name as an error shows it: its first 32 characters.
+fn shown(name: &str) -> String {
+    name.chars().take(32).collect()
+}
+
+impl UrlError {
+    /// The error for parameter `name`, not one of `known` (comma-separated).
+    pub fn unknown(name: &str, known: &'static str) -> Self {
+        Self::UnknownParameter {
+            name: shown(name),
+            known,
+        }
+    }
+
+    fn bad_value(name: &str, problem: &'static str) -> Self {
+        Self::BadValue {
+            name: shown(name),
+            problem,
+        }
+    }
+}
+
+/// Parameter `name`'s value, percent-decoded ([`percent_decode`]); else a
+/// [`UrlError::BadValue`] (as the other `param_` functions).
+pub fn param_value(name: &str, value: &str) -> Result<String, UrlError> {
+    percent_decode(value).ok_or_else(|| UrlError::bad_value(name, "has a malformed %-escape"))
+}
+
+/// Parameter `name`'s value as a duration ([`parse_duration`]).
+pub fn param_duration(name: &str, value: &str) -> Result<Duration, UrlError> {
+    let problem = "is not a duration (500ms, 5s, 1m or a number of milliseconds)";
+    parse_duration(value).ok_or_else(|| UrlError::bad_value(name, problem))
+}
+
+/// Parameter `name`'s value as a number (or anything else [`FromStr`] reads).
+pub fn param_number<T: FromStr>(name: &str, value: &str) -> Result<T, UrlError> {
+    value
+        .parse()
+        .map_err(|_| UrlError::bad_value(name, "is not a number"))
+}
+
+/// Why [`host_port`] refused an entry of a host list. Its text follows the entry's name
+/// (`etcd endpoint 2 has a bad port`) and never repeats the entry, which in a malformed URL
+/// may hold part of the credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostPortError {
+    /// No `:` separates a port.
+    #[error("is not host:port")]
+    NotHostPort,
+    /// The host is empty, or neither `[…]` nor letters, digits, `.`, `-` and `_`.
+    #[error("has a bad host")]
+    BadHost,
+    /// The port is not a number from 1 to 65535.
+    #[error("has a bad port")]
+    BadPort,
+}
+
+/// Splits one `host:port` of a host list: the host as written (an IPv6 address in its
+/// brackets, their content unchecked) and the port; else a [`HostPortError`].
+pub fn host_port(entry: &str) -> Result<(&str, u16), HostPortError> {
+    let (host, port) = entry.rsplit_once(':').ok_or(HostPortError::NotHostPort)?;
+    let bracketed = host.starts_with('[') && host.ends_with(']');
+    let host_ok = !host.is_empty()
+        && (bracketed
+            || host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_'));
+    if !host_ok {
+        return Err(HostPortError::BadHost);
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p != 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok((host, p)),
+        _ => Err(HostPortError::BadPort),
+    }
 }
 
 /// Splits a store URL of `scheme` (given without `://`).
@@ -120,9 +246,7 @@ pub fn split_url<'a>(url: &'a str, scheme: &str) -> Result<UrlParts<'a>, UrlErro
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         if params.iter().any(|(n, _)| *n == name) {
-            return Err(UrlError::RepeatedParameter {
-                name: name.chars().take(32).collect(),
-            });
+            return Err(UrlError::RepeatedParameter { name: shown(name) });
         }
         params.push((name, value));
     }
@@ -137,6 +261,42 @@ pub fn split_url<'a>(url: &'a str, scheme: &str) -> Result<UrlParts<'a>, UrlErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_lists() {
+        assert_eq!(host_port("db-1.example:2379"), Ok(("db-1.example", 2379)));
+        assert_eq!(host_port("[::1]:2181"), Ok(("[::1]", 2181)));
+        for (bad, why) in [
+            ("h", HostPortError::NotHostPort),
+            ("bad host:1", HostPortError::BadHost),
+            (":1", HostPortError::BadHost),
+            ("h:0", HostPortError::BadPort),
+            ("h:+1", HostPortError::BadPort),
+            ("h:70000", HostPortError::BadPort),
+        ] {
+            assert_eq!(host_port(bad), Err(why), "{bad}");
+        }
+        assert_eq!(
+            host_list(["a:01", "b:2"]),
+            Ok(vec!["a:1".into(), "b:2".into()])
+        );
+        assert_eq!(
+            host_list(["a:1", "b"]),
+            Err((2, HostPortError::NotHostPort))
+        );
+        let e = param_duration("timeout", "soon").unwrap_err();
+        let said = "URL parameter \"timeout\" is not a duration (500ms, 5s, 1m or a number of milliseconds)";
+        assert_eq!(e.to_string(), said);
+        assert_eq!(
+            param_number::<u32>("n", "x").unwrap_err().to_string(),
+            "URL parameter \"n\" is not a number"
+        );
+        assert_eq!(
+            param_value("p", "%zz").unwrap_err().to_string(),
+            "URL parameter \"p\" has a malformed %-escape"
+        );
+        assert_eq!(format!("{:?}", Secret("pw".to_owned())), "<redacted>");
+    }
 
     #[test]
     fn decoding_is_strict() {
