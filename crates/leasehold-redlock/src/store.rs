@@ -58,6 +58,24 @@ impl<T> Tally<T> {
         Some(self.errors.swap_remove(i))
     }
 
+    /// The tally if at least `q` nodes answered; else the first fatal error, or a
+    /// retryable one ([`short`](Self::short)) saying `what` of the number that answered.
+    fn majority(
+        mut self,
+        q: usize,
+        op: &str,
+        what: impl FnOnce(usize) -> String,
+    ) -> Result<Self, StoreError> {
+        if let Some(e) = self.take_fatal() {
+            return Err(e);
+        }
+        if self.ok.len() < q {
+            let what = what(self.ok.len());
+            return Err(self.short(op, what));
+        }
+        Ok(self)
+    }
+
     /// A retryable error saying that `what` reached too few nodes, of the kind of the
     /// nodes' errors (`Timeout` if any request may have been applied).
     fn short(&self, op: &str, what: String) -> StoreError {
@@ -142,21 +160,11 @@ impl RedlockStore {
         let store = Self::new(config)?;
         let bound = store.config.connect_bound();
         let deadline = Instant::now() + bound;
-        let mut tally = Tally::of(join_all(store.nodes.iter().map(|n| n.ping(deadline))).await);
-        if let Some(e) = tally.take_fatal() {
-            return Err(e);
-        }
-        let q = store.config.quorum();
-        if tally.ok.len() < q {
-            return Err(tally.short(
-                "connecting",
-                format!(
-                    "reached {} of {} Redlock nodes, a majority ({q}) is needed",
-                    tally.ok.len(),
-                    store.nodes.len()
-                ),
-            ));
-        }
+        let (n, q) = (store.nodes.len(), store.config.quorum());
+        let tally = Tally::of(join_all(store.nodes.iter().map(|n| n.ping(deadline))).await)
+            .majority(q, "connecting", |answered| {
+                format!("reached {answered} of {n} Redlock nodes, a majority ({q}) is needed")
+            })?;
         if !store.config.eviction_allowed() {
             // A node that may evict keys forgets leases early (docs/faults.md row 25): refused
             // unless accepted explicitly. Checked on every node reached now.
@@ -629,16 +637,12 @@ impl Store for RedlockStore {
             glob_escape(&encode(prefix))
         );
         let (n, q) = (self.nodes.len(), self.config.quorum());
-        let mut tally = self.on_all(|node| node.scan("list", &pattern, bound)).await;
-        if let Some(e) = tally.take_fatal() {
-            return Err(e);
-        }
-        if tally.ok.len() < q {
-            return Err(tally.short(
-                "list",
-                format!("scanned {} of {n} nodes, {q} needed", tally.ok.len()),
-            ));
-        }
+        let tally = self
+            .on_all(|node| node.scan("list", &pattern, bound))
+            .await
+            .majority(q, "list", |answered| {
+                format!("scanned {answered} of {n} nodes, {q} needed")
+            })?;
         let candidates: BTreeSet<Key> = tally
             .ok
             .iter()
@@ -669,58 +673,36 @@ impl Store for RedlockStore {
         let (n, q) = (self.nodes.len(), self.config.quorum());
         let deadline = Instant::now() + bound;
         let keys = [lease.as_str(), fence_key.as_str()];
-        let mut tally = self
+        let tally = self
             .on_all(|node| {
-                node.run(
-                    "break",
-                    deadline,
-                    &SCRIPTS.break_lease,
-                    &keys,
-                    &[],
-                    parse_fence_reply,
-                )
+                let script = &SCRIPTS.break_lease;
+                node.run("break", deadline, script, &keys, &[], parse_fence_reply)
             })
-            .await;
-        if let Some(e) = tally.take_fatal() {
-            return Err(e);
-        }
-        if tally.ok.len() < q {
-            return Err(tally.short(
-                "break",
-                format!(
-                    "broken on {} of {n} nodes, {q} needed; break again",
-                    tally.ok.len()
-                ),
-            ));
-        }
+            .await
+            .majority(q, "break", |answered| {
+                format!("broken on {answered} of {n} nodes, {q} needed; break again")
+            })?;
         let fence = tally.ok.iter().map(|(_, f)| *f).max().unwrap_or(Fence(1));
         let fs = fence.0.to_string();
         let deadline = Instant::now() + bound;
         let (raise_keys, raise_args) = ([fence_key.as_str()], [fs.as_str()]);
-        let mut raised = self
-            .on_all(|node| {
-                node.run(
-                    "break (recording the fence)",
-                    deadline,
-                    &SCRIPTS.raise,
-                    &raise_keys,
-                    &raise_args,
-                    parse_flag,
-                )
-            })
-            .await;
-        if let Some(e) = raised.take_fatal() {
-            return Err(e);
-        }
-        if raised.ok.len() < q {
-            return Err(raised.short(
-                "break",
-                format!(
-                    "the new fence was recorded on {} of {n} nodes, {q} needed; break again",
-                    raised.ok.len()
-                ),
-            ));
-        }
+        let op = "break (recording the fence)";
+        self.on_all(|node| {
+            node.run(
+                op,
+                deadline,
+                &SCRIPTS.raise,
+                &raise_keys,
+                &raise_args,
+                parse_flag,
+            )
+        })
+        .await
+        .majority(q, "break", |answered| {
+            format!(
+                "the new fence was recorded on {answered} of {n} nodes, {q} needed; break again"
+            )
+        })?;
         Ok(fence)
     }
 
@@ -807,27 +789,15 @@ impl Store for RedlockStore {
         let name = self.record_key(key);
         let (n, q) = (self.nodes.len(), self.config.quorum());
         let keys = [name.as_str()];
-        let mut tally = self
+        let tally = self
             .on_all(|node| {
-                node.run(
-                    "get record",
-                    deadline,
-                    &SCRIPTS.get_record,
-                    &keys,
-                    &[],
-                    parse_record,
-                )
+                let script = &SCRIPTS.get_record;
+                node.run("get record", deadline, script, &keys, &[], parse_record)
             })
-            .await;
-        if let Some(e) = tally.take_fatal() {
-            return Err(e);
-        }
-        if tally.ok.len() < q {
-            return Err(tally.short(
-                "get record",
-                format!("answered by {} of {n} nodes, {q} needed", tally.ok.len()),
-            ));
-        }
+            .await
+            .majority(q, "get record", |answered| {
+                format!("answered by {answered} of {n} nodes, {q} needed")
+            })?;
         let Some(best) = pick(tally.ok.iter().filter_map(|(_, r)| r.as_ref())) else {
             return Ok(None);
         };
