@@ -210,7 +210,7 @@ async fn offset_of(
     mut primary: MultiplexedConnection,
     node: &NodeAddr,
 ) -> Result<i64, String> {
-    let client = crate::conn::client_for(cfg, node).map_err(|e| e.to_string())?;
+    let client = crate::discovery::client_for(cfg, node).map_err(|e| e.to_string())?;
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(cfg.connect_timeout()))
         .set_response_timeout(None);
@@ -260,7 +260,7 @@ pub(crate) async fn watch(
             continue;
         };
         let asked = async {
-            let client = crate::conn::client_for(&cfg, &node).map_err(|e| e.to_string())?;
+            let client = crate::discovery::client_for(&cfg, &node).map_err(|e| e.to_string())?;
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(cfg.connect_timeout()))
                 .set_response_timeout(None);
@@ -275,7 +275,7 @@ pub(crate) async fn watch(
             Ok::<_, String>((c, role))
         };
         match timeout(cfg.connect_timeout(), asked).await {
-            Ok(Ok((c, role))) if crate::conn::is_primary(&role) => {
+            Ok(Ok((c, role))) if crate::discovery::is_primary(&role) => {
                 clocks
                     .measure(&cfg, &node, &c, replicas_in_role(&role))
                     .await;

@@ -71,7 +71,7 @@ pub(crate) enum Transport {
     /// arrive on `pushes` (taken by the first connection's reader).
     /// Classic pub/sub on a dedicated connection to the primary Sentinel names at each
     /// connection (a `PUBLISH` on the primary reaches its replicas' subscribers too).
-    Sentinel(Arc<crate::conn::Discovery>),
+    Sentinel(Arc<crate::discovery::Discovery>),
     Sharded {
         client: Box<ClusterClient>,
         pushes: Mutex<Option<UnboundedReceiver<PushInfo>>>,
