@@ -16,6 +16,24 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The shortest TTL accepted: 10 ms (stores count TTLs in milliseconds).
 pub const MIN_TTL: Duration = Duration::from_millis(10);
 
+/// `name: Type;` → `pub fn name(&self) -> Type { self.name }`, with the docs given.
+macro_rules! getters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty;)*) => {
+        $($(#[$doc])* pub fn $name(&self) -> $ty { self.$name })*
+    };
+}
+
+/// `name(arg: Type);` → a builder method setting the field `name` to `arg` (`=> Some`:
+/// to `Some(arg)`), with the docs given.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) $(=> $wrap:ident)?;)*) => {
+        $($(#[$doc])* pub fn $name(mut self, $arg: $ty) -> Self {
+            self.$name = $($wrap)?($arg);
+            self
+        })*
+    };
+}
+
 /// How a lease is held: TTL, renewal cadence, safety margins, bounds and retry policy.
 ///
 /// Build one with [`LeaseConfig::builder`]; every value is validated by
@@ -132,53 +150,33 @@ impl LeaseConfig {
         Self::builder(ttl).build()
     }
 
-    /// The time to live requested from the store (which may grant less: see
-    /// [`Lease::ttl`](crate::Lease::ttl)).
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-    /// How often the heartbeat renews a lease granted the full TTL (see
-    /// [`renew_interval_for`](Self::renew_interval_for) for a shorter grant).
-    pub fn renew_interval(&self) -> Duration {
-        self.renew_interval
-    }
-    /// The bound on every single store call (a renewal of a lease granted less than the
-    /// TTL: [`op_timeout_for`](Self::op_timeout_for)).
-    pub fn op_timeout(&self) -> Duration {
-        self.op_timeout
-    }
-    /// The assumed bound on clock-rate drift between holder and store.
-    pub fn drift_factor(&self) -> f64 {
-        self.drift_factor
-    }
-    /// The fixed safety margin subtracted from the validity window.
-    pub fn margin(&self) -> Duration {
-        self.margin
-    }
-    /// Consecutive failed renewals after which the lease is lost.
-    pub fn renew_failures_before_lost(&self) -> u32 {
-        self.renew_failures_before_lost
-    }
-    /// The maximum time a lease may be held, if bounded.
-    pub fn max_hold(&self) -> Option<Duration> {
-        self.max_hold
-    }
-    /// The maximum number of renewals, if bounded.
-    pub fn max_renewals(&self) -> Option<u64> {
-        self.max_renewals
-    }
-    /// The retry policy of waiting acquisitions.
-    pub fn backoff(&self) -> Backoff {
-        self.backoff
-    }
-    /// How many times an acquire with an ambiguous reply is retried with the same owner.
-    pub fn ambiguous_retries(&self) -> u32 {
-        self.ambiguous_retries
-    }
-    /// Whether an OS thread watches validity deadlines (see
-    /// [`LeaseConfigBuilder::watchdog_thread`]).
-    pub fn watchdog_thread(&self) -> bool {
-        self.watchdog_thread
+    getters! {
+        /// The time to live requested from the store (which may grant less: see
+        /// [`Lease::ttl`](crate::Lease::ttl)).
+        ttl: Duration;
+        /// How often the heartbeat renews a lease granted the full TTL (see
+        /// [`renew_interval_for`](Self::renew_interval_for) for a shorter grant).
+        renew_interval: Duration;
+        /// The bound on every single store call (a renewal of a lease granted less than the
+        /// TTL: [`op_timeout_for`](Self::op_timeout_for)).
+        op_timeout: Duration;
+        /// The assumed bound on clock-rate drift between holder and store.
+        drift_factor: f64;
+        /// The fixed safety margin subtracted from the validity window.
+        margin: Duration;
+        /// Consecutive failed renewals after which the lease is lost.
+        renew_failures_before_lost: u32;
+        /// The maximum time a lease may be held, if bounded.
+        max_hold: Option<Duration>;
+        /// The maximum number of renewals, if bounded.
+        max_renewals: Option<u64>;
+        /// The retry policy of waiting acquisitions.
+        backoff: Backoff;
+        /// How many times an acquire with an ambiguous reply is retried with the same owner.
+        ambiguous_retries: u32;
+        /// Whether an OS thread watches validity deadlines (see
+        /// [`LeaseConfigBuilder::watchdog_thread`]).
+        watchdog_thread: bool;
     }
 
     /// The validity window of a grant of `ttl`: `ttl × (1 − drift) − margin`, counted from
@@ -300,64 +298,36 @@ pub struct LeaseConfigBuilder {
 }
 
 impl LeaseConfigBuilder {
-    /// Renew every `d` (default `ttl / 3`). A lease granted a shorter TTL than `ttl` is
-    /// renewed every `d × granted / ttl` ([`LeaseConfig::renew_interval_for`]).
-    pub fn renew_interval(mut self, d: Duration) -> Self {
-        self.renew_interval = Some(d);
-        self
-    }
-    /// Bound every store call by `d` (default `ttl / 6`, at most 5 s). The renewals of a
-    /// lease granted a shorter TTL than `ttl` are bounded by `d × granted / ttl`
-    /// ([`LeaseConfig::op_timeout_for`]).
-    pub fn op_timeout(mut self, d: Duration) -> Self {
-        self.op_timeout = Some(d);
-        self
-    }
-    /// Assumed clock-rate drift, as a fraction of the TTL (default 0.01).
-    pub fn drift_factor(mut self, f: f64) -> Self {
-        self.drift_factor = f;
-        self
-    }
-    /// Fixed safety margin subtracted from the validity window (default 5 ms, or
-    /// `ttl / 20` for TTLs under 100 ms).
-    pub fn margin(mut self, d: Duration) -> Self {
-        self.margin = Some(d);
-        self
-    }
-    /// Lose the lease after `n` consecutive failed renewals (default 2).
-    pub fn renew_failures_before_lost(mut self, n: u32) -> Self {
-        self.renew_failures_before_lost = n;
-        self
-    }
-    /// Stop renewing and lose the lease `d` after it was acquired (default: unbounded).
-    pub fn max_hold(mut self, d: Duration) -> Self {
-        self.max_hold = Some(d);
-        self
-    }
-    /// Stop renewing and lose the lease after `n` renewals (default: unbounded).
-    pub fn max_renewals(mut self, n: u64) -> Self {
-        self.max_renewals = Some(n);
-        self
-    }
-    /// Retry policy of waiting acquisitions (default 50 ms base, 2 s cap).
-    pub fn backoff(mut self, b: Backoff) -> Self {
-        self.backoff = b;
-        self
-    }
-    /// Retries, with the same owner token, of an acquire whose reply was ambiguous
-    /// (timeout or reset after send). Default 2.
-    pub fn ambiguous_retries(mut self, n: u32) -> Self {
-        self.ambiguous_retries = n;
-        self
-    }
-    /// Whether a process-wide OS thread watches validity deadlines (default `true`).
-    ///
-    /// With it, the lost signal fires at the deadline even when the async runtime is
-    /// starved (every worker blocked by CPU work). Turn it off only in tests that run on
-    /// tokio's paused clock, which that thread cannot see.
-    pub fn watchdog_thread(mut self, on: bool) -> Self {
-        self.watchdog_thread = on;
-        self
+    setters! {
+        /// Renew every `d` (default `ttl / 3`). A lease granted a shorter TTL than `ttl` is
+        /// renewed every `d × granted / ttl` ([`LeaseConfig::renew_interval_for`]).
+        renew_interval(d: Duration) => Some;
+        /// Bound every store call by `d` (default `ttl / 6`, at most 5 s). The renewals of a
+        /// lease granted a shorter TTL than `ttl` are bounded by `d × granted / ttl`
+        /// ([`LeaseConfig::op_timeout_for`]).
+        op_timeout(d: Duration) => Some;
+        /// Assumed clock-rate drift, as a fraction of the TTL (default 0.01).
+        drift_factor(f: f64);
+        /// Fixed safety margin subtracted from the validity window (default 5 ms, or
+        /// `ttl / 20` for TTLs under 100 ms).
+        margin(d: Duration) => Some;
+        /// Lose the lease after `n` consecutive failed renewals (default 2).
+        renew_failures_before_lost(n: u32);
+        /// Stop renewing and lose the lease `d` after it was acquired (default: unbounded).
+        max_hold(d: Duration) => Some;
+        /// Stop renewing and lose the lease after `n` renewals (default: unbounded).
+        max_renewals(n: u64) => Some;
+        /// Retry policy of waiting acquisitions (default 50 ms base, 2 s cap).
+        backoff(b: Backoff);
+        /// Retries, with the same owner token, of an acquire whose reply was ambiguous
+        /// (timeout or reset after send). Default 2.
+        ambiguous_retries(n: u32);
+        /// Whether a process-wide OS thread watches validity deadlines (default `true`).
+        ///
+        /// With it, the lost signal fires at the deadline even when the async runtime is
+        /// starved (every worker blocked by CPU work). Turn it off only in tests that run on
+        /// tokio's paused clock, which that thread cannot see.
+        watchdog_thread(on: bool);
     }
 
     /// Validates and builds.
