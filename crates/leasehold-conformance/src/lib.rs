@@ -93,13 +93,28 @@ pub trait Pausable: Send + Sync {
     fn resume(&self);
 }
 
-impl Pausable for RedisServer {
-    fn pause(&self) {
-        RedisServer::pause(self);
-    }
-    fn resume(&self) {
-        RedisServer::resume(self);
-    }
+/// `Pausable` for server types by their own methods: `Type => pause, resume;`.
+macro_rules! pausable {
+    ($($server:ty => $pause:ident, $resume:ident;)*) => {$(
+        impl Pausable for $server {
+            fn pause(&self) {
+                <$server>::$pause(self);
+            }
+            fn resume(&self) {
+                <$server>::$resume(self);
+            }
+        }
+    )*};
+}
+
+pausable! {
+    RedisServer => pause, resume;
+    Postgres => pause, resume;
+    MariaDb => pause, resume;
+    EtcdServer => pause, resume;
+    ZkServer => pause, resume;
+    EtcdCluster => pause_all, resume_all;
+    ZkEnsemble => pause_all, resume_all;
 }
 
 impl Pausable for RedisCluster {
@@ -126,60 +141,6 @@ impl Pausable for leasehold_testkit::RedisSentinelSet {
         for s in self.servers() {
             s.resume();
         }
-    }
-}
-
-impl Pausable for Postgres {
-    fn pause(&self) {
-        Postgres::pause(self);
-    }
-    fn resume(&self) {
-        Postgres::resume(self);
-    }
-}
-
-impl Pausable for MariaDb {
-    fn pause(&self) {
-        MariaDb::pause(self);
-    }
-    fn resume(&self) {
-        MariaDb::resume(self);
-    }
-}
-
-impl Pausable for EtcdServer {
-    fn pause(&self) {
-        EtcdServer::pause(self);
-    }
-    fn resume(&self) {
-        EtcdServer::resume(self);
-    }
-}
-
-impl Pausable for EtcdCluster {
-    fn pause(&self) {
-        self.pause_all();
-    }
-    fn resume(&self) {
-        self.resume_all();
-    }
-}
-
-impl Pausable for ZkServer {
-    fn pause(&self) {
-        ZkServer::pause(self);
-    }
-    fn resume(&self) {
-        ZkServer::resume(self);
-    }
-}
-
-impl Pausable for ZkEnsemble {
-    fn pause(&self) {
-        self.pause_all();
-    }
-    fn resume(&self) {
-        self.resume_all();
     }
 }
 
@@ -436,6 +397,36 @@ impl std::fmt::Debug for Case {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Case").field("name", &self.name).finish()
     }
+}
+
+/// A store crate's unit test that its public types are `Send + Sync` and, checked at
+/// compile time on futures that are built but never awaited, that the futures of its own
+/// async functions are `Send` (the [`Store`] methods' futures are checked for every store
+/// by `leasehold-core/tests/send.rs`). Write it at the crate root, under `#[cfg(test)]`:
+/// `send_sync!([Store, Config], fn(config: Config) { Store::connect(config) })`; the
+/// function's parameters give the expressions what they borrow.
+#[macro_export]
+macro_rules! send_sync {
+    ([$($ty:ty),* $(,)?] $(, fn($($arg:ident : $arg_ty:ty),* $(,)?) { $($fut:expr);* $(;)? })?) => {
+        mod send_sync {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            fn types_are_send_and_sync() {
+                fn check<T: Send + Sync>() {}
+                $(check::<$ty>();)*
+            }
+
+            $(
+                #[allow(dead_code, clippy::too_many_arguments)]
+                fn futures_are_send($($arg: $arg_ty),*) {
+                    fn check<T: Send>(_: &T) {}
+                    $(check(&$fut);)*
+                }
+            )?
+        }
+    };
 }
 
 /// Calls `$crate::$mac!($args ; case, case, …)` with the one list of every case of

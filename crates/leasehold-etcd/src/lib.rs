@@ -21,23 +21,10 @@ pub use factory::EtcdFactory;
 pub const BACKEND: &str = "etcd";
 
 #[cfg(test)]
-mod bounds {
-    fn is_send_sync<T: Send + Sync>() {}
-    #[test]
-    fn bounds() {
-        is_send_sync::<super::EtcdStore>();
-        is_send_sync::<super::EtcdConfig>();
-        is_send_sync::<super::EtcdFactory>();
+leasehold_conformance::send_sync!(
+    [EtcdStore, EtcdConfig, EtcdFactory],
+    fn(config: EtcdConfig) {
+        EtcdStore::open("etcd://127.0.0.1:2379");
+        EtcdStore::connect(config)
     }
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// function is never called). The `Store` methods' futures are `Send` for every store
-    /// (`leasehold-core/tests/send.rs`).
-    #[allow(dead_code)]
-    fn futures_are_send(config: super::EtcdConfig) {
-        assert_send(&super::EtcdStore::open("etcd://127.0.0.1:2379"));
-        assert_send(&super::EtcdStore::connect(config));
-    }
-}
+);

@@ -35,40 +35,22 @@ pub const BACKEND: &str = BACKEND_TABLE;
 pub use sqlx;
 
 #[cfg(test)]
-mod bounds {
-    fn is_send_sync<T: Send + Sync>() {}
-    #[test]
-    fn bounds() {
-        is_send_sync::<super::MySqlLeaseStore>();
-        is_send_sync::<super::MySqlGetLockStore>();
-        is_send_sync::<super::MySqlConfig>();
-        is_send_sync::<super::MySqlFactory>();
-    }
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// function is never called). The `Store` methods' futures are `Send` for every store
-    /// (`leasehold-core/tests/send.rs`).
-    #[allow(dead_code)]
-    fn futures_are_send(
-        table: super::MySqlLeaseStore,
-        getlock: super::MySqlGetLockStore,
+leasehold_conformance::send_sync!(
+    [MySqlLeaseStore, MySqlGetLockStore, MySqlConfig, MySqlFactory],
+    fn(
+        table: MySqlLeaseStore,
+        getlock: MySqlGetLockStore,
         tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
         conn: &mut sqlx::MySqlConnection,
         name: &leasehold_core::ResourceName,
     ) {
-        assert_send(&super::MySqlLeaseStore::open("mysql://db/app"));
-        assert_send(&super::MySqlGetLockStore::open("mysql+getlock://db/app"));
-        assert_send(&table.migrate());
-        assert_send(&getlock.migrate());
-        assert_send(&super::guard::migrate(table.pool()));
-        assert_send(&super::guard::check_and_advance(
-            tx,
-            name,
-            leasehold_core::Fence(1),
-        ));
-        assert_send(&super::guard::record_once(tx, name));
-        assert_send(&super::guard::current(conn, name));
+        MySqlLeaseStore::open("mysql://db/app");
+        MySqlGetLockStore::open("mysql+getlock://db/app");
+        table.migrate();
+        getlock.migrate();
+        guard::migrate(table.pool());
+        guard::check_and_advance(tx, name, leasehold_core::Fence(1));
+        guard::record_once(tx, name);
+        guard::current(conn, name)
     }
-}
+);

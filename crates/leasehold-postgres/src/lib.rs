@@ -39,39 +39,23 @@ pub const BACKEND_ADVISORY: &str = "postgres-advisory";
 pub(crate) const GUARD_BACKEND: &str = "postgres";
 
 #[cfg(test)]
-mod bounds {
-    fn is_send_sync<T: Send + Sync>() {}
-    #[test]
-    fn bounds() {
-        is_send_sync::<super::PgLeaseStore>();
-        is_send_sync::<super::PgAdvisoryStore>();
-        is_send_sync::<super::PgGuard>();
-        is_send_sync::<super::PgConfig>();
-    }
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// function is never called). The `Store` methods' futures are `Send` for every store
-    /// (`leasehold-core/tests/send.rs`).
-    #[allow(dead_code)]
-    fn futures_are_send(
-        config: &super::PgConfig,
-        table: super::PgLeaseStore,
-        advisory: super::PgAdvisoryStore,
+leasehold_conformance::send_sync!(
+    [PgLeaseStore, PgAdvisoryStore, PgGuard, PgConfig],
+    fn(
+        config: &PgConfig,
+        table: PgLeaseStore,
+        advisory: PgAdvisoryStore,
         tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
         conn: &mut sqlx::PgConnection,
         name: &leasehold_core::ResourceName,
     ) {
-        let fence = leasehold_core::Fence(1);
-        let guard = super::PgGuard::new();
-        assert_send(&super::PgLeaseStore::connect(config));
-        assert_send(&super::PgAdvisoryStore::connect(config));
-        assert_send(&table.migrate());
-        assert_send(&advisory.migrate());
-        assert_send(&super::guard::migrate(table.pool()));
-        assert_send(&super::guard::check_and_advance(tx, name, fence));
-        assert_send(&super::guard::record_once(tx, name));
-        assert_send(&guard.current(conn, name));
+        PgLeaseStore::connect(config);
+        PgAdvisoryStore::connect(config);
+        table.migrate();
+        advisory.migrate();
+        guard::migrate(table.pool());
+        guard::check_and_advance(tx, name, leasehold_core::Fence(1));
+        guard::record_once(tx, name);
+        PgGuard::new().current(conn, name)
     }
-}
+);

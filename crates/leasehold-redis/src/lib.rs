@@ -33,23 +33,10 @@ pub use store::{RedisStore, WATCH_MARK_TTL, WATCH_REFRESH};
 pub const BACKEND: &str = "redis";
 
 #[cfg(test)]
-mod bounds {
-    fn is_send_sync<T: Send + Sync>() {}
-    #[test]
-    fn bounds() {
-        is_send_sync::<super::RedisStore>();
-        is_send_sync::<super::RedisConfig>();
-        is_send_sync::<super::RedisFactory>();
+leasehold_conformance::send_sync!(
+    [RedisStore, RedisConfig, RedisFactory],
+    fn(config: RedisConfig) {
+        RedisStore::open("redis://127.0.0.1/");
+        RedisStore::connect(config)
     }
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// function is never called). The `Store` methods' futures are `Send` for every store
-    /// (`leasehold-core/tests/send.rs`).
-    #[allow(dead_code)]
-    fn futures_are_send(config: super::RedisConfig) {
-        assert_send(&super::RedisStore::open("redis://127.0.0.1/"));
-        assert_send(&super::RedisStore::connect(config));
-    }
-}
+);

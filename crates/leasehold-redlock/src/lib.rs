@@ -19,26 +19,16 @@ pub use store::RedlockStore;
 pub const BACKEND: &str = "redlock";
 
 #[cfg(test)]
-mod bounds {
-    fn is_send_sync<T: Send + Sync>() {}
-    #[test]
-    fn bounds() {
-        is_send_sync::<super::RedlockStore>();
-        is_send_sync::<super::RedlockConfig>();
-        is_send_sync::<super::RedlockFactory>();
+leasehold_conformance::send_sync!(
+    [RedlockStore, RedlockConfig, RedlockFactory],
+    fn(config: RedlockConfig) {
+        RedlockStore::open("redlock://h:1,h:2,h:3");
+        RedlockStore::connect(config)
     }
+);
 
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// function is never called). The `Store` methods' futures are `Send` for every store
-    /// (`leasehold-core/tests/send.rs`).
-    #[allow(dead_code)]
-    fn futures_are_send(config: super::RedlockConfig) {
-        assert_send(&super::RedlockStore::open("redlock://h:1,h:2,h:3"));
-        assert_send(&super::RedlockStore::connect(config));
-    }
-
+#[cfg(test)]
+mod debug {
     #[test]
     fn debug_never_shows_the_password() {
         let c = super::RedlockConfig::from_url("redlock://u:sentinel-pw@h:1,h:2,h:3").unwrap();

@@ -29,38 +29,20 @@ pub use sqlx;
 pub const BACKEND: &str = "sqlite";
 
 #[cfg(test)]
-mod bounds {
-    fn is_send_sync<T: Send + Sync>() {}
-    #[test]
-    fn bounds() {
-        is_send_sync::<super::SqliteStore>();
-        is_send_sync::<super::SqliteConfig>();
-        is_send_sync::<super::SqliteFactory>();
-    }
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// functions are never called).
-    #[allow(dead_code)]
-    fn futures_are_send(
-        store: std::sync::Arc<super::SqliteStore>,
+leasehold_conformance::send_sync!(
+    [SqliteStore, SqliteConfig, SqliteFactory],
+    fn(
+        store: std::sync::Arc<SqliteStore>,
         tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
         conn: &mut sqlx::SqliteConnection,
         name: &leasehold_core::ResourceName,
     ) {
-        assert_send(&super::SqliteStore::open("sqlite://x.db"));
-        assert_send(&super::SqliteStore::connect(super::SqliteConfig::new(
-            "x.db",
-        )));
-        assert_send(&store.migrate());
-        assert_send(&super::guard::migrate(store.pool()));
-        assert_send(&super::guard::check_and_advance(
-            tx,
-            name,
-            leasehold_core::Fence(1),
-        ));
-        assert_send(&super::guard::record_once(tx, name));
-        assert_send(&super::guard::current(conn, name));
+        SqliteStore::open("sqlite://x.db");
+        SqliteStore::connect(SqliteConfig::new("x.db"));
+        store.migrate();
+        guard::migrate(store.pool());
+        guard::check_and_advance(tx, name, leasehold_core::Fence(1));
+        guard::record_once(tx, name);
+        guard::current(conn, name)
     }
-}
+);

@@ -23,26 +23,13 @@ pub use session::ZkStore;
 pub const BACKEND: &str = "zookeeper";
 
 #[cfg(test)]
-mod bounds {
-    fn is_send_sync<T: Send + Sync>() {}
-    #[test]
-    fn bounds() {
-        is_send_sync::<super::ZkStore>();
-        is_send_sync::<super::ZkConfig>();
-        is_send_sync::<super::ZkFactory>();
+leasehold_conformance::send_sync!(
+    [ZkStore, ZkConfig, ZkFactory],
+    fn(config: ZkConfig) {
+        ZkStore::open("zookeeper://127.0.0.1:2181");
+        ZkStore::connect(config)
     }
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// The futures callers hold across threads are `Send` (checked at compile time; the
-    /// function is never called). The `Store` methods' futures are `Send` for every store
-    /// (`leasehold-core/tests/send.rs`).
-    #[allow(dead_code)]
-    fn futures_are_send(config: super::ZkConfig) {
-        assert_send(&super::ZkStore::open("zookeeper://127.0.0.1:2181"));
-        assert_send(&super::ZkStore::connect(config));
-    }
-}
+);
 
 #[cfg(test)]
 mod keys {
