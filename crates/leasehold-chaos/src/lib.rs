@@ -18,6 +18,14 @@ pub mod worker;
 pub use checker::{CheckConfig, Violation, check};
 pub use history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
 
+/// A duration in humantime's words (`2s`, `30m`), for the command line.
+///
+/// # Errors
+/// The parser's message.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s).map_err(|e| e.to_string())
+}
+
 /// The stores the harness can run against: every store the `leasehold` crate is built
 /// with here (Redis, PostgreSQL, etcd, ZooKeeper and Redlock).
 pub fn registry() -> leasehold::store::Registry {

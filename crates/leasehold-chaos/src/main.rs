@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use leasehold_chaos::run::{RunSpec, StoreKind};
-use leasehold_chaos::schedule::FaultSet;
 use leasehold_chaos::worker::WorkerSpec;
 use leasehold_chaos::{report, run, worker};
 
@@ -19,10 +18,6 @@ struct Cli {
     command: Cmd,
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| e.to_string())
-}
-
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run N workers against a private store with the seed's faults, then check the
@@ -30,42 +25,7 @@ enum Cmd {
     /// every planned fault kind fired and at least one stale write rejected (without
     /// faults: no lost signal and no rejected write); without the guard (--unfenced), the
     /// scripted stale write flagged under C1 and C5.
-    Run {
-        /// The lease store.
-        #[arg(long, value_enum, default_value = "redis")]
-        store: StoreKind,
-        /// Worker processes.
-        #[arg(long, default_value_t = 4)]
-        workers: usize,
-        /// How long the workload runs (long soaks: e.g. --duration 30m).
-        #[arg(long, default_value = "30s", value_parser = duration)]
-        duration: Duration,
-        /// Lease TTL.
-        #[arg(long, default_value = "2s", value_parser = duration)]
-        ttl: Duration,
-        /// The control run: the same workload with the guard switched off.
-        #[arg(long)]
-        unfenced: bool,
-        /// Which faults: all (every kind, plus the scripted stale write), stale-write
-        /// (only the scripted stale write: the control runs), none.
-        #[arg(long, value_enum, default_value = "all")]
-        faults: FaultSet,
-        /// Output directory (events, summary, timeline).
-        #[arg(long, default_value = "target/chaos")]
-        out: PathBuf,
-        /// Seed of the fault schedule.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Semaphore mode: the workers take permits of an N-permit semaphore (N ≥ 2)
-        /// instead of the lease; every per-key rule applies per slot key, and C11 checks
-        /// that at most N windows on its slots are in force at once.
-        #[arg(long, value_parser = clap::value_parser!(u32).range(2..=i64::from(leasehold::semaphore::MAX_PERMITS)))]
-        permits: Option<u32>,
-        /// (C11's control run) skip the semaphore: take random slot leases over N+1
-        /// slots. Needs --permits.
-        #[arg(long, hide = true, requires = "permits")]
-        overcommit: bool,
-    },
+    Run(RunSpec),
     /// Check a recorded run again (its directory: events, final-state.json,
     /// summary.json), e.g. after a change to the checker. Exits 1 on violations.
     Check {
@@ -75,57 +35,17 @@ enum Cmd {
     },
     /// (internal) One worker process.
     #[command(hide = true)]
-    Worker {
-        #[arg(long)]
-        name: String,
-        #[arg(long)]
-        lease_url: String,
-        #[arg(long)]
-        pg_url: String,
-        #[arg(long)]
-        key: String,
-        #[arg(long, value_parser = duration)]
-        ttl: Duration,
-        #[arg(long)]
-        events: PathBuf,
-        #[arg(long)]
-        unfenced: bool,
-        #[arg(long)]
-        permits: Option<u32>,
-        #[arg(long)]
-        overcommit: bool,
-    },
+    Worker(WorkerSpec),
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Cmd::Worker {
-            name,
-            lease_url,
-            pg_url,
-            key,
-            ttl,
-            events,
-            unfenced,
-            permits,
-            overcommit,
-        } => {
+        Cmd::Worker(spec) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
                 .expect("runtime");
-            let spec = WorkerSpec {
-                name,
-                lease_url,
-                pg_url,
-                key,
-                ttl,
-                unfenced,
-                permits,
-                overcommit,
-                events,
-            };
             match rt.block_on(worker::run(spec, leasehold_chaos::registry())) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -151,30 +71,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Cmd::Run {
-            store,
-            workers,
-            duration,
-            ttl,
-            unfenced,
-            faults,
-            out,
-            seed,
-            permits,
-            overcommit,
-        } => {
-            let spec = RunSpec {
-                store,
-                workers,
-                duration,
-                ttl,
-                unfenced,
-                faults,
-                out: out.clone(),
-                seed,
-                permits,
-                overcommit,
-            };
+        Cmd::Run(spec) => {
             let report = match run::run(&spec) {
                 Ok(r) => r,
                 Err(e) => {
@@ -182,7 +79,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let mode = match (permits, overcommit) {
+            let mode = match (spec.permits, spec.overcommit) {
                 (None, _) => String::new(),
                 (Some(n), false) => format!(", semaphore of {n} permits"),
                 (Some(n), true) => {
@@ -193,24 +90,32 @@ fn main() -> ExitCode {
                 }
             };
             let title = format!(
-                "leasehold chaos run: {store:?} store, {workers} workers, {duration:?}, TTL {ttl:?}, faults {}, seed {seed}, guard {}{mode}",
-                faults
+                "leasehold chaos run: {:?} store, {} workers, {:?}, TTL {:?}, faults {}, seed {}, guard {}{mode}",
+                spec.store,
+                spec.workers,
+                spec.duration,
+                spec.ttl,
+                spec.faults
                     .to_possible_value()
                     .map_or("?".into(), |v| v.get_name().to_owned()),
-                if unfenced { "OFF (control)" } else { "on" }
+                spec.seed,
+                if spec.unfenced { "OFF (control)" } else { "on" }
             );
             println!("{title}\n{}", report::table(&report));
-            let _ = std::fs::write(out.join("timeline.html"), report::html(&report, &title));
+            let _ = std::fs::write(
+                spec.out.join("timeline.html"),
+                report::html(&report, &title),
+            );
             let failed = run::verdict(&spec, &report);
             let summary = serde_json::json!({
-                "store": format!("{store:?}"),
-                "unfenced": unfenced,
-                "faults": faults,
-                "seed": seed,
-                "ttl_ms": ttl.as_millis() as u64,
-                "duration_ms": duration.as_millis() as u64,
-                "permits": permits,
-                "overcommit": overcommit,
+                "store": format!("{:?}", spec.store),
+                "unfenced": spec.unfenced,
+                "faults": spec.faults,
+                "seed": spec.seed,
+                "ttl_ms": spec.ttl.as_millis() as u64,
+                "duration_ms": spec.duration.as_millis() as u64,
+                "permits": spec.permits,
+                "overcommit": spec.overcommit,
                 "schedule": report.schedule,
                 "fired": report.fired.iter().map(|(k, n)| (k.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
                 "operations": report::summary(&report),
@@ -223,12 +128,12 @@ fn main() -> ExitCode {
                 "failed_expectations": failed,
             });
             let _ = std::fs::write(
-                run::summary_path(&out),
+                run::summary_path(&spec.out),
                 serde_json::to_string_pretty(&summary).unwrap_or_default(),
             );
             println!(
                 "events, summary.json and timeline.html in {}",
-                out.display()
+                spec.out.display()
             );
             if failed.is_empty() {
                 ExitCode::SUCCESS

@@ -78,31 +78,42 @@ const SENTINEL_MASTER: &str = "chaos";
 /// The Redlock set's size in a chaos run.
 const REDLOCK_NODES: usize = 3;
 
-/// One chaos run.
-#[derive(Debug, Clone)]
+/// One chaos run (the `run` command's arguments).
+#[derive(Debug, Clone, clap::Args)]
 pub struct RunSpec {
     /// The lease store.
+    #[arg(long, value_enum, default_value = "redis")]
     pub store: StoreKind,
     /// Worker processes.
+    #[arg(long, default_value_t = 4)]
     pub workers: usize,
-    /// How long the workload runs.
+    /// How long the workload runs (long soaks: e.g. --duration 30m).
+    #[arg(long, default_value = "30s", value_parser = crate::parse_duration)]
     pub duration: Duration,
     /// Lease TTL.
+    #[arg(long, default_value = "2s", value_parser = crate::parse_duration)]
     pub ttl: Duration,
-    /// The control run: guard off.
+    /// The control run: the same workload with the guard switched off.
+    #[arg(long)]
     pub unfenced: bool,
-    /// Which faults to inject.
+    /// Which faults: all (every kind, plus the scripted stale write), stale-write
+    /// (only the scripted stale write: the control runs), none.
+    #[arg(long, value_enum, default_value = "all")]
     pub faults: FaultSet,
-    /// Where the events, the summary and the timeline go.
+    /// Output directory (events, summary, timeline).
+    #[arg(long, default_value = "target/chaos")]
     pub out: PathBuf,
     /// Seed of the fault schedule.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Semaphore mode: the workers take permits of a semaphore of this many permits
-    /// named after the run's key, and every per-key rule applies per slot key (C11
-    /// checks the bound).
+    /// Semaphore mode: the workers take permits of an N-permit semaphore (N ≥ 2)
+    /// instead of the lease; every per-key rule applies per slot key, and C11 checks
+    /// that at most N windows on its slots are in force at once.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=i64::from(leasehold::semaphore::MAX_PERMITS)))]
     pub permits: Option<u32>,
-    /// Semaphore mode, deliberately broken (C11's control run): the workers skip the
-    /// semaphore and take random slot leases over N+1 slots.
+    /// (C11's control run) skip the semaphore: take random slot leases over N+1
+    /// slots. Needs --permits.
+    #[arg(long, hide = true, requires = "permits")]
     pub overcommit: bool,
 }
 

@@ -16,28 +16,37 @@ use crate::history::{Event, Op, Phase};
 use crate::mono::{instant_ns, mono_ns};
 
 /// What a worker needs to know.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct WorkerSpec {
     /// Its incarnation in the history (`w2#1`).
+    #[arg(long)]
     pub name: String,
     /// The lease store's URL.
+    #[arg(long)]
     pub lease_url: String,
     /// The PostgreSQL holding the protected data and the guard.
+    #[arg(long)]
     pub pg_url: String,
     /// The lease key (also the protected resource); with [`permits`](Self::permits), the
     /// semaphore's name (the resource is then the slot key of each permit).
+    #[arg(long)]
     pub key: String,
     /// Semaphore mode: take a permit of the semaphore `key` with this many permits
     /// instead of the lease `key`.
+    #[arg(long)]
     pub permits: Option<u32>,
     /// Semaphore mode, deliberately broken (the checker's C11 control): skip the
     /// semaphore and take the lease of a random slot key `key#0` … `key#N` (N+1 slots).
+    #[arg(long)]
     pub overcommit: bool,
     /// The lease TTL.
+    #[arg(long, value_parser = crate::parse_duration)]
     pub ttl: Duration,
     /// Skip the guard (the control run).
+    #[arg(long)]
     pub unfenced: bool,
     /// Where to append the events.
+    #[arg(long)]
     pub events: std::path::PathBuf,
 }
 
