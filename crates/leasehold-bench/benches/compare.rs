@@ -34,7 +34,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_bench::parse::{Backend, Cli, USAGE, commandstats_calls, parse_args, pgbench_tps};
 use leasehold_bench::{
-    Contender, Counter, Json, Plan, Ratio, Res, Section, Side, contended, release, uncontended,
+    Contender, Counter, Plan, Ratio, Res, Section, Side, contended, json, release, uncontended,
 };
 use leasehold_core::{
     AcquireOutcome, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, RenewOutcome, Store,
@@ -1273,47 +1273,30 @@ fn main() {
     let load_after = loadavg();
     let failed = sections.iter().any(|s| s.failed.is_some());
     if opts.json {
-        let doc = Json::obj([
-            ("benchmark", Json::str("leasehold compare")),
-            (
-                "command",
-                Json::Str(format!(
-                    "cargo bench -p leasehold-bench --bench compare --{}",
-                    std::env::args()
-                        .skip(1)
-                        .filter(|a| a != "--bench")
-                        .map(|a| format!(" {a}"))
-                        .collect::<String>()
-                )),
-            ),
-            ("started", Json::Str(started)),
-            ("quick", Json::Bool(opts.quick)),
-            ("cores", Json::Int(cores as u64)),
-            ("load_before", Json::Str(load_before)),
-            ("load_after", Json::Str(load_after)),
-            (
-                "plan",
-                Json::obj([
-                    (
-                        "levels",
-                        Json::Arr(LEVELS.iter().map(|n| Json::Int(*n as u64)).collect()),
-                    ),
-                    ("slices", Json::Int(plan.slices as u64)),
-                    ("slice_ms", Json::Int(plan.slice.as_millis() as u64)),
-                    (
-                        "contended_slice_ms",
-                        Json::Int(plan.contended_slice.as_millis() as u64),
-                    ),
-                    ("contenders", Json::Int(plan.contenders as u64)),
-                    ("hold_ms", Json::Int(plan.hold.as_millis() as u64)),
-                    ("pool", Json::Int(u64::from(POOL))),
-                ]),
-            ),
-            (
-                "sections",
-                Json::Arr(sections.iter().map(Section::to_json).collect()),
-            ),
-        ]);
+        let command: String = std::env::args()
+            .skip(1)
+            .filter(|a| a != "--bench")
+            .map(|a| format!(" {a}"))
+            .collect();
+        let doc = json!({
+            "benchmark": "leasehold compare",
+            "command": format!("cargo bench -p leasehold-bench --bench compare --{command}"),
+            "started": started,
+            "quick": opts.quick,
+            "cores": cores,
+            "load_before": load_before,
+            "load_after": load_after,
+            "plan": {
+                "levels": LEVELS,
+                "slices": plan.slices,
+                "slice_ms": plan.slice.as_millis(),
+                "contended_slice_ms": plan.contended_slice.as_millis(),
+                "contenders": plan.contenders,
+                "hold_ms": plan.hold.as_millis(),
+                "pool": POOL,
+            },
+            "sections": sections.iter().map(Section::to_json).collect::<Vec<_>>(),
+        });
         println!("{doc}");
     } else {
         println!("load average at the end: {load_after}");

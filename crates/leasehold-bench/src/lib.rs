@@ -949,132 +949,64 @@ impl Section {
 
     /// The section as JSON.
     pub fn to_json(&self) -> Json {
-        let dur = |d: Option<Duration>| d.map_or(Json::Null, |d| Json::Num(d.as_secs_f64() * 1e6));
-        let errors = |e: &Errors| {
-            Json::obj([
-                ("count", Json::Int(e.count)),
-                ("first", e.first.clone().map_or(Json::Null, Json::Str)),
-            ])
+        let dur = |d: Option<Duration>| d.map(|d| round4(d.as_secs_f64() * 1e6));
+        let errors = |e: &Errors| json!({"count": e.count, "first": e.first});
+        let ratios = |l: &Level| -> Vec<Json> {
+            let ratio = |r: &Ratio| json!({"num": r.num, "den": r.den, "ratio": round4(l.ratio(r.num, r.den))});
+            self.ratios.iter().map(ratio).collect()
+        };
+        let side = |s: &SideStats| {
+            json!({
+                "name": s.name,
+                "per_sec": round4(s.per_sec()),
+                "per_slice": s.per_slice.iter().map(|x| round4(*x)).collect::<Vec<_>>(),
+                "pairs": s.pairs,
+                "p50_us": dur(s.p50),
+                "p99_us": dur(s.p99),
+                "errors": errors(&s.errors),
+            })
         };
         let levels = self.levels.iter().map(|l| {
-            Json::obj([
-                ("tasks", Json::Int(l.tasks as u64)),
-                (
-                    "sides",
-                    Json::Arr(
-                        l.sides
-                            .iter()
-                            .map(|s| {
-                                Json::obj([
-                                    ("name", Json::str(s.name)),
-                                    ("per_sec", Json::Num(s.per_sec())),
-                                    (
-                                        "per_slice",
-                                        Json::Arr(
-                                            s.per_slice.iter().map(|x| Json::Num(*x)).collect(),
-                                        ),
-                                    ),
-                                    ("pairs", Json::Int(s.pairs)),
-                                    ("p50_us", dur(s.p50)),
-                                    ("p99_us", dur(s.p99)),
-                                    ("errors", errors(&s.errors)),
-                                ])
-                            })
-                            .collect(),
-                    ),
-                ),
-                (
-                    "ratios",
-                    Json::Arr(
-                        self.ratios
-                            .iter()
-                            .map(|r| {
-                                Json::obj([
-                                    ("num", Json::str(r.num)),
-                                    ("den", Json::str(r.den)),
-                                    ("ratio", Json::Num(l.ratio(r.num, r.den))),
-                                ])
-                            })
-                            .collect(),
-                    ),
-                ),
-            ])
+            json!({"tasks": l.tasks, "sides": l.sides.iter().map(side).collect::<Vec<_>>(), "ratios": ratios(l)})
         });
         let contended = self.contended.iter().map(|c| {
             let (lo, hi) = c.turns_range();
-            Json::obj([
-                ("name", Json::str(c.name)),
-                ("wall_s", Json::Num(c.wall.as_secs_f64())),
-                ("turns", Json::Int(c.turns)),
-                ("utilisation", Json::Num(c.utilisation())),
-                ("handoff_p50_us", dur(c.handoff_p50())),
-                ("wait_p99_us", dur(c.wait_p99())),
-                ("mean_hold_us", dur(c.mean_hold())),
-                ("turns_per_task_min", Json::Int(lo)),
-                ("turns_per_task_max", Json::Int(hi)),
-                (
-                    "calls_per_acquisition",
-                    c.calls_per_acquisition().map_or(Json::Null, Json::Num),
-                ),
-                (
-                    "calls_per_acquisition_by_part",
-                    Json::Obj(
-                        c.calls_by_acquisition()
-                            .into_iter()
-                            .map(|(k, x)| (k.to_owned(), Json::Num(x)))
-                            .collect(),
-                    ),
-                ),
-                ("calls_unit", Json::Str(c.calls_unit.clone())),
-                ("overlaps", Json::Int(c.overlaps)),
-                ("errors", errors(&c.errors)),
-            ])
+            let by_part: serde_json::Map<String, Json> = c
+                .calls_by_acquisition()
+                .into_iter()
+                .map(|(k, x)| (k.to_owned(), round4(x)))
+                .collect();
+            json!({
+                "name": c.name,
+                "wall_s": round4(c.wall.as_secs_f64()),
+                "turns": c.turns,
+                "utilisation": round4(c.utilisation()),
+                "handoff_p50_us": dur(c.handoff_p50()),
+                "wait_p99_us": dur(c.wait_p99()),
+                "mean_hold_us": dur(c.mean_hold()),
+                "turns_per_task_min": lo,
+                "turns_per_task_max": hi,
+                "calls_per_acquisition": c.calls_per_acquisition().map(round4),
+                "calls_per_acquisition_by_part": by_part,
+                "calls_unit": c.calls_unit,
+                "overlaps": c.overlaps,
+                "errors": errors(&c.errors),
+            })
         });
-        Json::obj([
-            ("name", Json::str(self.name)),
-            ("title", Json::Str(self.title.clone())),
-            ("failed", self.failed.clone().map_or(Json::Null, Json::Str)),
-            (
-                "about",
-                Json::Arr(self.about.iter().cloned().map(Json::Str).collect()),
-            ),
-            (
-                "legend",
-                Json::Obj(
-                    self.legend
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), Json::Str(v.clone())))
-                        .collect(),
-                ),
-            ),
-            (
-                "ratio_meanings",
-                Json::Arr(
-                    self.ratios
-                        .iter()
-                        .map(|r| {
-                            Json::obj([
-                                ("num", Json::str(r.num)),
-                                ("den", Json::str(r.den)),
-                                ("meaning", Json::Str(r.meaning.clone())),
-                            ])
-                        })
-                        .collect(),
-                ),
-            ),
-            ("uncontended", Json::Arr(levels.collect())),
-            (
-                "contended_about",
-                Json::Arr(
-                    self.contended_about
-                        .iter()
-                        .cloned()
-                        .map(Json::Str)
-                        .collect(),
-                ),
-            ),
-            ("contended", Json::Arr(contended.collect())),
-        ])
+        let meanings: Vec<Json> = (self.ratios.iter())
+            .map(|r| json!({"num": r.num, "den": r.den, "meaning": r.meaning}))
+            .collect();
+        json!({
+            "name": self.name,
+            "title": self.title,
+            "failed": self.failed,
+            "about": self.about,
+            "legend": self.legend.iter().cloned().collect::<BTreeMap<_, _>>(),
+            "ratio_meanings": meanings,
+            "uncontended": levels.collect::<Vec<_>>(),
+            "contended_about": self.contended_about,
+            "contended": contended.collect::<Vec<_>>(),
+        })
     }
 }
 
@@ -1082,89 +1014,12 @@ fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
 
-/// A JSON value (just enough to write the report; no parser).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Json {
-    /// `null`
-    Null,
-    /// `true` / `false`
-    Bool(bool),
-    /// A number; NaN and infinities are written as `null`.
-    Num(f64),
-    /// An integer.
-    Int(u64),
-    /// A string.
-    Str(String),
-    /// An array.
-    Arr(Vec<Json>),
-    /// An object, keys in the given order.
-    Obj(Vec<(String, Json)>),
-}
+/// The JSON the report is written in (`serde_json`'s value; objects' keys sorted).
+pub use serde_json::{Value as Json, json};
 
-impl Json {
-    /// An object from `(key, value)` pairs.
-    pub fn obj<const N: usize>(fields: [(&str, Json); N]) -> Self {
-        Json::Obj(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
-    }
-
-    /// A string.
-    pub fn str(s: &str) -> Self {
-        Json::Str(s.to_owned())
-    }
-}
-
-fn write_json_str(f: &mut fmt::Formatter<'_>, s: &str) -> fmt::Result {
-    f.write_char('"')?;
-    for c in s.chars() {
-        match c {
-            '"' => f.write_str("\\\"")?,
-            '\\' => f.write_str("\\\\")?,
-            '\n' => f.write_str("\\n")?,
-            '\r' => f.write_str("\\r")?,
-            '\t' => f.write_str("\\t")?,
-            c if (c as u32) < 0x20 => write!(f, "\\u{:04x}", c as u32)?,
-            c => f.write_char(c)?,
-        }
-    }
-    f.write_char('"')
-}
-
-impl fmt::Display for Json {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Json::Null => f.write_str("null"),
-            Json::Bool(b) => write!(f, "{b}"),
-            Json::Num(x) if x.is_finite() => {
-                // Round to 4 significant decimals past the point for readability.
-                let r = (x * 1e4).round() / 1e4;
-                write!(f, "{r}")
-            }
-            Json::Num(_) => f.write_str("null"),
-            Json::Int(n) => write!(f, "{n}"),
-            Json::Str(s) => write_json_str(f, s),
-            Json::Arr(v) => {
-                f.write_char('[')?;
-                for (i, x) in v.iter().enumerate() {
-                    if i > 0 {
-                        f.write_char(',')?;
-                    }
-                    write!(f, "{x}")?;
-                }
-                f.write_char(']')
-            }
-            Json::Obj(v) => {
-                f.write_char('{')?;
-                for (i, (k, x)) in v.iter().enumerate() {
-                    if i > 0 {
-                        f.write_char(',')?;
-                    }
-                    write_json_str(f, k)?;
-                    write!(f, ":{x}")?;
-                }
-                f.write_char('}')
-            }
-        }
-    }
+/// `x` rounded to 4 decimals past the point, for readability (NaN and infinities: `null`).
+pub fn round4(x: f64) -> Json {
+    Json::from((x * 1e4).round() / 1e4)
 }
 
 /// Holds for `d` as the issue's "hold 1 ms" means it: a thread's `sleep` (nanosleep, within
@@ -1237,20 +1092,9 @@ mod tests {
     }
 
     #[test]
-    fn json_escapes_and_writes_nan_as_null() {
-        let j = Json::obj([
-            ("a", Json::str("q\"\\\n")),
-            ("n", Json::Num(f64::NAN)),
-            ("x", Json::Num(0.123456)),
-            (
-                "v",
-                Json::Arr(vec![Json::Int(1), Json::Bool(true), Json::Null]),
-            ),
-        ]);
-        assert_eq!(
-            j.to_string(),
-            r#"{"a":"q\"\\\n","n":null,"x":0.1235,"v":[1,true,null]}"#
-        );
+    fn json_numbers_are_rounded_and_nan_is_null() {
+        let j = json!({"n": round4(f64::NAN), "x": round4(0.123456)});
+        assert_eq!(j.to_string(), r#"{"n":null,"x":0.1235}"#);
     }
 
     #[test]
