@@ -362,16 +362,10 @@ mod tests {
 
     use super::*;
     use crate::config::LeaseConfig;
+    use crate::recipes::test_client as client;
     use crate::store::Store;
     use crate::store::memory::MemoryStore;
     use tokio::time::Instant;
-
-    fn client(store: &MemoryStore) -> LeaseClient {
-        LeaseClient::new(
-            Arc::new(store.clone()),
-            LeaseConfig::new(Duration::from_secs(3)).unwrap(),
-        )
-    }
 
     #[tokio::test(start_paused = true)]
     async fn campaign_resign_and_terms_rise() {

@@ -9,3 +9,10 @@ pub mod election;
 pub mod kind;
 mod kind_check;
 pub mod semaphore;
+
+/// The recipes' tests' client: the memory store, a 3 s TTL.
+#[cfg(test)]
+fn test_client(store: &crate::store::memory::MemoryStore) -> crate::LeaseClient {
+    let config = crate::LeaseConfig::new(std::time::Duration::from_secs(3)).unwrap();
+    crate::LeaseClient::new(std::sync::Arc::new(store.clone()), config)
+}

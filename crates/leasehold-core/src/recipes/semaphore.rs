@@ -435,16 +435,10 @@ mod tests {
 
     use super::*;
     use crate::config::LeaseConfig;
+    use crate::recipes::test_client as client;
     use crate::store::Store;
     use crate::store::memory::MemoryStore;
     use crate::token::OwnerToken;
-
-    fn client(store: &MemoryStore) -> LeaseClient {
-        LeaseClient::new(
-            Arc::new(store.clone()),
-            LeaseConfig::new(Duration::from_secs(3)).unwrap(),
-        )
-    }
 
     #[tokio::test(start_paused = true)]
     async fn at_most_n_holders_and_slots_are_exclusive() {
