@@ -47,25 +47,13 @@ struct Credentials {
 /// | `connect_timeout` | bound on connecting to a member | 2 s |
 ///
 /// Unknown parameters are refused. `Debug` never shows the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
     endpoints: Vec<String>,
     prefix: String,
     op_timeout: Duration,
     connect_timeout: Duration,
     credentials: Option<Credentials>,
-}
-
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("prefix", &self.prefix)
-            .field("op_timeout", &self.op_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("credentials", &self.credentials)
-            .finish()
-    }
 }
 
 impl fmt::Display for EtcdConfig {
@@ -180,23 +168,7 @@ impl EtcdConfig {
         Ok(self)
     }
 
-    /// Sets the bound on each operation.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
-    pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
-        self.op_timeout = CONFIG.timeout("timeout", timeout)?;
-        Ok(self)
-    }
-
-    /// Sets the bound on connecting to a member.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
-        self.connect_timeout = CONFIG.timeout("connect_timeout", timeout)?;
-        Ok(self)
-    }
+    leasehold_core::timeout_methods!(CONFIG, "connecting to a member");
 
     /// Authenticates as `user` with `password` (etcd's own user accounts).
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
@@ -215,16 +187,6 @@ impl EtcdConfig {
     /// The key prefix.
     pub fn key_prefix(&self) -> &str {
         &self.prefix
-    }
-
-    /// The bound on each operation.
-    pub fn op_bound(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The bound on connecting.
-    pub fn connect_bound(&self) -> Duration {
-        self.connect_timeout
     }
 
     /// The user name, if the store authenticates.

@@ -180,23 +180,7 @@ impl ZkConfig {
         Ok(self)
     }
 
-    /// Sets the bound on each operation.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
-    pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
-        self.op_timeout = CONFIG.timeout("timeout", timeout)?;
-        Ok(self)
-    }
-
-    /// Sets the bound on establishing a session.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
-        self.connect_timeout = CONFIG.timeout("connect_timeout", timeout)?;
-        Ok(self)
-    }
+    leasehold_core::timeout_methods!(CONFIG, "establishing a session");
 
     /// Sets the ensemble's `tickTime` (its `zoo.cfg`; ZooKeeper's sample configuration has
     /// 2 s). A follower reports its clients' activity to the leader every half tick, and
@@ -226,16 +210,6 @@ impl ZkConfig {
     /// The session timeout asked for (the server may grant another).
     pub fn session_timeout_asked(&self) -> Duration {
         self.session_timeout
-    }
-
-    /// The bound on each operation.
-    pub fn op_bound(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The bound on establishing a session.
-    pub fn connect_bound(&self) -> Duration {
-        self.connect_timeout
     }
 
     /// The ensemble's `tickTime`, if set.

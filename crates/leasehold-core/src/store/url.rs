@@ -74,6 +74,43 @@ impl ConfigErrors {
     }
 }
 
+/// Expands, inside the `impl` block of a store configuration with `op_timeout` and
+/// `connect_timeout` fields (and `Duration`, `StoreError` in scope), to their setters (each
+/// checked by `$errors`, a [`ConfigErrors`]: above zero, at most an hour) and getters, so
+/// every store offers the same two bounds; `$connect` says what the connect bound bounds.
+#[macro_export]
+macro_rules! timeout_methods {
+    ($errors:expr, $connect:literal) => {
+        /// Sets the bound on each operation.
+        ///
+        /// # Errors
+        /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+        pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+            self.op_timeout = $errors.timeout("timeout", timeout)?;
+            Ok(self)
+        }
+
+        #[doc = concat!("Sets the bound on ", $connect, ".")]
+        ///
+        /// # Errors
+        /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+        pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+            self.connect_timeout = $errors.timeout("connect_timeout", timeout)?;
+            Ok(self)
+        }
+
+        /// The bound on each operation.
+        pub fn op_bound(&self) -> Duration {
+            self.op_timeout
+        }
+
+        #[doc = concat!("The bound on ", $connect, ".")]
+        pub fn connect_bound(&self) -> Duration {
+            self.connect_timeout
+        }
+    };
+}
+
 /// Decodes `%XX` escapes. `None` for a malformed escape or a result that is not UTF-8
 /// (a strict decoder: a password is never silently altered).
 pub fn percent_decode(s: &str) -> Option<String> {
