@@ -4,10 +4,12 @@
 use std::fmt;
 use std::time::Duration;
 
+use leasehold_core::StoreError;
+#[cfg(doc)]
+use leasehold_core::StoreErrorKind;
 use leasehold_core::url::{
-    Secret, UrlError, host_list, param_duration, param_value, percent_decode, split_url,
+    ConfigErrors, Secret, UrlError, param_duration, param_value, percent_decode, split_url,
 };
-use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 
@@ -20,13 +22,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest a prefix may be, in bytes.
 pub const MAX_PREFIX_LEN: usize = 256;
 
-fn config_error(msg: impl Into<String>) -> StoreError {
-    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
-}
-
-fn url_error(e: UrlError) -> StoreError {
-    config_error(format!("etcd: {e}"))
-}
+const CONFIG: ConfigErrors = ConfigErrors {
+    backend: BACKEND,
+    label: "etcd",
+};
 
 /// A user name and password for etcd's authentication. The password is never shown by
 /// `Debug` or anywhere else.
@@ -48,25 +47,13 @@ struct Credentials {
 /// | `connect_timeout` | bound on connecting to a member | 2 s |
 ///
 /// Unknown parameters are refused. `Debug` never shows the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
     endpoints: Vec<String>,
     prefix: String,
     op_timeout: Duration,
     connect_timeout: Duration,
     credentials: Option<Credentials>,
-}
-
-impl fmt::Debug for EtcdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdConfig")
-            .field("endpoints", &self.endpoints)
-            .field("prefix", &self.prefix)
-            .field("op_timeout", &self.op_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("credentials", &self.credentials)
-            .finish()
-    }
 }
 
 impl fmt::Display for EtcdConfig {
@@ -91,15 +78,8 @@ impl EtcdConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        // The messages do not repeat the text: in a malformed URL it may hold part of the
-        // credentials.
-        let endpoints = host_list(endpoints)
-            .map_err(|(n, e)| config_error(format!("etcd endpoint {n} {e}")))?;
-        if endpoints.is_empty() {
-            return Err(config_error("an etcd URL needs at least one host:port"));
-        }
         Ok(Self {
-            endpoints,
+            endpoints: CONFIG.hosts(endpoints, "endpoint")?,
             prefix: DEFAULT_PREFIX.to_owned(),
             op_timeout: DEFAULT_OP_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -126,38 +106,38 @@ impl EtcdConfig {
     /// # Ok::<(), leasehold_core::StoreError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let parts = split_url(url, "etcd").map_err(url_error)?;
+        let parts = split_url(url, "etcd").map_err(|e| CONFIG.url(e))?;
         if parts.path.is_some_and(|p| p != "/") {
-            return Err(config_error(
-                "an etcd URL has no path: use the prefix parameter for a namespace",
-            ));
+            return Err(
+                CONFIG.error("an etcd URL has no path: use the prefix parameter for a namespace")
+            );
         }
         let mut config = Self::new(parts.hosts.split(','))?;
         if let Some(userinfo) = parts.userinfo {
             let (user, password) = userinfo.split_once(':').ok_or_else(|| {
-                config_error(
+                CONFIG.error(
                     "etcd credentials in the URL are user:password (the password is missing)",
                 )
             })?;
             let user = percent_decode(user)
-                .ok_or_else(|| config_error("the etcd user name has a malformed %-escape"))?;
+                .ok_or_else(|| CONFIG.error("the etcd user name has a malformed %-escape"))?;
             let password = percent_decode(password)
-                .ok_or_else(|| config_error("the etcd password has a malformed %-escape"))?;
+                .ok_or_else(|| CONFIG.error("the etcd password has a malformed %-escape"))?;
             if user.is_empty() {
-                return Err(config_error("the etcd user name is empty"));
+                return Err(CONFIG.error("the etcd user name is empty"));
             }
             config = config.credentials(user, password);
         }
         for (name, value) in parts.params {
-            let value = param_value(name, value).map_err(url_error)?;
-            let duration = || param_duration(name, &value).map_err(url_error);
+            let value = param_value(name, value).map_err(|e| CONFIG.url(e))?;
+            let duration = || param_duration(name, &value).map_err(|e| CONFIG.url(e));
             match name {
                 "prefix" => config = config.prefix(value)?,
-                "timeout" => config.op_timeout = check_timeout(name, duration()?)?,
-                "connect_timeout" => config.connect_timeout = check_timeout(name, duration()?)?,
+                "timeout" => config.op_timeout = CONFIG.timeout(name, duration()?)?,
+                "connect_timeout" => config.connect_timeout = CONFIG.timeout(name, duration()?)?,
                 _ => {
                     let known = "prefix, timeout, connect_timeout";
-                    return Err(url_error(UrlError::unknown(name, known)));
+                    return Err(CONFIG.url(UrlError::unknown(name, known)));
                 }
             }
         }
@@ -172,41 +152,23 @@ impl EtcdConfig {
     pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, StoreError> {
         let prefix = prefix.into();
         if prefix.is_empty() {
-            return Err(config_error(
-                "the etcd key prefix is empty: leases would mix with every other key",
-            ));
+            return Err(
+                CONFIG.error("the etcd key prefix is empty: leases would mix with every other key")
+            );
         }
         if prefix.len() > MAX_PREFIX_LEN {
-            return Err(config_error(format!(
+            return Err(CONFIG.error(format!(
                 "the etcd key prefix is longer than {MAX_PREFIX_LEN} bytes"
             )));
         }
         if prefix.chars().any(char::is_control) {
-            return Err(config_error(
-                "the etcd key prefix holds a control character",
-            ));
+            return Err(CONFIG.error("the etcd key prefix holds a control character"));
         }
         self.prefix = prefix;
         Ok(self)
     }
 
-    /// Sets the bound on each operation.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
-    pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
-        self.op_timeout = check_timeout("timeout", timeout)?;
-        Ok(self)
-    }
-
-    /// Sets the bound on connecting to a member.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
-        self.connect_timeout = check_timeout("connect_timeout", timeout)?;
-        Ok(self)
-    }
+    leasehold_core::timeout_methods!(CONFIG, "connecting to a member");
 
     /// Authenticates as `user` with `password` (etcd's own user accounts).
     pub fn credentials(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
@@ -227,16 +189,6 @@ impl EtcdConfig {
         &self.prefix
     }
 
-    /// The bound on each operation.
-    pub fn op_bound(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The bound on connecting.
-    pub fn connect_bound(&self) -> Duration {
-        self.connect_timeout
-    }
-
     /// The user name, if the store authenticates.
     pub fn user(&self) -> Option<&str> {
         self.credentials.as_ref().map(|c| c.user.as_str())
@@ -249,17 +201,10 @@ impl EtcdConfig {
     }
 }
 
-fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
-    if d.is_zero() || d > Duration::from_secs(3600) {
-        return Err(config_error(format!(
-            "etcd {name} must be above zero and at most 1h, not {d:?}"
-        )));
-    }
-    Ok(d)
-}
-
 #[cfg(test)]
 mod tests {
+    use leasehold_core::StoreErrorKind;
+
     use super::*;
 
     #[test]

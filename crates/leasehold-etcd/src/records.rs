@@ -41,15 +41,11 @@ impl EtcdStore {
         value: &[u8],
     ) -> Result<Record, StoreError> {
         let record_key = self.record_key(key);
-        let data = Record {
-            fence,
-            value: value.to_vec(),
-        }
-        .to_fenced_bytes();
-        let ours = || Record {
+        let ours = Record {
             fence,
             value: value.to_vec(),
         };
+        let data = ours.to_fenced_bytes();
         let mut kv = self.client.kv_client();
         // What the last read (or the failed transaction's read) found.
         let mut seen = kv
@@ -95,7 +91,7 @@ impl EtcdStore {
                 }
             })?;
             if resp.succeeded() {
-                return Ok(ours());
+                return Ok(ours);
             }
             // Another write came between the read and the transaction: its value is in
             // the answer; compare again.

@@ -17,14 +17,16 @@ use crate::util;
 /// How long etcd may take to report itself healthy after it was spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A private single-member `etcd` process: client and peer ports on 127.0.0.1, its own
-/// temporary data directory, a 50 ms heartbeat and a 500 ms election timeout (so the
-/// smallest lease TTL it grants is 1 s).
+/// A private `etcd` process: client and peer ports on 127.0.0.1, its own data directory, a
+/// 50 ms heartbeat and a 500 ms election timeout (so the smallest lease TTL it grants is
+/// 1 s). [`start`](Self::start) makes a single-member cluster in a temporary directory; an
+/// [`EtcdCluster`](crate::EtcdCluster)'s members are servers too. A crash-restart keeps
+/// every acknowledged write (etcd syncs its write-ahead log before it answers).
 ///
-/// Dropping it kills the server (`SIGKILL`) and removes the directory.
+/// Dropping it kills the server (`SIGKILL`) and removes its own directory.
 #[derive(Debug)]
 pub struct EtcdServer {
-    server: Server<Launcher>,
+    pub(crate) server: Server<Launcher>,
 }
 
 impl EtcdServer {
@@ -49,7 +51,12 @@ impl EtcdServer {
         }
     }
 
-    /// `etcd://127.0.0.1:port`.
+    /// The member's name (`solo`; `e1`, `e2`, `e3` in a cluster).
+    pub fn name(&self) -> &str {
+        &self.server.launch().name
+    }
+
+    /// `etcd://127.0.0.1:port`: this member only.
     pub fn url(&self) -> String {
         format!("etcd://127.0.0.1:{}", self.port())
     }
@@ -75,27 +82,19 @@ impl EtcdServer {
         self.server.stop(Signal::SIGTERM, Duration::from_secs(30));
     }
 
-    /// Starts the server again on the same ports and data directory, after
-    /// [`kill`](Self::kill) or [`stop`](Self::stop), and waits until it is healthy.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the server is still running or does not get ready.
-    pub fn start_again(&self) {
-        self.server.start_again();
-    }
+    crate::server::restart_methods!();
 
-    /// Crash-restarts the server: `SIGKILL`, then start again on the same ports and data
-    /// directory (etcd syncs its write-ahead log before it answers, so acknowledged
-    /// writes survive).
-    pub fn restart(&self) {
-        self.kill();
-        self.start_again();
-    }
-
-    /// Whether the server answers `GET /health` with `"health":"true"` right now.
+    /// Whether the server answers `GET /health` with `"health":"true"` right now (it is
+    /// up and sees a leader).
     pub fn is_healthy(&self) -> bool {
         health(self.port())
+    }
+
+    /// Whether the server says it is the leader right now (`etcd_server_is_leader 1` in
+    /// its `/metrics`); false when it does not answer.
+    pub fn is_leader(&self) -> bool {
+        http_get(self.port(), "/metrics", 8 << 20)
+            .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
     }
 }
 
@@ -182,13 +181,13 @@ impl Launch for Launcher {
 
 /// `GET /health` on the client port; true when the body says `"health":"true"` (the
 /// member is up and sees a leader).
-pub(crate) fn health(port: u16) -> bool {
+fn health(port: u16) -> bool {
     http_get(port, "/health", 4096).is_some_and(|t| t.contains("\"health\":\"true\""))
 }
 
 /// `GET path` on the client port (HTTP/1.0, so the server closes the connection after
 /// its answer): the first `limit` bytes of the answer, or `None` when nothing answered.
-pub(crate) fn http_get(port: u16, path: &str, limit: usize) -> Option<String> {
+fn http_get(port: u16, path: &str, limit: usize) -> Option<String> {
     let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
     util::ask(port, request.as_bytes(), limit, |_| false)
         .map(|a| String::from_utf8_lossy(&a).into_owned())

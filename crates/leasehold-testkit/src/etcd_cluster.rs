@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use crate::etcd::{self, Launcher};
+use crate::EtcdServer;
+use crate::etcd::Launcher;
 use crate::free_port;
 use crate::server::{Home, Launch, Server};
 use crate::util;
@@ -19,52 +20,6 @@ const START_ATTEMPTS: usize = 3;
 /// The size of cluster started by [`EtcdCluster::start`].
 const MEMBERS: usize = 3;
 
-/// One member of an [`EtcdCluster`].
-#[derive(Debug)]
-pub struct EtcdMember {
-    server: Server<Launcher>,
-}
-
-impl EtcdMember {
-    /// The member's name (`e1`, `e2`, `e3`).
-    pub fn name(&self) -> &str {
-        &self.server.launch().name
-    }
-
-    /// `etcd://127.0.0.1:port`: this member only.
-    pub fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.port())
-    }
-
-    /// The member's directory (its data directory is `data` inside it).
-    pub fn dir(&self) -> &Path {
-        self.server.dir()
-    }
-
-    /// The contents of the member's log file.
-    pub fn log(&self) -> String {
-        self.server.log()
-    }
-
-    crate::server::server_methods!(
-        "The client port on 127.0.0.1.",
-        "`127.0.0.1:port` (the client port)."
-    );
-
-    /// Whether the member answers `GET /health` with `"health":"true"` right now (it is
-    /// up and sees a leader).
-    pub fn is_healthy(&self) -> bool {
-        etcd::health(self.port())
-    }
-
-    /// Whether the member says it is the leader right now (`etcd_server_is_leader 1` in
-    /// its `/metrics`); false when it does not answer.
-    pub fn is_leader(&self) -> bool {
-        etcd::http_get(self.port(), "/metrics", 8 << 20)
-            .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
-    }
-}
-
 /// A private three-member etcd cluster (members `e1`..`e3`), each member a direct child
 /// of the test process with its own client and peer ports on 127.0.0.1 and its own data
 /// directory under one temporary directory; a 50 ms heartbeat and a 500 ms election
@@ -74,7 +29,7 @@ impl EtcdMember {
 #[derive(Debug)]
 pub struct EtcdCluster {
     // Field order matters: the members are killed before the directory goes.
-    members: Vec<EtcdMember>,
+    members: Vec<EtcdServer>,
     _root: TempDir,
 }
 
@@ -123,7 +78,7 @@ impl EtcdCluster {
                 ready_timeout: READY_TIMEOUT,
             };
             let process = launcher.spawn(&dir, port);
-            members.push(EtcdMember {
+            members.push(EtcdServer {
                 server: Server::new(process, port, launcher, Home::In(dir)),
             });
         }
@@ -165,7 +120,7 @@ impl EtcdCluster {
     }
 
     /// The members, `e1` first.
-    pub fn members(&self) -> &[EtcdMember] {
+    pub fn members(&self) -> &[EtcdServer] {
         &self.members
     }
 
@@ -174,7 +129,7 @@ impl EtcdCluster {
     /// # Panics
     ///
     /// Panics if `i` is not below 3.
-    pub fn member(&self, i: usize) -> &EtcdMember {
+    pub fn member(&self, i: usize) -> &EtcdServer {
         &self.members[i]
     }
 
@@ -211,7 +166,7 @@ impl EtcdCluster {
     ///
     /// Panics if the member is still running or does not get healthy within 30 s.
     pub fn start_again(&self, i: usize) {
-        self.members[i].server.start_again();
+        self.members[i].start_again();
     }
 
     /// Freezes every member (`SIGSTOP`).

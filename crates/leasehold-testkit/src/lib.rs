@@ -60,7 +60,7 @@ mod zookeeper;
 
 pub use cluster::RedisCluster;
 pub use etcd::EtcdServer;
-pub use etcd_cluster::{EtcdCluster, EtcdMember};
+pub use etcd_cluster::EtcdCluster;
 pub use faketime::{FakeWallClock, faketime_library};
 pub use mariadb::{MariaDb, MariaDbOptions};
 pub use pgbouncer::{PgBouncer, PoolMode};

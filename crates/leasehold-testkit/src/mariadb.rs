@@ -136,21 +136,7 @@ impl MariaDb {
         self.server.stop(Signal::SIGTERM, STOP_TIMEOUT);
     }
 
-    /// Starts the server again on the same data directory and port after
-    /// [`stop`](Self::stop) or [`kill`](Self::kill), and waits until it answers.
-    ///
-    /// # Panics
-    ///
-    /// Panics if it is still running or does not get ready.
-    pub fn start_again(&self) {
-        self.server.start_again();
-    }
-
-    /// Crash-restart: [`kill`](Self::kill) then [`start_again`](Self::start_again).
-    pub fn restart(&self) {
-        self.kill();
-        self.start_again();
-    }
+    crate::server::restart_methods!();
 
     /// A `mariadb` client command connected as `root` over TCP, in batch mode
     /// without column names (`-N -B`); append `-e STATEMENT` and a database.

@@ -110,7 +110,8 @@ pub(crate) enum PortKind {
 }
 
 /// A private `redis-server` process: own port on 127.0.0.1, own temporary
-/// directory (`--dir`, log file), no RDB snapshots.
+/// directory (`--dir`, log file), no RDB snapshots. A crash-restart keeps only what the
+/// append-only file kept.
 ///
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
@@ -230,23 +231,7 @@ impl RedisServer {
         self.server.stop(Signal::SIGTERM, Duration::from_secs(30));
     }
 
-    /// Starts the server again on the same port and directory, after
-    /// [`kill`](Self::kill) or [`stop`](Self::stop), and waits until it
-    /// answers `PING`.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the server is still running or does not get ready.
-    pub fn start_again(&self) {
-        self.server.start_again();
-    }
-
-    /// Crash-restarts the server: `SIGKILL`, then start again on the same port
-    /// and directory (data survives only what the append-only file kept).
-    pub fn restart(&self) {
-        self.kill();
-        self.start_again();
-    }
+    crate::server::restart_methods!();
 
     /// Clean restart: [`stop`](Self::stop) then [`start_again`](Self::start_again).
     pub fn stop_and_restart(&self) {

@@ -263,3 +263,28 @@ macro_rules! server_methods {
     };
 }
 pub(crate) use server_methods;
+
+/// Expands, inside the `impl` block of a type with a `server: Server<_>` field and the
+/// methods of [`server_methods`], to `start_again` and `restart`, a crash-restart (what
+/// survives it is said on the type).
+macro_rules! restart_methods {
+    () => {
+        /// Starts the server again on the same ports and directory, after
+        /// [`kill`](Self::kill) or a stop, and waits until it is ready as a first start does.
+        ///
+        /// # Panics
+        ///
+        /// Panics if the server is still running or does not get ready.
+        pub fn start_again(&self) {
+            self.server.start_again();
+        }
+
+        /// Crash-restarts the server: [`kill`](Self::kill) (`SIGKILL`), then
+        /// [`start_again`](Self::start_again).
+        pub fn restart(&self) {
+            self.kill();
+            self.start_again();
+        }
+    };
+}
+pub(crate) use restart_methods;

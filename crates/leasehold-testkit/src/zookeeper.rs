@@ -143,7 +143,9 @@ fn mode(port: u16) -> Option<String> {
 }
 
 /// A private standalone ZooKeeper 3.8 server on 127.0.0.1: its own client port and
-/// temporary data directory, a 250 ms tick, session timeouts between 0.5 s and 60 s.
+/// temporary data directory, a 250 ms tick, session timeouts between 0.5 s and 60 s. A
+/// crash-restart keeps every acknowledged write (ZooKeeper syncs its transaction log
+/// before it answers a write).
 ///
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
@@ -193,22 +195,7 @@ impl ZkServer {
 
     crate::server::server_methods!("The client port on 127.0.0.1.", "`127.0.0.1:port`.");
 
-    /// Starts the server again on the same port and data directory after
-    /// [`kill`](Self::kill), and waits until it serves.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the server is still running or does not serve again.
-    pub fn start_again(&self) {
-        self.server.start_again();
-    }
-
-    /// Crash-restarts the server: `SIGKILL`, then start again on the same port and data
-    /// directory (ZooKeeper syncs its transaction log before it answers a write).
-    pub fn restart(&self) {
-        self.kill();
-        self.start_again();
-    }
+    crate::server::restart_methods!();
 }
 
 /// How a [`ZkEnsemble`] is started ([`ZkEnsemble::start_with`]).

@@ -4,8 +4,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::url::{UrlError, host_list, param_duration, percent_decode, split_url};
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::StoreError;
+#[cfg(doc)]
+use leasehold_core::StoreErrorKind;
+use leasehold_core::url::{ConfigErrors, UrlError, param_duration, percent_decode, split_url};
 
 use crate::BACKEND;
 
@@ -20,13 +22,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest root path, in bytes.
 pub const MAX_CHROOT_LEN: usize = 256;
 
-fn config_error(msg: impl Into<String>) -> StoreError {
-    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
-}
-
-fn url_error(e: UrlError) -> StoreError {
-    config_error(format!("zookeeper: {e}"))
-}
+const CONFIG: ConfigErrors = ConfigErrors {
+    backend: BACKEND,
+    label: "zookeeper",
+};
 
 /// How to reach a ZooKeeper ensemble and how the store behaves.
 ///
@@ -67,13 +66,8 @@ impl ZkConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let hosts =
-            host_list(hosts).map_err(|(n, e)| config_error(format!("zookeeper host {n} {e}")))?;
-        if hosts.is_empty() {
-            return Err(config_error("a zookeeper URL needs at least one host:port"));
-        }
         Ok(Self {
-            hosts,
+            hosts: CONFIG.hosts(hosts, "host")?,
             chroot: DEFAULT_CHROOT.to_owned(),
             session_timeout: DEFAULT_SESSION_TIMEOUT,
             op_timeout: DEFAULT_OP_TIMEOUT,
@@ -103,20 +97,20 @@ impl ZkConfig {
     /// # Ok::<(), leasehold_core::StoreError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let parts = split_url(url, "zookeeper").map_err(url_error)?;
+        let parts = split_url(url, "zookeeper").map_err(|e| CONFIG.url(e))?;
         if parts.userinfo.is_some() {
-            return Err(config_error(
+            return Err(CONFIG.error(
                 "zookeeper URLs take no user information: authentication is not supported",
             ));
         }
         let mut config = Self::new(parts.hosts.split(','))?;
         if let Some(path) = parts.path {
             let path = percent_decode(path)
-                .ok_or_else(|| config_error("the zookeeper root path has a malformed %-escape"))?;
+                .ok_or_else(|| CONFIG.error("the zookeeper root path has a malformed %-escape"))?;
             config = config.chroot(path)?;
         }
         for (name, value) in parts.params {
-            let d = param_duration(name, value).map_err(url_error);
+            let d = param_duration(name, value).map_err(|e| CONFIG.url(e));
             match name {
                 "session_timeout" => config = config.session_timeout(d?)?,
                 "timeout" => config = config.op_timeout(d?)?,
@@ -124,7 +118,7 @@ impl ZkConfig {
                 "tick_time" => config = config.tick_time(d?)?,
                 _ => {
                     let known = "session_timeout, timeout, connect_timeout, tick_time";
-                    return Err(url_error(UrlError::unknown(name, known)));
+                    return Err(CONFIG.url(UrlError::unknown(name, known)));
                 }
             }
         }
@@ -145,12 +139,12 @@ impl ZkConfig {
             path
         };
         if path == "/" || path.is_empty() {
-            return Err(config_error(
+            return Err(CONFIG.error(
                 "the zookeeper root path is /: leases would mix with every other node (use e.g. /leasehold)",
             ));
         }
         if path.len() > MAX_CHROOT_LEN {
-            return Err(config_error(format!(
+            return Err(CONFIG.error(format!(
                 "the zookeeper root path is longer than {MAX_CHROOT_LEN} bytes"
             )));
         }
@@ -159,14 +153,13 @@ impl ZkConfig {
             .map(|p| p.split('/').any(|c| c.is_empty() || c == "." || c == ".."))
             .unwrap_or(true);
         if bad_component || path.chars().any(char::is_control) {
-            return Err(config_error(
+            return Err(CONFIG.error(
                 "the zookeeper root path must be absolute, with no empty, . or .. component and no control character",
             ));
         }
         if path == "/zookeeper" || path.starts_with("/zookeeper/") {
-            return Err(config_error(
-                "the zookeeper root path may not be under /zookeeper (the server's own)",
-            ));
+            return Err(CONFIG
+                .error("the zookeeper root path may not be under /zookeeper (the server's own)"));
         }
         self.chroot = path;
         Ok(self)
@@ -179,7 +172,7 @@ impl ZkConfig {
     /// [`StoreErrorKind::Config`] when it is under 100 ms or over an hour.
     pub fn session_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
         if timeout < Duration::from_millis(100) || timeout > Duration::from_secs(3600) {
-            return Err(config_error(format!(
+            return Err(CONFIG.error(format!(
                 "zookeeper session_timeout must be between 100ms and 1h, not {timeout:?}"
             )));
         }
@@ -187,23 +180,7 @@ impl ZkConfig {
         Ok(self)
     }
 
-    /// Sets the bound on each operation.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
-    pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
-        self.op_timeout = check_timeout("timeout", timeout)?;
-        Ok(self)
-    }
-
-    /// Sets the bound on establishing a session.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
-        self.connect_timeout = check_timeout("connect_timeout", timeout)?;
-        Ok(self)
-    }
+    leasehold_core::timeout_methods!(CONFIG, "establishing a session");
 
     /// Sets the ensemble's `tickTime` (its `zoo.cfg`; ZooKeeper's sample configuration has
     /// 2 s). A follower reports its clients' activity to the leader every half tick, and
@@ -216,7 +193,7 @@ impl ZkConfig {
     /// # Errors
     /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
     pub fn tick_time(mut self, tick: Duration) -> Result<Self, StoreError> {
-        self.tick_time = Some(check_timeout("tick_time", tick)?);
+        self.tick_time = Some(CONFIG.timeout("tick_time", tick)?);
         Ok(self)
     }
 
@@ -233,16 +210,6 @@ impl ZkConfig {
     /// The session timeout asked for (the server may grant another).
     pub fn session_timeout_asked(&self) -> Duration {
         self.session_timeout
-    }
-
-    /// The bound on each operation.
-    pub fn op_bound(&self) -> Duration {
-        self.op_timeout
-    }
-
-    /// The bound on establishing a session.
-    pub fn connect_bound(&self) -> Duration {
-        self.connect_timeout
     }
 
     /// The ensemble's `tickTime`, if set.
@@ -264,17 +231,10 @@ impl ZkConfig {
     }
 }
 
-fn check_timeout(name: &str, d: Duration) -> Result<Duration, StoreError> {
-    if d.is_zero() || d > Duration::from_secs(3600) {
-        return Err(config_error(format!(
-            "zookeeper {name} must be above zero and at most 1h, not {d:?}"
-        )));
-    }
-    Ok(d)
-}
-
 #[cfg(test)]
 mod tests {
+    use leasehold_core::StoreErrorKind;
+
     use super::*;
 
     #[test]

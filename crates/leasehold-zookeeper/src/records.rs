@@ -31,19 +31,15 @@ impl ZkStore {
     ) -> Result<Record, StoreError> {
         let s = self.session().await?;
         let path = self.record_path(key);
-        let data = Record {
-            fence,
-            value: value.to_vec(),
-        }
-        .to_fenced_bytes();
-        let ours = || Record {
+        let ours = Record {
             fence,
             value: value.to_vec(),
         };
+        let data = ours.to_fenced_bytes();
         let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         for _ in 0..RECORD_ATTEMPTS {
             match s.client.create(&path, &data, &options).await {
-                Ok(_) => return Ok(ours()),
+                Ok(_) => return Ok(ours),
                 Err(zk::Error::NoNode) => {
                     // The first record under this root: its directory (persistent).
                     s.client
@@ -67,7 +63,7 @@ impl ZkStore {
                 return Ok(record);
             }
             match s.client.set_data(&path, &data, Some(stat.version)).await {
-                Ok(_) => return Ok(ours()),
+                Ok(_) => return Ok(ours),
                 // Another write came between the read and ours: compare again.
                 Err(zk::Error::BadVersion | zk::Error::NoNode) => {}
                 Err(e) => return Err(map_err("set data", e)),

@@ -5,6 +5,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::{StoreError, StoreErrorKind};
+
 /// A password (or other secret) that `Debug` shows as `<redacted>`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(pub String);
@@ -20,6 +22,93 @@ impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("<redacted>")
     }
+}
+
+/// How one backend's configuration errors read: [`StoreErrorKind::Config`] errors of
+/// `backend` whose messages name it `label` (`etcd`, `zookeeper`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConfigErrors {
+    /// The backend the errors are of.
+    pub backend: &'static str,
+    /// The backend's name in the messages.
+    pub label: &'static str,
+}
+
+impl ConfigErrors {
+    /// A configuration error saying `msg`.
+    pub fn error(self, msg: impl Into<String>) -> StoreError {
+        StoreError::new(StoreErrorKind::Config, self.backend, msg)
+    }
+
+    /// The configuration error for `e`: its sentence after the label (`etcd: the URL …`).
+    pub fn url(self, e: UrlError) -> StoreError {
+        self.error(format!("{}: {e}", self.label))
+    }
+
+    /// The host list `entries` ([`host_list`]), at least one; a bad one is named
+    /// `<label> <entry> <number>` (`etcd endpoint 2`). The messages never repeat an entry:
+    /// in a malformed URL it may hold part of a password.
+    pub fn hosts<I, S>(self, entries: I, entry: &str) -> Result<Vec<String>, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let label = self.label;
+        match host_list(entries) {
+            Err((n, e)) => Err(self.error(format!("{label} {entry} {n} {e}"))),
+            Ok(hosts) if hosts.is_empty() => {
+                Err(self.error(format!("the {label} URL needs at least one host:port")))
+            }
+            Ok(hosts) => Ok(hosts),
+        }
+    }
+
+    /// Timeout setting `name`'s value `d`, unless it is zero or longer than an hour.
+    pub fn timeout(self, name: &str, d: Duration) -> Result<Duration, StoreError> {
+        if d.is_zero() || d > Duration::from_secs(3600) {
+            let label = self.label;
+            let msg = format!("{label} {name} must be above zero and at most 1h, not {d:?}");
+            return Err(self.error(msg));
+        }
+        Ok(d)
+    }
+}
+
+/// Expands, inside the `impl` block of a store configuration with `op_timeout` and
+/// `connect_timeout` fields (and `Duration`, `StoreError` in scope), to their setters (each
+/// checked by `$errors`, a [`ConfigErrors`]: above zero, at most an hour) and getters, so
+/// every store offers the same two bounds; `$connect` says what the connect bound bounds.
+#[macro_export]
+macro_rules! timeout_methods {
+    ($errors:expr, $connect:literal) => {
+        /// Sets the bound on each operation.
+        ///
+        /// # Errors
+        /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+        pub fn op_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+            self.op_timeout = $errors.timeout("timeout", timeout)?;
+            Ok(self)
+        }
+
+        #[doc = concat!("Sets the bound on ", $connect, ".")]
+        ///
+        /// # Errors
+        /// [`StoreErrorKind::Config`] when it is zero or longer than an hour.
+        pub fn connect_timeout(mut self, timeout: Duration) -> Result<Self, StoreError> {
+            self.connect_timeout = $errors.timeout("connect_timeout", timeout)?;
+            Ok(self)
+        }
+
+        /// The bound on each operation.
+        pub fn op_bound(&self) -> Duration {
+            self.op_timeout
+        }
+
+        #[doc = concat!("The bound on ", $connect, ".")]
+        pub fn connect_bound(&self) -> Duration {
+            self.connect_timeout
+        }
+    };
 }
 
 /// Decodes `%XX` escapes. `None` for a malformed escape or a result that is not UTF-8
