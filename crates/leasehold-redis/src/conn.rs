@@ -36,7 +36,7 @@ use crate::discovery::tls_certificates;
 use crate::discovery::{Discovery, client_for, is_primary, node_info};
 use crate::error::{self, Phase};
 use crate::policy;
-use crate::scripts::{Reply, ReplyError, invocation};
+use crate::scripts::{Armed, Reply, ReplyError, invocation};
 
 /// How long a refusal for an evicting policy is remembered: calls within it fail at once
 /// instead of each connecting and asking again (a burst of heartbeats would otherwise
@@ -104,11 +104,8 @@ impl<C: Clone> Holder<C> {
         match self.peek(max_age) {
             Some((g, c, false)) => return Ok((g, c)),
             Some((g, c, true)) => {
-                let dropped_unless_checked = Invalidate {
-                    holder: self,
-                    generation: g,
-                    armed: true,
-                };
+                // Dropped unless checked: the check failed or was cancelled in flight.
+                let dropped_unless_checked = Armed::new(|| self.invalidate(g));
                 check(c.clone()).await?;
                 dropped_unless_checked.disarm();
                 if let Some(s) = self
@@ -157,27 +154,6 @@ impl<C: Clone> Holder<C> {
                 generation,
                 "redis connection dropped; the next call reconnects"
             );
-        }
-    }
-}
-
-/// Drops a connection unless disarmed: its check failed or was cancelled in flight.
-struct Invalidate<'a, C: Clone> {
-    holder: &'a Holder<C>,
-    generation: u64,
-    armed: bool,
-}
-
-impl<C: Clone> Invalidate<'_, C> {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl<C: Clone> Drop for Invalidate<'_, C> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.holder.invalidate(self.generation);
         }
     }
 }
@@ -823,6 +799,18 @@ impl Conn {
         }
     }
 
+    /// The guard of a request on `h`: drops the connection if the request future is
+    /// dropped (cancelled by the caller) between sending and receiving its reply, as a
+    /// reply that never arrived leaves the connection suspect, exactly like a timeout.
+    fn in_flight(&self, h: &Handle) -> Armed<impl FnOnce() + '_> {
+        let generation = h.generation();
+        Armed::new(move || match &self.kind {
+            Kind::Standalone { holder, .. } => holder.invalidate(generation),
+            Kind::Sentinel { holder, .. } => holder.invalidate(generation),
+            Kind::Cluster { holder, .. } => holder.invalidate(generation),
+        })
+    }
+
     /// A fresh request id (echoed by every script).
     fn request_id(&self) -> String {
         self.next_id.fetch_add(1, Ordering::Relaxed).to_string()
@@ -876,7 +864,7 @@ impl Conn {
         let mut h = self.handle(deadline, op).await?;
         let id = self.request_id();
         let inv = invocation(script, keys, &id, args);
-        let in_flight = InFlight::new(self, &h);
+        let in_flight = self.in_flight(&h);
         let res = match &mut h {
             Handle::Standalone(_, c) => timeout_at(deadline, inv.invoke_async::<Value>(c)).await,
             Handle::Cluster(_, c) => timeout_at(deadline, inv.invoke_async::<Value>(c)).await,
@@ -925,7 +913,7 @@ impl Conn {
     ) -> Result<Value, StoreError> {
         let deadline = Instant::now() + self.op_timeout;
         let mut h = self.handle(deadline, op).await?;
-        let in_flight = InFlight::new(self, &h);
+        let in_flight = self.in_flight(&h);
         let res = match (&mut h, routing) {
             (Handle::Standalone(_, c), _) => {
                 timeout_at(deadline, cmd.query_async::<Value>(c)).await
@@ -985,7 +973,7 @@ impl Conn {
             .clamp(1, u128::from(u32::MAX)) as u64;
         let mut wait = redis::cmd("WAIT");
         wait.arg(want).arg(left_ms);
-        let in_flight = InFlight::new(self, h);
+        let in_flight = self.in_flight(h);
         let res = match h {
             Handle::Standalone(_, c) => timeout_at(deadline, wait.query_async::<i64>(c)).await,
             Handle::Cluster(_, c) => timeout_at(deadline, wait.query_async::<i64>(c)).await,
@@ -1031,41 +1019,6 @@ impl Handle {
     fn generation(&self) -> u64 {
         match self {
             Handle::Standalone(g, _) | Handle::Cluster(g, _) => *g,
-        }
-    }
-}
-
-/// Drops the connection if the request future is dropped (cancelled by the caller)
-/// between sending and receiving its reply: a reply that never arrived leaves the
-/// connection suspect, exactly like a timeout.
-struct InFlight<'a> {
-    conn: &'a Conn,
-    generation: u64,
-    armed: bool,
-}
-
-impl<'a> InFlight<'a> {
-    fn new(conn: &'a Conn, h: &Handle) -> Self {
-        Self {
-            conn,
-            generation: h.generation(),
-            armed: true,
-        }
-    }
-
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            match &self.conn.kind {
-                Kind::Standalone { holder, .. } => holder.invalidate(self.generation),
-                Kind::Sentinel { holder, .. } => holder.invalidate(self.generation),
-                Kind::Cluster { holder, .. } => holder.invalidate(self.generation),
-            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What `leasehold-redis` and `leasehold-redlock` share of the store format: the Lua
 //! helpers that read and write lease and fence keys, the scripts both run unchanged, the
-//! error codes the scripts raise, and the strict parsing of their replies.
+//! error codes the scripts raise, and the strict parsing of their replies; and the guard
+//! both put on a request in flight ([`Armed`]).
 //!
 //! Public so that `leasehold-redlock` runs the very same code on each of its nodes (one
 //! format, one parser, one set of error texts); not meant for other callers.
@@ -211,6 +212,38 @@ pub fn scan_step(cursor: u64, pattern: &str) -> redis::Cmd {
         .arg("COUNT")
         .arg(500);
     cmd
+}
+
+/// Runs its action when dropped, unless disarmed first. The guard of a request in flight:
+/// a request future dropped (cancelled by its caller) between sending and its reply leaves
+/// the connection suspect (a reply still on its way would be taken for the next
+/// request's), so the action drops the connection; the request's end disarms it.
+pub struct Armed<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Armed<F> {
+    /// A guard that runs `action` if it is dropped armed.
+    pub fn new(action: F) -> Self {
+        Self(Some(action))
+    }
+
+    /// Ends the guard without running its action.
+    pub fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for Armed<F> {
+    fn drop(&mut self) {
+        if let Some(action) = self.0.take() {
+            action();
+        }
+    }
+}
+
+impl<F: FnOnce()> std::fmt::Debug for Armed<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Armed").field(&self.0.is_some()).finish()
+    }
 }
 
 /// Why a script's reply was refused.

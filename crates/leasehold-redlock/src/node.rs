@@ -14,7 +14,7 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::BACKEND;
 use crate::config::{Node, RedlockConfig};
-use crate::scripts::{CORRUPT_CODE, FORMAT_CODE, Lua, ReplyError, invocation, scan_step};
+use crate::scripts::{Armed, CORRUPT_CODE, FORMAT_CODE, Lua, ReplyError, invocation, scan_step};
 
 /// A connection to one node and what is needed to open it again.
 pub(crate) struct NodeConn {
@@ -200,14 +200,9 @@ impl NodeConn {
             let deadline = Instant::now() + bound;
             let (generation, mut conn) = self.conn(op, deadline).await?;
             let cmd = scan_step(cursor, pattern);
-            let guard = InFlight {
-                node: self,
-                generation,
-                armed: true,
-            };
+            let in_flight = Armed::new(|| self.invalidate(generation));
             let res = timeout_at(deadline, cmd.query_async::<(u64, Vec<Vec<u8>>)>(&mut conn)).await;
-            let mut guard = guard;
-            guard.armed = false;
+            in_flight.disarm();
             match res {
                 Err(_) => {
                     self.invalidate(generation);
@@ -251,14 +246,9 @@ impl NodeConn {
         let (generation, mut conn) = self.conn(op, deadline).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
         let inv = invocation(&lua.script, keys, &id, args);
-        let guard = InFlight {
-            node: self,
-            generation,
-            armed: true,
-        };
+        let in_flight = Armed::new(|| self.invalidate(generation));
         let res = timeout_at(deadline, inv.invoke_async::<Value>(&mut conn)).await;
-        let mut guard = guard;
-        guard.armed = false;
+        in_flight.disarm();
         let value = match res {
             Err(_) => {
                 self.invalidate(generation);
@@ -347,21 +337,5 @@ impl NodeConn {
             BACKEND,
             format!("{op}: node {}: {what} ({detail})", self.name),
         )
-    }
-}
-
-/// Drops the connection if the request's future is dropped between sending and its
-/// reply: later replies on it would be matched to the wrong requests.
-struct InFlight<'a> {
-    node: &'a NodeConn,
-    generation: u64,
-    armed: bool,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.node.invalidate(self.generation);
-        }
     }
 }
