@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::BACKEND;
 use crate::conn::Conn;
-use crate::scripts::{self, Acquired, Item, SCRIPTS};
+use crate::scripts::{self, Acquired, Item, SCRIPTS, parse_acquire, parse_flag};
 
 /// Calls on the wire per slot before operations queue for a batch.
 pub(crate) const IN_FLIGHT: usize = 2;
@@ -40,6 +40,22 @@ pub(crate) struct Op {
 impl Op {
     fn is_acquire(&self) -> bool {
         self.args[0] == "a"
+    }
+
+    /// Runs the operation on its own: its single script, `ACQUIRE` or `RELEASE`.
+    async fn run_alone(&self, conn: &Conn) -> Result<Answer, StoreError> {
+        let [l, f, q, qd, w] = &self.keys;
+        let [_, owner, ms, keep, grace, channel] = &self.args;
+        let keys: [&str; 5] = [l, f, q, qd, w];
+        if self.is_acquire() {
+            let args = [owner, ms, keep, grace, channel];
+            let got = conn.run("acquire", &SCRIPTS.acquire, &keys, &args, parse_acquire);
+            got.await.map(Answer::Acquired)
+        } else {
+            let args = [owner, channel, grace, keep];
+            let got = conn.run("release", &SCRIPTS.release, &keys, &args, parse_flag);
+            got.await.map(Answer::Released)
+        }
     }
 }
 
@@ -145,6 +161,7 @@ async fn run_batch(turn: Turn, batch: Vec<Queued>) {
     let got = conn
         .run_until(
             deadline,
+            true,
             "acquire or release (batch)",
             &SCRIPTS.many,
             &keys,
@@ -200,29 +217,20 @@ impl Batcher {
         }
     }
 
-    /// Runs `op` on `slot`: at once with `single` when fewer than [`IN_FLIGHT`] calls are
-    /// on the wire for the slot, else in the next batch call. Either way the answer comes
+    /// Runs `op` on `slot`: at once on its own when fewer than [`IN_FLIGHT`] calls are on
+    /// the wire for the slot, else in the next batch call. Either way the answer comes
     /// within the operation timeout of this call (a queued operation waits for its batch
     /// no longer; one whose caller has given up by the time its batch is sent is left out
     /// of it).
     ///
     /// # Cancel safety
     /// As a single call: a dropped call may still be applied (in its batch).
-    pub(crate) async fn submit<F, Fut>(
-        self: &Arc<Self>,
-        slot: u16,
-        op: Op,
-        single: F,
-    ) -> Result<Answer, StoreError>
-    where
-        F: FnOnce(Op) -> Fut,
-        Fut: Future<Output = Result<Answer, StoreError>>,
-    {
+    pub(crate) async fn submit(self: &Arc<Self>, slot: u16, op: Op) -> Result<Answer, StoreError> {
         let limit = self.conn.op_timeout();
         let deadline = Instant::now() + limit;
         match self.way(slot, &op, deadline) {
             Way::Direct(turn) => {
-                let res = single(op).await;
+                let res = op.run_alone(&self.conn).await;
                 drop(turn);
                 res
             }

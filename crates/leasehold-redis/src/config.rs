@@ -653,20 +653,16 @@ impl RedisConfigBuilder {
         let cfg = self.cfg;
         validate_prefix(&cfg.prefix)?;
         const DAY: Duration = Duration::from_secs(24 * 3600);
-        if cfg.op_timeout.is_zero() || cfg.op_timeout > DAY {
-            return Err(config_error(
-                "the operation timeout must be above zero and at most 24h",
-            ));
-        }
-        if cfg.connect_timeout.is_zero() || cfg.connect_timeout > DAY {
-            return Err(config_error(
-                "the connect timeout must be above zero and at most 24h",
-            ));
-        }
-        if cfg.policy_check.is_zero() || cfg.policy_check > DAY {
-            return Err(config_error(
-                "the policy check interval must be above zero and at most 24h",
-            ));
+        for (d, what) in [
+            (cfg.op_timeout, "the operation timeout"),
+            (cfg.connect_timeout, "the connect timeout"),
+            (cfg.policy_check, "the policy check interval"),
+        ] {
+            if d.is_zero() || d > DAY {
+                return Err(config_error(format!(
+                    "{what} must be above zero and at most 24h"
+                )));
+            }
         }
         if cfg
             .fence_retention
@@ -902,26 +898,14 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
                 b = b.fence_retention(Some(d));
             }
             "queue_grace" => b = b.queue_grace(parse_duration(&name, &value)?),
-            "min_replicas" => {
-                b = b.min_replicas(value.parse().map_err(|_| {
-                    config_error("URL parameter `min_replicas` must be a whole number")
-                })?)
-            }
+            "min_replicas" => b = b.min_replicas(parse_number(&name, &value)?),
             "max_clock_offset" if sentinel => {
                 b = b.max_clock_offset(parse_duration(&name, &value)?)
             }
             "clock_check" if sentinel => b = b.clock_check(parse_duration(&name, &value)?),
-            "db" if sentinel => {
-                b = b.db(value
-                    .parse()
-                    .map_err(|_| config_error("URL parameter `db` must be a whole number"))?)
-            }
+            "db" if sentinel => b = b.db(parse_number(&name, &value)?),
             "sharded_pubsub" if cluster => b = b.sharded_pubsub(parse_bool(&name, &value)?),
-            "cluster_retries" if cluster => {
-                b = b.cluster_retries(value.parse().map_err(|_| {
-                    config_error("URL parameter `cluster_retries` must be a whole number")
-                })?)
-            }
+            "cluster_retries" if cluster => b = b.cluster_retries(parse_number(&name, &value)?),
             "tls_ca" | "tls_cert" | "tls_key" if !tls => {
                 return Err(config_error(format!(
                     "URL parameter `{name}` needs TLS: use rediss:// or rediss+cluster://"
@@ -1005,6 +989,11 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, StoreError> {
             "URL parameter `{name}` must be true or false"
         ))),
     }
+}
+
+fn parse_number<N: std::str::FromStr>(name: &str, v: &str) -> Result<N, StoreError> {
+    v.parse()
+        .map_err(|_| config_error(format!("URL parameter `{name}` must be a whole number")))
 }
 
 /// `250ms`, `2s`, `1m`, or a bare number of milliseconds.

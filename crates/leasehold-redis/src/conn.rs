@@ -36,7 +36,7 @@ use crate::discovery::tls_certificates;
 use crate::discovery::{Discovery, client_for, is_primary, node_info};
 use crate::error::{self, Phase};
 use crate::policy;
-use crate::scripts::{Reply, ReplyError};
+use crate::scripts::{Armed, Reply, ReplyError, invocation};
 
 /// How long a refusal for an evicting policy is remembered: calls within it fail at once
 /// instead of each connecting and asking again (a burst of heartbeats would otherwise
@@ -104,11 +104,8 @@ impl<C: Clone> Holder<C> {
         match self.peek(max_age) {
             Some((g, c, false)) => return Ok((g, c)),
             Some((g, c, true)) => {
-                let dropped_unless_checked = Invalidate {
-                    holder: self,
-                    generation: g,
-                    armed: true,
-                };
+                // Dropped unless checked: the check failed or was cancelled in flight.
+                let dropped_unless_checked = Armed::new(|| self.invalidate(g));
                 check(c.clone()).await?;
                 dropped_unless_checked.disarm();
                 if let Some(s) = self
@@ -157,27 +154,6 @@ impl<C: Clone> Holder<C> {
                 generation,
                 "redis connection dropped; the next call reconnects"
             );
-        }
-    }
-}
-
-/// Drops a connection unless disarmed: its check failed or was cancelled in flight.
-struct Invalidate<'a, C: Clone> {
-    holder: &'a Holder<C>,
-    generation: u64,
-    armed: bool,
-}
-
-impl<C: Clone> Invalidate<'_, C> {
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl<C: Clone> Drop for Invalidate<'_, C> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.holder.invalidate(self.generation);
         }
     }
 }
@@ -351,6 +327,14 @@ fn cluster_builder(
     Ok(b)
 }
 
+/// `fut` within `limit`; running out of time is an I/O error (timed out), as a failure
+/// to connect is.
+async fn within<T>(limit: Duration, fut: impl Future<Output = RedisResult<T>>) -> RedisResult<T> {
+    timeout(limit, fut)
+        .await
+        .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
+}
+
 impl Conn {
     /// Prepares the connection (does not connect yet).
     pub(crate) fn new(cfg: &RedisConfig) -> Result<Self, StoreError> {
@@ -496,96 +480,91 @@ impl Conn {
         // Called under the holder's connect lock, so that callers queued behind a refusal
         // see it.
         let refused_recently = || self.refused_recently(op);
-        let res = match &self.kind {
-            Kind::Standalone {
-                client,
-                config,
-                holder,
-            } => timeout_at(
-                deadline,
-                holder.get(
-                    self.policy_check,
-                    || async {
-                        refused_recently()?;
-                        timeout(
-                            ct,
-                            client.get_multiplexed_async_connection_with_config(config),
-                        )
-                        .await
-                        .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
-                        .map_err(connect_failed)
-                    },
-                    |c| self.check_standalone(op, c),
-                ),
-            )
-            .await
-            .map(|r| r.map(|(g, c)| Handle::Standalone(g, c))),
-            Kind::Cluster { client, holder } => timeout_at(
-                deadline,
-                holder.get(
-                    self.policy_check,
-                    || async {
-                        refused_recently()?;
-                        timeout(ct, client.get_async_connection())
+        let got = timeout_at(deadline, async {
+            match &self.kind {
+                Kind::Standalone {
+                    client,
+                    config,
+                    holder,
+                } => holder
+                    .get(
+                        self.policy_check,
+                        || async {
+                            refused_recently()?;
+                            within(
+                                ct,
+                                client.get_multiplexed_async_connection_with_config(config),
+                            )
                             .await
-                            .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e))))
                             .map_err(connect_failed)
-                    },
-                    |c| self.check_cluster(op, c),
-                ),
-            )
-            .await
-            .map(|r| r.map(|(g, c)| Handle::Cluster(g, c))),
-            Kind::Sentinel {
-                discovery,
-                config,
-                holder,
-                primary,
-                watcher,
-                clocks,
-                clock_task,
-            } => timeout_at(
-                deadline,
-                holder.get(
-                    self.policy_check,
-                    || async {
-                        refused_recently()?;
-                        let (node, conn) = discovery.connect_primary(config).await?;
-                        *primary.lock().unwrap_or_else(|e| e.into_inner()) = Some(node);
-                        {
-                            let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
-                            if w.is_none() {
-                                let task = tokio::spawn(watch_switches(
-                                    discovery.clone(),
-                                    Arc::downgrade(holder),
-                                ));
-                                *w = Some(task.abort_handle());
+                        },
+                        |c| self.check_standalone(op, c),
+                    )
+                    .await
+                    .map(|(g, c)| Handle::Standalone(g, c)),
+                Kind::Cluster { client, holder } => holder
+                    .get(
+                        self.policy_check,
+                        || async {
+                            refused_recently()?;
+                            within(ct, client.get_async_connection())
+                                .await
+                                .map_err(connect_failed)
+                        },
+                        |c| self.check_cluster(op, c),
+                    )
+                    .await
+                    .map(|(g, c)| Handle::Cluster(g, c)),
+                Kind::Sentinel {
+                    discovery,
+                    config,
+                    holder,
+                    primary,
+                    watcher,
+                    clocks,
+                    clock_task,
+                } => holder
+                    .get(
+                        self.policy_check,
+                        || async {
+                            refused_recently()?;
+                            let (node, conn) = discovery.connect_primary(config).await?;
+                            *primary.lock().unwrap_or_else(|e| e.into_inner()) = Some(node);
+                            {
+                                let mut w = watcher.lock().unwrap_or_else(|e| e.into_inner());
+                                if w.is_none() {
+                                    let task = tokio::spawn(watch_switches(
+                                        discovery.clone(),
+                                        Arc::downgrade(holder),
+                                    ));
+                                    *w = Some(task.abort_handle());
+                                }
                             }
-                        }
-                        {
-                            let mut t = clock_task.lock().unwrap_or_else(|e| e.into_inner());
-                            if t.is_none() {
-                                let task = tokio::spawn(clocks::watch(
-                                    Arc::downgrade(clocks),
-                                    self.config.clone(),
-                                    primary.clone(),
-                                    self.config.clock_check(),
-                                ));
-                                *t = Some(task.abort_handle());
+                            {
+                                let mut t = clock_task.lock().unwrap_or_else(|e| e.into_inner());
+                                if t.is_none() {
+                                    let task = tokio::spawn(clocks::watch(
+                                        Arc::downgrade(clocks),
+                                        self.config.clone(),
+                                        primary.clone(),
+                                        self.config.clock_check(),
+                                    ));
+                                    *t = Some(task.abort_handle());
+                                }
                             }
-                        }
-                        // The replicas' clocks, before the connection is used (refused
-                        // when one is too far ahead).
-                        self.measure_clocks(op, &conn, primary, clocks).await?;
-                        Ok(conn)
-                    },
-                    |c| self.check_primary(op, c, primary),
-                ),
-            )
-            .await
-            .map(|r| r.map(|(g, c)| Handle::Standalone(g, c))),
-        };
-        match res {
+                            // The replicas' clocks, before the connection is used (refused
+                            // when one is too far ahead).
+                            self.measure_clocks(op, &conn, primary, clocks).await?;
+                            Ok(conn)
+                        },
+                        |c| self.check_primary(op, c, primary),
+                    )
+                    .await
+                    .map(|(g, c)| Handle::Standalone(g, c)),
+            }
+        })
+        .await;
+        match got {
             Err(_) => Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 BACKEND,
@@ -735,11 +714,7 @@ impl Conn {
                         .await?;
                     policy::info_memory().query_async::<Value>(&mut conn).await
                 };
-                Ok::<_, StoreError>(
-                    timeout(self.connect_timeout, asked)
-                        .await
-                        .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::from(e)))),
-                )
+                Ok::<_, StoreError>(within(self.connect_timeout, asked).await)
             }
         }))
         .await;
@@ -824,23 +799,36 @@ impl Conn {
         }
     }
 
+    /// The guard of a request on `h`: drops the connection if the request future is
+    /// dropped (cancelled by the caller) between sending and receiving its reply, as a
+    /// reply that never arrived leaves the connection suspect, exactly like a timeout.
+    fn in_flight(&self, h: &Handle) -> Armed<impl FnOnce() + '_> {
+        let generation = h.generation();
+        Armed::new(move || match &self.kind {
+            Kind::Standalone { holder, .. } => holder.invalidate(generation),
+            Kind::Sentinel { holder, .. } => holder.invalidate(generation),
+            Kind::Cluster { holder, .. } => holder.invalidate(generation),
+        })
+    }
+
     /// A fresh request id (echoed by every script).
     fn request_id(&self) -> String {
         self.next_id.fetch_add(1, Ordering::Relaxed).to_string()
     }
 
-    /// Runs `script` with `keys` and `[request id] + args` and parses the reply, all within
-    /// the operation timeout. Connection-level failures drop the connection.
-    pub(crate) async fn run<T>(
+    /// Runs `script` with `keys` and `[request id] + args` (text, or a record's value: any
+    /// bytes) and parses the reply, all within the operation timeout. Connection-level
+    /// failures drop the connection.
+    pub(crate) async fn run<T, A: AsRef<[u8]>>(
         &self,
         op: &'static str,
         script: &Script,
         keys: &[&str],
-        args: &[&str],
+        args: &[A],
         parse: impl FnOnce(&Value, &str) -> Reply<T>,
     ) -> Result<T, StoreError> {
         let deadline = Instant::now() + self.op_timeout;
-        self.run_until(deadline, op, script, keys, args, parse)
+        self.run_until(deadline, true, op, script, keys, args, parse)
             .await
     }
 
@@ -854,62 +842,29 @@ impl Conn {
         parse: impl FnOnce(&Value, &str) -> Reply<T>,
     ) -> Result<T, StoreError> {
         let deadline = Instant::now() + self.op_timeout;
-        self.exec(deadline, op, script, keys, args, false, parse)
+        self.run_until(deadline, false, op, script, keys, args, parse)
             .await
     }
 
-    /// [`run`](Self::run) with binary arguments (a record's value: any bytes).
-    pub(crate) async fn run_bytes<T>(
-        &self,
-        op: &'static str,
-        script: &Script,
-        keys: &[&str],
-        args: &[&[u8]],
-        parse: impl FnOnce(&Value, &str) -> Reply<T>,
-    ) -> Result<T, StoreError> {
-        let deadline = Instant::now() + self.op_timeout;
-        self.exec(deadline, op, script, keys, args, true, parse)
-            .await
-    }
-
-    /// [`run`](Self::run), ending at `deadline` instead of one operation timeout from now
-    /// (a batch ends when the first of its operations' callers stops waiting).
-    pub(crate) async fn run_until<T>(
-        &self,
-        deadline: Instant,
-        op: &'static str,
-        script: &Script,
-        keys: &[&str],
-        args: &[&str],
-        parse: impl FnOnce(&Value, &str) -> Reply<T>,
-    ) -> Result<T, StoreError> {
-        self.exec(deadline, op, script, keys, args, true, parse)
-            .await
-    }
-
-    /// Runs a script; with `writes` and `min_replicas`, then waits for the replicas.
+    /// [`run`](Self::run) (a script that `writes`) or [`run_read`](Self::run_read), ending
+    /// at `deadline` instead of one operation timeout from now (a batch ends when the first
+    /// of its operations' callers stops waiting). With `writes` and `min_replicas`, waits
+    /// for the replicas after the script.
     #[allow(clippy::too_many_arguments)]
-    async fn exec<T, A: AsRef<[u8]>>(
+    pub(crate) async fn run_until<T, A: AsRef<[u8]>>(
         &self,
         deadline: Instant,
+        writes: bool,
         op: &'static str,
         script: &Script,
         keys: &[&str],
         args: &[A],
-        writes: bool,
         parse: impl FnOnce(&Value, &str) -> Reply<T>,
     ) -> Result<T, StoreError> {
         let mut h = self.handle(deadline, op).await?;
         let id = self.request_id();
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(*k);
-        }
-        inv.arg(id.as_str());
-        for a in args {
-            inv.arg(a.as_ref());
-        }
-        let in_flight = InFlight::new(self, &h);
+        let inv = invocation(script, keys, &id, args);
+        let in_flight = self.in_flight(&h);
         let res = match &mut h {
             Handle::Standalone(_, c) => timeout_at(deadline, inv.invoke_async::<Value>(c)).await,
             Handle::Cluster(_, c) => timeout_at(deadline, inv.invoke_async::<Value>(c)).await,
@@ -958,7 +913,7 @@ impl Conn {
     ) -> Result<Value, StoreError> {
         let deadline = Instant::now() + self.op_timeout;
         let mut h = self.handle(deadline, op).await?;
-        let in_flight = InFlight::new(self, &h);
+        let in_flight = self.in_flight(&h);
         let res = match (&mut h, routing) {
             (Handle::Standalone(_, c), _) => {
                 timeout_at(deadline, cmd.query_async::<Value>(c)).await
@@ -1018,7 +973,7 @@ impl Conn {
             .clamp(1, u128::from(u32::MAX)) as u64;
         let mut wait = redis::cmd("WAIT");
         wait.arg(want).arg(left_ms);
-        let in_flight = InFlight::new(self, h);
+        let in_flight = self.in_flight(h);
         let res = match h {
             Handle::Standalone(_, c) => timeout_at(deadline, wait.query_async::<i64>(c)).await,
             Handle::Cluster(_, c) => timeout_at(deadline, wait.query_async::<i64>(c)).await,
@@ -1064,41 +1019,6 @@ impl Handle {
     fn generation(&self) -> u64 {
         match self {
             Handle::Standalone(g, _) | Handle::Cluster(g, _) => *g,
-        }
-    }
-}
-
-/// Drops the connection if the request future is dropped (cancelled by the caller)
-/// between sending and receiving its reply: a reply that never arrived leaves the
-/// connection suspect, exactly like a timeout.
-struct InFlight<'a> {
-    conn: &'a Conn,
-    generation: u64,
-    armed: bool,
-}
-
-impl<'a> InFlight<'a> {
-    fn new(conn: &'a Conn, h: &Handle) -> Self {
-        Self {
-            conn,
-            generation: h.generation(),
-            armed: true,
-        }
-    }
-
-    fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            match &self.conn.kind {
-                Kind::Standalone { holder, .. } => holder.invalidate(self.generation),
-                Kind::Sentinel { holder, .. } => holder.invalidate(self.generation),
-                Kind::Cluster { holder, .. } => holder.invalidate(self.generation),
-            }
         }
     }
 }

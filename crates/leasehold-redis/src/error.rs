@@ -224,9 +224,16 @@ pub(crate) fn map(op: &str, phase: Phase, e: &RedisError, secret: Option<&str>) 
     StoreError::new(kind, BACKEND, format!("{op}: {what}")).with_source(Cause::scrubbed(e, secret))
 }
 
-fn server_code(e: &RedisError) -> Option<&str> {
-    e.code()
-}
+/// What a refused password means.
+const AUTH_FAILED: &str = "authentication failed; check the user name and password";
+
+/// What a refusal by the ACL means.
+const ACL_REFUSED: &str =
+    "permission denied by the server's ACL; see the README for the ACL leasehold needs";
+
+/// What a failed TLS handshake means.
+const TLS_FAILED: &str =
+    "the TLS handshake failed (certificate not trusted or invalid for the host; see tls_ca)";
 
 /// Whether a TLS handshake failed (an untrusted or invalid certificate, a protocol
 /// mismatch): a configuration problem, not a transient one.
@@ -273,17 +280,13 @@ fn flattened_config_failure(e: &RedisError) -> Option<&'static str> {
         .iter()
         .any(|m| detail.contains(m))
     {
-        return Some("authentication failed; check the user name and password");
+        return Some(AUTH_FAILED);
     }
     if detail.contains("NOPERM") {
-        return Some(
-            "permission denied by the server's ACL; see the README for the ACL leasehold needs",
-        );
+        return Some(ACL_REFUSED);
     }
     if detail.contains("invalid peer certificate") {
-        return Some(
-            "the TLS handshake failed (certificate not trusted or invalid for the host; see tls_ca)",
-        );
+        return Some(TLS_FAILED);
     }
     None
 }
@@ -291,10 +294,7 @@ fn flattened_config_failure(e: &RedisError) -> Option<&'static str> {
 fn classify(phase: Phase, e: &RedisError) -> (StoreErrorKind, &'static str) {
     use StoreErrorKind as K;
     if phase == Phase::Connect && is_tls_failure(e) {
-        return (
-            K::Config,
-            "the TLS handshake failed (certificate not trusted or invalid for the host; see tls_ca)",
-        );
+        return (K::Config, TLS_FAILED);
     }
     if phase == Phase::Connect
         && let Some(what) = flattened_config_failure(e)
@@ -302,7 +302,7 @@ fn classify(phase: Phase, e: &RedisError) -> (StoreErrorKind, &'static str) {
         return (K::Config, what);
     }
     // Codes first: script errors and server refusals.
-    match server_code(e) {
+    match e.code() {
         Some(CORRUPT_CODE) => {
             return (
                 K::Corrupt,
@@ -318,33 +318,17 @@ fn classify(phase: Phase, e: &RedisError) -> (StoreErrorKind, &'static str) {
         Some("WRONGTYPE") => {
             return (K::Corrupt, "a key of the wrong type is in the way");
         }
-        Some("NOAUTH" | "WRONGPASS") => {
-            return (
-                K::Config,
-                "authentication failed; check the user name and password",
-            );
-        }
-        Some("NOPERM") => {
-            return (
-                K::Config,
-                "permission denied by the server's ACL; see the README for the ACL leasehold needs",
-            );
-        }
+        Some("NOAUTH" | "WRONGPASS") => return (K::Config, AUTH_FAILED),
+        Some("NOPERM") => return (K::Config, ACL_REFUSED),
         Some("BUSY") => return (K::Busy, "the server is busy running a script"),
         Some("OOM") => return (K::Busy, "the server is out of memory"),
         Some("MISCONF") => return (K::Busy, "the server refuses writes (MISCONF)"),
         _ => {}
     }
     match e.kind() {
-        ErrorKind::AuthenticationFailed => (
-            K::Config,
-            "authentication failed; check the user name and password",
-        ),
+        ErrorKind::AuthenticationFailed => (K::Config, AUTH_FAILED),
         ErrorKind::InvalidClientConfig => (K::Config, "invalid client configuration"),
-        ErrorKind::Server(ServerErrorKind::NoPerm) => (
-            K::Config,
-            "permission denied by the server's ACL; see the README for the ACL leasehold needs",
-        ),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => (K::Config, ACL_REFUSED),
         ErrorKind::Server(
             ServerErrorKind::BusyLoading
             | ServerErrorKind::TryAgain
@@ -418,26 +402,16 @@ mod tests {
         let io = |k: std::io::ErrorKind| RedisError::from(std::io::Error::from(k));
         let m = |p, e: &RedisError| map("acquire", p, e, None).kind();
         use StoreErrorKind as K;
-        assert_eq!(
-            m(Phase::Connect, &io(std::io::ErrorKind::ConnectionRefused)),
-            K::Unavailable
-        );
-        assert_eq!(
-            m(Phase::Connect, &io(std::io::ErrorKind::TimedOut)),
-            K::Unavailable
-        );
-        assert_eq!(
-            m(Phase::Request, &io(std::io::ErrorKind::TimedOut)),
-            K::Timeout
-        );
-        assert_eq!(
-            m(Phase::Request, &io(std::io::ErrorKind::ConnectionReset)),
-            K::Ambiguous
-        );
-        assert_eq!(
-            m(Phase::Request, &io(std::io::ErrorKind::BrokenPipe)),
-            K::Ambiguous
-        );
+        use std::io::ErrorKind as Io;
+        for (phase, io_kind, want) in [
+            (Phase::Connect, Io::ConnectionRefused, K::Unavailable),
+            (Phase::Connect, Io::TimedOut, K::Unavailable),
+            (Phase::Request, Io::TimedOut, K::Timeout),
+            (Phase::Request, Io::ConnectionReset, K::Ambiguous),
+            (Phase::Request, Io::BrokenPipe, K::Ambiguous),
+        ] {
+            assert_eq!(m(phase, &io(io_kind)), want, "{phase:?} {io_kind:?}");
+        }
         let auth = RedisError::from((
             ErrorKind::AuthenticationFailed,
             "Password authentication failed",

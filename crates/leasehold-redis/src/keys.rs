@@ -21,7 +21,7 @@
 use leasehold_core::{Key, StoreError, StoreErrorKind};
 
 use crate::BACKEND;
-use crate::wire::{decode_key as decode, encode_key as encode, glob_escape};
+use crate::wire::{encode_key as encode, lease_key, parse_lease_key, scan_pattern};
 
 /// The longest namespace prefix accepted, in bytes.
 pub const MAX_PREFIX_LEN: usize = 128;
@@ -90,7 +90,7 @@ impl Layout {
     }
 
     pub(crate) fn names(&self, key: &Key) -> KeyNames {
-        let lease = format!("{}{{{}}}", self.prefix, encode(key.as_str()));
+        let lease = lease_key(&self.prefix, key);
         KeyNames {
             fence: format!("{lease}:fence"),
             channel: format!("{lease}:released"),
@@ -105,35 +105,25 @@ impl Layout {
     /// leases, in a namespace of their own (it never ends with `}`, so it is never taken
     /// for a lease key, and `list` skips it).
     pub(crate) fn record_name(&self, key: &Key) -> String {
-        format!("{}{{{}}}:record", self.prefix, encode(key.as_str()))
+        format!("{}:record", lease_key(&self.prefix, key))
     }
 
     /// The `SCAN MATCH` pattern of the lease keys whose lease key starts with `key_prefix`.
     pub(crate) fn scan_pattern(&self, key_prefix: &str) -> String {
-        format!(
-            "{}{{{}*",
-            glob_escape(&self.prefix),
-            glob_escape(&encode(key_prefix))
-        )
+        scan_pattern(&self.prefix, key_prefix)
     }
 
     /// The lease key named by a Redis key found by `SCAN`, if it is a lease key (not a
     /// fence key, not a foreign key that happens to match).
     pub(crate) fn parse_lease_name(&self, redis_key: &str) -> Option<Key> {
-        let inner = redis_key
-            .strip_prefix(self.prefix.as_str())?
-            .strip_prefix('{')?
-            .strip_suffix('}')?;
-        if inner.contains('}') {
-            return None;
-        }
-        Key::new(decode(inner)?).ok()
+        parse_lease_key(&self.prefix, redis_key)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::decode_key as decode;
 
     /// The slot is `CLUSTER KEYSLOT` of the lease key: values from the Redis Cluster
     /// specification (`123456789` → 0x31C3) and from `redis-cli CLUSTER KEYSLOT` (`foo`

@@ -45,6 +45,7 @@ use leasehold_core::{StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 use crate::error::{self, Phase};
+use crate::wire::Armed;
 
 #[derive(Default)]
 struct Inner {
@@ -396,17 +397,13 @@ impl Notifier {
         }
         let (generation, mut sink) = self.connection().await?;
         // Cancelled between request and confirmation: the connection is suspect.
-        let in_flight = DisconnectOnDrop {
-            notifier: self,
-            generation: Some(generation),
-        };
+        let in_flight = Armed::new(|| self.disconnect(generation));
         let res = if want {
             tokio::time::timeout(self.op_timeout, sink.subscribe(channel)).await
         } else {
             tokio::time::timeout(self.op_timeout, sink.unsubscribe(channel)).await
         };
-        let mut in_flight = in_flight;
-        in_flight.generation = None;
+        in_flight.disarm();
         match res {
             Ok(Ok(())) => {
                 let mut i = self.lock();
@@ -593,19 +590,6 @@ fn parse_reservation(payload: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
         _ => return None,
     };
     Some((to, next))
-}
-
-struct DisconnectOnDrop<'a> {
-    notifier: &'a Notifier,
-    generation: Option<u64>,
-}
-
-impl Drop for DisconnectOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(g) = self.generation {
-            self.notifier.disconnect(g);
-        }
-    }
 }
 
 async fn read_messages(

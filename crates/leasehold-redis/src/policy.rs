@@ -72,10 +72,7 @@ pub(crate) fn cluster_primaries(v: &Value) -> Option<Vec<NodeAddr>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
-    }
+    use crate::wire::tests::bulk;
 
     #[test]
     fn reads_the_policy() {

@@ -173,10 +173,7 @@ pub fn parse_put_reply(v: &Value, id: &str) -> Result<Record, ReplyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bulk(b: &[u8]) -> Value {
-        Value::BulkString(b.to_vec())
-    }
+    use crate::wire::tests::bulk;
 
     #[test]
     fn fences_are_canonical_u64() {
@@ -221,7 +218,7 @@ mod tests {
         let long = Value::Array(vec![
             bulk(b"4"),
             bulk(b"1"),
-            bulk(&vec![b'x'; MAX_RECORD_LEN + 1]),
+            bulk(vec![b'x'; MAX_RECORD_LEN + 1]),
         ]);
         assert!(parse_reply(&long, "4").is_err());
         let three = Value::Array(vec![bulk(b"4"), bulk(b"1"), bulk(b""), bulk(b"")]);

@@ -16,8 +16,8 @@ use leasehold_core::{AcquireAnyOutcome, CheckedAcquire, Fence};
 use redis::{Script, Value};
 
 pub(crate) use crate::wire::{
-    CORRUPT_CODE, FORMAT_CODE, Reply, ReplyError, parse_fence_reply as parse_break, parse_flag,
-    parse_inspect,
+    Armed, CORRUPT_CODE, FORMAT_CODE, Reply, ReplyError, invocation,
+    parse_fence_reply as parse_break, parse_flag, parse_inspect, scan_step,
 };
 use crate::wire::{INSPECT, LEASE_PRELUDE, RENEW, as_int, as_str, items, ms, parse_fence};
 
@@ -581,18 +581,17 @@ pub(crate) fn parse_watch(v: &Value, id: &str) -> Reply<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::tests::bulk;
 
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
+    /// The reply `{"id", items...}`.
+    fn reply(items: Vec<Value>) -> Value {
+        let mut v = vec![bulk("id")];
+        v.extend(items);
+        Value::Array(v)
     }
 
     #[test]
     fn batch_renewal_replies_are_strict() {
-        let reply = |items: Vec<Value>| {
-            let mut v = vec![bulk("id")];
-            v.extend(items);
-            Value::Array(v)
-        };
         let ok = reply(vec![
             Value::Int(1),
             Value::Int(0),
@@ -650,11 +649,6 @@ mod tests {
 
     #[test]
     fn acquire_any_replies_are_strict() {
-        let reply = |items: Vec<Value>| {
-            let mut v = vec![bulk("id")];
-            v.extend(items);
-            Value::Array(v)
-        };
         let granted = reply(vec![
             Value::Int(1),
             Value::Int(3),

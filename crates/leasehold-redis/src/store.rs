@@ -317,12 +317,7 @@ impl RedisStore {
         let mut cursor = 0u64;
         let mut keys = Vec::new();
         loop {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(500);
+            let cmd = scripts::scan_step(cursor, pattern);
             let routing = node.as_ref().map(|(host, port)| {
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
@@ -416,24 +411,7 @@ impl Store for RedisStore {
         let ms = ttl_ms.to_string();
         let keep = self.fence_expiry(ttl_ms);
         let op = self.op(key, "a", owner, ms, keep);
-        let got = self
-            .batcher
-            .submit(self.slot(key), op, |op| async move {
-                let [l, f, q, qd, w] = &op.keys;
-                let [_, owner, ms, keep, grace, channel] = &op.args;
-                self.conn
-                    .run(
-                        "acquire",
-                        &SCRIPTS.acquire,
-                        &[l, f, q, qd, w],
-                        &[owner, ms, keep, grace, channel],
-                        scripts::parse_acquire,
-                    )
-                    .await
-                    .map(Answer::Acquired)
-            })
-            .await?;
-        let Answer::Acquired(got) = got else {
+        let Answer::Acquired(got) = self.batcher.submit(self.slot(key), op).await? else {
             return Err(StoreError::new(
                 StoreErrorKind::Corrupt,
                 BACKEND,
@@ -487,24 +465,7 @@ impl Store for RedisStore {
     /// As [`acquire`](Self::acquire).
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
         let op = self.op(key, "r", owner, String::new(), self.fence_expiry(0));
-        let got = self
-            .batcher
-            .submit(self.slot(key), op, |op| async move {
-                let [l, f, q, qd, w] = &op.keys;
-                let [_, owner, _, keep, grace, channel] = &op.args;
-                self.conn
-                    .run(
-                        "release",
-                        &SCRIPTS.release,
-                        &[l, f, q, qd, w],
-                        &[owner, channel, grace, keep],
-                        scripts::parse_flag,
-                    )
-                    .await
-                    .map(Answer::Released)
-            })
-            .await?;
-        let Answer::Released(released) = got else {
+        let Answer::Released(released) = self.batcher.submit(self.slot(key), op).await? else {
             return Err(StoreError::new(
                 StoreErrorKind::Corrupt,
                 BACKEND,
@@ -612,7 +573,7 @@ impl Store for RedisStore {
             (vec![&name], vec![fence.as_bytes(), value])
         };
         self.conn
-            .run_bytes("put record", &SCRIPTS.put_record, &keys, &args, |v, id| {
+            .run("put record", &SCRIPTS.put_record, &keys, &args, |v, id| {
                 crate::records::parse_put_reply(v, id)
             })
             .await
@@ -790,7 +751,7 @@ impl BatchStore for RedisStore {
         let n = keys.len();
         let got = self
             .conn
-            .run_bytes(
+            .run(
                 "acquire",
                 &SCRIPTS.acquire_any_checked,
                 &key_args,

@@ -1,6 +1,7 @@
 //! What `leasehold-redis` and `leasehold-redlock` share of the store format: the Lua
 //! helpers that read and write lease and fence keys, the scripts both run unchanged, the
-//! error codes the scripts raise, and the strict parsing of their replies.
+//! error codes the scripts raise, and the strict parsing of their replies; and the guard
+//! both put on a request in flight ([`Armed`]).
 //!
 //! Public so that `leasehold-redlock` runs the very same code on each of its nodes (one
 //! format, one parser, one set of error texts); not meant for other callers.
@@ -18,8 +19,8 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Fence, OwnerToken};
-use redis::Value;
+use leasehold_core::{Fence, Key, OwnerToken};
+use redis::{Script, ScriptInvocation, Value};
 
 /// Percent-encodes `%`, `{` and `}` of a lease key: the part of its Redis key between the
 /// braces, so that it is exactly the Cluster hash tag and no user key can make two Redis
@@ -55,6 +56,35 @@ pub fn decode_key(enc: &str) -> Option<String> {
     }
     out.push_str(rest);
     Some(out)
+}
+
+/// The lease key of `key` in the namespace `prefix`: `<prefix>{<encode_key(key)>}`.
+pub fn lease_key(prefix: &str, key: &Key) -> String {
+    format!("{prefix}{{{}}}", encode_key(key.as_str()))
+}
+
+/// The `SCAN MATCH` pattern of the lease keys in the namespace `prefix` whose key starts
+/// with `key_prefix`.
+pub fn scan_pattern(prefix: &str, key_prefix: &str) -> String {
+    format!(
+        "{}{{{}*",
+        glob_escape(prefix),
+        glob_escape(&encode_key(key_prefix))
+    )
+}
+
+/// The key whose [`lease_key`] in the namespace `prefix` is `redis_key` (found by a scan),
+/// if it is a lease key: not a fence or record key beside one, not a foreign key that
+/// happens to match.
+pub fn parse_lease_key(prefix: &str, redis_key: &str) -> Option<Key> {
+    let inner = redis_key
+        .strip_prefix(prefix)?
+        .strip_prefix('{')?
+        .strip_suffix('}')?;
+    if inner.contains('}') {
+        return None;
+    }
+    Key::new(decode_key(inner)?).ok()
 }
 
 /// Escapes the glob characters of `SCAN MATCH` (`*?[]\`).
@@ -153,6 +183,68 @@ local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry') end
 return {ARGV[1], lease[1], lease[2], pttl}
 "#;
+
+/// The call of `script` with `keys` and `[id] + args`: every script takes its request id
+/// first.
+pub fn invocation<'s, A: AsRef<[u8]>>(
+    script: &'s Script,
+    keys: &[&str],
+    id: &str,
+    args: &[A],
+) -> ScriptInvocation<'s> {
+    let mut inv = script.prepare_invoke();
+    for k in keys {
+        inv.key(*k);
+    }
+    inv.arg(id);
+    for a in args {
+        inv.arg(a.as_ref());
+    }
+    inv
+}
+
+/// One step of a scan for the keys matching `pattern` (see [`glob_escape`]), from `cursor`.
+pub fn scan_step(cursor: u64, pattern: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(500);
+    cmd
+}
+
+/// Runs its action when dropped, unless disarmed first. The guard of a request in flight:
+/// a request future dropped (cancelled by its caller) between sending and its reply leaves
+/// the connection suspect (a reply still on its way would be taken for the next
+/// request's), so the action drops the connection; the request's end disarms it.
+pub struct Armed<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Armed<F> {
+    /// A guard that runs `action` if it is dropped armed.
+    pub fn new(action: F) -> Self {
+        Self(Some(action))
+    }
+
+    /// Ends the guard without running its action.
+    pub fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for Armed<F> {
+    fn drop(&mut self) {
+        if let Some(action) = self.0.take() {
+            action();
+        }
+    }
+}
+
+impl<F: FnOnce()> std::fmt::Debug for Armed<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Armed").field(&self.0.is_some()).finish()
+    }
+}
 
 /// Why a script's reply was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,11 +368,12 @@ pub fn parse_fence_reply(v: &Value, id: &str) -> Reply<Fence> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
+    /// A bulk string reply (the tests of the crate's reply parsers build replies of these).
+    pub(crate) fn bulk(s: impl AsRef<[u8]>) -> Value {
+        Value::BulkString(s.as_ref().to_vec())
     }
 
     #[test]
@@ -330,7 +423,7 @@ mod tests {
         let held = |pttl| {
             Value::Array(vec![
                 bulk("1"),
-                bulk(&owner.to_hex()),
+                bulk(owner.to_hex()),
                 bulk("5"),
                 Value::Int(pttl),
             ])
@@ -342,7 +435,7 @@ mod tests {
         assert_eq!(parse_inspect(&held(10), "2"), Err(ReplyError::WrongId));
         assert!(parse_inspect(&held(-1), "1").is_err());
         assert_eq!(parse_inspect(&Value::Array(vec![bulk("1")]), "1"), Ok(None));
-        let two = Value::Array(vec![bulk("1"), bulk(&owner.to_hex()), bulk("5")]);
+        let two = Value::Array(vec![bulk("1"), bulk(owner.to_hex()), bulk("5")]);
         assert!(parse_inspect(&two, "1").is_err());
 
         let fence = |f: &str| Value::Array(vec![bulk("3"), bulk(f)]);

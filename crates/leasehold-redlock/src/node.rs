@@ -8,13 +8,13 @@ use leasehold_core::{StoreError, StoreErrorKind};
 use redis::aio::MultiplexedConnection;
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo,
-    RedisConnectionInfo, RedisError, Script, ServerErrorKind, Value,
+    RedisConnectionInfo, RedisError, ServerErrorKind, Value,
 };
 use tokio::time::{Instant, timeout_at};
 
 use crate::BACKEND;
 use crate::config::{Node, RedlockConfig};
-use crate::scripts::{CORRUPT_CODE, FORMAT_CODE, ReplyError};
+use crate::scripts::{Armed, CORRUPT_CODE, FORMAT_CODE, Lua, ReplyError, invocation, scan_step};
 
 /// A connection to one node and what is needed to open it again.
 pub(crate) struct NodeConn {
@@ -199,20 +199,10 @@ impl NodeConn {
         loop {
             let deadline = Instant::now() + bound;
             let (generation, mut conn) = self.conn(op, deadline).await?;
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(500);
-            let guard = InFlight {
-                node: self,
-                generation,
-                armed: true,
-            };
+            let cmd = scan_step(cursor, pattern);
+            let in_flight = Armed::new(|| self.invalidate(generation));
             let res = timeout_at(deadline, cmd.query_async::<(u64, Vec<Vec<u8>>)>(&mut conn)).await;
-            let mut guard = guard;
-            guard.armed = false;
+            in_flight.disarm();
             match res {
                 Err(_) => {
                     self.invalidate(generation);
@@ -242,61 +232,23 @@ impl NodeConn {
         &self.name
     }
 
-    /// Runs `script` with `keys` and `[request id] + args` by `deadline` and parses the
-    /// reply. A timeout, a broken connection or a reply to another request drops the
-    /// connection (the next call opens a new one).
-    pub(crate) async fn run<T>(
+    /// Runs `lua` with `keys` and `[request id] + args` (text, or a record's value: any
+    /// bytes) by `deadline` and parses the reply. A timeout, a broken connection or a reply
+    /// to another request drops the connection (the next call opens a new one).
+    pub(crate) async fn run<T, A: AsRef<[u8]>>(
         &self,
         op: &str,
         deadline: Instant,
-        script: &Script,
-        keys: &[&str],
-        args: &[&str],
-        parse: impl FnOnce(&Value, &str) -> Result<T, ReplyError>,
-    ) -> Result<T, StoreError> {
-        self.run_args(op, deadline, script, keys, args, parse).await
-    }
-
-    /// [`run`](Self::run) with binary arguments (a record's value: any bytes).
-    pub(crate) async fn run_bytes<T>(
-        &self,
-        op: &str,
-        deadline: Instant,
-        script: &Script,
-        keys: &[&str],
-        args: &[&[u8]],
-        parse: impl FnOnce(&Value, &str) -> Result<T, ReplyError>,
-    ) -> Result<T, StoreError> {
-        self.run_args(op, deadline, script, keys, args, parse).await
-    }
-
-    async fn run_args<T, A: AsRef<[u8]>>(
-        &self,
-        op: &str,
-        deadline: Instant,
-        script: &Script,
+        lua: &Lua<T>,
         keys: &[&str],
         args: &[A],
-        parse: impl FnOnce(&Value, &str) -> Result<T, ReplyError>,
     ) -> Result<T, StoreError> {
         let (generation, mut conn) = self.conn(op, deadline).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(*k);
-        }
-        inv.arg(id.as_str());
-        for a in args {
-            inv.arg(a.as_ref());
-        }
-        let guard = InFlight {
-            node: self,
-            generation,
-            armed: true,
-        };
+        let inv = invocation(&lua.script, keys, &id, args);
+        let in_flight = Armed::new(|| self.invalidate(generation));
         let res = timeout_at(deadline, inv.invoke_async::<Value>(&mut conn)).await;
-        let mut guard = guard;
-        guard.armed = false;
+        in_flight.disarm();
         let value = match res {
             Err(_) => {
                 self.invalidate(generation);
@@ -317,7 +269,7 @@ impl NodeConn {
             }
             Ok(Ok(v)) => v,
         };
-        parse(&value, &id).map_err(|e| match e {
+        (lua.parse)(&value, &id).map_err(|e| match e {
             ReplyError::WrongId => {
                 self.invalidate(generation);
                 StoreError::new(
@@ -385,21 +337,5 @@ impl NodeConn {
             BACKEND,
             format!("{op}: node {}: {what} ({detail})", self.name),
         )
-    }
-}
-
-/// Drops the connection if the request's future is dropped between sending and its
-/// reply: later replies on it would be matched to the wrong requests.
-struct InFlight<'a> {
-    node: &'a NodeConn,
-    generation: u64,
-    armed: bool,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.node.invalidate(self.generation);
-        }
     }
 }

@@ -14,12 +14,13 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use leasehold_core::{Fence, Record};
+use leasehold_redis::records;
 pub(crate) use leasehold_redis::wire::{
-    CORRUPT_CODE, FORMAT_CODE, LeaseView as NodeView, ReplyError, parse_fence_reply, parse_flag,
-    parse_inspect,
+    Armed, CORRUPT_CODE, FORMAT_CODE, LeaseView as NodeView, ReplyError, invocation, scan_step,
 };
 use leasehold_redis::wire::{
-    INSPECT, LEASE_PRELUDE, RENEW, as_int, as_str, items, ms, parse_fence,
+    INSPECT, LEASE_PRELUDE, RENEW, as_int, as_str, items, ms, parse_fence, parse_fence_reply,
+    parse_flag, parse_inspect,
 };
 use redis::{Script, Value};
 
@@ -101,43 +102,48 @@ if tonumber(ARGV[2]) > last then redis.call('SET', KEYS[1], ARGV[2]) end
 return {ARGV[1], 1}
 "#;
 
-/// The scripts, compiled once.
+/// A script, compiled once (its SHA1 computed once), and the parser of its reply.
+#[derive(Debug)]
+pub(crate) struct Lua<T> {
+    pub(crate) script: Script,
+    pub(crate) parse: fn(&Value, &str) -> Result<T, ReplyError>,
+}
+
+impl<T> Lua<T> {
+    fn new(text: &str, parse: fn(&Value, &str) -> Result<T, ReplyError>) -> Self {
+        Self {
+            script: Script::new(text),
+            parse,
+        }
+    }
+}
+
+/// The scripts.
 #[derive(Debug)]
 pub(crate) struct Scripts {
-    pub(crate) acquire: Script,
-    pub(crate) commit: Script,
-    pub(crate) renew: Script,
-    pub(crate) release: Script,
-    pub(crate) inspect: Script,
-    pub(crate) break_lease: Script,
-    pub(crate) raise: Script,
+    pub(crate) acquire: Lua<NodeGrant>,
+    pub(crate) commit: Lua<bool>,
+    pub(crate) renew: Lua<bool>,
+    pub(crate) release: Lua<bool>,
+    pub(crate) inspect: Lua<NodeView>,
+    pub(crate) break_lease: Lua<Fence>,
+    pub(crate) raise: Lua<bool>,
     /// `leasehold-redis`'s record scripts (see `leasehold_redis::records`).
-    pub(crate) put_record: Script,
-    pub(crate) get_record: Script,
+    pub(crate) put_record: Lua<Record>,
+    pub(crate) get_record: Lua<Option<Record>>,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(&format!("{LEASE_PRELUDE}{ACQUIRE}")),
-    commit: Script::new(&format!("{LEASE_PRELUDE}{COMMIT}")),
-    renew: Script::new(&format!("{LEASE_PRELUDE}{RENEW}")),
-    release: Script::new(&format!("{LEASE_PRELUDE}{RELEASE}")),
-    inspect: Script::new(&format!("{LEASE_PRELUDE}{INSPECT}")),
-    break_lease: Script::new(&format!("{LEASE_PRELUDE}{BREAK}")),
-    raise: Script::new(&format!("{LEASE_PRELUDE}{RAISE}")),
-    put_record: Script::new(&leasehold_redis::records::put_script()),
-    get_record: Script::new(&leasehold_redis::records::get_script()),
+    acquire: Lua::new(&format!("{LEASE_PRELUDE}{ACQUIRE}"), parse_acquire),
+    commit: Lua::new(&format!("{LEASE_PRELUDE}{COMMIT}"), parse_flag),
+    renew: Lua::new(&format!("{LEASE_PRELUDE}{RENEW}"), parse_flag),
+    release: Lua::new(&format!("{LEASE_PRELUDE}{RELEASE}"), parse_flag),
+    inspect: Lua::new(&format!("{LEASE_PRELUDE}{INSPECT}"), parse_inspect),
+    break_lease: Lua::new(&format!("{LEASE_PRELUDE}{BREAK}"), parse_fence_reply),
+    raise: Lua::new(&format!("{LEASE_PRELUDE}{RAISE}"), parse_flag),
+    put_record: Lua::new(&records::put_script(), records::parse_put_reply),
+    get_record: Lua::new(&records::get_script(), records::parse_reply),
 });
-
-/// A record script's reply (`leasehold_redis::records::parse_reply`), with its error as
-/// this crate's.
-pub(crate) fn parse_record(v: &Value, id: &str) -> Result<Option<Record>, ReplyError> {
-    leasehold_redis::records::parse_reply(v, id)
-}
-
-/// A put's reply: always a record.
-pub(crate) fn parse_put_record(v: &Value, id: &str) -> Result<Record, ReplyError> {
-    leasehold_redis::records::parse_put_reply(v, id)
-}
 
 /// One node's answer to round one of an acquire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +154,7 @@ pub(crate) enum NodeGrant {
     Held(Duration),
 }
 
-pub(crate) fn parse_acquire(v: &Value, id: &str) -> Result<NodeGrant, ReplyError> {
+fn parse_acquire(v: &Value, id: &str) -> Result<NodeGrant, ReplyError> {
     match items(v, id)? {
         [flag, f] if as_int(flag) == Some(1) => as_str(f)
             .and_then(parse_fence)

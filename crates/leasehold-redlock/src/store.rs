@@ -1,7 +1,6 @@
 //! [`RedlockStore`]: the store contract over N independent Redis servers.
 
 use std::collections::{BTreeSet, HashMap};
-use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,16 +9,13 @@ use leasehold_core::{
     AcquireOutcome, Capabilities, Fence, FenceDurability, Key, LeaseInfo, OwnerToken, Record,
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
-use leasehold_redis::wire::{decode_key as decode, encode_key as encode, glob_escape};
+use leasehold_redis::wire::{lease_key, parse_lease_key, scan_pattern};
 use tokio::time::Instant;
 
 use crate::BACKEND;
 use crate::config::RedlockConfig;
 use crate::node::NodeConn;
-use crate::scripts::{
-    NodeGrant, NodeView, SCRIPTS, parse_acquire, parse_fence_reply, parse_flag, parse_inspect,
-    parse_put_record, parse_record,
-};
+use crate::scripts::{Lua, NodeGrant, NodeView, SCRIPTS};
 
 /// A lease store over the independent Redis servers of a Redlock set (see the crate
 /// docs for the algorithm, the fence design and the failure model).
@@ -32,6 +28,9 @@ pub struct RedlockStore {
     nodes: Vec<NodeConn>,
 }
 
+/// No arguments after the request id.
+const NONE: [&str; 0] = [];
+
 /// What the nodes answered to one round.
 struct Tally<T> {
     ok: Vec<(usize, T)>,
@@ -39,10 +38,11 @@ struct Tally<T> {
 }
 
 impl<T> Tally<T> {
-    fn of(replies: Vec<Result<T, StoreError>>) -> Self {
+    /// The answers of the nodes, by node index.
+    fn of(replies: impl IntoIterator<Item = (usize, Result<T, StoreError>)>) -> Self {
         let mut ok = Vec::new();
         let mut errors = Vec::new();
-        for (i, r) in replies.into_iter().enumerate() {
+        for (i, r) in replies {
             match r {
                 Ok(v) => ok.push((i, v)),
                 Err(e) => errors.push(e),
@@ -161,10 +161,14 @@ impl RedlockStore {
         let bound = store.config.connect_bound();
         let deadline = Instant::now() + bound;
         let (n, q) = (store.nodes.len(), store.config.quorum());
-        let tally = Tally::of(join_all(store.nodes.iter().map(|n| n.ping(deadline))).await)
-            .majority(q, "connecting", |answered| {
+        let pings = store.nodes.iter().map(|n| n.ping(deadline));
+        let tally = Tally::of(join_all(pings).await.into_iter().enumerate()).majority(
+            q,
+            "connecting",
+            |answered| {
                 format!("reached {answered} of {n} Redlock nodes, a majority ({q}) is needed")
-            })?;
+            },
+        )?;
         if !store.config.eviction_allowed() {
             // A node that may evict keys forgets leases early (docs/faults.md row 25): refused
             // unless accepted explicitly. Checked on every node reached now.
@@ -211,7 +215,7 @@ impl RedlockStore {
     /// The Redis key holding `key`'s lease on every node (`owner:fence`, with the TTL as
     /// its expiry): `<prefix>{<key>}` with `%`, `{`, `}` percent-encoded.
     pub fn lease_key(&self, key: &Key) -> String {
-        format!("{}{{{}}}", self.config.key_prefix(), encode(key.as_str()))
+        lease_key(self.config.key_prefix(), key)
     }
 
     /// The Redis key holding the last fence a node issued or recorded for `key` (never
@@ -227,40 +231,19 @@ impl RedlockStore {
         format!("{}:record", self.lease_key(key))
     }
 
-    /// The lease key named by a Redis key a scan found, if it is a lease key
-    /// ([`lease_key`](Self::lease_key)): not a fence or record key beside it, not a foreign
-    /// key that happens to match.
-    fn parse_lease_key(&self, redis_key: &str) -> Option<Key> {
-        let inner = redis_key
-            .strip_prefix(self.config.key_prefix())?
-            .strip_prefix('{')?
-            .strip_suffix('}')?;
-        if inner.contains('}') {
-            return None;
-        }
-        Key::new(decode(inner)?).ok()
-    }
-
     /// Writes `record` back to the nodes `behind` (they answered a read with no record or
     /// a lower fence), at once, bounded by the node timeout; best effort (a node that
     /// fails is repaired by a later read).
     async fn repair(&self, name: &str, record: &Record, behind: &[usize]) {
         let deadline = Instant::now() + self.config.node_bound();
         let fence = leasehold_redis::records::fence_arg(record.fence);
-        let keys = [name];
         let args: [&[u8]; 2] = [fence.as_bytes(), &record.value];
-        let replies = join_all(behind.iter().map(|i| {
-            self.nodes[*i].run_bytes(
-                "get record (repairing a node)",
-                deadline,
-                &SCRIPTS.put_record,
-                &keys,
-                &args,
-                parse_put_record,
-            )
-        }))
-        .await;
-        let failed = replies.iter().filter(|r| r.is_err()).count();
+        let op = "get record (repairing a node)";
+        let failed = self
+            .run_on(behind, op, deadline, &SCRIPTS.put_record, &[name], &args)
+            .await
+            .errors
+            .len();
         tracing::debug!(
             repaired = behind.len() - failed,
             failed,
@@ -274,13 +257,34 @@ impl RedlockStore {
         self.config.node_bound().min(ttl / 3)
     }
 
-    /// Runs `f` on every node at once; one result per node, in node order.
-    async fn on_all<'a, T, F, Fut>(&'a self, f: F) -> Tally<T>
-    where
-        F: Fn(&'a NodeConn) -> Fut,
-        Fut: Future<Output = Result<T, StoreError>>,
-    {
-        Tally::of(join_all(self.nodes.iter().map(f)).await)
+    /// Runs `lua` with `keys` and `args` on the nodes `on` at once, each request by
+    /// `deadline`; their answers, by node.
+    async fn run_on<T, A: AsRef<[u8]>>(
+        &self,
+        on: &[usize],
+        op: &str,
+        deadline: Instant,
+        lua: &Lua<T>,
+        keys: &[&str],
+        args: &[A],
+    ) -> Tally<T> {
+        let runs = on
+            .iter()
+            .map(|&i| self.nodes[i].run(op, deadline, lua, keys, args));
+        Tally::of(on.iter().copied().zip(join_all(runs).await))
+    }
+
+    /// [`run_on`](Self::run_on) every node.
+    async fn run_all<T, A: AsRef<[u8]>>(
+        &self,
+        op: &str,
+        deadline: Instant,
+        lua: &Lua<T>,
+        keys: &[&str],
+        args: &[A],
+    ) -> Tally<T> {
+        let all: Vec<usize> = (0..self.nodes.len()).collect();
+        self.run_on(&all, op, deadline, lua, keys, args).await
     }
 
     /// Best-effort release of `owner`'s lease on the nodes `granted` (after a refused
@@ -288,19 +292,12 @@ impl RedlockStore {
     /// the caller, told the outcome is unknown, retries with the same owner and finds it.
     async fn release_on(&self, granted: &[usize], lease: &str, owner: &str, bound: Duration) {
         let deadline = Instant::now() + bound;
-        let (keys, args) = ([lease], [owner]);
-        let replies = join_all(granted.iter().map(|i| {
-            self.nodes[*i].run(
-                "release after a refused acquire",
-                deadline,
-                &SCRIPTS.release,
-                &keys,
-                &args,
-                parse_flag,
-            )
-        }))
-        .await;
-        let failed = replies.iter().filter(|r| r.is_err()).count();
+        let op = "release after a refused acquire";
+        let failed = self
+            .run_on(granted, op, deadline, &SCRIPTS.release, &[lease], &[owner])
+            .await
+            .errors
+            .len();
         if failed > 0 {
             tracing::debug!(
                 failed,
@@ -358,16 +355,7 @@ impl Store for RedlockStore {
         let keys = [lease.as_str(), fence_key.as_str()];
         let args = [owner_hex.as_str(), ttl_ms.as_str()];
         let mut tally = self
-            .on_all(|node| {
-                node.run(
-                    "acquire",
-                    deadline,
-                    &SCRIPTS.acquire,
-                    &keys,
-                    &args,
-                    parse_acquire,
-                )
-            })
+            .run_all("acquire", deadline, &SCRIPTS.acquire, &keys, &args)
             .await;
         let fatal = tally.take_fatal();
         let granted: Vec<(usize, Fence)> = tally
@@ -393,20 +381,11 @@ impl Store for RedlockStore {
             let fence = granted.iter().map(|(_, f)| *f).max().unwrap_or(Fence(1));
             let fs = fence.0.to_string();
             let deadline = Instant::now() + bound;
-            let commit_args = [owner_hex.as_str(), fs.as_str()];
-            let commits = Tally::of(
-                join_all(granted.iter().map(|(i, _)| {
-                    self.nodes[*i].run(
-                        "acquire (recording the fence)",
-                        deadline,
-                        &SCRIPTS.commit,
-                        &keys,
-                        &commit_args,
-                        parse_flag,
-                    )
-                }))
-                .await,
-            );
+            let args = [owner_hex.as_str(), fs.as_str()];
+            let op = "acquire (recording the fence)";
+            let commits = self
+                .run_on(&granted_nodes, op, deadline, &SCRIPTS.commit, &keys, &args)
+                .await;
             let recorded = commits.ok.iter().filter(|(_, yes)| *yes).count();
             let validity = self.validity(ttl, started);
             if recorded >= q
@@ -489,7 +468,7 @@ impl Store for RedlockStore {
         let keys = [lease.as_str()];
         let args = [owner_hex.as_str(), ttl_ms.as_str()];
         let mut tally = self
-            .on_all(|node| node.run("renew", deadline, &SCRIPTS.renew, &keys, &args, parse_flag))
+            .run_all("renew", deadline, &SCRIPTS.renew, &keys, &args)
             .await;
         let renewed = tally.ok.iter().filter(|(_, yes)| *yes).count();
         let not_owner = tally.ok.len() - renewed;
@@ -525,16 +504,7 @@ impl Store for RedlockStore {
         let keys = [lease.as_str()];
         let args = [owner_hex.as_str()];
         let mut tally = self
-            .on_all(|node| {
-                node.run(
-                    "release",
-                    deadline,
-                    &SCRIPTS.release,
-                    &keys,
-                    &args,
-                    parse_flag,
-                )
-            })
+            .run_all("release", deadline, &SCRIPTS.release, &keys, &args)
             .await;
         let released = tally.ok.iter().filter(|(_, yes)| *yes).count();
         if released >= q {
@@ -567,16 +537,7 @@ impl Store for RedlockStore {
         let q = self.config.quorum();
         let keys = [lease.as_str()];
         let mut tally = self
-            .on_all(|node| {
-                node.run(
-                    "inspect",
-                    deadline,
-                    &SCRIPTS.inspect,
-                    &keys,
-                    &[],
-                    parse_inspect,
-                )
-            })
+            .run_all("inspect", deadline, &SCRIPTS.inspect, &keys, &NONE)
             .await;
         if let Some(e) = tally.take_fatal() {
             return Err(e);
@@ -631,23 +592,19 @@ impl Store for RedlockStore {
     /// Cancel safe: it changes nothing.
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
         let bound = self.config.node_bound();
-        let pattern = format!(
-            "{}{{{}*",
-            glob_escape(self.config.key_prefix()),
-            glob_escape(&encode(prefix))
-        );
+        let pattern = scan_pattern(self.config.key_prefix(), prefix);
         let (n, q) = (self.nodes.len(), self.config.quorum());
-        let tally = self
-            .on_all(|node| node.scan("list", &pattern, bound))
-            .await
-            .majority(q, "list", |answered| {
-                format!("scanned {answered} of {n} nodes, {q} needed")
-            })?;
+        let scans = self.nodes.iter().map(|n| n.scan("list", &pattern, bound));
+        let tally = Tally::of(join_all(scans).await.into_iter().enumerate()).majority(
+            q,
+            "list",
+            |answered| format!("scanned {answered} of {n} nodes, {q} needed"),
+        )?;
         let candidates: BTreeSet<Key> = tally
             .ok
             .iter()
             .flat_map(|(_, keys)| keys)
-            .filter_map(|k| self.parse_lease_key(k))
+            .filter_map(|k| parse_lease_key(self.config.key_prefix(), k))
             .filter(|k| k.as_str().starts_with(prefix))
             .collect();
         let mut out = Vec::with_capacity(candidates.len());
@@ -674,10 +631,7 @@ impl Store for RedlockStore {
         let deadline = Instant::now() + bound;
         let keys = [lease.as_str(), fence_key.as_str()];
         let tally = self
-            .on_all(|node| {
-                let script = &SCRIPTS.break_lease;
-                node.run("break", deadline, script, &keys, &[], parse_fence_reply)
-            })
+            .run_all("break", deadline, &SCRIPTS.break_lease, &keys, &NONE)
             .await
             .majority(q, "break", |answered| {
                 format!("broken on {answered} of {n} nodes, {q} needed; break again")
@@ -687,22 +641,13 @@ impl Store for RedlockStore {
         let deadline = Instant::now() + bound;
         let (raise_keys, raise_args) = ([fence_key.as_str()], [fs.as_str()]);
         let op = "break (recording the fence)";
-        self.on_all(|node| {
-            node.run(
-                op,
-                deadline,
-                &SCRIPTS.raise,
-                &raise_keys,
-                &raise_args,
-                parse_flag,
-            )
-        })
-        .await
-        .majority(q, "break", |answered| {
-            format!(
-                "the new fence was recorded on {answered} of {n} nodes, {q} needed; break again"
-            )
-        })?;
+        self.run_all(op, deadline, &SCRIPTS.raise, &raise_keys, &raise_args)
+            .await
+            .majority(q, "break", |answered| {
+                format!(
+                    "the new fence was recorded on {answered} of {n} nodes, {q} needed; break again"
+                )
+            })?;
         Ok(fence)
     }
 
@@ -735,16 +680,7 @@ impl Store for RedlockStore {
         let keys = [name.as_str()];
         let args: [&[u8]; 2] = [fs.as_bytes(), value];
         let mut tally = self
-            .on_all(|node| {
-                node.run_bytes(
-                    "put record",
-                    deadline,
-                    &SCRIPTS.put_record,
-                    &keys,
-                    &args,
-                    parse_put_record,
-                )
-            })
+            .run_all("put record", deadline, &SCRIPTS.put_record, &keys, &args)
             .await;
         if let Some(e) = tally.take_fatal() {
             return Err(e);
@@ -790,10 +726,7 @@ impl Store for RedlockStore {
         let (n, q) = (self.nodes.len(), self.config.quorum());
         let keys = [name.as_str()];
         let tally = self
-            .on_all(|node| {
-                let script = &SCRIPTS.get_record;
-                node.run("get record", deadline, script, &keys, &[], parse_record)
-            })
+            .run_all("get record", deadline, &SCRIPTS.get_record, &keys, &NONE)
             .await
             .majority(q, "get record", |answered| {
                 format!("answered by {answered} of {n} nodes, {q} needed")
@@ -817,6 +750,7 @@ impl Store for RedlockStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use leasehold_redis::wire::{decode_key as decode, encode_key as encode, glob_escape};
 
     fn rec(fence: u64, value: &[u8]) -> Record {
         Record {
@@ -835,23 +769,16 @@ mod tests {
             .prefix("app:")
             .unwrap();
         let store = RedlockStore::new(config).unwrap();
+        let parse = |redis_key: &str| parse_lease_key(store.config.key_prefix(), redis_key);
         for k in ["job:x", "{a}x", "}", "{}", "a}{b}", "100%", "%7B", "*?[]\\"] {
             let key = Key::new(k).unwrap();
-            assert_eq!(
-                store.parse_lease_key(&store.lease_key(&key)),
-                Some(key.clone()),
-                "{k}"
-            );
-            assert_eq!(store.parse_lease_key(&store.fence_key(&key)), None, "{k}");
-            assert_eq!(store.parse_lease_key(&store.record_key(&key)), None, "{k}");
+            assert_eq!(parse(&store.lease_key(&key)), Some(key.clone()), "{k}");
+            assert_eq!(parse(&store.fence_key(&key)), None, "{k}");
+            assert_eq!(parse(&store.record_key(&key)), None, "{k}");
             assert_eq!(decode(&encode(k)).as_deref(), Some(k));
         }
-        assert_eq!(store.parse_lease_key("other:{job:x}"), None);
-        assert_eq!(
-            store.parse_lease_key("app:{job%zz}"),
-            None,
-            "not an encoding"
-        );
+        assert_eq!(parse("other:{job:x}"), None);
+        assert_eq!(parse("app:{job%zz}"), None, "not an encoding");
         assert_eq!(glob_escape("a*b?c[d]e\\f"), "a\\*b\\?c\\[d\\]e\\\\f");
     }
 
