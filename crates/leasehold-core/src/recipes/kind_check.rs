@@ -68,19 +68,8 @@ impl LeaseClient {
         asked: ResourceKind,
     ) -> Result<Lease, Error> {
         let record = semaphore_record(lease.key());
-        let deadline = lease.valid_until();
-        let mut attempt = 0u32;
-        let marked = loop {
-            match self.read_mark(record.clone()).await {
-                Ok(marked) => break Ok(marked),
-                Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                    self.kind_pause(attempt, deadline).await;
-                    attempt = attempt.saturating_add(1);
-                }
-                Err(e) => break Err(Error::from(e)),
-            }
-        };
-        match marked {
+        let read = || self.read_mark(record.clone());
+        match self.retrying(lease.valid_until(), read).await {
             Ok(false) => Ok(lease),
             Ok(true) => {
                 let name = lease.key().clone();
@@ -94,7 +83,7 @@ impl LeaseClient {
             }
             Err(e) => {
                 let _ = lease.release().await;
-                Err(e)
+                Err(e.into())
             }
         }
     }
@@ -110,32 +99,23 @@ impl LeaseClient {
         name: &Key,
         deadline: Instant,
     ) -> Result<(), Error> {
-        let mut attempt = 0u32;
-        loop {
+        let read = || async {
             let (election, lease) =
                 futures::future::join(self.read_mark(election_record(name)), self.read_lease(name))
                     .await;
-            let found = match (election, lease) {
-                (Ok(true), _) => Some(ResourceKind::Election),
-                (Ok(false), Ok(true)) => Some(ResourceKind::Lease),
-                (Ok(false), Ok(false)) => None,
-                (Err(e), _) | (_, Err(e)) => {
-                    if e.is_retryable() && Instant::now() < deadline {
-                        self.kind_pause(attempt, deadline).await;
-                        attempt = attempt.saturating_add(1);
-                        continue;
-                    }
-                    return Err(e.into());
-                }
-            };
-            return match found {
-                None => Ok(()),
-                Some(found) => Err(Error::KindMismatch {
-                    name: name.clone(),
-                    found,
-                    asked: ResourceKind::Semaphore,
-                }),
-            };
+            Ok(match (election?, lease?) {
+                (true, _) => Some(ResourceKind::Election),
+                (false, true) => Some(ResourceKind::Lease),
+                (false, false) => None,
+            })
+        };
+        match self.retrying(deadline, read).await? {
+            None => Ok(()),
+            Some(found) => Err(Error::KindMismatch {
+                name: name.clone(),
+                found,
+                asked: ResourceKind::Semaphore,
+            }),
         }
     }
 
@@ -165,10 +145,24 @@ impl LeaseClient {
             .map(|l| l.is_some())
     }
 
-    /// The backoff before retry `attempt`, never past `deadline`.
-    async fn kind_pause(&self, attempt: u32, deadline: Instant) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        tokio::time::sleep(self.backoff_delay(attempt).min(left)).await;
+    /// `call`, again after a backoff (never past `deadline`) while it fails with a
+    /// retryable error before `deadline`.
+    async fn retrying<T, F: Future<Output = Result<T, StoreError>>>(
+        &self,
+        deadline: Instant,
+        mut call: impl FnMut() -> F,
+    ) -> Result<T, StoreError> {
+        let mut attempt = 0u32;
+        loop {
+            match call().await {
+                Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(self.backoff_delay(attempt).min(left)).await;
+                    attempt = attempt.saturating_add(1);
+                }
+                done => return done,
+            }
+        }
     }
 }
 
