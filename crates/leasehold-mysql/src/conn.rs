@@ -161,6 +161,31 @@ impl Db {
         }
     }
 
+    /// Creates a store's `table` and the records table unless they exist (no DDL is sent
+    /// for a table that does).
+    pub(crate) async fn migrate_with_records(&self, table: StoreTable) -> Result<(), StoreError> {
+        self.migrate(table).await?;
+        self.migrate(RECORDS_TABLE).await
+    }
+
+    /// Runs a store's `prune` statement, `sql`, whose one parameter is `older_than` in µs
+    /// (see [`leasehold_sql::prune_age_us`]); the number of rows deleted.
+    pub(crate) async fn prune(
+        &self,
+        sql: &'static str,
+        older_than: Duration,
+    ) -> Result<u64, StoreError> {
+        let us = leasehold_sql::prune_age_us(older_than);
+        self.run("prune", async move |conn| {
+            Ok(sqlx::query(sql)
+                .bind(us)
+                .execute(conn)
+                .await?
+                .rows_affected())
+        })
+        .await
+    }
+
     /// Creates `table` unless it exists (no DDL is sent when it does). A user without the
     /// CREATE privilege works as long as the table was created for it.
     pub(crate) async fn migrate(&self, table: StoreTable) -> Result<(), StoreError> {

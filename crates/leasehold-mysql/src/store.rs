@@ -1,6 +1,5 @@
 //! [`MySqlLeaseStore`]: leases as rows of a table, expiry on the server's clock.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,16 +9,17 @@ use leasehold_core::{
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use leasehold_sql::Failure;
+use leasehold_sql::lease::{released, remaining, renewed};
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
 use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
 
 use crate::BACKEND_TABLE;
 use crate::config::MySqlConfig;
-use crate::conn::{Db, RECORDS_TABLE, StoreTable};
+use crate::conn::{Db, StoreTable};
 use crate::error::is_deadlock;
 use crate::schema::LEASES_SCHEMA;
-use crate::sql::{like_prefix, now_us};
+use crate::sql::{like_prefix, listed_key, now_us, parse_owner};
 use crate::wait::{Queue, wake_head};
 
 /// The lease table.
@@ -77,19 +77,9 @@ fn live(
     now: i64,
 ) -> Result<Option<(OwnerToken, i64)>, StoreError> {
     let Some(owner) = owner else { return Ok(None) };
-    let token =
-        OwnerToken::from_str(owner).map_err(|_| corrupt(key, "the owner is not 32 hex digits"))?;
+    let token = parse_owner(key, owner, corrupt)?;
     let expires = expires.ok_or_else(|| corrupt(key, "an owner without an expiry"))?;
     Ok((expires > now).then_some((token, expires)))
-}
-
-fn remaining(expires: i64, now: i64) -> Duration {
-    Duration::from_micros(u64::try_from(expires.saturating_sub(now)).unwrap_or(0))
-}
-
-fn ttl_us(ttl: Duration) -> Result<i64, StoreError> {
-    StoreError::check_ttl(BACKEND_TABLE, ttl)?;
-    Ok(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// Whether the row is granted to the caller (`?` = the caller's owner token, twice), on
@@ -172,6 +162,15 @@ const BREAK: &str = concat!(
     "ON DUPLICATE KEY UPDATE fence = GREATEST(fence + 1, ",
     now_us!(),
     "), owner = NULL, expires_at_us = NULL"
+);
+
+/// Deletes the rows nobody holds whose fence is more than `?` µs old.
+const PRUNE: &str = concat!(
+    "DELETE FROM leasehold_leases WHERE (owner IS NULL OR expires_at_us IS NULL OR expires_at_us < ",
+    now_us!(),
+    ") AND CAST(fence AS SIGNED) < ",
+    now_us!(),
+    " - ?"
 );
 
 const LIST: &str = concat!(
@@ -313,8 +312,7 @@ impl MySqlLeaseStore {
     /// # Errors
     /// [`StoreErrorKind::Config`] without the privilege to create it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db.migrate(TABLE).await?;
-        self.db.migrate(RECORDS_TABLE).await
+        self.db.migrate_with_records(TABLE).await
     }
 
     /// The configuration (its `Display` hides the password).
@@ -342,22 +340,7 @@ impl MySqlLeaseStore {
     /// # Errors
     /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
     pub async fn prune(&self, older_than: std::time::Duration) -> Result<u64, StoreError> {
-        let us = leasehold_sql::prune_age_us(older_than);
-        self.db
-            .run("prune", async move |conn| {
-                Ok(sqlx::query(concat!(
-                    "DELETE FROM leasehold_leases WHERE (owner IS NULL OR expires_at_us IS NULL OR expires_at_us < ",
-                    now_us!(),
-                    ") AND CAST(fence AS SIGNED) < ",
-                    now_us!(),
-                    " - ?"
-                ))
-                .bind(us)
-                .execute(conn)
-                .await?
-                .rows_affected())
-            })
-            .await
+        self.db.prune(PRUNE, older_than).await
     }
 
     /// Runs a renew or release statement (a conditional `UPDATE` of the caller's live
@@ -408,7 +391,7 @@ impl Store for MySqlLeaseStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let ttl_us = ttl_us(ttl)?;
+        let ttl_us = leasehold_sql::lease::ttl_us(BACKEND_TABLE, ttl)?;
         let turnstile = self.queue.turnstile(key);
         let turn = self.queue.turn(key, owner);
         let head = turn.head();
@@ -420,10 +403,7 @@ impl Store for MySqlLeaseStore {
             .await?;
         let token = row_owner
             .as_deref()
-            .map(|o| {
-                OwnerToken::from_str(o)
-                    .map_err(|_| corrupt(key.as_str(), "the owner is not 32 hex digits"))
-            })
+            .map(|o| parse_owner(key.as_str(), o, corrupt))
             .transpose()?;
         if token == Some(*owner) {
             turn.outcome(true);
@@ -453,17 +433,11 @@ impl Store for MySqlLeaseStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
-        let ttl_us = ttl_us(ttl)?;
         let query = sqlx::query(RENEW)
-            .bind(ttl_us)
+            .bind(leasehold_sql::lease::ttl_us(BACKEND_TABLE, ttl)?)
             .bind(key.as_str())
             .bind(owner.to_hex());
-        let matched = self.update_own("renew", query).await?;
-        Ok(if matched {
-            RenewOutcome::Renewed { ttl }
-        } else {
-            RenewOutcome::NotOwner
-        })
+        Ok(renewed(self.update_own("renew", query).await?, ttl))
     }
 
     /// Compare-and-delete; a release also wakes the head of the key's wait queue (see
@@ -486,11 +460,7 @@ impl Store for MySqlLeaseStore {
                 Ok(done)
             })
             .await?;
-        Ok(if matched {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotOwner
-        })
+        Ok(released(matched))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
@@ -527,12 +497,10 @@ impl Store for MySqlLeaseStore {
             .await?;
         let mut out = Vec::with_capacity(rows.len());
         for (name, owner, fence, expires, now) in rows {
-            let name = String::from_utf8(name).map_err(|_| corrupt("?", "the key is not UTF-8"))?;
-            if !name.starts_with(prefix) {
+            let Some(key) = listed_key(name, prefix, corrupt)? else {
                 continue;
-            }
-            let key = Key::new(&name).map_err(|_| corrupt(&name, "not a valid key"))?;
-            if let Some((owner, expires)) = live(&name, owner.as_deref(), expires, now)? {
+            };
+            if let Some((owner, expires)) = live(key.as_str(), owner.as_deref(), expires, now)? {
                 out.push(LeaseInfo {
                     key,
                     owner,
