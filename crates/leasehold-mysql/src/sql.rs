@@ -44,5 +44,10 @@ pub(crate) fn listed_key(
     corrupt: fn(&str, &str) -> StoreError,
 ) -> Result<Option<Key>, StoreError> {
     let name = String::from_utf8(name).map_err(|_| corrupt("?", "the key is not UTF-8"))?;
-    leasehold_sql::lease::listed_key(&name, prefix, |_| corrupt(&name, "not a valid key"))
+    if !name.starts_with(prefix) {
+        return Ok(None);
+    }
+    Key::new(&name)
+        .map(Some)
+        .map_err(|_| corrupt(&name, "not a valid key"))
 }

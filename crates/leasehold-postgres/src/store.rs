@@ -638,11 +638,15 @@ impl Store for PgLeaseStore {
         fence: Fence,
         value: &[u8],
     ) -> Result<Record, StoreError> {
-        self.inner.base.put_record(key, fence, value).await
+        let b = &self.inner.base;
+        b.records
+            .put(&b.pool, BACKEND, b.simple, key, fence, value)
+            .await
     }
 
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.base.get_record(key).await
+        let b = &self.inner.base;
+        b.records.get(&b.pool, BACKEND, b.simple, key).await
     }
 }
 

@@ -1,12 +1,10 @@
-//! What both stores have alike: the pool and how statements run on it (prepared, or
-//! inlined behind a transaction pooler), the store's table and the records table beside
-//! it, and the operations both run the same way on them (inspect, list, break, records,
-//! migrate, prune).
+//! What both stores have alike: the pool and how statements run on it, the store's table
+//! and the records table, and the operations both run on them the same way.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Fence, Key, LeaseInfo, Record, StoreError, StoreErrorKind};
+use leasehold_core::{Fence, Key, LeaseInfo, StoreError, StoreErrorKind};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgRow};
 
@@ -20,7 +18,6 @@ pub(crate) struct Tables {
     pub(crate) pool: PgPool,
     /// Behind a transaction-pooling proxy: simple-protocol statements only.
     pub(crate) simple: bool,
-    /// The store's table.
     pub(crate) table: TableName,
     /// Where the pool connects (for `Debug`).
     pub(crate) target: String,
@@ -36,13 +33,14 @@ impl Tables {
         table: TableName,
         target: String,
     ) -> Self {
+        let records = Records::new(table.sibling(DEFAULT_RECORD_TABLE));
         Self {
             backend,
             pool,
             simple,
-            records: Records::new(table.sibling(DEFAULT_RECORD_TABLE)),
             table,
             target,
+            records,
         }
     }
 
@@ -72,8 +70,7 @@ impl Tables {
             .map_err(self.map(op))
     }
 
-    /// Runs `sql` with `args` as [`rows`](Self::rows) does and returns the number of rows
-    /// it changed.
+    /// Runs `sql` with `args` as [`rows`](Self::rows); the number of rows it changed.
     pub(crate) async fn execute(
         &self,
         op: &str,
@@ -95,8 +92,7 @@ impl Tables {
             .map_err(self.map(op))
     }
 
-    /// [`Store::inspect`](leasehold_core::Store::inspect): `sql` takes the key and gives
-    /// the live lease's row (key, owner, fence, remaining_us), if any.
+    /// `inspect`: `sql` gives the row of `key`'s live lease, if any, for [`info_of`].
     pub(crate) async fn inspect(
         &self,
         sql: &Arc<str>,
@@ -108,8 +104,7 @@ impl Tables {
         rows.first().map(|r| info_of(self.backend, r)).transpose()
     }
 
-    /// [`Store::list`](leasehold_core::Store::list): `sql` takes a `LIKE` pattern and gives
-    /// the live leases' rows as [`inspect`](Self::inspect)'s.
+    /// `list`: `sql` gives the rows of the live leases whose key is `LIKE` its parameter.
     pub(crate) async fn list(
         &self,
         sql: &Arc<str>,
@@ -120,8 +115,7 @@ impl Tables {
         rows.iter().map(|r| info_of(self.backend, r)).collect()
     }
 
-    /// [`Store::break_lease`](leasehold_core::Store::break_lease): `sql` gives one row, with
-    /// the advanced fence.
+    /// `break_lease`: `sql` gives one row, with the advanced fence.
     pub(crate) async fn break_lease(
         &self,
         sql: &Arc<str>,
@@ -135,38 +129,16 @@ impl Tables {
                 "break returned no row",
             )
         })?;
-        let fence: i64 = col(self.backend, row, "fence")?;
-        fence_of(self.backend, fence)
+        fence_of(self.backend, col(self.backend, row, "fence")?)
     }
 
-    /// [`Store::put_record`](leasehold_core::Store::put_record), see [`Records::put`].
-    pub(crate) async fn put_record(
-        &self,
-        key: &Key,
-        fence: Fence,
-        value: &[u8],
-    ) -> Result<Record, StoreError> {
-        self.records
-            .put(&self.pool, self.backend, self.simple, key, fence, value)
-            .await
-    }
-
-    /// [`Store::get_record`](leasehold_core::Store::get_record), see [`Records::get`].
-    pub(crate) async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.records
-            .get(&self.pool, self.backend, self.simple, key)
-            .await
-    }
-
-    /// Creates the store's table and the records table with `ddl` (see
-    /// [`schema::migrate`]).
+    /// Creates the store's table and the records table with `ddl` ([`schema::migrate`]).
     pub(crate) async fn migrate(&self, ddl: String) -> Result<(), StoreError> {
         let tables = [&self.table, self.records.table()];
         schema::migrate(&self.pool, self.backend, &tables, &[], ddl).await
     }
 
-    /// Deletes the store table's rows of leases that ended more than `older_than` ago
-    /// (see [`schema::prune`]).
+    /// [`schema::prune`] on the store's table.
     pub(crate) async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
         schema::prune(&self.pool, self.backend, &self.table, older_than).await
     }

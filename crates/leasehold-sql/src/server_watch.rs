@@ -89,9 +89,8 @@ impl Watching {
         self.down(ended)
     }
 
-    /// The watching session ended because of `why`: ends the watch as
-    /// [`ended`](Self::ended) does, with `held` listing the leases the store holds, and
-    /// reports each of them ended to `grants` (with a warning when there is any).
+    /// The watching session ended because of `why`: [`ended`](Self::ended), with `held`
+    /// listing the leases the store holds, each then reported ended to `grants`.
     pub fn report_ended(
         self,
         grants: &EndedGrants,

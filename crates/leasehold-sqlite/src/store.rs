@@ -10,7 +10,7 @@ use leasehold_core::{
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use leasehold_sql::guard::{fence_from_i64, fence_to_i64};
-use leasehold_sql::lease::{listed_key, micros, released, remaining, renewed, ttl_us};
+use leasehold_sql::lease::{micros, released, remaining, renewed, ttl_us};
 use leasehold_sql::{Failure, with_conn};
 use sqlx::Connection;
 use sqlx::sqlite::{
@@ -723,9 +723,10 @@ impl Store for SqliteStore {
             .await?;
         let mut out = Vec::with_capacity(rows.len());
         for (name, row) in rows {
-            let Some(key) = listed_key(&name, prefix, |e| corrupt(&name, e))? else {
+            if !name.starts_with(prefix) {
                 continue;
-            };
+            }
+            let key = Key::new(&name).map_err(|e| corrupt(&name, e))?;
             if let State::Live {
                 owner,
                 fence,
