@@ -15,12 +15,12 @@ use leasehold_core::{
 use leasehold_sql::lease::renewed;
 use leasehold_sql::server_watch::{ServerWatch, Watching};
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener};
 
 use crate::config::{DEFAULT_ADVISORY_TABLE, DEFAULT_RECORD_TABLE, PgConfig, TableName};
 use crate::listen::listener_pool;
 use crate::sql::{Arg, advisory_lock_id, bound, col, fence_of, held, ttl_us};
-use crate::tables::Tables;
+use crate::tables::{Tables, table_methods};
 use crate::wait::{Queue, Sessions, close};
 use crate::watch::{self, Watches};
 use crate::{BACKEND_ADVISORY, error, schema};
@@ -420,70 +420,13 @@ impl PgAdvisoryStore {
         Ok(store)
     }
 
-    /// Creates the store's table and the records table (`leasehold_records` in the same
-    /// schema, shared with [`PgLeaseStore`](crate::PgLeaseStore)) if they do not exist
-    /// (idempotent, safe to run concurrently). The SQL is [`schema_sql`](Self::schema_sql).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: one transaction.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when the role may not create the table.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.inner.base.migrate(self.schema_sql()).await
-    }
-
-    /// Deletes the rows of leases that ended more than `older_than` ago, so that a store
-    /// with one key per entity does not keep a row for every entity ever locked. Rows are
-    /// kept after release on purpose (they carry the fence); deleting an old one is safe
-    /// because a key without a row gets its next fence from the database clock in µs,
-    /// above every fence issued before unless that clock went back by more than
-    /// `older_than`. A held lease's row is never deleted. Needs `DELETE` on the table.
-    /// Returns the number of rows deleted. The statement is
-    /// `DELETE FROM <table> WHERE expires_at < clock_timestamp() - <older_than>`.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: one statement.
-    ///
-    /// # Errors
-    /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
-    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.inner.base.prune(older_than).await
-    }
-
-    /// The DDL that [`migrate`](Self::migrate) runs.
-    pub fn schema_sql(&self) -> String {
-        Self::schema_sql_for(&self.inner.base.table)
-    }
-
-    /// The DDL of the advisory-lock store's table `table` and of the records table in its
-    /// schema, without a store (e.g. for `leasehold migrate --print`, which connects to
-    /// nothing).
-    pub fn schema_sql_for(table: &TableName) -> String {
-        schema::advisory_table_sql(table)
-            + &schema::records_table_sql(&table.sibling(DEFAULT_RECORD_TABLE))
-    }
-
-    /// The table in use.
-    pub fn table(&self) -> &TableName {
-        &self.inner.base.table
-    }
-
-    /// The records table in use: [`DEFAULT_RECORD_TABLE`] in the store table's schema.
-    pub fn records_table(&self) -> &TableName {
-        self.inner.base.records.table()
-    }
+    table_methods!(schema::advisory_table_sql);
 
     /// The channel of the store's change notices ([`WatchStore::watch`]), shared with the
     /// lease-table store of the same schema: see
     /// [`PgLeaseStore::watch_channel`](crate::PgLeaseStore::watch_channel).
     pub fn watch_channel(&self) -> &str {
         self.inner.watches.channel()
-    }
-
-    /// The pool used for inspect, list, break and pre-checks.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.base.pool
     }
 
     /// The `application_name` of the session that holds `owner`'s lease:

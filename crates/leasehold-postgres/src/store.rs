@@ -17,7 +17,7 @@ use crate::config::{
 };
 use crate::listen::Listener;
 use crate::sql::{Arg, bound, col, digest64, fence_of, held};
-use crate::tables::Tables;
+use crate::tables::{Tables, table_methods};
 use crate::wait::{LockId, PARKED_IDLE_MS, Queue, Sessions, TableHead, turnstile};
 use crate::watch::{self, Watches};
 use crate::{BACKEND_TABLE, error, schema};
@@ -385,67 +385,7 @@ impl PgLeaseStore {
         Queue::new(BACKEND, sessions, Some(head), max_sessions)
     }
 
-    /// Creates the lease table and the records table (`leasehold_records` in the same
-    /// schema, shared with [`PgAdvisoryStore`](crate::PgAdvisoryStore)) if they do not exist
-    /// (and their schema if missing). Idempotent and safe to run concurrently (a
-    /// transaction-scoped advisory lock serialises migrations). Needs `CREATE` on the
-    /// schema only when something is missing (a database migrated by a version without
-    /// records gets the records table). The SQL is [`schema_sql`](Self::schema_sql).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the migration is one transaction; a dropped call rolls it back.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when the role may not create the table; connection
-    /// errors as for any operation.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.inner.base.migrate(self.schema_sql()).await
-    }
-
-    /// Deletes the rows of leases that ended more than `older_than` ago, so that a store
-    /// with one key per entity does not keep a row for every entity ever locked. Rows are
-    /// kept after release on purpose (they carry the fence); deleting an old one is safe
-    /// because a key without a row gets its next fence from the database clock in µs,
-    /// above every fence issued before unless that clock went back by more than
-    /// `older_than`. A held lease's row is never deleted. Needs `DELETE` on the table.
-    /// Returns the number of rows deleted. The statement is
-    /// `DELETE FROM <table> WHERE expires_at < clock_timestamp() - <older_than>`.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: one statement.
-    ///
-    /// # Errors
-    /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
-    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        self.inner.base.prune(older_than).await
-    }
-
-    /// The DDL that [`migrate`](Self::migrate) runs, for DBAs who apply it themselves.
-    pub fn schema_sql(&self) -> String {
-        Self::schema_sql_for(&self.inner.base.table)
-    }
-
-    /// The DDL of the lease table `table` and of the records table in its schema, without
-    /// a store (e.g. for `leasehold migrate --print`, which connects to nothing).
-    pub fn schema_sql_for(table: &TableName) -> String {
-        schema::lease_table_sql(table)
-            + &schema::records_table_sql(&table.sibling(DEFAULT_RECORD_TABLE))
-    }
-
-    /// The table in use.
-    pub fn table(&self) -> &TableName {
-        &self.inner.base.table
-    }
-
-    /// The records table in use: [`DEFAULT_RECORD_TABLE`] in the lease table's schema.
-    pub fn records_table(&self) -> &TableName {
-        self.inner.base.records.table()
-    }
-
-    /// The connection pool.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.base.pool
-    }
+    table_methods!(schema::lease_table_sql);
 
     /// The channel of the store's change notices ([`WatchStore::watch`]): `leasehold_watch_`
     /// and 16 hex digits, one per records table (so both stores of one schema share it).

@@ -143,3 +143,78 @@ impl Tables {
         schema::prune(&self.pool, self.backend, &self.table, older_than).await
     }
 }
+
+/// The methods both stores offer on their [`Tables`] (`self.inner.base`), written once:
+/// `migrate`, `prune`, `schema_sql`, `schema_sql_for` (`$ddl` renders the DDL of the
+/// store's own table), `table`, `records_table` and `pool`.
+macro_rules! table_methods {
+    ($ddl:path) => {
+        /// Creates the store's table and the records table (`leasehold_records` in the same
+        /// schema, shared by both stores) if they do not exist (and their schema if missing).
+        /// Idempotent and safe to run concurrently (a transaction-scoped advisory lock
+        /// serialises migrations). Needs `CREATE` on the schema only when something is
+        /// missing (a database migrated by a version without records gets the records
+        /// table). The SQL is [`schema_sql`](Self::schema_sql).
+        ///
+        /// # Cancel safety
+        /// Cancel safe: the migration is one transaction; a dropped call rolls it back.
+        ///
+        /// # Errors
+        /// [`StoreErrorKind::Config`](leasehold_core::StoreErrorKind::Config) when the role
+        /// may not create the table; connection errors as for any operation.
+        pub async fn migrate(&self) -> Result<(), leasehold_core::StoreError> {
+            self.inner.base.migrate(self.schema_sql()).await
+        }
+
+        /// Deletes the rows of leases that ended more than `older_than` ago, so that a store
+        /// with one key per entity does not keep a row for every entity ever locked. Rows are
+        /// kept after release on purpose (they carry the fence); deleting an old one is safe
+        /// because a key without a row gets its next fence from the database clock in µs,
+        /// above every fence issued before unless that clock went back by more than
+        /// `older_than`. A held lease's row is never deleted. Needs `DELETE` on the table.
+        /// Returns the number of rows deleted. The statement is
+        /// `DELETE FROM <table> WHERE expires_at < clock_timestamp() - <older_than>`.
+        ///
+        /// # Cancel safety
+        /// Cancel safe: one statement.
+        ///
+        /// # Errors
+        /// As any operation; [`StoreErrorKind::Config`](leasehold_core::StoreErrorKind::Config)
+        /// without `DELETE` privilege.
+        pub async fn prune(
+            &self,
+            older_than: std::time::Duration,
+        ) -> Result<u64, leasehold_core::StoreError> {
+            self.inner.base.prune(older_than).await
+        }
+
+        /// The DDL that [`migrate`](Self::migrate) runs, for DBAs who apply it themselves.
+        pub fn schema_sql(&self) -> String {
+            Self::schema_sql_for(&self.inner.base.table)
+        }
+
+        /// The DDL of the store's table `table` and of the records table in its schema,
+        /// without a store (e.g. for `leasehold migrate --print`, which connects to nothing).
+        pub fn schema_sql_for(table: &$crate::TableName) -> String {
+            let records = table.sibling($crate::DEFAULT_RECORD_TABLE);
+            $ddl(table) + &$crate::schema::records_table_sql(&records)
+        }
+
+        /// The table in use.
+        pub fn table(&self) -> &$crate::TableName {
+            &self.inner.base.table
+        }
+
+        /// The records table in use: [`DEFAULT_RECORD_TABLE`](crate::DEFAULT_RECORD_TABLE)
+        /// in the store table's schema.
+        pub fn records_table(&self) -> &$crate::TableName {
+            self.inner.base.records.table()
+        }
+
+        /// The connection pool (the advisory-lock store's serves all but its lock sessions).
+        pub fn pool(&self) -> &sqlx::PgPool {
+            &self.inner.base.pool
+        }
+    };
+}
+pub(crate) use table_methods;
