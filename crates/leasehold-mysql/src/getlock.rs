@@ -14,12 +14,12 @@ use leasehold_sql::Failure;
 use leasehold_sql::lease::{released, renewed};
 use leasehold_sql::server_watch::{ServerWatch, Watching};
 use sha2::{Digest, Sha256};
-use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool};
+use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::config::MySqlConfig;
-use crate::conn::{Db, StoreTable};
+use crate::conn::{Db, StoreTable, db_methods};
 use crate::error::Phase;
 use crate::schema::LOCKS_SCHEMA;
 use crate::sql::{like_prefix, listed_key, now_us, parse_owner};
@@ -545,28 +545,7 @@ impl MySqlGetLockStore {
         Self::connect(MySqlConfig::from_url(url)?).await
     }
 
-    /// Creates `leasehold_locks` ([`LOCKS_SCHEMA`](crate::LOCKS_SCHEMA)) and the records
-    /// table ([`RECORDS_SCHEMA`](crate::RECORDS_SCHEMA), shared with
-    /// [`MySqlLeaseStore`](crate::MySqlLeaseStore)) unless they exist.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the table is created by one statement, or not.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] without the privilege to create it.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db.migrate_with_records(TABLE).await
-    }
-
-    /// The configuration (its `Display` hides the password).
-    pub fn config(&self) -> &MySqlConfig {
-        &self.db.config
-    }
-
-    /// The connection pool used for everything but the lock sessions.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.db.pool
-    }
+    db_methods!(TABLE);
 
     /// The server's `CONNECTION_ID()` of the session holding `key`, if this store holds it.
     /// (What an operator would `KILL` to take the lease away.)

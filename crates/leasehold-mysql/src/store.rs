@@ -12,11 +12,11 @@ use leasehold_sql::Failure;
 use leasehold_sql::lease::{released, remaining, renewed};
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
-use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
+use sqlx::{Connection, MySql, MySqlConnection};
 
 use crate::BACKEND_TABLE;
 use crate::config::MySqlConfig;
-use crate::conn::{Db, StoreTable};
+use crate::conn::{Db, StoreTable, db_methods};
 use crate::error::is_deadlock;
 use crate::schema::LEASES_SCHEMA;
 use crate::sql::{like_prefix, listed_key, now_us, parse_owner};
@@ -301,29 +301,7 @@ impl MySqlLeaseStore {
         Self::connect(MySqlConfig::from_url(url)?).await
     }
 
-    /// Creates the lease table ([`LEASES_SCHEMA`](crate::LEASES_SCHEMA)) and the records
-    /// table ([`RECORDS_SCHEMA`](crate::RECORDS_SCHEMA), shared with
-    /// [`MySqlGetLockStore`](crate::MySqlGetLockStore)) unless they exist (idempotent; no
-    /// DDL is sent for a table that exists).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the table is created by one statement, or not.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] without the privilege to create it.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db.migrate_with_records(TABLE).await
-    }
-
-    /// The configuration (its `Display` hides the password).
-    pub fn config(&self) -> &MySqlConfig {
-        &self.db.config
-    }
-
-    /// The connection pool (e.g. to run the [`guard`](crate::guard) on the same database).
-    pub fn pool(&self) -> &MySqlPool {
-        &self.db.pool
-    }
+    db_methods!(TABLE);
 
     /// Deletes the rows of keys nobody holds whose last fence is more than `older_than`
     /// below the server clock in µs, so that a store with one key per entity does not

@@ -323,32 +323,19 @@ impl PgLeaseStore {
                 config.get_wait_sessions() as usize,
             )
         });
-        let sql = Sql::new(&table);
-        let records = table.sibling(DEFAULT_RECORD_TABLE);
         let watches = (!simple).then(|| {
-            Watches::new(
-                BACKEND,
-                config.options_named(&format!("{}/watch", config.get_application_name())),
-                &records,
-            )
+            let name = format!("{}/watch", config.get_application_name());
+            let records = table.sibling(DEFAULT_RECORD_TABLE);
+            Watches::new(BACKEND, config.options_named(&name), &records)
         });
-        Ok(Self {
-            inner: Arc::new(Inner {
-                table_sql: table.sql(),
-                base: Tables::new(BACKEND, pool, simple, table, config.target()),
-                sql,
-                queue,
-                watch_channel: watch::channel(&records),
-                watches,
-            }),
-        })
+        let base = Tables::new(BACKEND, pool, simple, table, config.target());
+        Ok(Self::assemble(base, queue, watches))
     }
 
     /// A store on an existing pool (whatever its settings) and table. Waiters wait on
     /// sessions of their own, opened with the pool's connect options (up to
     /// [`DEFAULT_WAIT_SESSIONS`] at once).
     pub fn with_pool(pool: PgPool, table: TableName) -> Self {
-        let sql = Sql::new(&table);
         let options = (*pool.connect_options()).clone();
         let queue = Self::queue(
             &table,
@@ -357,15 +344,22 @@ impl PgLeaseStore {
             DEFAULT_WAIT_SESSIONS as usize,
         );
         let watches = Watches::new(BACKEND, options, &table.sibling(DEFAULT_RECORD_TABLE));
+        let base = Tables::new(BACKEND, pool, false, table, "(caller's pool)".to_owned());
+        Self::assemble(base, Some(queue), Some(watches))
+    }
+
+    /// The store on `base`, with its waiters' `queue` and its `watches` (if any).
+    fn assemble(base: Tables, queue: Option<Queue>, watches: Option<Watches>) -> Self {
+        let inner = Inner {
+            table_sql: base.table.sql(),
+            sql: Sql::new(&base.table),
+            watch_channel: watch::channel(base.records.table()),
+            base,
+            queue,
+            watches,
+        };
         Self {
-            inner: Arc::new(Inner {
-                table_sql: table.sql(),
-                base: Tables::new(BACKEND, pool, false, table, "(caller's pool)".to_owned()),
-                sql,
-                queue: Some(queue),
-                watch_channel: watches.channel().to_owned(),
-                watches: Some(watches),
-            }),
+            inner: Arc::new(inner),
         }
     }
 

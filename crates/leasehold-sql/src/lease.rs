@@ -4,11 +4,7 @@ use std::time::Duration;
 
 use leasehold_core::{ReleaseOutcome, RenewOutcome, StoreError};
 
-/// `ttl` in whole microseconds, once [`StoreError::check_ttl`] accepted it.
-///
-/// # Errors
-/// [`StoreErrorKind::InvalidInput`](leasehold_core::StoreErrorKind::InvalidInput) for a TTL
-/// outside 10 ms ..= 24 h.
+/// `ttl` in whole microseconds, once [`StoreError::check_ttl`] accepted it (or its error).
 pub fn ttl_us(backend: &'static str, ttl: Duration) -> Result<i64, StoreError> {
     StoreError::check_ttl(backend, ttl)?;
     // check_ttl bounds it to 24 h, far below i64::MAX µs.
