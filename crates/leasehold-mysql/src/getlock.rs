@@ -306,6 +306,14 @@ async fn still_held(conn: &mut MySqlConnection, name: &str) -> Result<bool, sqlx
     Ok(held == Some(1))
 }
 
+/// The `CONNECTION_ID()` of the session that holds `name`'s lock, if any.
+async fn used_by(conn: &mut MySqlConnection, name: &str) -> Result<Option<u64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+}
+
 async fn release_lock(conn: &mut MySqlConnection, name: &str) -> Result<bool, sqlx::Error> {
     let released: Option<i64> = sqlx::query_scalar("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
         .bind(name)
@@ -617,16 +625,9 @@ impl MySqlGetLockStore {
         asked: Asked,
     ) -> Result<AcquireOutcome, StoreError> {
         // Cheap check first, so contenders do not open a session each time.
-        let used: Option<u64> = self
+        let used = self
             .db
-            .run("acquire", async move |conn| {
-                Ok(
-                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                        .bind(name)
-                        .fetch_one(conn)
-                        .await?,
-                )
-            })
+            .run("acquire", async move |conn| Ok(used_by(conn, name).await?))
             .await?;
         if used.is_some() {
             return Ok(AcquireOutcome::Held { remaining: None });
@@ -1108,11 +1109,7 @@ impl Store for MySqlGetLockStore {
                     .bind(&name)
                     .fetch_optional(&mut *tx)
                     .await?;
-                let used: Option<u64> =
-                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                        .bind(&name)
-                        .fetch_one(&mut *tx)
-                        .await?;
+                let used = used_by(&mut tx, &name).await?;
                 if let Some(id) = used {
                     sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {id}")))
                         .execute(&mut *tx)
@@ -1139,16 +1136,9 @@ impl Store for MySqlGetLockStore {
             self.db
                 .bounded("break", async {
                     loop {
-                        let used: Option<u64> = self
+                        let used = self
                             .db
-                            .run("break", async |conn| {
-                                Ok(
-                                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                                        .bind(&name)
-                                        .fetch_one(conn)
-                                        .await?,
-                                )
-                            })
+                            .run("break", async |conn| Ok(used_by(conn, &name).await?))
                             .await?;
                         if used != Some(id) {
                             return Ok(());

@@ -632,26 +632,22 @@ impl Store for SqliteStore {
             })
             .await?;
         let now = self.clock.now()?;
-        match interpret(key.as_str(), row, &now)? {
+        let held = match interpret(key.as_str(), row, &now)? {
             State::Live {
                 owner: holder,
                 expires_us,
                 ..
-            } if holder != *owner => {
-                self.bells.held(key, owner);
-                return Ok(AcquireOutcome::Held {
-                    remaining: Some(remaining(expires_us, now.boottime_us)),
-                });
-            }
+            } if holder != *owner => Some(remaining(expires_us, now.boottime_us)),
             // Free: but an owner of this process that waited first takes it first (it is
             // told its turn came, and asks within moments): told held for up to its TTL.
-            State::Free { .. } | State::Missing if !self.bells.may_acquire(key, owner) => {
-                self.bells.held(key, owner);
-                return Ok(AcquireOutcome::Held {
-                    remaining: Some(ttl),
-                });
-            }
-            _ => {}
+            State::Free { .. } | State::Missing if !self.bells.may_acquire(key, owner) => Some(ttl),
+            _ => None,
+        };
+        if let Some(remaining) = held {
+            self.bells.held(key, owner);
+            return Ok(AcquireOutcome::Held {
+                remaining: Some(remaining),
+            });
         }
         let outcome = self
             .run("acquire", true, async |conn| {
