@@ -291,8 +291,10 @@ impl PgLeaseStore {
     /// Cancel safe: a dropped call leaves nothing but a closing connection.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Config`] for authentication and other configuration problems,
-    /// [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    /// [`StoreErrorKind::Config`](leasehold_core::StoreErrorKind::Config) for authentication
+    /// and other configuration problems,
+    /// [`StoreErrorKind::Unavailable`](leasehold_core::StoreErrorKind::Unavailable) when the
+    /// server cannot be reached.
     ///
     /// # Examples
     ///
@@ -563,8 +565,10 @@ impl Store for PgLeaseStore {
     /// A dropped call may have committed the record.
     ///
     /// # Errors
-    /// [`StoreErrorKind::InvalidInput`] for a fence above `i64::MAX` or a value longer than
-    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN); [`StoreErrorKind::Config`] when
+    /// [`StoreErrorKind::InvalidInput`](leasehold_core::StoreErrorKind::InvalidInput) for a
+    /// fence above `i64::MAX` or a value longer than
+    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN);
+    /// [`StoreErrorKind::Config`](leasehold_core::StoreErrorKind::Config) when
     /// the records table is missing (run [`migrate`](Self::migrate)).
     async fn put_record(
         &self,
@@ -631,8 +635,10 @@ impl WatchStore for PgLeaseStore {
     /// watch.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Unsupported`] behind a transaction-pooling proxy; connection
-    /// errors, or [`StoreErrorKind::Timeout`] when the watch is not set up within 10 s.
+    /// [`StoreErrorKind::Unsupported`](leasehold_core::StoreErrorKind::Unsupported) behind a
+    /// transaction-pooling proxy; connection errors, or
+    /// [`StoreErrorKind::Timeout`](leasehold_core::StoreErrorKind::Timeout) when the watch
+    /// is not set up within 10 s.
     async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
         match &self.inner.watches {
             Some(w) => w.watch(key).await,

@@ -11,7 +11,7 @@
 //! (a `LISTEN`ing connection that is only read, or a long `SLEEP`): when that session
 //! ends, the server that held the locks has ended its sessions (or the network to it
 //! broke), and every lease the store holds there is reported ended at once
-//! ([`EndedGrants`](leasehold_core::EndedGrants)). When only the watching session was
+//! ([`EndedGrants`]). When only the watching session was
 //! ended (an operator killed it), the leases are reported lost although their locks are
 //! held: that fails closed.
 //!
