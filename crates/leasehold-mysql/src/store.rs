@@ -82,6 +82,17 @@ fn live(
     Ok((expires > now).then_some((token, expires)))
 }
 
+/// The lease `row` of `key` holds, if it is live.
+fn info(key: Key, (owner, fence, expires, now): Row) -> Result<Option<LeaseInfo>, StoreError> {
+    let live = live(key.as_str(), owner.as_deref(), expires, now)?;
+    Ok(live.map(|(owner, expires)| LeaseInfo {
+        key,
+        owner,
+        fence: Fence(fence),
+        remaining: Some(remaining(expires, now)),
+    }))
+}
+
 /// Whether the row is granted to the caller (`?` = the caller's owner token, twice), on
 /// the row's values before the update (or, for `expires_at_us`, after `owner` was set:
 /// the same answer). `VALUES(owner)` is the caller's token, or `NULL` when the key's
@@ -451,17 +462,7 @@ impl Store for MySqlLeaseStore {
                     .await?)
             })
             .await?;
-        let Some((owner, fence, expires, now)) = row else {
-            return Ok(None);
-        };
-        Ok(
-            live(key.as_str(), owner.as_deref(), expires, now)?.map(|(owner, expires)| LeaseInfo {
-                key: key.clone(),
-                owner,
-                fence: Fence(fence),
-                remaining: Some(remaining(expires, now)),
-            }),
-        )
+        Ok(row.map(|row| info(key.clone(), row)).transpose()?.flatten())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -478,14 +479,7 @@ impl Store for MySqlLeaseStore {
             let Some(key) = listed_key(name, prefix, corrupt)? else {
                 continue;
             };
-            if let Some((owner, expires)) = live(key.as_str(), owner.as_deref(), expires, now)? {
-                out.push(LeaseInfo {
-                    key,
-                    owner,
-                    fence: Fence(fence),
-                    remaining: Some(remaining(expires, now)),
-                });
-            }
+            out.extend(info(key, (owner, fence, expires, now))?);
         }
         Ok(out)
     }

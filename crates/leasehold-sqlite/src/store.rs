@@ -80,6 +80,26 @@ enum State {
     Free { fence: i64 },
 }
 
+impl State {
+    /// The lease of `key` in this state at `now`, if it is live.
+    fn info(self, key: Key, now: &HostTime) -> Option<LeaseInfo> {
+        let State::Live {
+            owner,
+            fence,
+            expires_us,
+        } = self
+        else {
+            return None;
+        };
+        Some(LeaseInfo {
+            key,
+            owner,
+            fence: fence_from_i64(fence),
+            remaining: Some(remaining(expires_us, now.boottime_us)),
+        })
+    }
+}
+
 fn corrupt(key: &str, what: impl std::fmt::Display) -> StoreError {
     StoreError::new(
         StoreErrorKind::Corrupt,
@@ -695,19 +715,7 @@ impl Store for SqliteStore {
             })
             .await?;
         let now = self.clock.now()?;
-        Ok(match interpret(key.as_str(), row, &now)? {
-            State::Live {
-                owner,
-                fence,
-                expires_us,
-            } => Some(LeaseInfo {
-                key: key.clone(),
-                owner,
-                fence: fence_from_i64(fence),
-                remaining: Some(remaining(expires_us, now.boottime_us)),
-            }),
-            State::Missing | State::Free { .. } => None,
-        })
+        Ok(interpret(key.as_str(), row, &now)?.info(key.clone(), &now))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -723,19 +731,7 @@ impl Store for SqliteStore {
                 continue;
             }
             let key = Key::new(&name).map_err(|e| corrupt(&name, e))?;
-            if let State::Live {
-                owner,
-                fence,
-                expires_us,
-            } = interpret(&name, Some(row), &now)?
-            {
-                out.push(LeaseInfo {
-                    key,
-                    owner,
-                    fence: fence_from_i64(fence),
-                    remaining: Some(remaining(expires_us, now.boottime_us)),
-                });
-            }
+            out.extend(interpret(&name, Some(row), &now)?.info(key, &now));
         }
         Ok(out)
     }
