@@ -161,6 +161,24 @@ impl Db {
         }
     }
 
+    /// Runs a store's `prune` statement, `sql`, whose one parameter is `older_than` in µs
+    /// (see [`leasehold_sql::prune_age_us`]); the number of rows deleted.
+    pub(crate) async fn prune(
+        &self,
+        sql: &'static str,
+        older_than: Duration,
+    ) -> Result<u64, StoreError> {
+        let us = leasehold_sql::prune_age_us(older_than);
+        self.run("prune", async move |conn| {
+            Ok(sqlx::query(sql)
+                .bind(us)
+                .execute(conn)
+                .await?
+                .rows_affected())
+        })
+        .await
+    }
+
     /// Creates `table` unless it exists (no DDL is sent when it does). A user without the
     /// CREATE privilege works as long as the table was created for it.
     pub(crate) async fn migrate(&self, table: StoreTable) -> Result<(), StoreError> {
@@ -216,3 +234,37 @@ pub(crate) fn kill_session(
         drop(conn);
     });
 }
+
+/// The methods both stores offer on their [`Db`] (`self.db`), written once: `migrate`
+/// (`$table`, the store's own table, and the records table), `config` and `pool`.
+macro_rules! db_methods {
+    ($table:expr) => {
+        /// Creates the store's table ([`LEASES_SCHEMA`](crate::LEASES_SCHEMA) or
+        /// [`LOCKS_SCHEMA`](crate::LOCKS_SCHEMA)) and the records table
+        /// ([`RECORDS_SCHEMA`](crate::RECORDS_SCHEMA), shared by both stores) unless they
+        /// exist (idempotent; no DDL is sent for a table that exists).
+        ///
+        /// # Cancel safety
+        /// Cancel safe: each table is created by one statement, or not.
+        ///
+        /// # Errors
+        /// [`StoreErrorKind::Config`](leasehold_core::StoreErrorKind::Config) without the
+        /// privilege to create it.
+        pub async fn migrate(&self) -> Result<(), leasehold_core::StoreError> {
+            self.db.migrate($table).await?;
+            self.db.migrate($crate::conn::RECORDS_TABLE).await
+        }
+
+        /// The configuration (its `Display` hides the password).
+        pub fn config(&self) -> &$crate::MySqlConfig {
+            &self.db.config
+        }
+
+        /// The connection pool (the GET_LOCK store's serves all but its lock sessions), e.g.
+        /// to run the [`guard`](crate::guard) on the same database.
+        pub fn pool(&self) -> &sqlx::MySqlPool {
+            &self.db.pool
+        }
+    };
+}
+pub(crate) use db_methods;

@@ -1,7 +1,6 @@
 //! [`MySqlGetLockStore`]: leases as `GET_LOCK` locks, each held by its own session.
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -12,17 +11,18 @@ use leasehold_core::{
     Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use leasehold_sql::Failure;
+use leasehold_sql::lease::{released, renewed};
 use leasehold_sql::server_watch::{ServerWatch, Watching};
 use sha2::{Digest, Sha256};
-use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool};
+use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::config::MySqlConfig;
-use crate::conn::{Db, RECORDS_TABLE, StoreTable};
+use crate::conn::{Db, StoreTable, db_methods};
 use crate::error::Phase;
 use crate::schema::LOCKS_SCHEMA;
-use crate::sql::{like_prefix, now_us};
+use crate::sql::{like_prefix, listed_key, now_us, parse_owner};
 
 /// The backend name of [`MySqlGetLockStore`].
 pub const BACKEND_GETLOCK: &str = "mysql-getlock";
@@ -236,10 +236,6 @@ fn corrupt(key: &str, what: &str) -> StoreError {
     )
 }
 
-fn parse_owner(key: &str, owner: &str) -> Result<OwnerToken, StoreError> {
-    OwnerToken::from_str(owner).map_err(|_| corrupt(key, "the owner is not 32 hex digits"))
-}
-
 const RECORD_HOLDER: &str = concat!(
     "INSERT INTO leasehold_locks (lock_name, lease_key, fence, owner, connection_id) ",
     "VALUES (?, ?, GREATEST(1, ",
@@ -260,6 +256,14 @@ const BREAK: &str = concat!(
     now_us!(),
     "), ",
     "owner = NULL, connection_id = NULL"
+);
+
+/// Deletes the rows whose lock nobody holds and whose fence is more than `?` µs old.
+const PRUNE: &str = concat!(
+    "DELETE FROM leasehold_locks WHERE IS_USED_LOCK(lock_name) IS NULL ",
+    "AND CAST(fence AS SIGNED) < ",
+    now_us!(),
+    " - ?"
 );
 
 /// Advances the fence and records the holder, in one transaction on the lock's session.
@@ -300,6 +304,14 @@ async fn still_held(conn: &mut MySqlConnection, name: &str) -> Result<bool, sqlx
             .fetch_one(conn)
             .await?;
     Ok(held == Some(1))
+}
+
+/// The `CONNECTION_ID()` of the session that holds `name`'s lock, if any.
+async fn used_by(conn: &mut MySqlConnection, name: &str) -> Result<Option<u64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
+        .bind(name)
+        .fetch_one(conn)
+        .await
 }
 
 async fn release_lock(conn: &mut MySqlConnection, name: &str) -> Result<bool, sqlx::Error> {
@@ -541,29 +553,7 @@ impl MySqlGetLockStore {
         Self::connect(MySqlConfig::from_url(url)?).await
     }
 
-    /// Creates `leasehold_locks` ([`LOCKS_SCHEMA`](crate::LOCKS_SCHEMA)) and the records
-    /// table ([`RECORDS_SCHEMA`](crate::RECORDS_SCHEMA), shared with
-    /// [`MySqlLeaseStore`](crate::MySqlLeaseStore)) unless they exist.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the table is created by one statement, or not.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] without the privilege to create it.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db.migrate(TABLE).await?;
-        self.db.migrate(RECORDS_TABLE).await
-    }
-
-    /// The configuration (its `Display` hides the password).
-    pub fn config(&self) -> &MySqlConfig {
-        &self.db.config
-    }
-
-    /// The connection pool used for everything but the lock sessions.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.db.pool
-    }
+    db_methods!(TABLE);
 
     /// The server's `CONNECTION_ID()` of the session holding `key`, if this store holds it.
     /// (What an operator would `KILL` to take the lease away.)
@@ -588,21 +578,7 @@ impl MySqlGetLockStore {
     /// # Errors
     /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
     pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        let us = leasehold_sql::prune_age_us(older_than);
-        self.db
-            .run("prune", async move |conn| {
-                Ok(sqlx::query(concat!(
-                    "DELETE FROM leasehold_locks WHERE IS_USED_LOCK(lock_name) IS NULL ",
-                    "AND CAST(fence AS SIGNED) < ",
-                    now_us!(),
-                    " - ?"
-                ))
-                .bind(us)
-                .execute(conn)
-                .await?
-                .rows_affected())
-            })
-            .await
+        self.db.prune(PRUNE, older_than).await
     }
 
     /// Spawns the server watch's task, handed to [`ServerWatch`].
@@ -628,14 +604,17 @@ impl MySqlGetLockStore {
             .map(|h| (h.cmds.clone(), h.fence))
     }
 
-    /// Sends a command to a keeper; `None` if the keeper is gone.
+    /// Sends a command to a keeper and returns its answer; `false` if the keeper is gone
+    /// (and its lock session with it).
     async fn ask(
         cmds: &mpsc::Sender<Cmd>,
         make: impl FnOnce(oneshot::Sender<Result<bool, StoreError>>) -> Cmd,
-    ) -> Option<Result<bool, StoreError>> {
+    ) -> Result<bool, StoreError> {
         let (tx, rx) = oneshot::channel();
-        cmds.send(make(tx)).await.ok()?;
-        rx.await.ok()
+        if cmds.send(make(tx)).await.is_err() {
+            return Ok(false);
+        }
+        rx.await.unwrap_or(Ok(false))
     }
 
     async fn acquire_fresh(
@@ -646,16 +625,9 @@ impl MySqlGetLockStore {
         asked: Asked,
     ) -> Result<AcquireOutcome, StoreError> {
         // Cheap check first, so contenders do not open a session each time.
-        let used: Option<u64> = self
+        let used = self
             .db
-            .run("acquire", async move |conn| {
-                Ok(
-                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                        .bind(name)
-                        .fetch_one(conn)
-                        .await?,
-                )
-            })
+            .run("acquire", async move |conn| Ok(used_by(conn, name).await?))
             .await?;
         if used.is_some() {
             return Ok(AcquireOutcome::Held { remaining: None });
@@ -947,20 +919,13 @@ async fn watch_server(
     let (Some(held), Some(ended)) = (held.upgrade(), ended.upgrade()) else {
         return;
     };
-    let lost: Vec<(Key, OwnerToken, Fence)> = watching
-        .ended(|| {
-            lock(&held)
-                .iter()
-                .map(|(k, h)| (k.clone(), h.owner, h.fence))
-                .collect()
-        })
-        .unwrap_or_default();
-    if !lost.is_empty() {
-        tracing::warn!(held = lost.len(), error = %why, "the server ended its sessions: every GET_LOCK lease held here is lost");
-    }
-    for (key, owner, fence) in lost {
-        ended.report(&key, &owner, fence);
-    }
+    watching.report_ended(&ended, &why, || {
+        let holders = lock(&held);
+        holders
+            .iter()
+            .map(|(k, h)| (k.clone(), h.owner, h.fence))
+            .collect()
+    });
 }
 
 fn lock_idle(
@@ -1007,10 +972,8 @@ impl Store for MySqlGetLockStore {
         let sent = Instant::now();
         if let Some((cmds, fence)) = self.holder_of(key, owner) {
             // A retry by the holder: extend, same fence.
-            match Self::ask(&cmds, |reply| Cmd::Renew { ttl, sent, reply }).await {
-                Some(Ok(true)) => return Ok(AcquireOutcome::Acquired { fence, ttl }),
-                Some(Err(e)) => return Err(e),
-                Some(Ok(false)) | None => {}
+            if Self::ask(&cmds, |reply| Cmd::Renew { ttl, sent, reply }).await? {
+                return Ok(AcquireOutcome::Acquired { fence, ttl });
             }
         }
         // The server watch is up before the lock is taken (its session opens meanwhile),
@@ -1042,11 +1005,8 @@ impl Store for MySqlGetLockStore {
         let Some((cmds, _)) = self.holder_of(key, owner) else {
             return Ok(RenewOutcome::NotOwner);
         };
-        match Self::ask(&cmds, |reply| Cmd::Renew { ttl, sent, reply }).await {
-            Some(Ok(true)) => Ok(RenewOutcome::Renewed { ttl }),
-            Some(Ok(false)) | None => Ok(RenewOutcome::NotOwner),
-            Some(Err(e)) => Err(e),
-        }
+        let matched = Self::ask(&cmds, |reply| Cmd::Renew { ttl, sent, reply }).await?;
+        Ok(renewed(matched, ttl))
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
@@ -1060,11 +1020,9 @@ impl Store for MySqlGetLockStore {
         let Some(cmds) = cmds else {
             return Ok(ReleaseOutcome::NotOwner);
         };
-        match Self::ask(&cmds, |reply| Cmd::Release { reply }).await {
-            Some(Ok(true)) => Ok(ReleaseOutcome::Released),
-            Some(Ok(false)) | None => Ok(ReleaseOutcome::NotOwner),
-            Some(Err(e)) => Err(e),
-        }
+        Ok(released(
+            Self::ask(&cmds, |reply| Cmd::Release { reply }).await?,
+        ))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
@@ -1087,7 +1045,7 @@ impl Store for MySqlGetLockStore {
         match (owner, fence, holder) {
             (Some(owner), Some(fence), Some(holder)) if holder == used => Ok(Some(LeaseInfo {
                 key: key.clone(),
-                owner: parse_owner(key.as_str(), &owner)?,
+                owner: parse_owner(key.as_str(), &owner, corrupt)?,
                 fence: Fence(fence),
                 remaining: None,
             })),
@@ -1119,13 +1077,11 @@ impl Store for MySqlGetLockStore {
             if holder != used {
                 continue;
             }
-            let name = String::from_utf8(name).map_err(|_| corrupt("?", "the key is not UTF-8"))?;
-            if !name.starts_with(prefix) {
+            let Some(key) = listed_key(name, prefix, corrupt)? else {
                 continue;
-            }
-            let key = Key::new(&name).map_err(|_| corrupt(&name, "not a valid key"))?;
+            };
             out.push(LeaseInfo {
-                owner: parse_owner(&name, &owner)?,
+                owner: parse_owner(key.as_str(), &owner, corrupt)?,
                 key,
                 fence: Fence(fence),
                 remaining: None,
@@ -1139,7 +1095,7 @@ impl Store for MySqlGetLockStore {
         drop(lock_reserved(&self.reserved).remove(key));
         let local = lock(&self.held).remove(key).map(|h| h.cmds);
         if let Some(cmds) = local
-            && let Some(Err(e)) = Self::ask(&cmds, |reply| Cmd::Release { reply }).await
+            && let Err(e) = Self::ask(&cmds, |reply| Cmd::Release { reply }).await
         {
             tracing::warn!(key = %key, error = %e, "releasing the lock to break it failed; its session is closed");
         }
@@ -1153,11 +1109,7 @@ impl Store for MySqlGetLockStore {
                     .bind(&name)
                     .fetch_optional(&mut *tx)
                     .await?;
-                let used: Option<u64> =
-                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                        .bind(&name)
-                        .fetch_one(&mut *tx)
-                        .await?;
+                let used = used_by(&mut tx, &name).await?;
                 if let Some(id) = used {
                     sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {id}")))
                         .execute(&mut *tx)
@@ -1184,16 +1136,9 @@ impl Store for MySqlGetLockStore {
             self.db
                 .bounded("break", async {
                     loop {
-                        let used: Option<u64> = self
+                        let used = self
                             .db
-                            .run("break", async |conn| {
-                                Ok(
-                                    sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS UNSIGNED)")
-                                        .bind(&name)
-                                        .fetch_one(conn)
-                                        .await?,
-                                )
-                            })
+                            .run("break", async |conn| Ok(used_by(conn, &name).await?))
                             .await?;
                         if used != Some(id) {
                             return Ok(());

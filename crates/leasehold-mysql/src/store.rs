@@ -1,6 +1,5 @@
 //! [`MySqlLeaseStore`]: leases as rows of a table, expiry on the server's clock.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,16 +9,17 @@ use leasehold_core::{
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use leasehold_sql::Failure;
+use leasehold_sql::lease::{released, remaining, renewed};
 use sqlx::mysql::MySqlArguments;
 use sqlx::query::Query;
-use sqlx::{Connection, MySql, MySqlConnection, MySqlPool};
+use sqlx::{Connection, MySql, MySqlConnection};
 
 use crate::BACKEND_TABLE;
 use crate::config::MySqlConfig;
-use crate::conn::{Db, RECORDS_TABLE, StoreTable};
+use crate::conn::{Db, StoreTable, db_methods};
 use crate::error::is_deadlock;
 use crate::schema::LEASES_SCHEMA;
-use crate::sql::{like_prefix, now_us};
+use crate::sql::{like_prefix, listed_key, now_us, parse_owner};
 use crate::wait::{Queue, wake_head};
 
 /// The lease table.
@@ -77,19 +77,20 @@ fn live(
     now: i64,
 ) -> Result<Option<(OwnerToken, i64)>, StoreError> {
     let Some(owner) = owner else { return Ok(None) };
-    let token =
-        OwnerToken::from_str(owner).map_err(|_| corrupt(key, "the owner is not 32 hex digits"))?;
+    let token = parse_owner(key, owner, corrupt)?;
     let expires = expires.ok_or_else(|| corrupt(key, "an owner without an expiry"))?;
     Ok((expires > now).then_some((token, expires)))
 }
 
-fn remaining(expires: i64, now: i64) -> Duration {
-    Duration::from_micros(u64::try_from(expires.saturating_sub(now)).unwrap_or(0))
-}
-
-fn ttl_us(ttl: Duration) -> Result<i64, StoreError> {
-    StoreError::check_ttl(BACKEND_TABLE, ttl)?;
-    Ok(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX))
+/// The lease `row` of `key` holds, if it is live.
+fn info(key: Key, (owner, fence, expires, now): Row) -> Result<Option<LeaseInfo>, StoreError> {
+    let live = live(key.as_str(), owner.as_deref(), expires, now)?;
+    Ok(live.map(|(owner, expires)| LeaseInfo {
+        key,
+        owner,
+        fence: Fence(fence),
+        remaining: Some(remaining(expires, now)),
+    }))
 }
 
 /// Whether the row is granted to the caller (`?` = the caller's owner token, twice), on
@@ -172,6 +173,15 @@ const BREAK: &str = concat!(
     "ON DUPLICATE KEY UPDATE fence = GREATEST(fence + 1, ",
     now_us!(),
     "), owner = NULL, expires_at_us = NULL"
+);
+
+/// Deletes the rows nobody holds whose fence is more than `?` µs old.
+const PRUNE: &str = concat!(
+    "DELETE FROM leasehold_leases WHERE (owner IS NULL OR expires_at_us IS NULL OR expires_at_us < ",
+    now_us!(),
+    ") AND CAST(fence AS SIGNED) < ",
+    now_us!(),
+    " - ?"
 );
 
 const LIST: &str = concat!(
@@ -302,30 +312,7 @@ impl MySqlLeaseStore {
         Self::connect(MySqlConfig::from_url(url)?).await
     }
 
-    /// Creates the lease table ([`LEASES_SCHEMA`](crate::LEASES_SCHEMA)) and the records
-    /// table ([`RECORDS_SCHEMA`](crate::RECORDS_SCHEMA), shared with
-    /// [`MySqlGetLockStore`](crate::MySqlGetLockStore)) unless they exist (idempotent; no
-    /// DDL is sent for a table that exists).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the table is created by one statement, or not.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] without the privilege to create it.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.db.migrate(TABLE).await?;
-        self.db.migrate(RECORDS_TABLE).await
-    }
-
-    /// The configuration (its `Display` hides the password).
-    pub fn config(&self) -> &MySqlConfig {
-        &self.db.config
-    }
-
-    /// The connection pool (e.g. to run the [`guard`](crate::guard) on the same database).
-    pub fn pool(&self) -> &MySqlPool {
-        &self.db.pool
-    }
+    db_methods!(TABLE);
 
     /// Deletes the rows of keys nobody holds whose last fence is more than `older_than`
     /// below the server clock in µs, so that a store with one key per entity does not
@@ -342,22 +329,7 @@ impl MySqlLeaseStore {
     /// # Errors
     /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
     pub async fn prune(&self, older_than: std::time::Duration) -> Result<u64, StoreError> {
-        let us = leasehold_sql::prune_age_us(older_than);
-        self.db
-            .run("prune", async move |conn| {
-                Ok(sqlx::query(concat!(
-                    "DELETE FROM leasehold_leases WHERE (owner IS NULL OR expires_at_us IS NULL OR expires_at_us < ",
-                    now_us!(),
-                    ") AND CAST(fence AS SIGNED) < ",
-                    now_us!(),
-                    " - ?"
-                ))
-                .bind(us)
-                .execute(conn)
-                .await?
-                .rows_affected())
-            })
-            .await
+        self.db.prune(PRUNE, older_than).await
     }
 
     /// Runs a renew or release statement (a conditional `UPDATE` of the caller's live
@@ -408,7 +380,7 @@ impl Store for MySqlLeaseStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let ttl_us = ttl_us(ttl)?;
+        let ttl_us = leasehold_sql::lease::ttl_us(BACKEND_TABLE, ttl)?;
         let turnstile = self.queue.turnstile(key);
         let turn = self.queue.turn(key, owner);
         let head = turn.head();
@@ -420,10 +392,7 @@ impl Store for MySqlLeaseStore {
             .await?;
         let token = row_owner
             .as_deref()
-            .map(|o| {
-                OwnerToken::from_str(o)
-                    .map_err(|_| corrupt(key.as_str(), "the owner is not 32 hex digits"))
-            })
+            .map(|o| parse_owner(key.as_str(), o, corrupt))
             .transpose()?;
         if token == Some(*owner) {
             turn.outcome(true);
@@ -453,17 +422,11 @@ impl Store for MySqlLeaseStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
-        let ttl_us = ttl_us(ttl)?;
         let query = sqlx::query(RENEW)
-            .bind(ttl_us)
+            .bind(leasehold_sql::lease::ttl_us(BACKEND_TABLE, ttl)?)
             .bind(key.as_str())
             .bind(owner.to_hex());
-        let matched = self.update_own("renew", query).await?;
-        Ok(if matched {
-            RenewOutcome::Renewed { ttl }
-        } else {
-            RenewOutcome::NotOwner
-        })
+        Ok(renewed(self.update_own("renew", query).await?, ttl))
     }
 
     /// Compare-and-delete; a release also wakes the head of the key's wait queue (see
@@ -486,11 +449,7 @@ impl Store for MySqlLeaseStore {
                 Ok(done)
             })
             .await?;
-        Ok(if matched {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotOwner
-        })
+        Ok(released(matched))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
@@ -503,17 +462,7 @@ impl Store for MySqlLeaseStore {
                     .await?)
             })
             .await?;
-        let Some((owner, fence, expires, now)) = row else {
-            return Ok(None);
-        };
-        Ok(
-            live(key.as_str(), owner.as_deref(), expires, now)?.map(|(owner, expires)| LeaseInfo {
-                key: key.clone(),
-                owner,
-                fence: Fence(fence),
-                remaining: Some(remaining(expires, now)),
-            }),
-        )
+        Ok(row.map(|row| info(key.clone(), row)).transpose()?.flatten())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -527,19 +476,10 @@ impl Store for MySqlLeaseStore {
             .await?;
         let mut out = Vec::with_capacity(rows.len());
         for (name, owner, fence, expires, now) in rows {
-            let name = String::from_utf8(name).map_err(|_| corrupt("?", "the key is not UTF-8"))?;
-            if !name.starts_with(prefix) {
+            let Some(key) = listed_key(name, prefix, corrupt)? else {
                 continue;
-            }
-            let key = Key::new(&name).map_err(|_| corrupt(&name, "not a valid key"))?;
-            if let Some((owner, expires)) = live(&name, owner.as_deref(), expires, now)? {
-                out.push(LeaseInfo {
-                    key,
-                    owner,
-                    fence: Fence(fence),
-                    remaining: Some(remaining(expires, now)),
-                });
-            }
+            };
+            out.extend(info(key, (owner, fence, expires, now))?);
         }
         Ok(out)
     }

@@ -12,16 +12,15 @@ use leasehold_core::{
     OwnerToken, Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
     WatchStore,
 };
+use leasehold_sql::lease::renewed;
 use leasehold_sql::server_watch::{ServerWatch, Watching};
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener};
 
 use crate::config::{DEFAULT_ADVISORY_TABLE, DEFAULT_RECORD_TABLE, PgConfig, TableName};
 use crate::listen::listener_pool;
-use crate::records::Records;
-use crate::sql::{
-    MIN_REMAINING, advisory_lock_id, col, fence_of, info_of, like_prefix, micros, ttl_us,
-};
+use crate::sql::{Arg, advisory_lock_id, bound, col, fence_of, held, ttl_us};
+use crate::tables::{Tables, table_methods};
 use crate::wait::{Queue, Sessions, close};
 use crate::watch::{self, Watches};
 use crate::{BACKEND_ADVISORY, error, schema};
@@ -201,14 +200,22 @@ struct Holder {
     conn: tokio::sync::Mutex<Option<PgConnection>>,
 }
 
+impl Holder {
+    /// Closes `holder`'s session, if it is still open and nothing else refers to it.
+    fn close(holder: Arc<Self>) {
+        if let Ok(h) = Arc::try_unwrap(holder)
+            && let Some(conn) = h.conn.into_inner()
+        {
+            close(conn);
+        }
+    }
+}
+
 struct Inner {
-    pool: PgPool,
+    /// The pool (for inspect, list, break, records and pre-checks) and the tables.
+    base: Tables,
     app_prefix: String,
-    table: TableName,
-    target: String,
     sql: Sql,
-    /// The records table (in the store table's schema) and its statements.
-    records: Records,
     holders: Mutex<HashMap<Key, Arc<Holder>>>,
     /// Dedicated sessions kept for reuse (holders' and waiters').
     sessions: Arc<Sessions>,
@@ -299,8 +306,8 @@ pub struct PgAdvisoryStore {
 impl fmt::Debug for PgAdvisoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgAdvisoryStore")
-            .field("target", &self.inner.target)
-            .field("table", &self.inner.table)
+            .field("target", &self.inner.base.target)
+            .field("table", &self.inner.base.table)
             .field("held", &self.lock_holders().len())
             .finish_non_exhaustive()
     }
@@ -393,11 +400,8 @@ impl PgAdvisoryStore {
             config.options_named(&truncate_app_name(format!("{prefix}/server-watch")));
         let store = Self {
             inner: Arc::new(Inner {
-                pool,
+                base: Tables::new(BACKEND, pool, false, table, config.target()),
                 app_prefix: prefix,
-                records: Records::new(table.sibling(DEFAULT_RECORD_TABLE)),
-                table,
-                target: config.target(),
                 sql,
                 holders: Mutex::new(HashMap::new()),
                 sessions,
@@ -416,77 +420,13 @@ impl PgAdvisoryStore {
         Ok(store)
     }
 
-    /// Creates the store's table and the records table (`leasehold_records` in the same
-    /// schema, shared with [`PgLeaseStore`](crate::PgLeaseStore)) if they do not exist
-    /// (idempotent, safe to run concurrently). The SQL is [`schema_sql`](Self::schema_sql).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: one transaction.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when the role may not create the table.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        schema::migrate(
-            &self.inner.pool,
-            BACKEND,
-            &[&self.inner.table, self.inner.records.table()],
-            &[],
-            self.schema_sql(),
-        )
-        .await
-    }
-
-    /// Deletes the rows of leases that ended more than `older_than` ago, so that a store
-    /// with one key per entity does not keep a row for every entity ever locked. Rows are
-    /// kept after release on purpose (they carry the fence); deleting an old one is safe
-    /// because a key without a row gets its next fence from the database clock in µs,
-    /// above every fence issued before unless that clock went back by more than
-    /// `older_than`. A held lease's row is never deleted. Needs `DELETE` on the table.
-    /// Returns the number of rows deleted. The statement is
-    /// `DELETE FROM <table> WHERE expires_at < clock_timestamp() - <older_than>`.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: one statement.
-    ///
-    /// # Errors
-    /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
-    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        schema::prune(&self.inner.pool, BACKEND, &self.inner.table, older_than).await
-    }
-
-    /// The DDL that [`migrate`](Self::migrate) runs.
-    pub fn schema_sql(&self) -> String {
-        Self::schema_sql_for(&self.inner.table)
-    }
-
-    /// The DDL of the advisory-lock store's table `table` and of the records table in its
-    /// schema, without a store (e.g. for `leasehold migrate --print`, which connects to
-    /// nothing).
-    pub fn schema_sql_for(table: &TableName) -> String {
-        schema::advisory_table_sql(table)
-            + &schema::records_table_sql(&table.sibling(DEFAULT_RECORD_TABLE))
-    }
-
-    /// The table in use.
-    pub fn table(&self) -> &TableName {
-        &self.inner.table
-    }
-
-    /// The records table in use: [`DEFAULT_RECORD_TABLE`] in the store table's schema.
-    pub fn records_table(&self) -> &TableName {
-        self.inner.records.table()
-    }
+    table_methods!(schema::advisory_table_sql);
 
     /// The channel of the store's change notices ([`WatchStore::watch`]), shared with the
     /// lease-table store of the same schema: see
     /// [`PgLeaseStore::watch_channel`](crate::PgLeaseStore::watch_channel).
     pub fn watch_channel(&self) -> &str {
         self.inner.watches.channel()
-    }
-
-    /// The pool used for inspect, list, break and pre-checks.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
     }
 
     /// The `application_name` of the session that holds `owner`'s lease:
@@ -520,7 +460,7 @@ impl PgAdvisoryStore {
         let n: i64 = sqlx::query_scalar(AssertSqlSafe(self.inner.sql.terminate_holder.clone()))
             .bind(hi)
             .bind(lo)
-            .fetch_one(&self.inner.pool)
+            .fetch_one(&self.inner.base.pool)
             .await
             .map_err(|e| error::map(BACKEND, "terminate holder", e))?;
         Ok(u64::try_from(n).unwrap_or(0))
@@ -557,6 +497,21 @@ impl PgAdvisoryStore {
         }
     }
 
+    /// Closes `holder`'s session (`conn`, its lock held), if still open, and forgets the
+    /// holder of `key`.
+    fn let_go(
+        &self,
+        key: &Key,
+        holder: &Arc<Holder>,
+        mut conn: tokio::sync::MutexGuard<'_, Option<PgConnection>>,
+    ) {
+        if let Some(c) = conn.take() {
+            close(c);
+        }
+        drop(conn);
+        self.forget(key, holder);
+    }
+
     fn take_idle(&self) -> Option<PgConnection> {
         self.inner.sessions.take_idle()
     }
@@ -570,6 +525,23 @@ impl PgAdvisoryStore {
             .sessions
             .connect("connecting a holder session")
             .await
+    }
+
+    /// The acquire statement `sql` (the try, or the parked session's) with its parameters.
+    fn acquire_on<'q>(
+        &self,
+        sql: &Arc<str>,
+        key: &'q Key,
+        owner: &'q OwnerToken,
+        ttl: Duration,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        bound(sql, &[])
+            .bind(advisory_lock_id(key.as_str()))
+            .bind(key.as_str())
+            .bind(&owner.as_bytes()[..])
+            .bind(ttl_us(ttl))
+            .bind(ms_setting(ttl))
+            .bind(self.application_name_for(owner))
     }
 
     /// Tries the lock on a kept or new session (after asking the pool whether it is taken
@@ -594,24 +566,18 @@ impl PgAdvisoryStore {
                 None => {
                     // Opening a session costs a fork on the server: first ask the pool
                     // whether the lock is taken at all.
-                    let row = sqlx::query(AssertSqlSafe(self.inner.sql.precheck.clone()))
-                        .bind(key.as_str())
-                        .bind(hi)
-                        .bind(lo)
-                        .bind(ttl_us(ttl))
-                        .fetch_one(&self.inner.pool)
+                    let args = [
+                        Arg::Text(key.as_str()),
+                        Arg::Int(hi),
+                        Arg::Int(lo),
+                        Arg::Int(ttl_us(ttl)),
+                    ];
+                    let row = bound(&self.inner.sql.precheck, &args)
+                        .fetch_one(&self.inner.base.pool)
                         .await
                         .map_err(|e| error::map(BACKEND, "acquire", e))?;
                     if col::<bool>(BACKEND, &row, "held")? {
-                        let remaining: Option<i64> = col(BACKEND, &row, "remaining_us")?;
-                        return Ok(Err(AcquireOutcome::Held {
-                            remaining: Some(
-                                remaining
-                                    .map(micros)
-                                    .unwrap_or(Duration::ZERO)
-                                    .max(MIN_REMAINING),
-                            ),
-                        }));
+                        return Ok(Err(held(col(BACKEND, &row, "remaining_us")?)));
                     }
                     self.connect_dedicated().await?
                 }
@@ -625,13 +591,8 @@ impl PgAdvisoryStore {
             };
             // If this future is dropped from here on, `conn` is dropped with it: the
             // session ends and any lock it took is released.
-            let res = sqlx::query(AssertSqlSafe(self.inner.sql.acquire.clone()))
-                .bind(lock_id)
-                .bind(key.as_str())
-                .bind(&owner.as_bytes()[..])
-                .bind(ttl_us(ttl))
-                .bind(ms_setting(ttl))
-                .bind(self.application_name_for(owner))
+            let res = self
+                .acquire_on(&self.inner.sql.acquire, key, owner, ttl)
                 .fetch_one(&mut conn)
                 .await;
             match res {
@@ -661,17 +622,19 @@ impl PgAdvisoryStore {
         let (hi, lo) = lock_parts(advisory_lock_id(key.as_str()));
         let mut guard = holder.conn.lock().await;
         let Some(conn) = guard.as_mut() else {
-            drop(guard);
-            self.forget(key, holder);
+            self.let_go(key, holder, guard);
             return Ok(false);
         };
-        let res = sqlx::query(AssertSqlSafe(self.inner.sql.renew.clone()))
-            .bind(key.as_str())
-            .bind(hi)
-            .bind(lo)
-            .bind(&holder.owner.as_bytes()[..])
-            .bind(ttl_us(ttl))
-            .bind(ms_setting(ttl))
+        let ms = ms_setting(ttl);
+        let args = [
+            Arg::Text(key.as_str()),
+            Arg::Int(hi),
+            Arg::Int(lo),
+            Arg::Bytes(&holder.owner.as_bytes()[..]),
+            Arg::Int(ttl_us(ttl)),
+            Arg::Text(&ms),
+        ];
+        let res = bound(&self.inner.sql.renew, &args)
             .fetch_one(&mut *conn)
             .await;
         let row = match res {
@@ -679,11 +642,7 @@ impl PgAdvisoryStore {
             Err(e) if error::is_connection_loss(&e) => {
                 // The session is gone, and its lock with it.
                 tracing::debug!(%key, error = %error::map(BACKEND, "renew", e), "holder session lost");
-                if let Some(c) = guard.take() {
-                    close(c);
-                }
-                drop(guard);
-                self.forget(key, holder);
+                self.let_go(key, holder, guard);
                 return Ok(false);
             }
             Err(e) => return Err(error::map(BACKEND, "renew", e)),
@@ -692,11 +651,7 @@ impl PgAdvisoryStore {
         let held: bool = col(BACKEND, &row, "held")?;
         let fence: Option<i64> = col(BACKEND, &row, "fence")?;
         if pid != holder.pid {
-            if let Some(c) = guard.take() {
-                close(c);
-            }
-            drop(guard);
-            self.forget(key, holder);
+            self.let_go(key, holder, guard);
             return Err(StoreError::new(
                 StoreErrorKind::Config,
                 BACKEND,
@@ -709,11 +664,7 @@ impl PgAdvisoryStore {
             ));
         }
         if !held || fence.is_none() {
-            if let Some(c) = guard.take() {
-                close(c);
-            }
-            drop(guard);
-            self.forget(key, holder);
+            self.let_go(key, holder, guard);
             return Ok(false);
         }
         Ok(true)
@@ -761,36 +712,20 @@ async fn watch_server(inner: Weak<Inner>, options: PgConnectOptions, mut watchin
         }
     };
     let Some(inner) = inner.upgrade() else { return };
-    let held: Vec<(Key, OwnerToken, Fence)> = watching
-        .ended(|| {
-            inner
-                .holders()
-                .iter()
-                .map(|(k, h)| (k.clone(), h.owner, h.fence))
-                .collect()
-        })
-        .unwrap_or_default();
-    if !held.is_empty() {
-        tracing::warn!(
-            held = held.len(),
-            why,
-            "the server ended its sessions: every advisory lease held here is lost"
-        );
-    }
-    for (key, owner, fence) in held {
-        inner.ended.report(&key, &owner, fence);
-    }
+    watching.report_ended(&inner.ended, &why, || {
+        let holders = inner.holders();
+        holders
+            .iter()
+            .map(|(k, h)| (k.clone(), h.owner, h.fence))
+            .collect()
+    });
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         let holders = std::mem::take(self.holders.get_mut().unwrap_or_else(|e| e.into_inner()));
         for (_, h) in holders {
-            if let Ok(h) = Arc::try_unwrap(h)
-                && let Some(conn) = h.conn.into_inner()
-            {
-                close(conn);
-            }
+            Holder::close(h);
         }
     }
 }
@@ -851,13 +786,8 @@ impl Store for PgAdvisoryStore {
             Some(mut claim) => {
                 // Dropping the claim closes the session, and the lock with it.
                 let term = self.server_watch_up().await?;
-                let res = sqlx::query(AssertSqlSafe(self.inner.sql.acquire_parked.clone()))
-                    .bind(advisory_lock_id(key.as_str()))
-                    .bind(key.as_str())
-                    .bind(&owner.as_bytes()[..])
-                    .bind(ttl_us(ttl))
-                    .bind(ms_setting(ttl))
-                    .bind(self.application_name_for(owner))
+                let res = self
+                    .acquire_on(&self.inner.sql.acquire_parked, key, owner, ttl)
                     .fetch_one(claim.conn())
                     .await;
                 match res {
@@ -887,14 +817,7 @@ impl Store for PgAdvisoryStore {
             if let Some(q) = queue {
                 q.note_held(key, owner);
             }
-            return Ok(AcquireOutcome::Held {
-                remaining: Some(
-                    remaining
-                        .map(micros)
-                        .unwrap_or(Duration::ZERO)
-                        .max(MIN_REMAINING),
-                ),
-            });
+            return Ok(held(remaining));
         }
         let decoded = (|| -> Result<(i32, Fence), StoreError> {
             let pid: i32 = col(BACKEND, &row, "pid")?;
@@ -925,18 +848,13 @@ impl Store for PgAdvisoryStore {
         });
         let Some(old) = installed else {
             // The server ended its sessions meanwhile, maybe this one: let it go.
-            if let Some(h) = holder.and_then(|h| Arc::try_unwrap(h).ok())
-                && let Some(c) = h.conn.into_inner()
-            {
-                close(c);
+            if let Some(h) = holder {
+                Holder::close(h);
             }
             return Err(self.inner.server_watch.went_down("acquire"));
         };
-        if let Some(old) = old
-            && let Ok(old) = Arc::try_unwrap(old)
-            && let Some(c) = old.conn.into_inner()
-        {
-            close(c);
+        if let Some(old) = old {
+            Holder::close(old);
         }
         if let Some(q) = queue {
             q.note_granted(key, owner);
@@ -954,11 +872,7 @@ impl Store for PgAdvisoryStore {
         let Some(h) = self.holder(key).filter(|h| h.owner == *owner) else {
             return Ok(RenewOutcome::NotOwner);
         };
-        Ok(if self.renew_on(key, &h, ttl).await? {
-            RenewOutcome::Renewed { ttl }
-        } else {
-            RenewOutcome::NotOwner
-        })
+        Ok(renewed(self.renew_on(key, &h, ttl).await?, ttl))
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
@@ -968,15 +882,16 @@ impl Store for PgAdvisoryStore {
         let lock_id = advisory_lock_id(key.as_str());
         let mut guard = h.conn.lock().await;
         let Some(conn) = guard.as_mut() else {
-            drop(guard);
-            self.forget(key, &h);
+            self.let_go(key, &h, guard);
             return Ok(ReleaseOutcome::NotOwner);
         };
-        let res = sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
-            .bind(key.as_str())
-            .bind(&owner.as_bytes()[..])
-            .bind(lock_id)
-            .bind(self.inner.app_prefix.as_str())
+        let args = [
+            Arg::Text(key.as_str()),
+            Arg::Bytes(&owner.as_bytes()[..]),
+            Arg::Int(lock_id),
+            Arg::Text(&self.inner.app_prefix),
+        ];
+        let res = bound(&self.inner.sql.release, &args)
             .fetch_one(&mut *conn)
             .await;
         let conn = guard.take().expect("checked above");
@@ -1006,36 +921,24 @@ impl Store for PgAdvisoryStore {
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        let row = sqlx::query(AssertSqlSafe(self.inner.sql.inspect.clone()))
-            .bind(key.as_str())
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(|e| error::map(BACKEND, "inspect", e))?;
-        row.map(|r| info_of(BACKEND, &r)).transpose()
+        self.inner.base.inspect(&self.inner.sql.inspect, key).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        let rows = sqlx::query(AssertSqlSafe(self.inner.sql.list.clone()))
-            .bind(like_prefix(prefix))
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| error::map(BACKEND, "list", e))?;
-        rows.iter().map(|r| info_of(BACKEND, r)).collect()
+        self.inner.base.list(&self.inner.sql.list, prefix).await
     }
 
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         let lock_id = advisory_lock_id(key.as_str());
         let (hi, lo) = lock_parts(lock_id);
-        let row = sqlx::query(AssertSqlSafe(self.inner.sql.break_lease.clone()))
-            .bind(key.as_str())
-            .bind(lock_id)
-            .bind(hi)
-            .bind(lo)
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| error::map(BACKEND, "break", e))?;
-        let fence: i64 = col(BACKEND, &row, "fence")?;
-        fence_of(BACKEND, fence)
+        let args = [
+            Arg::Text(key.as_str()),
+            Arg::Int(lock_id),
+            Arg::Int(hi),
+            Arg::Int(lo),
+        ];
+        let base = &self.inner.base;
+        base.break_lease(&self.inner.sql.break_lease, &args).await
     }
 
     /// On the pool (records are not session-bound): one transaction on the records table,
@@ -1055,15 +958,15 @@ impl Store for PgAdvisoryStore {
         fence: Fence,
         value: &[u8],
     ) -> Result<Record, StoreError> {
-        let i = &self.inner;
-        i.records
-            .put(&i.pool, BACKEND, false, key, fence, value)
+        let b = &self.inner.base;
+        b.records
+            .put(&b.pool, BACKEND, b.simple, key, fence, value)
             .await
     }
 
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let i = &self.inner;
-        i.records.get(&i.pool, BACKEND, false, key).await
+        let b = &self.inner.base;
+        b.records.get(&b.pool, BACKEND, b.simple, key).await
     }
 }
 

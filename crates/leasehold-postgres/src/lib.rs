@@ -12,6 +12,7 @@ mod records; // `put_record` / `get_record` (both stores)
 mod schema; // migrations
 mod sql; // SQL text and row helpers both stores share
 mod store; // `PgLeaseStore` (the lease table) and its `Store` impl
+mod tables; // the pool and tables both stores have, and what they run on them alike
 mod wait; // `WaitStore`: the waiting queue
 mod watch; // `WatchStore`: change notices
 

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Fence, Key, LeaseInfo, OwnerToken, StoreError, StoreErrorKind};
+use leasehold_core::{
+    AcquireOutcome, Fence, Key, LeaseInfo, OwnerToken, StoreError, StoreErrorKind,
+};
+use leasehold_sql::lease::micros;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -156,10 +159,6 @@ pub(crate) fn ttl_us(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX)
 }
 
-pub(crate) fn micros(us: i64) -> Duration {
-    Duration::from_micros(u64::try_from(us).unwrap_or(0))
-}
-
 /// Reads an owner token column (16 bytes) or reports the row corrupt.
 pub(crate) fn owner_of(backend: &'static str, bytes: &[u8]) -> Result<OwnerToken, StoreError> {
     <[u8; 16]>::try_from(bytes)
@@ -220,7 +219,15 @@ pub(crate) fn info_of(backend: &'static str, row: &PgRow) -> Result<LeaseInfo, S
 }
 
 /// The floor of a reported remaining TTL, so that a waiter never spins on a zero.
-pub(crate) const MIN_REMAINING: Duration = Duration::from_millis(1);
+const MIN_REMAINING: Duration = Duration::from_millis(1);
+
+/// An acquire's `Held`, with the holder's remaining TTL in µs (unknown: none left), at
+/// least [`MIN_REMAINING`].
+pub(crate) fn held(remaining_us: Option<i64>) -> AcquireOutcome {
+    AcquireOutcome::Held {
+        remaining: Some(micros(remaining_us.unwrap_or(0)).max(MIN_REMAINING)),
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -7,20 +7,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireOutcome, Capabilities, Changes, Fence, FenceDurability, Key, LeaseInfo, OwnerToken,
-    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore, WatchStore,
+    Record, ReleaseOutcome, RenewOutcome, Store, StoreError, WaitStore, WatchStore,
 };
-use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgPool, PgRow};
+use leasehold_sql::lease::{released, renewed, ttl_us};
+use sqlx::postgres::PgPool;
 
 use crate::config::{
     DEFAULT_LEASE_TABLE, DEFAULT_RECORD_TABLE, DEFAULT_WAIT_SESSIONS, PgConfig, Pooler, TableName,
 };
 use crate::listen::Listener;
-use crate::records::Records;
-use crate::sql::{
-    Arg, MIN_REMAINING, bound, col, digest64, fence_of, info_of, inline, like_prefix, micros,
-    ttl_us,
-};
+use crate::sql::{Arg, bound, col, digest64, fence_of, held};
+use crate::tables::{Tables, table_methods};
 use crate::wait::{LockId, PARKED_IDLE_MS, Queue, Sessions, TableHead, turnstile};
 use crate::watch::{self, Watches};
 use crate::{BACKEND_TABLE, error, schema};
@@ -261,16 +258,11 @@ pub struct PgLeaseStore {
 }
 
 struct Inner {
-    pool: PgPool,
-    table: TableName,
+    /// The pool, the lease table and the records table.
+    base: Tables,
     /// The table as in SQL (part of each key's turnstile).
     table_sql: String,
-    target: String,
     sql: Sql,
-    /// The records table (in the lease table's schema) and its statements.
-    records: Records,
-    /// Behind a transaction-pooling proxy: simple-protocol statements only.
-    simple: bool,
     /// Waiters' queues (`None`: waiting is off, or impossible behind a proxy).
     queue: Option<Queue>,
     /// The channel of the change notices (`watch`), which writers notify even behind a
@@ -284,8 +276,8 @@ struct Inner {
 impl fmt::Debug for PgLeaseStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgLeaseStore")
-            .field("target", &self.inner.target)
-            .field("table", &self.inner.table)
+            .field("target", &self.inner.base.target)
+            .field("table", &self.inner.base.table)
             .finish_non_exhaustive()
     }
 }
@@ -299,8 +291,10 @@ impl PgLeaseStore {
     /// Cancel safe: a dropped call leaves nothing but a closing connection.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Config`] for authentication and other configuration problems,
-    /// [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    /// [`StoreErrorKind::Config`](leasehold_core::StoreErrorKind::Config) for authentication
+    /// and other configuration problems,
+    /// [`StoreErrorKind::Unavailable`](leasehold_core::StoreErrorKind::Unavailable) when the
+    /// server cannot be reached.
     ///
     /// # Examples
     ///
@@ -331,36 +325,19 @@ impl PgLeaseStore {
                 config.get_wait_sessions() as usize,
             )
         });
-        let sql = Sql::new(&table);
-        let records = table.sibling(DEFAULT_RECORD_TABLE);
         let watches = (!simple).then(|| {
-            Watches::new(
-                BACKEND,
-                config.options_named(&format!("{}/watch", config.get_application_name())),
-                &records,
-            )
+            let name = format!("{}/watch", config.get_application_name());
+            let records = table.sibling(DEFAULT_RECORD_TABLE);
+            Watches::new(BACKEND, config.options_named(&name), &records)
         });
-        Ok(Self {
-            inner: Arc::new(Inner {
-                pool,
-                table_sql: table.sql(),
-                records: Records::new(table.sibling(DEFAULT_RECORD_TABLE)),
-                table,
-                target: config.target(),
-                sql,
-                simple,
-                queue,
-                watch_channel: watch::channel(&records),
-                watches,
-            }),
-        })
+        let base = Tables::new(BACKEND, pool, simple, table, config.target());
+        Ok(Self::assemble(base, queue, watches))
     }
 
     /// A store on an existing pool (whatever its settings) and table. Waiters wait on
     /// sessions of their own, opened with the pool's connect options (up to
     /// [`DEFAULT_WAIT_SESSIONS`] at once).
     pub fn with_pool(pool: PgPool, table: TableName) -> Self {
-        let sql = Sql::new(&table);
         let options = (*pool.connect_options()).clone();
         let queue = Self::queue(
             &table,
@@ -369,19 +346,22 @@ impl PgLeaseStore {
             DEFAULT_WAIT_SESSIONS as usize,
         );
         let watches = Watches::new(BACKEND, options, &table.sibling(DEFAULT_RECORD_TABLE));
+        let base = Tables::new(BACKEND, pool, false, table, "(caller's pool)".to_owned());
+        Self::assemble(base, Some(queue), Some(watches))
+    }
+
+    /// The store on `base`, with its waiters' `queue` and its `watches` (if any).
+    fn assemble(base: Tables, queue: Option<Queue>, watches: Option<Watches>) -> Self {
+        let inner = Inner {
+            table_sql: base.table.sql(),
+            sql: Sql::new(&base.table),
+            watch_channel: watch::channel(base.records.table()),
+            base,
+            queue,
+            watches,
+        };
         Self {
-            inner: Arc::new(Inner {
-                pool,
-                table_sql: table.sql(),
-                records: Records::new(table.sibling(DEFAULT_RECORD_TABLE)),
-                table,
-                target: "(caller's pool)".to_owned(),
-                sql,
-                simple: false,
-                queue: Some(queue),
-                watch_channel: watches.channel().to_owned(),
-                watches: Some(watches),
-            }),
+            inner: Arc::new(inner),
         }
     }
 
@@ -401,74 +381,7 @@ impl PgLeaseStore {
         Queue::new(BACKEND, sessions, Some(head), max_sessions)
     }
 
-    /// Creates the lease table and the records table (`leasehold_records` in the same
-    /// schema, shared with [`PgAdvisoryStore`](crate::PgAdvisoryStore)) if they do not exist
-    /// (and their schema if missing). Idempotent and safe to run concurrently (a
-    /// transaction-scoped advisory lock serialises migrations). Needs `CREATE` on the
-    /// schema only when something is missing (a database migrated by a version without
-    /// records gets the records table). The SQL is [`schema_sql`](Self::schema_sql).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: the migration is one transaction; a dropped call rolls it back.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Config`] when the role may not create the table; connection
-    /// errors as for any operation.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        schema::migrate(
-            &self.inner.pool,
-            BACKEND,
-            &[&self.inner.table, self.inner.records.table()],
-            &[],
-            self.schema_sql(),
-        )
-        .await
-    }
-
-    /// Deletes the rows of leases that ended more than `older_than` ago, so that a store
-    /// with one key per entity does not keep a row for every entity ever locked. Rows are
-    /// kept after release on purpose (they carry the fence); deleting an old one is safe
-    /// because a key without a row gets its next fence from the database clock in µs,
-    /// above every fence issued before unless that clock went back by more than
-    /// `older_than`. A held lease's row is never deleted. Needs `DELETE` on the table.
-    /// Returns the number of rows deleted. The statement is
-    /// `DELETE FROM <table> WHERE expires_at < clock_timestamp() - <older_than>`.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: one statement.
-    ///
-    /// # Errors
-    /// As any operation; [`StoreErrorKind::Config`] without `DELETE` privilege.
-    pub async fn prune(&self, older_than: Duration) -> Result<u64, StoreError> {
-        schema::prune(&self.inner.pool, BACKEND, &self.inner.table, older_than).await
-    }
-
-    /// The DDL that [`migrate`](Self::migrate) runs, for DBAs who apply it themselves.
-    pub fn schema_sql(&self) -> String {
-        Self::schema_sql_for(&self.inner.table)
-    }
-
-    /// The DDL of the lease table `table` and of the records table in its schema, without
-    /// a store (e.g. for `leasehold migrate --print`, which connects to nothing).
-    pub fn schema_sql_for(table: &TableName) -> String {
-        schema::lease_table_sql(table)
-            + &schema::records_table_sql(&table.sibling(DEFAULT_RECORD_TABLE))
-    }
-
-    /// The table in use.
-    pub fn table(&self) -> &TableName {
-        &self.inner.table
-    }
-
-    /// The records table in use: [`DEFAULT_RECORD_TABLE`] in the lease table's schema.
-    pub fn records_table(&self) -> &TableName {
-        self.inner.records.table()
-    }
-
-    /// The connection pool.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
-    }
+    table_methods!(schema::lease_table_sql);
 
     /// The channel of the store's change notices ([`WatchStore::watch`]): `leasehold_watch_`
     /// and 16 hex digits, one per records table (so both stores of one schema share it).
@@ -483,48 +396,6 @@ impl PgLeaseStore {
     /// Parameters: `$1` key (text), `$2` owner (bytea, 16 bytes), `$3` TTL in µs (bigint).
     pub fn acquire_sql(&self) -> &str {
         &self.inner.sql.acquire
-    }
-
-    fn map(op: &str) -> impl Fn(sqlx::Error) -> StoreError + '_ {
-        move |e| error::map(BACKEND, op, e)
-    }
-
-    /// Runs `sql` with `args` and returns its rows: a prepared statement, or behind a
-    /// transaction pooler one simple-protocol statement with the values inlined.
-    async fn rows(
-        &self,
-        op: &str,
-        sql: &Arc<str>,
-        args: &[Arg<'_>],
-    ) -> Result<Vec<PgRow>, StoreError> {
-        if self.inner.simple {
-            let text = inline(sql, args)?;
-            return sqlx::raw_sql(AssertSqlSafe(text))
-                .fetch_all(&self.inner.pool)
-                .await
-                .map_err(Self::map(op));
-        }
-        bound(sql, args)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(Self::map(op))
-    }
-
-    /// Runs `sql` with `args` and returns the number of rows it changed.
-    async fn execute(&self, op: &str, sql: &Arc<str>, args: &[Arg<'_>]) -> Result<u64, StoreError> {
-        if self.inner.simple {
-            let text = inline(sql, args)?;
-            return sqlx::raw_sql(AssertSqlSafe(text))
-                .execute(&self.inner.pool)
-                .await
-                .map(|r| r.rows_affected())
-                .map_err(Self::map(op));
-        }
-        bound(sql, args)
-            .execute(&self.inner.pool)
-            .await
-            .map(|r| r.rows_affected())
-            .map_err(Self::map(op))
     }
 }
 
@@ -561,11 +432,10 @@ impl Store for PgLeaseStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        StoreError::check_ttl(BACKEND, ttl)?;
         let args = [
             Arg::Text(key.as_str()),
             Arg::Bytes(&owner.as_bytes()[..]),
-            Arg::Int(ttl_us(ttl)),
+            Arg::Int(ttl_us(BACKEND, ttl)?),
         ];
         let queue = self.inner.queue.as_ref();
         let row = match queue.and_then(|q| q.claim(key, owner)) {
@@ -587,12 +457,14 @@ impl Store for PgLeaseStore {
                         row
                     }
                     // Dropping the claim closes the session (and its turnstile).
-                    Err(e) => return Err(Self::map("acquire")(e)),
+                    Err(e) => return Err(error::map(BACKEND, "acquire", e)),
                 }
             }
             None => {
                 let _alive = queue.map(|q| q.acquiring(key, owner));
-                self.rows("acquire", &self.inner.sql.acquire, &args)
+                self.inner
+                    .base
+                    .rows("acquire", &self.inner.sql.acquire, &args)
                     .await?
                     .into_iter()
                     .next()
@@ -618,9 +490,7 @@ impl Store for PgLeaseStore {
             if let Some(q) = queue {
                 q.note_held(key, owner);
             }
-            Ok(AcquireOutcome::Held {
-                remaining: Some(micros(remaining).max(MIN_REMAINING)),
-            })
+            Ok(held(Some(remaining)))
         }
     }
 
@@ -630,18 +500,14 @@ impl Store for PgLeaseStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
-        StoreError::check_ttl(BACKEND, ttl)?;
         let args = [
             Arg::Text(key.as_str()),
             Arg::Bytes(&owner.as_bytes()[..]),
-            Arg::Int(ttl_us(ttl)),
+            Arg::Int(ttl_us(BACKEND, ttl)?),
         ];
-        let changed = self.execute("renew", &self.inner.sql.renew, &args).await?;
-        Ok(if changed == 1 {
-            RenewOutcome::Renewed { ttl }
-        } else {
-            RenewOutcome::NotOwner
-        })
+        let base = &self.inner.base;
+        let changed = base.execute("renew", &self.inner.sql.renew, &args).await?;
+        Ok(renewed(changed == 1, ttl))
     }
 
     /// Not flushed to disk before it answers (see the crate's README): a release lost in
@@ -656,60 +522,39 @@ impl Store for PgLeaseStore {
             Arg::Int4(lo),
             Arg::Text(&payload),
         ];
-        let rows = self.rows("release", &self.inner.sql.release, &args).await?;
-        let released: i64 = match rows.first() {
+        let base = &self.inner.base;
+        let rows = base.rows("release", &self.inner.sql.release, &args).await?;
+        let count: i64 = match rows.first() {
             Some(row) => col(BACKEND, row, "released")?,
             None => 0,
         };
-        Ok(if released == 1 {
-            if let Some(q) = &self.inner.queue {
-                q.released_here(key);
-            }
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotOwner
-        })
+        if count == 1
+            && let Some(q) = &self.inner.queue
+        {
+            q.released_here(key);
+        }
+        Ok(released(count == 1))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
-        let rows = self
-            .rows(
-                "inspect",
-                &self.inner.sql.inspect,
-                &[Arg::Text(key.as_str())],
-            )
-            .await?;
-        rows.first().map(|r| info_of(BACKEND, r)).transpose()
+        self.inner.base.inspect(&self.inner.sql.inspect, key).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
-        let pattern = like_prefix(prefix);
-        let rows = self
-            .rows("list", &self.inner.sql.list, &[Arg::Text(&pattern)])
-            .await?;
-        rows.iter().map(|r| info_of(BACKEND, r)).collect()
+        self.inner.base.list(&self.inner.sql.list, prefix).await
     }
 
     async fn break_lease(&self, key: &Key) -> Result<Fence, StoreError> {
         let (hi, lo) = turnstile_args(&self.inner.table_sql, key);
         let payload = format!("{:016x}", turnstile(&self.inner.table_sql, key).bits());
-        let rows = self
-            .rows(
-                "break",
-                &self.inner.sql.break_lease,
-                &[
-                    Arg::Text(key.as_str()),
-                    Arg::Int4(hi),
-                    Arg::Int4(lo),
-                    Arg::Text(&payload),
-                ],
-            )
-            .await?;
-        let row = rows.first().ok_or_else(|| {
-            StoreError::new(StoreErrorKind::Corrupt, BACKEND, "break returned no row")
-        })?;
-        let fence: i64 = col(BACKEND, row, "fence")?;
-        fence_of(BACKEND, fence)
+        let args = [
+            Arg::Text(key.as_str()),
+            Arg::Int4(hi),
+            Arg::Int4(lo),
+            Arg::Text(&payload),
+        ];
+        let base = &self.inner.base;
+        base.break_lease(&self.inner.sql.break_lease, &args).await
     }
 
     /// One transaction on the records table: `INSERT … ON CONFLICT (key) DO UPDATE …
@@ -720,8 +565,10 @@ impl Store for PgLeaseStore {
     /// A dropped call may have committed the record.
     ///
     /// # Errors
-    /// [`StoreErrorKind::InvalidInput`] for a fence above `i64::MAX` or a value longer than
-    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN); [`StoreErrorKind::Config`] when
+    /// [`StoreErrorKind::InvalidInput`](leasehold_core::StoreErrorKind::InvalidInput) for a
+    /// fence above `i64::MAX` or a value longer than
+    /// [`MAX_RECORD_LEN`](leasehold_core::MAX_RECORD_LEN);
+    /// [`StoreErrorKind::Config`](leasehold_core::StoreErrorKind::Config) when
     /// the records table is missing (run [`migrate`](Self::migrate)).
     async fn put_record(
         &self,
@@ -729,15 +576,15 @@ impl Store for PgLeaseStore {
         fence: Fence,
         value: &[u8],
     ) -> Result<Record, StoreError> {
-        let i = &self.inner;
-        i.records
-            .put(&i.pool, BACKEND, i.simple, key, fence, value)
+        let b = &self.inner.base;
+        b.records
+            .put(&b.pool, BACKEND, b.simple, key, fence, value)
             .await
     }
 
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let i = &self.inner;
-        i.records.get(&i.pool, BACKEND, i.simple, key).await
+        let b = &self.inner.base;
+        b.records.get(&b.pool, BACKEND, b.simple, key).await
     }
 }
 
@@ -763,7 +610,7 @@ impl WaitStore for PgLeaseStore {
             Some(q) => q.wait(key, owner, timeout).await,
             None => Err(StoreError::unsupported(
                 BACKEND,
-                if self.inner.simple {
+                if self.inner.base.simple {
                     "waiting for release (behind a transaction-pooling proxy)"
                 } else {
                     "waiting for release (leasehold_wait_sessions=0)"
@@ -788,8 +635,10 @@ impl WatchStore for PgLeaseStore {
     /// watch.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Unsupported`] behind a transaction-pooling proxy; connection
-    /// errors, or [`StoreErrorKind::Timeout`] when the watch is not set up within 10 s.
+    /// [`StoreErrorKind::Unsupported`](leasehold_core::StoreErrorKind::Unsupported) behind a
+    /// transaction-pooling proxy; connection errors, or
+    /// [`StoreErrorKind::Timeout`](leasehold_core::StoreErrorKind::Timeout) when the watch
+    /// is not set up within 10 s.
     async fn watch(&self, key: &Key) -> Result<Changes, StoreError> {
         match &self.inner.watches {
             Some(w) => w.watch(key).await,

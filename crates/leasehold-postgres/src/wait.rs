@@ -33,13 +33,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{Key, OwnerToken, StoreError};
+use leasehold_sql::lease::micros;
 use leasehold_sql::wait::{self, Dialect, Idle, Joined, Policy, Turn};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
 use crate::error;
 use crate::listen::Listener;
-use crate::sql::{digest64, micros};
+use crate::sql::digest64;
 
 /// `idle_session_timeout` of a queue session that holds the turn while the lease is free:
 /// a frozen waiter process holds up the queue for at most this long.

@@ -3,6 +3,7 @@
 
 mod failure;
 pub mod guard;
+pub mod lease;
 mod pool;
 mod presence;
 pub mod record;

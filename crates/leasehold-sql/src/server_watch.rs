@@ -11,7 +11,7 @@
 //! (a `LISTEN`ing connection that is only read, or a long `SLEEP`): when that session
 //! ends, the server that held the locks has ended its sessions (or the network to it
 //! broke), and every lease the store holds there is reported ended at once
-//! ([`EndedGrants`](leasehold_core::EndedGrants)). When only the watching session was
+//! ([`EndedGrants`]). When only the watching session was
 //! ended (an operator killed it), the leases are reported lost although their locks are
 //! held: that fails closed.
 //!
@@ -22,7 +22,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{EndedGrants, Fence, Key, OwnerToken, StoreError, StoreErrorKind};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
@@ -60,6 +60,7 @@ impl Shared {
 /// The watching task's side: says when its session is open, and ends the watch.
 #[derive(Debug)]
 pub struct Watching {
+    backend: &'static str,
     shared: Arc<Shared>,
     /// Its number among the tasks started.
     id: u64,
@@ -86,6 +87,29 @@ impl Watching {
     /// to report). Returns what `ended` returned, or `None` if the watch was never up.
     pub fn ended<T>(mut self, ended: impl FnOnce() -> T) -> Option<T> {
         self.down(ended)
+    }
+
+    /// The watching session ended because of `why`: [`ended`](Self::ended), with `held`
+    /// listing the leases the store holds, each then reported ended to `grants`.
+    pub fn report_ended(
+        self,
+        grants: &EndedGrants,
+        why: &dyn std::fmt::Display,
+        held: impl FnOnce() -> Vec<(Key, OwnerToken, Fence)>,
+    ) {
+        let backend = self.backend;
+        let lost = self.ended(held).unwrap_or_default();
+        if !lost.is_empty() {
+            tracing::warn!(
+                backend,
+                held = lost.len(),
+                error = %why,
+                "the server ended its sessions: every session-bound lease held here is lost"
+            );
+        }
+        for (key, owner, fence) in lost {
+            grants.report(&key, &owner, fence);
+        }
     }
 
     fn down<T>(&mut self, ended: impl FnOnce() -> T) -> Option<T> {
@@ -201,6 +225,7 @@ impl ServerWatch {
         if s.task.as_ref().is_none_or(|(_, t)| t.is_finished()) {
             s.started += 1;
             let watching = Watching {
+                backend: self.backend,
                 shared: self.shared.clone(),
                 id: s.started,
                 term: None,

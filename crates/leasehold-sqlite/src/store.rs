@@ -10,6 +10,7 @@ use leasehold_core::{
     ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore,
 };
 use leasehold_sql::guard::{fence_from_i64, fence_to_i64};
+use leasehold_sql::lease::{micros, released, remaining, renewed, ttl_us};
 use leasehold_sql::{Failure, with_conn};
 use sqlx::Connection;
 use sqlx::sqlite::{
@@ -79,6 +80,26 @@ enum State {
     Free { fence: i64 },
 }
 
+impl State {
+    /// The lease of `key` in this state at `now`, if it is live.
+    fn info(self, key: Key, now: &HostTime) -> Option<LeaseInfo> {
+        let State::Live {
+            owner,
+            fence,
+            expires_us,
+        } = self
+        else {
+            return None;
+        };
+        Some(LeaseInfo {
+            key,
+            owner,
+            fence: fence_from_i64(fence),
+            remaining: Some(remaining(expires_us, now.boottime_us)),
+        })
+    }
+}
+
 fn corrupt(key: &str, what: impl std::fmt::Display) -> StoreError {
     StoreError::new(
         StoreErrorKind::Corrupt,
@@ -127,16 +148,6 @@ fn next_fence(key: &str, last: i64, floor: i64) -> Result<i64, StoreError> {
     Ok(next.max(floor).max(1))
 }
 
-fn remaining(expires_us: i64, now: &HostTime) -> Duration {
-    Duration::from_micros(u64::try_from(expires_us.saturating_sub(now.boottime_us)).unwrap_or(0))
-}
-
-fn ttl_us(ttl: Duration) -> Result<i64, StoreError> {
-    StoreError::check_ttl(BACKEND, ttl)?;
-    // check_ttl bounds it to 24 h, far below i64::MAX µs.
-    Ok(i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX))
-}
-
 const SELECT_ROW: &str =
     "SELECT owner, fence, boot_id, expires_boot_us FROM leasehold_leases WHERE lease_key = ?1";
 
@@ -166,7 +177,7 @@ async fn acquire_tx(
             if holder != *owner {
                 tx.rollback().await?;
                 return Ok(AcquireOutcome::Held {
-                    remaining: Some(remaining(expires_us, &now)),
+                    remaining: Some(remaining(expires_us, now.boottime_us)),
                 });
             }
             sqlx::query("UPDATE leasehold_leases SET expires_boot_us = ?1 WHERE lease_key = ?2")
@@ -210,7 +221,7 @@ async fn acquire_tx(
     tx.commit().await?;
     Ok(AcquireOutcome::Acquired {
         fence: fence_from_i64(fence),
-        ttl: Duration::from_micros(u64::try_from(ttl_us).unwrap_or(0)),
+        ttl: micros(ttl_us),
     })
 }
 
@@ -632,7 +643,7 @@ impl Store for SqliteStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
-        let ttl_us = ttl_us(ttl)?;
+        let ttl_us = ttl_us(BACKEND, ttl)?;
         // A lease held by another owner needs no write lock: a plain read tells (WAL
         // readers never wait), so contenders do not queue behind the writers.
         let row = self
@@ -641,26 +652,22 @@ impl Store for SqliteStore {
             })
             .await?;
         let now = self.clock.now()?;
-        match interpret(key.as_str(), row, &now)? {
+        let held = match interpret(key.as_str(), row, &now)? {
             State::Live {
                 owner: holder,
                 expires_us,
                 ..
-            } if holder != *owner => {
-                self.bells.held(key, owner);
-                return Ok(AcquireOutcome::Held {
-                    remaining: Some(remaining(expires_us, &now)),
-                });
-            }
+            } if holder != *owner => Some(remaining(expires_us, now.boottime_us)),
             // Free: but an owner of this process that waited first takes it first (it is
             // told its turn came, and asks within moments): told held for up to its TTL.
-            State::Free { .. } | State::Missing if !self.bells.may_acquire(key, owner) => {
-                self.bells.held(key, owner);
-                return Ok(AcquireOutcome::Held {
-                    remaining: Some(ttl),
-                });
-            }
-            _ => {}
+            State::Free { .. } | State::Missing if !self.bells.may_acquire(key, owner) => Some(ttl),
+            _ => None,
+        };
+        if let Some(remaining) = held {
+            self.bells.held(key, owner);
+            return Ok(AcquireOutcome::Held {
+                remaining: Some(remaining),
+            });
         }
         let outcome = self
             .run("acquire", true, async |conn| {
@@ -680,17 +687,13 @@ impl Store for SqliteStore {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
-        let ttl_us = ttl_us(ttl)?;
+        let ttl_us = ttl_us(BACKEND, ttl)?;
         let held = self
             .run("renew", true, async |conn| {
                 update_own_tx(conn, &*self.clock, key.as_str(), owner, Some(ttl_us)).await
             })
             .await?;
-        Ok(if held {
-            RenewOutcome::Renewed { ttl }
-        } else {
-            RenewOutcome::NotOwner
-        })
+        Ok(renewed(held, ttl))
     }
 
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
@@ -702,11 +705,7 @@ impl Store for SqliteStore {
         if held {
             self.bells.released(key, owner);
         }
-        Ok(if held {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotOwner
-        })
+        Ok(released(held))
     }
 
     async fn inspect(&self, key: &Key) -> Result<Option<LeaseInfo>, StoreError> {
@@ -716,19 +715,7 @@ impl Store for SqliteStore {
             })
             .await?;
         let now = self.clock.now()?;
-        Ok(match interpret(key.as_str(), row, &now)? {
-            State::Live {
-                owner,
-                fence,
-                expires_us,
-            } => Some(LeaseInfo {
-                key: key.clone(),
-                owner,
-                fence: fence_from_i64(fence),
-                remaining: Some(remaining(expires_us, &now)),
-            }),
-            State::Missing | State::Free { .. } => None,
-        })
+        Ok(interpret(key.as_str(), row, &now)?.info(key.clone(), &now))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LeaseInfo>, StoreError> {
@@ -744,19 +731,7 @@ impl Store for SqliteStore {
                 continue;
             }
             let key = Key::new(&name).map_err(|e| corrupt(&name, e))?;
-            if let State::Live {
-                owner,
-                fence,
-                expires_us,
-            } = interpret(&name, Some(row), &now)?
-            {
-                out.push(LeaseInfo {
-                    key,
-                    owner,
-                    fence: fence_from_i64(fence),
-                    remaining: Some(remaining(expires_us, &now)),
-                });
-            }
+            out.extend(interpret(&name, Some(row), &now)?.info(key, &now));
         }
         Ok(out)
     }
@@ -864,7 +839,8 @@ impl WaitStore for SqliteStore {
                         expires_us,
                         ..
                     } if holder != *owner => {
-                        let nap = remaining(expires_us, &now).max(Duration::from_millis(1));
+                        let nap =
+                            remaining(expires_us, now.boottime_us).max(Duration::from_millis(1));
                         if self.bells.held_here(key, &holder) {
                             nap
                         } else {
