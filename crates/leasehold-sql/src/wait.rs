@@ -197,6 +197,9 @@ impl<S> Entry<S> {
 
 type Entries<S> = HashMap<(Key, OwnerToken), Arc<Entry<S>>>;
 
+/// An entry and its caller's presence as a waiter.
+type Waiting<S> = (Arc<Entry<S>>, Active);
+
 struct Shared<D: Dialect> {
     dialect: D,
     policy: Policy,
@@ -404,8 +407,7 @@ impl<D: Dialect> Queue<D> {
         let deadline = now
             .checked_add(timeout)
             .or_else(|| self.shared.policy.overflow_wait.map(|d| now + d));
-        let entry = self.entry(key, owner)?;
-        let _active = Active::new(entry.presence.clone(), true);
+        let (entry, _active) = self.entry(key, owner)?;
         let mut rx = entry.state.subscribe();
         let ready = rx.wait_for(|s| !matches!(s, State::Queued | State::Claimed));
         let _ = match deadline {
@@ -421,13 +423,15 @@ impl<D: Dialect> Queue<D> {
         Ok(())
     }
 
-    /// `owner`'s entry for `key`, joining the queue if it has none.
-    fn entry(&self, key: &Key, owner: &OwnerToken) -> Result<Arc<Entry<D::Session>>, StoreError> {
+    /// `owner`'s entry for `key`, joining the queue if it has none, and the caller's
+    /// presence as its waiter: counted before the entry's task starts, so that the task
+    /// never finds a new entry without a waiter and leaves the queue at once.
+    fn entry(&self, key: &Key, owner: &OwnerToken) -> Result<Waiting<D::Session>, StoreError> {
         let mut entries = self.entries();
         if let Some(e) = entries.get(&(key.clone(), *owner))
             && !matches!(e.state(), State::Done(_))
         {
-            return Ok(e.clone());
+            return Ok((e.clone(), Active::new(e.presence.clone(), true)));
         }
         let policy = &self.shared.policy;
         let permit = self
@@ -460,8 +464,9 @@ impl<D: Dialect> Queue<D> {
             entries.insert((key.clone(), *owner), entry.clone());
         }
         drop(entries);
+        let waiter = Active::new(entry.presence.clone(), true);
         tokio::spawn(run(self.clone(), entry.clone(), permit));
-        Ok(entry)
+        Ok((entry, waiter))
     }
 
     /// Ends `entry` with `end` unless it has ended already, and forgets it.
