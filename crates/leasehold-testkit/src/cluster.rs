@@ -122,6 +122,9 @@ impl RedisCluster {
         };
         cluster.wait_state_ok(STATE_OK_TIMEOUT);
         tracing::info!(ports = ?cluster.ports(), "redis cluster ready");
+        crate::proof::record(crate::proof::Injected::ServerStarted(
+            crate::proof::REDIS_CLUSTER,
+        ));
         cluster
     }
 

@@ -114,7 +114,8 @@ pub(crate) struct Launcher {
 }
 
 impl Launch for Launcher {
-    const NAME: &'static str = "etcd";
+    const NAME: &'static str = crate::proof::ETCD;
+    const REPLICATED: bool = true;
     const LOGS: &'static [&'static str] = &["log"];
     const PORT_TAKEN: &'static [&'static str] = &["address already in use"];
 

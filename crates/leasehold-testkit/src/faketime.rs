@@ -77,6 +77,9 @@ impl FakeWallClock {
         let tmp = self.dir.path().join("offset.tmp");
         std::fs::write(&tmp, format!("{offset}\n")).expect("write the offset");
         std::fs::rename(&tmp, self.spec()).expect("replace the offset");
+        if steps(offset) {
+            crate::proof::record(crate::proof::Injected::WallClockStepped);
+        }
     }
 
     /// The preload library.
@@ -118,8 +121,30 @@ impl FakeWallClock {
     }
 }
 
+/// Whether a relative offset (`+1h`, `-30s`, `+0`) moves the clock: a non-zero number.
+fn steps(offset: &str) -> bool {
+    let digits: String = offset[1..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.parse::<f64>().is_ok_and(|n| n != 0.0)
+}
+
 impl Default for FakeWallClock {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_a_non_zero_offset_steps_the_clock() {
+        for o in ["+1h", "-1h", "+30d", "-30s", "+0.5s", "+90m"] {
+            assert!(super::steps(o), "{o}");
+        }
+        for o in ["+0", "-0", "+0s", "+0.0h", "+"] {
+            assert!(!super::steps(o), "{o}");
+        }
     }
 }

@@ -10,6 +10,8 @@
 //!   line by line, pause it with `SIGSTOP`, kill it.
 //! * [`FakeWallClock`]: step the wall clock of one child process (libfaketime).
 //! * [`free_port`] / [`free_port_with_bus`].
+//! * [`proof`]: a guarantee test's tag (the store and fault it proves), checked against
+//!   the faults the test kit saw it inject.
 //!
 //! Setup failures panic with a clear message; a missing server binary panics
 //! with "X not found: install package Y" (tests never skip silently).
@@ -49,6 +51,7 @@ mod pgbouncer;
 mod port;
 mod postgres;
 mod process;
+pub mod proof;
 mod proxy;
 mod ready;
 mod redis;

@@ -182,7 +182,7 @@ impl MariaDb {
 }
 
 impl Launch for Launcher {
-    const NAME: &'static str = "mariadbd";
+    const NAME: &'static str = crate::proof::MARIADB;
     const LOGS: &'static [&'static str] = &["err.log", "stdout.log"];
     const PORT_TAKEN: &'static [&'static str] =
         &["Address already in use", "Do you already have another"];

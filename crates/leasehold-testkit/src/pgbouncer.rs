@@ -65,9 +65,13 @@ impl PgBouncer {
             pool_size,
         };
         let (tmp, _) = util::temp_dir_owned_by("leasehold-pgbouncer-", "postgres", "postgresql");
-        Self {
+        let pooler = Self {
             server: Server::start(launcher, Home::Own(tmp)),
+        };
+        if mode == PoolMode::Transaction {
+            crate::proof::record(crate::proof::Injected::TransactionPooler);
         }
+        pooler
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/DB` through the pooler.

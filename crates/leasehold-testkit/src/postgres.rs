@@ -304,7 +304,7 @@ fn as_postgres(setpriv: &Path, program: &Path) -> Command {
 }
 
 impl Launch for Launcher {
-    const NAME: &'static str = "postgres";
+    const NAME: &'static str = crate::proof::POSTGRES;
     const LOGS: &'static [&'static str] = &["postgres.log"];
     const PORT_TAKEN: &'static [&'static str] = &["could not bind"];
 

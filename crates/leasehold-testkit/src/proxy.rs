@@ -137,6 +137,9 @@ impl FaultProxy {
     /// Switches the fault mode for new and existing connections.
     pub fn set_mode(&self, mode: ProxyMode) {
         tracing::debug!(addr = %self.addr, ?mode, "fault proxy mode");
+        if mode == ProxyMode::Blackhole {
+            crate::proof::record(crate::proof::Injected::Partitioned);
+        }
         self.mode.send_replace(mode);
     }
 

@@ -150,6 +150,13 @@ impl RedisServer {
 
     /// Starts a server in `home` (which must exist) on a fresh port.
     pub(crate) fn launch(home: Home, opts: RedisOptions, port_kind: PortKind) -> Self {
+        let evicts = opts
+            .extra_args
+            .windows(2)
+            .any(|w| w[0] == "--maxmemory-policy" && !w[1].eq_ignore_ascii_case("noeviction"));
+        if evicts {
+            crate::proof::record(crate::proof::Injected::EvictingPolicy(crate::proof::REDIS));
+        }
         let launcher = Launcher {
             redis_server: util::find_binary("redis-server", "redis-server"),
             opts,
@@ -263,6 +270,12 @@ impl RedisServer {
     /// Panics if `redis-cli` cannot run, exits non-zero with nothing on
     /// stdout, or takes longer than 60 s (e.g. the server is paused).
     pub fn cli(&self, args: &[&str]) -> String {
+        if let ["CONFIG" | "config", "SET" | "set", name, policy] = args
+            && name.eq_ignore_ascii_case("maxmemory-policy")
+            && !policy.eq_ignore_ascii_case("noeviction")
+        {
+            crate::proof::record(crate::proof::Injected::EvictingPolicy(crate::proof::REDIS));
+        }
         let mut cmd = self.cli_command(args);
         let out = util::run_with_timeout(&mut cmd, CLI_TIMEOUT, "redis-cli");
         let stdout = String::from_utf8_lossy(&out.stdout).trim_end().to_string();
@@ -278,7 +291,7 @@ impl RedisServer {
 }
 
 impl Launch for Launcher {
-    const NAME: &'static str = "redis-server";
+    const NAME: &'static str = crate::proof::REDIS;
     const LOGS: &'static [&'static str] = &["log", "stdout.log"];
     const PORT_TAKEN: &'static [&'static str] = &["Address already in use", "bind:"];
 
@@ -318,6 +331,10 @@ impl Launch for Launcher {
             clock.apply_with_glibc_malloc(&mut cmd);
         }
         ServerProcess::spawn(format!("redis-server:{port}"), cmd, &dir.join("stdout.log"))
+    }
+
+    fn keeps_data(&self) -> bool {
+        self.opts.appendonly
     }
 
     fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {

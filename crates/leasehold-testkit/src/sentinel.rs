@@ -194,6 +194,7 @@ impl RedisSentinelSet {
         let old = self.primary_port();
         let out = self.sentinel_cli(0, &["SENTINEL", "FAILOVER", &self.master]);
         assert_eq!(out, "OK", "SENTINEL FAILOVER: {out}");
+        crate::proof::record(crate::proof::Injected::Failover(crate::proof::REDIS));
         let mut new = old;
         wait_until(Duration::from_secs(30), "the fail-over", || {
             new = self.primary_port();

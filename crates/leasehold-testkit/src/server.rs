@@ -12,6 +12,7 @@ use tempfile::TempDir;
 
 use crate::free_port;
 use crate::process::ServerProcess;
+use crate::proof::{self, Injected};
 use crate::ready::ReadyError;
 use crate::util;
 
@@ -37,6 +38,16 @@ pub(crate) trait Launch {
 
     /// Waits until the freshly spawned `process` answers on `port`.
     fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError>;
+
+    /// Whether what the server acknowledged survives a kill and a start again (for the
+    /// proofs' restart rows, [`crate::proof`]).
+    fn keeps_data(&self) -> bool {
+        true
+    }
+
+    /// Whether the server replicates among members, so that losing a member of a cluster
+    /// is a fail-over ([`crate::proof::Injected::Failover`]).
+    const REPLICATED: bool = false;
 }
 
 /// The server's logs in `dir`, one after the other.
@@ -129,8 +140,9 @@ impl<L: Launch> Server<L> {
         unreachable!("the last start attempt either returns or panics")
     }
 
-    /// Wraps a process already spawned by `launch` on `port`, in `home`.
+    /// Wraps a process already spawned by `launch` on `port`, in `home` (and ready).
     pub(crate) fn new(process: ServerProcess, port: u16, launch: L, home: Home) -> Self {
+        proof::record(Injected::ServerStarted(L::NAME));
         Self {
             process: Mutex::new(process),
             port,
@@ -165,6 +177,40 @@ impl<L: Launch> Server<L> {
         }
         *guard = process;
         tracing::info!(port = self.port, "{} restarted", L::NAME);
+        proof::record(Injected::ServerRestarted {
+            server: L::NAME,
+            persistent: self.launch.keeps_data(),
+        });
+    }
+
+    /// Freezes the server (`SIGSTOP`).
+    pub(crate) fn pause(&self) {
+        self.process().pause();
+        proof::record(Injected::ServerPaused(L::NAME));
+    }
+
+    /// Continues it (`SIGCONT`).
+    pub(crate) fn resume(&self) {
+        self.process().resume();
+    }
+
+    /// Kills the server with `SIGKILL` and waits for it.
+    pub(crate) fn kill(&self) {
+        self.process().kill();
+        self.lost_member();
+    }
+
+    /// Sends `sig` and waits up to `timeout` for the server to exit, then kills it.
+    pub(crate) fn stop(&self, sig: Signal, timeout: Duration) {
+        self.process().terminate(sig, timeout);
+        self.lost_member();
+    }
+
+    /// Records a fail-over if the server was a member of a replicated cluster.
+    fn lost_member(&self) {
+        if L::REPLICATED && matches!(self.home, Home::In(_)) {
+            proof::record(Injected::Failover(L::NAME));
+        }
     }
 
     /// The server's logs, one after the other.
@@ -197,11 +243,6 @@ impl<L> Server<L> {
     /// The server's directory.
     pub(crate) fn dir(&self) -> &Path {
         self.home.path()
-    }
-
-    /// Sends `sig` and waits up to `timeout` for the server to exit, then kills it.
-    pub(crate) fn stop(&self, sig: Signal, timeout: Duration) {
-        self.process().terminate(sig, timeout);
     }
 
     /// How the server is started.
@@ -243,17 +284,17 @@ macro_rules! server_methods {
         /// Freezes the server (and its child processes) with `SIGSTOP`: the kernel still
         /// accepts connections, but nothing is answered.
         pub fn pause(&self) {
-            self.server.process().pause();
+            self.server.pause();
         }
 
         /// Continues a paused server with `SIGCONT`.
         pub fn resume(&self) {
-            self.server.process().resume();
+            self.server.resume();
         }
 
         /// Kills the server with `SIGKILL` (a crash) and waits for it.
         pub fn kill(&self) {
-            self.server.process().kill();
+            self.server.kill();
         }
 
         /// Sends `sig` to the server process.

@@ -104,6 +104,7 @@ impl WorkerProcess {
     /// Stops the worker and its descendants with `SIGSTOP`.
     pub fn pause(&self) {
         self.process.pause();
+        crate::proof::record(crate::proof::Injected::WorkerPaused);
     }
 
     /// Continues the worker and its descendants with `SIGCONT`.
@@ -114,6 +115,7 @@ impl WorkerProcess {
     /// Kills the worker and its descendants with `SIGKILL` and waits for it.
     pub fn kill(&self) {
         self.process.kill();
+        crate::proof::record(crate::proof::Injected::WorkerKilled);
     }
 
     /// Sends `sig` to the worker process only.
@@ -123,6 +125,11 @@ impl WorkerProcess {
     /// Panics if the worker has exited.
     pub fn signal(&self, sig: Signal) {
         self.process.signal(sig);
+        match sig {
+            Signal::SIGSTOP => crate::proof::record(crate::proof::Injected::WorkerPaused),
+            Signal::SIGKILL => crate::proof::record(crate::proof::Injected::WorkerKilled),
+            _ => {}
+        }
     }
 
     /// Waits up to `timeout` for the worker to exit.

@@ -95,7 +95,8 @@ fn write_config(
 }
 
 impl Launch for Launcher {
-    const NAME: &'static str = "zookeeper";
+    const NAME: &'static str = crate::proof::ZOOKEEPER;
+    const REPLICATED: bool = true;
     const LOGS: &'static [&'static str] = &["log"];
     const PORT_TAKEN: &'static [&'static str] = &["Address already in use", "BindException"];
 
@@ -399,6 +400,7 @@ impl ZkEnsemble {
     /// Panics if the ensemble was started without [`ZkEnsembleOptions::proxied_peers`].
     pub fn isolate(&self, i: usize) {
         self.set_links(i, ProxyMode::Blackhole);
+        crate::proof::record(crate::proof::Injected::Partitioned);
     }
 
     /// Undoes [`isolate`](Self::isolate): member `i`'s links pass again (connections
@@ -451,12 +453,12 @@ impl ZkEnsemble {
 
     /// Kills member `i` with `SIGKILL` and waits for it.
     pub fn kill(&self, i: usize) {
-        self.members[i].process().kill();
+        self.members[i].kill();
     }
 
     /// Freezes member `i` with `SIGSTOP`.
     pub fn pause(&self, i: usize) {
-        self.members[i].process().pause();
+        self.members[i].pause();
     }
 
     /// Continues member `i`.
@@ -488,7 +490,7 @@ impl ZkEnsemble {
     /// Freezes every member.
     pub fn pause_all(&self) {
         for m in &self.members {
-            m.process().pause();
+            m.pause();
         }
     }
 
