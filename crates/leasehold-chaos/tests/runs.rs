@@ -12,6 +12,13 @@
 //!   workers skip the semaphore (random slot leases over three slots) is flagged under
 //!   C11 and nothing else.
 //!
+//! - with a deliberately broken part (`--broken`, src/broken.rs: test builds only), each
+//!   of the checker's rules fires on a history a real run recorded (the control runs,
+//!   one or more rules each; every other rule that fires with it is printed).
+//!
+//! Every run draws a fresh seed and prints it with the command that replays it
+//! (`LEASEHOLD_CHAOS_SEED=<seed>`): no run is tuned to one seed.
+//!
 //! Long soaks: `cargo run -p leasehold-chaos -- run --duration 30m`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -58,6 +65,25 @@ impl Run {
     }
 }
 
+/// The seed of this test's run: `LEASEHOLD_CHAOS_SEED` if set (a replay), else a fresh
+/// one; printed with the command that replays the test.
+fn seed(test: &str) -> String {
+    let seed: u64 = match std::env::var("LEASEHOLD_CHAOS_SEED") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("LEASEHOLD_CHAOS_SEED={s:?}: {e}")),
+        // A fresh one from the OS's entropy: different in every test process.
+        Err(_) => rand::random::<u64>(),
+    };
+    let seed = seed % 1_000_000_000;
+    eprintln!(
+        "{test}: seed {seed}; replay: LEASEHOLD_CHAOS_SEED={seed} cargo nextest run -p leasehold-chaos --test runs --run-ignored all -E 'test(={test})'"
+    );
+    println!("{test}: seed {seed}");
+    seed.to_string()
+}
+
 fn run(name: &str, args: &[&str]) -> Run {
     let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{name}"));
     let _ = std::fs::remove_file(out_dir.join("summary.json"));
@@ -101,8 +127,8 @@ fn store_fault_details(store: &str) -> Vec<String> {
 
 /// A fenced run on a three-member store whose first member kill hit the leader, and
 /// whose member kills hit different members in turn.
-fn with_the_guard_on_members(store: &str, seed: &str) {
-    with_the_guard(store, seed);
+fn with_the_guard_on_members(store: &str, test: &str) {
+    with_the_guard(store, test);
     let details = store_fault_details(store);
     assert!(
         details.first().is_some_and(|d| d.contains("(leader)")),
@@ -117,10 +143,10 @@ fn with_the_guard_on_members(store: &str, seed: &str) {
     }
 }
 
-fn with_the_guard(store: &str, seed: &str) {
+fn with_the_guard(store: &str, test: &str) {
     with_the_guard_kinds(
         store,
-        seed,
+        test,
         &[
             "stale-write",
             "sigstop",
@@ -135,10 +161,10 @@ fn with_the_guard(store: &str, seed: &str) {
 }
 
 /// A fenced run on `store` whose schedule has exactly the fault kinds `all`.
-fn with_the_guard_kinds(store: &str, seed: &str, all: &[&str]) {
+fn with_the_guard_kinds(store: &str, test: &str, all: &[&str]) {
     fenced(
         &format!("{store}-fenced"),
-        &["--store", store, "--seed", seed],
+        &["--store", store, "--seed", &seed(test)],
         all,
     );
 }
@@ -174,7 +200,8 @@ fn fenced(name: &str, args: &[&str], all: &[&str]) -> Run {
     r
 }
 
-fn without_the_guard(store: &str, seed: &str) {
+fn without_the_guard(store: &str, test: &str) {
+    let seed = seed(test);
     let r = run(
         &format!("{store}-control"),
         &[
@@ -186,7 +213,7 @@ fn without_the_guard(store: &str, seed: &str) {
             "--duration",
             "8s",
             "--seed",
-            seed,
+            &seed,
         ],
     );
     let rules = r.rules();
@@ -209,56 +236,68 @@ fn without_the_guard(store: &str, seed: &str) {
 
 #[test]
 fn redis_store_with_the_guard_has_no_violation() {
-    with_the_guard("redis", "11");
+    with_the_guard("redis", "redis_store_with_the_guard_has_no_violation");
 }
 
 #[test]
 fn postgres_store_with_the_guard_has_no_violation() {
-    with_the_guard("postgres", "12");
+    with_the_guard("postgres", "postgres_store_with_the_guard_has_no_violation");
 }
 
 /// Redlock over three nodes: the store fault kills one node and starts it again empty
 /// (docs/faults.md row 12); path faults hit all of a worker's node connections.
 #[test]
 fn redlock_store_with_the_guard_has_no_violation() {
-    with_the_guard("redlock", "16");
+    with_the_guard("redlock", "redlock_store_with_the_guard_has_no_violation");
 }
 
 #[test]
 fn redlock_control_run_without_the_guard_is_caught() {
-    without_the_guard("redlock", "17");
+    without_the_guard("redlock", "redlock_control_run_without_the_guard_is_caught");
 }
 
 #[test]
 fn etcd_store_with_the_guard_has_no_violation() {
-    with_the_guard("etcd", "15");
+    with_the_guard("etcd", "etcd_store_with_the_guard_has_no_violation");
 }
 
 #[test]
 fn etcd_control_run_without_the_guard_is_caught() {
-    without_the_guard("etcd", "16");
+    without_the_guard("etcd", "etcd_control_run_without_the_guard_is_caught");
 }
 
 /// A three-member etcd cluster, each worker reaching every member through its own
 /// proxies; the store fault kills one member (the leader first) and starts it again.
 #[test]
 fn etcd_cluster_with_the_guard_has_no_violation() {
-    with_the_guard_on_members("etcd-cluster", "21");
+    with_the_guard_on_members(
+        "etcd-cluster",
+        "etcd_cluster_with_the_guard_has_no_violation",
+    );
 }
 
 #[test]
 fn etcd_cluster_control_run_without_the_guard_is_caught() {
-    without_the_guard("etcd-cluster", "22");
+    without_the_guard(
+        "etcd-cluster",
+        "etcd_cluster_control_run_without_the_guard_is_caught",
+    );
 }
 
 #[test]
 fn zookeeper_store_with_the_guard_has_no_violation() {
-    with_the_guard("zookeeper", "15");
+    with_the_guard(
+        "zookeeper",
+        "zookeeper_store_with_the_guard_has_no_violation",
+    );
 }
 
 #[test]
 fn zookeeper_control_run_without_the_guard_is_caught() {
-    without_the_guard("zookeeper", "16");
+    without_the_guard(
+        "zookeeper",
+        "zookeeper_control_run_without_the_guard_is_caught",
+    );
 }
 
 /// A three-member ZooKeeper ensemble, the store URL listing every member through the
@@ -266,12 +305,18 @@ fn zookeeper_control_run_without_the_guard_is_caught() {
 /// it again.
 #[test]
 fn zookeeper_ensemble_with_the_guard_has_no_violation() {
-    with_the_guard_on_members("zookeeper-ensemble", "23");
+    with_the_guard_on_members(
+        "zookeeper-ensemble",
+        "zookeeper_ensemble_with_the_guard_has_no_violation",
+    );
 }
 
 #[test]
 fn zookeeper_ensemble_control_run_without_the_guard_is_caught() {
-    without_the_guard("zookeeper-ensemble", "24");
+    without_the_guard(
+        "zookeeper-ensemble",
+        "zookeeper_ensemble_control_run_without_the_guard_is_caught",
+    );
 }
 
 /// Redis behind three sentinels (`min_replicas=1`): the store fault is a forced fail-over
@@ -282,24 +327,30 @@ fn zookeeper_ensemble_control_run_without_the_guard_is_caught() {
 fn redis_sentinel_with_the_guard_has_no_violation() {
     with_the_guard_kinds(
         "redis-sentinel",
-        "25",
+        "redis_sentinel_with_the_guard_has_no_violation",
         &["stale-write", "sigstop", "kill9", "restart-store"],
     );
 }
 
 #[test]
 fn redis_sentinel_control_run_without_the_guard_is_caught() {
-    without_the_guard("redis-sentinel", "26");
+    without_the_guard(
+        "redis-sentinel",
+        "redis_sentinel_control_run_without_the_guard_is_caught",
+    );
 }
 
 #[test]
 fn redis_control_run_without_the_guard_is_caught() {
-    without_the_guard("redis", "13");
+    without_the_guard("redis", "redis_control_run_without_the_guard_is_caught");
 }
 
 #[test]
 fn postgres_control_run_without_the_guard_is_caught() {
-    without_the_guard("postgres", "14");
+    without_the_guard(
+        "postgres",
+        "postgres_control_run_without_the_guard_is_caught",
+    );
 }
 
 #[test]
@@ -314,7 +365,7 @@ fn fault_free_run_loses_nothing_and_rejects_nothing() {
             "--duration",
             "8s",
             "--seed",
-            "15",
+            &seed("fault_free_run_loses_nothing_and_rejects_nothing"),
         ],
     );
     assert_eq!(r.rules(), BTreeSet::new(), "{}", r.text);
@@ -357,11 +408,11 @@ fn slots_and_check(
 /// violation (C11 included), every planned kind fired, a stale write rejected; the
 /// permits went to both slots, and two were held at once (the same history is flagged
 /// under C11 with a bound of one).
-fn semaphore_with_the_guard(store: &str, kind: leasehold_chaos::run::StoreKind, seed: &str) {
+fn semaphore_with_the_guard(store: &str, kind: leasehold_chaos::run::StoreKind, test: &str) {
     let name = format!("{store}-semaphore-fenced");
     fenced(
         &name,
-        &["--store", store, "--permits", "2", "--seed", seed],
+        &["--store", store, "--permits", "2", "--seed", &seed(test)],
         &[
             "stale-write",
             "sigstop",
@@ -388,14 +439,22 @@ fn semaphore_with_the_guard(store: &str, kind: leasehold_chaos::run::StoreKind, 
 /// Redis: a permit is one Lua script (the check of N included).
 #[test]
 fn redis_semaphore_with_the_guard_has_no_violation() {
-    semaphore_with_the_guard("redis", leasehold_chaos::run::StoreKind::Redis, "31");
+    semaphore_with_the_guard(
+        "redis",
+        leasehold_chaos::run::StoreKind::Redis,
+        "redis_semaphore_with_the_guard_has_no_violation",
+    );
 }
 
 /// PostgreSQL's lease table: a permit is a record statement and one acquire per slot
 /// tried; the store fault restarts the server.
 #[test]
 fn postgres_semaphore_with_the_guard_has_no_violation() {
-    semaphore_with_the_guard("postgres", leasehold_chaos::run::StoreKind::Postgres, "33");
+    semaphore_with_the_guard(
+        "postgres",
+        leasehold_chaos::run::StoreKind::Postgres,
+        "postgres_semaphore_with_the_guard_has_no_violation",
+    );
 }
 
 /// ZooKeeper: each slot a queue of ephemeral sequential nodes; the store fault kills the
@@ -405,7 +464,7 @@ fn zookeeper_semaphore_with_the_guard_has_no_violation() {
     semaphore_with_the_guard(
         "zookeeper",
         leasehold_chaos::run::StoreKind::Zookeeper,
-        "34",
+        "zookeeper_semaphore_with_the_guard_has_no_violation",
     );
 }
 
@@ -427,7 +486,7 @@ fn redis_semaphore_overcommitted_is_caught_by_c11() {
             "--duration",
             "8s",
             "--seed",
-            "32",
+            &seed("redis_semaphore_overcommitted_is_caught_by_c11"),
         ],
     );
     assert_eq!(r.rules(), BTreeSet::from(["C11".to_owned()]), "{}", r.text);
@@ -439,4 +498,161 @@ fn redis_semaphore_overcommitted_is_caught_by_c11() {
         2,
     );
     assert_eq!(slots.len(), 3, "{slots:?}");
+}
+
+/// A control run on `store` with the broken part `part` (its faults, a fresh seed): the
+/// rules `rules` fire; every rule that fired is printed (those beside `rules` are the
+/// part's side effects, not asserted either way).
+fn control(test: &str, part: leasehold_chaos::broken::Broken, store: &str, rules: &[&str]) {
+    let faults = match part.faults() {
+        leasehold_chaos::schedule::FaultSet::None => "none",
+        leasehold_chaos::schedule::FaultSet::StaleWrite => "stale-write",
+        leasehold_chaos::schedule::FaultSet::All => "all",
+        leasehold_chaos::schedule::FaultSet::Kill => "kill",
+    };
+    let seed = seed(test);
+    let r = run(
+        &format!("broken-{}", part.as_str()),
+        &[
+            "--store",
+            store,
+            "--broken",
+            part.as_str(),
+            "--faults",
+            faults,
+            "--duration",
+            "8s",
+            "--seed",
+            &seed,
+        ],
+    );
+    let fired = r.rules();
+    let others: Vec<&String> = fired
+        .iter()
+        .filter(|f| !rules.contains(&f.as_str()))
+        .collect();
+    println!(
+        "{test}: broken part {} fired {fired:?}; asserted {rules:?}; also fired: {others:?}",
+        part.as_str()
+    );
+    for rule in rules {
+        assert!(
+            fired.contains(*rule),
+            "{rule} did not fire with the broken part {}:\n{}",
+            part.as_str(),
+            r.text
+        );
+    }
+    assert_eq!(
+        r.summary["failed_expectations"],
+        Value::Array(vec![]),
+        "{}",
+        r.text
+    );
+    assert!(r.ok, "{}", r.text);
+}
+
+/// C2: a store that answers every grant with fence 1.
+#[test]
+fn c2_fires_when_the_store_hands_out_one_fence() {
+    control(
+        "c2_fires_when_the_store_hands_out_one_fence",
+        leasehold_chaos::broken::Broken::SameFence,
+        "redis",
+        &["C2"],
+    );
+}
+
+/// C3 and C10: a store whose acquire evicts the holder.
+#[test]
+fn c3_and_c10_fire_when_the_store_acquire_evicts_the_holder() {
+    control(
+        "c3_and_c10_fire_when_the_store_acquire_evicts_the_holder",
+        leasehold_chaos::broken::Broken::StealOnAcquire,
+        "redis",
+        &["C3", "C10"],
+    );
+}
+
+/// C4a, C4b, C4c: a worker that ignores its lost signal, frozen past its TTL by the
+/// scripted stale write.
+#[test]
+fn c4_fires_when_the_worker_ignores_its_lost_signal() {
+    control(
+        "c4_fires_when_the_worker_ignores_its_lost_signal",
+        leasehold_chaos::broken::Broken::IgnoreLost,
+        "redis",
+        &["C4a", "C4b", "C4c"],
+    );
+}
+
+/// C6a, C6b, C6c: a heartbeat that renews past its deadline and lost signal, and a store
+/// that answers renewed to an owner that lost the lease.
+#[test]
+fn c6_fires_when_a_heartbeat_renews_a_lost_lease() {
+    control(
+        "c6_fires_when_a_heartbeat_renews_a_lost_lease",
+        leasehold_chaos::broken::Broken::ZombieHeartbeat,
+        "redis",
+        &["C6a", "C6b", "C6c"],
+    );
+}
+
+/// C7a: a worker that acknowledges a write whose transaction it rolls back.
+#[test]
+fn c7a_fires_when_an_acknowledged_write_is_rolled_back() {
+    control(
+        "c7a_fires_when_an_acknowledged_write_is_rolled_back",
+        leasehold_chaos::broken::Broken::AckBeforeCommit,
+        "postgres",
+        &["C7a"],
+    );
+}
+
+/// C7b: a read-modify-write that loses every other increment.
+#[test]
+fn c7b_fires_when_an_increment_is_lost() {
+    control(
+        "c7b_fires_when_an_increment_is_lost",
+        leasehold_chaos::broken::Broken::LostUpdate,
+        "postgres",
+        &["C7b"],
+    );
+}
+
+/// C8a: a store that grants its owner again with a new fence.
+#[test]
+fn c8a_fires_when_the_store_gives_an_owner_a_second_fence() {
+    control(
+        "c8a_fires_when_the_store_gives_an_owner_a_second_fence",
+        leasehold_chaos::broken::Broken::NewFenceForOwner,
+        "redis",
+        &["C8a"],
+    );
+}
+
+/// C9 and C8b: a store that keeps leases ten times their TTL, and a holder killed.
+#[test]
+fn c9_and_c8b_fire_when_the_store_ignores_expiry() {
+    control(
+        "c9_and_c8b_fire_when_the_store_ignores_expiry",
+        leasehold_chaos::broken::Broken::StretchTtl,
+        "redis",
+        &["C9", "C8b"],
+    );
+}
+
+/// Every rule of the checker has a control run here (C1 and C5: the runs without the
+/// guard; C11: the overcommitted semaphore; the others: the broken parts).
+#[test]
+fn every_checker_rule_has_a_control_run() {
+    let mut covered: BTreeSet<&str> = BTreeSet::from(["C1", "C5", "C11"]);
+    for part in leasehold_chaos::broken::Broken::ALL {
+        covered.extend(part.rules());
+    }
+    let all = BTreeSet::from([
+        "C1", "C2", "C3", "C4a", "C4b", "C4c", "C5", "C6a", "C6b", "C6c", "C7a", "C7b", "C8a",
+        "C8b", "C9", "C10", "C11",
+    ]);
+    assert_eq!(covered, all);
 }

@@ -22,8 +22,10 @@ pub use crate::coordination::{
     watch_notices_grants_releases_and_record_writes,
 };
 
+use crate::guard::EmbeddedGuard;
 use crate::holder::Holder;
-use crate::{Extensions, Fixture, GuardSupport, OtherProcesses};
+use crate::proof::Fault;
+use crate::{Extensions, FencedWrites, Fixture, GuardSupport, OtherProcesses};
 use leasehold_core::wrap::{FaultStore, Injection, Op, Swallowed};
 
 fn key(name: &str) -> Key {
@@ -35,11 +37,25 @@ fn slack(fx: &Fixture) -> Duration {
     fx.ttl / 2 + Duration::from_millis(200)
 }
 
+/// How long a case's store call that failed with a retryable error is tried again.
+const RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// One acquire by `owner`, tried again while it fails with a retryable error (a timeout or
+/// an unreachable node on a starved machine: a Redlock acquire of a quarter-TTL lease has a
+/// quarter of that for each node), for up to [`RETRY_FOR`]. The store contract makes that
+/// safe: a same-owner retry gets the grant the first attempt may have made, with its fence.
+/// An answer (`Acquired` or `Held`) is never retried, and neither is any other error.
 async fn acquire_raw(fx: &Fixture, key: &Key, owner: &OwnerToken, ttl: Duration) -> AcquireOutcome {
-    fx.store
-        .acquire(key, owner, ttl)
-        .await
-        .unwrap_or_else(|e| panic!("acquire {key}: {e}"))
+    let until = Instant::now() + RETRY_FOR;
+    loop {
+        match fx.store.acquire(key, owner, ttl).await {
+            Ok(outcome) => return outcome,
+            Err(e) if e.is_retryable() && Instant::now() < until => {
+                eprintln!("acquire {key}: {e}; trying again (a retryable error)");
+            }
+            Err(e) => panic!("acquire {key}: {e}"),
+        }
+    }
 }
 
 fn fence_of(outcome: AcquireOutcome) -> Fence {
@@ -485,18 +501,45 @@ pub async fn max_hold_fires_lost(fx: &Fixture) {
     );
 }
 
+/// Time for the scheduler and a timer to run on a loaded machine, in a bound that the
+/// library's own instants measure: a quarter of the renew interval, at most 100 ms — less
+/// than the half renew interval a lost signal one renew interval late would add.
+fn scheduling_margin(renew_interval: Duration) -> Duration {
+    (renew_interval / 4).min(Duration::from_millis(100))
+}
+
 /// When the store forgets the lease, the lost signal fires (`NotOwner`, or `SessionEnded`
 /// from a session-bound store that saw the lease's session end) within one renew interval
-/// (plus one operation).
+/// and one operation of the last confirmed renewal's send — measured on the library's own
+/// instants (the send is the deadline less the validity window; the signal's instant is
+/// when the library declared the loss), with a scheduling margin: a lost signal one renew
+/// interval late fails it.
 pub async fn lost_within_one_renew_interval_after_forget(fx: &Fixture) {
     let k = key("forget");
     let client = fx.client();
+    let cfg = client.config().clone();
     let lease = client.try_acquire(&k).await.unwrap();
     fx.faults.forget(&k).await;
-    let bound = client.config().renew_interval() + client.config().op_timeout() + slack(fx);
-    let reason = timeout(bound, lease.lost())
-        .await
-        .expect("lost fires within one renew interval of the store forgetting the lease");
+    let lost = lease.lost();
+    let reason = timeout(
+        cfg.renew_interval() * 2 + cfg.op_timeout() + slack(fx),
+        lost.wait(),
+    )
+    .await
+    .expect("lost fires within one renew interval of the store forgetting the lease");
+    let lost_at = lost.lost_at().expect("the lost signal has its instant");
+    let granted = lease.ttl();
+    let last_send = lease.valid_until() - cfg.validity(granted);
+    let interval = cfg.renew_interval_for(granted);
+    let op = cfg.op_timeout_for(granted);
+    let bound = last_send + interval + op + scheduling_margin(interval);
+    assert!(
+        lost_at <= bound,
+        "lost fired {:?} after the last confirmed renewal's send, more than one renew interval \
+         ({interval:?}) and one operation ({op:?}) and a scheduling margin ({:?})",
+        lost_at - last_send,
+        scheduling_margin(interval)
+    );
     let session_bound = fx.store.capabilities().session_bound;
     assert!(
         reason == LostReason::NotOwner || (session_bound && reason == LostReason::SessionEnded),
@@ -554,16 +597,39 @@ pub async fn lost_before_expiry_when_unreachable(fx: &Fixture) {
     drop(lease);
 }
 
-/// A waiting acquire gets the lease once the holder releases it, with a higher fence.
+/// A waiting acquire gets the lease once the holder releases it, with a higher fence, as
+/// soon as docs/design.md (§3.5, §4.10) promises: a store that offers waiting for a
+/// release wakes the waiter by the release, and the waiter re-checks by acquiring; a store
+/// without one has the waiter sleep a backoff never longer than its cap (here one
+/// operation timeout). Either way the waiter's granting acquire is sent within one
+/// operation timeout (and a scheduling margin) of the release, measured on the library's
+/// own instant of that send — never at the holder's expiry, four TTLs away.
 pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
     let k = key("wait");
-    let client = fx.client();
-    let holder = client.try_acquire(&k).await.unwrap();
+    let long = LeaseConfig::new(fx.ttl * 4).expect("config");
+    let holder = LeaseClient::new(fx.store.clone(), long)
+        .try_acquire(&k)
+        .await
+        .unwrap();
     let fa = holder.fence();
+    let base = fx.config();
+    let cfg = LeaseConfig::builder(fx.ttl)
+        .backoff(
+            leasehold_core::Backoff::new(Duration::from_millis(5), base.op_timeout())
+                .expect("backoff"),
+        )
+        .build()
+        .expect("config");
+    let client = LeaseClient::new(fx.store.clone(), cfg.clone());
     let waiter = {
-        let (client, k) = (client.clone(), k.clone());
+        let (client, k, cfg) = (client.clone(), k.clone(), cfg.clone());
         let wait = fx.ttl * 10;
-        tokio::spawn(async move { client.acquire(&k, wait).await })
+        tokio::spawn(async move {
+            let lease = client.acquire(&k, wait).await?;
+            // The send of the acquire that granted it, by the library's own clock.
+            let sent = lease.valid_until() - cfg.validity(lease.ttl());
+            Ok::<_, Error>((lease, sent))
+        })
     };
     sleep(fx.ttl / 2).await;
     assert!(
@@ -571,11 +637,19 @@ pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
         "waiter must not acquire a held lease"
     );
     assert!(holder.release().await.unwrap());
-    let lease = timeout(fx.ttl * 4, waiter)
+    let released = Instant::now();
+    let (lease, sent) = timeout(fx.ttl * 10, waiter)
         .await
-        .expect("waiter acquires soon after release")
+        .expect("waiter acquires before its wait ends")
         .unwrap()
         .expect("waiter acquires");
+    let wake = cfg.op_timeout() + scheduling_margin(cfg.renew_interval());
+    assert!(
+        sent <= released + wake,
+        "the waiter was not woken by the release: its granting acquire was sent {:?} after \
+         the release returned (at most {wake:?})",
+        sent - released
+    );
     assert!(
         lease.fence() > fa,
         "the waiter's fence {} must be above the released holder's {fa}",
@@ -591,25 +665,32 @@ pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
 }
 
 /// Five waiters arrive one after another while the lease is held; once it is released
-/// each gets it in turn. A store that claims `fifo_wait` must serve them in arrival order;
-/// any store must serve every one of them.
+/// each gets it in turn. A store that claims `fifo_wait` must serve them in arrival order
+/// — each waiter is seen queued in the store ([`Fixture::queue`]) before the next one
+/// arrives — and any store must serve every one of them.
 pub async fn waiters_are_served_in_arrival_order(fx: &Fixture) {
     let caps = fx.store.capabilities();
+    let queue = caps.fifo_wait.then(|| {
+        fx.queue.clone().expect(
+            "a store that claims fifo_wait must let the suite see its queue (Fixture::queue)",
+        )
+    });
     let k = key("fifo");
     let holder = fx.client().try_acquire(&k).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..5usize {
-        let (client, k, order) = (fx.client(), k.clone(), order.clone());
+        let (client, key, order) = (fx.client(), k.clone(), order.clone());
         let (wait, hold) = (fx.ttl * 30, fx.ttl / 10);
         waiters.push(tokio::spawn(async move {
-            let lease = client.acquire(&k, wait).await.expect("a waiter acquires");
+            let lease = client.acquire(&key, wait).await.expect("a waiter acquires");
             order.lock().unwrap().push(i);
             sleep(hold).await;
             lease.release().await.unwrap();
         }));
-        // Long enough for the waiter to be told `Held` and to start waiting.
-        sleep(Duration::from_millis(300)).await;
+        if let Some(queue) = &queue {
+            crate::until_queued(&**queue, &k, i + 1, fx.ttl * 20, &format!("waiter {i}")).await;
+        }
     }
     assert!(holder.release().await.unwrap());
     for w in waiters {
@@ -931,21 +1012,18 @@ pub async fn ambiguous_acquire_reply_returns_same_lease(fx: &Fixture) {
 
 /// The stale writer (docs/design.md §8): A holds the lease and writes; A is paused past its TTL;
 /// B acquires and writes; A's late write with its old fence is rejected by the storage-side
-/// guard, in the same transaction as the write. A store without a guard must say so.
+/// guard, in the same transaction as the write. The guard is in the user's database, not
+/// the lease store: on every store, with the fences it issues, through the guard of the
+/// store's own database when the fixture names one, else the SQLite guard in an embedded
+/// database.
 pub async fn stale_writer_rejected_by_guard(fx: &Fixture) {
-    let writes = match &fx.guard {
-        GuardSupport::Undeclared => panic!(
-            "the fixture must declare its storage-side guard (Fixture::guard) or that it has \
-             none (Fixture::no_guard)"
-        ),
-        GuardSupport::Absent(why) => {
-            assert!(
-                !why.trim().is_empty(),
-                "a store without a guard must say why"
-            );
-            return;
+    let embedded;
+    let writes: &dyn FencedWrites = match &fx.guard {
+        GuardSupport::Writes(w) => &**w,
+        GuardSupport::Embedded => {
+            embedded = EmbeddedGuard::open().await;
+            &embedded
         }
-        GuardSupport::Writes(w) => w.clone(),
     };
     let resource = "conformance:guarded";
     let k = key("guarded");
@@ -996,6 +1074,7 @@ pub async fn stale_writer_rejected_by_guard(fx: &Fixture) {
 /// A store that only this process can open must say so, and its capabilities must then
 /// say that its fences die with the process.
 pub async fn holder_killed_is_taken_over_after_its_ttl(fx: &Fixture) {
+    let _proof = fx.proves(Fault::HolderCrash);
     let caps = fx.store.capabilities();
     let url = match &fx.processes {
         OtherProcesses::Undeclared => panic!(
@@ -1018,13 +1097,21 @@ pub async fn holder_killed_is_taken_over_after_its_ttl(fx: &Fixture) {
     let sent_after = holder.go();
     let (dead_fence, _) = holder.held().await;
     let client = fx.client();
-    match client.try_acquire(&k).await {
-        Err(Error::Contended { .. }) => {}
-        Ok(lease) => panic!(
-            "kill -9: a live holder's lease was granted to another owner (fence {})",
-            lease.fence()
-        ),
-        Err(e) => panic!("kill -9: a contender's try_acquire failed: {e}"),
+    // Asked until it answers (a retryable error, such as a timeout on a starved machine,
+    // is no answer): the live holder's lease is refused.
+    let until = Instant::now() + RETRY_FOR;
+    loop {
+        match client.try_acquire(&k).await {
+            Err(Error::Contended { .. }) => break,
+            Ok(lease) => panic!(
+                "kill -9: a live holder's lease was granted to another owner (fence {})",
+                lease.fence()
+            ),
+            Err(e) if e.is_retryable() && Instant::now() < until => {
+                eprintln!("kill -9: a contender's try_acquire: {e}; asking again");
+            }
+            Err(e) => panic!("kill -9: a contender's try_acquire failed: {e}"),
+        }
     }
     holder.kill();
     let killed_at = Instant::now();

@@ -6,16 +6,21 @@
 //! that anything is fast, only that bounds which protect the data hold.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use async_trait::async_trait;
 
 use leasehold_core::{
     AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo, LostReason, OwnerToken,
-    ReleaseOutcome, RenewOutcome, StoreError,
+    ReleaseOutcome, RenewOutcome, Store, StoreError,
 };
-use leasehold_testkit::ProxyMode;
+use leasehold_testkit::{FaultProxy, ProxyMode};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::holder::Holder;
+use crate::proof::Fault;
 use crate::{Fixture, Network, OtherProcesses};
 
 fn key(name: &str) -> Key {
@@ -79,14 +84,7 @@ async fn direct_inspect(fx: &Fixture, k: &Key) -> Option<LeaseInfo> {
 /// ends a session whose call was cancelled or cut (its documented cancel behaviour), and
 /// the lease with it: its retry may be a fresh grant, with a higher fence. Either way
 /// there is never a second lease (checked by the caller).
-fn check_retry(
-    fx: &Fixture,
-    what: &str,
-    applied: Option<&LeaseInfo>,
-    owner: OwnerToken,
-    fence: Fence,
-) {
-    let Some(info) = applied else { return };
+fn check_retry(fx: &Fixture, what: &str, info: &LeaseInfo, owner: OwnerToken, fence: Fence) {
     assert_eq!(
         info.owner, owner,
         "{what}: the applied grant is another owner's"
@@ -145,6 +143,7 @@ fn fence_of(what: &str, outcome: AcquireOutcome) -> Fence {
 /// lost signal never fires, its renewals go on, and it still holds the lease when it
 /// releases it.
 pub async fn row_02_near_miss_freeze_keeps_the_lease(fx: &Fixture) {
+    let _proof = fx.proves(Fault::ProcessPause);
     let OtherProcesses::Url(url) = &fx.processes else {
         panic!("row 2 needs a holder process: the fixture must declare Fixture::other_processes")
     };
@@ -225,6 +224,7 @@ pub async fn row_02_near_miss_freeze_keeps_the_lease(fx: &Fixture) {
 /// lost lease is not taken over while its holder keeps its handle; the holder's release
 /// frees it and the next fence is higher.
 pub async fn row_04_server_paused_lost_before_store_expiry(fx: &Fixture) {
+    let _proof = fx.proves(Fault::ServerPaused);
     let net = net(fx);
     let caps = fx.store.capabilities();
     let k = key("server-paused");
@@ -308,38 +308,16 @@ pub async fn row_04_server_paused_lost_before_store_expiry(fx: &Fixture) {
 /// docs/faults.md row 5: the proxy forwards an acquire and drops its reply. The retry with the
 /// same owner returns the grant that was applied (same fence), never a second lease; after
 /// the release nothing is left. The same end to end through the lease client, whose
-/// ambiguous-reply retry reuses its owner.
+/// ambiguous-reply retry reuses its owner. Each part retries its fault until the dropped
+/// reply was that of an applied grant (`lose_an_applied_reply`), so the same-fence check
+/// always runs.
 pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
     let net = net(fx);
-    let k = key("lost-reply");
     let ttl = fx.ttl * 5;
-    // Warm up: connected, statements prepared, scripts loaded.
-    let warm = OwnerToken::random();
-    until_ok(fx, "warm-up acquire", || fx.store.acquire(&k, &warm, ttl)).await;
-    until_ok(fx, "warm-up release", || fx.store.release(&k, &warm)).await;
-
-    let owner = OwnerToken::random();
-    net.set_mode(ProxyMode::DropReplies);
-    match timeout(call_bound(fx), fx.store.acquire(&k, &owner, ttl)).await {
-        Ok(Ok(o)) => {
-            panic!("lost reply: an acquire answered through a proxy that drops replies: {o:?}")
-        }
-        Ok(Err(e)) => assert!(
-            e.is_retryable(),
-            "lost reply: a call without a reply must fail with a retryable error: {e}"
-        ),
-        Err(_) => {}
-    }
-    let applied = direct_inspect(fx, &k).await;
-    if net.lost_reply_applies {
-        assert!(
-            applied.is_some(),
-            "lost reply: setup: the acquire whose reply was dropped was not applied"
-        );
-    }
-    net.set_mode(ProxyMode::Pass);
+    let lost = lose_an_applied_reply(fx, "lost reply", "lost-reply", Cut::Drop, ttl).await;
+    let (k, owner) = (lost.key.clone(), lost.owner);
     let fence = retry_same_owner(fx, "lost reply", &k, owner, ttl).await;
-    check_retry(fx, "lost reply", applied.as_ref(), owner, fence);
+    check_retry(fx, "lost reply", &lost.applied, owner, fence);
     let info = direct_inspect(fx, &k).await.map(|i| (i.owner, i.fence));
     assert_eq!(info, Some((owner, fence)), "lost reply: a second lease");
     assert_eq!(
@@ -353,56 +331,363 @@ pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
     );
 
     // End to end: the client's first attempt is applied, its reply lost; it retries.
+    let session = fx.store.capabilities().session_bound;
     let cfg = LeaseConfig::builder(ttl)
-        .op_timeout(fx.ttl / 2)
+        .op_timeout(fx.ttl * 2)
         .build()
         .expect("config");
-    let client = LeaseClient::new(fx.store.clone(), cfg);
-    net.set_mode(ProxyMode::DropReplies);
-    let session = fx.store.capabilities().session_bound;
-    let pending = {
-        let (client, k) = (client.clone(), k.clone());
-        tokio::spawn(async move {
-            if session {
-                // See `retry_same_owner`: a moment may pass before the cut session ends.
-                client.acquire(&k, Duration::from_secs(3)).await
-            } else {
-                client.try_acquire(&k).await
+    let mut delay = lost.delay;
+    let mut tried = Vec::new();
+    for attempt in 0..ATTEMPTS {
+        let k = key(&format!("lost-reply-client-{attempt}"));
+        let warm = warm_up(fx, &k, ttl).await;
+        let store = Arc::new(PassAfterFirstAcquire {
+            inner: fx.store.clone(),
+            direct: net.direct.clone(),
+            proxies: net.proxies.clone(),
+            calls: AtomicUsize::new(0),
+            first: Mutex::new(None),
+        });
+        let client = LeaseClient::new(store.clone(), cfg.clone());
+        let plain = attempt == 0;
+        net.set_mode(if plain {
+            ProxyMode::DropReplies
+        } else {
+            ProxyMode::Delay(delay)
+        });
+        let pending = {
+            let (client, k) = (client.clone(), k.clone());
+            tokio::spawn(async move {
+                if session {
+                    // See `retry_same_owner`: a moment may pass before the cut session ends.
+                    client.acquire(&k, ttl).await
+                } else {
+                    client.try_acquire(&k).await
+                }
+            })
+        };
+        // The grant as the store applied it, seen past the proxy while the call was out.
+        // (Not the warm-up's: the MariaDB/MySQL GET_LOCK store's inspect may read the
+        // owner its row recorded last while the client's session takes the lock.)
+        let seen = watch_for_grant(fx, &k, |o| *o != warm, &pending).await;
+        if !plain && seen.is_some() {
+            net.set_mode(ProxyMode::DropReplies);
+        }
+        let lease = pending
+            .await
+            .expect("task")
+            .expect("lost reply: the client's retry gets the lease");
+        net.set_mode(ProxyMode::Pass);
+        let first = store.first.lock().unwrap().take();
+        // What the store held once the first call was over: the state it left (it may
+        // have undone its grant when it ended the call itself), or the grant seen while
+        // it was out when the client cancelled it.
+        let applied = match first {
+            Some(First::Answered) => {
+                tried.push(format!(
+                    "attempt {attempt}: answered before the cut ({delay:?})"
+                ));
+                delay = (delay * 2).min(fx.ttl / 2);
+                None
             }
-        })
-    };
-    sleep(fx.ttl / 4).await;
-    let applied = direct_inspect(fx, &k).await;
-    if net.lost_reply_applies {
-        assert!(
-            applied.is_some(),
-            "lost reply: setup: the client's first attempt, whose reply was dropped, was not applied"
+            Some(First::Failed(after)) => after.or(if session { seen } else { None }),
+            Some(First::Cancelled) | None => seen,
+        };
+        let Some(applied) = applied else {
+            tried.push(format!(
+                "attempt {attempt}: no applied grant left ({delay:?})"
+            ));
+            assert!(
+                lease.release().await.unwrap(),
+                "lost reply: release of the client's lease"
+            );
+            continue;
+        };
+        check_retry(
+            fx,
+            "lost reply (lease client)",
+            &applied,
+            *lease.owner(),
+            lease.fence(),
         );
+        let info = direct_inspect(fx, &k).await.map(|i| (i.owner, i.fence));
+        assert_eq!(
+            info,
+            Some((*lease.owner(), lease.fence())),
+            "lost reply: a second lease"
+        );
+        assert!(lease.release().await.unwrap(), "lost reply: release");
+        assert_eq!(
+            direct_inspect(fx, &k).await,
+            None,
+            "lost reply: a lease was left behind"
+        );
+        return;
     }
-    net.set_mode(ProxyMode::Pass);
-    let lease = pending
-        .await
-        .expect("task")
-        .expect("lost reply: the client's retry gets the lease");
-    check_retry(
-        fx,
-        "lost reply (lease client)",
-        applied.as_ref(),
-        *lease.owner(),
-        lease.fence(),
+    panic!(
+        "lost reply (lease client): setup: in {ATTEMPTS} attempts the client's first acquire \
+         was never applied with its reply lost: {tried:?}"
     );
-    let info = direct_inspect(fx, &k).await.map(|i| (i.owner, i.fence));
-    assert_eq!(
-        info,
-        Some((*lease.owner(), lease.fence())),
-        "lost reply: a second lease"
+}
+
+/// How an attempt of [`lose_an_applied_reply`] loses the reply of its acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// The proxy drops the reply (row 5).
+    Drop,
+    /// Every connection is reset while the reply is on its way (row 8).
+    Reset,
+}
+
+/// The most attempts rows 5 and 8 make to lose the reply of an applied grant.
+const ATTEMPTS: usize = 8;
+
+/// An acquire whose reply was lost after the store applied it.
+struct LostReply {
+    key: Key,
+    owner: OwnerToken,
+    /// The grant the store held for `owner` once the call was over (or, on a
+    /// session-bound store that ended the call's session, the grant seen while the call
+    /// was out).
+    applied: LeaseInfo,
+    /// What the call answered, if it did (a store that retried by itself after a reset).
+    answered: Option<Fence>,
+    /// The delay on the link that did it.
+    delay: Duration,
+}
+
+/// Warm up on `k`: connected, statements prepared, scripts loaded. Returns the warm-up's
+/// owner.
+async fn warm_up(fx: &Fixture, k: &Key, ttl: Duration) -> OwnerToken {
+    let warm = OwnerToken::random();
+    until_ok(fx, "warm-up acquire", || fx.store.acquire(k, &warm, ttl)).await;
+    until_ok(fx, "warm-up release", || fx.store.release(k, &warm)).await;
+    warm
+}
+
+/// Watches the store past the proxy until it holds a grant at `k` to an owner `mine`
+/// accepts, or until `call` has ended.
+async fn watch_for_grant<T>(
+    fx: &Fixture,
+    k: &Key,
+    mine: impl Fn(&OwnerToken) -> bool,
+    call: &tokio::task::JoinHandle<T>,
+) -> Option<LeaseInfo> {
+    let direct = net(fx).direct.clone();
+    while !call.is_finished() {
+        if let Ok(Ok(Some(info))) = timeout(call_bound(fx), direct.inspect(k)).await
+            && mine(&info.owner)
+        {
+            return Some(info);
+        }
+        sleep(Duration::from_millis(2)).await;
+    }
+    None
+}
+
+/// An acquire by a fresh owner on a fresh key whose reply is lost (`cut`) after the store
+/// applied it, retried until one is: a dropped reply or a reset may come before the last
+/// request of a store whose acquire is several (then nothing is applied), and a store may
+/// undo its own grant when it ends a call without a reply (Redlock releases what it was
+/// granted).
+///
+/// The first attempt is the plain fault: every reply dropped from the start (row 5), or a
+/// reset when the request has reached the server (row 8); a fixture that declares
+/// [`Network::lost_reply_applies`] must see it applied. The next ones hold every chunk on
+/// the link for a delay, watch the store past the proxy until it holds the grant — its
+/// reply is then still held in the proxy — and cut the reply there; the delay doubles when
+/// the reply got through before the cut and halves when nothing was applied. After
+/// [`ATTEMPTS`] without an applied grant whose reply was lost, the case fails.
+async fn lose_an_applied_reply(
+    fx: &Fixture,
+    what: &str,
+    name: &str,
+    cut: Cut,
+    ttl: Duration,
+) -> LostReply {
+    let net = net(fx);
+    let session = fx.store.capabilities().session_bound;
+    let mut delay = fx.ttl / 10;
+    let mut tried = Vec::new();
+    for attempt in 0..ATTEMPTS {
+        let k = key(&format!("{name}-{attempt}"));
+        warm_up(fx, &k, ttl).await;
+        let owner = OwnerToken::random();
+        let plain = attempt == 0;
+        // The plain reset: the request reaches the server at `held`, its reply would come
+        // back at twice that; reset in between.
+        let held = fx.ttl / 4;
+        net.set_mode(match (plain, cut) {
+            (true, Cut::Drop) => ProxyMode::DropReplies,
+            (true, Cut::Reset) => ProxyMode::Delay(held),
+            (false, _) => ProxyMode::Delay(delay),
+        });
+        let pending = {
+            let (store, k) = (fx.store.clone(), k.clone());
+            let bound = call_bound(fx);
+            tokio::spawn(async move { timeout(bound, store.acquire(&k, &owner, ttl)).await })
+        };
+        let seen = if plain {
+            if cut == Cut::Reset {
+                sleep(held * 3 / 2).await;
+                net.reset_all();
+            }
+            None
+        } else {
+            let seen = watch_for_grant(fx, &k, |o| *o == owner, &pending).await;
+            if seen.is_some() {
+                match cut {
+                    Cut::Drop => net.set_mode(ProxyMode::DropReplies),
+                    Cut::Reset => net.reset_all(),
+                }
+            }
+            seen
+        };
+        let answer = pending.await.expect("task");
+        net.set_mode(ProxyMode::Pass);
+        let answered = match answer {
+            Ok(Ok(AcquireOutcome::Acquired { fence, .. })) => Some(fence),
+            Ok(Ok(held)) => panic!("{what}: the key is free, got {held:?}"),
+            Ok(Err(e)) => {
+                assert!(
+                    e.is_retryable(),
+                    "{what}: a call whose reply was lost must fail with a retryable error: {e}"
+                );
+                None
+            }
+            Err(_) => None,
+        };
+        if cut == Cut::Drop
+            && let Some(fence) = answered
+        {
+            assert!(
+                !plain,
+                "{what}: an acquire answered through a proxy that drops replies: fence {fence}"
+            );
+            // The reply left the proxy before the cut.
+            tried.push(format!(
+                "attempt {attempt}: answered before the cut ({delay:?})"
+            ));
+            until_ok(fx, "release", || fx.store.release(&k, &owner)).await;
+            delay = (delay * 2).min(fx.ttl / 2);
+            continue;
+        }
+        let mut after = direct_inspect(fx, &k).await;
+        // A session-bound store ends the cut call's session a moment after the call:
+        // until then its inspect may read the dying session's lock with the owner the
+        // key's row recorded last (the warm-up's: the MariaDB/MySQL GET_LOCK store).
+        let settled = Instant::now() + Duration::from_secs(3);
+        while session
+            && after.as_ref().is_some_and(|i| i.owner != owner)
+            && Instant::now() < settled
+        {
+            sleep(Duration::from_millis(20)).await;
+            after = direct_inspect(fx, &k).await;
+        }
+        if let Some(info) = &after {
+            assert_eq!(
+                info.owner, owner,
+                "{what}: the applied grant is another owner's"
+            );
+        }
+        let applied = match (after, seen) {
+            (Some(info), _) => info,
+            // The store ended the call's session, and its lock with it.
+            (None, Some(seen)) if session => seen,
+            (None, seen) => {
+                assert!(
+                    !(plain && net.lost_reply_applies),
+                    "{what}: setup: the acquire whose reply was lost was not applied"
+                );
+                if seen.is_some() {
+                    tried.push(format!(
+                        "attempt {attempt}: the store undid its grant ({delay:?})"
+                    ));
+                    delay = (delay * 2).min(fx.ttl / 2);
+                } else {
+                    tried.push(format!("attempt {attempt}: not applied ({delay:?})"));
+                    if !plain {
+                        delay = (delay / 2).max(Duration::from_millis(5));
+                    }
+                }
+                continue;
+            }
+        };
+        eprintln!("{what}: attempt {attempt} lost the reply of an applied grant: {applied:?}");
+        return LostReply {
+            key: k,
+            owner,
+            applied,
+            answered,
+            delay: if plain { fx.ttl / 10 } else { delay },
+        };
+    }
+    panic!(
+        "{what}: setup: in {ATTEMPTS} attempts no acquire was applied with its reply lost: \
+         {tried:?}"
     );
-    assert!(lease.release().await.unwrap(), "lost reply: release");
-    assert_eq!(
-        direct_inspect(fx, &k).await,
-        None,
-        "lost reply: a lease was left behind"
-    );
+}
+
+/// How the first acquire call of the lease client of row 5 ended.
+#[derive(Debug)]
+enum First {
+    /// It answered: its reply was not lost.
+    Answered,
+    /// It failed by itself, leaving the store with this lease at the key.
+    Failed(Option<LeaseInfo>),
+    /// The client cancelled it (its operation timeout).
+    Cancelled,
+}
+
+/// The store under test, for row 5's lease client: its first acquire call, when it ends
+/// (or is cancelled), puts the proxies back to passing everything before the client
+/// retries, and records how it ended.
+#[derive(Debug)]
+struct PassAfterFirstAcquire {
+    inner: Arc<dyn Store>,
+    direct: Arc<dyn Store>,
+    proxies: Vec<Arc<FaultProxy>>,
+    calls: AtomicUsize,
+    first: Mutex<Option<First>>,
+}
+
+/// Puts the proxies back to passing everything, and records a cancelled first call.
+struct Restore<'a>(&'a PassAfterFirstAcquire);
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        for p in &self.0.proxies {
+            p.set_mode(ProxyMode::Pass);
+        }
+        self.0.first.lock().unwrap().get_or_insert(First::Cancelled);
+    }
+}
+
+#[async_trait]
+impl leasehold_core::wrap::Forward for PassAfterFirstAcquire {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) > 0 {
+            return self.inner.acquire(key, owner, ttl).await;
+        }
+        let restore = Restore(self);
+        let r = self.inner.acquire(key, owner, ttl).await;
+        let first = match &r {
+            Ok(_) => First::Answered,
+            Err(_) => First::Failed(self.direct.inspect(key).await.ok().flatten()),
+        };
+        *self.first.lock().unwrap() = Some(first);
+        drop(restore);
+        r
+    }
 }
 
 /// docs/faults.md row 6: slow replies. With every chunk held a while, an acquire still succeeds
@@ -431,6 +716,24 @@ pub async fn row_06_slow_replies_shorten_validity_and_too_slow_fails(fx: &Fixtur
         .await
         .expect("slow replies: an acquire within its timeout succeeds");
     let after = Instant::now();
+    let valid_until = lease.valid_until();
+    // The store's expiry, read past the proxy while it still delays (a renewal through it
+    // lands at least a renew interval and a delay after the acquire's send). A reading
+    // bounds the expiry by the instant its reply is seen plus the remaining TTL it reports:
+    // late by the reply's own way back, which a starved machine can stretch past the few
+    // milliseconds this check turns on. The earliest of a few readings is kept.
+    let mut store_expiry: Option<(Instant, Duration)> = None;
+    let mut held = None;
+    for _ in 0..5 {
+        let info = direct_inspect(fx, &k).await;
+        let seen = Instant::now();
+        if let Some(remaining) = info.as_ref().and_then(|i| i.remaining)
+            && store_expiry.is_none_or(|(s, r)| seen + remaining < s + r)
+        {
+            store_expiry = Some((seen, remaining));
+        }
+        held = held.or(info);
+    }
     net.set_mode(ProxyMode::Pass);
     let took = after - before;
     assert!(
@@ -442,11 +745,30 @@ pub async fn row_06_slow_replies_shorten_validity_and_too_slow_fails(fx: &Fixtur
     // before `after + validity`; counted from the reply, it would end about then.
     let longest = after + cfg.validity(lease.ttl()) - delay;
     assert!(
-        lease.valid_until() <= longest,
+        valid_until <= longest,
         "slow replies: the validity window must count from the send, not the reply (it ends \
          {:?} after the reply, whose acquire took {took:?})",
-        lease.valid_until() - after
+        valid_until - after
     );
+    // The same against the store's own expiry, whatever TTL it reported as granted: the
+    // request reached the store at least `delay` after its send, so a window counted from
+    // the send ends at least `delay` before the store's expiry (at most `seen` + the
+    // remaining TTL it reports, plus its rounding).
+    assert!(
+        held.is_some(),
+        "slow replies: the granted lease is not in the store"
+    );
+    if let Some((seen, remaining)) = store_expiry {
+        let expiry_at_most = seen + remaining + net.remaining_resolution;
+        assert!(
+            valid_until + delay <= expiry_at_most,
+            "slow replies: the validity window must count from the send, not the reply (it \
+             ends {:?} before the store's expiry, less than the request's {delay:?} on the way; \
+             the store reported {:?} granted)",
+            expiry_at_most.saturating_duration_since(valid_until),
+            lease.ttl()
+        );
+    }
     assert!(lease.release().await.unwrap(), "slow replies: release");
 
     // Slower than the TTL (half the fixture's, to keep the case short): the lease client
@@ -489,6 +811,7 @@ pub async fn row_06_slow_replies_shorten_validity_and_too_slow_fails(fx: &Fixtur
 /// its deadline. Once the network is back the store works again and the lease held before
 /// is intact.
 pub async fn row_07_blackhole_no_answer_and_recovery(fx: &Fixture) {
+    let _proof = fx.proves(Fault::NetworkPartition);
     let net = net(fx);
     let caps = fx.store.capabilities();
     let k = key("blackhole");
@@ -671,47 +994,11 @@ async fn gone_within(fx: &Fixture, k: &Key, holder: &OwnerToken, ttl: Duration, 
 /// calls reconnect.
 pub async fn row_08_reset_mid_command_idempotent_retry(fx: &Fixture) {
     let net = net(fx);
-    let k = key("reset");
     let ttl = fx.ttl * 5;
-    let owner = OwnerToken::random();
-    // Warm up: connected, statements prepared, scripts loaded.
-    let warm = OwnerToken::random();
-    until_ok(fx, "warm-up acquire", || fx.store.acquire(&k, &warm, ttl)).await;
-    until_ok(fx, "warm-up release", || fx.store.release(&k, &warm)).await;
-    // Every chunk held `delay`: the request reaches the server at `delay`, its reply would
-    // come back at twice that; reset in between.
-    let delay = fx.ttl / 4;
-    net.set_mode(ProxyMode::Delay(delay));
-    let pending = {
-        let (store, k) = (fx.store.clone(), k.clone());
-        let bound = call_bound(fx);
-        tokio::spawn(async move { timeout(bound, store.acquire(&k, &owner, ttl)).await })
-    };
-    sleep(delay * 3 / 2).await;
-    net.reset_all();
-    let first = pending.await.expect("task");
-    let first_fence = match first {
-        Ok(Ok(AcquireOutcome::Acquired { fence, .. })) => Some(fence), // retried by itself
-        Ok(Ok(held)) => panic!("reset: {held:?}"),
-        Ok(Err(e)) => {
-            assert!(
-                e.is_retryable(),
-                "reset: a reset mid-command must be a retryable error: {e}"
-            );
-            None
-        }
-        Err(_) => None,
-    };
-    net.set_mode(ProxyMode::Pass);
-    let applied = direct_inspect(fx, &k).await;
-    if net.lost_reply_applies {
-        assert!(
-            applied.is_some() || first_fence.is_some(),
-            "reset: setup: the acquire reset after it reached the server was not applied"
-        );
-    }
+    let lost = lose_an_applied_reply(fx, "reset", "reset", Cut::Reset, ttl).await;
+    let (k, owner, first_fence) = (lost.key.clone(), lost.owner, lost.answered);
     let fence = retry_same_owner(fx, "reset", &k, owner, ttl).await;
-    check_retry(fx, "reset", applied.as_ref(), owner, fence);
+    check_retry(fx, "reset", &lost.applied, owner, fence);
     if let Some(f) = first_fence {
         let first = LeaseInfo {
             key: k.clone(),
@@ -719,7 +1006,7 @@ pub async fn row_08_reset_mid_command_idempotent_retry(fx: &Fixture) {
             fence: f,
             remaining: None,
         };
-        check_retry(fx, "reset", Some(&first), owner, fence);
+        check_retry(fx, "reset", &first, owner, fence);
     }
     let info = direct_inspect(fx, &k).await.map(|i| (i.owner, i.fence));
     assert_eq!(info, Some((owner, fence)), "reset: a second lease");

@@ -8,7 +8,9 @@
 //! `go` file, acquires the lease through a [`LeaseClient`] (whose heartbeat renews it),
 //! says `HELD <fence> <owner>`, then watches the lease (saying `LOST <reason>` if it is
 //! lost) until a `done` file appears; it then says `STATUS …`, releases, and says
-//! `RELEASED <held>`. Every line it says starts with `@lhc `.
+//! `RELEASED <held>`. Every line it says starts with `@lhc `. Each time a `probe` file
+//! appears it removes it and says `PROBE valid=<bool> lost=<reason> wall=<unix s>`: the
+//! lease as its holder sees it, and the holder's wall clock.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -84,6 +86,18 @@ async fn hold(store: Arc<dyn Store>, key: Key, ttl: Duration, dir: &Path) {
     ));
     let mut lost_said = false;
     loop {
+        // A probe is answered before anything else the holder does when it runs again
+        // (after a freeze: its first question).
+        let probe = dir.join("probe");
+        if probe.exists() {
+            let _ = std::fs::remove_file(&probe);
+            say(format!(
+                "PROBE valid={} lost={:?} wall={}",
+                lease.is_valid(),
+                lease.lost_reason(),
+                wall_secs()
+            ));
+        }
         if !lost_said && let Some(reason) = lease.lost_reason() {
             say(format!("LOST {reason:?}"));
             lost_said = true;
@@ -104,6 +118,26 @@ async fn hold(store: Arc<dyn Store>, key: Key, ttl: Duration, dir: &Path) {
     }
 }
 
+/// The holder's wall clock, in whole seconds since 1970: the probe shows that a stepped
+/// wall clock reached it.
+#[allow(clippy::disallowed_methods)] // shows the (possibly faked) wall clock, decides nothing
+pub(crate) fn wall_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// What a holder answered to a probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Probe {
+    /// `Lease::is_valid`.
+    pub(crate) valid: bool,
+    /// `Lease::lost_reason`, as `Debug` (`None`, `Some(Expired)`).
+    pub(crate) lost: String,
+    /// The holder's wall clock, unix seconds.
+    pub(crate) wall: i64,
+}
+
 /// The test side of a holder process. Dropping it kills the process.
 pub(crate) struct Holder {
     worker: WorkerProcess,
@@ -114,6 +148,17 @@ impl Holder {
     /// Starts a holder process for `key` with `ttl` on the store at `url`, and waits until
     /// it has connected.
     pub(crate) async fn spawn(url: &str, key: &Key, ttl: Duration) -> Self {
+        Self::spawn_with(url, key, ttl, |_| {}).await
+    }
+
+    /// [`spawn`](Self::spawn), with `setup` applied to the holder's command first (to run
+    /// it under a fake wall clock, say).
+    pub(crate) async fn spawn_with(
+        url: &str,
+        key: &Key,
+        ttl: Duration,
+        setup: impl FnOnce(&mut Command),
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("leasehold-conformance-holder-")
             .tempdir()
@@ -138,6 +183,7 @@ impl Holder {
         .env(KEY_ENV, key.as_str())
         .env(TTL_ENV, ttl.as_millis().to_string())
         .env(DIR_ENV, dir.path());
+        setup(&mut cmd);
         let holder = Self {
             worker: WorkerProcess::spawn(cmd),
             dir,
@@ -187,6 +233,61 @@ impl Holder {
         (fence, owner)
     }
 
+    /// Asks the holder how it sees its lease (a `probe` file), without waiting for the
+    /// answer: a frozen holder answers when it runs again, before anything else.
+    pub(crate) fn ask(&self) {
+        let tmp = self.dir.path().join("probe.tmp");
+        std::fs::write(&tmp, b"probe").expect("write the probe file");
+        std::fs::rename(&tmp, self.dir.path().join("probe")).expect("place the probe file");
+    }
+
+    /// The answers to probes so far, in order.
+    pub(crate) fn probes(&self) -> Vec<Probe> {
+        self.lines()
+            .iter()
+            .filter_map(|l| l.strip_prefix("PROBE "))
+            .map(|rest| {
+                let field = |name: &str| {
+                    rest.split(' ')
+                        .find_map(|w| w.strip_prefix(name))
+                        .unwrap_or_else(|| panic!("a probe answer without {name}: {rest}"))
+                };
+                Probe {
+                    valid: field("valid=") == "true",
+                    lost: field("lost=").to_owned(),
+                    wall: field("wall=").parse().expect("wall seconds"),
+                }
+            })
+            .collect()
+    }
+
+    /// Asks (as [`ask`](Self::ask)) and waits up to `within` for the answer.
+    pub(crate) async fn probe(&self, within: Duration) -> Probe {
+        let before = self.probes().len();
+        self.ask();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(p) = self.probes().get(before) {
+                return p.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "holder process: no answer to a probe within {within:?}: {:#?}",
+                self.lines()
+            );
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Every line the holder said so far, without the prefix.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.worker
+            .lines()
+            .into_iter()
+            .filter_map(|l| l.find(PREFIX).map(|at| l[at + PREFIX.len()..].to_owned()))
+            .collect()
+    }
+
     /// Freezes the holder (`SIGSTOP`); returns once it is stopped.
     pub(crate) fn pause(&self) {
         tokio::task::block_in_place(|| self.worker.pause());
@@ -208,12 +309,6 @@ impl Holder {
         std::fs::write(self.dir.path().join("done"), b"done").expect("write the done file");
         let status = self.expect_line("STATUS", Duration::from_secs(30)).await;
         let released = self.expect_line("RELEASED", Duration::from_secs(30)).await;
-        let lines = self
-            .worker
-            .lines()
-            .into_iter()
-            .filter_map(|l| l.find(PREFIX).map(|at| l[at + PREFIX.len()..].to_owned()))
-            .collect();
-        (status, released.join(" "), lines)
+        (status, released.join(" "), self.lines())
     }
 }

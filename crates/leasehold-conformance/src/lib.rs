@@ -14,11 +14,16 @@ use leasehold_testkit::{
     ZkEnsemble, ZkServer,
 };
 
+/// The guarantee tests' tags ([`Fixture::proves`]), from the test kit.
+pub use leasehold_testkit::proof;
+
 pub mod cases;
 pub mod coordination;
 pub mod fault_cases;
 pub mod growth;
+pub mod guard;
 pub mod holder;
+pub mod holder_faults;
 pub mod takeover;
 pub mod waiting;
 pub mod watching;
@@ -47,25 +52,51 @@ pub trait FencedWrites: Send + Sync {
     async fn read(&self, resource: &str) -> Result<Option<String>, StoreError>;
 }
 
-/// Whether the backend has a storage-side guard the suite can write through.
+/// The storage-side guard the stale-writer case writes through, with the fences of the
+/// fixture's store. The guard lives in the database that receives the writes, not in the
+/// lease store, so every store's holders are fenced by one: the case always runs.
 #[derive(Clone, Default)]
 pub enum GuardSupport {
-    /// The fixture did not say: the guard case fails, asking it to declare one.
+    /// The SQLite guard in an embedded database of the case's own
+    /// ([`guard::EmbeddedGuard`]): for a store whose own database has no guard.
     #[default]
-    Undeclared,
-    /// The backend has no guard; the reason is part of the declaration.
-    Absent(&'static str),
-    /// Writes through the backend's guard.
+    Embedded,
+    /// Writes through the guard in the store's own database.
     Writes(Arc<dyn FencedWrites>),
 }
 
 impl std::fmt::Debug for GuardSupport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Undeclared => f.write_str("Undeclared"),
-            Self::Absent(why) => f.debug_tuple("Absent").field(why).finish(),
+            Self::Embedded => f.write_str("Embedded"),
             Self::Writes(_) => f.write_str("Writes(..)"),
         }
+    }
+}
+
+/// Reads a store's queue of waiters on its server, for the arrival-order cases: each
+/// waiter is seen queued in the store before the next one arrives, an observed state
+/// rather than a pause a loaded machine can outlast.
+#[async_trait]
+pub trait Queue: Send + Sync {
+    /// How many owners wait in the store's queue for `key` (not counting its holder).
+    async fn waiting(&self, key: &Key) -> usize;
+}
+
+/// Waits until `queue` shows at least `n` owners waiting for `key`; fails with `what` after
+/// `within`.
+pub async fn until_queued(queue: &dyn Queue, key: &Key, n: usize, within: Duration, what: &str) {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let seen = queue.waiting(key).await;
+        if seen >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: never seen queued in the store ({seen} of {n} waiters after {within:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -170,8 +201,14 @@ pub struct Network {
     /// Whether an acquire whose reply is lost (dropped by the proxy, or reset after the
     /// request reached the server) has always been applied: the store's acquire is one
     /// request and one reply on a warm connection. The lost-reply and reset cases then
-    /// insist on seeing the applied grant, so that they cannot pass vacuously.
+    /// insist that their first, plain, fault left the grant applied; on other stores they
+    /// retry the fault until it does (and fail if it never does), so that they cannot pass
+    /// vacuously either way.
     pub lost_reply_applies: bool,
+    /// How much less than the time a lease has left the remaining TTL the store reports
+    /// may be (its rounding): 1 ms unless declared (etcd reports whole seconds, rounded
+    /// down).
+    pub remaining_resolution: Duration,
 }
 
 impl std::fmt::Debug for Network {
@@ -181,6 +218,7 @@ impl std::fmt::Debug for Network {
             .field("direct", &self.direct)
             .field("op_bound", &self.op_bound)
             .field("lost_reply_applies", &self.lost_reply_applies)
+            .field("remaining_resolution", &self.remaining_resolution)
             .finish_non_exhaustive()
     }
 }
@@ -199,7 +237,14 @@ impl Network {
             servers,
             op_bound: None,
             lost_reply_applies: false,
+            remaining_resolution: Duration::from_millis(1),
         }
+    }
+
+    /// Declares that the remaining TTL the store reports is rounded down to `resolution`.
+    pub fn remaining_resolution(mut self, resolution: Duration) -> Self {
+        self.remaining_resolution = resolution;
+        self
     }
 
     /// Declares that the store ends each call by itself within `bound`.
@@ -270,7 +315,7 @@ pub struct Fixture {
     /// The base TTL of timed cases: long enough for a renewal round trip on a loaded
     /// machine (e.g. 1 s for a local server).
     pub ttl: Duration,
-    /// The storage-side guard, or why there is none.
+    /// The storage-side guard the stale-writer case writes through.
     pub guard: GuardSupport,
     /// Whether (and how) another process can open the store.
     pub processes: OtherProcesses,
@@ -278,6 +323,13 @@ pub struct Fixture {
     pub network: Option<Network>,
     /// The extensions the store offers (none unless declared).
     pub extensions: Extensions,
+    /// The store's queue of waiters, read on its server: a store that claims
+    /// [`fifo_wait`](leasehold_core::Capabilities::fifo_wait) must let the suite see it.
+    pub queue: Option<Arc<dyn Queue>>,
+    /// The store of `docs/guarantees.md` the fixture is, for the cases' proofs
+    /// ([`proves`](Self::proves)): the suite macros set it from their `backend = …`;
+    /// [`Backend::Memory`](proof::Backend::Memory) (the default) checks nothing.
+    pub backend: proof::Backend,
     /// Keeps servers, proxies and temporary directories alive for the case.
     pub keep_alive: Box<dyn Any + Send + Sync>,
 }
@@ -291,14 +343,16 @@ impl std::fmt::Debug for Fixture {
             .field("processes", &self.processes)
             .field("network", &self.network)
             .field("extensions", &self.extensions)
+            .field("backend", &self.backend)
             .finish_non_exhaustive()
     }
 }
 
 impl Fixture {
-    /// A fixture with nothing declared beyond the store: the guard and holder-process
-    /// cases fail until the backend declares what it has ([`guard`](Self::guard) or
-    /// [`no_guard`](Self::no_guard); [`other_processes`](Self::other_processes) or
+    /// A fixture with nothing declared beyond the store: the stale-writer case writes
+    /// through the embedded SQLite guard unless the backend names its own
+    /// ([`guard`](Self::guard)), the holder-process cases fail until the backend declares
+    /// what it has ([`other_processes`](Self::other_processes) or
     /// [`this_process_only`](Self::this_process_only)), and the store must offer no
     /// extension until it declares which ([`expects_batch`](Self::expects_batch),
     /// [`expects_watcher`](Self::expects_watcher), [`expects_waiter`](Self::expects_waiter)).
@@ -307,10 +361,12 @@ impl Fixture {
             store,
             faults,
             ttl,
-            guard: GuardSupport::Undeclared,
+            guard: GuardSupport::Embedded,
             processes: OtherProcesses::Undeclared,
             network: None,
             extensions: Extensions::default(),
+            queue: None,
+            backend: proof::Backend::Memory,
             keep_alive: Box::new(()),
         }
     }
@@ -339,15 +395,10 @@ impl Fixture {
         self
     }
 
-    /// Declares the backend's storage-side guard.
+    /// Declares the guard in the backend's own database, for the stale-writer case to
+    /// write through instead of the embedded SQLite guard.
     pub fn guard(mut self, writes: Arc<dyn FencedWrites>) -> Self {
         self.guard = GuardSupport::Writes(writes);
-        self
-    }
-
-    /// Declares that the backend has no storage-side guard, and why.
-    pub fn no_guard(mut self, why: &'static str) -> Self {
-        self.guard = GuardSupport::Absent(why);
         self
     }
 
@@ -361,6 +412,13 @@ impl Fixture {
     /// Declares that the store lives in this process only.
     pub fn this_process_only(mut self) -> Self {
         self.processes = OtherProcesses::ThisProcessOnly;
+        self
+    }
+
+    /// Declares how the suite reads the store's queue of waiters (for a store that claims
+    /// [`fifo_wait`](leasehold_core::Capabilities::fifo_wait)).
+    pub fn queue(mut self, queue: Arc<dyn Queue>) -> Self {
+        self.queue = Some(queue);
         self
     }
 
@@ -379,6 +437,21 @@ impl Fixture {
     pub fn client(&self) -> LeaseClient {
         LeaseClient::new(self.store.clone(), self.config())
     }
+
+    /// Tags the case as proving this fixture's store × `fault` ([`proof`]): a case's first
+    /// statement, `let _proof = fx.proves(Fault::…);`. When the case ends without a panic,
+    /// the proof fails it unless the test kit saw `fault` injected on this store.
+    pub fn proves(&self, fault: proof::Fault) -> proof::Proof {
+        proof::proves(self.backend, fault)
+    }
+}
+
+/// Suspends this process's host for `d`, as [`leasehold_core::clock::suspend_host`] does
+/// (at the layer that reads `CLOCK_BOOTTIME`), and records it for the test's proof
+/// ([`proof::Injected::HostSuspended`]).
+pub fn suspend_host(d: Duration) {
+    leasehold_core::clock::suspend_host(d);
+    proof::record(proof::Injected::HostSuspended);
 }
 
 /// The future of one case.
@@ -429,62 +502,66 @@ macro_rules! send_sync {
     };
 }
 
-/// Calls `$crate::$mac!($args ; case, case, …)` with the one list of every case of
-/// [`cases`], so the generated tests and [`CASES`] cannot drift apart.
+/// Calls `$crate::$mac!($args ; module::case, …)` with the one list of every case of
+/// [`cases`] and [`holder_faults`], so the generated tests and [`CASES`] cannot drift
+/// apart.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __with_cases {
     ($mac:ident ! ($($args:tt)*)) => {
-        $crate::$mac! { $($args)* ; cases ;
-            acquire_release,
-            contended_try_acquire,
-            concurrent_contenders_exclusive_and_fences_increase,
-            same_owner_reacquire_returns_same_fence,
-            fence_never_reused_after_release,
-            fence_never_reused_after_expiry,
-            late_release_leaves_new_owner_intact,
-            only_owner_renews_or_releases,
-            renew_extends_ttl,
-            renew_many_answers_each_lease_in_order,
-            renewal_after_own_expiry_is_refused,
-            inspect_reports_holder,
-            max_hold_fires_lost,
-            lost_within_one_renew_interval_after_forget,
-            lost_before_expiry_when_unreachable,
-            waiting_acquire_gets_released_lease,
-            waiters_are_served_in_arrival_order,
-            ambiguous_acquire_reply_returns_same_lease,
-            stale_writer_rejected_by_guard,
-            holder_killed_is_taken_over_after_its_ttl,
-            bad_input_gets_typed_errors,
-            capabilities_are_honest,
-            records_are_fenced_writes,
-            racing_record_writes_keep_the_highest_fence,
-            one_leader_at_a_time_and_terms_rise,
-            semaphore_admits_at_most_n_holders,
-            lost_permit_returns_after_its_ttl_only,
-            watch_notices_grants_releases_and_record_writes,
-            acquire_any_takes_the_owners_key_or_the_first_free_one,
-            acquire_any_checked_takes_nothing_behind_another_value,
-            a_name_is_one_kind_of_resource,
+        $crate::$mac! { $($args)* ;
+            cases::acquire_release,
+            cases::contended_try_acquire,
+            cases::concurrent_contenders_exclusive_and_fences_increase,
+            cases::same_owner_reacquire_returns_same_fence,
+            cases::fence_never_reused_after_release,
+            cases::fence_never_reused_after_expiry,
+            cases::late_release_leaves_new_owner_intact,
+            cases::only_owner_renews_or_releases,
+            cases::renew_extends_ttl,
+            cases::renew_many_answers_each_lease_in_order,
+            cases::renewal_after_own_expiry_is_refused,
+            cases::inspect_reports_holder,
+            cases::max_hold_fires_lost,
+            cases::lost_within_one_renew_interval_after_forget,
+            cases::lost_before_expiry_when_unreachable,
+            cases::waiting_acquire_gets_released_lease,
+            cases::waiters_are_served_in_arrival_order,
+            cases::ambiguous_acquire_reply_returns_same_lease,
+            cases::stale_writer_rejected_by_guard,
+            cases::holder_killed_is_taken_over_after_its_ttl,
+            cases::bad_input_gets_typed_errors,
+            cases::capabilities_are_honest,
+            cases::records_are_fenced_writes,
+            cases::racing_record_writes_keep_the_highest_fence,
+            cases::one_leader_at_a_time_and_terms_rise,
+            cases::semaphore_admits_at_most_n_holders,
+            cases::lost_permit_returns_after_its_ttl_only,
+            cases::watch_notices_grants_releases_and_record_writes,
+            cases::acquire_any_takes_the_owners_key_or_the_first_free_one,
+            cases::acquire_any_checked_takes_nothing_behind_another_value,
+            cases::a_name_is_one_kind_of_resource,
+            holder_faults::row_01_holder_frozen_past_its_deadline_hears_lost_first_on_resume,
+            holder_faults::row_14_holder_wall_clock_jumps_change_nothing,
+            holder_faults::row_33_host_suspend_past_the_deadline_loses_the_lease,
         }
     };
 }
 
-/// Calls `$crate::$mac!($args ; case, case, …)` with the one list of every case of
+/// Calls `$crate::$mac!($args ; module::case, …)` with the one list of every case of
 /// [`fault_cases`].
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __with_fault_cases {
     ($mac:ident ! ($($args:tt)*)) => {
-        $crate::$mac! { $($args)* ; fault_cases ;
-            row_02_near_miss_freeze_keeps_the_lease,
-            row_04_server_paused_lost_before_store_expiry,
-            row_05_lost_reply_retry_returns_same_lease,
-            row_06_slow_replies_shorten_validity_and_too_slow_fails,
-            row_07_blackhole_no_answer_and_recovery,
-            row_08_reset_mid_command_idempotent_retry,
-            row_24_cancelled_acquires_leave_nothing_behind,
+        $crate::$mac! { $($args)* ;
+            fault_cases::row_02_near_miss_freeze_keeps_the_lease,
+            fault_cases::row_04_server_paused_lost_before_store_expiry,
+            fault_cases::row_05_lost_reply_retry_returns_same_lease,
+            fault_cases::row_06_slow_replies_shorten_validity_and_too_slow_fails,
+            fault_cases::row_07_blackhole_no_answer_and_recovery,
+            fault_cases::row_08_reset_mid_command_idempotent_retry,
+            fault_cases::row_24_cancelled_acquires_leave_nothing_behind,
         }
     };
 }
@@ -492,7 +569,7 @@ macro_rules! __with_fault_cases {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __case_table {
-    (; $module:ident ; $($case:ident),* $(,)?) => {
+    (; $($module:ident :: $case:ident),* $(,)?) => {
         &[$(
             $crate::Case {
                 name: stringify!($case),
@@ -507,7 +584,7 @@ macro_rules! __case_table {
     };
 }
 
-/// Every case of [`cases`], as [`conformance_suite!`] generates them.
+/// Every case of [`cases`] and [`holder_faults`], as [`conformance_suite!`] generates them.
 pub const CASES: &[Case] = __with_cases!(__case_table!());
 
 /// Every case of [`fault_cases`], as [`fault_suite!`] generates them.
@@ -522,11 +599,11 @@ pub const FAULT_CASES: &[Case] = __with_fault_cases!(__case_table!());
 /// `macros` and `rt-multi-thread` features) as a dev-dependency.
 #[macro_export]
 macro_rules! conformance_suite {
-    ($fixture:path) => {
-        $crate::__with_cases!(__case_tests!($fixture, none));
+    ($fixture:path, backend = $backend:ident) => {
+        $crate::__with_cases!(__case_tests!($fixture, $backend, none));
     };
-    ($fixture:path, holder = $open:path) => {
-        $crate::__with_cases!(__case_tests!($fixture, $open));
+    ($fixture:path, backend = $backend:ident, holder = $open:path) => {
+        $crate::__with_cases!(__case_tests!($fixture, $backend, $open));
     };
 }
 
@@ -536,34 +613,36 @@ macro_rules! conformance_suite {
 /// [`conformance_suite!`]).
 #[macro_export]
 macro_rules! fault_suite {
-    ($fixture:path) => {
-        $crate::__with_fault_cases!(__case_tests!($fixture, none));
+    ($fixture:path, backend = $backend:ident) => {
+        $crate::__with_fault_cases!(__case_tests!($fixture, $backend, none));
     };
-    ($fixture:path, holder = $open:path) => {
-        $crate::__with_fault_cases!(__case_tests!($fixture, $open));
+    ($fixture:path, backend = $backend:ident, holder = $open:path) => {
+        $crate::__with_fault_cases!(__case_tests!($fixture, $backend, $open));
     };
 }
 
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __case_tests {
-    ($fixture:path, none ; $module:ident ; $($case:ident),* $(,)?) => {
+    ($fixture:path, $backend:ident, none ; $($module:ident :: $case:ident),* $(,)?) => {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                let fixture = $fixture().await;
+                let mut fixture = $fixture().await;
+                fixture.backend = $crate::proof::Backend::$backend;
                 $crate::$module::$case(&fixture).await;
             }
         )*
     };
-    ($fixture:path, $open:path ; $module:ident ; $($case:ident),* $(,)?) => {
+    ($fixture:path, $backend:ident, $open:path ; $($module:ident :: $case:ident),* $(,)?) => {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 if $crate::holder::run_if_child($open).await {
                     return;
                 }
-                let fixture = $fixture().await;
+                let mut fixture = $fixture().await;
+                fixture.backend = $crate::proof::Backend::$backend;
                 $crate::$module::$case(&fixture).await;
             }
         )*

@@ -248,9 +248,11 @@ pub async fn a_newcomer_does_not_take_the_lease_past_a_waiter(
 }
 
 /// Three waiters, each a client on a store of its own (as three processes), queue one
-/// after the other: released, they get the lease in the order they came.
+/// after the other — each seen queued in the store before the next one asks: released,
+/// they get the lease in the order they came.
 pub async fn waiters_of_several_instances_are_served_in_arrival_order(
     open: impl AsyncFn() -> Arc<dyn Store>,
+    queue: &Queueing,
 ) {
     let holder = open().await;
     let k = key("fifo");
@@ -259,16 +261,15 @@ pub async fn waiters_of_several_instances_are_served_in_arrival_order(
     let got = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..3 {
-        let client = slow_polling_client(open().await);
-        let (got, k) = (got.clone(), k.clone());
+        let client = slow_polling_client(queue.wrap(open().await, i));
+        let (got, key) = (got.clone(), k.clone());
         tasks.push(tokio::spawn(async move {
-            let lease = client.acquire(k, Duration::from_secs(120)).await.unwrap();
+            let lease = client.acquire(key, Duration::from_secs(120)).await.unwrap();
             got.lock().unwrap().push(i);
             sleep(Duration::from_millis(300)).await;
             assert!(lease.release().await.unwrap());
         }));
-        // Each is in the queue before the next asks.
-        sleep(Duration::from_millis(700)).await;
+        queue.until_queued(&k, i + 1, &format!("waiter {i}")).await;
     }
     holder.release(&k, &h).await.unwrap();
     for t in tasks {
@@ -277,35 +278,52 @@ pub async fn waiters_of_several_instances_are_served_in_arrival_order(
     assert_eq!(*got.lock().unwrap(), vec![0, 1, 2]);
 }
 
+/// What the contenders case records, in the order it happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// Contender `i` started waiting in the store ([`Queueing::wrap`]).
+    Queued(usize),
+    /// Contender `i` was granted the lease.
+    Granted(usize),
+}
+
 /// `contenders` contenders, each on a store of its own (as many processes), loop on one
 /// key: acquire with a wait, hold 3 ms, release, acquire again at once. Each gets its
-/// turns: over 20 grants per contender, every contender has between half and one and a
-/// half times its share, and never waits for more than 3 turns of any other contender in
-/// a row.
+/// turns in arrival order: while a contender waits in the store's queue (from the moment
+/// it is seen there to its grant), no other contender is granted the lease twice — once
+/// for a contender ahead of it, and no more: one that came back after it queued is behind
+/// it. A store whose queue is on a server ([`Queueing::Server`]) is allowed one turn more,
+/// for a waiter whose request to join the queue was on its way when it was seen waiting.
+/// The bound counts turns, not time: a slow machine changes when each turn comes, not
+/// whose it is. Over 20 grants per contender, each also has between half and one and a
+/// half times its share (a contender that is never passed over but rarely asks).
 pub async fn contenders_take_turns_in_arrival_order(
     open: impl AsyncFn() -> Arc<dyn Store>,
+    queue: &Queueing,
     contenders: usize,
 ) {
     let grants = 20 * contenders;
-    let order = Arc::new(Mutex::new(Vec::<usize>::new()));
+    let log = Arc::new(Mutex::new(Vec::<Turn>::new()));
+    let granted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(contenders));
     let mut tasks = Vec::new();
     for i in 0..contenders {
-        let store = open().await;
+        let store = queue.wrap_logged(open().await, i, log.clone());
         let config = LeaseConfig::builder(Duration::from_secs(10))
             .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(100)).unwrap())
             .build()
             .unwrap();
         let client = LeaseClient::new(store, config);
-        let (order, start) = (order.clone(), start.clone());
+        let (log, granted, start) = (log.clone(), granted.clone(), start.clone());
         tasks.push(tokio::spawn(async move {
             start.wait().await;
-            while order.lock().unwrap().len() < grants {
+            while granted.load(std::sync::atomic::Ordering::SeqCst) < grants {
                 let lease = client
                     .acquire("wait:fair", Duration::from_secs(60))
                     .await
                     .expect("a turn within a minute");
-                order.lock().unwrap().push(i);
+                log.lock().unwrap().push(Turn::Granted(i));
+                granted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 sleep(Duration::from_millis(3)).await;
                 assert!(lease.release().await.unwrap());
             }
@@ -317,7 +335,46 @@ pub async fn contenders_take_turns_in_arrival_order(
             .expect("the contenders finish")
             .unwrap();
     }
-    let order = order.lock().unwrap()[..grants].to_vec();
+    let log = log.lock().unwrap().clone();
+    let order: Vec<usize> = log
+        .iter()
+        .filter_map(|t| match t {
+            Turn::Granted(i) => Some(*i),
+            Turn::Queued(_) => None,
+        })
+        .take(grants)
+        .collect();
+    let allowed = match queue {
+        Queueing::InProcess => 1,
+        Queueing::Server(_) => 2,
+    };
+    // While each contender waits, nobody else gets more than `allowed` turns.
+    let mut waiting: HashMap<usize, HashMap<usize, usize>> = HashMap::new();
+    let mut waits = 0;
+    for turn in &log {
+        match *turn {
+            Turn::Queued(i) => {
+                waiting.entry(i).or_default();
+            }
+            Turn::Granted(j) => {
+                if waiting.remove(&j).is_some() {
+                    waits += 1;
+                }
+                for (i, others) in &mut waiting {
+                    let n = others.entry(j).or_default();
+                    *n += 1;
+                    assert!(
+                        *n <= allowed,
+                        "contender {i} waited in the queue while {j} had {n} turns: {log:?}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        waits >= grants / 2,
+        "setup: too few turns were waited for in the queue ({waits} of {grants})"
+    );
     let share = grants / contenders;
     let counts: Vec<usize> = (0..contenders)
         .map(|i| order.iter().filter(|&&j| j == i).count())
@@ -326,20 +383,140 @@ pub async fn contenders_take_turns_in_arrival_order(
         counts.iter().all(|&c| c >= share / 2 && c <= share * 3 / 2),
         "turns per contender {counts:?}, share {share}"
     );
-    // Between two turns of one contender, no other contender has more than 3 turns.
-    for i in 0..contenders {
-        let mut since: HashMap<usize, usize> = HashMap::new();
-        for &j in &order {
-            if j == i {
-                since.clear();
-            } else {
-                let n = since.entry(j).or_default();
-                *n += 1;
-                assert!(
-                    *n <= 3,
-                    "contender {i} waited while {j} had {n} turns: {order:?}"
-                );
+}
+
+/// How the queue checks see a waiter queued in the store.
+pub enum Queueing {
+    /// The queue is in this process, and a waiter joins it when its `wait_released` is
+    /// first polled (SQLite's): a waiter is queued once that first poll is over (seen
+    /// through a wrapper of its store).
+    InProcess,
+    /// The queue is on the server: how many owners wait in it for a key, read there.
+    Server(Box<dyn crate::Queue>),
+}
+
+impl std::fmt::Debug for Queueing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::InProcess => f.write_str("InProcess"),
+            Self::Server(_) => f.write_str("Server(..)"),
+        }
+    }
+}
+
+impl Queueing {
+    /// `store` as waiter `i` uses it: for [`Queueing::InProcess`], wrapped so that its waits
+    /// are seen.
+    fn wrap(&self, store: Arc<dyn Store>, i: usize) -> Arc<dyn Store> {
+        self.wrap_with(store, i, None)
+    }
+
+    /// [`wrap`](Self::wrap), and each wait of waiter `i` noted in `log` once the waiter is
+    /// queued (on a server queue: once it is seen waiting, its request to join the queue
+    /// on its way).
+    fn wrap_logged(
+        &self,
+        store: Arc<dyn Store>,
+        i: usize,
+        log: Arc<Mutex<Vec<Turn>>>,
+    ) -> Arc<dyn Store> {
+        self.wrap_with(store, i, Some(log))
+    }
+
+    fn wrap_with(
+        &self,
+        store: Arc<dyn Store>,
+        i: usize,
+        log: Option<Arc<Mutex<Vec<Turn>>>>,
+    ) -> Arc<dyn Store> {
+        Arc::new(Seen {
+            inner: store,
+            i,
+            log,
+            seen: SEEN.clone(),
+        })
+    }
+
+    /// Waits until `n` waiters are queued for `k`.
+    async fn until_queued(&self, k: &Key, n: usize, what: &str) {
+        match self {
+            Queueing::Server(q) => crate::until_queued(&**q, k, n, SOON * 10, what).await,
+            Queueing::InProcess => {
+                let deadline = Instant::now() + SOON * 10;
+                loop {
+                    let seen = SEEN.lock().unwrap().get(k).map_or(0, |s| s.len());
+                    if seen >= n {
+                        return;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "{what}: never seen queued ({seen} of {n} waiters)"
+                    );
+                    sleep(Duration::from_millis(10)).await;
+                }
             }
+        }
+    }
+}
+
+/// The waiters seen queued by [`Seen`], per key: each test uses keys of its own.
+static SEEN: std::sync::LazyLock<Arc<Mutex<SeenWaiters>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The waiters (by number) seen queued for each key.
+type SeenWaiters = HashMap<Key, std::collections::HashSet<usize>>;
+
+/// A waiter's store, seeing its waits: once the inner `wait_released` has been polled
+/// once, the waiter is noted (in [`SEEN`], and in the contenders' log).
+#[derive(Debug)]
+struct Seen {
+    inner: Arc<dyn Store>,
+    i: usize,
+    log: Option<Arc<Mutex<Vec<Turn>>>>,
+    seen: Arc<Mutex<SeenWaiters>>,
+}
+
+impl leasehold_core::wrap::Forward for Seen {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    fn waiter(&self) -> Option<&dyn leasehold_core::WaitStore> {
+        self.inner
+            .waiter()
+            .map(|_| self as &dyn leasehold_core::WaitStore)
+    }
+}
+
+#[async_trait::async_trait]
+impl leasehold_core::WaitStore for Seen {
+    async fn wait_released(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        t: Duration,
+    ) -> Result<(), StoreError> {
+        let mut wait = std::pin::pin!(wait(&*self.inner).wait_released(key, owner, t));
+        let first = futures::poll!(wait.as_mut());
+        self.seen
+            .lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_default()
+            .insert(self.i);
+        if let Some(log) = &self.log {
+            let mut log = log.lock().unwrap();
+            // One note per wait for a turn (a wait woken early goes on in its place).
+            let last = log.iter().rev().find(|t| match t {
+                Turn::Queued(j) | Turn::Granted(j) => *j == self.i,
+            });
+            if last != Some(&Turn::Queued(self.i)) {
+                log.push(Turn::Queued(self.i));
+            }
+        }
+        match first {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => wait.await,
         }
     }
 }
@@ -383,34 +560,49 @@ pub async fn waiters_that_give_up_leave_the_queue(open: impl AsyncFn() -> Arc<dy
 /// With `fifo, contenders = N,` first, for a store that claims `fifo_wait` (a queue across
 /// processes), it adds the queue's checks: no newcomer past a waiter, arrival order across
 /// instances, waiters that give up leave the queue, N contenders taking turns, and the
-/// claim itself. `fifo_in_process` is for a store whose queue holds the waiters of one
-/// process only (SQLite): the same checks on instances of one process, and no claim.
+/// claim itself; `queue` is an async function taking `&` the setup's value and returning
+/// the [`Queue`](crate::Queue) that reads the store's queue on the server.
+/// `fifo_in_process` is for a store whose queue holds the waiters of one process only
+/// (SQLite): the same checks on instances of one process ([`Queueing::InProcess`]), and no
+/// claim.
 ///
 /// ```ignore
 /// leasehold_conformance::waiting_suite!(setup = common::start_db(), open = open);
-/// leasehold_conformance::waiting_suite!(fifo, contenders = 6, setup = common::start_db(), open = open);
+/// leasehold_conformance::waiting_suite!(fifo, contenders = 6, setup = common::start_db(), open = open, queue = queue);
 /// ```
 #[macro_export]
 macro_rules! waiting_suite {
-    (fifo, contenders = $n:expr, setup = $setup:expr, open = $open:expr) => {
-        $crate::waiting_suite!(@queue $n, true, $setup, $open);
+    (fifo, contenders = $n:expr, setup = $setup:expr, open = $open:expr, queue = $queue:expr) => {
+        $crate::waiting_suite!(@queue $n, true, $setup, $open,
+            |env| async move { $crate::waiting::Queueing::Server(($queue)(env).await) });
     };
     (fifo_in_process, contenders = $n:expr, setup = $setup:expr, open = $open:expr) => {
-        $crate::waiting_suite!(@queue $n, false, $setup, $open);
+        $crate::waiting_suite!(@queue $n, false, $setup, $open,
+            |_| async { $crate::waiting::Queueing::InProcess });
     };
-    (@queue $n:expr, $claimed:expr, $setup:expr, $open:expr) => {
+    (@queue $n:expr, $claimed:expr, $setup:expr, $open:expr, $queue:expr) => {
         $crate::waiting_suite!(setup = $setup, open = $open);
         $crate::waiting_suite!(@one a_newcomer_does_not_take_the_lease_past_a_waiter,
             a_newcomer_does_not_take_the_lease_past_a_waiter, $setup, $open);
-        $crate::waiting_suite!(@one waiters_of_several_instances_are_served_in_arrival_order,
-            waiters_of_several_instances_are_served_in_arrival_order, $setup, $open);
         $crate::waiting_suite!(@one waiters_that_give_up_leave_the_queue,
             waiters_that_give_up_leave_the_queue, $setup, $open);
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn waiters_of_several_instances_are_served_in_arrival_order() {
+            let env = $setup;
+            let queue = ($queue)(&env).await;
+            $crate::waiting::waiters_of_several_instances_are_served_in_arrival_order(
+                async || ($open)(&env).await,
+                &queue,
+            )
+            .await;
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn contenders_take_turns_in_arrival_order() {
             let env = $setup;
+            let queue = ($queue)(&env).await;
             $crate::waiting::contenders_take_turns_in_arrival_order(
                 async || ($open)(&env).await,
+                &queue,
                 $n,
             )
             .await;

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{FutureExt, StreamExt};
-use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, Network};
+use leasehold_conformance::{CASES, FAULT_CASES, Faults, FencedWrites, Fixture, Network, Queue};
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
@@ -67,8 +67,8 @@ enum Flaw {
     /// Each call is given 200 ms; a call that fails or takes longer is answered with a guess
     /// ("free", "not yours") instead of an error.
     GuessesWhenUnreachable,
-    /// The fixture declares neither a guard (nor its absence) nor whether other processes
-    /// can open the store: the cases that need them must fail, not skip.
+    /// The fixture does not declare whether other processes can open the store: the case
+    /// that needs a holder process must fail, not skip.
     Undeclared,
     /// The capabilities claim durable fences for a store in process memory.
     ClaimsDurableFences,
@@ -93,10 +93,19 @@ enum Flaw {
     /// `get_record` reads a copy that lags [`RECORD_LAG`] behind the writes (as a read
     /// from a lagging replica would): a record just written reads as absent.
     RecordReadsLag,
+    /// Acquire grants a held key to another owner (it breaks the holder's lease first).
+    GrantsHeld,
+    /// `wait_released` is never woken by a release: it returns at its timeout only.
+    NeverWakes,
+    /// The client counts the validity window from the reply, not the send: the store
+    /// grants three quarters of the TTL asked and reports as granted that plus the time
+    /// the call took, so the client's deadline (send + validity of the reported TTL) is
+    /// the reply + the validity of what was granted.
+    ValidityFromReply,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 24] = [
+    const ALL: [Flaw; 27] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -121,6 +130,9 @@ impl Flaw {
         Flaw::AcquireAnyIgnoresOwner,
         Flaw::CheckIgnoresRecord,
         Flaw::RecordReadsLag,
+        Flaw::GrantsHeld,
+        Flaw::NeverWakes,
+        Flaw::ValidityFromReply,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -147,7 +159,8 @@ struct Broken {
     flaw: Flaw,
     /// The grants seen, for [`Flaw::InspectLies`].
     cache: Mutex<HashMap<Key, LeaseInfo>>,
-    /// The order in which owners first waited, for [`Flaw::ClaimsFifo`].
+    /// The order in which owners first waited: the broken store's queue, as the suite
+    /// reads it ([`Queue`]), and the order [`Flaw::ClaimsFifo`] reverses.
     arrivals: Mutex<HashMap<OwnerToken, u32>>,
     /// The records written blindly, for [`Flaw::RecordIgnoresFence`].
     records: Mutex<HashMap<Key, Record>>,
@@ -235,6 +248,24 @@ impl Broken {
                     AcquireOutcome::Held { remaining: None },
                 )
                 .await
+            }
+            Flaw::GrantsHeld => match self.inner.acquire(key, owner, ttl).await? {
+                AcquireOutcome::Held { .. } => {
+                    self.inner.break_lease(key).await?;
+                    self.inner.acquire(key, owner, ttl).await
+                }
+                granted => Ok(granted),
+            },
+            Flaw::ValidityFromReply => {
+                let started = tokio::time::Instant::now();
+                let granted = (ttl - ttl / 4).max(leasehold_core::config::MIN_TTL);
+                match self.inner.acquire(key, owner, granted).await? {
+                    AcquireOutcome::Acquired { fence, ttl } => Ok(AcquireOutcome::Acquired {
+                        fence,
+                        ttl: ttl + started.elapsed(),
+                    }),
+                    held => Ok(held),
+                }
             }
             _ => self.inner.acquire(key, owner, ttl).await,
         }
@@ -535,13 +566,18 @@ impl WaitStore for Broken {
         let Some(waiter) = self.inner.waiter() else {
             return Err(StoreError::unsupported("broken", "waiting for release"));
         };
+        if self.flaw == Flaw::NeverWakes {
+            tokio::time::sleep(timeout).await;
+            return Ok(());
+        }
+        // Its queue: the order in which owners first waited (for `Queue`).
+        let arrived = {
+            let mut a = self.arrivals.lock().unwrap();
+            let n = a.len() as u32;
+            *a.entry(*owner).or_insert(n)
+        };
         let res = waiter.wait_released(key, owner, timeout).await;
         if self.flaw == Flaw::ClaimsFifo {
-            let arrived = {
-                let mut a = self.arrivals.lock().unwrap();
-                let n = a.len() as u32;
-                *a.entry(*owner).or_insert(n)
-            };
             tokio::time::sleep(Duration::from_millis(200) * 10u32.saturating_sub(arrived)).await;
         }
         res
@@ -568,54 +604,57 @@ impl Faults for MemoryFaults {
     }
 }
 
-/// An in-memory guard (for the stale-writer case on memory-backed broken stores).
+/// A guard that accepts every fence ([`Flaw::GuardIgnoresFence`]), in memory.
 #[derive(Default)]
-struct MemoryGuard {
-    rows: Mutex<HashMap<String, (Fence, String)>>,
-    ignores_fence: bool,
+struct FenceBlindGuard {
+    rows: Mutex<HashMap<String, String>>,
 }
 
 #[async_trait]
-impl FencedWrites for MemoryGuard {
-    async fn write(&self, resource: &str, fence: Fence, value: &str) -> Result<bool, StoreError> {
+impl FencedWrites for FenceBlindGuard {
+    async fn write(&self, resource: &str, _: Fence, value: &str) -> Result<bool, StoreError> {
         let mut rows = self.rows.lock().unwrap();
-        let stale = rows.get(resource).is_some_and(|(f, _)| fence < *f);
-        if stale && !self.ignores_fence {
-            return Ok(false);
-        }
-        rows.insert(resource.to_owned(), (fence, value.to_owned()));
+        rows.insert(resource.to_owned(), value.to_owned());
         Ok(true)
     }
     async fn read(&self, resource: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .rows
-            .lock()
-            .unwrap()
-            .get(resource)
-            .map(|(_, v)| v.clone()))
+        Ok(self.rows.lock().unwrap().get(resource).cloned())
     }
 }
 
 fn memory_fixture(flaw: Flaw) -> Fixture {
     let inner = MemoryStore::new();
     let faults = Arc::new(FaultStore::new(Arc::new(inner.clone())));
-    let guard = MemoryGuard {
-        ignores_fence: flaw == Flaw::GuardIgnoresFence,
-        ..MemoryGuard::default()
-    };
+    let broken = Arc::new(Broken::new(faults.clone(), flaw));
     let fx = Fixture::new(
-        Arc::new(Broken::new(faults.clone(), flaw)),
+        broken.clone(),
         Arc::new(MemoryFaults(inner, faults)),
         Duration::from_millis(600),
-    );
+    )
+    .queue(Arc::new(Arrivals(broken)));
     if flaw == Flaw::Undeclared {
         return fx;
     }
-    fx.guard(Arc::new(guard))
-        .this_process_only()
+    // Every other flaw's stale-writer case writes through the embedded SQLite guard.
+    let fx = if flaw == Flaw::GuardIgnoresFence {
+        fx.guard(Arc::new(FenceBlindGuard::default()))
+    } else {
+        fx
+    };
+    fx.this_process_only()
         .expects_batch()
         .expects_watcher()
         .expects_waiter()
+}
+
+/// The broken store's queue: the owners that have waited (one key is waited on per case).
+struct Arrivals(Arc<Broken>);
+
+#[async_trait]
+impl Queue for Arrivals {
+    async fn waiting(&self, _: &Key) -> usize {
+        self.0.arrivals.lock().unwrap().len()
+    }
 }
 
 /// The fault hooks of the Redis-backed fixture: none of the cases run on it uses them.
@@ -657,7 +696,6 @@ async fn redis_fixture(flaw: Flaw) -> Fixture {
         Arc::new(NoFaults),
         Duration::from_secs(1),
     )
-    .no_guard("Redis has no storage-side guard")
     .other_processes(format!("{flaw:?}|{}", server.url()))
     .network(network)
     .expects_batch()
@@ -736,6 +774,9 @@ const ALL_CASES: &[&str] = &[
     "acquire_any_takes_the_owners_key_or_the_first_free_one",
     "acquire_any_checked_takes_nothing_behind_another_value",
     "a_name_is_one_kind_of_resource",
+    "row_01_holder_frozen_past_its_deadline_hears_lost_first_on_resume",
+    "row_14_holder_wall_clock_jumps_change_nothing",
+    "row_33_host_suspend_past_the_deadline_loses_the_lease",
     "row_02_near_miss_freeze_keeps_the_lease",
     "row_04_server_paused_lost_before_store_expiry",
     "row_05_lost_reply_retry_returns_same_lease",
@@ -746,6 +787,30 @@ const ALL_CASES: &[&str] = &[
 ];
 
 const KILLS: &[Kill] = &[
+    kill(
+        "row_01_holder_frozen_past_its_deadline_hears_lost_first_on_resume",
+        IgnoresExpiry,
+        Redis,
+        "frozen past its deadline: not taken over",
+    ),
+    kill(
+        "row_01_holder_frozen_past_its_deadline_hears_lost_first_on_resume",
+        ExpiresEarly,
+        Redis,
+        "frozen past its deadline: taken over before its TTL ran out",
+    ),
+    kill(
+        "row_14_holder_wall_clock_jumps_change_nothing",
+        ExpiresEarly,
+        Redis,
+        "a contender got the lease after the holder's jump",
+    ),
+    kill(
+        "row_33_host_suspend_past_the_deadline_loses_the_lease",
+        IgnoresExpiry,
+        Memory,
+        "host suspend: not taken over",
+    ),
     kill(
         "a_name_is_one_kind_of_resource",
         RecordReadsLag,
@@ -859,6 +924,12 @@ const KILLS: &[Kill] = &[
         InspectLies,
         Memory,
         "released key is free",
+    ),
+    kill(
+        "contended_try_acquire",
+        GrantsHeld,
+        Memory,
+        "expected Contended",
     ),
     kill(
         "contended_try_acquire",
@@ -988,6 +1059,12 @@ const KILLS: &[Kill] = &[
     ),
     kill(
         "waiting_acquire_gets_released_lease",
+        NeverWakes,
+        Memory,
+        "the waiter was not woken by the release",
+    ),
+    kill(
+        "waiting_acquire_gets_released_lease",
         FenceNeverAdvances,
         Memory,
         "must be above the released holder's",
@@ -1027,12 +1104,6 @@ const KILLS: &[Kill] = &[
         IgnoresExpiry,
         Redis,
         "not taken over within",
-    ),
-    kill(
-        "stale_writer_rejected_by_guard",
-        Undeclared,
-        Memory,
-        "the fixture must declare its storage-side guard",
     ),
     kill(
         "holder_killed_is_taken_over_after_its_ttl",
@@ -1084,6 +1155,12 @@ const KILLS: &[Kill] = &[
     ),
     kill(
         "row_06_slow_replies_shorten_validity_and_too_slow_fails",
+        ValidityFromReply,
+        Redis,
+        "the validity window must count from the send",
+    ),
+    kill(
+        "row_06_slow_replies_shorten_validity_and_too_slow_fails",
         IgnoresExpiry,
         Redis,
         "a too-slow acquire left a lease behind",
@@ -1118,9 +1195,27 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Panics print one line each, without a backtrace: every case run here is expected to
+/// panic, and a page of backtrace per expected panic pushed the one that matters (a case
+/// that failed at another assertion than its flaw's, which names both) out of the part of
+/// the output CI shows.
+fn one_line_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let at = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            eprintln!("panicked at {at}: {}", panic_message(info.payload()));
+        }));
+    });
+}
+
 /// Runs the case of `kill` against its broken store and checks that it fails, at the
 /// assertion `kill.reason` names.
 async fn must_fail(kill: &Kill) {
+    one_line_panics();
     // Started again as the holder process of a case: play it (and end there).
     leasehold_conformance::holder::run_if_child(open).await;
     let case = CASES
@@ -1201,6 +1296,9 @@ flaw_tests! {
     acquire_any_that_ignores_the_owners_key_is_caught: AcquireAnyIgnoresOwner,
     a_checked_acquire_that_ignores_the_record_is_caught: CheckIgnoresRecord,
     record_reads_that_lag_behind_the_writes_are_caught: RecordReadsLag,
+    granting_a_held_key_is_caught: GrantsHeld,
+    a_waiter_never_woken_is_caught: NeverWakes,
+    validity_counted_from_the_reply_is_caught: ValidityFromReply,
 }
 
 #[test]
@@ -1247,4 +1345,29 @@ fn every_case_is_killed() {
     for k in KILLS {
         assert!(!k.reason.trim().is_empty(), "{k:?}: no reason");
     }
+}
+
+/// The contenders check of the waiting suite fails on a store that does not serve its
+/// waiters in turn: the in-memory store (its instances here share one store), whose
+/// release wakes every waiter, and whose releaser, acquiring again at once, takes the
+/// lease past them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfair_turns_are_caught() {
+    let store = MemoryStore::new();
+    let open = async || Arc::new(store.clone()) as Arc<dyn Store>;
+    let outcome = AssertUnwindSafe(
+        leasehold_conformance::waiting::contenders_take_turns_in_arrival_order(
+            open,
+            &leasehold_conformance::waiting::Queueing::InProcess,
+            6,
+        ),
+    )
+    .catch_unwind()
+    .await;
+    let payload = outcome.expect_err("the contenders check passed on a store without turns");
+    let message = panic_message(&*payload);
+    assert!(
+        message.contains("waited in the queue while"),
+        "the contenders check failed, but not on the turns: {message}"
+    );
 }

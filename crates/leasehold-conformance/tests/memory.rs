@@ -34,7 +34,6 @@ async fn fixture() -> Fixture {
         Arc::new(MemoryFaults(store, faults)),
         Duration::from_millis(600),
     )
-    .no_guard("the in-memory store has no storage-side guard")
     .this_process_only()
     // The fault-injecting wrapper always has a batch (the defaults over the memory
     // store, through its faultable calls); the watcher and waiter are the memory store's.
@@ -43,4 +42,4 @@ async fn fixture() -> Fixture {
     .expects_waiter()
 }
 
-leasehold_conformance::conformance_suite!(fixture);
+leasehold_conformance::conformance_suite!(fixture, backend = Memory);

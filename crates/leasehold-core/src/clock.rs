@@ -69,10 +69,10 @@ fn read_suspended_ns() -> u64 {
     use nix::time::{ClockId, clock_gettime};
     // BOOTTIME first: the difference can only come out slightly low (by the time between
     // the two reads), never high.
-    let boot = clock_gettime(ClockId::CLOCK_BOOTTIME);
+    let boot = boottime();
     let mono = clock_gettime(ClockId::CLOCK_MONOTONIC);
     match (boot, mono) {
-        (Ok(b), Ok(m)) => suspended_ns(b.into(), m.into()),
+        (Some(b), Ok(m)) => suspended_ns(b, m.into()),
         _ => 0,
     }
 }
@@ -80,6 +80,54 @@ fn read_suspended_ns() -> u64 {
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
 fn read_suspended_ns() -> u64 {
     0
+}
+
+/// The host's `CLOCK_BOOTTIME` (time since boot, suspended time included), `None` where
+/// the platform has none or it cannot be read. Every reading of it in leasehold goes
+/// through here, so that a test can suspend the host at this layer
+/// ([`suspend_host`], feature `test-util`).
+///
+/// One function for every platform (not a stub per platform): its mutants are then those
+/// of the code this machine compiles, which its tests can catch.
+pub fn boottime() -> Option<Duration> {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use nix::time::{ClockId, clock_gettime};
+        let read: Duration = clock_gettime(ClockId::CLOCK_BOOTTIME).ok()?.into();
+        Some(read.saturating_add(injected_suspend()))
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    None
+}
+
+/// Suspended time a test added to `CLOCK_BOOTTIME` ([`suspend_host`]), in ns.
+#[cfg(feature = "test-util")]
+static INJECTED_SUSPEND_NS: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(feature = "test-util")]
+fn injected_suspend() -> Duration {
+    Duration::from_nanos(INJECTED_SUSPEND_NS.load(Ordering::Acquire))
+}
+
+#[cfg(not(feature = "test-util"))]
+#[allow(clippy::unnecessary_wraps)]
+const fn injected_suspend() -> Duration {
+    Duration::ZERO
+}
+
+/// Models a host suspend of `d` where the host's clock is read: from now on every
+/// `CLOCK_BOOTTIME` reading of this process ([`boottime`], and so [`SystemClock`] and
+/// every lease timed on it) is `d` further on, while `CLOCK_MONOTONIC` (what timers sleep
+/// on) did not move — exactly what a resume from a suspend of `d` looks like to a
+/// process. Nothing is told: the background tasks notice as after a real resume, within
+/// [`SUSPEND_CHECK`]. Process-wide and for good. Feature `test-util`: for tests only
+/// (`leasehold_conformance::suspend_host` records it for the test's proof).
+#[cfg(feature = "test-util")]
+pub fn suspend_host(d: Duration) {
+    let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let _ = INJECTED_SUSPEND_NS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+        Some(v.saturating_add(ns))
+    });
 }
 
 /// The suspended time, in ns, from a `CLOCK_BOOTTIME` and a `CLOCK_MONOTONIC` reading:

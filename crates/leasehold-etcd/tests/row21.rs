@@ -1,6 +1,6 @@
 //! docs/faults.md row 21 on a private three-member etcd cluster: the leader killed while a lease
-//! is held and renewed, and a non-leader member stopped (`SIGSTOP`) while it is the
-//! holder's only endpoint. In both, the holder either keeps the lease (its renewals go on
+//! is held and renewed, and a non-leader member stopped (`SIGSTOP`) or killed while it is
+//! the holder's only endpoint. In each, the holder either keeps the lease (its renewals go on
 //! after the fault) or hears it lost no later than its validity deadline; a contender that
 //! keeps trying never gets the lease while the holder still believes it holds it; fences
 //! only rise (also across the killed member's restart).
@@ -11,6 +11,7 @@ use std::time::Duration;
 use leasehold_core::{Error, Fence, Key, Lease, LeaseClient, LeaseConfig};
 use leasehold_etcd::EtcdStore;
 use leasehold_testkit::EtcdCluster;
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use tokio::time::Instant;
 
 /// Whole seconds (etcd's resolution) with room for elections on a loaded machine.
@@ -114,6 +115,7 @@ fn kept_or_lost_in_time(holder: &Lease, fault_at: Instant) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_21a_leader_killed_while_held_kept_or_lost_in_time_fences_rise() {
+    let _proof = proves(Backend::Etcd, Fault::FailOver);
     let cluster = start_cluster().await;
     let a = client(&cluster.url()).await;
     let b = client(&cluster.url()).await;
@@ -165,8 +167,23 @@ async fn row_21a_leader_killed_while_held_kept_or_lost_in_time_fences_rise() {
     assert!(next.fence() > highest, "{:?} <= {highest:?}", next.fence());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row_21b_member_stopped_under_the_holder_kept_or_lost_in_time_fences_rise() {
+/// How the holder's only member is lost in [`member_lost_under_the_holder`].
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// Frozen (`SIGSTOP`): the holder's requests hang until their timeouts.
+    Paused,
+    /// Killed (`kill -9`): the holder's connections are refused.
+    Killed,
+}
+
+/// A follower is the holder's only endpoint (the contender's are the two others) and is
+/// lost under the held, renewed lease. The holder cannot reach the cluster: it cannot keep
+/// the lease; the two members left (a quorum) let the contender in once the holder's etcd
+/// lease expired, never while the holder still believes (checked at each of the
+/// contender's grants by `contend`), and the holder heard lost by its deadline. With the
+/// member back, the old holder's release leaves the new lease intact, and the next grant
+/// through that member has a higher fence.
+async fn member_lost_under_the_holder(loss: Loss) {
     let cluster = start_cluster().await;
     let lead = leader(&cluster).await;
     let follower = (lead + 1) % 3;
@@ -177,33 +194,39 @@ async fn row_21b_member_stopped_under_the_holder_kept_or_lost_in_time_fences_ris
     // The holder's only endpoint is the follower; the contender's are the two others.
     let a = client(&cluster.member(follower).url()).await;
     let b = client(&format!("etcd://{}", others.join(","))).await;
-    let k = key("member-stopped");
+    let k = key("member-lost");
     let holder = a.try_acquire(&k).await.expect("acquire");
     tokio::time::sleep(TTL / 2).await;
     assert!(holder.is_valid());
     let fault_at = Instant::now();
     {
         let c = cluster.clone();
-        tokio::task::spawn_blocking(move || c.member(follower).pause())
-            .await
-            .unwrap();
+        tokio::task::spawn_blocking(move || match loss {
+            Loss::Paused => c.member(follower).pause(),
+            Loss::Killed => c.member(follower).kill(),
+        })
+        .await
+        .unwrap();
     }
     let taken = contend(&holder, &b, &k).await;
     let kept = kept_or_lost_in_time(&holder, fault_at);
     eprintln!(
-        "row 21b: kept {kept}, taken {}, lost {:?}",
+        "row 21 ({loss:?}): kept {kept}, taken {}, lost {:?}",
         taken.is_some(),
         holder.lost_reason()
     );
     // The holder cannot reach the cluster: it cannot have kept the lease, and the two
     // members left (a quorum) let the contender in once the holder's etcd lease expired.
-    assert!(!kept, "renewed through a stopped member?");
+    assert!(!kept, "renewed through a lost member?");
     let taken = taken.expect("the contender gets the lease after the holder's TTL");
     {
         let c = cluster.clone();
-        tokio::task::spawn_blocking(move || c.member(follower).resume())
-            .await
-            .unwrap();
+        tokio::task::spawn_blocking(move || match loss {
+            Loss::Paused => c.member(follower).resume(),
+            Loss::Killed => c.start_again(follower),
+        })
+        .await
+        .unwrap();
     }
     // Back: the old holder's release does not touch the new holder's lease.
     assert!(
@@ -216,6 +239,22 @@ async fn row_21b_member_stopped_under_the_holder_kept_or_lost_in_time_fences_ris
     let next = a
         .acquire(&k, TTL * 3)
         .await
-        .expect("acquire through the resumed member");
+        .expect("acquire through the member back in the cluster");
     assert!(next.fence() > fence);
+}
+
+/// The holder's only member frozen (`SIGSTOP`): its renewals time out (docs/guarantees.md,
+/// etcd × server paused, on a cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_21b_member_stopped_under_the_holder_kept_or_lost_in_time_fences_rise() {
+    let _proof = proves(Backend::Etcd, Fault::ServerPaused);
+    member_lost_under_the_holder(Loss::Paused).await;
+}
+
+/// The holder's only member killed (`kill -9`) and started again: a member of the cluster
+/// lost under the holder (docs/guarantees.md, etcd × fail-over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_21c_member_killed_under_the_holder_lost_in_time_fences_rise() {
+    let _proof = proves(Backend::Etcd, Fault::FailOver);
+    member_lost_under_the_holder(Loss::Killed).await;
 }

@@ -13,6 +13,7 @@ use leasehold_core::{
 };
 use leasehold_etcd::{EtcdConfig, EtcdStore};
 use leasehold_testkit::EtcdServer;
+use leasehold_testkit::proof::{Backend, Fault, proves};
 
 fn key(name: &str) -> Key {
     Key::new(format!("etcd-test:{name}")).unwrap()
@@ -165,6 +166,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_lease_and_fences_survive_an_etcd_crash_restart() {
+    let _proof = proves(Backend::Etcd, Fault::RestartWithPersistence);
     let s = Solo::start().await;
     let k = key("restart");
     let a = OwnerToken::random();
@@ -193,6 +195,16 @@ async fn held_lease_and_fences_survive_an_etcd_crash_restart() {
     let info = eventually("inspect after restart", || s.store.inspect(&k)).await;
     let info = info.expect("a held lease survives the restart");
     assert_eq!((info.owner, info.fence), (a, fa));
+    // Held: nobody else gets it.
+    let other = OwnerToken::random();
+    match eventually("contend after restart", || {
+        s.store.acquire(&k, &other, Duration::from_secs(5))
+    })
+    .await
+    {
+        AcquireOutcome::Held { .. } => {}
+        other => panic!("a second owner got the held lease after the restart: {other:?}"),
+    }
     match eventually("renew after restart", || {
         s.store.renew(&k, &a, Duration::from_secs(30))
     })

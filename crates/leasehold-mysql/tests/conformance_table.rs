@@ -16,5 +16,5 @@ async fn open(url: String) -> Arc<dyn leasehold_core::Store> {
     common::open_store(common::Kind::Table, url).await
 }
 
-leasehold_conformance::conformance_suite!(fixture, holder = open);
-leasehold_conformance::fault_suite!(fixture, holder = open);
+leasehold_conformance::conformance_suite!(fixture, backend = Mysql, holder = open);
+leasehold_conformance::fault_suite!(fixture, backend = Mysql, holder = open);

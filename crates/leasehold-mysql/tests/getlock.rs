@@ -4,9 +4,11 @@
 //!   connection fires its lost signal within one renew interval and another store takes
 //!   the lease with a higher fence; then a break from another store (which `KILL`s the
 //!   holder's session) does the same.
-//! - `holder_process_paused_then_killed` (docs/faults.md rows 1 and 3 for a session-bound store): a
-//!   frozen holder process keeps its session, so the lock outlives the TTL until it wakes,
-//!   then its lost signal fires and the lock is free; a `kill -9`ed holder frees it at once.
+//! - `holder_process_paused_past_its_ttl_keeps_the_lock_until_it_wakes` (docs/faults.md row 1
+//!   for a session-bound store): a frozen holder process keeps its session, so the lock
+//!   outlives the TTL until it wakes, then its lost signal fires and only then is the lock
+//!   free; `holder_process_killed_frees_the_lock_at_once` (row 3): a `kill -9`ed holder
+//!   frees it at once.
 //!
 //! - `renewal_timeout_loses_lease_before_lock_is_free` (issue 10.2, docs/faults.md row 7): a renewal
 //!   blackholed past the store's operation bound makes the keeper end its session (which
@@ -40,6 +42,7 @@ use leasehold_core::{
     RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_mysql::{MySqlGetLockStore, lock_name};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{FaultProxy, ProxyMode, WorkerProcess};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -63,7 +66,7 @@ fn getlock_url(db: &common::Server) -> String {
 }
 
 /// In a child process started by [`worker`]: holds `gl:held` (`@held <fence>`) until its
-/// lost signal fires (`@lost <reason>`), then waits to be killed; returns `true` so the
+/// lost signal fires (`@lost <reason> <when, CLOCK_BOOTTIME µs>`), then waits to be killed; returns `true` so the
 /// test returns. In the test process: `false`.
 async fn run_worker_if_child() -> bool {
     let Ok(url) = std::env::var(WORKER_ENV) else {
@@ -74,7 +77,11 @@ async fn run_worker_if_child() -> bool {
     let lease = client.try_acquire("gl:held").await.expect("acquire");
     println!("@held {}", lease.fence().get());
     let reason = lease.lost().await;
-    println!("@lost {}", reason.as_str());
+    // When the library declared it lost, on CLOCK_BOOTTIME (every process's clock).
+    let lost_at = lease.lost().lost_at().expect("the lost signal fired");
+    let ago = tokio::time::Instant::now().saturating_duration_since(lost_at);
+    let now = leasehold_core::clock::boottime().expect("CLOCK_BOOTTIME");
+    println!("@lost {} {}", reason.as_str(), (now - ago).as_micros());
     sleep(LONG).await;
     true
 }
@@ -180,48 +187,112 @@ async fn killed_session_loses_lease_and_another_acquires() {
     assert!(next.release().await.unwrap());
 }
 
+/// docs/faults.md row 1 on `GET_LOCK`: a holder process frozen (`SIGSTOP`) past its TTL
+/// keeps its session, so the lock outlives the TTL while it is frozen: a contender asking
+/// every 50 ms for two TTLs is refused, and the store shows the frozen holder's fence. On
+/// resume the holder learns it lost the lease, and only then does its keeper let the
+/// session go: a contender asking every 2 ms from before the resume gets the lock after
+/// the instant the holder's library declared the lease lost (both read on
+/// `CLOCK_BOOTTIME`), with a higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holder_process_paused_then_killed() {
-    const TEST: &str = "holder_process_paused_then_killed";
+async fn holder_process_paused_past_its_ttl_keeps_the_lock_until_it_wakes() {
+    const TEST: &str = "holder_process_paused_past_its_ttl_keeps_the_lock_until_it_wakes";
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::MysqlGetlock, Fault::ProcessPause);
+    let db = common::start_db();
+    let url = getlock_url(&db);
+    let store = open(&url).await;
+    let key = Key::new("gl:held").unwrap();
+    let holder = worker(TEST, &url);
+    let held: u64 = wait_line(&holder, "held")[5..].parse().unwrap();
+    tokio::task::block_in_place(|| holder.pause());
+    let paused_at = Instant::now();
+    let other = OwnerToken::random();
+    let mut refused = 0;
+    while paused_at.elapsed() < common::TTL * 2 {
+        match store.acquire(&key, &other, common::TTL).await.unwrap() {
+            AcquireOutcome::Held { .. } => refused += 1,
+            got => panic!("a contender got the lock of a frozen holder: {got:?}"),
+        }
+        let info = store.inspect(&key).await.unwrap().expect("visible as held");
+        assert_eq!(info.fence.get(), held, "the frozen holder's lease");
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert!(refused >= 5, "the contender asked only {refused} times");
+    let contender = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(AcquireOutcome::Acquired { fence, .. }) =
+                    store.acquire(&key, &other, common::TTL).await
+                {
+                    let at = leasehold_core::clock::boottime().expect("CLOCK_BOOTTIME");
+                    return (at.as_micros(), fence);
+                }
+                sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    sleep(Duration::from_millis(100)).await;
+    assert!(
+        !contender.is_finished(),
+        "the contender got the lock while the holder was frozen"
+    );
+    holder.resume();
+    let lost = wait_line(&holder, "lost");
+    let words: Vec<&str> = lost.split_whitespace().collect();
+    assert!(
+        ["expired", "not_owner", "renew_failed"].contains(&words[1]),
+        "{lost}"
+    );
+    let lost_at: u128 = words[2].parse().unwrap();
+    let (got_at, fence) = timeout(LONG, contender)
+        .await
+        .expect("free once the holder woke up")
+        .unwrap();
+    assert!(
+        lost_at <= got_at,
+        "the contender got the lock {} µs before the frozen holder learned it had lost it",
+        lost_at - got_at
+    );
+    eprintln!(
+        "the contender got the lock {} µs after the holder learned it had lost it",
+        got_at - lost_at
+    );
+    assert!(
+        fence.get() > held,
+        "the next fence {fence} must be above {held}"
+    );
+    assert_eq!(
+        store.release(&key, &other).await.unwrap(),
+        leasehold_core::ReleaseOutcome::Released
+    );
+}
+
+/// docs/faults.md row 3 on `GET_LOCK`: while a holder process lives nobody else gets the
+/// lock; once it is killed (`kill -9`) the server ends its session and frees the lock at
+/// once (here: within two TTLs), with a higher fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_process_killed_frees_the_lock_at_once() {
+    const TEST: &str = "holder_process_killed_frees_the_lock_at_once";
+    if run_worker_if_child().await {
+        return;
+    }
+    let _proof = proves(Backend::MysqlGetlock, Fault::HolderCrash);
     let db = common::start_db();
     let url = getlock_url(&db);
     let store = open(&url).await;
     let client = LeaseClient::new(store.clone(), config());
     let key = Key::new("gl:held").unwrap();
-
-    // Paused past its TTL: the session (and the lock) outlive the TTL while it is frozen.
     let holder = worker(TEST, &url);
     let held: u64 = wait_line(&holder, "held")[5..].parse().unwrap();
-    holder.pause();
-    sleep(common::TTL * 2).await;
     assert!(
         matches!(client.try_acquire(&key).await, Err(Error::Contended { .. })),
-        "a frozen holder's session still holds the lock"
+        "a live holder's lock was granted to another owner"
     );
-    let info = store.inspect(&key).await.unwrap().expect("visible as held");
-    assert_eq!(info.fence.get(), held);
-    holder.resume();
-    let lost = wait_line(&holder, "lost");
-    assert!(
-        ["lost expired", "lost not_owner", "lost renew_failed"].contains(&lost.as_str()),
-        "{lost}"
-    );
-    // Its keeper saw the TTL pass without renewal and let the lock go.
-    let lease = client
-        .acquire(&key, common::TTL * 3)
-        .await
-        .expect("free once the holder woke up");
-    assert!(lease.fence().get() > held);
-    assert!(lease.release().await.unwrap());
-    drop(holder);
-
-    // Killed: the server ends its session and the lock at once.
-    let holder = worker(TEST, &url);
-    let held: u64 = wait_line(&holder, "held")[5..].parse().unwrap();
-    holder.kill();
+    tokio::task::block_in_place(|| holder.kill());
     let killed_at = Instant::now();
     let lease = client
         .acquire(&key, common::TTL * 3)
@@ -396,6 +467,7 @@ fn assert_no_overlap(t: &Takeover) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_timeout_loses_lease_before_lock_is_free() {
+    let _proof = proves(Backend::MysqlGetlock, Fault::NetworkPartition);
     // The keeper's bound (the store's `timeout`, 400 ms) is well under the heartbeat's
     // (1 s), so the keeper answers that renewal itself.
     let config = LeaseConfig::builder(Duration::from_secs(3))
@@ -428,6 +500,7 @@ async fn renewal_timeout_loses_lease_before_lock_is_free() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_abandoned_by_its_caller_keeps_the_lock_until_lost_is_reported() {
+    let _proof = proves(Backend::MysqlGetlock, Fault::NetworkPartition);
     // The heartbeat gives up on a renewal after 300 ms, the keeper only after 1 s: by then
     // nobody waits for its answer. Retries come 300 ms apart; 3 failures lose the lease.
     let config = LeaseConfig::builder(Duration::from_secs(3))
@@ -469,6 +542,7 @@ async fn restart_probe(key: &str, restart: fn(&common::Server)) -> takeover::Tak
 /// server can grant the lock to B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_restart_loses_the_lease_before_the_restarted_server_grants_it() {
+    let _proof = proves(Backend::MysqlGetlock, Fault::RestartWithPersistence);
     let t = restart_probe("gl:crash-probe", |db| db.restart()).await;
     assert_lost_before_the_takeover(&t);
 }
@@ -477,6 +551,7 @@ async fn crash_restart_loses_the_lease_before_the_restarted_server_grants_it() {
 /// and a start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_restart_loses_the_lease_before_the_restarted_server_grants_it() {
+    let _proof = proves(Backend::MysqlGetlock, Fault::RestartWithPersistence);
     let t = restart_probe("gl:clean-probe", |db| {
         db.stop();
         db.start_again();
@@ -534,6 +609,7 @@ impl leasehold_core::wrap::Forward for SlowBatch {
 /// A's `is_valid()` the moment it gets the lock: it must already be false.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_renewal_keeps_the_lock_until_the_loss_is_recorded_on_the_lease() {
+    let _proof = proves(Backend::MysqlGetlock, Fault::NetworkPartition);
     let db = common::start_db();
     let proxy = Arc::new(FaultProxy::start(db.addr()));
     // B's store, opened first with the usual bounds, creates the schema; A's, whose 400 ms
@@ -616,6 +692,7 @@ async fn a_timed_out_renewal_keeps_the_lock_until_the_loss_is_recorded_on_the_le
 /// since the last renewal that went through was sent; then it lets it go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_direct_callers_timed_out_renewal_keeps_the_lock_until_the_ttl() {
+    let _proof = proves(Backend::MysqlGetlock, Fault::NetworkPartition);
     let db = common::start_db();
     let proxy = FaultProxy::start(db.addr());
     // B's store creates the schema with the usual bounds (as in the test above).

@@ -64,7 +64,8 @@ leasehold_conformance::waiting_suite!(
     fifo,
     contenders = 6,
     setup = common::start_db(),
-    open = open
+    open = open,
+    queue = common::queue
 );
 
 /// A bare `wait_released` (by an owner this store never told `Held`, so not a lease

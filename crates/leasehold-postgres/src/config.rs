@@ -172,6 +172,11 @@ pub const DEFAULT_WAIT_SESSIONS: u32 = 64;
 #[non_exhaustive]
 pub enum Pooler {
     /// A direct connection, or a pooler in `session` mode.
+    ///
+    /// Not behind a transaction-pooling proxy: there the lease-table store's named
+    /// prepared statements meet server connections they were not made on. That fails with
+    /// a `Config` error naming `leasehold_pooler`, a protocol error, or (seen with
+    /// PgBouncer 1.18) runs another client's statement, so an answer may be wrong.
     #[default]
     None,
     /// A transaction-pooling proxy: the lease-table store sends each operation as one

@@ -55,6 +55,10 @@ async fn fixture() -> Fixture {
     let admin = connect(&pg.url()).await;
     let writes = common::PgWrites::new(common::admin_pool(&pg).await).await;
     let network = Network::new(vec![proxy.clone()], Arc::new(admin.clone()), pg.clone());
+    let queue = Arc::new(common::PgQueue {
+        pool: common::admin_pool(&pg).await,
+        table: false,
+    });
     Fixture::new(
         Arc::new(store),
         Arc::new(AdvisoryFaults {
@@ -64,6 +68,7 @@ async fn fixture() -> Fixture {
         Duration::from_secs(2),
     )
     .guard(Arc::new(writes))
+    .queue(queue)
     .other_processes(pg.url())
     .network(network)
     .expects_watcher()
@@ -71,5 +76,5 @@ async fn fixture() -> Fixture {
     .keep_alive((pg, proxy))
 }
 
-leasehold_conformance::conformance_suite!(fixture, holder = open);
-leasehold_conformance::fault_suite!(fixture, holder = open);
+leasehold_conformance::conformance_suite!(fixture, backend = PostgresAdvisory, holder = open);
+leasehold_conformance::fault_suite!(fixture, backend = PostgresAdvisory, holder = open);

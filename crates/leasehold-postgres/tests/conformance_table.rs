@@ -53,6 +53,10 @@ async fn fixture() -> Fixture {
     let direct = common::table_store(&pg.url()).await;
     let writes = common::PgWrites::new(admin.clone()).await;
     let network = Network::new(vec![proxy.clone()], Arc::new(direct), pg.clone());
+    let queue = Arc::new(common::PgQueue {
+        pool: admin.clone(),
+        table: true,
+    });
     Fixture::new(
         Arc::new(store),
         Arc::new(TableFaults {
@@ -62,6 +66,7 @@ async fn fixture() -> Fixture {
         Duration::from_secs(2),
     )
     .guard(Arc::new(writes))
+    .queue(queue)
     .other_processes(pg.url())
     .network(network)
     .expects_watcher()
@@ -69,5 +74,5 @@ async fn fixture() -> Fixture {
     .keep_alive((pg, proxy))
 }
 
-leasehold_conformance::conformance_suite!(fixture, holder = open);
-leasehold_conformance::fault_suite!(fixture, holder = open);
+leasehold_conformance::conformance_suite!(fixture, backend = Postgres, holder = open);
+leasehold_conformance::fault_suite!(fixture, backend = Postgres, holder = open);

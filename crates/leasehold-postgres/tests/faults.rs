@@ -15,13 +15,13 @@ use leasehold_conformance::takeover::{
     Takeover, assert_lost_before_the_takeover, restart_takeover,
 };
 use leasehold_core::{
-    AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken, RenewOutcome,
-    Store,
+    AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken, Store,
 };
 use leasehold_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use leasehold_postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgGuard, guard, store_error};
 use leasehold_testkit::PostgresOptions;
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use tokio::time::{Instant, timeout};
 
 fn name(s: &str) -> leasehold_core::ResourceName {
@@ -170,38 +170,134 @@ async fn f16_table_lease_survives_killed_sessions() {
     assert!(lease.release().await.unwrap());
 }
 
-/// docs/faults.md row 9 (PostgreSQL): a clean restart keeps leases and fences; the pool reconnects.
+/// docs/faults.md row 9 (PostgreSQL): a clean restart (fast shutdown, then a start on the
+/// same data) under a held lease keeps it: the holder's lease stays valid throughout and
+/// is renewed after the restart (the pool reconnects), the store shows the same owner and
+/// fence, a contender asking every 5 ms from before the restart until after that renewal
+/// is never granted it (and is refused by the restarted server), the holder still holds
+/// it at its release, and the next fence is higher.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f9_clean_restart_keeps_leases() {
+    let _proof = proves(Backend::Postgres, Fault::RestartWithPersistence);
     let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
-    let store = common::table_store(&pg.url()).await;
-    let key = Key::new("job:f9").unwrap();
-    let owner = OwnerToken::random();
-    let AcquireOutcome::Acquired { fence, .. } = store
-        .acquire(&key, &owner, Duration::from_secs(60))
+    let a = Arc::new(common::table_store(&pg.url()).await);
+    let b = Arc::new(common::table_store(&pg.url()).await);
+    let server = pg.clone();
+    restart_under_a_held_lease(a, b, "job:f9", move || server.restart()).await;
+}
+
+/// A holds `key` through a lease client on `a` (TTL 30 s, renewed every 3 s, and lost only
+/// at its deadline however many renewals fail: a restart of a few seconds fits), while B,
+/// another store on the same server, asks for the lease every 5 ms; `restart` (blocking)
+/// restarts the server. Checks, while it happens and after, that the restart changed
+/// nothing: B is never granted the lease, and is refused by the restarted server; A's
+/// lease stays valid and is renewed after the restart; the store shows A's owner and
+/// fence; A still holds it at its release; the next fence is higher.
+async fn restart_under_a_held_lease(
+    a: Arc<dyn Store>,
+    b: Arc<dyn Store>,
+    key: &str,
+    restart: impl FnOnce() + Send + 'static,
+) {
+    let config = LeaseConfig::builder(Duration::from_secs(30))
+        .renew_interval(Duration::from_secs(3))
+        .op_timeout(Duration::from_secs(2))
+        .renew_failures_before_lost(1_000)
+        .build()
+        .unwrap();
+    let client = LeaseClient::new(a, config.clone());
+    let lease = Arc::new(client.try_acquire(key).await.unwrap());
+    let key = Key::new(key).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // B's answers: `Err((fence, A valid))` at a grant, else when it was last refused.
+    let contender = {
+        let (b, key, lease, stop) = (b.clone(), key.clone(), lease.clone(), stop.clone());
+        tokio::spawn(async move {
+            let owner = OwnerToken::random();
+            let mut refused = None;
+            while !stop.load(Ordering::SeqCst) {
+                match timeout(TTL, b.acquire(&key, &owner, TTL)).await {
+                    Ok(Ok(AcquireOutcome::Acquired { fence, .. })) => {
+                        return Err((fence, lease.is_valid()));
+                    }
+                    Ok(Ok(AcquireOutcome::Held { .. })) => refused = Some(Instant::now()),
+                    // The server is down or coming back: errors and timeouts.
+                    Ok(Err(_)) | Err(_) => {}
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(refused)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!contender.is_finished(), "B got the lease while A held it");
+    let began = Instant::now();
+    tokio::task::spawn_blocking(restart).await.unwrap();
+    let back = Instant::now();
+    // Only a renewal sent after the restart moves A's deadline past `back + validity`.
+    let validity = config.validity(config.ttl());
+    let renewed = timeout(LONG, async {
+        loop {
+            assert!(
+                lease.is_valid(),
+                "A lost its lease across the restart: {:?}",
+                lease.lost_reason()
+            );
+            let now = Instant::now();
+            if now + lease.remaining() >= back + validity {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("A renews its lease after the restart");
+    eprintln!(
+        "the server was back {:?} after the restart began; A renewed {:?} later",
+        back - began,
+        renewed - back
+    );
+    let info = b
+        .inspect(&key)
         .await
         .unwrap()
-    else {
-        panic!("free key")
-    };
-    let p = pg.clone();
-    tokio::task::spawn_blocking(move || p.restart())
-        .await
-        .unwrap();
-    // The first use of a pooled connection after the restart may fail; the next works.
-    let mut renewed = None;
-    for _ in 0..3 {
-        match store.renew(&key, &owner, Duration::from_secs(60)).await {
-            Ok(r) => {
-                renewed = Some(r);
-                break;
+        .expect("held after the restart");
+    assert_eq!(
+        (info.owner, info.fence),
+        (*lease.owner(), lease.fence()),
+        "the store must show A's lease after the restart"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let refused = match contender.await.unwrap() {
+        Ok(refused) => refused,
+        Err((fence, a_valid)) => panic!(
+            "B was granted the lease (fence {fence}, A's {}) across the restart; A {}",
+            lease.fence(),
+            if a_valid {
+                "still believed it held it"
+            } else {
+                "had lost it"
             }
-            Err(e) => assert!(e.is_retryable(), "{e}"),
-        }
+        ),
+    };
+    assert!(
+        refused.is_some_and(|at| at > back),
+        "B was never refused by the restarted server (last refused: {refused:?})"
+    );
+    assert!(lease.is_valid(), "{:?}", lease.lost_reason());
+    let a_fence = lease.fence();
+    let lease = Arc::try_unwrap(lease).expect("B's task has ended");
+    assert!(
+        lease.release().await.unwrap(),
+        "A no longer held its lease at its release"
+    );
+    match b.acquire(&key, &OwnerToken::random(), TTL).await.unwrap() {
+        AcquireOutcome::Acquired { fence, .. } => assert!(
+            fence > a_fence,
+            "the next fence {fence} must be above A's {a_fence}"
+        ),
+        held => panic!("not free after A's release: {held:?}"),
     }
-    assert!(matches!(renewed, Some(RenewOutcome::Renewed { .. })));
-    let info = store.inspect(&key).await.unwrap().unwrap();
-    assert_eq!((info.owner, info.fence), (owner, fence));
 }
 
 /// docs/faults.md row 18: `pg_ctl stop -m immediate` (SIGQUIT) under load with fsync on. Every
@@ -209,6 +305,7 @@ async fn f9_clean_restart_keeps_leases() {
 /// next lease fence is above every acknowledged one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
+    let _proof = proves(Backend::Postgres, Fault::RestartWithPersistence);
     let pg = Arc::new(common::start_pg(PostgresOptions::new().fsync(true)).await);
     assert_eq!(common::psql(&pg, "SHOW fsync").await, "on");
     let url = pg.url();
@@ -394,6 +491,7 @@ async fn advisory_restart_probe(key: &str, restart: fn(&leasehold_testkit::Postg
 /// lease at the shutdown, before the restarted server can grant the lock to B.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f9_advisory_restart_loses_the_lease_before_the_restarted_server_grants_it() {
+    let _proof = proves(Backend::PostgresAdvisory, Fault::RestartWithPersistence);
     let t = advisory_restart_probe("job:f9-probe", |pg| pg.restart()).await;
     assert_lost_before_the_takeover(&t);
 }
@@ -402,6 +500,7 @@ async fn f9_advisory_restart_loses_the_lease_before_the_restarted_server_grants_
 /// kernel closes every session's socket) and started again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f9_advisory_crash_restart_loses_the_lease_before_the_restarted_server_grants_it() {
+    let _proof = proves(Backend::PostgresAdvisory, Fault::RestartWithPersistence);
     let t = advisory_restart_probe("job:f9-crash-probe", |pg| {
         pg.kill();
         pg.start_again();

@@ -13,6 +13,7 @@ use leasehold_core::WatchStore;
 use leasehold_core::{GuardDecision, LeaseClient, LeaseConfig, StoreErrorKind};
 use leasehold_postgres::sqlx::{self, Connection};
 use leasehold_postgres::{PgAdvisoryStore, PgConfig, PgLeaseStore, guard};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{PgBouncer, PoolMode, Postgres};
 
 fn name(s: &str) -> leasehold_core::ResourceName {
@@ -44,6 +45,7 @@ fn pooled(bouncer: &PgBouncer) -> String {
 /// pooler) rejects a stale fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_table_store_and_guard_work_behind_a_transaction_pooler() {
+    let _proof = proves(Backend::Postgres, Fault::TransactionPooler);
     let (_pg, bouncer) = servers().await;
     let url = pooled(&bouncer);
     let first = PgLeaseStore::connect(&PgConfig::from_url(&url).unwrap())
@@ -160,6 +162,7 @@ async fn lease_table_store_and_guard_work_behind_a_transaction_pooler() {
 /// open with a configuration error that says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_store_refuses_a_transaction_pooler() {
+    let _proof = proves(Backend::PostgresAdvisory, Fault::TransactionPooler);
     let (_pg, bouncer) = servers().await;
     let err = PgAdvisoryStore::connect(&PgConfig::from_url(&pooled(&bouncer)).unwrap())
         .await
@@ -173,6 +176,7 @@ async fn advisory_store_refuses_a_transaction_pooler() {
 /// backend pid changed). It never holds on as if nothing happened.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_store_behind_a_transaction_pooler_fails_closed() {
+    let _proof = proves(Backend::PostgresAdvisory, Fault::TransactionPooler);
     let (_pg, bouncer) = servers().await;
     let url = bouncer.url_for_db("postgres");
     let store = match PgAdvisoryStore::connect(&PgConfig::from_url(&url).unwrap()).await {

@@ -17,6 +17,7 @@ use std::time::Duration;
 use leasehold_core::{Key, LeaseClient, LeaseConfig, Registry};
 use leasehold_postgres::sqlx::{self, PgPool};
 use leasehold_postgres::{PgFactory, guard};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{PostgresOptions, RedisServer, WorkerProcess};
 
 const TTL: Duration = Duration::from_secs(2);
@@ -256,6 +257,7 @@ async fn story_lease_and_guard_in_postgres() {
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::Postgres, Fault::ProcessPause);
     let pg = common::start_pg(PostgresOptions::new()).await;
     let files = tempfile::tempdir().unwrap();
     let store_url = format!("{}?leasehold_migrate=true", pg.url());
@@ -273,6 +275,7 @@ async fn story_lease_in_redis_guard_in_postgres() {
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::Redis, Fault::ProcessPause);
     let pg = common::start_pg(PostgresOptions::new()).await;
     let redis = blocking(RedisServer::start).await;
     let files = tempfile::tempdir().unwrap();

@@ -80,7 +80,8 @@ mod table {
         fifo,
         contenders = 8,
         setup = server().await,
-        open = open_table
+        open = open_table,
+        queue = common::table_queue
     );
 }
 
@@ -90,7 +91,8 @@ mod advisory {
         fifo,
         contenders = 8,
         setup = server().await,
-        open = open_advisory
+        open = open_advisory,
+        queue = common::advisory_queue
     );
 }
 

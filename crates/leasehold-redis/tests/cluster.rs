@@ -1,8 +1,11 @@
 //! Redis Cluster specifics against a private 3-master cluster: hash tags checked with the
 //! server's `CLUSTER KEYSLOT`, slot migration while a lease is held (docs/faults.md row 15),
-//! listing across primaries, a node killed and restarted without its data.
+//! listing across primaries, a node killed and restarted without its data, and with it (the
+//! append-only file on).
 
 mod common;
+#[path = "support/os_crash.rs"]
+mod os_crash;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +17,9 @@ use leasehold_core::{
 };
 use leasehold_core::{BatchStore, WaitStore, WatchStore};
 use leasehold_redis::{RedisConfig, RedisFactory, RedisStore};
-use tokio::time::{sleep, timeout};
+use leasehold_testkit::proof::{Backend, Fault, proves};
+use leasehold_testkit::{RedisCluster, RedisOptions};
+use tokio::time::{Instant, sleep, timeout};
 
 fn key(s: &str) -> Key {
     Key::new(s).unwrap()
@@ -281,6 +286,7 @@ async fn cluster_urls_open_through_the_registry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_kill_9_and_restart_fences_never_go_back() {
+    let _proof = proves(Backend::RedisCluster, Fault::RestartWithoutPersistence);
     let c = Cluster::start().await;
     let ttl = Duration::from_secs(5);
     let k = key("job:node-crash");
@@ -322,6 +328,241 @@ async fn node_kill_9_and_restart_fences_never_go_back() {
     }
     let next = next.expect("acquire after the node restart");
     assert!(next > highest, "fence went back: {next} <= {highest}");
+}
+
+/// docs/faults.md row 9 on a cluster whose nodes run with the append-only file on
+/// (`appendfsync everysec`, the default): the node owning a held, renewed lease's slot is
+/// killed (`kill -9`, no time for a sync) and started again on its directory. Redis wrote
+/// the grant and every renewal to the file before it replied, and the kernel keeps what
+/// was written when the process dies: the node comes back with the lease, its owner and
+/// its fence. For a TTL after the node is back (past the expiry of anything granted before
+/// the kill), a contender asking every 100 ms is refused each time while the holder stays
+/// valid; the holder's renewals go on on the restarted node; the next fence after its
+/// release is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_kill_9_with_appendonly_keeps_the_lease_and_its_fence() {
+    let _proof = proves(Backend::RedisCluster, Fault::RestartWithPersistence);
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(|| {
+            RedisCluster::start_with(3, RedisOptions::new().appendonly(true))
+        })
+        .await
+        .unwrap(),
+    );
+    let nodes: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!(
+        "redis+cluster://{}/?timeout=2s&connect_timeout=1s",
+        nodes.join(",")
+    );
+    let store = Arc::new(RedisStore::open(&url).await.unwrap());
+    let contender = RedisStore::open(&url).await.unwrap();
+    let ttl = Duration::from_secs(6);
+    let config = LeaseConfig::new(ttl).unwrap();
+    let client = LeaseClient::new(store.clone(), config.clone());
+    let k = key("job:node-crash-persisted");
+    let lease = client.try_acquire(&k).await.unwrap();
+    // A renewal before the crash, so that the file holds one too.
+    let granted = lease.valid_until();
+    while lease.valid_until() == granted {
+        assert!(lease.is_valid(), "lost before the crash");
+        sleep(Duration::from_millis(50)).await;
+    }
+    let (fence_key, lease_key) = (store.fence_key(&k), store.lease_key(&k));
+    let fence_record = {
+        let (cluster, fk) = (cluster.clone(), fence_key.clone());
+        tokio::task::spawn_blocking(move || cluster.cli(&["GET", &fk]))
+            .await
+            .unwrap()
+    };
+    let before = {
+        let (cluster, lk) = (cluster.clone(), lease_key.clone());
+        tokio::task::spawn_blocking(move || {
+            let node = cluster.node_for_slot(cluster.keyslot(&lk));
+            let before = node.cli(&["GET", &lk]);
+            node.restart(); // SIGKILL, start again on the same directory (and config file)
+            cluster.wait_state_ok(Duration::from_secs(30));
+            let after = node.cli(&["GET", &lk]);
+            assert_eq!(after, before, "the node came back without the lease");
+            before
+        })
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        before,
+        format!("{}:{}", lease.owner().to_hex(), lease.fence()),
+        "the lease key holds the owner and fence"
+    );
+    let back = Instant::now();
+    let fence_after = {
+        let (cluster, fk) = (cluster.clone(), fence_key.clone());
+        tokio::task::spawn_blocking(move || cluster.cli(&["GET", &fk]))
+            .await
+            .unwrap()
+    };
+    assert_eq!(fence_after, fence_record, "the fence record survived");
+    // For a TTL after the node is back: the contender is refused every time, the holder
+    // stays valid, and it renews on the restarted node (its deadline moves past `back`).
+    let other = OwnerToken::random();
+    let mut refused = 0;
+    while back.elapsed() < ttl {
+        match contender.acquire(&k, &other, ttl).await {
+            Ok(AcquireOutcome::Held { .. }) => refused += 1,
+            Ok(granted) => panic!(
+                "a contender got the lease after the node restart while its holder held it                  (valid: {}): {granted:?}",
+                lease.is_valid()
+            ),
+            // The connection to the restarted node broke with it.
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+        }
+        assert!(
+            lease.is_valid(),
+            "the holder lost its lease after the node restart: {:?}",
+            lease.lost_reason()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        refused >= 10,
+        "the contender was answered only {refused} times"
+    );
+    // A deadline past `back` + the validity comes from a renewal sent after `back`.
+    assert!(
+        lease.valid_until() > back + config.validity(ttl),
+        "no renewal on the restarted node: the deadline is {:?} after it came back",
+        lease.valid_until().saturating_duration_since(back)
+    );
+    let info = store.inspect(&k).await.unwrap().expect("still held");
+    assert_eq!((info.owner, info.fence), (*lease.owner(), lease.fence()));
+    let old = lease.fence();
+    assert!(lease.release().await.unwrap());
+    let next = client.try_acquire(&k).await.unwrap();
+    assert!(next.fence() > old, "fence {} after {old}", next.fence());
+    assert!(next.release().await.unwrap());
+}
+
+/// docs/faults.md row 31 on a cluster node: an operating-system crash of the node owning
+/// the keys, with `appendfsync everysec` (the default), simulated as on a single server
+/// (`os_crash::os_crash_after`): the acknowledged writes of the last second are lost. Holder
+/// H's grant vanished, so a contender acquires at once while H still believes; holder H2's
+/// renewal vanished, so the node frees its lease earlier than H2's deadline. Fences still
+/// rise: the contender's is above H's (the node's clock floor), though H's fence record
+/// was lost too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_os_crash_with_everysec_loses_the_last_second_fences_still_rise() {
+    let _proof = proves(Backend::RedisCluster, Fault::RestartWithPersistence);
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(|| {
+            RedisCluster::start_with(3, RedisOptions::new().appendonly(true))
+        })
+        .await
+        .unwrap(),
+    );
+    let nodes: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!(
+        "redis+cluster://{}/?timeout=2s&connect_timeout=1s",
+        nodes.join(",")
+    );
+    let store = Arc::new(RedisStore::open(&url).await.unwrap());
+    let ttl = Duration::from_secs(30);
+    let config = LeaseConfig::new(ttl).unwrap();
+    let client = LeaseClient::new(store.clone(), config.clone());
+    // Keys whose slots one node owns: H2's, then one per attempt of the crash window.
+    let keys: Vec<Key> = tokio::task::block_in_place(|| {
+        let node_of = |k: &Key| cluster.node_index_for_slot(cluster.keyslot(&store.lease_key(k)));
+        let first = key("job:os-crash-renewed");
+        let idx = node_of(&first);
+        let mut keys = vec![first];
+        keys.extend(
+            (0..)
+                .map(|i| key(&format!("job:os-crash-{i}")))
+                .filter(|k| node_of(k) == idx)
+                .take(5),
+        );
+        keys
+    });
+    let idx = tokio::task::block_in_place(|| {
+        cluster.node_index_for_slot(cluster.keyslot(&store.lease_key(&keys[0])))
+    });
+    let node = cluster.node(idx);
+    // H2's lease, granted before the window (synced by the time the window opens).
+    let renew_ttl = Duration::from_secs(8);
+    let (k2, h2) = (keys[0].clone(), OwnerToken::random());
+    store.acquire(&k2, &h2, renew_ttl).await.unwrap();
+    let marker = format!("{}:sync-marker", store.lease_key(&k2));
+    let (k, lease, renewed_at) = os_crash::os_crash_after(node, &marker, |round| {
+        let client = client.clone();
+        let (store, k2, h2) = (store.clone(), k2.clone(), h2);
+        let k = keys[1 + round as usize].clone();
+        async move {
+            let lease = client.try_acquire(&k).await.unwrap();
+            let renewed_at = Instant::now();
+            assert_eq!(
+                store.renew(&k2, &h2, renew_ttl).await.unwrap(),
+                RenewOutcome::Renewed { ttl: renew_ttl }
+            );
+            (k, lease, renewed_at)
+        }
+    })
+    .await;
+    tokio::task::block_in_place(|| cluster.wait_state_ok(Duration::from_secs(30)));
+    // H's grant is gone: a contender acquires at once, while H still believes, with a
+    // higher fence (the clock floor).
+    let contender = OwnerToken::random();
+    let mut got = None;
+    for _ in 0..20 {
+        match store.acquire(&k, &contender, ttl).await {
+            Ok(r) => {
+                got = Some(r);
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let fence = match got.expect("the node answers after the restart") {
+        AcquireOutcome::Acquired { fence, .. } => fence,
+        other => panic!("the lost grant is still there: {other:?}"),
+    };
+    assert!(
+        lease.is_valid(),
+        "H stopped believing before the contender's grant"
+    );
+    assert!(
+        fence > lease.fence(),
+        "fence went back: {fence} <= {}",
+        lease.fence()
+    );
+    // H2's lease is there (its grant was synced) but its renewal is gone: the node frees
+    // it before H2's deadline.
+    let info = store
+        .inspect(&k2)
+        .await
+        .unwrap()
+        .expect("H2's grant was synced");
+    assert_eq!(info.owner, h2);
+    let store_frees_at = Instant::now() + info.remaining.unwrap();
+    let h2_deadline = renewed_at + config.validity(renew_ttl);
+    assert!(
+        store_frees_at < h2_deadline,
+        "H2's renewal survived the crash (the node frees the lease {:?} after H2's deadline)",
+        store_frees_at - h2_deadline
+    );
+    // H learns at its next renewal.
+    assert_eq!(
+        store.renew(&k, lease.owner(), ttl).await.unwrap(),
+        RenewOutcome::NotOwner
+    );
 }
 
 /// `holder` holds `k` while `waiter` waits on it as a fresh owner; the shard subscriber

@@ -4,5 +4,13 @@
 
 mod common;
 
-leasehold_conformance::conformance_suite!(common::cluster_fixture, holder = common::open_store);
-leasehold_conformance::fault_suite!(common::cluster_fixture, holder = common::open_store);
+leasehold_conformance::conformance_suite!(
+    common::cluster_fixture,
+    backend = RedisCluster,
+    holder = common::open_store
+);
+leasehold_conformance::fault_suite!(
+    common::cluster_fixture,
+    backend = RedisCluster,
+    holder = common::open_store
+);

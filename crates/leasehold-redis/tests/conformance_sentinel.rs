@@ -5,5 +5,13 @@
 
 mod common;
 
-leasehold_conformance::conformance_suite!(common::sentinel_fixture, holder = common::open_store);
-leasehold_conformance::fault_suite!(common::sentinel_fixture, holder = common::open_store);
+leasehold_conformance::conformance_suite!(
+    common::sentinel_fixture,
+    backend = Redis,
+    holder = common::open_store
+);
+leasehold_conformance::fault_suite!(
+    common::sentinel_fixture,
+    backend = Redis,
+    holder = common::open_store
+);

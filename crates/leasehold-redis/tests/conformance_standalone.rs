@@ -4,5 +4,13 @@
 
 mod common;
 
-leasehold_conformance::conformance_suite!(common::standalone_fixture, holder = common::open_store);
-leasehold_conformance::fault_suite!(common::standalone_fixture, holder = common::open_store);
+leasehold_conformance::conformance_suite!(
+    common::standalone_fixture,
+    backend = Redis,
+    holder = common::open_store
+);
+leasehold_conformance::fault_suite!(
+    common::standalone_fixture,
+    backend = Redis,
+    holder = common::open_store
+);

@@ -14,6 +14,7 @@ use leasehold_core::{
     RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_redis::{EvictingPolicy, RedisConfig, RedisFactory, RedisStore};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{RedisOptions, RedisServer};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -100,6 +101,7 @@ impl Write for Captured {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_25_evicting_policy_is_refused_when_opening() {
+    let _proof = proves(Backend::Redis, Fault::Eviction);
     let s = evicting_server().await;
     let url = format!("{}?prefix=ev:", s.url());
 
@@ -204,6 +206,7 @@ async fn row_25_accepting_eviction_explicitly_opens_warns_and_says_may_evict() {
 /// tells them apart: the second fence is higher, even if the fence key was evicted too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_25_eviction_lets_a_second_holder_in_only_the_fence_protects() {
+    let _proof = proves(Backend::Redis, Fault::Eviction);
     let s = evicting_server().await;
     let url = format!("{}?prefix=ev:&allow_eviction=true", s.url());
     let store = RedisStore::open(&url).await.unwrap();
@@ -264,6 +267,7 @@ async fn row_25_eviction_lets_a_second_holder_in_only_the_fence_protects() {
 /// connection is refused, so renewals fail closed and the lease is lost by its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_25_policy_changed_then_reconnect_fails_closed() {
+    let _proof = proves(Backend::Redis, Fault::Eviction);
     let s = start(RedisOptions::new()).await;
     let url = format!("{}?prefix=ev:", s.url());
     let store = Arc::new(RedisStore::open(&url).await.unwrap());
@@ -359,6 +363,7 @@ async fn row_25_policy_changed_on_a_live_connection_is_found_within_policy_check
 /// On a Cluster every primary is checked: one evicting primary is enough to refuse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_25_cluster_with_one_evicting_primary_is_refused() {
+    let _proof = proves(Backend::RedisCluster, Fault::Eviction);
     let c = common::Cluster::start().await;
     let seeds: Vec<String> = c
         .cluster

@@ -9,6 +9,8 @@
 //! (7, 8), no lease key left found by `SCAN` (24). Row 5 is only there.
 
 mod common;
+#[path = "support/os_crash.rs"]
+mod os_crash;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use leasehold_core::{
     ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
 use leasehold_redis::{RedisConfig, RedisStore};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{ProxyMode, RedisOptions, WorkerProcess};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -103,6 +106,7 @@ async fn row_01_paused_holder_process() {
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::Redis, Fault::ProcessPause);
     let s = Standalone::start().await;
     let url = s.server.url();
     let ttl = Duration::from_secs(1);
@@ -183,6 +187,7 @@ async fn row_01_paused_holder_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_04_server_paused_lost_fires_before_store_expiry() {
+    let _proof = proves(Backend::Redis, Fault::ServerPaused);
     let s = Standalone::start().await;
     let ttl = Duration::from_secs(2);
     let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(ttl).unwrap());
@@ -342,6 +347,7 @@ async fn row_08_reset_mid_command_then_idempotent_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_07_blackhole_every_call_returns_within_its_timeout() {
+    let _proof = proves(Backend::Redis, Fault::NetworkPartition);
     let op_timeout = Duration::from_millis(500);
     let s = Standalone::start_with(RedisOptions::new(), |b| {
         b.op_timeout(op_timeout)
@@ -454,6 +460,7 @@ async fn swallowed_requests_never_shift_replies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_09_restart_without_persistence_holder_loses_fence_grows() {
+    let _proof = proves(Backend::Redis, Fault::RestartWithoutPersistence);
     let s = Standalone::start().await;
     let ttl = Duration::from_secs(2);
     let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(ttl).unwrap());
@@ -482,6 +489,7 @@ async fn row_09_restart_without_persistence_holder_loses_fence_grows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_09_restart_with_persistence_keeps_the_lease() {
+    let _proof = proves(Backend::Redis, Fault::RestartWithPersistence);
     let s = Standalone::start_with(RedisOptions::new().appendonly(true), |b| b).await;
     let k = key("job:persisted");
     let owner = OwnerToken::random();
@@ -520,6 +528,7 @@ async fn row_09_restart_with_persistence_keeps_the_lease() {
 /// it, and the next fence after its release is higher.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_09_kill_9_with_appendonly_keeps_the_lease_and_its_fence() {
+    let _proof = proves(Backend::Redis, Fault::RestartWithPersistence);
     let s = Standalone::start_with(RedisOptions::new().appendonly(true), |b| b).await;
     let ttl = Duration::from_secs(6);
     let client = LeaseClient::new(s.store.clone(), LeaseConfig::new(ttl).unwrap());
@@ -567,109 +576,6 @@ async fn row_09_kill_9_with_appendonly_keeps_the_lease_and_its_fence() {
     next.release().await.unwrap();
 }
 
-/// The host's wall clock, in whole seconds since the epoch.
-#[allow(clippy::disallowed_methods)] // the server's clock is the host's: which second it is now
-fn host_unix_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-async fn server_time(conn: &mut redis::aio::MultiplexedConnection) -> (u64, u64) {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
-    (secs, micros)
-}
-
-async fn info_field(conn: &mut redis::aio::MultiplexedConnection, field: &str) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg("persistence")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in INFO persistence:\n{info}"))
-        .trim()
-        .to_owned()
-}
-
-/// What an operating-system crash leaves of a server with `appendfsync everysec` (the
-/// default): the append-only file up to its last sync. Redis 7.0 starts a background
-/// sync at most once per wall-clock second (when its cached second is past the second of
-/// the last one), covering what was written up to then. The crash is simulated in that
-/// window: a fresh second begins; a marker write starts that second's sync, which is
-/// awaited (`aof_pending_bio_fsync:0`), and the file's length then is the synced length;
-/// the writes under test follow and are acknowledged; the server is frozen (`SIGSTOP`)
-/// while the host's clock is still in that second, so no later sync can have started;
-/// then it is killed, the file is cut back to the synced length (what the crash loses)
-/// and the server starts again. `attempt` runs the acknowledged writes; if the second
-/// ran out before the freeze (a loaded machine), the window is set up again with fresh
-/// keys (a precondition, not the outcome, is retried).
-async fn os_crash_after<T, F, Fut>(s: &Standalone, mut attempt: F) -> T
-where
-    F: FnMut(u32) -> Fut,
-    Fut: std::future::Future<Output = T>,
-{
-    let mut raw = redis::Client::open(s.server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let aof = s.server.aof_incr_file();
-    for round in 0..5u32 {
-        // Quiet for two seconds of the server's clock: everything written before has been
-        // synced, and the last sync was in an earlier second.
-        let (quiet_from, _) = server_time(&mut raw).await;
-        while server_time(&mut raw).await.0 < quiet_from + 2 {
-            sleep(Duration::from_millis(50)).await;
-        }
-        while info_field(&mut raw, "aof_pending_bio_fsync").await != "0" {
-            sleep(Duration::from_millis(10)).await;
-        }
-        // Some way into a fresh second (the server's cached second has caught up).
-        let (mut second, mut micros) = server_time(&mut raw).await;
-        while !(150_000..400_000).contains(&micros) {
-            sleep(Duration::from_millis(10)).await;
-            (second, micros) = server_time(&mut raw).await;
-        }
-        let _: () = redis::cmd("SET")
-            .arg("lh-test:sync-marker")
-            .arg(round)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        let synced = std::fs::metadata(&aof).unwrap().len();
-        while info_field(&mut raw, "aof_pending_bio_fsync").await != "0" {
-            sleep(Duration::from_millis(1)).await;
-        }
-        let out = attempt(round).await;
-        tokio::task::block_in_place(|| s.server.pause());
-        if host_unix_secs() != second {
-            // The second ran out: a sync may have covered the writes. Set it up again.
-            tokio::task::block_in_place(|| s.server.resume());
-            continue;
-        }
-        let written = std::fs::metadata(&aof).unwrap().len();
-        assert!(
-            written > synced,
-            "the acknowledged writes are not in the file"
-        );
-        tokio::task::block_in_place(|| {
-            s.server.kill();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&aof)
-                .unwrap()
-                .set_len(synced)
-                .unwrap();
-            s.server.start_again();
-        });
-        return out;
-    }
-    panic!("could not fit the writes and the freeze into one second in 5 tries");
-}
-
 /// An operating-system crash with `appendfsync everysec` (the default) loses the
 /// acknowledged writes of the last second: a grant and a renewal made just before it are
 /// gone after the restart. Holder H's grant vanished, so a contender acquires at once
@@ -679,6 +585,7 @@ where
 /// test, asserting that, failed: the contender acquired while H believed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_09_os_crash_with_everysec_loses_the_last_second_fences_still_rise() {
+    let _proof = proves(Backend::Redis, Fault::RestartWithPersistence);
     let s = Standalone::start_with(RedisOptions::new().appendonly(true), |b| b).await;
     let ttl = Duration::from_secs(30);
     let config = LeaseConfig::new(ttl).unwrap();
@@ -687,21 +594,22 @@ async fn row_09_os_crash_with_everysec_loses_the_last_second_fences_still_rise()
     let renew_ttl = Duration::from_secs(8);
     let (k2, h2) = (key("job:os-crash-renewed"), OwnerToken::random());
     s.store.acquire(&k2, &h2, renew_ttl).await.unwrap();
-    let (k, lease, renewed_at) = os_crash_after(&s, |round| {
-        let client = client.clone();
-        let (store, k2, h2) = (s.store.clone(), k2.clone(), h2);
-        async move {
-            let k = key(&format!("job:os-crash-{round}"));
-            let lease = client.try_acquire(&k).await.unwrap();
-            let renewed_at = Instant::now();
-            assert_eq!(
-                store.renew(&k2, &h2, renew_ttl).await.unwrap(),
-                RenewOutcome::Renewed { ttl: renew_ttl }
-            );
-            (k, lease, renewed_at)
-        }
-    })
-    .await;
+    let (k, lease, renewed_at) =
+        os_crash::os_crash_after(&s.server, "lh-test:sync-marker", |round| {
+            let client = client.clone();
+            let (store, k2, h2) = (s.store.clone(), k2.clone(), h2);
+            async move {
+                let k = key(&format!("job:os-crash-{round}"));
+                let lease = client.try_acquire(&k).await.unwrap();
+                let renewed_at = Instant::now();
+                assert_eq!(
+                    store.renew(&k2, &h2, renew_ttl).await.unwrap(),
+                    RenewOutcome::Renewed { ttl: renew_ttl }
+                );
+                (k, lease, renewed_at)
+            }
+        })
+        .await;
     // H's grant is gone: a contender acquires at once, while H still believes (two
     // holders at once: the row says so), with a higher fence (the clock floor).
     let contender = OwnerToken::random();
@@ -753,6 +661,7 @@ async fn row_09_os_crash_with_everysec_loses_the_last_second_fences_still_rise()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_10_kill_9_and_immediate_restart_fences_never_go_back() {
+    let _proof = proves(Backend::Redis, Fault::RestartWithoutPersistence);
     let s = Standalone::start().await;
     let ttl = Duration::from_secs(5);
     let k = key("job:kill9");

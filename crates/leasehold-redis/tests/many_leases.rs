@@ -105,7 +105,7 @@ async fn a_client_holding_a_hundred_thousand_leases_loses_none_and_renews_in_bat
         "{calls} renewal calls for {n} leases over {intervals} renew intervals"
     );
     // Resident memory is a noisy measure (the allocator's arenas, a loaded machine): the
-    // release runs quoted in the README measured 837–999 bytes per lease; this bound
+    // release runs quoted in docs/benchmarks.md measured 837–999 bytes per lease; this bound
     // catches a regression to the old scheduler's 8 KiB without failing on noise.
     assert!(
         per_lease < 1536,

@@ -26,6 +26,7 @@ use leasehold_core::{
 use leasehold_redis::{NodeAddr, RedisConfig, RedisConfigBuilder, RedisStore};
 use leasehold_sqlite::guard;
 use leasehold_sqlite::sqlx::{self, Connection};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{FakeWallClock, FaultProxy, ProxyMode, RedisSentinelSet};
 use tokio::time::{Instant, sleep};
 
@@ -107,6 +108,7 @@ fn sentinel_urls_parse_and_refuse_bad_input() {
 /// the replica had taken keeps its owner and fence; fences keep rising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follows_a_failover_to_the_new_primary() {
+    let _proof = proves(Backend::Redis, Fault::FailOver);
     let set = start("follow").await;
     // The periodic re-check of the primary (`policy_check`) is out of the picture: the
     // store must move at once, on `READONLY` or the sentinels' `+switch-master`.
@@ -206,6 +208,7 @@ async fn split_brain_set(name: &'static str) -> Arc<RedisSentinelSet> {
 /// it), so that its writes are not lost when the old primary is finally reconfigured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moves_on_switch_master_even_if_the_old_primary_still_takes_writes() {
+    let _proof = proves(Backend::Redis, Fault::FailOver);
     let set = split_brain_set("split").await;
     let store = open(&set, "&policy_check=60s").await;
     let first = set.primary_port();
@@ -254,6 +257,7 @@ async fn moves_on_switch_master_even_if_the_old_primary_still_takes_writes() {
 /// owner and fence (docs/faults.md row 11, replication-wait mode).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acknowledged_grants_fail_closed_and_survive_a_failover() {
+    let _proof = proves(Backend::Redis, Fault::FailOver);
     let set = start("acked").await;
     let store = open(&set, "&min_replicas=1").await;
     assert_eq!(store.config().min_replicas(), 1);
@@ -320,6 +324,7 @@ async fn replica_acknowledged_grants_fail_closed_and_survive_a_failover() {
 /// is higher (the clock floor), so the guard refuses A's write once B has written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_that_lost_the_grant_breaks_exclusion_but_not_the_fence() {
+    let _proof = proves(Backend::Redis, Fault::FailOver);
     let set = start("lost").await;
     let a_store = open(&set, "").await;
     let k = Key::new("job:lost").unwrap();
@@ -332,7 +337,13 @@ async fn a_failover_that_lost_the_grant_breaks_exclusion_but_not_the_fence() {
         })
         .await;
     }
-    let fa = fence(acquire(&a_store, &k, &a).await);
+    let a_sent = Instant::now();
+    let (fa, a_ttl) = match acquire(&a_store, &k, &a).await {
+        AcquireOutcome::Acquired { fence, ttl } => (fence, ttl),
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    // A believes until its deadline: the validity of its grant, counted from its send.
+    let a_deadline = a_sent + LeaseConfig::new(TTL).unwrap().validity(a_ttl);
     // The primary dies with A's grant; the replica, back, never saw it and is promoted.
     {
         let set = set.clone();
@@ -346,6 +357,13 @@ async fn a_failover_that_lost_the_grant_breaks_exclusion_but_not_the_fence() {
     let b_store = open(&set, "").await;
     let b = OwnerToken::random();
     let fb = fence(acquire(&b_store, &k, &b).await);
+    let b_granted = Instant::now();
+    assert!(
+        b_granted < a_deadline,
+        "B was granted {:?} after A's deadline: A no longer believed, no broken exclusion \
+         to test",
+        b_granted - a_deadline
+    );
     assert!(fb > fa, "fences rise across the fail-over: A {fa}, B {fb}");
     // The guard, in the database that receives the writes.
     let dir = tempfile::tempdir().unwrap();
@@ -541,6 +559,7 @@ fn proxied_store(
 /// replica's measured offset off the TTL it reports as granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_clock_ahead_never_ends_a_lease_its_holder_still_believes() {
+    let _proof = proves(Backend::Redis, Fault::FailOver);
     let (set, _clock) = set_with_replica_clock("ahead", "+5s").await;
     // The replica's clock really is ahead (libfaketime reached redis-server).
     let (p, r) = {

@@ -4,5 +4,13 @@
 
 mod common;
 
-leasehold_conformance::conformance_suite!(common::fixture, holder = common::open_store);
-leasehold_conformance::fault_suite!(common::fixture, holder = common::open_store);
+leasehold_conformance::conformance_suite!(
+    common::fixture,
+    backend = Redlock,
+    holder = common::open_store
+);
+leasehold_conformance::fault_suite!(
+    common::fixture,
+    backend = Redlock,
+    holder = common::open_store
+);

@@ -1,16 +1,22 @@
 //! Store tests against private servers: URLs and bad input, node failures (docs/faults.md rows 12
-//! and 13), and a history check of the fences across changing majorities.
+//! and 13), restarts of nodes that keep their data (the append-only file on), and a history
+//! check of the fences across changing majorities.
 
 mod common;
+// The simulated operating-system crash of a Redis server, shared with leasehold-redis.
+#[path = "../../leasehold-redis/tests/support/os_crash.rs"]
+mod os_crash;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Set, cli};
 use leasehold_core::{
-    AcquireOutcome, Fence, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+    AcquireOutcome, Fence, Key, Lease, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome,
+    RenewOutcome, Store, StoreErrorKind,
 };
 use leasehold_redlock::{RedlockConfig, RedlockStore};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{ProxyMode, RedisOptions, RedisServer};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -79,6 +85,7 @@ async fn bad_urls_and_unreachable_sets_get_typed_errors() {
 /// policy) unless `allow_eviction=true` says it is accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_may_evict_keys_is_refused_unless_allowed() {
+    let _proof = proves(Backend::Redlock, Fault::Eviction);
     let set = Set::start().await;
     let evicting = set.servers[1].port();
     assert_eq!(
@@ -211,6 +218,181 @@ async fn a_minority_down_or_paused_still_grants() {
     store.release(&k, &c).await.unwrap();
 }
 
+/// The lease and fence keys of `k` on every node, as `GET` shows them.
+async fn keys_on_nodes(set: &Set, k: &Key) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for s in &set.servers {
+        let lease = cli(s, &["GET", &set.store.lease_key(k)]).await;
+        let fence = cli(s, &["GET", &set.store.fence_key(k)]).await;
+        out.push((lease, fence));
+    }
+    out
+}
+
+/// For a TTL from `back`: a contender asking every 100 ms is refused each time while the
+/// holder stays valid, and the holder renews (a deadline past `back` plus the validity of
+/// its last grant comes from a renewal sent after `back`).
+async fn kept_through(what: &str, lease: &Lease, contender: &RedlockStore, back: Instant) {
+    let other = OwnerToken::random();
+    let mut refused = 0;
+    while back.elapsed() < lease_ttl() {
+        match contender.acquire(lease.key(), &other, lease_ttl()).await {
+            Ok(AcquireOutcome::Held { .. }) => refused += 1,
+            Ok(granted) => panic!(
+                "{what}: a contender got the lease while its holder held it (valid: {}): \
+                 {granted:?}",
+                lease.is_valid()
+            ),
+            // A connection the restart broke.
+            Err(e) => assert!(e.is_retryable(), "{what}: {e}"),
+        }
+        assert!(
+            lease.is_valid(),
+            "{what}: the holder lost its lease: {:?}",
+            lease.lost_reason()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        refused >= 10,
+        "{what}: the contender was answered only {refused} times"
+    );
+    let validity = LeaseConfig::new(lease_ttl()).unwrap().validity(lease.ttl());
+    assert!(
+        lease.valid_until() > back + validity,
+        "{what}: no renewal after the restart (deadline {:?} after it)",
+        lease.valid_until().saturating_duration_since(back)
+    );
+}
+
+/// The TTL of the lease held across restarts.
+fn lease_ttl() -> Duration {
+    Duration::from_secs(6)
+}
+
+/// Restarts of nodes that keep their data (`appendonly yes`, `appendfsync everysec`): a
+/// lease held and renewed by a lease client on all three nodes; each node in turn is
+/// killed (`kill -9`, no time for a sync) and started again on its directory, then all
+/// three at once. Redis wrote each grant and renewal to the file before it replied, and
+/// the kernel keeps what was written when the process dies: every node comes back with
+/// the lease key (owner and fence) and the fence key as they were, and the holder stays
+/// valid. After the restart of all three, for a TTL (past the expiry of anything granted
+/// before it: a set restarted empty would let the contender in at once), a contender is
+/// refused each time while the holder stays valid, and the holder's renewals go on on
+/// the restarted nodes; the next fence after its release is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_restarted_with_their_data_keep_the_lease_its_fence_and_its_renewals() {
+    let _proof = proves(Backend::Redlock, Fault::RestartWithPersistence);
+    let set = Set::start_with(3, RedisOptions::new().appendonly(true)).await;
+    let contender = RedlockStore::open(&set.url()).await.unwrap();
+    let client = LeaseClient::new(set.store.clone(), LeaseConfig::new(lease_ttl()).unwrap());
+    let k = key("persisted");
+    let lease = client.try_acquire(&k).await.unwrap();
+    let fence = lease.fence();
+    let held = keys_on_nodes(&set, &k).await;
+    for (i, (l, f)) in held.iter().enumerate() {
+        assert!(
+            l.starts_with(&lease.owner().to_hex()) && !f.is_empty(),
+            "setup: node {i} has no lease ({l:?}) or fence ({f:?})"
+        );
+    }
+    for (i, s) in set.servers.iter().enumerate() {
+        let s = s.clone();
+        tokio::task::spawn_blocking(move || s.restart())
+            .await
+            .unwrap();
+        let back = Instant::now();
+        assert_eq!(
+            keys_on_nodes(&set, &k).await,
+            held,
+            "node {i} restarted: the lease or fence keys changed"
+        );
+        // Two of three nodes would refuse even had it come back empty: the restarted
+        // node's own answer is checked by its keys, and the whole set's below.
+        assert!(
+            lease.is_valid(),
+            "node {i} restarted: the holder lost its lease"
+        );
+        assert!(
+            lease.valid_until() > back,
+            "node {i} restarted: the holder's deadline passed"
+        );
+    }
+    let s = set.servers.clone();
+    tokio::task::spawn_blocking(move || {
+        for s in &s {
+            s.kill();
+        }
+        for s in &s {
+            s.start_again();
+        }
+    })
+    .await
+    .unwrap();
+    let back = Instant::now();
+    assert_eq!(
+        keys_on_nodes(&set, &k).await,
+        held,
+        "every node restarted: the lease or fence keys changed"
+    );
+    kept_through("every node restarted", &lease, &contender, back).await;
+    let info = set.store.inspect(&k).await.unwrap().expect("still held");
+    assert_eq!((info.owner, info.fence), (*lease.owner(), fence));
+    assert!(lease.release().await.unwrap());
+    let (o, next) = acquire_fresh(&set.store, &k, TTL).await;
+    assert!(next > fence, "fence {next} after {fence}");
+    set.store.release(&k, &o).await.unwrap();
+}
+
+/// An operating-system crash of one node with `appendonly yes` and `appendfsync everysec`
+/// (the default), simulated as on a single server (`os_crash::os_crash_after`, docs/faults.md
+/// row 31: the node's file cut back to its last sync), under a holder with a bare majority
+/// (the third node cut off when it acquired): the node loses the holder's grant, so with
+/// the third node back a contender gets the lease while the holder still believes; its
+/// fence is higher (written back to a majority, floored at the node clocks), so the guard
+/// rejects the older holder's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_os_crash_under_a_bare_majority_holder_loses_its_grant_fences_still_rise() {
+    let _proof = proves(Backend::Redlock, Fault::RestartWithPersistence);
+    let set = Set::start_with(3, RedisOptions::new().appendonly(true)).await;
+    // A long TTL: the holder still believes when the contender asks.
+    let client = LeaseClient::new(
+        set.store.clone(),
+        LeaseConfig::new(Duration::from_secs(30)).unwrap(),
+    );
+    set.proxies[2].set_mode(ProxyMode::Reset);
+    let (k, lease) = os_crash::os_crash_after(&set.servers[1], "lh-test:sync-marker", |round| {
+        let client = client.clone();
+        async move {
+            let k = key(&format!("os-crash-{round}"));
+            let lease = client.try_acquire(&k).await.unwrap();
+            (k, lease)
+        }
+    })
+    .await;
+    set.proxies[2].set_mode(ProxyMode::Pass);
+    assert!(
+        on_node(&set, 0, &k).await,
+        "setup: the grant is not on node 0"
+    );
+    assert!(
+        !on_node(&set, 1, &k).await,
+        "the crashed node kept the grant of its last second"
+    );
+    assert!(!on_node(&set, 2, &k).await, "setup: node 2 took part");
+    let (c, fc) = acquire_fresh(&set.store, &k, TTL).await;
+    assert!(
+        lease.is_valid(),
+        "the holder stopped believing before the contender's grant"
+    );
+    assert!(
+        fc > lease.fence(),
+        "fence went back: {fc} <= {}",
+        lease.fence()
+    );
+    set.store.release(&k, &c).await.unwrap();
+}
+
 /// docs/faults.md row 12: two nodes of three down: the acquire is refused (never a grant), ends
 /// within its bounds, and leaves no lock on the live node; the same with the two nodes
 /// blackholed (their requests time out).
@@ -279,6 +461,7 @@ async fn a_majority_down_refuses_and_leaves_no_keys() {
 /// first holder's renewal says it lost it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_empty_or_forgetting_keeps_one_holder_and_fences_rise() {
+    let _proof = proves(Backend::Redlock, Fault::RestartWithoutPersistence);
     let set = Set::start().await;
     let store = &set.store;
     let k = key("restart");
@@ -349,6 +532,7 @@ async fn a_node_restarted_empty_or_forgetting_keeps_one_holder_and_fences_rise()
 /// carries the order, so the guard rejects the first holder's writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bare_majority_losing_a_node_to_restart_still_gets_rising_fences() {
+    let _proof = proves(Backend::Redlock, Fault::RestartWithoutPersistence);
     let set = Set::start().await;
     let store = &set.store;
     let k = key("bare-majority");

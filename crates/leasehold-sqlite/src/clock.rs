@@ -83,11 +83,12 @@ pub struct SystemHostClock;
 #[cfg(any(target_os = "linux", target_os = "android"))]
 impl HostClock for SystemHostClock {
     fn now(&self) -> Result<HostTime, StoreError> {
-        use nix::time::{ClockId, clock_gettime};
         let boot_id = boot_id()?;
-        let t = clock_gettime(ClockId::CLOCK_BOOTTIME)
-            .map_err(|e| clock_error(format!("cannot read CLOCK_BOOTTIME: {e}")))?;
-        let us = i64::try_from(Duration::from(t).as_micros()).unwrap_or(i64::MAX);
+        // The core's reading, so that a host suspend a test injects there
+        // (`leasehold_core::clock::suspend_host`) moves the store's expiry clock too.
+        let t = leasehold_core::clock::boottime()
+            .ok_or_else(|| clock_error("cannot read CLOCK_BOOTTIME"))?;
+        let us = i64::try_from(t.as_micros()).unwrap_or(i64::MAX);
         Ok(HostTime {
             boot_id,
             boottime_us: us,

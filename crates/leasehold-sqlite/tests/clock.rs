@@ -1,8 +1,11 @@
-//! docs/faults.md row 14 on SQLite with an injected clock: expiry runs on `CLOCK_BOOTTIME` tagged with
-//! the boot id, never on the wall clock. A wall-clock step changes nothing; the boot clock
-//! passing the TTL expires the lease; another boot id expires it; fences keep growing
-//! across all of it. And a file of the old format (expiry on the wall clock) is converted,
-//! never misread.
+//! SQLite's expiry clock, on an injected clock (`ManualHostClock`): expiry runs on
+//! `CLOCK_BOOTTIME` tagged with the boot id, never on the wall clock. A wall-clock step
+//! changes nothing; the boot clock passing the TTL expires the lease; another boot id (a
+//! reboot: SQLite's "restart with persistence", recorded for its proof) expires it; fences
+//! keep growing across all of it. And a file of the old format (expiry on the wall clock)
+//! is converted, never misread. An injected clock is not the system clock: the clock-jump
+//! and host-suspend rows are proven on it by the shared `row_14` and `row_33` cases
+//! (`conformance.rs`) and by `processes.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +14,7 @@ use leasehold_core::{
     AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
 use leasehold_sqlite::{HostClock, ManualHostClock, SqliteConfig, SqliteStore};
+use leasehold_testkit::proof::{self, Backend, Fault, proves};
 
 const TTL: Duration = Duration::from_secs(10);
 const HOUR_US: i64 = 3_600_000_000;
@@ -27,6 +31,13 @@ fn remaining_of(o: AcquireOutcome) -> Duration {
         AcquireOutcome::Held { remaining } => remaining.expect("SQLite reports it"),
         acquired => panic!("expected Held, got {acquired:?}"),
     }
+}
+
+/// The host reboots (another boot id), as its clock says; recorded for the test's proof
+/// (SQLite's "restart with persistence": the file outlives the host's boot).
+fn reboot(clock: &ManualHostClock) {
+    clock.reboot();
+    proof::record(proof::Injected::HostRebooted);
 }
 
 async fn store_with(clock: &Arc<ManualHostClock>) -> (tempfile::TempDir, SqliteStore) {
@@ -108,6 +119,7 @@ async fn the_boot_clock_passing_the_ttl_expires_the_lease() {
 
 #[tokio::test]
 async fn another_boot_id_expires_the_lease_and_fences_still_grow() {
+    let _proof = proves(Backend::Sqlite, Fault::RestartWithPersistence);
     let clock = Arc::new(ManualHostClock::new());
     let (_dir, store) = store_with(&clock).await;
     let k = Key::new("job:reboot").unwrap();
@@ -131,7 +143,7 @@ async fn another_boot_id_expires_the_lease_and_fences_still_grow() {
     );
     // The host reboots: its boot clock starts again at 1 s, far below that expiry, and
     // the process that held the lease is gone. The row is from another boot: expired.
-    clock.reboot();
+    reboot(&clock);
     assert_eq!(store.inspect(&k).await.unwrap(), None);
     assert!(store.list("").await.unwrap().is_empty());
     assert_eq!(

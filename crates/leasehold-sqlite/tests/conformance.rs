@@ -143,4 +143,4 @@ async fn fixture() -> Fixture {
     .keep_alive(dir)
 }
 
-leasehold_conformance::conformance_suite!(fixture, holder = open);
+leasehold_conformance::conformance_suite!(fixture, backend = Sqlite, holder = open);

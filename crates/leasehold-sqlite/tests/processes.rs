@@ -35,6 +35,7 @@ use leasehold_core::{
 };
 use leasehold_sqlite::{SqliteConfig, SqliteStore, guard};
 use leasehold_testkit::WorkerProcess;
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 use tokio::time::{Instant, sleep, timeout};
@@ -407,6 +408,7 @@ async fn holder_paused_past_ttl_is_fenced_off() {
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::Sqlite, Fault::ProcessPause);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fa.db");
     let store = Arc::new(open(&path).await);
@@ -464,6 +466,7 @@ async fn holder_killed_is_taken_over_within_ttl() {
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::Sqlite, Fault::HolderCrash);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kill.db");
     let store = Arc::new(open(&path).await);
@@ -497,6 +500,7 @@ async fn writer_paused_mid_transaction_gives_bounded_busy() {
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::Sqlite, Fault::ServerPaused);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f20.db");
     let go = dir.path().join("go");
@@ -565,6 +569,7 @@ async fn writer_killed_mid_transaction_leaves_no_half_written_row() {
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::Sqlite, Fault::HolderCrash);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f20k.db");
     let go = dir.path().join("never");
@@ -633,6 +638,7 @@ async fn a_wall_clock_jump_in_another_process_changes_nothing() {
     if run_worker_if_child().await {
         return;
     }
+    let _proof = proves(Backend::Sqlite, Fault::ClockJump);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jump.db");
     let path_s = path.to_str().unwrap();

@@ -460,9 +460,31 @@ impl ZkStore {
         let dir = self.lease_dir(key);
         let slot = (dir.clone(), *owner);
         let s = self.session().await?;
+        match self.release_in(&s, &dir, &slot, now).await {
+            // The session ended under the release (a holder frozen past its session
+            // timeout hears of it only now): the ensemble deleted every ephemeral node of
+            // that session when it expired it, this lease's included, so nothing of ours
+            // is left to delete. The next call starts a new session.
+            Err(e) if session_expired(&s, &e) => {
+                let id = s.id;
+                self.granted().retain(|_, g| g.session != id);
+                Ok(ReleaseOutcome::NotOwner)
+            }
+            other => other,
+        }
+    }
+
+    async fn release_in(
+        &self,
+        s: &Session,
+        dir: &str,
+        slot: &(String, OwnerToken),
+        now: Instant,
+    ) -> Result<ReleaseOutcome, StoreError> {
+        let owner = &slot.1;
         // The grant stays in the table until its node is deleted: a release that fails
         // or is dropped midway leaves it for the retry.
-        let known = self.granted().get(&slot).cloned();
+        let known = self.granted().get(slot).cloned();
         match known {
             Some(g) if g.session == s.id => {
                 let live = now < g.deadline;
@@ -471,15 +493,15 @@ impl ZkStore {
                     Ok(()) | Err(zk::Error::NoNode) => ReleaseOutcome::NotOwner,
                     Err(e) => return Err(map_err("delete", e)),
                 };
-                self.forget(&slot, &g.node);
+                self.forget(slot, &g.node);
                 Ok(outcome)
             }
             _ => {
                 // A node of ours left by an ambiguous create: remove it; it never held
                 // the lease as far as any caller knows.
-                let queue = self.queue(&s, &dir).await?;
+                let queue = self.queue(s, dir).await?;
                 if let Some((_, _, name)) = queue.iter().find(|(o, _, _)| o == owner) {
-                    self.delete_quietly(&s, &format!("{dir}/{name}")).await;
+                    self.delete_quietly(s, &format!("{dir}/{name}")).await;
                 }
                 Ok(ReleaseOutcome::NotOwner)
             }
@@ -872,6 +894,16 @@ impl BatchStore for ZkStore {
         StoreError::check_ttl(BACKEND, ttl)?;
         self.bounded("renew", self.do_renew_many(leases, ttl)).await
     }
+}
+
+/// Whether `e`, from a call on session `s`, says the session expired: the ensemble ended
+/// it and deleted its ephemeral nodes.
+fn session_expired(s: &Session, e: &StoreError) -> bool {
+    use std::error::Error as _;
+    s.client.state() == zk::SessionState::Expired
+        || e.source()
+            .and_then(|src| src.downcast_ref::<zk::Error>())
+            .is_some_and(|z| matches!(z, zk::Error::SessionExpired))
 }
 
 #[cfg(test)]

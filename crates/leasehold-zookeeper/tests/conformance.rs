@@ -4,5 +4,13 @@
 
 mod common;
 
-leasehold_conformance::conformance_suite!(common::solo_fixture, holder = common::open_store);
-leasehold_conformance::fault_suite!(common::solo_fixture, holder = common::open_store);
+leasehold_conformance::conformance_suite!(
+    common::solo_fixture,
+    backend = Zookeeper,
+    holder = common::open_store
+);
+leasehold_conformance::fault_suite!(
+    common::solo_fixture,
+    backend = Zookeeper,
+    holder = common::open_store
+);

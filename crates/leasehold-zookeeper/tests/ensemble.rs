@@ -3,5 +3,13 @@
 
 mod common;
 
-leasehold_conformance::conformance_suite!(common::ensemble_fixture, holder = common::open_store);
-leasehold_conformance::fault_suite!(common::ensemble_fixture, holder = common::open_store);
+leasehold_conformance::conformance_suite!(
+    common::ensemble_fixture,
+    backend = Zookeeper,
+    holder = common::open_store
+);
+leasehold_conformance::fault_suite!(
+    common::ensemble_fixture,
+    backend = Zookeeper,
+    holder = common::open_store
+);

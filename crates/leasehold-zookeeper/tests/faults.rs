@@ -1,5 +1,6 @@
 //! docs/faults.md row 22, ZooKeeper session faults: (a) a holder process frozen (`SIGSTOP`) past its
-//! session timeout; (b) a member of a three-member ensemble killed while a lease is held.
+//! session timeout; (b) a member of a three-member ensemble killed while a lease is held,
+//! a contender asking for it all along.
 
 mod common;
 
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold_core::{Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, Store};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{WorkerProcess, ZK_TICK, ZkEnsemble, ZkServer};
 use leasehold_zookeeper::ZkStore;
 
@@ -54,7 +56,12 @@ async fn holder_process(url: String, key: String) {
         prev = now;
         if !ok {
             println!("LOST {:?}", lease.lost_reason());
-            let renewed = store.renew(&key, lease.owner(), TTL).await;
+            // The first request after the freeze may go out on the expired session: the
+            // release finds nothing of its own (the ensemble deleted the session's nodes),
+            // which is not an error.
+            let owner = *lease.owner();
+            println!("RELEASE {:?}", lease.release().await);
+            let renewed = store.renew(&key, &owner, TTL).await;
             println!("RENEW {renewed:?}");
             std::process::exit(0);
         }
@@ -65,13 +72,14 @@ async fn holder_process(url: String, key: String) {
 /// docs/faults.md row 22 (a): the holder process is frozen for its session timeout + 3 s. The
 /// ensemble expires its session (its node goes), another process acquires with a higher
 /// fence while it is frozen, and the holder's first look at its lease after it wakes says
-/// lost; its renewal is refused.
+/// lost; its release answers not owner (no error) and its renewal is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over() {
     if let (Ok(url), Ok(key)) = (std::env::var(CHILD_URL), std::env::var(CHILD_KEY)) {
         holder_process(url, key).await;
         return;
     }
+    let _proof = proves(Backend::Zookeeper, Fault::ProcessPause);
     let zk = tokio::task::spawn_blocking(ZkServer::start).await.unwrap();
     let url = format!(
         "zookeeper://127.0.0.1:{}/row22?session_timeout={}ms&tick_time={}ms",
@@ -158,6 +166,10 @@ async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over()
         "the frozen holder believed it held the lease after the freeze: {lines:?}"
     );
     assert!(
+        lines.iter().any(|l| l == "RELEASE Ok(false)"),
+        "the frozen holder's release must answer not owner, without an error: {lines:?}"
+    );
+    assert!(
         lines.iter().any(|l| l == "RENEW Ok(NotOwner)"),
         "the frozen holder's renewal must be refused: {lines:?}"
     );
@@ -170,26 +182,63 @@ async fn row_22_holder_frozen_past_its_session_timeout_loses_and_is_taken_over()
     assert!(lease_b.release().await.unwrap());
 }
 
-/// Watches `lease` for `span`: it must stay valid, or, once lost, never look valid again;
-/// returns whether it was lost.
-async fn watch(lease: &leasehold_core::Lease, span: Duration) -> bool {
+/// Watches `lease` for `span` while `contender` asks for `k` every 100 ms: the lease
+/// stays valid, or, once lost, never looks valid again; whenever the contender is granted
+/// it, the holder must no longer believe (its deadline passed before the grant's reply)
+/// and the contender's fence is higher. Returns whether it was lost, and the contender's
+/// grant (released again).
+async fn watch(
+    lease: &leasehold_core::Lease,
+    span: Duration,
+    contender: &ZkStore,
+    k: &Key,
+) -> (bool, Option<u64>) {
     let until = Instant::now() + span;
+    let c = OwnerToken::random();
+    let mut taken = None;
     while Instant::now() < until {
+        if taken.is_none() {
+            match contender.acquire(k, &c, lease.ttl()).await {
+                Ok(leasehold_core::AcquireOutcome::Acquired { fence, .. }) => {
+                    let replied = Instant::now();
+                    assert!(
+                        !lease.is_valid(),
+                        "a second holder while the first still believes it holds the lease"
+                    );
+                    assert!(
+                        lease.valid_until() <= replied.into(),
+                        "the holder's deadline is after the contender's grant reply"
+                    );
+                    assert!(fence > lease.fence(), "fences only rise");
+                    taken = Some(fence.get());
+                    while let Err(e) = contender.release(k, &c).await {
+                        assert!(e.is_retryable(), "contender release: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                Ok(_) => {}
+                // During an election or with the contender's member gone.
+                Err(e) => assert!(e.is_retryable(), "contender: {e}"),
+            }
+        }
         if lease.lost_reason().is_some() {
             assert!(!lease.is_valid(), "a lost lease looked valid");
-            return true;
+            return (true, taken);
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    lease.lost_reason().is_some()
+    (lease.lost_reason().is_some(), taken)
 }
 
 /// docs/faults.md row 22 (b): a member of the ensemble is killed while a lease is held (first the
-/// leader, then a follower). The lease is kept through the fail-over, or reported lost;
-/// if lost, whoever gets the key next does so with a higher fence and only once the lost
-/// lease no longer looks valid. Fences only rise.
+/// leader, then a follower), and a contender on its own session asks for the lease every
+/// 100 ms. The lease is kept through the fail-over (the contender is refused), or reported
+/// lost; if lost, whoever gets the key next does so with a higher fence and only once the
+/// lost lease no longer looks valid (its deadline passed before the grant's reply). Fences
+/// only rise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_honestly() {
+    let _proof = proves(Backend::Zookeeper, Fault::FailOver);
     let ensemble = Arc::new(
         tokio::task::spawn_blocking(ZkEnsemble::start)
             .await
@@ -222,8 +271,18 @@ async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_hones
         tokio::task::spawn_blocking(move || e.kill(victim))
             .await
             .unwrap();
-        let lost = watch(&lease, ttl * 3).await;
-        eprintln!("row 22 (b): member {victim} killed (round {round}): lease lost = {lost}");
+        let (lost, taken) = watch(&lease, ttl * 3, &observer, &k).await;
+        eprintln!(
+            "row 22 (b): member {victim} killed (round {round}): lease lost = {lost}, taken \
+             by the contender: {taken:?}"
+        );
+        assert!(
+            lost || taken.is_none(),
+            "the contender got a lease its holder kept"
+        );
+        if let Some(f) = taken {
+            last_fence = last_fence.max(f);
+        }
         if lost {
             let next = client
                 .acquire(&k, ttl * 4)
@@ -231,6 +290,11 @@ async fn row_22_ensemble_member_killed_while_held_keeps_or_loses_the_lease_hones
                 .expect("the key is free again after the lost lease's session ended");
             assert!(!lease.is_valid(), "two valid leases");
             assert!(next.fence() > lease.fence(), "fences only rise");
+            assert!(
+                next.fence().get() > last_fence,
+                "fence {} after the contender's {last_fence}",
+                next.fence()
+            );
             lease = next;
         } else {
             let info = loop {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{AcquireOutcome, Key, LeaseClient, LeaseConfig, OwnerToken, Store};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{ZK_TICK, ZkEnsemble, ZkEnsembleOptions};
 use leasehold_zookeeper::ZkStore;
 use tokio::time::Instant;
@@ -47,6 +48,7 @@ fn url(ensemble: &ZkEnsemble, members: &[usize], session: Duration) -> String {
 /// `is_valid()` stays false.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_behind_a_follower_cut_from_the_leader_is_invalid_while_a_contender_holds() {
+    let _proof = proves(Backend::Zookeeper, Fault::NetworkPartition);
     let ensemble = Arc::new(
         tokio::task::spawn_blocking(|| {
             ZkEnsemble::start_with(ZkEnsembleOptions {

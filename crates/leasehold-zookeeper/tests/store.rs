@@ -4,15 +4,19 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Servers, Setup, raw};
 use leasehold_core::{
-    AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+    AcquireOutcome, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, RenewOutcome, Store,
+    StoreErrorKind,
 };
 use leasehold_core::{BatchStore, WaitStore};
+use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{ProxyMode, ZK_MAX_SESSION_TIMEOUT, ZK_MIN_SESSION_TIMEOUT, ZkServer};
 use leasehold_zookeeper::{ZkConfig, ZkStore};
+use tokio::time::Instant;
 
 fn key(name: &str) -> Key {
     Key::new(format!("zk:{name}")).unwrap()
@@ -151,64 +155,119 @@ async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
 }
 
-/// Fences are czxids: after a `kill -9` and restart of the server, a new grant's fence is
-/// above every fence before it, and the lease held across the restart is either kept (its
-/// session survived) or refused as `NotOwner`, never handed out twice.
+/// Fences are czxids, and ZooKeeper logs every transaction before it answers: after a
+/// `kill -9` and restart of the server, a new grant's fence is above every fence before
+/// it. The lease held across the restart by a lease client is kept (its session survived:
+/// the restarted server restores sessions from its log, and the client reconnected within
+/// the session timeout) or lost in time: a contender trying every 100 ms from the restart
+/// until a session timeout and more after it never gets the lease while the holder still
+/// believes (the holder's deadline passed before the contender's grant was answered), and
+/// a kept lease is renewed after the restart and still the holder's in the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_rise_across_a_server_restart() {
+    let _proof = proves(Backend::Zookeeper, Fault::RestartWithPersistence);
     let zk = std::sync::Arc::new(start_solo().await);
+    let session = Duration::from_secs(8);
     let url = format!(
-        "zookeeper://127.0.0.1:{}/restart?session_timeout=8s&timeout=2s",
-        zk.port()
+        "zookeeper://127.0.0.1:{}/restart?session_timeout={}ms&timeout=2s",
+        zk.port(),
+        session.as_millis()
     );
     let store = ZkStore::open(&url).await.unwrap();
     let k = key("restart");
-    let a = OwnerToken::random();
     let mut last = 0;
     for _ in 0..3 {
         let o = OwnerToken::random();
-        let (f, _) = acquired(&store, &k, &o, Duration::from_secs(8)).await;
+        let (f, _) = acquired(&store, &k, &o, session).await;
         assert!(f > last);
         last = f;
         store.release(&k, &o).await.unwrap();
     }
-    let (held_fence, _) = acquired(&store, &k, &a, Duration::from_secs(8)).await;
+    let holder_store = Arc::new(ZkStore::open(&url).await.unwrap());
+    let config = LeaseConfig::new(session).unwrap();
+    let client = LeaseClient::new(holder_store, config.clone());
+    let lease = client.try_acquire(&k).await.unwrap();
+    let held_fence = lease.fence().get();
     assert!(held_fence > last);
     let z = zk.clone();
     tokio::task::spawn_blocking(move || z.restart())
         .await
         .unwrap();
-    // The client reconnects by itself; retry while it does.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let renewed = loop {
-        match store.renew(&k, &a, Duration::from_secs(8)).await {
-            Ok(r) => break r,
-            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+    let back = Instant::now();
+    // The contender (the first store, its own session) tries until a session timeout and
+    // more after the restart; whenever it gets the lease, the holder must not believe.
+    let contender = OwnerToken::random();
+    let mut taken = None;
+    while back.elapsed() < session + Duration::from_secs(2) {
+        match store.acquire(&k, &contender, session).await {
+            Ok(AcquireOutcome::Acquired { fence, .. }) => {
+                let replied = Instant::now();
+                assert!(
+                    !lease.is_valid(),
+                    "a second holder while the first still believes it holds the lease"
+                );
+                assert!(
+                    lease.valid_until() <= replied,
+                    "the holder's deadline is {:?} after the contender's grant reply",
+                    lease.valid_until() - replied
+                );
+                taken = Some(fence.get());
+                break;
             }
-            Err(e) => panic!("renew after the restart: {e}"),
+            Ok(AcquireOutcome::Held { .. }) => {}
+            // The client reconnects by itself after the restart.
+            Err(e) => assert!(e.is_retryable(), "contender: {e}"),
         }
-    };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let other = key("restart-other");
     let b = OwnerToken::random();
-    let (after, _) = acquired(&store, &other, &b, Duration::from_secs(8)).await;
+    let (after, _) = loop {
+        match store.acquire(&other, &b, session).await {
+            Ok(AcquireOutcome::Acquired { fence, ttl }) => break (fence.get(), ttl),
+            Ok(held) => panic!("a fresh key is held: {held:?}"),
+            Err(e) if e.is_retryable() && back.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("acquire after the restart: {e}"),
+        }
+    };
     assert!(
         after > held_fence,
         "fence {after} after the restart is not above {held_fence}"
     );
-    match renewed {
-        RenewOutcome::Renewed { .. } => {
-            let info = store.inspect(&k).await.unwrap().expect("kept");
-            assert_eq!((info.owner, info.fence.get()), (a, held_fence));
-            assert_eq!(
-                store.release(&k, &a).await.unwrap(),
-                ReleaseOutcome::Released
+    eprintln!(
+        "restart: kept {}, taken {taken:?}, lost {:?}",
+        lease.is_valid(),
+        lease.lost_reason()
+    );
+    match taken {
+        None if lease.is_valid() => {
+            // Kept: renewed after the restart (a deadline past `back` plus the validity
+            // of its last grant comes from a renewal sent after it), still its own.
+            assert!(
+                lease.valid_until() > back + config.validity(lease.ttl()),
+                "kept, but not renewed since the restart"
             );
+            let info = store.inspect(&k).await.unwrap().expect("kept");
+            assert_eq!((info.owner, info.fence.get()), (*lease.owner(), held_fence));
+            assert!(lease.release().await.unwrap());
         }
-        RenewOutcome::NotOwner => {
+        None => {
+            // Lost, and nobody has it yet: the next grant's fence is higher.
+            let _ = lease.release().await;
             let c = OwnerToken::random();
-            let (f, _) = acquired(&store, &k, &c, Duration::from_secs(8)).await;
-            assert!(f > after);
+            let (f, _) = acquired(&store, &k, &c, session).await;
+            assert!(f > held_fence);
+        }
+        Some(f) => {
+            assert!(f > held_fence, "fence {f} after {held_fence}");
+            assert!(
+                !lease.release().await.unwrap_or(false),
+                "the lost holder's release ended the new lease"
+            );
+            let info = store.inspect(&k).await.unwrap().expect("taken");
+            assert_eq!((info.owner, info.fence.get()), (contender, f));
         }
     }
 }

@@ -70,6 +70,29 @@ pub struct EtcdFaults {
     pub raw: etcd_client::Client,
 }
 
+/// The store's queue of waiters for a key: the entries under `<lease key>\0`, read on
+/// the server.
+#[async_trait]
+impl leasehold_conformance::Queue for EtcdFaults {
+    async fn waiting(&self, key: &Key) -> usize {
+        let prefix = format!("{}\0", self.store.lease_key(key));
+        let resp = self
+            .raw
+            .clone()
+            .get(
+                prefix,
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .expect("read the queue");
+        usize::try_from(resp.count()).expect("a count")
+    }
+}
+
 #[async_trait]
 impl Faults for EtcdFaults {
     async fn forget(&self, key: &Key) {
@@ -100,9 +123,6 @@ impl Faults for EtcdFaults {
     }
 }
 
-const NO_GUARD: &str = "etcd has no storage-side guard in leasehold: fence the writes in the \
-                        database that receives them";
-
 /// The conformance fixture on a single-member etcd: the store reaches it through a fault
 /// proxy; other processes open it from its URL.
 pub async fn solo_fixture() -> Fixture {
@@ -118,9 +138,12 @@ pub async fn solo_fixture() -> Fixture {
         .op_bound(OP_TIMEOUT)
         // An acquire is several requests (read, grant, transaction): a dropped reply
         // may come before the transaction was sent.
-        .lost_reply_applies(false);
-    Fixture::new(s.store.clone(), Arc::new(faults), FIXTURE_TTL)
-        .no_guard(NO_GUARD)
+        .lost_reply_applies(false)
+        // etcd reports a lease's time to live in whole seconds, rounded down.
+        .remaining_resolution(Duration::from_secs(1));
+    let faults = Arc::new(faults);
+    Fixture::new(s.store.clone(), faults.clone(), FIXTURE_TTL)
+        .queue(faults)
         .other_processes(url)
         .network(network)
         .expects_watcher()
@@ -195,9 +218,12 @@ pub async fn cluster_fixture() -> Fixture {
     let direct = open_store(url.clone()).await;
     let network = Network::new(t.proxies.clone(), direct, t.cluster.clone())
         .op_bound(OP_TIMEOUT)
-        .lost_reply_applies(false);
-    Fixture::new(t.store.clone(), Arc::new(faults), FIXTURE_TTL)
-        .no_guard(NO_GUARD)
+        .lost_reply_applies(false)
+        // etcd reports a lease's time to live in whole seconds, rounded down.
+        .remaining_resolution(Duration::from_secs(1));
+    let faults = Arc::new(faults);
+    Fixture::new(t.store.clone(), faults.clone(), FIXTURE_TTL)
+        .queue(faults)
         .other_processes(url)
         .network(network)
         .expects_watcher()

@@ -247,6 +247,7 @@ pub async fn conformance_fixture(kind: Kind) -> leasehold_conformance::Fixture {
     let direct = open_store(kind, direct_url.clone()).await;
     let admin = admin(&db).await;
     let writes = MyWrites::new(admin.clone()).await;
+    let queue = Arc::new(MyQueue(admin.clone()));
     let network = leasehold_conformance::Network::new(vec![proxy.clone()], direct, db.clone())
         .op_bound(Duration::from_secs(1));
     leasehold_conformance::Fixture::new(
@@ -259,6 +260,7 @@ pub async fn conformance_fixture(kind: Kind) -> leasehold_conformance::Fixture {
         TTL,
     )
     .guard(Arc::new(writes))
+    .queue(queue)
     .other_processes(direct_url)
     .network(network)
     .expects_waiter()
@@ -293,4 +295,30 @@ pub async fn keys_in(pool: &sqlx::MySqlPool, table: &str) -> Vec<String> {
     .into_iter()
     .map(|k| String::from_utf8(k).unwrap())
     .collect()
+}
+
+/// The stores' queue of waiters as the server holds it: each waiter is a session in
+/// `GET_LOCK` (the lease table's turnstile, or the `GET_LOCK` store's lock itself), and the
+/// table store's first waiter sleeps in the server until it is woken — not the `GET_LOCK`
+/// store's server watch, which sleeps too (`DO SLEEP(30)`). One key is waited on at a time
+/// in the tests that read it.
+pub struct MyQueue(pub MySqlPool);
+
+#[async_trait]
+impl leasehold_conformance::Queue for MyQueue {
+    async fn waiting(&self, _: &Key) -> usize {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock' \
+             OR (STATE = 'User sleep' AND INFO NOT LIKE 'DO SLEEP%')",
+        )
+        .fetch_one(&self.0)
+        .await
+        .expect("read the sessions");
+        usize::try_from(n).expect("a count")
+    }
+}
+
+/// [`MyQueue`] on `db`, for the waiting suite.
+pub async fn queue(db: &Server) -> Box<dyn leasehold_conformance::Queue> {
+    Box::new(MyQueue(admin(db).await))
 }

@@ -135,3 +135,47 @@ impl leasehold_conformance::FencedWrites for PgWrites {
             .map_err(leasehold_postgres::store_error)
     }
 }
+
+/// A store's queue of waiters as the server holds it: each waiter is a session in the
+/// server's advisory-lock queue (one key is waited on at a time in the tests that read it).
+/// In the advisory store the queue waits for the lease's lock itself: the sessions whose
+/// advisory lock is not granted. In the lease-table store it waits for a turnstile whose
+/// head holds it (a session-level lock, on a session idle outside any transaction, unlike
+/// the transaction-scoped try of an acquire) while the others wait for it.
+pub struct PgQueue {
+    pub pool: PgPool,
+    pub table: bool,
+}
+
+#[async_trait::async_trait]
+impl leasehold_conformance::Queue for PgQueue {
+    async fn waiting(&self, _: &leasehold_core::Key) -> usize {
+        let sql = if self.table {
+            "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND (NOT l.granted OR a.state = 'idle')"
+        } else {
+            "SELECT count(DISTINCT pid) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        };
+        let n: i64 = sqlx::query_scalar(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect("read the lock queue");
+        usize::try_from(n).expect("a count")
+    }
+}
+
+/// [`PgQueue`] of the lease-table store on `pg`, for the waiting suite.
+pub async fn table_queue(pg: &Postgres) -> Box<dyn leasehold_conformance::Queue> {
+    Box::new(PgQueue {
+        pool: admin_pool(pg).await,
+        table: true,
+    })
+}
+
+/// [`PgQueue`] of the advisory store on `pg`, for the waiting suite.
+pub async fn advisory_queue(pg: &Postgres) -> Box<dyn leasehold_conformance::Queue> {
+    Box::new(PgQueue {
+        pool: admin_pool(pg).await,
+        table: false,
+    })
+}

@@ -150,6 +150,20 @@ pub struct RedisFaults {
     pub cli: Box<dyn Fn(Vec<String>) -> String + Send + Sync>,
 }
 
+/// The store's queue of waiters for a key: its sorted set `<lease key>:q`, read on the
+/// server.
+#[async_trait]
+impl leasehold_conformance::Queue for RedisFaults {
+    async fn waiting(&self, key: &Key) -> usize {
+        let queue = format!("{}:q", self.store.lease_key(key));
+        let cli = &self.cli;
+        let out = tokio::task::block_in_place(|| cli(vec!["ZCARD".into(), queue]));
+        out.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("ZCARD answered {out:?}: {e}"))
+    }
+}
+
 #[async_trait]
 impl Faults for RedisFaults {
     async fn forget(&self, key: &Key) {
@@ -172,9 +186,6 @@ impl Faults for RedisFaults {
     }
 }
 
-const NO_GUARD: &str = "Redis has no storage-side guard in leasehold: fence the writes in \
-                        the database that receives them";
-
 /// The conformance fixture on a standalone server: the store reaches it through a fault
 /// proxy; other processes open it from its URL.
 pub async fn standalone_fixture() -> Fixture {
@@ -193,8 +204,9 @@ pub async fn standalone_fixture() -> Fixture {
     let network = Network::new(vec![s.proxy.clone()], direct, s.server.clone())
         .op_bound(s.store.config().op_timeout())
         .lost_reply_applies(true);
-    Fixture::new(s.store.clone(), Arc::new(faults), Duration::from_secs(1))
-        .no_guard(NO_GUARD)
+    let faults = Arc::new(faults);
+    Fixture::new(s.store.clone(), faults.clone(), Duration::from_secs(1))
+        .queue(faults)
         .other_processes(url)
         .network(network)
         // Batches always; notifications are on by default.
@@ -229,8 +241,9 @@ pub async fn cluster_fixture() -> Fixture {
     let network = Network::new(c.proxies.clone(), direct, c.cluster.clone())
         .op_bound(c.config.op_timeout())
         .lost_reply_applies(true);
-    Fixture::new(c.store.clone(), Arc::new(faults), Duration::from_secs(1))
-        .no_guard(NO_GUARD)
+    let faults = Arc::new(faults);
+    Fixture::new(c.store.clone(), faults.clone(), Duration::from_secs(1))
+        .queue(faults)
         .other_processes(url)
         .network(network)
         // Batches always; notifications are on by default.
@@ -284,8 +297,9 @@ pub async fn sentinel_fixture() -> Fixture {
     let network = Network::new(proxies, direct, set.clone())
         .op_bound(store.config().op_timeout())
         .lost_reply_applies(true);
-    Fixture::new(store, Arc::new(faults), Duration::from_secs(1))
-        .no_guard(NO_GUARD)
+    let faults = Arc::new(faults);
+    Fixture::new(store, faults.clone(), Duration::from_secs(1))
+        .queue(faults)
         .other_processes(url)
         .network(network)
         // Batches always; notifications are on by default.

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use leasehold_conformance::{Faults, Fixture, Network, Pausable};
 use leasehold_core::{Key, Store};
 use leasehold_redlock::{RedlockConfig, RedlockStore};
-use leasehold_testkit::{FaultProxy, ProxyMode, RedisServer};
+use leasehold_testkit::{FaultProxy, ProxyMode, RedisOptions, RedisServer};
 
 /// The base TTL of the suite's timed cases.
 pub const FIXTURE_TTL: Duration = Duration::from_secs(1);
@@ -54,8 +54,15 @@ impl Set {
 
     /// `n` servers.
     pub async fn start_n(n: usize) -> Self {
+        Self::start_with(n, RedisOptions::new()).await
+    }
+
+    /// `n` servers started with `opts` (e.g. the append-only file on).
+    pub async fn start_with(n: usize, opts: RedisOptions) -> Self {
         let servers: Vec<Arc<RedisServer>> = tokio::task::spawn_blocking(move || {
-            (0..n).map(|_| Arc::new(RedisServer::start())).collect()
+            (0..n)
+                .map(|_| Arc::new(RedisServer::start_with(opts.clone())))
+                .collect()
         })
         .await
         .unwrap();
@@ -142,9 +149,6 @@ impl Faults for RedlockFaults {
     }
 }
 
-const NO_GUARD: &str = "Redlock has no storage-side guard in leasehold: fence the writes in \
-                        the database that receives them";
-
 /// The conformance fixture on three independent servers, each behind a fault proxy;
 /// other processes open the set from its URL (straight to the servers).
 pub async fn fixture() -> Fixture {
@@ -166,7 +170,6 @@ pub async fn fixture() -> Fixture {
     // dropped reply does not always leave the grant in place.
     .lost_reply_applies(false);
     Fixture::new(s.store.clone(), Arc::new(faults), FIXTURE_TTL)
-        .no_guard(NO_GUARD)
         .other_processes(url)
         .network(network)
         .keep_alive(s)

@@ -164,6 +164,21 @@ pub struct ZkFaults {
     pub raw: zk::Client,
 }
 
+/// The store's queue of waiters for a key: the nodes of the key's directory after the
+/// first (the holder's), read on the server.
+#[async_trait]
+impl leasehold_conformance::Queue for ZkFaults {
+    async fn waiting(&self, key: &Key) -> usize {
+        let dir = self.store.lease_dir(key);
+        self.raw.sync(&dir).await.expect("sync with the leader");
+        match self.raw.list_children(&dir).await {
+            Ok(children) => children.len().saturating_sub(1),
+            Err(zk::Error::NoNode) => 0,
+            Err(e) => panic!("list the key's queue: {e}"),
+        }
+    }
+}
+
 #[async_trait]
 impl Faults for ZkFaults {
     async fn forget(&self, key: &Key) {
@@ -200,9 +215,6 @@ impl Faults for ZkFaults {
     }
 }
 
-const NO_GUARD: &str = "ZooKeeper has no storage-side guard in leasehold: fence the writes in \
-                        the database that receives them";
-
 async fn fixture(servers: Servers) -> Fixture {
     let s = Setup::start(servers).await;
     let faults = ZkFaults {
@@ -218,8 +230,9 @@ async fn fixture(servers: Servers) -> Fixture {
         // before the create was sent.
         .lost_reply_applies(false);
     let ttl = s.servers.ttl();
-    Fixture::new(s.store.clone(), Arc::new(faults), ttl)
-        .no_guard(NO_GUARD)
+    let faults = Arc::new(faults);
+    Fixture::new(s.store.clone(), faults.clone(), ttl)
+        .queue(faults)
         .other_processes(url)
         .network(network)
         .expects_batch()
