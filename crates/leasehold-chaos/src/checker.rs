@@ -47,6 +47,11 @@
 //! C10's fault-free counterpart is the fault-free run, which must show no lost
 //! observation and no rejected write at all.
 //!
+//! Every rule also fires on a history a real run recorded: the control runs of
+//! `tests/runs.rs`, each with a deliberately broken part ([`crate::broken`]; C1 and C5:
+//! the runs without the guard; C11: the overcommitted semaphore). Every rule can be
+//! provoked that way, so none is exempt from having one.
+//!
 //! # What the rules cannot see
 //!
 //! - A write invoked before its window ended and committed after it: the audit has no

@@ -7,6 +7,7 @@
 //! control run without the guard must make it fail.
 #![forbid(unsafe_code)]
 
+pub mod broken;
 pub mod checker;
 pub mod history;
 pub mod mono;

@@ -115,6 +115,10 @@ pub struct RunSpec {
     /// slots. Needs --permits.
     #[arg(long, hide = true, requires = "permits")]
     pub overcommit: bool,
+    /// (the checker's control runs, test builds only) run the workers with a
+    /// deliberately broken part (see [`crate::broken`]); a build for users refuses it.
+    #[arg(long, hide = true, value_enum)]
+    pub broken: Option<crate::broken::Broken>,
 }
 
 impl RunSpec {
@@ -302,6 +306,9 @@ fn worker_command(spec: &RunSpec, name: &str, lease_url: &str, pg_url: &str) -> 
     if spec.overcommit {
         c.arg("--overcommit");
     }
+    if let Some(b) = spec.broken {
+        c.arg("--broken").arg(b.as_str());
+    }
     c
 }
 
@@ -417,6 +424,7 @@ fn find_line(w: &WorkerProcess, from: usize, word: &str) -> Option<(usize, u64, 
 /// # Errors
 /// Set-up failures, as text.
 pub fn run(spec: &RunSpec) -> Result<Report, String> {
+    crate::broken::allowed(spec.broken)?;
     std::fs::create_dir_all(&spec.out).map_err(|e| e.to_string())?;
     for entry in std::fs::read_dir(&spec.out)
         .map_err(|e| e.to_string())?
@@ -617,12 +625,27 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         Recorder::open(&spec.out.join("injector.jsonl"), "injector").map_err(|e| e.to_string())?;
     // Every key in turn, all within TTL/4 (a store that does not answer stalls the
     // injector no longer than with one key).
-    let inspect = |detail: &str| {
+    // The final one (after every worker is gone) records a failure too (`inspect fail`,
+    // its error in `detail` after `final: `): C8b judges only what it saw.
+    let inspect = |store: &Arc<dyn Store>, detail: &str| {
+        let last = detail == "final";
+        let failed = |key: &leasehold::Key, why: String| {
+            rec.record(Event {
+                worker: "harness".into(),
+                op: Some(Op::Inspect),
+                phase: Some(Phase::Fail),
+                key: key.as_str().into(),
+                detail: format!("final: {why}"),
+                ..Default::default()
+            });
+        };
+        let bound = if last { spec.ttl * 2 } else { spec.ttl / 4 };
         rt.block_on(async {
-            let _ = tokio::time::timeout(spec.ttl / 4, async {
+            let mut done = 0;
+            let within = tokio::time::timeout(bound, async {
                 for key in &keys {
-                    if let Ok(held) = store.inspect(key).await {
-                        rec.record(Event {
+                    match store.inspect(key).await {
+                        Ok(held) => rec.record(Event {
                             worker: "harness".into(),
                             op: Some(Op::Inspect),
                             phase: Some(Phase::Ok),
@@ -631,11 +654,19 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                             fence: held.map(|h| h.fence.get()),
                             detail: detail.into(),
                             ..Default::default()
-                        });
+                        }),
+                        Err(e) if last => failed(key, e.to_string()),
+                        Err(_) => {}
                     }
+                    done += 1;
                 }
             })
             .await;
+            if within.is_err() && last {
+                for key in &keys[done..] {
+                    failed(key, format!("no answer within {bound:?}"));
+                }
+            }
         });
     };
     let mut fired: BTreeMap<PlanKind, u64> = BTreeMap::new();
@@ -653,6 +684,14 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     let mut script: Option<Script> = None;
     let mut last_kill: Option<Instant> = None;
     let mut next_inspect = started;
+    // Since the store was last back: when, and each slot's incarnation and line count.
+    // At the start it counts as long ago: the first fail-over needs only a write.
+    let mut since_back: Option<(Instant, Vec<(u32, usize)>)> = Some((
+        started
+            .checked_sub(Duration::from_millis(FAILOVER_SPACING_MS))
+            .unwrap_or(started),
+        slots.iter().map(|s| (s.incarnation, 0)).collect(),
+    ));
     // The run goes on past its duration until the stale write and every deferred fault
     // are done (bounded).
     let cap = spec.duration + ttl * 4;
@@ -660,6 +699,16 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         let elapsed = started.elapsed();
         // A kill's takeover bound (3×TTL, C9) must pass before the end-of-run kill.
         let failing_over = servers.poll_store_back(&rec, false);
+        if !failing_over && since_back.is_none() {
+            // Back (or never failed over): the store must serve from here on.
+            since_back = Some((
+                Instant::now(),
+                slots
+                    .iter()
+                    .map(|s| (s.incarnation, s.process.line_count()))
+                    .collect(),
+            ));
+        }
         let pending = failing_over
             || script.is_some()
             || !deferred.is_empty()
@@ -691,7 +740,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             }
         }
         if now >= next_inspect {
-            inspect("");
+            inspect(&store, "");
             next_inspect = now + ttl / 4;
         }
         // The scripted stale write.
@@ -841,19 +890,21 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 slots[i].frozen_until.is_some()
                     || slots[i].proxy_until.is_some()
                     || script.as_ref().and_then(Script::slot) == Some(i)
-            }) || (f.kind == PlanKind::RestartStore && failing_over);
+            }) || (f.kind == PlanKind::RestartStore && failing_over)
+                // While the scripted stale write waits for a newer holder's write, no
+                // holder is killed or frozen: the kills a busy run deferred would
+                // otherwise fire one after another on each new holder before it wrote
+                // (`--store redis-sentinel --duration 120s --seed 29`: 28 kills, the stale
+                // write gave up).
+                || (matches!(script, Some(Script::Frozen { .. }))
+                    && (f.kind == PlanKind::Kill9 || f.target == HOLDER));
             if busy {
                 deferred.push(f);
                 continue;
             }
             let late = elapsed.as_millis() as u64 - f.offset_ms;
-            if late > ttl.as_millis() as u64 / 2 {
-                notes.push(format!(
-                    "{} on {} fired {late} ms late",
-                    f.kind.as_str(),
-                    f.target
-                ));
-            }
+            let late_note = (late > ttl.as_millis() as u64 / 2)
+                .then(|| format!("{} on {} fired {late} ms late", f.kind.as_str(), f.target));
             let hold = Duration::from_millis(f.hold_ms);
             let why = if f.target == HOLDER { "holder" } else { "" };
             match (f.kind, slot) {
@@ -867,11 +918,29 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                     let s = &mut slots[i];
                     fault(&rec, &s.id(), FaultKind::Kill9, why);
                     s.process.kill();
+                    // A holder's kill that came after it had started to release (its
+                    // `RELEASING` line not read yet) missed the window: fire it again.
+                    std::thread::sleep(Duration::from_millis(20));
+                    let missed =
+                        f.target == HOLDER && find_line(&s.process, s.seen, "RELEASING").is_some();
                     s.incarnation += 1;
                     s.process = spawn_worker(spec, &s.id(), &s.lease_url, &pg_url);
                     s.seen = 0;
                     s.holding = None;
                     last_kill = Some(Instant::now());
+                    if missed {
+                        notes.push(format!(
+                            "kill9 of {} came after it started to release; fired again",
+                            s.name
+                        ));
+                        deferred.push(f);
+                        match &mut script {
+                            Some(Script::Armed { from }) => from[i] = 0,
+                            Some(Script::Frozen { marks, .. }) => marks[i] = 0,
+                            Some(Script::Woken { .. }) | None => {}
+                        }
+                        continue;
+                    }
                     // The new incarnation's lines start from zero.
                     match &mut script {
                         Some(Script::Armed { from }) => from[i] = 0,
@@ -881,12 +950,18 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                 }
                 (PlanKind::RestartStore, _) => {
                     // A Sentinel fail-over stops every write for ~11 s: not while the
-                    // scripted stale write waits for a newer holder's write.
+                    // scripted stale write waits for a newer holder's write, and not
+                    // before the store has served again since the last one (see
+                    // `sentinel_served`).
                     let blocks_writes = spec.store == StoreKind::RedisSentinel;
-                    if (blocks_writes && script.is_some()) || !servers.restart_store(&rec) {
+                    if (blocks_writes
+                        && (script.is_some() || !sentinel_served(&slots, &since_back)))
+                        || !servers.restart_store(&rec)
+                    {
                         deferred.push(f);
                         continue;
                     }
+                    since_back = None;
                 }
                 (kind, Some(i)) => {
                     let (mode, recorded) = match kind {
@@ -916,6 +991,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
                     continue;
                 }
             }
+            notes.extend(late_note);
             *fired.entry(f.kind).or_default() += 1;
         }
     }
@@ -942,7 +1018,16 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         s.process.kill();
     }
     std::thread::sleep(ttl * 3 / 2);
-    inspect("final");
+    // Through a store opened afresh: the harness's own connection may not have outlived
+    // the run's faults (a ZooKeeper session expires while its member is killed).
+    let fresh = rt.block_on(async {
+        tokio::time::timeout(ttl * 2, crate::registry().open(&direct_lease_url)).await
+    });
+    let last = match fresh {
+        Ok(Ok(s)) => s,
+        _ => Arc::clone(&store),
+    };
+    inspect(&last, "final");
     let state = rt.block_on(collect(&pg_url))?;
     drop(servers);
     let _ = std::fs::write(
@@ -979,6 +1064,25 @@ pub fn read_events(dir: &Path) -> Result<Vec<Event>, String> {
     }
     events.sort_by_key(|e| e.t);
     Ok(events)
+}
+
+/// Whether a Sentinel store has served since its last fail-over ended (`since_back`):
+/// [`FAILOVER_SPACING_MS`] have passed and a worker has had a write acknowledged since
+/// (a `WROTE` line). After `store-back` the demoted primary resyncs from the new one, and
+/// with `min_replicas=1` no acquire, renewal or release is acknowledged meanwhile (each
+/// times out after the operation timeout, "it may have been applied"): a fail-over fired
+/// on the planned offsets alone can land again before the store served anything, and a
+/// long run (`--duration 120s --seed 29`) then spends most of its time failing over, with
+/// the scripted stale write never fired.
+fn sentinel_served(slots: &[Slot], since_back: &Option<(Instant, Vec<(u32, usize)>)>) -> bool {
+    let Some((back, marks)) = since_back else {
+        return false;
+    };
+    back.elapsed() >= Duration::from_millis(FAILOVER_SPACING_MS)
+        && slots.iter().zip(marks).any(|(s, &(inc, from))| {
+            let from = if s.incarnation == inc { from } else { 0 };
+            find_line(&s.process, from, "WROTE").is_some()
+        })
 }
 
 /// The least time between two planned fail-overs of a Sentinel run. A forced fail-over
@@ -1081,6 +1185,18 @@ pub fn verdict(spec: &RunSpec, report: &Report) -> Vec<String> {
             failed.push(format!("planned fault kind {} never fired", kind.as_str()));
         }
     }
+    if let Some(part) = spec.broken {
+        let rules = crate::checker::rules(&report.violations);
+        for needed in part.rules() {
+            if !rules.contains(needed) {
+                failed.push(format!(
+                    "control run with the broken part {}: {needed} did not fire",
+                    part.as_str()
+                ));
+            }
+        }
+        return failed;
+    }
     if spec.overcommit {
         if !crate::checker::rules(&report.violations).contains("C11") {
             failed
@@ -1117,13 +1233,80 @@ pub fn verdict(spec: &RunSpec, report: &Report) -> Vec<String> {
                 }
             }
         }
-        FaultSet::StaleWrite | FaultSet::All => {
+        FaultSet::StaleWrite | FaultSet::All | FaultSet::Kill => {
             if count(crate::report::WRITES_REJECTED) == 0 {
                 failed.push("the guard rejected no stale write".into());
             }
         }
     }
+    failed.extend(unexercised(spec, report));
     failed
+}
+
+/// What a fenced run claims to exercise and did not (empty: all of it), each as a
+/// failed expectation (the run proves nothing, which is not a violation):
+/// - the final inspection was recorded for every key, without an error (C8b judges only
+///   what it saw);
+/// - with the scripted stale write: it fired (its holder woke after a newer holder's
+///   write);
+/// - with every fault: at least one lost signal resolved (a `lost` event: C4 and C10
+///   judge only the windows that lost), and at least one kill landed inside its
+///   incarnation's window (C9 judges only those).
+pub fn unexercised(spec: &RunSpec, report: &Report) -> Vec<String> {
+    let mut failed = Vec::new();
+    let events = &report.events;
+    for key in spec.keys() {
+        let seen = events
+            .iter()
+            .find(|e| e.op == Some(Op::Inspect) && e.key == key && e.detail.starts_with("final"));
+        match seen {
+            Some(e) if e.phase == Some(Phase::Ok) => {}
+            Some(e) => failed.push(format!(
+                "the final inspection of {key} failed ({})",
+                e.detail
+            )),
+            None => failed.push(format!("the final inspection of {key} was not recorded")),
+        }
+    }
+    if matches!(spec.faults, FaultSet::StaleWrite | FaultSet::All)
+        && report
+            .fired
+            .get(&PlanKind::StaleWrite)
+            .copied()
+            .unwrap_or(0)
+            == 0
+    {
+        failed.push("the scripted stale write never fired".into());
+    }
+    if spec.faults == FaultSet::All {
+        if !events.iter().any(|e| e.op == Some(Op::Lost)) {
+            failed.push("no lost signal resolved in the run".into());
+        }
+        let planned_kill = report.schedule.iter().any(|f| f.kind == PlanKind::Kill9);
+        if planned_kill && !events.iter().any(|k| kill_in_window(events, k)) {
+            failed.push("no kill landed inside a holder's window".into());
+        }
+    }
+    failed
+}
+
+/// Whether `k` is a `kill9` of an incarnation that held a lease then: its acquire was
+/// granted before the kill, and it had not started to release it.
+fn kill_in_window(events: &[Event], k: &Event) -> bool {
+    if k.op != Some(Op::Fault) || k.fault != Some(FaultKind::Kill9) {
+        return false;
+    }
+    let mine: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.worker == k.key && e.t <= k.t)
+        .collect();
+    mine.iter()
+        .rev()
+        .find(|e| {
+            e.op == Some(Op::Release) && e.phase == Some(Phase::Invoke)
+                || e.op == Some(Op::Acquire) && e.phase == Some(Phase::Ok)
+        })
+        .is_some_and(|e| e.op == Some(Op::Acquire))
 }
 
 /// Where a report's files go.

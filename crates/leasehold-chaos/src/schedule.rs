@@ -18,6 +18,9 @@ pub enum FaultSet {
     StaleWrite,
     /// The scripted stale write and every other kind, at least once each.
     All,
+    /// One kill of the holder at 1.5×TTL, nothing else (a broken part's control run).
+    #[value(hide = true)]
+    Kill,
 }
 
 /// A kind of planned fault.
@@ -137,6 +140,15 @@ pub fn plan_kinds(
     let end = (duration.as_millis() as u64).saturating_sub(ttl_ms);
     let mut out = Vec::new();
     if set == FaultSet::None || workers == 0 {
+        return out;
+    }
+    if set == FaultSet::Kill {
+        out.push(PlannedFault {
+            offset_ms: ttl_ms * 3 / 2,
+            kind: PlanKind::Kill9,
+            target: HOLDER.into(),
+            hold_ms: 0,
+        });
         return out;
     }
     let mut busy = vec![0u64; workers];

@@ -12,6 +12,7 @@ use leasehold::{
 };
 use rand::Rng;
 
+use crate::broken::{self, Broken};
 use crate::history::{Event, Op, Phase};
 use crate::mono::{instant_ns, mono_ns};
 
@@ -48,6 +49,10 @@ pub struct WorkerSpec {
     /// Where to append the events.
     #[arg(long)]
     pub events: std::path::PathBuf,
+    /// (the checker's control runs, test builds only) a deliberately broken part
+    /// ([`Broken`]).
+    #[arg(long, hide = true, value_enum)]
+    pub broken: Option<Broken>,
 }
 
 /// Appends events as JSON lines, one `write` per line.
@@ -182,9 +187,18 @@ async fn protected_write(
     };
     let pause = rand::rng().random_range(0..10);
     tokio::time::sleep(Duration::from_millis(pause)).await;
+    // Broken (lost update): the increment is skipped on every even audit row; the row is
+    // numbered after the update, so the next value of the sequence decides.
+    let skip = spec.broken == Some(Broken::LostUpdate)
+        && sqlx::query_scalar::<_, i64>(
+            "SELECT last_value + CASE WHEN is_called THEN 1 ELSE 0 END FROM chaos_audit_seq_seq",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .is_ok_and(|next| next % 2 == 0);
     let update = sqlx::query("UPDATE chaos_counter SET value = $2 WHERE resource = $1")
         .bind(key)
-        .bind(value + 1)
+        .bind(if skip { value } else { value + 1 })
         .execute(&mut *tx)
         .await;
     if let Err(e) = update {
@@ -202,6 +216,11 @@ async fn protected_write(
         Ok(s) => s as u64,
         Err(e) => return WriteOutcome::Failed(e.to_string()),
     };
+    if spec.broken == Some(Broken::AckBeforeCommit) {
+        // Broken: the write is acknowledged, and its transaction rolled back.
+        let _ = tx.rollback().await;
+        return WriteOutcome::Accepted(seq);
+    }
     match tx.commit().await {
         Ok(()) => WriteOutcome::Accepted(seq),
         Err(e) => WriteOutcome::Unknown(e.to_string()),
@@ -237,10 +256,59 @@ impl LeaseObserver for RenewalRecorder {
 }
 
 /// Asks the lease whether it is lost, on the spot; returns `(t, answer)` where `t` was
-/// read before asking.
-fn probe(lease: &leasehold::Lease) -> (u64, bool) {
+/// read before asking. `ignore` (broken): answers "not lost" without asking.
+fn probe(lease: &leasehold::Lease, ignore: bool) -> (u64, bool) {
     let t = mono_ns();
-    (t, lease.lost().is_lost())
+    (t, !ignore && lease.lost().is_lost())
+}
+
+/// Broken ([`Broken::ZombieHeartbeat`]): renews every TTL/3 whatever the validity left or
+/// the lost signal say, and accepts every "renewed" (its store answers that always),
+/// recording its sends and answers as the library's observer records its own.
+#[allow(clippy::too_many_arguments)]
+async fn zombie_heartbeat(
+    rec: Recorder,
+    store: Arc<dyn Store>,
+    key: leasehold::Key,
+    owner: leasehold::OwnerToken,
+    fence: leasehold::Fence,
+    mut valid_until: u64,
+    lost: leasehold::LostSignal,
+    ttl: Duration,
+) {
+    let hex = owner.to_hex();
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        let t = mono_ns();
+        let remaining = valid_until.saturating_sub(t);
+        let was_lost = lost.is_lost();
+        let mut ev = event(Op::Renew, Phase::Invoke, key.as_str(), &hex);
+        ev.t = t;
+        ev.fence = Some(fence.get());
+        ev.remaining_ns = Some(remaining);
+        ev.lost = Some(was_lost);
+        ev.detail = "sent".into();
+        rec.record(ev);
+        let outcome = store.renew(&key, &owner, ttl).await;
+        let mut ev = event(Op::Renew, Phase::Ok, key.as_str(), &hex);
+        ev.fence = Some(fence.get());
+        ev.remaining_ns = Some(remaining);
+        ev.lost = Some(was_lost);
+        match outcome {
+            Ok(_) => {
+                let now = mono_ns();
+                valid_until = t + ttl.as_nanos() as u64;
+                ev.t = now;
+                ev.valid_until = Some(valid_until);
+                ev.detail = "accepted".into();
+            }
+            Err(e) => {
+                ev.phase = Some(Phase::Unknown);
+                ev.detail = e.to_string();
+            }
+        }
+        rec.record(ev);
+    }
 }
 
 /// Takes the round's lease: the lease `key`, or in semaphore mode a permit's slot lease
@@ -276,11 +344,15 @@ async fn take(
 /// # Errors
 /// Set-up failures (store, database, event file), as text.
 pub async fn run(spec: WorkerSpec, registry: leasehold::store::Registry) -> Result<(), String> {
+    broken::allowed(spec.broken)?;
     let rec = Recorder::open(&spec.events, &spec.name).map_err(|e| e.to_string())?;
-    let store: Arc<dyn Store> = registry
+    let honest: Arc<dyn Store> = registry
         .open(&spec.lease_url)
         .await
         .map_err(|e| e.to_string())?;
+    let zombie_store = broken::yes_renewals(Arc::clone(&honest));
+    let store = broken::wrap_store(honest, spec.broken);
+    let ignore_lost = spec.broken == Some(Broken::IgnoreLost);
     let pool = PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(spec.ttl * 2)
@@ -324,9 +396,26 @@ pub async fn run(spec: WorkerSpec, registry: leasehold::store::Registry) -> Resu
         rec.record(ev);
         println!("ACQUIRED {} {key}", fence.get());
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let zombie = (spec.broken == Some(Broken::ZombieHeartbeat)).then(|| {
+            tokio::spawn(zombie_heartbeat(
+                rec.clone(),
+                Arc::clone(&zombie_store),
+                lease.key().clone(),
+                *lease.owner(),
+                fence,
+                instant_ns(lease.valid_until()),
+                lease.lost(),
+                spec.ttl,
+            ))
+        });
         let watcher = {
             let (rec, lost, key, owner) = (rec.clone(), lease.lost(), key.clone(), owner.clone());
             tokio::spawn(async move {
+                if ignore_lost {
+                    // Broken: nobody watches the lost signal.
+                    let _ = done_rx.await;
+                    return;
+                }
                 // Lost first: a signal that fired before the release is still recorded.
                 tokio::select! {
                     biased;
@@ -343,7 +432,7 @@ pub async fn run(spec: WorkerSpec, registry: leasehold::store::Registry) -> Resu
         // Some work under the lease.
         let work = rand::rng().random_range(0..spec.ttl.as_millis() as u64);
         tokio::time::sleep(Duration::from_millis(work)).await;
-        let (t, lost) = probe(&lease);
+        let (t, lost) = probe(&lease, ignore_lost);
         let mut ev = event(Op::Check, Phase::Ok, &key, &owner);
         ev.t = t;
         ev.fence = Some(fence.get());
@@ -356,7 +445,7 @@ pub async fn run(spec: WorkerSpec, registry: leasehold::store::Registry) -> Resu
             let window = rand::rng().random_range(100..200);
             tokio::time::sleep(Duration::from_millis(window)).await;
             println!("WRITING {} {key}", fence.get());
-            let (t, lost) = probe(&lease);
+            let (t, lost) = probe(&lease, ignore_lost);
             let mut ev = event(Op::Write, Phase::Invoke, &key, &owner);
             ev.t = t;
             ev.fence = Some(fence.get());
@@ -389,6 +478,10 @@ pub async fn run(spec: WorkerSpec, registry: leasehold::store::Registry) -> Resu
             if acknowledged {
                 println!("WROTE {} {key}", fence.get());
             }
+            if ignore_lost {
+                // Broken: it goes on working as if it held the lease.
+                tokio::time::sleep(spec.ttl).await;
+            }
         }
         println!("RELEASING {} {key}", fence.get());
         rec.record(event(Op::Release, Phase::Invoke, &key, &owner));
@@ -405,6 +498,9 @@ pub async fn run(spec: WorkerSpec, registry: leasehold::store::Registry) -> Resu
             }
         }
         rec.record(ev);
+        if let Some(z) = zombie {
+            z.abort();
+        }
         let _ = done_tx.send(());
         let _ = watcher.await;
         // Let the others in now and then (a holder that loops at once wins most races).
