@@ -211,3 +211,9 @@ mod tests {
 #[cfg(doctest)]
 #[doc = include_str!("repository-readme")]
 pub struct RepositoryReadme;
+
+/// The repository's `docs/library.md` (the library beyond the README's first program),
+/// compiled and run as doctests too, through the symlink `src/library-doc`, as the README.
+#[cfg(doctest)]
+#[doc = include_str!("library-doc")]
+pub struct LibraryGuide;
