@@ -6,7 +6,6 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::os::fd::OwnedFd;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -220,7 +219,7 @@ fn stderr_on_a_terminal(env: &Env, no_color: Option<&str>) -> Vec<u8> {
     cmd.args(["--log", "info", "break", "job:tty"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::from(OwnedFd::from(pty.slave)));
+        .stderr(Stdio::from(pty.slave));
     match no_color {
         Some(v) => cmd.env("NO_COLOR", v),
         None => cmd.env_remove("NO_COLOR"),
