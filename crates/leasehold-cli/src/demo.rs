@@ -20,6 +20,10 @@ the counter on. A wakes up and writes the invoice it prepared: the guard sees A'
 fence and rejects the write. With --unfenced the guard is off and A's write lands: two
 invoices with one number.
 
+--html FILE draws the story as a timeline with a legend: leases held, A's pause, the
+writes (the stale one rejected, or drawn as CORRUPTION), and where A learns it lost the
+lease. Fences show their last digits; hover for the full value.
+
 Exit status:
   0   the story ran (whatever its verdict)
   64  bad usage (flags, --ttl)
