@@ -108,6 +108,8 @@ fn every_subcommand_is_plain_and_quiet_with_stderr_in_a_file() {
     let env = Env::new();
     let html = env.path("demo.html");
     let html = html.to_str().unwrap();
+    let data = env.path("data");
+    let data = data.to_str().unwrap();
     let cases: &[&[&str]] = &[
         &["--help"],
         &["run", "--help"],
@@ -131,6 +133,7 @@ fn every_subcommand_is_plain_and_quiet_with_stderr_in_a_file() {
         &["completions", "bash"],
         &["completions", "zsh"],
         &["man"],
+        &["install-completions", "--data-dir", data],
     ];
     for args in cases {
         let c = capture(&env, "case", env.cmd().args(*args));
