@@ -115,7 +115,8 @@ pub(crate) async fn break_lease(url: &str, key: &str, json: bool) -> Result<Exit
     let store = connect_bounded(url).await?;
     let before = store.inspect(&key).await.ok().flatten();
     let fence = store.break_lease(&key).await?;
-    tracing::warn!(%key, fence = fence.get(), evicted = ?before.as_ref().map(|b| b.owner.to_hex()), "lease broken");
+    // Info, not a warning: breaking the lease is what was asked, and the output says so.
+    tracing::info!(%key, fence = fence.get(), evicted = ?before.as_ref().map(|b| b.owner.to_hex()), "lease broken");
     let text = if json {
         format!(
             "{}\n",

@@ -111,21 +111,22 @@ pub(crate) async fn observe(
     name: &str,
     interval: Duration,
 ) -> Result<ExitCode, Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
     let election = election(url, name).await?;
-    let mut changes = Box::pin(election.observe(interval));
-    let stop = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| Failure::Internal(format!("cannot install signal handlers: {e}")))?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        Ok::<(), Failure>(())
+    // Installed before the first line is printed: a SIGTERM or SIGINT sent once it is seen
+    // ends `observe` with 0, never by the signal's default action.
+    let handler = |kind| {
+        signal(kind).map_err(|e| Failure::Internal(format!("cannot install signal handlers: {e}")))
     };
-    tokio::pin!(stop);
+    let (mut term, mut int) = (
+        handler(SignalKind::terminate())?,
+        handler(SignalKind::interrupt())?,
+    );
+    let mut changes = Box::pin(election.observe(interval));
     loop {
         tokio::select! {
-            r = &mut stop => return r.map(|()| ExitCode::SUCCESS),
+            _ = term.recv() => return Ok(ExitCode::SUCCESS),
+            _ = int.recv() => return Ok(ExitCode::SUCCESS),
             next = changes.next() => {
                 let text = match next {
                     Some(Ok(leader)) => line(name, leader.as_ref()),

@@ -60,7 +60,7 @@ struct Global {
     log_format: LogFormat,
     /// Log level filter (e.g. `info`, `leasehold=debug`; default `warn`, `error` for the
     /// demo); `RUST_LOG` works too.
-    #[arg(long, global = true, env = "LEASEHOLD_LOG")]
+    #[arg(long, global = true, env = "LEASEHOLD_LOG", hide_env_values = true)]
     log: Option<String>,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
     #[arg(long, global = true)]
@@ -211,6 +211,22 @@ fn report(failure: &Failure) -> ExitCode {
     ExitCode::from(failure.code())
 }
 
+/// Whether log lines on standard error may carry ANSI colour: only when standard error is
+/// a terminal and `NO_COLOR` is unset or empty (<https://no-color.org>). A log redirected to
+/// a file or a pipe holds plain text.
+fn colour_stderr() -> bool {
+    use std::io::IsTerminal;
+    colour_allowed(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
+/// [`colour_stderr`]'s rule: a terminal, and no non-empty `NO_COLOR`.
+fn colour_allowed(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
 fn init_logging(global: &Global, default: &str) -> Result<(), String> {
     let level = global.log.as_deref().unwrap_or(default);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -218,7 +234,8 @@ fn init_logging(global: &Global, default: &str) -> Result<(), String> {
         .map_err(|e| format!("bad --log filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(colour_stderr());
     match global.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -330,4 +347,52 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
     // A store without leasehold's tables (found when it opens or at its first call):
     // name the command that creates them, for this URL.
     result.map_err(|f| migrate::explain_missing_schema(&url, f))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use clap::CommandFactory;
+
+    use super::{Cli, colour_allowed};
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour_allowed(true, None));
+        // NO_COLOR set to an empty string does not count (no-color.org).
+        assert!(colour_allowed(true, Some(OsStr::new(""))));
+        assert!(!colour_allowed(true, Some(OsStr::new("1"))));
+        assert!(!colour_allowed(true, Some(OsStr::new("false"))));
+        assert!(!colour_allowed(false, None));
+        assert!(!colour_allowed(false, Some(OsStr::new(""))));
+    }
+
+    /// `--help` must not print `[env: NAME=]` for an unset variable, nor a set variable's
+    /// value (a store URL may hold a password): every flag read from the environment,
+    /// on every subcommand, hides its value.
+    #[test]
+    fn every_env_backed_flag_hides_its_value_in_help() {
+        fn check(cmd: &clap::Command, path: &str, found: &mut usize) {
+            for arg in cmd.get_arguments() {
+                if let Some(env) = arg.get_env() {
+                    *found += 1;
+                    assert!(
+                        arg.is_hide_env_values_set(),
+                        "{path} --{}: [env: {}] needs hide_env_values",
+                        arg.get_id(),
+                        env.to_string_lossy()
+                    );
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), found);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut found = 0;
+        check(&cmd, "leasehold", &mut found);
+        assert!(found >= 2, "LEASEHOLD_STORE and LEASEHOLD_LOG at least");
+    }
 }

@@ -138,7 +138,9 @@ fn sql(url: &str) -> Result<String, Failure> {
                 })
                 .unwrap_or_default();
             format!(
-                "{}-- Apply with: psql -v ON_ERROR_STOP=1 --single-transaction -f FILE\n{schema}{store_sql}{}",
+                "{}-- Apply with: psql -q -v ON_ERROR_STOP=1 --single-transaction -f FILE\n\
+                 -- Quiet on success: no NOTICE for what exists already (IF NOT EXISTS).\n\
+                 SET client_min_messages = warning;\n{schema}{store_sql}{}",
                 header("PostgreSQL"),
                 config.guard().schema_sql()
             )

@@ -464,7 +464,7 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
         tokio::select! {
             _ = signals.child.recv() => {}
             reason = lost.wait(), if stopping.is_none() => {
-                stopping = begin_stop(&mut job, lease, grace, &format!("lease lost ({reason})"));
+                stopping = begin_stop(&mut job, lease, grace, &StopWhy::Lost(describe_loss(reason)));
             }
             () = sleep_until(stop_at), if stopping.is_none() => {}
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
@@ -511,7 +511,7 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
 /// or with less than `grace` of validity left (it would be told to stop at once).
 fn check_before_start(lease: &Lease, grace: Duration) -> Result<(), Failure> {
     match why_stop(lease, grace) {
-        Some(why) => Err(Failure::LostBeforeStart(why)),
+        Some(why) => Err(Failure::LostBeforeStart(why.to_string())),
         None => Ok(()),
     }
 }
@@ -521,7 +521,7 @@ fn check_before_start(lease: &Lease, grace: Duration) -> Result<(), Failure> {
 /// whether leasehold was stopping it.
 fn verdict(end: End, lost: Option<LostReason>, stopping: Option<Stopping>) -> Result<u8, Failure> {
     match (stopping, lost) {
-        (Some(s), _) => Err(Failure::LeaseLost(s.why)),
+        (Some(s), _) => Err(Failure::LeaseLost(s.why.detail())),
         // The guard kills the group with SIGKILL at the deadline while leasehold is
         // stopped or frozen.
         (None, Some(_)) if end == End::Signal(Signal::SIGKILL) => Err(Failure::LeaseLost(
@@ -659,25 +659,56 @@ impl End {
 /// Stopping the command because the lease is lost (or about to be).
 struct Stopping {
     /// Why the command is being stopped.
-    why: String,
+    why: StopWhy,
     /// When SIGKILL follows SIGTERM.
     kill_at: Instant,
     /// Whether SIGKILL was sent.
     killed: bool,
 }
 
+/// Why the command must stop. Kept apart from its wording so that a message that says
+/// "lease lost" itself ([`Failure::LeaseLost`]) gets the bare reason, never
+/// "lease lost (lease lost (…))".
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StopWhy {
+    /// The lease is lost; how, as [`describe_loss`] words it.
+    Lost(String),
+    /// Still valid, but unconfirmed with no more than the grace left.
+    Unconfirmed(Duration),
+}
+
+impl StopWhy {
+    /// The reason alone, for a message that already says the lease was lost.
+    fn detail(&self) -> String {
+        match self {
+            Self::Lost(reason) => reason.clone(),
+            Self::Unconfirmed(_) => self.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for StopWhy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Lost(reason) => write!(f, "lease lost ({reason})"),
+            Self::Unconfirmed(grace) => write!(
+                f,
+                "the store has not confirmed the lease with {grace:?} left"
+            ),
+        }
+    }
+}
+
 /// Why the command must stop now, if it must.
-fn why_stop(lease: &Lease, grace: Duration) -> Option<String> {
+fn why_stop(lease: &Lease, grace: Duration) -> Option<StopWhy> {
     if let Some(reason) = lease.lost_reason() {
-        return Some(format!("lease lost ({reason})"));
+        return Some(StopWhy::Lost(describe_loss(reason)));
     }
     let left = lease.remaining();
     if left.is_zero() {
-        Some("lease lost (the validity deadline passed without a renewal)".to_owned())
+        Some(StopWhy::Lost(describe_loss(LostReason::Expired)))
     } else if left <= grace {
-        Some(format!(
-            "the store has not confirmed the lease with {grace:?} left"
-        ))
+        Some(StopWhy::Unconfirmed(grace))
     } else {
         None
     }
@@ -687,7 +718,7 @@ fn why_stop(lease: &Lease, grace: Duration) -> Option<String> {
 /// once when that deadline has passed already (or there is no grace). Nothing if the
 /// command has ended already (reaped first, so that an end that was there to be seen is
 /// reported as an end, not as a stop).
-fn begin_stop(job: &mut Job, lease: &Lease, grace: Duration, why: &str) -> Option<Stopping> {
+fn begin_stop(job: &mut Job, lease: &Lease, grace: Duration, why: &StopWhy) -> Option<Stopping> {
     job.reap();
     if job.end.is_some() {
         return None;
@@ -698,7 +729,7 @@ fn begin_stop(job: &mut Job, lease: &Lease, grace: Duration, why: &str) -> Optio
         tracing::warn!("{why}; killing the command");
         job.signal(Signal::SIGKILL);
         Some(Stopping {
-            why: why.to_owned(),
+            why: why.clone(),
             kill_at: now,
             killed: true,
         })
@@ -708,7 +739,7 @@ fn begin_stop(job: &mut Job, lease: &Lease, grace: Duration, why: &str) -> Optio
         // A stopped process acts on SIGTERM only once continued.
         job.signal(Signal::SIGCONT);
         Some(Stopping {
-            why: why.to_owned(),
+            why: why.clone(),
             kill_at: deadline.min(now + grace),
             killed: false,
         })
@@ -953,12 +984,63 @@ mod tests {
         let e = verdict(End::Signal(Signal::SIGKILL), seen, None).unwrap_err();
         assert_eq!(e.code(), exit::LEASE_LOST, "{e}");
         let stopping = Stopping {
-            why: "lease lost (expired)".into(),
+            why: StopWhy::Lost(describe_loss(LostReason::NotOwner)),
             kill_at: Instant::now(),
             killed: false,
         };
         let e = verdict(End::Code(0), None, Some(stopping)).unwrap_err();
         assert_eq!(e.code(), exit::LEASE_LOST, "{e}");
+        // Said once: "lease lost while the command ran (the store no longer lists …)".
+        assert_eq!(e.to_string().matches("lease lost").count(), 1, "{e}");
+        assert!(e.to_string().contains("no longer lists"), "{e}");
+    }
+
+    /// Issue 27 item 5: no message says the same words twice ("lease lost (lease lost
+    /// (…))"), whichever way the lease was lost and whichever failure reports it.
+    #[test]
+    fn no_message_stutters() {
+        let mut whys: Vec<StopWhy> = [
+            LostReason::NotOwner,
+            LostReason::RenewFailed { attempts: 3 },
+            LostReason::Expired,
+            LostReason::MaxHoldExceeded,
+            LostReason::StoreUnavailable,
+            LostReason::Shutdown,
+            LostReason::SessionEnded,
+        ]
+        .into_iter()
+        .map(|r| StopWhy::Lost(describe_loss(r)))
+        .collect();
+        whys.push(StopWhy::Unconfirmed(2 * S));
+        for why in whys {
+            let stopped = verdict(
+                End::Code(0),
+                None,
+                Some(Stopping {
+                    why: why.clone(),
+                    kill_at: Instant::now(),
+                    killed: false,
+                }),
+            )
+            .unwrap_err()
+            .to_string();
+            let before = Failure::LostBeforeStart(why.to_string()).to_string();
+            for message in [stopped, before, format!("{why}; stopping the command")] {
+                assert!(
+                    message.matches("lease lost").count() <= 1
+                        && !message.contains("lost (lost")
+                        && !message.contains("((")
+                        && !message.contains("))"),
+                    "{message}"
+                );
+            }
+        }
+        for reason in [LostReason::Expired, LostReason::NotOwner] {
+            let after = verdict(End::Code(0), Some(reason), None)
+                .unwrap_err()
+                .to_string();
+            assert_eq!(after.matches("lost").count(), 1, "{after}");
+        }
     }
 
     /// Item 10: without this job in a terminal's foreground, a stop of the command stops

@@ -26,7 +26,7 @@ const PG_JOB: &str = r#"#!/bin/sh
 set -eu
 psql "$DATABASE_URL" -X -q -v ON_ERROR_STOP=1 --single-transaction \
     -v key="$LEASEHOLD_KEY" -v fence="$LEASEHOLD_FENCE" -f - <<'SQL'
-SELECT leasehold_guard(:'key', :fence);
+SELECT leasehold_guard(:'key', :fence) AS previous_fence \gset
 INSERT INTO ledger (fence, note) VALUES (:fence, 'invoice run');
 SQL
 "#;
@@ -74,14 +74,20 @@ fn psql_db(pg: &Postgres, db: &str, sql: &str) -> String {
     stdout(&out).trim_end().to_owned()
 }
 
-/// Applies a `--print`ed script with `psql` the way a DBA would.
+/// Applies a `--print`ed script with `psql` the way a DBA would (as its header says:
+/// `-q`, one transaction), and checks that it printed nothing.
 fn psql_apply(pg: &Postgres, db: &str, script: &str) {
     let out = fed(
         pg.psql_command()
-            .args(["-d", db, "--single-transaction", "-f", "-"]),
+            .args(["-d", db, "-q", "--single-transaction", "-f", "-"]),
         script,
     );
     assert!(out.status.success(), "psql -f: {}", stderr(&out));
+    assert_eq!(
+        (stdout(&out).as_str(), stderr(&out).as_str()),
+        ("", ""),
+        "the printed SQL is quiet on success (no tags, no NOTICE)"
+    );
 }
 
 #[test]
@@ -183,6 +189,10 @@ fn printed_postgres_sql_is_what_a_dba_applies_and_run_then_works() {
         ),
         "t"
     );
+    assert!(script.contains("-- Apply with: psql -q "), "{script}");
+    psql_apply(&pg, "dba", &script);
+    // Again: everything exists, and IF NOT EXISTS says so only in a NOTICE, which the
+    // script silences.
     psql_apply(&pg, "dba", &script);
     env.run_ok(&["--store", &url, "run", "--key", "job:x", "--", "true"]);
     assert_eq!(
@@ -475,6 +485,42 @@ fn postgres_shell_job_stale_write_is_rejected_by_the_sql_guard() {
         pg.psql("SELECT fence FROM leasehold_guard WHERE resource = 'job:invoices'"),
         fence_b.to_string()
     );
+}
+
+/// Issue 27 item 5: the PostgreSQL job of `docs/shell.md` prints nothing when its write
+/// is accepted (psql's tags off with `-q`, the guard's answer kept by `\gset`), and
+/// `leasehold run` around it adds nothing either.
+#[test]
+fn postgres_shell_job_prints_nothing_on_success() {
+    let pg = Postgres::start();
+    let env = Env::new();
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", pg.port());
+    env.run_ok(&["--store", &url, "migrate"]);
+    pg.psql("CREATE TABLE ledger (fence bigint NOT NULL, note text NOT NULL)");
+    let script = env.path("job-pg.sh");
+    std::fs::write(&script, PG_JOB).unwrap();
+    let path = format!(
+        "{}:{}",
+        pg.bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for round in 0..2 {
+        let out = env
+            .cmd()
+            .args(["--store", &url, "run", "--key", "job:invoices", "--", "sh"])
+            .arg(&script)
+            .env("DATABASE_URL", &url)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "round {round}: {}", stderr(&out));
+        assert_eq!(
+            (stdout(&out).as_str(), stderr(&out).as_str()),
+            ("", ""),
+            "round {round}: an accepted write prints nothing"
+        );
+    }
+    assert_eq!(pg.psql("SELECT count(*) FROM ledger"), "2");
 }
 
 #[test]
