@@ -74,10 +74,11 @@ If leasehold and its guard are both frozen, nothing on this host can stop the co
 the fence (LEASEHOLD_FENCE) is what keeps its writes safe then.
 
 Exit status: the command's own (128+N if killed by signal N), or
-  64  bad usage (flags, key, durations, a store URL that cannot be opened as given:
-      scheme, host, port, parameters or credentials; memory://; a --grace that is not
+  64  bad usage (flags, key, durations; a bad store URL: scheme, host, port or
+      parameters; memory://; an unusable --store-password-file; a --grace that is not
       below half the TTL the store granted)
-  69  store error (unreachable, authentication, permissions)
+  69  store error (unreachable, refused credentials, no such database, no privilege, an
+      unusable SQLite file, missing tables, no answer)
   70  lease lost while the command ran (it was stopped)
   71  the command ended, but leasehold saw its end only after the lease was lost or its
       validity deadline passed: it may have run on without the lease; check its work
