@@ -314,6 +314,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// The store URL to open (with the password file's password in it, if one is given) and
+/// the URL as the user gave it, for messages.
+fn store_urls(global: &Global) -> Result<(String, String), Failure> {
+    let url = stores::resolve(global.store.as_deref())?;
+    match global
+        .store_password_file
+        .as_deref()
+        .filter(|p| !p.is_empty())
+    {
+        Some(path) => Ok((stores::with_password_file(&url, Path::new(path))?, url)),
+        None => Ok((url.clone(), url)),
+    }
+}
+
 async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
     if let Some(addr) = cli.global.metrics_addr {
         let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -331,15 +345,12 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
     let (url, shown_url) = if matches!(cli.command, Command::Demo(_)) {
         (String::new(), String::new())
     } else {
-        let url = stores::resolve(cli.global.store.as_deref())?;
-        let password_file = cli
-            .global
-            .store_password_file
-            .as_deref()
-            .filter(|p| !p.is_empty());
-        match password_file {
-            Some(path) => (stores::with_password_file(&url, Path::new(path))?, url),
-            None => (url.clone(), url),
+        match store_urls(&cli.global) {
+            Ok(urls) => urls,
+            Err(f) => match &cli.command {
+                Command::Run(args) => return Err(run::failed_early(args, f)),
+                _ => return Err(f),
+            },
         }
     };
     let result = match cli.command {

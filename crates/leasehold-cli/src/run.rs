@@ -145,6 +145,20 @@ pub(crate) struct RunArgs {
     command: Vec<OsString>,
 }
 
+/// A failure before `run` could start (the store URL or the password file): with
+/// `--json`, its object is printed all the same, so a script always finds one.
+pub(crate) fn failed_early(args: &RunArgs, failure: Failure) -> Failure {
+    if !args.json {
+        return failure;
+    }
+    let result: Result<u8, Failure> = Err(failure);
+    Facts::new(&args.key).print(&result);
+    match result {
+        Err(failure) => failure,
+        Ok(_) => unreachable!("made as an error"),
+    }
+}
+
 pub(crate) async fn run(url: &str, args: RunArgs) -> Result<ExitCode, Failure> {
     let mut facts = Facts::new(&args.key);
     // Before the --json object is printed, which carries the error too.

@@ -270,6 +270,32 @@ fn postgres_causes_and_passwords_off_the_command_line() {
     );
     let missing = env.path("no-such-file");
     let missing = missing.to_str().unwrap();
+    // `run --json` prints its object for a failure before the start too.
+    let out = run(
+        &env,
+        &[
+            "--store",
+            &no_password,
+            "--store-password-file",
+            missing,
+            "run",
+            "--json",
+            "--key",
+            "k",
+            "--",
+            "true",
+        ],
+    );
+    expect(
+        &out,
+        64,
+        "leasehold: store password file: ",
+        "run --json, missing file",
+    );
+    let object: serde_json::Value =
+        serde_json::from_str(stdout(&out).trim_end()).expect("one JSON object");
+    assert_eq!(object["outcome"], "usage", "{object}");
+    assert_eq!(object["exit_code"], 64, "{object}");
     expect(
         &run(
             &env,
