@@ -51,18 +51,15 @@ fn view_line(v: &View) -> String {
 /// runs of one key would both run, and `inspect` or `list` would never see a lease.
 pub(crate) fn refuse_memory(url: &str) -> Result<(), Failure> {
     if stores::is_memory(url) {
-        return Err(Failure::BadStore(
-            "memory:// keeps leases inside one process, so separate leasehold commands \
-             would never exclude each other; use sqlite:// (the default) or a shared store"
-                .into(),
-        ));
+        return Err(Failure::Memory);
     }
     Ok(())
 }
 
-/// Opens the store (never `memory://`, see [`refuse_memory`]). A configuration error while
-/// opening means the URL is wrong (scheme, host, port, parameters, credentials): a usage
-/// error, not a store failure.
+/// Opens the store (never `memory://`, see [`refuse_memory`]). A configuration error found
+/// before the store was contacted means the URL is wrong (scheme, host, port, parameters):
+/// a usage error; a store that refused (credentials, database, permission, file) is a
+/// store failure ([`Failure::opening`]).
 pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
     refuse_memory(url)?;
     // `leasehold` links every store, so its registry knows every scheme.

@@ -19,9 +19,9 @@ With --json, one line: {\"name\":...,\"leader\":{\"owner\",\"term\",\"value\"}|n
 
 Exit status:
   0   printed (there may be no leader: see \"leader\")
-  64  bad usage (flags, name, a store URL that cannot be opened as given, memory://), or
-      a store without records
-  69  store error (unreachable, no answer within 10s, authentication, permissions)
+  64  bad usage (flags, name, a bad store URL, memory://), or a store without records
+  69  store error (unreachable, no answer within 10s, refused credentials, no
+      such database, no privilege, an unusable SQLite file, missing tables)
 
 Example:
   leasehold leader leader:billing --json";
@@ -38,9 +38,9 @@ as {\"name\",\"error\":...} and reading goes on.
 
 Exit status:
   0   interrupted (SIGINT, SIGTERM) or its reader closed the pipe
-  64  bad usage (flags, name, a store URL that cannot be opened as given, memory://), or
-      a store without records
-  69  store error while opening the store
+  64  bad usage (flags, name, a bad store URL, memory://), or a store without records
+  69  store error while opening the store (unreachable, refused credentials, no such
+      database, no privilege, an unusable SQLite file, missing tables)
 
 Example:
   leasehold observe leader:billing --interval 500ms";

@@ -1,21 +1,29 @@
 //! Why a command failed: one typed value per outcome, each with one documented exit code
-//! and one line on standard error, printed in one place (`main`).
+//! and one line on standard error, printed in one place (`main`). [`CAUSES`] is the one
+//! table of causes, exit statuses and first words of that line; `docs/cli.md` ("Errors a
+//! script can expect") has the same table (a test compares them).
 
 use std::fmt;
 
-use leasehold::{StoreError, StoreErrorKind};
+use leasehold::{Refusal, StoreError, StoreErrorKind};
 
 use crate::exit;
 
 /// A failure of a `leasehold` command.
 #[derive(Debug)]
 pub(crate) enum Failure {
-    /// Bad flags, key, durations or URL: exit 64.
+    /// Bad flags, key or durations: exit 64.
     Usage(String),
-    /// The store URL could not be opened as given (scheme, host, port, parameters,
-    /// credentials, `memory://`): exit 64.
-    BadStore(String),
-    /// The store failed while working: exit 69 (64 for input it refuses).
+    /// The store URL is wrong as written (syntax, scheme, host, port, parameters), found
+    /// before the store was contacted: exit 64. The message follows `bad store URL: `.
+    BadUrl(String),
+    /// `memory://`, refused: exit 64.
+    Memory,
+    /// `--store-password-file` cannot be used (missing, unreadable, empty, or given with a
+    /// URL that has a password or a store that takes none): exit 64. The message names the
+    /// path, never the content.
+    PasswordFile(String),
+    /// The store failed or refused (see [`Cause`]): exit 69, 64 for input it refuses.
     Store(StoreError),
     /// The lease was not acquired: exit 75, or `--conflict-exit-code`.
     NotAcquired {
@@ -47,17 +55,220 @@ pub(crate) enum Failure {
     Internal(String),
 }
 
+/// What went wrong, as a script sees it: one row of [`CAUSES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// Flags, key, durations, a name of another kind.
+    Usage,
+    /// The store URL as written.
+    BadUrl,
+    /// The store password file.
+    PasswordFile,
+    /// `memory://`.
+    Memory,
+    /// A store call's input the store refuses (a key too long for it).
+    InvalidInput,
+    /// The store rejected the credentials.
+    Credentials,
+    /// The database named does not exist.
+    NoDatabase,
+    /// The store denied a privilege.
+    Permission,
+    /// The SQLite file or its directory cannot be used.
+    File,
+    /// leasehold's tables are missing.
+    SchemaMissing,
+    /// The store cannot be reached.
+    Unavailable,
+    /// The store did not answer in time.
+    NoAnswer,
+    /// Any other store failure.
+    Store,
+    /// The lease is held by another owner.
+    NotAcquired,
+    /// The lease was lost while the command ran.
+    LeaseLost,
+    /// The command's end was seen after the lease was lost.
+    CompletedAfterLoss,
+    /// The lease was lost before the command started.
+    LostBeforeStart,
+    /// The command could not be started.
+    CannotExecute,
+    /// A file could not be created.
+    CannotCreate,
+    /// Standard output could not be written.
+    Output,
+    /// leasehold itself could not run.
+    Internal,
+}
+
+/// One cause: its exit status and what the line on standard error starts with after
+/// `leasehold: ` (empty where the text varies: a flag's error, a path).
+pub(crate) struct Row {
+    /// The cause.
+    pub(crate) cause: Cause,
+    /// The exit status (75 is `--conflict-exit-code`'s default).
+    pub(crate) status: u8,
+    /// The first words of the message, after `leasehold: `; for the store's refusals they
+    /// say what to do.
+    pub(crate) starts: &'static str,
+}
+
+/// Every cause, its status and its message's first words: the table of `docs/cli.md`'s
+/// "Errors a script can expect", row for row.
+pub(crate) const CAUSES: &[Row] = &[
+    Row {
+        cause: Cause::Usage,
+        status: exit::USAGE,
+        starts: "",
+    },
+    Row {
+        cause: Cause::BadUrl,
+        status: exit::USAGE,
+        starts: "bad store URL: ",
+    },
+    Row {
+        cause: Cause::PasswordFile,
+        status: exit::USAGE,
+        starts: "store password file: ",
+    },
+    Row {
+        cause: Cause::Memory,
+        status: exit::USAGE,
+        starts: "memory:// keeps leases inside one process",
+    },
+    Row {
+        cause: Cause::InvalidInput,
+        status: exit::USAGE,
+        starts: "the store refused the input: ",
+    },
+    Row {
+        cause: Cause::Credentials,
+        status: exit::STORE,
+        starts: "store error: authentication failed (check the user name and the password: in \
+                 the URL, in --store-password-file, or PGPASSWORD/PGPASSFILE for postgres://): ",
+    },
+    Row {
+        cause: Cause::NoDatabase,
+        status: exit::STORE,
+        starts: "store error: no such database (create it, or fix the database name in the URL): ",
+    },
+    Row {
+        cause: Cause::Permission,
+        status: exit::STORE,
+        starts: "store error: permission denied (grant the user what leasehold needs; see the \
+                 store's README): ",
+    },
+    Row {
+        cause: Cause::File,
+        status: exit::STORE,
+        starts: "store error: cannot use the database file (its directory must exist; the file \
+                 and the directory must be writable): ",
+    },
+    Row {
+        cause: Cause::SchemaMissing,
+        status: exit::STORE,
+        starts: "store error: leasehold's tables are missing (create them with leasehold \
+                 migrate): ",
+    },
+    Row {
+        cause: Cause::Unavailable,
+        status: exit::STORE,
+        starts: "store error: unavailable (is the store running, at the URL's host and port?): ",
+    },
+    Row {
+        cause: Cause::NoAnswer,
+        status: exit::STORE,
+        starts: "store error: no answer in time: ",
+    },
+    Row {
+        cause: Cause::Store,
+        status: exit::STORE,
+        starts: "store error: ",
+    },
+    Row {
+        cause: Cause::NotAcquired,
+        status: exit::NOT_ACQUIRED,
+        starts: "lease `",
+    },
+    Row {
+        cause: Cause::LeaseLost,
+        status: exit::LEASE_LOST,
+        starts: "lease lost while the command ran",
+    },
+    Row {
+        cause: Cause::CompletedAfterLoss,
+        status: exit::COMPLETED_AFTER_LOSS,
+        starts: "the command ended with status ",
+    },
+    Row {
+        cause: Cause::LostBeforeStart,
+        status: exit::LOST_BEFORE_START,
+        starts: "",
+    },
+    Row {
+        cause: Cause::CannotExecute,
+        status: exit::CANNOT_EXECUTE,
+        starts: "",
+    },
+    Row {
+        cause: Cause::CannotCreate,
+        status: exit::CANNOT_CREATE,
+        starts: "",
+    },
+    Row {
+        cause: Cause::Output,
+        status: exit::IO_ERROR,
+        starts: "",
+    },
+    Row {
+        cause: Cause::Internal,
+        status: exit::STORE,
+        starts: "",
+    },
+];
+
+/// The row of `cause`.
+fn row(cause: Cause) -> &'static Row {
+    CAUSES
+        .iter()
+        .find(|r| r.cause == cause)
+        .expect("every cause has a row")
+}
+
+/// The cause of a store error: by type, never by its text.
+fn store_cause(e: &StoreError) -> Cause {
+    if e.kind() == StoreErrorKind::InvalidInput {
+        return Cause::InvalidInput;
+    }
+    if e.is_schema_missing() {
+        return Cause::SchemaMissing;
+    }
+    match e.refusal() {
+        Some(Refusal::Credentials) => return Cause::Credentials,
+        Some(Refusal::NoDatabase) => return Cause::NoDatabase,
+        Some(Refusal::Permission) => return Cause::Permission,
+        Some(Refusal::File) => return Cause::File,
+        Some(_) | None => {}
+    }
+    match e.kind() {
+        StoreErrorKind::Unavailable => Cause::Unavailable,
+        StoreErrorKind::Timeout => Cause::NoAnswer,
+        _ => Cause::Store,
+    }
+}
+
 impl Failure {
-    /// A failure to open the store at a URL: a usage error when the URL (or the
-    /// configuration it names) is wrong, a store failure otherwise. A store that checks
-    /// its table when it opens (mysql:// with migrate=false) and finds none is not a bad
-    /// URL but a database to migrate: a store failure.
+    /// A failure to open the store at a URL: a bad URL when the configuration was refused
+    /// before the store was contacted; the store's failure (exit 69) when it was reached
+    /// and refused (credentials, database, permission, file: [`StoreError::refusal`]), when
+    /// leasehold's tables are missing, or when it could not be reached.
     pub(crate) fn opening(e: StoreError) -> Self {
         match e.kind() {
-            StoreErrorKind::Config if e.is_schema_missing() => Self::Store(e),
-            StoreErrorKind::Config | StoreErrorKind::InvalidInput => {
-                Self::BadStore(format!("bad store URL: {e}"))
+            StoreErrorKind::Config if e.is_schema_missing() || e.refusal().is_some() => {
+                Self::Store(e)
             }
+            StoreErrorKind::Config | StoreErrorKind::InvalidInput => Self::BadUrl(e.to_string()),
             _ => Self::Store(e),
         }
     }
@@ -83,42 +294,63 @@ impl Failure {
         }
     }
 
-    /// The exit code.
+    /// The cause: the row of [`CAUSES`] this failure is.
+    pub(crate) fn cause(&self) -> Cause {
+        match self {
+            Self::Usage(_) => Cause::Usage,
+            Self::BadUrl(_) => Cause::BadUrl,
+            Self::Memory => Cause::Memory,
+            Self::PasswordFile(_) => Cause::PasswordFile,
+            Self::Store(e) => store_cause(e),
+            Self::NotAcquired { .. } => Cause::NotAcquired,
+            Self::LeaseLost(_) => Cause::LeaseLost,
+            Self::CompletedAfterLoss { .. } => Cause::CompletedAfterLoss,
+            Self::LostBeforeStart(_) => Cause::LostBeforeStart,
+            Self::CannotExecute(_) => Cause::CannotExecute,
+            Self::CannotCreate(_) => Cause::CannotCreate,
+            Self::Output(_) => Cause::Output,
+            Self::Internal(_) => Cause::Internal,
+        }
+    }
+
+    /// The exit code: its cause's ([`CAUSES`]), or the `--conflict-exit-code` chosen.
     pub(crate) fn code(&self) -> u8 {
         match self {
-            Self::Usage(_) | Self::BadStore(_) => exit::USAGE,
-            Self::Store(e) if e.kind() == StoreErrorKind::InvalidInput => exit::USAGE,
-            Self::Store(_) | Self::Internal(_) => exit::STORE,
             Self::NotAcquired { code, .. } => *code,
-            Self::LeaseLost(_) => exit::LEASE_LOST,
-            Self::CompletedAfterLoss { .. } => exit::COMPLETED_AFTER_LOSS,
-            Self::LostBeforeStart(_) => exit::LOST_BEFORE_START,
-            Self::CannotExecute(_) => exit::CANNOT_EXECUTE,
-            Self::CannotCreate(_) => exit::CANNOT_CREATE,
-            Self::Output(_) => exit::IO_ERROR,
+            other => row(other.cause()).status,
         }
     }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(row(self.cause()).starts)?;
         match self {
             Self::Usage(m)
-            | Self::BadStore(m)
+            | Self::BadUrl(m)
+            | Self::PasswordFile(m)
             | Self::CannotExecute(m)
             | Self::CannotCreate(m)
             | Self::Output(m)
             | Self::Internal(m) => f.write_str(m),
-            Self::Store(e) => write!(f, "{e}"),
-            Self::NotAcquired { error, .. } => write!(f, "{error}"),
-            Self::LeaseLost(why) => write!(
-                f,
-                "lease lost while the command ran ({why}); it was stopped"
+            Self::Memory => f.write_str(
+                ", so separate leasehold commands would never exclude each other; use \
+                 sqlite:// (the default) or a shared store",
             ),
+            Self::Store(e) => write!(f, "{e}"),
+            Self::NotAcquired { error, .. } => {
+                // "lease `KEY` is held …": the row's first words are the error's own.
+                let text = error.to_string();
+                f.write_str(
+                    text.strip_prefix(row(Cause::NotAcquired).starts)
+                        .unwrap_or(&text),
+                )
+            }
+            Self::LeaseLost(why) => write!(f, " ({why}); it was stopped"),
             Self::CompletedAfterLoss { status, why } => write!(
                 f,
-                "the command ended with status {status}, but leasehold saw its end only after \
-                 the lease was lost ({why}): it may have run on without the lease; check its work"
+                "{status}, but leasehold saw its end only after the lease was lost ({why}): it \
+                 may have run on without the lease; check its work"
             ),
             Self::LostBeforeStart(why) => {
                 write!(f, "{why} before the command started; it was not started")
@@ -137,6 +369,44 @@ impl From<StoreError> for Failure {
 mod tests {
     use super::*;
 
+    /// The rows of `docs/cli.md`'s "Errors a script can expect": (status, the line's start).
+    fn documented() -> Vec<(u8, String)> {
+        let doc = include_str!("../../../docs/cli.md");
+        let section = doc
+            .split_once("\n## Errors a script can expect\n")
+            .expect("docs/cli.md has the section")
+            .1;
+        let section = section.split_once("\n## ").map_or(section, |(s, _)| s);
+        section
+            .lines()
+            .filter(|l| {
+                l.starts_with("| ") && !l.starts_with("| cause |") && !l.starts_with("| ---")
+            })
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                assert_eq!(cells.len(), 3, "three cells: {l}");
+                (cells[1].parse().expect("a status"), cells[2].to_owned())
+            })
+            .collect()
+    }
+
+    /// One table: the docs list every cause in the order of [`CAUSES`], with its status
+    /// and (where it is fixed) the first words of its line.
+    #[test]
+    fn the_table_of_causes_is_the_one_in_docs_cli_md() {
+        let docs = documented();
+        assert_eq!(docs.len(), CAUSES.len(), "{docs:?}");
+        for (row, (status, text)) in CAUSES.iter().zip(&docs) {
+            assert_eq!(row.status, *status, "{:?}: {text}", row.cause);
+            let starts = format!("leasehold: {}", row.starts.trim_end());
+            assert!(
+                text.contains(&starts),
+                "{:?}: {starts:?} not in {text}",
+                row.cause
+            );
+        }
+    }
+
     #[test]
     fn every_failure_has_its_documented_code() {
         let config = StoreError::new(StoreErrorKind::Config, "redis", "bad port");
@@ -144,6 +414,15 @@ mod tests {
         let input = StoreError::new(StoreErrorKind::InvalidInput, "redis", "bad prefix");
         assert_eq!(Failure::opening(config).code(), 64);
         assert_eq!(Failure::opening(down).code(), 69);
+        let auth = StoreError::new(StoreErrorKind::Config, "postgres", "auth failed")
+            .refused(Refusal::Credentials);
+        let f = Failure::opening(auth);
+        assert_eq!(f.code(), 69);
+        assert!(
+            f.to_string()
+                .starts_with("store error: authentication failed (check the user name"),
+            "{f}"
+        );
         let down = StoreError::new(StoreErrorKind::Unavailable, "redis", "refused");
         assert_eq!(Failure::Store(down).code(), 69);
         assert_eq!(Failure::Store(input).code(), 64);

@@ -7,8 +7,10 @@ With --json, one line: {\"key\":...,\"held\":true|false,\"lease\":{\"key\",\"own
 
 Exit status:
   0   printed (the lease may be held or free: see \"held\")
-  64  bad usage (flags, key, a store URL that cannot be opened as given, memory://)
-  69  store error (unreachable, no answer within 10s, authentication, permissions)
+  64  bad usage (flags, key, a bad store URL: scheme, host, port, parameters;
+      memory://; an unusable --store-password-file)
+  69  store error (unreachable, no answer within 10s, refused credentials, no
+      such database, no privilege, an unusable SQLite file, missing tables)
 
 Example:
   leasehold inspect nightly-invoices --json";
@@ -19,8 +21,9 @@ With --json, one line: an array of {\"key\",\"owner\",\"fence\",\"remaining_ms\"
 
 Exit status:
   0   printed (possibly nothing)
-  64  bad usage
-  69  store error (unreachable, no answer within 10s, authentication, permissions)
+  64  bad usage, or a bad store URL
+  69  store error (unreachable, no answer within 10s, refused credentials, no
+      such database, no privilege, an unusable SQLite file, missing tables)
 
 Example:
   leasehold list job:";
@@ -31,8 +34,9 @@ With --json, one line: {\"key\":...,\"fence\":N,\"evicted\":{...}|null}.
 
 Exit status:
   0   broken (or there was no holder); the fence was advanced
-  64  bad usage
-  69  store error (unreachable, no answer within 10s, authentication, permissions)
+  64  bad usage, key, or a bad store URL
+  69  store error (unreachable, no answer within 10s, refused credentials, no
+      such database, no privilege, an unusable SQLite file, missing tables)
 
 Example:
   leasehold break nightly-invoices";

@@ -17,6 +17,7 @@ mod run_json;
 mod stores;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -52,9 +53,23 @@ struct Global {
     /// etcd:// in a build with the etcd feature).
     /// Default: the embedded SQLite database.
     /// memory:// is refused: each process would get its own store, so nothing would be
-    /// excluded.
+    /// excluded. An empty value (LEASEHOLD_STORE=) is the default.
     #[arg(long, env = "LEASEHOLD_STORE", global = true, hide_env_values = true)]
     store: Option<String>,
+    /// A file whose content (without its trailing newline) is the store's password, put
+    /// into the store URL so that no password shows in `ps` or in the environment: for
+    /// postgres://, mysql:// (mariadb://), redis://, rediss://, redis+cluster://,
+    /// redis+sentinel://, redlock:// and etcd:// URLs without a password of their own.
+    /// PostgreSQL URLs without a password also take PGPASSWORD or PGPASSFILE.
+    #[arg(
+        long,
+        env = "LEASEHOLD_STORE_PASSWORD_FILE",
+        global = true,
+        value_name = "PATH"
+    )]
+    // An OsString, not a PathBuf: clap refuses an empty path, and an empty
+    // LEASEHOLD_STORE_PASSWORD_FILE= means none, as an empty LEASEHOLD_STORE= the default.
+    store_password_file: Option<std::ffi::OsString>,
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
@@ -316,6 +331,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// The store URL to open (with the password file's password in it, if one is given) and
+/// the URL as the user gave it, for messages.
+fn store_urls(global: &Global) -> Result<(String, String), Failure> {
+    let url = stores::resolve(global.store.as_deref())?;
+    match global
+        .store_password_file
+        .as_deref()
+        .filter(|p| !p.is_empty())
+    {
+        Some(path) => Ok((stores::with_password_file(&url, Path::new(path))?, url)),
+        None => Ok((url.clone(), url)),
+    }
+}
+
 async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
     if let Some(addr) = cli.global.metrics_addr {
         let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -329,7 +358,18 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
         }
         leasehold::metrics::describe();
     }
-    let url = cli.global.store.clone().unwrap_or_else(stores::default_url);
+    // The demo makes its own store; every other command here opens the one named.
+    let (url, shown_url) = if matches!(cli.command, Command::Demo(_)) {
+        (String::new(), String::new())
+    } else {
+        match store_urls(&cli.global) {
+            Ok(urls) => urls,
+            Err(f) => match &cli.command {
+                Command::Run(args) => return Err(run::failed_early(args, f)),
+                _ => return Err(f),
+            },
+        }
+    };
     let result = match cli.command {
         // It names `leasehold migrate` itself: its --json object carries the error too.
         Command::Run(args) => return run::run(&url, args).await,
@@ -346,7 +386,7 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
     };
     // A store without leasehold's tables (found when it opens or at its first call):
     // name the command that creates them, for this URL.
-    result.map_err(|f| migrate::explain_missing_schema(&url, f))
+    result.map_err(|f| migrate::explain_missing_schema(&shown_url, f))
 }
 
 #[cfg(test)]

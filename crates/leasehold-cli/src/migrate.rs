@@ -31,8 +31,9 @@ Examples:
 
 Exit status:
   0   migrated (everything exists now), or printed with --print
-  64  bad usage, or a store URL that cannot be opened as given (scheme, parameters, credentials; memory://)
-  69  store error (unreachable, no privilege to create, no answer within 10s)
+  64  bad usage, or a bad store URL (scheme, host, port, parameters; memory://)
+  69  store error (unreachable, refused credentials, no such database, no privilege to
+      create, an unusable SQLite file, no answer within 10s)
 
 See docs/shell.md for the shell user's whole journey.";
 
@@ -172,8 +173,8 @@ fn sql(url: &str) -> Result<String, Failure> {
         Kind::Other => {
             let scheme = url.split_once("://").map_or("", |(s, _)| s);
             if !leasehold::registry().schemes().any(|s| s == scheme) {
-                return Err(Failure::BadStore(format!(
-                    "bad store URL: unknown scheme `{scheme}://` (see leasehold --help)"
+                return Err(Failure::BadUrl(format!(
+                    "unknown scheme `{scheme}://` (see leasehold --help)"
                 )));
             }
             format!(
@@ -442,7 +443,10 @@ mod tests {
         assert_eq!(f.code(), crate::exit::STORE);
         let other = StoreError::new(StoreErrorKind::Config, "postgres", "permission denied");
         let f = explain_missing_schema("postgres://u:pw@h/d", Failure::Store(other));
-        assert_eq!(f.to_string(), "postgres store: permission denied");
+        assert_eq!(
+            f.to_string(),
+            "store error: postgres store: permission denied"
+        );
     }
 
     /// A missing schema is recognised by its type, not by what its message says: one
@@ -457,7 +461,8 @@ mod tests {
         let f = explain_missing_schema("sqlite:///var/x.db?key=secret", f);
         assert_eq!(
             f.to_string(),
-            "sqlite store: acquire: lacks leasehold's tables: create them with \
+            "store error: leasehold's tables are missing (create them with leasehold migrate): \
+             sqlite store: acquire: lacks leasehold's tables: create them with \
              `leasehold migrate --store 'sqlite:///var/x.db'`: no such table: leasehold_leases"
         );
         assert_eq!(f.code(), crate::exit::STORE);
@@ -465,9 +470,12 @@ mod tests {
         let text = "a leasehold table does not exist: run `leasehold migrate --store URL`";
         let unmarked = StoreError::new(StoreErrorKind::Config, "postgres", text);
         let f = explain_missing_schema("postgres://u:pw@h/d", Failure::Store(unmarked));
-        assert_eq!(f.to_string(), format!("postgres store: {text}"));
+        assert_eq!(
+            f.to_string(),
+            format!("store error: postgres store: {text}")
+        );
         let f = Failure::opening(StoreError::new(StoreErrorKind::Config, "mysql", text));
-        assert!(matches!(f, Failure::BadStore(_)), "{f}");
+        assert!(matches!(f, Failure::BadUrl(_)), "{f}");
         assert_eq!(f.code(), crate::exit::USAGE);
         let f = Failure::opening(StoreError::schema_missing("mysql", "no table"));
         assert!(matches!(f, Failure::Store(_)), "{f}");

@@ -74,10 +74,11 @@ If leasehold and its guard are both frozen, nothing on this host can stop the co
 the fence (LEASEHOLD_FENCE) is what keeps its writes safe then.
 
 Exit status: the command's own (128+N if killed by signal N), or
-  64  bad usage (flags, key, durations, a store URL that cannot be opened as given:
-      scheme, host, port, parameters or credentials; memory://; a --grace that is not
+  64  bad usage (flags, key, durations; a bad store URL: scheme, host, port or
+      parameters; memory://; an unusable --store-password-file; a --grace that is not
       below half the TTL the store granted)
-  69  store error (unreachable, authentication, permissions)
+  69  store error (unreachable, refused credentials, no such database, no privilege, an
+      unusable SQLite file, missing tables, no answer)
   70  lease lost while the command ran (it was stopped)
   71  the command ended, but leasehold saw its end only after the lease was lost or its
       validity deadline passed: it may have run on without the lease; check its work
@@ -142,6 +143,20 @@ pub(crate) struct RunArgs {
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
+}
+
+/// A failure before `run` could start (the store URL or the password file): with
+/// `--json`, its object is printed all the same, so a script always finds one.
+pub(crate) fn failed_early(args: &RunArgs, failure: Failure) -> Failure {
+    if !args.json {
+        return failure;
+    }
+    let result: Result<u8, Failure> = Err(failure);
+    Facts::new(&args.key).print(&result);
+    match result {
+        Err(failure) => failure,
+        Ok(_) => unreachable!("made as an error"),
+    }
 }
 
 pub(crate) async fn run(url: &str, args: RunArgs) -> Result<ExitCode, Failure> {

@@ -99,7 +99,9 @@ impl Facts {
 /// The `outcome` of a failure.
 fn outcome(failure: &Failure) -> &'static str {
     match failure {
-        Failure::Usage(_) | Failure::BadStore(_) => "usage",
+        Failure::Usage(_) | Failure::BadUrl(_) | Failure::Memory | Failure::PasswordFile(_) => {
+            "usage"
+        }
         Failure::Store(_) if failure.code() == crate::exit::USAGE => "usage",
         Failure::Store(_) => "store_error",
         Failure::NotAcquired { .. } => "not_acquired",

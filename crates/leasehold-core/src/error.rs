@@ -86,19 +86,52 @@ impl StoreErrorKind {
     }
 }
 
+/// Why a store that was reached refused a [`StoreErrorKind::Config`] error's request: the
+/// store's own answer, as opposed to a configuration error found in the URL or the
+/// settings before anything was contacted (see [`StoreError::refusal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The store rejected the credentials (a wrong or missing user name or password, an
+    /// authentication method the client does not offer).
+    Credentials,
+    /// The database (PostgreSQL, MariaDB/MySQL) the URL names does not exist.
+    NoDatabase,
+    /// The user is authenticated but lacks a privilege (a grant, an ACL rule).
+    Permission,
+    /// An embedded store's database file cannot be opened or written: its directory is
+    /// missing, or the file or directory is not writable.
+    File,
+}
+
+impl Refusal {
+    /// A short stable name, used in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Credentials => "credentials",
+            Self::NoDatabase => "no_database",
+            Self::Permission => "permission",
+            Self::File => "file",
+        }
+    }
+}
+
 /// An error from a store, mapped by the backend into one shape so that every backend
 /// can be tested for the same outcome.
 ///
 /// Backends must never put credentials into the message.
 ///
 /// Programs decide by type, never by the message's text: the [`kind`](Self::kind) (and so
-/// the [`action`](Self::action)), and [`is_schema_missing`](Self::is_schema_missing) for a
-/// database that leasehold's tables were never created in.
+/// the [`action`](Self::action)), [`is_schema_missing`](Self::is_schema_missing) for a
+/// database that leasehold's tables were never created in, and [`refusal`](Self::refusal)
+/// for a store that refused the credentials, has no such database, denies a privilege or
+/// cannot open its file.
 pub struct StoreError {
     kind: StoreErrorKind,
     backend: &'static str,
     message: String,
     schema_missing: bool,
+    refusal: Option<Refusal>,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
@@ -110,8 +143,20 @@ impl StoreError {
             backend,
             message: message.into(),
             schema_missing: false,
+            refusal: None,
             source: None,
         }
+    }
+
+    /// Marks the error as the store's own refusal, `why` (see [`Refusal`]); it becomes a
+    /// [`StoreErrorKind::Config`] error if it was not one. Backends mark what the server
+    /// (or, for an embedded store, the file system) answered, never a URL they refused to
+    /// parse, so that a caller can tell "fix the URL" from "fix the account, the grants or
+    /// the file".
+    pub fn refused(mut self, why: Refusal) -> Self {
+        self.kind = StoreErrorKind::Config;
+        self.refusal = Some(why);
+        self
     }
 
     /// A [`StoreErrorKind::Config`] error saying that leasehold's schema is missing on a
@@ -127,12 +172,14 @@ impl StoreError {
         }
     }
 
-    /// The same error (kind, backend, [`is_schema_missing`](Self::is_schema_missing))
-    /// with another message and no source: for a copy (the source is not `Clone`, so fold
-    /// its text into `message`), or a message rewritten for its reader.
+    /// The same error (kind, backend, [`is_schema_missing`](Self::is_schema_missing),
+    /// [`refusal`](Self::refusal)) with another message and no source: for a copy (the
+    /// source is not `Clone`, so fold its text into `message`), or a message rewritten for
+    /// its reader.
     pub fn reworded(&self, message: impl Into<String>) -> Self {
         Self {
             schema_missing: self.schema_missing,
+            refusal: self.refusal,
             ..Self::new(self.kind, self.backend, message)
         }
     }
@@ -252,6 +299,12 @@ impl StoreError {
     pub fn is_schema_missing(&self) -> bool {
         self.schema_missing
     }
+    /// Why the store refused, when it was reached and refused (see [`Refusal`] and
+    /// [`refused`](Self::refused)); `None` for every other error, including a
+    /// configuration error found in the URL before the store was contacted.
+    pub fn refusal(&self) -> Option<Refusal> {
+        self.refusal
+    }
     /// What to do about it.
     pub fn action(&self) -> Action {
         match self.kind {
@@ -285,6 +338,7 @@ impl fmt::Debug for StoreError {
             .field("backend", &self.backend)
             .field("message", &self.message)
             .field("schema_missing", &self.schema_missing)
+            .field("refusal", &self.refusal)
             .field("source", &self.source.as_ref().map(|s| s.to_string()))
             .finish()
     }
@@ -476,6 +530,22 @@ mod tests {
         assert!(!other.is_schema_missing());
         assert!(!other.reworded("x").is_schema_missing());
         assert!(format!("{e:?}").contains("schema_missing: true"));
+    }
+
+    /// A refusal is marked by type, makes the error a configuration error, and survives
+    /// copies; an error built without the mark has none, whatever its text.
+    #[test]
+    fn a_refusal_is_marked_by_type_and_kept_by_copies() {
+        let e = StoreError::new(StoreErrorKind::Other, "postgres", "auth failed")
+            .refused(Refusal::Credentials);
+        assert_eq!(e.kind(), StoreErrorKind::Config);
+        assert_eq!(e.refusal(), Some(Refusal::Credentials));
+        assert_eq!(e.reworded("x").refusal(), Some(Refusal::Credentials));
+        assert_eq!(e.copy_for_batch().refusal(), Some(Refusal::Credentials));
+        assert!(format!("{e:?}").contains("refusal: Some(Credentials)"));
+        let url = StoreError::new(StoreErrorKind::Config, "postgres", "authentication failed");
+        assert_eq!(url.refusal(), None);
+        assert_eq!(Refusal::NoDatabase.as_str(), "no_database");
     }
 
     // The two tests below were leasehold-sql's, for its copy of `bounded`; they moved

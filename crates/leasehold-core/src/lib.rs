@@ -26,7 +26,7 @@ pub use store::{memory, url};
 pub use config::backoff::Backoff;
 pub use config::{ConfigError, LeaseConfig, LeaseConfigBuilder};
 pub use election::{Election, Leader, Leadership};
-pub use error::{Action, Error, StoreError, StoreErrorKind};
+pub use error::{Action, Error, Refusal, StoreError, StoreErrorKind};
 pub use guard::{GuardDecision, Idempotency, ResourceName, ResourceNameError};
 pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
 pub use kind::ResourceKind;

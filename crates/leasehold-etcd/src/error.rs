@@ -1,6 +1,6 @@
 //! Maps etcd client errors to [`StoreError`]s.
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 
@@ -36,7 +36,20 @@ pub(crate) fn map_err(op: &str, e: etcd_client::Error) -> StoreError {
         E::LeaseKeepAliveError(_) | E::WatchError(_) => StoreErrorKind::Ambiguous,
         _ => StoreErrorKind::Other,
     };
-    err(kind, format!("etcd {op} failed")).with_source(e)
+    let refusal = match &e {
+        E::GRpcStatus(status) => match i32::from(status.code()) {
+            tonic_code::PERMISSION_DENIED => Some(Refusal::Permission),
+            _ if kind == StoreErrorKind::Config => Some(Refusal::Credentials),
+            _ => None,
+        },
+        _ => None,
+    };
+    let error = err(kind, format!("etcd {op} failed"));
+    match refusal {
+        Some(why) => error.refused(why),
+        None => error,
+    }
+    .with_source(e)
 }
 
 /// gRPC status codes by number (the standard numbering), so the crate does not depend

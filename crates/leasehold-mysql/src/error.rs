@@ -1,6 +1,6 @@
 //! Mapping `sqlx` / MariaDB errors into [`StoreError`], without credentials.
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 use sqlx::mysql::MySqlDatabaseError;
 
 pub(crate) use leasehold_sql::Phase;
@@ -37,7 +37,7 @@ pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
 /// | server error | kind |
 /// | --- | --- |
 /// | 1205 lock wait timeout, 1213 deadlock, 1040/1203 too many connections, 1290/1792 read-only, 1637 too many transactions, 1020 record changed | `Busy` |
-/// | 1044/1045/1698 access denied, 1142/1143/1227/1095 no privilege, 1049 unknown database, 1146 no table / 1305 no procedure (run `leasehold migrate`: these two are [`is_schema_missing`](StoreError::is_schema_missing)), 1054 unknown column, 1251/2059 authentication plugin | `Config` |
+/// | 1044/1045/1698 access denied, 1142/1143/1227/1095 no privilege, 1049 unknown database, 1146 no table / 1305 no procedure (run `leasehold migrate`: these two are [`is_schema_missing`](StoreError::is_schema_missing)), 1054 unknown column, 1251/2059 authentication plugin | `Config` (1045/1698/1251/2059 [`Refusal::Credentials`], 1049 [`Refusal::NoDatabase`], 1044/1142/1143/1227/1095 [`Refusal::Permission`]: see [`StoreError::refusal`]) |
 /// | 1644 with SQLSTATE `LH001` (the procedure `leasehold_guard` rejected a stale fence) | `Other` |
 /// | 1690 value out of range (an exhausted fence) | `Corrupt` |
 /// | 1366/1406 bad value, data too long | `InvalidInput` |
@@ -78,6 +78,7 @@ pub(crate) fn map_sqlx(
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreErrorKind::Corrupt,
         _ => StoreErrorKind::Other,
     };
+    let refusal = refusal_of(&e);
     let what = match error_number(&e) {
         Some(1146) => MISSING_TABLE,
         Some(1305) => MISSING_PROCEDURE,
@@ -87,15 +88,43 @@ pub(crate) fn map_sqlx(
         {
             "leasehold_guard rejected a stale fence: the lease was lost; roll back and do not retry with this fence"
         }
-        _ => what(kind),
+        _ => match refusal {
+            Some(Refusal::Credentials) => {
+                "access denied: check the user name and password (and the host the account \
+                 may connect from)"
+            }
+            Some(Refusal::NoDatabase) => {
+                "unknown database: create it, or fix the database name in the URL"
+            }
+            Some(Refusal::Permission) => {
+                "permission denied: grant the account the privileges leasehold needs (see \
+                 the README)"
+            }
+            _ => what(kind),
+        },
     };
     let message = format!("{op}: {what}");
     let error = if is_missing_schema(&e) {
         StoreError::schema_missing(backend, message)
+    } else if let Some(why) = refusal {
+        StoreError::new(kind, backend, message).refused(why)
     } else {
         StoreError::new(kind, backend, message)
     };
     scrub(error.with_source(e), secret)
+}
+
+/// The server's own refusal an error number says, if any: access denied with the given
+/// credentials (1045, 1698) or authentication plugin (1251, 2059), no such database
+/// (1049), no privilege (1044 on the database, 1142/1143 on a table or column, 1227,
+/// 1095).
+fn refusal_of(e: &sqlx::Error) -> Option<Refusal> {
+    match error_number(e)? {
+        1045 | 1698 | 1251 | 2059 => Some(Refusal::Credentials),
+        1049 => Some(Refusal::NoDatabase),
+        1044 | 1142 | 1143 | 1227 | 1095 => Some(Refusal::Permission),
+        _ => None,
+    }
 }
 
 /// Whether the server says leasehold's schema is missing: no such table (1146) or
@@ -118,9 +147,7 @@ fn what(kind: StoreErrorKind) -> &'static str {
         StoreErrorKind::Busy => {
             "the server refused for now (lock wait, deadlock, too many connections, read-only)"
         }
-        StoreErrorKind::Config => {
-            "access denied, unknown database or missing tables (run migrate), or bad settings"
-        }
+        StoreErrorKind::Config => "the server refused the settings (see the error)",
         StoreErrorKind::Corrupt => "a stored value leasehold cannot read",
         StoreErrorKind::InvalidInput => "the server refused a value",
         StoreErrorKind::Unavailable => "cannot reach the server",

@@ -146,8 +146,10 @@ pub const DEFAULT_APPLICATION_NAME: &str = "leasehold";
 /// | `leasehold_pooler` | `transaction`: connected through a transaction-pooling proxy such as PgBouncer in `transaction` mode (see [`Pooler`]) | `none` |
 /// | `leasehold_wait_sessions` | how many callers of one store may wait for a lease at once, each on a session of its own in the server's lock queue (0..=10000; 0: waiters poll) | 64 |
 ///
-/// An unknown `leasehold_*` parameter is a configuration error (a typo must not be
-/// ignored).
+/// Any other parameter is a configuration error (a typo must not be ignored): the
+/// parameters sqlx reads are [`SQLX_PARAMETERS`]. Without a password in the URL, sqlx takes
+/// it from `PGPASSWORD`, else from the file `PGPASSFILE` names (else `~/.pgpass`); the
+/// other `PG*` variables fill in what the URL leaves out (`PGUSER`, `PGDATABASE`, …).
 #[derive(Clone)]
 pub struct PgConfig {
     connect: PgConnectOptions,
@@ -206,6 +208,35 @@ impl fmt::Display for PgConfig {
     }
 }
 
+/// The connection parameters of a `postgres://` URL that sqlx reads (and passes on);
+/// `options[NAME]` sets the server setting NAME too. Every other parameter but leasehold's
+/// own is refused: sqlx would only log and ignore it.
+pub const SQLX_PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// Whether sqlx reads the URL parameter `name` ([`SQLX_PARAMETERS`], `options[…]`).
+fn is_sqlx_parameter(name: &str) -> bool {
+    SQLX_PARAMETERS.contains(&name) || (name.starts_with("options[") && name.ends_with(']'))
+}
+
 fn config_err(message: impl Into<String>) -> StoreError {
     StoreError::new(StoreErrorKind::Config, BACKEND_TABLE, message)
 }
@@ -214,8 +245,9 @@ impl PgConfig {
     /// Parses a `postgres://` URL (see the type's docs for the accepted forms).
     ///
     /// # Errors
-    /// [`StoreErrorKind::Config`] for a malformed URL, a bad port, an unknown scheme or an
-    /// unknown or invalid `leasehold_*` parameter. The message never repeats the URL.
+    /// [`StoreErrorKind::Config`] for a malformed URL, a bad port, an unknown scheme, an
+    /// invalid `leasehold_*` parameter or an unknown parameter (neither leasehold's nor one
+    /// of [`SQLX_PARAMETERS`]). The message never repeats the URL.
     ///
     /// # Examples
     ///
@@ -289,9 +321,11 @@ impl PgConfig {
                         .filter(|n| *n <= 10_000)
                         .ok_or_else(|| config_err("leasehold_wait_sessions must be 0..=10000"))?;
                 }
-                k if k.starts_with("leasehold_") => {
+                k if !is_sqlx_parameter(k) => {
+                    let shown: String = k.chars().take(32).collect();
                     return Err(config_err(format!(
-                        "unknown URL parameter `{k}`; known: leasehold_schema, leasehold_table, leasehold_pool_size, leasehold_migrate, leasehold_pooler, leasehold_wait_sessions"
+                        "unknown URL parameter `{shown}`; known: leasehold_schema, leasehold_table, leasehold_pool_size, leasehold_migrate, leasehold_pooler, leasehold_wait_sessions, and sqlx's {}, options[NAME]",
+                        SQLX_PARAMETERS.join(", ")
                     )));
                 }
                 _ => rest.push((k.into_owned(), v.into_owned())),
@@ -566,6 +600,8 @@ mod tests {
             "postgres://u:s3ntinel-pw@h/d?leasehold_table=",
             "postgres://u:s3ntinel-pw@h/d?leasehold_wait_sessions=10001",
             "postgres://u:s3ntinel-pw@h/d?leasehold_wait_sessions=-1",
+            "postgres://u:s3ntinel-pw@h/d?bogus=1",
+            "postgres://u:s3ntinel-pw@h/d?connect_timeout=2",
             "not a url s3ntinel-pw",
         ] {
             let e = PgConfig::from_url(url).unwrap_err();
@@ -573,6 +609,21 @@ mod tests {
             assert!(!e.to_string().contains("s3ntinel-pw"), "{e}");
             assert!(!format!("{e:?}").contains("s3ntinel-pw"), "{e:?}");
         }
+    }
+
+    #[test]
+    fn sqlx_parameters_pass_and_others_are_refused_by_name() {
+        let c = PgConfig::from_url(
+            "postgres://u@h/d?sslmode=disable&application_name=app&options[statement_timeout]=5s",
+        )
+        .unwrap();
+        assert_eq!(c.get_application_name(), "app");
+        let e = PgConfig::from_url("postgres://u@h/d?bogus=1").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown URL parameter `bogus`"),
+            "{e}"
+        );
+        assert_eq!(e.refusal(), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io;
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 
 /// The SQLSTATE the SQL guard function raises when it rejects a stale fence.
 pub(crate) const FENCE_REJECTED_SQLSTATE: &str = "LH001";
@@ -90,7 +90,10 @@ fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
             K::Unavailable,
             Some("the server is read-only (connected to a standby?)"),
         ),
-        "3D000" => (K::Config, Some("the database does not exist")),
+        "3D000" => (
+            K::Config,
+            Some("the database does not exist: create it, or fix the database name in the URL"),
+        ),
         "3F000" => (K::Config, Some(MISSING_SCHEMA)),
         "42P01" => (K::Config, Some(MISSING_TABLE)),
         // The SQL guard function refused a stale fence in the caller's statement.
@@ -117,7 +120,10 @@ fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
             ),
         ),
         "22021" | "22001" | "22003" | "22P02" => (K::InvalidInput, None),
-        c if c.starts_with("28") => (K::Config, Some("authentication failed")),
+        c if c.starts_with("28") => (
+            K::Config,
+            Some("authentication failed: check the user name and password"),
+        ),
         c if c.starts_with("08") => {
             // 08001/08004: could not connect / rejected: nothing was sent.
             if c == "08001" || c == "08004" {
@@ -133,6 +139,17 @@ fn sqlstate_kind(code: &str) -> (StoreErrorKind, Option<&'static str>) {
             Some("a leasehold table holds rows that break its constraints"),
         ),
         _ => (K::Other, None),
+    }
+}
+
+/// The store's own refusal a SQLSTATE says, if any: invalid authorization (28xxx), no such
+/// database (3D000), insufficient privilege (42501).
+fn refusal_of(code: &str) -> Option<Refusal> {
+    match code {
+        "3D000" => Some(Refusal::NoDatabase),
+        "42501" => Some(Refusal::Permission),
+        c if c.starts_with("28") => Some(Refusal::Credentials),
+        _ => None,
     }
 }
 
@@ -192,8 +209,11 @@ pub(crate) fn map(backend: &'static str, op: &str, err: sqlx::Error) -> StoreErr
         Some(h) => format!("{op} failed: {h}"),
         None => format!("{op} failed"),
     };
-    let error = if sqlstate(&err).is_some_and(is_missing_schema) {
+    let code = sqlstate(&err).unwrap_or("");
+    let error = if is_missing_schema(code) {
         StoreError::schema_missing(backend, message)
+    } else if let Some(why) = refusal_of(code) {
+        StoreError::new(kind, backend, message).refused(why)
     } else {
         StoreError::new(kind, backend, message)
     };
@@ -212,7 +232,7 @@ pub(crate) fn map(backend: &'static str, op: &str, err: sqlx::Error) -> StoreErr
 /// | connection refused, pool timed out, 08001/08004, 57P03, 25006 (read-only) | [`Unavailable`](StoreErrorKind::Unavailable) |
 /// | reset or closed after sending, 57P01/57P02 (session terminated), other 08xxx | [`Ambiguous`](StoreErrorKind::Ambiguous): it may have committed |
 /// | 57014 (statement cancelled), I/O timeout | [`Timeout`](StoreErrorKind::Timeout) |
-/// | 28xxx (authentication), 42501 (permission), 3D000, 3F000, 42P01 (missing database, schema or table: run `leasehold migrate` or `migrate()`; the last two are [`is_schema_missing`](StoreError::is_schema_missing)), other 42xxx, TLS, bad URL | [`Config`](StoreErrorKind::Config) |
+/// | 28xxx (authentication), 42501 (permission), 3D000, 3F000, 42P01 (missing database, schema or table: run `leasehold migrate` or `migrate()`; the last two are [`is_schema_missing`](StoreError::is_schema_missing)), other 42xxx, TLS, bad URL | [`Config`](StoreErrorKind::Config); 28xxx, 3D000 and 42501 carry their [`refusal`](StoreError::refusal) ([`Credentials`](Refusal::Credentials), [`NoDatabase`](Refusal::NoDatabase), [`Permission`](Refusal::Permission)) |
 /// | `LH001` (the SQL function `leasehold_guard` rejected a stale fence: ownership lost, roll back) | [`Other`](StoreErrorKind::Other) |
 /// | 22xxx data errors | [`InvalidInput`](StoreErrorKind::InvalidInput) |
 /// | 23xxx constraint violations in leasehold tables, undecodable rows | [`Corrupt`](StoreErrorKind::Corrupt) |
@@ -242,6 +262,11 @@ mod tests {
         assert_eq!(sqlstate_kind("23514").0, StoreErrorKind::Corrupt);
         assert_eq!(sqlstate_kind("XX000").0, StoreErrorKind::Other);
         assert_eq!(sqlstate_kind("LH001").0, StoreErrorKind::Other);
+        assert_eq!(refusal_of("28P01"), Some(Refusal::Credentials));
+        assert_eq!(refusal_of("28000"), Some(Refusal::Credentials));
+        assert_eq!(refusal_of("3D000"), Some(Refusal::NoDatabase));
+        assert_eq!(refusal_of("42501"), Some(Refusal::Permission));
+        assert_eq!(refusal_of("42P01"), None);
         for missing in ["42P01", "3F000"] {
             let hint = sqlstate_kind(missing).1.unwrap();
             assert!(hint.contains("leasehold migrate --store"), "{hint}");

@@ -20,7 +20,7 @@ pub use advisory::PgAdvisoryStore;
 pub use config::{
     DEFAULT_ADVISORY_TABLE, DEFAULT_APPLICATION_NAME, DEFAULT_GUARD_TABLE,
     DEFAULT_IDEMPOTENCY_TABLE, DEFAULT_LEASE_TABLE, DEFAULT_RECORD_TABLE, DEFAULT_WAIT_SESSIONS,
-    MAX_IDENTIFIER_LEN, PgConfig, Pooler, TableName,
+    MAX_IDENTIFIER_LEN, PgConfig, Pooler, SQLX_PARAMETERS, TableName,
 };
 pub use error::store_error;
 pub use factory::PgFactory;

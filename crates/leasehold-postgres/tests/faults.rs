@@ -476,7 +476,7 @@ async fn f18_immediate_shutdown_loses_no_acknowledged_write() {
 /// ([`leasehold_conformance::takeover`]): B is another store on the same server.
 async fn advisory_restart_probe(key: &str, restart: fn(&leasehold_testkit::Postgres)) -> Takeover {
     let pg = Arc::new(common::start_pg(PostgresOptions::new()).await);
-    let config = PgConfig::from_str(&format!("{}?connect_timeout=2", pg.url())).unwrap();
+    let config = PgConfig::from_str(&pg.url()).unwrap();
     let a = Arc::new(PgAdvisoryStore::connect(&config).await.unwrap());
     a.migrate().await.unwrap();
     let b = Arc::new(PgAdvisoryStore::connect(&config).await.unwrap());

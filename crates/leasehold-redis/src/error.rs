@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::BACKEND;
@@ -221,7 +221,13 @@ pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
 /// Maps a `redis` error from `op` in `phase` to a [`StoreError`].
 pub(crate) fn map(op: &str, phase: Phase, e: &RedisError, secret: Option<&str>) -> StoreError {
     let (kind, what) = classify(phase, e);
-    StoreError::new(kind, BACKEND, format!("{op}: {what}")).with_source(Cause::scrubbed(e, secret))
+    let error = StoreError::new(kind, BACKEND, format!("{op}: {what}"));
+    let error = match what {
+        AUTH_FAILED => error.refused(Refusal::Credentials),
+        ACL_REFUSED => error.refused(Refusal::Permission),
+        _ => error,
+    };
+    error.with_source(Cause::scrubbed(e, secret))
 }
 
 /// What a refused password means.

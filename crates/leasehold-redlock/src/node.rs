@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 use redis::aio::MultiplexedConnection;
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo,
@@ -39,6 +39,9 @@ impl std::fmt::Debug for NodeConn {
             .finish_non_exhaustive()
     }
 }
+
+/// What a refused password means.
+const AUTH_FAILED: &str = "authentication failed; check the user name and password";
 
 /// What a permission error says the store needs.
 const ACL_NEEDS: &str = "permission denied by the node's ACL (the store needs PING, INFO, \
@@ -310,10 +313,9 @@ impl NodeConn {
                 "the key was written in a newer leasehold store format: upgrade this client",
             ),
             (Some("WRONGTYPE"), _) => (K::Corrupt, "a key of the wrong type is in the way"),
-            (Some("NOAUTH" | "WRONGPASS"), _) | (_, ErrorKind::AuthenticationFailed) => (
-                K::Config,
-                "authentication failed; check the user name and password",
-            ),
+            (Some("NOAUTH" | "WRONGPASS"), _) | (_, ErrorKind::AuthenticationFailed) => {
+                (K::Config, AUTH_FAILED)
+            }
             (Some("NOPERM"), _) | (_, ErrorKind::Server(ServerErrorKind::NoPerm)) => {
                 (K::Config, ACL_NEEDS)
             }
@@ -332,10 +334,17 @@ impl NodeConn {
             ),
             _ => (K::Other, "the request failed"),
         };
-        StoreError::new(
+        let error = StoreError::new(
             kind,
             BACKEND,
             format!("{op}: node {}: {what} ({detail})", self.name),
-        )
+        );
+        if what == AUTH_FAILED {
+            error.refused(Refusal::Credentials)
+        } else if what == ACL_NEEDS {
+            error.refused(Refusal::Permission)
+        } else {
+            error
+        }
     }
 }

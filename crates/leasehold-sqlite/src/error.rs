@@ -1,6 +1,6 @@
 //! Mapping `sqlx` / SQLite errors into [`StoreError`].
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 use leasehold_sql::{ErrorModel, Phase};
 
 use crate::BACKEND;
@@ -36,7 +36,7 @@ pub(crate) fn primary_code(e: &sqlx::Error) -> Option<i32> {
 /// | SQLite | kind |
 /// | --- | --- |
 /// | `SQLITE_BUSY`, `SQLITE_LOCKED` (the busy timeout ran out), pool exhausted | `Busy` |
-/// | `SQLITE_CANTOPEN`, `SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH`, no such table (the last [`is_schema_missing`](StoreError::is_schema_missing)) | `Config` |
+/// | `SQLITE_CANTOPEN`, `SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH` (these four [`Refusal::File`]: see [`StoreError::refusal`]), no such table ([`is_schema_missing`](StoreError::is_schema_missing)) | `Config` |
 /// | `SQLITE_CORRUPT`, `SQLITE_NOTADB`, a value that does not decode | `Corrupt` |
 /// | `SQLITE_FULL`, `SQLITE_IOERR`, `SQLITE_NOMEM`, file I/O, pool closed | `Unavailable` |
 /// | the connection's worker thread died | `Ambiguous` |
@@ -76,26 +76,49 @@ pub(crate) fn map_sqlx(e: sqlx::Error, op: &str) -> StoreError {
         )
         .with_source(e);
     }
+    let file_refused =
+        matches!(&e, sqlx::Error::Database(_)) && matches!(primary_code(&e), Some(3 | 8 | 14 | 23));
     let what = match kind {
+        StoreErrorKind::Config if file_refused => match primary_code(&e) {
+            Some(8) => {
+                "the database file is read-only: make the file and its directory writable \
+                 by this user"
+            }
+            Some(14) => {
+                "the database file cannot be opened: check that its directory exists and \
+                 that the file and the directory are writable by this user"
+            }
+            _ => "access to the database file is denied: check its permissions",
+        },
         StoreErrorKind::Busy => {
             "the database is locked by another connection (the busy timeout ran out)"
         }
-        StoreErrorKind::Config => "the database cannot be opened or lacks leasehold's tables",
+        StoreErrorKind::Config if is_schema_missing(&e) => {
+            "leasehold's tables are missing from the database"
+        }
+        StoreErrorKind::Config => "the database refused the settings",
         StoreErrorKind::Corrupt => "the database holds a value leasehold cannot read",
         StoreErrorKind::Unavailable => "the database file cannot be used",
         StoreErrorKind::Ambiguous => "the SQLite worker died while the request was in flight",
         _ => "SQLite failed",
     };
     let message = format!("{op}: {what}");
-    let error = match &e {
-        sqlx::Error::Database(db)
-            if primary_code(&e) == Some(1) && is_missing_table(db.message()) =>
-        {
-            StoreError::schema_missing(BACKEND, message)
-        }
-        _ => StoreError::new(kind, BACKEND, message),
+    let error = if is_schema_missing(&e) {
+        StoreError::schema_missing(BACKEND, message)
+    } else if file_refused {
+        StoreError::new(kind, BACKEND, message).refused(Refusal::File)
+    } else {
+        StoreError::new(kind, BACKEND, message)
     };
     error.with_source(e)
+}
+
+/// Whether `e` is SQLite's "no such table" ([`is_missing_table`]).
+fn is_schema_missing(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => primary_code(e) == Some(1) && is_missing_table(db.message()),
+        _ => false,
+    }
 }
 
 /// Whether SQLite's message for a generic error (`SQLITE_ERROR`, which has no code of its
@@ -138,7 +161,7 @@ mod tests {
         assert!(e.is_schema_missing(), "{e}");
         assert_eq!(
             e.message(),
-            "acquire: the database cannot be opened or lacks leasehold's tables"
+            "acquire: leasehold's tables are missing from the database"
         );
         let err = sqlx::query("SELECT no_such_function()")
             .execute(&pool)

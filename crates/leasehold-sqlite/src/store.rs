@@ -390,16 +390,17 @@ async fn convert_from_format_1(
 }
 
 impl SqliteStore {
-    /// Opens (creating it and its parent directory if missing) the database file of
-    /// `config`, switches it to WAL, and creates leasehold's tables if missing
-    /// ([`migrate`](Self::migrate)).
+    /// Opens (creating it if missing) the database file of `config`, switches it to WAL,
+    /// and creates leasehold's tables if missing ([`migrate`](Self::migrate)). The file's
+    /// directory must exist: it is never created.
     ///
     /// # Cancel safety
-    /// Cancel safe: a dropped call leaves at most a created file or directory behind.
+    /// Cancel safe: a dropped call leaves at most a created file behind.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Config`] for an invalid configuration or a file or directory that
-    /// cannot be created or opened; [`StoreErrorKind::Busy`] when another process holds the
+    /// [`StoreErrorKind::Config`] for an invalid configuration, and (with the
+    /// [`Refusal::File`](leasehold_core::Refusal::File) [`refusal`](StoreError::refusal)) a
+    /// missing directory or a file that cannot be created, opened or written; [`StoreErrorKind::Busy`] when another process holds the
     /// database locked for longer than the busy timeout.
     ///
     /// # Examples
@@ -426,18 +427,21 @@ impl SqliteStore {
     pub async fn connect(config: SqliteConfig) -> Result<Self, StoreError> {
         config.validate()?;
         let path = config.path();
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                StoreError::new(
-                    StoreErrorKind::Config,
-                    BACKEND,
-                    format!(
-                        "cannot create the directory {} of the SQLite database",
-                        parent.display()
-                    ),
-                )
-                .with_source(e)
-            })?;
+        // The file is created if missing, but never its directory: a mistyped path must
+        // fail here, not leave a new directory tree with an empty database behind.
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
+            && !parent.is_dir()
+        {
+            return Err(StoreError::new(
+                StoreErrorKind::Config,
+                BACKEND,
+                format!(
+                    "the directory {} of the SQLite database does not exist (or is not a \
+                     directory): create it, or fix the path",
+                    parent.display()
+                ),
+            )
+            .refused(leasehold_core::Refusal::File));
         }
         let options = SqliteConnectOptions::new()
             .filename(path)

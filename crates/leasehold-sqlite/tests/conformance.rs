@@ -110,7 +110,12 @@ async fn open(url: String) -> Arc<dyn Store> {
 async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("nested/dir/leases.db");
+    // The store never creates a directory: a mistyped path fails (below), so make it.
     let config = SqliteConfig::new(&path).busy_timeout(Duration::from_secs(2));
+    let e = SqliteStore::connect(config.clone()).await.unwrap_err();
+    assert_eq!(e.refusal(), Some(leasehold_core::Refusal::File), "{e}");
+    assert!(!dir.path().join("nested").exists(), "no directory was made");
+    std::fs::create_dir_all(path.parent().unwrap()).expect("make the directory");
     let store = SqliteStore::connect(config).await.expect("open the store");
     let options = SqliteConnectOptions::new()
         .filename(&path)

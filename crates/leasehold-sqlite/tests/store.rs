@@ -30,7 +30,7 @@ fn now_us() -> u64 {
 }
 
 #[tokio::test]
-async fn registry_opens_url_creating_directories_in_wal_mode() {
+async fn registry_opens_url_in_wal_mode_and_never_creates_directories() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("a b/c/leases.db");
     let url = format!(
@@ -39,6 +39,12 @@ async fn registry_opens_url_creating_directories_in_wal_mode() {
     );
     let mut registry = Registry::new();
     registry.register(Arc::new(SqliteFactory));
+    // A missing directory is the file's refusal, and is not made.
+    let e = registry.open(&url).await.unwrap_err();
+    assert_eq!(e.refusal(), Some(leasehold_core::Refusal::File), "{e}");
+    assert!(e.to_string().contains("does not exist"), "{e}");
+    assert!(!dir.path().join("a b").exists(), "a directory was made");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let store = registry.open(&url).await.expect("open");
     assert_eq!(store.backend(), "sqlite");
     assert!(path.exists(), "the file was created");

@@ -25,6 +25,10 @@ pub struct PostgresOptions {
     pub fsync: bool,
     /// Extra server settings, each passed as `-c name=value`.
     pub settings: Vec<(String, String)>,
+    /// Lines put at the top of `pg_hba.conf` before the server first starts (so they
+    /// hold from its first connection, with no reload to wait for); the rest of the file
+    /// trusts every local and `127.0.0.1` connection.
+    pub hba: Vec<String>,
 }
 
 impl PostgresOptions {
@@ -36,6 +40,15 @@ impl PostgresOptions {
     /// Turns `fsync` on or off.
     pub fn fsync(mut self, on: bool) -> Self {
         self.fsync = on;
+        self
+    }
+
+    /// Requires a SCRAM password over TCP from `role` (created later, e.g. with
+    /// `CREATE ROLE role LOGIN PASSWORD '…'`): a `pg_hba.conf` line ahead of the trusting
+    /// ones. The superuser `postgres` stays trusted.
+    pub fn password_role(mut self, role: &str) -> Self {
+        self.hba
+            .push(format!("host all {role} 127.0.0.1/32 scram-sha-256"));
         self
     }
 
@@ -139,6 +152,13 @@ impl Postgres {
             util::describe_output(&out)
         );
         tracing::debug!(elapsed = ?started.elapsed(), "initdb done");
+        if !opts.hba.is_empty() {
+            // Rewritten in place, so the file keeps its owner (`postgres`).
+            let hba = dir.join("data/pg_hba.conf");
+            let old = fs::read_to_string(&hba).expect("read pg_hba.conf");
+            let new = format!("{}\n{old}", opts.hba.join("\n"));
+            fs::write(&hba, new).expect("write pg_hba.conf");
+        }
 
         let launcher = Launcher { setpriv, bin, opts };
         Self {

@@ -10,9 +10,9 @@ pub use leasehold_core::{
     AcquireStep, Action, Backoff, CancellationToken, ConfigError, Election, Error, Fence,
     GuardDecision, Idempotency, IntoKey, Key, KeyError, Leader, Leadership, Lease, LeaseClient,
     LeaseClientBuilder, LeaseConfig, LeaseConfigBuilder, LeaseInfo, LeaseObserver, LostFuture,
-    LostReason, LostSignal, MAX_KEY_LEN, OwnerToken, ParseOwnerTokenError, Permit, RenewalEvent,
-    RenewalPhase, ResourceKind, ResourceName, ResourceNameError, Semaphore, ShutdownReport,
-    StepCall, Store, StoreError, StoreErrorKind,
+    LostReason, LostSignal, MAX_KEY_LEN, OwnerToken, ParseOwnerTokenError, Permit, Refusal,
+    RenewalEvent, RenewalPhase, ResourceKind, ResourceName, ResourceNameError, Semaphore,
+    ShutdownReport, StepCall, Store, StoreError, StoreErrorKind,
 };
 pub use leasehold_core::{clock, config, election, guard, kind, memory, metrics, semaphore, wrap};
 
