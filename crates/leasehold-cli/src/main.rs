@@ -65,6 +65,7 @@ struct Global {
         long,
         env = "LEASEHOLD_STORE_PASSWORD_FILE",
         global = true,
+        hide_env_values = true,
         value_name = "PATH"
     )]
     // An OsString, not a PathBuf: clap refuses an empty path, and an empty
