@@ -1,12 +1,14 @@
 //! How the renewal scheduler groups renewals into requests, on tokio's paused clock (the
 //! figures are exact): a batch with room left takes the renewals due within an eighth of
 //! the renew interval, fills up to [`RENEW_BATCH`] and no further, never pulls a renewal
-//! forward from further away, and never renews a lease past its `max_renewals`.
+//! forward from further away, never renews a lease past its `max_renewals`, and never
+//! sends a renewal for a lease whose deadline passed before the request went out.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold_core::clock::ManualClock;
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::{
     BatchStore, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken, RENEW_BATCH, RenewOutcome,
@@ -17,13 +19,24 @@ use tokio::time::{Instant, sleep};
 const S: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
 
+/// Runs inside the first renewal request, before it reaches the store.
+type Hook = Box<dyn FnOnce() + Send>;
+
 /// The memory store, recording every renewal request: when it came (since the test's
 /// start) and the keys it renewed.
-#[derive(Debug)]
 struct Recording {
     inner: MemoryStore,
     start: Instant,
     requests: Mutex<Vec<(Duration, Vec<Key>)>>,
+    on_first_request: Mutex<Option<Hook>>,
+}
+
+impl std::fmt::Debug for Recording {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recording")
+            .field("requests", &self.requests)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Recording {
@@ -32,10 +45,14 @@ impl Recording {
             inner: MemoryStore::new(),
             start: Instant::now(),
             requests: Mutex::default(),
+            on_first_request: Mutex::default(),
         })
     }
 
     fn record(&self, keys: Vec<Key>) {
+        if let Some(hook) = self.on_first_request.lock().unwrap().take() {
+            hook();
+        }
         let at = Instant::now() - self.start;
         self.requests.lock().unwrap().push((at, keys));
     }
@@ -167,4 +184,34 @@ async fn a_batch_never_takes_a_lease_past_its_max_renewals() {
     assert_eq!(store.renewals_of("max:old"), vec![S, 2 * S]);
     assert_eq!(store.renewals_of("max:young"), vec![2950 * MS]);
     assert!(young.is_valid());
+}
+
+/// The process freezes while the first of two batches due at one instant goes out
+/// (modelled by a suspend of the lease clock, from inside that request) until past every
+/// lease's deadline: the second batch, looked at again when it is about to go, is not
+/// sent — a renewal is never sent for a lease past its deadline — and every lease is lost.
+#[tokio::test(start_paused = true)]
+async fn a_freeze_while_sending_sends_no_renewal_past_its_deadline() {
+    let store = Recording::new();
+    let clock = Arc::new(ManualClock::new());
+    let c = LeaseClient::builder(store.clone(), config().build().unwrap())
+        .clock(clock.clone())
+        .build();
+    // One more lease than a batch holds, all due at 1 s: two batches.
+    let mut leases = Vec::new();
+    for i in 0..=RENEW_BATCH {
+        leases.push(c.try_acquire(format!("freeze:{i}")).await.unwrap());
+    }
+    *store.on_first_request.lock().unwrap() = Some(Box::new(move || clock.suspend(5 * S)));
+    sleep(S + 10 * MS).await;
+    let sizes = store.sizes();
+    assert_eq!(
+        sizes.len(),
+        1,
+        "one request, sent before the freeze: {sizes:?}"
+    );
+    assert_eq!(sizes[0].0, S);
+    for l in &leases {
+        assert_eq!(l.lost_reason(), Some(LostReason::Expired), "{}", l.key());
+    }
 }

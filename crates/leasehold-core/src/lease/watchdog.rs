@@ -223,6 +223,67 @@ mod tests {
         drop(lease);
     }
 
+    /// Records when the thread checked it, and is past its deadline then.
+    struct Probe {
+        deadline: std::time::Instant,
+        checked: std::sync::Mutex<std::sync::mpsc::Sender<std::time::Instant>>,
+    }
+
+    impl super::Watched for Probe {
+        fn id(&self) -> u64 {
+            // Far from the ids of the leases of other tests in this process.
+            u64::MAX - 26
+        }
+        fn monotonic_deadline(&self) -> std::time::Instant {
+            self.deadline
+        }
+        fn check_now(&self) -> bool {
+            let _ = self.checked.lock().unwrap().send(std::time::Instant::now());
+            false
+        }
+    }
+
+    /// A lease due before the thread's planned wake-up wakes it: its deadline is checked
+    /// (its lost signal fired) at once, not when the thread would have looked anyway — a
+    /// second later while it watches nothing, `SUSPEND_CHECK` later while it watches leases.
+    #[test]
+    fn a_lease_due_before_the_planned_wake_up_is_checked_at_once() {
+        use std::time::Instant;
+        let w = super::instance();
+        // Wait until the thread sleeps with at least 200 ms to go (it sleeps a second
+        // when it watches nothing, as in a process of its own).
+        let start = Instant::now();
+        let planned = loop {
+            let now = Instant::now();
+            if let Some(until) = w.lock().sleeping_until
+                && until > now + Duration::from_millis(200)
+            {
+                break until;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the watchdog thread never slept"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The thread holds a weak reference: the probe lives as long as the test.
+        let probe = Arc::new(Probe {
+            deadline: Instant::now(),
+            checked: std::sync::Mutex::new(tx),
+        });
+        super::watch(probe.clone());
+        let checked = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the deadline is checked");
+        assert!(
+            checked < planned,
+            "checked {:?} after the planned wake-up, not at the deadline",
+            checked - planned
+        );
+        drop(probe);
+    }
+
     #[tokio::test]
     async fn ended_leases_leave_the_watchdog() {
         let client = LeaseClient::new(
