@@ -100,3 +100,41 @@ async fn a_short_suspend_on_the_system_clock_keeps_the_lease() {
     tokio::time::sleep(4 * S).await;
     assert!(lease.is_valid(), "{:?}", lease.lost_reason());
 }
+
+/// The runtime is blocked (its scheduler cannot run), and the host is suspended for a
+/// minute while a lease of 30 s is held: the watchdog thread reads the suspended time
+/// again at its next look and fires the lost signal then — not at the deadline the lease
+/// had on the monotonic clock before the suspend, half a minute later. (The wait is
+/// bounded at 20 s, well short of that deadline, and is no measure of speed: the thread
+/// looks every `SUSPEND_CHECK`.)
+#[test]
+fn the_watchdog_thread_sees_a_host_suspend_while_the_runtime_is_blocked() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (client, lease) = rt.block_on(async {
+        let store = std::sync::Arc::new(MemoryStore::new());
+        let client = LeaseClient::new(store, LeaseConfig::new(30 * S).unwrap());
+        let lease = client
+            .try_acquire(Key::new("job:blocked").unwrap())
+            .await
+            .unwrap();
+        (client, lease)
+    });
+    let token = lease.lost_token();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let watcher = std::thread::spawn(move || {
+        futures::executor::block_on(token.cancelled());
+        let _ = tx.send(());
+    });
+    // Blocks the runtime on purpose: only the watchdog thread can fire the signal.
+    rt.block_on(async {
+        suspend_host(60 * S);
+        rx.recv_timeout(20 * S)
+            .expect("the watchdog fires the lost signal long before the pre-suspend deadline");
+    });
+    watcher.join().unwrap();
+    assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
+    rt.block_on(async { drop((lease, client)) });
+}

@@ -207,6 +207,27 @@ async fn heartbeat_renews_every_third_of_the_ttl() {
     assert!(lease.release().await.unwrap());
 }
 
+/// A lease acquired while the scheduler sleeps with nothing to do (it looks again a second
+/// later) is renewed on time: a lease whose first renewal comes before the scheduler's
+/// planned wake-up wakes it.
+#[tokio::test(start_paused = true)]
+async fn a_short_lease_wakes_an_idle_scheduler() {
+    let store = Scripted::default();
+    let c = client(&store, config(600 * MS).build().unwrap());
+    // The client's first lease starts its scheduler; once it is released, the scheduler
+    // holds nothing and, after its look at 200 ms, plans to look again a second later.
+    let first = c.try_acquire("job:first").await.unwrap();
+    assert!(first.release().await.unwrap());
+    sleep(300 * MS).await;
+    let t0 = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    sleep(1100 * MS).await;
+    let times: Vec<_> = store.times("renew").iter().map(|t| *t - t0).collect();
+    assert_eq!(times, (1..=5).map(|i| i * 200 * MS).collect::<Vec<_>>());
+    assert!(lease.is_valid());
+    assert!(lease.release().await.unwrap());
+}
+
 #[tokio::test(start_paused = true)]
 async fn frozen_process_is_lost_on_resume_without_renewing() {
     let store = Scripted::default();

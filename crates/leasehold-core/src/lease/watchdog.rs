@@ -223,6 +223,124 @@ mod tests {
         drop(lease);
     }
 
+    /// Records when the thread checked it, and is past its deadline then.
+    struct Probe {
+        deadline: std::time::Instant,
+        checked: std::sync::Mutex<std::sync::mpsc::Sender<std::time::Instant>>,
+    }
+
+    impl super::Watched for Probe {
+        fn id(&self) -> u64 {
+            // Far from the ids of the leases of other tests in this process.
+            u64::MAX - 26
+        }
+        fn monotonic_deadline(&self) -> std::time::Instant {
+            self.deadline
+        }
+        fn check_now(&self) -> bool {
+            let _ = self.checked.lock().unwrap().send(std::time::Instant::now());
+            false
+        }
+    }
+
+    /// A lease due before the thread's planned wake-up wakes it: its deadline is checked
+    /// (its lost signal fired) at once, not when the thread would have looked anyway — a
+    /// second later while it watches nothing, `SUSPEND_CHECK` later while it watches leases.
+    #[test]
+    fn a_lease_due_before_the_planned_wake_up_is_checked_at_once() {
+        use std::time::Instant;
+        let w = super::instance();
+        // Wait until the thread sleeps with at least 200 ms to go (it sleeps a second
+        // when it watches nothing, as in a process of its own).
+        let start = Instant::now();
+        let planned = loop {
+            let now = Instant::now();
+            if let Some(until) = w.lock().sleeping_until
+                && until > now + Duration::from_millis(200)
+            {
+                break until;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the watchdog thread never slept"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The thread holds a weak reference: the probe lives as long as the test.
+        let probe = Arc::new(Probe {
+            deadline: Instant::now(),
+            checked: std::sync::Mutex::new(tx),
+        });
+        super::watch(probe.clone());
+        let checked = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the deadline is checked");
+        assert!(
+            checked < planned,
+            "checked {:?} after the planned wake-up, not at the deadline",
+            checked - planned
+        );
+        drop(probe);
+    }
+
+    /// Found still held at each of its first 20 checks, with a deadline that does not move
+    /// on (the lease clock and the thread's rounding apart): records whether the thread
+    /// slept between two checks.
+    struct Stuck {
+        deadline: std::time::Instant,
+        checks: std::sync::atomic::AtomicU64,
+        wakes_at_last_check: std::sync::atomic::AtomicU64,
+        slept_between_checks: std::sync::atomic::AtomicBool,
+    }
+
+    impl super::Watched for Stuck {
+        fn id(&self) -> u64 {
+            u64::MAX - 27
+        }
+        fn monotonic_deadline(&self) -> std::time::Instant {
+            self.deadline
+        }
+        fn check_now(&self) -> bool {
+            use std::sync::atomic::Ordering;
+            let wakes = super::WAKES.load(Ordering::Relaxed);
+            let before = self.wakes_at_last_check.swap(wakes, Ordering::Relaxed);
+            let n = self.checks.fetch_add(1, Ordering::Relaxed);
+            if n > 0 && wakes != before {
+                self.slept_between_checks.store(true, Ordering::Relaxed);
+            }
+            n < 20
+        }
+    }
+
+    /// A lease found still held whose deadline has not moved past the thread's clock is
+    /// looked at again after a sleep, never in a busy loop: the thread queues it at least
+    /// a millisecond ahead.
+    #[test]
+    fn a_held_lease_with_a_deadline_not_ahead_does_not_make_the_thread_spin() {
+        use std::sync::atomic::Ordering;
+        let stuck = Arc::new(Stuck {
+            deadline: std::time::Instant::now(),
+            checks: Default::default(),
+            wakes_at_last_check: Default::default(),
+            slept_between_checks: Default::default(),
+        });
+        super::watch(stuck.clone());
+        let start = std::time::Instant::now();
+        while stuck.checks.load(Ordering::Relaxed) <= 20 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "checked {} times",
+                stuck.checks.load(Ordering::Relaxed)
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            stuck.slept_between_checks.load(Ordering::Relaxed),
+            "20 checks with no sleep in between: the thread spins"
+        );
+    }
+
     #[tokio::test]
     async fn ended_leases_leave_the_watchdog() {
         let client = LeaseClient::new(
