@@ -7,7 +7,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold_core::{Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, Store};
+use leasehold_core::{
+    Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, RenewOutcome, Store,
+};
 use leasehold_testkit::proof::{Backend, Fault, proves};
 use leasehold_testkit::{WorkerProcess, ZK_TICK, ZkEnsemble, ZkServer};
 use leasehold_zookeeper::ZkStore;
@@ -59,8 +61,29 @@ async fn holder_process(url: String, key: String) {
             // The first request after the freeze may go out on the expired session: the
             // release finds nothing of its own (the ensemble deleted the session's nodes),
             // which is not an error.
+            // A loaded machine can leave the first request after the resume without a reply
+            // within the store's timeout (an ambiguous error, said as `RELEASE_AGAIN`);
+            // the release is then asked again through the store, as a caller would, until
+            // it is answered (said as `RELEASE Ok(<whether it released>)`).
             let owner = *lease.owner();
-            println!("RELEASE {:?}", lease.release().await);
+            let mut released = lease.release().await;
+            for _ in 0..5 {
+                match &released {
+                    Err(e)
+                        if e.is_retryable()
+                            || e.store_error().is_some_and(|s| s.is_ambiguous()) =>
+                    {
+                        println!("RELEASE_AGAIN {e}");
+                        released = store
+                            .release(&key, &owner)
+                            .await
+                            .map(|r| r == ReleaseOutcome::Released)
+                            .map_err(Into::into);
+                    }
+                    _ => break,
+                }
+            }
+            println!("RELEASE {released:?}");
             let renewed = store.renew(&key, &owner, TTL).await;
             println!("RENEW {renewed:?}");
             std::process::exit(0);
