@@ -24,6 +24,7 @@ pub mod growth;
 pub mod guard;
 pub mod holder;
 pub mod holder_faults;
+pub mod restart;
 pub mod takeover;
 pub mod waiting;
 pub mod watching;

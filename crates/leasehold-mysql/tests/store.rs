@@ -5,23 +5,19 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, Fence, Key, LeaseClient, LeaseConfig, OwnerToken, Registry, ReleaseOutcome,
-    RenewOutcome, ResourceName, Store, StoreErrorKind,
+    AcquireOutcome, Fence, Key, OwnerToken, Registry, ReleaseOutcome, RenewOutcome, ResourceName,
+    Store, StoreErrorKind,
 };
 use leasehold_mysql::{
     MySqlConfig, MySqlFactory, MySqlGetLockStore, MySqlLeaseStore, guard, store_error,
 };
 use leasehold_testkit::proof::{Backend, Fault, proves};
-use tokio::time::{Instant, timeout};
 
 const TTL: Duration = Duration::from_secs(5);
 const SENTINEL: &str = "Sentinel-pw-7f3a9c";
-/// A generous bound on waiting for something observable.
-const LONG: Duration = Duration::from_secs(60);
 
 fn fence_of(o: AcquireOutcome) -> u64 {
     match o {
@@ -212,121 +208,14 @@ async fn crash_restart_keeps_the_lease_and_no_contender_gets_it() {
     let a = Arc::new(MySqlLeaseStore::open(&url).await.unwrap());
     let b = Arc::new(MySqlLeaseStore::open(&url).await.unwrap());
     let server = db.clone();
-    restart_under_a_held_lease(a, b, "job:restart", move || server.restart()).await;
-}
-
-/// A holds `key` through a lease client on `a` (TTL 30 s, renewed every 3 s, and lost only
-/// at its deadline however many renewals fail: a restart of a few seconds fits), while B,
-/// another store on the same server, asks for the lease every 5 ms; `restart` (blocking)
-/// restarts the server. Checks, while it happens and after, that the restart changed
-/// nothing: B is never granted the lease, and is refused by the restarted server; A's
-/// lease stays valid and is renewed after the restart; the store shows A's owner and
-/// fence; A still holds it at its release; the next fence is higher.
-async fn restart_under_a_held_lease(
-    a: Arc<dyn Store>,
-    b: Arc<dyn Store>,
-    key: &str,
-    restart: impl FnOnce() + Send + 'static,
-) {
-    let config = LeaseConfig::builder(Duration::from_secs(30))
-        .renew_interval(Duration::from_secs(3))
-        .op_timeout(Duration::from_secs(2))
-        .renew_failures_before_lost(1_000)
-        .build()
-        .unwrap();
-    let client = LeaseClient::new(a, config.clone());
-    let lease = Arc::new(client.try_acquire(key).await.unwrap());
-    let key = Key::new(key).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    // B's answers: `Err((fence, A valid))` at a grant, else when it was last refused.
-    let contender = {
-        let (b, key, lease, stop) = (b.clone(), key.clone(), lease.clone(), stop.clone());
-        tokio::spawn(async move {
-            let owner = OwnerToken::random();
-            let mut refused = None;
-            while !stop.load(Ordering::SeqCst) {
-                match timeout(TTL, b.acquire(&key, &owner, TTL)).await {
-                    Ok(Ok(AcquireOutcome::Acquired { fence, .. })) => {
-                        return Err((fence, lease.is_valid()));
-                    }
-                    Ok(Ok(AcquireOutcome::Held { .. })) => refused = Some(Instant::now()),
-                    // The server is down or coming back: errors and timeouts.
-                    Ok(Err(_)) | Err(_) => {}
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Ok(refused)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!contender.is_finished(), "B got the lease while A held it");
-    let began = Instant::now();
-    tokio::task::spawn_blocking(restart).await.unwrap();
-    let back = Instant::now();
-    // Only a renewal sent after the restart moves A's deadline past `back + validity`.
-    let validity = config.validity(config.ttl());
-    let renewed = timeout(LONG, async {
-        loop {
-            assert!(
-                lease.is_valid(),
-                "A lost its lease across the restart: {:?}",
-                lease.lost_reason()
-            );
-            let now = Instant::now();
-            if now + lease.remaining() >= back + validity {
-                return now;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("A renews its lease after the restart");
-    eprintln!(
-        "the server was back {:?} after the restart began; A renewed {:?} later",
-        back - began,
-        renewed - back
-    );
-    let info = b
-        .inspect(&key)
-        .await
-        .unwrap()
-        .expect("held after the restart");
-    assert_eq!(
-        (info.owner, info.fence),
-        (*lease.owner(), lease.fence()),
-        "the store must show A's lease after the restart"
-    );
-    stop.store(true, Ordering::SeqCst);
-    let refused = match contender.await.unwrap() {
-        Ok(refused) => refused,
-        Err((fence, a_valid)) => panic!(
-            "B was granted the lease (fence {fence}, A's {}) across the restart; A {}",
-            lease.fence(),
-            if a_valid {
-                "still believed it held it"
-            } else {
-                "had lost it"
-            }
-        ),
-    };
-    assert!(
-        refused.is_some_and(|at| at > back),
-        "B was never refused by the restarted server (last refused: {refused:?})"
-    );
-    assert!(lease.is_valid(), "{:?}", lease.lost_reason());
-    let a_fence = lease.fence();
-    let lease = Arc::try_unwrap(lease).expect("B's task has ended");
-    assert!(
-        lease.release().await.unwrap(),
-        "A no longer held its lease at its release"
-    );
-    match b.acquire(&key, &OwnerToken::random(), TTL).await.unwrap() {
-        AcquireOutcome::Acquired { fence, .. } => assert!(
-            fence > a_fence,
-            "the next fence {fence} must be above A's {a_fence}"
-        ),
-        held => panic!("not free after A's release: {held:?}"),
-    }
+    leasehold_conformance::restart::restart_under_a_held_lease(
+        a,
+        b,
+        "job:restart",
+        TTL,
+        move || server.restart(),
+    )
+    .await;
 }
 
 /// Growth (issue 14.5): `prune` deletes the rows of keys nobody holds whose fence is old
