@@ -443,7 +443,7 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         spec.store.fault_kinds(),
     );
     if spec.store == StoreKind::RedisSentinel {
-        schedule = space_failovers(schedule, spec.ttl);
+        schedule = space_failovers(schedule, spec.ttl, spec.duration.saturating_sub(spec.ttl));
     }
     let pg = Postgres::start();
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
@@ -1092,27 +1092,36 @@ fn sentinel_served(slots: &[Slot], since_back: &Option<(Instant, Vec<(u32, usize
 /// (fired late, or not before the run ends).
 const FAILOVER_SPACING_MS: u64 = 15_000;
 
-/// Drops each planned fail-over (`restart-store`) that comes less than
-/// [`FAILOVER_SPACING_MS`] after the one kept before it, or before 4 TTLs into the run:
-/// the scripted stale write (a holder frozen past its TTL, a newer holder's write, then
-/// the frozen one's) needs writes to be served meanwhile.
-fn space_failovers(schedule: Vec<PlannedFault>, ttl: Duration) -> Vec<PlannedFault> {
+/// Spaces the planned fail-overs (`restart-store`): none before 4 TTLs into the run, and
+/// each at least [`FAILOVER_SPACING_MS`] after the one kept before it — the scripted stale
+/// write (a holder frozen past its TTL, a newer holder's write, then the frozen one's) needs
+/// writes to be served meanwhile. A fail-over planned before 4 TTLs is postponed to then
+/// (the seed may have planned the run's only one early: dropping it left runs without a
+/// fail-over, seed 126291537); one that cannot keep the spacing before `end` (the last
+/// planned offset) is dropped, except that the first is always kept.
+fn space_failovers(schedule: Vec<PlannedFault>, ttl: Duration, end: Duration) -> Vec<PlannedFault> {
     let first_ms = ttl.as_millis() as u64 * 4;
+    let end_ms = end.as_millis() as u64;
     let mut last: Option<u64> = None;
-    schedule
+    let mut out: Vec<PlannedFault> = schedule
         .into_iter()
-        .filter(|f| {
+        .filter_map(|mut f| {
             if f.kind != PlanKind::RestartStore {
-                return true;
+                return Some(f);
             }
-            let keep = f.offset_ms >= first_ms
-                && last.is_none_or(|l| f.offset_ms >= l + FAILOVER_SPACING_MS);
-            if keep {
-                last = Some(f.offset_ms);
+            match last {
+                None if f.offset_ms.max(first_ms) <= end_ms => {
+                    f.offset_ms = f.offset_ms.max(first_ms);
+                }
+                Some(l) if f.offset_ms >= l + FAILOVER_SPACING_MS && f.offset_ms <= end_ms => {}
+                _ => return None,
             }
-            keep
+            last = Some(f.offset_ms);
+            Some(f)
         })
-        .collect()
+        .collect();
+    out.sort_by_key(|f| f.offset_ms);
+    out
 }
 
 /// The checker's configuration for a run on `store` with `ttl` (and in semaphore mode,
@@ -1312,4 +1321,44 @@ fn kill_in_window(events: &[Event], k: &Event) -> bool {
 /// Where a report's files go.
 pub fn summary_path(out: &Path) -> PathBuf {
     out.join("summary.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every seed's 18 s Sentinel schedule (TTL 2 s) keeps a fail-over, none before 4 TTLs,
+    /// spaced by [`FAILOVER_SPACING_MS`], in time order.
+    #[test]
+    fn every_sentinel_schedule_keeps_a_spaced_failover() {
+        let (ttl, duration) = (Duration::from_secs(2), Duration::from_secs(18));
+        for seed in 0..2_000 {
+            let planned = plan_kinds(
+                seed,
+                FaultSet::All,
+                4,
+                duration,
+                ttl,
+                StoreKind::RedisSentinel.fault_kinds(),
+            );
+            let spaced = space_failovers(planned, ttl, duration - ttl);
+            let failovers: Vec<u64> = spaced
+                .iter()
+                .filter(|f| f.kind == PlanKind::RestartStore)
+                .map(|f| f.offset_ms)
+                .collect();
+            assert!(!failovers.is_empty(), "seed {seed}: no fail-over kept");
+            assert!(failovers[0] >= 8_000, "seed {seed}: {failovers:?}");
+            assert!(
+                failovers
+                    .windows(2)
+                    .all(|w| w[1] >= w[0] + FAILOVER_SPACING_MS),
+                "seed {seed}: {failovers:?}"
+            );
+            assert!(
+                spaced.windows(2).all(|w| w[0].offset_ms <= w[1].offset_ms),
+                "seed {seed}: not in time order"
+            );
+        }
+    }
 }
