@@ -23,7 +23,9 @@ use crate::FencedWrites;
 #[derive(Debug)]
 pub struct EmbeddedGuard {
     pool: SqlitePool,
-    _dir: tempfile::TempDir,
+    /// The temporary directory of a database [`open`](Self::open) made; none on a pool
+    /// the caller gave.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl EmbeddedGuard {
@@ -43,13 +45,25 @@ impl EmbeddedGuard {
         guard::migrate(&pool)
             .await
             .expect("setup: create the guard tables");
+        let mut guard = Self::on_pool(pool).await;
+        guard._dir = Some(dir);
+        guard
+    }
+
+    /// The guard on a database that already has the guard tables (the SQLite store's own
+    /// file: the store creates them), with the data table created if missing.
+    ///
+    /// # Panics
+    /// When the data table cannot be created (a setup failure).
+    pub async fn on_pool(pool: SqlitePool) -> Self {
         sqlx::raw_sql(
-            "CREATE TABLE conformance_data (resource TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS conformance_data \
+             (resource TEXT PRIMARY KEY, value TEXT NOT NULL)",
         )
         .execute(&pool)
         .await
         .expect("setup: create the data table");
-        Self { pool, _dir: dir }
+        Self { pool, _dir: None }
     }
 }
 

@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_conformance::{Faults, FencedWrites, Fixture};
-use leasehold_core::{Fence, Key, ResourceName, Store, StoreError};
-use leasehold_sqlite::{SqliteConfig, SqliteStore, guard, store_error};
+use leasehold_conformance::guard::EmbeddedGuard;
+use leasehold_conformance::{Faults, Fixture};
+use leasehold_core::{Key, Store};
+use leasehold_sqlite::{SqliteConfig, SqliteStore};
 use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
+use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use tokio::sync::Mutex;
 
 struct SqliteFaults {
@@ -62,46 +63,6 @@ impl Faults for SqliteFaults {
     }
 }
 
-/// Writes through the SQLite guard: the guard check and an upsert of `conformance_data`,
-/// in one transaction.
-struct SqliteWrites {
-    pool: SqlitePool,
-}
-
-#[async_trait]
-impl FencedWrites for SqliteWrites {
-    async fn write(&self, resource: &str, fence: Fence, value: &str) -> Result<bool, StoreError> {
-        let name = ResourceName::new(resource).expect("the suite's names are valid");
-        let mut tx = self.pool.begin().await.map_err(store_error)?;
-        if !guard::check_and_advance(&mut tx, &name, fence)
-            .await?
-            .is_accepted()
-        {
-            tx.rollback().await.map_err(store_error)?;
-            return Ok(false);
-        }
-        sqlx::query(
-            "INSERT INTO conformance_data (resource, value) VALUES (?1, ?2) \
-             ON CONFLICT (resource) DO UPDATE SET value = excluded.value",
-        )
-        .bind(resource)
-        .bind(value)
-        .execute(&mut *tx)
-        .await
-        .map_err(store_error)?;
-        tx.commit().await.map_err(store_error)?;
-        Ok(true)
-    }
-
-    async fn read(&self, resource: &str) -> Result<Option<String>, StoreError> {
-        sqlx::query_scalar("SELECT value FROM conformance_data WHERE resource = ?1")
-            .bind(resource)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(store_error)
-    }
-}
-
 /// Opens the store in the holder process.
 async fn open(url: String) -> Arc<dyn Store> {
     Arc::new(SqliteStore::open(&url).await.expect("open the store"))
@@ -121,13 +82,7 @@ async fn fixture() -> Fixture {
         .filename(&path)
         .busy_timeout(Duration::from_secs(10));
     // The store's own connections hold the guard tables (it creates them).
-    let pool = store.pool().clone();
-    sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS conformance_data (resource TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .expect("data table");
+    let guard = EmbeddedGuard::on_pool(store.pool().clone()).await;
     let path = path.to_str().expect("a UTF-8 path");
     assert!(
         !path.contains(['?', '#', '%']),
@@ -142,7 +97,7 @@ async fn fixture() -> Fixture {
         }),
         Duration::from_millis(1500),
     )
-    .guard(Arc::new(SqliteWrites { pool }))
+    .guard(Arc::new(guard))
     .other_processes(url)
     .expects_waiter()
     .keep_alive(dir)
