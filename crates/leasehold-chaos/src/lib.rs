@@ -2,22 +2,23 @@
 //!
 //! Workers record every event as a JSON line stamped with `CLOCK_MONOTONIC` nanoseconds;
 //! the guard keeps an audit row per protected write in the same transaction; the checker
+//! (the `leasehold-checker` crate, re-exported here as [`checker`] and [`history`])
 //! replays both and checks the invariants C1–C10 of `docs/faults.md`, and in semaphore mode
-//! C11 (a semaphore's bound). Its own tests feed it hand-made bad histories, and a
-//! control run without the guard must make it fail.
+//! C11 (a semaphore's bound). Its own tests feed it hand-made bad histories; the control
+//! runs here, each with a broken part, must make it fail.
 #![forbid(unsafe_code)]
 
 pub mod broken;
-pub mod checker;
-pub mod history;
 pub mod mono;
 pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod worker;
 
-pub use checker::{CheckConfig, Violation, check};
-pub use history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
+pub use leasehold_checker::{
+    AuditRow, CheckConfig, Event, FaultKind, FinalState, Op, Phase, Violation, check, checker,
+    history, parse_lines,
+};
 
 /// A duration in humantime's words (`2s`, `30m`), for the command line.
 ///

@@ -2,7 +2,7 @@
 //! its reach before.
 
 use crate::history::*;
-use leasehold_chaos::{Event, FaultKind, FinalState, check};
+use leasehold_checker::{Event, FaultKind, FinalState, check};
 
 /// A holds from 10 ms; its lease is lost at `l`, observed by a lost event; `faults`.
 fn lost_with(l: u64, faults: Vec<Event>) -> Vec<Event> {

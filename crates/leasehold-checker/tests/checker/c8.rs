@@ -2,7 +2,7 @@
 //! after an unreturned one), and nothing is left in the store after the run (C8b).
 
 use crate::history::*;
-use leasehold_chaos::{CheckConfig, Event, FaultKind, FinalState, Op, Phase};
+use leasehold_checker::{CheckConfig, Event, FaultKind, FinalState, Op, Phase};
 
 #[test]
 fn c8a_one_owner_recorded_with_two_fences() {

@@ -4,8 +4,8 @@
 //! The standard holder: `a#0` acquires at 10 ms with a TTL of 1 s and a validity deadline
 //! `D` = 990 ms; lost slack TTL/4, so its due is 1240 ms while it runs.
 
-use leasehold_chaos::checker::rules;
-use leasehold_chaos::{AuditRow, CheckConfig, Event, FaultKind, FinalState, Op, Phase, check};
+use leasehold_checker::checker::rules;
+use leasehold_checker::{AuditRow, CheckConfig, Event, FaultKind, FinalState, Op, Phase, check};
 
 pub const MS: u64 = 1_000_000;
 pub const TTL: u64 = 1000 * MS;

@@ -2,7 +2,7 @@
 //! the audit and the workers saw it (exempt on a lossy store).
 
 use crate::history::*;
-use leasehold_chaos::CheckConfig;
+use leasehold_checker::CheckConfig;
 
 #[test]
 fn c2_one_fence_granted_to_two_owners() {

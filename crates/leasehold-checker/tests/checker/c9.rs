@@ -2,7 +2,7 @@
 //! time store faults take within it.
 
 use crate::history::*;
-use leasehold_chaos::{Event, FaultKind, FinalState, Op};
+use leasehold_checker::{Event, FaultKind, FinalState, Op};
 
 /// A holds from 10 ms; `kind` at `kill_at`; B takes over at `takeover` (if any); the
 /// history ends at `end`.

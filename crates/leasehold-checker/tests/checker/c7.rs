@@ -1,7 +1,7 @@
 //! C7: acknowledged writes are in the audit (C7a), and no update is lost (C7b).
 
 use crate::history::*;
-use leasehold_chaos::{Event, Op, Phase};
+use leasehold_checker::{Event, Op, Phase};
 
 #[test]
 fn c7a_an_acknowledged_write_is_missing() {

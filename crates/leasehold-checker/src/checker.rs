@@ -48,7 +48,7 @@
 //! observation and no rejected write at all.
 //!
 //! Every rule also fires on a history a real run recorded: the control runs of
-//! `tests/runs.rs`, each with a deliberately broken part ([`crate::broken`]; C1 and C5:
+//! `leasehold-chaos`'s `tests/runs.rs`, each with a deliberately broken part (its `broken` module; C1 and C5:
 //! the runs without the guard; C11: the overcommitted semaphore). Every rule can be
 //! provoked that way, so none is exempt from having one.
 //!

@@ -2,7 +2,7 @@
 //! acknowledged.
 
 use crate::history::*;
-use leasehold_chaos::{Event, FinalState, Op, Phase};
+use leasehold_checker::{Event, FinalState, Op, Phase};
 
 /// A's window ends at its release at 400 ms (answered "not owner"); B acquires at
 /// `b_start` and its write is acknowledged at `b_ack`; A starts a write at `a_write`

@@ -2,7 +2,7 @@
 //! and across a store restart between the starts when restarts lose leases).
 
 use crate::history::*;
-use leasehold_chaos::{CheckConfig, FaultKind, FinalState};
+use leasehold_checker::{CheckConfig, FaultKind, FinalState};
 
 #[test]
 fn c3_overlapping_windows() {

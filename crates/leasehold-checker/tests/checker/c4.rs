@@ -4,7 +4,7 @@
 //! deadline before lost was observed.
 
 use crate::history::*;
-use leasehold_chaos::{CheckConfig, Event, FaultKind, FinalState, Op, Phase};
+use leasehold_checker::{CheckConfig, Event, FaultKind, FinalState, Op, Phase};
 
 // ---------------------------------------------------------------- C4a
 

@@ -2,7 +2,7 @@
 //! flagged, histories round-trip through JSON lines, and a violation names its rule.
 
 use crate::history::*;
-use leasehold_chaos::{FaultKind, check};
+use leasehold_checker::{FaultKind, check};
 
 #[test]
 fn clean_history_passes() {
@@ -30,9 +30,9 @@ fn history_round_trips_through_json_lines() {
         .iter()
         .map(|e| serde_json::to_string(e).unwrap() + "\n")
         .collect();
-    assert_eq!(leasehold_chaos::parse_lines(&text).unwrap(), h);
+    assert_eq!(leasehold_checker::parse_lines(&text).unwrap(), h);
     assert!(text.contains("\"fault\":\"proxy-drop-replies\""));
-    assert!(leasehold_chaos::parse_lines("{not json}").is_err());
+    assert!(leasehold_checker::parse_lines("{not json}").is_err());
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! sent after another owner's later grant never succeeds.
 
 use crate::history::*;
-use leasehold_chaos::{Event, FaultKind, FinalState, Op, Phase};
+use leasehold_checker::{Event, FaultKind, FinalState, Op, Phase};
 
 // ---------------------------------------------------------------- C6a
 

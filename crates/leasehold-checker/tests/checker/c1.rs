@@ -1,7 +1,7 @@
 //! C1: audit rows, in commit (`seq`) order, never go back in fence per resource.
 
 use crate::history::*;
-use leasehold_chaos::check;
+use leasehold_checker::check;
 
 #[test]
 fn c1_lower_fence_committed_after_a_higher_one() {

@@ -2,8 +2,8 @@
 //! semaphore in force (exempt exactly as C3).
 
 use crate::history::*;
-use leasehold_chaos::checker::rules;
-use leasehold_chaos::{CheckConfig, Event, FaultKind, FinalState, check};
+use leasehold_checker::checker::rules;
+use leasehold_checker::{CheckConfig, Event, FaultKind, FinalState, check};
 
 /// The events `h` on `key` instead of the standard key.
 fn keyed(key: &str, h: Vec<Event>) -> Vec<Event> {
