@@ -64,21 +64,23 @@ pub(crate) fn system_suspended() -> Duration {
     Duration::from_nanos(prev.max(read))
 }
 
-#[cfg(any(target_os = "linux", target_os = "android"))]
+/// `CLOCK_BOOTTIME − CLOCK_MONOTONIC` in ns, zero where the platform has no boot clock.
+/// One function for every platform, as [`boottime`]: its mutants are those of the code
+/// this machine compiles.
 fn read_suspended_ns() -> u64 {
-    use nix::time::{ClockId, clock_gettime};
-    // BOOTTIME first: the difference can only come out slightly low (by the time between
-    // the two reads), never high.
-    let boot = boottime();
-    let mono = clock_gettime(ClockId::CLOCK_MONOTONIC);
-    match (boot, mono) {
-        (Some(b), Ok(m)) => suspended_ns(b, m.into()),
-        _ => 0,
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        use nix::time::{ClockId, clock_gettime};
+        // BOOTTIME first: the difference can only come out slightly low (by the time
+        // between the two reads), never high.
+        let boot = boottime();
+        let mono = clock_gettime(ClockId::CLOCK_MONOTONIC);
+        match (boot, mono) {
+            (Some(b), Ok(m)) => suspended_ns(b, m.into()),
+            _ => 0,
+        }
     }
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn read_suspended_ns() -> u64 {
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
     0
 }
 
@@ -104,14 +106,15 @@ pub fn boottime() -> Option<Duration> {
 #[cfg(feature = "test-util")]
 static INJECTED_SUSPEND_NS: AtomicU64 = AtomicU64::new(0);
 
-#[cfg(feature = "test-util")]
+/// The suspended time a test injected ([`suspend_host`]); zero in a build without
+/// `test-util`. One function for both builds, so that its mutants are those of the build
+/// the tests run.
 fn injected_suspend() -> Duration {
-    Duration::from_nanos(INJECTED_SUSPEND_NS.load(Ordering::Acquire))
-}
-
-#[cfg(not(feature = "test-util"))]
-#[allow(clippy::unnecessary_wraps)]
-const fn injected_suspend() -> Duration {
+    #[cfg(feature = "test-util")]
+    {
+        Duration::from_nanos(INJECTED_SUSPEND_NS.load(Ordering::Acquire))
+    }
+    #[cfg(not(feature = "test-util"))]
     Duration::ZERO
 }
 
