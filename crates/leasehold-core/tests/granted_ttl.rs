@@ -381,3 +381,69 @@ async fn a_permit_with_no_room_to_renew_is_refused_and_released() {
         until_free(&store, sem.slot_key(slot).unwrap(), 14 * S).await;
     }
 }
+
+/// The log lines written while a test runs, for the warnings the core logs.
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<u8>>>);
+
+impl Logged {
+    fn count(&self, needle: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+}
+
+impl std::io::Write for Logged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A renewal that grants too little to renew in time keeps the lease until its deadline
+/// (the grant is right for that long) and says so once, when the granted TTL changes to
+/// it: not at every later renewal that grants the same.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_granting_too_little_to_renew_in_time_is_warned_about_once() {
+    const WARNING: &str = "a renewal granted a ttl too short to renew in time";
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // The test's runtime has one thread: the scheduler task logs through this default.
+    let _default = tracing::subscriber::set_default(subscriber);
+    let store = Capped::default();
+    let c = client(Arc::new(store.clone()), tight_config());
+    let sent = Instant::now();
+    let lease = c.try_acquire(key()).await.unwrap();
+    store.set_cap(Some(6 * S));
+    while lease.ttl() != 6 * S {
+        assert!(lease.is_valid(), "{:?}", lease.lost_reason());
+        sleep(MS).await;
+    }
+    assert_eq!(store.renewals_since(sent).len(), 1, "the first renewal");
+    assert_eq!(
+        logged.count(WARNING),
+        1,
+        "warned at the renewal that changed the TTL"
+    );
+    // Renewed again at the same short grant: no second warning.
+    while store.renewals_since(sent).len() < 2 && lease.is_valid() {
+        sleep(MS).await;
+    }
+    sleep(MS).await;
+    assert_eq!(
+        logged.count(WARNING),
+        1,
+        "not warned again for the same grant"
+    );
+    drop(lease);
+}

@@ -827,4 +827,38 @@ mod tests {
             "{visits} visits for about {renewals} renewals of {N} leases"
         );
     }
+
+    /// A lease its holder dropped leaves nothing behind in the scheduler: no renewal of it
+    /// comes due later to be looked at (and thrown away) while the scheduler runs for the
+    /// leases still held.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_lease_leaves_no_renewal_to_visit() {
+        const N: u64 = 100;
+        let ttl = Duration::from_secs(3);
+        let cfg = LeaseConfig::builder(ttl)
+            .watchdog_thread(false)
+            .build()
+            .unwrap();
+        let client = LeaseClient::new(Arc::new(MemoryStore::new()), cfg);
+        let kept = client.try_acquire("d:kept").await.unwrap();
+        let mut leases = Vec::new();
+        for i in 0..N {
+            leases.push(client.try_acquire(format!("d:{i}")).await.unwrap());
+        }
+        // The scheduler takes the new leases in (a lease dropped before that is never
+        // scheduled), then they are dropped.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(leases);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let before = client.scheduler_visits();
+        // Three TTLs: the kept lease is renewed every ttl / 3, about 9 visits; each dropped
+        // lease's renewal would have come due in the first of them.
+        tokio::time::sleep(3 * ttl).await;
+        assert!(kept.is_valid());
+        let visits = client.scheduler_visits() - before;
+        assert!(
+            (1..=12).contains(&visits),
+            "{visits} visits for one lease renewed about 9 times ({N} dropped)"
+        );
+    }
 }
