@@ -410,6 +410,53 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    /// Each of the grant check's four reasons refuses a grant on its own, with the other
+    /// three satisfied, and each stops at its edge.
+    #[test]
+    fn each_reason_of_the_grant_check_refuses_alone() {
+        let us = Duration::from_micros(1);
+        let ms = Duration::from_millis(1);
+        let b = |renew: Duration, op: Duration| {
+            LeaseConfig::builder(3600 * S)
+                .renew_interval(renew)
+                .op_timeout(op)
+                .drift_factor(0.0)
+                .margin(Duration::ZERO)
+                .build()
+                .unwrap()
+        };
+        let too_short = |c: &LeaseConfig, g: Duration| {
+            matches!(c.check_grant(g), Err(ConfigError::GrantTooShort { .. }))
+        };
+        // Below MIN_TTL only: 9 ms of a 1 h lease renewed every 20 min within 10 min
+        // scales to 3 ms and 1.5 ms, which fit in 9 ms.
+        let c = b(1200 * S, 600 * S);
+        assert!(too_short(&c, MIN_TTL - ms));
+        assert!(c.check_grant(MIN_TTL).is_ok());
+        // The scaled operation timeout is zero only: 1 µs of a 1 h lease scales to 0 ns
+        // for a 1 s grant, whose renew interval (333 ms) fits.
+        let c = b(1200 * S, us);
+        assert_eq!(c.op_timeout_for(S), Duration::ZERO);
+        assert!(too_short(&c, S));
+        assert!(c.check_grant(4 * S).is_ok(), "1 ns of timeout at 4 s");
+        // The scaled renew interval is zero only.
+        let c = b(us, 600 * S);
+        assert_eq!(c.renew_interval_for(S), Duration::ZERO);
+        assert!(too_short(&c, S));
+        assert!(c.check_grant(4 * S).is_ok(), "1 ns of interval at 4 s");
+        // No room only: the margin does not scale. A 1.8 s grant needs 0.6 s + 0.3 s +
+        // 1 s; a 2.1 s grant needs 0.7 s + 0.35 s + 1 s.
+        let c = LeaseConfig::builder(3600 * S)
+            .renew_interval(1200 * S)
+            .op_timeout(600 * S)
+            .drift_factor(0.0)
+            .margin(S)
+            .build()
+            .unwrap();
+        assert!(too_short(&c, 1800 * ms));
+        assert!(c.check_grant(2100 * ms).is_ok());
+    }
+
     #[test]
     fn defaults_are_valid_across_the_range() {
         for ttl in [MIN_TTL, Duration::from_millis(300), 10 * S, MAX_TTL] {
