@@ -154,3 +154,71 @@ fn the_watchdog_thread_sees_a_suspend_while_the_runtime_is_blocked() {
     assert_eq!(lease.lost_reason(), Some(LostReason::Expired));
     rt.block_on(async { drop(lease) });
 }
+
+/// A store whose first acquire's reply comes back after a host suspend longer than the
+/// TTL: the grant was made before the suspend, so it has expired by the time the reply is
+/// read.
+#[derive(Debug)]
+struct SuspendsOnReply {
+    inner: MemoryStore,
+    clock: Arc<ManualClock>,
+    suspended: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl leasehold_core::wrap::Forward for SuspendsOnReply {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+    fn backend(&self) -> &'static str {
+        "suspends-on-reply"
+    }
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &leasehold_core::OwnerToken,
+        ttl: Duration,
+    ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::StoreError> {
+        let reply = self.inner.acquire(key, owner, ttl).await;
+        if !self.suspended.swap(true, Ordering::SeqCst) {
+            self.clock.suspend(10 * S);
+        }
+        reply
+    }
+    fn watcher(&self) -> Option<&dyn leasehold_core::WatchStore> {
+        self.inner.watcher()
+    }
+    fn waiter(&self) -> Option<&dyn leasehold_core::WaitStore> {
+        self.inner.waiter()
+    }
+}
+
+/// An acquire whose reply is read after the validity it would grant has passed (a host
+/// suspend between the send and the reply) does not hand out that lease: its holder would
+/// start work on a lease the store has already expired. It is asked again, and the lease
+/// handed out is timed from that later send.
+#[tokio::test(start_paused = true)]
+async fn a_grant_read_after_its_validity_passed_is_not_handed_out() {
+    let clock = Arc::new(ManualClock::new());
+    let store = SuspendsOnReply {
+        inner: MemoryStore::new(),
+        clock: clock.clone(),
+        suspended: Default::default(),
+    };
+    let cfg = LeaseConfig::builder(3 * S)
+        .watchdog_thread(false)
+        .build()
+        .unwrap();
+    let c = LeaseClient::builder(Arc::new(store), cfg)
+        .clock(clock.clone())
+        .build();
+    let lease = c
+        .try_acquire(key("late-reply"))
+        .await
+        .expect("asked again after the late reply");
+    assert!(
+        lease.is_valid(),
+        "handed out a lease already past its deadline"
+    );
+    assert!(lease.remaining() > S, "{:?} left", lease.remaining());
+}
