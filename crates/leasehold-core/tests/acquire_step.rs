@@ -93,3 +93,64 @@ async fn a_recipe_outside_the_crate_takes_leases_through_the_public_step() {
     assert!(store.inspect(&keys[0]).await.unwrap().is_none());
     assert!(second.release().await.unwrap());
 }
+
+/// A one-key step whose key is free by its own rule, not the store's: it answers `Held`
+/// (another owner's 10 s left) until told otherwise, and counts its attempts.
+struct OwnRule {
+    key: Key,
+    attempts: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait]
+impl AcquireStep for OwnRule {
+    fn name(&self) -> &Key {
+        &self.key
+    }
+
+    fn keys(&self) -> &[Key] {
+        std::slice::from_ref(&self.key)
+    }
+
+    async fn attempt(&self, _call: &StepCall<'_>) -> Result<AcquireAnyOutcome, Error> {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        Ok(AcquireAnyOutcome::Held {
+            remaining: Some(Duration::from_secs(10)),
+        })
+    }
+}
+
+/// A step that does not wait for the store's release notice (the trait's default) is
+/// retried on the configured backoff while its deadline lasts, even though its one key is
+/// held in the store: its `Held` is its own rule's, which no release of that key answers.
+#[tokio::test(start_paused = true)]
+async fn a_step_that_does_not_wait_for_releases_is_retried_on_the_backoff() {
+    let ms = Duration::from_millis(1);
+    let store = Arc::new(MemoryStore::new());
+    let config = LeaseConfig::builder(Duration::from_secs(10))
+        .watchdog_thread(false)
+        .backoff(leasehold_core::Backoff::new(10 * ms, 100 * ms).unwrap())
+        .build()
+        .unwrap();
+    let key = Key::new("own-rule").unwrap();
+    // The key is held in the store for all of the wait: a client that waited for its
+    // release would make one attempt and sleep to the deadline.
+    let other = LeaseClient::new(store.clone(), config.clone());
+    let held = other.try_acquire(key.clone()).await.unwrap();
+    let client = LeaseClient::new(store.clone(), config);
+    let step = OwnRule {
+        key,
+        attempts: Default::default(),
+    };
+    let waited = client.acquire_with(&step, Some(2000 * ms)).await;
+    assert!(
+        matches!(waited, Err(Error::WaitTimeout { .. })),
+        "{waited:?}"
+    );
+    // Full jitter below 100 ms: about 40 attempts in 2 s; never as few as 10.
+    let attempts = step.attempts.load(Ordering::Relaxed);
+    assert!(
+        attempts >= 10,
+        "{attempts} attempts in 2 s on a 100 ms backoff"
+    );
+    drop(held);
+}

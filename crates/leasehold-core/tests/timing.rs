@@ -1039,3 +1039,18 @@ async fn a_renewal_answered_during_the_release_is_refused() {
         [RenewalPhase::Sent, RenewalPhase::Refused]
     );
 }
+
+/// The client's random numbers for recipes (a semaphore's first slot) come from its
+/// random source, spread over the whole range and never past it.
+#[test]
+fn random_below_spreads_over_its_range() {
+    let cfg = LeaseConfig::new(Duration::from_secs(3)).unwrap();
+    let c = LeaseClient::with_rng(Arc::new(MemoryStore::new()), cfg, StdRng::seed_from_u64(5));
+    assert_eq!(c.random_below(0), 0);
+    assert_eq!(c.random_below(1), 0);
+    let mut seen = [0u32; 10];
+    for _ in 0..1000 {
+        seen[c.random_below(10) as usize] += 1;
+    }
+    assert!(seen.iter().all(|&n| n > 50), "{seen:?}");
+}
