@@ -363,4 +363,77 @@ mod tests {
         );
         assert!(ended.clients.lock().unwrap().is_empty());
     }
+
+    /// A sweep runs once the table reaches its threshold (not one entry later), drops
+    /// exactly the entries nobody needs (a lease that ended or was dropped, an early report
+    /// a TTL old), keeps the rest (a live lease, a younger report), and sets the next
+    /// threshold at twice what it kept.
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_drops_exactly_the_entries_nobody_needs() {
+        let clock = LeaseClock::default();
+        let keep_early = Duration::from_secs(3);
+        let t0 = clock.now();
+        let owner = OwnerToken::random();
+        let shared = |key: &str| {
+            Arc::new(LeaseShared::new(
+                crate::lease::shared::Grant {
+                    key: Key::new(key).unwrap(),
+                    owner,
+                    fence: Fence(1),
+                    ttl: keep_early,
+                    sent_at: t0,
+                    valid_until: t0.add(Duration::from_secs(2)),
+                },
+                "test",
+                clock.clone(),
+            ))
+        };
+        let id = |key: &str| (Key::new(key).unwrap(), owner);
+        let held = |l: &Arc<LeaseShared>| Entry::Held {
+            fence: Fence(1),
+            lease: Arc::downgrade(l),
+        };
+        let mut s = State {
+            leases: HashMap::new(),
+            sweep_at: MIN_SWEEP,
+        };
+        // 40 live leases: kept, and the next threshold is 80, above MIN_SWEEP.
+        let live: Vec<_> = (0..40).map(|i| shared(&format!("live{i}"))).collect();
+        for (i, l) in live.iter().enumerate() {
+            s.leases.insert(id(&format!("live{i}")), held(l));
+        }
+        let ended = shared("ended");
+        ended.mark_lost(LostReason::Expired);
+        s.leases.insert(id("ended"), held(&ended));
+        s.leases.insert(id("dropped"), held(&shared("dropped")));
+        s.leases.insert(
+            id("old-report"),
+            Entry::Ended {
+                fence: Fence(1),
+                at: t0,
+            },
+        );
+        s.leases.insert(
+            id("young-report"),
+            Entry::Ended {
+                fence: Fence(1),
+                at: t0.add(Duration::from_secs(1)),
+            },
+        );
+        let now = t0.add(keep_early);
+        // One short of the threshold: nothing happens.
+        s.sweep_at = s.leases.len() + 1;
+        s.sweep_if_due(now, keep_early);
+        assert_eq!(s.leases.len(), 44);
+        // At the threshold: swept.
+        s.sweep_at = s.leases.len();
+        s.sweep_if_due(now, keep_early);
+        let mut kept: Vec<&str> = s.leases.keys().map(|(k, _)| k.as_str()).collect();
+        kept.sort_unstable();
+        assert_eq!(kept.len(), 41, "{kept:?}");
+        assert!(kept.contains(&"young-report") && !kept.contains(&"old-report"));
+        assert!(!kept.contains(&"ended") && !kept.contains(&"dropped"));
+        assert_eq!(s.sweep_at, 82);
+        drop(live);
+    }
 }
