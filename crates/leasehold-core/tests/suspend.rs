@@ -162,6 +162,8 @@ fn the_watchdog_thread_sees_a_suspend_while_the_runtime_is_blocked() {
 struct SuspendsOnReply {
     inner: MemoryStore,
     clock: Arc<ManualClock>,
+    by: Duration,
+    on_renew: bool,
     suspended: std::sync::atomic::AtomicBool,
 }
 
@@ -180,8 +182,22 @@ impl leasehold_core::wrap::Forward for SuspendsOnReply {
         ttl: Duration,
     ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::StoreError> {
         let reply = self.inner.acquire(key, owner, ttl).await;
-        if !self.suspended.swap(true, Ordering::SeqCst) {
-            self.clock.suspend(10 * S);
+        if !self.on_renew && !self.suspended.swap(true, Ordering::SeqCst) {
+            self.clock.suspend(self.by);
+        }
+        reply
+    }
+    /// With `on_renew`, renewals grant 6 s and the first one's reply is read after the
+    /// suspend.
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &leasehold_core::OwnerToken,
+        _ttl: Duration,
+    ) -> Result<leasehold_core::RenewOutcome, leasehold_core::StoreError> {
+        let reply = self.inner.renew(key, owner, 6 * S).await;
+        if self.on_renew && !self.suspended.swap(true, Ordering::SeqCst) {
+            self.clock.suspend(self.by);
         }
         reply
     }
@@ -196,29 +212,78 @@ impl leasehold_core::wrap::Forward for SuspendsOnReply {
 /// An acquire whose reply is read after the validity it would grant has passed (a host
 /// suspend between the send and the reply) does not hand out that lease: its holder would
 /// start work on a lease the store has already expired. It is asked again, and the lease
-/// handed out is timed from that later send.
+/// handed out is timed from that later send. The edge: a reply read at the very instant
+/// the validity ends is too late as well (the call is bounded by the operation timeout,
+/// below the validity window, but a suspend is not).
 #[tokio::test(start_paused = true)]
 async fn a_grant_read_after_its_validity_passed_is_not_handed_out() {
-    let clock = Arc::new(ManualClock::new());
-    let store = SuspendsOnReply {
-        inner: MemoryStore::new(),
-        clock: clock.clone(),
-        suspended: Default::default(),
-    };
     let cfg = LeaseConfig::builder(3 * S)
         .watchdog_thread(false)
         .build()
         .unwrap();
-    let c = LeaseClient::builder(Arc::new(store), cfg)
+    for by in [10 * S, cfg.validity(3 * S)] {
+        let clock = Arc::new(ManualClock::new());
+        let store = SuspendsOnReply {
+            inner: MemoryStore::new(),
+            clock: clock.clone(),
+            by,
+            on_renew: false,
+            suspended: Default::default(),
+        };
+        let c = LeaseClient::builder(Arc::new(store), cfg.clone())
+            .clock(clock.clone())
+            .build();
+        let lease = c
+            .try_acquire(key("late-reply"))
+            .await
+            .expect("asked again after the late reply");
+        assert!(
+            lease.is_valid(),
+            "suspended {by:?}: handed out a lease already past its deadline"
+        );
+        assert!(lease.remaining() > S, "{:?} left", lease.remaining());
+    }
+}
+
+/// The same edge on a renewal: a reply read at the very instant the validity it grants
+/// ends (here a renewal granting 6 s of a 30 s lease, so that instant is still before the
+/// deadline the acquire gave) extends nothing. The observer sees it refused, and the lease
+/// is lost.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_read_when_its_validity_ends_is_refused() {
+    use leasehold_core::{LeaseObserver, RenewalEvent, RenewalPhase};
+    #[derive(Debug, Default)]
+    struct Phases(std::sync::Mutex<Vec<RenewalPhase>>);
+    impl LeaseObserver for Phases {
+        fn renewal(&self, e: &RenewalEvent<'_>) {
+            self.0.lock().unwrap().push(e.phase);
+        }
+    }
+    let cfg = LeaseConfig::builder(30 * S)
+        .watchdog_thread(false)
+        .build()
+        .unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let store = SuspendsOnReply {
+        inner: MemoryStore::new(),
+        clock: clock.clone(),
+        by: cfg.validity(6 * S),
+        on_renew: true,
+        suspended: Default::default(),
+    };
+    let phases = Arc::new(Phases::default());
+    let c = LeaseClient::builder(Arc::new(store), cfg.clone())
         .clock(clock.clone())
+        .observer(phases.clone())
         .build();
-    let lease = c
-        .try_acquire(key("late-reply"))
-        .await
-        .expect("asked again after the late reply");
+    let lease = c.try_acquire(key("late-renewal")).await.unwrap();
     assert!(
-        lease.is_valid(),
-        "handed out a lease already past its deadline"
+        cfg.validity(30 * S) > cfg.renew_interval() + cfg.validity(6 * S),
+        "the instant is before the acquire's deadline"
     );
-    assert!(lease.remaining() > S, "{:?} left", lease.remaining());
+    assert_eq!(lease.lost().await, LostReason::Expired);
+    assert_eq!(
+        phases.0.lock().unwrap()[..2],
+        [RenewalPhase::Sent, RenewalPhase::Refused]
+    );
 }
