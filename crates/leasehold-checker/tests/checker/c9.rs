@@ -114,6 +114,14 @@ fn c9_store_faults_within_the_wait_move_the_bound_by_their_length() {
         &cfg(),
         &["C9"],
     );
+    // One starting at the very end of the bound is not within it: it moves nothing.
+    let at_the_end = [(k + BOUND, k + BOUND + ten)];
+    assert_rules(
+        &with_faults(k + BOUND + 1, &at_the_end),
+        &none,
+        &cfg(),
+        &["C9"],
+    );
     // One over before the kill, or starting after the bound, moves nothing.
     let outside = [(k - 80 * MS, k - 20 * MS), (k + BOUND + 1, k + BOUND + ten)];
     assert_rules(
