@@ -29,6 +29,8 @@ struct Recording {
     start: Instant,
     requests: Mutex<Vec<(Duration, Vec<Key>)>>,
     on_first_request: Mutex<Option<Hook>>,
+    /// How long the first batch request takes to answer (none: at once).
+    first_reply_after: Mutex<Option<Duration>>,
 }
 
 impl std::fmt::Debug for Recording {
@@ -46,6 +48,7 @@ impl Recording {
             start: Instant::now(),
             requests: Mutex::default(),
             on_first_request: Mutex::default(),
+            first_reply_after: Mutex::default(),
         })
     }
 
@@ -104,6 +107,10 @@ impl BatchStore for Recording {
         ttl: Duration,
     ) -> Result<Vec<Result<RenewOutcome, StoreError>>, StoreError> {
         self.record(leases.iter().map(|(k, _)| k.clone()).collect());
+        let after = self.first_reply_after.lock().unwrap().take();
+        if let Some(after) = after {
+            sleep(after).await;
+        }
         leasehold_core::renew_many(&self.inner, leases, ttl).await
     }
 }
@@ -116,6 +123,35 @@ fn client(store: &Arc<Recording>, cfg: LeaseConfig) -> LeaseClient {
 /// thread runs on the real clock, these tests on the paused one.
 fn config() -> leasehold_core::LeaseConfigBuilder {
     LeaseConfig::builder(3 * S).watchdog_thread(false)
+}
+
+/// The same freeze with the first request still waiting for its reply when the second
+/// batch is about to go, so nothing has ended the second batch's leases yet: the look at
+/// the send finds them past their deadline (or exactly at it) and sends nothing.
+#[tokio::test(start_paused = true)]
+async fn a_batch_about_to_go_after_a_freeze_sends_nothing_at_or_past_the_deadline() {
+    let cfg = config().build().unwrap();
+    // Acquired at 0, due at 1 s: a suspend of `validity − 1 s` in the first request puts
+    // the second batch's send at exactly its leases' deadline.
+    for by in [5 * S, cfg.validity(3 * S) - S] {
+        let store = Recording::new();
+        let clock = Arc::new(ManualClock::new());
+        let c = LeaseClient::builder(store.clone(), cfg.clone())
+            .clock(clock.clone())
+            .build();
+        let mut leases = Vec::new();
+        for i in 0..=RENEW_BATCH {
+            leases.push(c.try_acquire(format!("slow:{i}")).await.unwrap());
+        }
+        *store.on_first_request.lock().unwrap() = Some(Box::new(move || clock.suspend(by)));
+        *store.first_reply_after.lock().unwrap() = Some(10 * MS);
+        sleep(S + 20 * MS).await;
+        let sizes = store.sizes();
+        assert_eq!(sizes.len(), 1, "suspended {by:?}: {sizes:?}");
+        for l in &leases {
+            assert!(!l.is_valid(), "{}", l.key());
+        }
+    }
 }
 
 /// Two leases acquired 50 ms apart are renewed together, in one request, at the first
