@@ -74,6 +74,11 @@ impl Lease {
         self.shared.id
     }
 
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<LeaseShared> {
+        &self.shared
+    }
+
     /// This holder's owner token.
     pub fn owner(&self) -> &OwnerToken {
         &self.shared.owner

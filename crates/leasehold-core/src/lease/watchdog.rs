@@ -362,4 +362,35 @@ mod tests {
             );
         }
     }
+
+    /// A renewal that moves a deadline earlier hands the new deadline to the watchdog only
+    /// for a lease it watches: a client built without the watchdog thread never gets its
+    /// leases watched that way; a watched lease stays watched.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_moved_earlier_is_watched_only_if_the_lease_was() {
+        let store = Arc::new(MemoryStore::new());
+        for watchdog in [false, true] {
+            let cfg = LeaseConfig::builder(Duration::from_secs(30))
+                .watchdog_thread(watchdog)
+                .build()
+                .unwrap();
+            let client = LeaseClient::new(store.clone(), cfg);
+            let lease = client
+                .try_acquire(format!("moved:{watchdog}"))
+                .await
+                .unwrap();
+            let id = lease.shared_id();
+            assert_eq!(super::is_watched(id), watchdog);
+            let shared = lease.shared();
+            let now = shared.clock.now();
+            let earlier = now.add(Duration::from_secs(5));
+            assert!(
+                shared
+                    .extend(earlier, Duration::from_secs(6), now)
+                    .is_some()
+            );
+            assert_eq!(super::is_watched(id), watchdog, "watchdog {watchdog}");
+            drop(lease);
+        }
+    }
 }
