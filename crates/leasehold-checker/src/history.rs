@@ -14,7 +14,7 @@
 //! | op | phase | recorded by | `t` is |
 //! | --- | --- | --- | --- |
 //! | `acquire` | `invoke` / `ok` / `fail` | worker | before the call / after the reply |
-//! | `renew` | `invoke` | the library's [`LeaseObserver`](leasehold::LeaseObserver) (`Sent`) | after the client read its clock for the send, before the request goes out |
+//! | `renew` | `invoke` | the library's `leasehold::LeaseObserver` (`Sent`) | after the client read its clock for the send, before the request goes out |
 //! | `renew` | `ok` | observer (`Accepted`): the client extended the deadline to `valid_until` | after the extension |
 //! | `renew` | `fail` | observer: `detail` is `refused` (the store renewed, the client did not extend) or `not_owner` | after the reply |
 //! | `renew` | `unknown` | observer (`Failed`: error or timeout) | after the reply |
