@@ -1,11 +1,13 @@
 //! Tests on the real clock: the watchdog thread under a starved runtime, and metrics.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::{Key, LeaseClient, LeaseConfig, LostReason};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebugValue;
 
 /// docs/faults.md row 23: the async runtime is blocked by CPU work; the lost signal still fires
 /// at the validity deadline, seen from another thread.
@@ -66,36 +68,25 @@ fn counter(snapshot: &[Sample], name: &str, label: (&str, &str)) -> u64 {
 
 #[test]
 fn metrics_have_the_documented_names_and_labels() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async {
-            let store = MemoryStore::new();
-            let cfg = LeaseConfig::builder(Duration::from_secs(3))
-                .watchdog_thread(false)
-                .build()
-                .unwrap();
-            let client = LeaseClient::new(Arc::new(store.clone()), cfg);
-            let key = Key::new("invoice:2026-11-secret-customer").unwrap();
-            let lease = client.try_acquire(&key).await.unwrap();
-            assert!(client.try_acquire(&key).await.is_err());
-            tokio::time::sleep(Duration::from_millis(1100)).await; // one renewal
-            store.forget(&key);
-            assert_eq!(lease.lost().await, LostReason::NotOwner);
-            let second = client.try_acquire(&key).await.unwrap();
-            assert!(second.release().await.unwrap());
-        })
+    let ((), metrics) = common::recorded(async {
+        let store = MemoryStore::new();
+        let cfg = LeaseConfig::builder(Duration::from_secs(3))
+            .watchdog_thread(false)
+            .build()
+            .unwrap();
+        let client = LeaseClient::new(Arc::new(store.clone()), cfg);
+        let key = Key::new("invoice:2026-11-secret-customer").unwrap();
+        let lease = client.try_acquire(&key).await.unwrap();
+        assert!(client.try_acquire(&key).await.is_err());
+        tokio::time::sleep(Duration::from_millis(1100)).await; // one renewal
+        store.forget(&key);
+        assert_eq!(lease.lost().await, LostReason::NotOwner);
+        let second = client.try_acquire(&key).await.unwrap();
+        assert!(second.release().await.unwrap());
     });
-    let snapshot: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
+    let snapshot: Vec<_> = metrics
         .into_iter()
-        .map(|(ck, _, _, v)| {
+        .map(|(ck, v)| {
             let key = ck.key();
             let labels = key
                 .labels()

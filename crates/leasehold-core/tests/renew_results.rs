@@ -2,6 +2,8 @@
 //! result: a batch that renews some leases and finds another taken is not one count of
 //! one kind (tokio's paused clock, the memory store behind a batching wrapper).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +15,7 @@ use leasehold_core::metrics::RENEW_TOTAL;
 use leasehold_core::{
     BatchStore, Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, Store, StoreError,
 };
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebugValue;
 
 /// The memory store, renewing in batches (each counted).
 #[derive(Debug, Default)]
@@ -48,58 +50,48 @@ impl BatchStore for Batching {
 
 #[test]
 fn each_lease_of_a_batch_is_counted_under_its_type_and_result() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
     let config = LeaseConfig::builder(Duration::from_secs(3))
         .renew_interval(Duration::from_secs(1))
         .watchdog_thread(false)
         .build()
         .unwrap();
-    let batches = metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async move {
-            let store = Arc::new(Batching::default());
-            let client = LeaseClient::new(store.clone(), config);
-            let mut leases = Vec::new();
-            for key in ["job:a", "job:b", "job:c", "tenant:a"] {
-                leases.push(client.try_acquire(key).await.unwrap());
-            }
-            // Taken from its holder before the first renewal: that renewal finds it gone.
-            store
-                .break_lease(&Key::new("job:c").unwrap())
-                .await
-                .unwrap();
-            // One renewal round (due at 1 s, all four at once).
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            assert!(leases[2].lost_reason().is_some(), "job:c must be lost");
-            for lease in [&leases[0], &leases[1], &leases[3]] {
-                assert!(lease.is_valid(), "{} must still be held", lease.key());
-            }
-            store.batches.load(Ordering::SeqCst)
-        })
+    let (batches, metrics) = common::recorded(async move {
+        let store = Arc::new(Batching::default());
+        let client = LeaseClient::new(store.clone(), config);
+        let mut leases = Vec::new();
+        for key in ["job:a", "job:b", "job:c", "tenant:a"] {
+            leases.push(client.try_acquire(key).await.unwrap());
+        }
+        // Taken from its holder before the first renewal: that renewal finds it gone.
+        store
+            .break_lease(&Key::new("job:c").unwrap())
+            .await
+            .unwrap();
+        // One renewal round (due at 1 s, all four at once).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(leases[2].lost_reason().is_some(), "job:c must be lost");
+        for lease in [&leases[0], &leases[1], &leases[3]] {
+            assert!(lease.is_valid(), "{} must still be held", lease.key());
+        }
+        store.batches.load(Ordering::SeqCst)
     });
     assert_eq!(batches, 1, "the four renewals due together go in one batch");
     let mut counts = BTreeMap::new();
-    for (ck, _, _, v) in snapshotter.snapshot().into_vec() {
+    for (ck, v) in metrics {
         if ck.key().name() != RENEW_TOTAL {
             continue;
         }
-        let label = |name: &str| {
-            ck.key()
-                .labels()
-                .find(|l| l.key() == name)
-                .map(|l| l.value().to_owned())
-                .unwrap_or_default()
-        };
         let DebugValue::Counter(n) = v else {
             panic!("{RENEW_TOTAL} is not a counter: {v:?}");
         };
-        assert_eq!(label("backend"), "batching");
-        counts.insert((label("resource_type"), label("result")), n);
+        assert_eq!(common::label(&ck, "backend"), "batching");
+        counts.insert(
+            (
+                common::label(&ck, "resource_type"),
+                common::label(&ck, "result"),
+            ),
+            n,
+        );
     }
     let expected: BTreeMap<(String, String), u64> = [
         (("job".into(), "not_owner".into()), 1),

@@ -3,12 +3,14 @@
 //! `Shutdown`, not counted as a lost lease), the leases are released once their work has
 //! stopped, and never before.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::{Error, Key, LeaseClient, LeaseConfig, LostReason, Store};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebugValue;
 use tokio::time::{Instant, sleep};
 
 const S: Duration = Duration::from_secs(1);
@@ -123,29 +125,20 @@ async fn a_lease_acquired_while_shutting_down_is_told_at_once() {
 
 #[test]
 fn a_shutdown_is_not_counted_as_a_lost_lease() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async {
-            let store = MemoryStore::new();
-            let c = client(&store);
-            let lease = c.try_acquire(key(0)).await.unwrap();
-            let lost = lease.lost();
-            tokio::spawn(async move {
-                let _ = lease.lost().await;
-                drop(lease);
-            });
-            let report = c.shutdown(S).await;
-            assert_eq!(report.still_held, 0);
-            assert_eq!(lost.reason(), Some(LostReason::Shutdown));
-        })
+    let ((), metrics) = common::recorded(async {
+        let store = MemoryStore::new();
+        let c = client(&store);
+        let lease = c.try_acquire(key(0)).await.unwrap();
+        let lost = lease.lost();
+        tokio::spawn(async move {
+            let _ = lease.lost().await;
+            drop(lease);
+        });
+        let report = c.shutdown(S).await;
+        assert_eq!(report.still_held, 0);
+        assert_eq!(lost.reason(), Some(LostReason::Shutdown));
     });
-    let snapshot = snapshotter.snapshot().into_vec();
+    let snapshot = metrics;
     let lost: u64 = snapshot
         .iter()
         .filter(|(ck, ..)| ck.key().name() == "leasehold_lease_lost_total")

@@ -1,6 +1,8 @@
 //! `leasehold_renewal_slack_seconds` on tokio's paused clock: the value recorded when a
 //! renewal is confirmed is exactly the validity left on the old deadline at that moment.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -11,7 +13,7 @@ use leasehold_core::metrics::{ALL, Kind, RENEWAL_SLACK};
 use leasehold_core::{
     Key, LeaseClient, LeaseConfig, OwnerToken, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebugValue;
 
 /// Every renewal answers after `LATENCY` (applied at once); the renewals numbered in
 /// `fail` (1-based) fail at once instead.
@@ -54,13 +56,6 @@ impl leasehold_core::wrap::Forward for SlowRenewals {
 
 /// The slack values recorded, in order, for `fail`ed renewals, and the config used.
 fn record(fail: &'static [u32], run_for: Duration) -> (Vec<f64>, LeaseConfig) {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
     let config = LeaseConfig::builder(Duration::from_secs(3))
         .renew_interval(Duration::from_secs(1))
         .op_timeout(Duration::from_millis(500))
@@ -68,22 +63,20 @@ fn record(fail: &'static [u32], run_for: Duration) -> (Vec<f64>, LeaseConfig) {
         .build()
         .unwrap();
     let cfg = config.clone();
-    metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async move {
-            let store = SlowRenewals {
-                inner: MemoryStore::new(),
-                renewals: AtomicU32::new(0),
-                fail,
-            };
-            let client = LeaseClient::new(Arc::new(store), cfg);
-            let lease = client.try_acquire("job:slack").await.unwrap();
-            tokio::time::sleep(run_for).await;
-            assert!(lease.is_valid());
-            assert!(lease.release().await.unwrap());
-        })
+    let ((), metrics) = common::recorded(async move {
+        let store = SlowRenewals {
+            inner: MemoryStore::new(),
+            renewals: AtomicU32::new(0),
+            fail,
+        };
+        let client = LeaseClient::new(Arc::new(store), cfg);
+        let lease = client.try_acquire("job:slack").await.unwrap();
+        tokio::time::sleep(run_for).await;
+        assert!(lease.is_valid());
+        assert!(lease.release().await.unwrap());
     });
     let mut values = Vec::new();
-    for (ck, _, _, v) in snapshotter.snapshot().into_vec() {
+    for (ck, v) in metrics {
         if ck.key().name() != RENEWAL_SLACK {
             continue;
         }

@@ -797,6 +797,15 @@ mod tests {
     use crate::store::memory::MemoryStore;
     use crate::{LeaseClient, LeaseConfig};
 
+    /// A client on the memory store, without the watchdog thread (paused time).
+    fn client(ttl: Duration) -> LeaseClient {
+        let cfg = LeaseConfig::builder(ttl)
+            .watchdog_thread(false)
+            .build()
+            .unwrap();
+        LeaseClient::new(Arc::new(MemoryStore::new()), cfg)
+    }
+
     /// The scheduler looks at one entry per renewal (and a few more per lease), however
     /// many leases it holds: 10,000 leases with renewals spread over the interval cost
     /// about one visit per renewal. A scheduler that walks every lease at each wake-up
@@ -805,11 +814,7 @@ mod tests {
     async fn work_per_renewal_does_not_grow_with_the_number_of_leases() {
         const N: u64 = 10_000;
         let ttl = Duration::from_secs(3);
-        let cfg = LeaseConfig::builder(ttl)
-            .watchdog_thread(false)
-            .build()
-            .unwrap();
-        let client = LeaseClient::new(Arc::new(MemoryStore::new()), cfg);
+        let client = client(ttl);
         let mut leases = Vec::new();
         for i in 0..N {
             leases.push(client.try_acquire(format!("w:{i}")).await.unwrap());
@@ -835,11 +840,7 @@ mod tests {
     async fn a_dropped_lease_leaves_no_renewal_to_visit() {
         const N: u64 = 100;
         let ttl = Duration::from_secs(3);
-        let cfg = LeaseConfig::builder(ttl)
-            .watchdog_thread(false)
-            .build()
-            .unwrap();
-        let client = LeaseClient::new(Arc::new(MemoryStore::new()), cfg);
+        let client = client(ttl);
         let kept = client.try_acquire("d:kept").await.unwrap();
         let mut leases = Vec::new();
         for i in 0..N {
