@@ -18,6 +18,9 @@ pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT, DEFAULT_TIMEOUT, MySqlConfig,
 };
 pub use error::store_error;
+/// Why a TLS connection failed, by type: the source of a [`StoreError`](leasehold_core::StoreError)
+/// of kind `Config` (see [`TlsFailure::of`]).
+pub use leasehold_sql::tls::{TlsFailure, TlsProblem};
 pub use factory::MySqlFactory;
 pub use getlock::{
     BACKEND_GETLOCK, GETLOCK_RESERVE_GRACE, HASHED_LOCK_NAME_PREFIX, LOCK_NAME_PREFIX,

@@ -378,9 +378,9 @@ impl Postgres {
     }
 }
 
-/// A path as a quoted server setting value.
+/// A path as a `-c` server setting value (taken as it is: no quoting).
 fn path_setting(path: &Path) -> String {
-    format!("'{}'", path.display().to_string().replace('\'', "''"))
+    path.display().to_string()
 }
 
 fn as_postgres(setpriv: &Path, program: &Path) -> Command {
