@@ -16,6 +16,7 @@ mod wait; // `WaitStore`: the waiting queue
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT, DEFAULT_TIMEOUT, MySqlConfig,
+    SslMode,
 };
 pub use error::store_error;
 /// Why a TLS connection failed, by type: the source of a [`StoreError`](leasehold_core::StoreError)
