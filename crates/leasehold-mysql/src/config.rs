@@ -419,8 +419,7 @@ impl MySqlConfig {
                 "ssl-cert and ssl-key are given together (the client certificate and its key)",
             ));
         }
-        if self.ssl_mode == SslMode::Disabled
-            && (self.ssl_ca.is_some() || self.ssl_cert.is_some())
+        if self.ssl_mode == SslMode::Disabled && (self.ssl_ca.is_some() || self.ssl_cert.is_some())
         {
             return Err(config_error(
                 "ssl-ca, ssl-cert and ssl-key need TLS, but ssl-mode is DISABLED",
@@ -591,7 +590,10 @@ mod tests {
         assert_eq!(c.get_ssl_ca(), Some(std::path::Path::new("/ca.pem")));
         assert!(c.has_client_key());
         let shown = c.to_string();
-        assert!(shown.contains("&ssl-mode=VERIFY_IDENTITY&ssl-ca=%2Fca.pem"), "{shown}");
+        assert!(
+            shown.contains("&ssl-mode=VERIFY_IDENTITY&ssl-ca=%2Fca.pem"),
+            "{shown}"
+        );
         let again = MySqlConfig::from_url(&shown.replace("<redacted>", "pw")).unwrap();
         assert_eq!(again, c);
         for (value, mode) in [

@@ -81,8 +81,7 @@ fn assert_hidden(texts: &[String], secrets: &[String]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn verify_identity_grants_renews_releases_and_fences_a_guarded_write_with_least_privilege()
-{
+async fn verify_identity_grants_renews_releases_and_fences_a_guarded_write_with_least_privilege() {
     let db = start(ServerCert::Localhost);
     // The tables made by an administrator; the application user gets only what leasehold
     // needs (crates/leasehold-mysql/README.md, "Schema"; docs/connections.md).
@@ -99,7 +98,9 @@ async fn verify_identity_grants_renews_releases_and_fences_a_guarded_write_with_
         .database("test")
         .ssl_mode(MySqlSslMode::VerifyIdentity)
         .ssl_ca(files(&db).ca_cert());
-    let admin = MySqlPool::connect_with(admin_opts).await.expect("admin pool");
+    let admin = MySqlPool::connect_with(admin_opts)
+        .await
+        .expect("admin pool");
     guard::migrate(&admin).await.expect("guard tables");
     sql(
         &db,
@@ -236,7 +237,10 @@ async fn a_certificate_for_another_host_is_refused_with_an_error_naming_the_host
         text.contains("`127.0.0.1`") && text.contains("does not name the host"),
         "{text}"
     );
-    assert!(text.contains(WRONG_HOST), "what the certificate names: {text}");
+    assert!(
+        text.contains(WRONG_HOST),
+        "what the certificate names: {text}"
+    );
     // The CA is right: VERIFY_CA (no name check) accepts the same server.
     let params = format!(
         "ssl-mode=VERIFY_CA&ssl-ca={}",
@@ -267,7 +271,10 @@ async fn client_certificate_authentication_admits_the_certificate_and_refuses_wi
         .expect("the client certificate logs in");
     let key = Key::new("tls:cert").unwrap();
     assert!(matches!(
-        store.acquire(&key, &OwnerToken::random(), TTL).await.unwrap(),
+        store
+            .acquire(&key, &OwnerToken::random(), TTL)
+            .await
+            .unwrap(),
         AcquireOutcome::Acquired { .. }
     ));
 
@@ -335,7 +342,11 @@ async fn no_password_or_key_material_shows_in_errors_or_debug_output() {
         ),
     );
     let e = connect(&failed).await.unwrap_err();
-    assert_eq!(tls_problem(&e), Some(TlsProblem::UntrustedCertificate), "{e}");
+    assert_eq!(
+        tls_problem(&e),
+        Some(TlsProblem::UntrustedCertificate),
+        "{e}"
+    );
     assert_hidden(&[e.to_string(), format!("{e:?}")], &secrets);
 
     // A key file that does not parse: the parser's message quotes the offending line

@@ -79,11 +79,13 @@ async fn verify_full_grants_renews_releases_and_fences_a_guarded_write() {
     let store = connect(&url).await.expect("connect over TLS");
     store.migrate().await.expect("migrate");
     // The store's sessions are encrypted: the server says so for each of them.
-    let plain = psql(&pg, 
+    let plain = psql(
+        &pg,
         "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
          WHERE a.application_name LIKE 'leasehold%' AND NOT s.ssl",
     );
-    let encrypted = psql(&pg, 
+    let encrypted = psql(
+        &pg,
         "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
          WHERE a.application_name LIKE 'leasehold%' AND s.ssl",
     );
@@ -100,13 +102,15 @@ async fn verify_full_grants_renews_releases_and_fences_a_guarded_write() {
         store.renew(&key, &owner, TTL).await.unwrap(),
         RenewOutcome::Renewed { .. }
     ));
-    let held = store.inspect(&key).await.unwrap().expect("held after renewing");
+    let held = store
+        .inspect(&key)
+        .await
+        .unwrap()
+        .expect("held after renewing");
     assert_eq!(held.fence, fence);
 
     // The guard's fenced write, on a pool of its own over TLS.
-    let pool = PgPool::connect(&url)
-        .await
-        .expect("guard pool over TLS");
+    let pool = PgPool::connect(&url).await.expect("guard pool over TLS");
     guard::migrate(&pool).await.unwrap();
     let resource = ResourceName::new("tls:ledger").unwrap();
     let mut tx = pool.begin().await.unwrap();
@@ -200,7 +204,10 @@ async fn a_certificate_for_another_host_is_refused_with_an_error_naming_the_host
         text.contains("`127.0.0.1`") && text.contains("does not name the host"),
         "{text}"
     );
-    assert!(text.contains(WRONG_HOST), "what the certificate names: {text}");
+    assert!(
+        text.contains(WRONG_HOST),
+        "what the certificate names: {text}"
+    );
     // The CA is right: verify-ca (no name check) accepts the same server.
     let params = format!(
         "sslmode=verify-ca&sslrootcert={}",
@@ -215,7 +222,10 @@ async fn a_certificate_for_another_host_is_refused_with_an_error_naming_the_host
 async fn client_certificate_authentication_admits_the_certificate_and_refuses_without_it() {
     let pg = common::start_pg(PostgresOptions::new().client_cert_auth()).await;
     psql(&pg, &format!("CREATE ROLE {CLIENT_CERT_USER} LOGIN"));
-    psql(&pg, &format!("GRANT ALL ON SCHEMA public TO {CLIENT_CERT_USER}"));
+    psql(
+        &pg,
+        &format!("GRANT ALL ON SCHEMA public TO {CLIENT_CERT_USER}"),
+    );
     let tls = files(&pg);
     let with_cert = format!(
         "{}&sslcert={}&sslkey={}",
@@ -226,7 +236,10 @@ async fn client_certificate_authentication_admits_the_certificate_and_refuses_wi
     let store = connect(&url(&pg, CLIENT_CERT_USER, &with_cert))
         .await
         .expect("the client certificate logs in");
-    store.migrate().await.expect("migrate as the certificate's role");
+    store
+        .migrate()
+        .await
+        .expect("migrate as the certificate's role");
     let key = Key::new("tls:cert").unwrap();
     let owner = OwnerToken::random();
     assert!(matches!(
@@ -298,7 +311,11 @@ async fn no_password_or_key_material_shows_in_errors_or_debug_output() {
         ),
     );
     let e = connect(&failed).await.unwrap_err();
-    assert_eq!(tls_problem(&e), Some(TlsProblem::UntrustedCertificate), "{e}");
+    assert_eq!(
+        tls_problem(&e),
+        Some(TlsProblem::UntrustedCertificate),
+        "{e}"
+    );
     assert_hidden(&[e.to_string(), format!("{e:?}")], &secrets);
 
     // A key file that does not parse: the parser's message quotes the offending line
@@ -323,7 +340,11 @@ async fn no_password_or_key_material_shows_in_errors_or_debug_output() {
         &[
             "s3ntinel-key-line".to_owned(),
             // The line as the parser prints it: its bytes in decimal.
-            "s3ntinel".bytes().map(|b| b.to_string()).collect::<Vec<_>>().join(", "),
+            "s3ntinel"
+                .bytes()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             password.to_owned(),
         ],
     );

@@ -75,8 +75,8 @@ pub use postgres::{Postgres, PostgresOptions, postgres_bin_dir};
 pub use process::ServerProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer};
-pub use tls::{ServerCert, TlsFiles};
 pub use sentinel::RedisSentinelSet;
+pub use tls::{ServerCert, TlsFiles};
 pub use worker::WorkerProcess;
 pub use zookeeper::{
     DEFAULT_SYNC_LIMIT as ZK_DEFAULT_SYNC_LIMIT, MAX_SESSION_TIMEOUT as ZK_MAX_SESSION_TIMEOUT,
