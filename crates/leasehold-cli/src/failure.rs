@@ -5,6 +5,7 @@
 
 use std::fmt;
 
+use leasehold::postgres::{TlsFailure, TlsProblem};
 use leasehold::{Refusal, StoreError, StoreErrorKind};
 
 use crate::exit;
@@ -76,6 +77,12 @@ pub(crate) enum Cause {
     Permission,
     /// The SQLite file or its directory cannot be used.
     File,
+    /// The server refused a connection without TLS.
+    TlsPlaintextRefused,
+    /// The server's certificate is not signed by a CA the client trusts.
+    TlsUntrusted,
+    /// The server's certificate does not name the host connected to.
+    TlsWrongHost,
     /// leasehold's tables are missing.
     SchemaMissing,
     /// The store cannot be reached.
@@ -166,6 +173,25 @@ pub(crate) const CAUSES: &[Row] = &[
                  and the directory must be writable): ",
     },
     Row {
+        cause: Cause::TlsPlaintextRefused,
+        status: exit::STORE,
+        starts: "store error: the server refused a connection without TLS (turn TLS on in the \
+                 URL: sslmode=verify-full for postgres://, ssl-mode=VERIFY_IDENTITY for \
+                 mysql://): ",
+    },
+    Row {
+        cause: Cause::TlsUntrusted,
+        status: exit::STORE,
+        starts: "store error: the server's TLS certificate is not signed by a trusted CA (name \
+                 its CA in the URL: sslrootcert for postgres://, ssl-ca for mysql://): ",
+    },
+    Row {
+        cause: Cause::TlsWrongHost,
+        status: exit::STORE,
+        starts: "store error: the server's TLS certificate does not name the host (connect by \
+                 a name the certificate holds, or reissue it for this host): ",
+    },
+    Row {
         cause: Cause::SchemaMissing,
         status: exit::STORE,
         starts: "store error: leasehold's tables are missing (create them with leasehold \
@@ -244,6 +270,12 @@ fn store_cause(e: &StoreError) -> Cause {
     if e.is_schema_missing() {
         return Cause::SchemaMissing;
     }
+    match TlsFailure::of(e).map(TlsFailure::problem) {
+        Some(TlsProblem::PlaintextRefused) => return Cause::TlsPlaintextRefused,
+        Some(TlsProblem::UntrustedCertificate) => return Cause::TlsUntrusted,
+        Some(TlsProblem::WrongHost) => return Cause::TlsWrongHost,
+        Some(_) | None => {}
+    }
     match e.refusal() {
         Some(Refusal::Credentials) => return Cause::Credentials,
         Some(Refusal::NoDatabase) => return Cause::NoDatabase,
@@ -261,11 +293,16 @@ fn store_cause(e: &StoreError) -> Cause {
 impl Failure {
     /// A failure to open the store at a URL: a bad URL when the configuration was refused
     /// before the store was contacted; the store's failure (exit 69) when it was reached
-    /// and refused (credentials, database, permission, file: [`StoreError::refusal`]), when
-    /// leasehold's tables are missing, or when it could not be reached.
+    /// and refused (credentials, database, permission, file: [`StoreError::refusal`]; a
+    /// TLS failure: [`TlsFailure`]), when leasehold's tables are missing, or when it could
+    /// not be reached.
     pub(crate) fn opening(e: StoreError) -> Self {
         match e.kind() {
-            StoreErrorKind::Config if e.is_schema_missing() || e.refusal().is_some() => {
+            StoreErrorKind::Config
+                if e.is_schema_missing()
+                    || e.refusal().is_some()
+                    || TlsFailure::of(&e).is_some() =>
+            {
                 Self::Store(e)
             }
             StoreErrorKind::Config | StoreErrorKind::InvalidInput => Self::BadUrl(e.to_string()),
@@ -425,6 +462,17 @@ mod tests {
         );
         let down = StoreError::new(StoreErrorKind::Unavailable, "redis", "refused");
         assert_eq!(Failure::Store(down).code(), 69);
+        for (problem, cause) in [
+            (TlsProblem::PlaintextRefused, Cause::TlsPlaintextRefused),
+            (TlsProblem::UntrustedCertificate, Cause::TlsUntrusted),
+            (TlsProblem::WrongHost, Cause::TlsWrongHost),
+            (TlsProblem::NotOffered, Cause::Store),
+        ] {
+            let tls = StoreError::new(StoreErrorKind::Config, "postgres", "connecting failed")
+                .with_source(TlsFailure::new(problem, Some("db"), ""));
+            let f = Failure::opening(tls);
+            assert_eq!((f.cause(), f.code()), (cause, 69), "{problem:?}");
+        }
         assert_eq!(Failure::Store(input).code(), 64);
         assert_eq!(Failure::Usage("x".into()).code(), 64);
         assert_eq!(Failure::LeaseLost("x".into()).code(), 70);

@@ -356,6 +356,14 @@ const SHOWN_PARAMETERS: &[&str] = &[
     "leasehold_pooler",
     "leasehold_pool_size",
     "sslmode",
+    // TLS files are named by path; their content is never part of a URL.
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "ssl-mode",
+    "ssl-ca",
+    "ssl-cert",
+    "ssl-key",
     "application_name",
     "socket",
     "timeout",
@@ -418,6 +426,17 @@ mod tests {
         assert_eq!(
             redact("mysql://root:p%40ss@127.0.0.1/test"),
             "mysql://root@127.0.0.1/test"
+        );
+        // The TLS parameters stay, so that the migrate command shown connects the same way.
+        assert_eq!(
+            redact(
+                "mysql://root:pw@db/test?ssl-mode=VERIFY_IDENTITY&ssl-ca=%2Fca.pem&ssl-cert=c&ssl-key=k"
+            ),
+            "mysql://root@db/test?ssl-mode=VERIFY_IDENTITY&ssl-ca=%2Fca.pem&ssl-cert=c&ssl-key=k"
+        );
+        assert_eq!(
+            redact("postgres://a:pw@db/app?sslmode=verify-full&sslrootcert=%2Fca.pem"),
+            "postgres://a@db/app?sslmode=verify-full&sslrootcert=%2Fca.pem"
         );
         assert_eq!(
             redact("sqlite:///var/lib/x/leases.db?busy_timeout=5s"),

@@ -539,3 +539,236 @@ fn sqlite_and_url_causes() {
         "the default store was not used"
     );
 }
+
+/// The base64 lines of a PEM key file: none may be printed.
+fn key_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("-----") && l.len() > 16)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `run --json` for a store that fails to open: exit 69, the cause's line on standard
+/// error, an object with `"outcome": "store_error"` on standard output, and neither the
+/// password nor a line of the client key in either.
+fn expect_json_failure(env: &Env, args: &[&str], starts: &str, key: &[String], what: &str) {
+    let mut all = args.to_vec();
+    all.extend(["run", "--json", "--key", "k", "--", "true"]);
+    let out = run(env, &all);
+    expect(&out, 69, starts, what);
+    let object: serde_json::Value =
+        serde_json::from_str(stdout(&out).trim_end()).expect("one JSON object");
+    assert_eq!(object["outcome"], "store_error", "{what}: {object}");
+    for text in [stdout(&out), stderr(&out)] {
+        for line in key {
+            assert!(
+                !text.contains(line.as_str()),
+                "{what} shows the key: {text}"
+            );
+        }
+    }
+}
+
+const PLAINTEXT: &str = "leasehold: store error: the server refused a connection without TLS";
+const UNTRUSTED: &str =
+    "leasehold: store error: the server's TLS certificate is not signed by a trusted CA";
+const WRONG_HOST: &str =
+    "leasehold: store error: the server's TLS certificate does not name the host";
+const AUTH: &str =
+    "leasehold: store error: authentication failed (check the user name and the password";
+
+/// PostgreSQL with TLS required (issue 28): a plaintext connect, a client trusting another
+/// CA and a certificate for another host each have their cause and status; the password
+/// from `--store-password-file` authenticates over verified TLS; no password or key line
+/// is printed on a wrong password or a failed handshake, in `--json` output too.
+#[test]
+fn postgres_tls_causes() {
+    use leasehold_testkit::ServerCert;
+    let env = Env::new();
+    let pg = Postgres::start_with(
+        PostgresOptions::new()
+            .tls(ServerCert::Localhost)
+            .password_role("lh_pw"),
+    );
+    pg.psql(&format!("CREATE ROLE lh_pw LOGIN PASSWORD '{SECRET}'"));
+    let tls = pg.tls().unwrap();
+    let key = key_lines(&tls.client_key());
+    let at = |pg: &Postgres, user: &str, params: &str| {
+        format!(
+            "postgres://{user}@127.0.0.1:{}/postgres?{params}",
+            pg.port()
+        )
+    };
+    let client = format!(
+        "sslcert={}&sslkey={}",
+        tls.client_cert().display(),
+        tls.client_key().display()
+    );
+    let full = format!(
+        "sslmode=verify-full&sslrootcert={}&{client}",
+        tls.ca_cert().display()
+    );
+    let other_ca = format!(
+        "sslmode=verify-full&sslrootcert={}&{client}",
+        tls.wrong_ca_cert().display()
+    );
+    let file = secret_file(&env, "pw", &format!("{SECRET}\n"));
+
+    expect(
+        &run(
+            &env,
+            &[
+                "--store",
+                &at(&pg, "lh_pw", "sslmode=disable"),
+                "--store-password-file",
+                &file,
+                "list",
+            ],
+        ),
+        69,
+        PLAINTEXT,
+        "plaintext",
+    );
+    expect_json_failure(
+        &env,
+        &[
+            "--store",
+            &at(&pg, "lh_pw", &other_ca),
+            "--store-password-file",
+            &file,
+        ],
+        UNTRUSTED,
+        &key,
+        "another CA",
+    );
+    expect_json_failure(
+        &env,
+        &["--store", &at(&pg, &format!("lh_pw:wrong-{SECRET}"), &full)],
+        AUTH,
+        &key,
+        "wrong password over TLS",
+    );
+    pg.psql("GRANT ALL ON SCHEMA public TO lh_pw");
+    let full = format!("{full}&leasehold_migrate=true");
+    let out = run(
+        &env,
+        &[
+            "--store",
+            &at(&pg, "lh_pw", &full),
+            "--store-password-file",
+            &file,
+            "list",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "password file over TLS: {}",
+        stderr(&out)
+    );
+    no_secret(&out, "password file over TLS");
+
+    let other_host = Postgres::start_with(PostgresOptions::new().tls(ServerCert::WrongHost));
+    let full = format!(
+        "sslmode=verify-full&sslrootcert={}",
+        other_host.tls().unwrap().ca_cert().display()
+    );
+    let out = run(
+        &env,
+        &["--store", &at(&other_host, "postgres", &full), "list"],
+    );
+    expect(&out, 69, WRONG_HOST, "another host");
+    assert!(stderr(&out).contains("`127.0.0.1`"), "{}", stderr(&out));
+}
+
+/// MariaDB with TLS required (issue 28): as [`postgres_tls_causes`].
+#[test]
+fn mariadb_tls_causes() {
+    use leasehold_testkit::{MariaDbOptions, ServerCert};
+    let env = Env::new();
+    let db = MariaDb::start_with(MariaDbOptions::new().tls(ServerCert::Localhost));
+    db.sql(&format!(
+        "CREATE USER 'app'@'127.0.0.1' IDENTIFIED BY '{SECRET}'; \
+         GRANT ALL ON test.* TO 'app'@'127.0.0.1'"
+    ));
+    let tls = db.tls().unwrap();
+    let key = key_lines(&tls.client_key());
+    let at = |db: &MariaDb, user: &str, params: &str| {
+        format!("mysql://{user}@127.0.0.1:{}/test?{params}", db.port())
+    };
+    let client = format!(
+        "ssl-cert={}&ssl-key={}",
+        tls.client_cert().display(),
+        tls.client_key().display()
+    );
+    let full = format!(
+        "ssl-mode=VERIFY_IDENTITY&ssl-ca={}&{client}",
+        tls.ca_cert().display()
+    );
+    let other_ca = format!(
+        "ssl-mode=verify_identity&ssl-ca={}&{client}",
+        tls.wrong_ca_cert().display()
+    );
+    let file = secret_file(&env, "pw", &format!("{SECRET}\n"));
+
+    expect(
+        &run(
+            &env,
+            &[
+                "--store",
+                &at(&db, "app", "ssl-mode=DISABLED"),
+                "--store-password-file",
+                &file,
+                "list",
+            ],
+        ),
+        69,
+        PLAINTEXT,
+        "plaintext",
+    );
+    expect_json_failure(
+        &env,
+        &[
+            "--store",
+            &at(&db, "app", &other_ca),
+            "--store-password-file",
+            &file,
+        ],
+        UNTRUSTED,
+        &key,
+        "another CA",
+    );
+    expect_json_failure(
+        &env,
+        &["--store", &at(&db, &format!("app:wrong-{SECRET}"), &full)],
+        AUTH,
+        &key,
+        "wrong password over TLS",
+    );
+    let out = run(
+        &env,
+        &[
+            "--store",
+            &at(&db, "app", &full),
+            "--store-password-file",
+            &file,
+            "list",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "password file over TLS: {}",
+        stderr(&out)
+    );
+    no_secret(&out, "password file over TLS");
+
+    let other_host = MariaDb::start_with(MariaDbOptions::new().tls(ServerCert::WrongHost));
+    let full = format!(
+        "ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+        other_host.tls().unwrap().ca_cert().display()
+    );
+    let out = run(&env, &["--store", &at(&other_host, "root", &full), "list"]);
+    expect(&out, 69, WRONG_HOST, "another host");
+    assert!(stderr(&out).contains("`127.0.0.1`"), "{}", stderr(&out));
+}

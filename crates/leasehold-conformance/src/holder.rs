@@ -174,6 +174,8 @@ impl Holder {
         cmd.args([
             test.as_str(),
             "--exact",
+            // The test may be one of a suite marked `ignore` (a heavier tier).
+            "--include-ignored",
             "--nocapture",
             "--test-threads=1",
             "-q",

@@ -598,6 +598,9 @@ pub const FAULT_CASES: &[Case] = __with_fault_cases!(__case_table!());
 /// [`Fixture::other_processes`], each test first plays the holder process when it was
 /// started as one ([`holder::run_if_child`]). The calling crate needs `tokio` (with the
 /// `macros` and `rt-multi-thread` features) as a dev-dependency.
+///
+/// With `holder = $open, ignore = "reason"`, every test is `#[ignore = "reason"]`: a suite for a
+/// heavier tier (`scripts/test --full` runs ignored tests).
 #[macro_export]
 macro_rules! conformance_suite {
     ($fixture:path, backend = $backend:ident) => {
@@ -605,6 +608,28 @@ macro_rules! conformance_suite {
     };
     ($fixture:path, backend = $backend:ident, holder = $open:path) => {
         $crate::__with_cases!(__case_tests!($fixture, $backend, $open));
+    };
+    ($fixture:path, backend = $backend:ident, holder = $open:path, ignore = $why:literal) => {
+        $crate::__with_cases!(__ignored_case_tests!($fixture, $backend, $open, $why));
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __ignored_case_tests {
+    ($fixture:path, $backend:ident, $open:path, $why:literal ; $($module:ident :: $case:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = $why]
+            async fn $case() {
+                if $crate::holder::run_if_child($open).await {
+                    return;
+                }
+                let mut fixture = $fixture().await;
+                fixture.backend = $crate::proof::Backend::$backend;
+                $crate::$module::$case(&fixture).await;
+            }
+        )*
     };
 }
 

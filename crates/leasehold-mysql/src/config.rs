@@ -19,6 +19,65 @@ pub const DEFAULT_PORT: u16 = 3306;
 
 const SCHEMES: &[&str] = &["mysql", "mariadb", "mysql+getlock", "mariadb+getlock"];
 
+/// Whether and how the connection uses TLS: the `ssl-mode` URL parameter, with the values
+/// of MySQL's and MariaDB's clients (case-insensitive in the URL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum SslMode {
+    /// `DISABLED`: never TLS.
+    Disabled,
+    /// `PREFERRED` (the default, as in MySQL's own client): TLS when the server offers it,
+    /// without checking its certificate; plaintext when it does not. Protects against
+    /// eavesdropping only, not against a server impersonated on the path.
+    #[default]
+    Preferred,
+    /// `REQUIRED`: TLS or no connection, without checking the certificate.
+    Required,
+    /// `VERIFY_CA`: TLS, and the certificate must be signed by a trusted CA (`ssl-ca`, or
+    /// the system's CA store); the host name is not checked.
+    VerifyCa,
+    /// `VERIFY_IDENTITY`: as `VERIFY_CA`, and the certificate must name the host the URL
+    /// connects to. Use this in production.
+    VerifyIdentity,
+}
+
+impl SslMode {
+    /// The URL value: `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_CA` or
+    /// `VERIFY_IDENTITY`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disabled => "DISABLED",
+            Self::Preferred => "PREFERRED",
+            Self::Required => "REQUIRED",
+            Self::VerifyCa => "VERIFY_CA",
+            Self::VerifyIdentity => "VERIFY_IDENTITY",
+        }
+    }
+
+    /// Parses a URL value, ignoring case.
+    fn parse(value: &str) -> Option<Self> {
+        [
+            Self::Disabled,
+            Self::Preferred,
+            Self::Required,
+            Self::VerifyCa,
+            Self::VerifyIdentity,
+        ]
+        .into_iter()
+        .find(|m| m.as_str().eq_ignore_ascii_case(value))
+    }
+
+    fn sqlx(self) -> MySqlSslMode {
+        match self {
+            Self::Disabled => MySqlSslMode::Disabled,
+            Self::Preferred => MySqlSslMode::Preferred,
+            Self::Required => MySqlSslMode::Required,
+            Self::VerifyCa => MySqlSslMode::VerifyCa,
+            Self::VerifyIdentity => MySqlSslMode::VerifyIdentity,
+        }
+    }
+}
+
 /// Where a MariaDB/MySQL server is and how the stores use it.
 ///
 /// Built from a URL ([`from_url`](Self::from_url)) or with [`new`](Self::new) and consuming
@@ -43,6 +102,10 @@ pub struct MySqlConfig {
     connect_timeout: Duration,
     max_connections: u32,
     migrate: bool,
+    ssl_mode: SslMode,
+    ssl_ca: Option<PathBuf>,
+    ssl_cert: Option<PathBuf>,
+    ssl_key: Option<PathBuf>,
 }
 
 fn config_error(msg: impl Into<String>) -> StoreError {
@@ -68,6 +131,10 @@ impl MySqlConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             migrate: true,
+            ssl_mode: SslMode::default(),
+            ssl_ca: None,
+            ssl_cert: None,
+            ssl_key: None,
         }
     }
 
@@ -84,7 +151,12 @@ impl MySqlConfig {
     /// `max_connections` (pool size, default 8), `migrate` (`true`: create missing tables at
     /// connect, the default; `false`: never issue DDL), `socket` (a Unix socket path, used
     /// instead of host and port). Durations: `500ms`, `5s`, `1m` or a number of ms.
-    /// Unknown parameters are rejected.
+    ///
+    /// TLS, with the names of MySQL's and MariaDB's clients: `ssl-mode` (`DISABLED`,
+    /// `PREFERRED` — the default —, `REQUIRED`, `VERIFY_CA`, `VERIFY_IDENTITY`; any case;
+    /// see [`SslMode`]), `ssl-ca` (a PEM file of CA certificates to trust besides the
+    /// system's), `ssl-cert` and `ssl-key` (a client certificate and its key, PEM, given
+    /// together). Unknown parameters are rejected.
     ///
     /// # Errors
     /// [`StoreErrorKind::Config`], whose message never contains the password.
@@ -182,8 +254,21 @@ impl MySqlConfig {
                     }
                 }
                 "socket" => config.socket = Some(PathBuf::from(value)),
+                "ssl-mode" => {
+                    config.ssl_mode = SslMode::parse(&value).ok_or_else(|| {
+                        config_error(format!(
+                            "ssl-mode must be DISABLED, PREFERRED, REQUIRED, VERIFY_CA or \
+                             VERIFY_IDENTITY, not `{}`",
+                            value.chars().take(32).collect::<String>()
+                        ))
+                    })?;
+                }
+                "ssl-ca" => config.ssl_ca = Some(PathBuf::from(value)),
+                "ssl-cert" => config.ssl_cert = Some(PathBuf::from(value)),
+                "ssl-key" => config.ssl_key = Some(PathBuf::from(value)),
                 _ => {
-                    let known = "timeout, connect_timeout, max_connections, migrate, socket";
+                    let known = "timeout, connect_timeout, max_connections, migrate, socket, \
+                                 ssl-mode, ssl-ca, ssl-cert, ssl-key";
                     return Err(url_error(UrlError::unknown(name, known)));
                 }
             }
@@ -248,6 +333,35 @@ impl MySqlConfig {
         self
     }
 
+    /// Whether and how to use TLS (default [`SslMode::Preferred`]).
+    pub fn ssl_mode(mut self, mode: SslMode) -> Self {
+        self.ssl_mode = mode;
+        self
+    }
+
+    /// A PEM file of CA certificates to trust, besides the system's CA store.
+    pub fn ssl_ca(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ssl_ca = Some(path.into());
+        self
+    }
+
+    /// A client certificate and its private key (PEM files), for accounts that
+    /// `REQUIRE X509` (or `SUBJECT`/`ISSUER`). The key's content never appears in errors.
+    pub fn ssl_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.ssl_cert = Some(cert.into());
+        self.ssl_key = Some(key.into());
+        self
+    }
+
+    /// The TLS mode.
+    pub fn get_ssl_mode(&self) -> SslMode {
+        self.ssl_mode
+    }
+    /// The CA file, if one is named.
+    pub fn get_ssl_ca(&self) -> Option<&std::path::Path> {
+        self.ssl_ca.as_deref()
+    }
+
     /// The host.
     pub fn get_host(&self) -> &str {
         &self.host
@@ -300,6 +414,17 @@ impl MySqlConfig {
                 )));
             }
         }
+        if self.ssl_cert.is_some() != self.ssl_key.is_some() {
+            return Err(config_error(
+                "ssl-cert and ssl-key are given together (the client certificate and its key)",
+            ));
+        }
+        if self.ssl_mode == SslMode::Disabled && (self.ssl_ca.is_some() || self.ssl_cert.is_some())
+        {
+            return Err(config_error(
+                "ssl-ca, ssl-cert and ssl-key need TLS, but ssl-mode is DISABLED",
+            ));
+        }
         if !(1..=1000).contains(&self.max_connections) {
             return Err(config_error(format!(
                 "max_connections {} must be within 1..=1000",
@@ -317,6 +442,11 @@ impl MySqlConfig {
             .filter(|s| !s.is_empty())
     }
 
+    /// Whether a client key is configured (a driver configuration error may then quote it).
+    pub(crate) fn has_client_key(&self) -> bool {
+        self.ssl_key.is_some()
+    }
+
     /// `innodb_lock_wait_timeout` for the session: the operation bound in whole seconds.
     pub(crate) fn lock_wait_secs(&self) -> u64 {
         self.timeout.as_secs().max(1)
@@ -326,8 +456,7 @@ impl MySqlConfig {
         let mut o = MySqlConnectOptions::new()
             .username(&self.user)
             .database(&self.database)
-            // This build has no TLS backend: never try it (MariaDB would offer it).
-            .ssl_mode(MySqlSslMode::Disabled)
+            .ssl_mode(self.ssl_mode.sqlx())
             .timezone(Some("+00:00".to_owned()))
             .charset("utf8mb4");
         if let Some(socket) = &self.socket {
@@ -337,6 +466,12 @@ impl MySqlConfig {
         }
         if let Some(p) = &self.password {
             o = o.password(p.expose());
+        }
+        if let Some(ca) = &self.ssl_ca {
+            o = o.ssl_ca(ca);
+        }
+        if let (Some(cert), Some(key)) = (&self.ssl_cert, &self.ssl_key) {
+            o = o.ssl_client_cert(cert).ssl_client_key(key);
         }
         o
     }
@@ -366,6 +501,18 @@ impl fmt::Display for MySqlConfig {
         )?;
         if let Some(s) = &self.socket {
             write!(f, "&socket={}", encode(&s.to_string_lossy()))?;
+        }
+        if self.ssl_mode != SslMode::default() {
+            write!(f, "&ssl-mode={}", self.ssl_mode.as_str())?;
+        }
+        for (name, path) in [
+            ("ssl-ca", &self.ssl_ca),
+            ("ssl-cert", &self.ssl_cert),
+            ("ssl-key", &self.ssl_key),
+        ] {
+            if let Some(p) = path {
+                write!(f, "&{name}={}", encode(&p.to_string_lossy()))?;
+            }
         }
         Ok(())
     }
@@ -429,6 +576,45 @@ mod tests {
         // '@' in a raw password: the last '@' ends the user info.
         let c = MySqlConfig::from_url("mysql://u:a@b@h/d").unwrap();
         assert_eq!((c.secret(), c.get_host()), (Some("a@b"), "h"));
+    }
+
+    #[test]
+    fn tls_parameters() {
+        let c = MySqlConfig::from_url("mysql://u@h/d").unwrap();
+        assert_eq!(c.get_ssl_mode(), SslMode::Preferred);
+        let c = MySqlConfig::from_url(
+            "mysql://u:pw@h/d?ssl-mode=verify_identity&ssl-ca=%2Fca.pem&ssl-cert=%2Fc.pem&ssl-key=%2Fk.pem",
+        )
+        .unwrap();
+        assert_eq!(c.get_ssl_mode(), SslMode::VerifyIdentity);
+        assert_eq!(c.get_ssl_ca(), Some(std::path::Path::new("/ca.pem")));
+        assert!(c.has_client_key());
+        let shown = c.to_string();
+        assert!(
+            shown.contains("&ssl-mode=VERIFY_IDENTITY&ssl-ca=%2Fca.pem"),
+            "{shown}"
+        );
+        let again = MySqlConfig::from_url(&shown.replace("<redacted>", "pw")).unwrap();
+        assert_eq!(again, c);
+        for (value, mode) in [
+            ("DISABLED", SslMode::Disabled),
+            ("Preferred", SslMode::Preferred),
+            ("required", SslMode::Required),
+            ("VERIFY_CA", SslMode::VerifyCa),
+        ] {
+            let c = MySqlConfig::from_url(&format!("mysql://u@h/d?ssl-mode={value}")).unwrap();
+            assert_eq!(c.get_ssl_mode(), mode, "{value}");
+        }
+        for bad in [
+            "mysql://u@h/d?ssl-mode=verify-full",
+            "mysql://u@h/d?ssl-cert=%2Fc.pem",
+            "mysql://u@h/d?ssl-key=%2Fk.pem",
+            "mysql://u@h/d?ssl-mode=DISABLED&ssl-ca=%2Fca.pem",
+            "mysql://u@h/d?sslmode=require",
+        ] {
+            let e = MySqlConfig::from_url(bad).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}: {e}");
+        }
     }
 
     #[test]

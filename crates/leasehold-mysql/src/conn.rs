@@ -3,7 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Refusal, StoreError, StoreErrorKind};
+use leasehold_sql::tls::{TlsFailure, TlsProblem};
 use leasehold_sql::{ErrorModel, Failure, Phase, with_conn};
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
@@ -117,6 +118,44 @@ impl Db {
     /// Gets a store ready when it connects: with `migrate` on (the default) creates its
     /// table if missing, otherwise checks that the table is there.
     pub(crate) async fn prepare(&self, table: StoreTable) -> Result<(), StoreError> {
+        match self.prepare_tables(table).await {
+            Err(e) if e.refusal() == Some(Refusal::Credentials) => {
+                Err(self.diagnose_plaintext(e).await)
+            }
+            other => other,
+        }
+    }
+
+    /// A plaintext connection refused as "access denied" (1045): MariaDB answers so under
+    /// `require_secure_transport=ON`, and for an account that `REQUIRE`s SSL, just as for a
+    /// wrong password. With `ssl-mode=DISABLED`, one more connection is tried with TLS
+    /// (not verified: no more trust than the plaintext one asked for); if the server
+    /// admits it, the refusal was for the plaintext and `e` becomes that TLS failure.
+    async fn diagnose_plaintext(&self, e: StoreError) -> StoreError {
+        if self.config.get_ssl_mode() != crate::SslMode::Disabled {
+            return e;
+        }
+        let with_tls = self
+            .options
+            .clone()
+            .ssl_mode(sqlx::mysql::MySqlSslMode::Required);
+        let probe = tokio::time::timeout(self.config.get_connect_timeout(), with_tls.connect());
+        match probe.await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                let tls = TlsFailure::new(
+                    TlsProblem::PlaintextRefused,
+                    Some(self.config.get_host()),
+                    "the server denies this account without TLS and admits it with TLS \
+                     (require_secure_transport, or an account that REQUIREs SSL)",
+                );
+                crate::error::tls_error(self.backend, "connecting", tls)
+            }
+            _ => e,
+        }
+    }
+
+    async fn prepare_tables(&self, table: StoreTable) -> Result<(), StoreError> {
         if self.config.get_migrate() {
             self.migrate(table).await?;
             // The records table is not required to open a store: a database set up before
@@ -201,6 +240,13 @@ impl ErrorModel for Db {
     }
 
     fn store_error(&self, err: sqlx::Error, op: &str, phase: Phase) -> StoreError {
+        if let Some(tls) = crate::error::tls_failure(&err, self.config.has_client_key()) {
+            let host = self.config.get_host();
+            return crate::error::scrub(
+                crate::error::tls_error(self.backend, op, tls.or_host(host)),
+                self.secret(),
+            );
+        }
         map_sqlx(err, self.backend, op, phase, self.secret())
     }
 }

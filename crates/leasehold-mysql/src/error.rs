@@ -1,6 +1,7 @@
 //! Mapping `sqlx` / MariaDB errors into [`StoreError`], without credentials.
 
 use leasehold_core::{Refusal, StoreError, StoreErrorKind};
+use leasehold_sql::tls::{TlsFailure, TlsProblem};
 use sqlx::mysql::MySqlDatabaseError;
 
 pub(crate) use leasehold_sql::Phase;
@@ -43,6 +44,10 @@ pub(crate) fn is_duplicate(e: &sqlx::Error) -> bool {
 /// | 1366/1406 bad value, data too long | `InvalidInput` |
 /// | 1053 shutdown, 1317 interrupted, 1927 connection killed, 2006/2013 connection lost | `Ambiguous` |
 ///
+/// A TLS failure (an untrusted certificate, one for another host, TLS required but not
+/// offered, a plaintext connection refused by `require_secure_transport`) is `Config`,
+/// with a [`TlsFailure`] as its source.
+///
 /// Driver errors: I/O and protocol errors are `Unavailable` while connecting (nothing was
 /// sent) and `Ambiguous` after; a pool that cannot hand out a connection is `Unavailable`;
 /// TLS and configuration errors are `Config`; values that do not decode are `Corrupt`.
@@ -53,6 +58,10 @@ pub(crate) fn map_sqlx(
     phase: Phase,
     secret: Option<&str>,
 ) -> StoreError {
+    // Without the configuration at hand, any driver configuration error may be about a key.
+    if let Some(tls) = tls_failure(&e, true) {
+        return scrub(tls_error(backend, op, tls), secret);
+    }
     let lost = if phase == Phase::Connect {
         StoreErrorKind::Unavailable
     } else {
@@ -112,6 +121,32 @@ pub(crate) fn map_sqlx(
         StoreError::new(kind, backend, message)
     };
     scrub(error.with_source(e), secret)
+}
+
+/// The server's error number for a connection refused because it is not encrypted
+/// (`require_secure_transport=ON`): MySQL 5.7+'s `ER_SECURE_TRANSPORT_REQUIRED` (not tested here: this
+/// machine has MariaDB only, which answers 1045 instead; see `Db::diagnose_plaintext`).
+const SECURE_TRANSPORT_REQUIRED: &[u16] = &[3159];
+
+/// The TLS failure `e` is, if it is one (`client_key`: the connection offers a client
+/// key, so a driver configuration error may quote it).
+pub(crate) fn tls_failure(e: &sqlx::Error, client_key: bool) -> Option<TlsFailure> {
+    if let Some(n) = error_number(e)
+        && SECURE_TRANSPORT_REQUIRED.contains(&n)
+    {
+        return Some(TlsFailure::new(
+            TlsProblem::PlaintextRefused,
+            None,
+            format!("server error {n}: the server requires secure transport"),
+        ));
+    }
+    TlsFailure::from_sqlx(e, client_key)
+}
+
+/// A TLS failure as a [`StoreError`]: [`StoreErrorKind::Config`] (reconfigure: the URL,
+/// the certificates or the server), with the failure as its source ([`TlsFailure::of`]).
+pub(crate) fn tls_error(backend: &'static str, op: &str, tls: TlsFailure) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, backend, format!("{op}: failed")).with_source(tls)
 }
 
 /// The server's own refusal an error number says, if any: access denied with the given

@@ -16,6 +16,7 @@ mod wait; // `WaitStore`: the waiting queue
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_PORT, DEFAULT_TIMEOUT, MySqlConfig,
+    SslMode,
 };
 pub use error::store_error;
 pub use factory::MySqlFactory;
@@ -23,6 +24,9 @@ pub use getlock::{
     BACKEND_GETLOCK, GETLOCK_RESERVE_GRACE, HASHED_LOCK_NAME_PREFIX, LOCK_NAME_PREFIX,
     MAX_LOCK_NAME_LEN, MySqlGetLockStore, lock_name,
 };
+/// Why a TLS connection failed, by type: the source of a [`StoreError`](leasehold_core::StoreError)
+/// of kind `Config` (see [`TlsFailure::of`]).
+pub use leasehold_sql::tls::{TlsFailure, TlsProblem};
 pub use schema::{GUARD_SCHEMA, LEASES_SCHEMA, LOCKS_SCHEMA, RECORDS_SCHEMA};
 pub use store::MySqlLeaseStore;
 

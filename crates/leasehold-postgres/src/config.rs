@@ -192,6 +192,7 @@ impl fmt::Debug for PgConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgConfig")
             .field("target", &self.target())
+            .field("sslmode", &self.connect.get_ssl_mode())
             .field("table", &self.table)
             .field("pool_size", &self.pool_size)
             .field("migrate", &self.migrate)
@@ -536,16 +537,16 @@ pub(crate) async fn open_pool(
     let opts = config.options_named(config.get_application_name());
     let probe = sqlx::PgConnection::connect_with(&opts)
         .await
-        .map_err(|e| crate::error::map(backend, "connecting", e))?;
+        .map_err(|e| crate::error::map_connect(backend, "connecting", e, &opts))?;
     let _ = probe.close().await;
     // The pool opens its first connection now, so the first operation does not pay for
     // connecting (and authenticating) inside its time budget.
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(config.get_pool_size())
         .acquire_timeout(std::time::Duration::from_secs(10))
-        .connect_with(opts)
+        .connect_with(opts.clone())
         .await
-        .map_err(|e| crate::error::map(backend, "connecting", e))
+        .map_err(|e| crate::error::map_connect(backend, "connecting", e, &opts))
 }
 
 impl FromStr for PgConfig {

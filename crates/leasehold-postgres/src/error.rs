@@ -4,6 +4,8 @@ use std::fmt;
 use std::io;
 
 use leasehold_core::{Refusal, StoreError, StoreErrorKind};
+use leasehold_sql::tls::{TlsFailure, TlsProblem};
+use sqlx::postgres::PgConnectOptions;
 
 /// The SQLSTATE the SQL guard function raises when it rejects a stale fence.
 pub(crate) const FENCE_REJECTED_SQLSTATE: &str = "LH001";
@@ -196,8 +198,66 @@ fn describe(err: &sqlx::Error) -> String {
     }
 }
 
+/// Whether the server refused a connection because it was not encrypted: SQLSTATE 28000
+/// with `pg_hba.conf`'s "no encryption" (a `hostnossl … reject` line, or no line for a
+/// plaintext connection while `hostssl` ones exist). The SQLSTATE alone is shared with
+/// other refusals (a role that may not log in, a missing client certificate), so the
+/// server's message is read too: a server whose `lc_messages` is not English reports
+/// such a refusal as [`Refusal::Credentials`] instead.
+fn is_plaintext_refused(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => {
+            sqlstate(err) == Some("28000") && db.message().contains("no encryption")
+        }
+        _ => false,
+    }
+}
+
+/// The TLS failure `err` is, if it is one (`client_key`: the connection offers a client
+/// key, so a driver configuration error may quote it).
+fn tls_failure(err: &sqlx::Error, client_key: bool) -> Option<TlsFailure> {
+    if is_plaintext_refused(err) {
+        return Some(TlsFailure::new(
+            TlsProblem::PlaintextRefused,
+            None,
+            "pg_hba.conf rejects connections without encryption",
+        ));
+    }
+    TlsFailure::from_sqlx(err, client_key)
+}
+
+/// Whether `opts` hold a client key (`sslkey`, `PGSSLKEY`).
+pub(crate) fn has_client_key(opts: &PgConnectOptions) -> bool {
+    sqlx::ConnectOptions::to_url_lossy(opts)
+        .query_pairs()
+        .any(|(k, _)| k == "sslkey" || k == "ssl-key")
+}
+
+/// [`map`] for an error of connecting with `opts`: a TLS failure names the host.
+pub(crate) fn map_connect(
+    backend: &'static str,
+    op: &str,
+    err: sqlx::Error,
+    opts: &PgConnectOptions,
+) -> StoreError {
+    match tls_failure(&err, has_client_key(opts)) {
+        Some(tls) => tls_error(backend, op, tls.or_host(opts.get_host())),
+        None => map(backend, op, err),
+    }
+}
+
+/// A TLS failure as a [`StoreError`]: [`StoreErrorKind::Config`] (reconfigure: the URL,
+/// the certificates or the server), with the failure as its source ([`TlsFailure::of`]).
+fn tls_error(backend: &'static str, op: &str, tls: TlsFailure) -> StoreError {
+    StoreError::new(StoreErrorKind::Config, backend, format!("{op} failed")).with_source(tls)
+}
+
 /// Maps `err`, raised by operation `op`, into a [`StoreError`] of `backend`.
 pub(crate) fn map(backend: &'static str, op: &str, err: sqlx::Error) -> StoreError {
+    // Without the options at hand, any driver configuration error may be about a key.
+    if let Some(tls) = tls_failure(&err, true) {
+        return tls_error(backend, op, tls);
+    }
     let kind = kind_of(&err);
     let hint = match &err {
         sqlx::Error::Database(_) => sqlstate_kind(sqlstate(&err).unwrap_or("")).1,
@@ -232,6 +292,7 @@ pub(crate) fn map(backend: &'static str, op: &str, err: sqlx::Error) -> StoreErr
 /// | connection refused, pool timed out, 08001/08004, 57P03, 25006 (read-only) | [`Unavailable`](StoreErrorKind::Unavailable) |
 /// | reset or closed after sending, 57P01/57P02 (session terminated), other 08xxx | [`Ambiguous`](StoreErrorKind::Ambiguous): it may have committed |
 /// | 57014 (statement cancelled), I/O timeout | [`Timeout`](StoreErrorKind::Timeout) |
+/// | a TLS failure (untrusted certificate, certificate for another host, plaintext refused by `pg_hba.conf`, TLS required but not offered: its source is a [`TlsFailure`]) | [`Config`](StoreErrorKind::Config) |
 /// | 28xxx (authentication), 42501 (permission), 3D000, 3F000, 42P01 (missing database, schema or table: run `leasehold migrate` or `migrate()`; the last two are [`is_schema_missing`](StoreError::is_schema_missing)), other 42xxx, TLS, bad URL | [`Config`](StoreErrorKind::Config); 28xxx, 3D000 and 42501 carry their [`refusal`](StoreError::refusal) ([`Credentials`](Refusal::Credentials), [`NoDatabase`](Refusal::NoDatabase), [`Permission`](Refusal::Permission)) |
 /// | `LH001` (the SQL function `leasehold_guard` rejected a stale fence: ownership lost, roll back) | [`Other`](StoreErrorKind::Other) |
 /// | 22xxx data errors | [`InvalidInput`](StoreErrorKind::InvalidInput) |

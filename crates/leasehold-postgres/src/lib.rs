@@ -25,6 +25,9 @@ pub use config::{
 pub use error::store_error;
 pub use factory::PgFactory;
 pub use guard::PgGuard;
+/// Why a TLS connection failed, by type: the source of a [`StoreError`](leasehold_core::StoreError)
+/// of kind `Config` (see [`TlsFailure::of`]).
+pub use leasehold_sql::tls::{TlsFailure, TlsProblem};
 pub use sql::advisory_lock_id;
 pub use store::PgLeaseStore;
 

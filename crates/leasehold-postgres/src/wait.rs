@@ -140,7 +140,7 @@ impl Sessions {
     pub(crate) async fn connect(&self, what: &str) -> Result<PgConnection, StoreError> {
         PgConnection::connect_with(&self.connect)
             .await
-            .map_err(|e| error::map(self.backend, what, e))
+            .map_err(|e| error::map_connect(self.backend, what, e, &self.connect))
     }
 }
 

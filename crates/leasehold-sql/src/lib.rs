@@ -8,6 +8,7 @@ mod pool;
 mod presence;
 pub mod record;
 pub mod server_watch;
+pub mod tls;
 pub mod wait;
 
 pub use failure::{ErrorModel, Failure, Phase};

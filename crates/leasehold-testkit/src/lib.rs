@@ -4,6 +4,8 @@
 //!   its own port and temporary directory, and killed on drop:
 //!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`],
 //!   [`EtcdServer`], [`EtcdCluster`], [`ZkServer`], [`ZkEnsemble`].
+//! * [`tls`]: a private CA and certificates made at test time ([`TlsFiles`]), for
+//!   [`Postgres`] and [`MariaDb`] started with TLS required.
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
@@ -57,6 +59,7 @@ mod ready;
 mod redis;
 mod sentinel;
 mod server;
+pub mod tls;
 mod util;
 mod worker;
 mod zookeeper;
@@ -73,6 +76,7 @@ pub use process::ServerProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer};
 pub use sentinel::RedisSentinelSet;
+pub use tls::{ServerCert, TlsFiles};
 pub use worker::WorkerProcess;
 pub use zookeeper::{
     DEFAULT_SYNC_LIMIT as ZK_DEFAULT_SYNC_LIMIT, MAX_SESSION_TIMEOUT as ZK_MAX_SESSION_TIMEOUT,

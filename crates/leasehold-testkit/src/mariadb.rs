@@ -9,6 +9,7 @@ use nix::sys::signal::Signal;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
 use crate::server::{Home, Launch, Server};
+use crate::tls::{ServerCert, TlsFiles};
 use crate::util;
 
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(180);
@@ -21,12 +22,24 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct MariaDbOptions {
     /// Extra `mariadbd` arguments, e.g. `["--innodb-lock-wait-timeout=5"]`.
     pub extra_args: Vec<String>,
+    /// TLS required: fresh certificates ([`TlsFiles`], in `DIR/tls`), the server
+    /// presenting the one named here (`--ssl-cert`, `--ssl-key`, `--ssl-ca`), and
+    /// `--require-secure-transport=ON` (a plaintext TCP connection is refused). The
+    /// kit's own client ([`MariaDb::client_command`]) then connects with TLS, trusting the
+    /// test CA. `None`: no TLS (the default).
+    pub tls: Option<ServerCert>,
 }
 
 impl MariaDbOptions {
     /// Default options.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Requires TLS, the server presenting `cert` (see [`tls`](Self::tls)).
+    pub fn tls(mut self, cert: ServerCert) -> Self {
+        self.tls = Some(cert);
+        self
     }
 
     /// Adds one extra `mariadbd` argument.
@@ -45,6 +58,7 @@ impl MariaDbOptions {
 #[derive(Debug)]
 pub struct MariaDb {
     server: Server<Launcher>,
+    tls: Option<TlsFiles>,
 }
 
 /// How `mariadbd` is started: this binary, with these options.
@@ -52,6 +66,16 @@ pub struct MariaDb {
 struct Launcher {
     mariadbd: PathBuf,
     opts: MariaDbOptions,
+    /// With TLS: the CA the kit's clients trust.
+    ca: Option<PathBuf>,
+}
+
+/// The client arguments for TLS, trusting `ca` (none without TLS).
+fn client_tls_args(ca: Option<&Path>) -> Vec<String> {
+    match ca {
+        Some(ca) => vec!["--ssl".to_owned(), format!("--ssl-ca={}", ca.display())],
+        None => Vec::new(),
+    }
 }
 
 impl MariaDb {
@@ -71,7 +95,7 @@ impl MariaDb {
     /// # Panics
     ///
     /// Panics if MariaDB is not installed or setup fails.
-    pub fn start_with(opts: MariaDbOptions) -> Self {
+    pub fn start_with(mut opts: MariaDbOptions) -> Self {
         let mariadbd = util::find_binary("mariadbd", "mariadb-server");
         let install_db = util::find_binary("mariadb-install-db", "mariadb-server");
         util::find_binary("mariadb", "mariadb-client");
@@ -105,9 +129,32 @@ impl MariaDb {
         );
         tracing::debug!(elapsed = ?started.elapsed(), "mariadb-install-db done");
 
-        let launcher = Launcher { mariadbd, opts };
+        let tls = opts.tls.map(|cert| {
+            let tls_dir = dir.join("tls");
+            std::fs::create_dir(&tls_dir)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", tls_dir.display()));
+            let files = TlsFiles::create(&tls_dir);
+            // mariadbd reads its key as `mysql`.
+            let (cert_file, key_file) = cert.files(&files);
+            for path in [&tls_dir, &cert_file, &key_file] {
+                util::chown(path, &user);
+            }
+            opts.extra_args.extend([
+                format!("--ssl-cert={}", cert_file.display()),
+                format!("--ssl-key={}", key_file.display()),
+                format!("--ssl-ca={}", files.ca_cert().display()),
+                "--require-secure-transport=ON".to_owned(),
+            ]);
+            files
+        });
+        let launcher = Launcher {
+            mariadbd,
+            opts,
+            ca: tls.as_ref().map(TlsFiles::ca_cert),
+        };
         let db = Self {
             server: Server::start(launcher, Home::Own(tmp)),
+            tls,
         };
         db.sql_in(None, "CREATE DATABASE IF NOT EXISTS test")
             .unwrap_or_else(|e| panic!("CREATE DATABASE test failed: {e}"));
@@ -117,6 +164,12 @@ impl MariaDb {
     /// `mysql://root@127.0.0.1:PORT/test`.
     pub fn url(&self) -> String {
         format!("mysql://root@127.0.0.1:{}/test", self.port())
+    }
+
+    /// The certificates of a server started with [`MariaDbOptions::tls`] (`None`
+    /// without TLS): the CA to trust, the client certificate, and the wrong ones.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// The server's Unix socket.
@@ -145,7 +198,8 @@ impl MariaDb {
         cmd.arg("--no-defaults")
             .arg("-h127.0.0.1")
             .arg(format!("-P{}", self.port()))
-            .args(["-uroot", "--connect-timeout=10", "-N", "-B"]);
+            .args(["-uroot", "--connect-timeout=10", "-N", "-B"])
+            .args(client_tls_args(self.server.launch().ca.as_deref()));
         cmd
     }
 
@@ -211,7 +265,9 @@ impl Launch for Launcher {
             cmd.arg("--no-defaults")
                 .arg("-h127.0.0.1")
                 .arg(format!("-P{port}"))
-                .args(["-uroot", "--connect-timeout=5", "ping"]);
+                .args(["-uroot", "--connect-timeout=5"])
+                .args(client_tls_args(self.ca.as_deref()))
+                .arg("ping");
             util::run_with_timeout(&mut cmd, Duration::from_secs(30), "mariadb-admin ping")
                 .status
                 .success()

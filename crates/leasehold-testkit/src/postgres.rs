@@ -10,6 +10,7 @@ use nix::sys::signal::Signal;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
 use crate::server::{Home, Launch, Server};
+use crate::tls::{CLIENT_CERT_USER, ServerCert, TlsFiles};
 use crate::util;
 
 const INITDB_TIMEOUT: Duration = Duration::from_secs(120);
@@ -29,6 +30,16 @@ pub struct PostgresOptions {
     /// hold from its first connection, with no reload to wait for); the rest of the file
     /// trusts every local and `127.0.0.1` connection.
     pub hba: Vec<String>,
+    /// TLS required: `ssl=on` with fresh certificates ([`TlsFiles`], in `DIR/tls`), the
+    /// server presenting the one named here, and every plaintext TCP connection rejected
+    /// (`hostnossl all all all reject` at the top of `pg_hba.conf`, so the lines after it
+    /// admit TLS connections only). `None`: no TLS (the default).
+    pub tls: Option<ServerCert>,
+    /// With [`tls`](Self::tls): the role [`CLIENT_CERT_USER`] logs in only with a client
+    /// certificate signed by the test CA whose common name is the role's name
+    /// (`hostssl all leasehold_cert 127.0.0.1/32 trust clientcert=verify-full`). The role
+    /// itself is created by the test.
+    pub client_cert_auth: bool,
 }
 
 impl PostgresOptions {
@@ -52,6 +63,20 @@ impl PostgresOptions {
         self
     }
 
+    /// Requires TLS, the server presenting `cert` (see [`tls`](Self::tls)).
+    pub fn tls(mut self, cert: ServerCert) -> Self {
+        self.tls = Some(cert);
+        self
+    }
+
+    /// Requires a client certificate from the role [`CLIENT_CERT_USER`] (see
+    /// [`client_cert_auth`](Self::client_cert_auth)); turns TLS on if it is not.
+    pub fn client_cert_auth(mut self) -> Self {
+        self.tls.get_or_insert(ServerCert::Localhost);
+        self.client_cert_auth = true;
+        self
+    }
+
     /// Adds a `-c name=value` server setting.
     pub fn setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.settings.push((name.into(), value.into()));
@@ -71,6 +96,7 @@ impl PostgresOptions {
 #[derive(Debug)]
 pub struct Postgres {
     server: Server<Launcher>,
+    tls: Option<TlsFiles>,
 }
 
 /// How the postmaster is started: as `postgres` through `setpriv`, with these options.
@@ -130,12 +156,12 @@ impl Postgres {
     /// # Panics
     ///
     /// Panics if PostgreSQL or `setpriv` is missing, or setup fails.
-    pub fn start_with(opts: PostgresOptions) -> Self {
+    pub fn start_with(mut opts: PostgresOptions) -> Self {
         let bin = postgres_bin_dir();
         let setpriv = util::find_binary("setpriv", "util-linux");
         let initdb = pg_binary(&bin, "initdb");
         // The socket path (DIR/.s.PGSQL.PORT) must stay short.
-        let (tmp, _) = util::temp_dir_owned_by("leasehold-pg-", "postgres", "postgresql");
+        let (tmp, pg_user) = util::temp_dir_owned_by("leasehold-pg-", "postgres", "postgresql");
         let dir = tmp.path().to_path_buf();
 
         let mut cmd = as_postgres(&setpriv, &initdb);
@@ -152,6 +178,33 @@ impl Postgres {
             util::describe_output(&out)
         );
         tracing::debug!(elapsed = ?started.elapsed(), "initdb done");
+        let tls = opts.tls.map(|cert| {
+            let tls_dir = dir.join("tls");
+            fs::create_dir(&tls_dir).expect("create DIR/tls");
+            let files = TlsFiles::create(&tls_dir);
+            // The server reads its key as `postgres`, and refuses a key others can read.
+            let (cert_file, key_file) = cert.files(&files);
+            for path in [&tls_dir, &cert_file, &key_file] {
+                util::chown(path, &pg_user);
+            }
+            let mut settings = vec![
+                ("ssl".to_owned(), "on".to_owned()),
+                ("ssl_cert_file".to_owned(), path_setting(&cert_file)),
+                ("ssl_key_file".to_owned(), path_setting(&key_file)),
+                ("ssl_ca_file".to_owned(), path_setting(&files.ca_cert())),
+            ];
+            settings.append(&mut opts.settings);
+            opts.settings = settings;
+            let mut hba = vec!["hostnossl all all all reject".to_owned()];
+            if opts.client_cert_auth {
+                hba.push(format!(
+                    "hostssl all {CLIENT_CERT_USER} 127.0.0.1/32 trust clientcert=verify-full"
+                ));
+            }
+            hba.append(&mut opts.hba);
+            opts.hba = hba;
+            files
+        });
         if !opts.hba.is_empty() {
             // Rewritten in place, so the file keeps its owner (`postgres`).
             let hba = dir.join("data/pg_hba.conf");
@@ -163,7 +216,14 @@ impl Postgres {
         let launcher = Launcher { setpriv, bin, opts };
         Self {
             server: Server::start(launcher, Home::Own(tmp)),
+            tls,
         }
+    }
+
+    /// The certificates of a server started with [`PostgresOptions::tls`] (`None`
+    /// without TLS): the CA to trust, the client certificate, and the wrong ones.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
@@ -314,6 +374,11 @@ impl Postgres {
             let _ = util::run_with_timeout(&mut cmd, Duration::from_secs(10), "ipcrm");
         }
     }
+}
+
+/// A path as a `-c` server setting value (taken as it is: no quoting).
+fn path_setting(path: &Path) -> String {
+    path.display().to_string()
 }
 
 fn as_postgres(setpriv: &Path, program: &Path) -> Command {
