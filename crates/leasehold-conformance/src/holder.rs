@@ -174,6 +174,8 @@ impl Holder {
         cmd.args([
             test.as_str(),
             "--exact",
+            // The test may be `#[ignore]`d (a heavier tier's suite).
+            "--include-ignored",
             "--nocapture",
             "--test-threads=1",
             "-q",

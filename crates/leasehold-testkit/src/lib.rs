@@ -5,7 +5,7 @@
 //!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`],
 //!   [`EtcdServer`], [`EtcdCluster`], [`ZkServer`], [`ZkEnsemble`].
 //! * [`tls`]: a private CA and certificates made at test time ([`TlsFiles`]), for
-//!   [`Postgres`] and [`MariaDb`] started with TLS required.
+//!   [`Postgres`], [`MariaDb`] and [`EtcdServer`] started with TLS required.
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
@@ -65,7 +65,7 @@ mod worker;
 mod zookeeper;
 
 pub use cluster::RedisCluster;
-pub use etcd::EtcdServer;
+pub use etcd::{EtcdOptions, EtcdServer};
 pub use etcd_cluster::EtcdCluster;
 pub use faketime::{FakeWallClock, faketime_library};
 pub use mariadb::{MariaDb, MariaDbOptions};
@@ -75,8 +75,8 @@ pub use postgres::{Postgres, PostgresOptions, postgres_bin_dir};
 pub use process::ServerProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer};
-pub use tls::{ServerCert, TlsFiles};
 pub use sentinel::RedisSentinelSet;
+pub use tls::{ServerCert, TlsFiles};
 pub use worker::WorkerProcess;
 pub use zookeeper::{
     DEFAULT_SYNC_LIMIT as ZK_DEFAULT_SYNC_LIMIT, MAX_SESSION_TIMEOUT as ZK_MAX_SESSION_TIMEOUT,

@@ -195,9 +195,7 @@ impl Postgres {
             ];
             settings.append(&mut opts.settings);
             opts.settings = settings;
-            let mut hba = vec![
-                "hostnossl all all all reject".to_owned(),
-            ];
+            let mut hba = vec!["hostnossl all all all reject".to_owned()];
             if opts.client_cert_auth {
                 hba.push(format!(
                     "hostssl all {CLIENT_CERT_USER} 127.0.0.1/32 trust clientcert=verify-full"

@@ -62,7 +62,9 @@ fn leaf(
     let key = KeyPair::generate().expect("generate a key");
     let names: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
     let mut params = CertificateParams::new(names).expect("certificate parameters");
-    params.distinguished_name.push(DnType::CommonName, common_name);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
     params.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
