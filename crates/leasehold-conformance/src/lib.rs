@@ -603,33 +603,14 @@ pub const FAULT_CASES: &[Case] = __with_fault_cases!(__case_table!());
 /// heavier tier (`scripts/test --full` runs ignored tests).
 #[macro_export]
 macro_rules! conformance_suite {
+    ($fixture:path, backend = $backend:ident, holder = $open:path, ignore = $why:literal) => {
+        $crate::__with_cases!(__case_tests!($fixture, $backend, $open, ignore = $why));
+    };
     ($fixture:path, backend = $backend:ident) => {
         $crate::__with_cases!(__case_tests!($fixture, $backend, none));
     };
     ($fixture:path, backend = $backend:ident, holder = $open:path) => {
         $crate::__with_cases!(__case_tests!($fixture, $backend, $open));
-    };
-    ($fixture:path, backend = $backend:ident, holder = $open:path, ignore = $why:literal) => {
-        $crate::__with_cases!(__ignored_case_tests!($fixture, $backend, $open, $why));
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __ignored_case_tests {
-    ($fixture:path, $backend:ident, $open:path, $why:literal ; $($module:ident :: $case:ident),* $(,)?) => {
-        $(
-            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[ignore = $why]
-            async fn $case() {
-                if $crate::holder::run_if_child($open).await {
-                    return;
-                }
-                let mut fixture = $fixture().await;
-                fixture.backend = $crate::proof::Backend::$backend;
-                $crate::$module::$case(&fixture).await;
-            }
-        )*
     };
 }
 
@@ -650,6 +631,20 @@ macro_rules! fault_suite {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __case_tests {
+    ($fixture:path, $backend:ident, $open:path, ignore = $why:literal ; $($module:ident :: $case:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = $why]
+            async fn $case() {
+                if $crate::holder::run_if_child($open).await {
+                    return;
+                }
+                let mut fixture = $fixture().await;
+                fixture.backend = $crate::proof::Backend::$backend;
+                $crate::$module::$case(&fixture).await;
+            }
+        )*
+    };
     ($fixture:path, $backend:ident, none ; $($module:ident :: $case:ident),* $(,)?) => {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,6 +2,7 @@
 //! `etcd://` URL.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use leasehold_core::StoreError;
@@ -35,6 +36,16 @@ struct Credentials {
     password: Secret,
 }
 
+/// TLS settings: the CA to verify the members with and the client certificate, if any.
+/// Verification of the members' certificates (CA and host name) is always on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct TlsSettings {
+    /// `cacert`: the PEM file of the CA(s) to trust; `None`: the system's CA store.
+    pub(crate) ca_file: Option<PathBuf>,
+    /// `cert` and `key`: the client certificate and its private key (PEM files).
+    pub(crate) client: Option<(PathBuf, PathBuf)>,
+}
+
 /// How to reach an etcd cluster (v3 API) and how the store behaves.
 ///
 /// Parsed from `etcd://[user:password@]host:port[,host:port…][?params]` by
@@ -45,8 +56,14 @@ struct Credentials {
 /// | `prefix` | prepended to every lease key (a namespace) | `leasehold/` |
 /// | `timeout` | bound on each operation (`250ms`, `2s`, …) | 5 s |
 /// | `connect_timeout` | bound on connecting to a member | 2 s |
+/// | `tls` | `true`: talk to the members over TLS (`https`), verifying their certificates | `false` |
+/// | `cacert` | with `tls=true`: PEM file of the CA that signed the members' certificates | the system's CA store |
+/// | `cert`, `key` | with `tls=true`: PEM files of a client certificate and its key (etcd's `--client-cert-auth`) | none |
 ///
-/// Unknown parameters are refused. `Debug` never shows the password.
+/// `cacert`, `cert` and `key` are etcdctl's `--cacert`, `--cert` and `--key`. With TLS the
+/// members' certificates are always verified: signed by the CA, naming the host of the
+/// endpoint. Unknown parameters are refused. `Debug` never shows the password, and the
+/// key file is read only when connecting (its content is never shown).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
     endpoints: Vec<String>,
@@ -54,6 +71,7 @@ pub struct EtcdConfig {
     op_timeout: Duration,
     connect_timeout: Duration,
     credentials: Option<Credentials>,
+    tls: Option<TlsSettings>,
 }
 
 impl fmt::Display for EtcdConfig {
@@ -63,7 +81,11 @@ impl fmt::Display for EtcdConfig {
         if let Some(c) = &self.credentials {
             write!(f, "{}:***@", c.user)?;
         }
-        f.write_str(&self.endpoints.join(","))
+        f.write_str(&self.endpoints.join(","))?;
+        if self.tls.is_some() {
+            f.write_str("?tls=true")?;
+        }
+        Ok(())
     }
 }
 
@@ -84,6 +106,7 @@ impl EtcdConfig {
             op_timeout: DEFAULT_OP_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             credentials: None,
+            tls: None,
         })
     }
 
@@ -128,18 +151,55 @@ impl EtcdConfig {
             }
             config = config.credentials(user, password);
         }
+        let mut tls = None;
+        let (mut ca_file, mut cert, mut key) = (None, None, None);
         for (name, value) in parts.params {
             let value = param_value(name, value).map_err(|e| CONFIG.url(e))?;
             let duration = || param_duration(name, &value).map_err(|e| CONFIG.url(e));
+            let path = || {
+                if value.is_empty() {
+                    Err(CONFIG.error(format!("the etcd parameter {name} names no file")))
+                } else {
+                    Ok(PathBuf::from(&value))
+                }
+            };
             match name {
                 "prefix" => config = config.prefix(value)?,
                 "timeout" => config.op_timeout = CONFIG.timeout(name, duration()?)?,
                 "connect_timeout" => config.connect_timeout = CONFIG.timeout(name, duration()?)?,
+                "tls" => {
+                    tls = Some(match value.as_str() {
+                        "true" => true,
+                        "false" => false,
+                        _ => return Err(CONFIG.error("the etcd parameter tls is true or false")),
+                    });
+                }
+                "cacert" => ca_file = Some(path()?),
+                "cert" => cert = Some(path()?),
+                "key" => key = Some(path()?),
                 _ => {
-                    let known = "prefix, timeout, connect_timeout";
+                    let known = "prefix, timeout, connect_timeout, tls, cacert, cert, key";
                     return Err(CONFIG.url(UrlError::unknown(name, known)));
                 }
             }
+        }
+        if tls == Some(true) {
+            config = config.tls();
+            if let Some(ca) = ca_file {
+                config = config.ca_file(ca);
+            }
+            match (cert, key) {
+                (Some(cert), Some(key)) => config = config.client_cert(cert, key),
+                (None, None) => {}
+                _ => {
+                    return Err(CONFIG
+                        .error("an etcd client certificate needs both cert and key (PEM files)"));
+                }
+            }
+        } else if ca_file.is_some() || cert.is_some() || key.is_some() {
+            return Err(
+                CONFIG.error("the etcd parameters cacert, cert and key need tls=true (TLS is off)")
+            );
         }
         Ok(config)
     }
@@ -177,6 +237,41 @@ impl EtcdConfig {
             password: Secret(password.into()),
         });
         self
+    }
+
+    /// Talks to the members over TLS (`https`), verifying their certificates against the
+    /// system's CA store (or the [`ca_file`](Self::ca_file)) and the endpoint's host name.
+    #[must_use]
+    pub fn tls(mut self) -> Self {
+        self.tls.get_or_insert_with(TlsSettings::default);
+        self
+    }
+
+    /// Verifies the members' certificates against the CA(s) in this PEM file instead of
+    /// the system's CA store (etcdctl's `--cacert`); turns TLS on.
+    #[must_use]
+    pub fn ca_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.tls.get_or_insert_with(TlsSettings::default).ca_file = Some(path.as_ref().into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM files; etcdctl's `--cert` and
+    /// `--key`), for members started with `--client-cert-auth`; turns TLS on. The files
+    /// are read when connecting.
+    #[must_use]
+    pub fn client_cert(mut self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Self {
+        self.tls.get_or_insert_with(TlsSettings::default).client =
+            Some((cert.as_ref().into(), key.as_ref().into()));
+        self
+    }
+
+    /// Whether the store talks to the members over TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    pub(crate) fn tls_settings(&self) -> Option<&TlsSettings> {
+        self.tls.as_ref()
     }
 
     /// The members, `host:port` each.
@@ -223,6 +318,41 @@ mod tests {
             !shown.contains("p@ss") && !shown.contains("p%40ss"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn parses_tls() {
+        let c = EtcdConfig::from_url(
+            "etcd://u:pw@h:2379?tls=true&cacert=/etc/ca.pem&cert=/c.pem&key=%2Fk.pem",
+        )
+        .unwrap();
+        let tls = c.tls_settings().unwrap();
+        assert_eq!(tls.ca_file.as_deref(), Some(Path::new("/etc/ca.pem")));
+        assert_eq!(
+            tls.client,
+            Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")))
+        );
+        assert_eq!(c.to_string(), "etcd://u:***@h:2379?tls=true");
+        let system_roots = EtcdConfig::from_url("etcd://h:2379?tls=true").unwrap();
+        assert_eq!(system_roots.tls_settings(), Some(&TlsSettings::default()));
+        let off = EtcdConfig::from_url("etcd://h:2379?tls=false").unwrap();
+        assert!(!off.uses_tls());
+    }
+
+    #[test]
+    fn refuses_tls_files_without_tls_and_half_a_client_certificate() {
+        for (bad, said) in [
+            ("etcd://h:1?cacert=/ca.pem", "need tls=true"),
+            ("etcd://h:1?tls=false&cert=/c&key=/k", "need tls=true"),
+            ("etcd://h:1?tls=true&cert=/c", "both cert and key"),
+            ("etcd://h:1?tls=true&key=/k", "both cert and key"),
+            ("etcd://h:1?tls=yes", "true or false"),
+            ("etcd://h:1?tls=true&cacert=", "names no file"),
+        ] {
+            let err = EtcdConfig::from_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), StoreErrorKind::Config, "{bad}");
+            assert!(err.to_string().contains(said), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 
 use crate::BACKEND;
+use crate::tls::TlsFailure;
 
 pub(crate) fn err(kind: StoreErrorKind, msg: impl Into<String>) -> StoreError {
     StoreError::new(kind, BACKEND, msg)
@@ -12,6 +13,17 @@ pub(crate) fn err(kind: StoreErrorKind, msg: impl Into<String>) -> StoreError {
 /// password (it is sent only in the authentication request).
 pub(crate) fn map_err(op: &str, e: etcd_client::Error) -> StoreError {
     use etcd_client::Error as E;
+    // A failed TLS handshake: a configuration error (the URL, the certificates or the
+    // member must change), typed by its `TlsFailure` source.
+    let tls = match &e {
+        E::GRpcStatus(status) => TlsFailure::find(status),
+        E::TransportError(t) => TlsFailure::find(t),
+        E::IoError(io) => TlsFailure::find(io),
+        _ => None,
+    };
+    if let Some(tls) = tls {
+        return err(StoreErrorKind::Config, format!("etcd {op} failed: {tls}")).with_source(tls);
+    }
     let kind = match &e {
         E::GRpcStatus(status) => match i32::from(status.code()) {
             tonic_code::UNAVAILABLE => StoreErrorKind::Unavailable,

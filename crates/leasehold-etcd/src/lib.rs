@@ -8,6 +8,7 @@ mod error; // etcd client errors as `StoreError`s
 mod factory; // `StoreFactory`
 mod records; // `put_record` / `get_record`
 mod store; // `Store` for `EtcdStore`
+mod tls; // TLS options from the URL's files, `TlsFailure`
 mod wait; // `WaitStore`: the waiting queue
 mod watch; // `WatchStore`: change notices
 
@@ -16,6 +17,7 @@ pub use config::{
 };
 pub use conn::EtcdStore;
 pub use factory::EtcdFactory;
+pub use tls::{TlsFailure, TlsProblem};
 
 /// The backend name reported by [`EtcdStore`].
 pub const BACKEND: &str = "etcd";

@@ -91,12 +91,24 @@ impl EtcdStore {
             .with_timeout(config.op_bound())
             .with_keep_alive(Duration::from_secs(10), config.op_bound());
         if let Some((user, password)) = config.user_and_password() {
-            options = options.with_user(user, password);
+            // etcd's auth tokens expire (`--auth-token-ttl`, 5 min by default, counted
+            // from the token's last use): the client authenticates again and retries a
+            // call refused for an expired token.
+            options = options
+                .with_user(user, password)
+                .with_auto_token_refresh(true);
         }
+        let scheme = match config.tls_settings() {
+            Some(settings) => {
+                options = options.with_tls(crate::tls::options(settings)?);
+                "https"
+            }
+            None => "http",
+        };
         let endpoints: Vec<String> = config
             .endpoints()
             .iter()
-            .map(|e| format!("http://{e}"))
+            .map(|e| format!("{scheme}://{e}"))
             .collect();
         let bound = config.connect_bound() + config.op_bound();
         StoreError::bounded(BACKEND, "connect", bound, async {

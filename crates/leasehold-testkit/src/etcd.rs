@@ -12,7 +12,69 @@ use crate::free_port;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
 use crate::server::{Home, Launch, Server};
+use crate::tls::{ServerCert, TlsFiles};
 use crate::util;
+
+/// Options for [`EtcdServer::start_with`].
+#[derive(Debug, Clone, Default)]
+pub struct EtcdOptions {
+    /// TLS on the client port: fresh certificates ([`TlsFiles`], in `DIR/tls`), the
+    /// server presenting the one named here (`--cert-file`, `--key-file`,
+    /// `--trusted-ca-file`), an `https://` client URL only (a plaintext client cannot
+    /// talk to it). `/health` and `/metrics` move to a plaintext metrics port
+    /// (`--listen-metrics-urls`), which the readiness check reads. `None`: no TLS.
+    pub tls: Option<ServerCert>,
+    /// With [`tls`](Self::tls): `--client-cert-auth`, every client must present a
+    /// certificate signed by the test CA.
+    pub client_cert_auth: bool,
+    /// `--auth-token-ttl` in seconds: how long a simple auth token lives after its last
+    /// use (etcd's default is 300).
+    pub auth_token_ttl_secs: Option<u32>,
+    /// Log at `info` rather than `warn` (e.g. to see `deleted a simple token` when an
+    /// auth token expires).
+    pub info_log: bool,
+}
+
+impl EtcdOptions {
+    /// Default options: no TLS, etcd's token TTL, `warn` logs.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// TLS on the client port, the server presenting `cert` (see [`tls`](Self::tls)).
+    pub fn tls(mut self, cert: ServerCert) -> Self {
+        self.tls = Some(cert);
+        self
+    }
+
+    /// Requires a client certificate (see
+    /// [`client_cert_auth`](Self::client_cert_auth)); turns TLS on if it is not.
+    pub fn client_cert_auth(mut self) -> Self {
+        self.tls.get_or_insert(ServerCert::Localhost);
+        self.client_cert_auth = true;
+        self
+    }
+
+    /// `--auth-token-ttl` (see [`auth_token_ttl_secs`](Self::auth_token_ttl_secs)).
+    pub fn auth_token_ttl_secs(mut self, secs: u32) -> Self {
+        self.auth_token_ttl_secs = Some(secs);
+        self
+    }
+
+    /// Logs at `info` (see [`info_log`](Self::info_log)).
+    pub fn info_log(mut self) -> Self {
+        self.info_log = true;
+        self
+    }
+}
+
+/// The TLS files and flags of a member started with TLS.
+#[derive(Debug)]
+pub(crate) struct LaunchTls {
+    files: TlsFiles,
+    cert: ServerCert,
+    client_cert_auth: bool,
+}
 
 /// How long etcd may take to report itself healthy after it was spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -37,18 +99,46 @@ impl EtcdServer {
     /// Panics if `etcd` is not installed (package `etcd-server`) or does not get ready
     /// within 20 s.
     pub fn start() -> Self {
+        Self::start_with(EtcdOptions::new())
+    }
+
+    /// Starts a server with `options` and waits until it reports healthy.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start); also when the certificates cannot be written.
+    pub fn start_with(options: EtcdOptions) -> Self {
+        let dir = util::temp_dir("leasehold-etcd-");
+        let tls = options.tls.map(|cert| {
+            let tls_dir = dir.path().join("tls");
+            std::fs::create_dir(&tls_dir).expect("create DIR/tls");
+            LaunchTls {
+                files: TlsFiles::create(&tls_dir),
+                cert,
+                client_cert_auth: options.client_cert_auth,
+            }
+        });
         let launcher = Launcher {
             etcd: util::find_binary("etcd", "etcd-server"),
             name: "solo".to_owned(),
             peer: AtomicU16::new(0),
+            metrics: AtomicU16::new(0),
             cluster: None,
             token: "etcd-cluster".to_owned(),
             ready_timeout: READY_TIMEOUT,
+            tls,
+            auth_token_ttl_secs: options.auth_token_ttl_secs,
+            info_log: options.info_log,
         };
-        let home = Home::Own(util::temp_dir("leasehold-etcd-"));
         Self {
-            server: Server::start(launcher, home),
+            server: Server::start(launcher, Home::Own(dir)),
         }
+    }
+
+    /// The certificates of a server started with [`EtcdOptions::tls`] (`None` without
+    /// TLS): the CA to trust, the client certificate, and the wrong ones.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.server.launch().tls.as_ref().map(|t| &t.files)
     }
 
     /// The member's name (`solo`; `e1`, `e2`, `e3` in a cluster).
@@ -56,7 +146,8 @@ impl EtcdServer {
         &self.server.launch().name
     }
 
-    /// `etcd://127.0.0.1:port`: this member only.
+    /// `etcd://127.0.0.1:port`: this member only (with TLS, add `?tls=true` and the
+    /// files: see [`tls`](Self::tls)).
     pub fn url(&self) -> String {
         format!("etcd://127.0.0.1:{}", self.port())
     }
@@ -87,14 +178,18 @@ impl EtcdServer {
     /// Whether the server answers `GET /health` with `"health":"true"` right now (it is
     /// up and sees a leader).
     pub fn is_healthy(&self) -> bool {
-        health(self.port())
+        health(self.server.launch().http_port(self.port()))
     }
 
     /// Whether the server says it is the leader right now (`etcd_server_is_leader 1` in
     /// its `/metrics`); false when it does not answer.
     pub fn is_leader(&self) -> bool {
-        http_get(self.port(), "/metrics", 8 << 20)
-            .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
+        http_get(
+            self.server.launch().http_port(self.port()),
+            "/metrics",
+            8 << 20,
+        )
+        .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
     }
 }
 
@@ -105,12 +200,31 @@ pub(crate) struct Launcher {
     pub(crate) name: String,
     /// The peer port (a lone server picks it with its client port).
     pub(crate) peer: AtomicU16,
+    /// The plaintext metrics port of a member with TLS (picked with its client port).
+    pub(crate) metrics: AtomicU16,
     /// `--initial-cluster`: `name=http://127.0.0.1:peer,…`; `None` for a lone server.
     pub(crate) cluster: Option<String>,
     /// `--initial-cluster-token`.
     pub(crate) token: String,
     /// How long the member may take to report itself healthy.
     pub(crate) ready_timeout: Duration,
+    /// TLS on the client port; `None`: plaintext.
+    pub(crate) tls: Option<LaunchTls>,
+    /// `--auth-token-ttl`.
+    pub(crate) auth_token_ttl_secs: Option<u32>,
+    /// `--log-level info` rather than `warn`.
+    pub(crate) info_log: bool,
+}
+
+impl Launcher {
+    /// The port serving `/health` and `/metrics` in plaintext: the client port, or the
+    /// metrics port of a member with TLS.
+    fn http_port(&self, client_port: u16) -> u16 {
+        match self.tls {
+            Some(_) => self.metrics.load(Ordering::Relaxed),
+            None => client_port,
+        }
+    }
 }
 
 impl Launch for Launcher {
@@ -123,13 +237,17 @@ impl Launch for Launcher {
         let port = free_port();
         // `free_port` never hands out a port twice.
         self.peer.store(free_port(), Ordering::Relaxed);
+        if self.tls.is_some() {
+            self.metrics.store(free_port(), Ordering::Relaxed);
+        }
         port
     }
 
     /// Spawns the member with its data directory `data` and its log `log` in `dir`.
     fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
         let peer = self.peer.load(Ordering::Relaxed);
-        let client = format!("http://127.0.0.1:{port}");
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{port}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let cluster = (self.cluster.clone()).unwrap_or_else(|| format!("{}={peer_url}", self.name));
         let mut cmd = Command::new(&self.etcd);
@@ -158,9 +276,27 @@ impl Launch for Launcher {
             .arg("500")
             // No metrics or pprof listeners beyond the client URL; quiet logs.
             .arg("--log-level")
-            .arg("warn")
+            .arg(if self.info_log { "info" } else { "warn" })
             .arg("--logger")
             .arg("zap");
+        if let Some(tls) = &self.tls {
+            let (cert, key) = tls.cert.files(&tls.files);
+            let metrics = self.metrics.load(Ordering::Relaxed);
+            cmd.arg("--cert-file")
+                .arg(cert)
+                .arg("--key-file")
+                .arg(key)
+                .arg("--trusted-ca-file")
+                .arg(tls.files.ca_cert())
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{metrics}"));
+            if tls.client_cert_auth {
+                cmd.arg("--client-cert-auth");
+            }
+        }
+        if let Some(ttl) = self.auth_token_ttl_secs {
+            cmd.arg("--auth-token-ttl").arg(ttl.to_string());
+        }
         // A service manager's settings must not leak in.
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("ETCD_") {
@@ -175,7 +311,7 @@ impl Launch for Launcher {
             process,
             self.ready_timeout,
             Duration::from_millis(50),
-            || health(port),
+            || health(self.http_port(port)),
         )
     }
 }

@@ -73,9 +73,13 @@ impl EtcdCluster {
                 etcd: etcd.to_path_buf(),
                 name,
                 peer: AtomicU16::new(peer_port),
+                metrics: AtomicU16::new(0),
                 cluster: Some(cluster.clone()),
                 token: token.clone(),
                 ready_timeout: READY_TIMEOUT,
+                tls: None,
+                auth_token_ttl_secs: None,
+                info_log: false,
             };
             let process = launcher.spawn(&dir, port);
             members.push(EtcdServer {

@@ -5,7 +5,7 @@
 //!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`],
 //!   [`EtcdServer`], [`EtcdCluster`], [`ZkServer`], [`ZkEnsemble`].
 //! * [`tls`]: a private CA and certificates made at test time ([`TlsFiles`]), for
-//!   [`Postgres`] and [`MariaDb`] started with TLS required.
+//!   [`Postgres`], [`MariaDb`] and [`EtcdServer`] started with TLS required.
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
@@ -65,7 +65,7 @@ mod worker;
 mod zookeeper;
 
 pub use cluster::RedisCluster;
-pub use etcd::EtcdServer;
+pub use etcd::{EtcdOptions, EtcdServer};
 pub use etcd_cluster::EtcdCluster;
 pub use faketime::{FakeWallClock, faketime_library};
 pub use mariadb::{MariaDb, MariaDbOptions};
