@@ -87,7 +87,7 @@ use leasehold_core::StoreErrorKind;
 use leasehold_core::{Fence, GuardDecision, Idempotency, ResourceName, StoreError};
 use leasehold_sql::guard::{fence_from_i64, fence_to_i64, idempotency, rejected};
 use leasehold_sql::{Failure, with_conn};
-use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
+use sqlx::{Connection, Sqlite, SqliteConnection, SqlitePool, Transaction};
 
 use crate::BACKEND;
 use crate::clock::wall_us;
@@ -105,7 +105,7 @@ pub(crate) async fn migrate_in(conn: &mut SqliteConnection) -> Result<(), Failur
 /// [`SqliteStore::connect`](crate::SqliteStore::connect) creates them in the lease file).
 ///
 /// # Cancel safety
-/// Cancel safe: each table is created by one statement, or not.
+/// Cancel safe: the tables are created by one transaction, or not.
 ///
 /// # Errors
 /// [`StoreErrorKind::Config`] when the database cannot be written,
@@ -127,7 +127,12 @@ pub(crate) async fn migrate_in(conn: &mut SqliteConnection) -> Result<(), Failur
 /// ```
 pub async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
     with_conn(pool, &SqliteErrors, "migrate guard", async |conn| {
-        migrate_in(conn).await
+        // The write lock first, so that processes migrating at once wait for each other
+        // (the busy timeout) instead of one failing at once on a stale read of the schema.
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        migrate_in(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
     })
     .await
 }

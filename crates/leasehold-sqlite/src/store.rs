@@ -342,6 +342,19 @@ async fn put_record_tx(
 
 /// The format of the lease table: `None` when it does not exist, 1 (expiry on the wall
 /// clock, `expires_at_us`), 2 (expiry on the boot clock, `boot_id` + `expires_boot_us`).
+/// Whether every table, view and trigger besides the lease table is there (the records,
+/// the guard's and the idempotency record's).
+async fn schema_complete(conn: &mut SqliteConnection) -> Result<bool, Failure> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE name IN \
+         ('leasehold_records', 'leasehold_guard', 'leasehold_idempotency', \
+          'leasehold_guard_check', 'leasehold_guard_check_insert')",
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(n == 5)
+}
+
 async fn lease_table_format(conn: &mut SqliteConnection) -> Result<Option<u8>, Failure> {
     let columns: Vec<String> =
         sqlx::query_scalar("SELECT name FROM pragma_table_info('leasehold_leases')")
@@ -515,33 +528,41 @@ impl SqliteStore {
     /// [`connect`](Self::connect) calls it.
     ///
     /// # Cancel safety
-    /// Cancel safe: each table is created by one statement, or not.
+    /// Cancel safe: the tables are created or converted by one transaction, or not.
     ///
     /// # Errors
     /// [`StoreErrorKind::Config`] when the file cannot be written, [`StoreErrorKind::Busy`]
     /// when it stays locked past the busy timeout.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.run("migrate", true, async |conn| {
-            // A plain read first: a file already in the current format needs no write lock
-            // (a frozen writer elsewhere must not make opening the store fail).
-            if lease_table_format(conn).await? != Some(2) {
-                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-                match lease_table_format(&mut tx).await? {
-                    None => {
-                        sqlx::raw_sql(schema::LEASES_SCHEMA)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    Some(1) => convert_from_format_1(&mut tx, &*self.clock).await?,
-                    _ => {}
+            // A plain read first: a file already in the current format, with every table,
+            // needs no write lock (a frozen writer elsewhere must not make opening the store
+            // fail).
+            if lease_table_format(conn).await? == Some(2) && schema_complete(conn).await? {
+                return Ok(());
+            }
+            // Every change in one transaction that takes the write lock first: processes
+            // opening a new file at once then wait for each other (the busy timeout). A
+            // `CREATE … IF NOT EXISTS` on its own reads the schema before it writes, and
+            // SQLite refuses at once, without waiting, a write on a read that another
+            // process's commit has made stale.
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            match lease_table_format(&mut tx).await? {
+                None => {
+                    sqlx::raw_sql(schema::LEASES_SCHEMA)
+                        .execute(&mut *tx)
+                        .await?;
                 }
-                tx.commit().await?;
+                Some(1) => convert_from_format_1(&mut tx, &*self.clock).await?,
+                _ => {}
             }
             // Added beside format 2 (older versions never read it): created when missing.
             sqlx::raw_sql(schema::RECORDS_SCHEMA)
-                .execute(&mut *conn)
+                .execute(&mut *tx)
                 .await?;
-            crate::guard::migrate_in(conn).await
+            crate::guard::migrate_in(&mut tx).await?;
+            tx.commit().await?;
+            Ok(())
         })
         .await
     }

@@ -359,3 +359,43 @@ async fn a_missing_table_is_a_missing_schema_by_type() {
     assert_eq!(store.get_record(&k).await.unwrap(), None);
     fence_of(store.acquire(&k, &OwnerToken::random(), TTL).await.unwrap());
 }
+
+/// Processes that open one new file at once (the first `leasehold run`s on a machine)
+/// all open it: they wait for each other's schema changes instead of one failing at once
+/// with "database is locked" (a `CREATE … IF NOT EXISTS` outside a write transaction reads
+/// the schema, then SQLite refuses its write without waiting once another commit made that
+/// read stale). Each store here has its own pool, as a process would. The user's own
+/// database migrated by several processes at once, likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stores_opening_one_new_file_at_once_all_open_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..20 {
+        let path = dir.path().join(format!("fresh-{round}.db"));
+        let opens: Vec<_> = (0..8)
+            .map(|_| {
+                let path = path.clone();
+                tokio::spawn(async move { SqliteStore::connect(SqliteConfig::new(&path)).await })
+            })
+            .collect();
+        for open in opens {
+            open.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        let app = dir.path().join(format!("app-{round}.db"));
+        let url = format!("sqlite://{}?mode=rwc", app.display());
+        let mut pools = Vec::new();
+        for _ in 0..8 {
+            pools.push(sqlx::SqlitePool::connect(&url).await.unwrap());
+        }
+        let migrations: Vec<_> = pools
+            .into_iter()
+            .map(|pool| tokio::spawn(async move { leasehold_sqlite::guard::migrate(&pool).await }))
+            .collect();
+        for m in migrations {
+            m.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}, guard: {e}"));
+        }
+    }
+}
