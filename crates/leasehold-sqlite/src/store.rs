@@ -534,6 +534,25 @@ impl SqliteStore {
     /// [`StoreErrorKind::Config`] when the file cannot be written, [`StoreErrorKind::Busy`]
     /// when it stays locked past the busy timeout.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        // SQLite gives some refusals at once instead of after its busy timeout: a new file
+        // switched to WAL by another process opening it at the same moment answers
+        // "database is locked" to this connection's first statement. Asked again until
+        // the busy timeout has passed, as the timeout promises.
+        let start = tokio::time::Instant::now();
+        loop {
+            match self.migrate_once().await {
+                Err(e)
+                    if e.kind() == StoreErrorKind::Busy
+                        && start.elapsed() < self.config.get_busy_timeout() =>
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn migrate_once(&self) -> Result<(), StoreError> {
         self.run("migrate", true, async |conn| {
             // A plain read first: a file already in the current format, with every table,
             // needs no write lock (a frozen writer elsewhere must not make opening the store
