@@ -273,7 +273,10 @@ impl NodeConn {
             Ok(Ok(v)) => v,
         };
         (lua.parse)(&value, &id).map_err(|e| match e {
-            ReplyError::WrongId => {
+            // Every script answers an array that starts with the request's id: a reply that
+            // is no array carries no id, so it is another request's reply as surely as one
+            // with another id (a connection that lost bytes answers out of step).
+            ReplyError::WrongId | ReplyError::Shape("not an array") => {
                 self.invalidate(generation);
                 StoreError::new(
                     StoreErrorKind::Ambiguous,
