@@ -69,7 +69,7 @@ pub(crate) async fn connect(url: &str) -> Result<Arc<dyn Store>, Failure> {
 }
 
 /// [`connect`], with every call bounded by [`ADMIN_TIMEOUT`].
-async fn connect_bounded(url: &str) -> Result<TimeoutStore, Failure> {
+pub(crate) async fn connect_bounded(url: &str) -> Result<TimeoutStore, Failure> {
     Ok(TimeoutStore::new(connect(url).await?, ADMIN_TIMEOUT))
 }
 

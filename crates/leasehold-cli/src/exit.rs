@@ -23,5 +23,8 @@ pub const IO_ERROR: u8 = 74;
 /// The lease was not acquired: held by another owner past `--wait`, or at once with
 /// `--no-wait`. `--conflict-exit-code` changes it (like `flock -E`).
 pub const NOT_ACQUIRED: u8 = 75;
+/// `doctor --require`: a row it asks for does not hold for this deployment
+/// (`EX_CONFIG`: the store's configuration does not give it).
+pub const NOT_HOLDING: u8 = 78;
 /// The command could not be started (not found, not executable).
 pub const CANNOT_EXECUTE: u8 = 126;

@@ -54,6 +54,8 @@ pub(crate) enum Failure {
     Output(String),
     /// leasehold itself could not run (no runtime, no signal handlers): exit 69.
     Internal(String),
+    /// `doctor --require`: a row it asks for does not hold for this deployment: exit 78.
+    NotHolding(String),
 }
 
 /// What went wrong, as a script sees it: one row of [`CAUSES`].
@@ -107,6 +109,8 @@ pub(crate) enum Cause {
     Output,
     /// leasehold itself could not run.
     Internal,
+    /// A row `doctor --require` asks for does not hold here.
+    NotHolding,
 }
 
 /// One cause: its exit status and what the line on standard error starts with after
@@ -252,6 +256,11 @@ pub(crate) const CAUSES: &[Row] = &[
         status: exit::STORE,
         starts: "",
     },
+    Row {
+        cause: Cause::NotHolding,
+        status: exit::NOT_HOLDING,
+        starts: "not every row required holds here (",
+    },
 ];
 
 /// The row of `cause`.
@@ -347,6 +356,7 @@ impl Failure {
             Self::CannotCreate(_) => Cause::CannotCreate,
             Self::Output(_) => Cause::Output,
             Self::Internal(_) => Cause::Internal,
+            Self::NotHolding(_) => Cause::NotHolding,
         }
     }
 
@@ -370,6 +380,9 @@ impl fmt::Display for Failure {
             | Self::CannotCreate(m)
             | Self::Output(m)
             | Self::Internal(m) => f.write_str(m),
+            Self::NotHolding(m) => {
+                f.write_str(m.strip_prefix(row(Cause::NotHolding).starts).unwrap_or(m))
+            }
             Self::Memory => f.write_str(
                 ", so separate leasehold commands would never exclude each other; use \
                  sqlite:// (the default) or a shared store",
@@ -484,6 +497,14 @@ mod tests {
         assert_eq!(Failure::LostBeforeStart("x".into()).code(), 72);
         assert_eq!(Failure::CannotExecute("x".into()).code(), 126);
         assert_eq!(Failure::CannotCreate("x".into()).code(), 73);
+        let not_holding = Failure::NotHolding(
+            "not every row required holds here (--require holds): eviction".into(),
+        );
+        assert_eq!(not_holding.code(), 78);
+        assert_eq!(
+            not_holding.to_string(),
+            "not every row required holds here (--require holds): eviction"
+        );
         assert_eq!(Failure::Output("x".into()).code(), 74);
         let contended = leasehold::Error::Contended {
             key: leasehold::Key::new("k").unwrap(),

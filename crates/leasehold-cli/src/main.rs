@@ -3,6 +3,7 @@
 
 mod admin;
 mod demo;
+mod doctor;
 mod elect;
 mod exit;
 mod failure;
@@ -148,6 +149,10 @@ enum Command {
     /// --unfenced, corrupting the data).
     #[command(after_help = demo::HELP)]
     Demo(demo::DemoArgs),
+    /// Show what the store URL reaches (server, TLS, identity) and which rows of
+    /// docs/guarantees.md hold for this deployment, with the settings that decide them.
+    #[command(after_help = doctor::HELP)]
+    Doctor(doctor::DoctorArgs),
     /// Print shell completions.
     #[command(after_help = help::COMPLETIONS)]
     Completions {
@@ -380,6 +385,7 @@ async fn async_main(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Leader { name, json } => elect::leader(&url, &name, json).await,
         Command::Observe { name, interval } => elect::observe(&url, &name, interval).await,
         Command::Migrate(args) => migrate::migrate(&url, args).await,
+        Command::Doctor(args) => doctor::doctor(&url, args).await,
         Command::Demo(args) => demo::demo(args).await,
         Command::Completions { .. } | Command::Man | Command::InstallCompletions(_) => {
             unreachable!("handled before the runtime starts")

@@ -109,6 +109,10 @@ fn outcome(failure: &Failure) -> &'static str {
         Failure::CompletedAfterLoss { .. } => "completed_after_loss",
         Failure::LostBeforeStart(_) => "lost_before_start",
         Failure::CannotExecute(_) => "cannot_execute",
-        Failure::CannotCreate(_) | Failure::Output(_) | Failure::Internal(_) => "internal",
+        // `run` never fails so: only `doctor --require` does.
+        Failure::CannotCreate(_)
+        | Failure::Output(_)
+        | Failure::Internal(_)
+        | Failure::NotHolding(_) => "internal",
     }
 }

@@ -23,7 +23,7 @@ fn root() -> PathBuf {
 // --- Exit statuses and errors -------------------------------------------------------
 
 /// Every subcommand users see.
-const SUBCOMMANDS: [&str; 11] = [
+const SUBCOMMANDS: [&str; 12] = [
     "run",
     "inspect",
     "list",
@@ -31,6 +31,7 @@ const SUBCOMMANDS: [&str; 11] = [
     "leader",
     "observe",
     "migrate",
+    "doctor",
     "demo",
     "completions",
     "man",
@@ -94,6 +95,11 @@ fn every_subcommand_fails_with_one_line_and_its_documented_status() {
         (vec!["migrate", "--store", "postgres://h:notaport/db"], 64),
         (vec!["migrate", "--print", "--store", "memory://"], 64),
         (vec!["--store", &down, "migrate"], 69),
+        // doctor
+        (vec!["--store", "nope://h/", "doctor"], 64),
+        (vec!["doctor", "--require", "mostly"], 64),
+        (vec!["doctor", "--row", "eviction"], 64),
+        (vec!["--store", &down, "doctor"], 69),
         // demo
         (vec!["demo", "--ttl", "soon"], 64),
         (vec!["demo", "--ttl", "1ms"], 64),

@@ -793,6 +793,31 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
     }
 }
 
+/// `Store::diagnose` (what `leasehold doctor` prints) reaches the real server: it names
+/// the server and the connection's TLS, every row it judges is a fault of this store's
+/// table in `docs/guarantees.md` (never another store's words), once, with the setting
+/// that decides it.
+pub async fn diagnosis_names_the_server_and_judges_only_its_stores_rows(fx: &Fixture) {
+    let d = fx.store.diagnose().await.expect("diagnose");
+    if fx.backend == crate::proof::Backend::Memory {
+        return;
+    }
+    let version = d.fact_value("server version").unwrap_or_default();
+    assert!(!version.is_empty(), "no server version: {d:?}");
+    assert!(d.fact_value("TLS").is_some(), "no TLS fact: {d:?}");
+    assert!(!d.findings.is_empty(), "no row judged: {d:?}");
+    let mut seen = std::collections::HashSet::new();
+    for f in &d.findings {
+        assert!(
+            Fault::ALL.iter().any(|fault| fault.row_name() == f.row),
+            "`{}` is not a fault of docs/guarantees.md",
+            f.row
+        );
+        assert!(seen.insert(f.row.clone()), "`{}` judged twice", f.row);
+        assert!(!f.setting.is_empty() && !f.why.is_empty(), "{f:?}");
+    }
+}
+
 /// Each claim in the capabilities holds; the store offers exactly the extensions its
 /// fixture declares, and its waiter (if any) is woken by a release; listing and breaking
 /// work.

@@ -533,6 +533,7 @@ macro_rules! __with_cases {
             cases::holder_killed_is_taken_over_after_its_ttl,
             cases::bad_input_gets_typed_errors,
             cases::capabilities_are_honest,
+            cases::diagnosis_names_the_server_and_judges_only_its_stores_rows,
             cases::records_are_fenced_writes,
             cases::racing_record_writes_keep_the_highest_fence,
             cases::one_leader_at_a_time_and_terms_rise,

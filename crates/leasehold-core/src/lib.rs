@@ -21,7 +21,7 @@ pub mod wrap;
 
 pub use config::backoff;
 pub use recipes::{election, kind, semaphore};
-pub use store::{memory, url};
+pub use store::{doctor, memory, url};
 
 pub use config::backoff::Backoff;
 pub use config::{ConfigError, LeaseConfig, LeaseConfigBuilder};
@@ -35,6 +35,7 @@ pub use lease::{AcquireStep, LeaseClient, LeaseClientBuilder, ShutdownReport, St
 pub use lease::{Lease, LostFuture, LostReason, LostSignal};
 pub use lease::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use semaphore::{Permit, Semaphore};
+pub use store::doctor::{Diagnosis, Fact, Finding, Verdict};
 pub use store::{
     AcquireAnyOutcome, BatchStore, Changes, CheckedAcquire, RENEW_BATCH, RecordCheck, WaitStore,
     WatchStore, acquire_any, acquire_any_checked, acquire_any_checked_in_two_calls,

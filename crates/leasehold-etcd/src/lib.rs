@@ -4,6 +4,7 @@
 
 mod config; // the `etcd://` URL and settings
 mod conn; // `EtcdStore` itself: its client, etcd lease calls, lease key values
+mod doctor; // `Store::diagnose`: the cluster held against docs/guarantees.md
 mod error; // etcd client errors as `StoreError`s
 mod factory; // `StoreFactory`
 mod records; // `put_record` / `get_record`

@@ -623,4 +623,9 @@ impl Store for EtcdStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.bounded("get record", self.do_get_record(key)).await
     }
+
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        self.bounded("diagnose", crate::doctor::diagnose(self))
+            .await
+    }
 }

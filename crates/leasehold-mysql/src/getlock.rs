@@ -1176,6 +1176,10 @@ impl Store for MySqlGetLockStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         crate::records::get(&self.db, key).await
     }
+
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        crate::doctor::diagnose(&self.db, true).await
+    }
 }
 
 #[async_trait]

@@ -4,6 +4,7 @@
 
 mod config; // the `mysql://` URL and settings
 mod conn; // the pool, dedicated connections, bounds
+mod doctor; // `Store::diagnose`: settings held against docs/guarantees.md
 mod error; // sqlx and server errors as `StoreError`s
 mod factory; // `StoreFactory`
 mod getlock; // `MySqlGetLockStore`: the second store, on `GET_LOCK`

@@ -521,6 +521,10 @@ impl Store for MySqlLeaseStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         crate::records::get(&self.db, key).await
     }
+
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        crate::doctor::diagnose(&self.db, false).await
+    }
 }
 
 #[async_trait]

@@ -968,6 +968,10 @@ impl Store for PgAdvisoryStore {
         let b = &self.inner.base;
         b.records.get(&b.pool, BACKEND, b.simple, key).await
     }
+
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        crate::doctor::diagnose(&self.inner.base, true).await
+    }
 }
 
 #[async_trait]

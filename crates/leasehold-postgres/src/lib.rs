@@ -4,6 +4,7 @@
 
 mod advisory; // `PgAdvisoryStore`: the second store, on advisory locks
 mod config; // the `postgres://` URL and settings
+mod doctor; // `Store::diagnose`: settings held against docs/guarantees.md
 mod error; // sqlx errors as `StoreError`s
 mod factory; // `StoreFactory`
 pub mod guard; // the fence guard users install in their own database

@@ -586,6 +586,10 @@ impl Store for PgLeaseStore {
         let b = &self.inner.base;
         b.records.get(&b.pool, BACKEND, b.simple, key).await
     }
+
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        crate::doctor::diagnose(&self.inner.base, false).await
+    }
 }
 
 #[async_trait]

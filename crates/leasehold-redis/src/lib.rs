@@ -7,6 +7,7 @@ mod clocks; // the replicas' clock offsets (Sentinel)
 mod config; // the `redis://` URLs and settings
 mod conn; // the connection, replaced after an error
 mod discovery; // a client for one node, and the primary found through the sentinels
+mod doctor; // `Store::diagnose`: settings held against docs/guarantees.md
 mod error; // redis errors as `StoreError`s
 mod factory; // `StoreFactory`
 mod keys; // the key layout: prefix, hash tag, escaping

@@ -591,6 +591,10 @@ impl Store for RedisStore {
             })
             .await
     }
+
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        crate::doctor::diagnose(&self.conn, &self.config).await
+    }
 }
 
 #[async_trait]

@@ -3,6 +3,7 @@
 #![warn(unreachable_pub)]
 
 mod config; // the `redlock://` URL and settings
+mod doctor; // `Store::diagnose`: the nodes held against docs/guarantees.md
 mod factory; // `StoreFactory`
 mod node; // one node of the set: its connection and errors
 mod scripts; // the Lua scripts run on each node

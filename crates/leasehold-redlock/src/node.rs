@@ -164,10 +164,24 @@ impl NodeConn {
         &self,
         deadline: Instant,
     ) -> Result<Option<String>, StoreError> {
-        let op = "reading the eviction policy";
+        let text = self
+            .info("reading the eviction policy", deadline, &["memory"])
+            .await?;
+        Ok(info_field(&text, "maxmemory_policy").map(str::to_owned))
+    }
+
+    /// The node's `INFO` of `sections`, by `deadline`.
+    pub(crate) async fn info(
+        &self,
+        op: &str,
+        deadline: Instant,
+        sections: &[&str],
+    ) -> Result<String, StoreError> {
         let (generation, mut conn) = self.conn(op, deadline).await?;
         let mut info = redis::cmd("INFO");
-        info.arg("memory");
+        for s in sections {
+            info.arg(*s);
+        }
         match timeout_at(deadline, info.query_async::<String>(&mut conn)).await {
             Err(_) => {
                 self.invalidate(generation);
@@ -181,10 +195,7 @@ impl NodeConn {
                 self.invalidate(generation);
                 Err(self.map(op, &e, true))
             }
-            Ok(Ok(text)) => Ok(text.lines().find_map(|l| {
-                l.strip_prefix("maxmemory_policy:")
-                    .map(|p| p.trim().to_owned())
-            })),
+            Ok(Ok(text)) => Ok(text),
         }
     }
 
@@ -350,4 +361,14 @@ impl NodeConn {
             error
         }
     }
+}
+
+/// The value of `field` in an `INFO` reply's text.
+pub(crate) fn info_field<'t>(text: &'t str, field: &str) -> Option<&'t str> {
+    text.lines().find_map(|l| {
+        l.trim_end_matches('\r')
+            .strip_prefix(field)?
+            .strip_prefix(':')
+            .map(str::trim)
+    })
 }

@@ -745,6 +745,10 @@ impl Store for RedlockStore {
         }
         Ok(Some(best))
     }
+
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        crate::doctor::diagnose(&self.nodes, &self.config).await
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 mod clock; // the host clock leases expire on
 mod config; // the `sqlite://` URL and settings
+mod doctor; // `Store::diagnose`: settings held against docs/guarantees.md
 mod error; // sqlx and SQLite errors as `StoreError`s
 mod factory; // `StoreFactory`
 pub mod guard; // the fence guard users install in their own database

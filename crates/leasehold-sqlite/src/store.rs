@@ -827,6 +827,22 @@ impl Store for SqliteStore {
         row.map(|(fence, value)| leasehold_sql::record::from_i64(BACKEND, key, fence, value))
             .transpose()
     }
+
+    /// The file, SQLite's version and journal, and the restart row by `synchronous`.
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        let (version, journal): (String, String) = self
+            .run("diagnose", false, async |conn| {
+                let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+                    .fetch_one(&mut *conn)
+                    .await?;
+                Ok((version, journal))
+            })
+            .await?;
+        Ok(crate::doctor::judge(&self.config, &version, &journal))
+    }
 }
 
 #[async_trait]

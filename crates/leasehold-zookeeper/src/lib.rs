@@ -3,6 +3,7 @@
 #![warn(unreachable_pub)]
 
 mod config; // the `zookeeper://` URL and settings
+mod doctor; // `Store::diagnose`: the ensemble held against docs/guarantees.md
 mod error; // ZooKeeper client errors as `StoreError`s
 mod factory; // `StoreFactory`
 mod paths; // node paths: key directories, queue nodes, records

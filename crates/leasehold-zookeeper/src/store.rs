@@ -875,6 +875,11 @@ impl Store for ZkStore {
         })
         .await
     }
+
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        self.bounded("diagnose", crate::doctor::diagnose(self))
+            .await
+    }
 }
 
 #[async_trait]

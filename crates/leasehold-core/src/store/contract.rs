@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::lease::ended::EndedGrants;
+use crate::store::doctor::Diagnosis;
 use crate::store::types::{
     AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, LeaseInfo, Record,
     RecordCheck, ReleaseOutcome, RenewOutcome,
@@ -104,6 +105,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// The record stored under `key` by [`put_record`](Self::put_record), if any.
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError>;
+
+    /// What the store can tell about its deployment: the server it reached, the TLS and
+    /// identity of the connection, and the server settings that decide the rows of
+    /// `docs/guarantees.md` ([`Diagnosis`]) — what `leasehold doctor` prints. It reads
+    /// only: nothing is acquired or written. The default reports nothing (an empty
+    /// [`Diagnosis`]); every networked store overrides it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn diagnose(&self) -> Result<Diagnosis, StoreError> {
+        Ok(Diagnosis::new())
+    }
 
     /// The store's batch operations ([`BatchStore`]: many renewals in one call, one lease
     /// of several keys), if it has its own. `None` (the default): callers renew each lease

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::error::StoreError;
 use crate::key::Key;
+use crate::store::doctor::{Diagnosis, Finding, Verdict};
 use crate::store::{
     AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, Record, ReleaseOutcome, RenewOutcome,
     Store,
@@ -106,6 +107,19 @@ impl Store for MemoryStore {
 
     fn watcher(&self) -> Option<&dyn WatchStore> {
         Some(self)
+    }
+
+    /// The server is this process: leases and fences end with it.
+    async fn diagnose(&self) -> Result<Diagnosis, StoreError> {
+        let mut d = Diagnosis::new();
+        d.fact("server", "this process's memory (the in-memory store)");
+        d.finding(Finding::new(
+            "restart with persistence",
+            Verdict::DoesNotHold,
+            "storage=process memory",
+            "leases and fences end with the process; another process sees none of them",
+        ));
+        Ok(d)
     }
 
     fn waiter(&self) -> Option<&dyn WaitStore> {

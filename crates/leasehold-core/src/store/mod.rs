@@ -3,6 +3,7 @@
 //! opens a store from a URL.
 
 mod contract;
+pub mod doctor;
 pub mod memory;
 pub(crate) mod registry;
 mod types;

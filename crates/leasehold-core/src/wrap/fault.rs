@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::lease::ended::EndedGrants;
+use crate::store::doctor::Diagnosis;
 use crate::store::{
     AcquireAnyOutcome, AcquireOutcome, BatchStore, Capabilities, Changes, LeaseInfo, Record,
     ReleaseOutcome, RenewOutcome, Store, WaitStore, WatchStore,
@@ -296,6 +297,11 @@ impl Store for FaultStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         self.reach().await?;
         self.inner.get_record(key).await
+    }
+
+    async fn diagnose(&self) -> Result<Diagnosis, StoreError> {
+        self.reach().await?;
+        self.inner.diagnose().await
     }
 }
 

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::lease::ended::EndedGrants;
+use crate::store::doctor::Diagnosis;
 use crate::store::{
     AcquireOutcome, BatchStore, Capabilities, LeaseInfo, Record, ReleaseOutcome, RenewOutcome,
     Store, WaitStore, WatchStore,
@@ -129,6 +130,11 @@ pub trait Forward: Send + Sync + std::fmt::Debug + 'static {
         self.inner().get_record(key).await
     }
 
+    /// [`Store::diagnose`].
+    async fn diagnose(&self) -> Result<Diagnosis, StoreError> {
+        self.inner().diagnose().await
+    }
+
     /// [`Store::batch`]: none unless overridden.
     fn batch(&self) -> Option<&dyn BatchStore> {
         None
@@ -206,6 +212,10 @@ impl<T: Forward> Store for T {
 
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         Forward::get_record(self, key).await
+    }
+
+    async fn diagnose(&self) -> Result<Diagnosis, StoreError> {
+        Forward::diagnose(self).await
     }
 
     fn batch(&self) -> Option<&dyn BatchStore> {

@@ -97,6 +97,110 @@ mod tests {
         assert_eq!(t.capabilities(), MemoryStore::new().capabilities());
     }
 
+    /// `leasehold doctor` asks through the command's timeout wrapper: every wrapper hands
+    /// on the diagnosis of the store it wraps, and bounds or refuses it as any call.
+    #[tokio::test(start_paused = true)]
+    async fn wrappers_pass_the_diagnosis_through_and_bound_it() {
+        let own = MemoryStore::new().diagnose().await.unwrap();
+        assert_eq!(
+            own.fact_value("server"),
+            Some("this process's memory (the in-memory store)")
+        );
+        let timeout = TimeoutStore::new(Arc::new(MemoryStore::new()), Duration::from_secs(2));
+        assert_eq!(timeout.diagnose().await.unwrap(), own);
+        let fault = FaultStore::new(Arc::new(MemoryStore::new()));
+        assert_eq!(fault.diagnose().await.unwrap(), own);
+        fault.set_unreachable(Some(Unreachable::Refuse));
+        assert_eq!(
+            fault.diagnose().await.unwrap_err().kind(),
+            StoreErrorKind::Unavailable
+        );
+        let t = TimeoutStore::new(hung(), Duration::from_secs(2));
+        assert_eq!(
+            t.diagnose().await.unwrap_err().kind(),
+            StoreErrorKind::Timeout
+        );
+
+        #[derive(Debug, Default)]
+        struct Passing(MemoryStore);
+        #[async_trait::async_trait]
+        impl Forward for Passing {
+            fn inner(&self) -> &dyn Store {
+                &self.0
+            }
+        }
+        assert_eq!(Store::diagnose(&Passing::default()).await.unwrap(), own);
+
+        /// A store with no diagnosis of its own reports nothing.
+        #[derive(Debug, Default)]
+        struct Silent(MemoryStore);
+        #[async_trait::async_trait]
+        impl Store for Silent {
+            fn backend(&self) -> &'static str {
+                "silent"
+            }
+            fn capabilities(&self) -> crate::store::Capabilities {
+                self.0.capabilities()
+            }
+            async fn acquire(
+                &self,
+                k: &Key,
+                o: &OwnerToken,
+                t: Duration,
+            ) -> Result<AcquireOutcome, crate::StoreError> {
+                self.0.acquire(k, o, t).await
+            }
+            async fn renew(
+                &self,
+                k: &Key,
+                o: &OwnerToken,
+                t: Duration,
+            ) -> Result<RenewOutcome, crate::StoreError> {
+                self.0.renew(k, o, t).await
+            }
+            async fn release(
+                &self,
+                k: &Key,
+                o: &OwnerToken,
+            ) -> Result<ReleaseOutcome, crate::StoreError> {
+                self.0.release(k, o).await
+            }
+            async fn inspect(
+                &self,
+                k: &Key,
+            ) -> Result<Option<crate::store::LeaseInfo>, crate::StoreError> {
+                self.0.inspect(k).await
+            }
+            async fn list(
+                &self,
+                p: &str,
+            ) -> Result<Vec<crate::store::LeaseInfo>, crate::StoreError> {
+                self.0.list(p).await
+            }
+            async fn break_lease(&self, k: &Key) -> Result<Fence, crate::StoreError> {
+                self.0.break_lease(k).await
+            }
+            async fn put_record(
+                &self,
+                k: &Key,
+                f: Fence,
+                v: &[u8],
+            ) -> Result<crate::store::Record, crate::StoreError> {
+                self.0.put_record(k, f, v).await
+            }
+            async fn get_record(
+                &self,
+                k: &Key,
+            ) -> Result<Option<crate::store::Record>, crate::StoreError> {
+                self.0.get_record(k).await
+            }
+        }
+        assert_eq!(
+            Silent::default().diagnose().await.unwrap(),
+            crate::Diagnosis::new()
+        );
+    }
+
     #[tokio::test]
     async fn injections_are_taken_in_order_per_operation() {
         let f = FaultStore::new(Arc::new(MemoryStore::new()));

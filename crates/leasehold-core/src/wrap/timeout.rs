@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::lease::ended::EndedGrants;
+use crate::store::doctor::Diagnosis;
 use crate::store::{
     AcquireAnyOutcome, AcquireOutcome, BatchStore, Capabilities, Changes, CheckedAcquire,
     LeaseInfo, Record, RecordCheck, ReleaseOutcome, RenewOutcome, Store, WaitStore, WatchStore,
@@ -139,6 +140,11 @@ impl Store for TimeoutStore {
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let call = self.inner.get_record(key);
         self.bounded("get record", self.timeout, call).await
+    }
+
+    async fn diagnose(&self) -> Result<Diagnosis, StoreError> {
+        let call = self.inner.diagnose();
+        self.bounded("diagnose", self.timeout, call).await
     }
 }
 

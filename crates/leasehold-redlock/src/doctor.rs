@@ -1,0 +1,187 @@
+//! `Store::diagnose` for Redlock: each node's version, persistence and eviction policy,
+//! held against the Redlock rows of `docs/guarantees.md`.
+
+use leasehold_core::{Diagnosis, Finding, StoreError, Verdict};
+use tokio::time::Instant;
+
+use crate::config::RedlockConfig;
+use crate::node::{NodeConn, info_field};
+
+/// One node's answer: its name and `INFO` text, or why it gave none.
+type Answer = (String, Result<String, String>);
+
+pub(crate) async fn diagnose(
+    nodes: &[NodeConn],
+    config: &RedlockConfig,
+) -> Result<Diagnosis, StoreError> {
+    let deadline = Instant::now() + config.node_bound();
+    let asked = nodes.iter().map(|n| async move {
+        let text = n
+            .info("diagnose", deadline, &["server", "persistence", "memory"])
+            .await;
+        (n.name().to_owned(), text.map_err(|e| e.to_string()))
+    });
+    let answers: Vec<Answer> = futures::future::join_all(asked).await;
+    Ok(judge(&answers, config))
+}
+
+fn judge(answers: &[Answer], config: &RedlockConfig) -> Diagnosis {
+    let mut d = Diagnosis::new();
+    let mut aof = 0;
+    let mut evicting = Vec::new();
+    let mut reached = 0;
+    for (name, answer) in answers {
+        match answer {
+            Ok(text) => {
+                reached += 1;
+                let persist = info_field(text, "aof_enabled") == Some("1");
+                aof += usize::from(persist);
+                let policy = info_field(text, "maxmemory_policy").unwrap_or("?");
+                if policy != "noeviction" {
+                    evicting.push(format!("{name} ({policy})"));
+                }
+                d.fact(
+                    format!("node {name}"),
+                    format!(
+                        "Redis {}, appendonly={}, maxmemory-policy={policy}",
+                        info_field(text, "redis_version").unwrap_or("?"),
+                        if persist { "yes" } else { "no" },
+                    ),
+                );
+            }
+            Err(e) => {
+                d.fact(format!("node {name}"), format!("unreachable: {e}"));
+            }
+        }
+    }
+    let mut versions: Vec<&str> = answers
+        .iter()
+        .filter_map(|(_, a)| a.as_ref().ok())
+        .map(|t| info_field(t, "redis_version").unwrap_or("?"))
+        .collect();
+    versions.sort_unstable();
+    versions.dedup();
+    d.fact(
+        "server version",
+        format!(
+            "Redis {} on {reached} of {} nodes",
+            versions.join(", "),
+            answers.len()
+        ),
+    );
+    d.fact("TLS", "none: the connections are plaintext");
+    d.fact(
+        "quorum",
+        format!(
+            "{} of {} nodes ({reached} answered)",
+            config.quorum(),
+            answers.len()
+        ),
+    );
+    if config.user().is_none() {
+        d.fact("identity", "the default user");
+    } else {
+        d.fact(
+            "identity",
+            format!("ACL user {}", config.user().unwrap_or_default()),
+        );
+    }
+    if reached < answers.len() {
+        d.warn(format!(
+            "{} node(s) did not answer: the rows below count only the nodes that did",
+            answers.len() - reached
+        ));
+    }
+    d.finding(if aof == reached && reached > 0 {
+        Finding::new(
+            "restart with persistence",
+            Verdict::FencesHold,
+            "appendonly=yes on every node",
+            "as on a single Redis, which crash and which appendfsync decide; fences rise",
+        )
+    } else {
+        Finding::new(
+            "restart without persistence",
+            Verdict::FencesHold,
+            format!("appendonly=yes on {aof} of {reached} nodes"),
+            "a node restarted empty under a bare-majority holder lets a second holder in; \
+             fences, floored at the clocks, still rise",
+        )
+    });
+    d.finding(match (evicting.is_empty(), config.eviction_allowed()) {
+        (true, _) => Finding::new(
+            "eviction",
+            Verdict::Holds,
+            "maxmemory-policy=noeviction on every node",
+            "no key is ever evicted",
+        ),
+        (false, true) => Finding::new(
+            "eviction",
+            Verdict::FencesHold,
+            format!("evicting: {}; allow_eviction=true", evicting.join(", ")),
+            "a held key may be evicted before its TTL; only the fence protects the data",
+        ),
+        (false, false) => Finding::new(
+            "eviction",
+            Verdict::Holds,
+            format!("evicting: {}; allow_eviction=false", evicting.join(", ")),
+            "the store refuses an evicting node: it fails closed",
+        ),
+    });
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> RedlockConfig {
+        RedlockConfig::from_url(&format!("redlock://a:1,b:2,c:3/{extra}")).unwrap()
+    }
+
+    fn node(name: &str, aof: bool, policy: &str) -> Answer {
+        (
+            name.into(),
+            Ok(format!(
+                "redis_version:7.0.15\r\naof_enabled:{}\r\nmaxmemory_policy:{policy}\r\n",
+                u8::from(aof)
+            )),
+        )
+    }
+
+    #[test]
+    fn every_node_must_persist_and_never_evict() {
+        let all = [node("a", true, "noeviction"), node("b", true, "noeviction")];
+        let d = judge(&all, &config(""));
+        assert_eq!(
+            d.row("restart with persistence").unwrap().verdict,
+            Verdict::FencesHold
+        );
+        assert_eq!(d.row("eviction").unwrap().verdict, Verdict::Holds);
+        assert_eq!(
+            d.fact_value("node a"),
+            Some("Redis 7.0.15, appendonly=yes, maxmemory-policy=noeviction")
+        );
+        assert!(d.warnings.is_empty());
+        assert_eq!(
+            d.fact_value("server version"),
+            Some("Redis 7.0.15 on 2 of 2 nodes")
+        );
+        let mixed = [
+            node("a", true, "noeviction"),
+            node("b", false, "allkeys-lru"),
+            ("c".into(), Err("refused".into())),
+        ];
+        let d = judge(&mixed, &config(""));
+        assert!(d.row("restart with persistence").is_none());
+        assert_eq!(
+            d.row("restart without persistence").unwrap().setting,
+            "appendonly=yes on 1 of 2 nodes"
+        );
+        assert!(d.row("eviction").unwrap().why.contains("fails closed"));
+        assert_eq!(d.warnings.len(), 1);
+        assert_eq!(d.fact_value("node c"), Some("unreachable: refused"));
+        let d = judge(&mixed, &config("?allow_eviction=true"));
+        assert_eq!(d.row("eviction").unwrap().verdict, Verdict::FencesHold);
+    }
+}
