@@ -82,3 +82,52 @@ fn inspect_list_and_break_on_etcd() {
         .expect("the evicted holder exits");
     assert_eq!(status.code(), Some(70));
 }
+
+/// `leasehold doctor` on etcd: one member cannot fail over (unknown, so `--require holds`
+/// exits 78); three members carry every grant through the loss of one (holds).
+#[test]
+fn doctor_on_etcd_judges_fail_over_by_the_members() {
+    let env = Env::new();
+    let solo = EtcdServer::start();
+    let out = env.run(&[
+        "--store",
+        &solo.url(),
+        "doctor",
+        "--json",
+        "--require",
+        "holds",
+    ]);
+    assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
+    let v = json(&out);
+    assert!(
+        v["facts"]["server version"]
+            .as_str()
+            .unwrap()
+            .starts_with("etcd 3."),
+        "{v}"
+    );
+    assert_eq!(
+        v["facts"]["health"], "a leader, no member errors, no alarms",
+        "{v}"
+    );
+    let fail_over = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["row"] == "fail-over")
+        .unwrap();
+    assert_eq!(fail_over["verdict"], "unknown", "{v}");
+    assert_eq!(fail_over["setting"], "1 member(s)", "{v}");
+    let cluster = leasehold_testkit::EtcdCluster::start();
+    let out = env.run(&[
+        "--store",
+        &cluster.url(),
+        "doctor",
+        "--json",
+        "--require",
+        "holds",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["ok"], true, "{v}");
+}

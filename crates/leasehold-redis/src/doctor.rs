@@ -183,7 +183,7 @@ fn judge(r: &Read, config: &RedisConfig) -> Diagnosis {
             );
             if !beyond.is_empty() {
                 d.warn(format!(
-                    "the user may run {}: more than leasehold needs (its scripts on keys under \
+                    "the user may use {}: more than leasehold needs (its scripts on keys under \
                      its prefix); give it an ACL user of its own (docs/connections.md)",
                     beyond.join(" and ")
                 ));

@@ -1,0 +1,260 @@
+//! `leasehold doctor` against real servers started each way (own port, own data
+//! directory, killed on drop): the same store under two settings gives two verdicts, and
+//! `--require` turns a row that does not hold into exit 78. No password shows.
+
+mod common;
+
+use common::{Env, stderr, stdout};
+use leasehold_testkit::{
+    MariaDb, MariaDbOptions, PgBouncer, PoolMode, Postgres, PostgresOptions, RedisOptions,
+    RedisServer,
+};
+
+/// `doctor --json` on `url`: the exit status and the report.
+fn doctor(env: &Env, url: &str, extra: &[&str]) -> (Option<i32>, serde_json::Value, String) {
+    let mut args = vec!["--store", url, "doctor", "--json"];
+    args.extend_from_slice(extra);
+    let out = env.run(&args);
+    let printed = stdout(&out);
+    let json = serde_json::from_str(printed.trim())
+        .unwrap_or_else(|e| panic!("{e}: {printed:?} {}", stderr(&out)));
+    (out.status.code(), json, stderr(&out))
+}
+
+/// The verdict of `row` in a report.
+fn verdict<'a>(report: &'a serde_json::Value, row: &str) -> Option<&'a str> {
+    report["rows"]
+        .as_array()?
+        .iter()
+        .find(|r| r["row"] == row)?["verdict"]
+        .as_str()
+}
+
+fn setting<'a>(report: &'a serde_json::Value, row: &str) -> &'a str {
+    report["rows"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["row"] == row))
+        .and_then(|r| r["setting"].as_str())
+        .unwrap_or_default()
+}
+
+#[test]
+fn postgres_commits_decide_the_restart_row_and_require_holds_exits_78_when_they_do_not() {
+    let env = Env::new();
+    let durable = Postgres::start_with(PostgresOptions::new().fsync(true));
+    let (code, report, err) = doctor(&env, &durable.url(), &["--require", "holds"]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert_eq!(verdict(&report, "restart with persistence"), Some("holds"));
+    assert_eq!(verdict(&report, "transaction pooler"), Some("holds"));
+    assert!(
+        report["facts"]["server version"]
+            .as_str()
+            .unwrap()
+            .starts_with("PostgreSQL ")
+    );
+    assert_eq!(report["facts"]["identity"], "role postgres");
+    assert_eq!(report["ok"], true);
+    // The superuser the test kit connects as is more than leasehold needs.
+    assert!(
+        report["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("SUPERUSER")),
+        "{report}"
+    );
+
+    let lax = Postgres::start_with(
+        PostgresOptions::new()
+            .fsync(true)
+            .setting("synchronous_commit", "off"),
+    );
+    let (code, report, err) = doctor(&env, &lax.url(), &["--require", "holds"]);
+    assert_eq!(code, Some(78), "{report}");
+    assert_eq!(
+        verdict(&report, "restart with persistence"),
+        Some("fences hold")
+    );
+    assert_eq!(
+        setting(&report, "restart with persistence"),
+        "fsync=on, synchronous_commit=off"
+    );
+    assert!(
+        err.starts_with(
+            "leasehold: not every row required holds here (--require holds): restart with persistence"
+        ),
+        "{err}"
+    );
+    assert_eq!(report["ok"], false);
+    let (code, ..) = doctor(&env, &lax.url(), &["--require", "fences-hold"]);
+    assert_eq!(code, Some(0));
+    let only = ["--require", "holds", "--row", "transaction pooler"];
+    assert_eq!(doctor(&env, &lax.url(), &only).0, Some(0));
+}
+
+#[test]
+fn postgres_behind_a_pooler_is_seen_by_its_port() {
+    let env = Env::new();
+    let pg = Postgres::start();
+    let bouncer = PgBouncer::start(&pg, PoolMode::Transaction, 4);
+    let url = format!(
+        "{}?leasehold_pooler=transaction",
+        bouncer.url_for_db("postgres")
+    );
+    let (code, report, err) = doctor(&env, &url, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(verdict(&report, "transaction pooler"), Some("holds"));
+    assert!(
+        setting(&report, "transaction pooler").starts_with("leasehold_pooler=transaction"),
+        "{report}"
+    );
+    // The advisory store through a session pooler: something in between, undecided.
+    let session = PgBouncer::start(&pg, PoolMode::Session, 4);
+    let advisory =
+        session
+            .url_for_db("postgres")
+            .replacen("postgres://", "postgres+advisory://", 1);
+    let (code, report, err) = doctor(&env, &advisory, &["--require", "holds"]);
+    assert_eq!(code, Some(78), "{report} {err}");
+    assert_eq!(verdict(&report, "transaction pooler"), Some("unknown"));
+}
+
+#[test]
+fn mariadb_redo_log_flush_decides_the_restart_row() {
+    let env = Env::new();
+    let durable =
+        MariaDb::start_with(MariaDbOptions::new().arg("--innodb-flush-log-at-trx-commit=1"));
+    let (code, report, err) = doctor(&env, &durable.url(), &["--require", "holds"]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert_eq!(verdict(&report, "restart with persistence"), Some("holds"));
+    assert!(
+        report["facts"]["server version"]
+            .as_str()
+            .unwrap()
+            .contains("MariaDB"),
+        "{report}"
+    );
+    let lax = MariaDb::start_with(MariaDbOptions::new().arg("--innodb-flush-log-at-trx-commit=2"));
+    let (code, report, _) = doctor(&env, &lax.url(), &["--require", "holds"]);
+    assert_eq!(code, Some(78));
+    assert_eq!(
+        verdict(&report, "restart with persistence"),
+        Some("fences hold")
+    );
+    let getlock = lax.url().replacen("mysql://", "mysql+getlock://", 1);
+    let (_, report, _) = doctor(&env, &getlock, &[]);
+    assert_eq!(
+        verdict(&report, "restart with persistence"),
+        Some("does not hold")
+    );
+}
+
+#[test]
+fn redis_persistence_and_eviction_decide_their_rows_and_no_password_shows() {
+    let env = Env::new();
+    let secret = "doctor-s3cret-pw";
+    let bare = RedisServer::start_with(RedisOptions::new().password(secret));
+    let (code, report, err) = doctor(&env, &bare.authed_url(), &["--require", "holds"]);
+    assert_eq!(code, Some(78), "{report} {err}");
+    assert_eq!(
+        verdict(&report, "restart without persistence"),
+        Some("fences hold")
+    );
+    assert_eq!(verdict(&report, "eviction"), Some("holds"));
+    assert_eq!(report["facts"]["identity"], "ACL user default");
+    assert!(!report.to_string().contains(secret) && !err.contains(secret));
+    let text = env.run(&["--store", &bare.authed_url(), "doctor"]);
+    assert!(!stdout(&text).contains(secret) && !stderr(&text).contains(secret));
+
+    let always = RedisServer::start_with(
+        RedisOptions::new()
+            .appendonly(true)
+            .args(["--appendfsync", "always"]),
+    );
+    let (code, report, err) = doctor(&env, &always.url(), &["--require", "holds"]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert_eq!(verdict(&report, "restart with persistence"), Some("holds"));
+
+    let evicting = RedisServer::start_with(
+        RedisOptions::new()
+            .appendonly(true)
+            .args(["--maxmemory-policy", "allkeys-lru"]),
+    );
+    let url = format!("{}?allow_eviction=true", evicting.url());
+    let (code, report, _) = doctor(&env, &url, &["--require", "fences-hold"]);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(verdict(&report, "eviction"), Some("fences hold"));
+    assert_eq!(
+        verdict(&report, "restart with persistence"),
+        Some("fences hold")
+    );
+    assert_eq!(
+        setting(&report, "restart with persistence"),
+        "appendonly=yes, appendfsync=everysec"
+    );
+}
+
+#[test]
+fn the_embedded_store_holds_with_its_defaults() {
+    let env = Env::new();
+    let out = env.run(&["doctor", "--require", "holds"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("store\tsqlite\n"), "{text}");
+    assert!(
+        text.contains("row\trestart with persistence\tholds\tsynchronous=full\t"),
+        "{text}"
+    );
+}
+
+#[test]
+fn zookeeper_ensemble_size_decides_the_fail_over_row() {
+    let env = Env::new();
+    let solo = leasehold_testkit::ZkServer::start();
+    let (code, report, err) = doctor(&env, &solo.url(), &["--require", "holds"]);
+    assert_eq!(code, Some(78), "{report} {err}");
+    assert_eq!(verdict(&report, "fail-over"), Some("unknown"));
+    assert_eq!(verdict(&report, "restart with persistence"), Some("holds"));
+    assert!(
+        report["facts"]["session timeout"]
+            .as_str()
+            .unwrap()
+            .contains("ms granted"),
+        "{report}"
+    );
+    let ensemble = leasehold_testkit::ZkEnsemble::start();
+    let (code, report, err) = doctor(&env, &ensemble.url(), &["--require", "holds"]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert_eq!(verdict(&report, "fail-over"), Some("holds"));
+}
+
+#[test]
+fn redlock_nodes_are_each_reported() {
+    let env = Env::new();
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let url = format!(
+        "redlock://{}/",
+        nodes
+            .iter()
+            .map(|n| n
+                .url()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let (code, report, err) = doctor(&env, &url, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        verdict(&report, "restart without persistence"),
+        Some("fences hold")
+    );
+    assert_eq!(verdict(&report, "eviction"), Some("holds"));
+    let facts = report["facts"].as_object().unwrap();
+    assert_eq!(
+        facts.keys().filter(|k| k.starts_with("node ")).count(),
+        3,
+        "{report}"
+    );
+}
