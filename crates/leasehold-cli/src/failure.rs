@@ -5,8 +5,8 @@
 
 use std::fmt;
 
-use leasehold::postgres::{TlsFailure, TlsProblem};
 use leasehold::{Refusal, StoreError, StoreErrorKind};
+use leasehold::{TlsFailure, TlsProblem};
 
 use crate::exit;
 
@@ -187,7 +187,8 @@ pub(crate) const CAUSES: &[Row] = &[
         cause: Cause::TlsUntrusted,
         status: exit::STORE,
         starts: "store error: the server's TLS certificate is not signed by a trusted CA (name \
-                 its CA in the URL: sslrootcert for postgres://, ssl-ca for mysql://): ",
+                 its CA in the URL: sslrootcert for postgres://, ssl-ca for mysql://, cacert for \
+                 etcd://): ",
     },
     Row {
         cause: Cause::TlsWrongHost,

@@ -131,3 +131,54 @@ fn doctor_on_etcd_judges_fail_over_by_the_members() {
     let v = json(&out);
     assert_eq!(v["ok"], true, "{v}");
 }
+
+/// etcd's TLS failures are the same type as the SQL stores' (`leasehold::TlsFailure`): a
+/// member signed by a CA the URL does not name, and one whose certificate names another
+/// host, exit 69 with their own lines (docs/cli.md, "Errors a script can expect").
+#[test]
+fn etcd_tls_causes() {
+    use leasehold_testkit::{EtcdOptions, ServerCert};
+    let env = Env::new();
+    let etcd = EtcdServer::start_with(EtcdOptions::new().tls(ServerCert::Localhost));
+    let tls = etcd.tls().unwrap();
+    // The test kit's members also ask for a client certificate.
+    let url = |ca: &std::path::Path| {
+        format!(
+            "etcd://127.0.0.1:{}?connect_timeout=2s&tls=true&cacert={}&cert={}&key={}",
+            etcd.port(),
+            ca.display(),
+            tls.client_cert().display(),
+            tls.client_key().display()
+        )
+    };
+    let out = env.run(&["--store", &url(&tls.ca_cert()), "list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = env.run(&["--store", &url(&tls.wrong_ca_cert()), "list"]);
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with(
+            "leasehold: store error: the server's TLS certificate is not signed by a trusted CA"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    let other = EtcdServer::start_with(EtcdOptions::new().tls(ServerCert::WrongHost));
+    let files = other.tls().unwrap();
+    let url = format!(
+        "etcd://127.0.0.1:{}?connect_timeout=2s&tls=true&cacert={}&cert={}&key={}",
+        other.port(),
+        files.ca_cert().display(),
+        files.client_cert().display(),
+        files.client_key().display()
+    );
+    let out = env.run(&["--store", &url, "list"]);
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(
+            "leasehold: store error: the server's TLS certificate does not name the host"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("`127.0.0.1`"), "{err}");
+}

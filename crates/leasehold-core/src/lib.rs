@@ -16,6 +16,7 @@ pub mod lease;
 pub mod metrics;
 pub mod recipes;
 pub mod store;
+pub mod tls;
 mod token;
 pub mod wrap;
 
@@ -46,6 +47,7 @@ pub use store::{
     ReleaseOutcome, RenewOutcome, Store,
 };
 pub use store::{OpenFuture, Registry, StoreFactory};
+pub use tls::{TlsFailure, TlsProblem};
 pub use token::{Fence, OwnerToken, ParseOwnerTokenError};
 pub use tokio_util::sync::CancellationToken;
 

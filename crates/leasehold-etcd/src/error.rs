@@ -3,7 +3,6 @@
 use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 
 use crate::BACKEND;
-use crate::tls::TlsFailure;
 
 pub(crate) fn err(kind: StoreErrorKind, msg: impl Into<String>) -> StoreError {
     StoreError::new(kind, BACKEND, msg)
@@ -16,9 +15,9 @@ pub(crate) fn map_err(op: &str, e: etcd_client::Error) -> StoreError {
     // A failed TLS handshake: a configuration error (the URL, the certificates or the
     // member must change), typed by its `TlsFailure` source.
     let tls = match &e {
-        E::GRpcStatus(status) => TlsFailure::find(status),
-        E::TransportError(t) => TlsFailure::find(t),
-        E::IoError(io) => TlsFailure::find(io),
+        E::GRpcStatus(status) => crate::tls::find(status),
+        E::TransportError(t) => crate::tls::find(t),
+        E::IoError(io) => crate::tls::find(io),
         _ => None,
     };
     if let Some(tls) = tls {

@@ -1,7 +1,7 @@
 //! TLS for the etcd store: the client's TLS options made from the PEM files the URL
-//! names, and [`TlsFailure`], why a TLS connection to a member failed, as a type.
+//! names, and its handshake failures as the core's [`TlsFailure`] (with the etcd URL's
+//! parameters as the hint).
 
-use std::fmt;
 use std::path::Path;
 
 use etcd_client::{Certificate, Identity, TlsOptions};
@@ -12,151 +12,28 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use crate::config::TlsSettings;
 use crate::error::err;
 
-/// What went wrong with TLS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum TlsProblem {
-    /// The member's certificate is not signed by a CA the client trusts (or is expired,
-    /// or otherwise invalid): name the CA that signed it with `cacert`.
-    UntrustedCertificate,
-    /// The member's certificate is valid but does not name the host of the endpoint.
-    WrongHost,
-    /// A CA, certificate or key file named in the URL cannot be read or holds no PEM of
-    /// the right kind.
-    Files,
-    /// Any other TLS failure: a handshake the member aborted (a client certificate it
-    /// requires and did not get, or one it does not trust), a protocol error.
-    Other,
-}
+pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 
-impl TlsProblem {
-    /// A short stable name, for logs and `--json` output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::UntrustedCertificate => "untrusted_certificate",
-            Self::WrongHost => "wrong_host",
-            Self::Files => "files",
-            Self::Other => "other",
+/// The etcd URL parameters that fix `problem`.
+fn hint(problem: TlsProblem) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => "cacert=",
+        TlsProblem::PlaintextRefused => "tls=true",
+        TlsProblem::Other => {
+            "does the member require a client certificate, cert= and key=, signed by a CA it \
+             trusts?"
         }
+        _ => "",
     }
 }
 
-/// A TLS failure while connecting to an etcd member: [what](TlsProblem) went wrong, and
-/// the host it was for. The store puts it as the [source](std::error::Error::source) of a
-/// [`StoreErrorKind::Config`] error (fix the URL, the certificates or the member; retrying
-/// cannot help); [`TlsFailure::of`] finds it.
-///
-/// Its text never holds key material or a password: it is made of the problem, the host,
-/// a file's path and, for handshake errors, rustls's description of the certificate error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFailure {
-    problem: TlsProblem,
-    host: Option<String>,
-    detail: String,
+/// The rustls handshake error among the sources of `e`, as a [`TlsFailure`] with the etcd
+/// URL's hint; `None` when there is none.
+pub(crate) fn find(e: &(dyn std::error::Error + 'static)) -> Option<TlsFailure> {
+    let found = TlsFailure::find_rustls(e)?;
+    let problem = found.problem();
+    Some(found.with_hint(hint(problem)))
 }
-
-impl TlsFailure {
-    fn new(problem: TlsProblem, host: Option<&str>, detail: impl Into<String>) -> Self {
-        Self {
-            problem,
-            host: host.map(str::to_owned),
-            detail: detail.into(),
-        }
-    }
-
-    /// What went wrong.
-    pub fn problem(&self) -> TlsProblem {
-        self.problem
-    }
-
-    /// The host the certificate was checked against, when known.
-    pub fn host(&self) -> Option<&str> {
-        self.host.as_deref()
-    }
-
-    /// The TLS failure behind `error`, if one is among its sources.
-    pub fn of(error: &StoreError) -> Option<&Self> {
-        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
-        while let Some(e) = next {
-            if let Some(tls) = e.downcast_ref::<Self>() {
-                return Some(tls);
-            }
-            next = e.source();
-        }
-        None
-    }
-
-    /// The rustls error among the sources of `e`, typed; `None` when there is none.
-    pub(crate) fn find(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
-        let mut next = Some(e);
-        while let Some(e) = next {
-            if let Some(r) = e.downcast_ref::<rustls::Error>() {
-                return Some(from_rustls(r));
-            }
-            // An `io::Error`'s `source` skips the error it wraps (rustls's, here).
-            if let Some(r) = e
-                .downcast_ref::<std::io::Error>()
-                .and_then(std::io::Error::get_ref)
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            {
-                return Some(from_rustls(r));
-            }
-            next = e.source();
-        }
-        None
-    }
-
-    fn advice(&self) -> &'static str {
-        match self.problem {
-            TlsProblem::UntrustedCertificate => {
-                "the etcd member's certificate is not signed by a trusted CA: name the CA \
-                 that signed it with cacert="
-            }
-            TlsProblem::WrongHost => {
-                "the etcd member's certificate does not name the host: connect by a name \
-                 the certificate holds, or reissue the certificate for this host"
-            }
-            TlsProblem::Files => "a TLS file named in the etcd URL cannot be used",
-            TlsProblem::Other => {
-                "the TLS connection to the etcd member failed (does it require a client \
-                 certificate, cert= and key=, signed by a CA it trusts?)"
-            }
-        }
-    }
-}
-
-fn from_rustls(e: &rustls::Error) -> TlsFailure {
-    use rustls::CertificateError as C;
-    match e {
-        rustls::Error::InvalidCertificate(C::NotValidForNameContext { expected, .. }) => {
-            let host = expected.to_str();
-            TlsFailure::new(TlsProblem::WrongHost, Some(&host), e.to_string())
-        }
-        rustls::Error::InvalidCertificate(C::NotValidForName) => {
-            TlsFailure::new(TlsProblem::WrongHost, None, e.to_string())
-        }
-        rustls::Error::InvalidCertificate(_) => {
-            TlsFailure::new(TlsProblem::UntrustedCertificate, None, e.to_string())
-        }
-        _ => TlsFailure::new(TlsProblem::Other, None, e.to_string()),
-    }
-}
-
-impl fmt::Display for TlsFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TLS: ")?;
-        f.write_str(self.advice())?;
-        if let Some(host) = &self.host {
-            write!(f, " (host `{host}`)")?;
-        }
-        if !self.detail.is_empty() {
-            write!(f, ": {}", self.detail)?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for TlsFailure {}
 
 /// A `Config` error for a TLS file, with its [`TlsFailure`] as the source.
 fn file_error(what: &str, path: &Path, problem: &str) -> StoreError {
@@ -164,7 +41,8 @@ fn file_error(what: &str, path: &Path, problem: &str) -> StoreError {
         TlsProblem::Files,
         None,
         format!("the {what} {} {problem}", path.display()),
-    );
+    )
+    .with_hint(hint(TlsProblem::Files));
     err(StoreErrorKind::Config, failure.to_string()).with_source(failure)
 }
 

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use leasehold_core::{Refusal, StoreError, StoreErrorKind};
-use leasehold_sql::tls::{TlsFailure, TlsProblem};
+use leasehold_sql::tls::TlsProblem;
 use leasehold_sql::{ErrorModel, Failure, Phase, with_conn};
 use sqlx::AssertSqlSafe;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
@@ -143,7 +143,7 @@ impl Db {
         match probe.await {
             Ok(Ok(conn)) => {
                 let _ = conn.close().await;
-                let tls = TlsFailure::new(
+                let tls = leasehold_sql::tls::failure(
                     TlsProblem::PlaintextRefused,
                     Some(self.config.get_host()),
                     "the server denies this account without TLS and admits it with TLS \

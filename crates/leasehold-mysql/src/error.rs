@@ -134,13 +134,13 @@ pub(crate) fn tls_failure(e: &sqlx::Error, client_key: bool) -> Option<TlsFailur
     if let Some(n) = error_number(e)
         && SECURE_TRANSPORT_REQUIRED.contains(&n)
     {
-        return Some(TlsFailure::new(
+        return Some(leasehold_sql::tls::failure(
             TlsProblem::PlaintextRefused,
             None,
             format!("server error {n}: the server requires secure transport"),
         ));
     }
-    TlsFailure::from_sqlx(e, client_key)
+    leasehold_sql::tls::from_sqlx(e, client_key)
 }
 
 /// A TLS failure as a [`StoreError`]: [`StoreErrorKind::Config`] (reconfigure: the URL,

@@ -217,13 +217,13 @@ fn is_plaintext_refused(err: &sqlx::Error) -> bool {
 /// key, so a driver configuration error may quote it).
 fn tls_failure(err: &sqlx::Error, client_key: bool) -> Option<TlsFailure> {
     if is_plaintext_refused(err) {
-        return Some(TlsFailure::new(
+        return Some(leasehold_sql::tls::failure(
             TlsProblem::PlaintextRefused,
             None,
             "pg_hba.conf rejects connections without encryption",
         ));
     }
-    TlsFailure::from_sqlx(err, client_key)
+    leasehold_sql::tls::from_sqlx(err, client_key)
 }
 
 /// Whether `opts` hold a client key (`sslkey`, `PGSSLKEY`).

@@ -14,7 +14,10 @@ pub use leasehold_core::{
     Refusal, RenewalEvent, RenewalPhase, ResourceKind, ResourceName, ResourceNameError, Semaphore,
     ShutdownReport, StepCall, Store, StoreError, StoreErrorKind, Verdict,
 };
-pub use leasehold_core::{clock, config, election, guard, kind, memory, metrics, semaphore, wrap};
+pub use leasehold_core::{
+    TlsFailure, TlsProblem, clock, config, election, guard, kind, memory, metrics, semaphore, tls,
+    wrap,
+};
 
 /// For people who write a store: the contract every backend implements and its
 /// extensions, the words it speaks, the helpers that give a store without a batch the
