@@ -37,6 +37,11 @@ impl Cause {
     pub(crate) fn scrubbed(e: &RedisError, secret: Option<&str>) -> Self {
         Self(scrub(&e.to_string(), secret))
     }
+
+    /// The text of `e`, scrubbed of every one of `secrets`.
+    pub(crate) fn scrubbed_all(e: &RedisError, secrets: &[&str]) -> Self {
+        Self(scrub_all(&e.to_string(), secrets))
+    }
 }
 
 /// Whether the server's ACL refused the command.
@@ -218,8 +223,36 @@ pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
     out
 }
 
+/// `text` scrubbed of every one of `secrets` (see [`scrub`]).
+pub(crate) fn scrub_all(text: &str, secrets: &[&str]) -> String {
+    secrets
+        .iter()
+        .fold(text.to_owned(), |t, s| scrub(&t, Some(s)))
+}
+
 /// Maps a `redis` error from `op` in `phase` to a [`StoreError`].
 pub(crate) fn map(op: &str, phase: Phase, e: &RedisError, secret: Option<&str>) -> StoreError {
+    let secrets: Vec<&str> = secret.into_iter().collect();
+    map_at(op, phase, e, &secrets, None)
+}
+
+/// [`map`], for a connection to `host` (named by a TLS failure whose error does not name
+/// it), scrubbing every one of `secrets`. A failed TLS handshake is a
+/// [`StoreErrorKind::Config`] error with a [`TlsFailure`](crate::TlsFailure) source.
+pub(crate) fn map_at(
+    op: &str,
+    phase: Phase,
+    e: &RedisError,
+    secrets: &[&str],
+    host: Option<&str>,
+) -> StoreError {
+    if phase == Phase::Connect
+        && let Some(tls) = crate::tls::failure(e, host)
+    {
+        let text = scrub_all(&tls.to_string(), secrets);
+        return StoreError::new(StoreErrorKind::Config, BACKEND, format!("{op}: {text}"))
+            .with_source(tls);
+    }
     let (kind, what) = classify(phase, e);
     let error = StoreError::new(kind, BACKEND, format!("{op}: {what}"));
     let error = match what {
@@ -227,7 +260,7 @@ pub(crate) fn map(op: &str, phase: Phase, e: &RedisError, secret: Option<&str>) 
         ACL_REFUSED => error.refused(Refusal::Permission),
         _ => error,
     };
-    error.with_source(Cause::scrubbed(e, secret))
+    error.with_source(Cause::scrubbed_all(e, secrets))
 }
 
 /// What a refused password means.
@@ -243,38 +276,8 @@ const TLS_FAILED: &str =
 
 /// Whether a TLS handshake failed (an untrusted or invalid certificate, a protocol
 /// mismatch): a configuration problem, not a transient one.
-#[cfg(feature = "tls")]
 fn is_tls_failure(e: &RedisError) -> bool {
-    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-    fn is_rustls(err: &(dyn std::error::Error + 'static)) -> bool {
-        if err.is::<rustls::Error>() {
-            return true;
-        }
-        // The redis crate keeps I/O errors in an `Arc<dyn Error>`; tokio-rustls puts the
-        // rustls error inside an `io::Error`, whose `source()` skips it.
-        if let Some(shared) = err.downcast_ref::<Shared>() {
-            return is_rustls(&**shared);
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-        {
-            return inner.is::<rustls::Error>();
-        }
-        false
-    }
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(err) = cur {
-        if is_rustls(err) {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
-}
-
-#[cfg(not(feature = "tls"))]
-fn is_tls_failure(_: &RedisError) -> bool {
-    false
+    crate::tls::failure(e, None).is_some()
 }
 
 /// The cluster client reports a failed initial connection as a generic I/O error whose
