@@ -1139,7 +1139,6 @@ fn pct_encode(s: &str) -> String {
     out
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1378,7 +1377,10 @@ mod tests {
         assert_eq!(c.sentinel_auth(), &SentinelAuth::None);
         assert_eq!(c.sentinel_credentials(), (None, None));
         let shown = c.to_string();
-        assert!(shown.starts_with("rediss+sentinel://:<redacted>@a:1,b:2/m?"), "{shown}");
+        assert!(
+            shown.starts_with("rediss+sentinel://:<redacted>@a:1,b:2/m?"),
+            "{shown}"
+        );
         let again = RedisConfig::from_url(&shown).unwrap();
         assert_eq!(again.tls(), c.tls());
 

@@ -186,8 +186,7 @@ pub(crate) fn failure(e: &RedisError, host: Option<&str>) -> Option<TlsFailure> 
     if !detail.contains("invalid peer certificate") {
         return None;
     }
-    let problem = if detail.contains("not valid for name") || detail.contains("NotValidForName")
-    {
+    let problem = if detail.contains("not valid for name") || detail.contains("NotValidForName") {
         TlsProblem::WrongHost
     } else {
         TlsProblem::UntrustedCertificate
@@ -291,7 +290,10 @@ pub fn client(
         return redis::Client::build_with_tls(info, certs).map_err(|e| {
             let what = match failure(&e, Some(host)) {
                 Some(t) => t.to_string(),
-                None => "the TLS settings cannot be used (are the CA, certificate and key PEM files?)".to_owned(),
+                None => {
+                    "the TLS settings cannot be used (are the CA, certificate and key PEM files?)"
+                        .to_owned()
+                }
             };
             config(&format!("configuring TLS for {host}:{port}: {what}"))
         });

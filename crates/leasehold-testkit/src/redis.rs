@@ -380,7 +380,11 @@ impl Launch for Launcher {
                 .arg("--tls-client-key-file")
                 .arg(files.client_key())
                 .args(["--tls-replication", "yes", "--tls-auth-clients"])
-                .arg(if opts.tls_client_auth { "yes" } else { "optional" });
+                .arg(if opts.tls_client_auth {
+                    "yes"
+                } else {
+                    "optional"
+                });
         }
         if opts.enable_debug_command {
             cmd.arg("--enable-debug-command").arg("yes");

@@ -310,7 +310,7 @@ impl RedisSentinelSet {
         let mut new = old;
         wait_until(Duration::from_secs(30), "the fail-over", || {
             new = self.primary_port();
-            new != old && self.server_on(new).cli(&["ROLE"]).starts_with("master")
+            new != old && cli_or_empty(self.server_on(new), &["ROLE"]).starts_with("master")
         });
         // Every sentinel has heard of it.
         wait_until(
@@ -336,7 +336,7 @@ impl RedisSentinelSet {
             wait_until(
                 Duration::from_secs(30),
                 "the old primary to be demoted",
-                || old.cli(&["ROLE"]).starts_with("slave"),
+                || cli_or_empty(old, &["ROLE"]).starts_with("slave"),
             );
             // And in sync with the new primary: until then a write that waits for a
             // replica's acknowledgement (`min_replicas`) cannot be served.
@@ -344,7 +344,7 @@ impl RedisSentinelSet {
                 Duration::from_secs(30),
                 "the demoted primary to be in sync with the new one",
                 || {
-                    let info = old.cli(&["INFO", "replication"]);
+                    let info = cli_or_empty(old, &["INFO", "replication"]);
                     info.contains("master_link_status:up")
                         && info.contains("master_sync_in_progress:0")
                 },
@@ -371,8 +371,7 @@ impl RedisSentinelSet {
             "127.0.0.1",
             "-p",
             &self.sentinels[i].server.port().to_string(),
-        ])
-        ;
+        ]);
         if let Some(files) = &self.security.tls {
             cmd.args(cli_tls_args(files));
         }
@@ -475,6 +474,18 @@ impl Launch for Launcher {
             ping(port, auth)
         })
     }
+}
+
+/// `redis-cli ARGS` on `server`, its stdout, or nothing if it failed: while a fail-over
+/// runs, the sentinels close the servers' client connections (`CLIENT KILL TYPE normal`),
+/// and a `redis-cli` caught by it (over TLS: killed by `SIGPIPE`) is simply asked again.
+fn cli_or_empty(server: &RedisServer, args: &[&str]) -> String {
+    let out = util::run_with_timeout(
+        &mut server.cli_command(args),
+        Duration::from_secs(30),
+        "redis-cli",
+    );
+    String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
 }
 
 fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
