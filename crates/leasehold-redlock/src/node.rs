@@ -6,10 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 use redis::aio::MultiplexedConnection;
-use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo,
-    RedisConnectionInfo, RedisError, ServerErrorKind, Value,
-};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{Instant, timeout_at};
 
 use crate::BACKEND;
@@ -20,6 +17,8 @@ use crate::scripts::{Armed, CORRUPT_CODE, FORMAT_CODE, Lua, ReplyError, invocati
 pub(crate) struct NodeConn {
     /// `host:port`, for messages.
     pub(crate) name: String,
+    /// The host, as the URL names it (what a server certificate must name).
+    host: String,
     client: Client,
     secret: Option<String>,
     connect_bound: std::time::Duration,
@@ -54,19 +53,16 @@ fn config_error(msg: impl Into<String>) -> StoreError {
 
 impl NodeConn {
     pub(crate) fn new(cfg: &RedlockConfig, node: &Node) -> Result<Self, StoreError> {
-        let mut settings = RedisConnectionInfo::default().set_skip_set_lib_name();
-        if let Some(u) = cfg.user() {
-            settings = settings.set_username(u);
-        }
-        if let Some(p) = cfg.password() {
-            settings = settings.set_password(p);
-        }
-        let info = ConnectionAddr::Tcp(node.host().to_owned(), node.port())
-            .into_connection_info()
-            .map_err(|_| config_error(format!("Redlock node {node}: a bad address")))?
-            .set_redis_settings(settings);
-        let client = Client::open(info)
-            .map_err(|_| config_error(format!("Redlock node {node}: a bad address")))?;
+        // The Redis store's client: plain TCP, or TLS with the `rediss://` parameters.
+        let client = leasehold_redis::tls::client(
+            node.host(),
+            node.port(),
+            cfg.tls_settings(),
+            0,
+            cfg.user(),
+            cfg.password(),
+        )
+        .map_err(|e| config_error(format!("Redlock node {node}: {}", e.message())))?;
         let seed = u64::from_le_bytes(
             leasehold_core::OwnerToken::random().as_bytes()[..8]
                 .try_into()
@@ -74,6 +70,7 @@ impl NodeConn {
         );
         Ok(Self {
             name: node.to_string(),
+            host: node.host().to_owned(),
             client,
             secret: cfg.password().map(str::to_owned),
             connect_bound: cfg.connect_bound(),
@@ -299,6 +296,15 @@ impl NodeConn {
     /// Maps a `redis` error; `connecting`: nothing was sent yet.
     fn map(&self, op: &str, e: &RedisError, connecting: bool) -> StoreError {
         use StoreErrorKind as K;
+        // A failed TLS handshake: the URL, the certificates or the node must change.
+        if connecting && let Some(tls) = leasehold_redis::tls::failure_of(e, &self.host) {
+            return StoreError::new(
+                K::Config,
+                BACKEND,
+                format!("{op}: node {}: {tls}", self.name),
+            )
+            .with_source(tls);
+        }
         let mut detail = e.to_string();
         if let Some(s) = self.secret.as_deref().filter(|s| !s.is_empty()) {
             detail = detail.replace(s, "<redacted>");
