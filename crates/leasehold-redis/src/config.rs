@@ -1422,7 +1422,7 @@ mod tests {
             format!("redis+sentinel://u:{PW}@h/m?sentinel_auth=maybe"),
             format!("redis+sentinel://u:{PW}@h/m?sentinel_auth=same&sentinel_password={PW}"),
             format!("redis+sentinel://u:{PW}@h/m?sentinel_username=x"),
-            format!("redis+sentinel://h/m?sentinel_auth=same"),
+            "redis+sentinel://h/m?sentinel_auth=same".to_owned(),
             format!("redis+sentinel://u:{PW}@h/m?sentinel_password="),
             format!("redis+sentinel://u:{PW}@h/m?tls_ca=/ca.pem"),
             format!("rediss+sentinel://u:{PW}@h/m#insecure"),

@@ -54,6 +54,7 @@ pub struct TlsFailure {
 }
 
 impl TlsFailure {
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     pub(crate) fn new(problem: TlsProblem, host: Option<&str>, detail: impl Into<String>) -> Self {
         Self {
             problem,
@@ -86,6 +87,7 @@ impl TlsFailure {
     }
 
     /// The same failure, for `host` when it named none.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     pub(crate) fn or_host(mut self, host: Option<&str>) -> Self {
         if self.host.is_none() {
             self.host = host.map(str::to_owned);
