@@ -308,9 +308,18 @@ impl fmt::Display for RedisConfig {
 impl RedisConfig {
     /// Parses a store URL (see the crate docs for the forms and parameters).
     ///
+    /// Schemes: `redis` (one server), `rediss` (one server over TLS), `redis+cluster`,
+    /// `rediss+cluster` (a Cluster, over TLS), `redis+sentinel`, `rediss+sentinel` (a
+    /// primary found through Sentinel; with TLS to the sentinels, the primary and the
+    /// replicas). `tls_ca`, `tls_cert` and `tls_key` need a TLS scheme;
+    /// `sentinel_password`, `sentinel_username` and `sentinel_auth` a Sentinel one.
+    ///
     /// # Errors
     /// [`StoreErrorKind::Config`] for a malformed URL, an unknown scheme or parameter, a bad
-    /// port, database index, duration or prefix. The message never contains the password.
+    /// port, database index, duration or prefix, a TLS or Sentinel parameter on a scheme
+    /// without TLS or Sentinel, `tls_cert` without `tls_key` (or the reverse),
+    /// `sentinel_username` without `sentinel_password`, or `sentinel_auth=same` with either
+    /// or without a password. The message never contains a password.
     ///
     /// # Examples
     ///
