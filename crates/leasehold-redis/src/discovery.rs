@@ -94,7 +94,13 @@ impl Discovery {
                     ),
                 )),
                 Ok(Err(e)) => Err(error::map_at(
-                    &format!("asking sentinel {addr} for the primary"),
+                    &if error::is_auth_failure(&e) {
+                        format!(
+                            "asking sentinel {addr} for the primary (the sentinels' own credentials: URL parameters sentinel_password and sentinel_username, or sentinel_auth=same for the URL's)"
+                        )
+                    } else {
+                        format!("asking sentinel {addr} for the primary")
+                    },
                     Phase::Connect,
                     &e,
                     &self.cfg.secrets(),

@@ -263,6 +263,11 @@ pub(crate) fn map_at(
     error.with_source(Cause::scrubbed_all(e, secrets))
 }
 
+/// Whether `e` is a refused password or user (`WRONGPASS`, `NOAUTH`, a failed `AUTH`).
+pub(crate) fn is_auth_failure(e: &RedisError) -> bool {
+    classify(Phase::Connect, e).1 == AUTH_FAILED
+}
+
 /// What a refused password means.
 const AUTH_FAILED: &str = "authentication failed; check the user name and password";
 
