@@ -249,9 +249,9 @@ pub(crate) fn map_at(
     if phase == Phase::Connect
         && let Some(tls) = crate::tls::failure(e, host)
     {
-        let text = scrub_all(&tls.to_string(), secrets);
-        return StoreError::new(StoreErrorKind::Config, BACKEND, format!("{op}: {text}"))
-            .with_source(tls);
+        // The message is the operation; the failure, shown after it, says what and what
+        // to do (its text is the TLS library's, which never holds a password).
+        return StoreError::new(StoreErrorKind::Config, BACKEND, op.to_owned()).with_source(tls);
     }
     let (kind, what) = classify(phase, e);
     let error = StoreError::new(kind, BACKEND, format!("{op}: {what}"));

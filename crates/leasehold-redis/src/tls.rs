@@ -209,7 +209,7 @@ fn file_error(what: &str, path: &std::path::Path, problem: &str) -> StoreError {
         None,
         format!("the TLS {what} file {} {problem}", path.display()),
     );
-    StoreError::new(StoreErrorKind::Config, BACKEND, failure.to_string()).with_source(failure)
+    StoreError::new(StoreErrorKind::Config, BACKEND, "configuring TLS").with_source(failure)
 }
 
 #[cfg(feature = "tls")]

@@ -47,10 +47,6 @@ const ACL_NEEDS: &str = "permission denied by the node's ACL (the store needs PI
     EVALSHA, SCRIPT LOAD, SCAN and, inside its scripts, GET, SET, PEXPIRE, PTTL, DEL and TIME, \
     on keys under its prefix)";
 
-fn config_error(msg: impl Into<String>) -> StoreError {
-    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
-}
-
 impl NodeConn {
     pub(crate) fn new(cfg: &RedlockConfig, node: &Node) -> Result<Self, StoreError> {
         // The Redis store's client: plain TCP, or TLS with the `rediss://` parameters.
@@ -62,7 +58,10 @@ impl NodeConn {
             cfg.user(),
             cfg.password(),
         )
-        .map_err(|e| config_error(format!("Redlock node {node}: {}", e.message())))?;
+        .map_err(|e| {
+            // Kept as the source: a TLS file that cannot be read is a typed `TlsFailure`.
+            StoreError::new(e.kind(), BACKEND, format!("Redlock node {node}")).with_source(e)
+        })?;
         let seed = u64::from_le_bytes(
             leasehold_core::OwnerToken::random().as_bytes()[..8]
                 .try_into()
@@ -298,12 +297,8 @@ impl NodeConn {
         use StoreErrorKind as K;
         // A failed TLS handshake: the URL, the certificates or the node must change.
         if connecting && let Some(tls) = leasehold_redis::tls::failure_of(e, &self.host) {
-            return StoreError::new(
-                K::Config,
-                BACKEND,
-                format!("{op}: node {}: {tls}", self.name),
-            )
-            .with_source(tls);
+            return StoreError::new(K::Config, BACKEND, format!("{op}: node {}", self.name))
+                .with_source(tls);
         }
         let mut detail = e.to_string();
         if let Some(s) = self.secret.as_deref().filter(|s| !s.is_empty()) {
