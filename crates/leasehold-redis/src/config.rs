@@ -386,6 +386,10 @@ impl RedisConfig {
             SentinelAuth::Own { username, password } => (username.as_deref(), Some(password)),
         }
     }
+    /// Whether connections are TLS without a client certificate.
+    pub(crate) fn tls_without_client_cert(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.client_cert.is_none())
+    }
     /// Every secret of the configuration (the data servers' password, the sentinels'),
     /// to scrub from any text shown.
     pub(crate) fn secrets(&self) -> Vec<&str> {

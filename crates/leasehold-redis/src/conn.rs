@@ -471,7 +471,14 @@ impl Conn {
             Topology::Standalone { node } => Some(self.config.map_addr(node).host),
             _ => None,
         };
-        error::map_at(op, phase, e, &self.config.secrets(), host.as_deref())
+        error::map_at(
+            op,
+            phase,
+            e,
+            &self.config.secrets(),
+            host.as_deref(),
+            self.config.tls_without_client_cert(),
+        )
     }
 
     /// Connects now (used by `open` so that a bad address or password is reported at once).

@@ -105,6 +105,7 @@ impl Discovery {
                     &e,
                     &self.cfg.secrets(),
                     Some(&addr.host),
+                    self.cfg.tls_without_client_cert(),
                 )),
                 Err(_) => Err(StoreError::new(
                     StoreErrorKind::Unavailable,
@@ -171,6 +172,7 @@ impl Discovery {
                         &e,
                         &self.cfg.secrets(),
                         Some(&node.host),
+                        self.cfg.tls_without_client_cert(),
                     ))
                 }
                 Err(_) => {

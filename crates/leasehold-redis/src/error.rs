@@ -233,18 +233,22 @@ pub(crate) fn scrub_all(text: &str, secrets: &[&str]) -> String {
 /// Maps a `redis` error from `op` in `phase` to a [`StoreError`].
 pub(crate) fn map(op: &str, phase: Phase, e: &RedisError, secret: Option<&str>) -> StoreError {
     let secrets: Vec<&str> = secret.into_iter().collect();
-    map_at(op, phase, e, &secrets, None)
+    map_at(op, phase, e, &secrets, None, false)
 }
 
 /// [`map`], for a connection to `host` (named by a TLS failure whose error does not name
 /// it), scrubbing every one of `secrets`. A failed TLS handshake is a
 /// [`StoreErrorKind::Config`] error with a [`TlsFailure`](crate::TlsFailure) source.
+/// `no_client_cert`: the connection is TLS without a client certificate, so a connection
+/// the server closes while connecting may be its refusal of a client without one (TLS
+/// 1.3 tells the client only after the handshake): the message says so.
 pub(crate) fn map_at(
     op: &str,
     phase: Phase,
     e: &RedisError,
     secrets: &[&str],
     host: Option<&str>,
+    no_client_cert: bool,
 ) -> StoreError {
     if phase == Phase::Connect
         && let Some(tls) = crate::tls::failure(e, host)
@@ -254,6 +258,17 @@ pub(crate) fn map_at(
         return StoreError::new(StoreErrorKind::Config, BACKEND, op.to_owned()).with_source(tls);
     }
     let (kind, what) = classify(phase, e);
+    // Closed by the server (broken pipe, reset, end of stream), not refused or timed out.
+    let closed = || e.is_connection_dropped() && !e.is_connection_refusal() && !e.is_timeout();
+    let what = if no_client_cert
+        && phase == Phase::Connect
+        && kind == StoreErrorKind::Unavailable
+        && closed()
+    {
+        CLOSED_WITHOUT_CLIENT_CERT
+    } else {
+        what
+    };
     let error = StoreError::new(kind, BACKEND, format!("{op}: {what}"));
     let error = match what {
         AUTH_FAILED => error.refused(Refusal::Credentials),
@@ -267,6 +282,10 @@ pub(crate) fn map_at(
 pub(crate) fn is_auth_failure(e: &RedisError) -> bool {
     classify(Phase::Connect, e).1 == AUTH_FAILED
 }
+
+/// What a TLS connection without a client certificate, closed by the server while
+/// connecting, may mean.
+const CLOSED_WITHOUT_CLIENT_CERT: &str = "the server closed the TLS connection while connecting; nothing was sent (does it require a client certificate? give tls_cert= and tls_key=)";
 
 /// What a refused password means.
 const AUTH_FAILED: &str = "authentication failed; check the user name and password";
