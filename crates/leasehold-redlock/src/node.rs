@@ -19,6 +19,9 @@ pub(crate) struct NodeConn {
     pub(crate) name: String,
     /// The host, as the URL names it (what a server certificate must name).
     host: String,
+    /// TLS without a client certificate: a connection the node closes while connecting
+    /// may be its refusal of a client without one.
+    no_client_cert: bool,
     client: Client,
     secret: Option<String>,
     connect_bound: std::time::Duration,
@@ -70,6 +73,7 @@ impl NodeConn {
         Ok(Self {
             name: node.to_string(),
             host: node.host().to_owned(),
+            no_client_cert: cfg.tls_settings().is_some_and(|t| t.client_cert.is_none()),
             client,
             secret: cfg.password().map(str::to_owned),
             connect_bound: cfg.connect_bound(),
@@ -331,6 +335,17 @@ impl NodeConn {
                 K::Config,
                 "the node is a read-only replica: a Redlock node must be an independent primary",
             ),
+            _ if connecting
+                && self.no_client_cert
+                && e.is_connection_dropped()
+                && !e.is_connection_refusal()
+                && !e.is_timeout() =>
+            {
+                (
+                    K::Unavailable,
+                    "the node closed the TLS connection while connecting (does it require a client certificate? give tls_cert= and tls_key=)",
+                )
+            }
             _ if connecting => (K::Unavailable, "could not connect"),
             _ if e.is_io_error() || e.is_connection_dropped() => (
                 K::Ambiguous,
