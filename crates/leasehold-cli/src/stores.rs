@@ -72,6 +72,7 @@ pub(crate) const PASSWORD_SCHEMES: &[&str] = &[
     "redis+cluster",
     "rediss+cluster",
     "redis+sentinel",
+    "rediss+sentinel",
     "redlock",
     "etcd",
 ];

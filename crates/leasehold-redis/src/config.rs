@@ -112,13 +112,33 @@ pub const MAX_MASTER_NAME_LEN: usize = 128;
 /// The most replicas [`RedisConfigBuilder::min_replicas`] may ask for.
 pub const MAX_MIN_REPLICAS: u32 = 16;
 
-/// TLS settings (`rediss://`).
+/// TLS settings (`rediss://`, `rediss+cluster://`, `rediss+sentinel://`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TlsSettings {
     /// PEM file with the CA certificate(s) to trust instead of the system roots.
     pub ca_file: Option<PathBuf>,
     /// PEM files with a client certificate chain and its private key (mutual TLS).
     pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// How a Sentinel store authenticates to the sentinels themselves (the URL's user and
+/// password are the data servers'): see [`RedisConfigBuilder::sentinel_credentials`].
+/// `Debug` never shows the password.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SentinelAuth {
+    /// No `AUTH` to the sentinels (the default).
+    #[default]
+    None,
+    /// The data servers' user name and password (`sentinel_auth=same`): one secret for
+    /// every server of the set, e.g. from the CLI's `--store-password-file`.
+    Same,
+    /// Credentials of their own (`sentinel_password=…`, `sentinel_username=…`).
+    Own {
+        /// The sentinels' ACL user, if any (else the `default` user).
+        username: Option<String>,
+        /// The sentinels' password (`requirepass` or the ACL user's).
+        password: Secret,
+    },
 }
 
 /// Where and how a [`RedisStore`](crate::RedisStore) connects.
@@ -133,6 +153,7 @@ pub struct RedisConfig {
     db: u32,
     username: Option<String>,
     password: Option<Secret>,
+    sentinel_auth: SentinelAuth,
     prefix: String,
     op_timeout: Duration,
     connect_timeout: Duration,
@@ -157,6 +178,7 @@ impl fmt::Debug for RedisConfig {
             .field("db", &self.db)
             .field("username", &self.username)
             .field("password", &self.password)
+            .field("sentinel_auth", &self.sentinel_auth)
             .field("prefix", &self.prefix)
             .field("op_timeout", &self.op_timeout)
             .field("connect_timeout", &self.connect_timeout)
@@ -183,7 +205,8 @@ impl fmt::Display for RedisConfig {
             (Topology::Standalone { .. }, true) => "rediss",
             (Topology::Cluster { .. }, false) => "redis+cluster",
             (Topology::Cluster { .. }, true) => "rediss+cluster",
-            (Topology::Sentinel { .. }, _) => "redis+sentinel",
+            (Topology::Sentinel { .. }, false) => "redis+sentinel",
+            (Topology::Sentinel { .. }, true) => "rediss+sentinel",
         };
         write!(f, "{scheme}://")?;
         match (&self.username, &self.password) {
@@ -255,6 +278,16 @@ impl fmt::Display for RedisConfig {
         if self.clock_check != DEFAULT_CLOCK_CHECK {
             write!(f, "&clock_check={}ms", self.clock_check.as_millis())?;
         }
+        match &self.sentinel_auth {
+            SentinelAuth::None => {}
+            SentinelAuth::Same => f.write_str("&sentinel_auth=same")?,
+            SentinelAuth::Own { username, .. } => {
+                if let Some(u) = username {
+                    write!(f, "&sentinel_username={}", pct_encode(u))?;
+                }
+                f.write_str("&sentinel_password=<redacted>")?;
+            }
+        }
         if let Some(tls) = &self.tls {
             if let Some(ca) = &tls.ca_file {
                 write!(f, "&tls_ca={}", pct_encode(&ca.to_string_lossy()))?;
@@ -275,9 +308,18 @@ impl fmt::Display for RedisConfig {
 impl RedisConfig {
     /// Parses a store URL (see the crate docs for the forms and parameters).
     ///
+    /// Schemes: `redis` (one server), `rediss` (one server over TLS), `redis+cluster`,
+    /// `rediss+cluster` (a Cluster, over TLS), `redis+sentinel`, `rediss+sentinel` (a
+    /// primary found through Sentinel; with TLS to the sentinels, the primary and the
+    /// replicas). `tls_ca`, `tls_cert` and `tls_key` need a TLS scheme;
+    /// `sentinel_password`, `sentinel_username` and `sentinel_auth` a Sentinel one.
+    ///
     /// # Errors
     /// [`StoreErrorKind::Config`] for a malformed URL, an unknown scheme or parameter, a bad
-    /// port, database index, duration or prefix. The message never contains the password.
+    /// port, database index, duration or prefix, a TLS or Sentinel parameter on a scheme
+    /// without TLS or Sentinel, `tls_cert` without `tls_key` (or the reverse),
+    /// `sentinel_username` without `sentinel_password`, or `sentinel_auth=same` with either
+    /// or without a password. The message never contains a password.
     ///
     /// # Examples
     ///
@@ -331,6 +373,31 @@ impl RedisConfig {
     }
     pub(crate) fn password(&self) -> Option<&Secret> {
         self.password.as_ref()
+    }
+    /// How the store authenticates to the sentinels (Sentinel only).
+    pub fn sentinel_auth(&self) -> &SentinelAuth {
+        &self.sentinel_auth
+    }
+    /// The user name and password the store sends to the sentinels, if any.
+    pub(crate) fn sentinel_credentials(&self) -> (Option<&str>, Option<&Secret>) {
+        match &self.sentinel_auth {
+            SentinelAuth::None => (None, None),
+            SentinelAuth::Same => (self.username.as_deref(), self.password.as_ref()),
+            SentinelAuth::Own { username, password } => (username.as_deref(), Some(password)),
+        }
+    }
+    /// Whether connections are TLS without a client certificate.
+    pub(crate) fn tls_without_client_cert(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.client_cert.is_none())
+    }
+    /// Every secret of the configuration (the data servers' password, the sentinels'),
+    /// to scrub from any text shown.
+    pub(crate) fn secrets(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self.password.iter().map(Secret::expose).collect();
+        if let SentinelAuth::Own { password, .. } = &self.sentinel_auth {
+            out.push(password.expose());
+        }
+        out
     }
     /// The namespace prefix of every Redis key and channel the store uses.
     pub fn prefix(&self) -> &str {
@@ -435,6 +502,7 @@ impl RedisConfigBuilder {
                 db: 0,
                 username: None,
                 password: None,
+                sentinel_auth: SentinelAuth::None,
                 prefix: DEFAULT_PREFIX.to_owned(),
                 op_timeout: DEFAULT_OP_TIMEOUT,
                 connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -509,6 +577,18 @@ impl RedisConfigBuilder {
     /// The password (`AUTH`).
     pub fn password(mut self, password: impl Into<String>) -> Self {
         self.cfg.password = Some(Secret(password.into()));
+        self
+    }
+    /// Sentinel only: how the store authenticates to the sentinels (default: it does not).
+    ///
+    /// The URL's user name and password are the data servers' (primary and replicas). A
+    /// sentinel with `requirepass` (or an ACL user) needs credentials of its own:
+    /// [`SentinelAuth::Own`] (URL parameters `sentinel_password=…` and, for an ACL user,
+    /// `sentinel_username=…`), or [`SentinelAuth::Same`] (`sentinel_auth=same`: the data
+    /// servers' user name and password, so that one secret, e.g. from a password file,
+    /// serves both).
+    pub fn sentinel_credentials(mut self, auth: SentinelAuth) -> Self {
+        self.cfg.sentinel_auth = auth;
         self
     }
     /// The namespace prefix (default `leasehold:`): no braces, glob characters, whitespace
@@ -709,6 +789,11 @@ impl RedisConfigBuilder {
                 "min_replicas is for a single server or Sentinel; a Cluster routes WAIT to no particular shard",
             ));
         }
+        if !sentinel && cfg.sentinel_auth != SentinelAuth::None {
+            return Err(config_error(
+                "sentinel_auth, sentinel_username and sentinel_password are for Sentinel (redis+sentinel:// or rediss+sentinel://)",
+            ));
+        }
         let nodes: Vec<&NodeAddr> = match &cfg.topology {
             Topology::Standalone { node, .. } => vec![node],
             Topology::Sentinel { sentinels, master } => {
@@ -723,10 +808,15 @@ impl RedisConfigBuilder {
                         "the primary's name (the URL path of redis+sentinel://s1:p1,s2:p2/NAME) must be 1 to {MAX_MASTER_NAME_LEN} bytes without spaces or control characters"
                     )));
                 }
-                if cfg.tls.is_some() {
+                if cfg.sentinel_auth == SentinelAuth::Same && cfg.password.is_none() {
                     return Err(config_error(
-                        "TLS through Sentinel is not supported yet: use rediss:// to the primary",
+                        "sentinel_auth=same sends the URL's password to the sentinels, but the URL has none: give one, or use sentinel_password=",
                     ));
+                }
+                if let SentinelAuth::Own { password, .. } = &cfg.sentinel_auth
+                    && password.expose().is_empty()
+                {
+                    return Err(config_error("the sentinels' password is empty"));
                 }
                 sentinels.iter().collect()
             }
@@ -770,19 +860,15 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
         "redis+cluster" => (true, false),
         "rediss+cluster" => (true, true),
         "redis+sentinel" => (false, false),
-        "rediss+sentinel" => {
-            return Err(config_error(
-                "TLS through Sentinel is not supported yet: use rediss:// to the primary",
-            ));
-        }
+        "rediss+sentinel" => (false, true),
         other => {
             let shown: String = other.chars().take(32).collect();
             return Err(config_error(format!(
-                "unsupported URL scheme `{shown}`; use redis, rediss, redis+cluster, rediss+cluster or redis+sentinel"
+                "unsupported URL scheme `{shown}`; use redis, rediss, redis+cluster, rediss+cluster, redis+sentinel or rediss+sentinel"
             )));
         }
     };
-    let sentinel = scheme == "redis+sentinel";
+    let sentinel = scheme.ends_with("+sentinel");
     // Split off the fragment and the query.
     let (rest, fragment) = match rest.split_once('#') {
         Some((r, f)) => (r, Some(f)),
@@ -871,6 +957,9 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
     let mut tls_settings = TlsSettings::default();
     let mut tls_cert: Option<PathBuf> = None;
     let mut tls_key: Option<PathBuf> = None;
+    let mut sentinel_same: Option<bool> = None;
+    let mut sentinel_username: Option<String> = None;
+    let mut sentinel_password: Option<String> = None;
     for pair in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let name = pct_decode(name).ok_or_else(|| {
@@ -906,9 +995,27 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             "db" if sentinel => b = b.db(parse_number(&name, &value)?),
             "sharded_pubsub" if cluster => b = b.sharded_pubsub(parse_bool(&name, &value)?),
             "cluster_retries" if cluster => b = b.cluster_retries(parse_number(&name, &value)?),
+            "sentinel_auth" if sentinel => {
+                sentinel_same = Some(match value.as_str() {
+                    "same" => true,
+                    "none" => false,
+                    _ => {
+                        return Err(config_error(
+                            "URL parameter `sentinel_auth` must be `same` (the URL's user and password go to the sentinels too) or `none`",
+                        ));
+                    }
+                });
+            }
+            "sentinel_username" if sentinel => sentinel_username = Some(value),
+            "sentinel_password" if sentinel => sentinel_password = Some(value),
+            "sentinel_auth" | "sentinel_username" | "sentinel_password" => {
+                return Err(config_error(format!(
+                    "URL parameter `{name}` is for Sentinel: use redis+sentinel:// or rediss+sentinel://"
+                )));
+            }
             "tls_ca" | "tls_cert" | "tls_key" if !tls => {
                 return Err(config_error(format!(
-                    "URL parameter `{name}` needs TLS: use rediss:// or rediss+cluster://"
+                    "URL parameter `{name}` needs TLS: use rediss://, rediss+cluster:// or rediss+sentinel://"
                 )));
             }
             "tls_ca" => tls_settings.ca_file = Some(PathBuf::from(value)),
@@ -917,7 +1024,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             other => {
                 let shown: String = other.chars().take(32).collect();
                 return Err(config_error(format!(
-                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, min_replicas, cluster_retries, sharded_pubsub, db, max_clock_offset, clock_check (Sentinel), tls_ca, tls_cert, tls_key"
+                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, min_replicas, cluster_retries, sharded_pubsub, db, max_clock_offset, clock_check, sentinel_auth, sentinel_username, sentinel_password (Sentinel), tls_ca, tls_cert, tls_key"
                 )));
             }
         }
@@ -933,6 +1040,26 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
     }
     if tls {
         b = b.tls(tls_settings);
+    }
+    match (sentinel_same, sentinel_username, sentinel_password) {
+        (None | Some(false), None, None) => {}
+        (Some(true), None, None) => b = b.sentinel_credentials(SentinelAuth::Same),
+        (Some(true), _, _) => {
+            return Err(config_error(
+                "sentinel_auth=same takes the URL's user and password for the sentinels: give either it or sentinel_username/sentinel_password, not both",
+            ));
+        }
+        (_, _, None) => {
+            return Err(config_error(
+                "URL parameter `sentinel_username` needs `sentinel_password` (the sentinels' password for that user)",
+            ));
+        }
+        (_, username, Some(password)) => {
+            b = b.sentinel_credentials(SentinelAuth::Own {
+                username: username.filter(|u| !u.is_empty()),
+                password: Secret(password),
+            });
+        }
     }
     Ok(b)
 }
@@ -1023,16 +1150,6 @@ fn pct_encode(s: &str) -> String {
         }
     }
     out
-}
-
-#[cfg(feature = "tls")]
-pub(crate) fn read_pem(path: &std::path::Path, what: &str) -> Result<Vec<u8>, StoreError> {
-    std::fs::read(path).map_err(|e| {
-        config_error(format!(
-            "cannot read the TLS {what} file {}: {e}",
-            path.display()
-        ))
-    })
 }
 
 #[cfg(test)]
@@ -1258,6 +1375,85 @@ mod tests {
         ] {
             assert_eq!(b.build().unwrap_err().kind(), StoreErrorKind::Config);
         }
+    }
+
+    #[test]
+    fn sentinel_over_tls_and_sentinel_credentials() {
+        let c = RedisConfig::from_url(
+            "rediss+sentinel://:data@a:1,b:2/m?tls_ca=/ca.pem&tls_cert=/c.pem&tls_key=/k.pem",
+        )
+        .unwrap();
+        assert!(matches!(c.topology(), Topology::Sentinel { .. }));
+        let tls = c.tls().unwrap();
+        assert_eq!(tls.ca_file.as_deref(), Some(Path::new("/ca.pem")));
+        assert!(tls.client_cert.is_some());
+        assert_eq!(c.sentinel_auth(), &SentinelAuth::None);
+        assert_eq!(c.sentinel_credentials(), (None, None));
+        let shown = c.to_string();
+        assert!(
+            shown.starts_with("rediss+sentinel://:<redacted>@a:1,b:2/m?"),
+            "{shown}"
+        );
+        let again = RedisConfig::from_url(&shown).unwrap();
+        assert_eq!(again.tls(), c.tls());
+
+        // Own credentials for the sentinels, kept apart from the data servers'.
+        let c = RedisConfig::from_url(&format!(
+            "redis+sentinel://app:data@a:1/m?sentinel_username=watch&sentinel_password={PW}"
+        ))
+        .unwrap();
+        let (user, pw) = c.sentinel_credentials();
+        assert_eq!((user, pw.map(Secret::expose)), (Some("watch"), Some(PW)));
+        assert_eq!(c.password().unwrap().expose(), "data");
+        for shown in [c.to_string(), format!("{c:?}")] {
+            assert!(!shown.contains(PW), "{shown}");
+        }
+        assert!(
+            c.to_string()
+                .contains("&sentinel_username=watch&sentinel_password=<redacted>"),
+            "{c}"
+        );
+        // The same credentials for both.
+        let c = RedisConfig::from_url(&format!(
+            "redis+sentinel://app:{PW}@a:1/m?sentinel_auth=same"
+        ))
+        .unwrap();
+        let (user, pw) = c.sentinel_credentials();
+        assert_eq!((user, pw.map(Secret::expose)), (Some("app"), Some(PW)));
+        assert!(c.to_string().contains("sentinel_auth=same"), "{c}");
+        assert_eq!(
+            RedisConfig::from_url(&c.to_string())
+                .unwrap()
+                .sentinel_auth(),
+            &SentinelAuth::Same
+        );
+
+        for bad in [
+            format!("redis://u:{PW}@h/?sentinel_password={PW}"),
+            format!("rediss://u:{PW}@h/?sentinel_auth=same"),
+            format!("redis+cluster://u:{PW}@h/?sentinel_username=x"),
+            format!("redis+sentinel://u:{PW}@h/m?sentinel_auth=maybe"),
+            format!("redis+sentinel://u:{PW}@h/m?sentinel_auth=same&sentinel_password={PW}"),
+            format!("redis+sentinel://u:{PW}@h/m?sentinel_username=x"),
+            "redis+sentinel://h/m?sentinel_auth=same".to_owned(),
+            format!("redis+sentinel://u:{PW}@h/m?sentinel_password="),
+            format!("redis+sentinel://u:{PW}@h/m?tls_ca=/ca.pem"),
+            format!("rediss+sentinel://u:{PW}@h/m#insecure"),
+        ] {
+            let e = RedisConfig::from_url(&bad).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Config, "{bad}");
+            assert!(!e.to_string().contains(PW), "{e}");
+            assert!(!format!("{e:?}").contains(PW), "{e:?}");
+        }
+        assert_eq!(
+            RedisConfigBuilder::standalone("h", 1)
+                .sentinel_credentials(SentinelAuth::Same)
+                .password("x")
+                .build()
+                .unwrap_err()
+                .kind(),
+            StoreErrorKind::Config
+        );
     }
 
     #[test]

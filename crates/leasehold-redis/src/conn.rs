@@ -239,6 +239,7 @@ async fn watch_switches(
                 tracing::debug!(sentinel = %addr, "sentinel subscription ended; trying the next");
             }
             Ok(Err(e)) => {
+                let e = error::scrub_all(&e.to_string(), &discovery.cfg.secrets());
                 tracing::debug!(sentinel = %addr, error = %e, "cannot subscribe to the sentinel's +switch-master");
             }
             Err(_) => tracing::debug!(sentinel = %addr, "sentinel did not answer in time"),
@@ -465,7 +466,19 @@ impl Conn {
     }
 
     fn map(&self, op: &str, phase: Phase, e: &RedisError) -> StoreError {
-        error::map(op, phase, e, self.secret())
+        // The host a TLS failure is for, when the error does not name it.
+        let host = match self.config.topology() {
+            Topology::Standalone { node } => Some(self.config.map_addr(node).host),
+            _ => None,
+        };
+        error::map_at(
+            op,
+            phase,
+            e,
+            &self.config.secrets(),
+            host.as_deref(),
+            self.config.tls_without_client_cert(),
+        )
     }
 
     /// Connects now (used by `open` so that a bad address or password is reported at once).

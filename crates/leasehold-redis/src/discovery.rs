@@ -35,18 +35,22 @@ impl Discovery {
         sentinels: &[NodeAddr],
         master: &str,
     ) -> Result<Self, StoreError> {
+        // The sentinels are reached like the data servers (TLS and its files alike), with
+        // the sentinels' own credentials, if any, and no database.
+        let (user, password) = cfg.sentinel_credentials();
         let sentinels = sentinels
             .iter()
             .map(|s| {
                 let s = cfg.map_addr(s);
-                let info = ConnectionAddr::Tcp(s.host.clone(), s.port)
-                    .into_connection_info()
-                    .map(|i| {
-                        i.set_redis_settings(RedisConnectionInfo::default().set_skip_set_lib_name())
-                    });
-                info.and_then(Client::open)
-                    .map(|c| (s, c))
-                    .map_err(|e| error::map("configuring a sentinel", Phase::Connect, &e, None))
+                crate::tls::client(
+                    &s.host,
+                    s.port,
+                    cfg.tls(),
+                    0,
+                    user,
+                    password.map(|p| p.expose()),
+                )
+                .map(|c| (s, c))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -89,11 +93,19 @@ impl Discovery {
                         self.master
                     ),
                 )),
-                Ok(Err(e)) => Err(error::map(
-                    &format!("asking sentinel {addr} for the primary"),
+                Ok(Err(e)) => Err(error::map_at(
+                    &if error::is_auth_failure(&e) {
+                        format!(
+                            "asking sentinel {addr} for the primary (the sentinels' own credentials: URL parameters sentinel_password and sentinel_username, or sentinel_auth=same for the URL's)"
+                        )
+                    } else {
+                        format!("asking sentinel {addr} for the primary")
+                    },
                     Phase::Connect,
                     &e,
-                    None,
+                    &self.cfg.secrets(),
+                    Some(&addr.host),
+                    self.cfg.tls_without_client_cert(),
                 )),
                 Err(_) => Err(StoreError::new(
                     StoreErrorKind::Unavailable,
@@ -154,11 +166,13 @@ impl Discovery {
                     ))
                 }
                 Ok(Err(e)) => {
-                    last = Some(error::map(
-                        "connecting to the primary",
+                    last = Some(error::map_at(
+                        &format!("connecting to the primary {node} (named by Sentinel)"),
                         Phase::Connect,
                         &e,
-                        self.cfg.password().map(|p| p.expose()),
+                        &self.cfg.secrets(),
+                        Some(&node.host),
+                        self.cfg.tls_without_client_cert(),
                     ))
                 }
                 Err(_) => {
@@ -194,26 +208,7 @@ fn config_err(msg: impl Into<String>) -> StoreError {
 pub(crate) fn tls_certificates(
     cfg: &RedisConfig,
 ) -> Result<Option<redis::TlsCertificates>, StoreError> {
-    let Some(tls) = cfg.tls() else {
-        return Ok(None);
-    };
-    // Pick ring as rustls' provider unless the application installed one.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let root_cert = match &tls.ca_file {
-        Some(p) => Some(crate::config::read_pem(p, "CA")?),
-        None => None,
-    };
-    let client_tls = match &tls.client_cert {
-        Some((cert, key)) => Some(redis::ClientTlsConfig {
-            client_cert: crate::config::read_pem(cert, "client certificate")?,
-            client_key: crate::config::read_pem(key, "client key")?,
-        }),
-        None => None,
-    };
-    Ok(Some(redis::TlsCertificates {
-        client_tls,
-        root_cert,
-    }))
+    cfg.tls().map(crate::tls::certificates).transpose()
 }
 
 pub(crate) fn node_info(cfg: &RedisConfig, node: &NodeAddr) -> Result<ConnectionInfo, StoreError> {
@@ -249,14 +244,15 @@ pub(crate) fn node_info(cfg: &RedisConfig, node: &NodeAddr) -> Result<Connection
 }
 
 pub(crate) fn client_for(cfg: &RedisConfig, node: &NodeAddr) -> Result<Client, StoreError> {
-    let info = node_info(cfg, node)?;
-    let secret = cfg.password().map(|p| p.expose());
-    #[cfg(feature = "tls")]
-    if let Some(certs) = tls_certificates(cfg)? {
-        return Client::build_with_tls(info, certs)
-            .map_err(|e| error::map("configuring TLS", Phase::Connect, &e, secret));
-    }
-    Client::open(info).map_err(|e| error::map("configuring", Phase::Connect, &e, secret))
+    let node = cfg.map_addr(node);
+    crate::tls::client(
+        &node.host,
+        node.port,
+        cfg.tls(),
+        i64::from(cfg.db()),
+        cfg.username(),
+        cfg.password().map(|p| p.expose()),
+    )
 }
 
 /// The `config-epoch` of a `SENTINEL MASTER` reply (field, value, field, ...); 0 if absent.

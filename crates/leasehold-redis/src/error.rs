@@ -37,6 +37,11 @@ impl Cause {
     pub(crate) fn scrubbed(e: &RedisError, secret: Option<&str>) -> Self {
         Self(scrub(&e.to_string(), secret))
     }
+
+    /// The text of `e`, scrubbed of every one of `secrets`.
+    pub(crate) fn scrubbed_all(e: &RedisError, secrets: &[&str]) -> Self {
+        Self(scrub_all(&e.to_string(), secrets))
+    }
 }
 
 /// Whether the server's ACL refused the command.
@@ -218,17 +223,69 @@ pub(crate) fn scrub(text: &str, secret: Option<&str>) -> String {
     out
 }
 
+/// `text` scrubbed of every one of `secrets` (see [`scrub`]).
+pub(crate) fn scrub_all(text: &str, secrets: &[&str]) -> String {
+    secrets
+        .iter()
+        .fold(text.to_owned(), |t, s| scrub(&t, Some(s)))
+}
+
 /// Maps a `redis` error from `op` in `phase` to a [`StoreError`].
 pub(crate) fn map(op: &str, phase: Phase, e: &RedisError, secret: Option<&str>) -> StoreError {
+    let secrets: Vec<&str> = secret.into_iter().collect();
+    map_at(op, phase, e, &secrets, None, false)
+}
+
+/// [`map`], for a connection to `host` (named by a TLS failure whose error does not name
+/// it), scrubbing every one of `secrets`. A failed TLS handshake is a
+/// [`StoreErrorKind::Config`] error with a [`TlsFailure`](crate::TlsFailure) source.
+/// `no_client_cert`: the connection is TLS without a client certificate, so a connection
+/// the server closes while connecting may be its refusal of a client without one (TLS
+/// 1.3 tells the client only after the handshake): the message says so.
+pub(crate) fn map_at(
+    op: &str,
+    phase: Phase,
+    e: &RedisError,
+    secrets: &[&str],
+    host: Option<&str>,
+    no_client_cert: bool,
+) -> StoreError {
+    if phase == Phase::Connect
+        && let Some(tls) = crate::tls::failure(e, host)
+    {
+        // The message is the operation; the failure, shown after it, says what and what
+        // to do (its text is the TLS library's, which never holds a password).
+        return StoreError::new(StoreErrorKind::Config, BACKEND, op.to_owned()).with_source(tls);
+    }
     let (kind, what) = classify(phase, e);
+    // Closed by the server (broken pipe, reset, end of stream), not refused or timed out.
+    let closed = || e.is_connection_dropped() && !e.is_connection_refusal() && !e.is_timeout();
+    let what = if no_client_cert
+        && phase == Phase::Connect
+        && kind == StoreErrorKind::Unavailable
+        && closed()
+    {
+        CLOSED_WITHOUT_CLIENT_CERT
+    } else {
+        what
+    };
     let error = StoreError::new(kind, BACKEND, format!("{op}: {what}"));
     let error = match what {
         AUTH_FAILED => error.refused(Refusal::Credentials),
         ACL_REFUSED => error.refused(Refusal::Permission),
         _ => error,
     };
-    error.with_source(Cause::scrubbed(e, secret))
+    error.with_source(Cause::scrubbed_all(e, secrets))
 }
+
+/// Whether `e` is a refused password or user (`WRONGPASS`, `NOAUTH`, a failed `AUTH`).
+pub(crate) fn is_auth_failure(e: &RedisError) -> bool {
+    classify(Phase::Connect, e).1 == AUTH_FAILED
+}
+
+/// What a TLS connection without a client certificate, closed by the server while
+/// connecting, may mean.
+const CLOSED_WITHOUT_CLIENT_CERT: &str = "the server closed the TLS connection while connecting; nothing was sent (does it require a client certificate? give tls_cert= and tls_key=)";
 
 /// What a refused password means.
 const AUTH_FAILED: &str = "authentication failed; check the user name and password";
@@ -243,38 +300,8 @@ const TLS_FAILED: &str =
 
 /// Whether a TLS handshake failed (an untrusted or invalid certificate, a protocol
 /// mismatch): a configuration problem, not a transient one.
-#[cfg(feature = "tls")]
 fn is_tls_failure(e: &RedisError) -> bool {
-    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-    fn is_rustls(err: &(dyn std::error::Error + 'static)) -> bool {
-        if err.is::<rustls::Error>() {
-            return true;
-        }
-        // The redis crate keeps I/O errors in an `Arc<dyn Error>`; tokio-rustls puts the
-        // rustls error inside an `io::Error`, whose `source()` skips it.
-        if let Some(shared) = err.downcast_ref::<Shared>() {
-            return is_rustls(&**shared);
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-        {
-            return inner.is::<rustls::Error>();
-        }
-        false
-    }
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(err) = cur {
-        if is_rustls(err) {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
-}
-
-#[cfg(not(feature = "tls"))]
-fn is_tls_failure(_: &RedisError) -> bool {
-    false
+    crate::tls::failure(e, None).is_some()
 }
 
 /// The cluster client reports a failed initial connection as a generic I/O error whose

@@ -6,8 +6,8 @@ use leasehold_core::{OpenFuture, Store, StoreFactory};
 
 use crate::store::RedisStore;
 
-/// Serves the URL schemes `redis`, `rediss`, `redis+cluster`, `rediss+cluster` and
-/// `redis+sentinel` (`rediss+sentinel` is refused with a clear error).
+/// Serves the URL schemes `redis`, `rediss`, `redis+cluster`, `rediss+cluster`,
+/// `redis+sentinel` and `rediss+sentinel`.
 ///
 /// ```
 /// # use std::sync::Arc;

@@ -16,19 +16,21 @@ mod policy; // the server's `maxmemory-policy`
 pub mod records; // `put_record` / `get_record` scripts
 mod scripts; // the Lua scripts, one per operation
 mod store; // `RedisStore`, its `Store` impl and its batch, wait and watch extensions
+pub mod tls; // `TlsFailure`, and clients over TLS (shared with Redlock)
 pub mod wire; // the store format Redis and Redlock share
 
 pub use config::{
     DEFAULT_CLOCK_CHECK, DEFAULT_CLUSTER_RETRIES, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FENCE_RETENTION,
     DEFAULT_MAX_CLOCK_OFFSET, DEFAULT_OP_TIMEOUT, DEFAULT_POLICY_CHECK, DEFAULT_QUEUE_GRACE,
     MAX_CLOCK_OFFSET, MAX_FENCE_RETENTION, MAX_MASTER_NAME_LEN, MAX_MIN_REPLICAS, NodeAddr,
-    RedisConfig, RedisConfigBuilder, TlsSettings, Topology,
+    RedisConfig, RedisConfigBuilder, SentinelAuth, TlsSettings, Topology,
 };
 pub use error::{Cause, ClockOffset, EvictingPolicy};
 pub use factory::RedisFactory;
 pub use keys::{DEFAULT_PREFIX, MAX_PREFIX_LEN};
 pub use scripts::STORE_FORMAT;
 pub use store::{RedisStore, WATCH_MARK_TTL, WATCH_REFRESH};
+pub use tls::{TlsFailure, TlsProblem};
 
 /// The backend name reported by [`RedisStore`] (single server and Cluster alike).
 pub const BACKEND: &str = "redis";

@@ -90,7 +90,7 @@ fn sentinel_urls_parse_and_refuse_bad_input() {
         "redis+sentinel://a:1/",
         "redis+sentinel://a:1",
         "redis+sentinel://a:1/my%20master",
-        "rediss+sentinel://a:1/m",
+        "rediss+sentinel://a:1/m#insecure",
         "redis+sentinel://a:1/m?min_replicas=17",
         "redis+sentinel://a:1/m?min_replicas=-1",
         "redis+cluster://a:1/?min_replicas=1",

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{Key, LeaseClient, LeaseConfig, OwnerToken, Store, StoreErrorKind};
-use leasehold_redis::RedisStore;
+use leasehold_redis::{RedisStore, TlsFailure, TlsProblem};
 use leasehold_testkit::{RedisOptions, RedisServer, free_port};
 
 fn openssl(dir: &Path, args: &[&str]) {
@@ -158,6 +158,9 @@ async fn rediss_with_a_private_ca() {
         .await
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let tls = TlsFailure::of(&e).unwrap_or_else(|| panic!("no TlsFailure: {e}"));
+    assert_eq!(tls.problem(), TlsProblem::UntrustedCertificate, "{e}");
+    assert_eq!(tls.host(), Some("localhost"), "{e}");
     // A CA file that does not exist: a configuration error at once.
     let e = RedisStore::open(&format!(
         "rediss://localhost:{tls_port}/?tls_ca=/nonexistent/ca.pem"
@@ -165,6 +168,8 @@ async fn rediss_with_a_private_ca() {
     .await
     .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let tls = TlsFailure::of(&e).unwrap_or_else(|| panic!("no TlsFailure: {e}"));
+    assert_eq!(tls.problem(), TlsProblem::Files, "{e}");
     // Plain text to the TLS port: no answer that could be taken for a lease.
     let e = RedisStore::open(&format!("redis://127.0.0.1:{tls_port}/?timeout=500ms"))
         .await

@@ -9,6 +9,7 @@ use leasehold_core::url::{
     percent_decode, split_url,
 };
 use leasehold_core::{StoreError, StoreErrorKind};
+pub use leasehold_redis::TlsSettings;
 
 use crate::BACKEND;
 
@@ -91,6 +92,15 @@ impl fmt::Display for Node {
 /// | `drift_factor` | clock drift factor: the allowance is `ttl × factor + drift_min` | 0.01 |
 /// | `drift_min` | fixed part of the drift allowance | 2 ms |
 /// | `allow_eviction` | open even if a node's `maxmemory-policy` may evict keys (exclusion then breaks; only fences hold) | `false` |
+/// | `tls` | `true`: every node over verified TLS (server name checked); `false`: plain TCP | `false` |
+/// | `tls_ca` | with `tls=true`: PEM file with the CA certificate(s) to trust | system roots |
+/// | `tls_cert`, `tls_key` | with `tls=true`: PEM files with a client certificate chain and its key (mutual TLS) | none |
+///
+/// TLS is one setting for the whole set, with the same parameters as a `rediss://` URL of
+/// the Redis store: every node is reached over TLS, or none (a set mixing TLS and plain
+/// nodes cannot be written, so that no majority can be formed by nodes an attacker on
+/// the network could impersonate). A failed handshake is a [`StoreErrorKind::Config`]
+/// error with a [`leasehold_redis::TlsFailure`] source naming the node's host.
 ///
 /// Unknown or repeated parameters are refused. `Debug` and `Display` never show the
 /// password.
@@ -104,6 +114,7 @@ pub struct RedlockConfig {
     drift_min: Duration,
     credentials: Option<Credentials>,
     allow_eviction: bool,
+    tls: Option<TlsSettings>,
 }
 
 impl fmt::Debug for RedlockConfig {
@@ -117,6 +128,7 @@ impl fmt::Debug for RedlockConfig {
             .field("drift_min", &self.drift_min)
             .field("credentials", &self.credentials)
             .field("allow_eviction", &self.allow_eviction)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -133,6 +145,9 @@ impl fmt::Display for RedlockConfig {
                 f.write_str(",")?;
             }
             write!(f, "{n}")?;
+        }
+        if self.tls.is_some() {
+            f.write_str("?tls=true")?;
         }
         Ok(())
     }
@@ -177,6 +192,7 @@ impl RedlockConfig {
             drift_min: DEFAULT_DRIFT_MIN,
             credentials: None,
             allow_eviction: false,
+            tls: None,
         })
     }
 
@@ -222,6 +238,9 @@ impl RedlockConfig {
             }
             config = config.credentials((!user.is_empty()).then_some(&user), password);
         }
+        let mut tls: Option<bool> = None;
+        let mut tls_settings = TlsSettings::default();
+        let (mut tls_cert, mut tls_key) = (None, None);
         for (name, value) in parts.params {
             let value = param_value(name, value).map_err(url_error)?;
             let duration = || param_duration(name, &value).map_err(url_error);
@@ -244,12 +263,42 @@ impl RedlockConfig {
                 "drift_factor" => {
                     config = config.drift_factor(param_number(name, &value).map_err(url_error)?)?;
                 }
+                "tls" => {
+                    tls = Some(match value.as_str() {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(config_error(
+                                "Redlock URL parameter \"tls\" is true or false",
+                            ));
+                        }
+                    });
+                }
+                "tls_ca" => tls_settings.ca_file = Some(value.into()),
+                "tls_cert" => tls_cert = Some(value.into()),
+                "tls_key" => tls_key = Some(value.into()),
                 _ => {
                     let known = "prefix, node_timeout, connect_timeout, drift_factor, drift_min, \
-                                 allow_eviction";
+                                 allow_eviction, tls, tls_ca, tls_cert, tls_key";
                     return Err(url_error(UrlError::unknown(name, known)));
                 }
             }
+        }
+        match (tls_cert, tls_key) {
+            (Some(c), Some(k)) => tls_settings.client_cert = Some((c, k)),
+            (None, None) => {}
+            _ => {
+                return Err(config_error(
+                    "Redlock URL parameters \"tls_cert\" and \"tls_key\" go together",
+                ));
+            }
+        }
+        if tls == Some(true) {
+            config = config.tls(Some(tls_settings))?;
+        } else if tls_settings != TlsSettings::default() {
+            return Err(config_error(
+                "Redlock URL parameters tls_ca, tls_cert and tls_key need tls=true (every node over TLS)",
+            ));
         }
         Ok(config)
     }
@@ -326,6 +375,26 @@ impl RedlockConfig {
     pub fn allow_eviction(mut self, on: bool) -> Self {
         self.allow_eviction = on;
         self
+    }
+
+    /// Every node over verified TLS with these settings (`None`: plain TCP, the default).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when TLS is asked for but the crate was built without
+    /// its `tls` feature.
+    pub fn tls(mut self, tls: Option<TlsSettings>) -> Result<Self, StoreError> {
+        if tls.is_some() && !cfg!(feature = "tls") {
+            return Err(config_error(
+                "Redlock over TLS needs leasehold-redlock built with its `tls` feature",
+            ));
+        }
+        self.tls = tls;
+        Ok(self)
+    }
+
+    /// The TLS settings, when every node is reached over TLS.
+    pub fn tls_settings(&self) -> Option<&TlsSettings> {
+        self.tls.as_ref()
     }
 
     /// Whether nodes that may evict keys are accepted.

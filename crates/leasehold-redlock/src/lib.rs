@@ -11,9 +11,10 @@ mod store; // `RedlockStore` and its `Store` impl
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_DRIFT_MIN, DEFAULT_NODE_TIMEOUT,
-    DEFAULT_PREFIX, MAX_NODES, MAX_PREFIX_LEN, MIN_NODES, Node, RedlockConfig,
+    DEFAULT_PREFIX, MAX_NODES, MAX_PREFIX_LEN, MIN_NODES, Node, RedlockConfig, TlsSettings,
 };
 pub use factory::RedlockFactory;
+pub use leasehold_redis::{TlsFailure, TlsProblem};
 pub use store::RedlockStore;
 
 /// The backend name reported by [`RedlockStore`].

@@ -6,10 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use leasehold_core::{Refusal, StoreError, StoreErrorKind};
 use redis::aio::MultiplexedConnection;
-use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, IntoConnectionInfo,
-    RedisConnectionInfo, RedisError, ServerErrorKind, Value,
-};
+use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::{Instant, timeout_at};
 
 use crate::BACKEND;
@@ -20,6 +17,11 @@ use crate::scripts::{Armed, CORRUPT_CODE, FORMAT_CODE, Lua, ReplyError, invocati
 pub(crate) struct NodeConn {
     /// `host:port`, for messages.
     pub(crate) name: String,
+    /// The host, as the URL names it (what a server certificate must name).
+    host: String,
+    /// TLS without a client certificate: a connection the node closes while connecting
+    /// may be its refusal of a client without one.
+    no_client_cert: bool,
     client: Client,
     secret: Option<String>,
     connect_bound: std::time::Duration,
@@ -48,25 +50,21 @@ const ACL_NEEDS: &str = "permission denied by the node's ACL (the store needs PI
     EVALSHA, SCRIPT LOAD, SCAN and, inside its scripts, GET, SET, PEXPIRE, PTTL, DEL and TIME, \
     on keys under its prefix)";
 
-fn config_error(msg: impl Into<String>) -> StoreError {
-    StoreError::new(StoreErrorKind::Config, BACKEND, msg)
-}
-
 impl NodeConn {
     pub(crate) fn new(cfg: &RedlockConfig, node: &Node) -> Result<Self, StoreError> {
-        let mut settings = RedisConnectionInfo::default().set_skip_set_lib_name();
-        if let Some(u) = cfg.user() {
-            settings = settings.set_username(u);
-        }
-        if let Some(p) = cfg.password() {
-            settings = settings.set_password(p);
-        }
-        let info = ConnectionAddr::Tcp(node.host().to_owned(), node.port())
-            .into_connection_info()
-            .map_err(|_| config_error(format!("Redlock node {node}: a bad address")))?
-            .set_redis_settings(settings);
-        let client = Client::open(info)
-            .map_err(|_| config_error(format!("Redlock node {node}: a bad address")))?;
+        // The Redis store's client: plain TCP, or TLS with the `rediss://` parameters.
+        let client = leasehold_redis::tls::client(
+            node.host(),
+            node.port(),
+            cfg.tls_settings(),
+            0,
+            cfg.user(),
+            cfg.password(),
+        )
+        .map_err(|e| {
+            // Kept as the source: a TLS file that cannot be read is a typed `TlsFailure`.
+            StoreError::new(e.kind(), BACKEND, format!("Redlock node {node}")).with_source(e)
+        })?;
         let seed = u64::from_le_bytes(
             leasehold_core::OwnerToken::random().as_bytes()[..8]
                 .try_into()
@@ -74,6 +72,8 @@ impl NodeConn {
         );
         Ok(Self {
             name: node.to_string(),
+            host: node.host().to_owned(),
+            no_client_cert: cfg.tls_settings().is_some_and(|t| t.client_cert.is_none()),
             client,
             secret: cfg.password().map(str::to_owned),
             connect_bound: cfg.connect_bound(),
@@ -310,6 +310,11 @@ impl NodeConn {
     /// Maps a `redis` error; `connecting`: nothing was sent yet.
     fn map(&self, op: &str, e: &RedisError, connecting: bool) -> StoreError {
         use StoreErrorKind as K;
+        // A failed TLS handshake: the URL, the certificates or the node must change.
+        if connecting && let Some(tls) = leasehold_redis::tls::failure_of(e, &self.host) {
+            return StoreError::new(K::Config, BACKEND, format!("{op}: node {}", self.name))
+                .with_source(tls);
+        }
         let mut detail = e.to_string();
         if let Some(s) = self.secret.as_deref().filter(|s| !s.is_empty()) {
             detail = detail.replace(s, "<redacted>");
@@ -341,6 +346,17 @@ impl NodeConn {
                 K::Config,
                 "the node is a read-only replica: a Redlock node must be an independent primary",
             ),
+            _ if connecting
+                && self.no_client_cert
+                && e.is_connection_dropped()
+                && !e.is_connection_refusal()
+                && !e.is_timeout() =>
+            {
+                (
+                    K::Unavailable,
+                    "the node closed the TLS connection while connecting (does it require a client certificate? give tls_cert= and tls_key=)",
+                )
+            }
             _ if connecting => (K::Unavailable, "could not connect"),
             _ if e.is_io_error() || e.is_connection_dropped() => (
                 K::Ambiguous,

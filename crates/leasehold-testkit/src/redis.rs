@@ -11,6 +11,7 @@ use crate::faketime::FakeWallClock;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
 use crate::server::{Home, Launch, Server};
+use crate::tls::{ServerCert, TlsFiles};
 use crate::util;
 use crate::{free_port, free_port_with_bus};
 
@@ -37,6 +38,17 @@ pub struct RedisOptions {
     /// Runs the server under this wall clock (libfaketime; its monotonic clock stays the
     /// host's): see [`FakeWallClock::apply_with_glibc_malloc`].
     pub wall_clock: Option<Arc<FakeWallClock>>,
+    /// TLS only: the server listens on its port with TLS and on no plaintext port
+    /// (`--port 0 --tls-port PORT`), presents [`tls_cert`](Self::tls_cert) from these
+    /// files, trusts their CA, and replicates over TLS (`--tls-replication yes`, with the
+    /// client certificate). [`RedisServer::cli`] then speaks TLS.
+    pub tls: Option<TlsFiles>,
+    /// With [`tls`](Self::tls): which certificate the server presents.
+    pub tls_cert: ServerCert,
+    /// With [`tls`](Self::tls): clients must present a certificate signed by the CA
+    /// (`--tls-auth-clients yes`); otherwise one is checked only if presented
+    /// (`optional`).
+    pub tls_client_auth: bool,
 }
 
 impl RedisOptions {
@@ -66,6 +78,19 @@ impl RedisOptions {
     /// Runs the server under `clock` (its `TIME`, and the expiry of its keys, follow it).
     pub fn wall_clock(mut self, clock: Arc<FakeWallClock>) -> Self {
         self.wall_clock = Some(clock);
+        self
+    }
+
+    /// TLS only, the server presenting `cert` from `files` (see [`tls`](Self::tls)).
+    pub fn tls(mut self, files: TlsFiles, cert: ServerCert) -> Self {
+        self.tls = Some(files);
+        self.tls_cert = cert;
+        self
+    }
+
+    /// With [`tls`](Self::tls): requires a client certificate (mutual TLS).
+    pub fn tls_client_auth(mut self) -> Self {
+        self.tls_client_auth = true;
         self
     }
 
@@ -168,16 +193,30 @@ impl RedisServer {
         }
     }
 
-    /// `redis://127.0.0.1:port/` (never contains the password).
+    /// `redis://127.0.0.1:port/` (never contains the password); for a TLS server
+    /// `rediss://127.0.0.1:port/?tls_ca=CA` (with `&tls_cert=…&tls_key=…` when it
+    /// requires a client certificate).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port())
+        match &self.options().tls {
+            None => format!("redis://127.0.0.1:{}/", self.port()),
+            Some(files) => format!(
+                "rediss://127.0.0.1:{}/?{}",
+                self.port(),
+                tls_params(files, self.options().tls_client_auth)
+            ),
+        }
+    }
+
+    /// The certificates of a server started with [`RedisOptions::tls`].
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.options().tls.as_ref()
     }
 
     /// Like [`url`](Self::url) but with the password, if one is set:
     /// `redis://:password@127.0.0.1:port/`.
     pub fn authed_url(&self) -> String {
         match self.options().effective_password() {
-            Some(pw) => format!("redis://:{pw}@127.0.0.1:{}/", self.port()),
+            Some(pw) => self.url().replacen("://", &format!("://:{pw}@"), 1),
             None => self.url(),
         }
     }
@@ -254,6 +293,9 @@ impl RedisServer {
             .arg("127.0.0.1")
             .arg("-p")
             .arg(self.port().to_string());
+        if let Some(files) = &self.options().tls {
+            cmd.args(cli_tls_args(files));
+        }
         if let Some(pw) = self.options().effective_password() {
             cmd.env("REDISCLI_AUTH", pw);
         }
@@ -323,6 +365,27 @@ impl Launch for Launcher {
         if let Some(pw) = &opts.password {
             cmd.arg("--requirepass").arg(pw);
         }
+        if let Some(files) = &opts.tls {
+            let (cert, key) = opts.tls_cert.files(files);
+            cmd.args(["--port", "0", "--tls-port"])
+                .arg(port.to_string())
+                .arg("--tls-cert-file")
+                .arg(cert)
+                .arg("--tls-key-file")
+                .arg(key)
+                .arg("--tls-ca-cert-file")
+                .arg(files.ca_cert())
+                .arg("--tls-client-cert-file")
+                .arg(files.client_cert())
+                .arg("--tls-client-key-file")
+                .arg(files.client_key())
+                .args(["--tls-replication", "yes", "--tls-auth-clients"])
+                .arg(if opts.tls_client_auth {
+                    "yes"
+                } else {
+                    "optional"
+                });
+        }
         if opts.enable_debug_command {
             cmd.arg("--enable-debug-command").arg("yes");
         }
@@ -339,10 +402,56 @@ impl Launch for Launcher {
 
     fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
         let auth = self.opts.effective_password().is_some();
+        if let Some(files) = &self.opts.tls {
+            let cli = util::find_binary("redis-cli", "redis-tools");
+            return ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
+                tls_ping(&cli, files, port, auth)
+            });
+        }
         ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
             ping(port, auth)
         })
     }
+}
+
+/// The URL parameters of a `rediss://` URL trusting `files`' CA (and presenting its
+/// client certificate when `client_auth`).
+pub(crate) fn tls_params(files: &TlsFiles, client_auth: bool) -> String {
+    let mut params = format!("tls_ca={}", files.ca_cert().display());
+    if client_auth {
+        params.push_str(&format!(
+            "&tls_cert={}&tls_key={}",
+            files.client_cert().display(),
+            files.client_key().display()
+        ));
+    }
+    params
+}
+
+/// `redis-cli`'s TLS arguments: trust the CA of `files`, present its client certificate.
+pub(crate) fn cli_tls_args(files: &TlsFiles) -> Vec<String> {
+    vec![
+        "--tls".to_owned(),
+        "--cacert".to_owned(),
+        files.ca_cert().display().to_string(),
+        "--cert".to_owned(),
+        files.client_cert().display().to_string(),
+        "--key".to_owned(),
+        files.client_key().display().to_string(),
+    ]
+}
+
+/// `PING` over TLS with `redis-cli` (the server certificate's host is not checked: the
+/// server may present the wrong-host certificate); `PONG`, or `NOAUTH` when a password
+/// is set.
+pub(crate) fn tls_ping(cli: &Path, files: &TlsFiles, port: u16, auth: bool) -> bool {
+    let mut cmd = Command::new(cli);
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(cli_tls_args(files))
+        .arg("PING");
+    let out = util::run_with_timeout(&mut cmd, Duration::from_secs(5), "redis-cli");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.starts_with("PONG") || (auth && text.contains("NOAUTH"))
 }
 
 /// Sends an inline `PING` and checks for `+PONG` (or `-NOAUTH` when a password is set).

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use crate::faketime::FakeWallClock;
 use crate::process::ServerProcess;
 use crate::ready::{self, ReadyError};
-use crate::redis::{RedisOptions, RedisServer, ping};
+use crate::redis::{RedisOptions, RedisServer, cli_tls_args, ping, tls_params, tls_ping};
 use crate::server::{Home, Launch, Server};
+use crate::tls::{ServerCert, TlsFiles};
 use crate::util;
 
 /// How long a sentinel may take to answer `PING`.
@@ -27,6 +28,24 @@ struct Launcher {
     bin: PathBuf,
     master: String,
     primary_port: u16,
+    security: Security,
+    /// Clients must present a certificate (TLS only).
+    client_auth: bool,
+}
+
+/// The set's TLS and passwords, shared by every process of it.
+#[derive(Debug, Clone, Default)]
+struct Security {
+    /// TLS only, everywhere: data servers, replication, sentinels.
+    tls: Option<TlsFiles>,
+    /// Which certificate the data servers and sentinels present.
+    tls_cert: ServerCert,
+    /// The data servers' `requirepass` (and `masterauth`).
+    data_password: Option<String>,
+    /// The sentinels' `requirepass` (and `sentinel sentinel-pass`).
+    sentinel_password: Option<String>,
+    /// An ACL user on every sentinel (name, password), besides the default user.
+    sentinel_user: Option<(String, String)>,
 }
 
 /// A primary, a replica of it and three sentinels (quorum 2) monitoring it under a name.
@@ -40,6 +59,9 @@ pub struct RedisSentinelSet {
     servers: Vec<RedisServer>,
     sentinels: Vec<Sentinel>,
     master: String,
+    security: Security,
+    /// Holds the TLS files, if any (removed on drop, after the processes are killed).
+    _tls_home: Option<tempfile::TempDir>,
 }
 
 impl RedisSentinelSet {
@@ -61,7 +83,7 @@ impl RedisSentinelSet {
     ///
     /// As [`start`](Self::start).
     pub fn start_with(master: &str, primary_args: &[&str]) -> Self {
-        Self::launch(master, primary_args, None)
+        Self::launch(master, primary_args, None, Security::default(), None)
     }
 
     /// [`start`](Self::start), with the replica's wall clock under `clock` (libfaketime):
@@ -71,15 +93,88 @@ impl RedisSentinelSet {
     ///
     /// As [`start`](Self::start); if libfaketime is not installed.
     pub fn start_with_replica_clock(master: &str, clock: Arc<FakeWallClock>) -> Self {
-        Self::launch(master, &[], Some(clock))
+        Self::launch(master, &[], Some(clock), Security::default(), None)
+    }
+
+    /// [`start`](Self::start), everything over TLS only, with fresh certificates
+    /// ([`TlsFiles`], see [`tls`](Self::tls)): the data servers and the sentinels listen
+    /// with TLS on their port and on no plaintext port, present `cert`, trust the CA,
+    /// replicate over TLS and the sentinels reach the servers and each other over TLS
+    /// (`tls-replication yes`, with the client certificate). With `client_auth`, every
+    /// process requires a client certificate signed by the CA. [`url`](Self::url) is then
+    /// `rediss+sentinel://…?tls_ca=…`.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_tls(master: &str, cert: ServerCert, client_auth: bool) -> Self {
+        let home = util::temp_dir("leasehold-sentinel-tls-");
+        let files = TlsFiles::create(home.path());
+        let security = Security {
+            tls: Some(files),
+            tls_cert: cert,
+            ..Security::default()
+        };
+        Self::launch_secured(master, security, client_auth, Some(home))
+    }
+
+    /// [`start`](Self::start), with passwords: the data servers require `data_password`
+    /// (the sentinels authenticate to them with it: `sentinel auth-pass`), the sentinels
+    /// require `sentinel_password` (`requirepass`; and use it with each other:
+    /// `sentinel sentinel-pass`), and, with `sentinel_user`, the sentinels also have that
+    /// ACL user (name, password) allowed every command. With `tls`, everything is over TLS
+    /// as [`start_tls`](Self::start_tls) (server certificate for `localhost`, no client
+    /// certificate required).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_passwords(
+        master: &str,
+        data_password: &str,
+        sentinel_password: &str,
+        sentinel_user: Option<(&str, &str)>,
+        tls: bool,
+    ) -> Self {
+        let home = tls.then(|| util::temp_dir("leasehold-sentinel-tls-"));
+        let security = Security {
+            tls: home.as_ref().map(|h| TlsFiles::create(h.path())),
+            tls_cert: ServerCert::Localhost,
+            data_password: Some(data_password.to_owned()),
+            sentinel_password: Some(sentinel_password.to_owned()),
+            sentinel_user: sentinel_user.map(|(u, p)| (u.to_owned(), p.to_owned())),
+        };
+        Self::launch_secured(master, security, false, home)
+    }
+
+    fn launch_secured(
+        master: &str,
+        security: Security,
+        client_auth: bool,
+        home: Option<tempfile::TempDir>,
+    ) -> Self {
+        let mut set = Self::launch(master, &[], None, security, Some(client_auth));
+        set._tls_home = home;
+        set
     }
 
     fn launch(
         master: &str,
         primary_args: &[&str],
         replica_clock: Option<Arc<FakeWallClock>>,
+        security: Security,
+        client_auth: Option<bool>,
     ) -> Self {
-        let opts = RedisOptions::new().args(["--repl-diskless-sync-delay", "0"]);
+        let mut opts = RedisOptions::new().args(["--repl-diskless-sync-delay", "0"]);
+        if let Some(files) = &security.tls {
+            opts = opts.tls(files.clone(), security.tls_cert);
+            if client_auth == Some(true) {
+                opts = opts.tls_client_auth();
+            }
+        }
+        if let Some(pw) = &security.data_password {
+            opts = opts.password(pw.clone()).args(["--masterauth", pw]);
+        }
         let primary = RedisServer::start_with(opts.clone().args(primary_args.iter().copied()));
         let mut replica_opts = opts;
         if let Some(clock) = replica_clock {
@@ -100,12 +195,14 @@ impl RedisSentinelSet {
             },
         );
         let sentinels = (0..3)
-            .map(|_| Sentinel::start(master, primary.port()))
+            .map(|_| Sentinel::start(master, primary.port(), &security, client_auth))
             .collect();
         let set = Self {
             servers: vec![primary, replica],
             sentinels,
             master: master.to_owned(),
+            security,
+            _tls_home: None,
         };
         // Every sentinel has found the replica (it fails over to it).
         wait_until(
@@ -131,14 +228,29 @@ impl RedisSentinelSet {
         self.sentinels.iter().map(|s| s.server.port()).collect()
     }
 
-    /// `redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/NAME`.
+    /// `redis+sentinel://127.0.0.1:s1,127.0.0.1:s2,127.0.0.1:s3/NAME`; for a TLS set
+    /// `rediss+sentinel://…/NAME?tls_ca=CA` (with `&tls_cert=…&tls_key=…` when client
+    /// certificates are required). Never contains a password.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .sentinel_ports()
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        format!("redis+sentinel://{}/{}", hosts.join(","), self.master)
+        match &self.security.tls {
+            None => format!("redis+sentinel://{}/{}", hosts.join(","), self.master),
+            Some(files) => format!(
+                "rediss+sentinel://{}/{}?{}",
+                hosts.join(","),
+                self.master,
+                tls_params(files, self.servers[0].options().tls_client_auth)
+            ),
+        }
+    }
+
+    /// The certificates of a set started with TLS.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.security.tls.as_ref()
     }
 
     /// The two data servers (the first started as the primary).
@@ -198,7 +310,7 @@ impl RedisSentinelSet {
         let mut new = old;
         wait_until(Duration::from_secs(30), "the fail-over", || {
             new = self.primary_port();
-            new != old && self.server_on(new).cli(&["ROLE"]).starts_with("master")
+            new != old && cli_or_empty(self.server_on(new), &["ROLE"]).starts_with("master")
         });
         // Every sentinel has heard of it.
         wait_until(
@@ -224,7 +336,7 @@ impl RedisSentinelSet {
             wait_until(
                 Duration::from_secs(30),
                 "the old primary to be demoted",
-                || old.cli(&["ROLE"]).starts_with("slave"),
+                || cli_or_empty(old, &["ROLE"]).starts_with("slave"),
             );
             // And in sync with the new primary: until then a write that waits for a
             // replica's acknowledgement (`min_replicas`) cannot be served.
@@ -232,7 +344,7 @@ impl RedisSentinelSet {
                 Duration::from_secs(30),
                 "the demoted primary to be in sync with the new one",
                 || {
-                    let info = old.cli(&["INFO", "replication"]);
+                    let info = cli_or_empty(old, &["INFO", "replication"]);
                     info.contains("master_link_status:up")
                         && info.contains("master_sync_in_progress:0")
                 },
@@ -259,19 +371,32 @@ impl RedisSentinelSet {
             "127.0.0.1",
             "-p",
             &self.sentinels[i].server.port().to_string(),
-        ])
-        .args(args);
+        ]);
+        if let Some(files) = &self.security.tls {
+            cmd.args(cli_tls_args(files));
+        }
+        if let Some(pw) = &self.security.sentinel_password {
+            cmd.env("REDISCLI_AUTH", pw);
+        }
+        cmd.args(args);
         let out = util::run_with_timeout(&mut cmd, Duration::from_secs(30), "redis-cli");
         String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
     }
 }
 
 impl Sentinel {
-    fn start(master: &str, primary_port: u16) -> Self {
+    fn start(
+        master: &str,
+        primary_port: u16,
+        security: &Security,
+        client_auth: Option<bool>,
+    ) -> Self {
         let launcher = Launcher {
             bin: util::find_binary("redis-server", "redis-server"),
             master: master.to_owned(),
             primary_port,
+            security: security.clone(),
+            client_auth: client_auth == Some(true),
         };
         let home = Home::Own(util::temp_dir("leasehold-sentinel-"));
         Self {
@@ -287,8 +412,27 @@ impl Launch for Launcher {
 
     fn spawn(&self, dir: &Path, port: u16) -> ServerProcess {
         let conf: PathBuf = dir.join("sentinel.conf");
-        let text = format!(
-            "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {log}\n\
+        let sec = &self.security;
+        let mut text = match &sec.tls {
+            None => format!("port {port}\n"),
+            Some(files) => {
+                let (cert, key) = sec.tls_cert.files(files);
+                format!(
+                    "port 0\ntls-port {port}\ntls-cert-file {cert}\ntls-key-file {key}\n\
+                     tls-ca-cert-file {ca}\ntls-client-cert-file {ccert}\n\
+                     tls-client-key-file {ckey}\ntls-replication yes\n\
+                     tls-auth-clients {auth}\n",
+                    cert = cert.display(),
+                    key = key.display(),
+                    ca = files.ca_cert().display(),
+                    ccert = files.client_cert().display(),
+                    ckey = files.client_key().display(),
+                    auth = if self.client_auth { "yes" } else { "optional" },
+                )
+            }
+        };
+        text.push_str(&format!(
+            "bind 127.0.0.1\ndir {dir}\nlogfile {log}\n\
              sentinel monitor {master} 127.0.0.1 {primary_port} 2\n\
              sentinel down-after-milliseconds {master} 60000\n\
              sentinel failover-timeout {master} 10000\n\
@@ -297,7 +441,16 @@ impl Launch for Launcher {
             log = dir.join("log").display(),
             master = self.master,
             primary_port = self.primary_port,
-        );
+        ));
+        if let Some(pw) = &sec.data_password {
+            text.push_str(&format!("sentinel auth-pass {} {pw}\n", self.master));
+        }
+        if let Some(pw) = &sec.sentinel_password {
+            text.push_str(&format!("requirepass {pw}\nsentinel sentinel-pass {pw}\n"));
+        }
+        if let Some((user, pw)) = &sec.sentinel_user {
+            text.push_str(&format!("user {user} on >{pw} allchannels +@all\n"));
+        }
         std::fs::write(&conf, text)
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
         let mut cmd = Command::new(&self.bin);
@@ -310,10 +463,29 @@ impl Launch for Launcher {
     }
 
     fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+        let auth = self.security.sentinel_password.is_some();
+        if let Some(files) = &self.security.tls {
+            let cli = util::find_binary("redis-cli", "redis-tools");
+            return ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {
+                tls_ping(&cli, files, port, auth)
+            });
+        }
         ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(20), || {
-            ping(port, false)
+            ping(port, auth)
         })
     }
+}
+
+/// `redis-cli ARGS` on `server`, its stdout, or nothing if it failed: while a fail-over
+/// runs, the sentinels close the servers' client connections (`CLIENT KILL TYPE normal`),
+/// and a `redis-cli` caught by it (over TLS: killed by `SIGPIPE`) is simply asked again.
+fn cli_or_empty(server: &RedisServer, args: &[&str]) -> String {
+    let out = util::run_with_timeout(
+        &mut server.cli_command(args),
+        Duration::from_secs(30),
+        "redis-cli",
+    );
+    String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
 }
 
 fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {

@@ -263,6 +263,32 @@ pub async fn sentinel_fixture() -> Fixture {
             .await
             .unwrap(),
     );
+    sentinel_fixture_on(set, Duration::from_secs(1)).await
+}
+
+/// [`sentinel_fixture`] over TLS only (`rediss+sentinel://`): sentinels, servers and
+/// replication listen with TLS and on no plaintext port; the proxies pass the TLS bytes.
+/// The cases' TTL is 6 s (1 s without TLS): a new connection makes TLS handshakes with a
+/// sentinel, the primary and each replica (its clock) before its first request.
+pub async fn sentinel_tls_fixture() -> Fixture {
+    let set = Arc::new(
+        tokio::task::spawn_blocking(|| {
+            leasehold_testkit::RedisSentinelSet::start_tls(
+                "conformtls",
+                leasehold_testkit::ServerCert::Localhost,
+                false,
+            )
+        })
+        .await
+        .unwrap(),
+    );
+    sentinel_fixture_on(set, Duration::from_secs(6)).await
+}
+
+async fn sentinel_fixture_on(
+    set: Arc<leasehold_testkit::RedisSentinelSet>,
+    ttl: Duration,
+) -> Fixture {
     let proxies: Vec<Arc<FaultProxy>> = set
         .servers()
         .iter()
@@ -276,6 +302,18 @@ pub async fn sentinel_fixture() -> Fixture {
     )
     .op_timeout(Duration::from_secs(2))
     .connect_timeout(Duration::from_secs(1));
+    if let Some(tls) = set.tls() {
+        // Every new connection makes TLS handshakes with a sentinel, the primary and the
+        // replica, and the redis client loads the system's CA store for each: more time to
+        // connect on a loaded machine.
+        b = b
+            .tls(leasehold_redis::TlsSettings {
+                ca_file: Some(tls.ca_cert()),
+                client_cert: None,
+            })
+            .op_timeout(Duration::from_secs(4))
+            .connect_timeout(Duration::from_secs(3));
+    }
     for (s, p) in set.servers().iter().zip(&proxies) {
         b = b.map_address(
             NodeAddr::new("127.0.0.1", s.port()),
@@ -292,13 +330,16 @@ pub async fn sentinel_fixture() -> Fixture {
             cli_set.primary().cli(&args)
         }),
     };
-    let url = set.url();
+    let url = match set.tls() {
+        Some(_) => format!("{}&connect_timeout=3s", set.url()),
+        None => set.url(),
+    };
     let direct = open_store(url.clone()).await;
     let network = Network::new(proxies, direct, set.clone())
         .op_bound(store.config().op_timeout())
         .lost_reply_applies(true);
     let faults = Arc::new(faults);
-    Fixture::new(store, faults.clone(), Duration::from_secs(1))
+    Fixture::new(store, faults.clone(), ttl)
         .queue(faults)
         .other_processes(url)
         .network(network)
