@@ -1052,6 +1052,124 @@ async fn etcd_section(plan: Plan) -> Res<Section> {
 }
 
 // ---------------------------------------------------------------------------------------
+// TLS
+
+/// What TLS costs a user: the same store on two private servers started alike, one
+/// requiring TLS (verified in full: CA and host), one plaintext, measured side by side.
+async fn tls_section(plan: Plan) -> Res<Section> {
+    use leasehold_mysql::{MySqlConfig, MySqlLeaseStore};
+    use leasehold_postgres::{PgConfig, PgLeaseStore};
+    use leasehold_testkit::{EtcdOptions, MariaDbOptions, PostgresOptions, ServerCert};
+
+    progress(format_args!(
+        "tls: starting private servers, each with and without TLS"
+    ));
+    let pg_plain =
+        blocking(|| leasehold_testkit::Postgres::start_with(PostgresOptions::new())).await?;
+    let pg_tls = blocking(|| {
+        leasehold_testkit::Postgres::start_with(PostgresOptions::new().tls(ServerCert::Localhost))
+    })
+    .await?;
+    let db_plain =
+        blocking(|| leasehold_testkit::MariaDb::start_with(MariaDbOptions::new())).await?;
+    let db_tls = blocking(|| {
+        leasehold_testkit::MariaDb::start_with(MariaDbOptions::new().tls(ServerCert::Localhost))
+    })
+    .await?;
+    let etcd_plain = blocking(leasehold_testkit::EtcdServer::start).await?;
+    let etcd_tls = blocking(|| {
+        leasehold_testkit::EtcdServer::start_with(EtcdOptions::new().tls(ServerCert::Localhost))
+    })
+    .await?;
+    let files = |tls: Option<&leasehold_testkit::TlsFiles>| tls.cloned().ok_or("no TLS files");
+
+    let pg = |url: String| async move {
+        let config = PgConfig::from_url(&url).map_err(err)?.pool_size(POOL);
+        let store = PgLeaseStore::connect(&config).await.map_err(err)?;
+        store.migrate().await.map_err(err)?;
+        Res::Ok(LeaseClient::new(Arc::new(store), lease_config()?))
+    };
+    let pg_files = files(pg_tls.tls())?;
+    let pg_plain_client = pg(format!("{}?sslmode=disable", pg_plain.url())).await?;
+    let pg_tls_client = pg(format!(
+        "{}?sslmode=verify-full&sslrootcert={}",
+        pg_tls.url(),
+        pg_files.ca_cert().display()
+    ))
+    .await?;
+    let my = |url: String| async move {
+        let config = MySqlConfig::from_url(&url)
+            .map_err(err)?
+            .max_connections(POOL);
+        let store = MySqlLeaseStore::connect(config).await.map_err(err)?;
+        store.migrate().await.map_err(err)?;
+        Res::Ok(LeaseClient::new(Arc::new(store), lease_config()?))
+    };
+    let db_files = files(db_tls.tls())?;
+    let my_plain_client = my(format!("{}?ssl-mode=DISABLED", db_plain.url())).await?;
+    let my_tls_client = my(format!(
+        "{}?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+        db_tls.url(),
+        db_files.ca_cert().display()
+    ))
+    .await?;
+    let etcd_files = files(etcd_tls.tls())?;
+    let etcd = |url: String| async move {
+        let store = leasehold_etcd::EtcdStore::open(&url).await.map_err(err)?;
+        Res::Ok(LeaseClient::new(Arc::new(store), lease_config()?))
+    };
+    let etcd_plain_client = etcd(etcd_plain.url()).await?;
+    // The test kit's TLS members also ask for a client certificate (etcd's
+    // --client-cert-auth), as a production cluster does.
+    let etcd_tls_client = etcd(format!(
+        "{}?tls=true&cacert={}&cert={}&key={}",
+        etcd_tls.url(),
+        etcd_files.ca_cert().display(),
+        etcd_files.client_cert().display(),
+        etcd_files.client_key().display()
+    ))
+    .await?;
+    let sides = vec![
+        leasehold_pair("pg-plain", pg_plain_client),
+        leasehold_pair("pg-tls", pg_tls_client),
+        leasehold_pair("mariadb-plain", my_plain_client),
+        leasehold_pair("mariadb-tls", my_tls_client),
+        leasehold_pair("etcd-plain", etcd_plain_client),
+        leasehold_pair("etcd-tls", etcd_tls_client),
+    ];
+    progress(format_args!("tls: uncontended"));
+    let levels = run_levels(&sides, &plan).await;
+    drop(sides);
+    drop((pg_plain, pg_tls, db_plain, db_tls, etcd_plain, etcd_tls));
+    Ok(Section {
+        name: "tls",
+        title: "TLS: each store on two private servers started alike, one requiring TLS".into(),
+        about: uncontended_about(
+            &plan,
+            "leasehold's lease-table stores and etcd, with and without TLS; the TLS servers use \
+             a private CA's certificate for 127.0.0.1, the clients verify it in full (CA and host)",
+        ),
+        legend: vec![
+            ("pg-plain", "PgLeaseStore (LeaseClient::try_acquire + Lease::release), sslmode=disable".into()),
+            ("pg-tls", "the same, sslmode=verify-full against a server with ssl=on that rejects plaintext".into()),
+            ("mariadb-plain", "MySqlLeaseStore, ssl-mode=DISABLED".into()),
+            ("mariadb-tls", "the same, ssl-mode=VERIFY_IDENTITY against a server with require_secure_transport=ON".into()),
+            ("etcd-plain", "EtcdStore, plaintext".into()),
+            ("etcd-tls", "the same, https with a client certificate (--client-cert-auth)".into()),
+        ],
+        levels,
+        ratios: vec![
+            Ratio { num: "pg-tls", den: "pg-plain", meaning: "what TLS (verify-full) keeps of PostgreSQL's plaintext rate".into() },
+            Ratio { num: "mariadb-tls", den: "mariadb-plain", meaning: "what TLS (VERIFY_IDENTITY) keeps of MariaDB's plaintext rate".into() },
+            Ratio { num: "etcd-tls", den: "etcd-plain", meaning: "what TLS with a client certificate keeps of etcd's plaintext rate".into() },
+        ],
+        contended_about: vec![],
+        contended: vec![],
+        failed: None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
 // ZooKeeper
 
 /// The plain lock: `zookeeper-client` alone on its own session. The lock is an ephemeral
@@ -1256,6 +1374,7 @@ fn main() {
                 Backend::Sqlite => sqlite_section(plan).await,
                 Backend::Etcd => etcd_section(plan).await,
                 Backend::Zookeeper => zookeeper_section(plan).await,
+                Backend::Tls => tls_section(plan).await,
             }
         });
         let section = result.unwrap_or_else(|e| Section {

@@ -24,21 +24,24 @@ pub enum Backend {
     Etcd,
     /// ZooKeeper.
     Zookeeper,
+    /// The cost of TLS: PostgreSQL, MariaDB and etcd each with and without it.
+    Tls,
 }
 
 impl Backend {
     /// Every section, in the order they run.
-    pub const ALL: [Backend; 6] = [
+    pub const ALL: [Backend; 7] = [
         Self::Redis,
         Self::Postgres,
         Self::Mysql,
         Self::Sqlite,
         Self::Etcd,
         Self::Zookeeper,
+        Self::Tls,
     ];
 
     /// `redis`, `postgres` (or `postgresql`, `pg`), `mysql` (or `mariadb`), `sqlite`,
-    /// `etcd`, `zookeeper` (or `zk`).
+    /// `etcd`, `zookeeper` (or `zk`), `tls`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "redis" => Some(Self::Redis),
@@ -47,6 +50,7 @@ impl Backend {
             "sqlite" => Some(Self::Sqlite),
             "etcd" => Some(Self::Etcd),
             "zookeeper" | "zk" => Some(Self::Zookeeper),
+            "tls" => Some(Self::Tls),
             _ => None,
         }
     }
@@ -60,6 +64,7 @@ impl Backend {
             Self::Sqlite => "sqlite",
             Self::Etcd => "etcd",
             Self::Zookeeper => "zookeeper",
+            Self::Tls => "tls",
         }
     }
 }

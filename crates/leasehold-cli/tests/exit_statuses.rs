@@ -772,3 +772,71 @@ fn mariadb_tls_causes() {
     expect(&out, 69, WRONG_HOST, "another host");
     assert!(stderr(&out).contains("`127.0.0.1`"), "{}", stderr(&out));
 }
+
+/// Redis and Redlock with TLS only (issue 28): their handshake failures are the same
+/// `leasehold::TlsFailure` as the other stores', so a client trusting another CA and a
+/// certificate for another host exit 69 with the same lines, never "bad store URL"; the
+/// password stays out of every line.
+#[test]
+fn redis_and_redlock_tls_causes() {
+    use leasehold_testkit::{ServerCert, TlsFiles};
+    let env = Env::new();
+    let dir = tempfile::tempdir().unwrap();
+    let files = TlsFiles::create(dir.path());
+    let redis = RedisServer::start_with(
+        RedisOptions::new()
+            .password(SECRET)
+            .tls(files.clone(), ServerCert::Localhost),
+    );
+    let port = redis.port();
+    let at = |scheme: &str, ca: &Path| {
+        format!(
+            "{scheme}://:{SECRET}@127.0.0.1:{port}/?tls_ca={}",
+            ca.display()
+        )
+    };
+    let out = run(&env, &["--store", &at("rediss", &files.ca_cert()), "list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let wrong_ca = at("rediss", &files.wrong_ca_cert());
+    expect(
+        &run(&env, &["--store", &wrong_ca, "list"]),
+        69,
+        UNTRUSTED,
+        "rediss, another CA",
+    );
+    let more: Vec<RedisServer> = (0..2)
+        .map(|_| {
+            RedisServer::start_with(
+                RedisOptions::new()
+                    .password(SECRET)
+                    .tls(files.clone(), ServerCert::Localhost),
+            )
+        })
+        .collect();
+    let redlock = format!(
+        "redlock://:{SECRET}@127.0.0.1:{port},127.0.0.1:{},127.0.0.1:{}/?tls=true&tls_ca={}",
+        more[0].port(),
+        more[1].port(),
+        files.wrong_ca_cert().display()
+    );
+    expect(
+        &run(&env, &["--store", &redlock, "list"]),
+        69,
+        UNTRUSTED,
+        "redlock, another CA",
+    );
+
+    let other_dir = tempfile::tempdir().unwrap();
+    let other_files = TlsFiles::create(other_dir.path());
+    let other = RedisServer::start_with(
+        RedisOptions::new().tls(other_files.clone(), ServerCert::WrongHost),
+    );
+    let url = format!(
+        "rediss://127.0.0.1:{}/?tls_ca={}",
+        other.port(),
+        other_files.ca_cert().display()
+    );
+    let out = run(&env, &["--store", &url, "list"]);
+    expect(&out, 69, WRONG_HOST, "rediss, another host");
+    assert!(stderr(&out).contains("127.0.0.1"), "{}", stderr(&out));
+}

@@ -1,7 +1,6 @@
-//! [`TlsFailure`]: why a TLS connection to a Redis server or sentinel failed, as a type;
-//! and the client TLS settings made from the PEM files a URL names.
-
-use std::fmt;
+//! TLS for the Redis stores: handshake failures as the core's [`TlsFailure`] (one type for
+//! every store, with the Redis URL's parameters as the hint), and the client TLS settings
+//! made from the PEM files a URL names.
 
 use leasehold_core::{StoreError, StoreErrorKind};
 #[cfg(feature = "tls")]
@@ -10,143 +9,42 @@ use redis::RedisError;
 use crate::BACKEND;
 use crate::config::TlsSettings;
 
-/// What went wrong with TLS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum TlsProblem {
-    /// The server's certificate is not signed by a CA the client trusts (or is expired,
-    /// or otherwise invalid): name the CA that signed it with `tls_ca`.
-    UntrustedCertificate,
-    /// The server's certificate is valid but does not name the host the client connected
-    /// to (a URL's host, or the address a sentinel named).
-    WrongHost,
-    /// A CA, certificate or key file named in the URL cannot be read.
-    Files,
-    /// Any other TLS failure: a handshake the server aborted (a client certificate it
-    /// requires and did not get, or one it does not trust), a protocol error.
-    Other,
-}
+pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 
-impl TlsProblem {
-    /// A short stable name, for logs and `--json` output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::UntrustedCertificate => "untrusted_certificate",
-            Self::WrongHost => "wrong_host",
-            Self::Files => "files",
-            Self::Other => "other",
+/// The Redis URL parameters (or the way out) that fix `problem`.
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+fn hint(problem: TlsProblem) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => "tls_ca=",
+        TlsProblem::WrongHost => "for Sentinel: the address the sentinels announce",
+        TlsProblem::Other => {
+            "does the server require a client certificate, tls_cert= and tls_key=, signed by \
+             a CA it trusts?"
         }
+        _ => "",
     }
 }
 
-/// A TLS failure while connecting to a Redis server or sentinel: [what](TlsProblem) went
-/// wrong, and the host it was for. The store puts it as the
-/// [source](std::error::Error::source) of a [`StoreErrorKind::Config`] error (fix the URL,
-/// the certificates or the server; retrying cannot help); [`TlsFailure::of`] finds it.
-///
-/// Its text never holds key material or a password: it is made of the problem, the host,
-/// a file's path and, for handshake errors, rustls's description of the certificate error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFailure {
-    problem: TlsProblem,
-    host: Option<String>,
-    detail: String,
+/// A failure of `problem` with the Redis URL's hint.
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+fn new_failure(problem: TlsProblem, host: Option<&str>, detail: impl Into<String>) -> TlsFailure {
+    TlsFailure::new(problem, host, detail).with_hint(hint(problem))
 }
 
-impl TlsFailure {
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-    pub(crate) fn new(problem: TlsProblem, host: Option<&str>, detail: impl Into<String>) -> Self {
-        Self {
-            problem,
-            host: host.map(str::to_owned),
-            detail: detail.into(),
-        }
-    }
-
-    /// What went wrong.
-    pub fn problem(&self) -> TlsProblem {
-        self.problem
-    }
-
-    /// The host the certificate was checked against (or the server connected to), when
-    /// known.
-    pub fn host(&self) -> Option<&str> {
-        self.host.as_deref()
-    }
-
-    /// The TLS failure behind `error`, if one is among its sources.
-    pub fn of(error: &StoreError) -> Option<&Self> {
-        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
-        while let Some(e) = next {
-            if let Some(tls) = e.downcast_ref::<Self>() {
-                return Some(tls);
-            }
-            next = e.source();
-        }
-        None
-    }
-
-    /// The same failure, for `host` when it named none.
-    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
-    pub(crate) fn or_host(mut self, host: Option<&str>) -> Self {
-        if self.host.is_none() {
-            self.host = host.map(str::to_owned);
-        }
-        self
-    }
-
-    fn advice(&self) -> &'static str {
-        match self.problem {
-            TlsProblem::UntrustedCertificate => {
-                "the server's certificate is not signed by a trusted CA: name the CA that \
-                 signed it with tls_ca="
-            }
-            TlsProblem::WrongHost => {
-                "the server's certificate does not name the host: connect by a name the \
-                 certificate holds (for Sentinel: the address the sentinels announce), or \
-                 reissue the certificate for this host"
-            }
-            TlsProblem::Files => "a TLS file named in the URL cannot be used",
-            TlsProblem::Other => {
-                "the TLS connection failed (does the server require a client certificate, \
-                 tls_cert= and tls_key=, signed by a CA it trusts?)"
-            }
-        }
+/// The same failure, for `host` (if given) when it named none.
+#[cfg(feature = "tls")]
+fn or_host(failure: TlsFailure, host: Option<&str>) -> TlsFailure {
+    match host {
+        Some(h) => failure.or_host(h),
+        None => failure,
     }
 }
-
-impl fmt::Display for TlsFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TLS: ")?;
-        f.write_str(self.advice())?;
-        if let Some(host) = &self.host {
-            write!(f, " (host `{host}`)")?;
-        }
-        if !self.detail.is_empty() {
-            write!(f, ": {}", self.detail)?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for TlsFailure {}
 
 #[cfg(feature = "tls")]
 fn from_rustls(e: &rustls::Error) -> TlsFailure {
-    use rustls::CertificateError as C;
-    match e {
-        rustls::Error::InvalidCertificate(C::NotValidForNameContext { expected, .. }) => {
-            let host = expected.to_str();
-            TlsFailure::new(TlsProblem::WrongHost, Some(&host), e.to_string())
-        }
-        rustls::Error::InvalidCertificate(C::NotValidForName) => {
-            TlsFailure::new(TlsProblem::WrongHost, None, e.to_string())
-        }
-        rustls::Error::InvalidCertificate(_) => {
-            TlsFailure::new(TlsProblem::UntrustedCertificate, None, e.to_string())
-        }
-        _ => TlsFailure::new(TlsProblem::Other, None, e.to_string()),
-    }
+    let failure = TlsFailure::from_rustls(e);
+    let problem = failure.problem();
+    failure.with_hint(hint(problem))
 }
 
 /// The rustls error behind `e`, if any.
@@ -182,7 +80,7 @@ fn rustls_error(e: &RedisError) -> Option<&rustls::Error> {
 #[cfg(feature = "tls")]
 pub(crate) fn failure(e: &RedisError, host: Option<&str>) -> Option<TlsFailure> {
     if let Some(r) = rustls_error(e) {
-        return Some(from_rustls(r).or_host(host));
+        return Some(or_host(from_rustls(r), host));
     }
     let detail = e.detail()?;
     if !detail.contains("invalid peer certificate") {
@@ -193,7 +91,7 @@ pub(crate) fn failure(e: &RedisError, host: Option<&str>) -> Option<TlsFailure> 
     } else {
         TlsProblem::UntrustedCertificate
     };
-    Some(TlsFailure::new(problem, host, detail))
+    Some(new_failure(problem, host, detail))
 }
 
 #[cfg(not(feature = "tls"))]
@@ -204,7 +102,7 @@ pub(crate) fn failure(_: &redis::RedisError, _: Option<&str>) -> Option<TlsFailu
 /// A `Config` error for a TLS file, with its [`TlsFailure`] as the source.
 #[cfg(feature = "tls")]
 fn file_error(what: &str, path: &std::path::Path, problem: &str) -> StoreError {
-    let failure = TlsFailure::new(
+    let failure = new_failure(
         TlsProblem::Files,
         None,
         format!("the TLS {what} file {} {problem}", path.display()),

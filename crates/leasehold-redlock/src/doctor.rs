@@ -69,7 +69,15 @@ fn judge(answers: &[Answer], config: &RedlockConfig) -> Diagnosis {
             answers.len()
         ),
     );
-    d.fact("TLS", "none: the connections are plaintext");
+    d.fact(
+        "TLS",
+        if config.tls_settings().is_some() {
+            "on (tls=true) to every node, each certificate checked against the CA and the node's \
+             host; the version is not exposed by the Redis client"
+        } else {
+            "none: the connections are plaintext"
+        },
+    );
     d.fact(
         "quorum",
         format!(
