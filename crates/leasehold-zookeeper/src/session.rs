@@ -193,14 +193,10 @@ impl ZkStore {
         let config = &self.inner.config;
         let hosts = config.connect_string();
         let client = StoreError::bounded(BACKEND, "connect", config.connect_bound(), async {
-            let mut connector = zk::Client::connector()
+            let connector = zk::Client::connector()
                 .with_session_timeout(config.session_timeout_asked())
                 .with_connection_timeout(config.connection_timeout())
                 .with_fail_eagerly();
-            // Sent with every connect request, a new session's and a reconnect's.
-            if let Some(c) = config.credentials_ref() {
-                connector = connector.with_auth("digest", &Identity::auth_data(c));
-            }
             let tls = self.inner.tls.as_ref();
             let connected = match tls {
                 Some(m) => {
@@ -212,7 +208,20 @@ impl ZkStore {
                 None => connector.connect(&hosts).await,
             };
             match connected {
-                Ok(client) => Ok(client),
+                Ok(client) => {
+                    // Authenticated once the session is established, not in the same
+                    // packet as the connect request: ZooKeeper 3.8's TLS (Netty) server
+                    // may answer such an auth before the connect, which the client takes
+                    // for a malformed connect response. The client resends it with every
+                    // reconnect, before any other request.
+                    if let Some(c) = config.credentials_ref() {
+                        client
+                            .auth("digest", &Identity::auth_data(c))
+                            .await
+                            .map_err(|e| map_err("authenticate", e))?;
+                    }
+                    Ok(client)
+                }
                 Err(e) => {
                     // The client reports a failed handshake as a lost connection: handshake
                     // once to find out why.

@@ -352,6 +352,10 @@ impl Material {
                 }
             }
             let mut byte = [0u8; 1];
+            // A refusal comes at once; a server that accepted waits for the connect
+            // request, so do not wait for it long.
+            sock.set_read_timeout(Some(timeout.min(Duration::from_secs(1))))
+                .ok()?;
             // Whatever was read is dropped: only a refusal matters here.
             let read = rustls::Stream::new(&mut conn, &mut sock).read(&mut byte);
             read.err().and_then(|e| TlsFailure::find(&e, host))
