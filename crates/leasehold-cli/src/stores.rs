@@ -75,6 +75,7 @@ pub(crate) const PASSWORD_SCHEMES: &[&str] = &[
     "rediss+sentinel",
     "redlock",
     "etcd",
+    "zookeeper",
 ];
 
 /// `url` with the password read from the file at `path` in its user information
@@ -93,7 +94,7 @@ pub(crate) fn with_password_file(url: &str, path: &Path) -> Result<String, Failu
         let scheme: String = scheme.chars().take(32).collect();
         return Err(Failure::PasswordFile(format!(
             "{shown} is given, but a {scheme}:// store takes no password (stores with one: \
-             postgres, mysql, mariadb, redis, rediss, redlock, etcd)"
+             postgres, mysql, mariadb, redis, rediss, redlock, etcd, zookeeper)"
         )));
     }
     let bytes = std::fs::read(path)
@@ -166,6 +167,16 @@ mod tests {
             url("redlock://h1:1,h2:2,h3:3"),
             "redlock://:p%40ss%3Aw%2Frd%20%25%C3%A9@h1:1,h2:2,h3:3"
         );
+        assert_eq!(
+            url("zookeeper://alice@h:2181/app?tls=true"),
+            "zookeeper://alice:p%40ss%3Aw%2Frd%20%25%C3%A9@h:2181/app?tls=true"
+        );
+        #[cfg(feature = "zookeeper")]
+        {
+            let zk =
+                leasehold::zookeeper::ZkConfig::from_url(&url("zookeeper://alice@h:2181")).unwrap();
+            assert_eq!(zk.user(), Some("alice"), "{zk:?}");
+        }
         // The store's own parser reads it back.
         let config =
             leasehold::postgres::PgConfig::from_url(&url("postgres://app@db/app")).unwrap();
@@ -184,10 +195,7 @@ mod tests {
         for (url, says) in [
             ("postgres://app:other@db/app", "has a password too"),
             ("sqlite:///x.db", "a sqlite:// store takes no password"),
-            (
-                "zookeeper://h:2181",
-                "a zookeeper:// store takes no password",
-            ),
+            ("nats://h:4222", "a nats:// store takes no password"),
         ] {
             let e = with_password_file(url, f.path()).unwrap_err();
             let text = e.to_string();

@@ -1,11 +1,12 @@
-//! Private ZooKeeper servers: [`ZkServer`] (one standalone server) and [`ZkEnsemble`]
-//! (three members, their links to each other optionally through fault proxies), each on its
-//! own ports and temporary data directory, run by the `java` found on `PATH` with Debian's
-//! `/usr/share/java/zookeeper.jar`.
+//! Private ZooKeeper servers: [`ZkServer`] (one standalone server, optionally serving only
+//! TLS: [`ZkServer::start_tls`]) and [`ZkEnsemble`] (three members, their links to each other
+//! optionally through fault proxies), each on its own ports and temporary data directory,
+//! run by the `java` found on `PATH` with Debian's `/usr/share/java/zookeeper.jar`.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -15,12 +16,21 @@ use crate::process::ServerProcess;
 use crate::proxy::{FaultProxy, ProxyMode};
 use crate::ready::{self, ReadyError};
 use crate::server::{Home, Launch, Server};
+use crate::tls::{ServerCert, TlsFiles};
 use crate::util;
 
 /// Debian's ZooKeeper server jar (package `zookeeper`).
 pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// The logging backend put on the class path, so that the server writes a log.
 const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+/// Netty's codec and resolver, which the TLS server's pipeline needs and Debian's
+/// `zookeeper.jar` does not list in its class path (it lists netty-handler, -buffer,
+/// -common and -transport).
+const NETTY_TLS_JARS: &str = "/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar";
+/// The line a standalone server logs once it serves (its `ContainerManager` starts after
+/// the server is running): the readiness check of a TLS-only server, which answers no
+/// plaintext `srvr`.
+const SERVING_LINE: &str = "ContainerManager - Using checkIntervalMs";
 
 /// How long a server may take to answer `srvr` with its mode after it was spawned (a JVM
 /// start on a loaded two-core machine, and for an ensemble, a leader election).
@@ -56,6 +66,21 @@ struct Launcher {
     sync_limit: u32,
     /// For an ensemble member: its id and how it reaches each member (see [`write_config`]).
     ensemble: Option<(usize, Vec<(u16, u16)>)>,
+    /// A standalone server serving only TLS (see [`ZkServer::start_tls`]).
+    tls: Option<LaunchTls>,
+    /// The length of the log when the process was last spawned: the readiness check of a
+    /// TLS server reads only what that process wrote.
+    log_start: AtomicU64,
+}
+
+/// The TLS files and settings of a server started with [`ZkServer::start_tls`].
+#[derive(Debug)]
+struct LaunchTls {
+    files: TlsFiles,
+    /// `ssl.keyStore.location`: the key (PKCS#8) and the certificate in one PEM file, as
+    /// ZooKeeper's PEM key store takes them.
+    key_store: PathBuf,
+    client_cert_auth: bool,
 }
 
 /// One server process of a standalone server or an ensemble.
@@ -64,18 +89,35 @@ type Member = Server<Launcher>;
 /// Writes `zoo.cfg` (and `myid` for an ensemble member) in `dir`. For an ensemble member,
 /// `peers` are the quorum and election ports this member dials to reach each member (its
 /// own line: the ports it listens on).
+/// With `tls`, the client port is a `secureClientPort` (Netty, TLS only: no `clientPort`,
+/// no port unification) instead.
 fn write_config(
     dir: &Path,
     client_port: u16,
     sync_limit: u32,
     ensemble: Option<(usize, &[(u16, u16)])>,
+    tls: Option<&LaunchTls>,
 ) {
     let data = dir.join("data");
     std::fs::create_dir_all(&data)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", data.display()));
+    let listen = match tls {
+        None => format!("clientPort={client_port}\nclientPortAddress=127.0.0.1\n"),
+        Some(tls) => format!(
+            "secureClientPort={client_port}\nsecureClientPortAddress=127.0.0.1\n\
+             serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+             client.portUnification=false\n\
+             ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+             ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+             ssl.clientAuth={}\n",
+            tls.key_store.display(),
+            tls.files.ca_cert().display(),
+            if tls.client_cert_auth { "need" } else { "none" },
+        ),
+    };
     let mut cfg = format!(
         "tickTime={}\ninitLimit=20\nsyncLimit={sync_limit}\ndataDir={}\n\
-         clientPort={client_port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+         {listen}admin.enableServer=false\n\
          4lw.commands.whitelist=ruok,srvr,stat,mntr\nminSessionTimeout={}\n\
          maxSessionTimeout={}\nmaxClientCnxns=0\n",
         TICK.as_millis(),
@@ -102,7 +144,21 @@ impl Launch for Launcher {
 
     fn spawn(&self, dir: &Path, client_port: u16) -> ServerProcess {
         let ensemble = (self.ensemble.as_ref()).map(|(id, peers)| (*id, peers.as_slice()));
-        write_config(dir, client_port, self.sync_limit, ensemble);
+        write_config(
+            dir,
+            client_port,
+            self.sync_limit,
+            ensemble,
+            self.tls.as_ref(),
+        );
+        let log = dir.join("log");
+        let log_start = std::fs::metadata(&log).map_or(0, |m| m.len());
+        self.log_start.store(log_start, Ordering::Relaxed);
+        let mut class_path = format!("/etc/zookeeper/conf:{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}");
+        if self.tls.is_some() {
+            class_path.push(':');
+            class_path.push_str(NETTY_TLS_JARS);
+        }
         let mut cmd = Command::new(&self.java);
         cmd.current_dir(dir)
             // A small JVM: the machine is shared.
@@ -111,20 +167,35 @@ impl Launch for Launcher {
             .arg("-XX:TieredStopAtLevel=1")
             .arg("-Dzookeeper.admin.enableServer=false")
             .arg("-cp")
-            .arg(format!(
-                "/etc/zookeeper/conf:{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}"
-            ))
+            .arg(class_path)
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
             .arg(dir.join("zoo.cfg"));
         for var in ["JVMFLAGS", "SERVER_JVMFLAGS", "CLASSPATH", "ZOOCFGDIR"] {
             cmd.env_remove(var);
         }
-        ServerProcess::spawn(format!("zookeeper:{client_port}"), cmd, &dir.join("log"))
+        ServerProcess::spawn(format!("zookeeper:{client_port}"), cmd, &log)
     }
 
     fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
+        let Some(tls) = &self.tls else {
+            return ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(100), || {
+                mode(port).is_some()
+            });
+        };
+        // A TLS-only server answers `srvr` only over TLS: ready once this process logged
+        // that it serves, and the port takes connections.
+        let log = tls.files.dir().parent().map(|d| d.join("log"));
+        let start = self.log_start.load(Ordering::Relaxed);
         ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(100), || {
-            mode(port).is_some()
+            let Some(log) = &log else { return false };
+            let Ok(bytes) = std::fs::read(log) else {
+                return false;
+            };
+            let ours = bytes
+                .get(usize::try_from(start).unwrap_or(0)..)
+                .unwrap_or(&[]);
+            String::from_utf8_lossy(ours).contains(SERVING_LINE)
+                && TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
         })
     }
 }
@@ -146,7 +217,9 @@ fn mode(port: u16) -> Option<String> {
 /// A private standalone ZooKeeper 3.8 server on 127.0.0.1: its own client port and
 /// temporary data directory, a 250 ms tick, session timeouts between 0.5 s and 60 s. A
 /// crash-restart keeps every acknowledged write (ZooKeeper syncs its transaction log
-/// before it answers a write).
+/// before it answers a write). Digest authentication (`addauth digest user:password`) is
+/// available, as on every ZooKeeper server; started with [`start_tls`](Self::start_tls) it
+/// serves only TLS.
 ///
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
@@ -162,19 +235,73 @@ impl ZkServer {
     /// Panics if `java` or `/usr/share/java/zookeeper.jar` is missing (package
     /// `zookeeper`), or if the server does not serve within 60 s.
     pub fn start() -> Self {
+        Self::start_inner(None)
+    }
+
+    /// Starts a server that serves only TLS and waits until it serves (its log says so and
+    /// its port takes connections): fresh certificates ([`TlsFiles`], in `DIR/tls`, see
+    /// [`tls`](Self::tls)); the client port is a `secureClientPort` (Netty,
+    /// `ssl.keyStore.type=PEM` holding `cert` and its key, `ssl.trustStore` the test CA)
+    /// with no plaintext `clientPort` and no port unification, so a plaintext client is
+    /// refused. With `client_cert_auth`, `ssl.clientAuth=need`: every client must present
+    /// a certificate signed by the test CA (else `none`).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start); also when the certificates cannot be written, or when
+    /// Netty's jars (package `libnetty-java`) are missing.
+    pub fn start_tls(cert: ServerCert, client_cert_auth: bool) -> Self {
+        Self::start_inner(Some((cert, client_cert_auth)))
+    }
+
+    fn start_inner(tls: Option<(ServerCert, bool)>) -> Self {
         check_jar();
+        let dir = util::temp_dir("leasehold-zk-");
+        let tls = tls.map(|(cert, client_cert_auth)| {
+            for jar in NETTY_TLS_JARS.split(':') {
+                assert!(
+                    Path::new(jar).is_file(),
+                    "{jar} not found: install package libnetty-java"
+                );
+            }
+            let tls_dir = dir.path().join("tls");
+            std::fs::create_dir(&tls_dir).expect("create DIR/tls");
+            let files = TlsFiles::create(&tls_dir);
+            let (cert, key) = cert.files(&files);
+            let read = |p: &Path| {
+                std::fs::read_to_string(p)
+                    .unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+            };
+            let key_store = tls_dir.join("server-keystore.pem");
+            std::fs::write(&key_store, read(&key) + &read(&cert))
+                .unwrap_or_else(|e| panic!("cannot write {}: {e}", key_store.display()));
+            LaunchTls {
+                files,
+                key_store,
+                client_cert_auth,
+            }
+        });
         let launcher = Launcher {
             java: java(),
             sync_limit: DEFAULT_SYNC_LIMIT,
             ensemble: None,
+            tls,
+            log_start: AtomicU64::new(0),
         };
-        let home = Home::Own(util::temp_dir("leasehold-zk-"));
         Self {
-            server: Server::start(launcher, home),
+            server: Server::start(launcher, Home::Own(dir)),
         }
     }
 
-    /// `zookeeper://127.0.0.1:port/leasehold`.
+    /// The certificates of a server started with [`start_tls`](Self::start_tls) (`None`
+    /// without TLS):
+    /// the CA to trust, the client certificate, and the wrong ones.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.server.launch().tls.as_ref().map(|t| &t.files)
+    }
+
+    /// `zookeeper://127.0.0.1:port/leasehold` (with TLS, add `?tls=true` and the files:
+    /// see [`tls`](Self::tls)).
     pub fn url(&self) -> String {
         format!("zookeeper://127.0.0.1:{}/leasehold", self.port())
     }
@@ -362,6 +489,8 @@ impl ZkEnsemble {
                     java: java.to_path_buf(),
                     sync_limit: options.sync_limit,
                     ensemble: Some((i + 1, seen)),
+                    tls: None,
+                    log_start: AtomicU64::new(0),
                 };
                 let process = launcher.spawn(&dir, clients[i]);
                 Server::new(process, clients[i], launcher, Home::In(dir))

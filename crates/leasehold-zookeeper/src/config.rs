@@ -2,12 +2,15 @@
 //! a `zookeeper://` URL.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use leasehold_core::StoreError;
 #[cfg(doc)]
 use leasehold_core::StoreErrorKind;
-use leasehold_core::url::{ConfigErrors, UrlError, param_duration, percent_decode, split_url};
+use leasehold_core::url::{
+    ConfigErrors, Secret, UrlError, param_duration, param_value, percent_decode, split_url,
+};
 
 use crate::BACKEND;
 
@@ -27,9 +30,27 @@ const CONFIG: ConfigErrors = ConfigErrors {
     label: "zookeeper",
 };
 
+/// A digest user name and password (ZooKeeper's `addauth digest user:password`). The
+/// password is never shown by `Debug` or anywhere else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Credentials {
+    pub(crate) user: String,
+    pub(crate) password: Secret,
+}
+
+/// TLS settings: the CA to verify the servers with and the client certificate, if any.
+/// Verification of the servers' certificates (CA and host name) is always on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct TlsSettings {
+    /// `cacert`: the PEM file of the CA(s) to trust; `None`: the system's CA store.
+    pub(crate) ca_file: Option<PathBuf>,
+    /// `cert` and `key`: the client certificate and its private key (PEM files).
+    pub(crate) client: Option<(PathBuf, PathBuf)>,
+}
+
 /// How to reach a ZooKeeper ensemble and how the store behaves.
 ///
-/// Parsed from `zookeeper://host:port[,host:port…][/chroot][?params]` by
+/// Parsed from `zookeeper://[user:password@]host:port[,host:port…][/chroot][?params]` by
 /// [`from_url`](Self::from_url). Parameters:
 ///
 /// | parameter | meaning | default |
@@ -38,8 +59,17 @@ const CONFIG: ConfigErrors = ConfigErrors {
 /// | `timeout` | bound on each operation (`250ms`, `2s`, …) | 5 s |
 /// | `connect_timeout` | bound on establishing a session | 5 s |
 /// | `tick_time` | the ensemble's `tickTime` (see [`tick_time`](Self::tick_time)) | half the session timeout |
+/// | `tls` | `true`: talk to the servers' secure client port (`secureClientPort`) over TLS, verifying their certificates | `false` |
+/// | `cacert` | with `tls=true`: PEM file of the CA that signed the servers' certificates | the system's CA store |
+/// | `cert`, `key` | with `tls=true`: PEM files of a client certificate and its key (servers with `ssl.clientAuth=need`) | none |
 ///
-/// Unknown parameters are refused.
+/// `user:password@` is a digest identity (ZooKeeper's `addauth digest user:password`):
+/// the store authenticates every session with it and creates every node with an ACL
+/// giving all permissions to that identity only (see the crate documentation,
+/// "Authentication and ACLs"). With TLS the servers' certificates are always verified:
+/// signed by the CA, naming the host of the server. Unknown parameters are refused.
+/// `Debug` and `Display` never show the password, and the key file is read only when
+/// connecting (its content is never shown).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZkConfig {
     hosts: Vec<String>,
@@ -48,11 +78,22 @@ pub struct ZkConfig {
     op_timeout: Duration,
     connect_timeout: Duration,
     tick_time: Option<Duration>,
+    credentials: Option<Credentials>,
+    tls: Option<TlsSettings>,
 }
 
 impl fmt::Display for ZkConfig {
+    /// The URL without the password and the other parameters.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "zookeeper://{}{}", self.hosts.join(","), self.chroot)
+        f.write_str("zookeeper://")?;
+        if let Some(c) = &self.credentials {
+            write!(f, "{}:***@", c.user)?;
+        }
+        write!(f, "{}{}", self.hosts.join(","), self.chroot)?;
+        if self.tls.is_some() {
+            f.write_str("?tls=true")?;
+        }
+        Ok(())
     }
 }
 
@@ -73,15 +114,19 @@ impl ZkConfig {
             op_timeout: DEFAULT_OP_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tick_time: None,
+            credentials: None,
+            tls: None,
         })
     }
 
-    /// Parses `zookeeper://host:port[,host:port…][/chroot][?params]`.
+    /// Parses `zookeeper://[user:password@]host:port[,host:port…][/chroot][?params]`.
     ///
     /// # Errors
     /// [`StoreErrorKind::Config`] for another scheme, a missing or bad `host:port`, user
-    /// information (ZooKeeper authentication is not supported), a bad root path, an unknown
-    /// or repeated parameter, or a bad value.
+    /// information that is not `user:password` (or a user name with `:`), a bad root path,
+    /// an unknown or repeated parameter, a bad value, `cacert`, `cert` or `key` without
+    /// `tls=true`, `cert` without `key` (or the reverse), or with TLS a host that is no
+    /// DNS name or IP address. The message never contains the password.
     ///
     /// ```
     /// use std::time::Duration;
@@ -98,31 +143,183 @@ impl ZkConfig {
     /// ```
     pub fn from_url(url: &str) -> Result<Self, StoreError> {
         let parts = split_url(url, "zookeeper").map_err(|e| CONFIG.url(e))?;
-        if parts.userinfo.is_some() {
-            return Err(CONFIG.error(
-                "zookeeper URLs take no user information: authentication is not supported",
-            ));
-        }
         let mut config = Self::new(parts.hosts.split(','))?;
+        if let Some(userinfo) = parts.userinfo {
+            let (user, password) = userinfo.split_once(':').ok_or_else(|| {
+                CONFIG.error(
+                    "zookeeper credentials in the URL are user:password (the password is missing)",
+                )
+            })?;
+            let user = percent_decode(user)
+                .ok_or_else(|| CONFIG.error("the zookeeper user name has a malformed %-escape"))?;
+            let password = percent_decode(password)
+                .ok_or_else(|| CONFIG.error("the zookeeper password has a malformed %-escape"))?;
+            config = config.credentials(user, password)?;
+        }
         if let Some(path) = parts.path {
             let path = percent_decode(path)
                 .ok_or_else(|| CONFIG.error("the zookeeper root path has a malformed %-escape"))?;
             config = config.chroot(path)?;
         }
+        let mut tls = None;
+        let (mut ca_file, mut cert, mut key) = (None, None, None);
         for (name, value) in parts.params {
-            let d = param_duration(name, value).map_err(|e| CONFIG.url(e));
+            let d = || param_duration(name, value).map_err(|e| CONFIG.url(e));
+            let path = || {
+                let value = param_value(name, value).map_err(|e| CONFIG.url(e))?;
+                if value.is_empty() {
+                    Err(CONFIG.error(format!("the zookeeper parameter {name} names no file")))
+                } else {
+                    Ok(PathBuf::from(value))
+                }
+            };
             match name {
-                "session_timeout" => config = config.session_timeout(d?)?,
-                "timeout" => config = config.op_timeout(d?)?,
-                "connect_timeout" => config = config.connect_timeout(d?)?,
-                "tick_time" => config = config.tick_time(d?)?,
+                "session_timeout" => config = config.session_timeout(d()?)?,
+                "timeout" => config = config.op_timeout(d()?)?,
+                "connect_timeout" => config = config.connect_timeout(d()?)?,
+                "tick_time" => config = config.tick_time(d()?)?,
+                "tls" => {
+                    tls = Some(match value {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(
+                                CONFIG.error("the zookeeper parameter tls is true or false")
+                            );
+                        }
+                    });
+                }
+                "cacert" => ca_file = Some(path()?),
+                "cert" => cert = Some(path()?),
+                "key" => key = Some(path()?),
                 _ => {
-                    let known = "session_timeout, timeout, connect_timeout, tick_time";
+                    let known = "session_timeout, timeout, connect_timeout, tick_time, tls, \
+                                 cacert, cert, key";
                     return Err(CONFIG.url(UrlError::unknown(name, known)));
                 }
             }
         }
+        if tls == Some(true) {
+            config = config.tls()?;
+            if let Some(ca) = ca_file {
+                config = config.ca_file(ca)?;
+            }
+            match (cert, key) {
+                (Some(cert), Some(key)) => config = config.client_cert(cert, key)?,
+                (None, None) => {}
+                _ => {
+                    return Err(CONFIG.error(
+                        "a zookeeper client certificate needs both cert and key (PEM files)",
+                    ));
+                }
+            }
+        } else if ca_file.is_some() || cert.is_some() || key.is_some() {
+            return Err(CONFIG.error(
+                "the zookeeper parameters cacert, cert and key need tls=true (TLS is off)",
+            ));
+        }
         Ok(config)
+    }
+
+    /// Authenticates every session as the digest identity `user` with `password`
+    /// (ZooKeeper's `addauth digest user:password`), and creates every node with an ACL
+    /// giving all permissions to that identity only.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when the user name is empty, holds `:` (ZooKeeper's
+    /// digest identity is `user:hash`, split at the first `:`) or a control character.
+    pub fn credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Result<Self, StoreError> {
+        let user = user.into();
+        if user.is_empty() {
+            return Err(CONFIG.error("the zookeeper user name is empty"));
+        }
+        if user.contains(':') || user.chars().any(char::is_control) {
+            return Err(
+                CONFIG.error("the zookeeper user name may not hold ':' or a control character")
+            );
+        }
+        self.credentials = Some(Credentials {
+            user,
+            password: Secret(password.into()),
+        });
+        Ok(self)
+    }
+
+    /// Talks to the servers' secure client port over TLS, verifying their certificates
+    /// against the system's CA store (or the [`ca_file`](Self::ca_file)) and the server's
+    /// host name.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Config`] when a host is no DNS name or IP address (a certificate
+    /// cannot name it).
+    pub fn tls(mut self) -> Result<Self, StoreError> {
+        for host in &self.hosts {
+            let name = host.rsplit_once(':').map_or(host.as_str(), |(h, _)| h);
+            let name = name
+                .strip_prefix('[')
+                .and_then(|n| n.strip_suffix(']'))
+                .unwrap_or(name);
+            if rustls::pki_types::ServerName::try_from(name).is_err() {
+                return Err(CONFIG.error(format!(
+                    "zookeeper host {name} is no DNS name or IP address: a TLS certificate \
+                     cannot name it"
+                )));
+            }
+        }
+        self.tls.get_or_insert_with(TlsSettings::default);
+        Ok(self)
+    }
+
+    /// Verifies the servers' certificates against the CA(s) in this PEM file instead of
+    /// the system's CA store; turns TLS on.
+    ///
+    /// # Errors
+    /// As [`tls`](Self::tls).
+    pub fn ca_file(self, path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let mut config = self.tls()?;
+        if let Some(tls) = config.tls.as_mut() {
+            tls.ca_file = Some(path.as_ref().into());
+        }
+        Ok(config)
+    }
+
+    /// Presents this client certificate and key (PEM files), for servers with
+    /// `ssl.clientAuth=need`; turns TLS on. The files are read when connecting.
+    ///
+    /// # Errors
+    /// As [`tls`](Self::tls).
+    pub fn client_cert(
+        self,
+        cert: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+    ) -> Result<Self, StoreError> {
+        let mut config = self.tls()?;
+        if let Some(tls) = config.tls.as_mut() {
+            tls.client = Some((cert.as_ref().into(), key.as_ref().into()));
+        }
+        Ok(config)
+    }
+
+    /// Whether the store talks to the servers over TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    pub(crate) fn tls_settings(&self) -> Option<&TlsSettings> {
+        self.tls.as_ref()
+    }
+
+    /// The digest user name, if the store authenticates.
+    pub fn user(&self) -> Option<&str> {
+        self.credentials.as_ref().map(|c| c.user.as_str())
+    }
+
+    pub(crate) fn credentials_ref(&self) -> Option<&Credentials> {
+        self.credentials.as_ref()
     }
 
     /// Sets the root path under which every lease lives (created if missing).
@@ -313,7 +510,14 @@ mod tests {
             "zookeeper://h:1?timeout=1s&timeout=2s",
             "zookeeper://h:1?tick_time=0ms",
             "zookeeper://h:1?tick_time=2h",
-            "zookeeper://u:p@h:1",
+            "zookeeper://u@h:1",
+            "zookeeper://:p@h:1",
+            "zookeeper://u%3Ax:p@h:1",
+            "zookeeper://u:p%zz@h:1",
+            "zookeeper://h:1?tls=yes",
+            "zookeeper://h:1?cacert=/ca.pem",
+            "zookeeper://h:1?tls=true&cert=/c",
+            "zookeeper://h:1?tls=true&cacert=",
             "zookeeper://h:1#frag",
             "zookeeper://bad host:1",
         ] {
@@ -325,5 +529,99 @@ mod tests {
             ZkConfig::from_url(&long).unwrap_err().kind(),
             StoreErrorKind::Config
         );
+        let long = format!("zookeeper://h:1/{}", "a".repeat(MAX_CHROOT_LEN + 1));
+        assert_eq!(
+            ZkConfig::from_url(&long).unwrap_err().kind(),
+            StoreErrorKind::Config
+        );
+    }
+}
+
+#[cfg(test)]
+mod secrets {
+    use leasehold_core::StoreErrorKind;
+
+    use super::*;
+
+    #[test]
+    fn parses_credentials_and_tls() {
+        let c = ZkConfig::from_url(
+            "zookeeper://bob:p%40ss:w@a:2181,b:2182/app?tls=true&cacert=/etc/ca.pem&cert=/c.pem&key=%2Fk.pem",
+        )
+        .unwrap();
+        let creds = c.credentials_ref().unwrap();
+        assert_eq!(
+            (creds.user.as_str(), creds.password.expose()),
+            ("bob", "p@ss:w")
+        );
+        assert_eq!(c.user(), Some("bob"));
+        let tls = c.tls_settings().unwrap();
+        assert_eq!(tls.ca_file.as_deref(), Some(Path::new("/etc/ca.pem")));
+        assert_eq!(
+            tls.client,
+            Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")))
+        );
+        assert_eq!(
+            c.to_string(),
+            "zookeeper://bob:***@a:2181,b:2182/app?tls=true"
+        );
+        let system_roots = ZkConfig::from_url("zookeeper://h:2181?tls=true").unwrap();
+        assert_eq!(system_roots.tls_settings(), Some(&TlsSettings::default()));
+        assert!(
+            !ZkConfig::from_url("zookeeper://h:1?tls=false")
+                .unwrap()
+                .uses_tls()
+        );
+        assert!(
+            ZkConfig::from_url("zookeeper://[::1]:1?tls=true")
+                .unwrap()
+                .uses_tls()
+        );
+    }
+
+    /// Neither `Debug` nor `Display` of a configuration shows the password; no error of a
+    /// malformed URL with a password shows it.
+    #[test]
+    fn the_password_is_never_shown() {
+        let c = ZkConfig::from_url("zookeeper://u:sentinel-pw-1@h:1/x?tls=true&key=/k&cert=/c")
+            .unwrap();
+        let shown = format!("{c:?} {c} {c:#?}");
+        assert!(!shown.contains("sentinel-pw-1"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        for url in [
+            "zookeeper://u:sentinel-pw@h:0",
+            "zookeeper://u:sentinel-pw@h:1?colour=blue",
+            "zookeeper://u:sentinel-pw@h:1?cacert=/x",
+            "zookeeper://u:sentinel-pw?@h:1",
+            "zookeeper://u:sentinel-pw#@h:1",
+            "zookeeper://u:sentinel-pw/@h:1",
+            "zookeeper://u:sentinel-pw",
+            "zookeeper://u:sentinel-pw%zz@h:1",
+        ] {
+            let err = ZkConfig::from_url(url).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Config, "{url}");
+            assert!(
+                !format!("{err} {err:?}").contains("sentinel-pw"),
+                "{url}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_tls_files_without_tls_and_half_a_client_certificate() {
+        for (bad, said) in [
+            ("zookeeper://h:1?cacert=/ca.pem", "need tls=true"),
+            ("zookeeper://h:1?tls=false&cert=/c&key=/k", "need tls=true"),
+            ("zookeeper://h:1?tls=true&cert=/c", "both cert and key"),
+            ("zookeeper://h:1?tls=true&key=/k", "both cert and key"),
+            ("zookeeper://h:1?tls=yes", "true or false"),
+            ("zookeeper://h:1?tls=true&cacert=", "names no file"),
+            ("zookeeper://u@h:1", "password is missing"),
+            ("zookeeper://u%3Av:p@h:1", "may not hold ':'"),
+        ] {
+            let err = ZkConfig::from_url(bad).expect_err(bad);
+            assert_eq!(err.kind(), StoreErrorKind::Config, "{bad}");
+            assert!(err.to_string().contains(said), "{bad}: {err}");
+        }
     }
 }

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+mod auth; // digest authentication and the ACL of every node created
 mod config; // the `zookeeper://` URL and settings
 mod doctor; // `Store::diagnose`: the ensemble held against docs/guarantees.md
 mod error; // ZooKeeper client errors as `StoreError`s
@@ -10,6 +11,7 @@ mod paths; // node paths: key directories, queue nodes, records
 mod records; // `put_record` / `get_record`
 mod session; // `ZkStore` itself: its session, how much of its timeout a grant may use
 mod store; // `Store` (and `BatchStore`) for `ZkStore`
+mod tls; // TLS options from the URL's files; `TlsFailure`
 mod wait; // `WaitStore`: a place in the key's queue
 mod watch; // `WatchStore`: change notices
 
@@ -19,6 +21,7 @@ pub use config::{
 };
 pub use factory::ZkFactory;
 pub use session::ZkStore;
+pub use tls::{TlsFailure, TlsProblem};
 
 /// The backend name reported by [`ZkStore`].
 pub const BACKEND: &str = "zookeeper";

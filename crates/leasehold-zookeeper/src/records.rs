@@ -36,7 +36,7 @@ impl ZkStore {
             value: value.to_vec(),
         };
         let data = ours.to_fenced_bytes();
-        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
         for _ in 0..RECORD_ATTEMPTS {
             match s.client.create(&path, &data, &options).await {
                 Ok(_) => return Ok(ours),

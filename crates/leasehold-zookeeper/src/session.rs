@@ -11,8 +11,10 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::BACKEND;
+use crate::auth::Identity;
 use crate::config::ZkConfig;
 use crate::error::{err, map_err};
+use crate::tls::Material;
 
 /// A lease this store granted and still believes live.
 #[derive(Debug, Clone)]
@@ -30,6 +32,11 @@ pub(crate) struct Granted {
 
 pub(crate) struct Inner {
     pub(crate) config: ZkConfig,
+    /// The digest identity every session authenticates as, and the ACL of every node the
+    /// store creates; `None`: no credentials, open ACLs.
+    pub(crate) identity: Option<Identity>,
+    /// The CA and client certificate, read when the store opened; `None`: plaintext.
+    pub(crate) tls: Option<Arc<Material>>,
     pub(crate) session: tokio::sync::Mutex<Option<Session>>,
     pub(crate) granted: Mutex<HashMap<(String, OwnerToken), Granted>>,
     /// Acquires that may have created a node this store does not know of yet (in flight,
@@ -159,6 +166,15 @@ impl ZkStore {
         StoreError::bounded(BACKEND, op, self.inner.config.op_bound(), call).await
     }
 
+    /// The ACL of every node the store creates: all permissions to its digest identity
+    /// only, or, without credentials, to anyone.
+    pub(crate) fn acls(&self) -> zk::Acls<'_> {
+        match &self.inner.identity {
+            Some(me) => zk::Acls::new(&me.acl),
+            None => zk::Acls::anyone_all(),
+        }
+    }
+
     pub(crate) fn granted(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Granted>> {
@@ -177,13 +193,63 @@ impl ZkStore {
         let config = &self.inner.config;
         let hosts = config.connect_string();
         let client = StoreError::bounded(BACKEND, "connect", config.connect_bound(), async {
-            zk::Client::connector()
+            let connector = zk::Client::connector()
                 .with_session_timeout(config.session_timeout_asked())
                 .with_connection_timeout(config.connection_timeout())
-                .with_fail_eagerly()
-                .connect(&hosts)
-                .await
-                .map_err(|e| map_err("connect", e))
+                .with_fail_eagerly();
+            let tls = self.inner.tls.as_ref();
+            let connected = match tls {
+                Some(m) => {
+                    connector
+                        .with_tls(m.client_options()?)
+                        .secure_connect(&hosts)
+                        .await
+                }
+                None => connector.connect(&hosts).await,
+            };
+            match connected {
+                Ok(client) => {
+                    // Authenticated once the session is established, not in the same
+                    // packet as the connect request: ZooKeeper 3.8's TLS (Netty) server
+                    // may answer such an auth before the connect, which the client takes
+                    // for a malformed connect response. The client resends it with every
+                    // reconnect, before any other request.
+                    if let Some(c) = config.credentials_ref() {
+                        client
+                            .auth("digest", &Identity::auth_data(c))
+                            .await
+                            .map_err(|e| map_err("authenticate", e))?;
+                    }
+                    Ok(client)
+                }
+                Err(e) => {
+                    // The client reports a failed handshake as a lost connection: handshake
+                    // once to find out why.
+                    if let Some(m) = tls
+                        && !matches!(e, zk::Error::AuthFailed)
+                        && let Some(failure) =
+                            m.probe(config.hosts(), config.connect_bound() / 2).await
+                    {
+                        return Err(failure.into_error("connect failed"));
+                    }
+                    if matches!(e, zk::Error::NoHosts) {
+                        let hint = if tls.is_some() {
+                            "are they up and reachable?"
+                        } else {
+                            "are they up and reachable? A server that serves only TLS drops \
+                             a plaintext client: then add tls=true"
+                        };
+                        return Err(err(
+                            StoreErrorKind::Unavailable,
+                            format!(
+                                "zookeeper connect failed: no server accepted a session: {hint}"
+                            ),
+                        )
+                        .with_source(e));
+                    }
+                    Err(map_err("connect", e))
+                }
+            }
         })
         .await?;
         let timeout = client.session_timeout();

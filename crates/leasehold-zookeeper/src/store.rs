@@ -15,11 +15,13 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::BACKEND;
+use crate::auth::{Identity, check_root};
 use crate::config::ZkConfig;
 use crate::error::{err, map_err};
 use crate::paths::{RECORDS_DIR, decode_key, sorted_queue};
 use crate::records::decode_record;
 use crate::session::{Check, Granted, Inner, Session, ZkStore};
+use crate::tls::Material;
 use crate::wait::WAITER_GRACE;
 
 fn fence(zxid: i64) -> Result<Fence, StoreError> {
@@ -66,9 +68,16 @@ impl ZkStore {
     /// # Cancel safety
     /// Cancel safe: at most the root path is created.
     pub async fn connect(config: ZkConfig) -> Result<Self, StoreError> {
+        let identity = config.credentials_ref().map(Identity::new);
+        let tls = match config.tls_settings() {
+            Some(settings) => Some(Arc::new(Material::load(settings)?)),
+            None => None,
+        };
         let store = Self {
             inner: Arc::new(Inner {
                 config,
+                identity,
+                tls,
                 session: tokio::sync::Mutex::new(None),
                 granted: Mutex::new(HashMap::new()),
                 pending: Mutex::new(HashMap::new()),
@@ -83,12 +92,23 @@ impl ZkStore {
         let root = store.inner.config.chroot_path().to_owned();
         store
             .bounded("create the root path", async {
-                let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-                session
+                // An existing root is not created again: ZooKeeper checks the parent's
+                // CREATE permission before it finds the node exists, and the parent may be
+                // another identity's.
+                let exists = session
                     .client
-                    .mkdir(&root, &options)
+                    .check_stat(&root)
                     .await
-                    .map_err(|e| map_err("create the root path", e))
+                    .map_err(|e| map_err("check the root path", e))?;
+                if exists.is_none() {
+                    let options = zk::CreateMode::Persistent.with_acls(store.acls());
+                    session
+                        .client
+                        .mkdir(&root, &options)
+                        .await
+                        .map_err(|e| map_err("create the root path", e))?;
+                }
+                check_root(&session, &root, store.inner.identity.as_ref()).await
             })
             .await?;
         tokio::spawn(reap(Arc::downgrade(&store.inner)));
@@ -346,7 +366,7 @@ impl ZkStore {
         // 3. Free: queue up, and see whether we are first. The node's data is the longest
         //    TTL it can be granted (the round trip is not known yet).
         let data = ttl.min(s.longest_ttl()).as_millis().to_string();
-        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
         let path = format!("{dir}/{prefix}");
         let mut created = None;
         for _ in 0..3 {
@@ -358,7 +378,7 @@ impl ZkStore {
                 Err(zk::Error::NoNode) => {
                     // The key's directory: a container, which the server deletes once it
                     // is empty again.
-                    let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    let container = zk::CreateMode::Container.with_acls(self.acls());
                     match s.client.create(&dir, &[], &container).await {
                         Ok(_) | Err(zk::Error::NodeExists) => {}
                         Err(e) => return Err(map_err("create the key directory", e)),

@@ -100,8 +100,8 @@ impl WaitStore for ZkStore {
                             None if queue.is_empty() => return Ok((s, None)),
                             None => {
                                 // Queue up behind everyone there.
-                                let options = zk::CreateMode::EphemeralSequential
-                                    .with_acls(zk::Acls::anyone_all());
+                                let options =
+                                    zk::CreateMode::EphemeralSequential.with_acls(self.acls());
                                 let data = s.longest_ttl().as_millis().to_string();
                                 let path = format!("{dir}/{}", Self::node_prefix(owner));
                                 match s.client.create(&path, data.as_bytes(), &options).await {
