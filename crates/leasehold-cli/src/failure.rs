@@ -188,7 +188,7 @@ pub(crate) const CAUSES: &[Row] = &[
         status: exit::STORE,
         starts: "store error: the server's TLS certificate is not signed by a trusted CA (name \
                  its CA in the URL: sslrootcert for postgres://, ssl-ca for mysql://, cacert for \
-                 etcd://, tls_ca for rediss:// and redlock://): ",
+                 etcd:// and zookeeper://, tls_ca for rediss:// and redlock://): ",
     },
     Row {
         cause: Cause::TlsWrongHost,

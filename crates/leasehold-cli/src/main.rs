@@ -60,7 +60,8 @@ struct Global {
     /// A file whose content (without its trailing newline) is the store's password, put
     /// into the store URL so that no password shows in `ps` or in the environment: for
     /// postgres://, mysql:// (mariadb://), redis://, rediss://, redis+cluster://,
-    /// redis+sentinel://, redlock:// and etcd:// URLs without a password of their own.
+    /// redis+sentinel://, rediss+sentinel://, redlock://, etcd:// and zookeeper:// URLs
+    /// without a password of their own.
     /// PostgreSQL URLs without a password also take PGPASSWORD or PGPASSFILE.
     #[arg(
         long,

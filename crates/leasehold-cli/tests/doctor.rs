@@ -258,3 +258,52 @@ fn redlock_nodes_are_each_reported() {
         "{report}"
     );
 }
+
+/// ZooKeeper over TLS with digest credentials: doctor reports the secure port and the
+/// identity, and no warning about either; the password never shows.
+#[test]
+fn zookeeper_over_tls_with_credentials_is_reported_so() {
+    let env = Env::new();
+    let zk =
+        leasehold_testkit::ZkServer::start_tls(leasehold_testkit::ServerCert::Localhost, false);
+    let tls = zk.tls().unwrap();
+    let secret = "zk-doctor-s3cret";
+    let url = format!(
+        "zookeeper://app:{secret}@127.0.0.1:{}/leasehold?tls=true&cacert={}",
+        zk.port(),
+        tls.ca_cert().display()
+    );
+    let (code, report, err) = doctor(&env, &url, &[]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert!(
+        report["facts"]["TLS"].as_str().unwrap().starts_with("on"),
+        "{report}"
+    );
+    assert!(
+        report["facts"]["identity"]
+            .as_str()
+            .unwrap()
+            .starts_with("digest user app"),
+        "{report}"
+    );
+    assert!(
+        report["warnings"].as_array().unwrap().is_empty(),
+        "{report}"
+    );
+    assert!(!report.to_string().contains(secret) && !err.contains(secret));
+    // A client trusting another CA: the TLS line of the exit-status table.
+    let wrong = format!(
+        "zookeeper://127.0.0.1:{}/leasehold?tls=true&cacert={}&connect_timeout=2s",
+        zk.port(),
+        tls.wrong_ca_cert().display()
+    );
+    let out = env.run(&["--store", &wrong, "doctor"]);
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with(
+            "leasehold: store error: the server's TLS certificate is not signed by a trusted CA"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -60,6 +60,7 @@ impl Db {
         config.validate()?;
         let options = config.connect_options();
         let lock_wait = config.lock_wait_secs();
+        leasehold_sql::tls::install_provider();
         let pool = MySqlPoolOptions::new()
             .max_connections(config.get_max_connections())
             .min_connections(0)

@@ -534,6 +534,7 @@ pub(crate) async fn open_pool(
     backend: &'static str,
 ) -> Result<sqlx::PgPool, StoreError> {
     use sqlx::Connection;
+    leasehold_sql::tls::install_provider();
     let opts = config.options_named(config.get_application_name());
     let probe = sqlx::PgConnection::connect_with(&opts)
         .await

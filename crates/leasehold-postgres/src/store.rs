@@ -338,6 +338,7 @@ impl PgLeaseStore {
     /// sessions of their own, opened with the pool's connect options (up to
     /// [`DEFAULT_WAIT_SESSIONS`] at once).
     pub fn with_pool(pool: PgPool, table: TableName) -> Self {
+        leasehold_sql::tls::install_provider();
         let options = (*pool.connect_options()).clone();
         let queue = Self::queue(
             &table,

@@ -5,6 +5,17 @@
 
 pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 
+/// Makes ring rustls's process-wide crypto provider unless one is installed already.
+///
+/// sqlx's rustls verifier takes the process default provider, which rustls picks by itself
+/// only when exactly one of its `ring` and `aws-lc-rs` features is on. Another crate of
+/// the program (the ZooKeeper client, reqwest's defaults) turning on `aws-lc-rs` beside
+/// the `ring` sqlx asks for would make every TLS connection panic; the stores call this
+/// before they connect. An application that installed its own provider keeps it.
+pub fn install_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The URL parameters that fix `problem` on the SQL stores.
 fn hint(problem: TlsProblem) -> &'static str {
     match problem {

@@ -47,18 +47,55 @@ pub(crate) async fn diagnose(store: &ZkStore) -> Result<Diagnosis, StoreError> {
         Err(e) => return Err(map_err("diagnose", e)),
     };
     let c = &store.inner.config;
+    // `srvr` is a plaintext four-letter word: a TLS-only server does not answer it.
     let version = match c.hosts().first() {
-        Some(h) => srvr(h).await,
-        None => None,
+        Some(h) if !c.uses_tls() => srvr(h).await,
+        _ => None,
     };
-    Ok(judge(
+    let mut d = judge(
         version.as_deref(),
         &members(&config),
         session.timeout,
         c.session_timeout_asked(),
         c.ensemble_tick(),
         c.hosts().len(),
-    ))
+    );
+    connection(&mut d, c.uses_tls(), c.user());
+    Ok(d)
+}
+
+/// The connection's TLS and identity, and what an identity's ACLs let others do.
+fn connection(d: &mut Diagnosis, tls: bool, user: Option<&str>) {
+    if tls {
+        d.fact(
+            "TLS",
+            "on (the secure client port); the version is not exposed by the ZooKeeper client",
+        );
+        d.fact(
+            "peer certificate",
+            "signed by the URL's cacert (or the system's store) and names the host",
+        );
+    } else {
+        d.fact("TLS", "none: the connection is plaintext");
+        d.warn(
+            "plaintext: use tls=true on the ensemble's secure client port (docs/connections.md)",
+        );
+    }
+    match user {
+        Some(u) => {
+            d.fact(
+                "identity",
+                format!("digest user {u}: every node leasehold creates is this identity's only"),
+            );
+        }
+        None => {
+            d.fact("identity", "none (no digest credentials)");
+            d.warn(
+                "no credentials: every node leasehold creates is open to any client, which can \
+                 delete a holder's node or a fence record; give the URL user:password@",
+            );
+        }
+    }
 }
 
 fn judge(
@@ -83,7 +120,6 @@ fn judge(
                 .to_owned(),
         },
     );
-    d.fact("TLS", "none: the connection is plaintext");
     d.fact(
         "session timeout",
         format!(

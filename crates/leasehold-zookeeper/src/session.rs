@@ -230,7 +230,7 @@ impl ZkStore {
                         && let Some(failure) =
                             m.probe(config.hosts(), config.connect_bound() / 2).await
                     {
-                        return Err(failure.into_error("connect failed"));
+                        return Err(crate::tls::into_error(failure, "connect failed"));
                     }
                     if matches!(e, zk::Error::NoHosts) {
                         let hint = if tls.is_some() {

@@ -1,5 +1,6 @@
 //! TLS for the ZooKeeper store: the client's TLS options made from the PEM files the URL
-//! names, and [`TlsFailure`], why a TLS connection to a server failed, as a type.
+//! names, and its handshake failures as the core's [`TlsFailure`] (one type for every
+//! store, with the ZooKeeper URL's parameters as the hint).
 //!
 //! `zookeeper-client` reports a failed handshake only as a lost connection (it logs the
 //! cause at debug level and tries the next server). When no TLS session can be
@@ -24,167 +25,50 @@ use zookeeper_client as zk;
 use crate::config::TlsSettings;
 use crate::error::err;
 
-/// What went wrong with TLS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum TlsProblem {
-    /// The server's certificate is not signed by a CA the client trusts (or is expired,
-    /// or otherwise invalid): name the CA that signed it with `cacert`.
-    UntrustedCertificate,
-    /// The server's certificate is valid but does not name the host of the server.
-    WrongHost,
-    /// A CA, certificate or key file named in the URL cannot be read or holds no PEM of
-    /// the right kind.
-    Files,
-    /// Any other TLS failure: a handshake the server aborted (a client certificate it
-    /// requires and did not get, or one it does not trust), a protocol error.
-    Other,
-}
+pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 
-impl TlsProblem {
-    /// A short stable name, for logs and `--json` output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::UntrustedCertificate => "untrusted_certificate",
-            Self::WrongHost => "wrong_host",
-            Self::Files => "files",
-            Self::Other => "other",
+/// The ZooKeeper URL parameters that fix `problem`.
+fn hint(problem: TlsProblem) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => "cacert=",
+        TlsProblem::PlaintextRefused => "tls=true",
+        TlsProblem::Other => {
+            "does the server require a client certificate, cert= and key=, signed by a CA it \
+             trusts?"
         }
+        _ => "",
     }
 }
 
-/// A TLS failure while connecting to a ZooKeeper server: [what](TlsProblem) went wrong,
-/// and the host it was for. The store puts it as the [source](std::error::Error::source)
-/// of a [`StoreErrorKind::Config`] error (fix the URL, the certificates or the server;
-/// retrying cannot help); [`TlsFailure::of`] finds it.
-///
-/// Its text never holds key material or a password: it is made of the problem, the host,
-/// a file's path and, for handshake errors, rustls's description of the certificate error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFailure {
-    problem: TlsProblem,
-    host: Option<String>,
-    detail: String,
+/// A failure of `problem` with the ZooKeeper URL's hint.
+fn failure(problem: TlsProblem, host: Option<&str>, detail: impl Into<String>) -> TlsFailure {
+    TlsFailure::new(problem, host, detail).with_hint(hint(problem))
 }
 
-impl TlsFailure {
-    fn new(problem: TlsProblem, host: Option<&str>, detail: impl Into<String>) -> Self {
-        Self {
-            problem,
-            host: host.map(str::to_owned),
-            detail: detail.into(),
-        }
-    }
-
-    /// What went wrong.
-    pub fn problem(&self) -> TlsProblem {
-        self.problem
-    }
-
-    /// The host the certificate was checked against, when known.
-    pub fn host(&self) -> Option<&str> {
-        self.host.as_deref()
-    }
-
-    /// The TLS failure behind `error`, if one is among its sources.
-    pub fn of(error: &StoreError) -> Option<&Self> {
-        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
-        while let Some(e) = next {
-            if let Some(tls) = e.downcast_ref::<Self>() {
-                return Some(tls);
-            }
-            next = e.source();
-        }
-        None
-    }
-
-    /// The rustls error among the sources of `e`, typed, for a handshake with `host`;
-    /// `None` when there is none.
-    fn find(e: &(dyn std::error::Error + 'static), host: &str) -> Option<Self> {
-        let mut next = Some(e);
-        while let Some(e) = next {
-            if let Some(r) = e.downcast_ref::<rustls::Error>() {
-                return Some(from_rustls(r, host));
-            }
-            // An `io::Error`'s `source` skips the error it wraps (rustls's, here).
-            if let Some(r) = e
-                .downcast_ref::<std::io::Error>()
-                .and_then(std::io::Error::get_ref)
-                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            {
-                return Some(from_rustls(r, host));
-            }
-            next = e.source();
-        }
-        None
-    }
-
-    fn advice(&self) -> &'static str {
-        match self.problem {
-            TlsProblem::UntrustedCertificate => {
-                "the zookeeper server's certificate is not signed by a trusted CA: name the \
-                 CA that signed it with cacert="
-            }
-            TlsProblem::WrongHost => {
-                "the zookeeper server's certificate does not name the host: connect by a \
-                 name the certificate holds, or reissue the certificate for this host"
-            }
-            TlsProblem::Files => "a TLS file named in the zookeeper URL cannot be used",
-            TlsProblem::Other => {
-                "the TLS connection to the zookeeper server failed (does it require a \
-                 client certificate, cert= and key=, signed by a CA it trusts?)"
-            }
-        }
-    }
-
-    /// The `Config` error this failure makes of `what` (`connect failed`), with it as the
-    /// source (which the error's text ends with).
-    pub(crate) fn into_error(self, what: &str) -> StoreError {
-        err(StoreErrorKind::Config, format!("zookeeper {what}")).with_source(self)
-    }
+/// The rustls error among the sources of `e`, typed, for a handshake with `host`; `None`
+/// when there is none.
+fn find(e: &(dyn std::error::Error + 'static), host: &str) -> Option<TlsFailure> {
+    let found = TlsFailure::find_rustls(e)?.or_host(host);
+    let problem = found.problem();
+    Some(found.with_hint(hint(problem)))
 }
 
-fn from_rustls(e: &rustls::Error, host: &str) -> TlsFailure {
-    use rustls::CertificateError as C;
-    match e {
-        rustls::Error::InvalidCertificate(C::NotValidForNameContext { expected, .. }) => {
-            let expected = expected.to_str();
-            TlsFailure::new(TlsProblem::WrongHost, Some(&expected), e.to_string())
-        }
-        rustls::Error::InvalidCertificate(C::NotValidForName) => {
-            TlsFailure::new(TlsProblem::WrongHost, Some(host), e.to_string())
-        }
-        rustls::Error::InvalidCertificate(_) => {
-            TlsFailure::new(TlsProblem::UntrustedCertificate, Some(host), e.to_string())
-        }
-        _ => TlsFailure::new(TlsProblem::Other, Some(host), e.to_string()),
-    }
+/// The `Config` error `failure` makes of `what` (`connect failed`), with it as the source
+/// (which the error's text ends with).
+pub(crate) fn into_error(failure: TlsFailure, what: &str) -> StoreError {
+    err(StoreErrorKind::Config, format!("zookeeper {what}")).with_source(failure)
 }
-
-impl fmt::Display for TlsFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("TLS: ")?;
-        f.write_str(self.advice())?;
-        if let Some(host) = &self.host {
-            write!(f, " (host `{host}`)")?;
-        }
-        if !self.detail.is_empty() {
-            write!(f, ": {}", self.detail)?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for TlsFailure {}
 
 /// A `Config` error for a TLS file, with its [`TlsFailure`] as the source.
 fn file_error(what: &str, path: &Path, problem: &str) -> StoreError {
-    TlsFailure::new(
-        TlsProblem::Files,
-        None,
-        format!("the {what} {} {problem}", path.display()),
+    into_error(
+        failure(
+            TlsProblem::Files,
+            None,
+            format!("the {what} {} {problem}", path.display()),
+        ),
+        "TLS settings",
     )
-    .into_error("TLS settings")
 }
 
 fn read(what: &str, path: &Path) -> Result<String, StoreError> {
@@ -348,7 +232,7 @@ impl Material {
             let mut conn = ClientConnection::new(self.probe.clone(), name).ok()?;
             while conn.is_handshaking() {
                 if let Err(e) = conn.complete_io(&mut sock) {
-                    return TlsFailure::find(&e, host);
+                    return find(&e, host);
                 }
             }
             let mut byte = [0u8; 1];
@@ -358,7 +242,7 @@ impl Material {
                 .ok()?;
             // Whatever was read is dropped: only a refusal matters here.
             let read = rustls::Stream::new(&mut conn, &mut sock).read(&mut byte);
-            read.err().and_then(|e| TlsFailure::find(&e, host))
+            read.err().and_then(|e| find(&e, host))
         })
     }
 
