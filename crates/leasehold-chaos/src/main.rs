@@ -39,6 +39,9 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // The ZooKeeper client's TLS turns on rustls's aws-lc-rs beside the ring the SQL
+    // driver asks for: name the process's provider before any TLS connection is made.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match Cli::parse().command {
         Cmd::Worker(spec) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -158,6 +161,7 @@ fn recheck(out: &std::path::Path) -> Result<Vec<leasehold_chaos::Violation>, Str
     let store = match summary["store"].as_str() {
         Some("Redis") => StoreKind::Redis,
         Some("Postgres") => StoreKind::Postgres,
+        Some("PostgresTls") => StoreKind::PostgresTls,
         Some("Etcd") => StoreKind::Etcd,
         Some("Zookeeper") => StoreKind::Zookeeper,
         Some("Redlock") => StoreKind::Redlock,

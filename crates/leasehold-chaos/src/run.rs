@@ -33,6 +33,11 @@ pub enum StoreKind {
     Redis,
     /// The lease table in the private PostgreSQL.
     Postgres,
+    /// As [`Postgres`](Self::Postgres), the server requiring TLS (plaintext rejected by
+    /// `pg_hba.conf`): every connection — the workers' leases through their proxies, their
+    /// guarded writes, the harness's reads — is verified in full (`sslmode=verify-full`
+    /// against the run's private CA). The store fault restarts the server.
+    PostgresTls,
     /// A private single-member etcd (restarting the store kills and restarts it).
     Etcd,
     /// A private ZooKeeper server (session timeout = TTL); the store restart kills it
@@ -445,7 +450,13 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     if spec.store == StoreKind::RedisSentinel {
         schedule = space_failovers(schedule, spec.ttl, spec.duration.saturating_sub(spec.ttl));
     }
-    let pg = Postgres::start();
+    let pg = if spec.store == StoreKind::PostgresTls {
+        Postgres::start_with(
+            leasehold_testkit::PostgresOptions::new().tls(leasehold_testkit::ServerCert::Localhost),
+        )
+    } else {
+        Postgres::start()
+    };
     let redis = (spec.store == StoreKind::Redis).then(RedisServer::start);
     let etcd = (spec.store == StoreKind::Etcd).then(EtcdServer::start);
     let zk = (spec.store == StoreKind::Zookeeper).then(leasehold_testkit::ZkServer::start);
@@ -515,7 +526,19 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
         let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         hosts.join(",")
     };
-    let pg_url = servers.pg.url();
+    // With TLS, every PostgreSQL URL of the run verifies the server in full.
+    let pg_tls = servers
+        .pg
+        .tls()
+        .map(|t| format!("sslmode=verify-full&sslrootcert={}", t.ca_cert().display()));
+    let pg_url = match &pg_tls {
+        Some(params) => format!("{}?{params}", servers.pg.url()),
+        None => servers.pg.url(),
+    };
+    let with_param = |url: &str, param: &str| {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}{param}")
+    };
     let nodes_url = |ports: Vec<u16>| {
         format!(
             "redlock://{}?node_timeout={}ms",
@@ -530,6 +553,11 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
             StoreKind::Postgres => {
                 format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port())
             }
+            StoreKind::PostgresTls => format!(
+                "postgres://postgres@127.0.0.1:{}/postgres?{}",
+                proxy.port(),
+                pg_tls.as_deref().unwrap_or_default()
+            ),
             StoreKind::Etcd => format!("etcd://127.0.0.1:{}", proxy.port()),
             StoreKind::Zookeeper => {
                 format!("zookeeper://127.0.0.1:{}{zk_params}", proxy.port())
@@ -553,7 +581,9 @@ pub fn run(spec: &RunSpec) -> Result<Report, String> {
     };
     let direct_lease_url = match spec.store {
         StoreKind::Redis => servers.redis.as_ref().map(|r| r.url()).unwrap_or_default(),
-        StoreKind::Postgres => format!("{pg_url}?leasehold_migrate=true"),
+        StoreKind::Postgres | StoreKind::PostgresTls => {
+            with_param(&pg_url, "leasehold_migrate=true")
+        }
         StoreKind::Etcd => servers.etcd.as_ref().map(|e| e.url()).unwrap_or_default(),
         StoreKind::Zookeeper => servers
             .zk

@@ -244,6 +244,18 @@ fn postgres_store_with_the_guard_has_no_violation() {
     with_the_guard("postgres", "postgres_store_with_the_guard_has_no_violation");
 }
 
+/// The same over TLS (issue 28): the server rejects plaintext, every connection verifies
+/// it in full; every fault kind fires (the restarts included: each reconnect is a new
+/// handshake) and the guard lets no stale write through.
+#[test]
+#[ignore = "full tier: one more chaos run, over TLS"]
+fn postgres_tls_store_with_the_guard_has_no_violation() {
+    with_the_guard(
+        "postgres-tls",
+        "postgres_tls_store_with_the_guard_has_no_violation",
+    );
+}
+
 /// Redlock over three nodes: the store fault kills one node and starts it again empty
 /// (docs/faults.md row 12); path faults hit all of a worker's node connections.
 #[test]
