@@ -799,9 +799,6 @@ pub async fn bad_input_gets_typed_errors(fx: &Fixture) {
 /// that decides it.
 pub async fn diagnosis_names_the_server_and_judges_only_its_stores_rows(fx: &Fixture) {
     let d = fx.store.diagnose().await.expect("diagnose");
-    if fx.backend == crate::proof::Backend::Memory {
-        return;
-    }
     let version = d.fact_value("server version").unwrap_or_default();
     assert!(!version.is_empty(), "no server version: {d:?}");
     assert!(d.fact_value("TLS").is_some(), "no TLS fact: {d:?}");

@@ -102,10 +102,13 @@ enum Flaw {
     /// the call took, so the client's deadline (send + validity of the reported TTL) is
     /// the reply + the validity of what was granted.
     ValidityFromReply,
+    /// `diagnose` judges a row that is no fault of `docs/guarantees.md` ("split brain"),
+    /// and one row twice.
+    DiagnosisInventsRows,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 27] = [
+    const ALL: [Flaw; 28] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -133,6 +136,7 @@ impl Flaw {
         Flaw::GrantsHeld,
         Flaw::NeverWakes,
         Flaw::ValidityFromReply,
+        Flaw::DiagnosisInventsRows,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -462,6 +466,20 @@ impl Store for Broken {
         Ok(stored)
     }
 
+    async fn diagnose(&self) -> Result<leasehold_core::Diagnosis, StoreError> {
+        let mut d = self.inner.diagnose().await?;
+        if self.flaw == Flaw::DiagnosisInventsRows {
+            let invented = leasehold_core::Finding::new(
+                "split brain",
+                leasehold_core::Verdict::Holds,
+                "quorum=1",
+                "one node is a majority of one",
+            );
+            d.finding(invented);
+        }
+        Ok(d)
+    }
+
     async fn get_record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         if let Some(at) = self.written.lock().unwrap().get(key)
             && at.elapsed() < RECORD_LAG
@@ -765,6 +783,7 @@ const ALL_CASES: &[&str] = &[
     "holder_killed_is_taken_over_after_its_ttl",
     "bad_input_gets_typed_errors",
     "capabilities_are_honest",
+    "diagnosis_names_the_server_and_judges_only_its_stores_rows",
     "records_are_fenced_writes",
     "racing_record_writes_keep_the_highest_fence",
     "one_leader_at_a_time_and_terms_rise",
@@ -1118,6 +1137,12 @@ const KILLS: &[Kill] = &[
         "must say its fences live in process memory",
     ),
     kill(
+        "diagnosis_names_the_server_and_judges_only_its_stores_rows",
+        DiagnosisInventsRows,
+        Memory,
+        "`split brain` is not a fault of docs/guarantees.md",
+    ),
+    kill(
         "bad_input_gets_typed_errors",
         AcceptsAnyTtl,
         Memory,
@@ -1299,6 +1324,7 @@ flaw_tests! {
     granting_a_held_key_is_caught: GrantsHeld,
     a_waiter_never_woken_is_caught: NeverWakes,
     validity_counted_from_the_reply_is_caught: ValidityFromReply,
+    a_diagnosis_that_invents_rows_is_caught: DiagnosisInventsRows,
 }
 
 #[test]

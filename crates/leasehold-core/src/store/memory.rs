@@ -112,7 +112,11 @@ impl Store for MemoryStore {
     /// The server is this process: leases and fences end with it.
     async fn diagnose(&self) -> Result<Diagnosis, StoreError> {
         let mut d = Diagnosis::new();
-        d.fact("server", "this process's memory (the in-memory store)");
+        d.fact(
+            "server version",
+            "the in-memory store of leasehold-core, in this process",
+        );
+        d.fact("TLS", "not applicable: nothing leaves the process");
         d.finding(Finding::new(
             "restart with persistence",
             Verdict::DoesNotHold,

@@ -103,8 +103,12 @@ mod tests {
     async fn wrappers_pass_the_diagnosis_through_and_bound_it() {
         let own = MemoryStore::new().diagnose().await.unwrap();
         assert_eq!(
-            own.fact_value("server"),
-            Some("this process's memory (the in-memory store)")
+            own.fact_value("server version"),
+            Some("the in-memory store of leasehold-core, in this process")
+        );
+        assert_eq!(
+            own.row("restart with persistence").map(|f| f.verdict),
+            Some(crate::Verdict::DoesNotHold)
         );
         let timeout = TimeoutStore::new(Arc::new(MemoryStore::new()), Duration::from_secs(2));
         assert_eq!(timeout.diagnose().await.unwrap(), own);
