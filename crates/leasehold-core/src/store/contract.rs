@@ -109,13 +109,19 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// What the store can tell about its deployment: the server it reached, the TLS and
     /// identity of the connection, and the server settings that decide the rows of
     /// `docs/guarantees.md` ([`Diagnosis`]) — what `leasehold doctor` prints. It reads
-    /// only: nothing is acquired or written. The default reports nothing (an empty
-    /// [`Diagnosis`]); every networked store overrides it.
+    /// only: nothing is acquired or written. The default knows nothing and says so: no
+    /// fact, no row, one warning naming the store; every store of leasehold overrides it.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
     async fn diagnose(&self) -> Result<Diagnosis, StoreError> {
-        Ok(Diagnosis::new())
+        let mut d = Diagnosis::new();
+        d.warn(format!(
+            "the {} store reports nothing about its deployment (it does not implement \
+             Store::diagnose): no row of docs/guarantees.md is judged",
+            self.backend()
+        ));
+        Ok(d)
     }
 
     /// The store's batch operations ([`BatchStore`]: many renewals in one call, one lease
