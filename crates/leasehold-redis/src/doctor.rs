@@ -23,11 +23,7 @@ struct Read {
 impl Read {
     /// The value of `field` in the `INFO` text.
     fn info(&self, field: &str) -> Option<&str> {
-        self.info.lines().find_map(|l| {
-            l.trim_end_matches('\r')
-                .strip_prefix(field)
-                .and_then(|rest| rest.strip_prefix(':'))
-        })
+        crate::wire::info_field(&self.info, field)
     }
 }
 

@@ -27,10 +27,9 @@ pub(crate) fn policy_from_info(v: &Value) -> Option<String> {
         Value::VerbatimString { text, .. } => text.clone(),
         _ => return None,
     };
-    text.lines()
-        .find_map(|l| l.trim_end_matches('\r').strip_prefix("maxmemory_policy:"))
-        .map(|p| p.trim().to_owned())
+    crate::wire::info_field(&text, "maxmemory_policy")
         .filter(|p| !p.is_empty())
+        .map(str::to_owned)
 }
 
 /// Whether `policy` never evicts keys. Anything else, including a policy this code does

@@ -367,6 +367,16 @@ pub fn parse_fence_reply(v: &Value, id: &str) -> Reply<Fence> {
     }
 }
 
+/// The value of `field` in the text of an `INFO` reply (`field:value` lines), trimmed.
+pub fn info_field<'t>(text: &'t str, field: &str) -> Option<&'t str> {
+    text.lines().find_map(|l| {
+        l.trim_end_matches('\r')
+            .strip_prefix(field)?
+            .strip_prefix(':')
+            .map(str::trim)
+    })
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -5,7 +5,9 @@ use leasehold_core::{Diagnosis, Finding, StoreError, Verdict};
 use tokio::time::Instant;
 
 use crate::config::RedlockConfig;
-use crate::node::{NodeConn, info_field};
+use leasehold_redis::wire::info_field;
+
+use crate::node::NodeConn;
 
 /// One node's answer: its name and `INFO` text, or why it gave none.
 type Answer = (String, Result<String, String>);

@@ -167,7 +167,7 @@ impl NodeConn {
         let text = self
             .info("reading the eviction policy", deadline, &["memory"])
             .await?;
-        Ok(info_field(&text, "maxmemory_policy").map(str::to_owned))
+        Ok(leasehold_redis::wire::info_field(&text, "maxmemory_policy").map(str::to_owned))
     }
 
     /// The node's `INFO` of `sections`, by `deadline`.
@@ -377,14 +377,4 @@ impl NodeConn {
             error
         }
     }
-}
-
-/// The value of `field` in an `INFO` reply's text.
-pub(crate) fn info_field<'t>(text: &'t str, field: &str) -> Option<&'t str> {
-    text.lines().find_map(|l| {
-        l.trim_end_matches('\r')
-            .strip_prefix(field)?
-            .strip_prefix(':')
-            .map(str::trim)
-    })
 }
