@@ -17,6 +17,8 @@ pub mod metrics;
 pub mod recipes;
 pub mod store;
 pub mod tls;
+#[cfg(feature = "tls-session")]
+pub mod tls_session;
 mod token;
 pub mod wrap;
 
