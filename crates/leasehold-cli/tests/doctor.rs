@@ -276,7 +276,10 @@ fn zookeeper_over_tls_with_credentials_is_reported_so() {
     let (code, report, err) = doctor(&env, &url, &[]);
     assert_eq!(code, Some(0), "{report} {err}");
     assert!(
-        report["facts"]["TLS"].as_str().unwrap().starts_with("on"),
+        report["facts"]["TLS"]
+            .as_str()
+            .unwrap()
+            .starts_with("TLSv1."),
         "{report}"
     );
     assert!(
@@ -306,4 +309,218 @@ fn zookeeper_over_tls_with_credentials_is_reported_so() {
         "{}",
         stderr(&out)
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// What the server shows over TLS: the protocol version, the cipher and its certificate,
+// read by a handshake of leasehold's own (the stores' clients do not expose their
+// sessions), on every store that speaks TLS.
+
+/// The report names TLS 1.2 or 1.3 with a cipher, and the test kit's server certificate:
+/// its subject, the test CA that issued it, its names, the end of its validity, and how the
+/// store checks it (`checked`).
+fn assert_session(report: &serde_json::Value, checked: &str) {
+    let tls = report["facts"]["TLS"].as_str().unwrap_or_default();
+    assert!(
+        tls.starts_with("TLSv1.3, TLS13_") || tls.starts_with("TLSv1.2, TLS_"),
+        "{report}"
+    );
+    let peer = report["facts"]["peer certificate"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        peer.starts_with(
+            "CN=localhost, issued by CN=leasehold test CA; names localhost, 127.0.0.1; valid \
+             until "
+        ),
+        "{report}"
+    );
+    assert!(peer.ends_with(checked), "{report}");
+}
+
+#[test]
+fn postgres_over_tls_names_the_protocol_and_the_servers_certificate() {
+    use leasehold_testkit::ServerCert;
+    let env = Env::new();
+    let pg = Postgres::start_with(PostgresOptions::new().tls(ServerCert::Localhost));
+    let tls = pg.tls().unwrap();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
+        pg.port(),
+        tls.ca_cert().display()
+    );
+    let (code, report, err) = doctor(&env, &url, &[]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert_session(
+        &report,
+        "signed by a trusted CA and names the host (sslmode=verify-full)",
+    );
+    // sslmode=require checks nothing: the certificate is still shown, and said unchecked.
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=require",
+        pg.port()
+    );
+    let (_, report, err) = doctor(&env, &url, &[]);
+    assert_session(&report, "not checked");
+    assert!(err.is_empty() || !err.contains("panic"), "{err}");
+}
+
+#[test]
+fn mariadb_over_tls_names_the_protocol_and_the_servers_certificate() {
+    use leasehold_testkit::ServerCert;
+    let env = Env::new();
+    let db = MariaDb::start_with(MariaDbOptions::new().tls(ServerCert::Localhost));
+    let tls = db.tls().unwrap();
+    let url = format!(
+        "mysql://root@127.0.0.1:{}/test?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+        db.port(),
+        tls.ca_cert().display()
+    );
+    let (code, report, err) = doctor(&env, &url, &[]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert_session(
+        &report,
+        "signed by a trusted CA and names the host (ssl-mode=VERIFY_IDENTITY)",
+    );
+}
+
+#[test]
+fn redis_and_redlock_over_tls_name_the_protocol_and_the_servers_certificate() {
+    use leasehold_testkit::{ServerCert, TlsFiles};
+    let env = Env::new();
+    let dir = tempfile::tempdir().unwrap();
+    let files = TlsFiles::create(dir.path());
+    // Client certificates required (tls-auth-clients yes): the doctor's own handshake
+    // presents the URL's.
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| {
+            RedisServer::start_with(
+                RedisOptions::new()
+                    .tls(files.clone(), ServerCert::Localhost)
+                    .tls_client_auth(),
+            )
+        })
+        .collect();
+    let params = format!(
+        "tls_ca={}&tls_cert={}&tls_key={}",
+        files.ca_cert().display(),
+        files.client_cert().display(),
+        files.client_key().display()
+    );
+    let url = format!("rediss://127.0.0.1:{}/?{params}", servers[0].port());
+    let (code, report, err) = doctor(&env, &url, &[]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert_session(
+        &report,
+        "the store checks it against the URL's CA file (tls_ca) and the host",
+    );
+    let redlock = format!(
+        "redlock://{}/?tls=true&{params}",
+        servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let (code, report, err) = doctor(&env, &redlock, &[]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    assert_session(
+        &report,
+        "the store checks every node's against the URL's CA (tls_ca) and the node's host",
+    );
+    assert!(
+        !report["facts"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.starts_with("TLS of node")),
+        "the nodes agree: {report}"
+    );
+}
+
+#[test]
+fn zookeeper_over_tls_names_the_protocol_and_the_servers_certificate() {
+    let env = Env::new();
+    // The secure port requires a client certificate: the doctor presents the URL's.
+    let zk = leasehold_testkit::ZkServer::start_tls(leasehold_testkit::ServerCert::Localhost, true);
+    let tls = zk.tls().unwrap();
+    let url = format!(
+        "zookeeper://127.0.0.1:{}/leasehold?tls=true&cacert={}&cert={}&key={}",
+        zk.port(),
+        tls.ca_cert().display(),
+        tls.client_cert().display(),
+        tls.client_key().display()
+    );
+    let (_, report, err) = doctor(&env, &url, &[]);
+    assert!(err.is_empty() || !err.contains("panic"), "{err}");
+    assert_session(
+        &report,
+        "the store checks it against the URL's cacert (or the system's CAs) and the host",
+    );
+}
+
+/// A replica's clock is measured against its primary's (`TIME` on both at once, the
+/// round trip counted against it): one 2 s ahead, with no Sentinel to take it off every
+/// grant, is named and warned about; a replica with the primary's clock is not.
+#[test]
+fn redis_replica_clocks_are_measured_and_one_ahead_is_warned_about() {
+    use std::sync::Arc;
+    let env = Env::new();
+    let primary = RedisServer::start();
+    let clock = Arc::new(leasehold_testkit::FakeWallClock::new());
+    clock.set("+2s");
+    let port = primary.port().to_string();
+    let ahead = RedisServer::start_with(RedisOptions::new().wall_clock(clock).args([
+        "--replicaof",
+        "127.0.0.1",
+        port.as_str(),
+    ]));
+    let level = RedisServer::start_with(RedisOptions::new().args([
+        "--replicaof",
+        "127.0.0.1",
+        port.as_str(),
+    ]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // Both online (ROLE lists a replica once its first synchronisation has begun).
+    while primary
+        .cli(&["INFO", "replication"])
+        .matches("state=online")
+        .count()
+        < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replicas did not connect"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let (code, report, err) = doctor(&env, &primary.url(), &[]);
+    assert_eq!(code, Some(0), "{report} {err}");
+    let clocks = report["facts"]["replica clocks"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{report}"));
+    let of = |port: u16| {
+        let at = format!("127.0.0.1:{port} ");
+        let rest = &clocks[clocks.find(&at).unwrap_or_else(|| panic!("{clocks}")) + at.len()..];
+        rest.split(" (").next().unwrap().to_owned()
+    };
+    // The bound is the true offset plus at most the round trip: 2 s and a little.
+    let ahead_words = of(ahead.port());
+    let secs: f64 = ahead_words
+        .strip_prefix('+')
+        .and_then(|w| w.strip_suffix(" s"))
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{clocks}"));
+    assert!((2.0..3.0).contains(&secs), "{clocks}");
+    let level_words = of(level.port());
+    assert!(level_words.ends_with(" ms"), "{clocks}");
+    let warned: Vec<&str> = report["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .filter(|w| w.contains("promoted by hand"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{report}");
+    assert!(warned[0].contains(&format!("127.0.0.1:{}", ahead.port())));
 }

@@ -182,3 +182,58 @@ fn etcd_tls_causes() {
     );
     assert!(err.contains("`127.0.0.1`"), "{err}");
 }
+
+/// etcd over TLS with client certificates: each member answers `/health` on its own client
+/// URL over a handshake of leasehold's own (presenting the URL's certificate), which gives
+/// the protocol version, the members' certificate, each member's health and its clock
+/// against this host's (from the `Date` header: whole seconds, so a bound of about a
+/// second).
+#[test]
+fn doctor_on_etcd_over_tls_asks_each_member_for_its_health_and_clock() {
+    use leasehold_testkit::{EtcdOptions, ServerCert};
+    let env = Env::new();
+    let etcd = EtcdServer::start_with(EtcdOptions::new().tls(ServerCert::Localhost));
+    let tls = etcd.tls().unwrap();
+    let url = format!(
+        "etcd://127.0.0.1:{}?tls=true&cacert={}&cert={}&key={}",
+        etcd.port(),
+        tls.ca_cert().display(),
+        tls.client_cert().display(),
+        tls.client_key().display()
+    );
+    let out = env.run(&["--store", &url, "doctor", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json(&out);
+    let facts = &v["facts"];
+    let tls_fact = facts["TLS"].as_str().unwrap();
+    assert!(
+        tls_fact.starts_with("TLSv1.3, TLS13_") || tls_fact.starts_with("TLSv1.2, TLS_"),
+        "{v}"
+    );
+    assert!(
+        facts["peer certificate"].as_str().unwrap().starts_with(
+            "CN=localhost, issued by CN=leasehold test CA; names localhost, 127.0.0.1; valid until "
+        ),
+        "{v}"
+    );
+    let health = facts["member health"].as_str().unwrap();
+    assert!(health.ends_with(": healthy"), "{v}");
+    assert!(health.contains("https://"), "{v}");
+    let skew = facts["clock skew"].as_str().unwrap();
+    // The same host's clock: the interval holds zero and is about a second wide.
+    let (low, high) = skew
+        .split_once("(between ")
+        .and_then(|(_, r)| r.split_once(" s)"))
+        .and_then(|(r, _)| r.split_once(" and "))
+        .map(|(l, h)| (l.parse::<f64>().unwrap(), h.parse::<f64>().unwrap()))
+        .unwrap_or_else(|| panic!("{skew}"));
+    assert!(low <= 0.0 && high >= 0.0 && high - low < 3.0, "{skew}");
+    assert!(
+        !v["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("clock")),
+        "{v}"
+    );
+}

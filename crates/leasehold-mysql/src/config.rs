@@ -443,6 +443,10 @@ impl MySqlConfig {
     }
 
     /// Whether a client key is configured (a driver configuration error may then quote it).
+    pub(crate) fn uses_socket(&self) -> bool {
+        self.socket.is_some()
+    }
+
     pub(crate) fn has_client_key(&self) -> bool {
         self.ssl_key.is_some()
     }

@@ -1,8 +1,12 @@
 //! `Store::diagnose` for both MariaDB/MySQL stores: the server, the connection's TLS and
 //! account, and the settings that decide their rows of `docs/guarantees.md`.
 
-use leasehold_core::{Diagnosis, Finding, StoreError, Verdict};
+use std::time::Duration;
+
+use leasehold_core::tls_session::{TlsSession, report_look};
+use leasehold_core::{Diagnosis, Finding, StoreError, TlsFailure, TlsProblem, Verdict};
 use sqlx::Row;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::SslMode;
 use crate::conn::Db;
@@ -59,7 +63,102 @@ pub(crate) async fn diagnose(db: &Db, getlock: bool) -> Result<Diagnosis, StoreE
             })
         })
         .await?;
-    Ok(judge(&read, db.config.get_ssl_mode(), getlock))
+    let mut d = judge(&read, db.config.get_ssl_mode(), getlock);
+    if !read.tls_version.is_empty() && !db.config.uses_socket() {
+        let c = &db.config;
+        let look = look(c.get_host(), c.get_port(), c.get_connect_timeout()).await;
+        report_look(&mut d, &look, peer_check(c.get_ssl_mode()));
+    }
+    Ok(d)
+}
+
+/// The capability flag a server sets when it offers TLS, and the client sets to ask for it.
+const CLIENT_SSL: u32 = 0x0800;
+/// The capabilities of the doctor's `SSLRequest`: 4.1 protocol, secure connection, TLS.
+const SSL_REQUEST_CAPABILITIES: u32 = 0x0200 | 0x8000 | CLIENT_SSL;
+
+/// The server's capability flags from its initial handshake packet (protocol 10): after
+/// the protocol version, the NUL-terminated server version, the connection id and the
+/// first 8 bytes of the scramble and a filler come the lower 16 bits, and after the
+/// character set and status the upper 16. `None` if the packet is not such a handshake.
+fn capabilities(payload: &[u8]) -> Option<u32> {
+    if payload.first() != Some(&10) {
+        return None;
+    }
+    let version_end = 1 + payload.get(1..)?.iter().position(|b| *b == 0)?;
+    let at = version_end + 1 + 4 + 8 + 1;
+    let lower = u16::from_le_bytes(payload.get(at..at + 2)?.try_into().ok()?);
+    let upper = payload
+        .get(at + 5..at + 7)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u16::from_le_bytes);
+    Some(u32::from(lower) | (u32::from(upper) << 16))
+}
+
+/// The TLS session the server at `host`:`port` offers, read by a connection of the
+/// doctor's own: the server's greeting, an `SSLRequest` packet, a handshake, nothing more
+/// (no login packet, so no credentials; the server counts an aborted connection).
+async fn look(host: &str, port: u16, within: Duration) -> Result<TlsSession, TlsFailure> {
+    let attempt = async {
+        let io = |e: std::io::Error| TlsFailure::new(TlsProblem::Other, Some(host), e.to_string());
+        let mut tcp = tokio::net::TcpStream::connect((host, port))
+            .await
+            .map_err(io)?;
+        let mut header = [0u8; 4];
+        tcp.read_exact(&mut header).await.map_err(io)?;
+        let len =
+            usize::from(header[0]) | usize::from(header[1]) << 8 | usize::from(header[2]) << 16;
+        if len > 64 * 1024 {
+            return Err(TlsFailure::new(
+                TlsProblem::Other,
+                Some(host),
+                "not a MySQL greeting",
+            ));
+        }
+        let mut greeting = vec![0u8; len];
+        tcp.read_exact(&mut greeting).await.map_err(io)?;
+        let caps = capabilities(&greeting).ok_or_else(|| {
+            TlsFailure::new(
+                TlsProblem::Other,
+                Some(host),
+                "not a MySQL protocol 10 greeting",
+            )
+        })?;
+        if caps & CLIENT_SSL == 0 {
+            return Err(TlsFailure::new(
+                TlsProblem::NotOffered,
+                Some(host),
+                "the server's greeting does not offer TLS",
+            ));
+        }
+        let mut request = vec![32, 0, 0, header[3].wrapping_add(1)];
+        request.extend_from_slice(&SSL_REQUEST_CAPABILITIES.to_le_bytes());
+        request.extend_from_slice(&(16u32 << 20).to_le_bytes());
+        request.push(45); // utf8mb4_general_ci
+        request.extend_from_slice(&[0u8; 23]);
+        tcp.write_all(&request).await.map_err(io)?;
+        leasehold_core::tls_session::look(tcp, host, None).await
+    };
+    tokio::time::timeout(within, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(TlsFailure::new(
+                TlsProblem::Other,
+                Some(host),
+                format!("no TLS handshake within {within:?}"),
+            ))
+        })
+}
+
+/// What `ssl-mode` checks of the server's certificate.
+fn peer_check(mode: SslMode) -> &'static str {
+    match mode {
+        SslMode::VerifyIdentity => {
+            "signed by a trusted CA and names the host (ssl-mode=VERIFY_IDENTITY)"
+        }
+        SslMode::VerifyCa => "signed by a trusted CA; the host is not checked (ssl-mode=VERIFY_CA)",
+        _ => "not checked",
+    }
 }
 
 /// The grants that give more than leasehold needs (its tables' SELECT, INSERT, UPDATE,
@@ -84,18 +183,7 @@ fn judge(r: &Read, mode: SslMode, getlock: bool) -> Diagnosis {
         d.fact("TLS", "none: the connection is plaintext");
     } else {
         d.fact("TLS", format!("{}, {}", r.tls_version, r.cipher));
-        d.fact(
-            "peer certificate",
-            match mode {
-                SslMode::VerifyIdentity => {
-                    "signed by a trusted CA and names the host (ssl-mode=VERIFY_IDENTITY)"
-                }
-                SslMode::VerifyCa => {
-                    "signed by a trusted CA; the host is not checked (ssl-mode=VERIFY_CA)"
-                }
-                _ => "not checked",
-            },
-        );
+        d.fact("peer certificate", peer_check(mode));
     }
     d.fact("identity", format!("account {}", r.account));
     let beyond = beyond_needs(&r.grants);
@@ -190,6 +278,34 @@ fn judge(r: &Read, mode: SslMode, getlock: bool) -> Diagnosis {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_greeting_says_whether_tls_is_offered() {
+        // Protocol 10, version "5.5.5-10.11", id, scramble, filler, lower caps with SSL,
+        // charset, status, upper caps.
+        let mut g = vec![10];
+        g.extend_from_slice(b"5.5.5-10.11\0");
+        g.extend_from_slice(&[1, 0, 0, 0]);
+        g.extend_from_slice(&[7; 8]);
+        g.push(0);
+        g.extend_from_slice(&0xfffeu16.to_le_bytes());
+        g.push(45);
+        g.extend_from_slice(&[2, 0]);
+        g.extend_from_slice(&0x81bfu16.to_le_bytes());
+        assert_eq!(super::capabilities(&g), Some(0x81bf_fffe));
+        assert_ne!(super::capabilities(&g).unwrap() & super::CLIENT_SSL, 0);
+        // The lower half alone (an old server's short greeting).
+        let short = &g[..g.len() - 5];
+        assert_eq!(super::capabilities(short), Some(0xfffe));
+        // A server without TLS (MariaDB's usual 0xf7fe) clears the flag.
+        let at = g.len() - 7;
+        g[at..at + 2].copy_from_slice(&0xf7feu16.to_le_bytes());
+        assert_eq!(super::capabilities(&g).unwrap() & super::CLIENT_SSL, 0);
+        g[0] = 9;
+        assert_eq!(super::capabilities(&g), None);
+        assert_eq!(super::capabilities(&[10, b'x']), None);
+        assert_eq!(super::capabilities(&[]), None);
+    }
+
     use super::*;
 
     fn read() -> Read {

@@ -1,9 +1,13 @@
 //! `Store::diagnose` for both PostgreSQL stores: the server, the connection's TLS and role,
 //! and the settings that decide their rows of `docs/guarantees.md`.
 
-use leasehold_core::{Diagnosis, Finding, StoreError, Verdict};
+use std::time::Duration;
+
+use leasehold_core::tls_session::{TlsSession, report_look};
+use leasehold_core::{Diagnosis, Finding, StoreError, TlsFailure, TlsProblem, Verdict};
 use sqlx::Row;
 use sqlx::postgres::PgSslMode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error;
 use crate::tables::Tables;
@@ -79,13 +83,50 @@ pub(crate) async fn diagnose(t: &Tables, advisory: bool) -> Result<Diagnosis, St
     };
     let options = t.pool.connect_options();
     let tcp_port = (!options.get_host().starts_with('/')).then(|| options.get_port());
-    Ok(judge(
-        &read,
-        options.get_ssl_mode(),
-        tcp_port,
-        t.simple,
-        advisory,
-    ))
+    let mut d = judge(&read, options.get_ssl_mode(), tcp_port, t.simple, advisory);
+    if read.ssl == Some(true)
+        && let Some(port) = tcp_port
+    {
+        let within = t.pool.options().get_acquire_timeout();
+        let look = look(options.get_host(), port, within).await;
+        report_look(&mut d, &look, peer_check(options.get_ssl_mode()));
+    }
+    Ok(d)
+}
+
+/// PostgreSQL's `SSLRequest` message: length 8, code 80877103.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+/// The TLS session the server at `host`:`port` offers, read by a connection of the
+/// doctor's own: `SSLRequest`, the server's `S`, a handshake, nothing more (no startup
+/// message, so no login and no credentials).
+async fn look(host: &str, port: u16, within: Duration) -> Result<TlsSession, TlsFailure> {
+    let attempt = async {
+        let io = |e: std::io::Error| TlsFailure::new(TlsProblem::Other, Some(host), e.to_string());
+        let mut tcp = tokio::net::TcpStream::connect((host, port))
+            .await
+            .map_err(io)?;
+        tcp.write_all(&SSL_REQUEST).await.map_err(io)?;
+        let mut answer = [0u8; 1];
+        tcp.read_exact(&mut answer).await.map_err(io)?;
+        if answer[0] != b'S' {
+            return Err(TlsFailure::new(
+                TlsProblem::NotOffered,
+                Some(host),
+                "the server answered SSLRequest with N",
+            ));
+        }
+        leasehold_core::tls_session::look(tcp, host, None).await
+    };
+    tokio::time::timeout(within, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(TlsFailure::new(
+                TlsProblem::Other,
+                Some(host),
+                format!("no TLS handshake within {within:?}"),
+            ))
+        })
 }
 
 /// What `sslmode` checks of the server's certificate.

@@ -188,6 +188,51 @@ pub(crate) fn replicas_in_role(role: &Value) -> Vec<NodeAddr> {
         .collect()
 }
 
+/// The clock offsets of the replicas of the primary at `node`, measured now on
+/// connections of their own (for `Store::diagnose`): per replica `ROLE` lists, the upper
+/// bound of how far its clock is ahead of the primary's in µs, or why it could not be
+/// read. An error when the primary cannot be asked, or is not a primary.
+pub(crate) async fn measure_once(
+    cfg: &RedisConfig,
+    node: &NodeAddr,
+) -> Result<Vec<(NodeAddr, Result<i64, String>)>, String> {
+    let scrub = |e: String| crate::error::scrub(&e, cfg.password().map(|p| p.expose()));
+    let asked = async {
+        let client = crate::discovery::client_for(cfg, node).map_err(|e| e.to_string())?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(cfg.connect_timeout()))
+            .set_response_timeout(None);
+        let mut c = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let role = redis::cmd("ROLE")
+            .query_async::<Value>(&mut c)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((c, role))
+    };
+    let (primary, role) = timeout(cfg.connect_timeout(), asked)
+        .await
+        .map_err(|_| format!("{node} did not answer ROLE within the connect timeout"))?
+        .map_err(scrub)?;
+    if !crate::discovery::is_primary(&role) {
+        return Err(format!("{node} is not a primary"));
+    }
+    Ok(
+        futures::future::join_all(replicas_in_role(&role).into_iter().map(|replica| {
+            let primary = primary.clone();
+            async move {
+                let got = timeout(cfg.connect_timeout(), offset_of(cfg, primary, &replica))
+                    .await
+                    .unwrap_or_else(|_| Err("no answer within the connect timeout".to_owned()));
+                (replica, got)
+            }
+        }))
+        .await,
+    )
+}
+
 /// `TIME` in µs.
 async fn time_us(c: &mut MultiplexedConnection) -> Result<i128, RedisError> {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(c).await?;

@@ -642,6 +642,20 @@ impl Conn {
         clocks.allowance(op).map(|_| ())
     }
 
+    /// The server the store's data connection reaches: the standalone server, the
+    /// primary Sentinel named last (`None` before the first connection), or a Cluster's
+    /// first seed.
+    pub(crate) fn data_node(&self) -> Option<NodeAddr> {
+        match (&self.kind, self.config.topology()) {
+            (Kind::Sentinel { primary, .. }, _) => {
+                primary.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            }
+            (_, Topology::Standalone { node }) => Some(node.clone()),
+            (_, Topology::Cluster { seeds }) => seeds.first().cloned(),
+            (_, Topology::Sentinel { .. }) => None,
+        }
+    }
+
     /// How much to take off a TTL the primary is about to grant: the largest amount by
     /// which one of its replicas' clocks is ahead of its own (Sentinel; zero otherwise).
     /// Refused while that is above `max_clock_offset`.

@@ -5,9 +5,13 @@
 use leasehold_core::{Diagnosis, Finding, StoreError, Verdict};
 use redis::Value;
 
-use crate::config::{RedisConfig, Topology};
+use crate::config::{NodeAddr, RedisConfig, Topology};
 use crate::conn::Conn;
 use crate::policy;
+
+/// A replica and the upper bound of how far its clock is ahead of the primary's, in µs,
+/// or why it could not be read.
+type Measured = (NodeAddr, Result<i64, String>);
 
 /// What the server said; `None` where it refused to say (an ACL without `CONFIG`).
 #[derive(Debug, Default)]
@@ -18,6 +22,12 @@ struct Read {
     whoami: Option<String>,
     /// `ACL GETUSER` of that user: its flags, commands and key patterns.
     rights: Option<String>,
+    /// The replicas' clock offsets against the primary (µs ahead, upper bound), measured
+    /// now; `None` on a Cluster (not measured), `Err` when the primary could not be asked.
+    replica_clocks: Option<Result<Vec<Measured>, String>>,
+    /// The TLS session of a handshake of the doctor's own with the data server.
+    #[cfg(feature = "tls")]
+    tls: Option<Result<leasehold_core::tls_session::TlsSession, leasehold_core::TlsFailure>>,
 }
 
 impl Read {
@@ -112,7 +122,33 @@ pub(crate) async fn diagnose(conn: &Conn, config: &RedisConfig) -> Result<Diagno
             read.rights = Some(words.join(" "));
         }
     }
+    let node = conn.data_node();
+    if let Some(node) = &node
+        && !matches!(config.topology(), Topology::Cluster { .. })
+    {
+        read.replica_clocks = Some(crate::clocks::measure_once(config, node).await);
+    }
+    #[cfg(feature = "tls")]
+    if let (Some(tls), Some(node)) = (config.tls(), &node) {
+        read.tls = Some(look(tls, &config.map_addr(node), config.connect_timeout()).await);
+    }
     Ok(judge(&read, config))
+}
+
+/// The TLS session of `node`, read by a handshake of leasehold's own (with the URL's
+/// client certificate, which a server with `tls-auth-clients yes` requires).
+#[cfg(feature = "tls")]
+async fn look(
+    tls: &crate::config::TlsSettings,
+    node: &NodeAddr,
+    within: std::time::Duration,
+) -> Result<leasehold_core::tls_session::TlsSession, leasehold_core::TlsFailure> {
+    use leasehold_core::tls_session::{ClientIdentity, look_at};
+    let identity = match &tls.client_cert {
+        Some((cert, key)) => Some(ClientIdentity::from_pem_files(cert, key)?),
+        None => None,
+    };
+    look_at(&node.host, node.port, identity.as_ref(), within).await
 }
 
 fn judge(r: &Read, config: &RedisConfig) -> Diagnosis {
@@ -131,18 +167,24 @@ fn judge(r: &Read, config: &RedisConfig) -> Diagnosis {
     );
     match config.tls() {
         Some(tls) => {
-            d.fact(
-                "TLS",
-                "on (rediss); the version is not exposed by the Redis client",
-            );
-            d.fact(
-                "peer certificate",
-                if tls.ca_file.is_some() {
-                    "signed by the CA of the URL's CA file and names the host"
-                } else {
-                    "signed by a CA of the system's store and names the host"
-                },
-            );
+            let checked = if tls.ca_file.is_some() {
+                "the store checks it against the URL's CA file (tls_ca) and the host"
+            } else {
+                "the store checks it against the system's CAs and the host"
+            };
+            #[cfg(feature = "tls")]
+            match &r.tls {
+                Some(look) => leasehold_core::tls_session::report_look(&mut d, look, checked),
+                None => {
+                    d.fact("TLS", "on (rediss)");
+                    d.fact("peer certificate", checked);
+                }
+            }
+            #[cfg(not(feature = "tls"))]
+            {
+                d.fact("TLS", "on (rediss)");
+                d.fact("peer certificate", checked);
+            }
         }
         None => {
             d.fact("TLS", "none: the connection is plaintext");
@@ -267,6 +309,7 @@ fn judge(r: &Read, config: &RedisConfig) -> Diagnosis {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0);
     d.fact("replicas", replicas.to_string());
+    replica_clocks(&mut d, r, config);
     if replicas > 0 || matches!(config.topology(), Topology::Sentinel { .. }) {
         let waits = config.min_replicas() > 0;
         d.finding(Finding::new(
@@ -289,6 +332,86 @@ fn judge(r: &Read, config: &RedisConfig) -> Diagnosis {
     d
 }
 
+/// `µs` as a signed duration in words: `+1.2 ms`, `-3.000 s`.
+fn offset_words(us: i64) -> String {
+    let sign = if us < 0 { '-' } else { '+' };
+    let abs = us.unsigned_abs();
+    if abs >= 1_000_000 {
+        format!(
+            "{sign}{}.{:03} s",
+            abs / 1_000_000,
+            (abs % 1_000_000) / 1000
+        )
+    } else {
+        format!("{sign}{}.{} ms", abs / 1000, (abs % 1000) / 100)
+    }
+}
+
+/// A replica clock ahead of its primary's by more than this is warned about on a store
+/// that does not correct for it (one without Sentinel).
+const AHEAD_WARNING_US: i64 = 50_000;
+
+/// The fact `replica clocks` and its warnings: a replica whose clock is ahead of the
+/// primary's ends every lease that much early once promoted (crate docs, "Replica
+/// clocks"). A Sentinel store takes the largest offset off every grant and refuses one
+/// above `max_clock_offset`; a store without Sentinel (a fail-over by hand) corrects
+/// nothing.
+fn replica_clocks(d: &mut Diagnosis, r: &Read, config: &RedisConfig) {
+    let sentinel = matches!(config.topology(), Topology::Sentinel { .. });
+    match &r.replica_clocks {
+        None if matches!(config.topology(), Topology::Cluster { .. }) => {
+            d.fact(
+                "replica clocks",
+                "not measured on a cluster (each shard's replicas against their primary)",
+            );
+        }
+        None => {}
+        Some(Err(why)) => {
+            d.fact("replica clocks", format!("unknown: {why}"));
+        }
+        Some(Ok(measured))
+            if measured.is_empty()
+                && r.info("connected_slaves").is_some_and(|n| n.trim() != "0") =>
+        {
+            d.fact(
+                "replica clocks",
+                "not measured: ROLE lists no replica yet (still synchronising)",
+            );
+        }
+        Some(Ok(measured)) if measured.is_empty() => {}
+        Some(Ok(measured)) => {
+            let words: Vec<String> = measured
+                .iter()
+                .map(|(node, got)| match got {
+                    Ok(us) => format!("{node} {} (ahead by at most)", offset_words(*us)),
+                    Err(why) => format!("{node} unknown ({why})"),
+                })
+                .collect();
+            d.fact("replica clocks", words.join("; "));
+            let limit = i64::try_from(config.max_clock_offset().as_micros()).unwrap_or(i64::MAX);
+            for (node, got) in measured {
+                let Ok(us) = got else { continue };
+                if sentinel && *us > limit {
+                    d.warn(format!(
+                        "replica {node}'s clock is ahead of the primary's by up to {}, above \
+                         max_clock_offset ({:?}): the store refuses grants until it is fixed; \
+                         synchronise the hosts' clocks (NTP)",
+                        offset_words(*us),
+                        config.max_clock_offset()
+                    ));
+                } else if !sentinel && *us > AHEAD_WARNING_US {
+                    d.warn(format!(
+                        "replica {node}'s clock is ahead of the primary's by up to {}: promoted \
+                         by hand, it would end every lease that much early while its holder \
+                         still believes; synchronise the hosts' clocks (NTP)",
+                        offset_words(*us)
+                    ));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,6 +423,9 @@ mod tests {
             min_replicas_to_write: Some("0".into()),
             whoami: Some("default".into()),
             rights: Some("flags on allkeys allchannels commands +@all keys ~*".into()),
+            replica_clocks: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 
@@ -392,6 +518,84 @@ mod tests {
             d.fact_value("identity"),
             Some("unknown (ACL WHOAMI refused)")
         );
+    }
+
+    #[test]
+    fn replica_clocks_ahead_are_warned_about_where_nothing_corrects_them() {
+        let plain = config("redis://h:1/");
+        let mut r = read("connected_slaves:2");
+        r.replica_clocks = Some(Ok(vec![
+            (NodeAddr::new("a", 1), Ok(50_001)),
+            (NodeAddr::new("b", 2), Err("refused".into())),
+        ]));
+        let d = judge(&r, &plain);
+        assert_eq!(
+            d.fact_value("replica clocks"),
+            Some("a:1 +50.0 ms (ahead by at most); b:2 unknown (refused)")
+        );
+        let clocks: Vec<_> = d
+            .warnings
+            .iter()
+            .filter(|w| w.contains("replica a:1"))
+            .collect();
+        assert_eq!(clocks.len(), 1, "{:?}", d.warnings);
+        assert!(clocks[0].contains("promoted by hand"));
+        // At the bound: no warning.
+        r.replica_clocks = Some(Ok(vec![(NodeAddr::new("a", 1), Ok(50_000))]));
+        let d = judge(&r, &plain);
+        assert!(
+            !d.warnings.iter().any(|w| w.contains("replica a:1")),
+            "{:?}",
+            d.warnings
+        );
+        // Sentinel corrects up to max_clock_offset (500 ms by default) and refuses above.
+        let sentinel = config("redis+sentinel://s:1/m");
+        r.replica_clocks = Some(Ok(vec![(NodeAddr::new("a", 1), Ok(400_000))]));
+        assert!(
+            !judge(&r, &sentinel)
+                .warnings
+                .iter()
+                .any(|w| w.contains("replica a:1"))
+        );
+        r.replica_clocks = Some(Ok(vec![(NodeAddr::new("a", 1), Ok(-2_500_000))]));
+        let d = judge(&r, &sentinel);
+        assert_eq!(
+            d.fact_value("replica clocks"),
+            Some("a:1 -2.500 s (ahead by at most)")
+        );
+        r.replica_clocks = Some(Ok(vec![(NodeAddr::new("a", 1), Ok(500_001))]));
+        let d = judge(&r, &sentinel);
+        assert!(
+            d.warnings
+                .iter()
+                .any(|w| w.contains("above max_clock_offset")),
+            "{:?}",
+            d.warnings
+        );
+        r.replica_clocks = Some(Err("p:1 is not a primary".into()));
+        assert_eq!(
+            judge(&r, &sentinel).fact_value("replica clocks"),
+            Some("unknown: p:1 is not a primary")
+        );
+        r.replica_clocks = Some(Ok(Vec::new()));
+        assert!(
+            judge(&r, &plain)
+                .fact_value("replica clocks")
+                .unwrap()
+                .contains("still synchronising")
+        );
+        assert_eq!(
+            judge(&read("connected_slaves:0"), &plain).fact_value("replica clocks"),
+            None
+        );
+        r.replica_clocks = None;
+        assert!(
+            judge(&r, &config("redis+cluster://h:1/"))
+                .fact_value("replica clocks")
+                .unwrap()
+                .starts_with("not measured")
+        );
+        assert_eq!(judge(&r, &plain).fact_value("replica clocks"), None);
     }
 
     #[test]

@@ -24,8 +24,66 @@ pub(crate) async fn diagnose(
         (n.name().to_owned(), text.map_err(|e| e.to_string()))
     });
     let answers: Vec<Answer> = futures::future::join_all(asked).await;
-    Ok(judge(&answers, config))
+    #[allow(unused_mut)]
+    let mut d = judge(&answers, config);
+    #[cfg(feature = "tls")]
+    if let Some(tls) = config.tls_settings() {
+        sessions(&mut d, config, tls).await;
+    }
+    Ok(d)
 }
+
+/// Each node's TLS session, read by a handshake of leasehold's own: the first node's
+/// gives the facts `TLS` and `peer certificate`, every node's certificate is warned about
+/// if it ends soon, and a node whose version or cipher differs from the first's is named.
+#[cfg(feature = "tls")]
+async fn sessions(d: &mut Diagnosis, config: &RedlockConfig, tls: &leasehold_redis::TlsSettings) {
+    use leasehold_core::tls_session::{ClientIdentity, look_at, report_look};
+    let identity = match &tls.client_cert {
+        Some((cert, key)) => match ClientIdentity::from_pem_files(cert, key) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                report_look(d, &Err(e), CHECKED);
+                return;
+            }
+        },
+        None => None,
+    };
+    let within = config.connect_bound();
+    let looks = futures::future::join_all(config.nodes().iter().map(|n| {
+        let identity = identity.as_ref();
+        async move {
+            let name = format!("{}:{}", n.host(), n.port());
+            (name, look_at(n.host(), n.port(), identity, within).await)
+        }
+    }))
+    .await;
+    let Some((_, first)) = looks.first() else {
+        return;
+    };
+    report_look(d, first, CHECKED);
+    let first_tls = d.fact_value("TLS").map(str::to_owned);
+    for (name, look) in &looks[1..] {
+        let mut other = Diagnosis::new();
+        report_look(&mut other, look, CHECKED);
+        for w in std::mem::take(&mut other.warnings) {
+            if !d.warnings.contains(&w) {
+                d.warn(w);
+            }
+        }
+        if other.fact_value("TLS").map(str::to_owned) != first_tls {
+            d.fact(
+                format!("TLS of node {name}"),
+                other.fact_value("TLS").unwrap_or("?"),
+            );
+        }
+    }
+}
+
+/// How the store's own connections check a node's certificate.
+#[cfg(feature = "tls")]
+const CHECKED: &str = "the store checks every node's against the URL's CA (tls_ca) and the \
+                       node's host";
 
 fn judge(answers: &[Answer], config: &RedlockConfig) -> Diagnosis {
     let mut d = Diagnosis::new();
@@ -75,7 +133,7 @@ fn judge(answers: &[Answer], config: &RedlockConfig) -> Diagnosis {
         "TLS",
         if config.tls_settings().is_some() {
             "on (tls=true) to every node, each certificate checked against the CA and the node's \
-             host; the version is not exposed by the Redis client"
+             host"
         } else {
             "none: the connections are plaintext"
         },
