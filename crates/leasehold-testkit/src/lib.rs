@@ -75,7 +75,7 @@ pub use postgres::{Postgres, PostgresOptions, postgres_bin_dir};
 pub use process::ServerProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer};
-pub use sentinel::RedisSentinelSet;
+pub use sentinel::{RedisSentinelSet, SENTINEL_ADMIN_USER};
 pub use tls::{ServerCert, TlsFiles};
 pub use worker::WorkerProcess;
 pub use zookeeper::{
