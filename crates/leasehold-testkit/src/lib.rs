@@ -5,7 +5,9 @@
 //!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`],
 //!   [`EtcdServer`], [`EtcdCluster`], [`ZkServer`], [`ZkEnsemble`].
 //! * [`tls`]: a private CA and certificates made at test time ([`TlsFiles`]), for
-//!   [`Postgres`], [`MariaDb`] and [`EtcdServer`] started with TLS required.
+//!   [`Postgres`], [`MariaDb`], [`EtcdServer`], the Redis servers ([`RedisOptions::tls`],
+//!   [`RedisCluster::start_tls`], [`RedisSentinelSet::start_tls`]) and ZooKeeper
+//!   ([`ZkServer::start_tls`], [`ZkEnsemble::start_tls`]) started with TLS required.
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
