@@ -193,10 +193,8 @@ async fn plaintext_and_another_ca_are_refused_soon() {
     let started = Instant::now();
     let e = RedisStore::open(&plain).await.map(|_| ()).unwrap_err();
     let took = started.elapsed();
-    assert!(
-        e.kind() == StoreErrorKind::Unavailable || e.kind() == StoreErrorKind::Config,
-        "{e}"
-    );
+    // The node resets the connection: not typed as TLS, the client cannot tell why.
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
     assert!(
         took < REFUSED_WITHIN,
         "a plaintext client was refused after {took:?}, not at once: {e}"
