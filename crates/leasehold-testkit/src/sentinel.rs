@@ -166,9 +166,9 @@ impl RedisSentinelSet {
     /// sentinels use with each other and what [`sentinel_cli`](Self::sentinel_cli) uses,
     /// and each of `users` (name, password, ACL rules) exists on every sentinel: a line
     /// `user NAME on >PASSWORD RULES` in `sentinel.conf`, the rules e.g.
-    /// `resetchannels -@all +sentinel|master`. The data servers have no password. With `tls`, everything is
-    /// over TLS as [`start_tls`](Self::start_tls) (server certificate for `localhost`, no
-    /// client certificate required).
+    /// `resetchannels -@all +sentinel|master`. The data servers have no password. With
+    /// `tls`, everything is over TLS as [`start_tls`](Self::start_tls) (server certificate
+    /// for `localhost`, no client certificate required).
     ///
     /// # Panics
     ///
