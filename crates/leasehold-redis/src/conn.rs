@@ -469,7 +469,14 @@ impl Conn {
         // The host a TLS failure is for, when the error does not name it.
         let host = match self.config.topology() {
             Topology::Standalone { node } => Some(self.config.map_addr(node).host),
-            _ => None,
+            // The cluster client's error for its first connection does not say which seed
+            // failed: when every seed is on one host, the failure is that host's.
+            Topology::Cluster { seeds } => {
+                let mut hosts = seeds.iter().map(|s| self.config.map_addr(s).host);
+                let first = hosts.next();
+                first.filter(|h| hosts.all(|o| o == *h))
+            }
+            Topology::Sentinel { .. } => None,
         };
         error::map_at(
             op,

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use crate::redis::{PortKind, RedisOptions, RedisServer};
+use crate::redis::{PortKind, RedisOptions, RedisServer, cli_tls_args, tls_params};
 use crate::server::Home;
+use crate::tls::{ServerCert, TlsFiles};
 use crate::util;
 
 /// How long the nodes may take to agree on `cluster_state:ok`.
@@ -22,11 +23,18 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
 ///
 /// Every node's port `P` has `P + 10000` free for the cluster bus. Dropping
 /// the cluster kills every node and removes the directory.
+///
+/// Started with TLS ([`start_tls`](Self::start_tls), or [`RedisOptions::tls`] given to
+/// [`start_with`](Self::start_with)), every node listens with TLS only on `P` (no plaintext
+/// port) and the cluster bus on `P + 10000` speaks TLS too (`tls-cluster yes`).
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     ids: Vec<String>,
     _root: TempDir,
+    /// Holds the TLS files of [`start_tls`](Self::start_tls) (removed on drop, after the
+    /// nodes are killed).
+    _tls_home: Option<TempDir>,
 }
 
 impl RedisCluster {
@@ -51,9 +59,32 @@ impl RedisCluster {
         Self::start_with(masters, RedisOptions::default())
     }
 
+    /// Starts `masters` nodes over TLS only, with fresh certificates ([`TlsFiles`], see
+    /// [`tls`](Self::tls)): each node presents `cert`, trusts the CA, listens with TLS on
+    /// its port and on no plaintext port, and speaks TLS on the cluster bus and for
+    /// replication (`tls-cluster yes`, `tls-replication yes`, with the client
+    /// certificate). With `client_auth`, every node requires a client certificate signed
+    /// by the CA. [`url`](Self::url) is then `rediss+cluster://…?tls_ca=…`.
+    ///
+    /// # Panics
+    ///
+    /// See [`start`](Self::start).
+    pub fn start_tls(masters: usize, cert: ServerCert, client_auth: bool) -> Self {
+        let home = util::temp_dir("leasehold-redis-cluster-tls-");
+        let files = TlsFiles::create(home.path());
+        let mut opts = RedisOptions::new().tls(files, cert);
+        if client_auth {
+            opts = opts.tls_client_auth();
+        }
+        let mut cluster = Self::start_with(masters, opts);
+        cluster._tls_home = Some(home);
+        cluster
+    }
+
     /// Like [`start`](Self::start), with extra options for every node (the
     /// cluster settings are appended to `opts.extra_args`; a password is not
-    /// supported by the helpers here).
+    /// supported by the helpers here). With [`RedisOptions::tls`], the cluster bus
+    /// speaks TLS too (`--tls-cluster yes`) and the cluster is joined over TLS.
     ///
     /// # Panics
     ///
@@ -84,12 +115,20 @@ impl RedisCluster {
                     "--cluster-node-timeout".to_string(),
                     "2000".to_string(),
                 ]);
+                let node_opts = if node_opts.tls.is_some() {
+                    node_opts.args(["--tls-cluster", "yes"])
+                } else {
+                    node_opts
+                };
                 RedisServer::launch(Home::In(dir), node_opts, PortKind::WithBus)
             })
             .collect();
 
         let redis_cli = util::find_binary("redis-cli", "redis-tools");
         let mut create = Command::new(redis_cli);
+        if let Some(files) = &opts.tls {
+            create.args(cli_tls_args(files));
+        }
         create.arg("--cluster").arg("create");
         for node in &nodes {
             create.arg(format!("127.0.0.1:{}", node.port()));
@@ -119,6 +158,7 @@ impl RedisCluster {
             nodes,
             ids,
             _root: root,
+            _tls_home: None,
         };
         cluster.wait_state_ok(STATE_OK_TIMEOUT);
         tracing::info!(ports = ?cluster.ports(), "redis cluster ready");
@@ -157,7 +197,33 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::addr).collect()
     }
 
-    /// `redis://127.0.0.1:P/` for every node.
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…/` with every node as a seed; for a
+    /// TLS cluster `rediss+cluster://…/?tls_ca=CA` (with `&tls_cert=…&tls_key=…` when
+    /// the nodes require a client certificate).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let opts = self.nodes[0].options();
+        match &opts.tls {
+            None => format!("redis+cluster://{}/", hosts.join(",")),
+            Some(files) => format!(
+                "rediss+cluster://{}/?{}",
+                hosts.join(","),
+                tls_params(files, opts.tls_client_auth)
+            ),
+        }
+    }
+
+    /// The certificates of a cluster started with TLS (`None` without).
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.nodes[0].tls()
+    }
+
+    /// `redis://127.0.0.1:P/` for every node (`rediss://…` for a TLS cluster: see
+    /// [`RedisServer::url`]).
     pub fn seed_urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }

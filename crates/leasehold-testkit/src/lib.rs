@@ -5,7 +5,9 @@
 //!   [`RedisServer`], [`RedisCluster`], [`Postgres`], [`PgBouncer`], [`MariaDb`],
 //!   [`EtcdServer`], [`EtcdCluster`], [`ZkServer`], [`ZkEnsemble`].
 //! * [`tls`]: a private CA and certificates made at test time ([`TlsFiles`]), for
-//!   [`Postgres`], [`MariaDb`] and [`EtcdServer`] started with TLS required.
+//!   [`Postgres`], [`MariaDb`], [`EtcdServer`], the Redis servers ([`RedisOptions::tls`],
+//!   [`RedisCluster::start_tls`], [`RedisSentinelSet::start_tls`]) and ZooKeeper
+//!   ([`ZkServer::start_tls`], [`ZkEnsemble::start_tls`]) started with TLS required.
 //! * [`FaultProxy`]: a TCP proxy that delays, drops replies, blackholes or
 //!   resets connections ([`ProxyMode`]).
 //! * [`WorkerProcess`]: run a worker as its own OS process, read its stdout
@@ -75,7 +77,7 @@ pub use postgres::{Postgres, PostgresOptions, postgres_bin_dir};
 pub use process::ServerProcess;
 pub use proxy::{FaultProxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer};
-pub use sentinel::RedisSentinelSet;
+pub use sentinel::{RedisSentinelSet, SENTINEL_ADMIN_USER};
 pub use tls::{ServerCert, TlsFiles};
 pub use worker::WorkerProcess;
 pub use zookeeper::{

@@ -16,6 +16,14 @@ use crate::util;
 /// How long a sentinel may take to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The administrative ACL user of sentinels started with
+/// [`RedisSentinelSet::start_with_sentinel_users`]: allowed every command and channel, used
+/// by the sentinels with each other (`sentinel sentinel-user`) and by the test kit's
+/// `redis-cli`, never by the store under test.
+pub const SENTINEL_ADMIN_USER: &str = "sentinel-admin";
+/// The password of [`SENTINEL_ADMIN_USER`].
+const SENTINEL_ADMIN_PASSWORD: &str = "testkit-sentinel-admin-pw";
+
 /// One `redis-server --sentinel` process with its own config file and directory.
 #[derive(Debug)]
 struct Sentinel {
@@ -46,6 +54,11 @@ struct Security {
     sentinel_password: Option<String>,
     /// An ACL user on every sentinel (name, password), besides the default user.
     sentinel_user: Option<(String, String)>,
+    /// The sentinels' `default` user is off; [`SENTINEL_ADMIN_USER`] serves the sentinels
+    /// and the kit instead.
+    sentinel_admin: bool,
+    /// Further ACL users on every sentinel: name, password, rules (after `on >password`).
+    sentinel_acl_users: Vec<(String, String, String)>,
 }
 
 /// A primary, a replica of it and three sentinels (quorum 2) monitoring it under a name.
@@ -143,6 +156,38 @@ impl RedisSentinelSet {
             data_password: Some(data_password.to_owned()),
             sentinel_password: Some(sentinel_password.to_owned()),
             sentinel_user: sentinel_user.map(|(u, p)| (u.to_owned(), p.to_owned())),
+            ..Security::default()
+        };
+        Self::launch_secured(master, security, false, home)
+    }
+
+    /// [`start`](Self::start) with sentinels that serve only ACL users: their `default`
+    /// user is off, [`SENTINEL_ADMIN_USER`] (every command and channel) is what the
+    /// sentinels use with each other and what [`sentinel_cli`](Self::sentinel_cli) uses,
+    /// and each of `users` (name, password, ACL rules) exists on every sentinel: a line
+    /// `user NAME on >PASSWORD RULES` in `sentinel.conf`, the rules e.g.
+    /// `resetchannels -@all +sentinel|master`. The data servers have no password. With
+    /// `tls`, everything is over TLS as [`start_tls`](Self::start_tls) (server certificate
+    /// for `localhost`, no client certificate required).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with_sentinel_users(
+        master: &str,
+        users: &[(&str, &str, &str)],
+        tls: bool,
+    ) -> Self {
+        let home = tls.then(|| util::temp_dir("leasehold-sentinel-tls-"));
+        let security = Security {
+            tls: home.as_ref().map(|h| TlsFiles::create(h.path())),
+            tls_cert: ServerCert::Localhost,
+            sentinel_admin: true,
+            sentinel_acl_users: users
+                .iter()
+                .map(|(n, p, r)| ((*n).to_owned(), (*p).to_owned(), (*r).to_owned()))
+                .collect(),
+            ..Security::default()
         };
         Self::launch_secured(master, security, false, home)
     }
@@ -363,7 +408,8 @@ impl RedisSentinelSet {
         );
     }
 
-    /// Runs `redis-cli` against sentinel `i`.
+    /// Runs `redis-cli` against sentinel `i` (as [`SENTINEL_ADMIN_USER`] on sentinels
+    /// started with [`start_with_sentinel_users`](Self::start_with_sentinel_users)).
     pub fn sentinel_cli(&self, i: usize, args: &[&str]) -> String {
         let mut cmd = Command::new(util::find_binary("redis-cli", "redis-tools"));
         cmd.args([
@@ -375,7 +421,10 @@ impl RedisSentinelSet {
         if let Some(files) = &self.security.tls {
             cmd.args(cli_tls_args(files));
         }
-        if let Some(pw) = &self.security.sentinel_password {
+        if self.security.sentinel_admin {
+            cmd.args(["--user", SENTINEL_ADMIN_USER])
+                .env("REDISCLI_AUTH", SENTINEL_ADMIN_PASSWORD);
+        } else if let Some(pw) = &self.security.sentinel_password {
             cmd.env("REDISCLI_AUTH", pw);
         }
         cmd.args(args);
@@ -451,6 +500,17 @@ impl Launch for Launcher {
         if let Some((user, pw)) = &sec.sentinel_user {
             text.push_str(&format!("user {user} on >{pw} allchannels +@all\n"));
         }
+        if sec.sentinel_admin {
+            text.push_str(&format!(
+                "user default off\n\
+                 user {SENTINEL_ADMIN_USER} on >{SENTINEL_ADMIN_PASSWORD} allchannels +@all\n\
+                 sentinel sentinel-user {SENTINEL_ADMIN_USER}\n\
+                 sentinel sentinel-pass {SENTINEL_ADMIN_PASSWORD}\n"
+            ));
+        }
+        for (user, pw, rules) in &sec.sentinel_acl_users {
+            text.push_str(&format!("user {user} on >{pw} {rules}\n"));
+        }
         std::fs::write(&conf, text)
             .unwrap_or_else(|e| panic!("cannot write {}: {e}", conf.display()));
         let mut cmd = Command::new(&self.bin);
@@ -463,7 +523,7 @@ impl Launch for Launcher {
     }
 
     fn ready(&self, process: &ServerProcess, port: u16) -> Result<(), ReadyError> {
-        let auth = self.security.sentinel_password.is_some();
+        let auth = self.security.sentinel_password.is_some() || self.security.sentinel_admin;
         if let Some(files) = &self.security.tls {
             let cli = util::find_binary("redis-cli", "redis-tools");
             return ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(50), || {

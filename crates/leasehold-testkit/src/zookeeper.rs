@@ -1,11 +1,14 @@
 //! Private ZooKeeper servers: [`ZkServer`] (one standalone server, optionally serving only
 //! TLS: [`ZkServer::start_tls`]) and [`ZkEnsemble`] (three members, their links to each other
-//! optionally through fault proxies), each on its own ports and temporary data directory,
+//! optionally through fault proxies, their clients optionally served only over TLS:
+//! [`ZkEnsemble::start_tls`]), each on its own ports and temporary data directory,
 //! run by the `java` found on `PATH` with Debian's `/usr/share/java/zookeeper.jar`.
 
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -73,8 +76,9 @@ struct Launcher {
     log_start: AtomicU64,
 }
 
-/// The TLS files and settings of a server started with [`ZkServer::start_tls`].
-#[derive(Debug)]
+/// The TLS files and settings of a server started with [`ZkServer::start_tls`] (or of
+/// every member of an ensemble started with [`ZkEnsemble::start_tls`]).
+#[derive(Debug, Clone)]
 struct LaunchTls {
     files: TlsFiles,
     /// `ssl.keyStore.location`: the key (PKCS#8) and the certificate in one PEM file, as
@@ -118,7 +122,7 @@ fn write_config(
     let mut cfg = format!(
         "tickTime={}\ninitLimit=20\nsyncLimit={sync_limit}\ndataDir={}\n\
          {listen}admin.enableServer=false\n\
-         4lw.commands.whitelist=ruok,srvr,stat,mntr\nminSessionTimeout={}\n\
+         4lw.commands.whitelist=ruok,srvr,stat,mntr,cons\nminSessionTimeout={}\n\
          maxSessionTimeout={}\nmaxClientCnxns=0\n",
         TICK.as_millis(),
         data.display(),
@@ -182,6 +186,12 @@ impl Launch for Launcher {
                 mode(port).is_some()
             });
         };
+        if self.ensemble.is_some() {
+            // An ensemble member serves once it answers `srvr` (over TLS) with its mode.
+            return ready::wait_ready(process, READY_TIMEOUT, Duration::from_millis(200), || {
+                mode_of(&tls_four_letter(port, &tls.files, "srvr")).is_some()
+            });
+        }
         // A TLS-only server answers `srvr` only over TLS: ready once this process logged
         // that it serves, and the port takes connections.
         let log = tls.files.dir().parent().map(|d| d.join("log"));
@@ -209,9 +219,101 @@ fn srvr(port: u16) -> String {
 
 /// The server's mode (`standalone`, `leader`, `follower`), if it serves.
 fn mode(port: u16) -> Option<String> {
-    srvr(port)
-        .lines()
+    mode_of(&srvr(port))
+}
+
+/// The mode in an answer to `srvr`, if it gives one.
+fn mode_of(srvr: &str) -> Option<String> {
+    srvr.lines()
         .find_map(|l| l.strip_prefix("Mode: ").map(|m| m.trim().to_owned()))
+}
+
+/// A TLS client trusting the test CA of `files` and presenting its client certificate.
+fn tls_client_config(files: &TlsFiles) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(files.ca_cert()).map_err(|e| e.to_string())? {
+        roots
+            .add(ca.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let chain = CertificateDer::pem_file_iter(files.client_cert())
+        .map_err(|e| e.to_string())?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let key = PrivateKeyDer::from_pem_file(files.client_key()).map_err(|e| e.to_string())?;
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| e.to_string())
+}
+
+/// The answer to the four-letter word `word` on a port that serves only TLS (the server's
+/// certificate verified for `127.0.0.1` against the test CA, the client certificate
+/// presented), or an empty string if there is none (not serving, refused, 5 s passed).
+fn tls_four_letter(port: u16, files: &TlsFiles, word: &str) -> String {
+    let ask = || -> Result<Vec<u8>, String> {
+        let config = tls_client_config(files)?;
+        let name = rustls::pki_types::ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
+        let mut conn =
+            rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+        let mut sock =
+            TcpStream::connect_timeout(&(Ipv4Addr::LOCALHOST, port).into(), Duration::from_secs(2))
+                .map_err(|e| e.to_string())?;
+        sock.set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        sock.set_write_timeout(Some(Duration::from_secs(5)))
+            .map_err(|e| e.to_string())?;
+        let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+        tls.write_all(word.as_bytes()).map_err(|e| e.to_string())?;
+        tls.flush().map_err(|e| e.to_string())?;
+        // The server answers and closes (with or without a TLS close_notify).
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match tls.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+        Ok(answer)
+    };
+    ask()
+        .map(|a| String::from_utf8_lossy(&a).into_owned())
+        .unwrap_or_default()
+}
+
+/// The TLS settings of a server or ensemble serving only TLS, its files made fresh in
+/// `tls_dir` (which must not exist).
+///
+/// # Panics
+///
+/// When Netty's jars are missing or a file cannot be written.
+fn make_tls(tls_dir: &Path, cert: ServerCert, client_cert_auth: bool) -> LaunchTls {
+    for jar in NETTY_TLS_JARS.split(':') {
+        assert!(
+            Path::new(jar).is_file(),
+            "{jar} not found: install package libnetty-java"
+        );
+    }
+    std::fs::create_dir(tls_dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", tls_dir.display()));
+    let files = TlsFiles::create(tls_dir);
+    let (cert, key) = cert.files(&files);
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+    };
+    let key_store = tls_dir.join("server-keystore.pem");
+    std::fs::write(&key_store, read(&key) + &read(&cert))
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", key_store.display()));
+    LaunchTls {
+        files,
+        key_store,
+        client_cert_auth,
+    }
 }
 
 /// A private standalone ZooKeeper 3.8 server on 127.0.0.1: its own client port and
@@ -258,28 +360,7 @@ impl ZkServer {
         check_jar();
         let dir = util::temp_dir("leasehold-zk-");
         let tls = tls.map(|(cert, client_cert_auth)| {
-            for jar in NETTY_TLS_JARS.split(':') {
-                assert!(
-                    Path::new(jar).is_file(),
-                    "{jar} not found: install package libnetty-java"
-                );
-            }
-            let tls_dir = dir.path().join("tls");
-            std::fs::create_dir(&tls_dir).expect("create DIR/tls");
-            let files = TlsFiles::create(&tls_dir);
-            let (cert, key) = cert.files(&files);
-            let read = |p: &Path| {
-                std::fs::read_to_string(p)
-                    .unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
-            };
-            let key_store = tls_dir.join("server-keystore.pem");
-            std::fs::write(&key_store, read(&key) + &read(&cert))
-                .unwrap_or_else(|e| panic!("cannot write {}: {e}", key_store.display()));
-            LaunchTls {
-                files,
-                key_store,
-                client_cert_auth,
-            }
+            make_tls(&dir.path().join("tls"), cert, client_cert_auth)
         });
         let launcher = Launcher {
             java: java(),
@@ -370,12 +451,15 @@ struct PeerLink {
 /// client, quorum and election ports and its own data directory; 250 ms tick. With
 /// [`ZkEnsembleOptions::proxied_peers`], the members reach each other through fault
 /// proxies, and a member can be cut off from the others ([`isolate`](Self::isolate)).
+/// Started with [`start_tls`](Self::start_tls), every member serves its clients only over
+/// TLS.
 ///
 /// Dropping it kills every member and removes the directories.
 #[derive(Debug)]
 pub struct ZkEnsemble {
     members: Vec<Member>,
     links: Vec<PeerLink>,
+    tls: Option<LaunchTls>,
     _tmp: TempDir,
 }
 
@@ -400,16 +484,45 @@ impl ZkEnsemble {
     ///
     /// Panics if `java` or the jar is missing, or the ensemble does not form within 60 s.
     pub fn start_with(options: ZkEnsembleOptions) -> Self {
+        Self::start_inner(&options, None)
+    }
+
+    /// Starts three members (default [`ZkEnsembleOptions`]) that serve their clients only
+    /// over TLS, as [`ZkServer::start_tls`] does with the server certificate for
+    /// `localhost` and `127.0.0.1`: each member's client port is a `secureClientPort`
+    /// (Netty, no plaintext `clientPort`, no port unification), one set of fresh
+    /// certificates for all three (see [`tls`](Self::tls)); with `client_cert_auth`, every
+    /// client must present a certificate signed by the test CA. The members' links to
+    /// each other (quorum and election) stay plaintext. Waits until each member answers
+    /// `srvr` over TLS as leader or follower; [`mode`](Self::mode),
+    /// [`leader`](Self::leader) and [`four_letter_word`](Self::four_letter_word) speak
+    /// TLS.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start); also when Netty's jars (package `libnetty-java`) are
+    /// missing.
+    pub fn start_tls(client_cert_auth: bool) -> Self {
+        Self::start_inner(
+            &ZkEnsembleOptions::default(),
+            Some((ServerCert::Localhost, client_cert_auth)),
+        )
+    }
+
+    fn start_inner(options: &ZkEnsembleOptions, tls: Option<(ServerCert, bool)>) -> Self {
         check_jar();
         let java = java();
         let tmp = util::temp_dir("leasehold-zk3-");
+        let tls = tls.map(|(cert, client_cert_auth)| {
+            make_tls(&tmp.path().join("tls"), cert, client_cert_auth)
+        });
         // A port handed out by `free_port` may be taken by another test process before the
         // member binds it: start again on fresh ports then (up to 4 attempts).
         let mut attempt = 0;
         let (members, links) = loop {
             attempt += 1;
             let root = tmp.path().join(format!("try{attempt}"));
-            match Self::try_start(&java, &root, &options) {
+            match Self::try_start(&java, &root, options, tls.as_ref()) {
                 Ok(started) => break started,
                 Err((members, e)) => {
                     let taken = members.iter().any(Member::port_taken);
@@ -436,11 +549,13 @@ impl ZkEnsemble {
         tracing::info!(
             ?clients,
             proxied = !links.is_empty(),
+            tls = tls.is_some(),
             "zookeeper ensemble ready"
         );
         Self {
             members,
             links,
+            tls,
             _tmp: tmp,
         }
     }
@@ -452,6 +567,7 @@ impl ZkEnsemble {
         java: &Path,
         root: &Path,
         options: &ZkEnsembleOptions,
+        tls: Option<&LaunchTls>,
     ) -> Result<(Vec<Member>, Vec<PeerLink>), (Vec<Member>, String)> {
         // `free_port` never hands out a port twice, so the nine ports are distinct.
         let peers: Vec<(u16, u16)> = (0..Self::SIZE)
@@ -489,7 +605,7 @@ impl ZkEnsemble {
                     java: java.to_path_buf(),
                     sync_limit: options.sync_limit,
                     ensemble: Some((i + 1, seen)),
-                    tls: None,
+                    tls: tls.cloned(),
                     log_start: AtomicU64::new(0),
                 };
                 let process = launcher.spawn(&dir, clients[i]);
@@ -560,14 +676,34 @@ impl ZkEnsemble {
             .join(",")
     }
 
-    /// `zookeeper://127.0.0.1:p1,…/leasehold`.
+    /// `zookeeper://127.0.0.1:p1,…/leasehold` (with TLS, add `?tls=true` and the files:
+    /// see [`tls`](Self::tls)).
     pub fn url(&self) -> String {
         format!("zookeeper://{}/leasehold", self.connect_string())
     }
 
+    /// The certificates of an ensemble started with [`start_tls`](Self::start_tls)
+    /// (`None` without TLS): the CA to trust, the client certificate, and the wrong ones.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref().map(|t| &t.files)
+    }
+
+    /// Member `i`'s answer to the four-letter word `word` (`srvr`, `stat`, `mntr`, `cons`
+    /// or `ruok`), over TLS for an ensemble started with [`start_tls`](Self::start_tls);
+    /// an empty string if it gives none (it does not run or serve).
+    pub fn four_letter_word(&self, i: usize, word: &str) -> String {
+        let port = self.members[i].port();
+        match &self.tls {
+            Some(tls) => tls_four_letter(port, &tls.files, word),
+            None => util::ask(port, word.as_bytes(), 65536, |_| false)
+                .map(|a| String::from_utf8_lossy(&a).into_owned())
+                .unwrap_or_default(),
+        }
+    }
+
     /// Member `i`'s mode (`leader`, `follower`), or `None` if it does not serve.
     pub fn mode(&self, i: usize) -> Option<String> {
-        mode(self.members[i].port())
+        mode_of(&self.four_letter_word(i, "srvr"))
     }
 
     /// The index of the current leader, if a member says it leads.
