@@ -181,7 +181,8 @@ pub(crate) const CAUSES: &[Row] = &[
         status: exit::STORE,
         starts: "store error: the server refused a connection without TLS (turn TLS on in the \
                  URL: sslmode=verify-full for postgres://, ssl-mode=VERIFY_IDENTITY for \
-                 mysql://): ",
+                 mysql://, rediss:// for redis://, tls=true for etcd://, zookeeper:// and \
+                 redlock://): ",
     },
     Row {
         cause: Cause::TlsUntrusted,

@@ -181,6 +181,16 @@ fn etcd_tls_causes() {
         "{err}"
     );
     assert!(err.contains("`127.0.0.1`"), "{err}");
+    // Plaintext to a TLS member: dropped, then found to speak TLS.
+    let plain = format!("etcd://127.0.0.1:{}?connect_timeout=2s", etcd.port());
+    let out = env.run(&["--store", &plain, "list"]);
+    assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .starts_with("leasehold: store error: the server refused a connection without TLS"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// etcd over TLS with client certificates: each member answers `/health` on its own client

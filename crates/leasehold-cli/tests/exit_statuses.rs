@@ -839,4 +839,13 @@ fn redis_and_redlock_tls_causes() {
     let out = run(&env, &["--store", &url, "list"]);
     expect(&out, 69, WRONG_HOST, "rediss, another host");
     assert!(stderr(&out).contains("127.0.0.1"), "{}", stderr(&out));
+    // Plaintext to the TLS-only port: dropped by the server, then found to speak TLS.
+    let plain = format!("redis://:{SECRET}@127.0.0.1:{port}/?connect_timeout=2s");
+    let out = run(&env, &["--store", &plain, "list"]);
+    expect(&out, 69, PLAINTEXT, "redis:// to a TLS port");
+    assert!(
+        stderr(&out).contains("rediss:// for redis://"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -345,14 +345,12 @@ async fn close<S: AsyncRead + AsyncWrite + Unpin>(tls: &mut tokio_rustls::client
     let _ = tokio::time::timeout(Duration::from_secs(1), tls.shutdown()).await;
 }
 
-async fn handshake<S>(
-    stream: S,
+/// The client configuration of a look (the [`ReadOnly`] verifier, `client` presented),
+/// and `host` as a server name.
+fn read_only(
     host: &str,
     client: Option<&ClientIdentity>,
-) -> Result<(tokio_rustls::client::TlsStream<S>, TlsSession), TlsFailure>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) -> Result<(rustls::ClientConfig, ServerName<'static>), TlsFailure> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let other = |e: rustls::Error| TlsFailure::new(TlsProblem::Other, Some(host), e.to_string());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -373,6 +371,96 @@ where
             "not a host name or IP address",
         )
     })?;
+    Ok((config, name))
+}
+
+/// Whether the server at `host`:`port` speaks TLS: it answers a ClientHello with a
+/// handshake of its own, or with a TLS alert (a server that requires a client certificate
+/// refuses this one so). For a store whose plaintext connection failed, to say that the
+/// port wants TLS ([`TlsProblem::PlaintextRefused`]) instead of "unreachable". `false`
+/// when in doubt: nothing listening, a reset, an answer that is not TLS (a plaintext
+/// server's error line), no answer within `within`.
+///
+/// Cancel safe: dropping the future drops the connection.
+pub async fn speaks_tls(host: &str, port: u16, within: Duration) -> bool {
+    let attempt = async {
+        let Ok((config, name)) = read_only(host, None) else {
+            return false;
+        };
+        let Ok(tcp) = tokio::net::TcpStream::connect((host, port)).await else {
+            return false;
+        };
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        match connector.connect(name, tcp).await {
+            Ok(mut tls) => {
+                close(&mut tls).await;
+                true
+            }
+            Err(e) => matches!(
+                e.get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>()),
+                Some(rustls::Error::AlertReceived(_))
+            ),
+        }
+    };
+    tokio::time::timeout(within, attempt).await.unwrap_or(false)
+}
+
+/// `host:port` (IPv6 in brackets) as host and port; `None` without a valid port.
+pub fn host_port(address: &str) -> Option<(String, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+/// A store's error for a plaintext connection that failed where a TLS server listens: the
+/// first of `hosts` (host, port) that [`speaks_tls`] within `within` gives a
+/// [`StoreErrorKind::Config`](crate::StoreErrorKind::Config) error with a
+/// [`TlsProblem::PlaintextRefused`] failure for that host and the store's `hint` (the
+/// URL's way to turn TLS on); `None` when none does. All hosts are asked at once.
+///
+/// Cancel safe.
+pub async fn plaintext_refused(
+    backend: &'static str,
+    hosts: &[(String, u16)],
+    hint: &'static str,
+    within: Duration,
+) -> Option<crate::StoreError> {
+    let asked = futures::future::join_all(
+        hosts
+            .iter()
+            .map(|(host, port)| async move { speaks_tls(host, *port, within).await }),
+    )
+    .await;
+    let (host, port) = hosts.iter().zip(asked).find(|(_, tls)| *tls)?.0;
+    let failure = TlsFailure::new(
+        TlsProblem::PlaintextRefused,
+        Some(host),
+        format!("port {port} answers only TLS"),
+    )
+    .with_hint(hint);
+    Some(
+        crate::StoreError::new(
+            crate::StoreErrorKind::Config,
+            backend,
+            format!("connecting without TLS: {failure}"),
+        )
+        .with_source(failure),
+    )
+}
+
+async fn handshake<S>(
+    stream: S,
+    host: &str,
+    client: Option<&ClientIdentity>,
+) -> Result<(tokio_rustls::client::TlsStream<S>, TlsSession), TlsFailure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (config, name) = read_only(host, client)?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tls = connector.connect(name, stream).await.map_err(|e| {
         TlsFailure::find_rustls(&e)
@@ -666,6 +754,78 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(answer, b"0123");
+    }
+
+    #[test]
+    fn addresses_split_into_host_and_port() {
+        assert_eq!(host_port("db:2379"), Some(("db".into(), 2379)));
+        assert_eq!(host_port("[::1]:2181"), Some(("::1".into(), 2181)));
+        assert_eq!(host_port("db"), None);
+        assert_eq!(host_port("db:x"), None);
+        assert_eq!(host_port("db:70000"), None);
+    }
+
+    #[tokio::test]
+    async fn a_tls_port_is_told_from_a_plaintext_one() {
+        let (ca, chain, key, _) = certificates();
+        let tls = serve_once(
+            ca.clone(),
+            chain.clone(),
+            key.clone_key(),
+            false,
+            false,
+            b"",
+        )
+        .await;
+        assert!(speaks_tls("127.0.0.1", tls, Duration::from_secs(10)).await);
+        // One that requires a client certificate refuses with an alert (TLS 1.2) or after
+        // the handshake (TLS 1.3): TLS either way.
+        let picky = serve_once(ca, chain, key, true, true, b"").await;
+        assert!(speaks_tls("127.0.0.1", picky, Duration::from_secs(10)).await);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let plain = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let _ = tcp.write_all(b"-ERR unknown command\r\n").await;
+        });
+        assert!(!speaks_tls("127.0.0.1", plain, Duration::from_secs(10)).await);
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = silent.local_addr().unwrap().port();
+        assert!(!speaks_tls("127.0.0.1", port, Duration::from_millis(200)).await);
+        drop(silent);
+    }
+
+    #[tokio::test]
+    async fn a_plaintext_refusal_names_the_tls_host_and_the_stores_hint() {
+        let (ca, chain, key, _) = certificates();
+        let tls = serve_once(ca, chain, key, false, false, b"").await;
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let hosts = [
+            ("127.0.0.1".to_owned(), closed),
+            ("localhost".to_owned(), tls),
+        ];
+        let e = plaintext_refused("test", &hosts, "rediss://", Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(e.kind(), crate::StoreErrorKind::Config);
+        let failure = TlsFailure::of(&e).unwrap();
+        assert_eq!(failure.problem(), TlsProblem::PlaintextRefused);
+        assert_eq!(failure.host(), Some("localhost"));
+        assert!(e.to_string().contains("(rediss://)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains(&format!("port {tls} answers only TLS")),
+            "{e}"
+        );
+        let none = [("127.0.0.1".to_owned(), closed)];
+        assert!(
+            plaintext_refused("test", &none, "x", Duration::from_secs(1))
+                .await
+                .is_none()
+        );
     }
 
     #[tokio::test]

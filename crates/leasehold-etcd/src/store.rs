@@ -53,7 +53,9 @@ impl EtcdStore {
     ///
     /// # Errors
     /// [`StoreErrorKind::Config`] for a bad URL or refused credentials; `Unavailable` or
-    /// `Timeout` when no member answers within the connect timeout.
+    /// `Timeout` when no member answers within the connect timeout; `Config` with a
+    /// [`TlsFailure`](leasehold_core::TlsFailure) of problem `PlaintextRefused` when the
+    /// URL has no `tls=true` and a member speaks only TLS.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is written.
@@ -70,18 +72,24 @@ impl EtcdStore {
     /// # Cancel safety
     /// Cancel safe: nothing is written.
     pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
-        let client = Self::connect_client(&config).await?;
+        let client = match Self::connect_client(&config).await {
+            Ok(client) => client,
+            Err(e) => return Err(crate::tls::plaintext_refused(&config, e).await),
+        };
         let store = Self { client, config };
         let probe = store.config.key_prefix().as_bytes().to_vec();
-        store
+        let checked = store
             .bounded("connect", async {
                 let mut kv = store.client.kv_client();
                 kv.get(probe, Some(GetOptions::new().with_keys_only()))
                     .await
                     .map_err(|e| map_err("connect check", e))
             })
-            .await?;
-        Ok(store)
+            .await;
+        match checked {
+            Ok(_) => Ok(store),
+            Err(e) => Err(crate::tls::plaintext_refused(&store.config, e).await),
+        }
     }
 
     /// Connects without the check that the cluster answers.

@@ -14,6 +14,35 @@ use crate::error::err;
 
 pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 
+/// The error for `e`, the failure of a first connection: when the URL is plaintext and
+/// the failure is an unreachable member, a host of the URL that speaks only TLS makes it a
+/// [`TlsProblem::PlaintextRefused`] error (`tls=true`); otherwise `e` itself. Asked within
+/// the connect timeout, at most a second.
+pub(crate) async fn plaintext_refused(config: &crate::EtcdConfig, e: StoreError) -> StoreError {
+    use leasehold_core::tls_session::host_port;
+    // The connect check is a read: a transport error there is reported as ambiguous.
+    if config.uses_tls()
+        || !matches!(
+            e.kind(),
+            StoreErrorKind::Unavailable | StoreErrorKind::Timeout | StoreErrorKind::Ambiguous
+        )
+    {
+        return e;
+    }
+    let hosts: Vec<(String, u16)> = config
+        .endpoints()
+        .iter()
+        .filter_map(|h| host_port(h))
+        .collect();
+    let within = config
+        .connect_bound()
+        .min(std::time::Duration::from_secs(1));
+    let hint = hint(TlsProblem::PlaintextRefused);
+    leasehold_core::tls_session::plaintext_refused(crate::BACKEND, &hosts, hint, within)
+        .await
+        .unwrap_or(e)
+}
+
 /// The etcd URL parameters that fix `problem`.
 fn hint(problem: TlsProblem) -> &'static str {
     match problem {

@@ -246,6 +246,12 @@ async fn a_plaintext_connection_is_refused() {
     let e = EtcdStore::open(&url)
         .await
         .expect_err("a plaintext connection was accepted");
+    // The member drops it; the store finds that the member speaks TLS and says so, typed.
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let tls = TlsFailure::of(&e).unwrap_or_else(|| panic!("not a TLS failure: {e:?}"));
+    assert_eq!(tls.problem(), TlsProblem::PlaintextRefused, "{e}");
+    assert_eq!(tls.host(), Some("127.0.0.1"), "{e}");
+    assert!(e.to_string().contains("(tls=true)"), "{e}");
     assert_no_secret(&e, &s.tls);
 }
 

@@ -105,7 +105,9 @@ impl RedisStore {
     ///
     /// # Errors
     /// As [`new`](Self::new); [`StoreErrorKind::Config`] for a wrong password or a TLS
-    /// failure; [`StoreErrorKind::Unavailable`] when the server cannot be reached.
+    /// failure (a `redis://` URL to a server that speaks only TLS included: a
+    /// [`TlsFailure`](crate::TlsFailure) of problem `PlaintextRefused`);
+    /// [`StoreErrorKind::Unavailable`] when the server cannot be reached.
     ///
     /// # Examples
     ///
@@ -120,7 +122,9 @@ impl RedisStore {
     /// ```
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
         let store = Self::new(config)?;
-        store.conn.connect().await?;
+        if let Err(e) = store.conn.connect().await {
+            return Err(crate::tls::plaintext_refused(&store.config, e).await);
+        }
         tracing::debug!(config = %store.config, "redis store connected");
         Ok(store)
     }

@@ -11,6 +11,45 @@ use crate::config::TlsSettings;
 
 pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 
+/// The error for `e`, the failure of a first connection: when the URL is plaintext and
+/// the failure is an unreachable server, a server (standalone, cluster seed or sentinel)
+/// that speaks only TLS makes it a [`TlsProblem::PlaintextRefused`] error naming the
+/// scheme to use; otherwise `e` itself. Asked within the connect timeout, at most a second.
+pub(crate) async fn plaintext_refused(config: &crate::RedisConfig, e: StoreError) -> StoreError {
+    #[cfg(feature = "tls")]
+    if config.tls().is_none()
+        && matches!(
+            e.kind(),
+            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+        )
+    {
+        use crate::config::Topology;
+        let (nodes, hint): (Vec<_>, _) = match config.topology() {
+            Topology::Standalone { node } => (vec![node.clone()], "rediss://"),
+            Topology::Cluster { seeds } => (seeds.clone(), "rediss+cluster://"),
+            Topology::Sentinel { sentinels, .. } => (sentinels.clone(), "rediss+sentinel://"),
+        };
+        let hosts: Vec<(String, u16)> = nodes
+            .iter()
+            .map(|n| {
+                let n = config.map_addr(n);
+                (n.host, n.port)
+            })
+            .collect();
+        let within = config
+            .connect_timeout()
+            .min(std::time::Duration::from_secs(1));
+        if let Some(refused) =
+            leasehold_core::tls_session::plaintext_refused(BACKEND, &hosts, hint, within).await
+        {
+            return refused;
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = config;
+    e
+}
+
 /// The Redis URL parameters (or the way out) that fix `problem`.
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]
 fn hint(problem: TlsProblem) -> &'static str {

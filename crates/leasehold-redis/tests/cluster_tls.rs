@@ -193,8 +193,12 @@ async fn plaintext_and_another_ca_are_refused_soon() {
     let started = Instant::now();
     let e = RedisStore::open(&plain).await.map(|_| ()).unwrap_err();
     let took = started.elapsed();
-    // The node resets the connection: not typed as TLS, the client cannot tell why.
-    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    // The node resets the connection; the store then finds that the seeds speak TLS and
+    // says so, typed, naming the scheme to use.
+    let t = tls_failure(&e);
+    assert_eq!(t.problem(), TlsProblem::PlaintextRefused, "{e}");
+    assert_eq!(t.host(), Some("127.0.0.1"), "{e}");
+    assert!(e.to_string().contains("(rediss+cluster://)"), "{e}");
     assert!(
         took < REFUSED_WITHIN,
         "a plaintext client was refused after {took:?}, not at once: {e}"

@@ -192,11 +192,11 @@ async fn plaintext_wrong_ca_and_missing_client_certificate_are_refused() {
         "redis+sentinel://{hosts_and_master}?timeout=1s&connect_timeout=500ms&sentinel_password={SENTINEL_PW}"
     );
     let e = RedisStore::open(&plain).await.map(|_| ()).unwrap_err();
-    assert!(
-        e.kind() == StoreErrorKind::Unavailable || e.kind() == StoreErrorKind::Config,
-        "{e}"
-    );
-    assert!(e.message().contains("sentinel"), "{e}");
+    // The sentinels drop it; the store finds that they speak TLS and says so, typed.
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let t = TlsFailure::of(&e).unwrap_or_else(|| panic!("no TlsFailure: {e}"));
+    assert_eq!(t.problem(), TlsProblem::PlaintextRefused, "{e}");
+    assert!(e.message().contains("rediss+sentinel://"), "{e}");
     assert_no_password("a plaintext connect's error", &renderings(&e));
 
     // Another CA: the sentinels' certificates are not trusted.

@@ -170,15 +170,25 @@ async fn rediss_with_a_private_ca() {
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
     let tls = TlsFailure::of(&e).unwrap_or_else(|| panic!("no TlsFailure: {e}"));
     assert_eq!(tls.problem(), TlsProblem::Files, "{e}");
-    // Plain text to the TLS port: no answer that could be taken for a lease.
+    // Plain text to the TLS port: the server drops it; the store finds the port speaks
+    // TLS and says so, typed, naming the scheme to use.
     let e = RedisStore::open(&format!("redis://127.0.0.1:{tls_port}/?timeout=500ms"))
         .await
         .map(|_| ())
-        .err();
-    if let Some(e) = e {
-        assert!(
-            e.is_retryable() || e.kind() == StoreErrorKind::Config,
-            "{e}"
-        );
-    }
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let tls = TlsFailure::of(&e).unwrap_or_else(|| panic!("no TlsFailure: {e}"));
+    assert_eq!(tls.problem(), TlsProblem::PlaintextRefused, "{e}");
+    assert_eq!(tls.host(), Some("127.0.0.1"), "{e}");
+    assert!(e.to_string().contains("(rediss://)"), "{e}");
+    // A plaintext server whose port is closed stays what it is: unreachable.
+    let closed = free_port();
+    let e = RedisStore::open(&format!(
+        "redis://127.0.0.1:{closed}/?timeout=500ms&connect_timeout=500ms"
+    ))
+    .await
+    .map(|_| ())
+    .unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(TlsFailure::of(&e).is_none(), "{e}");
 }

@@ -144,6 +144,44 @@ impl RedlockStore {
         Self::connect(RedlockConfig::from_url(url)?).await
     }
 
+    /// The error for `e`, a failed first connection: with plaintext connections, a node
+    /// that speaks only TLS makes it a [`TlsProblem::PlaintextRefused`] error naming
+    /// `tls=true`; otherwise `e` itself. Asked within the connect timeout, at most 1 s.
+    ///
+    /// [`TlsProblem::PlaintextRefused`]: leasehold_core::TlsProblem::PlaintextRefused
+    async fn plaintext_refused(&self, e: StoreError) -> StoreError {
+        #[cfg(feature = "tls")]
+        if self.config.tls_settings().is_none()
+            && matches!(
+                e.kind(),
+                leasehold_core::StoreErrorKind::Unavailable
+                    | leasehold_core::StoreErrorKind::Timeout
+            )
+        {
+            let hosts: Vec<(String, u16)> = self
+                .config
+                .nodes()
+                .iter()
+                .map(|n| (n.host().to_owned(), n.port()))
+                .collect();
+            let within = self
+                .config
+                .connect_bound()
+                .min(std::time::Duration::from_secs(1));
+            if let Some(refused) = leasehold_core::tls_session::plaintext_refused(
+                crate::BACKEND,
+                &hosts,
+                "tls=true",
+                within,
+            )
+            .await
+            {
+                return refused;
+            }
+        }
+        e
+    }
+
     /// A store for `config`, connected to every node it can reach within the connect
     /// timeout, so that a wrong password is reported now rather than by the first lease;
     /// each node reached must have `maxmemory-policy noeviction` unless the configuration
@@ -152,7 +190,9 @@ impl RedlockStore {
     /// # Errors
     /// [`StoreErrorKind::Config`] when a node refuses the credentials or its address is
     /// unusable; [`StoreErrorKind::Unavailable`] when fewer than a majority of the nodes
-    /// could be reached (a minority down is fine: those are connected on later use).
+    /// could be reached (a minority down is fine: those are connected on later use);
+    /// `Config` with a [`TlsFailure`](leasehold_core::TlsFailure) of problem
+    /// `PlaintextRefused` when the URL has no `tls=true` and the nodes speak only TLS.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping it only drops connections being opened.
@@ -162,13 +202,16 @@ impl RedlockStore {
         let deadline = Instant::now() + bound;
         let (n, q) = (store.nodes.len(), store.config.quorum());
         let pings = store.nodes.iter().map(|n| n.ping(deadline));
-        let tally = Tally::of(join_all(pings).await.into_iter().enumerate()).majority(
+        let tally = match Tally::of(join_all(pings).await.into_iter().enumerate()).majority(
             q,
             "connecting",
             |answered| {
                 format!("reached {answered} of {n} Redlock nodes, a majority ({q}) is needed")
             },
-        )?;
+        ) {
+            Ok(tally) => tally,
+            Err(e) => return Err(store.plaintext_refused(e).await),
+        };
         if !store.config.eviction_allowed() {
             // A node that may evict keys forgets leases early (docs/faults.md row 25): refused
             // unless accepted explicitly. Checked on every node reached now.

@@ -150,16 +150,21 @@ async fn grant_renew_release_and_a_record_over_tls() {
     assert_eq!(e.refusal(), Some(Refusal::Credentials), "{e}");
     assert_clean("a wrong password's error", &renderings(&e), &nodes.tls);
 
-    // Plaintext to the TLS-only nodes: no majority, nothing granted.
+    // Plaintext to the TLS-only nodes: no majority, nothing granted, and said so.
     let plain = format!(
         "redlock://:{PW}@{}?connect_timeout=500ms&node_timeout=200ms",
         nodes.hosts()
     );
     let e = RedlockStore::open(&plain).await.map(|_| ()).unwrap_err();
-    assert!(
-        e.kind() == StoreErrorKind::Unavailable || e.kind() == StoreErrorKind::Config,
+    // The nodes drop it; the store then finds that they speak TLS and says so, typed.
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
+    let t = leasehold_core::TlsFailure::of(&e).unwrap_or_else(|| panic!("no TlsFailure: {e}"));
+    assert_eq!(
+        t.problem(),
+        leasehold_core::TlsProblem::PlaintextRefused,
         "{e}"
     );
+    assert!(e.to_string().contains("(tls=true)"), "{e}");
     assert_clean("a plaintext connect's error", &renderings(&e), &nodes.tls);
 }
 

@@ -50,8 +50,10 @@ impl ZkStore {
     /// the session and creates the root path if it is missing.
     ///
     /// # Errors
-    /// [`StoreErrorKind::Config`] for a bad URL; `Unavailable` or `Timeout` when no server
-    /// answers within the connect timeout.
+    /// [`StoreErrorKind::Config`] for a bad URL, or with a
+    /// [`TlsFailure`](leasehold_core::TlsFailure) of problem `PlaintextRefused` when the URL
+    /// has no `tls=true` and a server speaks only TLS; `Unavailable` or `Timeout` when no
+    /// server answers within the connect timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: at most the root path is created.
@@ -88,7 +90,12 @@ impl ZkStore {
                 hooks: Default::default(),
             }),
         };
-        let session = store.session().await?;
+        let session = match store.session().await {
+            Ok(session) => session,
+            Err(e) => {
+                return Err(crate::tls::plaintext_refused(&store.inner.config, e).await);
+            }
+        };
         let root = store.inner.config.chroot_path().to_owned();
         store
             .bounded("create the root path", async {

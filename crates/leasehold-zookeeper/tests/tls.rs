@@ -134,13 +134,12 @@ async fn a_plaintext_connect_is_refused_by_the_server() {
     let e = ZkStore::open(&url)
         .await
         .expect_err("a plaintext connection was accepted");
-    assert!(
-        matches!(
-            e.kind(),
-            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
-        ),
-        "{e:?}"
-    );
+    // The server drops it; the store finds that the port speaks TLS and says so, typed.
+    assert_eq!(e.kind(), StoreErrorKind::Config, "{e:?}");
+    let failure = TlsFailure::of(&e).unwrap_or_else(|| panic!("not a TLS failure: {e:?}"));
+    assert_eq!(failure.problem(), TlsProblem::PlaintextRefused, "{e}");
+    assert_eq!(failure.host(), Some("127.0.0.1"), "{e}");
+    assert!(e.to_string().contains("(tls=true)"), "{e}");
     assert_no_secret(&e, &tls);
 }
 
