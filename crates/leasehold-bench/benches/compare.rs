@@ -2,7 +2,7 @@
 //! side by side in one process, on private servers it starts itself.
 //!
 //! ```text
-//! cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite|etcd|zookeeper[,…]] [--pg-fsync on|off]
+//! cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite|etcd|zookeeper|tls[,…]] [--pg-fsync on|off] [--slices N]
 //! ```
 //!
 //! Every figure is measured in the same run as what it is compared with, in interleaved
@@ -21,6 +21,8 @@
 //!   pairs and the contended hand-off; no contender).
 //! * ZooKeeper (a private standalone server): leasehold-zookeeper against a plain lock
 //!   written with `zookeeper-client` alone (create an ephemeral node, delete it).
+//! * TLS (`--only tls`): every network store (PostgreSQL, MariaDB, etcd, Redis, Redlock,
+//!   ZooKeeper) on plaintext servers and on servers that require TLS, side by side.
 //!
 //! Then, per store, a contended comparison: 16 tasks take turns on one key, each holding
 //! it for 1 ms, with each contender's own way of waiting.
@@ -1054,12 +1056,15 @@ async fn etcd_section(plan: Plan) -> Res<Section> {
 // ---------------------------------------------------------------------------------------
 // TLS
 
-/// What TLS costs a user: the same store on two private servers started alike, one
-/// requiring TLS (verified in full: CA and host), one plaintext, measured side by side.
+/// What TLS costs a user: the same store on private servers started alike, one set
+/// requiring TLS (verified in full: CA and host), one plaintext, measured side by side:
+/// PostgreSQL, MariaDB, etcd, Redis, Redlock (three servers each) and ZooKeeper.
 async fn tls_section(plan: Plan) -> Res<Section> {
     use leasehold_mysql::{MySqlConfig, MySqlLeaseStore};
     use leasehold_postgres::{PgConfig, PgLeaseStore};
-    use leasehold_testkit::{EtcdOptions, MariaDbOptions, PostgresOptions, ServerCert};
+    use leasehold_testkit::{
+        EtcdOptions, MariaDbOptions, PostgresOptions, RedisOptions, RedisServer, ServerCert,
+    };
 
     progress(format_args!(
         "tls: starting private servers, each with and without TLS"
@@ -1129,6 +1134,87 @@ async fn tls_section(plan: Plan) -> Res<Section> {
         etcd_files.client_key().display()
     ))
     .await?;
+    // Redis and Redlock: plaintext servers and TLS-only servers (no plaintext port, the
+    // client certificate optional and not presented), one private CA for all of them.
+    let redis_tls_files = blocking(|| {
+        let dir = tempfile::tempdir().map_err(err)?;
+        let files = leasehold_testkit::TlsFiles::create(dir.path());
+        Res::Ok((dir, files))
+    })
+    .await??;
+    let redis_tls_options =
+        RedisOptions::new().tls(redis_tls_files.1.clone(), ServerCert::Localhost);
+    let redis_plain = blocking(RedisServer::start).await?;
+    let redis_tls = {
+        let o = redis_tls_options.clone();
+        blocking(move || RedisServer::start_with(o)).await?
+    };
+    let redlock_plain =
+        blocking(|| (0..3).map(|_| RedisServer::start()).collect::<Vec<_>>()).await?;
+    let redlock_tls = {
+        let o = redis_tls_options.clone();
+        blocking(move || {
+            (0..3)
+                .map(|_| RedisServer::start_with(o.clone()))
+                .collect::<Vec<_>>()
+        })
+        .await?
+    };
+    let zk_plain = blocking(leasehold_testkit::ZkServer::start).await?;
+    let zk_tls =
+        blocking(|| leasehold_testkit::ZkServer::start_tls(ServerCert::Localhost, false)).await?;
+
+    let redis = |url: String| async move {
+        let store = leasehold_redis::RedisStore::open(&url).await.map_err(err)?;
+        Res::Ok(LeaseClient::new(Arc::new(store), lease_config()?))
+    };
+    // The kit's URLs: `redis://127.0.0.1:PORT/`, `rediss://127.0.0.1:PORT/?tls_ca=CA`.
+    let redis_plain_client = redis(format!("{}?prefix=bench:", redis_plain.url())).await?;
+    let redis_tls_client = redis(format!("{}&prefix=bench:", redis_tls.url())).await?;
+    let redlock = |servers: &[RedisServer], params: String| {
+        let hosts = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let url = format!("redlock://{hosts}/?prefix=bench:{params}");
+        async move {
+            let store = leasehold_redlock::RedlockStore::open(&url)
+                .await
+                .map_err(err)?;
+            Res::Ok(LeaseClient::new(Arc::new(store), lease_config()?))
+        }
+    };
+    let redlock_plain_client = redlock(&redlock_plain, String::new()).await?;
+    let redlock_tls_client = redlock(
+        &redlock_tls,
+        format!("&tls=true&tls_ca={}", redis_tls_files.1.ca_cert().display()),
+    )
+    .await?;
+    // The session timeout backs every grant's TTL (as in the ZooKeeper section); a TLS
+    // session's first handshake may take the JVM a while.
+    let zk = |port: u16, params: String| {
+        let url = format!(
+            "zookeeper://127.0.0.1:{port}/bench?session_timeout={}ms&connect_timeout=20s{params}",
+            TTL.as_millis()
+        );
+        async move {
+            let store = leasehold_zookeeper::ZkStore::open(&url)
+                .await
+                .map_err(err)?;
+            Res::Ok(LeaseClient::new(Arc::new(store), lease_config()?))
+        }
+    };
+    let zk_files = files(zk_tls.tls())?;
+    let zk_plain_client = zk(zk_plain.port(), String::new()).await?;
+    let zk_tls_client = zk(
+        zk_tls.port(),
+        format!("&tls=true&cacert={}", zk_files.ca_cert().display()),
+    )
+    .await?;
+
+    // Each store's two sides are neighbours, so that within a slice they run one after
+    // the other.
     let sides = vec![
         leasehold_pair("pg-plain", pg_plain_client),
         leasehold_pair("pg-tls", pg_tls_client),
@@ -1136,18 +1222,27 @@ async fn tls_section(plan: Plan) -> Res<Section> {
         leasehold_pair("mariadb-tls", my_tls_client),
         leasehold_pair("etcd-plain", etcd_plain_client),
         leasehold_pair("etcd-tls", etcd_tls_client),
+        leasehold_pair("redis-plain", redis_plain_client),
+        leasehold_pair("redis-tls", redis_tls_client),
+        leasehold_pair("redlock-plain", redlock_plain_client),
+        leasehold_pair("redlock-tls", redlock_tls_client),
+        leasehold_pair("zk-plain", zk_plain_client),
+        leasehold_pair("zk-tls", zk_tls_client),
     ];
     progress(format_args!("tls: uncontended"));
     let levels = run_levels(&sides, &plan).await;
+    // The clients go before the servers they talk to.
     drop(sides);
     drop((pg_plain, pg_tls, db_plain, db_tls, etcd_plain, etcd_tls));
+    drop((redis_plain, redis_tls, redlock_plain, redlock_tls));
+    drop((zk_plain, zk_tls, redis_tls_files));
     Ok(Section {
         name: "tls",
-        title: "TLS: each store on two private servers started alike, one requiring TLS".into(),
+        title: "TLS: each store on private servers started alike, one set requiring TLS".into(),
         about: uncontended_about(
             &plan,
-            "leasehold's lease-table stores and etcd, with and without TLS; the TLS servers use \
-             a private CA's certificate for 127.0.0.1, the clients verify it in full (CA and host)",
+            "every network store of leasehold, with and without TLS; the TLS servers use a \
+             private CA's certificate for 127.0.0.1, the clients verify it in full (CA and host)",
         ),
         legend: vec![
             ("pg-plain", "PgLeaseStore (LeaseClient::try_acquire + Lease::release), sslmode=disable".into()),
@@ -1156,12 +1251,21 @@ async fn tls_section(plan: Plan) -> Res<Section> {
             ("mariadb-tls", "the same, ssl-mode=VERIFY_IDENTITY against a server with require_secure_transport=ON".into()),
             ("etcd-plain", "EtcdStore, plaintext".into()),
             ("etcd-tls", "the same, https with a client certificate (--client-cert-auth)".into()),
+            ("redis-plain", "RedisStore, redis:// (one server)".into()),
+            ("redis-tls", "the same, rediss://…?tls_ca=CA against a server listening with TLS only (--port 0 --tls-port)".into()),
+            ("redlock-plain", "RedlockStore on three servers, plain TCP".into()),
+            ("redlock-tls", "the same, tls=true&tls_ca=CA against three TLS-only servers".into()),
+            ("zk-plain", "ZkStore, plaintext clientPort (standalone server)".into()),
+            ("zk-tls", "the same, tls=true&cacert=CA against a server with only a secureClientPort (Netty)".into()),
         ],
         levels,
         ratios: vec![
             Ratio { num: "pg-tls", den: "pg-plain", meaning: "what TLS (verify-full) keeps of PostgreSQL's plaintext rate".into() },
             Ratio { num: "mariadb-tls", den: "mariadb-plain", meaning: "what TLS (VERIFY_IDENTITY) keeps of MariaDB's plaintext rate".into() },
             Ratio { num: "etcd-tls", den: "etcd-plain", meaning: "what TLS with a client certificate keeps of etcd's plaintext rate".into() },
+            Ratio { num: "redis-tls", den: "redis-plain", meaning: "what rediss:// keeps of Redis's plaintext rate".into() },
+            Ratio { num: "redlock-tls", den: "redlock-plain", meaning: "what TLS to every node keeps of Redlock's plaintext rate".into() },
+            Ratio { num: "zk-tls", den: "zk-plain", meaning: "what TLS keeps of ZooKeeper's plaintext rate".into() },
         ],
         contended_about: vec![],
         contended: vec![],
@@ -1330,11 +1434,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let plan = if opts.quick {
+    let mut plan = if opts.quick {
         Plan::quick()
     } else {
         Plan::full()
     };
+    if let Some(n) = opts.slices {
+        plan.slices = n;
+    }
     progress(format_args!(
         "compare: {}{}",
         opts.only

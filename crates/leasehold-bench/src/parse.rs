@@ -2,9 +2,11 @@
 //! `INFO commandstats`.
 
 /// The benchmark's usage text.
-pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite|etcd|zookeeper[,...]] [--pg-fsync on|off]
+pub const USAGE: &str = "usage: cargo bench -p leasehold-bench --bench compare -- [--json] [--quick] [--only redis|postgres|mysql|sqlite|etcd|zookeeper|tls[,...]] [--pg-fsync on|off] [--slices N]
   --json      print one JSON document instead of the tables
   --quick     a smoke run: short slices (a minute or two)
+  --slices    slices per level and per contender (default 8, with --quick 3): more of them
+              steady the medians on a busy machine, each adding its share of the run time
   --only      run only these stores' sections (comma-separated, or repeat the option)
   --pg-fsync  the private PostgreSQL's fsync (default on: every grant waits for its WAL
               flush; off: what the same run costs without the disk)";
@@ -24,7 +26,8 @@ pub enum Backend {
     Etcd,
     /// ZooKeeper.
     Zookeeper,
-    /// The cost of TLS: PostgreSQL, MariaDB and etcd each with and without it.
+    /// The cost of TLS: PostgreSQL, MariaDB, etcd, Redis, Redlock and ZooKeeper, each with
+    /// and without it.
     Tls,
 }
 
@@ -80,6 +83,8 @@ pub struct Opts {
     pub only: Vec<Backend>,
     /// `fsync` of the private PostgreSQL (`--pg-fsync on|off`, default on).
     pub pg_fsync: bool,
+    /// Slices per level and per contender instead of the plan's (`--slices N`, N ≥ 1).
+    pub slices: Option<usize>,
 }
 
 /// What the command line asks for.
@@ -101,6 +106,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
         quick: false,
         only: Vec::new(),
         pg_fsync: true,
+        slices: None,
     };
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -136,6 +142,13 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cli, String>
                     Some("off") => false,
                     _ => return Err("--pg-fsync needs on or off".into()),
                 };
+            }
+            "--slices" => {
+                let n = inline.or_else(|| it.next()).and_then(|v| v.parse().ok());
+                o.slices = Some(
+                    n.filter(|&n| n > 0)
+                        .ok_or("--slices needs a count of at least 1")?,
+                );
             }
             "-h" | "--help" => return Ok(Cli::Help),
             _ => return Err(format!("unknown argument {arg:?}")),
@@ -197,6 +210,19 @@ mod tests {
             assert_eq!(o.pg_fsync, on, "{a:?}");
         }
         assert!(args(&["--pg-fsync"]).is_err());
+        for (a, n) in [
+            (&["--slices", "24"][..], Some(24)),
+            (&["--slices=3"], Some(3)),
+            (&[], None),
+        ] {
+            let Ok(Cli::Run(o)) = args(a) else {
+                panic!("parse {a:?}")
+            };
+            assert_eq!(o.slices, n, "{a:?}");
+        }
+        for a in [&["--slices"][..], &["--slices", "0"], &["--slices", "many"]] {
+            assert!(args(a).is_err(), "{a:?}");
+        }
         assert!(args(&["--pg-fsync", "maybe"]).is_err());
         let Ok(Cli::Run(o)) = args(&["--quick"]) else {
             panic!("parse")
