@@ -158,10 +158,12 @@ impl TlsFailure {
     }
 
     /// The rustls error among the sources of `e` (looking inside `io::Error`s too, whose
-    /// `source` skips the error they wrap), [classified](Self::from_rustls); `None` when
-    /// there is none.
+    /// `source` skips the error they wrap, and inside the `Arc<dyn Error + Send + Sync>`
+    /// in which some clients, the redis crate's among them, share an I/O error),
+    /// [classified](Self::from_rustls); `None` when there is none.
     #[cfg(feature = "rustls")]
     pub fn find_rustls(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
         let mut next = Some(e);
         while let Some(e) = next {
             if let Some(r) = e.downcast_ref::<rustls::Error>() {
@@ -173,6 +175,12 @@ impl TlsFailure {
                 .and_then(|inner| inner.downcast_ref::<rustls::Error>())
             {
                 return Some(Self::from_rustls(r));
+            }
+            if let Some(found) = e
+                .downcast_ref::<Shared>()
+                .and_then(|shared| Self::find_rustls(&**shared))
+            {
+                return Some(found);
             }
             next = e.source();
         }
@@ -320,5 +328,28 @@ mod tests {
         );
         let none = Outer(std::io::Error::other("reset"));
         assert_eq!(TlsFailure::find_rustls(&none), None);
+        // Shared in an Arc, as the redis crate keeps its I/O errors, behind a source.
+        #[derive(Debug)]
+        struct Holder(std::sync::Arc<dyn std::error::Error + Send + Sync>);
+        impl fmt::Display for Holder {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("holder")
+            }
+        }
+        impl std::error::Error for Holder {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let shared = Holder(std::sync::Arc::new(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        )));
+        assert_eq!(
+            TlsFailure::find_rustls(&shared).map(|t| t.problem()),
+            Some(TlsProblem::UntrustedCertificate)
+        );
+        let shared_none = Holder(std::sync::Arc::new(std::io::Error::other("reset")));
+        assert_eq!(TlsFailure::find_rustls(&shared_none), None);
     }
 }

@@ -79,47 +79,14 @@ fn or_host(failure: TlsFailure, host: Option<&str>) -> TlsFailure {
     }
 }
 
-#[cfg(feature = "tls")]
-fn from_rustls(e: &rustls::Error) -> TlsFailure {
-    let failure = TlsFailure::from_rustls(e);
-    let problem = failure.problem();
-    failure.with_hint(hint(problem))
-}
-
-/// The rustls error behind `e`, if any.
-#[cfg(feature = "tls")]
-fn rustls_error(e: &RedisError) -> Option<&rustls::Error> {
-    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-    fn find<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-        if let Some(r) = err.downcast_ref::<rustls::Error>() {
-            return Some(r);
-        }
-        // The redis crate keeps I/O errors in an `Arc<dyn Error>`; tokio-rustls puts the
-        // rustls error inside an `io::Error`, whose `source()` skips it.
-        if let Some(shared) = err.downcast_ref::<Shared>() {
-            return find(&**shared);
-        }
-        err.downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::get_ref)
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-    }
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(err) = cur {
-        if let Some(r) = find(err) {
-            return Some(r);
-        }
-        cur = err.source();
-    }
-    None
-}
-
 /// The TLS failure `e` is, if it is one, for `host` (the server connected to) unless the
 /// error names the host itself. The Cluster client reports a failed first connection as a
 /// generic error holding the last node's error as text: its rustls text is recognised too.
 #[cfg(feature = "tls")]
 pub(crate) fn failure(e: &RedisError, host: Option<&str>) -> Option<TlsFailure> {
-    if let Some(r) = rustls_error(e) {
-        return Some(or_host(from_rustls(r), host));
+    if let Some(found) = TlsFailure::find_rustls(e) {
+        let problem = found.problem();
+        return Some(or_host(found.with_hint(hint(problem)), host));
     }
     let detail = e.detail()?;
     if !detail.contains("invalid peer certificate") {
