@@ -310,10 +310,10 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (mut tls, session) = handshake(stream, host, client).await?;
-    let io = |e: std::io::Error| TlsFailure::new(TlsProblem::Other, Some(host), e.to_string());
-    tls.write_all(request).await.map_err(io)?;
-    tls.flush().await.map_err(io)?;
-    let answer = read_to_close(&mut tls, limit).await.map_err(io)?;
+    let io = io_failure(host);
+    tls.write_all(request).await.map_err(&io)?;
+    tls.flush().await.map_err(&io)?;
+    let answer = read_to_close(&mut tls, limit).await.map_err(&io)?;
     close(&mut tls).await;
     Ok((session, answer))
 }
@@ -416,40 +416,84 @@ pub fn host_port(address: &str) -> Option<(String, u16)> {
     Some((host.to_owned(), port.parse().ok()?))
 }
 
-/// A store's error for a plaintext connection that failed where a TLS server listens: the
-/// first of `hosts` (host, port) that [`speaks_tls`] within `within` gives a
-/// [`StoreErrorKind::Config`](crate::StoreErrorKind::Config) error with a
+/// A store's error for a first connection that failed (`e`) with a plaintext URL: if `e`
+/// says the server was unreachable (`Unavailable`, `Timeout`, or `Ambiguous` for a read
+/// that checks the connection), the first of `hosts` (host, port) that [`speaks_tls`]
+/// makes it a [`StoreErrorKind::Config`](crate::StoreErrorKind::Config) error with a
 /// [`TlsProblem::PlaintextRefused`] failure for that host and the store's `hint` (the
-/// URL's way to turn TLS on); `None` when none does. All hosts are asked at once.
+/// URL's way to turn TLS on); otherwise `e` itself. Servers that speak only TLS drop a
+/// plaintext client without a word, so this is the only way to tell "wrong scheme" from
+/// "down". All hosts are asked at once, within `within` and at most a second.
 ///
 /// Cancel safe.
 pub async fn plaintext_refused(
     backend: &'static str,
+    e: crate::StoreError,
     hosts: &[(String, u16)],
     hint: &'static str,
     within: Duration,
-) -> Option<crate::StoreError> {
+) -> crate::StoreError {
+    use crate::StoreErrorKind::{Ambiguous, Timeout, Unavailable};
+    if !matches!(e.kind(), Unavailable | Timeout | Ambiguous) {
+        return e;
+    }
+    let within = within.min(Duration::from_secs(1));
     let asked = futures::future::join_all(
         hosts
             .iter()
             .map(|(host, port)| async move { speaks_tls(host, *port, within).await }),
     )
     .await;
-    let (host, port) = hosts.iter().zip(asked).find(|(_, tls)| *tls)?.0;
+    let Some(((host, port), _)) = hosts.iter().zip(asked).find(|(_, tls)| *tls) else {
+        return e;
+    };
     let failure = TlsFailure::new(
         TlsProblem::PlaintextRefused,
         Some(host),
         format!("port {port} answers only TLS"),
     )
     .with_hint(hint);
-    Some(
-        crate::StoreError::new(
-            crate::StoreErrorKind::Config,
-            backend,
-            format!("connecting without TLS: {failure}"),
-        )
-        .with_source(failure),
+    crate::StoreError::new(
+        crate::StoreErrorKind::Config,
+        backend,
+        format!("connecting without TLS: {failure}"),
     )
+    .with_source(failure)
+}
+
+/// [`plaintext_refused`] for hosts written `host:port` (IPv6 in brackets); one that is
+/// not is skipped.
+pub async fn plaintext_refused_at(
+    backend: &'static str,
+    e: crate::StoreError,
+    hosts: &[String],
+    hint: &'static str,
+    within: Duration,
+) -> crate::StoreError {
+    let hosts: Vec<(String, u16)> = hosts.iter().filter_map(|h| host_port(h)).collect();
+    plaintext_refused(backend, e, &hosts, hint, within).await
+}
+
+/// `attempt` within `within`: past it, a failure for `host` saying no handshake came.
+pub async fn bounded<T>(
+    host: &str,
+    within: Duration,
+    attempt: impl std::future::Future<Output = Result<T, TlsFailure>>,
+) -> Result<T, TlsFailure> {
+    tokio::time::timeout(within, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(TlsFailure::new(
+                TlsProblem::Other,
+                Some(host),
+                format!("no TLS handshake within {within:?}"),
+            ))
+        })
+}
+
+/// An I/O error on the way to `host`'s handshake, as a failure.
+pub fn io_failure(host: &str) -> impl Fn(std::io::Error) -> TlsFailure + '_ {
+    move |e| TlsFailure::new(TlsProblem::Other, Some(host), e.to_string())
 }
 
 async fn handshake<S>(
@@ -505,21 +549,13 @@ pub async fn look_at(
     client: Option<&ClientIdentity>,
     within: Duration,
 ) -> Result<TlsSession, TlsFailure> {
-    let attempt = async {
+    bounded(host, within, async {
         let stream = tokio::net::TcpStream::connect((host, port))
             .await
-            .map_err(|e| TlsFailure::new(TlsProblem::Other, Some(host), e.to_string()))?;
+            .map_err(io_failure(host))?;
         look(stream, host, client).await
-    };
-    tokio::time::timeout(within, attempt)
-        .await
-        .unwrap_or_else(|_| {
-            Err(TlsFailure::new(
-                TlsProblem::Other,
-                Some(host),
-                format!("no TLS handshake within {within:?}"),
-            ))
-        })
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -803,13 +839,13 @@ mod tests {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
+        let down = || crate::StoreError::new(crate::StoreErrorKind::Unavailable, "test", "down");
         let hosts = [
             ("127.0.0.1".to_owned(), closed),
             ("localhost".to_owned(), tls),
         ];
-        let e = plaintext_refused("test", &hosts, "rediss://", Duration::from_secs(10))
-            .await
-            .unwrap();
+        let e =
+            plaintext_refused("test", down(), &hosts, "rediss://", Duration::from_secs(10)).await;
         assert_eq!(e.kind(), crate::StoreErrorKind::Config);
         let failure = TlsFailure::of(&e).unwrap();
         assert_eq!(failure.problem(), TlsProblem::PlaintextRefused);
@@ -820,12 +856,34 @@ mod tests {
                 .contains(&format!("port {tls} answers only TLS")),
             "{e}"
         );
-        let none = [("127.0.0.1".to_owned(), closed)];
-        assert!(
-            plaintext_refused("test", &none, "x", Duration::from_secs(1))
-                .await
-                .is_none()
+        let none = [format!("127.0.0.1:{closed}"), "no port".to_owned()];
+        let e = plaintext_refused_at("test", down(), &none, "x", Duration::from_secs(1)).await;
+        assert_eq!(
+            (e.kind(), e.message()),
+            (crate::StoreErrorKind::Unavailable, "down")
         );
+        // Only an unreachable server is asked about: a refused password stays what it is.
+        let (ca, chain, key, _) = certificates();
+        let tls = serve_once(ca, chain, key, false, false, b"").await;
+        let refused = crate::StoreError::new(crate::StoreErrorKind::Config, "test", "password");
+        let hosts = [("127.0.0.1".to_owned(), tls)];
+        let e = plaintext_refused("test", refused, &hosts, "x", Duration::from_secs(10)).await;
+        assert!(TlsFailure::of(&e).is_none(), "{e}");
+        // An ambiguous read (a connection check) counts as unreachable.
+        let ambiguous = crate::StoreError::new(crate::StoreErrorKind::Ambiguous, "test", "read");
+        let e = plaintext_refused("test", ambiguous, &hosts, "x", Duration::from_secs(10)).await;
+        assert!(TlsFailure::of(&e).is_some(), "{e}");
+        // Within at most a second, whatever the store's bound.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hosts = [("127.0.0.1".to_owned(), silent.local_addr().unwrap().port())];
+        let started = std::time::Instant::now();
+        let e = plaintext_refused("test", down(), &hosts, "x", Duration::from_secs(60)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(e.message(), "down");
     }
 
     #[tokio::test]

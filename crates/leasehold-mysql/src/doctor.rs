@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold_core::tls_session::{TlsSession, report_look};
+use leasehold_core::tls_session::{TlsSession, bounded, io_failure, report_look};
 use leasehold_core::{Diagnosis, Finding, StoreError, TlsFailure, TlsProblem, Verdict};
 use sqlx::Row;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -99,13 +99,13 @@ fn capabilities(payload: &[u8]) -> Option<u32> {
 /// doctor's own: the server's greeting, an `SSLRequest` packet, a handshake, nothing more
 /// (no login packet, so no credentials; the server counts an aborted connection).
 async fn look(host: &str, port: u16, within: Duration) -> Result<TlsSession, TlsFailure> {
-    let attempt = async {
-        let io = |e: std::io::Error| TlsFailure::new(TlsProblem::Other, Some(host), e.to_string());
+    bounded(host, within, async {
+        let io = io_failure(host);
         let mut tcp = tokio::net::TcpStream::connect((host, port))
             .await
-            .map_err(io)?;
+            .map_err(&io)?;
         let mut header = [0u8; 4];
-        tcp.read_exact(&mut header).await.map_err(io)?;
+        tcp.read_exact(&mut header).await.map_err(&io)?;
         let len =
             usize::from(header[0]) | usize::from(header[1]) << 8 | usize::from(header[2]) << 16;
         if len > 64 * 1024 {
@@ -116,7 +116,7 @@ async fn look(host: &str, port: u16, within: Duration) -> Result<TlsSession, Tls
             ));
         }
         let mut greeting = vec![0u8; len];
-        tcp.read_exact(&mut greeting).await.map_err(io)?;
+        tcp.read_exact(&mut greeting).await.map_err(&io)?;
         let caps = capabilities(&greeting).ok_or_else(|| {
             TlsFailure::new(
                 TlsProblem::Other,
@@ -136,18 +136,10 @@ async fn look(host: &str, port: u16, within: Duration) -> Result<TlsSession, Tls
         request.extend_from_slice(&(16u32 << 20).to_le_bytes());
         request.push(45); // utf8mb4_general_ci
         request.extend_from_slice(&[0u8; 23]);
-        tcp.write_all(&request).await.map_err(io)?;
+        tcp.write_all(&request).await.map_err(&io)?;
         leasehold_core::tls_session::look(tcp, host, None).await
-    };
-    tokio::time::timeout(within, attempt)
-        .await
-        .unwrap_or_else(|_| {
-            Err(TlsFailure::new(
-                TlsProblem::Other,
-                Some(host),
-                format!("no TLS handshake within {within:?}"),
-            ))
-        })
+    })
+    .await
 }
 
 /// What `ssl-mode` checks of the server's certificate.

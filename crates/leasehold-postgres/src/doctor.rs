@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use leasehold_core::tls_session::{TlsSession, report_look};
+use leasehold_core::tls_session::{TlsSession, bounded, io_failure, report_look};
 use leasehold_core::{Diagnosis, Finding, StoreError, TlsFailure, TlsProblem, Verdict};
 use sqlx::Row;
 use sqlx::postgres::PgSslMode;
@@ -101,14 +101,14 @@ const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 /// doctor's own: `SSLRequest`, the server's `S`, a handshake, nothing more (no startup
 /// message, so no login and no credentials).
 async fn look(host: &str, port: u16, within: Duration) -> Result<TlsSession, TlsFailure> {
-    let attempt = async {
-        let io = |e: std::io::Error| TlsFailure::new(TlsProblem::Other, Some(host), e.to_string());
+    bounded(host, within, async {
+        let io = io_failure(host);
         let mut tcp = tokio::net::TcpStream::connect((host, port))
             .await
-            .map_err(io)?;
-        tcp.write_all(&SSL_REQUEST).await.map_err(io)?;
+            .map_err(&io)?;
+        tcp.write_all(&SSL_REQUEST).await.map_err(&io)?;
         let mut answer = [0u8; 1];
-        tcp.read_exact(&mut answer).await.map_err(io)?;
+        tcp.read_exact(&mut answer).await.map_err(&io)?;
         if answer[0] != b'S' {
             return Err(TlsFailure::new(
                 TlsProblem::NotOffered,
@@ -117,16 +117,8 @@ async fn look(host: &str, port: u16, within: Duration) -> Result<TlsSession, Tls
             ));
         }
         leasehold_core::tls_session::look(tcp, host, None).await
-    };
-    tokio::time::timeout(within, attempt)
-        .await
-        .unwrap_or_else(|_| {
-            Err(TlsFailure::new(
-                TlsProblem::Other,
-                Some(host),
-                format!("no TLS handshake within {within:?}"),
-            ))
-        })
+    })
+    .await
 }
 
 /// What `sslmode` checks of the server's certificate.

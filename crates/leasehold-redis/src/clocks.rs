@@ -188,6 +188,26 @@ pub(crate) fn replicas_in_role(role: &Value) -> Vec<NodeAddr> {
         .collect()
 }
 
+/// A connection of its own to `node` and its answer to `ROLE` (errors as text, unscrubbed).
+async fn ask_role(
+    cfg: &RedisConfig,
+    node: &NodeAddr,
+) -> Result<(MultiplexedConnection, Value), String> {
+    let client = crate::discovery::client_for(cfg, node).map_err(|e| e.to_string())?;
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(cfg.connect_timeout()))
+        .set_response_timeout(None);
+    let mut c = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let role = redis::cmd("ROLE")
+        .query_async::<Value>(&mut c)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((c, role))
+}
+
 /// The clock offsets of the replicas of the primary at `node`, measured now on
 /// connections of their own (for `Store::diagnose`): per replica `ROLE` lists, the upper
 /// bound of how far its clock is ahead of the primary's in µs, or why it could not be
@@ -197,22 +217,7 @@ pub(crate) async fn measure_once(
     node: &NodeAddr,
 ) -> Result<Vec<(NodeAddr, Result<i64, String>)>, String> {
     let scrub = |e: String| crate::error::scrub(&e, cfg.password().map(|p| p.expose()));
-    let asked = async {
-        let client = crate::discovery::client_for(cfg, node).map_err(|e| e.to_string())?;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(cfg.connect_timeout()))
-            .set_response_timeout(None);
-        let mut c = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| e.to_string())?;
-        let role = redis::cmd("ROLE")
-            .query_async::<Value>(&mut c)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>((c, role))
-    };
-    let (primary, role) = timeout(cfg.connect_timeout(), asked)
+    let (primary, role) = timeout(cfg.connect_timeout(), ask_role(cfg, node))
         .await
         .map_err(|_| format!("{node} did not answer ROLE within the connect timeout"))?
         .map_err(scrub)?;
@@ -304,22 +309,7 @@ pub(crate) async fn watch(
         let Some(node) = primary.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             continue;
         };
-        let asked = async {
-            let client = crate::discovery::client_for(&cfg, &node).map_err(|e| e.to_string())?;
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(cfg.connect_timeout()))
-                .set_response_timeout(None);
-            let mut c = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(|e| e.to_string())?;
-            let role = redis::cmd("ROLE")
-                .query_async::<Value>(&mut c)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((c, role))
-        };
-        match timeout(cfg.connect_timeout(), asked).await {
+        match timeout(cfg.connect_timeout(), ask_role(&cfg, &node)).await {
             Ok(Ok((c, role))) if crate::discovery::is_primary(&role) => {
                 clocks
                     .measure(&cfg, &node, &c, replicas_in_role(&role))

@@ -17,17 +17,12 @@ pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 /// scheme to use; otherwise `e` itself. Asked within the connect timeout, at most a second.
 pub(crate) async fn plaintext_refused(config: &crate::RedisConfig, e: StoreError) -> StoreError {
     #[cfg(feature = "tls")]
-    if config.tls().is_none()
-        && matches!(
-            e.kind(),
-            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
-        )
-    {
+    if config.tls().is_none() {
         use crate::config::Topology;
-        let (nodes, hint): (Vec<_>, _) = match config.topology() {
-            Topology::Standalone { node } => (vec![node.clone()], "rediss://"),
-            Topology::Cluster { seeds } => (seeds.clone(), "rediss+cluster://"),
-            Topology::Sentinel { sentinels, .. } => (sentinels.clone(), "rediss+sentinel://"),
+        let (nodes, hint): (&[_], _) = match config.topology() {
+            Topology::Standalone { node } => (std::slice::from_ref(node), "rediss://"),
+            Topology::Cluster { seeds } => (seeds, "rediss+cluster://"),
+            Topology::Sentinel { sentinels, .. } => (sentinels, "rediss+sentinel://"),
         };
         let hosts: Vec<(String, u16)> = nodes
             .iter()
@@ -36,14 +31,9 @@ pub(crate) async fn plaintext_refused(config: &crate::RedisConfig, e: StoreError
                 (n.host, n.port)
             })
             .collect();
-        let within = config
-            .connect_timeout()
-            .min(std::time::Duration::from_secs(1));
-        if let Some(refused) =
-            leasehold_core::tls_session::plaintext_refused(BACKEND, &hosts, hint, within).await
-        {
-            return refused;
-        }
+        let within = config.connect_timeout();
+        return leasehold_core::tls_session::plaintext_refused(BACKEND, e, &hosts, hint, within)
+            .await;
     }
     #[cfg(not(feature = "tls"))]
     let _ = config;

@@ -9,6 +9,7 @@
 //!   nodes whose certificate names another host (typed [`TlsProblem::WrongHost`]); none
 //!   shows the URL's password or a line of a key.
 
+use leasehold_testkit::renderings;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,17 +47,6 @@ fn hosts(cluster: &RedisCluster) -> String {
         .map(|p| format!("127.0.0.1:{p}"))
         .collect::<Vec<_>>()
         .join(",")
-}
-
-/// Every rendering of an error, source chain included.
-fn renderings(e: &StoreError) -> String {
-    let mut out = format!("{e}\n{e:?}\n{}\n", e.message());
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        out.push_str(&format!("{s}\n{s:?}\n"));
-        src = s.source();
-    }
-    out
 }
 
 /// Asserts that `text` shows neither [`PW`] nor a line of the client's or server's key.

@@ -5,6 +5,7 @@
 
 mod common;
 
+use leasehold_testkit::renderings;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,8 +13,7 @@ use std::time::Duration;
 use common::Standalone;
 use leasehold_core::WatchStore;
 use leasehold_core::{
-    Action, Error, Key, LeaseClient, LeaseConfig, OwnerToken, Registry, Store, StoreError,
-    StoreErrorKind,
+    Action, Error, Key, LeaseClient, LeaseConfig, OwnerToken, Registry, Store, StoreErrorKind,
 };
 use leasehold_redis::{RedisConfig, RedisFactory, RedisStore};
 use leasehold_testkit::RedisOptions;
@@ -40,17 +40,6 @@ impl Captured {
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
-}
-
-/// Every rendering of an error, source chain included.
-fn renderings(e: &StoreError) -> String {
-    let mut out = format!("{e}\n{e:?}\n{}\n", e.message());
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        out.push_str(&format!("{s}\n{s:?}\n"));
-        src = s.source();
-    }
-    out
 }
 
 fn assert_clean(what: &str, text: &str) {

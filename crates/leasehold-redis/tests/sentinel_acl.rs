@@ -10,12 +10,13 @@
 //!
 //! docs/connections.md, "The least-privilege sentinel user", documents the rule.
 
+use leasehold_testkit::renderings;
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
     AcquireOutcome, Fence, Key, OwnerToken, Refusal, ReleaseOutcome, RenewOutcome, Store,
-    StoreError, StoreErrorKind,
+    StoreErrorKind,
 };
 use leasehold_redis::RedisStore;
 use leasehold_testkit::RedisSentinelSet;
@@ -65,17 +66,6 @@ async fn acl_set(name: &'static str) -> Arc<RedisSentinelSet> {
 /// `set`'s URL (`rediss+sentinel://…?tls_ca=…`) with `params` added.
 fn url_with(set: &RedisSentinelSet, params: &str) -> String {
     format!("{}&{params}", set.url())
-}
-
-/// Every rendering of an error, source chain included.
-fn renderings(e: &StoreError) -> String {
-    let mut out = format!("{e}\n{e:?}\n{}\n", e.message());
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        out.push_str(&format!("{s}\n{s:?}\n"));
-        src = s.source();
-    }
-    out
 }
 
 fn assert_no_password(what: &str, text: &str) {

@@ -13,6 +13,7 @@
 //!   (`sentinel_auth=same`); a wrong or missing sentinel password is a typed credentials
 //!   error; no password shows in an error, a `Debug`, a `Display` or a log line.
 
+use leasehold_testkit::renderings;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,17 +80,6 @@ async fn acquire(store: &RedisStore, k: &Key, o: &OwnerToken) -> Fence {
             Err(e) => panic!("acquire {k}: {e}"),
         }
     }
-}
-
-/// Every rendering of an error, source chain included.
-fn renderings(e: &StoreError) -> String {
-    let mut out = format!("{e}\n{e:?}\n{}\n", e.message());
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        out.push_str(&format!("{s}\n{s:?}\n"));
-        src = s.source();
-    }
-    out
 }
 
 fn assert_no_password(what: &str, text: &str) {

@@ -151,33 +151,22 @@ impl RedlockStore {
     /// [`TlsProblem::PlaintextRefused`]: leasehold_core::TlsProblem::PlaintextRefused
     async fn plaintext_refused(&self, e: StoreError) -> StoreError {
         #[cfg(feature = "tls")]
-        if self.config.tls_settings().is_none()
-            && matches!(
-                e.kind(),
-                leasehold_core::StoreErrorKind::Unavailable
-                    | leasehold_core::StoreErrorKind::Timeout
-            )
-        {
+        if self.config.tls_settings().is_none() {
             let hosts: Vec<(String, u16)> = self
                 .config
                 .nodes()
                 .iter()
                 .map(|n| (n.host().to_owned(), n.port()))
                 .collect();
-            let within = self
-                .config
-                .connect_bound()
-                .min(std::time::Duration::from_secs(1));
-            if let Some(refused) = leasehold_core::tls_session::plaintext_refused(
+            let within = self.config.connect_bound();
+            return leasehold_core::tls_session::plaintext_refused(
                 crate::BACKEND,
+                e,
                 &hosts,
                 "tls=true",
                 within,
             )
-            .await
-            {
-                return refused;
-            }
+            .await;
         }
         e
     }

@@ -4,12 +4,12 @@
 //! certificate names another host, a plaintext client and a wrong password are refused,
 //! typed, without a password or key line in any rendering.
 
+use leasehold_testkit::renderings;
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, Key, OwnerToken, Refusal, ReleaseOutcome, RenewOutcome, Store, StoreError,
-    StoreErrorKind,
+    AcquireOutcome, Key, OwnerToken, Refusal, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
 use leasehold_redlock::{RedlockConfig, RedlockStore, TlsFailure, TlsProblem};
 use leasehold_testkit::tls::WRONG_HOST;
@@ -70,17 +70,6 @@ impl Nodes {
             self.tls.client_key().display(),
         )
     }
-}
-
-/// Every rendering of an error, source chain included.
-fn renderings(e: &StoreError) -> String {
-    let mut out = format!("{e}\n{e:?}\n{}\n", e.message());
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        out.push_str(&format!("{s}\n{s:?}\n"));
-        src = s.source();
-    }
-    out
 }
 
 fn assert_clean(what: &str, text: &str, tls: &TlsFiles) {

@@ -79,6 +79,7 @@ pub use proxy::{FaultProxy, ProxyMode};
 pub use redis::{RedisOptions, RedisServer};
 pub use sentinel::{RedisSentinelSet, SENTINEL_ADMIN_USER};
 pub use tls::{ServerCert, TlsFiles};
+pub use util::renderings;
 pub use worker::WorkerProcess;
 pub use zookeeper::{
     DEFAULT_SYNC_LIMIT as ZK_DEFAULT_SYNC_LIMIT, MAX_SESSION_TIMEOUT as ZK_MAX_SESSION_TIMEOUT,

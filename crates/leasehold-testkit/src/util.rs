@@ -286,3 +286,16 @@ pub(crate) fn descendants(root: i32) -> Vec<i32> {
 pub(crate) fn is_alive(pid: i32) -> bool {
     matches!(proc_stat(pid), Some((state, _)) if state != 'Z' && state != 'X')
 }
+
+/// Every rendering of an error a user may see — `Display`, `Debug`, and both of every
+/// source in its chain — in one text, for tests that check that no password or key line
+/// shows in any of them.
+pub fn renderings(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = format!("{e}\n{e:?}\n");
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(&format!("{s}\n{s:?}\n"));
+        src = s.source();
+    }
+    out
+}

@@ -32,23 +32,19 @@ pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 /// [`TlsProblem::PlaintextRefused`] error (`tls=true`); otherwise `e` itself. Asked within
 /// the connect timeout, at most a second.
 pub(crate) async fn plaintext_refused(config: &crate::ZkConfig, e: StoreError) -> StoreError {
-    use leasehold_core::tls_session::host_port;
-    if config.uses_tls()
-        || !matches!(
-            e.kind(),
-            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
-        )
-    {
+    if config.uses_tls() {
         return e;
     }
-    let hosts: Vec<(String, u16)> = config.hosts().iter().filter_map(|h| host_port(h)).collect();
-    let within = config
-        .connect_bound()
-        .min(std::time::Duration::from_secs(1));
     let hint = hint(TlsProblem::PlaintextRefused);
-    leasehold_core::tls_session::plaintext_refused(crate::BACKEND, &hosts, hint, within)
-        .await
-        .unwrap_or(e)
+    let within = config.connect_bound();
+    leasehold_core::tls_session::plaintext_refused_at(
+        crate::BACKEND,
+        e,
+        config.hosts(),
+        hint,
+        within,
+    )
+    .await
 }
 
 /// The ZooKeeper URL parameters that fix `problem`.
