@@ -659,7 +659,10 @@ mod tests {
                 PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
             )
         };
-        let (server, server_key) = leaf(vec!["localhost".into(), "127.0.0.1".into()], "db");
+        let (server, server_key) = leaf(
+            vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            "db",
+        );
         let (client, client_key) = leaf(vec![], "client");
         (
             ca_cert.der().clone(),
@@ -730,7 +733,7 @@ mod tests {
         let peer = s.peer.unwrap();
         assert_eq!(peer.subject, "CN=db");
         assert_eq!(peer.issuer, "CN=probe CA");
-        assert_eq!(peer.names, ["localhost", "127.0.0.1"]);
+        assert_eq!(peer.names, ["localhost", "127.0.0.1", "::1"]);
         // rcgen's default validity ends in 4096.
         assert_eq!(date(peer.not_after), "4096-01-01");
         assert!(peer.seconds_left(UNIX_EPOCH + Duration::from_secs(1_796_342_400)) > 0);
@@ -950,11 +953,63 @@ mod tests {
         let e = ClientIdentity::from_pem_files(&junk, &junk).unwrap_err();
         assert_eq!(e.problem(), TlsProblem::Files);
         let text = e.to_string();
-        assert!(text.contains("junk.pem"), "{text}");
+        assert!(
+            text.contains("junk.pem holds no usable certificate"),
+            "{text}"
+        );
         assert!(!text.contains("secret-looking"), "{text}");
         let missing = dir.join("missing.pem");
         let e = ClientIdentity::from_pem_files(&missing, &missing).unwrap_err();
         assert!(e.to_string().contains("missing.pem"));
+        // A good certificate beside a key file that holds none: the key file is named.
+        let (_, _, _, id) = certificates();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let made = rcgen::CertificateParams::new(vec!["client".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let cert = dir.join("cert.pem");
+        std::fs::write(&cert, made.pem()).unwrap();
+        let e = ClientIdentity::from_pem_files(&cert, &junk).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("junk.pem holds no usable private key"),
+            "{e}"
+        );
+        let key_file = dir.join("key.pem");
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        let loaded = ClientIdentity::from_pem_files(&cert, &key_file).unwrap();
+        assert_eq!(loaded.chain.len(), 1);
+        // Debug names neither the key nor the certificate.
+        let shown = format!("{loaded:?} {id:?}");
+        assert_eq!(
+            shown,
+            "ClientIdentity { certificates: 1, .. } ClientIdentity { certificates: 1, .. }"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_certificate_without_names_and_a_clock_before_the_epoch() {
+        let mut d = Diagnosis::new();
+        let mut s = session(1_000);
+        if let Some(p) = s.peer.as_mut() {
+            p.names.clear();
+        }
+        s.report(&mut d, "c", UNIX_EPOCH + Duration::from_secs(500));
+        assert!(
+            d.fact_value("peer certificate")
+                .unwrap()
+                .contains("; no alternative names; valid until 1970-01-01 (0 days)"),
+            "{:?}",
+            d.facts
+        );
+        // A clock before the epoch counts backwards.
+        let peer = s.peer.unwrap();
+        assert_eq!(
+            peer.seconds_left(UNIX_EPOCH - Duration::from_secs(10)),
+            1_010
+        );
+        assert_eq!(peer.seconds_left(UNIX_EPOCH + Duration::from_secs(10)), 990);
     }
 }
