@@ -22,7 +22,9 @@
 //! * ZooKeeper (a private standalone server): leasehold-zookeeper against a plain lock
 //!   written with `zookeeper-client` alone (create an ephemeral node, delete it).
 //! * TLS (`--only tls`): every network store (PostgreSQL, MariaDB, etcd, Redis, Redlock,
-//!   ZooKeeper) on plaintext servers and on servers that require TLS, side by side.
+//!   ZooKeeper) on plaintext servers and on servers that require TLS, side by side;
+//!   ZooKeeper's TLS server also beside a plaintext one on the same Netty connection
+//!   factory, since its default plaintext server runs NIO.
 //!
 //! Then, per store, a contended comparison: 16 tasks take turns on one key, each holding
 //! it for 1 ms, with each contender's own way of waiting.
@@ -1058,7 +1060,10 @@ async fn etcd_section(plan: Plan) -> Res<Section> {
 
 /// What TLS costs a user: the same store on private servers started alike, one set
 /// requiring TLS (verified in full: CA and host), one plaintext, measured side by side:
-/// PostgreSQL, MariaDB, etcd, Redis, Redlock (three servers each) and ZooKeeper.
+/// PostgreSQL, MariaDB, etcd, Redis, Redlock (three servers each) and ZooKeeper. ZooKeeper
+/// serves TLS only through Netty's connection factory, so its TLS server is compared with
+/// a plaintext server on Netty too (only the encryption differs), and also with the
+/// default plaintext server on NIO (what a user switching to TLS sees).
 async fn tls_section(plan: Plan) -> Res<Section> {
     use leasehold_mysql::{MySqlConfig, MySqlLeaseStore};
     use leasehold_postgres::{PgConfig, PgLeaseStore};
@@ -1161,6 +1166,7 @@ async fn tls_section(plan: Plan) -> Res<Section> {
         .await?
     };
     let zk_plain = blocking(leasehold_testkit::ZkServer::start).await?;
+    let zk_netty = blocking(leasehold_testkit::ZkServer::start_netty).await?;
     let zk_tls =
         blocking(|| leasehold_testkit::ZkServer::start_tls(ServerCert::Localhost, false)).await?;
 
@@ -1207,6 +1213,7 @@ async fn tls_section(plan: Plan) -> Res<Section> {
     };
     let zk_files = files(zk_tls.tls())?;
     let zk_plain_client = zk(zk_plain.port(), String::new()).await?;
+    let zk_netty_client = zk(zk_netty.port(), String::new()).await?;
     let zk_tls_client = zk(
         zk_tls.port(),
         format!("&tls=true&cacert={}", zk_files.ca_cert().display()),
@@ -1227,6 +1234,7 @@ async fn tls_section(plan: Plan) -> Res<Section> {
         leasehold_pair("redlock-plain", redlock_plain_client),
         leasehold_pair("redlock-tls", redlock_tls_client),
         leasehold_pair("zk-plain", zk_plain_client),
+        leasehold_pair("zk-netty", zk_netty_client),
         leasehold_pair("zk-tls", zk_tls_client),
     ];
     progress(format_args!("tls: uncontended"));
@@ -1235,7 +1243,7 @@ async fn tls_section(plan: Plan) -> Res<Section> {
     drop(sides);
     drop((pg_plain, pg_tls, db_plain, db_tls, etcd_plain, etcd_tls));
     drop((redis_plain, redis_tls, redlock_plain, redlock_tls));
-    drop((zk_plain, zk_tls, redis_tls_files));
+    drop((zk_plain, zk_netty, zk_tls, redis_tls_files));
     Ok(Section {
         name: "tls",
         title: "TLS: each store on private servers started alike, one set requiring TLS".into(),
@@ -1255,8 +1263,9 @@ async fn tls_section(plan: Plan) -> Res<Section> {
             ("redis-tls", "the same, rediss://…?tls_ca=CA against a server listening with TLS only (--port 0 --tls-port)".into()),
             ("redlock-plain", "RedlockStore on three servers, plain TCP".into()),
             ("redlock-tls", "the same, tls=true&tls_ca=CA against three TLS-only servers".into()),
-            ("zk-plain", "ZkStore, plaintext clientPort (standalone server)".into()),
-            ("zk-tls", "the same, tls=true&cacert=CA against a server with only a secureClientPort (Netty)".into()),
+            ("zk-plain", "ZkStore, plaintext clientPort (standalone server, default NIO connection factory)".into()),
+            ("zk-netty", "the same on a server with NettyServerCnxnFactory (plaintext clientPort)".into()),
+            ("zk-tls", "the same, tls=true&cacert=CA against a server with only a secureClientPort (NettyServerCnxnFactory, as TLS requires)".into()),
         ],
         levels,
         ratios: vec![
@@ -1265,7 +1274,9 @@ async fn tls_section(plan: Plan) -> Res<Section> {
             Ratio { num: "etcd-tls", den: "etcd-plain", meaning: "what TLS with a client certificate keeps of etcd's plaintext rate".into() },
             Ratio { num: "redis-tls", den: "redis-plain", meaning: "what rediss:// keeps of Redis's plaintext rate".into() },
             Ratio { num: "redlock-tls", den: "redlock-plain", meaning: "what TLS to every node keeps of Redlock's plaintext rate".into() },
-            Ratio { num: "zk-tls", den: "zk-plain", meaning: "what TLS keeps of ZooKeeper's plaintext rate".into() },
+            Ratio { num: "zk-tls", den: "zk-netty", meaning: "what TLS keeps of ZooKeeper's plaintext rate, both on the Netty connection factory".into() },
+            Ratio { num: "zk-tls", den: "zk-plain", meaning: "what a switch from the default plaintext server (NIO) to TLS (Netty) keeps: factory and TLS together".into() },
+            Ratio { num: "zk-netty", den: "zk-plain", meaning: "what the Netty connection factory alone keeps of the NIO factory's plaintext rate".into() },
         ],
         contended_about: vec![],
         contended: vec![],

@@ -1,5 +1,6 @@
 //! Private ZooKeeper servers: [`ZkServer`] (one standalone server, optionally serving only
-//! TLS: [`ZkServer::start_tls`]) and [`ZkEnsemble`] (three members, their links to each other
+//! TLS: [`ZkServer::start_tls`], or plaintext on the Netty connection factory that TLS
+//! needs: [`ZkServer::start_netty`]) and [`ZkEnsemble`] (three members, their links to each other
 //! optionally through fault proxies, their clients optionally served only over TLS:
 //! [`ZkEnsemble::start_tls`]), each on its own ports and temporary data directory,
 //! run by the `java` found on `PATH` with Debian's `/usr/share/java/zookeeper.jar`.
@@ -26,10 +27,14 @@ use crate::util;
 pub const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// The logging backend put on the class path, so that the server writes a log.
 const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
-/// Netty's codec and resolver, which the TLS server's pipeline needs and Debian's
-/// `zookeeper.jar` does not list in its class path (it lists netty-handler, -buffer,
-/// -common and -transport).
-const NETTY_TLS_JARS: &str = "/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar";
+/// Netty's codec and resolver, which a server on the Netty connection factory (every TLS
+/// server) needs and Debian's `zookeeper.jar` does not list in its class path (it lists
+/// netty-handler, -buffer, -common and -transport).
+const NETTY_JARS: &str = "/usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar";
+/// The `zoo.cfg` line that serves clients through Netty instead of the default NIO
+/// factory: the only factory that serves TLS.
+const NETTY_FACTORY: &str =
+    "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n";
 /// The line a standalone server logs once it serves (its `ContainerManager` starts after
 /// the server is running): the readiness check of a TLS-only server, which answers no
 /// plaintext `srvr`.
@@ -71,6 +76,9 @@ struct Launcher {
     ensemble: Option<(usize, Vec<(u16, u16)>)>,
     /// A standalone server serving only TLS (see [`ZkServer::start_tls`]).
     tls: Option<LaunchTls>,
+    /// Serve clients through Netty's connection factory (always with `tls`; without it,
+    /// see [`ZkServer::start_netty`]).
+    netty: bool,
     /// The length of the log when the process was last spawned: the readiness check of a
     /// TLS server reads only what that process wrote.
     log_start: AtomicU64,
@@ -94,22 +102,23 @@ type Member = Server<Launcher>;
 /// `peers` are the quorum and election ports this member dials to reach each member (its
 /// own line: the ports it listens on).
 /// With `tls`, the client port is a `secureClientPort` (Netty, TLS only: no `clientPort`,
-/// no port unification) instead.
+/// no port unification) instead. With `netty` (implied by `tls`), clients are served by
+/// Netty's connection factory instead of the default NIO one.
 fn write_config(
     dir: &Path,
     client_port: u16,
     sync_limit: u32,
     ensemble: Option<(usize, &[(u16, u16)])>,
     tls: Option<&LaunchTls>,
+    netty: bool,
 ) {
     let data = dir.join("data");
     std::fs::create_dir_all(&data)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", data.display()));
-    let listen = match tls {
+    let mut listen = match tls {
         None => format!("clientPort={client_port}\nclientPortAddress=127.0.0.1\n"),
         Some(tls) => format!(
             "secureClientPort={client_port}\nsecureClientPortAddress=127.0.0.1\n\
-             serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
              client.portUnification=false\n\
              ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
              ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
@@ -119,6 +128,9 @@ fn write_config(
             if tls.client_cert_auth { "need" } else { "none" },
         ),
     };
+    if netty || tls.is_some() {
+        listen.push_str(NETTY_FACTORY);
+    }
     let mut cfg = format!(
         "tickTime={}\ninitLimit=20\nsyncLimit={sync_limit}\ndataDir={}\n\
          {listen}admin.enableServer=false\n\
@@ -154,14 +166,15 @@ impl Launch for Launcher {
             self.sync_limit,
             ensemble,
             self.tls.as_ref(),
+            self.netty,
         );
         let log = dir.join("log");
         let log_start = std::fs::metadata(&log).map_or(0, |m| m.len());
         self.log_start.store(log_start, Ordering::Relaxed);
         let mut class_path = format!("/etc/zookeeper/conf:{ZOOKEEPER_JAR}:{SLF4J_SIMPLE_JAR}");
-        if self.tls.is_some() {
+        if self.netty || self.tls.is_some() {
             class_path.push(':');
-            class_path.push_str(NETTY_TLS_JARS);
+            class_path.push_str(NETTY_JARS);
         }
         let mut cmd = Command::new(&self.java);
         cmd.current_dir(dir)
@@ -286,6 +299,20 @@ fn tls_four_letter(port: u16, files: &TlsFiles, word: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Asserts that the Netty jars a server on the Netty connection factory needs are there.
+///
+/// # Panics
+///
+/// When one is missing.
+fn check_netty_jars() {
+    for jar in NETTY_JARS.split(':') {
+        assert!(
+            Path::new(jar).is_file(),
+            "{jar} not found: install package libnetty-java"
+        );
+    }
+}
+
 /// The TLS settings of a server or ensemble serving only TLS, its files made fresh in
 /// `tls_dir` (which must not exist).
 ///
@@ -293,12 +320,7 @@ fn tls_four_letter(port: u16, files: &TlsFiles, word: &str) -> String {
 ///
 /// When Netty's jars are missing or a file cannot be written.
 fn make_tls(tls_dir: &Path, cert: ServerCert, client_cert_auth: bool) -> LaunchTls {
-    for jar in NETTY_TLS_JARS.split(':') {
-        assert!(
-            Path::new(jar).is_file(),
-            "{jar} not found: install package libnetty-java"
-        );
-    }
+    check_netty_jars();
     std::fs::create_dir(tls_dir)
         .unwrap_or_else(|e| panic!("cannot create {}: {e}", tls_dir.display()));
     let files = TlsFiles::create(tls_dir);
@@ -321,7 +343,8 @@ fn make_tls(tls_dir: &Path, cert: ServerCert, client_cert_auth: bool) -> LaunchT
 /// crash-restart keeps every acknowledged write (ZooKeeper syncs its transaction log
 /// before it answers a write). Digest authentication (`addauth digest user:password`) is
 /// available, as on every ZooKeeper server; started with [`start_tls`](Self::start_tls) it
-/// serves only TLS.
+/// serves only TLS, and with [`start_netty`](Self::start_netty) plaintext through the same
+/// Netty connection factory.
 ///
 /// Dropping it kills the server (`SIGKILL`) and removes the directory.
 #[derive(Debug)]
@@ -337,7 +360,24 @@ impl ZkServer {
     /// Panics if `java` or `/usr/share/java/zookeeper.jar` is missing (package
     /// `zookeeper`), or if the server does not serve within 60 s.
     pub fn start() -> Self {
-        Self::start_inner(None)
+        Self::start_inner(None, false)
+    }
+
+    /// Starts a plaintext server, as [`start`](Self::start) does, but serving clients
+    /// through Netty's connection factory
+    /// (`serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory`, Netty's
+    /// jars on the class path) instead of the default NIO one: the factory a
+    /// [`start_tls`](Self::start_tls) server must use, so that the two differ only in TLS.
+    /// Its log names `NettyServerCnxnFactory` where [`start`](Self::start)'s names
+    /// `NIOServerCnxnFactory`.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start); also when Netty's jars (package `libnetty-java`) are
+    /// missing.
+    pub fn start_netty() -> Self {
+        check_netty_jars();
+        Self::start_inner(None, true)
     }
 
     /// Starts a server that serves only TLS and waits until it serves (its log says so and
@@ -353,10 +393,10 @@ impl ZkServer {
     /// As [`start`](Self::start); also when the certificates cannot be written, or when
     /// Netty's jars (package `libnetty-java`) are missing.
     pub fn start_tls(cert: ServerCert, client_cert_auth: bool) -> Self {
-        Self::start_inner(Some((cert, client_cert_auth)))
+        Self::start_inner(Some((cert, client_cert_auth)), true)
     }
 
-    fn start_inner(tls: Option<(ServerCert, bool)>) -> Self {
+    fn start_inner(tls: Option<(ServerCert, bool)>, netty: bool) -> Self {
         check_jar();
         let dir = util::temp_dir("leasehold-zk-");
         let tls = tls.map(|(cert, client_cert_auth)| {
@@ -367,6 +407,7 @@ impl ZkServer {
             sync_limit: DEFAULT_SYNC_LIMIT,
             ensemble: None,
             tls,
+            netty,
             log_start: AtomicU64::new(0),
         };
         Self {
@@ -606,6 +647,7 @@ impl ZkEnsemble {
                     sync_limit: options.sync_limit,
                     ensemble: Some((i + 1, seen)),
                     tls: tls.cloned(),
+                    netty: tls.is_some(),
                     log_start: AtomicU64::new(0),
                 };
                 let process = launcher.spawn(&dir, clients[i]);
