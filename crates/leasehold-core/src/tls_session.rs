@@ -135,20 +135,11 @@ impl PeerCertificate {
     }
 }
 
-/// The date (UTC, `YYYY-MM-DD`) of `secs` since the Unix epoch.
+/// The date (UTC, `YYYY-MM-DD`) of `secs` since the Unix epoch (`?` beyond the years
+/// -9999 to 9999).
 fn date(secs: i64) -> String {
-    // Howard Hinnant's days-to-civil algorithm.
-    let days = secs.div_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .map_or_else(|_| "?".to_owned(), |t| t.date().to_string())
 }
 
 impl TlsSession {
@@ -570,6 +561,9 @@ mod tests {
         assert_eq!(date(1_796_342_399), "2026-12-03");
         assert_eq!(date(-86_400), "1969-12-31");
         assert_eq!(date(4_107_542_399), "2100-02-28");
+        assert_eq!(date(4_107_542_400), "2100-03-01");
+        assert_eq!(date(13_574_563_200), "2400-02-29");
+        assert_eq!(date(i64::MAX), "?");
     }
 
     fn session(not_after: i64) -> TlsSession {
