@@ -310,24 +310,19 @@ where
 }
 
 /// Reads until the peer closes (or `limit` bytes): an unclean close after some bytes
-/// (many servers skip close_notify) still gives what arrived.
+/// (many servers skip close_notify) still gives what arrived; one before any byte is an
+/// error.
 pub async fn read_to_close<R: AsyncRead + Unpin>(
     r: &mut R,
     limit: usize,
 ) -> std::io::Result<Vec<u8>> {
     let mut answer = Vec::new();
-    let mut buf = [0u8; 4096];
-    while answer.len() < limit {
-        match r.read(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => answer.extend_from_slice(&buf[..n.min(limit - answer.len())]),
-            Err(e) if !answer.is_empty() && e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break;
-            }
-            Err(e) => return Err(e),
-        }
+    let limit = u64::try_from(limit).unwrap_or(u64::MAX);
+    match r.take(limit).read_to_end(&mut answer).await {
+        Ok(_) => Ok(answer),
+        Err(e) if !answer.is_empty() && e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(answer),
+        Err(e) => Err(e),
     }
-    Ok(answer)
 }
 
 /// A close_notify, so the server logs a closed connection rather than a reset; bounded,
@@ -796,6 +791,72 @@ mod tests {
         assert_eq!(host_port("db"), None);
         assert_eq!(host_port("db:x"), None);
         assert_eq!(host_port("db:70000"), None);
+    }
+
+    /// A TLS server that answers one request with `reply` and drops the connection without
+    /// a close_notify, as many servers do; returns the port.
+    async fn serve_and_drop(reply: &'static [u8]) -> u16 {
+        let (_, chain, key, _) = certificates();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![chain], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(tcp).await.unwrap();
+            let mut buf = [0u8; 64];
+            let _ = tls.read(&mut buf).await;
+            tls.write_all(reply).await.unwrap();
+            tls.flush().await.unwrap();
+            drop(tls);
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn an_unclean_close_keeps_what_arrived_and_an_empty_one_is_an_error() {
+        let port = serve_and_drop(b"HTTP/1.1 200 OK\r\n\r\nok").await;
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (_, answer) = look_and_ask(tcp, "127.0.0.1", None, b"GET /\r\n\r\n", 1024)
+            .await
+            .unwrap();
+        assert_eq!(answer, b"HTTP/1.1 200 OK\r\n\r\nok");
+        let port = serve_and_drop(b"").await;
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let e = look_and_ask(tcp, "127.0.0.1", None, b"GET /\r\n\r\n", 1024)
+            .await
+            .unwrap_err();
+        assert_eq!(e.host(), Some("127.0.0.1"));
+    }
+
+    #[test]
+    fn the_end_of_validity_itself_is_still_valid() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_796_342_400);
+        let mut d = Diagnosis::new();
+        session(1_796_342_400).report(&mut d, "c", now);
+        assert!(
+            d.fact_value("peer certificate")
+                .unwrap()
+                .contains("valid until 2026-12-04 (0 days)"),
+            "{:?}",
+            d.facts
+        );
+        assert_eq!(d.warnings.len(), 1);
+        assert!(
+            d.warnings[0].contains("expires on 2026-12-04, in 0 days"),
+            "{:?}",
+            d.warnings
+        );
     }
 
     #[tokio::test]
