@@ -17,7 +17,7 @@ use leasehold_mysql::sqlx::MySqlPool;
 use leasehold_mysql::sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 use leasehold_mysql::{MySqlConfig, MySqlLeaseStore, TlsFailure, TlsProblem, guard};
 use leasehold_testkit::tls::WRONG_HOST;
-use leasehold_testkit::{MariaDb, MariaDbOptions, ServerCert, TlsFiles};
+use leasehold_testkit::{FaultProxy, MariaDb, MariaDbOptions, ProxyMode, ServerCert, TlsFiles};
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -177,6 +177,57 @@ async fn verify_identity_grants_renews_releases_and_fences_a_guarded_write_with_
         "a stale fence is refused over TLS too"
     );
     tx.rollback().await.unwrap();
+}
+
+/// A TLS connect slower than the operation's bound (here every chunk on the way held
+/// 50 ms, so the handshake, login and session set-up take ≥ 400 ms against a 300 ms bound)
+/// times the operation out, but the connect finishes and the next operations use its
+/// connection. Before, each operation started a new connect and cut it off at its bound:
+/// under load (the full tier's conformance over TLS) the store stopped completing
+/// operations at all — 32 contenders got no reply for 90 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_slower_than_the_operations_bound_is_pooled_for_the_next_one() {
+    let db = start(ServerCert::Localhost);
+    let proxy = FaultProxy::start(db.addr());
+    let through = format!(
+        "mysql://root@127.0.0.1:{}/test?timeout=300ms&connect_timeout=10s&max_connections=1&{}",
+        proxy.port(),
+        verify_identity(&db)
+    );
+    let store = connect(&through).await.expect("connect over TLS");
+    let key = Key::new("tls:slow-connect").unwrap();
+    // Its one pooled connection broken.
+    proxy.reset_all();
+    let reset = tokio::time::timeout(Duration::from_secs(10), async {
+        while proxy.active_connections() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    assert!(reset.await.is_ok(), "the proxy reset its connections");
+    proxy.set_mode(ProxyMode::Delay(Duration::from_millis(50)));
+    let before = proxy.connections();
+    // The next operation finds its pooled connection broken and needs a new one.
+
+    let e = store.inspect(&key).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}");
+    let pooled = tokio::time::timeout(Duration::from_secs(20), async {
+        while store.pool().num_idle() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        pooled.is_ok(),
+        "the connect the operation gave up on was thrown away"
+    );
+    for _ in 0..3 {
+        assert_eq!(store.inspect(&key).await.unwrap(), None);
+    }
+    assert_eq!(
+        proxy.connections() - before,
+        1,
+        "one connect served the timed-out operation's successors"
+    );
 }
 
 /// `SHOW SESSION STATUS LIKE 'Ssl_cipher'` on one of `pool`'s sessions.

@@ -26,16 +26,38 @@ pub struct Checkout<DB: Database> {
 impl<DB: Database> Checkout<DB> {
     /// Takes a connection from `pool` (waiting at most the pool's acquire timeout).
     ///
+    /// When no connection is idle, the pool's wait — and the new connection it may open —
+    /// runs in a task of its own: if this call is dropped (its operation cancelled or cut
+    /// off by its time bound), that task still finishes and its connection goes to the
+    /// pool, for the next operation. Cutting the connect off instead would throw away the
+    /// work of every connect that takes longer than an operation's bound (a TLS handshake
+    /// on a loaded machine, a distant server), and every later operation would start
+    /// another one and throw it away too: the store would never complete an operation
+    /// again. A connect runs at most the pool's acquire timeout (the store's connect
+    /// timeout).
+    ///
     /// # Cancel safety
-    /// Cancel safe: a connection is handed out only when the call completes.
+    /// Cancel safe: a connection is handed out only when the call completes; one opened
+    /// for a call that was dropped is pooled.
     ///
     /// # Errors
     /// The pool's error: timed out, closed, or a new connection that failed.
     pub async fn acquire(pool: &Pool<DB>) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            conn: pool.acquire().await?,
-            keep: false,
-        })
+        let conn = if pool.num_idle() > 0 {
+            // The common case: an idle connection, handed out (after the pool's own checks)
+            // without a task.
+            pool.acquire().await?
+        } else {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => rt.spawn(pool.acquire()).await.map_err(|e| {
+                    sqlx::Error::Io(std::io::Error::other(format!(
+                        "the task opening a connection ended without one: {e}"
+                    )))
+                })??,
+                Err(_) => pool.acquire().await?,
+            }
+        };
+        Ok(Self { conn, keep: false })
     }
 
     /// Returns the connection to the pool when the checkout is dropped.
@@ -254,6 +276,57 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind(), StoreErrorKind::Timeout);
         assert!(!same_connection(&pool).await, "cancelled: closed");
+    }
+
+    /// A connect slower than an operation's bound: the operation times out, the connect
+    /// finishes in its own task and its connection is pooled; the next operation uses it
+    /// and no second connection is opened.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connect_cut_off_by_its_operations_bound_still_pools_its_connection() {
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = opened.clone();
+        let pool: SqlitePool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .test_before_acquire(false)
+            .after_connect(move |_conn, _meta| {
+                let counter = counter.clone();
+                Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                })
+            })
+            .connect_lazy("sqlite::memory:")
+            .unwrap();
+        let op = |bound| {
+            StoreError::bounded(
+                "test",
+                "op",
+                bound,
+                with_conn(&pool, &TestModel, "op", async |conn: &mut SqliteConnection| {
+                    Ok(sqlx::query_scalar::<_, i64>("SELECT 1")
+                        .fetch_one(conn)
+                        .await?)
+                }),
+            )
+        };
+        let e = op(Duration::from_millis(20)).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}");
+        // The connect goes on without the operation; its connection is pooled.
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while pool.num_idle() == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "the connection cut off was never pooled");
+        assert_eq!(op(Duration::from_secs(5)).await.unwrap(), 1);
+        assert_eq!(
+            opened.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the second operation used the first one's connection"
+        );
     }
 
     #[tokio::test]
