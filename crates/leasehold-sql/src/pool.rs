@@ -304,11 +304,16 @@ mod tests {
                 "test",
                 "op",
                 bound,
-                with_conn(&pool, &TestModel, "op", async |conn: &mut SqliteConnection| {
-                    Ok(sqlx::query_scalar::<_, i64>("SELECT 1")
-                        .fetch_one(conn)
-                        .await?)
-                }),
+                with_conn(
+                    &pool,
+                    &TestModel,
+                    "op",
+                    async |conn: &mut SqliteConnection| {
+                        Ok(sqlx::query_scalar::<_, i64>("SELECT 1")
+                            .fetch_one(conn)
+                            .await?)
+                    },
+                ),
             )
         };
         let e = op(Duration::from_millis(20)).await.unwrap_err();
