@@ -184,14 +184,15 @@ impl Servers {
                 self.first_killed.set(leader.unwrap_or(0));
             }
             let i = (self.first_killed.get() + n) % size;
+            // The checker reads a follower's kill from the detail (it renews no lease).
             let role = if leader == Some(i) {
-                "leader"
+                "(leader)"
             } else {
-                "follower"
+                leasehold_checker::checker::FOLLOWER_KILLED
             };
             (
                 i,
-                format!("member {} ({role}) kill -9 and start again", i + 1),
+                format!("member {} {role} kill -9 and start again", i + 1),
             )
         };
         if let Some(c) = &self.etcd_cluster {
@@ -1169,6 +1170,16 @@ pub fn check_config(store: StoreKind, ttl: Duration, permits: Option<u32>) -> Ch
         // The etcd cluster and the ZooKeeper ensemble lose nothing: one member is killed
         // at a time and the other two keep the quorum, with the leases (sessions) in it.
         restart_loses_leases: matches!(store, StoreKind::Redis | StoreKind::Redlock),
+        // etcd's and ZooKeeper's leader (a restarted single server, or the member elected
+        // after the leader's kill) gives every lease a fresh TTL: a killed holder's lease
+        // outlives the restart by a TTL (C9's bound starts again when the store is back).
+        restart_renews_leases: matches!(
+            store,
+            StoreKind::Etcd
+                | StoreKind::EtcdCluster
+                | StoreKind::Zookeeper
+                | StoreKind::ZookeeperEnsemble
+        ),
         permits,
         ..base
     }

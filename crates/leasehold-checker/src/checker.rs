@@ -94,6 +94,14 @@ pub struct CheckConfig {
     /// the same owner's later, higher fence when a store fault spans the time between
     /// the two sightings.
     pub failover_forgets_unacknowledged: bool,
+    /// A store restart or fail-over gives every lease a fresh TTL when the store is back
+    /// (etcd's new leader renews every lease by its TTL plus an election timeout;
+    /// ZooKeeper's new leader gives every session a fresh timeout): a killed holder's lease
+    /// then lives on a TTL after the store's return, so C9's takeover bound starts again
+    /// there (as if the holder had been killed at that moment), besides moving on by the
+    /// fault's length. Not for a `restart-store` whose detail names a follower
+    /// ([`FOLLOWER_KILLED`]): a follower's kill changes no leader and renews nothing.
+    pub restart_renews_leases: bool,
     /// C11: the keys are the slots of semaphores of this many permits (`NAME#<i>`); at
     /// most this many windows on the slots of one `NAME` may be in force at once. `None`
     /// (a lease run): C11 is not checked.
@@ -111,6 +119,7 @@ impl CheckConfig {
             lossy_store: false,
             restart_loses_leases: false,
             failover_forgets_unacknowledged: false,
+            restart_renews_leases: false,
             permits: None,
         }
     }
@@ -306,6 +315,10 @@ fn fault_spans(
     out.extend(open.into_iter().map(|(k, s)| (k, s, u64::MAX)));
     out
 }
+
+/// What the detail of a `restart-store` that kills a cluster's follower (not its leader)
+/// says: no leader changes, so no lease is renewed ([`CheckConfig::restart_renews_leases`]).
+pub const FOLLOWER_KILLED: &str = "(follower)";
 
 /// The store faults (a restart or fail-over, `restart-store` until `store-back`).
 fn store_spans(events: &[Event]) -> Vec<(&str, u64, u64)> {
@@ -903,16 +916,21 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
 
 /// The instant by which a kill at `t` must have been taken over: `t + bound`, moved on by
 /// the time store faults take within it (no store grants anything while it restarts or
-/// fails over), counting each fault that starts before the moving end.
-fn takeover_bound(t: u64, bound: u64, store: &[(&str, u64, u64)]) -> u64 {
+/// fails over), counting each fault that starts before the moving end. With `renews` (the
+/// store gives every lease a fresh TTL when it is back), also no sooner than `bound` after
+/// each such fault that renews (`(start, end, renews)`).
+fn takeover_bound(t: u64, bound: u64, store: &[(u64, u64, bool)]) -> u64 {
     let mut end = t.saturating_add(bound);
     let mut counted = vec![false; store.len()];
     loop {
         let mut moved = false;
-        for (i, &(_, s, e)) in store.iter().enumerate() {
+        for (i, &(s, e, renews)) in store.iter().enumerate() {
             if !counted[i] && s < end && e > t {
                 counted[i] = true;
                 end = end.saturating_add(e - s.max(t));
+                if renews {
+                    end = end.max(e.saturating_add(bound));
+                }
                 moved = true;
             }
         }
@@ -930,7 +948,17 @@ fn c9(
     run_end: u64,
     v: &mut Vec<Violation>,
 ) {
-    let store = store_spans(events);
+    let store: Vec<(u64, u64, bool)> = store_spans(events)
+        .into_iter()
+        .map(|(_, s, e)| {
+            let follower = events.iter().any(|x| {
+                x.t == s
+                    && x.fault == Some(FaultKind::RestartStore)
+                    && x.detail.contains(FOLLOWER_KILLED)
+            });
+            (s, e, cfg.restart_renews_leases && !follower)
+        })
+        .collect();
     for f in events
         .iter()
         .filter(|e| e.op == Some(Op::Fault) && e.fault == Some(FaultKind::Kill9))
