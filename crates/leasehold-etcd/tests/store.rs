@@ -224,6 +224,51 @@ async fn held_lease_and_fences_survive_an_etcd_crash_restart() {
     assert!(fc > fb && fc > fa, "{fc} after {fb} and {fa}");
 }
 
+/// etcd's leader renews every lease by its whole TTL when it takes office, a restarted
+/// single server included (the lessor's promotion): the lease of a holder that died before
+/// the restart outlives its own expiry by the time already run, so a contender waits for
+/// it from the restart on. The chaos checker's C9 takeover bound counts on it (docs/chaos.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_gives_a_dead_holders_lease_a_fresh_ttl() {
+    let s = Solo::start().await;
+    let k = key("dead-holder-restart");
+    let ttl = Duration::from_secs(3);
+    let sent = tokio::time::Instant::now();
+    // A bare store call: nothing renews it, as if its holder had died.
+    acquired(
+        s.store
+            .acquire(&k, &OwnerToken::random(), ttl)
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep_until(sent + Duration::from_secs(2)).await;
+    let killed = tokio::time::Instant::now();
+    let server = s.server.clone();
+    tokio::task::spawn_blocking(move || server.restart())
+        .await
+        .unwrap(); // kill -9, start, healthy
+    let back = tokio::time::Instant::now();
+    let freed = loop {
+        let info = eventually("inspect after restart", || s.store.inspect(&k)).await;
+        if info.is_none() {
+            break tokio::time::Instant::now();
+        }
+        assert!(
+            back.elapsed() < ttl + Duration::from_secs(5),
+            "the lease outlived the restart by far more than a TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        freed >= killed + ttl,
+        "freed {:?} after the kill, {:?} after the grant: the restart renewed nothing \
+         (its own expiry was {:?} after the grant)",
+        freed - killed,
+        freed - sent,
+        ttl
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_value_is_a_typed_error_never_free() {
     let s = Solo::start().await;
