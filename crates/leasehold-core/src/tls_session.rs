@@ -460,6 +460,37 @@ pub async fn plaintext_refused_at(
     plaintext_refused(backend, e, &hosts, hint, within).await
 }
 
+/// The hint, for `problem`, of the stores whose URL turns TLS on with `tls=true` and names
+/// its files `cacert=`, `cert=` and `key=` (etcd, ZooKeeper): the parameter that fixes it,
+/// or `other` for [`TlsProblem::Other`] (the store's question about a client certificate,
+/// naming its servers as the store does); empty for the rest.
+pub fn tls_param_hint(problem: TlsProblem, other: &'static str) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => "cacert=",
+        TlsProblem::PlaintextRefused => "tls=true",
+        TlsProblem::Other => other,
+        _ => "",
+    }
+}
+
+/// [`plaintext_refused_at`] for the stores of [`tls_param_hint`], with its hint
+/// (`tls=true`): `e` itself when the URL already `uses_tls`.
+///
+/// Cancel safe.
+pub async fn plaintext_refused_tls_param(
+    backend: &'static str,
+    e: crate::StoreError,
+    uses_tls: bool,
+    hosts: &[String],
+    within: Duration,
+) -> crate::StoreError {
+    if uses_tls {
+        return e;
+    }
+    let hint = tls_param_hint(TlsProblem::PlaintextRefused, "");
+    plaintext_refused_at(backend, e, hosts, hint, within).await
+}
+
 /// `attempt` within `within`: past it, a failure for `host` saying no handshake came.
 pub async fn bounded<T>(
     host: &str,
@@ -942,6 +973,44 @@ mod tests {
             started.elapsed()
         );
         assert_eq!(e.message(), "down");
+    }
+
+    #[test]
+    fn the_tls_param_stores_hints_name_their_parameters() {
+        let other = "a client certificate, cert= and key=?";
+        assert_eq!(
+            [
+                TlsProblem::UntrustedCertificate,
+                TlsProblem::PlaintextRefused,
+                TlsProblem::Other,
+                TlsProblem::WrongHost,
+                TlsProblem::Files,
+                TlsProblem::NotOffered,
+            ]
+            .map(|p| tls_param_hint(p, other)),
+            ["cacert=", "tls=true", other, "", "", ""]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tls_param_store_is_told_tls_true_only_when_its_url_is_plaintext() {
+        let (ca, chain, key, _) = certificates();
+        let tls = serve_once(ca, chain, key, false, false, b"").await;
+        let hosts = [format!("localhost:{tls}")];
+        let down = || crate::StoreError::new(crate::StoreErrorKind::Unavailable, "test", "down");
+        let within = Duration::from_secs(10);
+        // A URL with TLS on is not asked about (the one handshake served is left for below).
+        let e = plaintext_refused_tls_param("test", down(), true, &hosts, within).await;
+        assert_eq!(
+            (e.kind(), e.message()),
+            (crate::StoreErrorKind::Unavailable, "down")
+        );
+        let e = plaintext_refused_tls_param("test", down(), false, &hosts, within).await;
+        assert_eq!(
+            TlsFailure::of(&e).map(TlsFailure::problem),
+            Some(TlsProblem::PlaintextRefused)
+        );
+        assert!(e.to_string().contains("(tls=true)"), "{e}");
     }
 
     #[tokio::test]
