@@ -12,7 +12,7 @@
 //! client certificate of the URL, if any, since a server that requires one refuses the
 //! handshake without it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -65,6 +65,13 @@ impl ClientIdentity {
         }
         let key = PrivateKeyDer::from_pem_file(key).map_err(|_| unusable(key, "private key"))?;
         Ok(Self { chain, key })
+    }
+
+    /// [`from_pem_files`](Self::from_pem_files) for a URL's optional (certificate, key)
+    /// pair of files: `None` without one.
+    pub fn from_pair(pair: Option<&(PathBuf, PathBuf)>) -> Result<Option<Self>, TlsFailure> {
+        pair.map(|(cert, key)| Self::from_pem_files(cert, key))
+            .transpose()
     }
 }
 
@@ -1104,6 +1111,18 @@ mod tests {
         std::fs::write(&key_file, key.serialize_pem()).unwrap();
         let loaded = ClientIdentity::from_pem_files(&cert, &key_file).unwrap();
         assert_eq!(loaded.chain.len(), 1);
+        // The same through a URL's optional pair: none is no identity, a pair is read.
+        assert!(ClientIdentity::from_pair(None).unwrap().is_none());
+        let pair = (cert.clone(), key_file.clone());
+        let paired = ClientIdentity::from_pair(Some(&pair)).unwrap().unwrap();
+        assert_eq!(paired.chain.len(), 1);
+        let bad = (cert.clone(), junk.clone());
+        let e = ClientIdentity::from_pair(Some(&bad)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("junk.pem holds no usable private key"),
+            "{e}"
+        );
         // Debug names neither the key nor the certificate.
         let shown = format!("{loaded:?} {id:?}");
         assert_eq!(

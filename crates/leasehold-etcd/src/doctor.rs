@@ -48,12 +48,10 @@ pub(crate) async fn diagnose(store: &EtcdStore) -> Result<Diagnosis, StoreError>
         .map(|a| a.alarms().len())
         .unwrap_or(0);
     let mut asked = Vec::new();
-    let identity = match store.config.tls_settings().and_then(|t| t.client.as_ref()) {
-        Some((cert, key)) => Some(ClientIdentity::from_pem_files(cert, key).map_err(|e| {
-            StoreError::new(leasehold_core::StoreErrorKind::Config, "etcd", op).with_source(e)
-        })?),
-        None => None,
-    };
+    let pair = store.config.tls_settings().and_then(|t| t.client.as_ref());
+    let identity = ClientIdentity::from_pair(pair).map_err(|e| {
+        StoreError::new(leasehold_core::StoreErrorKind::Config, "etcd", op).with_source(e)
+    })?;
     for m in members.members() {
         let Some(url) = m.client_urls().first() else {
             continue;
