@@ -12,7 +12,7 @@
 //! client certificate of the URL, if any, since a server that requires one refuses the
 //! handshake without it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -65,6 +65,13 @@ impl ClientIdentity {
         }
         let key = PrivateKeyDer::from_pem_file(key).map_err(|_| unusable(key, "private key"))?;
         Ok(Self { chain, key })
+    }
+
+    /// [`from_pem_files`](Self::from_pem_files) for a URL's optional (certificate, key)
+    /// pair of files: `None` without one.
+    pub fn from_pair(pair: Option<&(PathBuf, PathBuf)>) -> Result<Option<Self>, TlsFailure> {
+        pair.map(|(cert, key)| Self::from_pem_files(cert, key))
+            .transpose()
     }
 }
 
@@ -458,6 +465,37 @@ pub async fn plaintext_refused_at(
 ) -> crate::StoreError {
     let hosts: Vec<(String, u16)> = hosts.iter().filter_map(|h| host_port(h)).collect();
     plaintext_refused(backend, e, &hosts, hint, within).await
+}
+
+/// The hint, for `problem`, of the stores whose URL turns TLS on with `tls=true` and names
+/// its files `cacert=`, `cert=` and `key=` (etcd, ZooKeeper): the parameter that fixes it,
+/// or `other` for [`TlsProblem::Other`] (the store's question about a client certificate,
+/// naming its servers as the store does); empty for the rest.
+pub fn tls_param_hint(problem: TlsProblem, other: &'static str) -> &'static str {
+    match problem {
+        TlsProblem::UntrustedCertificate => "cacert=",
+        TlsProblem::PlaintextRefused => "tls=true",
+        TlsProblem::Other => other,
+        _ => "",
+    }
+}
+
+/// [`plaintext_refused_at`] for the stores of [`tls_param_hint`], with its hint
+/// (`tls=true`): `e` itself when the URL already `uses_tls`.
+///
+/// Cancel safe.
+pub async fn plaintext_refused_tls_param(
+    backend: &'static str,
+    e: crate::StoreError,
+    uses_tls: bool,
+    hosts: &[String],
+    within: Duration,
+) -> crate::StoreError {
+    if uses_tls {
+        return e;
+    }
+    let hint = tls_param_hint(TlsProblem::PlaintextRefused, "");
+    plaintext_refused_at(backend, e, hosts, hint, within).await
 }
 
 /// `attempt` within `within`: past it, a failure for `host` saying no handshake came.
@@ -944,6 +982,44 @@ mod tests {
         assert_eq!(e.message(), "down");
     }
 
+    #[test]
+    fn the_tls_param_stores_hints_name_their_parameters() {
+        let other = "a client certificate, cert= and key=?";
+        assert_eq!(
+            [
+                TlsProblem::UntrustedCertificate,
+                TlsProblem::PlaintextRefused,
+                TlsProblem::Other,
+                TlsProblem::WrongHost,
+                TlsProblem::Files,
+                TlsProblem::NotOffered,
+            ]
+            .map(|p| tls_param_hint(p, other)),
+            ["cacert=", "tls=true", other, "", "", ""]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_tls_param_store_is_told_tls_true_only_when_its_url_is_plaintext() {
+        let (ca, chain, key, _) = certificates();
+        let tls = serve_once(ca, chain, key, false, false, b"").await;
+        let hosts = [format!("localhost:{tls}")];
+        let down = || crate::StoreError::new(crate::StoreErrorKind::Unavailable, "test", "down");
+        let within = Duration::from_secs(10);
+        // A URL with TLS on is not asked about (the one handshake served is left for below).
+        let e = plaintext_refused_tls_param("test", down(), true, &hosts, within).await;
+        assert_eq!(
+            (e.kind(), e.message()),
+            (crate::StoreErrorKind::Unavailable, "down")
+        );
+        let e = plaintext_refused_tls_param("test", down(), false, &hosts, within).await;
+        assert_eq!(
+            TlsFailure::of(&e).map(TlsFailure::problem),
+            Some(TlsProblem::PlaintextRefused)
+        );
+        assert!(e.to_string().contains("(tls=true)"), "{e}");
+    }
+
     #[tokio::test]
     async fn a_port_that_does_not_speak_tls_is_an_error_not_a_hang() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1035,6 +1111,18 @@ mod tests {
         std::fs::write(&key_file, key.serialize_pem()).unwrap();
         let loaded = ClientIdentity::from_pem_files(&cert, &key_file).unwrap();
         assert_eq!(loaded.chain.len(), 1);
+        // The same through a URL's optional pair: none is no identity, a pair is read.
+        assert!(ClientIdentity::from_pair(None).unwrap().is_none());
+        let pair = (cert.clone(), key_file.clone());
+        let paired = ClientIdentity::from_pair(Some(&pair)).unwrap().unwrap();
+        assert_eq!(paired.chain.len(), 1);
+        let bad = (cert.clone(), junk.clone());
+        let e = ClientIdentity::from_pair(Some(&bad)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("junk.pem holds no usable private key"),
+            "{e}"
+        );
         // Debug names neither the key nor the certificate.
         let shown = format!("{loaded:?} {id:?}");
         assert_eq!(

@@ -48,12 +48,10 @@ pub(crate) async fn diagnose(store: &EtcdStore) -> Result<Diagnosis, StoreError>
         .map(|a| a.alarms().len())
         .unwrap_or(0);
     let mut asked = Vec::new();
-    let identity = match store.config.tls_settings().and_then(|t| t.client.as_ref()) {
-        Some((cert, key)) => Some(ClientIdentity::from_pem_files(cert, key).map_err(|e| {
-            StoreError::new(leasehold_core::StoreErrorKind::Config, "etcd", op).with_source(e)
-        })?),
-        None => None,
-    };
+    let pair = store.config.tls_settings().and_then(|t| t.client.as_ref());
+    let identity = ClientIdentity::from_pair(pair).map_err(|e| {
+        StoreError::new(leasehold_core::StoreErrorKind::Config, "etcd", op).with_source(e)
+    })?;
     for m in members.members() {
         let Some(url) = m.client_urls().first() else {
             continue;
@@ -103,21 +101,22 @@ pub(crate) async fn diagnose(store: &EtcdStore) -> Result<Diagnosis, StoreError>
 /// Seconds since the Unix epoch of an HTTP `Date` header's value (IMF-fixdate:
 /// `Fri, 04 Dec 2026 10:25:34 GMT`); `None` for anything else.
 fn http_date(value: &str) -> Option<i64> {
+    use time::{Date, Month};
     let mut parts = value.split_whitespace().skip(1);
     let day: i64 = parts.next()?.parse().ok()?;
     let month = match parts.next()? {
-        "Jan" => 1,
-        "Feb" => 2,
-        "Mar" => 3,
-        "Apr" => 4,
-        "May" => 5,
-        "Jun" => 6,
-        "Jul" => 7,
-        "Aug" => 8,
-        "Sep" => 9,
-        "Oct" => 10,
-        "Nov" => 11,
-        "Dec" => 12,
+        "Jan" => Month::January,
+        "Feb" => Month::February,
+        "Mar" => Month::March,
+        "Apr" => Month::April,
+        "May" => Month::May,
+        "Jun" => Month::June,
+        "Jul" => Month::July,
+        "Aug" => Month::August,
+        "Sep" => Month::September,
+        "Oct" => Month::October,
+        "Nov" => Month::November,
+        "Dec" => Month::December,
         _ => return None,
     };
     let year: i64 = parts.next()?.parse().ok()?;
@@ -126,15 +125,11 @@ fn http_date(value: &str) -> Option<i64> {
     if parts.next()? != "GMT" || !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 {
         return None;
     }
-    // Howard Hinnant's days-from-civil.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + h * 3600 + m * 60 + sec)
+    // Counted on from the month's first day (a day past the month's end runs on into the
+    // next), and the time of day likewise (a leap second is the next minute's first).
+    let first = Date::from_calendar_date(i32::try_from(year).ok()?, month, 1).ok()?;
+    let midnight = first.midnight().assume_utc().unix_timestamp();
+    Some(midnight + (day - 1) * 86_400 + h * 3600 + m * 60 + sec)
 }
 
 fn unix_secs(t: SystemTime) -> f64 {

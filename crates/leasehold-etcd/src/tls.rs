@@ -19,32 +19,22 @@ pub use leasehold_core::tls::{TlsFailure, TlsProblem};
 /// [`TlsProblem::PlaintextRefused`] error (`tls=true`); otherwise `e` itself. Asked within
 /// the connect timeout, at most a second.
 pub(crate) async fn plaintext_refused(config: &crate::EtcdConfig, e: StoreError) -> StoreError {
-    if config.uses_tls() {
-        return e;
-    }
-    let hint = hint(TlsProblem::PlaintextRefused);
-    let within = config.connect_bound();
-    leasehold_core::tls_session::plaintext_refused_at(
+    leasehold_core::tls_session::plaintext_refused_tls_param(
         crate::BACKEND,
         e,
+        config.uses_tls(),
         config.endpoints(),
-        hint,
-        within,
+        config.connect_bound(),
     )
     .await
 }
 
 /// The etcd URL parameters that fix `problem`.
 fn hint(problem: TlsProblem) -> &'static str {
-    match problem {
-        TlsProblem::UntrustedCertificate => "cacert=",
-        TlsProblem::PlaintextRefused => "tls=true",
-        TlsProblem::Other => {
-            "does the member require a client certificate, cert= and key=, signed by a CA it \
-             trusts?"
-        }
-        _ => "",
-    }
+    leasehold_core::tls_session::tls_param_hint(
+        problem,
+        "does the member require a client certificate, cert= and key=, signed by a CA it trusts?",
+    )
 }
 
 /// The rustls handshake error among the sources of `e`, as a [`TlsFailure`] with the etcd

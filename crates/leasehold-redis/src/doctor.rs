@@ -144,10 +144,7 @@ async fn look(
     within: std::time::Duration,
 ) -> Result<leasehold_core::tls_session::TlsSession, leasehold_core::TlsFailure> {
     use leasehold_core::tls_session::{ClientIdentity, look_at};
-    let identity = match &tls.client_cert {
-        Some((cert, key)) => Some(ClientIdentity::from_pem_files(cert, key)?),
-        None => None,
-    };
+    let identity = ClientIdentity::from_pair(tls.client_cert.as_ref())?;
     look_at(&node.host, node.port, identity.as_ref(), within).await
 }
 

@@ -39,15 +39,12 @@ pub(crate) async fn diagnose(
 #[cfg(feature = "tls")]
 async fn sessions(d: &mut Diagnosis, config: &RedlockConfig, tls: &leasehold_redis::TlsSettings) {
     use leasehold_core::tls_session::{ClientIdentity, look_at, report_look};
-    let identity = match &tls.client_cert {
-        Some((cert, key)) => match ClientIdentity::from_pem_files(cert, key) {
-            Ok(id) => Some(id),
-            Err(e) => {
-                report_look(d, &Err(e), CHECKED);
-                return;
-            }
-        },
-        None => None,
+    let identity = match ClientIdentity::from_pair(tls.client_cert.as_ref()) {
+        Ok(identity) => identity,
+        Err(e) => {
+            report_look(d, &Err(e), CHECKED);
+            return;
+        }
     };
     let within = config.connect_bound();
     let looks = futures::future::join_all(config.nodes().iter().map(|n| {

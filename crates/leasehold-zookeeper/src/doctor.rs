@@ -82,10 +82,7 @@ async fn look(
 ) -> Result<leasehold_core::tls_session::TlsSession, leasehold_core::TlsFailure> {
     use leasehold_core::tls_session::{ClientIdentity, look_at};
     use leasehold_core::{TlsFailure, TlsProblem};
-    let identity = match &tls.client {
-        Some((cert, key)) => Some(ClientIdentity::from_pem_files(cert, key)?),
-        None => None,
-    };
+    let identity = ClientIdentity::from_pair(tls.client.as_ref())?;
     let mut last = TlsFailure::new(TlsProblem::Other, None, "no host in the URL");
     for h in hosts {
         let Some((host, port)) = h.rsplit_once(':').and_then(|(host, p)| {
