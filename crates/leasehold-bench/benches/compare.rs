@@ -9,7 +9,9 @@
 //! slices (the harness in `src/lib.rs`), so background load hits all sides alike.
 //!
 //! * Redis: `LeaseClient` (leasehold-redis) and rslock against a plain lock written with
-//!   the `redis` crate alone (`SET key token NX PX` + compare-and-delete script).
+//!   the `redis` crate alone (`SET key token NX PX` + compare-and-delete script), and
+//!   against a fenced lock written as Redisson's `RFencedLock` is (a lock hash, a token
+//!   counter, one script each way, waiters woken over pub/sub).
 //! * PostgreSQL (fsync on; `--pg-fsync off` to see what the disk costs): the lease-table
 //!   and the advisory-lock stores, through `LeaseClient` and through the `Store` alone,
 //!   against `pgbench`'s simple-update transactions (16 clients) and against sqlx's
@@ -30,9 +32,10 @@
 //! it for 1 ms, with each contender's own way of waiting.
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::io::Write as _;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -180,6 +183,9 @@ fn progress(msg: std::fmt::Arguments<'_>) {
 // ---------------------------------------------------------------------------------------
 // Redis
 
+/// The Redis section's Redisson-style fenced lock (its side and contender).
+const FENCED: &str = "fenced (Redisson-style)";
+
 const COMPARE_AND_DELETE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
      return redis.call('DEL', KEYS[1]) else return 0 end";
 
@@ -219,6 +225,216 @@ impl PlainRedis {
     }
 }
 
+/// The fenced lock's acquire (Redisson's `RFencedLock` recipe). `KEYS[1]` = the lock hash,
+/// `KEYS[2]` = its token counter; `ARGV[1]` = the owner's field, `ARGV[2]` = the TTL in ms.
+/// Taken when the hash is missing or already has this owner's field (a re-entry): the
+/// field counts up, the hash's TTL restarts and the counter gives the next fencing token,
+/// `{1, token}`. Otherwise `{0, the hash's PTTL}`.
+const FENCED_ACQUIRE: &str = "if redis.call('EXISTS', KEYS[1]) == 0 \
+     or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then \
+       redis.call('HINCRBY', KEYS[1], ARGV[1], 1) \
+       redis.call('PEXPIRE', KEYS[1], ARGV[2]) \
+       return {1, redis.call('INCR', KEYS[2])} \
+     end \
+     return {0, redis.call('PTTL', KEYS[1])}";
+
+/// The fenced lock's release. `KEYS[1]` = the lock hash; `ARGV[1]` = the owner's field,
+/// `ARGV[2]` = the key's channel. Not the owner: nil. Otherwise the field counts down; at 0
+/// the hash is deleted and the channel told (1), else it is still held by a re-entry (0).
+const FENCED_RELEASE: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then \
+       return nil \
+     end \
+     if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) > 0 then \
+       return 0 \
+     end \
+     redis.call('DEL', KEYS[1]) \
+     redis.call('PUBLISH', ARGV[2], 'released') \
+     return 1";
+
+/// What the fenced lock's acquire script answered.
+enum FencedTry {
+    /// Taken (the script's fencing token, which a user would hand on to the resource, is
+    /// not needed here).
+    Acquired,
+    /// Held by another owner for this long yet.
+    Held(Duration),
+}
+
+/// A fenced lock written the way Redisson's `RFencedLock` is, with the `redis` crate
+/// alone: a hash whose field is the owner (a re-entry count), a separate counter key for
+/// the fencing token, one script each to acquire and release, and waiters woken by the
+/// release's message on the key's channel ([`ReleaseNotices`]).
+#[derive(Clone)]
+struct FencedRedis {
+    conn: redis::aio::MultiplexedConnection,
+    acquire: Arc<redis::Script>,
+    release: Arc<redis::Script>,
+    notices: Arc<ReleaseNotices>,
+}
+
+impl FencedRedis {
+    /// The lock hash, its token counter and its channel, in one hash slot.
+    fn names(key: &str) -> (String, String, String) {
+        (
+            format!("fenced:{{{key}}}"),
+            format!("fenced:{{{key}}}:token"),
+            format!("fenced:{{{key}}}:released"),
+        )
+    }
+
+    async fn try_lock(&self, key: &str, owner: &str) -> Res<FencedTry> {
+        let (hash, token, _) = Self::names(key);
+        let answer: (i64, i64) = self
+            .acquire
+            .key(hash)
+            .key(token)
+            .arg(owner)
+            .arg(TTL.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(match answer {
+            (1, _token) => FencedTry::Acquired,
+            // No expiry (-1) cannot happen here; wait the TTL then.
+            (_, pttl) => FencedTry::Held(u64::try_from(pttl).map_or(TTL, Duration::from_millis)),
+        })
+    }
+
+    /// Acquires `key`, waiting as Redisson does: one try; then, subscribed to the key's
+    /// channel, try again and wait for a release's message (at most the holder's remaining
+    /// TTL) until a try succeeds.
+    async fn lock(&self, key: &str, owner: &str) -> Res<()> {
+        if let FencedTry::Acquired = self.try_lock(key, owner).await? {
+            return Ok(());
+        }
+        let (_, _, channel) = Self::names(key);
+        let latch = self.notices.join(&channel).await?;
+        let got: Res<()> = async {
+            loop {
+                match self.try_lock(key, owner).await? {
+                    FencedTry::Acquired => return Ok(()),
+                    FencedTry::Held(pttl) => {
+                        if let Ok(Ok(permit)) = tokio::time::timeout(pttl, latch.acquire()).await {
+                            permit.forget();
+                        }
+                    }
+                }
+            }
+        }
+        .await;
+        // As Redisson's, the unsubscription does not hold up the acquisition.
+        let notices = self.notices.clone();
+        tokio::spawn(async move { notices.leave(&channel).await });
+        got
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Res<()> {
+        let (hash, _, channel) = Self::names(key);
+        let answer: Option<i64> = self
+            .release
+            .key(hash)
+            .arg(owner)
+            .arg(channel)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        match answer {
+            Some(1) => Ok(()),
+            Some(_) => Err("the fenced lock is still held by a re-entry".into()),
+            None => Err("the fenced lock has another owner".into()),
+        }
+    }
+}
+
+/// The key channels' latches: one release permit per message, and how many waiters share
+/// each.
+type Latches = Arc<Mutex<HashMap<String, (Arc<tokio::sync::Semaphore>, usize)>>>;
+
+/// The fenced lock's waiters share one pub/sub connection, as Redisson's do: a key's
+/// channel is subscribed while some task waits for that key, and each release message
+/// adds a permit to the key's latch, which wakes one waiter (or lets the next one through
+/// at once, so that a message between a failed try and the wait is not lost).
+struct ReleaseNotices {
+    /// Subscribes and unsubscribes one at a time; the waiter counts change under it too,
+    /// so that a channel is subscribed exactly while it has waiters.
+    sink: tokio::sync::Mutex<redis::aio::PubSubSink>,
+    latches: Latches,
+    /// The task that reads the messages.
+    reader: tokio::task::AbortHandle,
+}
+
+impl Drop for ReleaseNotices {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl ReleaseNotices {
+    async fn connect(client: &redis::Client) -> Res<Self> {
+        use futures::StreamExt as _;
+        let (sink, mut messages) = client.get_async_pubsub().await.map_err(err)?.split();
+        let latches = Latches::default();
+        let reader = tokio::spawn({
+            let latches = latches.clone();
+            async move {
+                while let Some(msg) = messages.next().await {
+                    let latches = latches.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some((latch, _)) = latches.get(msg.get_channel_name()) {
+                        latch.add_permits(1);
+                    }
+                }
+            }
+        })
+        .abort_handle();
+        Ok(Self {
+            sink: tokio::sync::Mutex::new(sink),
+            latches,
+            reader,
+        })
+    }
+
+    /// A new waiter on `channel`: its latch, once the channel is subscribed.
+    async fn join(&self, channel: &str) -> Res<Arc<tokio::sync::Semaphore>> {
+        let mut sink = self.sink.lock().await;
+        let latch = {
+            let mut latches = self.latches.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((latch, waiters)) = latches.get_mut(channel) {
+                *waiters += 1;
+                return Ok(latch.clone());
+            }
+            let latch = Arc::new(tokio::sync::Semaphore::new(0));
+            latches.insert(channel.to_owned(), (latch.clone(), 1));
+            latch
+        };
+        if let Err(e) = sink.subscribe(channel).await {
+            let mut latches = self.latches.lock().unwrap_or_else(PoisonError::into_inner);
+            latches.remove(channel);
+            return Err(err(e));
+        }
+        Ok(latch)
+    }
+
+    /// A waiter on `channel` is done: the last one unsubscribes.
+    async fn leave(&self, channel: &str) {
+        let mut sink = self.sink.lock().await;
+        let last = {
+            let mut latches = self.latches.lock().unwrap_or_else(PoisonError::into_inner);
+            match latches.get_mut(channel) {
+                Some((_, waiters)) if *waiters > 1 => {
+                    *waiters -= 1;
+                    false
+                }
+                Some(_) => latches.remove(channel).is_some(),
+                None => false,
+            }
+        };
+        if last {
+            // A failure leaves the channel subscribed: its messages then find no latch.
+            let _ = sink.unsubscribe(channel).await;
+        }
+    }
+}
+
 async fn redis_info(conn: &redis::aio::MultiplexedConnection, section: &str) -> Res<String> {
     redis::cmd("INFO")
         .arg(section)
@@ -241,13 +457,22 @@ async fn redis_section(plan: Plan) -> Res<Section> {
             .map_err(err)?,
     );
     let client = LeaseClient::new(store, lease_config()?);
+    let redis_client = redis::Client::open(url.as_str()).map_err(err)?;
     let plain = PlainRedis {
-        conn: redis::Client::open(url.as_str())
-            .map_err(err)?
+        conn: redis_client
             .get_multiplexed_async_connection()
             .await
             .map_err(err)?,
         release: Arc::new(redis::Script::new(COMPARE_AND_DELETE)),
+    };
+    let fenced = FencedRedis {
+        conn: redis_client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(err)?,
+        acquire: Arc::new(redis::Script::new(FENCED_ACQUIRE)),
+        release: Arc::new(redis::Script::new(FENCED_RELEASE)),
+        notices: Arc::new(ReleaseNotices::connect(&redis_client).await?),
     };
     let rslock = rslock::LockManager::new(vec![url.clone()]);
     let info = redis_info(&plain.conn, "server").await?;
@@ -298,6 +523,19 @@ async fn redis_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
+        Side::pairs(FENCED, {
+            let f = fenced.clone();
+            move |key| {
+                let f = f.clone();
+                async move {
+                    let owner = OwnerToken::random().to_hex();
+                    if let FencedTry::Held(_) = f.try_lock(&key, &owner).await? {
+                        return Err("the fenced lock found the key held".into());
+                    }
+                    f.unlock(&key, &owner).await
+                }
+            }
+        }),
     ];
     progress(format_args!("redis: uncontended"));
     let levels = run_levels(&sides, &plan).await;
@@ -330,30 +568,52 @@ async fn redis_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
+        Contender::new(FENCED, counter.clone(), {
+            let f = fenced.clone();
+            move |key| {
+                let f = f.clone();
+                async move {
+                    let owner = OwnerToken::random().to_hex();
+                    f.lock(&key, &owner).await?;
+                    Ok(release(move || async move { f.unlock(&key, &owner).await }))
+                }
+            }
+        }),
     ];
     progress(format_args!("redis: contended"));
     let contended = contended(&contenders, &plan).await;
     // The clients go before the server they talk to.
-    drop((contenders, sides, client, plain, rslock));
+    drop((
+        contenders,
+        sides,
+        client,
+        plain,
+        fenced,
+        rslock,
+        redis_client,
+    ));
     drop(server);
     Ok(Section {
         name: "redis",
         title: format!("Redis {version}: a private redis-server on 127.0.0.1, no persistence"),
-        about: uncontended_about(&plan, "leasehold and rslock against a plain lock, all on the same server"),
+        about: uncontended_about(&plan, "leasehold and rslock against a plain lock and a fenced lock written as Redisson's, all on the same server"),
         legend: vec![
             ("leasehold", "LeaseClient::try_acquire + Lease::release (leasehold-redis: fence, owner token, heartbeat scheduler, watchdog, waiting queue; concurrent operations batched per slot), default LeaseConfig".into()),
             ("rslock", "rslock 0.10 LockManager::lock + Lock::release on one server (SET NX PX + compare-and-delete script; its retry loop); default settings".into()),
             ("plain", "the redis crate alone on one multiplexed connection: SET key token NX PX, then a compare-and-delete script (no fence, no heartbeat)".into()),
+            (FENCED, "the redis crate alone, Redisson's RFencedLock recipe: an acquire script (if the lock hash is missing or has this owner's field: HINCRBY, PEXPIRE, INCR of a separate token key, the token returned; else the hash's PTTL), a release script (HINCRBY -1; at 0, DEL and PUBLISH on the key's channel); no heartbeat".into()),
         ],
         levels,
         ratios: vec![
             Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain lock's throughput that leasehold keeps".into() },
             Ratio { num: "rslock", den: "plain", meaning: "the same for rslock".into() },
             Ratio { num: "leasehold", den: "rslock", meaning: "leasehold against rslock directly".into() },
+            Ratio { num: "leasehold", den: FENCED, meaning: "leasehold against another fenced lock, written as Redisson writes one".into() },
         ],
         contended_about: {
             let mut a = contended_about(&plan, "");
             a.push(format!("leasehold: {}; rslock: LockManager::acquire (its default retry: up to 3 tries 0–200 ms apart, then again); plain: SET NX PX, {}.", leasehold_wait_legend(), plain_retry_legend()));
+            a.push(format!("{FENCED}: as Redisson waits: one try; then subscribed to the key's channel (one pub/sub connection shared by every waiter, a channel subscribed while it has waiters, a per-key latch that each release message adds one permit to), try again and wait for a permit at most the holder's PTTL, until a try succeeds; the last waiter unsubscribes after its acquire returns."));
             a.push("calls = INFO commandstats (every command the server ran, those inside Lua scripts included).".into());
             a
         },
