@@ -16,7 +16,8 @@
 //!   and the advisory-lock stores, through `LeaseClient` and through the `Store` alone,
 //!   against `pgbench`'s simple-update transactions (16 clients) and against sqlx's
 //!   `PgAdvisoryLock`.
-//! * MariaDB: both leasehold-mysql stores against a plain `GET_LOCK` / `RELEASE_LOCK` pair.
+//! * MariaDB: both leasehold-mysql stores against a plain `GET_LOCK` / `RELEASE_LOCK` pair
+//!   and a plain InnoDB lock table written with sqlx alone.
 //! * SQLite (a temporary file, `synchronous=FULL`): leasehold-sqlite against a plain lock
 //!   table written with sqlx alone.
 //! * etcd (a private single-member server): leasehold-etcd on its own (the uncontended
@@ -904,6 +905,66 @@ async fn postgres_section(plan: Plan, fsync: bool) -> Res<Section> {
 // ---------------------------------------------------------------------------------------
 // MariaDB
 
+/// The plain MariaDB lock: a lock table written with sqlx alone, InnoDB like the lease
+/// table (each statement its own transaction, as durable as the server's
+/// `innodb_flush_log_at_trx_commit` makes any commit).
+#[derive(Clone)]
+struct PlainMy {
+    pool: leasehold_mysql::sqlx::MySqlPool,
+}
+
+impl PlainMy {
+    const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS plain_locks \
+        (name VARCHAR(255) NOT NULL PRIMARY KEY, owner BINARY(16) NOT NULL, \
+         expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB";
+
+    /// `INSERT … ON DUPLICATE KEY UPDATE` that takes the row only if it expired (the
+    /// expiry assigned last, so that both conditions read the old one). sqlx connects with
+    /// `CLIENT_FOUND_ROWS`, so one affected row is an insert or a row left as it was: then
+    /// the owner is read back on the same connection; two are a taken-over row.
+    async fn try_lock(&self, key: &str, token: &[u8]) -> Res<bool> {
+        use leasehold_mysql::sqlx;
+        let mut conn = self.pool.acquire().await.map_err(err)?;
+        let done = sqlx::query(
+            "INSERT INTO plain_locks (name, owner, expires_at) \
+             VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND) \
+             ON DUPLICATE KEY UPDATE \
+             owner = IF(expires_at <= NOW(6), VALUES(owner), owner), \
+             expires_at = IF(expires_at <= NOW(6), VALUES(expires_at), expires_at)",
+        )
+        .bind(key)
+        .bind(token)
+        .bind(TTL.as_micros() as i64)
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+        if done.rows_affected() == 2 {
+            return Ok(true);
+        }
+        let owner: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT owner FROM plain_locks WHERE name = ?")
+                .bind(key)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(err)?;
+        Ok(owner.as_deref() == Some(token))
+    }
+
+    async fn unlock(&self, key: &str, token: &[u8]) -> Res<()> {
+        let done =
+            leasehold_mysql::sqlx::query("DELETE FROM plain_locks WHERE name = ? AND owner = ?")
+                .bind(key)
+                .bind(token)
+                .execute(&self.pool)
+                .await
+                .map_err(err)?;
+        match done.rows_affected() {
+            1 => Ok(()),
+            _ => Err("compare-and-delete found another owner".into()),
+        }
+    }
+}
+
 async fn mysql_section(plan: Plan) -> Res<Section> {
     use leasehold_mysql::sqlx::mysql::MySqlPoolOptions;
     use leasehold_mysql::{MySqlConfig, MySqlGetLockStore, MySqlLeaseStore};
@@ -933,6 +994,11 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
     getlock.migrate().await.map_err(err)?;
     let table = LeaseClient::new(Arc::new(table), lease_config()?);
     let getlock = LeaseClient::new(Arc::new(getlock), lease_config()?);
+    leasehold_mysql::sqlx::query(PlainMy::SCHEMA)
+        .execute(&pool)
+        .await
+        .map_err(err)?;
+    let plain = PlainMy { pool: pool.clone() };
 
     let plain_pair = {
         let pool = pool.clone();
@@ -965,6 +1031,19 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
         leasehold_pair("lease-table", table.clone()),
         leasehold_pair("getlock", getlock.clone()),
         Side::pairs("plain-getlock", plain_pair),
+        Side::pairs("plain-table", {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random();
+                    if !p.try_lock(&key, token.as_bytes()).await? {
+                        return Err("the plain lock was held".into());
+                    }
+                    p.unlock(&key, token.as_bytes()).await
+                }
+            }
+        }),
     ];
     progress(format_args!("mysql: uncontended"));
     let levels = run_levels(&sides, &plan).await;
@@ -1014,29 +1093,46 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
+        Contender::new("plain-table", counter.clone(), {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random();
+                    while !p.try_lock(&key, token.as_bytes()).await? {
+                        plain_retry_sleep().await;
+                    }
+                    Ok(release(move || async move {
+                        p.unlock(&key, token.as_bytes()).await
+                    }))
+                }
+            }
+        }),
     ];
     progress(format_args!("mysql: contended"));
     let contended = contended(&contenders, &plan).await;
-    drop((contenders, sides, table, getlock));
+    drop((contenders, sides, table, getlock, plain));
     pool.close().await;
     drop(db);
     Ok(Section {
         name: "mysql",
         title: format!("MariaDB {version}: a private mariadbd on 127.0.0.1, innodb_flush_log_at_trx_commit={flush}"),
-        about: uncontended_about(&plan, &format!("leasehold's two stores against a plain GET_LOCK lock; every pool has {POOL} connections")),
+        about: uncontended_about(&plan, &format!("leasehold's two stores against a plain GET_LOCK lock and a plain lock table; every pool has {POOL} connections")),
         legend: vec![
             ("lease-table", "leasehold-mysql MySqlLeaseStore: LeaseClient::try_acquire + Lease::release (a durable fence in the row)".into()),
             ("getlock", "leasehold-mysql MySqlGetLockStore: the same on GET_LOCK (a dedicated session per holder, a durable fence row)".into()),
             ("plain-getlock", "sqlx alone: SELECT GET_LOCK(name, 0), then SELECT RELEASE_LOCK(name) on one pooled connection (no fence, nothing written)".into()),
+            ("plain-table", "sqlx alone: an InnoDB lock table (key, owner, expiry), INSERT … ON DUPLICATE KEY UPDATE taking the row only if expired (and, when one row is reported affected, SELECT owner to tell an insert from a row left as it was), then DELETE … WHERE owner = token (no fence)".into()),
         ],
         levels,
         ratios: vec![
             Ratio { num: "lease-table", den: "plain-getlock", meaning: "the share of a bare GET_LOCK pair's throughput the lease-table store keeps".into() },
             Ratio { num: "getlock", den: "plain-getlock", meaning: "the same for leasehold's GET_LOCK store (the price of the fence and the TTL)".into() },
+            Ratio { num: "lease-table", den: "plain-table", meaning: "the lease-table store against a hand-written lock table with the same durability on the same server".into() },
         ],
         contended_about: {
             let mut a = contended_about(&plan, "");
-            a.push(format!("lease-table, getlock: {}; plain-getlock: GET_LOCK(name, 60), which waits in the server, one pooled connection per waiting task.", leasehold_wait_legend()));
+            a.push(format!("lease-table, getlock: {}; plain-getlock: GET_LOCK(name, 60), which waits in the server, one pooled connection per waiting task; plain-table: {}.", leasehold_wait_legend(), plain_retry_legend()));
             a.push("calls = the server's Questions counter (statements sent by clients).".into());
             a
         },
