@@ -20,8 +20,9 @@
 //!   and a plain InnoDB lock table written with sqlx alone.
 //! * SQLite (a temporary file, `synchronous=FULL`): leasehold-sqlite against a plain lock
 //!   table written with sqlx alone.
-//! * etcd (a private single-member server): leasehold-etcd on its own (the uncontended
-//!   pairs and the contended hand-off; no contender).
+//! * etcd (a private single-member server): leasehold-etcd against etcd's own lock service
+//!   (`Lock` / `Unlock` on a lease) and a plain lock (a lease and a transaction), both
+//!   written with `etcd-client` alone.
 //! * ZooKeeper (a private standalone server): leasehold-zookeeper against a plain lock
 //!   written with `zookeeper-client` alone (create an ephemeral node, delete it).
 //! * TLS (`--only tls`): every network store (PostgreSQL, MariaDB, etcd, Redis, Redlock,
@@ -1363,6 +1364,101 @@ async fn sqlite_section(plan: Plan) -> Res<Section> {
 // ---------------------------------------------------------------------------------------
 // etcd
 
+/// etcd-client alone, counting its requests: etcd's own lock service (the `Lock` and
+/// `Unlock` RPCs on a lease) and a plain lock written with a lease and a transaction.
+#[derive(Clone)]
+struct RawEtcd {
+    client: etcd_client::Client,
+    requests: Arc<AtomicU64>,
+}
+
+impl RawEtcd {
+    /// The client for one request, counted.
+    fn call(&self) -> etcd_client::Client {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.client.clone()
+    }
+
+    async fn grant(&self) -> Res<i64> {
+        let ttl = TTL.as_secs() as i64;
+        Ok(self.call().lease_grant(ttl, None).await.map_err(err)?.id())
+    }
+
+    async fn revoke(&self, lease: i64) -> Res<()> {
+        self.call().lease_revoke(lease).await.map_err(err)?;
+        Ok(())
+    }
+
+    /// etcd's lock service: `Lock(name, lease)`, which waits in the server until the lock
+    /// is free; returns the key that holds it.
+    async fn lock(&self, name: &str, lease: i64) -> Res<Vec<u8>> {
+        let options = etcd_client::LockOptions::new().with_lease(lease);
+        let held = self
+            .call()
+            .lock(format!("etcd-lock/{name}"), Some(options))
+            .await
+            .map_err(err)?;
+        Ok(held.key().to_vec())
+    }
+
+    async fn unlock(&self, key: Vec<u8>) -> Res<()> {
+        self.call().unlock(key).await.map_err(err)?;
+        Ok(())
+    }
+
+    /// `Lock` on a fresh lease (revoked again if the lock fails): the lock's key.
+    async fn lock_on_lease(&self, name: &str) -> Res<(i64, Vec<u8>)> {
+        let lease = self.grant().await?;
+        match self.lock(name, lease).await {
+            Ok(key) => Ok((lease, key)),
+            Err(e) => {
+                let _ = self.revoke(lease).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn unlock_and_revoke(&self, lease: i64, key: Vec<u8>) -> Res<()> {
+        self.unlock(key).await?;
+        self.revoke(lease).await
+    }
+
+    fn plain_key(name: &str) -> String {
+        format!("plain/{name}")
+    }
+
+    /// The plain lock's try: one transaction, put the key on the lease if it does not
+    /// exist (`create_revision == 0`).
+    async fn try_put(&self, name: &str, owner: &str, lease: i64) -> Res<bool> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let key = Self::plain_key(name);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                owner,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        Ok(self.call().txn(txn).await.map_err(err)?.succeeded())
+    }
+
+    /// The plain lock's release: delete the key if it still has this owner, then revoke
+    /// the lease.
+    async fn delete_and_revoke(&self, name: &str, owner: &str, lease: i64) -> Res<()> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let key = Self::plain_key(name);
+        let txn = Txn::new()
+            .when([Compare::value(key.clone(), CompareOp::Equal, owner)])
+            .and_then([TxnOp::delete(key, None)]);
+        let deleted = self.call().txn(txn).await.map_err(err)?.succeeded();
+        self.revoke(lease).await?;
+        match deleted {
+            true => Ok(()),
+            false => Err("the plain lock's key had another owner".into()),
+        }
+    }
+}
+
 async fn etcd_section(plan: Plan) -> Res<Section> {
     progress(format_args!("etcd: starting a private server"));
     let etcd = blocking(leasehold_testkit::EtcdServer::start).await?;
@@ -1380,30 +1476,111 @@ async fn etcd_section(plan: Plan) -> Res<Section> {
         }),
         lease_config()?,
     );
-    let sides = vec![leasehold_pair("leasehold", client.clone())];
+    let raw = etcd_client::Client::connect([format!("127.0.0.1:{}", etcd.port())], None)
+        .await
+        .map_err(err)?;
+    let service = RawEtcd {
+        client: raw.clone(),
+        requests: Arc::new(AtomicU64::new(0)),
+    };
+    let plain = RawEtcd {
+        client: raw,
+        requests: Arc::new(AtomicU64::new(0)),
+    };
+    let sides = vec![
+        leasehold_pair("leasehold", client.clone()),
+        Side::pairs("etcd-lock", {
+            let e = service.clone();
+            move |key| {
+                let e = e.clone();
+                async move {
+                    let (lease, held) = e.lock_on_lease(&key).await?;
+                    e.unlock_and_revoke(lease, held).await
+                }
+            }
+        }),
+        Side::pairs("plain", {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let owner = OwnerToken::random().to_hex();
+                    let lease = p.grant().await?;
+                    if !p.try_put(&key, &owner, lease).await? {
+                        let _ = p.revoke(lease).await;
+                        return Err("the plain lock's key existed".into());
+                    }
+                    p.delete_and_revoke(&key, &owner, lease).await
+                }
+            }
+        }),
+    ];
     progress(format_args!("etcd: uncontended"));
     let levels = run_levels(&sides, &plan).await;
-    let contenders = vec![leasehold_contender(
-        "leasehold",
-        counted,
-        atomic_counter("store calls", &calls),
-    )];
+    let contenders = vec![
+        leasehold_contender("leasehold", counted, atomic_counter("store calls", &calls)),
+        Contender::new(
+            "etcd-lock",
+            atomic_counter("requests", &service.requests),
+            {
+                let e = service.clone();
+                move |key| {
+                    let e = e.clone();
+                    async move {
+                        let (lease, held) = e.lock_on_lease(&key).await?;
+                        Ok(release(move || async move {
+                            e.unlock_and_revoke(lease, held).await
+                        }))
+                    }
+                }
+            },
+        ),
+        Contender::new("plain", atomic_counter("requests", &plain.requests), {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let owner = OwnerToken::random().to_hex();
+                    let lease = p.grant().await?;
+                    loop {
+                        match p.try_put(&key, &owner, lease).await {
+                            Ok(true) => break,
+                            Ok(false) => plain_retry_sleep().await,
+                            Err(e) => {
+                                let _ = p.revoke(lease).await;
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Ok(release(move || async move {
+                        p.delete_and_revoke(&key, &owner, lease).await
+                    }))
+                }
+            }
+        }),
+    ];
     progress(format_args!("etcd: contended"));
     let contended = contended(&contenders, &plan).await;
-    drop((contenders, sides, client, etcd));
+    drop((contenders, sides, client, service, plain, etcd));
     Ok(Section {
         name: "etcd",
         title: "etcd 3.4: a private single member (50 ms heartbeat, 500 ms election timeout)".into(),
-        about: uncontended_about(&plan, "leasehold-etcd alone (no contender here)"),
+        about: uncontended_about(&plan, "leasehold-etcd against etcd's own lock service and a plain lock, both written with etcd-client 0.21 alone on one gRPC channel"),
         legend: vec![
             ("leasehold", "leasehold-etcd EtcdStore: LeaseClient::try_acquire + Lease::release (a read, a lease grant and a transaction; a read, a keep-alive, a transaction and a revoke)".into()),
+            ("etcd-lock", format!("etcd's lock service: a lease grant (TTL {} s), Lock(name, lease) (the key name/lease, held while older ones exist; its create revision would serve as a fence), then Unlock(key) and a lease revoke", TTL.as_secs())),
+            ("plain", "a lease grant, a transaction (if create_revision(key) == 0: put key with the lease), then a transaction (if value(key) == owner: delete) and a lease revoke (no fence, no keep-alive)".into()),
         ],
         levels,
-        ratios: vec![],
+        ratios: vec![
+            Ratio { num: "leasehold", den: "etcd-lock", meaning: "the share of etcd's own lock service's throughput that leasehold keeps".into() },
+            Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain lease-and-transaction lock's throughput that leasehold keeps".into() },
+        ],
         contended_about: {
             let mut a = contended_about(&plan, "");
             a.push(format!("leasehold: {}; on etcd, waiters queue under the key in arrival order (each watching its predecessor) and the first is woken by the release.", leasehold_wait_legend()));
-            a.push("calls = acquire, renew and release calls counted by a forwarding wrapper (the waits' own requests are not counted).".into());
+            a.push(format!("etcd-lock: a lease grant, then Lock, which waits in the server (its queue: the keys under the name, in create-revision order); plain: a lease grant, then the transaction, {}.", plain_retry_legend()));
+            a.push("calls = leasehold: acquire, renew and release calls counted by a forwarding wrapper (the waits' own requests are not counted; each call one to four requests); etcd-lock, plain: their gRPC requests (grants, Lock calls, transactions, revokes).".into());
             a
         },
         contended,
