@@ -24,7 +24,8 @@
 //!   (`Lock` / `Unlock` on a lease) and a plain lock (a lease and a transaction), both
 //!   written with `etcd-client` alone.
 //! * ZooKeeper (a private standalone server): leasehold-zookeeper against a plain lock
-//!   written with `zookeeper-client` alone (create an ephemeral node, delete it).
+//!   written with `zookeeper-client` alone (create an ephemeral node, delete it) and a
+//!   Curator-style queue lock (`InterProcessMutex`'s recipe, on the same client alone).
 //! * TLS (`--only tls`): every network store (PostgreSQL, MariaDB, etcd, Redis, Redlock,
 //!   ZooKeeper) on plaintext servers and on servers that require TLS, side by side;
 //!   ZooKeeper's TLS server also beside a plaintext one on the same Netty connection
@@ -1853,6 +1854,115 @@ impl PlainZk {
     }
 }
 
+/// A lock written as Curator's `InterProcessMutex` works, with `zookeeper-client` alone on
+/// its own session: each acquisition creates an ephemeral sequential node
+/// `/curator/<key>/lock-N` (the parent a container node, made when missing); the lowest
+/// holds the lock; any other watches the node just below its own and checks again when
+/// that one is gone. Release = delete the node.
+#[derive(Clone)]
+struct CuratorZk {
+    client: zookeeper_client::Client,
+    requests: Arc<AtomicU64>,
+}
+
+impl CuratorZk {
+    fn dir(key: &str) -> String {
+        format!("/curator/{}", key.replace('/', "%2F"))
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Creates this acquisition's node under `dir` (and `dir`, if missing); returns its
+    /// path.
+    async fn enqueue(&self, dir: &str) -> Res<String> {
+        use zookeeper_client::{Acls, CreateMode, Error};
+        let node = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let prefix = format!("{dir}/lock-");
+        loop {
+            self.count();
+            match self.client.create(&prefix, b"", &node).await {
+                Ok((_, seq)) => return Ok(format!("{prefix}{seq}")),
+                Err(Error::NoNode) => {
+                    // One create: `/curator` itself is made up front.
+                    self.count();
+                    let parent = CreateMode::Container.with_acls(Acls::anyone_all());
+                    self.client.mkdir(dir, &parent).await.map_err(err)?;
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+    }
+
+    /// The node just below `path` in `dir`'s queue, or `None` when `path` is the lowest
+    /// (the lock is held).
+    async fn predecessor(&self, dir: &str, path: &str) -> Res<Option<String>> {
+        self.count();
+        let mut children = self.client.list_children(dir).await.map_err(err)?;
+        let seq = |name: &str| {
+            name.strip_prefix("lock-")
+                .and_then(|n| n.parse::<i64>().ok())
+        };
+        children.sort_by_key(|name| (seq(name), name.clone()));
+        let mine = path.rsplit('/').next().unwrap_or_default();
+        match children.iter().position(|name| name == mine) {
+            Some(0) => Ok(None),
+            Some(i) => Ok(Some(format!("{dir}/{}", children[i - 1]))),
+            None => Err(format!("{path} is gone (the session expired?)")),
+        }
+    }
+
+    /// Waits until `path` is the lowest node of `dir`.
+    async fn wait_turn(&self, dir: &str, path: &str) -> Res<()> {
+        while let Some(below) = self.predecessor(dir, path).await? {
+            self.count();
+            let (stat, watch) = self
+                .client
+                .check_and_watch_stat(&below)
+                .await
+                .map_err(err)?;
+            if stat.is_some() {
+                // Deleted (the release), or the session's end.
+                watch.changed().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Acquires `key`, waiting as long as it takes: the node's path.
+    async fn lock(&self, key: &str) -> Res<String> {
+        let dir = Self::dir(key);
+        let path = self.enqueue(&dir).await?;
+        match self.wait_turn(&dir, &path).await {
+            Ok(()) => Ok(path),
+            Err(e) => {
+                let _ = self.unlock(&path).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// One try without waiting: the node's path if it is the lowest, else `None` (its node
+    /// deleted again).
+    async fn try_lock(&self, key: &str) -> Res<Option<String>> {
+        let dir = Self::dir(key);
+        let path = self.enqueue(&dir).await?;
+        match self.predecessor(&dir, &path).await {
+            Ok(None) => Ok(Some(path)),
+            other => {
+                self.unlock(&path).await?;
+                other.map(|_| None)
+            }
+        }
+    }
+
+    async fn unlock(&self, path: &str) -> Res<()> {
+        self.count();
+        self.client.delete(path, None).await.map_err(err)
+    }
+}
+
 async fn zookeeper_section(plan: Plan) -> Res<Section> {
     use leasehold_zookeeper::ZkStore;
     use zookeeper_client::{Acls, CreateMode};
@@ -1890,6 +2000,22 @@ async fn zookeeper_section(plan: Plan) -> Res<Section> {
         client: raw,
         requests: Arc::new(AtomicU64::new(0)),
     };
+    let curator = CuratorZk {
+        client: zookeeper_client::Client::connector()
+            .with_session_timeout(TTL)
+            .connect(&server.connect_string())
+            .await
+            .map_err(err)?,
+        requests: Arc::new(AtomicU64::new(0)),
+    };
+    curator
+        .client
+        .mkdir(
+            "/curator",
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .map_err(err)?;
 
     let sides = vec![
         leasehold_pair("leasehold", client.clone()),
@@ -1902,6 +2028,18 @@ async fn zookeeper_section(plan: Plan) -> Res<Section> {
                         return Err("the plain lock was held".into());
                     }
                     p.unlock(&key).await
+                }
+            }
+        }),
+        Side::pairs("curator", {
+            let c = curator.clone();
+            move |key| {
+                let c = c.clone();
+                async move {
+                    match c.try_lock(&key).await? {
+                        Some(path) => c.unlock(&path).await,
+                        None => Err("the Curator-style lock was held".into()),
+                    }
                 }
             }
         }),
@@ -1923,24 +2061,38 @@ async fn zookeeper_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
+        Contender::new("curator", atomic_counter("requests", &curator.requests), {
+            let c = curator.clone();
+            move |key| {
+                let c = c.clone();
+                async move {
+                    let path = c.lock(&key).await?;
+                    Ok(release(move || async move { c.unlock(&path).await }))
+                }
+            }
+        }),
     ];
     progress(format_args!("zookeeper: contended"));
     let contended = contended(&contenders, &plan).await;
-    drop((contenders, sides, client));
+    drop((contenders, sides, client, plain, curator));
     Ok(Section {
         name: "zookeeper",
         title: "ZooKeeper 3.8: a private standalone server on 127.0.0.1 (tick 250 ms)".into(),
-        about: uncontended_about(&plan, "leasehold-zookeeper against a plain ephemeral-node lock"),
+        about: uncontended_about(&plan, "leasehold-zookeeper against a plain ephemeral-node lock and a Curator-style lock"),
         legend: vec![
             ("leasehold", "leasehold-zookeeper ZkStore: LeaseClient::try_acquire + Lease::release (list, create of an owner-named ephemeral sequential node, list; czxid fence; one session per store)".into()),
             ("plain", "zookeeper-client alone: create an ephemeral node /plain/<key>, then delete it (no fence, no queue)".into()),
+            ("curator", "zookeeper-client alone on its own session, Curator's InterProcessMutex recipe: create an ephemeral sequential node /curator/<key>/lock- (its parent a container node), list the children (held when lowest), then delete the node (no fence)".into()),
         ],
         levels,
-        ratios: vec![Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain ephemeral-node lock's throughput that leasehold keeps".into() }],
+        ratios: vec![
+            Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain ephemeral-node lock's throughput that leasehold keeps".into() },
+            Ratio { num: "leasehold", den: "curator", meaning: "the same against a Curator-style queue lock".into() },
+        ],
         contended_about: {
             let mut a = contended_about(&plan, "");
-            a.push(format!("leasehold: {}; plain: {}.", leasehold_wait_legend(), plain_retry_legend()));
-            a.push("calls = leasehold: Store calls counted by a forwarding wrapper (each one to four ZooKeeper requests); plain: its ZooKeeper requests.".into());
+            a.push(format!("leasehold: {}; plain: {}; curator: queued, as InterProcessMutex waits: an exists watch on the node just below its own, a fresh list of the children when it fires.", leasehold_wait_legend(), plain_retry_legend()));
+            a.push("calls = leasehold: Store calls counted by a forwarding wrapper (each one to four ZooKeeper requests); plain, curator: their ZooKeeper requests.".into());
             a
         },
         contended,
