@@ -9,18 +9,23 @@
 //! slices (the harness in `src/lib.rs`), so background load hits all sides alike.
 //!
 //! * Redis: `LeaseClient` (leasehold-redis) and rslock against a plain lock written with
-//!   the `redis` crate alone (`SET key token NX PX` + compare-and-delete script).
+//!   the `redis` crate alone (`SET key token NX PX` + compare-and-delete script), and
+//!   against a fenced lock written as Redisson's `RFencedLock` is (a lock hash, a token
+//!   counter, one script each way, waiters woken over pub/sub).
 //! * PostgreSQL (fsync on; `--pg-fsync off` to see what the disk costs): the lease-table
 //!   and the advisory-lock stores, through `LeaseClient` and through the `Store` alone,
 //!   against `pgbench`'s simple-update transactions (16 clients) and against sqlx's
 //!   `PgAdvisoryLock`.
-//! * MariaDB: both leasehold-mysql stores against a plain `GET_LOCK` / `RELEASE_LOCK` pair.
+//! * MariaDB: both leasehold-mysql stores against a plain `GET_LOCK` / `RELEASE_LOCK` pair
+//!   and a plain InnoDB lock table written with sqlx alone.
 //! * SQLite (a temporary file, `synchronous=FULL`): leasehold-sqlite against a plain lock
 //!   table written with sqlx alone.
-//! * etcd (a private single-member server): leasehold-etcd on its own (the uncontended
-//!   pairs and the contended hand-off; no contender).
+//! * etcd (a private single-member server): leasehold-etcd against etcd's own lock service
+//!   (`Lock` / `Unlock` on a lease) and a plain lock (a lease and a transaction), both
+//!   written with `etcd-client` alone.
 //! * ZooKeeper (a private standalone server): leasehold-zookeeper against a plain lock
-//!   written with `zookeeper-client` alone (create an ephemeral node, delete it).
+//!   written with `zookeeper-client` alone (create an ephemeral node, delete it) and a
+//!   Curator-style queue lock (`InterProcessMutex`'s recipe, on the same client alone).
 //! * TLS (`--only tls`): every network store (PostgreSQL, MariaDB, etcd, Redis, Redlock,
 //!   ZooKeeper) on plaintext servers and on servers that require TLS, side by side;
 //!   ZooKeeper's TLS server also beside a plaintext one on the same Netty connection
@@ -30,9 +35,10 @@
 //! it for 1 ms, with each contender's own way of waiting.
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::io::Write as _;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -180,6 +186,9 @@ fn progress(msg: std::fmt::Arguments<'_>) {
 // ---------------------------------------------------------------------------------------
 // Redis
 
+/// The Redis section's Redisson-style fenced lock (its side and contender).
+const FENCED: &str = "fenced (Redisson-style)";
+
 const COMPARE_AND_DELETE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
      return redis.call('DEL', KEYS[1]) else return 0 end";
 
@@ -219,6 +228,216 @@ impl PlainRedis {
     }
 }
 
+/// The fenced lock's acquire (Redisson's `RFencedLock` recipe). `KEYS[1]` = the lock hash,
+/// `KEYS[2]` = its token counter; `ARGV[1]` = the owner's field, `ARGV[2]` = the TTL in ms.
+/// Taken when the hash is missing or already has this owner's field (a re-entry): the
+/// field counts up, the hash's TTL restarts and the counter gives the next fencing token,
+/// `{1, token}`. Otherwise `{0, the hash's PTTL}`.
+const FENCED_ACQUIRE: &str = "if redis.call('EXISTS', KEYS[1]) == 0 \
+     or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then \
+       redis.call('HINCRBY', KEYS[1], ARGV[1], 1) \
+       redis.call('PEXPIRE', KEYS[1], ARGV[2]) \
+       return {1, redis.call('INCR', KEYS[2])} \
+     end \
+     return {0, redis.call('PTTL', KEYS[1])}";
+
+/// The fenced lock's release. `KEYS[1]` = the lock hash; `ARGV[1]` = the owner's field,
+/// `ARGV[2]` = the key's channel. Not the owner: nil. Otherwise the field counts down; at 0
+/// the hash is deleted and the channel told (1), else it is still held by a re-entry (0).
+const FENCED_RELEASE: &str = "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then \
+       return nil \
+     end \
+     if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) > 0 then \
+       return 0 \
+     end \
+     redis.call('DEL', KEYS[1]) \
+     redis.call('PUBLISH', ARGV[2], 'released') \
+     return 1";
+
+/// What the fenced lock's acquire script answered.
+enum FencedTry {
+    /// Taken (the script's fencing token, which a user would hand on to the resource, is
+    /// not needed here).
+    Acquired,
+    /// Held by another owner for this long yet.
+    Held(Duration),
+}
+
+/// A fenced lock written the way Redisson's `RFencedLock` is, with the `redis` crate
+/// alone: a hash whose field is the owner (a re-entry count), a separate counter key for
+/// the fencing token, one script each to acquire and release, and waiters woken by the
+/// release's message on the key's channel ([`ReleaseNotices`]).
+#[derive(Clone)]
+struct FencedRedis {
+    conn: redis::aio::MultiplexedConnection,
+    acquire: Arc<redis::Script>,
+    release: Arc<redis::Script>,
+    notices: Arc<ReleaseNotices>,
+}
+
+impl FencedRedis {
+    /// The lock hash, its token counter and its channel, in one hash slot.
+    fn names(key: &str) -> (String, String, String) {
+        (
+            format!("fenced:{{{key}}}"),
+            format!("fenced:{{{key}}}:token"),
+            format!("fenced:{{{key}}}:released"),
+        )
+    }
+
+    async fn try_lock(&self, key: &str, owner: &str) -> Res<FencedTry> {
+        let (hash, token, _) = Self::names(key);
+        let answer: (i64, i64) = self
+            .acquire
+            .key(hash)
+            .key(token)
+            .arg(owner)
+            .arg(TTL.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        Ok(match answer {
+            (1, _token) => FencedTry::Acquired,
+            // No expiry (-1) cannot happen here; wait the TTL then.
+            (_, pttl) => FencedTry::Held(u64::try_from(pttl).map_or(TTL, Duration::from_millis)),
+        })
+    }
+
+    /// Acquires `key`, waiting as Redisson does: one try; then, subscribed to the key's
+    /// channel, try again and wait for a release's message (at most the holder's remaining
+    /// TTL) until a try succeeds.
+    async fn lock(&self, key: &str, owner: &str) -> Res<()> {
+        if let FencedTry::Acquired = self.try_lock(key, owner).await? {
+            return Ok(());
+        }
+        let (_, _, channel) = Self::names(key);
+        let latch = self.notices.join(&channel).await?;
+        let got: Res<()> = async {
+            loop {
+                match self.try_lock(key, owner).await? {
+                    FencedTry::Acquired => return Ok(()),
+                    FencedTry::Held(pttl) => {
+                        if let Ok(Ok(permit)) = tokio::time::timeout(pttl, latch.acquire()).await {
+                            permit.forget();
+                        }
+                    }
+                }
+            }
+        }
+        .await;
+        // As Redisson's, the unsubscription does not hold up the acquisition.
+        let notices = self.notices.clone();
+        tokio::spawn(async move { notices.leave(&channel).await });
+        got
+    }
+
+    async fn unlock(&self, key: &str, owner: &str) -> Res<()> {
+        let (hash, _, channel) = Self::names(key);
+        let answer: Option<i64> = self
+            .release
+            .key(hash)
+            .arg(owner)
+            .arg(channel)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(err)?;
+        match answer {
+            Some(1) => Ok(()),
+            Some(_) => Err("the fenced lock is still held by a re-entry".into()),
+            None => Err("the fenced lock has another owner".into()),
+        }
+    }
+}
+
+/// The key channels' latches: one release permit per message, and how many waiters share
+/// each.
+type Latches = Arc<Mutex<HashMap<String, (Arc<tokio::sync::Semaphore>, usize)>>>;
+
+/// The fenced lock's waiters share one pub/sub connection, as Redisson's do: a key's
+/// channel is subscribed while some task waits for that key, and each release message
+/// adds a permit to the key's latch, which wakes one waiter (or lets the next one through
+/// at once, so that a message between a failed try and the wait is not lost).
+struct ReleaseNotices {
+    /// Subscribes and unsubscribes one at a time; the waiter counts change under it too,
+    /// so that a channel is subscribed exactly while it has waiters.
+    sink: tokio::sync::Mutex<redis::aio::PubSubSink>,
+    latches: Latches,
+    /// The task that reads the messages.
+    reader: tokio::task::AbortHandle,
+}
+
+impl Drop for ReleaseNotices {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl ReleaseNotices {
+    async fn connect(client: &redis::Client) -> Res<Self> {
+        use futures::StreamExt as _;
+        let (sink, mut messages) = client.get_async_pubsub().await.map_err(err)?.split();
+        let latches = Latches::default();
+        let reader = tokio::spawn({
+            let latches = latches.clone();
+            async move {
+                while let Some(msg) = messages.next().await {
+                    let latches = latches.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some((latch, _)) = latches.get(msg.get_channel_name()) {
+                        latch.add_permits(1);
+                    }
+                }
+            }
+        })
+        .abort_handle();
+        Ok(Self {
+            sink: tokio::sync::Mutex::new(sink),
+            latches,
+            reader,
+        })
+    }
+
+    /// A new waiter on `channel`: its latch, once the channel is subscribed.
+    async fn join(&self, channel: &str) -> Res<Arc<tokio::sync::Semaphore>> {
+        let mut sink = self.sink.lock().await;
+        let latch = {
+            let mut latches = self.latches.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((latch, waiters)) = latches.get_mut(channel) {
+                *waiters += 1;
+                return Ok(latch.clone());
+            }
+            let latch = Arc::new(tokio::sync::Semaphore::new(0));
+            latches.insert(channel.to_owned(), (latch.clone(), 1));
+            latch
+        };
+        if let Err(e) = sink.subscribe(channel).await {
+            let mut latches = self.latches.lock().unwrap_or_else(PoisonError::into_inner);
+            latches.remove(channel);
+            return Err(err(e));
+        }
+        Ok(latch)
+    }
+
+    /// A waiter on `channel` is done: the last one unsubscribes.
+    async fn leave(&self, channel: &str) {
+        let mut sink = self.sink.lock().await;
+        let last = {
+            let mut latches = self.latches.lock().unwrap_or_else(PoisonError::into_inner);
+            match latches.get_mut(channel) {
+                Some((_, waiters)) if *waiters > 1 => {
+                    *waiters -= 1;
+                    false
+                }
+                Some(_) => latches.remove(channel).is_some(),
+                None => false,
+            }
+        };
+        if last {
+            // A failure leaves the channel subscribed: its messages then find no latch.
+            let _ = sink.unsubscribe(channel).await;
+        }
+    }
+}
+
 async fn redis_info(conn: &redis::aio::MultiplexedConnection, section: &str) -> Res<String> {
     redis::cmd("INFO")
         .arg(section)
@@ -241,13 +460,22 @@ async fn redis_section(plan: Plan) -> Res<Section> {
             .map_err(err)?,
     );
     let client = LeaseClient::new(store, lease_config()?);
+    let redis_client = redis::Client::open(url.as_str()).map_err(err)?;
     let plain = PlainRedis {
-        conn: redis::Client::open(url.as_str())
-            .map_err(err)?
+        conn: redis_client
             .get_multiplexed_async_connection()
             .await
             .map_err(err)?,
         release: Arc::new(redis::Script::new(COMPARE_AND_DELETE)),
+    };
+    let fenced = FencedRedis {
+        conn: redis_client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(err)?,
+        acquire: Arc::new(redis::Script::new(FENCED_ACQUIRE)),
+        release: Arc::new(redis::Script::new(FENCED_RELEASE)),
+        notices: Arc::new(ReleaseNotices::connect(&redis_client).await?),
     };
     let rslock = rslock::LockManager::new(vec![url.clone()]);
     let info = redis_info(&plain.conn, "server").await?;
@@ -298,6 +526,19 @@ async fn redis_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
+        Side::pairs(FENCED, {
+            let f = fenced.clone();
+            move |key| {
+                let f = f.clone();
+                async move {
+                    let owner = OwnerToken::random().to_hex();
+                    if let FencedTry::Held(_) = f.try_lock(&key, &owner).await? {
+                        return Err("the fenced lock found the key held".into());
+                    }
+                    f.unlock(&key, &owner).await
+                }
+            }
+        }),
     ];
     progress(format_args!("redis: uncontended"));
     let levels = run_levels(&sides, &plan).await;
@@ -330,30 +571,52 @@ async fn redis_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
+        Contender::new(FENCED, counter.clone(), {
+            let f = fenced.clone();
+            move |key| {
+                let f = f.clone();
+                async move {
+                    let owner = OwnerToken::random().to_hex();
+                    f.lock(&key, &owner).await?;
+                    Ok(release(move || async move { f.unlock(&key, &owner).await }))
+                }
+            }
+        }),
     ];
     progress(format_args!("redis: contended"));
     let contended = contended(&contenders, &plan).await;
     // The clients go before the server they talk to.
-    drop((contenders, sides, client, plain, rslock));
+    drop((
+        contenders,
+        sides,
+        client,
+        plain,
+        fenced,
+        rslock,
+        redis_client,
+    ));
     drop(server);
     Ok(Section {
         name: "redis",
         title: format!("Redis {version}: a private redis-server on 127.0.0.1, no persistence"),
-        about: uncontended_about(&plan, "leasehold and rslock against a plain lock, all on the same server"),
+        about: uncontended_about(&plan, "leasehold and rslock against a plain lock and a fenced lock written as Redisson's, all on the same server"),
         legend: vec![
             ("leasehold", "LeaseClient::try_acquire + Lease::release (leasehold-redis: fence, owner token, heartbeat scheduler, watchdog, waiting queue; concurrent operations batched per slot), default LeaseConfig".into()),
             ("rslock", "rslock 0.10 LockManager::lock + Lock::release on one server (SET NX PX + compare-and-delete script; its retry loop); default settings".into()),
             ("plain", "the redis crate alone on one multiplexed connection: SET key token NX PX, then a compare-and-delete script (no fence, no heartbeat)".into()),
+            (FENCED, "the redis crate alone, Redisson's RFencedLock recipe: an acquire script (if the lock hash is missing or has this owner's field: HINCRBY, PEXPIRE, INCR of a separate token key, the token returned; else the hash's PTTL), a release script (HINCRBY -1; at 0, DEL and PUBLISH on the key's channel); no heartbeat".into()),
         ],
         levels,
         ratios: vec![
             Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain lock's throughput that leasehold keeps".into() },
             Ratio { num: "rslock", den: "plain", meaning: "the same for rslock".into() },
             Ratio { num: "leasehold", den: "rslock", meaning: "leasehold against rslock directly".into() },
+            Ratio { num: "leasehold", den: FENCED, meaning: "leasehold against another fenced lock, written as Redisson writes one".into() },
         ],
         contended_about: {
             let mut a = contended_about(&plan, "");
             a.push(format!("leasehold: {}; rslock: LockManager::acquire (its default retry: up to 3 tries 0–200 ms apart, then again); plain: SET NX PX, {}.", leasehold_wait_legend(), plain_retry_legend()));
+            a.push(format!("{FENCED}: as Redisson waits: one try; then subscribed to the key's channel (one pub/sub connection shared by every waiter, a channel subscribed while it has waiters, a per-key latch that each release message adds one permit to), try again and wait for a permit at most the holder's PTTL, until a try succeeds; the last waiter unsubscribes after its acquire returns."));
             a.push("calls = INFO commandstats (every command the server ran, those inside Lua scripts included).".into());
             a
         },
@@ -644,6 +907,66 @@ async fn postgres_section(plan: Plan, fsync: bool) -> Res<Section> {
 // ---------------------------------------------------------------------------------------
 // MariaDB
 
+/// The plain MariaDB lock: a lock table written with sqlx alone, InnoDB like the lease
+/// table (each statement its own transaction, as durable as the server's
+/// `innodb_flush_log_at_trx_commit` makes any commit).
+#[derive(Clone)]
+struct PlainMy {
+    pool: leasehold_mysql::sqlx::MySqlPool,
+}
+
+impl PlainMy {
+    const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS plain_locks \
+        (name VARCHAR(255) NOT NULL PRIMARY KEY, owner BINARY(16) NOT NULL, \
+         expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB";
+
+    /// `INSERT … ON DUPLICATE KEY UPDATE` that takes the row only if it expired (the
+    /// expiry assigned last, so that both conditions read the old one). sqlx connects with
+    /// `CLIENT_FOUND_ROWS`, so one affected row is an insert or a row left as it was: then
+    /// the owner is read back on the same connection; two are a taken-over row.
+    async fn try_lock(&self, key: &str, token: &[u8]) -> Res<bool> {
+        use leasehold_mysql::sqlx;
+        let mut conn = self.pool.acquire().await.map_err(err)?;
+        let done = sqlx::query(
+            "INSERT INTO plain_locks (name, owner, expires_at) \
+             VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND) \
+             ON DUPLICATE KEY UPDATE \
+             owner = IF(expires_at <= NOW(6), VALUES(owner), owner), \
+             expires_at = IF(expires_at <= NOW(6), VALUES(expires_at), expires_at)",
+        )
+        .bind(key)
+        .bind(token)
+        .bind(TTL.as_micros() as i64)
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+        if done.rows_affected() == 2 {
+            return Ok(true);
+        }
+        let owner: Option<Vec<u8>> =
+            sqlx::query_scalar("SELECT owner FROM plain_locks WHERE name = ?")
+                .bind(key)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(err)?;
+        Ok(owner.as_deref() == Some(token))
+    }
+
+    async fn unlock(&self, key: &str, token: &[u8]) -> Res<()> {
+        let done =
+            leasehold_mysql::sqlx::query("DELETE FROM plain_locks WHERE name = ? AND owner = ?")
+                .bind(key)
+                .bind(token)
+                .execute(&self.pool)
+                .await
+                .map_err(err)?;
+        match done.rows_affected() {
+            1 => Ok(()),
+            _ => Err("compare-and-delete found another owner".into()),
+        }
+    }
+}
+
 async fn mysql_section(plan: Plan) -> Res<Section> {
     use leasehold_mysql::sqlx::mysql::MySqlPoolOptions;
     use leasehold_mysql::{MySqlConfig, MySqlGetLockStore, MySqlLeaseStore};
@@ -673,6 +996,11 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
     getlock.migrate().await.map_err(err)?;
     let table = LeaseClient::new(Arc::new(table), lease_config()?);
     let getlock = LeaseClient::new(Arc::new(getlock), lease_config()?);
+    leasehold_mysql::sqlx::query(PlainMy::SCHEMA)
+        .execute(&pool)
+        .await
+        .map_err(err)?;
+    let plain = PlainMy { pool: pool.clone() };
 
     let plain_pair = {
         let pool = pool.clone();
@@ -705,6 +1033,19 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
         leasehold_pair("lease-table", table.clone()),
         leasehold_pair("getlock", getlock.clone()),
         Side::pairs("plain-getlock", plain_pair),
+        Side::pairs("plain-table", {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random();
+                    if !p.try_lock(&key, token.as_bytes()).await? {
+                        return Err("the plain lock was held".into());
+                    }
+                    p.unlock(&key, token.as_bytes()).await
+                }
+            }
+        }),
     ];
     progress(format_args!("mysql: uncontended"));
     let levels = run_levels(&sides, &plan).await;
@@ -754,29 +1095,46 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
+        Contender::new("plain-table", counter.clone(), {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let token = OwnerToken::random();
+                    while !p.try_lock(&key, token.as_bytes()).await? {
+                        plain_retry_sleep().await;
+                    }
+                    Ok(release(move || async move {
+                        p.unlock(&key, token.as_bytes()).await
+                    }))
+                }
+            }
+        }),
     ];
     progress(format_args!("mysql: contended"));
     let contended = contended(&contenders, &plan).await;
-    drop((contenders, sides, table, getlock));
+    drop((contenders, sides, table, getlock, plain));
     pool.close().await;
     drop(db);
     Ok(Section {
         name: "mysql",
         title: format!("MariaDB {version}: a private mariadbd on 127.0.0.1, innodb_flush_log_at_trx_commit={flush}"),
-        about: uncontended_about(&plan, &format!("leasehold's two stores against a plain GET_LOCK lock; every pool has {POOL} connections")),
+        about: uncontended_about(&plan, &format!("leasehold's two stores against a plain GET_LOCK lock and a plain lock table; every pool has {POOL} connections")),
         legend: vec![
             ("lease-table", "leasehold-mysql MySqlLeaseStore: LeaseClient::try_acquire + Lease::release (a durable fence in the row)".into()),
             ("getlock", "leasehold-mysql MySqlGetLockStore: the same on GET_LOCK (a dedicated session per holder, a durable fence row)".into()),
             ("plain-getlock", "sqlx alone: SELECT GET_LOCK(name, 0), then SELECT RELEASE_LOCK(name) on one pooled connection (no fence, nothing written)".into()),
+            ("plain-table", "sqlx alone: an InnoDB lock table (key, owner, expiry), INSERT … ON DUPLICATE KEY UPDATE taking the row only if expired (and, when one row is reported affected, SELECT owner to tell an insert from a row left as it was), then DELETE … WHERE owner = token (no fence)".into()),
         ],
         levels,
         ratios: vec![
             Ratio { num: "lease-table", den: "plain-getlock", meaning: "the share of a bare GET_LOCK pair's throughput the lease-table store keeps".into() },
             Ratio { num: "getlock", den: "plain-getlock", meaning: "the same for leasehold's GET_LOCK store (the price of the fence and the TTL)".into() },
+            Ratio { num: "lease-table", den: "plain-table", meaning: "the lease-table store against a hand-written lock table with the same durability on the same server".into() },
         ],
         contended_about: {
             let mut a = contended_about(&plan, "");
-            a.push(format!("lease-table, getlock: {}; plain-getlock: GET_LOCK(name, 60), which waits in the server, one pooled connection per waiting task.", leasehold_wait_legend()));
+            a.push(format!("lease-table, getlock: {}; plain-getlock: GET_LOCK(name, 60), which waits in the server, one pooled connection per waiting task; plain-table: {}.", leasehold_wait_legend(), plain_retry_legend()));
             a.push("calls = the server's Questions counter (statements sent by clients).".into());
             a
         },
@@ -1007,6 +1365,101 @@ async fn sqlite_section(plan: Plan) -> Res<Section> {
 // ---------------------------------------------------------------------------------------
 // etcd
 
+/// etcd-client alone, counting its requests: etcd's own lock service (the `Lock` and
+/// `Unlock` RPCs on a lease) and a plain lock written with a lease and a transaction.
+#[derive(Clone)]
+struct RawEtcd {
+    client: etcd_client::Client,
+    requests: Arc<AtomicU64>,
+}
+
+impl RawEtcd {
+    /// The client for one request, counted.
+    fn call(&self) -> etcd_client::Client {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.client.clone()
+    }
+
+    async fn grant(&self) -> Res<i64> {
+        let ttl = TTL.as_secs() as i64;
+        Ok(self.call().lease_grant(ttl, None).await.map_err(err)?.id())
+    }
+
+    async fn revoke(&self, lease: i64) -> Res<()> {
+        self.call().lease_revoke(lease).await.map_err(err)?;
+        Ok(())
+    }
+
+    /// etcd's lock service: `Lock(name, lease)`, which waits in the server until the lock
+    /// is free; returns the key that holds it.
+    async fn lock(&self, name: &str, lease: i64) -> Res<Vec<u8>> {
+        let options = etcd_client::LockOptions::new().with_lease(lease);
+        let held = self
+            .call()
+            .lock(format!("etcd-lock/{name}"), Some(options))
+            .await
+            .map_err(err)?;
+        Ok(held.key().to_vec())
+    }
+
+    async fn unlock(&self, key: Vec<u8>) -> Res<()> {
+        self.call().unlock(key).await.map_err(err)?;
+        Ok(())
+    }
+
+    /// `Lock` on a fresh lease (revoked again if the lock fails): the lock's key.
+    async fn lock_on_lease(&self, name: &str) -> Res<(i64, Vec<u8>)> {
+        let lease = self.grant().await?;
+        match self.lock(name, lease).await {
+            Ok(key) => Ok((lease, key)),
+            Err(e) => {
+                let _ = self.revoke(lease).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn unlock_and_revoke(&self, lease: i64, key: Vec<u8>) -> Res<()> {
+        self.unlock(key).await?;
+        self.revoke(lease).await
+    }
+
+    fn plain_key(name: &str) -> String {
+        format!("plain/{name}")
+    }
+
+    /// The plain lock's try: one transaction, put the key on the lease if it does not
+    /// exist (`create_revision == 0`).
+    async fn try_put(&self, name: &str, owner: &str, lease: i64) -> Res<bool> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let key = Self::plain_key(name);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                owner,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        Ok(self.call().txn(txn).await.map_err(err)?.succeeded())
+    }
+
+    /// The plain lock's release: delete the key if it still has this owner, then revoke
+    /// the lease.
+    async fn delete_and_revoke(&self, name: &str, owner: &str, lease: i64) -> Res<()> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let key = Self::plain_key(name);
+        let txn = Txn::new()
+            .when([Compare::value(key.clone(), CompareOp::Equal, owner)])
+            .and_then([TxnOp::delete(key, None)]);
+        let deleted = self.call().txn(txn).await.map_err(err)?.succeeded();
+        self.revoke(lease).await?;
+        match deleted {
+            true => Ok(()),
+            false => Err("the plain lock's key had another owner".into()),
+        }
+    }
+}
+
 async fn etcd_section(plan: Plan) -> Res<Section> {
     progress(format_args!("etcd: starting a private server"));
     let etcd = blocking(leasehold_testkit::EtcdServer::start).await?;
@@ -1024,30 +1477,111 @@ async fn etcd_section(plan: Plan) -> Res<Section> {
         }),
         lease_config()?,
     );
-    let sides = vec![leasehold_pair("leasehold", client.clone())];
+    let raw = etcd_client::Client::connect([format!("127.0.0.1:{}", etcd.port())], None)
+        .await
+        .map_err(err)?;
+    let service = RawEtcd {
+        client: raw.clone(),
+        requests: Arc::new(AtomicU64::new(0)),
+    };
+    let plain = RawEtcd {
+        client: raw,
+        requests: Arc::new(AtomicU64::new(0)),
+    };
+    let sides = vec![
+        leasehold_pair("leasehold", client.clone()),
+        Side::pairs("etcd-lock", {
+            let e = service.clone();
+            move |key| {
+                let e = e.clone();
+                async move {
+                    let (lease, held) = e.lock_on_lease(&key).await?;
+                    e.unlock_and_revoke(lease, held).await
+                }
+            }
+        }),
+        Side::pairs("plain", {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let owner = OwnerToken::random().to_hex();
+                    let lease = p.grant().await?;
+                    if !p.try_put(&key, &owner, lease).await? {
+                        let _ = p.revoke(lease).await;
+                        return Err("the plain lock's key existed".into());
+                    }
+                    p.delete_and_revoke(&key, &owner, lease).await
+                }
+            }
+        }),
+    ];
     progress(format_args!("etcd: uncontended"));
     let levels = run_levels(&sides, &plan).await;
-    let contenders = vec![leasehold_contender(
-        "leasehold",
-        counted,
-        atomic_counter("store calls", &calls),
-    )];
+    let contenders = vec![
+        leasehold_contender("leasehold", counted, atomic_counter("store calls", &calls)),
+        Contender::new(
+            "etcd-lock",
+            atomic_counter("requests", &service.requests),
+            {
+                let e = service.clone();
+                move |key| {
+                    let e = e.clone();
+                    async move {
+                        let (lease, held) = e.lock_on_lease(&key).await?;
+                        Ok(release(move || async move {
+                            e.unlock_and_revoke(lease, held).await
+                        }))
+                    }
+                }
+            },
+        ),
+        Contender::new("plain", atomic_counter("requests", &plain.requests), {
+            let p = plain.clone();
+            move |key| {
+                let p = p.clone();
+                async move {
+                    let owner = OwnerToken::random().to_hex();
+                    let lease = p.grant().await?;
+                    loop {
+                        match p.try_put(&key, &owner, lease).await {
+                            Ok(true) => break,
+                            Ok(false) => plain_retry_sleep().await,
+                            Err(e) => {
+                                let _ = p.revoke(lease).await;
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Ok(release(move || async move {
+                        p.delete_and_revoke(&key, &owner, lease).await
+                    }))
+                }
+            }
+        }),
+    ];
     progress(format_args!("etcd: contended"));
     let contended = contended(&contenders, &plan).await;
-    drop((contenders, sides, client, etcd));
+    drop((contenders, sides, client, service, plain, etcd));
     Ok(Section {
         name: "etcd",
         title: "etcd 3.4: a private single member (50 ms heartbeat, 500 ms election timeout)".into(),
-        about: uncontended_about(&plan, "leasehold-etcd alone (no contender here)"),
+        about: uncontended_about(&plan, "leasehold-etcd against etcd's own lock service and a plain lock, both written with etcd-client 0.21 alone on one gRPC channel"),
         legend: vec![
             ("leasehold", "leasehold-etcd EtcdStore: LeaseClient::try_acquire + Lease::release (a read, a lease grant and a transaction; a read, a keep-alive, a transaction and a revoke)".into()),
+            ("etcd-lock", format!("etcd's lock service: a lease grant (TTL {} s), Lock(name, lease) (the key name/lease, held while older ones exist; its create revision would serve as a fence), then Unlock(key) and a lease revoke", TTL.as_secs())),
+            ("plain", "a lease grant, a transaction (if create_revision(key) == 0: put key with the lease), then a transaction (if value(key) == owner: delete) and a lease revoke (no fence, no keep-alive)".into()),
         ],
         levels,
-        ratios: vec![],
+        ratios: vec![
+            Ratio { num: "leasehold", den: "etcd-lock", meaning: "the share of etcd's own lock service's throughput that leasehold keeps".into() },
+            Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain lease-and-transaction lock's throughput that leasehold keeps".into() },
+        ],
         contended_about: {
             let mut a = contended_about(&plan, "");
             a.push(format!("leasehold: {}; on etcd, waiters queue under the key in arrival order (each watching its predecessor) and the first is woken by the release.", leasehold_wait_legend()));
-            a.push("calls = acquire, renew and release calls counted by a forwarding wrapper (the waits' own requests are not counted).".into());
+            a.push(format!("etcd-lock: a lease grant, then Lock, which waits in the server (its queue: the keys under the name, in create-revision order); plain: a lease grant, then the transaction, {}.", plain_retry_legend()));
+            a.push("calls = leasehold: acquire, renew and release calls counted by a forwarding wrapper (the waits' own requests are not counted; each call one to four requests); etcd-lock, plain: their gRPC requests (grants, Lock calls, transactions, revokes).".into());
             a
         },
         contended,
@@ -1320,6 +1854,115 @@ impl PlainZk {
     }
 }
 
+/// A lock written as Curator's `InterProcessMutex` works, with `zookeeper-client` alone on
+/// its own session: each acquisition creates an ephemeral sequential node
+/// `/curator/<key>/lock-N` (the parent a container node, made when missing); the lowest
+/// holds the lock; any other watches the node just below its own and checks again when
+/// that one is gone. Release = delete the node.
+#[derive(Clone)]
+struct CuratorZk {
+    client: zookeeper_client::Client,
+    requests: Arc<AtomicU64>,
+}
+
+impl CuratorZk {
+    fn dir(key: &str) -> String {
+        format!("/curator/{}", key.replace('/', "%2F"))
+    }
+
+    fn count(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Creates this acquisition's node under `dir` (and `dir`, if missing); returns its
+    /// path.
+    async fn enqueue(&self, dir: &str) -> Res<String> {
+        use zookeeper_client::{Acls, CreateMode, Error};
+        let node = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let prefix = format!("{dir}/lock-");
+        loop {
+            self.count();
+            match self.client.create(&prefix, b"", &node).await {
+                Ok((_, seq)) => return Ok(format!("{prefix}{seq}")),
+                Err(Error::NoNode) => {
+                    // One create: `/curator` itself is made up front.
+                    self.count();
+                    let parent = CreateMode::Container.with_acls(Acls::anyone_all());
+                    self.client.mkdir(dir, &parent).await.map_err(err)?;
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+    }
+
+    /// The node just below `path` in `dir`'s queue, or `None` when `path` is the lowest
+    /// (the lock is held).
+    async fn predecessor(&self, dir: &str, path: &str) -> Res<Option<String>> {
+        self.count();
+        let mut children = self.client.list_children(dir).await.map_err(err)?;
+        let seq = |name: &str| {
+            name.strip_prefix("lock-")
+                .and_then(|n| n.parse::<i64>().ok())
+        };
+        children.sort_by_key(|name| (seq(name), name.clone()));
+        let mine = path.rsplit('/').next().unwrap_or_default();
+        match children.iter().position(|name| name == mine) {
+            Some(0) => Ok(None),
+            Some(i) => Ok(Some(format!("{dir}/{}", children[i - 1]))),
+            None => Err(format!("{path} is gone (the session expired?)")),
+        }
+    }
+
+    /// Waits until `path` is the lowest node of `dir`.
+    async fn wait_turn(&self, dir: &str, path: &str) -> Res<()> {
+        while let Some(below) = self.predecessor(dir, path).await? {
+            self.count();
+            let (stat, watch) = self
+                .client
+                .check_and_watch_stat(&below)
+                .await
+                .map_err(err)?;
+            if stat.is_some() {
+                // Deleted (the release), or the session's end.
+                watch.changed().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Acquires `key`, waiting as long as it takes: the node's path.
+    async fn lock(&self, key: &str) -> Res<String> {
+        let dir = Self::dir(key);
+        let path = self.enqueue(&dir).await?;
+        match self.wait_turn(&dir, &path).await {
+            Ok(()) => Ok(path),
+            Err(e) => {
+                let _ = self.unlock(&path).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// One try without waiting: the node's path if it is the lowest, else `None` (its node
+    /// deleted again).
+    async fn try_lock(&self, key: &str) -> Res<Option<String>> {
+        let dir = Self::dir(key);
+        let path = self.enqueue(&dir).await?;
+        match self.predecessor(&dir, &path).await {
+            Ok(None) => Ok(Some(path)),
+            other => {
+                self.unlock(&path).await?;
+                other.map(|_| None)
+            }
+        }
+    }
+
+    async fn unlock(&self, path: &str) -> Res<()> {
+        self.count();
+        self.client.delete(path, None).await.map_err(err)
+    }
+}
+
 async fn zookeeper_section(plan: Plan) -> Res<Section> {
     use leasehold_zookeeper::ZkStore;
     use zookeeper_client::{Acls, CreateMode};
@@ -1357,6 +2000,22 @@ async fn zookeeper_section(plan: Plan) -> Res<Section> {
         client: raw,
         requests: Arc::new(AtomicU64::new(0)),
     };
+    let curator = CuratorZk {
+        client: zookeeper_client::Client::connector()
+            .with_session_timeout(TTL)
+            .connect(&server.connect_string())
+            .await
+            .map_err(err)?,
+        requests: Arc::new(AtomicU64::new(0)),
+    };
+    curator
+        .client
+        .mkdir(
+            "/curator",
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .map_err(err)?;
 
     let sides = vec![
         leasehold_pair("leasehold", client.clone()),
@@ -1369,6 +2028,18 @@ async fn zookeeper_section(plan: Plan) -> Res<Section> {
                         return Err("the plain lock was held".into());
                     }
                     p.unlock(&key).await
+                }
+            }
+        }),
+        Side::pairs("curator", {
+            let c = curator.clone();
+            move |key| {
+                let c = c.clone();
+                async move {
+                    match c.try_lock(&key).await? {
+                        Some(path) => c.unlock(&path).await,
+                        None => Err("the Curator-style lock was held".into()),
+                    }
                 }
             }
         }),
@@ -1390,24 +2061,38 @@ async fn zookeeper_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
+        Contender::new("curator", atomic_counter("requests", &curator.requests), {
+            let c = curator.clone();
+            move |key| {
+                let c = c.clone();
+                async move {
+                    let path = c.lock(&key).await?;
+                    Ok(release(move || async move { c.unlock(&path).await }))
+                }
+            }
+        }),
     ];
     progress(format_args!("zookeeper: contended"));
     let contended = contended(&contenders, &plan).await;
-    drop((contenders, sides, client));
+    drop((contenders, sides, client, plain, curator));
     Ok(Section {
         name: "zookeeper",
         title: "ZooKeeper 3.8: a private standalone server on 127.0.0.1 (tick 250 ms)".into(),
-        about: uncontended_about(&plan, "leasehold-zookeeper against a plain ephemeral-node lock"),
+        about: uncontended_about(&plan, "leasehold-zookeeper against a plain ephemeral-node lock and a Curator-style lock"),
         legend: vec![
             ("leasehold", "leasehold-zookeeper ZkStore: LeaseClient::try_acquire + Lease::release (list, create of an owner-named ephemeral sequential node, list; czxid fence; one session per store)".into()),
             ("plain", "zookeeper-client alone: create an ephemeral node /plain/<key>, then delete it (no fence, no queue)".into()),
+            ("curator", "zookeeper-client alone on its own session, Curator's InterProcessMutex recipe: create an ephemeral sequential node /curator/<key>/lock- (its parent a container node), list the children (held when lowest), then delete the node (no fence)".into()),
         ],
         levels,
-        ratios: vec![Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain ephemeral-node lock's throughput that leasehold keeps".into() }],
+        ratios: vec![
+            Ratio { num: "leasehold", den: "plain", meaning: "the share of a plain ephemeral-node lock's throughput that leasehold keeps".into() },
+            Ratio { num: "leasehold", den: "curator", meaning: "the same against a Curator-style queue lock".into() },
+        ],
         contended_about: {
             let mut a = contended_about(&plan, "");
-            a.push(format!("leasehold: {}; plain: {}.", leasehold_wait_legend(), plain_retry_legend()));
-            a.push("calls = leasehold: Store calls counted by a forwarding wrapper (each one to four ZooKeeper requests); plain: its ZooKeeper requests.".into());
+            a.push(format!("leasehold: {}; plain: {}; curator: queued, as InterProcessMutex waits: an exists watch on the node just below its own, a fresh list of the children when it fires.", leasehold_wait_legend(), plain_retry_legend()));
+            a.push("calls = leasehold: Store calls counted by a forwarding wrapper (each one to four ZooKeeper requests); plain, curator: their ZooKeeper requests.".into());
             a
         },
         contended,
