@@ -1170,12 +1170,18 @@ pub fn check_config(store: StoreKind, ttl: Duration, permits: Option<u32>) -> Ch
         // The etcd cluster and the ZooKeeper ensemble lose nothing: one member is killed
         // at a time and the other two keep the quorum, with the leases (sessions) in it.
         restart_loses_leases: matches!(store, StoreKind::Redis | StoreKind::Redlock),
-        // etcd's leader (a restarted single server, or the member elected after the
-        // leader's kill) gives every lease a fresh TTL: a killed holder's lease outlives the
-        // restart by a TTL, so C9's bound starts again when the store is back
-        // (`leasehold-etcd/tests/store.rs::a_restart_gives_a_dead_holders_lease_a_fresh_ttl`).
-        // ZooKeeper's new leader likely does the same for sessions; not tested, so not assumed.
-        restart_renews_leases: matches!(store, StoreKind::Etcd | StoreKind::EtcdCluster),
+        // etcd's and ZooKeeper's leader (a restarted single server, or the member elected
+        // after the leader's kill) gives every lease (session) a fresh TTL: a killed holder's
+        // lease outlives the restart by a TTL, so C9's bound starts again when the store is
+        // back (`leasehold-etcd/tests/store.rs::a_restart_gives_a_dead_holders_lease_a_fresh_ttl`,
+        // `leasehold-zookeeper/tests/store.rs::a_restart_gives_a_silent_holders_session_a_fresh_timeout`).
+        restart_renews_leases: matches!(
+            store,
+            StoreKind::Etcd
+                | StoreKind::EtcdCluster
+                | StoreKind::Zookeeper
+                | StoreKind::ZookeeperEnsemble
+        ),
         permits,
         ..base
     }

@@ -95,7 +95,8 @@ pub struct CheckConfig {
     /// the two sightings.
     pub failover_forgets_unacknowledged: bool,
     /// A store restart or fail-over gives every lease a fresh TTL when the store is back
-    /// (etcd's new leader renews every lease by its TTL plus an election timeout): a
+    /// (etcd's new leader renews every lease by its TTL plus an election timeout; a
+    /// restarted ZooKeeper server gives every session it restores a fresh timeout): a
     /// killed holder's lease
     /// then lives on a TTL after the store's return, so C9's takeover bound starts again
     /// there (as if the holder had been killed at that moment), besides moving on by the

@@ -157,6 +157,63 @@ async fn the_negotiated_session_timeout_bounds_and_is_reported_as_the_ttl() {
     assert_eq!(e.kind(), StoreErrorKind::Config, "{e}");
 }
 
+/// A restarted ZooKeeper server gives every session it restores a fresh timeout: the lease
+/// of a holder that went silent before the restart (its pings dropped by a proxy, as if it
+/// had died) outlives its own session's expiry by the time already run, so a contender
+/// waits for it from the restart on. The chaos checker's C9 takeover bound counts on it
+/// (docs/chaos.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_gives_a_silent_holders_session_a_fresh_timeout() {
+    let zk = std::sync::Arc::new(start_solo().await);
+    let proxy = leasehold_testkit::FaultProxy::start(([127, 0, 0, 1], zk.port()).into());
+    let session = Duration::from_secs(3);
+    let url = |port: u16| {
+        format!(
+            "zookeeper://127.0.0.1:{port}/renewed?session_timeout={}ms&timeout=2s",
+            session.as_millis()
+        )
+    };
+    let holder = ZkStore::open(&url(proxy.port())).await.unwrap();
+    let k = key("silent-holder-restart");
+    acquired(&holder, &k, &OwnerToken::random(), session).await;
+    // Its last ping is before this: its session ends a session timeout after, at the latest.
+    proxy.set_mode(ProxyMode::Blackhole);
+    let silent = Instant::now();
+    tokio::time::sleep_until(silent + Duration::from_millis(1500)).await;
+    let killed = Instant::now();
+    let z = zk.clone();
+    tokio::task::spawn_blocking(move || z.restart())
+        .await
+        .unwrap();
+    let back = Instant::now();
+    let contender = ZkStore::open(&url(zk.port())).await.unwrap();
+    let freed = loop {
+        match contender.inspect(&k).await {
+            Ok(None) => break Instant::now(),
+            Ok(Some(_)) => {}
+            Err(e) => assert!(e.is_retryable(), "inspect after the restart: {e}"),
+        }
+        assert!(
+            back.elapsed() < session + Duration::from_secs(10),
+            "the lease outlived the restart by far more than a session timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // From the restart, however long the server took to come back (a restart longer than
+    // the session timeout alone would pass the first check): the session's new timeout
+    // starts when the server loads it, moments before it serves.
+    assert!(
+        freed >= killed + session && freed + Duration::from_secs(1) >= back + session,
+        "freed {:?} after the kill, {:?} after the server was back, {:?} after the holder \
+         went silent: the restart renewed nothing (its session ended {session:?} after its \
+         last ping at the latest)",
+        freed - killed,
+        freed - back,
+        freed - silent
+    );
+    drop(holder);
+}
+
 /// Fences are czxids, and ZooKeeper logs every transaction before it answers: after a
 /// `kill -9` and restart of the server, a new grant's fence is above every fence before
 /// it. The lease held across the restart by a lease client is kept (its session survived:

@@ -133,7 +133,7 @@ fn c9_store_faults_within_the_wait_move_the_bound_by_their_length() {
     );
 }
 
-/// etcd: a restart or leader change gives every lease a fresh TTL when the
+/// etcd and ZooKeeper: a restart or leader change gives every lease a fresh TTL when the
 /// store is back, so the bound starts again there; a follower's kill renews nothing.
 #[test]
 fn c9_a_store_that_renews_leases_on_restart_starts_the_bound_again_when_it_is_back() {
