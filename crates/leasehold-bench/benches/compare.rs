@@ -122,6 +122,62 @@ async fn plain_retry_sleep() {
     tokio::time::sleep(Duration::from_micros(us)).await;
 }
 
+/// A hand-written lock whose holder is named by a random token (the plain lock tables of
+/// PostgreSQL, MariaDB and SQLite): what their sides and contenders share.
+trait TokenLock: Clone + Send + Sync + 'static {
+    /// Takes `key` for `token` if it is free (or expired); whether it did.
+    fn try_lock(&self, key: &str, token: &[u8]) -> impl Future<Output = Res<bool>> + Send;
+    /// Frees `key` if `token` holds it.
+    fn unlock(&self, key: &str, token: &[u8]) -> impl Future<Output = Res<()>> + Send;
+}
+
+/// [`TokenLock`] for a plain lock whose inherent `try_lock` and `unlock` have its shape.
+macro_rules! token_lock {
+    ($($t:ty),*) => {$(
+        impl TokenLock for $t {
+            fn try_lock(&self, key: &str, token: &[u8]) -> impl Future<Output = Res<bool>> + Send {
+                <$t>::try_lock(self, key, token)
+            }
+            fn unlock(&self, key: &str, token: &[u8]) -> impl Future<Output = Res<()>> + Send {
+                <$t>::unlock(self, key, token)
+            }
+        }
+    )*};
+}
+token_lock!(PlainPg, PlainMy, PlainSqlite);
+
+/// The uncontended pair of a [`TokenLock`]: take the key with a fresh token (it must be
+/// free), free it.
+fn token_lock_pair<L: TokenLock>(name: &'static str, lock: L) -> Side {
+    Side::pairs(name, move |key| {
+        let p = lock.clone();
+        async move {
+            let token = OwnerToken::random();
+            if !p.try_lock(&key, token.as_bytes()).await? {
+                return Err("the plain lock was held".into());
+            }
+            p.unlock(&key, token.as_bytes()).await
+        }
+    })
+}
+
+/// The contender of a [`TokenLock`]: tries until it takes the key ([`plain_retry_sleep`]
+/// apart), then frees it on release.
+fn token_lock_contender<L: TokenLock>(name: &'static str, calls: Counter, lock: L) -> Contender {
+    Contender::new(name, calls, move |key| {
+        let p = lock.clone();
+        async move {
+            let token = OwnerToken::random();
+            while !p.try_lock(&key, token.as_bytes()).await? {
+                plain_retry_sleep().await;
+            }
+            Ok(release(move || async move {
+                p.unlock(&key, token.as_bytes()).await
+            }))
+        }
+    })
+}
+
 fn plain_retry_legend() -> String {
     format!(
         "retries after a random sleep of 0–{} ms",
@@ -784,19 +840,7 @@ async fn postgres_section(plan: Plan, fsync: bool) -> Res<Section> {
         store_pair("lease-table-store", table_store),
         store_pair("advisory-store", adv_store),
         Side::pairs("sqlx-advisory", sqlx_pair),
-        Side::pairs("plain-table", {
-            let p = plain.clone();
-            move |key| {
-                let p = p.clone();
-                async move {
-                    let token = OwnerToken::random();
-                    if !p.try_lock(&key, token.as_bytes()).await? {
-                        return Err("the plain lock was held".into());
-                    }
-                    p.unlock(&key, token.as_bytes()).await
-                }
-            }
-        }),
+        token_lock_pair("plain-table", plain.clone()),
         Side::rate("pgbench", {
             let pg = pg.clone();
             move |d| {
@@ -831,21 +875,7 @@ async fn postgres_section(plan: Plan, fsync: bool) -> Res<Section> {
     let contenders = vec![
         leasehold_contender("lease-table", table.clone(), counter.clone()),
         leasehold_contender("advisory", adv.clone(), counter.clone()),
-        Contender::new("plain-table", counter.clone(), {
-            let p = plain.clone();
-            move |key| {
-                let p = p.clone();
-                async move {
-                    let token = OwnerToken::random();
-                    while !p.try_lock(&key, token.as_bytes()).await? {
-                        plain_retry_sleep().await;
-                    }
-                    Ok(release(move || async move {
-                        p.unlock(&key, token.as_bytes()).await
-                    }))
-                }
-            }
-        }),
+        token_lock_contender("plain-table", counter.clone(), plain.clone()),
         Contender::new("sqlx-advisory", counter.clone(), {
             let pool = pool.clone();
             move |key| {
@@ -1033,19 +1063,7 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
         leasehold_pair("lease-table", table.clone()),
         leasehold_pair("getlock", getlock.clone()),
         Side::pairs("plain-getlock", plain_pair),
-        Side::pairs("plain-table", {
-            let p = plain.clone();
-            move |key| {
-                let p = p.clone();
-                async move {
-                    let token = OwnerToken::random();
-                    if !p.try_lock(&key, token.as_bytes()).await? {
-                        return Err("the plain lock was held".into());
-                    }
-                    p.unlock(&key, token.as_bytes()).await
-                }
-            }
-        }),
+        token_lock_pair("plain-table", plain.clone()),
     ];
     progress(format_args!("mysql: uncontended"));
     let levels = run_levels(&sides, &plan).await;
@@ -1095,21 +1113,7 @@ async fn mysql_section(plan: Plan) -> Res<Section> {
                 }
             }
         }),
-        Contender::new("plain-table", counter.clone(), {
-            let p = plain.clone();
-            move |key| {
-                let p = p.clone();
-                async move {
-                    let token = OwnerToken::random();
-                    while !p.try_lock(&key, token.as_bytes()).await? {
-                        plain_retry_sleep().await;
-                    }
-                    Ok(release(move || async move {
-                        p.unlock(&key, token.as_bytes()).await
-                    }))
-                }
-            }
-        }),
+        token_lock_contender("plain-table", counter.clone(), plain.clone()),
     ];
     progress(format_args!("mysql: contended"));
     let contended = contended(&contenders, &plan).await;
@@ -1294,19 +1298,7 @@ async fn sqlite_section(plan: Plan) -> Res<Section> {
 
     let sides = vec![
         leasehold_pair("leasehold", client.clone()),
-        Side::pairs("plain", {
-            let p = plain.clone();
-            move |key| {
-                let p = p.clone();
-                async move {
-                    let token = OwnerToken::random();
-                    if !p.try_lock(&key, token.as_bytes()).await? {
-                        return Err("the plain lock was held".into());
-                    }
-                    p.unlock(&key, token.as_bytes()).await
-                }
-            }
-        }),
+        token_lock_pair("plain", plain.clone()),
     ];
     progress(format_args!("sqlite: uncontended"));
     let levels = run_levels(&sides, &plan).await;
@@ -1317,24 +1309,10 @@ async fn sqlite_section(plan: Plan) -> Res<Section> {
             counted,
             atomic_counter("write transactions", &calls),
         ),
-        Contender::new(
+        token_lock_contender(
             "plain",
             atomic_counter("write transactions", &plain.statements),
-            {
-                let p = plain.clone();
-                move |key| {
-                    let p = p.clone();
-                    async move {
-                        let token = OwnerToken::random();
-                        while !p.try_lock(&key, token.as_bytes()).await? {
-                            plain_retry_sleep().await;
-                        }
-                        Ok(release(move || async move {
-                            p.unlock(&key, token.as_bytes()).await
-                        }))
-                    }
-                }
-            },
+            plain.clone(),
         ),
     ];
     progress(format_args!("sqlite: contended"));
