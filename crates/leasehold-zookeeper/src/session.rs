@@ -45,6 +45,11 @@ pub(crate) struct Inner {
     /// Owners with a place in a key's queue (a waiter node): their calls in progress,
     /// and when the last one ended.
     pub(crate) waiting: Mutex<HashMap<(String, OwnerToken), Presence>>,
+    /// Nodes of ours a delete failed to remove (the server restarting, the connection
+    /// lost): the store's task tries again until they are gone, adopted by their owner, or
+    /// ended with their session. Without it a node the session keeps alive would hold the
+    /// lease for as long as the store lives.
+    pub(crate) undeleted: Mutex<Vec<Undeleted>>,
     /// Held by an acquire that adopts a node of its owner (a waiter's place, a node left by
     /// a cut acquire) from its check of the node to its record of the grant, and by the
     /// store's task while it deletes unclaimed nodes: a node is either granted or deleted,
@@ -76,6 +81,14 @@ impl std::fmt::Debug for ZkStore {
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
+}
+
+/// A node of `slot`'s owner on session `session` that a delete failed to remove.
+#[derive(Debug, Clone)]
+pub(crate) struct Undeleted {
+    pub(crate) slot: (String, OwnerToken),
+    pub(crate) node: String,
+    pub(crate) session: i64,
 }
 
 /// A waiter's presence: its node is kept while a call of its owner is in progress and for
@@ -179,6 +192,13 @@ impl ZkStore {
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Granted>> {
         self.inner.granted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn undeleted(&self) -> std::sync::MutexGuard<'_, Vec<Undeleted>> {
+        self.inner
+            .undeleted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The current session, or a new one when there is none or it ended (expired,

@@ -20,7 +20,7 @@ use crate::config::ZkConfig;
 use crate::error::{err, map_err};
 use crate::paths::{RECORDS_DIR, decode_key, sorted_queue};
 use crate::records::decode_record;
-use crate::session::{Check, Granted, Inner, Session, ZkStore};
+use crate::session::{Check, Granted, Inner, Session, Undeleted, ZkStore};
 use crate::tls::Material;
 use crate::wait::WAITER_GRACE;
 
@@ -83,6 +83,7 @@ impl ZkStore {
                 session: tokio::sync::Mutex::new(None),
                 granted: Mutex::new(HashMap::new()),
                 pending: Mutex::new(HashMap::new()),
+                undeleted: Mutex::new(Vec::new()),
                 waiting: Mutex::new(HashMap::new()),
                 adopt: tokio::sync::Mutex::new(()),
                 reaper: tokio::sync::Notify::new(),
@@ -193,15 +194,40 @@ impl ZkStore {
         })
     }
 
-    /// Deletes `node`, best effort (a node that could not be deleted ends with the
-    /// session).
-    async fn delete_quietly(&self, s: &Session, node: &str) {
+    /// Deletes `node`: whether it is gone.
+    async fn try_delete(&self, s: &Session, node: &str) -> bool {
         match s.client.delete(node, None).await {
-            Ok(()) | Err(zk::Error::NoNode) => {}
+            Ok(()) | Err(zk::Error::NoNode) => true,
             Err(e) => {
-                tracing::debug!(error = %e, "zookeeper delete failed; the node ends with the session")
+                tracing::debug!(error = %e, node, "zookeeper delete failed; the store's task tries again");
+                false
             }
         }
+    }
+
+    /// Deletes `node`, a node of `slot`'s owner; if that fails, the store's task tries
+    /// again ([`remember_undeleted`](Self::remember_undeleted)).
+    async fn delete_quietly(&self, s: &Session, slot: &(String, OwnerToken), node: &str) {
+        if !self.try_delete(s, node).await {
+            self.remember_undeleted(s, slot, node);
+        }
+    }
+
+    /// Leaves `node` of `slot`'s owner, which a delete failed to remove, to the store's
+    /// task: it deletes it when the server answers again, unless its owner adopted it
+    /// meanwhile or its session ended (taking the node with it). The session lives on
+    /// while the store does, so a node left alone would hold the lease as long.
+    fn remember_undeleted(&self, s: &Session, slot: &(String, OwnerToken), node: &str) {
+        let mut undeleted = self.undeleted();
+        if !undeleted.iter().any(|u| u.node == node) {
+            undeleted.push(Undeleted {
+                slot: slot.clone(),
+                node: node.to_owned(),
+                session: s.id,
+            });
+        }
+        drop(undeleted);
+        self.inner.reaper.notify_one();
     }
 
     /// Moves the deadline of the grant of `slot` on `node` to `deadline` (TTL `ttl`), if
@@ -337,7 +363,7 @@ impl ZkStore {
                     }
                 }
             } else {
-                self.delete_quietly(&s, &g.node).await;
+                self.delete_quietly(&s, &slot, &g.node).await;
             }
             self.forget(&slot, &g.node);
         }
@@ -359,7 +385,7 @@ impl ZkStore {
                         let _mark = self.in_progress(&dir, owner);
                         return self.held(&s, &dir, &queue[0].2).await;
                     } else {
-                        self.delete_quietly(&s, &node).await;
+                        self.delete_quietly(&s, &slot, &node).await;
                     }
                 }
                 // Gone, or a node of an ended session (it goes with it).
@@ -410,7 +436,7 @@ impl ZkStore {
             Some((_, _, first)) => {
                 // Another acquire got in first: leave no node behind.
                 let first = first.clone();
-                self.delete_quietly(&s, &node).await;
+                self.delete_quietly(&s, &slot, &node).await;
                 self.held(&s, &dir, &first).await
             }
             None => Err(err(
@@ -442,7 +468,7 @@ impl ZkStore {
             if g.session != s.id || sent >= g.deadline {
                 // Expired (not renewed in time) or its session ended.
                 self.forget(&slot, &g.node);
-                ended.push(g.node);
+                ended.push((slot, g.node));
             } else {
                 live.push((i, slot, g));
             }
@@ -458,7 +484,11 @@ impl ZkStore {
                 self.confirm(&s, &nodes).await
             }
         };
-        let delete = futures::future::join_all(ended.iter().map(|n| self.delete_quietly(&s, n)));
+        let delete = futures::future::join_all(
+            ended
+                .iter()
+                .map(|(slot, n)| self.delete_quietly(&s, slot, n)),
+        );
         let (checks, _) = futures::join!(confirm, delete);
         let checks = checks?;
         for ((_, slot, g), check) in live.iter().zip(&checks) {
@@ -528,7 +558,7 @@ impl ZkStore {
                 // the lease as far as any caller knows.
                 let queue = self.queue(s, dir).await?;
                 if let Some((_, _, name)) = queue.iter().find(|(o, _, _)| o == owner) {
-                    self.delete_quietly(s, &format!("{dir}/{name}")).await;
+                    self.delete_quietly(s, slot, &format!("{dir}/{name}")).await;
                 }
                 Ok(ReleaseOutcome::NotOwner)
             }
@@ -567,8 +597,12 @@ impl ZkStore {
     }
 }
 
-/// Deletes the node of every lease whose deadline passed without a renewal. Ends when the
-/// store is dropped.
+/// How soon the store's task tries again to delete a node a delete failed to remove.
+const DELETE_RETRY: Duration = Duration::from_millis(200);
+
+/// Deletes the node of every lease whose deadline passed without a renewal, the unclaimed
+/// nodes of cut acquires and of waiters that gave up, and the nodes a delete failed to
+/// remove, until they are gone. Ends when the store is dropped.
 async fn reap(inner: Weak<Inner>) {
     loop {
         let Some(strong) = inner.upgrade() else {
@@ -583,7 +617,10 @@ async fn reap(inner: Weak<Inner>) {
                 .filter(|(_, g)| g.deadline <= now)
                 .map(|(k, _)| k.clone())
                 .collect();
-            let expired: Vec<Granted> = expired.iter().filter_map(|k| table.remove(k)).collect();
+            let expired: Vec<((String, OwnerToken), Granted)> = expired
+                .into_iter()
+                .filter_map(|k| table.remove(&k).map(|g| (k, g)))
+                .collect();
             (expired, table.values().map(|g| g.deadline).min())
         };
         let (orphans, next_orphan): (Vec<(String, OwnerToken)>, Option<Instant>) = {
@@ -617,53 +654,20 @@ async fn reap(inner: Weak<Inner>) {
             (gone, next)
         };
         let orphans: Vec<(String, OwnerToken)> = orphans.into_iter().chain(abandoned).collect();
-        let next = [next, next_orphan, next_waiter].into_iter().flatten().min();
-        if !orphans.is_empty() {
+        let retry = std::mem::take(&mut *store.undeleted());
+        if !orphans.is_empty() || !expired.is_empty() || !retry.is_empty() {
             let current = store.inner.session.lock().await.clone();
-            if let Some(s) = current {
-                for (dir, owner) in &orphans {
-                    let slot = (dir.clone(), *owner);
-                    let _adopt = store.inner.adopt.lock().await;
-                    let in_use = store.granted().contains_key(&slot)
-                        || store.waiting().get(&slot).is_some_and(|p| p.calls > 0);
-                    if in_use {
-                        continue;
-                    }
-                    let _ = tokio::time::timeout(store.inner.config.op_bound(), async {
-                        let Ok(queue) = store.queue(&s, dir).await else {
-                            return;
-                        };
-                        for (o, _, name) in queue {
-                            if o == *owner {
-                                store.delete_quietly(&s, &format!("{dir}/{name}")).await;
-                            }
-                        }
-                    })
-                    .await;
-                }
+            match current {
+                Some(s) => store.reap_in(&s, orphans, expired, retry).await,
+                // No session yet: nothing of an ended one is left; the next round has one.
+                None => store.undeleted().extend(retry),
             }
         }
-        if !expired.is_empty() {
-            let current = store.inner.session.lock().await.clone();
-            if let Some(s) = current {
-                for g in expired.iter().filter(|g| g.session == s.id) {
-                    // Not if its owner's acquire adopted the node again meanwhile.
-                    let _adopt = store.inner.adopt.lock().await;
-                    if store.granted().values().any(|cur| cur.node == g.node) {
-                        continue;
-                    }
-                    let _ = tokio::time::timeout(
-                        store.inner.config.op_bound(),
-                        store.delete_quietly(&s, &g.node),
-                    )
-                    .await;
-                }
-            }
-            tracing::debug!(
-                count = expired.len(),
-                "zookeeper: deleted leases nobody renewed"
-            );
-        }
+        let soon = (!store.undeleted().is_empty()).then(|| now + DELETE_RETRY);
+        let next = [next, next_orphan, next_waiter, soon]
+            .into_iter()
+            .flatten()
+            .min();
         let wake = next
             .unwrap_or(now + Duration::from_secs(1))
             .min(now + Duration::from_secs(1));
@@ -675,6 +679,85 @@ async fn reap(inner: Weak<Inner>) {
             () = tokio::time::sleep_until(wake) => {}
         }
         drop(store);
+    }
+}
+
+impl ZkStore {
+    /// One round of the store's task on session `s`: deletes the unclaimed nodes of
+    /// `orphans`, the nodes of the `expired` grants and the nodes of `retry` (a delete
+    /// failed before); a node its owner adopted meanwhile (granted, or a waiter's place in
+    /// use) is kept. A delete that fails or takes longer than the operation bound is left
+    /// to the next round.
+    async fn reap_in(
+        &self,
+        s: &Session,
+        orphans: Vec<(String, OwnerToken)>,
+        expired: Vec<((String, OwnerToken), Granted)>,
+        retry: Vec<Undeleted>,
+    ) {
+        let bound = self.inner.config.op_bound();
+        for slot in orphans {
+            let _adopt = self.inner.adopt.lock().await;
+            if self.in_use(&slot) {
+                continue;
+            }
+            let (dir, owner) = &slot;
+            let swept = tokio::time::timeout(bound, async {
+                let Ok(queue) = self.queue(s, dir).await else {
+                    return false;
+                };
+                for (o, _, name) in queue {
+                    if o == *owner {
+                        self.delete_quietly(s, &slot, &format!("{dir}/{name}"))
+                            .await;
+                    }
+                }
+                true
+            })
+            .await;
+            if swept != Ok(true) {
+                // The queue could not be read: look again soon.
+                let mut pending = self.pending();
+                pending
+                    .entry(slot.clone())
+                    .or_insert(Instant::now() + DELETE_RETRY);
+            }
+        }
+        let count = expired.len();
+        let nodes = expired
+            .into_iter()
+            .filter(|(_, g)| g.session == s.id)
+            .map(|(slot, g)| (slot, g.node))
+            .chain(
+                retry
+                    .into_iter()
+                    // A node of an ended session ended with it.
+                    .filter(|u| u.session == s.id)
+                    .map(|u| (u.slot, u.node)),
+            );
+        for (slot, node) in nodes {
+            // Not if its owner's acquire adopted the node again meanwhile.
+            let _adopt = self.inner.adopt.lock().await;
+            if self.granted().values().any(|cur| cur.node == node) {
+                continue;
+            }
+            let gone = tokio::time::timeout(bound, self.try_delete(s, &node))
+                .await
+                .unwrap_or(false);
+            if !gone {
+                self.remember_undeleted(s, &slot, &node);
+            }
+        }
+        if count > 0 {
+            tracing::debug!(count, "zookeeper: deleted leases nobody renewed");
+        }
+    }
+
+    /// Whether `slot`'s owner uses a node of the slot again: granted, or waiting with a
+    /// call in progress. Asked under the adopt lock.
+    fn in_use(&self, slot: &(String, OwnerToken)) -> bool {
+        let granted = self.granted().contains_key(slot);
+        granted || self.waiting().get(slot).is_some_and(|p| p.calls > 0)
     }
 }
 

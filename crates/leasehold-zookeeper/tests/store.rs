@@ -214,6 +214,68 @@ async fn a_restart_gives_a_silent_holders_session_a_fresh_timeout() {
     drop(holder);
 }
 
+/// A delete that never reaches the server is tried again until the node is gone. The
+/// holder's connection loses every byte (a blackhole) from before its release to after
+/// its lease's deadline: the release times out, so does the store's own delete of the
+/// lease nobody renewed, at the deadline, and neither request is ever applied. Then the
+/// connection is reset and the client reconnects within the session timeout, keeping its
+/// session, which therefore keeps the node alive: left alone, the node would hold the
+/// lease for as long as the holder's store lives. A contender gets the lease soon after
+/// the connection is back, long before the holder's session could end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_that_never_reached_the_server_is_tried_again_until_the_node_is_gone() {
+    let zk = start_solo().await;
+    let proxy = leasehold_testkit::FaultProxy::start(([127, 0, 0, 1], zk.port()).into());
+    let session = Duration::from_secs(10);
+    let url = |port: u16| {
+        format!(
+            "zookeeper://127.0.0.1:{port}/undeleted?session_timeout={}ms&timeout=500ms",
+            session.as_millis()
+        )
+    };
+    let holder = ZkStore::open(&url(proxy.port())).await.unwrap();
+    let k = key("delete-lost");
+    let owner = OwnerToken::random();
+    let sent = Instant::now();
+    let (_, granted) = acquired(&holder, &k, &owner, Duration::from_secs(1)).await;
+    let id = holder.session_id().await.unwrap();
+    proxy.set_mode(ProxyMode::Blackhole);
+    let release = holder.release(&k, &owner).await;
+    assert!(
+        matches!(&release, Err(e) if e.is_retryable()),
+        "a release whose bytes are lost: {release:?}"
+    );
+    // The store's delete at the lease's deadline is lost too, and its bound passes.
+    tokio::time::sleep_until(sent + granted + Duration::from_millis(800)).await;
+    proxy.set_mode(ProxyMode::Reset);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.set_mode(ProxyMode::Pass);
+    let back = Instant::now();
+    let contender = ZkStore::open(&url(zk.port())).await.unwrap();
+    let limit = Duration::from_secs(4);
+    loop {
+        match contender.acquire(&k, &OwnerToken::random(), session).await {
+            Ok(AcquireOutcome::Acquired { .. }) => break,
+            Ok(AcquireOutcome::Held { .. }) => {}
+            Err(e) => assert!(e.is_retryable(), "acquire after the reset: {e}"),
+        }
+        assert!(
+            back.elapsed() < limit,
+            "the lease whose deletes were lost was still held {limit:?} after the \
+             connection was back: its node was never deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The holder kept its session: the node went by the store's delete, not with an
+    // ended session.
+    assert_eq!(
+        holder.session_id().await.unwrap(),
+        id,
+        "setup: the holder's session ended"
+    );
+    drop(holder);
+}
+
 /// Fences are czxids, and ZooKeeper logs every transaction before it answers: after a
 /// `kill -9` and restart of the server, a new grant's fence is above every fence before
 /// it. The lease held across the restart by a lease client is kept (its session survived:
