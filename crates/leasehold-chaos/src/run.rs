@@ -1164,6 +1164,10 @@ pub fn check_config(store: StoreKind, ttl: Duration, permits: Option<u32>) -> Ch
         // answered ambiguously, and a fail-over to that replica forgets it; the owner's
         // retry is then granted afresh, with a higher fence (C8a's exemption for it).
         failover_forgets_unacknowledged: store == StoreKind::RedisSentinel,
+        // Redlock's acquire records each node's candidate fence in round one and the
+        // highest in round two: an inspection between the rounds may see a lower
+        // candidate than the fence the call returns (leasehold-redlock's README, inspect).
+        inspect_sees_candidates: store == StoreKind::Redlock,
         // Redis runs without persistence here: a restart forgets the leases (docs/faults.md rows 9–10);
         // a Redlock node restarted empty at once can take a bare majority's lease with
         // it (docs/faults.md rows 12–13, see leasehold-redlock's failure model).

@@ -38,7 +38,7 @@
 //! | C6c | a renewal the store answered *renewed* (`renew ok`, or `renew fail` `refused`) or a release it answered *released* (`release ok`) sent at or after another owner's later grant of the key was recorded | none |
 //! | C7a | an acknowledged write (`write ok`) whose `seq` is missing from the audit | none |
 //! | C7b | a counter that differs from its number of audit rows (a lost update) | none |
-//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (docs/design.md §4.11, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it) |
+//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (docs/design.md §4.11, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it); with `inspect_sees_candidates` (Redlock), also a later, higher fence after an earlier one that only inspections saw, each while an acquire call of the owner was in flight (between an acquire's two rounds the nodes hold candidate fences; the call returns the highest) |
 //! | C8b | the final inspection (`inspect` `final`, after every worker is gone and the bound has passed) shows a lease | none |
 //! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it, the bound moved on by the time store faults (restart, fail-over) take within it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
 //! | C10 | a window's first lost observation that no fault on its own incarnation or path explains | a fault explains it when it is a freeze of that incarnation, a proxy fault on its slot's own proxy (until `proxy-pass`), or a store restart (until `store-back`), that started at or before the observation and ended no more than `fault_reach` before it: a lease whose renewals a fault broke or delayed is lost by its deadline, within a TTL of the last renewal sent before the fault ended |
@@ -94,6 +94,12 @@ pub struct CheckConfig {
     /// the same owner's later, higher fence when a store fault spans the time between
     /// the two sightings.
     pub failover_forgets_unacknowledged: bool,
+    /// The store's inspection may read a grant between the rounds of a two-round acquire
+    /// (Redlock: round one records each node's candidate fence, round two the highest of
+    /// them): C8a admits the same owner's higher fence after an earlier one that only
+    /// inspections saw, all of them while an acquire call of that owner was in flight
+    /// (from its invoke to its reply). The owner never held the earlier fence.
+    pub inspect_sees_candidates: bool,
     /// A store restart or fail-over gives every lease a fresh TTL when the store is back
     /// (etcd's new leader renews every lease by its TTL plus an election timeout; a
     /// restarted ZooKeeper server gives every session it restores a fresh timeout): a
@@ -120,6 +126,7 @@ impl CheckConfig {
             lossy_store: false,
             restart_loses_leases: false,
             failover_forgets_unacknowledged: false,
+            inspect_sees_candidates: false,
             restart_renews_leases: false,
             permits: None,
         }
@@ -443,6 +450,8 @@ struct Seen<'a> {
     fence: u64,
     t: u64,
     returned: bool,
+    /// Seen by an inspection of the store.
+    inspected: bool,
     what: String,
 }
 
@@ -459,6 +468,7 @@ fn grants<'a>(events: &'a [Event], audit: &[&'a AuditRow]) -> Vec<Seen<'a>> {
                 fence,
                 t: e.t,
                 returned: e.op == Some(Op::Acquire) && e.phase == Some(Phase::Ok),
+                inspected: e.op == Some(Op::Inspect),
                 what: format!("{op} by {}", e.worker),
             });
         }
@@ -470,6 +480,7 @@ fn grants<'a>(events: &'a [Event], audit: &[&'a AuditRow]) -> Vec<Seen<'a>> {
             fence: r.fence,
             t: u64::MAX,
             returned: false,
+            inspected: false,
             what: format!("audit row #{}", r.seq),
         });
     }
@@ -845,14 +856,42 @@ fn c7(events: &[Event], state: &FinalState, v: &mut Vec<Violation>) {
 /// One fence of one owner, as first seen.
 struct Fenced {
     first: u64,
+    /// The last sighting.
+    last: u64,
     fence: u64,
     returned: bool,
+    /// Every sighting was an inspection of the store.
+    inspected_only: bool,
     what: String,
+}
+
+/// The acquire calls that returned a lease, by key and owner: from the call's invoke (the
+/// worker's last acquire invoke before the reply) to its reply.
+fn acquire_spans(events: &[Event]) -> BTreeMap<(&str, &str), Vec<(u64, u64)>> {
+    let mut spans: BTreeMap<(&str, &str), Vec<(u64, u64)>> = BTreeMap::new();
+    let mut invoked: BTreeMap<&str, u64> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.op == Some(Op::Acquire)) {
+        match e.phase {
+            Some(Phase::Invoke) => {
+                invoked.insert(e.worker.as_str(), e.t);
+            }
+            Some(Phase::Ok) => {
+                let from = invoked.get(e.worker.as_str()).copied().unwrap_or(e.t);
+                spans
+                    .entry((e.key.as_str(), e.owner.as_str()))
+                    .or_default()
+                    .push((from, e.t));
+            }
+            _ => {}
+        }
+    }
+    spans
 }
 
 /// C8: one owner token, one fence; nothing left over at the end.
 fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Violation>) {
     let store = store_spans(events);
+    let spans = acquire_spans(events);
     // Per owner and fence: first sighting, whether an acquire returned it, where seen.
     let mut fences: BTreeMap<(&str, &str), BTreeMap<u64, Fenced>> = BTreeMap::new();
     for g in grants(events, audit) {
@@ -862,12 +901,16 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
             .entry(g.fence)
             .or_insert(Fenced {
                 first: g.t,
+                last: g.t,
                 fence: g.fence,
                 returned: false,
+                inspected_only: true,
                 what: g.what,
             });
         f.first = f.first.min(g.t);
+        f.last = f.last.max(g.t);
         f.returned |= g.returned;
+        f.inspected_only &= g.inspected;
     }
     for ((key, owner), by) in fences {
         let mut seen: Vec<Fenced> = by.into_values().collect();
@@ -881,10 +924,21 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
             cfg.failover_forgets_unacknowledged
                 && store.iter().any(|&(_, s, e)| s <= b.first && a.first <= e)
         };
+        // Or (`inspect_sees_candidates`) the earlier fence was a candidate that only
+        // inspections saw, while an acquire call of this owner was in flight.
+        let candidate = |a: &Fenced| {
+            cfg.inspect_sees_candidates
+                && a.inspected_only
+                && spans
+                    .get(&(key, owner))
+                    .is_some_and(|s| s.iter().any(|&(from, to)| from <= a.first && a.last <= to))
+        };
         let fresh = |a: &Fenced, b: &Fenced| {
             !a.returned
                 && b.fence > a.fence
-                && (b.first >= a.first.saturating_add(cfg.ttl_ns) || forgotten(a, b))
+                && (b.first >= a.first.saturating_add(cfg.ttl_ns)
+                    || forgotten(a, b)
+                    || candidate(a))
         };
         if seen.windows(2).any(|p| !fresh(&p[0], &p[1])) {
             let list: Vec<String> = seen

@@ -124,6 +124,47 @@ fn c8a_a_failover_that_forgot_an_unreturned_grant_is_exempt_only_when_configured
     );
 }
 
+/// Owner O's acquire call runs from 100 ms to 600 ms and returns fence 9; an inspection
+/// at `seen_at` saw O with fence `candidate`.
+fn candidate_seen(seen_at: u64, candidate: u64) -> Vec<Event> {
+    let mut h = vec![ev(100 * MS, "a#0", Op::Acquire, Phase::Invoke, "")];
+    h.push(inspect(seen_at, "O", Some(candidate), ""));
+    h.push(Event {
+        fence: Some(9),
+        valid_until: Some(600 * MS + TTL - 20 * MS),
+        ..ev(600 * MS, "a#0", Op::Acquire, Phase::Ok, "O")
+    });
+    h.extend(released(700 * MS, "a#0", "O"));
+    h.sort_by_key(|e| e.t);
+    h
+}
+
+#[test]
+fn c8a_a_candidate_fence_seen_mid_acquire_is_exempt_only_when_configured_and_in_flight() {
+    let none = FinalState::default();
+    let redlock = CheckConfig {
+        inspect_sees_candidates: true,
+        ..cfg()
+    };
+    // Seen between the call's invoke and its reply, lower than the fence returned.
+    assert_rules(&candidate_seen(300 * MS, 5), &none, &redlock, &[]);
+    assert_rules(&candidate_seen(100 * MS, 5), &none, &redlock, &[]);
+    // A store that shows no candidates gets no exemption.
+    assert_rules(&candidate_seen(300 * MS, 5), &none, &cfg(), &["C8a"]);
+    // Not lower than the fence returned.
+    assert_rules(&candidate_seen(300 * MS, 10), &none, &redlock, &["C8a"]);
+    // Before the call was invoked.
+    assert_rules(&candidate_seen(100 * MS - 1, 5), &none, &redlock, &["C8a"]);
+    // Seen again after the call returned (the owner holds fence 9 then).
+    let mut h = candidate_seen(300 * MS, 5);
+    h.push(inspect(650 * MS, "O", Some(5), ""));
+    h.sort_by_key(|e| e.t);
+    assert_rules(&h, &none, &redlock, &["C8a"]);
+    // Seen by something other than an inspection (an audit row with the lower fence).
+    let s = state(vec![row(1, 5, "O")]);
+    assert_rules(&candidate_seen(300 * MS, 5), &s, &redlock, &["C8a"]);
+}
+
 #[test]
 fn c8b_a_lease_left_over_after_the_run() {
     let (mut h, s) = clean();
