@@ -20,7 +20,7 @@ use leasehold_testkit::{
 };
 
 use crate::checker::{CheckConfig, check};
-use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
+use crate::history::{AuditRow, Event, FaultKind, FinalState, MemberRole, Op, Phase, parse_lines};
 use crate::schedule::{FaultSet, HOLDER, PlanKind, PlannedFault, plan_kinds};
 use crate::worker::Recorder;
 
@@ -184,28 +184,26 @@ impl Servers {
                 self.first_killed.set(leader.unwrap_or(0));
             }
             let i = (self.first_killed.get() + n) % size;
-            // The checker reads a follower's kill from the detail (it renews no lease).
+            // The checker reads the member's role (a follower's kill renews no lease).
             let role = if leader == Some(i) {
-                "(leader)"
+                MemberRole::Leader
             } else {
-                leasehold_checker::checker::FOLLOWER_KILLED
+                MemberRole::Follower
             };
-            (
-                i,
-                format!("member {} {role} kill -9 and start again", i + 1),
-            )
+            let detail = format!("member {} ({role:?}) kill -9 and start again", i + 1);
+            (i, role, detail.to_lowercase())
         };
         if let Some(c) = &self.etcd_cluster {
-            let (i, detail) = member(c.members().len(), c.leader());
-            fault(rec, "store", FaultKind::RestartStore, &detail);
+            let (i, role, detail) = member(c.members().len(), c.leader());
+            member_fault(rec, role, &detail);
             c.member(i).kill();
             c.start_again(i); // on its data directory; waits until it is healthy again
             fault(rec, "store", FaultKind::StoreBack, "");
             return true;
         }
         if let Some(z) = &self.zk_ensemble {
-            let (i, detail) = member(ZkEnsemble::SIZE, z.leader());
-            fault(rec, "store", FaultKind::RestartStore, &detail);
+            let (i, role, detail) = member(ZkEnsemble::SIZE, z.leader());
+            member_fault(rec, role, &detail);
             z.kill(i);
             z.start_again(i); // on its data directory; waits until it serves again
             fault(rec, "store", FaultKind::StoreBack, "");
@@ -369,6 +367,18 @@ fn fault(rec: &Recorder, target: &str, kind: FaultKind, detail: &str) {
         op: Some(Op::Fault),
         key: target.into(),
         fault: Some(kind),
+        detail: detail.into(),
+        ..Default::default()
+    });
+}
+
+/// Records a `restart-store` that kills one member of a cluster, with its role.
+fn member_fault(rec: &Recorder, role: MemberRole, detail: &str) {
+    rec.record(Event {
+        op: Some(Op::Fault),
+        key: "store".into(),
+        fault: Some(FaultKind::RestartStore),
+        member: Some(role),
         detail: detail.into(),
         ..Default::default()
     });

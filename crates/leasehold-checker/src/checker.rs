@@ -67,7 +67,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
-use crate::history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, slot_of};
+use crate::history::{AuditRow, Event, FaultKind, FinalState, MemberRole, Op, Phase, slot_of};
 
 /// Bounds and allowances of one check.
 #[derive(Debug, Clone)]
@@ -106,8 +106,9 @@ pub struct CheckConfig {
     /// killed holder's lease
     /// then lives on a TTL after the store's return, so C9's takeover bound starts again
     /// there (as if the holder had been killed at that moment), besides moving on by the
-    /// fault's length. Not for a `restart-store` whose detail names a follower
-    /// ([`FOLLOWER_KILLED`]): a follower's kill changes no leader and renews nothing.
+    /// fault's length. Not for a `restart-store` that kills a follower
+    /// ([`Event::member`] [`MemberRole::Follower`]): a follower's kill changes no leader
+    /// and renews nothing.
     pub restart_renews_leases: bool,
     /// C11: the keys are the slots of semaphores of this many permits (`NAME#<i>`); at
     /// most this many windows on the slots of one `NAME` may be in force at once. `None`
@@ -323,10 +324,6 @@ fn fault_spans(
     out.extend(open.into_iter().map(|(k, s)| (k, s, u64::MAX)));
     out
 }
-
-/// What the detail of a `restart-store` that kills a cluster's follower (not its leader)
-/// says: no leader changes, so no lease is renewed ([`CheckConfig::restart_renews_leases`]).
-pub const FOLLOWER_KILLED: &str = "(follower)";
 
 /// The store faults (a restart or fail-over, `restart-store` until `store-back`).
 fn store_spans(events: &[Event]) -> Vec<(&str, u64, u64)> {
@@ -1009,7 +1006,7 @@ fn c9(
             let follower = events.iter().any(|x| {
                 x.t == s
                     && x.fault == Some(FaultKind::RestartStore)
-                    && x.detail.contains(FOLLOWER_KILLED)
+                    && x.member == Some(MemberRole::Follower)
             });
             (s, e, cfg.restart_renews_leases && !follower)
         })

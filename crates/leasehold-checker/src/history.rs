@@ -162,9 +162,25 @@ pub struct Event {
     /// Fault events: the kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultKind>,
+    /// A `restart-store` that kills one member of a cluster (an etcd cluster, a
+    /// ZooKeeper ensemble): which role that member had. `None`: a single server, or a
+    /// fail-over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<MemberRole>,
     /// Free text: lost reason, renewal outcome, error, why a fault was injected.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+}
+
+/// The role of the cluster member a `restart-store` kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemberRole {
+    /// The leader: the member elected after it gives every lease a fresh TTL (etcd) or
+    /// every session a fresh timeout (ZooKeeper).
+    Leader,
+    /// A follower: no leader changes, nothing is renewed.
+    Follower,
 }
 
 /// The slot of a worker incarnation: `w2` for `w2#1`.

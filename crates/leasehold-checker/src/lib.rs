@@ -14,4 +14,4 @@ pub mod checker;
 pub mod history;
 
 pub use checker::{CheckConfig, Violation, check};
-pub use history::{AuditRow, Event, FaultKind, FinalState, Op, Phase, parse_lines};
+pub use history::{AuditRow, Event, FaultKind, FinalState, MemberRole, Op, Phase, parse_lines};
