@@ -220,7 +220,7 @@ impl Lease {
     /// protected write, ask [`is_valid`](Self::is_valid) (or select on
     /// [`lost`](Self::lost), which checks the clock each time it is polled).
     pub fn lost_token(&self) -> CancellationToken {
-        self.shared.lost.child_token()
+        self.shared.lost_token().child_token()
     }
 
     /// Runs `work` under the lease: returns its output, or [`Error::LeaseLost`] as soon as
@@ -421,7 +421,7 @@ impl LostSignal {
     pub fn wait(&self) -> LostFuture {
         LostFuture {
             shared: self.shared.clone(),
-            cancelled: Box::pin(self.shared.lost.clone().cancelled_owned()),
+            cancelled: Box::pin(self.shared.lost_token().cancelled_owned()),
         }
     }
 

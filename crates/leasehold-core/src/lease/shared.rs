@@ -14,7 +14,6 @@ use crate::lease::watchdog::Watched;
 use crate::metrics as m;
 use crate::token::{Fence, OwnerToken};
 
-#[derive(Debug)]
 struct State {
     valid_until: At,
     /// The TTL the store granted, by the acquire or by the last accepted renewal (at
@@ -27,6 +26,24 @@ struct State {
     releasing: bool,
     /// Released, dropped or lost: no more metrics or lost signals.
     ended: bool,
+    /// The lost signal's token, made when first asked for: most leases are never waited
+    /// on, and a token is a heap block of its own (about 100 bytes per held lease).
+    /// Cancelled once `lost` is set.
+    signal: Option<CancellationToken>,
+}
+
+impl fmt::Debug for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token is an implementation detail: `lost` says what it says.
+        f.debug_struct("State")
+            .field("valid_until", &self.valid_until)
+            .field("ttl", &self.ttl)
+            .field("lost", &self.lost)
+            .field("lost_at", &self.lost_at)
+            .field("releasing", &self.releasing)
+            .field("ended", &self.ended)
+            .finish()
+    }
 }
 
 impl State {
@@ -61,7 +78,6 @@ pub(crate) struct LeaseShared {
     pub(crate) backend: &'static str,
     pub(crate) clock: LeaseClock,
     state: Mutex<State>,
-    pub(crate) lost: CancellationToken,
 }
 
 impl fmt::Debug for LeaseShared {
@@ -94,8 +110,8 @@ impl LeaseShared {
                 lost_at: None,
                 releasing: false,
                 ended: false,
+                signal: None,
             }),
-            lost: CancellationToken::new(),
         }
     }
 
@@ -118,6 +134,23 @@ impl LeaseShared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent even if a holder of the lock panicked.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lost signal as a token: cancelled once the lease is lost (at once if it
+    /// already is), never for a lease its holder released. Every call returns the same
+    /// token.
+    pub(crate) fn lost_token(&self) -> CancellationToken {
+        let mut s = self.lock();
+        let lost = s.lost.is_some();
+        s.signal
+            .get_or_insert_with(|| {
+                let token = CancellationToken::new();
+                if lost {
+                    token.cancel();
+                }
+                token
+            })
+            .clone()
     }
 
     /// When the lost signal fired, if it has.
@@ -214,15 +247,19 @@ impl LeaseShared {
     /// holder let go of it, whatever a late renewal reply or the deadline says.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
         let now = self.clock.now();
-        {
+        let signal = {
             let mut s = self.lock();
             if s.done() {
                 return false;
             }
             s.lost = Some(reason);
             s.lost_at = Some(now);
+            s.signal.clone()
+        };
+        // A token asked for from now on is made cancelled.
+        if let Some(signal) = signal {
+            signal.cancel();
         }
-        self.lost.cancel();
         self.unwatch();
         let held = now.since(self.acquired_at);
         if reason == LostReason::Shutdown {
