@@ -161,14 +161,13 @@ impl SchedulerHandle {
     }
 }
 
+/// One lease the scheduler renews. Kept small (a client may hold 100,000): what the
+/// lease's shared state already has (the TTL granted last, the acquire's send, so the
+/// maximum hold) is read from there.
 struct Entry {
     shared: Arc<LeaseShared>,
-    /// The TTL the store granted last (at most the TTL asked): the renew interval, the
-    /// bound on a renewal and the retry delay are the configuration's, scaled to it.
-    ttl: Duration,
     /// Its place in `Scheduler::due` while no renewal is in flight.
     next_renew: At,
-    max_hold_at: Option<At>,
     /// Its place in `Scheduler::checks`: the deadline or the maximum hold, whichever is
     /// first, as it was when the entry was last indexed.
     check_at: At,
@@ -179,10 +178,23 @@ struct Entry {
 }
 
 impl Entry {
+    /// The TTL the store granted last (at most the TTL asked): the renew interval, the
+    /// bound on a renewal and the retry delay are the configuration's, scaled to it. Only
+    /// the scheduler's accepted renewals change it.
+    fn ttl(&self) -> Duration {
+        self.shared.ttl()
+    }
+
+    /// When the lease must be given up whatever its renewals: the maximum hold, counted
+    /// from the acquire's send.
+    fn max_hold_at(&self, config: &LeaseConfig) -> Option<At> {
+        config.max_hold().map(|d| self.shared.acquired_at.add(d))
+    }
+
     /// When this entry's deadline or maximum hold must next be looked at.
-    fn next_check(&self) -> At {
+    fn next_check(&self, config: &LeaseConfig) -> At {
         let t = self.shared.valid_until();
-        self.max_hold_at.map_or(t, |mh| t.min(mh))
+        self.max_hold_at(config).map_or(t, |mh| t.min(mh))
     }
 }
 
@@ -299,9 +311,7 @@ impl Scheduler {
         let acquired_at = shared.acquired_at;
         let ttl = shared.ttl();
         let mut entry = Entry {
-            ttl,
             next_renew: acquired_at.add(self.config.renew_interval_for(ttl)),
-            max_hold_at: self.config.max_hold().map(|d| acquired_at.add(d)),
             check_at: acquired_at,
             shared: shared.clone(),
             in_flight: false,
@@ -309,7 +319,7 @@ impl Scheduler {
             unreachable_failures: 0,
             renewals: 0,
         };
-        entry.check_at = entry.next_check();
+        entry.check_at = entry.next_check(&self.config);
         self.due.insert((entry.next_renew, shared.id));
         self.checks.insert((entry.check_at, shared.id));
         self.entries.insert(shared.id, entry);
@@ -318,7 +328,7 @@ impl Scheduler {
     /// Moves entry `id` in the check index to its current deadline or maximum hold.
     fn recheck(&mut self, id: u64) {
         if let Some(e) = self.entries.get_mut(&id) {
-            let at = e.next_check();
+            let at = e.next_check(&self.config);
             if at != e.check_at {
                 self.checks.remove(&(e.check_at, id));
                 e.check_at = at;
@@ -417,7 +427,7 @@ impl Scheduler {
         let interval = ids
             .iter()
             .filter_map(|id| self.entries.get(id))
-            .map(|e| self.config.renew_interval_for(e.ttl))
+            .map(|e| self.config.renew_interval_for(e.ttl()))
             .max()
             .unwrap_or_else(|| self.config.renew_interval());
         let horizon = now.add(interval / COALESCE);
@@ -457,7 +467,7 @@ impl Scheduler {
         };
         if e.shared.is_done() {
             self.forget(id);
-        } else if e.max_hold_at.is_some_and(|t| now >= t) {
+        } else if e.max_hold_at(&self.config).is_some_and(|t| now >= t) {
             self.lose(id, LostReason::MaxHoldExceeded);
         } else if now >= e.shared.valid_until() {
             let reason = if e.unreachable_failures > 0 {
@@ -499,7 +509,7 @@ impl Scheduler {
             .iter()
             .filter_map(|id| {
                 let e = self.entries.get(id)?;
-                op_timeout = op_timeout.max(self.config.op_timeout_for(e.ttl));
+                op_timeout = op_timeout.max(self.config.op_timeout_for(e.ttl()));
                 Some((*id, e.shared.clone()))
             })
             .collect();
@@ -650,6 +660,8 @@ impl Scheduler {
                 // The deadline and the next renewal follow the TTL this renewal granted.
                 let ttl = ttl.min(self.config.ttl());
                 let until = sent_at.add(self.config.validity(ttl));
+                // The TTL granted before (an accepted extend replaces it).
+                let ttl_before = e.ttl();
                 let replaced = if now < until {
                     e.shared.extend(until, ttl, now)
                 } else {
@@ -668,14 +680,13 @@ impl Scheduler {
                     },
                 );
                 if accepted {
-                    if ttl != e.ttl
+                    if ttl != ttl_before
                         && let Err(err) = self.config.check_grant(ttl)
                     {
                         // Held until its deadline, which is right for the grant; the
                         // next renewal may not make it in time.
                         tracing::warn!(key = %e.shared.key, fence = e.shared.fence.get(), error = %err, "a renewal granted a ttl too short to renew in time");
                     }
-                    e.ttl = ttl;
                     e.failures = 0;
                     e.unreachable_failures = 0;
                     e.renewals += 1;
@@ -715,7 +726,7 @@ impl Scheduler {
                     };
                     return self.lose(id, reason);
                 }
-                e.next_renew = now.add(retry_delay(&self.config, e.ttl));
+                e.next_renew = now.add(retry_delay(&self.config, e.ttl()));
             }
         }
         let next_renew = e.next_renew;
