@@ -3,8 +3,9 @@
 //! by less than a bound per held lease.
 //!
 //! Resident memory (`/proc/self/statm`) is everything the process uses: what the held
-//! leases keep (the handle's shared state, the scheduler's and the watchdog's entries, the
-//! memory store's own table), the allocator's overhead per block, and what the burst of
+//! leases keep (the handles themselves, 72 bytes each in the test's vector, their shared
+//! state, the scheduler's and the watchdog's entries, the memory store's own tables), the
+//! allocator's overhead per block, and what the burst of
 //! 256 acquires in flight left in the allocator's free lists and arenas (a fixed amount,
 //! so it weighs more per lease at 20,000 leases than at 100,000).
 //!
@@ -74,7 +75,12 @@ async fn a_held_lease_costs_less_than_a_kibibyte_of_resident_memory() {
         "{n} leases acquired {BATCH} at a time and held: {rss} bytes of resident memory per lease"
     );
     assert!(leases.iter().all(|l| l.is_valid()));
-    assert!(rss < 1536, "{rss} bytes of resident memory per lease held");
+    // Resident memory is a noisy measure (the allocator's arenas, a loaded machine): debug
+    // runs of the default 20,000 leases measured 803-826 bytes per lease (988-1006 before
+    // issue 29's changes; 1,072 with 256 bytes added to each lease's shared state, which
+    // this bound caught); it catches a regression of about 150 bytes per lease without
+    // failing on noise.
+    assert!(rss < 960, "{rss} bytes of resident memory per lease held");
     drop(leases);
     client.shutdown(Duration::from_secs(5)).await;
 }
