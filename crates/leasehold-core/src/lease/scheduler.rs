@@ -3,9 +3,10 @@
 //! Each lease has its next renewal in one ordered index and its next check (its validity
 //! deadline or its maximum hold, whichever is first) in another, both exact (an entry is
 //! moved, never left behind stale), so the work per event is `O(log n)` in the number of
-//! leases the client holds, never a walk over all of them, and the memory is a fixed few
-//! dozen bytes per lease: a client holding 100,000 leases does the same work per renewal
-//! as one holding ten.
+//! leases the client holds, never a walk over all of them, and the memory is fixed per
+//! lease (an entry of 64 bytes in a hash table and an item of 24 bytes in each index,
+//! about 200 bytes with the tables' room to grow): a client holding 100,000 leases does
+//! the same work per renewal as one holding ten.
 //!
 //! Renewals go to the store in batches ([`renew_many`](crate::renew_many): the store's
 //! [`BatchStore`](crate::BatchStore), or each renewal on its own at once, at most [`RENEW_BATCH`]
