@@ -28,25 +28,76 @@ pub(crate) const IN_FLIGHT: usize = 2;
 /// The most operations in one batch call.
 pub(crate) const MAX_ITEMS: usize = 256;
 
-/// One operation's arguments, as the `MANY` script takes them.
+/// One operation's arguments, as the `MANY` script takes them: five keys (lease, fence,
+/// queue, queue deadlines, watch mark), then six arguments (`a` or `r`, owner, ttl ms
+/// (`''` for a release), fence expiry, grace, channel).
+///
+/// The eleven parts are written one after the other into one string, so that an
+/// operation costs one allocation instead of one per part (issue 29: allocation was most
+/// of the client CPU of an acquire + release pair).
 #[derive(Debug, Clone)]
 pub(crate) struct Op {
-    /// lease, fence, queue, queue deadlines, watch mark.
-    pub(crate) keys: [String; 5],
-    /// `a` or `r`, owner, ttl ms ('' for a release), fence expiry, grace, channel.
-    pub(crate) args: [String; 6],
+    /// The parts, concatenated.
+    buf: String,
+    /// Where each part ends in `buf` (a part starts where the one before ends).
+    ends: [usize; Op::PARTS],
+    /// Parts written so far.
+    len: usize,
 }
 
 impl Op {
+    const PARTS: usize = 11;
+
+    /// An operation with no part yet, room for `capacity` bytes of parts.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Self {
+            buf: String::with_capacity(capacity),
+            ends: [0; Self::PARTS],
+            len: 0,
+        }
+    }
+
+    /// The string the next part is written to ([`end_part`](Self::end_part) ends it).
+    pub(crate) fn buf(&mut self) -> &mut String {
+        &mut self.buf
+    }
+
+    /// Ends the part written since the last call: the next one starts here.
+    pub(crate) fn end_part(&mut self) {
+        self.ends[self.len] = self.buf.len();
+        self.len += 1;
+    }
+
+    /// Writes `part` whole as the next part.
+    pub(crate) fn push(&mut self, part: &str) {
+        self.buf.push_str(part);
+        self.end_part();
+    }
+
+    fn part(&self, i: usize) -> &str {
+        debug_assert_eq!(self.len, Self::PARTS, "an operation has all its parts");
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.buf[start..self.ends[i]]
+    }
+
+    /// The five keys.
+    pub(crate) fn keys(&self) -> [&str; 5] {
+        std::array::from_fn(|i| self.part(i))
+    }
+
+    /// The six arguments.
+    pub(crate) fn args(&self) -> [&str; 6] {
+        std::array::from_fn(|i| self.part(5 + i))
+    }
+
     fn is_acquire(&self) -> bool {
-        self.args[0] == "a"
+        self.part(5) == "a"
     }
 
     /// Runs the operation on its own: its single script, `ACQUIRE` or `RELEASE`.
     async fn run_alone(&self, conn: &Conn) -> Result<Answer, StoreError> {
-        let [l, f, q, qd, w] = &self.keys;
-        let [_, owner, ms, keep, grace, channel] = &self.args;
-        let keys: [&str; 5] = [l, f, q, qd, w];
+        let keys = self.keys();
+        let [_, owner, ms, keep, grace, channel] = self.args();
         if self.is_acquire() {
             let args = [owner, ms, keep, grace, channel];
             let got = conn.run("acquire", &SCRIPTS.acquire, &keys, &args, parse_acquire);
@@ -150,14 +201,8 @@ async fn run_batch(turn: Turn, batch: Vec<Queued>) {
     let (ops, replies): (Vec<Op>, Vec<Reply>) =
         batch.into_iter().map(|(op, _, reply)| (op, reply)).unzip();
     let kinds: Vec<bool> = ops.iter().map(Op::is_acquire).collect();
-    let keys: Vec<&str> = ops
-        .iter()
-        .flat_map(|o| o.keys.iter().map(String::as_str))
-        .collect();
-    let args: Vec<&str> = ops
-        .iter()
-        .flat_map(|o| o.args.iter().map(String::as_str))
-        .collect();
+    let keys: Vec<&str> = ops.iter().flat_map(Op::keys).collect();
+    let args: Vec<&str> = ops.iter().flat_map(Op::args).collect();
     let got = conn
         .run_until(
             deadline,

@@ -89,6 +89,11 @@ impl Layout {
         crc16::State::<crc16::XMODEM>::calculate(encode(key.as_str()).as_bytes()) % 16384
     }
 
+    /// The lease key alone (`p{e}`), for the operations that need no other name.
+    pub(crate) fn lease_name(&self, key: &Key) -> String {
+        lease_key(&self.prefix, key)
+    }
+
     pub(crate) fn names(&self, key: &Key) -> KeyNames {
         let lease = lease_key(&self.prefix, key);
         KeyNames {
@@ -99,6 +104,33 @@ impl Layout {
             watch: format!("{lease}:w"),
             lease,
         }
+    }
+
+    /// Writes the lease key of `key` (`p{e}`, as [`names`](Self::names)' `lease`) at the
+    /// end of `out`, without a string of its own: the per-operation path builds each of
+    /// its names into one buffer (see `batch::Op`).
+    pub(crate) fn push_lease_name(&self, out: &mut String, key: &Key) {
+        out.push_str(&self.prefix);
+        out.push('{');
+        for c in key.as_str().chars() {
+            match c {
+                '%' => out.push_str("%25"),
+                '{' => out.push_str("%7B"),
+                '}' => out.push_str("%7D"),
+                c => out.push(c),
+            }
+        }
+        out.push('}');
+    }
+
+    /// The length in bytes of the lease key of `key`.
+    pub(crate) fn lease_name_len(&self, key: &Key) -> usize {
+        let k = key.as_str();
+        let escaped = k
+            .bytes()
+            .filter(|b| matches!(b, b'%' | b'{' | b'}'))
+            .count();
+        self.prefix.len() + 2 + k.len() + 2 * escaped
     }
 
     /// The Redis key of the record named `key` (`p{e}:record`): records live beside
@@ -182,6 +214,10 @@ mod tests {
             assert_eq!(l.parse_lease_name(&n.fence), None, "{k}");
             assert_eq!(hash_tag(&n.watch), hash_tag(&n.lease), "{k}");
             assert_eq!(l.parse_lease_name(&n.watch), None, "{k}");
+            let mut pushed = String::from("x");
+            l.push_lease_name(&mut pushed, &key);
+            assert_eq!(pushed[1..], n.lease, "{k}");
+            assert_eq!(l.lease_name_len(&key), n.lease.len(), "{k}");
             let record = l.record_name(&key);
             assert_eq!(hash_tag(&record), hash_tag(&n.lease), "{k}");
             assert_eq!(l.parse_lease_name(&record), None, "{k}");

@@ -168,7 +168,7 @@ impl RedisStore {
     /// The Redis key of the lease for `key` (`<prefix>{<escaped key>}`), e.g. for an
     /// operator's `redis-cli`. The fence key is this plus `:fence`.
     pub fn lease_key(&self, key: &Key) -> String {
-        self.layout.names(key).lease
+        self.layout.lease_name(key)
     }
 
     /// The Redis key of the fence counter for `key` (`<prefix>{<escaped key>}:fence`).
@@ -201,21 +201,47 @@ impl RedisStore {
         }
     }
 
-    /// An acquire (`a`, with its TTL in ms) or a release (`r`) of `key` as `owner`, as the
-    /// batch script takes it; `keep` is the fence record's expiry in ms.
-    fn op(&self, key: &Key, kind: &str, owner: &OwnerToken, ms: String, keep: String) -> Op {
-        let names = self.layout.names(key);
-        let channel = self.channel(&names);
-        Op {
-            keys: [
-                names.lease,
-                names.fence,
-                names.queue,
-                names.queue_deadlines,
-                names.watch,
-            ],
-            args: [kind.into(), owner.to_hex(), ms, keep, self.grace(), channel],
+    /// An acquire (`a`, with its TTL in ms) or a release (`r`, no TTL) of `key` as
+    /// `owner`, as the batch script takes it; `keep` is the fence record's expiry in ms
+    /// (`None`: `''`, no expiry). The same parts as `names`, `channel`, `grace` and
+    /// `fence_expiry` give, written into the operation's one buffer.
+    fn op(
+        &self,
+        key: &Key,
+        kind: &str,
+        owner: &OwnerToken,
+        ms: Option<u64>,
+        keep: Option<u64>,
+    ) -> Op {
+        use std::fmt::Write as _;
+        let lease_len = self.layout.lease_name_len(key);
+        // 5 keys (suffixes `:fence`, `:q`, `:qd`, `:w`), the kind, 32 hex digits, three
+        // numbers of about 20 digits at most (a longer grace only reallocates), the
+        // channel (`S ` and `:released`).
+        let mut op = Op::with_capacity(6 * lease_len + 13 + 1 + 32 + 3 * 20 + 11);
+        for suffix in ["", ":fence", ":q", ":qd", ":w"] {
+            self.layout.push_lease_name(op.buf(), key);
+            op.buf().push_str(suffix);
+            op.end_part();
         }
+        op.push(kind);
+        let _ = write!(op.buf(), "{owner}");
+        op.end_part();
+        for n in [ms.map(u128::from), keep.map(u128::from), self.grace_ms()] {
+            if let Some(n) = n {
+                let _ = write!(op.buf(), "{n}");
+            }
+            op.end_part();
+        }
+        if self.notifier.is_some() {
+            if self.config.sharded_pubsub() {
+                op.buf().push_str("S ");
+            }
+            self.layout.push_lease_name(op.buf(), key);
+            op.buf().push_str(":released");
+        }
+        op.end_part();
+        op
     }
 
     /// The Cluster slot of `key` (0 on a single server): operations batch per slot.
@@ -250,11 +276,14 @@ impl RedisStore {
 
     /// The reservation grace in ms, or `""` when there is no queue (notifications off).
     fn grace(&self) -> String {
-        if self.notifier.is_some() {
-            self.config.queue_grace().as_millis().to_string()
-        } else {
-            String::new()
-        }
+        self.grace_ms().map(|ms| ms.to_string()).unwrap_or_default()
+    }
+
+    /// The reservation grace in ms, or `None` when there is no queue (notifications off).
+    fn grace_ms(&self) -> Option<u128> {
+        self.notifier
+            .as_ref()
+            .map(|_| self.config.queue_grace().as_millis())
     }
 
     async fn inspect_names(
@@ -283,13 +312,17 @@ impl RedisStore {
     /// The expiry in ms of a fence record written by a grant of `ttl_ms` (the lease's TTL
     /// plus the retention), or `""` to keep it forever.
     fn fence_expiry(&self, ttl_ms: u64) -> String {
-        self.config
-            .fence_retention()
-            .map(|r| {
-                let keep = u64::try_from(r.as_millis()).unwrap_or(u64::MAX);
-                ttl_ms.saturating_add(keep).to_string()
-            })
+        self.fence_expiry_ms(ttl_ms)
+            .map(|ms| ms.to_string())
             .unwrap_or_default()
+    }
+
+    /// [`fence_expiry`](Self::fence_expiry) as a number: `None` for `""`.
+    fn fence_expiry_ms(&self, ttl_ms: u64) -> Option<u64> {
+        self.config.fence_retention().map(|r| {
+            let keep = u64::try_from(r.as_millis()).unwrap_or(u64::MAX);
+            ttl_ms.saturating_add(keep)
+        })
     }
 
     /// The primaries of the cluster (from `CLUSTER SLOTS`), as routable addresses.
@@ -412,9 +445,8 @@ impl Store for RedisStore {
     ) -> Result<AcquireOutcome, StoreError> {
         let ttl_ms = ttl_ms(ttl)?;
         let before = self.conn.clock_allowance("acquire")?;
-        let ms = ttl_ms.to_string();
-        let keep = self.fence_expiry(ttl_ms);
-        let op = self.op(key, "a", owner, ms, keep);
+        let keep = self.fence_expiry_ms(ttl_ms);
+        let op = self.op(key, "a", owner, Some(ttl_ms), keep);
         let Answer::Acquired(got) = self.batcher.submit(self.slot(key), op).await? else {
             return Err(StoreError::new(
                 StoreErrorKind::Corrupt,
@@ -444,14 +476,14 @@ impl Store for RedisStore {
         let ms_value = ttl_ms(ttl)?;
         let before = self.conn.clock_allowance("renew")?;
         let ms = ms_value.to_string();
-        let names = self.layout.names(key);
+        let lease = self.layout.lease_name(key);
         let owner = owner.to_hex();
         let renewed = self
             .conn
             .run(
                 "renew",
                 &SCRIPTS.renew,
-                &[&names.lease],
+                &[&lease],
                 &[&owner, &ms],
                 scripts::parse_flag,
             )
@@ -468,7 +500,7 @@ impl Store for RedisStore {
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
     async fn release(&self, key: &Key, owner: &OwnerToken) -> Result<ReleaseOutcome, StoreError> {
-        let op = self.op(key, "r", owner, String::new(), self.fence_expiry(0));
+        let op = self.op(key, "r", owner, None, self.fence_expiry_ms(0));
         let Answer::Released(released) = self.batcher.submit(self.slot(key), op).await? else {
             return Err(StoreError::new(
                 StoreErrorKind::Corrupt,
@@ -636,7 +668,7 @@ impl BatchStore for RedisStore {
             .map(|positions| {
                 let names: Vec<String> = positions
                     .iter()
-                    .map(|&i| self.layout.names(&leases[i].0).lease)
+                    .map(|&i| self.layout.lease_name(&leases[i].0))
                     .collect();
                 let mut args: Vec<String> = Vec::with_capacity(positions.len() + 1);
                 args.push(ms.clone());
