@@ -199,6 +199,11 @@ pub struct SideStats {
     pub p99: Option<Duration>,
     /// Failed pairs.
     pub errors: Errors,
+    /// This process's CPU time (user + system, every thread) over the side's slices: the
+    /// client's, since every server runs as a process of its own and the sides' slices
+    /// never overlap. `None` for a [`Work::Rate`] side (its client is another process)
+    /// and where the process's CPU clock cannot be read.
+    pub cpu: Option<Duration>,
 }
 
 impl SideStats {
@@ -206,6 +211,29 @@ impl SideStats {
     pub fn per_sec(&self) -> f64 {
         median(&self.per_slice)
     }
+
+    /// The client's CPU time per pair over every slice ([`cpu`](Self::cpu) ÷
+    /// [`pairs`](Self::pairs)).
+    pub fn cpu_per_pair(&self) -> Option<Duration> {
+        let pairs = u32::try_from(self.pairs).ok().filter(|&p| p > 0)?;
+        Some(self.cpu? / pairs)
+    }
+}
+
+/// This process's CPU time so far, user and system, of all its threads
+/// (`CLOCK_PROCESS_CPUTIME_ID`, nanoseconds).
+#[cfg(target_os = "linux")]
+pub fn process_cpu() -> Option<Duration> {
+    use nix::time::{ClockId, clock_gettime};
+    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .ok()
+        .map(Duration::from)
+}
+
+/// This process's CPU time so far: not read on this system.
+#[cfg(not(target_os = "linux"))]
+pub fn process_cpu() -> Option<Duration> {
+    None
 }
 
 /// Every side's figures at one task count.
@@ -221,6 +249,16 @@ impl Level {
     /// The side called `name`.
     pub fn side(&self, name: &str) -> Option<&SideStats> {
         self.sides.iter().find(|s| s.name == name)
+    }
+
+    /// `num`'s client CPU per pair ÷ `den`'s, over all their slices at this level.
+    pub fn cpu_ratio(&self, num: &str, den: &str) -> f64 {
+        let per_pair = |name| {
+            self.side(name)
+                .and_then(SideStats::cpu_per_pair)
+                .map_or(f64::NAN, |d| d.as_secs_f64())
+        };
+        per_pair(num) / per_pair(den)
     }
 
     /// The median over slices of `num`'s throughput ÷ `den`'s in the same slice.
@@ -312,13 +350,26 @@ pub async fn uncontended(sides: &[Side], tasks: usize, plan: &Plan) -> Level {
             p50: None,
             p99: None,
             errors: Errors::default(),
+            cpu: match s.work {
+                Work::Pairs(_) => process_cpu().map(|_| Duration::ZERO),
+                Work::Rate(_) => None,
+            },
         })
         .collect();
     for slice in 0..plan.slices {
         for j in 0..sides.len() {
             let i = (j + slice) % sides.len();
             let (rate, l, errors) = match &sides[i].work {
-                Work::Pairs(pair) => pair_slice(pair, &keys[i], plan.slice).await,
+                Work::Pairs(pair) => {
+                    let cpu0 = process_cpu();
+                    let res = pair_slice(pair, &keys[i], plan.slice).await;
+                    if let (Some(total), Some(c0), Some(c1)) =
+                        (&mut stats[i].cpu, cpu0, process_cpu())
+                    {
+                        *total += c1.saturating_sub(c0);
+                    }
+                    res
+                }
                 Work::Rate(rate) => match rate(plan.slice).await {
                     Ok(r) => (r, Vec::new(), Errors::default()),
                     Err(e) => {
@@ -856,6 +907,36 @@ impl Section {
             for r in &self.ratios {
                 let _ = writeln!(o, "   ({} ÷ {}: {})", r.num, r.den, r.meaning);
             }
+            let cpu = |s: &SideStats| s.cpu_per_pair().map(|d| d.as_secs_f64() * 1e6);
+            if self
+                .levels
+                .iter()
+                .flat_map(|l| &l.sides)
+                .any(|s| s.cpu.is_some())
+            {
+                let _ = writeln!(o, "\n   {:<w$}", "client CPU µs/pair", w = w1);
+                for (i, s) in self.levels[0].sides.iter().enumerate() {
+                    let _ = write!(o, "   {:<w$}", s.name, w = w1);
+                    for l in &self.levels {
+                        let cell = cpu(&l.sides[i]).map_or_else(|| "-".into(), |x| fixed(x, 2));
+                        let _ = write!(o, "{cell:>col$}");
+                    }
+                    o.push('\n');
+                }
+                for r in &self.ratios {
+                    let label = format!("{} ÷ {}", r.num, r.den);
+                    let _ = write!(o, "   {label:<w$}", w = w1);
+                    for l in &self.levels {
+                        let _ = write!(o, "{:>col$}", fixed(l.cpu_ratio(r.num, r.den), 3));
+                    }
+                    o.push('\n');
+                }
+                let _ = writeln!(
+                    o,
+                    "   (this process's CPU time, user + system, over a side's slices ÷ its \
+                     pairs: the client's; the CPU ratios are num's CPU per pair ÷ den's)"
+                );
+            }
             for l in &self.levels {
                 for s in &l.sides {
                     if s.errors.count > 0 {
@@ -952,7 +1033,7 @@ impl Section {
         let dur = |d: Option<Duration>| d.map(|d| round4(d.as_secs_f64() * 1e6));
         let errors = |e: &Errors| json!({"count": e.count, "first": e.first});
         let ratios = |l: &Level| -> Vec<Json> {
-            let ratio = |r: &Ratio| json!({"num": r.num, "den": r.den, "ratio": round4(l.ratio(r.num, r.den))});
+            let ratio = |r: &Ratio| json!({"num": r.num, "den": r.den, "ratio": round4(l.ratio(r.num, r.den)), "cpu_ratio": round4(l.cpu_ratio(r.num, r.den))});
             self.ratios.iter().map(ratio).collect()
         };
         let side = |s: &SideStats| {
@@ -964,6 +1045,7 @@ impl Section {
                 "p50_us": dur(s.p50),
                 "p99_us": dur(s.p99),
                 "errors": errors(&s.errors),
+                "cpu_us_per_pair": s.cpu_per_pair().map(|d| round4(d.as_secs_f64() * 1e6)),
             })
         };
         let levels = self.levels.iter().map(|l| {
@@ -1062,6 +1144,7 @@ mod tests {
             p50: None,
             p99: None,
             errors: Errors::default(),
+            cpu: None,
         };
         // A load burst in slice 2 hits both sides: the paired ratio is unaffected.
         let l = Level {
@@ -1131,6 +1214,10 @@ mod tests {
         assert_eq!(level.side("slow").unwrap().per_slice.len(), 2);
         assert!(level.ratio("fast", "slow") > 1.0);
         assert!(level.ratio("slow", "ext") > 0.0);
+        // The client's CPU is measured for the sides whose pairs run here, not for a rate.
+        assert!(level.side("fast").unwrap().cpu_per_pair().is_some());
+        assert!(level.side("ext").unwrap().cpu.is_none());
+        assert!(level.cpu_ratio("fast", "slow").is_finite());
 
         let lock = Arc::new(tokio::sync::Mutex::new(()));
         let calls = Arc::new(std::sync::atomic::AtomicU64::new(0));
