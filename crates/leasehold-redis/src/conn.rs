@@ -36,7 +36,7 @@ use crate::discovery::tls_certificates;
 use crate::discovery::{Discovery, client_for, is_primary, node_info};
 use crate::error::{self, Phase};
 use crate::policy;
-use crate::scripts::{Armed, Reply, ReplyError, invocation};
+use crate::scripts::{Armed, Reply, ReplyError};
 
 /// How long a refusal for an evicting policy is remembered: calls within it fail at once
 /// instead of each connecting and asking again (a burst of heartbeats would otherwise
@@ -845,9 +845,15 @@ impl Conn {
         })
     }
 
-    /// A fresh request id (echoed by every script).
-    fn request_id(&self) -> String {
-        self.next_id.fetch_add(1, Ordering::Relaxed).to_string()
+    /// A fresh request id (echoed by every script), in decimal, written into `buf` (a
+    /// `u64` has at most 20 digits) rather than a string of its own.
+    fn request_id<'b>(&self, buf: &'b mut [u8; 20]) -> &'b str {
+        use std::io::Write as _;
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut rest = &mut buf[..];
+        let _ = write!(rest, "{n}");
+        let len = 20 - rest.len();
+        std::str::from_utf8(&buf[..len]).unwrap_or_default()
     }
 
     /// Runs `script` with `keys` and `[request id] + args` (text, or a record's value: any
@@ -896,12 +902,13 @@ impl Conn {
         parse: impl FnOnce(&Value, &str) -> Reply<T>,
     ) -> Result<T, StoreError> {
         let mut h = self.handle(deadline, op).await?;
-        let id = self.request_id();
-        let inv = invocation(script, keys, &id, args);
+        let mut id = [0; 20];
+        let id = self.request_id(&mut id);
+        let cmd = eval_cmd(script, keys, id, args);
         let in_flight = self.in_flight(&h);
         let res = match &mut h {
-            Handle::Standalone(_, c) => timeout_at(deadline, inv.invoke_async::<Value>(c)).await,
-            Handle::Cluster(_, c) => timeout_at(deadline, inv.invoke_async::<Value>(c)).await,
+            Handle::Standalone(_, c) => timeout_at(deadline, eval(script, &cmd, c)).await,
+            Handle::Cluster(_, c) => timeout_at(deadline, eval(script, &cmd, c)).await,
         };
         in_flight.disarm();
         let value = match res {
@@ -912,7 +919,7 @@ impl Conn {
             Ok(Err(e)) => return Err(self.failed(&h, op, &e)),
             Ok(Ok(v)) => v,
         };
-        let parsed = parse(&value, &id);
+        let parsed = parse(&value, id);
         if writes && parsed.is_ok() && self.config.min_replicas() > 0 {
             self.wait_for_replicas(&mut h, deadline, op).await?;
         }
@@ -1054,5 +1061,69 @@ impl Handle {
         match self {
             Handle::Standalone(g, _) | Handle::Cluster(g, _) => *g,
         }
+    }
+}
+
+/// The `EVALSHA` of `script` with `keys` and `[id] + args`: the command
+/// [`invocation`](crate::wire::invocation)'s `invoke_async` sends, byte for byte, built at
+/// once (an invocation first copies each key and argument into a vector of its own, then
+/// all of them again into the command: a dozen allocations per operation, issue 29).
+fn eval_cmd<A: AsRef<[u8]>>(script: &Script, keys: &[&str], id: &str, args: &[A]) -> redis::Cmd {
+    let hash = script.get_hash();
+    let data = keys.iter().map(|k| k.len()).sum::<usize>()
+        + id.len()
+        + args.iter().map(|a| a.as_ref().len()).sum::<usize>()
+        + "EVALSHA".len()
+        + hash.len()
+        + 4; // the number of keys
+    let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + 1 + args.len(), data);
+    cmd.arg("EVALSHA").arg(hash.as_bytes()).arg(keys.len());
+    for k in keys {
+        cmd.arg(*k);
+    }
+    cmd.arg(id);
+    for a in args {
+        cmd.arg(a.as_ref());
+    }
+    cmd
+}
+
+/// Sends `cmd` (an [`eval_cmd`] of `script`) as `ScriptInvocation::invoke_async` does: on
+/// `NOSCRIPT` (the server lost its script cache), `SCRIPT LOAD` and the same call again.
+async fn eval(
+    script: &Script,
+    cmd: &redis::Cmd,
+    con: &mut impl redis::aio::ConnectionLike,
+) -> RedisResult<Value> {
+    match cmd.query_async(con).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(con).await?;
+            cmd.query_async(con).await
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod eval_tests {
+    use super::*;
+
+    /// The command is the one an invocation sends, byte for byte (`ScriptInvocation`'s
+    /// `eval_cmd`, private to the redis crate: `EVALSHA`, the hash, the number of keys,
+    /// the keys, the arguments).
+    #[test]
+    fn eval_cmd_is_the_invocations_command() {
+        let script = Script::new("return KEYS[1]");
+        let keys = ["p{a}", "p{a}:fence", ""];
+        let args: [&[u8]; 3] = [b"x", b"", b"\x00\xff"];
+        let ours = eval_cmd(&script, &keys, "17", &args);
+        let mut theirs = redis::cmd("EVALSHA");
+        theirs
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(&keys[..])
+            .arg("17")
+            .arg(&args[..]);
+        assert_eq!(ours.get_packed_command(), theirs.get_packed_command());
     }
 }

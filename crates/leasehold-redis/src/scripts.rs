@@ -16,8 +16,8 @@ use leasehold_core::{AcquireAnyOutcome, CheckedAcquire, Fence};
 use redis::{Script, Value};
 
 pub(crate) use crate::wire::{
-    Armed, CORRUPT_CODE, FORMAT_CODE, Reply, ReplyError, invocation,
-    parse_fence_reply as parse_break, parse_flag, parse_inspect, scan_step,
+    Armed, CORRUPT_CODE, FORMAT_CODE, Reply, ReplyError, parse_fence_reply as parse_break,
+    parse_flag, parse_inspect, scan_step,
 };
 use crate::wire::{INSPECT, LEASE_PRELUDE, RENEW, as_int, as_str, items, ms, parse_fence};
 
