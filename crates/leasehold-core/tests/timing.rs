@@ -591,6 +591,13 @@ async fn run_cancels_work_when_the_lease_is_lost() {
         assert!(debug.contains("job:timing"), "{debug}");
     }
     assert!(format!("{:?}", lease.lost()).contains("NotOwner"));
+    // The lease's own Debug shows its state (the lost signal's token, made only when
+    // asked for, is an implementation detail it leaves out).
+    let debug = format!("{lease:?}");
+    for shown in ["valid_until", "lost: Some(NotOwner)", "releasing: false"] {
+        assert!(debug.contains(shown), "{shown} not in {debug}");
+    }
+    assert!(!debug.contains("CancellationToken"), "{debug}");
     assert_eq!(lease.ttl(), 3 * S);
 }
 
