@@ -37,6 +37,7 @@ use crate::discovery::{Discovery, client_for, is_primary, node_info};
 use crate::error::{self, Phase};
 use crate::policy;
 use crate::scripts::{Armed, Reply, ReplyError};
+use crate::wire::{eval, eval_cmd};
 
 /// How long a refusal for an evicting policy is remembered: calls within it fail at once
 /// instead of each connecting and asking again (a burst of heartbeats would otherwise
@@ -1061,69 +1062,5 @@ impl Handle {
         match self {
             Handle::Standalone(g, _) | Handle::Cluster(g, _) => *g,
         }
-    }
-}
-
-/// The `EVALSHA` of `script` with `keys` and `[id] + args`: the command
-/// [`invocation`](crate::wire::invocation)'s `invoke_async` sends, byte for byte, built at
-/// once (an invocation first copies each key and argument into a vector of its own, then
-/// all of them again into the command: a dozen allocations per operation, issue 29).
-fn eval_cmd<A: AsRef<[u8]>>(script: &Script, keys: &[&str], id: &str, args: &[A]) -> redis::Cmd {
-    let hash = script.get_hash();
-    let data = keys.iter().map(|k| k.len()).sum::<usize>()
-        + id.len()
-        + args.iter().map(|a| a.as_ref().len()).sum::<usize>()
-        + "EVALSHA".len()
-        + hash.len()
-        + 4; // the number of keys
-    let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + 1 + args.len(), data);
-    cmd.arg("EVALSHA").arg(hash.as_bytes()).arg(keys.len());
-    for k in keys {
-        cmd.arg(*k);
-    }
-    cmd.arg(id);
-    for a in args {
-        cmd.arg(a.as_ref());
-    }
-    cmd
-}
-
-/// Sends `cmd` (an [`eval_cmd`] of `script`) as `ScriptInvocation::invoke_async` does: on
-/// `NOSCRIPT` (the server lost its script cache), `SCRIPT LOAD` and the same call again.
-async fn eval(
-    script: &Script,
-    cmd: &redis::Cmd,
-    con: &mut impl redis::aio::ConnectionLike,
-) -> RedisResult<Value> {
-    match cmd.query_async(con).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(con).await?;
-            cmd.query_async(con).await
-        }
-        other => other,
-    }
-}
-
-#[cfg(test)]
-mod eval_tests {
-    use super::*;
-
-    /// The command is the one an invocation sends, byte for byte (`ScriptInvocation`'s
-    /// `eval_cmd`, private to the redis crate: `EVALSHA`, the hash, the number of keys,
-    /// the keys, the arguments).
-    #[test]
-    fn eval_cmd_is_the_invocations_command() {
-        let script = Script::new("return KEYS[1]");
-        let keys = ["p{a}", "p{a}:fence", ""];
-        let args: [&[u8]; 3] = [b"x", b"", b"\x00\xff"];
-        let ours = eval_cmd(&script, &keys, "17", &args);
-        let mut theirs = redis::cmd("EVALSHA");
-        theirs
-            .arg(script.get_hash())
-            .arg(keys.len())
-            .arg(&keys[..])
-            .arg("17")
-            .arg(&args[..]);
-        assert_eq!(ours.get_packed_command(), theirs.get_packed_command());
     }
 }

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use leasehold_core::{Fence, Key, OwnerToken};
-use redis::{Script, ScriptInvocation, Value};
+use redis::{Script, Value};
 
 /// Percent-encodes `%`, `{` and `}` of a lease key: the part of its Redis key between the
 /// braces, so that it is exactly the Cluster hash tag and no user key can make two Redis
@@ -184,23 +184,53 @@ if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry
 return {ARGV[1], lease[1], lease[2], pttl}
 "#;
 
-/// The call of `script` with `keys` and `[id] + args`: every script takes its request id
-/// first.
-pub fn invocation<'s, A: AsRef<[u8]>>(
-    script: &'s Script,
+/// The `EVALSHA` of `script` with `keys` and `[id] + args` (every script takes its request
+/// id first): the command `ScriptInvocation::invoke_async` sends, byte for byte, built at
+/// once (an invocation first copies each key and argument into a vector of its own, then
+/// all of them again into the command: a dozen allocations per operation, issue 29). Send
+/// it with [`eval`].
+pub fn eval_cmd<A: AsRef<[u8]>>(
+    script: &Script,
     keys: &[&str],
     id: &str,
     args: &[A],
-) -> ScriptInvocation<'s> {
-    let mut inv = script.prepare_invoke();
+) -> redis::Cmd {
+    let hash = script.get_hash();
+    let data = keys.iter().map(|k| k.len()).sum::<usize>()
+        + id.len()
+        + args.iter().map(|a| a.as_ref().len()).sum::<usize>()
+        + "EVALSHA".len()
+        + hash.len()
+        + 4; // the number of keys
+    let mut cmd = redis::Cmd::with_capacity(3 + keys.len() + 1 + args.len(), data);
+    cmd.arg("EVALSHA").arg(hash.as_bytes()).arg(keys.len());
     for k in keys {
-        inv.key(*k);
+        cmd.arg(*k);
     }
-    inv.arg(id);
+    cmd.arg(id);
     for a in args {
-        inv.arg(a.as_ref());
+        cmd.arg(a.as_ref());
     }
-    inv
+    cmd
+}
+
+/// Sends `cmd` (an [`eval_cmd`] of `script`) as `ScriptInvocation::invoke_async` does: on
+/// `NOSCRIPT` (the server lost its script cache), `SCRIPT LOAD` and the same call again.
+///
+/// # Cancel safety
+/// As the command's: a dropped call may have been applied.
+pub async fn eval(
+    script: &Script,
+    cmd: &redis::Cmd,
+    con: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<Value> {
+    match cmd.query_async(con).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(con).await?;
+            cmd.query_async(con).await
+        }
+        other => other,
+    }
 }
 
 /// One step of a scan for the keys matching `pattern` (see [`glob_escape`]), from `cursor`.
@@ -455,5 +485,29 @@ pub(crate) mod tests {
             Err(ReplyError::WrongId)
         );
         assert!(parse_fence_reply(&fence("0"), "3").is_err());
+    }
+}
+
+#[cfg(test)]
+mod eval_tests {
+    use super::*;
+
+    /// The command is the one an invocation sends, byte for byte (`ScriptInvocation`'s
+    /// `eval_cmd`, private to the redis crate: `EVALSHA`, the hash, the number of keys,
+    /// the keys, the arguments).
+    #[test]
+    fn eval_cmd_is_the_invocations_command() {
+        let script = Script::new("return KEYS[1]");
+        let keys = ["p{a}", "p{a}:fence", ""];
+        let args: [&[u8]; 3] = [b"x", b"", b"\x00\xff"];
+        let ours = eval_cmd(&script, &keys, "17", &args);
+        let mut theirs = redis::cmd("EVALSHA");
+        theirs
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(&keys[..])
+            .arg("17")
+            .arg(&args[..]);
+        assert_eq!(ours.get_packed_command(), theirs.get_packed_command());
     }
 }

@@ -11,7 +11,9 @@ use tokio::time::{Instant, timeout_at};
 
 use crate::BACKEND;
 use crate::config::{Node, RedlockConfig};
-use crate::scripts::{Armed, CORRUPT_CODE, FORMAT_CODE, Lua, ReplyError, invocation, scan_step};
+use crate::scripts::{
+    Armed, CORRUPT_CODE, FORMAT_CODE, Lua, ReplyError, eval, eval_cmd, scan_step,
+};
 
 /// A connection to one node and what is needed to open it again.
 pub(crate) struct NodeConn {
@@ -259,9 +261,9 @@ impl NodeConn {
     ) -> Result<T, StoreError> {
         let (generation, mut conn) = self.conn(op, deadline).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed).to_string();
-        let inv = invocation(&lua.script, keys, &id, args);
+        let cmd = eval_cmd(&lua.script, keys, &id, args);
         let in_flight = Armed::new(|| self.invalidate(generation));
-        let res = timeout_at(deadline, inv.invoke_async::<Value>(&mut conn)).await;
+        let res = timeout_at(deadline, eval(&lua.script, &cmd, &mut conn)).await;
         in_flight.disarm();
         let value = match res {
             Err(_) => {

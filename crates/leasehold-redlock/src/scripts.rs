@@ -16,7 +16,7 @@ use std::time::Duration;
 use leasehold_core::{Fence, Record};
 use leasehold_redis::records;
 pub(crate) use leasehold_redis::wire::{
-    Armed, CORRUPT_CODE, FORMAT_CODE, LeaseView as NodeView, ReplyError, invocation, scan_step,
+    Armed, CORRUPT_CODE, FORMAT_CODE, LeaseView as NodeView, ReplyError, eval, eval_cmd, scan_step,
 };
 use leasehold_redis::wire::{
     INSPECT, LEASE_PRELUDE, RENEW, as_int, as_str, items, ms, parse_fence, parse_fence_reply,
