@@ -896,14 +896,18 @@ impl Section {
                 }
                 o.push('\n');
             }
-            for r in &self.ratios {
-                let label = format!("{} ÷ {}", r.num, r.den);
-                let _ = write!(o, "   {label:<w$}", w = w1);
-                for l in &self.levels {
-                    let _ = write!(o, "{:>col$}", fixed(l.ratio(r.num, r.den), 3));
+            // One row per ratio, each level's `value` of it.
+            let ratio_rows = |o: &mut String, value: &dyn Fn(&Level, &Ratio) -> f64| {
+                for r in &self.ratios {
+                    let label = format!("{} ÷ {}", r.num, r.den);
+                    let _ = write!(o, "   {label:<w$}", w = w1);
+                    for l in &self.levels {
+                        let _ = write!(o, "{:>col$}", fixed(value(l, r), 3));
+                    }
+                    o.push('\n');
                 }
-                o.push('\n');
-            }
+            };
+            ratio_rows(&mut o, &|l, r| l.ratio(r.num, r.den));
             for r in &self.ratios {
                 let _ = writeln!(o, "   ({} ÷ {}: {})", r.num, r.den, r.meaning);
             }
@@ -923,14 +927,7 @@ impl Section {
                     }
                     o.push('\n');
                 }
-                for r in &self.ratios {
-                    let label = format!("{} ÷ {}", r.num, r.den);
-                    let _ = write!(o, "   {label:<w$}", w = w1);
-                    for l in &self.levels {
-                        let _ = write!(o, "{:>col$}", fixed(l.cpu_ratio(r.num, r.den), 3));
-                    }
-                    o.push('\n');
-                }
+                ratio_rows(&mut o, &|l, r| l.cpu_ratio(r.num, r.den));
                 let _ = writeln!(
                     o,
                     "   (this process's CPU time, user + system, over a side's slices ÷ its \
