@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use leasehold_core::{
     AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo, LostReason, OwnerToken,
-    ReleaseOutcome, RenewOutcome, Store, StoreError,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_testkit::{FaultProxy, ProxyMode};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -373,12 +373,30 @@ pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
         if !plain && seen.is_some() {
             net.set_mode(ProxyMode::DropReplies);
         }
-        let lease = pending
-            .await
-            .expect("task")
-            .expect("lost reply: the client's retry gets the lease");
+        let answer = pending.await.expect("task");
         net.set_mode(ProxyMode::Pass);
         let first = store.first.lock().unwrap().take();
+        let lease = match (answer, &first) {
+            (Ok(lease), _) => lease,
+            // Nothing was sent, so there was no reply to lose and nothing to retry: the
+            // client passes the error on. The fault did not happen; try again.
+            (Err(Error::Store(e)), Some(First::NotSent))
+                if !e.is_ambiguous() && e.kind() == StoreErrorKind::Unavailable =>
+            {
+                let note = format!("attempt {attempt}: the first call sent nothing ({e})");
+                eprintln!("lost reply (lease client): {note}");
+                tried.push(note);
+                assert_eq!(
+                    direct_inspect(fx, &k).await,
+                    None,
+                    "lost reply: a call that sent nothing left a lease"
+                );
+                continue;
+            }
+            (Err(e), _) => panic!(
+                "lost reply: the client's retry gets the lease: {e:?} (first call: {first:?})"
+            ),
+        };
         // What the store held once the first call was over: the state it left (it may
         // have undone its grant when it ended the call itself), or the grant seen while
         // it was out when the client cancelled it.
@@ -391,6 +409,9 @@ pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
                 None
             }
             Some(First::Failed(after)) => after.or(if session { seen } else { None }),
+            // A waiting client (session-bound stores) tried again after the first call sent
+            // nothing: nothing was applied by it.
+            Some(First::NotSent) => None,
             Some(First::Cancelled) | None => seen,
         };
         let Some(applied) = applied else {
@@ -633,6 +654,10 @@ async fn lose_an_applied_reply(
 enum First {
     /// It answered: its reply was not lost.
     Answered,
+    /// It failed before it sent anything (a connection it could not open through the
+    /// cut link: a pooled connection may still have been on its way back to the pool,
+    /// its check's reply dropped), so the client had no ambiguous reply to retry.
+    NotSent,
     /// It failed by itself, leaving the store with this lease at the key.
     Failed(Option<LeaseInfo>),
     /// The client cancelled it (its operation timeout).
@@ -682,6 +707,9 @@ impl leasehold_core::wrap::Forward for PassAfterFirstAcquire {
         let r = self.inner.acquire(key, owner, ttl).await;
         let first = match &r {
             Ok(_) => First::Answered,
+            Err(e) if !e.is_ambiguous() && e.kind() == StoreErrorKind::Unavailable => {
+                First::NotSent
+            }
             Err(_) => First::Failed(self.direct.inspect(key).await.ok().flatten()),
         };
         *self.first.lock().unwrap() = Some(first);
