@@ -210,6 +210,17 @@ impl LeaseClock {
         Self(clock)
     }
 
+    /// How long the host has been suspended, as of now (never decreases).
+    pub(crate) fn suspended(&self) -> Duration {
+        self.0.suspended()
+    }
+
+    /// Instant `t` of tokio's clock on the lease clock, given a suspended time read no
+    /// later than `t`: never later than `t`'s place on the lease clock.
+    pub(crate) fn at(t: Instant, suspended_before: Duration) -> At {
+        At(saturating_add(t, suspended_before))
+    }
+
     /// Now, on the lease clock.
     pub(crate) fn now(&self) -> At {
         At(saturating_add(Instant::now(), self.0.suspended()))

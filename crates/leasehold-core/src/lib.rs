@@ -45,8 +45,8 @@ pub use store::{
     acquire_any_one_by_one, first_granted, renew_many,
 };
 pub use store::{
-    AcquireOutcome, Capabilities, FenceDurability, LeaseInfo, MAX_RECORD_LEN, Record,
-    ReleaseOutcome, RenewOutcome, Store,
+    AcquireOutcome, Capabilities, FenceDurability, HandedGrant, LeaseInfo, MAX_RECORD_LEN, Record,
+    ReleaseOutcome, RenewOutcome, Store, WaitOutcome,
 };
 pub use store::{OpenFuture, Registry, StoreFactory};
 pub use tls::{TlsFailure, TlsProblem};

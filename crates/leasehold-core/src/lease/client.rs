@@ -20,7 +20,7 @@ use crate::lease::scheduler::{self, SchedulerHandle};
 use crate::lease::shared::{Grant, LeaseShared};
 use crate::lease::step::{AcquireStep, OneKey, StepCall};
 use crate::metrics as m;
-use crate::store::{AcquireAnyOutcome, Capabilities, Store};
+use crate::store::{AcquireAnyOutcome, Capabilities, HandedGrant, Store, WaitOutcome};
 use crate::token::OwnerToken;
 
 /// Acquires leases on one [`Store`] and renews them with one background scheduler.
@@ -496,20 +496,42 @@ impl LeaseClient {
         };
         let mut attempt: u32 = 0;
         let mut ambiguous: u32 = 0;
+        // The host's suspended time as of before any request of this call was sent: a
+        // send instant the store reports (a hand-off's) is put on the lease clock with
+        // it, which can only place it earlier than it was.
+        let suspended_floor = clock.suspended();
+        let mut handed: Option<HandedGrant> = None;
         loop {
             if self.inner.closing.load(Ordering::Acquire) {
                 return Err(Error::ShuttingDown);
             }
             let may_hold = std::mem::replace(&mut orphan.maybe_granted, true);
-            let sent_at: At = clock.now();
-            let call = StepCall {
-                store,
-                owner,
-                ttl: cfg.ttl(),
-                limit: cfg.op_timeout(),
-                may_hold,
+            let (sent_at, reply): (At, _) = match handed.take() {
+                // The store handed the lease to this owner while it waited, and said so
+                // (docs/design.md, "Hand-off without a confirming acquire"): validity
+                // counts from the send of the last request it answered "still waiting"
+                // before the grant. Too late to leave any validity, it is confirmed by
+                // an acquire as this owner instead (below).
+                Some(g) => (
+                    LeaseClock::at(g.waiting_sent_at, suspended_floor),
+                    Ok(AcquireAnyOutcome::Acquired {
+                        index: 0,
+                        fence: g.fence,
+                        ttl: g.ttl,
+                    }),
+                ),
+                None => {
+                    let sent_at = clock.now();
+                    let call = StepCall {
+                        store,
+                        owner,
+                        ttl: cfg.ttl(),
+                        limit: cfg.op_timeout(),
+                        may_hold,
+                    };
+                    (sent_at, step.attempt(&call).await)
+                }
             };
-            let reply = step.attempt(&call).await;
             let err = match reply {
                 Ok(AcquireAnyOutcome::Acquired { index, fence, ttl }) => {
                     // The holder never counts on more than it asked; on less, every
@@ -581,7 +603,7 @@ impl LeaseClient {
                             waited: now - started,
                         });
                     }
-                    self.pause(step, &owner, attempt, remaining, deadline).await;
+                    handed = self.pause(step, &owner, attempt, remaining, deadline).await;
                     attempt = attempt.saturating_add(1);
                     continue;
                 }
@@ -604,13 +626,14 @@ impl LeaseClient {
                 return Err(err.into());
             };
             tracing::debug!(%key, error = %err, "acquire failed; retrying");
-            self.pause(step, &owner, attempt, None, deadline).await;
+            handed = self.pause(step, &owner, attempt, None, deadline).await;
             attempt = attempt.saturating_add(1);
         }
     }
 
     /// Sleeps before the next attempt: a full-jitter backoff delay bounded by the holder's
     /// remaining TTL and the caller's deadline, or until the store notifies a release.
+    /// Returns the lease when the store handed it to `owner` meanwhile.
     async fn pause(
         &self,
         step: &dyn AcquireStep,
@@ -618,7 +641,7 @@ impl LeaseClient {
         attempt: u32,
         remaining: Option<Duration>,
         deadline: Instant,
-    ) {
+    ) -> Option<HandedGrant> {
         let until_deadline = deadline.saturating_duration_since(Instant::now());
         let caps = self.inner.capabilities;
         // A session-bound store's lease ends only through the server (a release, the
@@ -640,13 +663,12 @@ impl LeaseClient {
             let bound = holder_left
                 .min(until_deadline)
                 .max(Duration::from_millis(1));
-            let wait = waiter.wait_released(key, owner, bound);
+            let wait = waiter.wait_turn(key, owner, self.inner.config.ttl(), bound);
             let limit = bound.saturating_add(self.inner.config.op_timeout());
-            if tokio::time::timeout(limit, wait)
-                .await
-                .is_ok_and(|r| r.is_ok())
-            {
-                return;
+            match tokio::time::timeout(limit, wait).await {
+                Ok(Ok(WaitOutcome::Granted(g))) => return Some(g),
+                Ok(Ok(WaitOutcome::Retry)) => return None,
+                Ok(Err(_)) | Err(_) => {}
             }
         }
         let mut delay = self.backoff_delay(attempt);
@@ -654,6 +676,7 @@ impl LeaseClient {
             delay = delay.min(r);
         }
         tokio::time::sleep(delay.min(until_deadline)).await;
+        None
     }
 }
 

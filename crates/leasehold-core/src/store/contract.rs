@@ -22,7 +22,7 @@ use crate::lease::ended::EndedGrants;
 use crate::store::doctor::Diagnosis;
 use crate::store::types::{
     AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, LeaseInfo, Record,
-    RecordCheck, ReleaseOutcome, RenewOutcome,
+    RecordCheck, ReleaseOutcome, RenewOutcome, WaitOutcome,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -286,6 +286,32 @@ pub trait WaitStore: Store {
         owner: &OwnerToken,
         timeout: Duration,
     ) -> Result<(), StoreError>;
+
+    /// As [`wait_released`](Self::wait_released), for a waiter that asks for `ttl`, on a
+    /// store that may hand the lease over without a confirming acquire: it answers
+    /// [`WaitOutcome::Granted`] when the store granted the lease to `owner` and told it
+    /// so, with the send instant of the waiter's last request the store answered "still
+    /// waiting" before the grant (see [`HandedGrant`](crate::HandedGrant); a store must never report a later
+    /// one, such as a request it processed after the grant). Otherwise, and by default
+    /// (stores that keep the confirming acquire), [`WaitOutcome::Retry`].
+    ///
+    /// # Cancel safety
+    /// Callers may drop it at any time. A grant it was about to report stays with
+    /// `owner` in the store (the caller's next acquire as `owner` finds it and extends
+    /// it, with the same fence; the caller releases `owner` if it stops trying), or lapses
+    /// at its TTL.
+    async fn wait_turn(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<WaitOutcome, StoreError> {
+        let _ = ttl;
+        self.wait_released(key, owner, timeout)
+            .await
+            .map(|()| WaitOutcome::Retry)
+    }
 }
 
 /// [`BatchStore::renew_many`] of `store`'s batch; on a store without one, each renewal

@@ -18,5 +18,6 @@ pub use contract::{
 pub use registry::{OpenFuture, Registry, StoreFactory};
 pub use types::{
     AcquireAnyOutcome, AcquireOutcome, Capabilities, Changes, CheckedAcquire, FenceDurability,
-    LeaseInfo, MAX_RECORD_LEN, RENEW_BATCH, Record, RecordCheck, ReleaseOutcome, RenewOutcome,
+    HandedGrant, LeaseInfo, MAX_RECORD_LEN, RENEW_BATCH, Record, RecordCheck, ReleaseOutcome,
+    RenewOutcome, WaitOutcome,
 };

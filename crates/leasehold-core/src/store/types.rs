@@ -47,6 +47,37 @@ impl Record {
     }
 }
 
+/// How a [`WaitStore::wait_turn`](crate::WaitStore::wait_turn) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// The key may now be free for the waiter (released, expired, reserved for it), or
+    /// the wait's time is up: acquire again, as the same owner, to find out.
+    Retry,
+    /// The store handed the lease to the waiter and the waiter learned it from the store's
+    /// own notice: it holds the lease without a confirming acquire (docs/design.md,
+    /// "Hand-off without a confirming acquire").
+    Granted(HandedGrant),
+}
+
+/// A lease a store handed to a waiting owner ([`WaitOutcome::Granted`]).
+///
+/// Its validity counts from [`waiting_sent_at`](Self::waiting_sent_at): the send of a
+/// request of the waiter's that the store answered "still waiting" **and** processed
+/// before it made this grant. The store's expiry of the grant is its own clock at the
+/// grant plus `ttl`, which is later than that request's processing plus `ttl`, so the
+/// holder's deadline (`waiting_sent_at` plus its validity of `ttl`) is never after the
+/// store's expiry, however late the notice of the grant arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandedGrant {
+    /// The grant's fence (a new one, above every fence issued for the key before).
+    pub fence: Fence,
+    /// The TTL the store set at the grant: at most the one the waiter asked for.
+    pub ttl: Duration,
+    /// When the waiter sent its last request that the store answered "still waiting"
+    /// before the grant (on tokio's clock).
+    pub waiting_sent_at: tokio::time::Instant,
+}
+
 /// The reply to [`Store::acquire`](crate::Store::acquire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AcquireOutcome {

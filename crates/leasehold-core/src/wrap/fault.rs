@@ -15,7 +15,7 @@ use crate::lease::ended::EndedGrants;
 use crate::store::doctor::Diagnosis;
 use crate::store::{
     AcquireAnyOutcome, AcquireOutcome, BatchStore, Capabilities, Changes, LeaseInfo, Record,
-    ReleaseOutcome, RenewOutcome, Store, WaitStore, WatchStore,
+    ReleaseOutcome, RenewOutcome, Store, WaitOutcome, WaitStore, WatchStore,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -355,6 +355,23 @@ impl WaitStore for FaultStore {
         self.reach().await?;
         match self.inner.waiter() {
             Some(w) => w.wait_released(key, owner, timeout).await,
+            None => Err(StoreError::unsupported(
+                self.inner.backend(),
+                "waiting for release",
+            )),
+        }
+    }
+
+    async fn wait_turn(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<WaitOutcome, StoreError> {
+        self.reach().await?;
+        match self.inner.waiter() {
+            Some(w) => w.wait_turn(key, owner, ttl, timeout).await,
             None => Err(StoreError::unsupported(
                 self.inner.backend(),
                 "waiting for release",

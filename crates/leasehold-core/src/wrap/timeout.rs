@@ -11,7 +11,8 @@ use crate::lease::ended::EndedGrants;
 use crate::store::doctor::Diagnosis;
 use crate::store::{
     AcquireAnyOutcome, AcquireOutcome, BatchStore, Capabilities, Changes, CheckedAcquire,
-    LeaseInfo, Record, RecordCheck, ReleaseOutcome, RenewOutcome, Store, WaitStore, WatchStore,
+    LeaseInfo, Record, RecordCheck, ReleaseOutcome, RenewOutcome, Store, WaitOutcome, WaitStore,
+    WatchStore,
 };
 use crate::token::{Fence, OwnerToken};
 
@@ -213,6 +214,26 @@ impl WaitStore for TimeoutStore {
         let call = async {
             match self.inner.waiter() {
                 Some(w) => w.wait_released(key, owner, timeout).await,
+                None => Err(StoreError::unsupported(
+                    self.inner.backend(),
+                    "waiting for release",
+                )),
+            }
+        };
+        let limit = timeout.saturating_add(self.timeout);
+        self.bounded("wait for release", limit, call).await
+    }
+
+    async fn wait_turn(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<WaitOutcome, StoreError> {
+        let call = async {
+            match self.inner.waiter() {
+                Some(w) => w.wait_turn(key, owner, ttl, timeout).await,
                 None => Err(StoreError::unsupported(
                     self.inner.backend(),
                     "waiting for release",
