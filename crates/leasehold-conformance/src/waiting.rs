@@ -502,6 +502,33 @@ impl leasehold_core::WaitStore for Seen {
     ) -> Result<(), StoreError> {
         let mut wait = std::pin::pin!(wait(&*self.inner).wait_released(key, owner, t));
         let first = futures::poll!(wait.as_mut());
+        self.note(key);
+        match first {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => wait.await,
+        }
+    }
+
+    async fn wait_turn(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+        t: Duration,
+    ) -> Result<leasehold_core::WaitOutcome, StoreError> {
+        let mut wait = std::pin::pin!(wait(&*self.inner).wait_turn(key, owner, ttl, t));
+        let first = futures::poll!(wait.as_mut());
+        self.note(key);
+        match first {
+            std::task::Poll::Ready(r) => r,
+            std::task::Poll::Pending => wait.await,
+        }
+    }
+}
+
+impl Seen {
+    /// Notes that this waiter is waiting on `key` (its wait was polled once).
+    fn note(&self, key: &Key) {
         self.seen
             .lock()
             .unwrap()
@@ -517,10 +544,6 @@ impl leasehold_core::WaitStore for Seen {
             if last != Some(&Turn::Queued(self.i)) {
                 log.push(Turn::Queued(self.i));
             }
-        }
-        match first {
-            std::task::Poll::Ready(r) => r,
-            std::task::Poll::Pending => wait.await,
         }
     }
 }

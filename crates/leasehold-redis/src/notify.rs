@@ -1,10 +1,13 @@
 //! Release notifications over pub/sub.
 //!
-//! A script that reserves a lease for the first waiter in its queue `PUBLISH`es that
-//! waiter's owner token on the key's channel; the break script publishes the new fence. A
+//! A script that grants or reserves a lease for the first waiter in its queue `PUBLISH`es
+//! that waiter's owner token on the key's channel (`<owner>:<fence>:<ttl ms>` for a grant
+//! to a waiter that heartbeats, which holds the lease from this notice: see
+//! [`Wake::granted`]); the break script publishes the new fence. A
 //! store that waits keeps one dedicated pub/sub connection, subscribed to the channels of
 //! the keys some caller is waiting on (and only those: a channel is unsubscribed when its
-//! last waiter leaves). A message naming an owner (`<owner>` or `<owner> <next owner>`)
+//! last waiter leaves). A message naming an owner (`<owner>[:<fence>:<ttl>]`, then
+//! optionally ` <next owner>`)
 //! wakes only that owner's waiters, and tells the next owner's waiters that they are next;
 //! any other message wakes every waiter on the channel (they re-check). Subscribe and
 //! unsubscribe decisions are made under one async lock, so the order on the wire always
@@ -41,7 +44,7 @@ use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::AbortHandle;
 
-use leasehold_core::{StoreError, StoreErrorKind};
+use leasehold_core::{Fence, StoreError, StoreErrorKind};
 
 use crate::BACKEND;
 use crate::error::{self, Phase};
@@ -154,6 +157,19 @@ pub(crate) struct Wake {
     pub(crate) go: Notify,
     /// The lease was reserved for the owner just ahead of this one.
     pub(crate) next: Notify,
+    /// The last grant a message said was made for this owner (`<owner>:<fence>:<ttl>`):
+    /// its fence and TTL. Set before `go` is notified.
+    pub(crate) granted: Mutex<Option<(Fence, Duration)>>,
+}
+
+impl Wake {
+    /// Takes the grant a message told of, if any.
+    pub(crate) fn take_granted(&self) -> Option<(Fence, Duration)> {
+        self.granted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
 }
 
 impl Registration {
@@ -549,13 +565,22 @@ impl Notifier {
         let Some(regs) = i.waiters.get(channel) else {
             return;
         };
-        let (to, next) = parse_reservation(payload).unzip();
+        let parsed = parse_reservation(payload);
         for (owner, wake) in regs.values() {
-            let owner = Some(owner.as_bytes());
-            if to.is_none() || owner == to {
-                wake.go.notify_waiters();
-            } else if owner == next.flatten() {
-                wake.next.notify_waiters();
+            let owner = owner.as_bytes();
+            match parsed {
+                None => wake.go.notify_waiters(),
+                Some(r) if r.to == owner => {
+                    if let Some(g) = r.granted {
+                        *wake
+                            .granted
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(g);
+                    }
+                    wake.go.notify_waiters();
+                }
+                Some(r) if r.next == Some(owner) => wake.next.notify_waiters(),
+                Some(_) => {}
             }
         }
     }
@@ -580,16 +605,46 @@ fn is_owner(s: &[u8]) -> bool {
     s.len() == 32 && s.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
-/// `<owner>` or `<owner> <next owner>`; `None` for any other message.
-fn parse_reservation(payload: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
+/// A reservation message, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reservation<'a> {
+    /// The owner the lease was reserved for.
+    to: &'a [u8],
+    /// The grant's fence and TTL, when the reservation is a grant of its own (a waiter
+    /// that heartbeats, `<owner>:<fence>:<ttl ms>`).
+    granted: Option<(Fence, Duration)>,
+    /// The owner now first in the queue.
+    next: Option<&'a [u8]>,
+}
+
+/// `<to>` or `<to>:<fence>:<ttl ms>`, then optionally ` <next owner>`; `None` for any
+/// other message.
+fn parse_reservation(payload: &[u8]) -> Option<Reservation<'_>> {
     let mut parts = payload.split(|&b| b == b' ');
-    let to = parts.next().filter(|p| is_owner(p))?;
+    let first = parts.next()?;
+    let mut fields = first.split(|&b| b == b':');
+    let to = fields.next().filter(|p| is_owner(p))?;
+    let granted = match (fields.next(), fields.next(), fields.next()) {
+        (None, _, _) => None,
+        (Some(f), Some(t), None) => {
+            let fence = std::str::from_utf8(f)
+                .ok()
+                .and_then(crate::wire::parse_fence)?;
+            let ttl = std::str::from_utf8(t)
+                .ok()
+                .filter(|t| !t.is_empty() && t.len() <= 9 && t.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|t| t.parse::<u64>().ok())
+                .filter(|ms| *ms > 0)?;
+            Some((fence, Duration::from_millis(ttl)))
+        }
+        _ => return None,
+    };
     let next = match (parts.next(), parts.next()) {
         (None, _) => None,
         (Some(n), None) if is_owner(n) => Some(n),
         _ => return None,
     };
-    Some((to, next))
+    Some(Reservation { to, granted, next })
 }
 
 async fn read_messages(
@@ -630,17 +685,42 @@ async fn read_pushes(notifier: Weak<Notifier>, mut pushes: UnboundedReceiver<Pus
 
 #[cfg(test)]
 mod tests {
-    use super::parse_reservation;
+    use std::time::Duration;
+
+    use leasehold_core::Fence;
+
+    use super::{Reservation, parse_reservation};
 
     #[test]
     fn reservation_messages_are_strict() {
         let a = "0123456789abcdef0123456789abcdef";
         let b = "fedcba9876543210fedcba9876543210";
-        assert_eq!(parse_reservation(a.as_bytes()), Some((a.as_bytes(), None)));
+        let plain = |to: &'static str, next: Option<&'static str>| {
+            Some(Reservation {
+                to: to.as_bytes(),
+                granted: None,
+                next: next.map(str::as_bytes),
+            })
+        };
+        assert_eq!(parse_reservation(a.as_bytes()), plain(a, None));
         let both = format!("{a} {b}");
+        assert_eq!(parse_reservation(both.as_bytes()), plain(a, Some(b)));
+        let granted = Some((Fence(42), Duration::from_millis(1500)));
         assert_eq!(
-            parse_reservation(both.as_bytes()),
-            Some((a.as_bytes(), Some(b.as_bytes())))
+            parse_reservation(format!("{a}:42:1500").as_bytes()),
+            Some(Reservation {
+                to: a.as_bytes(),
+                granted,
+                next: None
+            })
+        );
+        assert_eq!(
+            parse_reservation(format!("{a}:42:1500 {b}").as_bytes()),
+            Some(Reservation {
+                to: a.as_bytes(),
+                granted,
+                next: Some(b.as_bytes())
+            })
         );
         for bad in [
             "1764000000000000".to_owned(),
@@ -649,6 +729,16 @@ mod tests {
             format!("{a} "),
             format!("{a} {b} {b}"),
             format!("{a} 12"),
+            format!("{a}:"),
+            format!("{a}:42"),
+            format!("{a}:42:"),
+            format!("{a}:042:1500"),
+            format!("{a}:0:1500"),
+            format!("{a}:42:0"),
+            format!("{a}:42:-5"),
+            format!("{a}:42:1500:1"),
+            format!("{a}:42:1000000000"),
+            format!("{a}:x:1500"),
         ] {
             assert_eq!(parse_reservation(bad.as_bytes()), None, "{bad:?}");
         }

@@ -52,16 +52,20 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 -- The waiting queue of a key: q (ZSET owner -> arrival in ms, FIFO), qd (HASH owner ->
--- the entry's own deadline in ms). The first entry whose deadline has not passed, after
--- dropping the ones whose deadline has.
+-- the entry's own deadline in ms; and 't' .. owner -> the TTL in ms a waiter that
+-- heartbeats asked for, see WAIT_TURN). The first entry whose deadline has not passed,
+-- after dropping the ones whose deadline has.
+local function dequeue(q, qd, owner)
+  redis.call('ZREM', q, owner)
+  redis.call('HDEL', qd, owner, 't' .. owner)
+end
 local function live_head(q, qd, now)
   while true do
     local h = redis.call('ZRANGE', q, 0, 0)
     if #h == 0 then return nil end
     local d = tonumber(redis.call('HGET', qd, h[1]) or '0') or 0
     if d > now then return h[1] end
-    redis.call('ZREM', q, h[1])
-    redis.call('HDEL', qd, h[1])
+    dequeue(q, qd, h[1])
   end
 end
 -- Adds (or keeps the place of) owner in the queue, its entry living until `untl` (ms).
@@ -72,29 +76,34 @@ local function enqueue(q, qd, owner, now, untl)
   if redis.call('PTTL', q) < want then redis.call('PEXPIRE', q, want) end
   if redis.call('PTTL', qd) < want then redis.call('PEXPIRE', qd, want) end
 end
--- Reserves the free lease for the waiter `head`: a new fence, the lease held by head for
--- `grace` ms (head confirms it with an acquire of its own, which extends it to its TTL),
--- head leaves the queue and is told on `chan` ("<head>" or "<head> <next>": the waiter
--- now first in the queue learns it is next, and re-checks when the reservation would
--- lapse, so a reserved waiter that went away holds the queue up for `grace` only).
+-- Reserves the free lease for the waiter `head`: a new fence, the lease held by head,
+-- head leaves the queue and is told on `chan`. A waiter that heartbeats (its entry has
+-- the TTL it asked for, 't' .. head) is granted that TTL and told "<head>:<fence>:<ttl>":
+-- the grant is its, no acquire needed (docs/design.md section 11; its entry lives one
+-- heartbeat interval, so only a waiter heard from that recently is granted). Any other
+-- waiter gets `grace` ms and is told "<head>", and confirms with an acquire of its own,
+-- which extends the lease to its TTL. " <next>" follows when someone else is queued: the
+-- waiter now first learns it is next, and re-checks when the reservation would lapse.
 local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
   local f, nerr = next_fence(last)
   if nerr then return nerr end
   local fs = string.format('%d', f)
+  local ttl = redis.call('HGET', qd, 't' .. head)
+  local hold, told = grace, head
+  if ttl then hold, told = ttl, head .. ':' .. fs .. ':' .. ttl end
   if keep == '' then
     redis.call('SET', kf, fs)
   else
-    redis.call('SET', kf, fs, 'PX', tonumber(keep) + tonumber(grace))
+    redis.call('SET', kf, fs, 'PX', tonumber(keep) + tonumber(hold))
   end
-  redis.call('SET', kl, head .. ':' .. fs, 'PX', grace)
-  redis.call('ZREM', q, head)
-  redis.call('HDEL', qd, head)
+  redis.call('SET', kl, head .. ':' .. fs, 'PX', hold)
+  dequeue(q, qd, head)
   local nxt = redis.call('ZRANGE', q, 0, 0)
   if #nxt == 0 then
     redis.call('DEL', q, qd)
-    publish(chan, head)
+    publish(chan, told)
   else
-    publish(chan, head .. ' ' .. nxt[1])
+    publish(chan, told .. ' ' .. nxt[1])
   end
   return nil
 end
@@ -123,10 +132,7 @@ local function acquire_one(kl, kf, q, qd, owner, ttl, keep, grace, chan, w)
       if rerr then return rerr end
       return {0, tonumber(grace)}
     end
-    if head then
-      redis.call('ZREM', q, head)
-      redis.call('HDEL', qd, head)
-    end
+    if head then dequeue(q, qd, head) end
   end
   local f, nerr = next_fence(last)
   if nerr then return nerr end
@@ -329,6 +335,44 @@ enqueue(KEYS[3], KEYS[4], ARGV[2], now, now + 2 * grace)
 return {ARGV[1], 1, grace}
 "#;
 
+/// KEYS: lease, fence, queue, queue deadlines. ARGV: id, owner, ttl ms, entry life ms,
+/// reservation grace ms, fence record expiry ms ('' = never), channel.
+/// A waiter's heartbeat (docs/design.md section 11), run after it has subscribed to the
+/// channel and then every half entry life while it waits:
+/// → `{id, 0}` go and acquire (the lease is free and nobody is ahead in the queue);
+///   `{id, 1, pttl, last}` still waiting: this owner is in the queue (its place kept, its
+///   entry living `life` ms from now, with the TTL it asks for), the key's last fence
+///   issued is `last` (a grant made for this owner after this answer has a higher one);
+///   `{id, 2}` the lease is this owner's (a grant made before this request was
+///   processed: confirm it with an acquire).
+const WAIT_TURN: &str = r#"
+local lease, err = read_lease(KEYS[1])
+if err then return redis.error_reply(err) end
+local now = now_ms()
+local last, ferr = read_fence(KEYS[2])
+if ferr then return redis.error_reply(ferr) end
+if lease then
+  if lease[1] == ARGV[2] then return {ARGV[1], 2} end
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl < 0 then return redis.error_reply('LHCORRUPT the lease key has no expiry') end
+  local held = tonumber(lease[2])
+  if held > last then last = held end
+  enqueue(KEYS[3], KEYS[4], ARGV[2], now, now + tonumber(ARGV[4]))
+  redis.call('HSET', KEYS[4], 't' .. ARGV[2], ARGV[3])
+  return {ARGV[1], 1, pttl, string.format('%d', last)}
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then return {ARGV[1], 0} end
+local head = live_head(KEYS[3], KEYS[4], now)
+if head == nil or head == ARGV[2] then return {ARGV[1], 0} end
+local rerr = reserve(KEYS[1], KEYS[2], KEYS[3], KEYS[4], last, head, ARGV[5], ARGV[6], ARGV[7])
+if rerr then return redis.error_reply(rerr) end
+local now_last, nerr = read_fence(KEYS[2])
+if nerr then return redis.error_reply(nerr) end
+enqueue(KEYS[3], KEYS[4], ARGV[2], now, now + tonumber(ARGV[4]))
+redis.call('HSET', KEYS[4], 't' .. ARGV[2], ARGV[3])
+return {ARGV[1], 1, redis.call('PTTL', KEYS[1]), string.format('%d', now_last)}
+"#;
+
 /// KEYS: lease, fence. ARGV: id, channel ('' = don't publish), fence record expiry ms
 /// ('' = never). → `{id, fence}`.
 /// A corrupt lease value is reported, not deleted: it may be someone else's data.
@@ -377,6 +421,7 @@ pub(crate) struct Scripts {
     pub(crate) release: Script,
     pub(crate) many: Script,
     pub(crate) wait: Script,
+    pub(crate) wait_turn: Script,
     pub(crate) inspect: Script,
     pub(crate) break_lease: Script,
     pub(crate) put_record: Script,
@@ -399,6 +444,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{RELEASE}")),
     many: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{MANY}")),
     wait: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{WAIT}")),
+    wait_turn: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{WAIT_TURN}")),
     inspect: Script::new(&format!("{LEASE_PRELUDE}{INSPECT}")),
     break_lease: Script::new(&format!("{LEASE_PRELUDE}{PRELUDE}{BREAK}")),
     put_record: Script::new(&crate::records::put_script()),
@@ -467,6 +513,34 @@ pub(crate) fn parse_wait(v: &Value, id: &str) -> Reply<Option<Duration>> {
             .and_then(ms)
             .map(Some)
             .ok_or(ReplyError::Shape("bad pttl")),
+        _ => Err(ReplyError::Shape("unexpected wait reply")),
+    }
+}
+
+/// A heartbeat's answer ([`WAIT_TURN`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Go and acquire.
+    Go,
+    /// Still waiting; the key's last fence issued when the store processed it.
+    Waiting { last: Fence },
+    /// The lease is this owner's already: confirm it with an acquire.
+    Mine,
+}
+
+/// The heartbeat script: `{id, 0}` → [`Turn::Go`], `{id, 1, pttl, last}` →
+/// [`Turn::Waiting`], `{id, 2}` → [`Turn::Mine`].
+pub(crate) fn parse_turn(v: &Value, id: &str) -> Reply<Turn> {
+    let it = items(v, id)?;
+    match (it.first().and_then(as_int), it.len()) {
+        (Some(0), 1) => Ok(Turn::Go),
+        (Some(2), 1) => Ok(Turn::Mine),
+        (Some(1), 3) => {
+            let last = as_str(&it[2])
+                .and_then(parse_fence)
+                .ok_or(ReplyError::Shape("bad fence"))?;
+            Ok(Turn::Waiting { last })
+        }
         _ => Err(ReplyError::Shape("unexpected wait reply")),
     }
 }

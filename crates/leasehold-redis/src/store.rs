@@ -1,13 +1,15 @@
 //! [`RedisStore`]: the [`Store`] implementation.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::{
     AcquireAnyOutcome, AcquireOutcome, BatchStore, Capabilities, Changes, CheckedAcquire, Fence,
-    FenceDurability, Key, LeaseInfo, OwnerToken, RENEW_BATCH, Record, RecordCheck, ReleaseOutcome,
-    RenewOutcome, Store, StoreError, StoreErrorKind, WaitStore, WatchStore,
+    FenceDurability, HandedGrant, Key, LeaseInfo, OwnerToken, RENEW_BATCH, Record, RecordCheck,
+    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind, WaitOutcome, WaitStore,
+    WatchStore,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -19,7 +21,7 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::{KeyNames, Layout};
 use crate::notify::{Notifier, WatchRegistration};
-use crate::scripts::{self, Acquired, Renewed, SCRIPTS};
+use crate::scripts::{self, Acquired, Renewed, SCRIPTS, Turn};
 
 /// A leasehold [`Store`] on Redis (one server) or Redis Cluster.
 ///
@@ -935,6 +937,126 @@ impl WaitStore for RedisStore {
             }
         }
     }
+
+    /// Waits in the key's queue, keeping its place by heartbeats (docs/design.md section
+    /// 11): subscribes to the key's channel, then sends the heartbeat script at once and
+    /// every twentieth of `ttl` (within 10 ms ..= 1 s). Each heartbeat joins (or stays in) the queue
+    /// with the TTL this waiter asks for, its entry living two periods; it answers "go"
+    /// (the lease is free with nobody ahead: [`WaitOutcome::Retry`]), "still waiting"
+    /// (with the key's last fence), or "yours" (a grant made before it was processed,
+    /// whose notice was missed: `Retry`, and the acquire confirms it). A release (or a
+    /// lease found free) grants the lease to the first live waiter for its TTL and
+    /// publishes `<owner>:<fence>:<ttl>`; on that notice this answers
+    /// [`WaitOutcome::Granted`], valid from the send of the latest heartbeat answered
+    /// "still waiting" whose fence is below the grant's (so processed before it); with
+    /// none, `Retry`. Any other notice for this owner (a reservation made by a version of
+    /// leasehold that does not hand over, a break) answers `Retry`, as does the end of
+    /// `timeout`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the subscription is dropped (in the background) when the last waiter
+    /// on a key leaves; the queue entry lapses two heartbeat periods after the last
+    /// heartbeat; a grant made for this owner stays until its TTL or this owner's next
+    /// acquire (which confirms it) or release.
+    async fn wait_turn(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<WaitOutcome, StoreError> {
+        let Some(notifier) = &self.notifier else {
+            return Err(StoreError::unsupported(
+                BACKEND,
+                "waiting for release (notifications are off: notify=false)",
+            ));
+        };
+        let ttl_arg = ttl_ms(ttl)?.to_string();
+        let period = heartbeat_period(ttl);
+        let life = (period * 2).as_millis().to_string();
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+        let names = self.layout.names(key);
+        let owner = owner.to_hex();
+        let reg = notifier.register(&names.channel, &owner);
+        notifier.subscribe(&reg).await?;
+        let (grace, keep, channel) = (self.grace(), self.fence_expiry(0), self.channel(&names));
+        let mut heard: VecDeque<(Instant, Fence)> = VecDeque::with_capacity(HEARD);
+        loop {
+            let go = reg.wake().go.notified();
+            tokio::pin!(go);
+            go.as_mut().enable();
+            if let Some((fence, granted)) = reg.wake().take_granted() {
+                return Ok(handed(&heard, fence, granted));
+            }
+            let sent = Instant::now();
+            let turn = self
+                .conn
+                .run(
+                    "wait for release",
+                    &SCRIPTS.wait_turn,
+                    &[
+                        &names.lease,
+                        &names.fence,
+                        &names.queue,
+                        &names.queue_deadlines,
+                    ],
+                    &[&owner, &ttl_arg, &life, &grace, &keep, &channel],
+                    scripts::parse_turn,
+                )
+                .await?;
+            match turn {
+                Turn::Go | Turn::Mine => return Ok(WaitOutcome::Retry),
+                Turn::Waiting { last } => {
+                    if heard.len() == HEARD {
+                        heard.pop_front();
+                    }
+                    heard.push_back((sent, last));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Ok(WaitOutcome::Retry);
+            }
+            tokio::select! {
+                _ = &mut go => {
+                    return Ok(match reg.wake().take_granted() {
+                        Some((fence, granted)) => handed(&heard, fence, granted),
+                        None => WaitOutcome::Retry,
+                    });
+                }
+                _ = tokio::time::sleep_until(deadline.min(Instant::now() + period)) => {}
+            }
+        }
+    }
+}
+
+/// How often a waiter that asks for `ttl` sends its heartbeat ([`WaitStore::wait_turn`]):
+/// a twentieth of the TTL, within 10 ms ..= 1 s. Its queue entry lives two of these after
+/// each heartbeat, so the store hands the lease only to a waiter it heard from within
+/// that interval (a tenth of the TTL, for TTLs up to 20 s).
+pub(crate) fn heartbeat_period(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// The most heartbeats answered "still waiting" a wait remembers (the latest ones).
+const HEARD: usize = 16;
+
+/// The grant `fence` (TTL `ttl`) a notice told of, against the heartbeats answered "still
+/// waiting" (`heard`: send instant and the key's last fence when the store processed it,
+/// oldest first): valid from the send of the latest one processed before the grant — the
+/// latest whose last fence is below `fence` (a grant after a heartbeat has a higher fence
+/// than any issued before it). With none, the grant is confirmed by an acquire.
+fn handed(heard: &VecDeque<(Instant, Fence)>, fence: Fence, ttl: Duration) -> WaitOutcome {
+    match heard.iter().rev().find(|(_, last)| *last < fence) {
+        Some((sent, _)) => WaitOutcome::Granted(HandedGrant {
+            fence,
+            ttl,
+            waiting_sent_at: *sent,
+        }),
+        None => WaitOutcome::Retry,
+    }
 }
 
 /// The keys and arguments of an acquire of any of several leases, as the `ACQUIRE_ANY`
@@ -1114,5 +1236,47 @@ mod tests {
         assert!(ttl_ms(MAX_TTL + Duration::from_millis(1)).is_err());
         assert!(ttl_ms(Duration::MAX).is_err());
         assert!(ttl_ms(MAX_TTL).is_ok());
+    }
+
+    #[test]
+    fn heartbeats_come_every_twentieth_of_the_ttl_within_bounds() {
+        assert_eq!(
+            heartbeat_period(Duration::from_secs(5)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            heartbeat_period(Duration::from_millis(100)),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            heartbeat_period(Duration::from_secs(60)),
+            Duration::from_secs(1)
+        );
+    }
+
+    /// A notice's grant is matched with the latest heartbeat answered "still waiting"
+    /// before it (a fence issued before the grant's), never a later one: a heartbeat that
+    /// saw the grant's fence, or a higher one, was processed after the grant.
+    #[test]
+    fn a_notice_is_valid_from_the_latest_heartbeat_processed_before_its_grant() {
+        let t0 = Instant::now();
+        let (t1, t2) = (
+            t0 + Duration::from_millis(100),
+            t0 + Duration::from_millis(200),
+        );
+        let heard: VecDeque<_> = [(t0, Fence(5)), (t1, Fence(7)), (t2, Fence(7))].into();
+        let ttl = Duration::from_secs(3);
+        let at = |o: WaitOutcome| match o {
+            WaitOutcome::Granted(g) => {
+                assert_eq!(g.ttl, ttl);
+                Some((g.waiting_sent_at, g.fence))
+            }
+            WaitOutcome::Retry => None,
+        };
+        assert_eq!(at(handed(&heard, Fence(8), ttl)), Some((t2, Fence(8))));
+        assert_eq!(at(handed(&heard, Fence(6), ttl)), Some((t0, Fence(6))));
+        assert_eq!(at(handed(&heard, Fence(7), ttl)), Some((t0, Fence(7))));
+        assert_eq!(at(handed(&heard, Fence(5), ttl)), None);
+        assert_eq!(at(handed(&VecDeque::new(), Fence(9), ttl)), None);
     }
 }
