@@ -664,6 +664,91 @@ pub async fn waiting_acquire_gets_released_lease(fx: &Fixture) {
     lease.release().await.unwrap();
 }
 
+/// A store that claims [`hands_off`](leasehold_core::Capabilities::hands_off) hands a
+/// released lease to its queued waiter by its notice: `wait_turn` answers `Granted` with
+/// a new fence, at most the TTL asked, valid from a request of the wait sent before the
+/// release was; the store holds it for the waiter, who sent no acquire since. A store that
+/// does not claim it never answers `Granted` (its waiter confirms with an acquire).
+pub async fn hand_off_is_as_claimed(fx: &Fixture) {
+    let caps = fx.store.capabilities();
+    if fx.store.waiter().is_none() {
+        assert!(
+            !caps.hands_off,
+            "the store claims hands_off but has no waiter (Store::waiter)"
+        );
+        return;
+    }
+    let k = key("hand-off");
+    let holder = OwnerToken::random();
+    let fa = fence_of(acquire_raw(fx, &k, &holder, fx.ttl * 4).await);
+    let w = OwnerToken::random();
+    let held = acquire_raw(fx, &k, &w, fx.ttl).await;
+    assert!(
+        matches!(held, AcquireOutcome::Held { .. }),
+        "the waiter's acquire of a held key: {held:?}"
+    );
+    let started = Instant::now();
+    let turn = {
+        let (store, k, ttl) = (fx.store.clone(), k.clone(), fx.ttl);
+        tokio::spawn(async move {
+            let waiter = store.waiter().expect("a waiter");
+            waiter.wait_turn(&k, &w, ttl, ttl * 8).await
+        })
+    };
+    match &fx.queue {
+        Some(queue) => crate::until_queued(&**queue, &k, 1, fx.ttl * 20, "the waiter").await,
+        // No queue to see: give the wait a moment to start (a wait that starts after the
+        // release answers Retry, which only a store that claims hands_off may not).
+        None => sleep(fx.ttl / 4).await,
+    }
+    let releasing = Instant::now();
+    assert_eq!(
+        fx.store.release(&k, &holder).await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let out = timeout(fx.ttl * 10, turn)
+        .await
+        .expect("the wait ends")
+        .expect("task")
+        .expect("wait_turn");
+    match out {
+        leasehold_core::WaitOutcome::Granted(g) => {
+            assert!(
+                caps.hands_off,
+                "wait_turn answered Granted, but the store does not claim hands_off"
+            );
+            assert!(g.fence > fa, "a new fence: {} after {fa}", g.fence);
+            assert!(g.ttl <= fx.ttl, "at most the TTL asked: {:?}", g.ttl);
+            assert!(
+                g.waiting_sent_at >= started && g.waiting_sent_at <= releasing,
+                "valid from a request of the wait sent before the release"
+            );
+            let info = fx.store.inspect(&k).await.expect("inspect").expect("held");
+            assert_eq!(
+                (info.owner, info.fence),
+                (w, g.fence),
+                "held for the waiter"
+            );
+            assert_eq!(
+                fx.store.release(&k, &w).await.expect("release"),
+                ReleaseOutcome::Released
+            );
+        }
+        leasehold_core::WaitOutcome::Retry => {
+            assert!(
+                !caps.hands_off,
+                "the store claims hands_off, but a release with its waiter queued answered Retry"
+            );
+            let fw = fence_of(acquire_raw(fx, &k, &w, fx.ttl).await);
+            assert!(fw > fa);
+            assert_eq!(
+                fx.store.release(&k, &w).await.expect("release"),
+                ReleaseOutcome::Released
+            );
+        }
+    }
+}
+
 /// Five waiters arrive one after another while the lease is held; once it is released
 /// each gets it in turn. A store that claims `fifo_wait` must serve them in arrival order
 /// — each waiter is seen queued in the store ([`Fixture::queue`]) before the next one

@@ -528,6 +528,7 @@ macro_rules! __with_cases {
             cases::lost_before_expiry_when_unreachable,
             cases::waiting_acquire_gets_released_lease,
             cases::waiters_are_served_in_arrival_order,
+            cases::hand_off_is_as_claimed,
             cases::ambiguous_acquire_reply_returns_same_lease,
             cases::stale_writer_rejected_by_guard,
             cases::holder_killed_is_taken_over_after_its_ttl,

@@ -412,6 +412,7 @@ impl Store for RedisStore {
     fn capabilities(&self) -> Capabilities {
         let mut c = Capabilities::minimal();
         c.fifo_wait = self.notifier.is_some();
+        c.hands_off = self.notifier.is_some();
         c.reports_remaining = true;
         c.session_bound = false;
         c.fence_durability = FenceDurability::ClockFloored;

@@ -102,6 +102,7 @@ impl Store for MemoryStore {
             session_bound: false,
             fence_durability: FenceDurability::Process,
             may_evict: false,
+            hands_off: false,
         }
     }
 

@@ -168,11 +168,16 @@ pub struct Capabilities {
     /// the first still believes it holds the lease. Exclusion is not guaranteed; only the
     /// fence, checked by the storage that receives the writes, protects the data.
     pub may_evict: bool,
+    /// A waiting owner may be handed the lease by the store's notice, without an acquire
+    /// to confirm it ([`WaitStore::wait_turn`](crate::WaitStore::wait_turn) answers
+    /// [`WaitOutcome::Granted`]; docs/design.md section 11): Redis with notifications.
+    /// Elsewhere a waiter confirms with an acquire of its own.
+    pub hands_off: bool,
 }
 
 impl Capabilities {
     /// The minimal set: no queue of waiters, no remaining TTL reported, not bound to a
-    /// session, fences in process memory, no eviction.
+    /// session, fences in process memory, no eviction, no hand-off by notice.
     pub const fn minimal() -> Self {
         Self {
             fifo_wait: false,
@@ -180,6 +185,7 @@ impl Capabilities {
             session_bound: false,
             fence_durability: FenceDurability::Process,
             may_evict: false,
+            hands_off: false,
         }
     }
 }
