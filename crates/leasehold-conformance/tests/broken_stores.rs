@@ -23,7 +23,7 @@ use leasehold_core::wrap::{FaultStore, Unreachable};
 use leasehold_core::{
     AcquireAnyOutcome, AcquireOutcome, BatchStore, Capabilities, Changes, CheckedAcquire, Fence,
     FenceDurability, Key, LeaseInfo, OwnerToken, Record, RecordCheck, ReleaseOutcome, RenewOutcome,
-    Store, StoreError, WaitStore, WatchStore,
+    Store, StoreError, WaitOutcome, WaitStore, WatchStore,
 };
 use leasehold_redis::{RedisConfigBuilder, RedisStore};
 use leasehold_testkit::{FaultProxy, RedisServer};
@@ -105,10 +105,16 @@ enum Flaw {
     /// `diagnose` judges a row that is no fault of `docs/guarantees.md` ("split brain"),
     /// and one row twice.
     DiagnosisInventsRows,
+    /// The capabilities claim `hands_off`, but the waiter is never handed the lease: it
+    /// confirms with an acquire.
+    ClaimsHandOff,
+    /// A hand-off's validity counts from the notice's arrival, not from a request the
+    /// store answered "still waiting" before the grant.
+    HandOffFromNotice,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 28] = [
+    const ALL: [Flaw; 30] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -137,6 +143,8 @@ impl Flaw {
         Flaw::NeverWakes,
         Flaw::ValidityFromReply,
         Flaw::DiagnosisInventsRows,
+        Flaw::ClaimsHandOff,
+        Flaw::HandOffFromNotice,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -292,6 +300,13 @@ impl Store for Broken {
         if self.flaw == Flaw::ClaimsFifo {
             caps.fifo_wait = true;
         }
+        // Its waits answer `Retry` (through `wait_released`), except with the flaw that
+        // hands off (wrongly).
+        caps.hands_off = match self.flaw {
+            Flaw::ClaimsHandOff => true,
+            Flaw::HandOffFromNotice => caps.hands_off,
+            _ => false,
+        };
         caps
     }
 
@@ -600,6 +615,30 @@ impl WaitStore for Broken {
         }
         res
     }
+
+    async fn wait_turn(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<WaitOutcome, StoreError> {
+        match (self.flaw, self.inner.waiter()) {
+            (Flaw::HandOffFromNotice, Some(waiter)) => {
+                match waiter.wait_turn(key, owner, ttl, timeout).await? {
+                    WaitOutcome::Granted(mut g) => {
+                        g.waiting_sent_at = tokio::time::Instant::now();
+                        Ok(WaitOutcome::Granted(g))
+                    }
+                    WaitOutcome::Retry => Ok(WaitOutcome::Retry),
+                }
+            }
+            _ => self
+                .wait_released(key, owner, timeout)
+                .await
+                .map(|()| WaitOutcome::Retry),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -778,6 +817,7 @@ const ALL_CASES: &[&str] = &[
     "lost_before_expiry_when_unreachable",
     "waiting_acquire_gets_released_lease",
     "waiters_are_served_in_arrival_order",
+    "hand_off_is_as_claimed",
     "ambiguous_acquire_reply_returns_same_lease",
     "stale_writer_rejected_by_guard",
     "holder_killed_is_taken_over_after_its_ttl",
@@ -1095,6 +1135,18 @@ const KILLS: &[Kill] = &[
         "served out of arrival order",
     ),
     kill(
+        "hand_off_is_as_claimed",
+        ClaimsHandOff,
+        Memory,
+        "the store claims hands_off, but a release with its waiter queued answered Retry",
+    ),
+    kill(
+        "hand_off_is_as_claimed",
+        HandOffFromNotice,
+        Redis,
+        "valid from a request of the wait sent before the release",
+    ),
+    kill(
         "ambiguous_acquire_reply_returns_same_lease",
         NewFenceOnRetry,
         Memory,
@@ -1325,6 +1377,8 @@ flaw_tests! {
     a_waiter_never_woken_is_caught: NeverWakes,
     validity_counted_from_the_reply_is_caught: ValidityFromReply,
     a_diagnosis_that_invents_rows_is_caught: DiagnosisInventsRows,
+    a_hand_off_claimed_falsely_is_caught: ClaimsHandOff,
+    a_hand_off_valid_from_its_notice_is_caught: HandOffFromNotice,
 }
 
 #[test]
