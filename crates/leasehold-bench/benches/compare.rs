@@ -502,6 +502,9 @@ async fn redis_info(conn: &redis::aio::MultiplexedConnection, section: &str) -> 
         .map_err(err)
 }
 
+/// leasehold's Redis store with `batch=false`.
+const UNBATCHED: &str = "leasehold batch=false";
+
 async fn redis_section(plan: Plan) -> Res<Section> {
     progress(format_args!("redis: starting redis-server"));
     let server = blocking(leasehold_testkit::RedisServer::start).await?;
@@ -516,6 +519,22 @@ async fn redis_section(plan: Plan) -> Res<Section> {
             .map_err(err)?,
     );
     let client = LeaseClient::new(store, lease_config()?);
+    // The same store with its batching off (issue 29: batching is kept only where it wins
+    // in the same run).
+    let unbatched = LeaseClient::new(
+        Arc::new(
+            leasehold_redis::RedisStore::connect(
+                leasehold_redis::RedisConfigBuilder::standalone("127.0.0.1", server.port())
+                    .prefix("bench:")
+                    .batch(false)
+                    .build()
+                    .map_err(err)?,
+            )
+            .await
+            .map_err(err)?,
+        ),
+        lease_config()?,
+    );
     let redis_client = redis::Client::open(url.as_str()).map_err(err)?;
     let plain = PlainRedis {
         conn: redis_client
@@ -558,6 +577,7 @@ async fn redis_section(plan: Plan) -> Res<Section> {
 
     let sides = vec![
         leasehold_pair("leasehold", client.clone()),
+        leasehold_pair(UNBATCHED, unbatched.clone()),
         Side::pairs("rslock", {
             let m = rslock.clone();
             move |key| {
@@ -601,6 +621,7 @@ async fn redis_section(plan: Plan) -> Res<Section> {
 
     let contenders = vec![
         leasehold_contender("leasehold", client.clone(), counter.clone()),
+        leasehold_contender(UNBATCHED, unbatched.clone(), counter.clone()),
         Contender::new("rslock", counter.clone(), {
             let m = rslock.clone();
             move |key| {
@@ -646,6 +667,7 @@ async fn redis_section(plan: Plan) -> Res<Section> {
         contenders,
         sides,
         client,
+        unbatched,
         plain,
         fenced,
         rslock,
@@ -658,6 +680,7 @@ async fn redis_section(plan: Plan) -> Res<Section> {
         about: uncontended_about(&plan, "leasehold and rslock against a plain lock and a fenced lock written as Redisson's, all on the same server"),
         legend: vec![
             ("leasehold", "LeaseClient::try_acquire + Lease::release (leasehold-redis: fence, owner token, heartbeat scheduler, watchdog, waiting queue; concurrent operations batched per slot), default LeaseConfig".into()),
+            (UNBATCHED, "the same with batch=false: every acquire and release a script call of its own, sent at once".into()),
             ("rslock", "rslock 0.10 LockManager::lock + Lock::release on one server (SET NX PX + compare-and-delete script; its retry loop); default settings".into()),
             ("plain", "the redis crate alone on one multiplexed connection: SET key token NX PX, then a compare-and-delete script (no fence, no heartbeat)".into()),
             (FENCED, "the redis crate alone, Redisson's RFencedLock recipe: an acquire script (if the lock hash is missing or has this owner's field: HINCRBY, PEXPIRE, INCR of a separate token key, the token returned; else the hash's PTTL), a release script (HINCRBY -1; at 0, DEL and PUBLISH on the key's channel); no heartbeat".into()),
@@ -668,6 +691,7 @@ async fn redis_section(plan: Plan) -> Res<Section> {
             Ratio { num: "rslock", den: "plain", meaning: "the same for rslock".into() },
             Ratio { num: "leasehold", den: "rslock", meaning: "leasehold against rslock directly".into() },
             Ratio { num: "leasehold", den: FENCED, meaning: "leasehold against another fenced lock, written as Redisson writes one".into() },
+            Ratio { num: "leasehold", den: UNBATCHED, meaning: "what the batching gives (above 1: it wins)".into() },
         ],
         contended_about: {
             let mut a = contended_about(&plan, "");

@@ -132,6 +132,9 @@ struct SlotState {
 pub(crate) struct Batcher {
     conn: Arc<Conn>,
     slots: Mutex<HashMap<u16, SlotState>>,
+    /// Calls on the wire per slot before operations queue: [`IN_FLIGHT`], or no limit
+    /// when batching is off.
+    in_flight: usize,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -235,9 +238,11 @@ async fn run_batch(turn: Turn, batch: Vec<Queued>) {
 }
 
 impl Batcher {
-    pub(crate) fn new(conn: Arc<Conn>) -> Self {
+    /// A batcher on `conn`; with `batch` off, every operation goes out at once.
+    pub(crate) fn new(conn: Arc<Conn>, batch: bool) -> Self {
         Self {
             conn,
+            in_flight: if batch { IN_FLIGHT } else { usize::MAX },
             slots: Mutex::new(HashMap::new()),
         }
     }
@@ -249,7 +254,7 @@ impl Batcher {
     fn way(self: &Arc<Self>, slot: u16, op: &Op, deadline: Instant) -> Way {
         let mut slots = self.lock();
         let st = slots.entry(slot).or_default();
-        if st.in_flight < IN_FLIGHT {
+        if st.in_flight < self.in_flight {
             st.in_flight += 1;
             Way::Direct(Turn {
                 batcher: self.clone(),

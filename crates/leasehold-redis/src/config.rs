@@ -165,6 +165,7 @@ pub struct RedisConfig {
     fence_retention: Option<Duration>,
     queue_grace: Duration,
     sharded_pubsub: bool,
+    batch: bool,
     min_replicas: u32,
     max_clock_offset: Duration,
     clock_check: Duration,
@@ -190,6 +191,7 @@ impl fmt::Debug for RedisConfig {
             .field("fence_retention", &self.fence_retention)
             .field("queue_grace", &self.queue_grace)
             .field("sharded_pubsub", &self.sharded_pubsub)
+            .field("batch", &self.batch)
             .field("min_replicas", &self.min_replicas)
             .field("max_clock_offset", &self.max_clock_offset)
             .field("clock_check", &self.clock_check)
@@ -261,6 +263,9 @@ impl fmt::Display for RedisConfig {
         }
         if !self.sharded_pubsub && matches!(self.topology, Topology::Cluster { .. }) {
             f.write_str("&sharded_pubsub=false")?;
+        }
+        if !self.batch {
+            f.write_str("&batch=false")?;
         }
         if self.min_replicas > 0 {
             write!(f, "&min_replicas={}", self.min_replicas)?;
@@ -451,6 +456,11 @@ impl RedisConfig {
     pub fn min_replicas(&self) -> u32 {
         self.min_replicas
     }
+    /// Whether concurrent acquires and releases share script calls
+    /// ([`RedisConfigBuilder::batch`]).
+    pub fn batch(&self) -> bool {
+        self.batch
+    }
     /// Whether release notifications use sharded pub/sub (a Cluster only;
     /// [`RedisConfigBuilder::sharded_pubsub`]).
     pub fn sharded_pubsub(&self) -> bool {
@@ -514,6 +524,7 @@ impl RedisConfigBuilder {
                 fence_retention: Some(DEFAULT_FENCE_RETENTION),
                 queue_grace: DEFAULT_QUEUE_GRACE,
                 sharded_pubsub: true,
+                batch: true,
                 min_replicas: 0,
                 max_clock_offset: DEFAULT_MAX_CLOCK_OFFSET,
                 clock_check: DEFAULT_CLOCK_CHECK,
@@ -676,6 +687,14 @@ impl RedisConfigBuilder {
     /// forwards to every other (needed for Redis 6 Clusters). Ignored on a single server.
     pub fn sharded_pubsub(mut self, on: bool) -> Self {
         self.cfg.sharded_pubsub = on;
+        self
+    }
+    /// Whether the concurrent acquires and releases of this store's tasks share script
+    /// calls (default on): while two calls for a slot are on the wire, further operations
+    /// on it wait and go out together, as one `MANY` script call (see the crate's README,
+    /// "Batches"). Off: every operation is a script call of its own, sent at once.
+    pub fn batch(mut self, on: bool) -> Self {
+        self.cfg.batch = on;
         self
     }
     /// Replica-acknowledged writes (default 0: off; at most [`MAX_MIN_REPLICAS`]). Every
@@ -987,6 +1006,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
                 b = b.fence_retention(Some(d));
             }
             "queue_grace" => b = b.queue_grace(parse_duration(&name, &value)?),
+            "batch" => b = b.batch(parse_bool(&name, &value)?),
             "min_replicas" => b = b.min_replicas(parse_number(&name, &value)?),
             "max_clock_offset" if sentinel => {
                 b = b.max_clock_offset(parse_duration(&name, &value)?)
@@ -1024,7 +1044,7 @@ fn parse_url(url: &str) -> Result<RedisConfigBuilder, StoreError> {
             other => {
                 let shown: String = other.chars().take(32).collect();
                 return Err(config_error(format!(
-                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, min_replicas, cluster_retries, sharded_pubsub, db, max_clock_offset, clock_check, sentinel_auth, sentinel_username, sentinel_password (Sentinel), tls_ca, tls_cert, tls_key"
+                    "unknown URL parameter `{shown}`; known: prefix, timeout, connect_timeout, notify, allow_eviction, policy_check, fence_retention, queue_grace, batch, min_replicas, cluster_retries, sharded_pubsub, db, max_clock_offset, clock_check, sentinel_auth, sentinel_username, sentinel_password (Sentinel), tls_ca, tls_cert, tls_key"
                 )));
             }
         }
@@ -1268,6 +1288,21 @@ mod tests {
         let c = RedisConfig::from_url(&format!("redis+cluster://:{PW}@a:1,b:2")).unwrap();
         assert!(!c.to_string().contains(PW));
         assert!(!format!("{c:?}").contains(PW));
+    }
+
+    #[test]
+    fn batching_can_be_turned_off() {
+        assert!(RedisConfig::from_url("redis://a:1/").unwrap().batch());
+        let c = RedisConfig::from_url("redis://a:1/?batch=false").unwrap();
+        assert!(!c.batch());
+        assert!(c.to_string().contains("batch=false"));
+        assert!(
+            !RedisConfig::from_url("redis://a:1/")
+                .unwrap()
+                .to_string()
+                .contains("batch")
+        );
+        assert!(RedisConfig::from_url("redis://a:1/?batch=maybe").is_err());
     }
 
     #[test]

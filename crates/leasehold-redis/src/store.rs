@@ -80,7 +80,7 @@ impl RedisStore {
     pub fn new(config: RedisConfig) -> Result<Self, StoreError> {
         let layout = Layout::new(config.prefix())?;
         let conn = Arc::new(Conn::new(&config)?);
-        let batcher = Arc::new(Batcher::new(conn.clone()));
+        let batcher = Arc::new(Batcher::new(conn.clone(), config.batch()));
         let notifier = if config.notifications() {
             Some(Arc::new(Notifier::new(
                 conn.pubsub_transport()?,

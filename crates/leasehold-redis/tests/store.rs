@@ -686,6 +686,41 @@ async fn concurrent_operations_are_batched_and_each_answered_on_its_own() {
     );
 }
 
+/// With `batch=false` every acquire and release is a script call of its own: as many
+/// calls as operations, however many run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_batching_off_each_operation_is_its_own_call() {
+    let s =
+        Standalone::start_with(leasehold_testkit::RedisOptions::new(), |b| b.batch(false)).await;
+    // The scripts loaded first (a first call answered NOSCRIPT is sent again).
+    let (warm, me) = (key("nobatch:warm"), OwnerToken::random());
+    fence_of(&*s.store, &warm, &me).await;
+    s.store.release(&warm, &me).await.unwrap();
+    let before = s.evalsha_calls().await;
+    const N: usize = 200;
+    let tasks: Vec<_> = (0..N)
+        .map(|i| {
+            let store = s.store.clone();
+            tokio::spawn(async move {
+                let (k, me) = (key(&format!("nobatch:{i}")), OwnerToken::random());
+                assert!(matches!(
+                    store.acquire(&k, &me, TTL).await.unwrap(),
+                    AcquireOutcome::Acquired { .. }
+                ));
+                assert_eq!(
+                    store.release(&k, &me).await.unwrap(),
+                    ReleaseOutcome::Released
+                );
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let calls = s.evalsha_calls().await - before;
+    assert_eq!(calls, 2 * N as u64, "one script call per operation");
+}
+
 /// Records: one string `<fence>:<value>` at `p{e}:record`, no expiry, apart from the
 /// lease of the same name; fences compared exactly above 2^53 (where Lua's doubles would
 /// take 2^53 and 2^53 + 1 for equal) up to `u64::MAX`; a value over the limit refused
