@@ -281,6 +281,16 @@ impl RedisStore {
         self.grace_ms().map(|ms| ms.to_string()).unwrap_or_default()
     }
 
+    /// The notifier waits go through, or `Unsupported` with notifications off.
+    fn waiting_notifier(&self) -> Result<&Arc<Notifier>, StoreError> {
+        self.notifier.as_ref().ok_or_else(|| {
+            StoreError::unsupported(
+                BACKEND,
+                "waiting for release (notifications are off: notify=false)",
+            )
+        })
+    }
+
     /// The reservation grace in ms, or `None` when there is no queue (notifications off).
     fn grace_ms(&self) -> Option<u128> {
         self.notifier
@@ -878,16 +888,8 @@ impl WaitStore for RedisStore {
         owner: &OwnerToken,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        let Some(notifier) = &self.notifier else {
-            return Err(StoreError::unsupported(
-                BACKEND,
-                "waiting for release (notifications are off: notify=false)",
-            ));
-        };
-        let now = Instant::now();
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+        let notifier = self.waiting_notifier()?;
+        let deadline = wait_deadline(timeout);
         let names = self.layout.names(key);
         let owner = owner.to_hex();
         let reg = notifier.register(&names.channel, &owner);
@@ -966,19 +968,11 @@ impl WaitStore for RedisStore {
         ttl: Duration,
         timeout: Duration,
     ) -> Result<WaitOutcome, StoreError> {
-        let Some(notifier) = &self.notifier else {
-            return Err(StoreError::unsupported(
-                BACKEND,
-                "waiting for release (notifications are off: notify=false)",
-            ));
-        };
+        let notifier = self.waiting_notifier()?;
         let ttl_arg = ttl_ms(ttl)?.to_string();
         let period = heartbeat_period(ttl);
         let life = (period * 2).as_millis().to_string();
-        let now = Instant::now();
-        let deadline = now
-            .checked_add(timeout)
-            .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
+        let deadline = wait_deadline(timeout);
         let names = self.layout.names(key);
         let owner = owner.to_hex();
         let reg = notifier.register(&names.channel, &owner);
@@ -1039,6 +1033,13 @@ impl WaitStore for RedisStore {
 /// that interval (a tenth of the TTL, for TTLs up to 20 s).
 pub(crate) fn heartbeat_period(ttl: Duration) -> Duration {
     (ttl / 20).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// When a wait of `timeout` from now ends (a year from now at the latest).
+fn wait_deadline(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
 }
 
 /// The most heartbeats answered "still waiting" a wait remembers (the latest ones).

@@ -118,6 +118,27 @@ async fn server_ms(s: &Standalone) -> u64 {
     secs * 1000 + us / 1000
 }
 
+/// A waiter (its notices held back `notice`) acquiring `k` with a wait of `wait`, seen
+/// queued with its heartbeats.
+async fn waiting(
+    s: &Standalone,
+    k: &Key,
+    notice: Duration,
+    wait: Duration,
+) -> (
+    Arc<Waiter>,
+    tokio::task::JoinHandle<Result<leasehold_core::Lease, leasehold_core::Error>>,
+) {
+    let w = Waiter::new(s.store.clone(), notice);
+    let b = LeaseClient::new(w.clone(), config());
+    let task = tokio::spawn({
+        let k = k.clone();
+        async move { b.acquire(&k, wait).await }
+    });
+    queued(s, k, 1).await;
+    (w, task)
+}
+
 /// The holder: the key held by a fresh owner for `ttl` (straight on the store).
 async fn hold(s: &Standalone, k: &Key, ttl: Duration) -> (OwnerToken, Fence) {
     let owner = OwnerToken::random();
@@ -132,13 +153,7 @@ async fn a_waiter_holds_the_released_lease_from_the_notice_without_an_acquire() 
     let s = Standalone::start().await;
     let k = Key::new("handoff:plain").unwrap();
     let (a, a_fence) = hold(&s, &k, TTL).await;
-    let w = Waiter::new(s.store.clone(), Duration::ZERO);
-    let b = LeaseClient::new(w.clone(), config());
-    let wait = tokio::spawn({
-        let k = k.clone();
-        async move { b.acquire(&k, Duration::from_secs(30)).await }
-    });
-    queued(&s, &k, 1).await;
+    let (w, wait) = waiting(&s, &k, Duration::ZERO, Duration::from_secs(30)).await;
     let released = Instant::now();
     s.store.release(&k, &a).await.unwrap();
     let lease = wait.await.unwrap().expect("the waiter gets the lease");
@@ -169,13 +184,7 @@ async fn a_late_notice_never_puts_the_deadline_past_the_stores_expiry() {
     let k = Key::new("handoff:late").unwrap();
     let (a, _) = hold(&s, &k, TTL).await;
     let late = Duration::from_secs(2);
-    let w = Waiter::new(s.store.clone(), late);
-    let b = LeaseClient::new(w.clone(), config());
-    let wait = tokio::spawn({
-        let k = k.clone();
-        async move { b.acquire(&k, Duration::from_secs(30)).await }
-    });
-    queued(&s, &k, 1).await;
+    let (w, wait) = waiting(&s, &k, late, Duration::from_secs(30)).await;
     let released = Instant::now();
     s.store.release(&k, &a).await.unwrap();
     let lease = wait.await.unwrap().expect("the waiter gets the lease");
@@ -203,13 +212,13 @@ async fn a_notice_later_than_the_grants_ttl_is_not_trusted() {
     let s = Standalone::start().await;
     let k = Key::new("handoff:lapsed").unwrap();
     let (a, _) = hold(&s, &k, Duration::from_secs(60)).await;
-    let w = Waiter::new(s.store.clone(), TTL + Duration::from_millis(500));
-    let b = LeaseClient::new(w.clone(), config());
-    let wait = tokio::spawn({
-        let k = k.clone();
-        async move { b.acquire(&k, Duration::from_secs(60)).await }
-    });
-    queued(&s, &k, 1).await;
+    let (w, wait) = waiting(
+        &s,
+        &k,
+        TTL + Duration::from_millis(500),
+        Duration::from_secs(60),
+    )
+    .await;
     s.store.release(&k, &a).await.unwrap();
     let lease = wait.await.unwrap().expect("the waiter gets the lease");
     let handed = w.handed.lock().unwrap().clone();
@@ -232,13 +241,7 @@ async fn a_waiter_that_stopped_heartbeating_is_passed_over() {
     let s = Standalone::start().await;
     let k = Key::new("handoff:gone").unwrap();
     let (a, _) = hold(&s, &k, TTL).await;
-    let w = Waiter::new(s.store.clone(), Duration::ZERO);
-    let b = LeaseClient::new(w.clone(), config());
-    let wait = tokio::spawn({
-        let k = k.clone();
-        async move { b.acquire(&k, Duration::from_secs(30)).await }
-    });
-    queued(&s, &k, 1).await;
+    let (_, wait) = waiting(&s, &k, Duration::ZERO, Duration::from_secs(30)).await;
     // The waiter stops (as a crashed process would): no more heartbeats.
     wait.abort();
     let _ = wait.await;
