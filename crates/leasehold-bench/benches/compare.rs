@@ -44,7 +44,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_bench::parse::{Backend, Cli, USAGE, commandstats_calls, parse_args, pgbench_tps};
 use leasehold_bench::{
-    Contender, Counter, Plan, Ratio, Res, Section, Side, contended, json, release, uncontended,
+    Contender, Counter, Plan, Ratio, Res, Section, Side, contended, json, release,
 };
 use leasehold_core::{
     AcquireOutcome, Key, LeaseClient, LeaseConfig, OwnerToken, ReleaseOutcome, RenewOutcome, Store,
@@ -223,12 +223,41 @@ fn contended_about(plan: &Plan, what: &str) -> Vec<String> {
 }
 
 async fn run_levels(sides: &[Side], plan: &Plan) -> Vec<leasehold_bench::Level> {
+    run_levels_with_server(sides, plan, None).await
+}
+
+/// [`run_levels`], with the server's CPU time read around each side's slice.
+async fn run_levels_with_server(
+    sides: &[Side],
+    plan: &Plan,
+    server: Option<&leasehold_bench::ServerCpuFn>,
+) -> Vec<leasehold_bench::Level> {
     let mut levels = Vec::new();
     for tasks in LEVELS {
         progress(format_args!("  {tasks} task(s)"));
-        levels.push(uncontended(sides, tasks, plan).await);
+        levels.push(leasehold_bench::uncontended_with_server(sides, tasks, plan, server).await);
     }
     levels
+}
+
+/// The Redis server's CPU time so far (`INFO cpu`: `used_cpu_user` + `used_cpu_sys`, in
+/// seconds with µs resolution).
+fn redis_server_cpu(conn: redis::aio::MultiplexedConnection) -> leasehold_bench::ServerCpuFn {
+    Arc::new(move || {
+        let conn = conn.clone();
+        Box::pin(async move {
+            let info = redis_info(&conn, "cpu").await?;
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            };
+            match (field("used_cpu_user:"), field("used_cpu_sys:")) {
+                (Some(u), Some(s)) => Ok(Duration::from_secs_f64(u + s)),
+                _ => Err("INFO cpu: no used_cpu_user/used_cpu_sys".into()),
+            }
+        })
+    })
 }
 
 /// A progress line on stderr, with the time since the run started.
@@ -617,7 +646,8 @@ async fn redis_section(plan: Plan) -> Res<Section> {
         }),
     ];
     progress(format_args!("redis: uncontended"));
-    let levels = run_levels(&sides, &plan).await;
+    let server_cpu = redis_server_cpu(plain.conn.clone());
+    let levels = run_levels_with_server(&sides, &plan, Some(&server_cpu)).await;
 
     let contenders = vec![
         leasehold_contender("leasehold", client.clone(), counter.clone()),

@@ -204,6 +204,9 @@ pub struct SideStats {
     /// never overlap. `None` for a [`Work::Rate`] side (its client is another process)
     /// and where the process's CPU clock cannot be read.
     pub cpu: Option<Duration>,
+    /// The server's CPU time over the side's slices, where the section reads it
+    /// ([`uncontended_with_server`]): what the side's pairs cost the server.
+    pub server_cpu: Option<Duration>,
 }
 
 impl SideStats {
@@ -218,7 +221,17 @@ impl SideStats {
         let pairs = u32::try_from(self.pairs).ok().filter(|&p| p > 0)?;
         Some(self.cpu? / pairs)
     }
+
+    /// The server's CPU time per pair over every slice ([`server_cpu`](Self::server_cpu)
+    /// ÷ [`pairs`](Self::pairs)).
+    pub fn server_cpu_per_pair(&self) -> Option<Duration> {
+        let pairs = u32::try_from(self.pairs).ok().filter(|&p| p > 0)?;
+        Some(self.server_cpu? / pairs)
+    }
 }
+
+/// Reads a server's CPU time so far (user + system), for [`uncontended_with_server`].
+pub type ServerCpuFn = Arc<dyn Fn() -> BoxFut<Res<Duration>> + Send + Sync>;
 
 /// This process's CPU time so far, user and system, of all its threads
 /// (`CLOCK_PROCESS_CPUTIME_ID`, nanoseconds).
@@ -328,6 +341,18 @@ async fn pair_slice(
 /// Runs every side at `tasks` concurrent tasks in `plan.slices` interleaved slices (the
 /// order rotated each slice), after a warm-up of each.
 pub async fn uncontended(sides: &[Side], tasks: usize, plan: &Plan) -> Level {
+    uncontended_with_server(sides, tasks, plan, None).await
+}
+
+/// [`uncontended`], with the server's CPU time read by `server` before and after each
+/// side's slice (outside the timed slice) into [`SideStats::server_cpu`]: every side
+/// must talk to that one server, and nothing else may.
+pub async fn uncontended_with_server(
+    sides: &[Side],
+    tasks: usize,
+    plan: &Plan,
+    server: Option<&ServerCpuFn>,
+) -> Level {
     let keys: Vec<Vec<Arc<str>>> = (0..sides.len())
         .map(|s| {
             (0..tasks)
@@ -354,6 +379,7 @@ pub async fn uncontended(sides: &[Side], tasks: usize, plan: &Plan) -> Level {
                 Work::Pairs(_) => process_cpu().map(|_| Duration::ZERO),
                 Work::Rate(_) => None,
             },
+            server_cpu: server.map(|_| Duration::ZERO),
         })
         .collect();
     for slice in 0..plan.slices {
@@ -361,12 +387,24 @@ pub async fn uncontended(sides: &[Side], tasks: usize, plan: &Plan) -> Level {
             let i = (j + slice) % sides.len();
             let (rate, l, errors) = match &sides[i].work {
                 Work::Pairs(pair) => {
+                    let server0 = match server {
+                        Some(read) => read().await.ok(),
+                        None => None,
+                    };
                     let cpu0 = process_cpu();
                     let res = pair_slice(pair, &keys[i], plan.slice).await;
                     if let (Some(total), Some(c0), Some(c1)) =
                         (&mut stats[i].cpu, cpu0, process_cpu())
                     {
                         *total += c1.saturating_sub(c0);
+                    }
+                    if let (Some(read), Some(s0)) = (server, server0) {
+                        match (read().await, &mut stats[i].server_cpu) {
+                            (Ok(s1), Some(total)) => *total += s1.saturating_sub(s0),
+                            _ => stats[i].server_cpu = None,
+                        }
+                    } else {
+                        stats[i].server_cpu = None;
                     }
                     res
                 }
@@ -934,6 +972,28 @@ impl Section {
                      pairs: the client's; the CPU ratios are num's CPU per pair ÷ den's)"
                 );
             }
+            let server = |s: &SideStats| s.server_cpu_per_pair().map(|d| d.as_secs_f64() * 1e6);
+            if self
+                .levels
+                .iter()
+                .flat_map(|l| &l.sides)
+                .any(|s| s.server_cpu.is_some())
+            {
+                let _ = writeln!(o, "\n   {:<w$}", "server CPU µs/pair", w = w1);
+                for (i, s) in self.levels[0].sides.iter().enumerate() {
+                    let _ = write!(o, "   {:<w$}", s.name, w = w1);
+                    for l in &self.levels {
+                        let cell = server(&l.sides[i]).map_or_else(|| "-".into(), |x| fixed(x, 2));
+                        let _ = write!(o, "{cell:>col$}");
+                    }
+                    o.push('\n');
+                }
+                let _ = writeln!(
+                    o,
+                    "   (the server process's CPU time, user + system, over a side's slices ÷ \
+                     its pairs)"
+                );
+            }
             for l in &self.levels {
                 for s in &l.sides {
                     if s.errors.count > 0 {
@@ -1043,6 +1103,7 @@ impl Section {
                 "p99_us": dur(s.p99),
                 "errors": errors(&s.errors),
                 "cpu_us_per_pair": s.cpu_per_pair().map(|d| round4(d.as_secs_f64() * 1e6)),
+                "server_cpu_us_per_pair": s.server_cpu_per_pair().map(|d| round4(d.as_secs_f64() * 1e6)),
             })
         };
         let levels = self.levels.iter().map(|l| {
@@ -1142,6 +1203,7 @@ mod tests {
             p99: None,
             errors: Errors::default(),
             cpu: None,
+            server_cpu: None,
         };
         // A load burst in slice 2 hits both sides: the paired ratio is unaffected.
         let l = Level {
@@ -1182,6 +1244,51 @@ mod tests {
         assert_eq!(num(1234567.4), "1 234 567");
         assert_eq!(num(999.0), "999");
         assert_eq!(num(f64::NAN), "-");
+    }
+
+    /// A server's CPU, read around each side's slice, is charged to that side's pairs: here
+    /// a "server" that spends 10 µs per pair of one side and 30 µs per pair of the other.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn server_cpu_is_charged_to_the_side_whose_slice_spent_it() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let plan = Plan {
+            slices: 2,
+            slice: Duration::from_millis(20),
+            warmup: Duration::from_millis(5),
+            contended_slice: Duration::from_millis(50),
+            contenders: 4,
+            hold: Duration::from_millis(1),
+        };
+        let spent = Arc::new(AtomicU64::new(0));
+        let costing = |name, us: u64| {
+            let spent = spent.clone();
+            Side::pairs(name, move |_key| {
+                let spent = spent.clone();
+                async move {
+                    spent.fetch_add(us, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    Ok(())
+                }
+            })
+        };
+        let read: ServerCpuFn = {
+            let spent = spent.clone();
+            Arc::new(move || {
+                let us = spent.load(Ordering::SeqCst);
+                Box::pin(async move { Ok(Duration::from_micros(us)) })
+            })
+        };
+        let sides = [costing("cheap", 10), costing("dear", 30)];
+        let level = uncontended_with_server(&sides, 2, &plan, Some(&read)).await;
+        let per_pair = |n| level.side(n).unwrap().server_cpu_per_pair();
+        // (Pairs cut off at the end of a slice may have spent without being counted.)
+        let cheap = per_pair("cheap").expect("read").as_secs_f64() * 1e6;
+        let dear = per_pair("dear").expect("read").as_secs_f64() * 1e6;
+        assert!((10.0..10.5).contains(&cheap), "{cheap}");
+        assert!((30.0..31.5).contains(&dear), "{dear}");
+        // Without a reader, nothing is charged.
+        let level = uncontended(&sides, 1, &plan).await;
+        assert_eq!(level.side("cheap").unwrap().server_cpu, None);
     }
 
     /// The whole harness against an in-process lock: a smoke test that takes well under a
