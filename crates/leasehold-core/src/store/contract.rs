@@ -60,7 +60,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// owner with a new fence and a short TTL, and tell it. The waiter's `acquire` then
     /// finds the key held by its own owner and extends it (same fence), so its validity
     /// counts from that request's send, as for any grant; anyone else is answered
-    /// `Held` meanwhile (no one gets past the queue).
+    /// `Held` meanwhile (no one gets past the queue). A store that
+    /// [hands off](crate::Capabilities::hands_off) grants it outright to a waiter that
+    /// heartbeats, for that waiter's TTL, and tells it ([`WaitStore::wait_turn`]); its
+    /// acquire, if it sends one, is answered the same way (same fence, TTL extended).
     async fn acquire(
         &self,
         key: &Key,
