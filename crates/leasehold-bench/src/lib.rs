@@ -949,22 +949,31 @@ impl Section {
             for r in &self.ratios {
                 let _ = writeln!(o, "   ({} ÷ {}: {})", r.num, r.den, r.meaning);
             }
-            let cpu = |s: &SideStats| s.cpu_per_pair().map(|d| d.as_secs_f64() * 1e6);
-            if self
-                .levels
-                .iter()
-                .flat_map(|l| &l.sides)
-                .any(|s| s.cpu.is_some())
-            {
-                let _ = writeln!(o, "\n   {:<w$}", "client CPU µs/pair", w = w1);
-                for (i, s) in self.levels[0].sides.iter().enumerate() {
-                    let _ = write!(o, "   {:<w$}", s.name, w = w1);
-                    for l in &self.levels {
-                        let cell = cpu(&l.sides[i]).map_or_else(|| "-".into(), |x| fixed(x, 2));
-                        let _ = write!(o, "{cell:>col$}");
+            // One row per side of a per-pair figure in µs, when any side has it.
+            let per_pair_rows =
+                |o: &mut String, title: &str, us: &dyn Fn(&SideStats) -> Option<Duration>| {
+                    let shown = |s: &SideStats| us(s).map(|d| d.as_secs_f64() * 1e6);
+                    if !self
+                        .levels
+                        .iter()
+                        .flat_map(|l| &l.sides)
+                        .any(|s| shown(s).is_some())
+                    {
+                        return false;
                     }
-                    o.push('\n');
-                }
+                    let _ = writeln!(o, "\n   {title:<w$}", w = w1);
+                    for (i, s) in self.levels[0].sides.iter().enumerate() {
+                        let _ = write!(o, "   {:<w$}", s.name, w = w1);
+                        for l in &self.levels {
+                            let cell =
+                                shown(&l.sides[i]).map_or_else(|| "-".into(), |x| fixed(x, 2));
+                            let _ = write!(o, "{cell:>col$}");
+                        }
+                        o.push('\n');
+                    }
+                    true
+                };
+            if per_pair_rows(&mut o, "client CPU µs/pair", &SideStats::cpu_per_pair) {
                 ratio_rows(&mut o, &|l, r| l.cpu_ratio(r.num, r.den));
                 let _ = writeln!(
                     o,
@@ -972,22 +981,11 @@ impl Section {
                      pairs: the client's; the CPU ratios are num's CPU per pair ÷ den's)"
                 );
             }
-            let server = |s: &SideStats| s.server_cpu_per_pair().map(|d| d.as_secs_f64() * 1e6);
-            if self
-                .levels
-                .iter()
-                .flat_map(|l| &l.sides)
-                .any(|s| s.server_cpu.is_some())
-            {
-                let _ = writeln!(o, "\n   {:<w$}", "server CPU µs/pair", w = w1);
-                for (i, s) in self.levels[0].sides.iter().enumerate() {
-                    let _ = write!(o, "   {:<w$}", s.name, w = w1);
-                    for l in &self.levels {
-                        let cell = server(&l.sides[i]).map_or_else(|| "-".into(), |x| fixed(x, 2));
-                        let _ = write!(o, "{cell:>col$}");
-                    }
-                    o.push('\n');
-                }
+            if per_pair_rows(
+                &mut o,
+                "server CPU µs/pair",
+                &SideStats::server_cpu_per_pair,
+            ) {
                 let _ = writeln!(
                     o,
                     "   (the server process's CPU time, user + system, over a side's slices ÷ \
