@@ -84,6 +84,7 @@ end
 -- waiter gets `grace` ms and is told "<head>", and confirms with an acquire of its own,
 -- which extends the lease to its TTL. " <next>" follows when someone else is queued: the
 -- waiter now first learns it is next, and re-checks when the reservation would lapse.
+-- Returns an error's text, or nil and the new fence.
 local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
   local f, nerr = next_fence(last)
   if nerr then return nerr end
@@ -105,7 +106,7 @@ local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
   else
     publish(chan, told .. ' ' .. nxt[1])
   end
-  return nil
+  return nil, f
 end
 -- Acquire (see ACQUIRE): a table {1, fence, ttl} or {0, pttl}, or an error's text. A
 -- fresh grant of a watched key (`w`, optional) is told on `chan`.
@@ -364,13 +365,11 @@ end
 if redis.call('EXISTS', KEYS[3]) == 0 then return {ARGV[1], 0} end
 local head = live_head(KEYS[3], KEYS[4], now)
 if head == nil or head == ARGV[2] then return {ARGV[1], 0} end
-local rerr = reserve(KEYS[1], KEYS[2], KEYS[3], KEYS[4], last, head, ARGV[5], ARGV[6], ARGV[7])
+local rerr, reserved = reserve(KEYS[1], KEYS[2], KEYS[3], KEYS[4], last, head, ARGV[5], ARGV[6], ARGV[7])
 if rerr then return redis.error_reply(rerr) end
-local now_last, nerr = read_fence(KEYS[2])
-if nerr then return redis.error_reply(nerr) end
 enqueue(KEYS[3], KEYS[4], ARGV[2], now, now + tonumber(ARGV[4]))
 redis.call('HSET', KEYS[4], 't' .. ARGV[2], ARGV[3])
-return {ARGV[1], 1, redis.call('PTTL', KEYS[1]), string.format('%d', now_last)}
+return {ARGV[1], 1, redis.call('PTTL', KEYS[1]), string.format('%d', reserved)}
 "#;
 
 /// KEYS: lease, fence. ARGV: id, channel ('' = don't publish), fence record expiry ms
