@@ -74,6 +74,12 @@ impl Forward for Handing {
         Some(self)
     }
 
+    fn capabilities(&self) -> leasehold_core::Capabilities {
+        let mut c = self.mem.capabilities();
+        c.hands_off = true;
+        c
+    }
+
     async fn acquire(
         &self,
         key: &Key,
@@ -274,4 +280,37 @@ async fn a_host_suspend_during_the_wait_shortens_a_handed_lease() {
         released_at - 300 * MS + config().validity(TTL) - 2 * S
     );
     assert!(lease.release().await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_acquire_dropped_after_the_grant_releases_it() {
+    // The store grants the lease to the waiter at the release, but its notice is slow;
+    // the caller gives up meanwhile. The grant is the waiter's, so its guard releases it:
+    // the key does not stay idle for the grant's TTL.
+    let store = Handing::new(Duration::ZERO, 5 * S);
+    let long = LeaseConfig::builder(30 * S).build().expect("config");
+    let a = LeaseClient::new(store.clone(), long);
+    let first = a.try_acquire(key()).await.expect("a acquires");
+    let b = LeaseClient::new(store.clone(), config());
+    let waiter = tokio::spawn(async move { b.acquire(key(), 60 * S).await });
+    sleep(S).await;
+    assert!(first.release().await.unwrap());
+    sleep(S).await;
+    let handed = store.handed.lock().unwrap().clone();
+    assert_eq!(handed.len(), 1, "granted at the release");
+    let info = store
+        .mem
+        .inspect(&key())
+        .await
+        .unwrap()
+        .expect("held for the waiter");
+    assert_eq!(info.owner, handed[0].0);
+    waiter.abort();
+    let _ = waiter.await;
+    sleep(100 * MS).await;
+    assert_eq!(
+        store.mem.inspect(&key()).await.unwrap(),
+        None,
+        "released by the guard"
+    );
 }

@@ -603,6 +603,9 @@ impl LeaseClient {
                             waited: now - started,
                         });
                     }
+                    // A store that hands off may grant this owner the lease while it
+                    // waits: if this call is dropped meanwhile, the guard releases it.
+                    orphan.maybe_granted = self.inner.capabilities.hands_off;
                     handed = self.pause(step, &owner, attempt, remaining, deadline).await;
                     attempt = attempt.saturating_add(1);
                     continue;
