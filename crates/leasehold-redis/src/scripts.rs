@@ -47,66 +47,72 @@ local function queue_watch(q, w)
   local n = redis.call('EXISTS', q, w, w)
   return n % 2 == 1, n >= 2
 end
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
--- The waiting queue of a key: q (ZSET owner -> arrival in ms, FIFO), qd (HASH owner ->
--- the entry's own deadline in ms; and 't' .. owner -> the TTL in ms a waiter that
--- heartbeats asked for, see WAIT_TURN). The first entry whose deadline has not passed,
--- after dropping the ones whose deadline has.
-local function dequeue(q, qd, owner)
-  redis.call('ZREM', q, owner)
-  redis.call('HDEL', qd, owner, 't' .. owner)
-end
-local function live_head(q, qd, now)
-  while true do
-    local h = redis.call('ZRANGE', q, 0, 0)
-    if #h == 0 then return nil end
-    local d = tonumber(redis.call('HGET', qd, h[1]) or '0') or 0
-    if d > now then return h[1] end
-    dequeue(q, qd, h[1])
+-- The queue's helpers (now_ms, dequeue, live_head, enqueue, reserve), made only by a
+-- call that meets a queue: most calls never do, and a closure made per call is what a
+-- script's prelude costs the server (issue 29 item 4).
+local function queue_ops()
+  local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-end
--- Adds (or keeps the place of) owner in the queue, its entry living until `untl` (ms).
-local function enqueue(q, qd, owner, now, untl)
-  redis.call('ZADD', q, 'NX', now, owner)
-  redis.call('HSET', qd, owner, untl)
-  local want = untl - now + 1000
-  if redis.call('PTTL', q) < want then redis.call('PEXPIRE', q, want) end
-  if redis.call('PTTL', qd) < want then redis.call('PEXPIRE', qd, want) end
-end
--- Reserves the free lease for the waiter `head`: a new fence, the lease held by head,
--- head leaves the queue and is told on `chan`. A waiter that heartbeats (its entry has
--- the TTL it asked for, 't' .. head) is granted that TTL and told "<head>:<fence>:<ttl>":
--- the grant is its, no acquire needed (docs/design.md section 11; its entry lives one
--- heartbeat interval, so only a waiter heard from that recently is granted). Any other
--- waiter gets `grace` ms and is told "<head>", and confirms with an acquire of its own,
--- which extends the lease to its TTL. " <next>" follows when someone else is queued: the
--- waiter now first learns it is next, and re-checks when the reservation would lapse.
--- Returns an error's text, or nil and the new fence.
-local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
-  local f, nerr = next_fence(last)
-  if nerr then return nerr end
-  local fs = string.format('%d', f)
-  local ttl = redis.call('HGET', qd, 't' .. head)
-  local hold, told = grace, head
-  if ttl then hold, told = ttl, head .. ':' .. fs .. ':' .. ttl end
-  if keep == '' then
-    redis.call('SET', kf, fs)
-  else
-    redis.call('SET', kf, fs, 'PX', tonumber(keep) + tonumber(hold))
+  -- The waiting queue of a key: q (ZSET owner -> arrival in ms, FIFO), qd (HASH owner ->
+  -- the entry's own deadline in ms; and 't' .. owner -> the TTL in ms a waiter that
+  -- heartbeats asked for, see WAIT_TURN). The first entry whose deadline has not passed,
+  -- after dropping the ones whose deadline has.
+  local function dequeue(q, qd, owner)
+    redis.call('ZREM', q, owner)
+    redis.call('HDEL', qd, owner, 't' .. owner)
   end
-  redis.call('SET', kl, head .. ':' .. fs, 'PX', hold)
-  dequeue(q, qd, head)
-  local nxt = redis.call('ZRANGE', q, 0, 0)
-  if #nxt == 0 then
-    redis.call('DEL', q, qd)
-    publish(chan, told)
-  else
-    publish(chan, told .. ' ' .. nxt[1])
+  local function live_head(q, qd, now)
+    while true do
+      local h = redis.call('ZRANGE', q, 0, 0)
+      if #h == 0 then return nil end
+      local d = tonumber(redis.call('HGET', qd, h[1]) or '0') or 0
+      if d > now then return h[1] end
+      dequeue(q, qd, h[1])
+    end
   end
-  return nil, f
+  -- Adds (or keeps the place of) owner in the queue, its entry living until `untl` (ms).
+  local function enqueue(q, qd, owner, now, untl)
+    redis.call('ZADD', q, 'NX', now, owner)
+    redis.call('HSET', qd, owner, untl)
+    local want = untl - now + 1000
+    if redis.call('PTTL', q) < want then redis.call('PEXPIRE', q, want) end
+    if redis.call('PTTL', qd) < want then redis.call('PEXPIRE', qd, want) end
+  end
+  -- Reserves the free lease for the waiter `head`: a new fence, the lease held by head,
+  -- head leaves the queue and is told on `chan`. A waiter that heartbeats (its entry has
+  -- the TTL it asked for, 't' .. head) is granted that TTL and told "<head>:<fence>:<ttl>":
+  -- the grant is its, no acquire needed (docs/design.md section 11; its entry lives one
+  -- heartbeat interval, so only a waiter heard from that recently is granted). Any other
+  -- waiter gets `grace` ms and is told "<head>", and confirms with an acquire of its own,
+  -- which extends the lease to its TTL. " <next>" follows when someone else is queued: the
+  -- waiter now first learns it is next, and re-checks when the reservation would lapse.
+  -- Returns an error's text, or nil and the new fence.
+  local function reserve(kl, kf, q, qd, last, head, grace, keep, chan)
+    local f, nerr = next_fence(last)
+    if nerr then return nerr end
+    local fs = string.format('%d', f)
+    local ttl = redis.call('HGET', qd, 't' .. head)
+    local hold, told = grace, head
+    if ttl then hold, told = ttl, head .. ':' .. fs .. ':' .. ttl end
+    if keep == '' then
+      redis.call('SET', kf, fs)
+    else
+      redis.call('SET', kf, fs, 'PX', tonumber(keep) + tonumber(hold))
+    end
+    redis.call('SET', kl, head .. ':' .. fs, 'PX', hold)
+    dequeue(q, qd, head)
+    local nxt = redis.call('ZRANGE', q, 0, 0)
+    if #nxt == 0 then
+      redis.call('DEL', q, qd)
+      publish(chan, told)
+    else
+      publish(chan, told .. ' ' .. nxt[1])
+    end
+    return nil, f
+  end
+  return now_ms, dequeue, live_head, enqueue, reserve
 end
 -- Acquire (see ACQUIRE): a table {1, fence, ttl} or {0, pttl}, or an error's text. A
 -- fresh grant of a watched key (`w`, optional) is told on `chan`.
@@ -127,6 +133,7 @@ local function acquire_one(kl, kf, q, qd, owner, ttl, keep, grace, chan, w)
   local queued, watched = false, false
   if grace ~= '' then queued, watched = queue_watch(q, w) end
   if queued then
+    local now_ms, dequeue, live_head, _, reserve = queue_ops()
     local head = live_head(q, qd, now_ms())
     if head and head ~= owner then
       local rerr = reserve(kl, kf, q, qd, last, head, grace, keep, chan)
@@ -158,6 +165,7 @@ local function release_one(kl, kf, q, qd, owner, chan, grace, keep, w)
   local queued, watched = false, false
   if grace ~= '' then queued, watched = queue_watch(q, w) end
   if queued then
+    local now_ms, _, live_head, _, reserve = queue_ops()
     local head = live_head(q, qd, now_ms())
     if head then
       local last, ferr = read_fence(kf)
@@ -312,6 +320,7 @@ return out
 ///   its entry living until the wait ends plus the grace; if the lease was free with
 ///   someone ahead, it has been reserved for them).
 const WAIT: &str = r#"
+local now_ms, _, live_head, enqueue, reserve = queue_ops()
 local lease, err = read_lease(KEYS[1])
 if err then return redis.error_reply(err) end
 local now = now_ms()
@@ -347,6 +356,7 @@ return {ARGV[1], 1, grace}
 ///   `{id, 2}` the lease is this owner's (a grant made before this request was
 ///   processed: confirm it with an acquire).
 const WAIT_TURN: &str = r#"
+local now_ms, _, live_head, enqueue, reserve = queue_ops()
 local lease, err = read_lease(KEYS[1])
 if err then return redis.error_reply(err) end
 local now = now_ms()

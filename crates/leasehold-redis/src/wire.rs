@@ -120,14 +120,15 @@ pub const LEASE_PRELUDE: &str = r#"
 local MAXF = 9007199254740992
 local function get_string(k, what)
   local v = redis.pcall('GET', k)
+  if not v then return false end
   if type(v) == 'table' and v.err then
     if string.sub(v.err, 1, 9) == 'WRONGTYPE' then
       return nil, 'LHCORRUPT the ' .. what .. ' key holds a value of another type (not a string), not a leasehold ' .. what
     end
     return nil, v.err
   end
-  if not v then return false end
-  local ver = string.match(v, '^v([0-9]+)|')
+  -- Only a value that starts with 'v' (byte 118) can be a newer format's.
+  local ver = string.byte(v) == 118 and string.match(v, '^v([0-9]+)|')
   if ver then
     return nil, 'LHFORMAT the ' .. what .. ' key was written in leasehold store format ' .. ver .. ', newer than this client (format 1): upgrade this client, or keep older and newer clients off the same keys'
   end
