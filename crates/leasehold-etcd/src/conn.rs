@@ -1,6 +1,9 @@
 //! The connection every role of [`EtcdStore`] shares: the store itself (its gRPC client
 //! and configuration), its etcd lease calls, and how a lease key's value reads back.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use etcd_client::{Client, KeyValue, TxnOpResponse, TxnResponse};
 use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind};
 
@@ -25,6 +28,61 @@ use crate::error::{err, map_err};
 pub struct EtcdStore {
     pub(crate) client: Client,
     pub(crate) config: EtcdConfig,
+    /// The grants this store made and has not released yet, so that a release needs no
+    /// read first (see [`Grants`]).
+    pub(crate) grants: Arc<Grants>,
+}
+
+/// The most grants [`Grants`] remembers; a grant made while it is full is released by
+/// reading the key first, as one made by another process would be.
+const GRANTS_REMEMBERED: usize = 1 << 16;
+
+/// What this store knows of the grants it made: lease key → (owner, etcd lease, the
+/// key's mod revision when written). Only a hint: a release by it deletes the key only if
+/// its mod revision is still the one remembered (so the key is exactly as written, on
+/// that etcd lease), and falls back to reading the key when anything differs.
+#[derive(Debug, Default)]
+pub(crate) struct Grants(Mutex<HashMap<String, Grant>>);
+
+/// One remembered grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    pub(crate) owner: OwnerToken,
+    /// The etcd lease the key is attached to.
+    pub(crate) lease: i64,
+    /// The key's mod revision when this store wrote it.
+    pub(crate) mod_revision: i64,
+}
+
+impl Grants {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Grant>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers that `lease_key` was written as `grant` (replacing what was remembered).
+    pub(crate) fn remember(&self, lease_key: &str, grant: Grant) {
+        let mut map = self.lock();
+        if let Some(g) = map.get_mut(lease_key) {
+            *g = grant;
+        } else if map.len() < GRANTS_REMEMBERED {
+            map.insert(lease_key.to_owned(), grant);
+        }
+    }
+
+    /// Takes what is remembered of `lease_key`, if it was granted to `owner`.
+    pub(crate) fn take(&self, lease_key: &str, owner: &OwnerToken) -> Option<Grant> {
+        let mut map = self.lock();
+        match map.get(lease_key) {
+            Some(g) if g.owner == *owner => map.remove(lease_key),
+            _ => None,
+        }
+    }
+
+    /// How many grants are remembered.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -123,4 +181,45 @@ pub(crate) fn decode(kv: KeyValue) -> Result<Holder, StoreError> {
         granted_secs,
         kv,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(owner: OwnerToken, lease: i64) -> Grant {
+        Grant {
+            owner,
+            lease,
+            mod_revision: lease * 10,
+        }
+    }
+
+    #[test]
+    fn a_grant_is_taken_once_and_only_by_its_owner() {
+        let grants = Grants::default();
+        let (a, b) = (OwnerToken::random(), OwnerToken::random());
+        grants.remember("k", grant(a, 1));
+        assert_eq!(grants.take("k", &b), None, "another owner's");
+        assert_eq!(grants.take("other", &a), None, "another key's");
+        // A renewal that moved the key replaces what was remembered.
+        grants.remember("k", grant(a, 2));
+        assert_eq!(grants.take("k", &a), Some(grant(a, 2)));
+        assert_eq!(grants.take("k", &a), None, "taken once");
+        assert_eq!(grants.len(), 0);
+    }
+
+    #[test]
+    fn grants_beyond_the_bound_are_not_remembered_but_known_ones_are_updated() {
+        let grants = Grants::default();
+        let a = OwnerToken::random();
+        for i in 0..GRANTS_REMEMBERED {
+            grants.remember(&format!("k{i}"), grant(a, 1));
+        }
+        grants.remember("one more", grant(a, 1));
+        assert_eq!(grants.len(), GRANTS_REMEMBERED);
+        assert_eq!(grants.take("one more", &a), None);
+        grants.remember("k0", grant(a, 7));
+        assert_eq!(grants.take("k0", &a), Some(grant(a, 7)));
+    }
 }

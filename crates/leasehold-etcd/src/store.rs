@@ -1,6 +1,7 @@
 //! [`EtcdStore`] and its [`Store`] impl: each grant one etcd lease and one transaction,
 //! the key's create revision as the fence.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,7 +16,7 @@ use leasehold_core::{
 
 use crate::BACKEND;
 use crate::config::EtcdConfig;
-use crate::conn::{EtcdStore, Holder, decode, gets};
+use crate::conn::{EtcdStore, Grant, Holder, decode, gets};
 use crate::error::{err, map_err, tonic_code};
 use crate::wait::{head_options, queue_entry, queue_prefix};
 
@@ -76,7 +77,11 @@ impl EtcdStore {
             Ok(client) => client,
             Err(e) => return Err(crate::tls::plaintext_refused(&config, e).await),
         };
-        let store = Self { client, config };
+        let store = Self {
+            client,
+            config,
+            grants: Arc::default(),
+        };
         let probe = store.config.key_prefix().as_bytes().to_vec();
         let checked = store
             .bounded("connect", async {
@@ -180,6 +185,14 @@ impl EtcdStore {
         let mut kv = self.client.kv_client();
         let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
         if resp.succeeded() {
+            self.grants.remember(
+                lease_key,
+                Grant {
+                    owner: holder.owner,
+                    lease: new,
+                    mod_revision: resp.header().map_or(0, |h| h.revision()),
+                },
+            );
             self.revoke_quietly(old).await;
             Ok(Some(granted))
         } else {
@@ -188,6 +201,10 @@ impl EtcdStore {
         }
     }
 
+    /// Acquires `key`: first as if it were free and nobody waited (the usual case), with
+    /// a lease grant and one transaction, which reports what it found when it was not so;
+    /// then by what that transaction (or a read) found. An etcd lease granted and left
+    /// unused is revoked.
     async fn do_acquire(
         &self,
         key: &Key,
@@ -195,26 +212,58 @@ impl EtcdStore {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         let lease_key = self.lease_key(key);
-        let queue = queue_prefix(&lease_key);
-        let entry = queue_entry(&lease_key, owner);
         let want = ttl_secs(ttl);
-        // A waiter whose own entry lapsed between the read and the transaction retries once
-        // as a newcomer.
-        for _ in 0..2 {
-            let line = self.read_line(&lease_key, None).await?;
-            let holder = match line.holder {
+        let mut spare = Some(self.grant(want).await?);
+        let got = self.acquire_on(&lease_key, owner, want, &mut spare).await;
+        if let Some((id, _)) = spare {
+            self.revoke_quietly(id).await;
+        }
+        got
+    }
+
+    /// The body of [`do_acquire`](Self::do_acquire). `spare` is an etcd lease granted for
+    /// `want` seconds that holds no key yet: a grant takes it (or grants anew when there is
+    /// none) and a failed transaction gives it back; whatever is left in it afterwards
+    /// holds no key. A transaction or read that failed leaves it empty (its outcome is
+    /// unknown: the lease may hold the key), so nothing is revoked then.
+    async fn acquire_on(
+        &self,
+        lease_key: &str,
+        owner: &OwnerToken,
+        want: i64,
+        spare: &mut Option<(i64, i64)>,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let queue = queue_prefix(lease_key);
+        let entry = queue_entry(lease_key, owner);
+        // The first attempt assumes the key free and the queue empty; later ones know
+        // what the last transaction found, or read it.
+        let mut found: Option<(Option<Holder>, Option<KeyValue>)> = Some((None, None));
+        // A waiter whose own entry lapsed between the read and the transaction retries
+        // once as a newcomer.
+        for _ in 0..3 {
+            let (holder, ahead) = match found.take() {
+                Some(f) => f,
+                None => {
+                    let line = self.read_line(lease_key, None).await?;
+                    (line.holder, line.ahead)
+                }
+            };
+            let holder = match holder {
                 Some(h) => h,
                 None => {
                     // Free. Nobody gets past a live waiter: only the first in line (or
                     // anyone, when nobody waits) may take it.
-                    let head_is_ours = match &line.ahead {
+                    let head_is_ours = match &ahead {
                         Some(head) if head.key() != entry.as_bytes() => {
                             return self.held_by_queue(head).await;
                         }
                         Some(head) => Some(head.clone()),
                         None => None,
                     };
-                    let (id, granted) = self.grant(want).await?;
+                    let (id, granted) = match spare.take() {
+                        Some(lease) => lease,
+                        None => self.grant(want).await?,
+                    };
                     let nobody_ahead = match &head_is_ours {
                         // Every entry left is ours or behind it.
                         Some(ours) => Compare::create_revision(
@@ -226,7 +275,7 @@ impl EtcdStore {
                         None => Compare::version(queue.as_str(), CompareOp::Equal, 0).with_prefix(),
                     };
                     let mut then = vec![TxnOp::put(
-                        lease_key.as_str(),
+                        lease_key,
                         encode_value(owner, granted),
                         Some(PutOptions::new().with_lease(id)),
                     )];
@@ -235,12 +284,12 @@ impl EtcdStore {
                     }
                     let txn = Txn::new()
                         .when([
-                            Compare::create_revision(lease_key.as_str(), CompareOp::Equal, 0),
+                            Compare::create_revision(lease_key, CompareOp::Equal, 0),
                             nobody_ahead,
                         ])
                         .and_then(then)
                         .or_else([
-                            TxnOp::get(lease_key.as_str(), None),
+                            TxnOp::get(lease_key, None),
                             TxnOp::get(queue.as_str(), Some(head_options())),
                         ]);
                     let mut kv = self.client.kv_client();
@@ -251,29 +300,47 @@ impl EtcdStore {
                             // holds nothing.
                             self.revoke_quietly(ours.lease()).await;
                         }
-                        // The put's revision is the key's create revision.
+                        // The put's revision is the key's create (and mod) revision.
                         let revision = resp.header().map_or(0, |h| h.revision());
+                        self.grants.remember(
+                            lease_key,
+                            Grant {
+                                owner: *owner,
+                                lease: id,
+                                mod_revision: revision,
+                            },
+                        );
                         return Ok(AcquireOutcome::Acquired {
                             fence: fence(revision)?,
                             ttl: secs(granted),
                         });
                     }
-                    self.revoke_quietly(id).await;
+                    // Nothing was written: the etcd lease is still unused.
+                    *spare = Some((id, granted));
                     let mut gets = gets(&resp);
                     let (current, head) = (gets.next().flatten(), gets.next().flatten());
-                    match (current, head) {
-                        (Some(kv), _) => decode(kv)?,
-                        (None, Some(head)) if head.key() != entry.as_bytes() => {
-                            return self.held_by_queue(&head).await;
+                    match current {
+                        Some(kv) => decode(kv)?,
+                        None => {
+                            // Free, with someone in line (perhaps us): decide again
+                            // from what the transaction saw, unless that was our own
+                            // entry, which has just lapsed or changed: read again.
+                            match head {
+                                Some(h)
+                                    if head_is_ours.is_none() || h.key() != entry.as_bytes() =>
+                                {
+                                    found = Some((None, Some(h)));
+                                }
+                                _ => {}
+                            }
+                            continue;
                         }
-                        // Our entry lapsed (or changed) meanwhile: read again.
-                        (None, _) => continue,
                     }
                 }
             };
             if holder.owner == *owner {
                 // A retry after an ambiguous reply: extend, same fence.
-                return match self.extend(&lease_key, &holder, want).await? {
+                return match self.extend(lease_key, &holder, want).await? {
                     Some(granted) => Ok(AcquireOutcome::Acquired {
                         fence: fence(holder.kv.create_revision())?,
                         ttl: secs(granted),
@@ -351,6 +418,25 @@ impl EtcdStore {
         owner: &OwnerToken,
     ) -> Result<ReleaseOutcome, StoreError> {
         let lease_key = self.lease_key(key);
+        // The key outlives its etcd lease by up to etcd's expiry delay (its expiry loop
+        // runs every 500 ms): a lease whose TTL has run out is as expired as on the other
+        // stores, whether or not etcd has deleted its key yet. A keep-alive is etcd's own
+        // answer on its own clock (an expired lease is never renewed: etcd waits for its
+        // revocation and answers "not found"); a renewed one cannot expire between here
+        // and the delete, so `Released` is true when answered.
+        //
+        // A grant this store made needs no read: the delete checks that the key is still
+        // exactly as written (its mod revision), so on the remembered etcd lease. Anything
+        // else (the key changed, the lease is gone) is decided by reading the key.
+        if let Some(grant) = self.grants.take(&lease_key, owner)
+            && self.keep_alive_once(grant.lease).await?
+            && self
+                .delete_if_unchanged(&lease_key, grant.mod_revision, grant.lease)
+                .await?
+                .is_some()
+        {
+            return Ok(ReleaseOutcome::Released);
+        }
         // A concurrent renewal by the same owner may move the key to a new lease between
         // the read and the delete: read again then.
         for _ in 0..3 {
@@ -358,17 +444,11 @@ impl EtcdStore {
             let Some(holder) = existing.filter(|h| h.owner == *owner) else {
                 return Ok(ReleaseOutcome::NotOwner);
             };
-            // The key outlives its etcd lease by up to etcd's expiry delay (its expiry
-            // loop runs every 500 ms): a lease whose TTL has run out is as expired as on
-            // the other stores, whether or not etcd has deleted its key yet. A keep-alive
-            // is etcd's own answer on its own clock (an expired lease is never renewed:
-            // etcd waits for its revocation and answers "not found"); a renewed one cannot
-            // expire between here and the delete, so `Released` is true when answered.
             if !self.keep_alive_once(holder.kv.lease()).await? {
                 return Ok(ReleaseOutcome::NotOwner);
             }
             if self
-                .delete_if_unchanged(&lease_key, &holder)
+                .delete_if_unchanged(&lease_key, holder.kv.mod_revision(), holder.kv.lease())
                 .await?
                 .is_some()
             {
@@ -381,18 +461,19 @@ impl EtcdStore {
         ))
     }
 
-    /// Deletes the key if its mod revision is still the one read, then revokes its etcd
-    /// lease. The revision of the delete, or `None` when the key had changed.
+    /// Deletes the key if its mod revision is still `mod_revision`, then revokes its etcd
+    /// lease `lease`. The revision of the delete, or `None` when the key had changed.
     async fn delete_if_unchanged(
         &self,
         lease_key: &str,
-        holder: &Holder,
+        mod_revision: i64,
+        lease: i64,
     ) -> Result<Option<i64>, StoreError> {
         let txn = Txn::new()
             .when([Compare::mod_revision(
                 lease_key,
                 CompareOp::Equal,
-                holder.kv.mod_revision(),
+                mod_revision,
             )])
             .and_then([TxnOp::delete(lease_key, None)]);
         let mut kv = self.client.kv_client();
@@ -400,7 +481,7 @@ impl EtcdStore {
         if !resp.succeeded() {
             return Ok(None);
         }
-        self.revoke_quietly(holder.kv.lease()).await;
+        self.revoke_quietly(lease).await;
         Ok(Some(resp.header().map_or(0, |h| h.revision())))
     }
 
@@ -440,13 +521,16 @@ impl Store for EtcdStore {
         Some(self)
     }
 
-    /// A read of the key and of the first entry of its waiting queue; when it is free and
-    /// nobody else is first in line, a lease grant and one transaction that creates the
-    /// key on that lease only if it does not exist (`create_revision == 0`) and nobody is
-    /// queued ahead of `owner` (deleting `owner`'s queue entry). A free key with another
-    /// waiter first in line is `Held` (see [`wait_released`](WaitStore::wait_released)). When the
-    /// key is ours already, a keep-alive (and a move to a longer lease when asked for a
-    /// longer TTL); when it is another's, a time-to-live query for `Held { remaining }`.
+    /// A lease grant, then one transaction that creates the key on that lease only if it
+    /// does not exist (`create_revision == 0`) and nobody is queued, and otherwise reads the
+    /// key and the first entry of its waiting queue: two requests when the key is free and
+    /// nobody waits. When this owner is first in line, the same lease goes into a second
+    /// transaction that checks nobody is queued ahead of it (deleting its queue entry). A
+    /// free key with another waiter first in line is `Held` (see
+    /// [`wait_released`](WaitStore::wait_released)). When the key is ours already, a
+    /// keep-alive (and a move to a longer lease when asked for a longer TTL); when it is
+    /// another's, a time-to-live query for `Held { remaining }`. An etcd lease granted and
+    /// not used is revoked.
     ///
     /// # Cancel safety
     /// A dropped call may have granted an etcd lease (it expires by itself, holding no
@@ -497,9 +581,12 @@ impl Store for EtcdStore {
         .await
     }
 
-    /// A read of the key (owner check), a keep-alive of its etcd lease (an expired lease
-    /// is `NotOwner`, even before etcd deleted the key), a transaction that deletes the
-    /// key only if it is unchanged since, then a revoke of its etcd lease.
+    /// A keep-alive of its etcd lease (an expired lease is `NotOwner`, even before etcd
+    /// deleted the key), a transaction that deletes the key only if it is unchanged since
+    /// written, then a revoke of its etcd lease. A grant this store made is remembered
+    /// (its etcd lease and the key's mod revision), so no read comes first; when it is not
+    /// remembered, or the key is not as remembered (broken, moved by another client, or
+    /// its lease gone), the key is read and the same steps are taken on what was read.
     ///
     /// # Cancel safety
     /// A dropped call may have renewed the lease once, or deleted the key (and then the

@@ -181,6 +181,33 @@ impl EtcdServer {
         health(self.server.launch().http_port(self.port()))
     }
 
+    /// How many unary gRPC requests of `method` (`Range`, `Txn`, `LeaseGrant`,
+    /// `LeaseRevoke`, `LeaseTimeToLive`, ...) the server has handled since it started, or
+    /// streams of it started (`LeaseKeepAlive`, `Watch`), from its `/metrics`
+    /// (`grpc_server_handled_total` / `grpc_server_started_total`, all codes summed). So a
+    /// test can count what a call sent. Panics when the server does not answer.
+    pub fn grpc_requests(&self, method: &str) -> u64 {
+        let metrics = http_get(
+            self.server.launch().http_port(self.port()),
+            "/metrics",
+            8 << 20,
+        )
+        .expect("etcd answers GET /metrics");
+        let label = format!("grpc_method=\"{method}\"");
+        let stream = ["LeaseKeepAlive", "Watch"].contains(&method);
+        let counter = if stream {
+            "grpc_server_started_total{"
+        } else {
+            "grpc_server_handled_total{"
+        };
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(counter) && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum()
+    }
+
     /// Whether the server says it is the leader right now (`etcd_server_is_leader 1` in
     /// its `/metrics`); false when it does not answer.
     pub fn is_leader(&self) -> bool {
