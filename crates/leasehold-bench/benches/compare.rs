@@ -1600,7 +1600,7 @@ async fn etcd_section(plan: Plan) -> Res<Section> {
         title: "etcd 3.4: a private single member (50 ms heartbeat, 500 ms election timeout)".into(),
         about: uncontended_about(&plan, "leasehold-etcd against etcd's own lock service and a plain lock, both written with etcd-client 0.21 alone on one gRPC channel"),
         legend: vec![
-            ("leasehold", "leasehold-etcd EtcdStore: LeaseClient::try_acquire + Lease::release (a lease grant and a transaction; a keep-alive, a transaction and a revoke)".into()),
+            ("leasehold", "leasehold-etcd EtcdStore: LeaseClient::try_acquire + Lease::release (a lease grant and a transaction; a transaction and a revoke, with a keep-alive first past half the TTL)".into()),
             ("etcd-lock", format!("etcd's lock service: a lease grant (TTL {} s), Lock(name, lease) (the key name/lease, held while older ones exist; its create revision would serve as a fence), then Unlock(key) and a lease revoke", TTL.as_secs())),
             ("plain", "a lease grant, a transaction (if create_revision(key) == 0: put key with the lease), then a transaction (if value(key) == owner: delete) and a lease revoke (no fence, no keep-alive)".into()),
         ],

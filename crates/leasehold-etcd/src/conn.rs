@@ -3,8 +3,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use etcd_client::{Client, KeyValue, TxnOpResponse, TxnResponse};
+use leasehold_core::clock::boottime;
 use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind};
 
 use crate::BACKEND;
@@ -52,6 +54,28 @@ pub(crate) struct Grant {
     pub(crate) lease: i64,
     /// The key's mod revision when this store wrote it.
     pub(crate) mod_revision: i64,
+    /// Until when (on [`boottime`], so a host suspend counts) the etcd lease certainly
+    /// has time left on etcd's clock: half its granted TTL after the send of the request
+    /// that granted or last renewed it (etcd counts the TTL from when it processed that
+    /// request, later, and only ever extends a lease, at a leader change). `None` where
+    /// the platform has no boot clock: never certain.
+    pub(crate) alive_until: Option<Duration>,
+}
+
+impl Grant {
+    /// `alive_until` for an etcd lease granted or renewed for `granted_secs` by a request
+    /// sent at `sent` (a [`boottime`] reading taken before it was sent).
+    pub(crate) fn alive_until(sent: Option<Duration>, granted_secs: i64) -> Option<Duration> {
+        let half = Duration::from_secs(u64::try_from(granted_secs).unwrap_or(0)) / 2;
+        sent.map(|t| t.saturating_add(half))
+    }
+
+    /// Whether the etcd lease certainly has time left now.
+    pub(crate) fn certainly_alive(&self) -> bool {
+        self.alive_until
+            .zip(boottime())
+            .is_some_and(|(until, now)| now < until)
+    }
 }
 
 impl Grants {
@@ -66,6 +90,22 @@ impl Grants {
             *g = grant;
         } else if map.len() < GRANTS_REMEMBERED {
             map.insert(lease_key.to_owned(), grant);
+        }
+    }
+
+    /// Records a renewal of `lease_key`'s etcd lease `lease` (sent at `sent`, granted
+    /// `granted_secs`), if that is the lease remembered for it.
+    pub(crate) fn renewed(
+        &self,
+        lease_key: &str,
+        lease: i64,
+        sent: Option<Duration>,
+        granted_secs: i64,
+    ) {
+        if let Some(g) = self.lock().get_mut(lease_key)
+            && g.lease == lease
+        {
+            g.alive_until = Grant::alive_until(sent, granted_secs).max(g.alive_until);
         }
     }
 
@@ -192,6 +232,7 @@ mod tests {
             owner,
             lease,
             mod_revision: lease * 10,
+            alive_until: None,
         }
     }
 
@@ -221,5 +262,43 @@ mod tests {
         assert_eq!(grants.take("one more", &a), None);
         grants.remember("k0", grant(a, 7));
         assert_eq!(grants.take("k0", &a), Some(grant(a, 7)));
+    }
+
+    #[test]
+    fn a_lease_is_certainly_alive_for_half_its_ttl_from_the_send() {
+        assert_eq!(
+            Grant::alive_until(Some(Duration::from_secs(100)), 5),
+            Some(Duration::from_millis(102_500))
+        );
+        assert_eq!(Grant::alive_until(None, 5), None);
+        let now = boottime().expect("this platform has a boot clock");
+        let a = OwnerToken::random();
+        let at = |alive_until| Grant {
+            alive_until,
+            ..grant(a, 1)
+        };
+        assert!(at(Some(now + Duration::from_secs(60))).certainly_alive());
+        assert!(!at(Some(now)).certainly_alive(), "the bound itself is not");
+        assert!(!at(None).certainly_alive());
+        // A renewal moves the bound on, never back; another lease's renewal does not.
+        let grants = Grants::default();
+        grants.remember("k", at(Some(Duration::from_secs(10))));
+        grants.renewed("k", 2, Some(Duration::from_secs(50)), 10);
+        assert_eq!(
+            grants.take("k", &a).unwrap().alive_until,
+            Some(Duration::from_secs(10))
+        );
+        grants.remember("k", at(Some(Duration::from_secs(10))));
+        grants.renewed("k", 1, Some(Duration::from_secs(50)), 10);
+        assert_eq!(
+            grants.take("k", &a).unwrap().alive_until,
+            Some(Duration::from_secs(55))
+        );
+        grants.remember("k", at(Some(Duration::from_secs(90))));
+        grants.renewed("k", 1, Some(Duration::from_secs(50)), 10);
+        assert_eq!(
+            grants.take("k", &a).unwrap().alive_until,
+            Some(Duration::from_secs(90))
+        );
     }
 }

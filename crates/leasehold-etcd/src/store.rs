@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::clock::boottime;
+
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
@@ -162,9 +164,12 @@ impl EtcdStore {
         want_secs: i64,
     ) -> Result<Option<i64>, StoreError> {
         let old = holder.kv.lease();
+        let sent = boottime();
         if !self.keep_alive_once(old).await? {
             return Ok(None);
         }
+        self.grants
+            .renewed(lease_key, old, sent, holder.granted_secs);
         if want_secs <= holder.granted_secs {
             return Ok(Some(holder.granted_secs));
         }
@@ -191,6 +196,7 @@ impl EtcdStore {
                     owner: holder.owner,
                     lease: new,
                     mod_revision: resp.header().map_or(0, |h| h.revision()),
+                    alive_until: Grant::alive_until(sent, granted),
                 },
             );
             self.revoke_quietly(old).await;
@@ -213,8 +219,12 @@ impl EtcdStore {
     ) -> Result<AcquireOutcome, StoreError> {
         let lease_key = self.lease_key(key);
         let want = ttl_secs(ttl);
+        // Before anything is sent: etcd counts each grant's TTL from later than this.
+        let sent = boottime();
         let mut spare = Some(self.grant(want).await?);
-        let got = self.acquire_on(&lease_key, owner, want, &mut spare).await;
+        let got = self
+            .acquire_on(&lease_key, owner, want, sent, &mut spare)
+            .await;
         if let Some((id, _)) = spare {
             self.revoke_quietly(id).await;
         }
@@ -231,6 +241,7 @@ impl EtcdStore {
         lease_key: &str,
         owner: &OwnerToken,
         want: i64,
+        sent: Option<Duration>,
         spare: &mut Option<(i64, i64)>,
     ) -> Result<AcquireOutcome, StoreError> {
         let queue = queue_prefix(lease_key);
@@ -308,6 +319,7 @@ impl EtcdStore {
                                 owner: *owner,
                                 lease: id,
                                 mod_revision: revision,
+                                alive_until: Grant::alive_until(sent, granted),
                             },
                         );
                         return Ok(AcquireOutcome::Acquired {
@@ -427,9 +439,12 @@ impl EtcdStore {
         //
         // A grant this store made needs no read: the delete checks that the key is still
         // exactly as written (its mod revision), so on the remembered etcd lease. Anything
-        // else (the key changed, the lease is gone) is decided by reading the key.
+        // else (the key changed, the lease is gone) is decided by reading the key. Within
+        // half its TTL of the send that granted or last renewed it, the etcd lease cannot
+        // have run out (etcd counts from later, and a revoke would have deleted the key,
+        // failing the delete's check): no keep-alive is needed either.
         if let Some(grant) = self.grants.take(&lease_key, owner)
-            && self.keep_alive_once(grant.lease).await?
+            && (grant.certainly_alive() || self.keep_alive_once(grant.lease).await?)
             && self
                 .delete_if_unchanged(&lease_key, grant.mod_revision, grant.lease)
                 .await?
@@ -584,7 +599,9 @@ impl Store for EtcdStore {
     /// A keep-alive of its etcd lease (an expired lease is `NotOwner`, even before etcd
     /// deleted the key), a transaction that deletes the key only if it is unchanged since
     /// written, then a revoke of its etcd lease. A grant this store made is remembered
-    /// (its etcd lease and the key's mod revision), so no read comes first; when it is not
+    /// (its etcd lease, the key's mod revision, when the grant or last renewal was sent),
+    /// so no read comes first, and no keep-alive within half the granted TTL of that send
+    /// (the lease cannot have run out on etcd's clock yet); when it is not
     /// remembered, or the key is not as remembered (broken, moved by another client, or
     /// its lease gone), the key is read and the same steps are taken on what was read.
     ///
