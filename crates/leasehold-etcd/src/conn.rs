@@ -52,7 +52,8 @@ pub(crate) struct Grant {
     pub(crate) owner: OwnerToken,
     /// The etcd lease the key is attached to.
     pub(crate) lease: i64,
-    /// The key's mod revision when this store wrote it.
+    /// The key's mod revision when this store wrote it (0: not known, the write's
+    /// outcome is; a release then reads the key).
     pub(crate) mod_revision: i64,
     /// Until when (on [`boottime`], so a host suspend counts) the etcd lease certainly
     /// has time left on etcd's clock: half its granted TTL after the send of the request
@@ -107,6 +108,13 @@ impl Grants {
         {
             g.alive_until = Grant::alive_until(sent, granted_secs).max(g.alive_until);
         }
+    }
+
+    /// Whether something is remembered of `lease_key` for `owner`.
+    pub(crate) fn holds(&self, lease_key: &str, owner: &OwnerToken) -> bool {
+        self.lock()
+            .get(lease_key)
+            .is_some_and(|g| g.owner == *owner)
     }
 
     /// Takes what is remembered of `lease_key`, if it was granted to `owner`.
@@ -241,6 +249,7 @@ mod tests {
         let grants = Grants::default();
         let (a, b) = (OwnerToken::random(), OwnerToken::random());
         grants.remember("k", grant(a, 1));
+        assert!(grants.holds("k", &a) && !grants.holds("k", &b) && !grants.holds("j", &a));
         assert_eq!(grants.take("k", &b), None, "another owner's");
         assert_eq!(grants.take("other", &a), None, "another key's");
         // A renewal that moved the key replaces what was remembered.

@@ -20,7 +20,7 @@ use crate::BACKEND;
 use crate::config::EtcdConfig;
 use crate::conn::{EtcdStore, Grant, Holder, decode, gets};
 use crate::error::{err, map_err, tonic_code};
-use crate::wait::{head_options, queue_entry, queue_prefix};
+use crate::wait::{Ahead, head_options, queue_entry, queue_prefix};
 
 /// How many times a renewal answered `Unavailable` is tried again (within its bound).
 const RENEW_RETRIES: u32 = 3;
@@ -221,7 +221,7 @@ impl EtcdStore {
         let want = ttl_secs(ttl);
         // Before anything is sent: etcd counts each grant's TTL from later than this.
         let sent = boottime();
-        let mut spare = Some(self.grant(want).await?);
+        let mut spare = None;
         let got = self
             .acquire_on(&lease_key, owner, want, sent, &mut spare)
             .await;
@@ -246,9 +246,11 @@ impl EtcdStore {
     ) -> Result<AcquireOutcome, StoreError> {
         let queue = queue_prefix(lease_key);
         let entry = queue_entry(lease_key, owner);
-        // The first attempt assumes the key free and the queue empty; later ones know
-        // what the last transaction found, or read it.
-        let mut found: Option<(Option<Holder>, Option<KeyValue>)> = Some((None, None));
+        // The first attempt assumes the key free and nobody in line; later ones know
+        // what the last transaction found, or read it. A key this store may have granted
+        // to this owner already (an earlier call's transaction failed with its outcome
+        // unknown: this is a retry) is read first.
+        let mut found = (!self.grants.holds(lease_key, owner)).then_some((None, Ahead::Nobody));
         // A waiter whose own entry lapsed between the read and the transaction retries
         // once as a newcomer.
         for _ in 0..3 {
@@ -256,7 +258,7 @@ impl EtcdStore {
                 Some(f) => f,
                 None => {
                     let line = self.read_line(lease_key, None).await?;
-                    (line.holder, line.ahead)
+                    (line.holder, Ahead::of(line.ahead, &entry))
                 }
             };
             let holder = match holder {
@@ -264,52 +266,71 @@ impl EtcdStore {
                 None => {
                     // Free. Nobody gets past a live waiter: only the first in line (or
                     // anyone, when nobody waits) may take it.
-                    let head_is_ours = match &ahead {
-                        Some(head) if head.key() != entry.as_bytes() => {
-                            return self.held_by_queue(head).await;
-                        }
-                        Some(head) => Some(head.clone()),
-                        None => None,
+                    let ours = match ahead {
+                        Ahead::Other(head) => return self.held_by_queue(&head).await,
+                        Ahead::Us(place) => Some(place),
+                        Ahead::Nobody => None,
                     };
                     let (id, granted) = match spare.take() {
                         Some(lease) => lease,
                         None => self.grant(want).await?,
                     };
-                    let nobody_ahead = match &head_is_ours {
-                        // Every entry left is ours or behind it.
-                        Some(ours) => Compare::create_revision(
-                            queue.as_str(),
-                            CompareOp::Greater,
-                            ours.create_revision() - 1,
-                        )
-                        .with_prefix(),
-                        None => Compare::version(queue.as_str(), CompareOp::Equal, 0).with_prefix(),
-                    };
+                    let mut when = vec![Compare::create_revision(lease_key, CompareOp::Equal, 0)];
                     let mut then = vec![TxnOp::put(
                         lease_key,
                         encode_value(owner, granted),
                         Some(PutOptions::new().with_lease(id)),
                     )];
-                    if head_is_ours.is_some() {
-                        then.push(TxnOp::delete(entry.as_str(), None));
+                    match ours {
+                        Some(place) => {
+                            // Our entry is still there, at its place, and every entry
+                            // left is ours or behind it.
+                            when.push(Compare::create_revision(
+                                entry.as_str(),
+                                CompareOp::Equal,
+                                place.revision,
+                            ));
+                            when.push(
+                                Compare::create_revision(
+                                    queue.as_str(),
+                                    CompareOp::Greater,
+                                    place.revision - 1,
+                                )
+                                .with_prefix(),
+                            );
+                            then.push(TxnOp::delete(entry.as_str(), None));
+                        }
+                        None => when.push(
+                            Compare::version(queue.as_str(), CompareOp::Equal, 0).with_prefix(),
+                        ),
                     }
-                    let txn = Txn::new()
-                        .when([
-                            Compare::create_revision(lease_key, CompareOp::Equal, 0),
-                            nobody_ahead,
-                        ])
-                        .and_then(then)
-                        .or_else([
-                            TxnOp::get(lease_key, None),
-                            TxnOp::get(queue.as_str(), Some(head_options())),
-                        ]);
+                    let txn = Txn::new().when(when).and_then(then).or_else([
+                        TxnOp::get(lease_key, None),
+                        TxnOp::get(queue.as_str(), Some(head_options())),
+                    ]);
                     let mut kv = self.client.kv_client();
-                    let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
+                    let resp = match kv.txn(txn).await {
+                        Ok(resp) => resp,
+                        Err(e) => {
+                            // The key may be ours now, on etcd lease `id`, at a revision
+                            // not known: a retry reads it first, a release too.
+                            self.grants.remember(
+                                lease_key,
+                                Grant {
+                                    owner: *owner,
+                                    lease: id,
+                                    mod_revision: 0,
+                                    alive_until: None,
+                                },
+                            );
+                            return Err(map_err("txn", e));
+                        }
+                    };
                     if resp.succeeded() {
-                        if let Some(ours) = head_is_ours {
+                        if let Some(place) = ours {
                             // Our queue entry went with the grant; its etcd lease now
                             // holds nothing.
-                            self.revoke_quietly(ours.lease()).await;
+                            self.revoke_quietly(place.lease).await;
                         }
                         // The put's revision is the key's create (and mod) revision.
                         let revision = resp.header().map_or(0, |h| h.revision());
@@ -335,15 +356,12 @@ impl EtcdStore {
                         Some(kv) => decode(kv)?,
                         None => {
                             // Free, with someone in line (perhaps us): decide again
-                            // from what the transaction saw, unless that was our own
-                            // entry, which has just lapsed or changed: read again.
-                            match head {
-                                Some(h)
-                                    if head_is_ours.is_none() || h.key() != entry.as_bytes() =>
-                                {
-                                    found = Some((None, Some(h)));
-                                }
-                                _ => {}
+                            // from what the transaction saw, unless we took ourselves
+                            // for first in line and were not (our entry lapsed, or
+                            // changed): read again then.
+                            let seen = Ahead::of(head, &entry);
+                            if ours.is_none() || !matches!(seen, Ahead::Us(_)) {
+                                found = Some((None, seen));
                             }
                             continue;
                         }

@@ -24,6 +24,37 @@ pub(crate) struct Line {
     pub(crate) revision: i64,
 }
 
+/// Who is first in a key's queue, as a read (or a failed transaction) found it.
+pub(crate) enum Ahead {
+    /// Nobody waits.
+    Nobody,
+    /// This owner's entry is first.
+    Us(Place),
+    /// Another waiter's entry is first.
+    Other(KeyValue),
+}
+
+impl Ahead {
+    /// What the queue's first entry `head` (if any) means for the owner of `entry`.
+    pub(crate) fn of(head: Option<KeyValue>, entry: &str) -> Self {
+        match head {
+            None => Self::Nobody,
+            Some(h) if h.key() == entry.as_bytes() => Self::Us(Place {
+                revision: h.create_revision(),
+                lease: h.lease(),
+            }),
+            Some(h) => Self::Other(h),
+        }
+    }
+}
+
+/// A waiter's queue entry: its create revision (its place in line) and its etcd lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) revision: i64,
+    pub(crate) lease: i64,
+}
+
 /// The TTL of a waiter's queue entry: how long the entry outlives its waiter's last
 /// keep-alive (a waiter between two waits, or confirming with `acquire`, is covered; a
 /// waiter that died or gave up holds the queue up this long at most).
