@@ -51,6 +51,25 @@ fn expect(pairs: &[(&'static str, u64)]) -> BTreeMap<&'static str, u64> {
     pairs.iter().copied().collect()
 }
 
+/// Acquires `k` for `owner` (it must be free).
+async fn acquire(s: &Solo, k: &Key, owner: &OwnerToken, ttl: Duration) {
+    let got = s.store.acquire(k, owner, ttl).await;
+    assert!(
+        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
+        "{got:?}"
+    );
+}
+
+/// Releases `k` as `owner` (it must be held by it): what the release sent.
+async fn release(s: &Solo, k: &Key, owner: &OwnerToken) -> BTreeMap<&'static str, u64> {
+    let before = counts(&s.server);
+    assert_eq!(
+        s.store.release(k, owner).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    sent(&before, &counts(&s.server))
+}
+
 /// The etcd leases the server has.
 async fn leases(s: &Solo) -> Vec<i64> {
     let mut raw = s.raw().await;
@@ -64,24 +83,14 @@ async fn an_uncontended_pair_is_a_grant_and_a_transaction_then_a_transaction_and
     let k = key("pair");
     let a = OwnerToken::random();
     let c0 = counts(&s.server);
-    let got = s.store.acquire(&k, &a, Duration::from_secs(5)).await;
-    assert!(
-        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
-        "{got:?}"
-    );
-    let c1 = counts(&s.server);
+    acquire(&s, &k, &a, Duration::from_secs(5)).await;
     assert_eq!(
-        sent(&c0, &c1),
+        sent(&c0, &counts(&s.server)),
         expect(&[("LeaseGrant", 1), ("Txn", 1)]),
         "acquire"
     );
     assert_eq!(
-        s.store.release(&k, &a).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    let c2 = counts(&s.server);
-    assert_eq!(
-        sent(&c1, &c2),
+        release(&s, &k, &a).await,
         expect(&[("LeaseRevoke", 1), ("Txn", 1)]),
         "release"
     );
@@ -99,11 +108,7 @@ async fn a_release_after_a_renewal_moved_the_key_needs_no_read() {
     let s = Solo::start().await;
     let k = key("moved");
     let a = OwnerToken::random();
-    let got = s.store.acquire(&k, &a, Duration::from_secs(2)).await;
-    assert!(
-        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
-        "{got:?}"
-    );
+    acquire(&s, &k, &a, Duration::from_secs(2)).await;
     let renewed = s.store.renew(&k, &a, Duration::from_secs(6)).await.unwrap();
     assert_eq!(
         renewed,
@@ -111,13 +116,8 @@ async fn a_release_after_a_renewal_moved_the_key_needs_no_read() {
             ttl: Duration::from_secs(6)
         }
     );
-    let c0 = counts(&s.server);
     assert_eq!(
-        s.store.release(&k, &a).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    assert_eq!(
-        sent(&c0, &counts(&s.server)),
+        release(&s, &k, &a).await,
         expect(&[("LeaseRevoke", 1), ("Txn", 1)]),
         "release"
     );
@@ -133,19 +133,10 @@ async fn a_release_past_half_the_ttl_keeps_the_lease_alive_first() {
     let s = Solo::start().await;
     let k = key("half");
     let a = OwnerToken::random();
-    let got = s.store.acquire(&k, &a, Duration::from_secs(2)).await;
-    assert!(
-        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
-        "{got:?}"
-    );
+    acquire(&s, &k, &a, Duration::from_secs(2)).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let c0 = counts(&s.server);
     assert_eq!(
-        s.store.release(&k, &a).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    assert_eq!(
-        sent(&c0, &counts(&s.server)),
+        release(&s, &k, &a).await,
         expect(&[("LeaseKeepAlive", 1), ("LeaseRevoke", 1), ("Txn", 1)]),
         "release"
     );
@@ -158,19 +149,10 @@ async fn a_release_after_a_host_suspend_keeps_the_lease_alive_first() {
     let s = Solo::start().await;
     let k = key("suspended");
     let a = OwnerToken::random();
-    let got = s.store.acquire(&k, &a, Duration::from_secs(10)).await;
-    assert!(
-        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
-        "{got:?}"
-    );
+    acquire(&s, &k, &a, Duration::from_secs(10)).await;
     leasehold_conformance::suspend_host(Duration::from_secs(6));
-    let c0 = counts(&s.server);
     assert_eq!(
-        s.store.release(&k, &a).await.unwrap(),
-        ReleaseOutcome::Released
-    );
-    assert_eq!(
-        sent(&c0, &counts(&s.server)),
+        release(&s, &k, &a).await,
         expect(&[("LeaseKeepAlive", 1), ("LeaseRevoke", 1), ("Txn", 1)]),
         "release"
     );
@@ -184,11 +166,7 @@ async fn a_release_of_a_broken_lease_reads_the_key_and_is_not_owner() {
     let s = Solo::start().await;
     let k = key("broken");
     let a = OwnerToken::random();
-    let got = s.store.acquire(&k, &a, Duration::from_secs(5)).await;
-    assert!(
-        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
-        "{got:?}"
-    );
+    acquire(&s, &k, &a, Duration::from_secs(5)).await;
     s.direct().await.break_lease(&k).await.unwrap();
     let c0 = counts(&s.server);
     assert_eq!(
@@ -203,11 +181,7 @@ async fn a_release_of_a_broken_lease_reads_the_key_and_is_not_owner() {
     );
     // Taken again by another owner: the first owner's release still finds it not its own.
     let b = OwnerToken::random();
-    let got = s.store.acquire(&k, &b, Duration::from_secs(5)).await;
-    assert!(
-        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
-        "{got:?}"
-    );
+    acquire(&s, &k, &b, Duration::from_secs(5)).await;
     assert_eq!(
         s.store.release(&k, &a).await.unwrap(),
         ReleaseOutcome::NotOwner
@@ -226,11 +200,7 @@ async fn an_acquire_that_finds_the_key_held_revokes_the_lease_it_granted() {
     let s = Solo::start().await;
     let k = key("held");
     let (a, b) = (OwnerToken::random(), OwnerToken::random());
-    let got = s.store.acquire(&k, &a, Duration::from_secs(5)).await;
-    assert!(
-        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
-        "{got:?}"
-    );
+    acquire(&s, &k, &a, Duration::from_secs(5)).await;
     let held = leases(&s).await;
     assert_eq!(held.len(), 1);
     let c0 = counts(&s.server);
