@@ -85,10 +85,8 @@ async fn hold(store: Arc<dyn Store>, key: Key, ttl: Duration, dir: &Path) {
         lease.owner().to_hex()
     ));
     let mut lost_said = false;
-    loop {
-        // A probe is answered before anything else the holder does when it runs again
-        // (after a freeze: its first question).
-        let probe = dir.join("probe");
+    let probe = dir.join("probe");
+    let answer_probe = || {
         if probe.exists() {
             let _ = std::fs::remove_file(&probe);
             say(format!(
@@ -98,7 +96,17 @@ async fn hold(store: Arc<dyn Store>, key: Key, ttl: Duration, dir: &Path) {
                 wall_secs()
             ));
         }
+    };
+    loop {
+        // A probe is answered before anything else the holder does when it runs again
+        // (after a freeze: its first question).
+        answer_probe();
         if !lost_said && let Some(reason) = lease.lost_reason() {
+            // A freeze may have stopped the holder between the check above and this one
+            // (the question was asked while it was frozen): the question still comes
+            // first. The lease was lost during the freeze (it could not be before this
+            // read), so this check runs after the resume and sees the question.
+            answer_probe();
             say(format!("LOST {reason:?}"));
             lost_said = true;
         }
