@@ -190,17 +190,21 @@ async fn a_late_notice_never_puts_the_deadline_past_the_stores_expiry() {
     let lease = wait.await.unwrap().expect("the waiter gets the lease");
     assert!(released.elapsed() >= late);
     assert_eq!(w.acquires.load(Ordering::SeqCst), 1, "held from the notice");
-    // (Its first renewal, due one renew interval after the heartbeat, may have run
-    // already: the deadline checked below is the latest one.)
-    // The store's expiry is at least the reading's send plus the remaining TTL it reports.
+    // The holder's deadline is taken before the store is read: its first renewal, due one
+    // renew interval after the heartbeat, may be on the wire during the read, and a
+    // deadline moved by a renewal the read did not see is no later than the expiry that
+    // renewal set, not the one read (CI once compared the two: 1.95 s "after").
+    let deadline = lease.valid_until();
+    // The store's expiry, which only moves later while the lease is held, is at least the
+    // reading's send plus the remaining TTL it reports.
     let read = Instant::now();
     let info = s.store.inspect(&k).await.unwrap().expect("held");
     assert_eq!(info.owner, *lease.owner());
     let expiry_at_least = read + info.remaining.expect("remaining");
     assert!(
-        lease.valid_until() <= expiry_at_least,
+        deadline <= expiry_at_least,
         "the holder's deadline is {:?} after the store's expiry",
-        lease.valid_until() - expiry_at_least
+        deadline - expiry_at_least
     );
     assert!(lease.is_valid());
     assert!(lease.release().await.unwrap());
