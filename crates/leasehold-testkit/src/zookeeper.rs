@@ -235,6 +235,16 @@ fn mode(port: u16) -> Option<String> {
     mode_of(&srvr(port))
 }
 
+/// The `lcxid` of session `session`'s connection in an answer to `cons`, whose lines read
+/// `/127.0.0.1:40000[1](queued=0,recved=9,sent=9,sid=0x1000…,lop=CREA,…,lcxid=0x7,…)`.
+fn last_cxid(cons: &str, session: i64) -> Option<i64> {
+    let sid = format!("sid={session:#x},");
+    let line = cons.lines().find(|l| l.contains(&sid))?;
+    let hex = line.split("lcxid=0x").nth(1)?;
+    let hex: String = hex.chars().take_while(char::is_ascii_hexdigit).collect();
+    i64::from_str_radix(&hex, 16).ok()
+}
+
 /// The mode in an answer to `srvr`, if it gives one.
 fn mode_of(srvr: &str) -> Option<String> {
     srvr.lines()
@@ -441,6 +451,19 @@ impl ZkServer {
     /// The server's log.
     pub fn log(&self) -> String {
         self.server.log()
+    }
+
+    /// The xid of the last request session `session` sent to this server, as `cons` reports
+    /// it (`lcxid`): a client numbers its requests one after another, and its pings (xid
+    /// -2) leave the number alone, so the difference of two readings counts the requests
+    /// sent in between, whatever the client's pings do. `None` when the server has no
+    /// connection of that session, or the server is a TLS one.
+    pub fn last_request_of(&self, session: i64) -> Option<i64> {
+        if self.tls().is_some() {
+            return None;
+        }
+        let cons = util::ask(self.port(), b"cons", 1 << 20, |_| false)?;
+        last_cxid(&String::from_utf8_lossy(&cons), session)
     }
 
     crate::server::server_methods!("The client port on 127.0.0.1.", "`127.0.0.1:port`.");
@@ -806,5 +829,26 @@ impl ZkEnsemble {
         for m in &self.members {
             m.process().resume();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_cxid;
+
+    #[test]
+    fn the_last_request_of_a_session_is_read_from_its_cons_line() {
+        let cons = " /127.0.0.1:41000[1](queued=0,recved=12,sent=12,sid=0x1000012ab0000,lop=CREA,\
+                    est=1700000000000,to=8000,lcxid=0x1f,lzxid=0x2a,lresp=1,llat=0,minlat=0,avglat=0.3,maxlat=2)\n \
+                    /127.0.0.1:41002[1](queued=0,recved=3,sent=3,sid=0x1000012ab0001,lop=PING,\
+                    est=1700000000000,to=8000,lcxid=0x2,lzxid=0xffffffffffffffff,lresp=1)\n";
+        assert_eq!(last_cxid(cons, 0x1000012ab0000), Some(0x1f));
+        assert_eq!(last_cxid(cons, 0x1000012ab0001), Some(2));
+        assert_eq!(
+            last_cxid(cons, 0x1000012ab00),
+            None,
+            "a prefix of another sid"
+        );
+        assert_eq!(last_cxid(cons, 7), None);
     }
 }
