@@ -249,9 +249,12 @@ impl RedisSentinelSet {
             security,
             _tls_home: None,
         };
-        // Every sentinel has found the replica (it fails over to it).
+        // Every sentinel has found the replica (it fails over to it). A sentinel learns of
+        // replicas from the primary's `INFO`, which it asks for when its link is up and then
+        // every 10 s: on a loaded machine (`scripts/test --full` once took more than 20 s
+        // here) a slow link or one missed round costs 10 s more, so the bound allows a few.
         wait_until(
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             "the sentinels to see the replica",
             || {
                 (0..3).all(|i| {
