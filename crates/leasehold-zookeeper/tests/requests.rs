@@ -5,8 +5,11 @@
 //! caller is never seen queued before it has its place. An acquire of a held key is a list
 //! and a read of the holder's TTL, and leaves no node.
 
+mod common;
+
 use std::time::Duration;
 
+use common::raw;
 use leasehold_core::{AcquireOutcome, Key, OwnerToken, ReleaseOutcome, Store};
 use leasehold_testkit::ZkServer;
 use leasehold_zookeeper::ZkStore;
@@ -28,11 +31,7 @@ impl Solo {
         );
         let store = ZkStore::open(&url).await.unwrap();
         let session = store.session_id().await.unwrap();
-        let raw = zk::Client::connector()
-            .with_session_timeout(Duration::from_secs(20))
-            .connect(&server.connect_string())
-            .await
-            .unwrap();
+        let raw = raw(&server.connect_string()).await;
         Self {
             server,
             store,
