@@ -4,7 +4,7 @@ use std::future::pending;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -26,7 +26,11 @@ pub enum ProxyMode {
     /// long first.
     Delay(Duration),
     /// Forward client bytes to the server but discard everything the server
-    /// sends back: a reply lost after the request was applied.
+    /// sends back: a reply lost after the request was applied. When the mode then
+    /// changes to one that loses nothing, every connection that lost bytes is reset
+    /// (TCP RST): a real connection never delivers what follows data it lost, and a
+    /// multiplexed protocol (HTTP/2's flow-control windows and header tables) cannot
+    /// go on after a gap in its stream.
     DropReplies,
     /// Accept connections, read and discard client bytes, forward nothing,
     /// reply nothing, close nothing (an end-of-stream from either side is held
@@ -260,15 +264,30 @@ async fn handle(client: TcpStream, mut ctx: Ctx) {
     let _ = upstream.set_nodelay(true);
     let (mut client, mut upstream) = (client, upstream);
 
+    let lost = AtomicBool::new(false);
     let clean = {
         let (client_r, client_w) = client.split();
         let (upstream_r, upstream_w) = upstream.split();
-        let to_server = pump(client_r, upstream_w, Direction::ToServer, ctx.mode.clone());
-        let to_client = pump(upstream_r, client_w, Direction::ToClient, ctx.mode.clone());
+        let mut loss_ends = ctx.mode.clone();
+        let to_server = pump(
+            client_r,
+            upstream_w,
+            Direction::ToServer,
+            ctx.mode.clone(),
+            &lost,
+        );
+        let to_client = pump(
+            upstream_r,
+            client_w,
+            Direction::ToClient,
+            ctx.mode.clone(),
+            &lost,
+        );
         tokio::select! {
             res = async { tokio::try_join!(to_server, to_client) } => res.is_ok(),
             () = until_reset_mode(&mut ctx.mode) => false,
             () = until_reset_all(&mut ctx.reset) => false,
+            () = until_loss_ends(&mut loss_ends, &lost) => false,
         }
     };
     if !clean {
@@ -280,6 +299,22 @@ async fn handle(client: TcpStream, mut ctx: Ctx) {
 async fn until_reset_mode(mode: &mut watch::Receiver<ProxyMode>) {
     if mode.wait_for(|m| *m == ProxyMode::Reset).await.is_err() {
         pending::<()>().await;
+    }
+}
+
+/// Returns once the mode has left [`ProxyMode::DropReplies`] for one that loses
+/// nothing, if this connection lost bytes to it.
+async fn until_loss_ends(mode: &mut watch::Receiver<ProxyMode>, lost: &AtomicBool) {
+    loop {
+        if mode.changed().await.is_err() {
+            pending::<()>().await;
+        }
+        let now = *mode.borrow_and_update();
+        if lost.load(Ordering::SeqCst)
+            && !matches!(now, ProxyMode::DropReplies | ProxyMode::Blackhole)
+        {
+            return;
+        }
     }
 }
 
@@ -307,6 +342,7 @@ async fn pump<R, W>(
     mut to: W,
     direction: Direction,
     mut mode: watch::Receiver<ProxyMode>,
+    lost: &AtomicBool,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
@@ -332,6 +368,8 @@ where
             ProxyMode::DropReplies => {
                 if direction == Direction::ToServer {
                     to.write_all(&buf[..n]).await?;
+                } else {
+                    lost.store(true, Ordering::SeqCst);
                 }
             }
             ProxyMode::Blackhole => {}
