@@ -357,14 +357,13 @@ pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
         });
         let pending = {
             let (client, k) = (client.clone(), k.clone());
-            tokio::spawn(async move {
-                if session {
-                    // See `retry_same_owner`: a moment may pass before the cut session ends.
-                    client.acquire(&k, ttl).await
-                } else {
-                    client.try_acquire(&k).await
-                }
-            })
+            // With a wait: the connection that lost the reply is reset once the fault
+            // ends (as a real one would be), and on a store reached over several
+            // connections (an etcd cluster's members) the immediate retries may each
+            // meet one of them closing; the retries after them, with backoff, go out on
+            // fresh ones. Each retry reuses the owner. On a session-bound store, see
+            // `retry_same_owner`: a moment may pass before the cut session ends.
+            tokio::spawn(async move { client.acquire(&k, ttl).await })
         };
         // The grant as the store applied it, seen past the proxy while the call was out.
         // (Not the warm-up's: the MariaDB/MySQL GET_LOCK store's inspect may read the
@@ -393,9 +392,21 @@ pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
                 );
                 continue;
             }
-            (Err(e), _) => panic!(
-                "lost reply: the client's retry gets the lease: {e:?} (first call: {first:?})"
-            ),
+            (Err(e), _) => {
+                // Whether the store answers now, past the proxies and through them: a
+                // stalled connection answers only the first, a stalled store neither.
+                let t = Instant::now();
+                let direct = net.direct.inspect(&k).await.map(|i| i.map(|i| i.fence));
+                let direct_took = t.elapsed();
+                let t = Instant::now();
+                let proxied = fx.store.inspect(&k).await.map(|i| i.map(|i| i.fence));
+                panic!(
+                    "lost reply: the client's retry gets the lease: {e:?} (first call: {first:?}; \
+                     then a read past the proxies: {direct:?} in {direct_took:?}, through \
+                     them: {proxied:?} in {:?})",
+                    t.elapsed()
+                )
+            }
         };
         // What the store held once the first call was over: the state it left (it may
         // have undone its grant when it ended the call itself), or the grant seen while
