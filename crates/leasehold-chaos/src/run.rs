@@ -165,6 +165,10 @@ struct Servers {
     first_killed: std::cell::Cell<usize>,
 }
 
+/// How long a member kill waits for a member to say it leads: on a loaded machine a
+/// single reading can miss the leader (a late answer), and the first kill must hit it.
+const LEADER_WAIT: Duration = Duration::from_secs(10);
+
 impl Servers {
     /// The store fault: records `restart-store` (with what it hits), does it, and records
     /// `store-back` once the store serves again.
@@ -194,7 +198,7 @@ impl Servers {
             (i, role, detail.to_lowercase())
         };
         if let Some(c) = &self.etcd_cluster {
-            let (i, role, detail) = member(c.members().len(), c.leader());
+            let (i, role, detail) = member(c.members().len(), c.wait_for_leader(LEADER_WAIT));
             member_fault(rec, role, &detail);
             c.member(i).kill();
             c.start_again(i); // on its data directory; waits until it is healthy again
@@ -202,7 +206,7 @@ impl Servers {
             return true;
         }
         if let Some(z) = &self.zk_ensemble {
-            let (i, role, detail) = member(ZkEnsemble::SIZE, z.leader());
+            let (i, role, detail) = member(ZkEnsemble::SIZE, z.wait_for_leader(LEADER_WAIT));
             member_fault(rec, role, &detail);
             z.kill(i);
             z.start_again(i); // on its data directory; waits until it serves again

@@ -37,7 +37,8 @@ pub struct WorkerSpec {
     #[arg(long)]
     pub permits: Option<u32>,
     /// Semaphore mode, deliberately broken (the checker's C11 control): skip the
-    /// semaphore and take the lease of a random slot key `key#0` … `key#N` (N+1 slots).
+    /// semaphore and take the lease of a slot key `key#0` … `key#N` (N+1 slots), each
+    /// worker its own (its number modulo N+1).
     #[arg(long)]
     pub overcommit: bool,
     /// The lease TTL.
@@ -312,7 +313,7 @@ async fn zombie_heartbeat(
 }
 
 /// Takes the round's lease: the lease `key`, or in semaphore mode a permit's slot lease
-/// (or, overcommitting, a random one of N+1 slot leases).
+/// (or, overcommitting, one of N+1 slot leases: see [`overcommit_slot`]).
 async fn take(
     client: &LeaseClient,
     semaphore: Option<&leasehold::Semaphore>,
@@ -322,11 +323,26 @@ async fn take(
     match (semaphore, spec.permits) {
         (Some(sem), _) => Ok(sem.acquire(wait).await?.into_lease()),
         (None, Some(n)) => {
-            let slot = rand::rng().random_range(0..=n);
+            let slot =
+                overcommit_slot(&spec.name, n).unwrap_or_else(|| rand::rng().random_range(0..=n));
             client.acquire(format!("{}#{slot}", spec.key), wait).await
         }
         (None, None) => client.acquire(&spec.key, wait).await,
     }
+}
+
+/// The slot an overcommitting worker takes every round: its number modulo N+1 (`w1` →
+/// `#1`, `w3` → `#0` with two permits, …), so that with at least N+1 workers every slot
+/// has its own holders and all N+1 are held at once for most of the run, whatever the
+/// machine's load (random slots could pile onto one and leave C11's control silent).
+/// `None` for a name that is not `w<number>…`.
+fn overcommit_slot(name: &str, permits: u32) -> Option<u32> {
+    let digits: String = name
+        .strip_prefix('w')?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some(digits.parse::<u32>().ok()? % permits.checked_add(1)?)
 }
 
 /// Runs the worker loop until the process is killed.
@@ -506,5 +522,23 @@ pub async fn run(spec: WorkerSpec, registry: leasehold::store::Registry) -> Resu
         // Let the others in now and then (a holder that loops at once wins most races).
         let pause = rand::rng().random_range(0..spec.ttl.as_millis() as u64 / 8);
         tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overcommit_slot;
+
+    #[test]
+    fn overcommitting_workers_cover_every_slot() {
+        let slots: Vec<_> = ["w1#0", "w2#3", "w3#1", "w4#0"]
+            .iter()
+            .map(|n| overcommit_slot(n, 2))
+            .collect();
+        assert_eq!(slots, [Some(1), Some(2), Some(0), Some(1)]);
+        assert_eq!(overcommit_slot("x1#0", 2), None);
+        assert_eq!(overcommit_slot("w#0", 2), None);
+        assert_eq!(overcommit_slot("w7", u32::MAX - 1), Some(7));
+        assert_eq!(overcommit_slot("w7", u32::MAX), None);
     }
 }

@@ -9,7 +9,7 @@
 //!   violation;
 //! - in semaphore mode (`--permits 2`), with the guard on every slot key, the same as the
 //!   fenced runs, C11 included, with two permits held at once; a control run whose
-//!   workers skip the semaphore (random slot leases over three slots) is flagged under
+//!   workers skip the semaphore (each its own of three slot leases) is flagged under
 //!   C11 and nothing else.
 //!
 //! - with a deliberately broken part (`--broken`, src/broken.rs: test builds only), each
@@ -480,7 +480,7 @@ fn zookeeper_semaphore_with_the_guard_has_no_violation() {
     );
 }
 
-/// C11's control: the workers skip the semaphore and take random slot leases over three
+/// C11's control: the workers skip the semaphore and take slot leases over three
 /// slots of a two-permit semaphore. Every slot is still exclusive (the per-key rules
 /// pass); three in force at once is flagged under C11, and nothing else is.
 #[test]

@@ -776,6 +776,12 @@ impl ZkEnsemble {
         (0..Self::SIZE).find(|&i| self.mode(i).as_deref() == Some("leader"))
     }
 
+    /// Waits up to `timeout` for a member to say it leads (a loaded machine may leave a
+    /// member's answer to `srvr` late, or the ensemble between leaders for a moment).
+    pub fn wait_for_leader(&self, timeout: Duration) -> Option<usize> {
+        crate::util::poll_until(timeout, Duration::from_millis(50), || self.leader())
+    }
+
     /// Member `i`'s log.
     pub fn log(&self, i: usize) -> String {
         self.members[i].log()
