@@ -992,7 +992,9 @@ fn takeover_bound(t: u64, bound: u64, store: &[(u64, u64, bool)]) -> u64 {
     }
 }
 
-/// C9: after a holder is killed, another takes over within the bound.
+/// C9: after a holder is killed, another takes over within the bound (a worker records
+/// the grant, or the harness's inspection of the store sees another owner with a higher
+/// fence).
 fn c9(
     events: &[Event],
     windows: &[Window],
@@ -1023,9 +1025,23 @@ fn c9(
             .iter()
             .filter(|w| w.worker == f.key && w.start <= f.t && f.t < w.end())
         {
+            // Taken over: another worker's window starts within the bound, or the
+            // harness's own reading of the store finds another owner holding the key
+            // with a higher fence (a grant to a waiter that a fault of its own kept from
+            // hearing it: the store let the killed holder's lease go all the same).
             let taken = windows
                 .iter()
-                .any(|o| o.key == w.key && o.start > f.t && o.start <= bound);
+                .any(|o| o.key == w.key && o.start > f.t && o.start <= bound)
+                || events.iter().any(|e| {
+                    e.op == Some(Op::Inspect)
+                        && e.phase == Some(Phase::Ok)
+                        && e.key == w.key
+                        && e.t > f.t
+                        && e.t <= bound
+                        && !e.owner.is_empty()
+                        && e.owner != w.owner
+                        && e.fence.is_some_and(|fence| fence > w.fence)
+                });
             if !taken {
                 v.push(violation(
                     "C9",

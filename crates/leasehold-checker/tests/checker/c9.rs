@@ -50,6 +50,31 @@ fn c9_no_takeover_after_a_crash() {
     );
 }
 
+/// A grant the store made to a waiter that never recorded it (a fault of its own kept
+/// the answer from it) is a takeover when the harness's inspection sees it within the
+/// bound: another owner, a higher fence. The killed holder still seen, a free key, the
+/// same owner under a higher fence or a reading after the bound are not.
+#[test]
+fn c9_a_takeover_seen_only_by_the_harness_counts() {
+    let none = FinalState::default();
+    let k = 100 * MS;
+    let seen = |t: u64, owner: &str, fence: Option<u64>| {
+        let mut h = crash(FaultKind::Kill9, k, None, 10_000 * MS);
+        h.insert(h.len() - 1, inspect(t, owner, fence, ""));
+        h
+    };
+    assert_rules(&seen(k + BOUND, "B", Some(2)), &none, &cfg(), &[]);
+    assert_rules(&seen(k + BOUND + 1, "B", Some(2)), &none, &cfg(), &["C9"]);
+    assert_rules(&seen(k + MS, "A", Some(1)), &none, &cfg(), &["C9"]);
+    assert_rules(&seen(k + MS, "", None), &none, &cfg(), &["C9"]);
+    assert_rules(&seen(k + MS, "", Some(3)), &none, &cfg(), &["C9"]);
+    // (Another owner under the killed holder's fence is C2's, too.)
+    assert_rules(&seen(k + MS, "B", Some(1)), &none, &cfg(), &["C2", "C9"]);
+    assert_rules(&seen(k - MS, "B", Some(2)), &none, &cfg(), &["C9"]);
+    let same_owner = found(&seen(k + MS, "A", Some(3)), &none, &cfg());
+    assert!(same_owner.contains(&"C9"), "{same_owner:?}");
+}
+
 #[test]
 fn c9_exempt_when_the_history_ends_before_the_bound() {
     let none = FinalState::default();
