@@ -268,21 +268,10 @@ async fn handle(client: TcpStream, mut ctx: Ctx) {
     let clean = {
         let (client_r, client_w) = client.split();
         let (upstream_r, upstream_w) = upstream.split();
+        let mode = ctx.mode.clone();
         let mut loss_ends = ctx.mode.clone();
-        let to_server = pump(
-            client_r,
-            upstream_w,
-            Direction::ToServer,
-            ctx.mode.clone(),
-            &lost,
-        );
-        let to_client = pump(
-            upstream_r,
-            client_w,
-            Direction::ToClient,
-            ctx.mode.clone(),
-            &lost,
-        );
+        let to_server = pump(client_r, upstream_w, Direction::ToServer, &mode, &lost);
+        let to_client = pump(upstream_r, client_w, Direction::ToClient, &mode, &lost);
         tokio::select! {
             res = async { tokio::try_join!(to_server, to_client) } => res.is_ok(),
             () = until_reset_mode(&mut ctx.mode) => false,
@@ -341,13 +330,14 @@ async fn pump<R, W>(
     mut from: R,
     mut to: W,
     direction: Direction,
-    mut mode: watch::Receiver<ProxyMode>,
+    mode: &watch::Receiver<ProxyMode>,
     lost: &AtomicBool,
 ) -> io::Result<()>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let mut mode = mode.clone();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = from.read(&mut buf).await?;
