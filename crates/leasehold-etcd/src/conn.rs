@@ -133,6 +133,51 @@ impl Grants {
     }
 }
 
+/// A grant whose transaction is out. If the call ends before the transaction's answer
+/// (an error, or the caller's bound dropping the call), the outcome is unknown and the key
+/// may be this owner's now, on that etcd lease, at a revision not known: the grant is
+/// remembered (with mod revision 0), so that a retry by the owner reads the key first and
+/// a release reads it too. An answer, granted or not, disarms it.
+pub(crate) struct Unanswered<'a> {
+    grants: &'a Grants,
+    lease_key: &'a str,
+    grant: Option<Grant>,
+}
+
+impl<'a> Unanswered<'a> {
+    /// Arms for `owner`'s write of `lease_key` on etcd lease `lease`.
+    pub(crate) fn new(
+        grants: &'a Grants,
+        lease_key: &'a str,
+        owner: OwnerToken,
+        lease: i64,
+    ) -> Self {
+        Self {
+            grants,
+            lease_key,
+            grant: Some(Grant {
+                owner,
+                lease,
+                mod_revision: 0,
+                alive_until: None,
+            }),
+        }
+    }
+
+    /// The transaction answered: its outcome is known.
+    pub(crate) fn answered(mut self) {
+        self.grant = None;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some(grant) = self.grant.take() {
+            self.grants.remember(self.lease_key, grant);
+        }
+    }
+}
+
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdStore")

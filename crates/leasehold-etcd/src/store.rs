@@ -18,7 +18,7 @@ use leasehold_core::{
 
 use crate::BACKEND;
 use crate::config::EtcdConfig;
-use crate::conn::{EtcdStore, Grant, Holder, decode, gets};
+use crate::conn::{EtcdStore, Grant, Holder, Unanswered, decode, gets};
 use crate::error::{err, map_err, tonic_code};
 use crate::wait::{Ahead, head_options, queue_entry, queue_prefix};
 
@@ -309,23 +309,11 @@ impl EtcdStore {
                         TxnOp::get(queue.as_str(), Some(head_options())),
                     ]);
                     let mut kv = self.client.kv_client();
-                    let resp = match kv.txn(txn).await {
-                        Ok(resp) => resp,
-                        Err(e) => {
-                            // The key may be ours now, on etcd lease `id`, at a revision
-                            // not known: a retry reads it first, a release too.
-                            self.grants.remember(
-                                lease_key,
-                                Grant {
-                                    owner: *owner,
-                                    lease: id,
-                                    mod_revision: 0,
-                                    alive_until: None,
-                                },
-                            );
-                            return Err(map_err("txn", e));
-                        }
-                    };
+                    // Until it answers, the key may be ours on etcd lease `id`: a failed
+                    // or dropped call leaves that remembered for a retry to read first.
+                    let unanswered = Unanswered::new(&self.grants, lease_key, *owner, id);
+                    let resp = kv.txn(txn).await.map_err(|e| map_err("txn", e))?;
+                    unanswered.answered();
                     if resp.succeeded() {
                         if let Some(place) = ours {
                             // Our queue entry went with the grant; its etcd lease now

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::Solo;
 use leasehold_core::{AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store};
-use leasehold_testkit::EtcdServer;
+use leasehold_testkit::{EtcdServer, ProxyMode};
 
 const METHODS: [&str; 6] = [
     "Range",
@@ -228,4 +228,90 @@ async fn an_acquire_that_finds_the_key_held_revokes_the_lease_it_granted() {
         held,
         "only the holder's etcd lease is left"
     );
+}
+
+/// A retry after a transaction whose reply was lost (the acquire failed with its outcome
+/// unknown, the key in fact taken) reads the key first, finds this owner holding it and
+/// keeps that grant with one keep-alive: the same fence, and no second etcd lease granted.
+/// The read is the one request the four-request pair adds, and only after such a failure
+/// (the store remembers the grant it could not confirm).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_transaction_reply_reads_first_and_keeps_the_grant() {
+    let s = Solo::start().await;
+    let direct = s.direct().await;
+    let ttl = Duration::from_secs(20);
+    let delay = Duration::from_millis(300);
+    // Each try holds every chunk on the link for `delay`, watches past the proxy for the
+    // key, and drops the replies once it shows: the transaction's reply is then still
+    // held in the proxy. On a loaded machine the reply may slip out first: try again.
+    let mut tries = Vec::new();
+    let (k, a, applied) = 'lost: {
+        for n in 0..5 {
+            let k = key(&format!("lost-txn-{n}"));
+            let a = OwnerToken::random();
+            // Warm: the connection is open before the delay holds anything.
+            s.store.inspect(&k).await.unwrap();
+            s.proxy.set_mode(ProxyMode::Delay(delay));
+            let pending = {
+                let (store, k) = (s.store.clone(), k.clone());
+                tokio::spawn(async move { store.acquire(&k, &a, ttl).await })
+            };
+            let mut seen = None;
+            while !pending.is_finished() {
+                if let Some(info) = direct.inspect(&k).await.unwrap() {
+                    s.proxy.set_mode(ProxyMode::DropReplies);
+                    seen = Some(info);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let first = pending.await.unwrap();
+            s.proxy.set_mode(ProxyMode::Pass);
+            match (first, seen) {
+                (Err(e), Some(info)) => {
+                    assert!(e.is_ambiguous(), "the lost reply's error: {e:?}");
+                    assert_eq!(info.owner, a, "the applied grant is another owner's");
+                    break 'lost (k, a, info);
+                }
+                (first, seen) => {
+                    tries.push(format!("{first:?} (seen: {seen:?})"));
+                    if first.is_ok() {
+                        s.store.release(&k, &a).await.unwrap();
+                    }
+                }
+            }
+        }
+        panic!("setup: no try lost the reply of an applied transaction: {tries:?}");
+    };
+    assert_eq!(leases(&s).await.len(), 1, "the first call's etcd lease");
+    // The connection that lost bytes is reset when the proxy passes again: a retry that
+    // meets it closing sends nothing (the server counts only what it received).
+    let c0 = counts(&s.server);
+    let mut retried = None;
+    for _ in 0..5 {
+        match s.store.acquire(&k, &a, ttl).await {
+            Ok(got) => {
+                retried = Some(got);
+                break;
+            }
+            Err(e) => assert!(e.is_retryable(), "{e:?}"),
+        }
+    }
+    match retried {
+        Some(AcquireOutcome::Acquired { fence, .. }) => {
+            assert_eq!(fence, applied.fence, "the retry returns the applied grant")
+        }
+        other => panic!("the retry: {other:?}"),
+    }
+    assert_eq!(
+        sent(&c0, &counts(&s.server)),
+        expect(&[("LeaseKeepAlive", 1), ("Txn", 1)]),
+        "the retry: a read (a transaction of two gets) and a keep-alive"
+    );
+    assert_eq!(leases(&s).await.len(), 1, "no second etcd lease");
+    assert_eq!(
+        s.store.release(&k, &a).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert!(leases(&s).await.is_empty(), "no etcd lease is left");
 }
