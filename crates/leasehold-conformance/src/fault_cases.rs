@@ -370,7 +370,7 @@ pub async fn row_05_lost_reply_retry_returns_same_lease(fx: &Fixture) {
         // owner its row recorded last while the client's session takes the lock.)
         let seen = watch_for_grant(fx, &k, |o| *o != warm, &pending).await;
         if !plain && seen.is_some() {
-            net.set_mode(ProxyMode::DropReplies);
+            store.cut_while_first_out();
         }
         let answer = pending.await.expect("task");
         net.set_mode(ProxyMode::Pass);
@@ -687,15 +687,35 @@ struct PassAfterFirstAcquire {
     first: Mutex<Option<First>>,
 }
 
-/// Puts the proxies back to passing everything, and records a cancelled first call.
+impl PassAfterFirstAcquire {
+    /// Drops every reply from now on, but only while the first call is out. The grant the
+    /// harness saw may be a retry's: under load the first call can end by its own timeout
+    /// (its requests held by the delay) just before the harness sees the grant, and a cut
+    /// made then would drop the retries' replies until the client's wait ran out (seen:
+    /// every retry timed out for 20 s). The check and the cut are one step under the lock
+    /// the first call's end is recorded under, before [`Restore`] passes everything again.
+    fn cut_while_first_out(&self) {
+        let first = self.first.lock().unwrap();
+        if first.is_none() {
+            for p in &self.proxies {
+                p.set_mode(ProxyMode::DropReplies);
+            }
+        }
+    }
+}
+
+/// Puts the proxies back to passing everything, and records a cancelled first call. The
+/// end is recorded before the proxies pass, under one lock, so that no cut
+/// ([`PassAfterFirstAcquire::cut_while_first_out`]) comes after them.
 struct Restore<'a>(&'a PassAfterFirstAcquire);
 
 impl Drop for Restore<'_> {
     fn drop(&mut self) {
+        let mut first = self.0.first.lock().unwrap();
+        first.get_or_insert(First::Cancelled);
         for p in &self.0.proxies {
             p.set_mode(ProxyMode::Pass);
         }
-        self.0.first.lock().unwrap().get_or_insert(First::Cancelled);
     }
 }
 
