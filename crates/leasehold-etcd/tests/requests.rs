@@ -245,7 +245,7 @@ async fn a_retry_after_a_lost_transaction_reply_reads_first_and_keeps_the_grant(
     // key, and drops the replies once it shows: the transaction's reply is then still
     // held in the proxy. On a loaded machine the reply may slip out first: try again.
     let mut tries = Vec::new();
-    let (k, a, applied) = 'lost: {
+    let (k, a, applied, resets_before) = 'lost: {
         for n in 0..5 {
             let k = key(&format!("lost-txn-{n}"));
             let a = OwnerToken::random();
@@ -266,12 +266,13 @@ async fn a_retry_after_a_lost_transaction_reply_reads_first_and_keeps_the_grant(
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             let first = pending.await.unwrap();
+            let resets = s.proxy.resets();
             s.proxy.set_mode(ProxyMode::Pass);
             match (first, seen) {
                 (Err(e), Some(info)) => {
                     assert!(e.is_ambiguous(), "the lost reply's error: {e:?}");
                     assert_eq!(info.owner, a, "the applied grant is another owner's");
-                    break 'lost (k, a, info);
+                    break 'lost (k, a, info, resets);
                 }
                 (first, seen) => {
                     tries.push(format!("{first:?} (seen: {seen:?})"));
@@ -284,8 +285,21 @@ async fn a_retry_after_a_lost_transaction_reply_reads_first_and_keeps_the_grant(
         panic!("setup: no try lost the reply of an applied transaction: {tries:?}");
     };
     assert_eq!(leases(&s).await.len(), 1, "the first call's etcd lease");
-    // The connection that lost bytes is reset when the proxy passes again: a retry that
-    // meets it closing sends nothing (the server counts only what it received).
+    // The first call's connection must be gone before the retry, or a retry sent on it
+    // could reach the server and lose its reply (and be counted twice). The proxy resets
+    // it by itself if it lost the reply; if the reply reached a call the bound had
+    // already dropped, it lost nothing and lives on: reset every connection, and wait
+    // for a reset to be counted. A retry that meets the closed connection sends nothing
+    // (the server counts only what it received).
+    s.proxy.reset_all();
+    let reset_by = std::time::Instant::now() + Duration::from_secs(5);
+    while s.proxy.resets() == resets_before {
+        assert!(
+            std::time::Instant::now() < reset_by,
+            "the first call's connection was not reset"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let c0 = counts(&s.server);
     let mut retried = None;
     for _ in 0..5 {

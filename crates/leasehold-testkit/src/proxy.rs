@@ -45,6 +45,7 @@ pub enum ProxyMode {
 struct Counters {
     accepted: AtomicUsize,
     active: AtomicUsize,
+    resets: AtomicUsize,
 }
 
 /// A TCP proxy from a local port to `upstream`, with switchable faults
@@ -162,6 +163,13 @@ impl FaultProxy {
         self.counters.active.load(Ordering::SeqCst)
     }
 
+    /// How many client connections the proxy has closed with a reset (TCP RST): by the
+    /// `Reset` mode or [`reset_all`](Self::reset_all), when a loss to `DropReplies` ended,
+    /// or when the upstream could not be reached. Counted before the reset is sent.
+    pub fn resets(&self) -> usize {
+        self.counters.resets.load(Ordering::SeqCst)
+    }
+
     /// Resets (TCP RST) every current connection, staying in the current mode.
     pub fn reset_all(&self) {
         tracing::debug!(addr = %self.addr, "fault proxy reset_all");
@@ -228,6 +236,12 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// Resets a client connection, counted first ([`FaultProxy::resets`]).
+fn reset_client(ctx: &Ctx, client: TcpStream) {
+    ctx.counters.resets.fetch_add(1, Ordering::SeqCst);
+    abort(client);
+}
+
 /// Closes the socket with a TCP RST instead of a FIN.
 fn abort(stream: TcpStream) {
     let _ = stream.set_zero_linger();
@@ -239,7 +253,7 @@ async fn handle(client: TcpStream, mut ctx: Ctx) {
     // Mark the current reset generation as seen: only later resets count.
     ctx.reset.borrow_and_update();
     if *ctx.mode.borrow_and_update() == ProxyMode::Reset {
-        abort(client);
+        reset_client(&ctx, client);
         return;
     }
     let _ = client.set_nodelay(true);
@@ -252,12 +266,12 @@ async fn handle(client: TcpStream, mut ctx: Ctx) {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!(upstream = %ctx.upstream, error = %e, "fault proxy: upstream connect failed");
-            abort(client);
+            reset_client(&ctx, client);
             return;
         }
         Err(_) => {
             tracing::debug!(upstream = %ctx.upstream, "fault proxy: upstream connect timed out");
-            abort(client);
+            reset_client(&ctx, client);
             return;
         }
     };
@@ -280,7 +294,7 @@ async fn handle(client: TcpStream, mut ctx: Ctx) {
         }
     };
     if !clean {
-        abort(client);
+        reset_client(&ctx, client);
         abort(upstream);
     }
 }

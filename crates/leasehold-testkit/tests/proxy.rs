@@ -181,6 +181,7 @@ fn drop_replies_forwards_but_returns_nothing() {
 
     // Back to normal: the connection that lost a reply is reset (a real one never
     // delivers what follows a gap); the one that lost nothing goes on, and so do new ones.
+    assert_eq!(proxy.resets(), 0, "nothing is reset while the loss lasts");
     proxy.set_mode(ProxyMode::Pass);
     assert_reset(&mut s);
     quiet.write_all(b"still").unwrap();
@@ -188,6 +189,11 @@ fn drop_replies_forwards_but_returns_nothing() {
     let mut after = connect(&proxy);
     after.write_all(b"next").unwrap();
     assert_eq!(read_exact(&mut after, 4), b"next");
+    assert_eq!(
+        proxy.resets(),
+        1,
+        "only the connection that lost a reply is reset"
+    );
 }
 
 #[test]
