@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::Solo;
 use leasehold_core::{AcquireOutcome, Key, OwnerToken, ReleaseOutcome, RenewOutcome, Store};
@@ -292,10 +292,10 @@ async fn a_retry_after_a_lost_transaction_reply_reads_first_and_keeps_the_grant(
     // for a reset to be counted. A retry that meets the closed connection sends nothing
     // (the server counts only what it received).
     s.proxy.reset_all();
-    let reset_by = std::time::Instant::now() + Duration::from_secs(5);
+    let reset_by = Instant::now() + Duration::from_secs(5);
     while s.proxy.resets() == resets_before {
         assert!(
-            std::time::Instant::now() < reset_by,
+            Instant::now() < reset_by,
             "the first call's connection was not reset"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
