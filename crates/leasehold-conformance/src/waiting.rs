@@ -292,7 +292,9 @@ enum Turn {
 }
 
 /// `contenders` contenders, each on a store of its own (as many processes), loop on one
-/// key: acquire with a wait, hold 3 ms, release, acquire again at once. Each gets its
+/// key: acquire with a wait, hold 3 ms, release, acquire again at once. Each has waited
+/// once (on another key, uncounted) before the loops start, so that no counted wait is
+/// the one that first opens a session to wait in. Each gets its
 /// turns in arrival order: while a contender waits in the store's queue (from the moment
 /// it is seen there to its grant), no other contender is granted the lease twice — once
 /// for a contender ahead of it, and no more: one that came back after it queued is behind
@@ -310,14 +312,45 @@ pub async fn contenders_take_turns_in_arrival_order(
     let log = Arc::new(Mutex::new(Vec::<Turn>::new()));
     let granted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(contenders));
-    let mut tasks = Vec::new();
-    for i in 0..contenders {
-        let store = queue.wrap_logged(open().await, i, log.clone());
-        let config = LeaseConfig::builder(Duration::from_secs(10))
-            .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(100)).unwrap())
-            .build()
+    let config = LeaseConfig::builder(Duration::from_secs(10))
+        .backoff(Backoff::new(Duration::from_millis(1), Duration::from_millis(100)).unwrap())
+        .build()
+        .unwrap();
+    let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+    for _ in 0..contenders {
+        stores.push(open().await);
+    }
+    // Each contender waits once before the turns are counted (not logged): a store that
+    // opens a session to wait in joins the server's queue only once it is connected, later
+    // than its wait was seen, and connections open in no set order. After this every
+    // contender has a session kept for its next wait.
+    let holder = open().await;
+    let warm = key("fair-warm");
+    let h = OwnerToken::random();
+    fence(holder.acquire(&warm, &h, LONG_TTL).await.unwrap());
+    let mut warming = Vec::new();
+    for (i, store) in stores.iter().enumerate() {
+        let client = LeaseClient::new(queue.wrap(store.clone(), i), config.clone());
+        let k = warm.clone();
+        warming.push(tokio::spawn(async move {
+            let lease = client.acquire(k, Duration::from_secs(60)).await.unwrap();
+            assert!(lease.release().await.unwrap());
+        }));
+        queue
+            .until_queued(&warm, i + 1, &format!("warm-up waiter {i}"))
+            .await;
+    }
+    holder.release(&warm, &h).await.unwrap();
+    for t in warming {
+        timeout(SOON * 4, t)
+            .await
+            .expect("the warm-up ends")
             .unwrap();
-        let client = LeaseClient::new(store, config);
+    }
+    let mut tasks = Vec::new();
+    for (i, store) in stores.into_iter().enumerate() {
+        let store = queue.wrap_logged(store, i, log.clone());
+        let client = LeaseClient::new(store, config.clone());
         let (log, granted, start) = (log.clone(), granted.clone(), start.clone());
         tasks.push(tokio::spawn(async move {
             start.wait().await;
