@@ -38,7 +38,7 @@
 //! | C6c | a renewal the store answered *renewed* (`renew ok`, or `renew fail` `refused`) or a release it answered *released* (`release ok`) sent at or after another owner's later grant of the key was recorded | none |
 //! | C7a | an acknowledged write (`write ok`) whose `seq` is missing from the audit | none |
 //! | C7b | a counter that differs from its number of audit rows (a lost update) | none |
-//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (docs/design.md §4.11, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it); with `inspect_sees_candidates` (Redlock), also a later, higher fence after an earlier one that only inspections saw, each while an acquire call of the owner was in flight (between an acquire's two rounds the nodes hold candidate fences; the call returns the highest) |
+//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (docs/design.md §4.11, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it); with `inspect_sees_candidates` (Redlock), also a later, higher fence after an earlier one that only inspections saw, each while an acquire call of the owner was in flight: the call that returned the owner, or, for an owner that no call returned, a call on the key that returned no lease (between an acquire's two rounds the nodes hold candidate fences, and an inspection takes the highest of the nodes that answered it; a call that fails leaves them until they expire) |
 //! | C8b | the final inspection (`inspect` `final`, after every worker is gone and the bound has passed) shows a lease | none |
 //! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it, the bound moved on by the time store faults (restart, fail-over) take within it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
 //! | C10 | a window's first lost observation that no fault on its own incarnation or path explains | a fault explains it when it is a freeze of that incarnation, a proxy fault on its slot's own proxy (until `proxy-pass`), or a store restart (until `store-back`), that started at or before the observation and ended no more than `fault_reach` before it: a lease whose renewals a fault broke or delayed is lost by its deadline, within a TTL of the last renewal sent before the fault ended |
@@ -98,7 +98,11 @@ pub struct CheckConfig {
     /// (Redlock: round one records each node's candidate fence, round two the highest of
     /// them): C8a admits the same owner's higher fence after an earlier one that only
     /// inspections saw, all of them while an acquire call of that owner was in flight
-    /// (from its invoke to its reply). The owner never held the earlier fence.
+    /// (from its invoke to its reply). The call is the one that returned the owner; for an
+    /// owner no call returned (the library draws an owner per call and records none on
+    /// failure), a call on the key that returned no lease (from its invoke to its failure,
+    /// to its worker's kill, or to the end of the history). The owner never held the
+    /// earlier fence.
     pub inspect_sees_candidates: bool,
     /// A store restart or fail-over gives every lease a fresh TTL when the store is back
     /// (etcd's new leader renews every lease by its TTL plus an election timeout; a
@@ -862,25 +866,78 @@ struct Fenced {
     what: String,
 }
 
-/// The acquire calls that returned a lease, by key and owner: from the call's invoke (the
-/// worker's last acquire invoke before the reply) to its reply.
-fn acquire_spans(events: &[Event]) -> BTreeMap<(&str, &str), Vec<(u64, u64)>> {
-    let mut spans: BTreeMap<(&str, &str), Vec<(u64, u64)>> = BTreeMap::new();
-    let mut invoked: BTreeMap<&str, u64> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.op == Some(Op::Acquire)) {
-        match e.phase {
-            Some(Phase::Invoke) => {
-                invoked.insert(e.worker.as_str(), e.t);
+/// The acquire calls, from each call's invoke (the worker's last acquire invoke before its
+/// end) to its end.
+#[derive(Default)]
+struct AcquireSpans<'a> {
+    /// The calls that returned a lease, by key and owner.
+    returned: BTreeMap<(&'a str, &'a str), Vec<(u64, u64)>>,
+    /// The calls that returned none, by the key invoked (a semaphore's name in semaphore
+    /// mode): ended by a failure, by the kill of the worker's incarnation, or never (to the
+    /// end of the history). Their owner is not recorded: the library draws it per call.
+    unreturned: BTreeMap<&'a str, Vec<(u64, u64)>>,
+}
+
+impl AcquireSpans<'_> {
+    /// Whether every sighting of `a` (`key`, `owner`) lies within one acquire call of that
+    /// owner: one that returned a lease to `owner`, or, when `owner` was never returned by
+    /// any call (`owner_returned` false), one on the key that returned no lease.
+    fn in_flight(&self, key: &str, owner: &str, owner_returned: bool, a: &Fenced) -> bool {
+        let within =
+            |s: &Vec<(u64, u64)>| s.iter().any(|&(from, to)| from <= a.first && a.last <= to);
+        if self.returned.get(&(key, owner)).is_some_and(within) {
+            return true;
+        }
+        !owner_returned
+            && self.unreturned.iter().any(|(invoked, s)| {
+                (key == *invoked
+                    || key
+                        .strip_prefix(*invoked)
+                        .is_some_and(|slot| slot.starts_with('#')))
+                    && within(s)
+            })
+    }
+}
+
+fn acquire_spans(events: &[Event]) -> AcquireSpans<'_> {
+    let mut spans = AcquireSpans::default();
+    let mut invoked: BTreeMap<&str, (&str, u64)> = BTreeMap::new();
+    for e in events {
+        match (e.op, e.phase) {
+            (Some(Op::Acquire), Some(Phase::Invoke)) => {
+                invoked.insert(e.worker.as_str(), (e.key.as_str(), e.t));
             }
-            Some(Phase::Ok) => {
-                let from = invoked.get(e.worker.as_str()).copied().unwrap_or(e.t);
+            (Some(Op::Acquire), Some(Phase::Ok)) => {
+                let from = invoked
+                    .remove(e.worker.as_str())
+                    .map_or(e.t, |(_, from)| from);
                 spans
+                    .returned
                     .entry((e.key.as_str(), e.owner.as_str()))
                     .or_default()
                     .push((from, e.t));
             }
+            (Some(Op::Acquire), Some(Phase::Fail | Phase::Unknown)) => {
+                if let Some((key, from)) = invoked.remove(e.worker.as_str()) {
+                    spans.unreturned.entry(key).or_default().push((from, e.t));
+                }
+            }
+            (Some(Op::Fault), _)
+                if matches!(e.fault, Some(FaultKind::Kill9 | FaultKind::EndKill)) =>
+            {
+                if let Some((key, from)) = invoked.remove(e.key.as_str()) {
+                    spans.unreturned.entry(key).or_default().push((from, e.t));
+                }
+            }
             _ => {}
         }
+    }
+    for (key, from) in invoked.into_values() {
+        spans
+            .unreturned
+            .entry(key)
+            .or_default()
+            .push((from, u64::MAX));
     }
     spans
 }
@@ -922,13 +979,13 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
                 && store.iter().any(|&(_, s, e)| s <= b.first && a.first <= e)
         };
         // Or (`inspect_sees_candidates`) the earlier fence was a candidate that only
-        // inspections saw, while an acquire call of this owner was in flight.
+        // inspections saw, while an acquire call of this owner was in flight (one that
+        // returned this owner, or, for an owner no call returned, one that returned none).
+        let owner_returned = seen.iter().any(|f| f.returned);
         let candidate = |a: &Fenced| {
             cfg.inspect_sees_candidates
                 && a.inspected_only
-                && spans
-                    .get(&(key, owner))
-                    .is_some_and(|s| s.iter().any(|&(from, to)| from <= a.first && a.last <= to))
+                && spans.in_flight(key, owner, owner_returned, a)
         };
         let fresh = |a: &Fenced, b: &Fenced| {
             !a.returned

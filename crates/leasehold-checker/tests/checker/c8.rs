@@ -165,6 +165,95 @@ fn c8a_a_candidate_fence_seen_mid_acquire_is_exempt_only_when_configured_and_in_
     assert_rules(&candidate_seen(300 * MS, 5), &s, &redlock, &["C8a"]);
 }
 
+/// Worker `a#0`'s acquire call on `invoked` runs from 100 ms and `end`s at 600 ms without
+/// a lease; inspections see owner O (never returned) on `seen_key` with fence 5 at
+/// `first_at` and fence 9 at 400 ms.
+fn candidates_of_an_unreturned_call(
+    invoked: &str,
+    seen_key: &str,
+    first_at: u64,
+    end: Option<Event>,
+) -> Vec<Event> {
+    let on = |e: Event| Event {
+        key: seen_key.into(),
+        ..e
+    };
+    let mut h = vec![Event {
+        key: invoked.into(),
+        ..ev(100 * MS, "a#0", Op::Acquire, Phase::Invoke, "")
+    }];
+    h.push(on(inspect(first_at, "O", Some(5), "")));
+    h.push(on(inspect(400 * MS, "O", Some(9), "")));
+    h.extend(end);
+    h.push(end_at(900 * MS));
+    h.sort_by_key(|e| e.t);
+    h
+}
+
+fn failed_at(t: u64, invoked: &str) -> Option<Event> {
+    Some(Event {
+        key: invoked.into(),
+        ..ev(t, "a#0", Op::Acquire, Phase::Fail, "")
+    })
+}
+
+#[test]
+fn c8a_candidates_seen_during_a_call_that_returned_none_are_exempt_only_for_an_unreturned_owner() {
+    let none = FinalState::default();
+    let redlock = CheckConfig {
+        inspect_sees_candidates: true,
+        ..cfg()
+    };
+    let fails = failed_at(600 * MS, KEY);
+    let h = candidates_of_an_unreturned_call(KEY, KEY, 200 * MS, fails.clone());
+    assert_rules(&h, &none, &redlock, &[]);
+    // A store that shows no candidates gets no exemption.
+    assert_rules(&h, &none, &cfg(), &["C8a"]);
+    // The lower fence seen before the call was invoked, or after it failed.
+    let before = candidates_of_an_unreturned_call(KEY, KEY, 100 * MS - 1, fails.clone());
+    assert_rules(&before, &none, &redlock, &["C8a"]);
+    let after = candidates_of_an_unreturned_call(KEY, KEY, 650 * MS, failed_at(300 * MS, KEY));
+    assert_rules(&after, &none, &redlock, &["C8a"]);
+    // A call on another key.
+    let other = candidates_of_an_unreturned_call("job:other", KEY, 200 * MS, fails.clone());
+    assert_rules(&other, &none, &redlock, &["C8a"]);
+    // A semaphore's call covers its slots, and only its own.
+    let slot =
+        candidates_of_an_unreturned_call("sem", "sem#1", 200 * MS, failed_at(600 * MS, "sem"));
+    assert_rules(&slot, &none, &redlock, &[]);
+    let near =
+        candidates_of_an_unreturned_call("sem", "semx#1", 200 * MS, failed_at(600 * MS, "sem"));
+    assert_rules(&near, &none, &redlock, &["C8a"]);
+    // A call cut by its worker's kill ends there; one never ended runs to the end.
+    let killed = Some(fault(600 * MS, "a#0", FaultKind::Kill9));
+    assert_rules(
+        &candidates_of_an_unreturned_call(KEY, KEY, 200 * MS, killed),
+        &none,
+        &redlock,
+        &[],
+    );
+    let killed_early = Some(fault(150 * MS, "a#0", FaultKind::Kill9));
+    assert_rules(
+        &candidates_of_an_unreturned_call(KEY, KEY, 200 * MS, killed_early),
+        &none,
+        &redlock,
+        &["C8a"],
+    );
+    assert_rules(
+        &candidates_of_an_unreturned_call(KEY, KEY, 200 * MS, None),
+        &none,
+        &redlock,
+        &[],
+    );
+    // An owner that a call returned is held to that call: a failed call of another
+    // worker covers none of its sightings.
+    let mut returned = h.clone();
+    returned.extend(acquired(500 * MS, "b#0", "O", 9));
+    returned.extend(released(550 * MS, "b#0", "O"));
+    returned.sort_by_key(|e| e.t);
+    assert_rules(&returned, &none, &redlock, &["C8a"]);
+}
+
 #[test]
 fn c8b_a_lease_left_over_after_the_run() {
     let (mut h, s) = clean();
