@@ -496,6 +496,41 @@ impl Conn {
     }
 
     async fn handle(&self, deadline: Instant, op: &str) -> Result<Handle, StoreError> {
+        if let Some(h) = self.ready() {
+            return Ok(h);
+        }
+        // Boxed: connecting (and, under Sentinel, discovery and the replicas' clocks) is
+        // several KB of state that every call's future would otherwise carry and copy, for
+        // a path few calls take.
+        Box::pin(self.connect_handle(deadline, op)).await
+    }
+
+    /// The current connection, when there is one whose check is not due: what
+    /// [`handle`](Self::handle) returns without connecting or checking.
+    fn ready(&self) -> Option<Handle> {
+        fn fresh<C>((g, c, due): (u64, C, bool)) -> Option<(u64, C)> {
+            (!due).then_some((g, c))
+        }
+        let age = self.policy_check;
+        match &self.kind {
+            Kind::Standalone { holder, .. } => holder
+                .peek(age)
+                .and_then(fresh)
+                .map(|(g, c)| Handle::Standalone(g, c)),
+            Kind::Sentinel { holder, .. } => holder
+                .peek(age)
+                .and_then(fresh)
+                .map(|(g, c)| Handle::Standalone(g, c)),
+            Kind::Cluster { holder, .. } => holder
+                .peek(age)
+                .and_then(fresh)
+                .map(|(g, c)| Handle::Cluster(g, c)),
+        }
+    }
+
+    /// [`handle`](Self::handle)'s way when no checked connection is ready: connects (one
+    /// caller at a time) or checks the current connection again.
+    async fn connect_handle(&self, deadline: Instant, op: &str) -> Result<Handle, StoreError> {
         let ct = self.connect_timeout;
         let connect_failed = |e: RedisError| self.map(op, Phase::Connect, &e);
         // Called under the holder's connect lock, so that callers queued behind a refusal
