@@ -2112,7 +2112,7 @@ async fn zookeeper_section(plan: Plan) -> Res<Section> {
         title: "ZooKeeper 3.8: a private standalone server on 127.0.0.1 (tick 250 ms)".into(),
         about: uncontended_about(&plan, "leasehold-zookeeper against a plain ephemeral-node lock and a Curator-style lock"),
         legend: vec![
-            ("leasehold", "leasehold-zookeeper ZkStore: LeaseClient::try_acquire + Lease::release (list, create of an owner-named ephemeral sequential node, list; czxid fence; one session per store)".into()),
+            ("leasehold", "leasehold-zookeeper ZkStore: LeaseClient::try_acquire + Lease::release (a try creates an owner-named ephemeral sequential node first, then lists, as Curator does; czxid fence; one session per store)".into()),
             ("plain", "zookeeper-client alone: create an ephemeral node /plain/<key>, then delete it (no fence, no queue)".into()),
             ("curator", "zookeeper-client alone on its own session, Curator's InterProcessMutex recipe: create an ephemeral sequential node /curator/<key>/lock- (its parent a container node), list the children (held when lowest), then delete the node (no fence)".into()),
         ],

@@ -154,3 +154,78 @@ async fn a_step_that_does_not_wait_for_releases_is_retried_on_the_backoff() {
     );
     drop(held);
 }
+
+/// The memory store, counting the calls of each way to acquire.
+#[derive(Debug, Default)]
+struct CountingWays {
+    inner: MemoryStore,
+    acquires: std::sync::atomic::AtomicU32,
+    tries: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait]
+impl leasehold_core::wrap::Forward for CountingWays {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    async fn acquire(
+        &self,
+        key: &Key,
+        owner: &leasehold_core::OwnerToken,
+        ttl: Duration,
+    ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::StoreError> {
+        self.acquires.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire(key, owner, ttl).await
+    }
+
+    async fn acquire_no_wait(
+        &self,
+        key: &Key,
+        owner: &leasehold_core::OwnerToken,
+        ttl: Duration,
+    ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::StoreError> {
+        self.tries.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire_no_wait(key, owner, ttl).await
+    }
+}
+
+/// `try_acquire` asks the store with `acquire_no_wait` (a store may then take a way that a
+/// caller about to wait must not: ZooKeeper creates its node first); an acquire with a
+/// wait, even one of zero, asks with `acquire`, held key or free.
+#[tokio::test]
+async fn a_try_asks_the_store_not_to_wait_and_an_acquire_with_a_wait_does_not() {
+    let store = Arc::new(CountingWays::default());
+    let config = LeaseConfig::builder(Duration::from_secs(10))
+        .watchdog_thread(false)
+        .build()
+        .unwrap();
+    let client = LeaseClient::new(store.clone(), config);
+    let counts = || {
+        (
+            store.acquires.load(Ordering::Relaxed),
+            store.tries.load(Ordering::Relaxed),
+        )
+    };
+    let lease = client.try_acquire("ways:k").await.unwrap();
+    assert_eq!(counts(), (0, 1));
+    assert!(matches!(
+        client.try_acquire("ways:k").await,
+        Err(Error::Contended { .. })
+    ));
+    assert_eq!(counts(), (0, 2));
+    assert!(lease.release().await.unwrap());
+    let lease = client.acquire("ways:k", Duration::ZERO).await.unwrap();
+    assert_eq!(counts(), (1, 2));
+    let waited = client.acquire("ways:k", Duration::from_millis(50)).await;
+    assert!(
+        matches!(waited, Err(Error::WaitTimeout { .. })),
+        "{waited:?}"
+    );
+    let (acquires, tries) = counts();
+    assert!(
+        acquires >= 2 && tries == 2,
+        "{acquires} acquires, {tries} tries"
+    );
+    assert!(lease.release().await.unwrap());
+}

@@ -55,7 +55,7 @@ pub(crate) struct Inner {
     /// store's task while it deletes unclaimed nodes: a node is either granted or deleted,
     /// never granted while its deletion is under way.
     pub(crate) adopt: tokio::sync::Mutex<()>,
-    pub(crate) reaper: tokio::sync::Notify,
+    pub(crate) reaper: Reaper,
     /// Points where a test holds a call (tests only).
     #[cfg(test)]
     pub(crate) hooks: hooks::Hooks,
@@ -89,6 +89,49 @@ pub(crate) struct Undeleted {
     pub(crate) slot: (String, OwnerToken),
     pub(crate) node: String,
     pub(crate) session: i64,
+}
+
+/// How the store's task is woken: by a notifier, and only for what falls due before the
+/// round it would start on its own (a grant's deadline is seconds away, and the task looks
+/// at least once a second: waking it for every grant cost a thread wake-up per acquire).
+#[derive(Debug, Default)]
+pub(crate) struct Reaper {
+    notify: tokio::sync::Notify,
+    /// When the task's next round starts on its own; `None` while a round runs, which may
+    /// have read the tables before the latest change (every change wakes it then).
+    next: Mutex<Option<Instant>>,
+}
+
+impl Reaper {
+    /// Something put in the tables falls due at `due`: wakes the task unless its next
+    /// round comes at or before then. Called after the change is in the tables.
+    pub(crate) fn due(&self, due: Instant) {
+        let next = *self.next.lock().unwrap_or_else(|p| p.into_inner());
+        if next.is_none_or(|n| due < n) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Wakes the task now.
+    pub(crate) fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    /// A round starts: called before the task reads the tables.
+    pub(crate) fn round(&self) {
+        *self.next.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The round is over; the next starts at `at` unless woken: called before the task
+    /// waits on [`notified`](Self::notified) (a wake-up in between is kept by the notifier).
+    pub(crate) fn sleeps_until(&self, at: Instant) {
+        *self.next.lock().unwrap_or_else(|p| p.into_inner()) = Some(at);
+    }
+
+    /// Resolves on the next wake-up (or one given since the last).
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
 }
 
 /// A waiter's presence: its node is kept while a call of its owner is in progress and for
@@ -210,6 +253,16 @@ impl ZkStore {
         {
             return Ok(s.clone());
         }
+        // Boxed: the connect's state is about 9 KB, which every operation's future would
+        // otherwise carry (and copy) for a path it rarely takes.
+        Box::pin(self.open_session(&mut slot)).await
+    }
+
+    /// Opens a new session into `slot` (the current one ended, or there was none).
+    async fn open_session(
+        &self,
+        slot: &mut tokio::sync::MutexGuard<'_, Option<Session>>,
+    ) -> Result<Session, StoreError> {
         let config = &self.inner.config;
         let hosts = config.connect_string();
         let client = StoreError::bounded(BACKEND, "connect", config.connect_bound(), async {

@@ -33,7 +33,7 @@ impl Drop for InProgress {
             p.last = Instant::now();
         }
         drop(waiting);
-        self.inner.reaper.notify_one();
+        self.inner.reaper.due(Instant::now() + WAITER_GRACE);
     }
 }
 

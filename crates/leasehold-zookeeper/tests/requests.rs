@@ -3,7 +3,10 @@
 //! uncontended acquire + release is four (list, create, list; delete), where Curator's
 //! lock makes three (create, list; delete): an acquire looks before it queues, so that a
 //! caller is never seen queued before it has its place. An acquire of a held key is a list
-//! and a read of the holder's TTL, and leaves no node.
+//! and a read of the holder's TTL, and leaves no node. A caller that will not wait
+//! (`acquire_no_wait`, what `try_acquire` asks) takes Curator's order: three requests for a
+//! free key (create, list; delete), and a held key's queue shows its node only until the
+//! delete that follows the list.
 
 mod common;
 
@@ -110,5 +113,79 @@ async fn an_acquire_of_a_held_key_reads_and_leaves_no_node() {
     );
     let queue = s.raw.list_children(&s.store.lease_dir(&k)).await.unwrap();
     assert_eq!(queue.len(), 1, "only the holder's node: {queue:?}");
+    s.store.release(&k, &holder).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_of_a_free_key_creates_first_three_requests_a_pair() {
+    let s = Solo::start().await;
+    let k = key("try-free");
+    let warm = OwnerToken::random();
+    s.store.acquire(&k, &warm, TTL).await.unwrap();
+    s.store.release(&k, &warm).await.unwrap();
+    for round in 0..5 {
+        let owner = OwnerToken::random();
+        let (sent, remade, got) = s.count(&k, s.store.acquire_no_wait(&k, &owner, TTL)).await;
+        let AcquireOutcome::Acquired { fence, .. } = got.unwrap() else {
+            panic!("round {round}: a try of a free key is granted");
+        };
+        let expected = if remade { 4 } else { 2 };
+        assert_eq!(
+            sent, expected,
+            "round {round}: a try of a free key: create, list"
+        );
+        // The fence is the node's own czxid: the node the store answered for.
+        let dir = s.store.lease_dir(&k);
+        let queue = s.raw.list_children(&dir).await.unwrap();
+        assert_eq!(queue.len(), 1, "round {round}: one node: {queue:?}");
+        let stat = s
+            .raw
+            .check_stat(&format!("{dir}/{}", queue[0]))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(fence.get(), stat.czxid as u64, "round {round}");
+        // The same owner's try again (a retry after a lost reply) is the same grant.
+        let (_, _, again) = s.count(&k, s.store.acquire_no_wait(&k, &owner, TTL)).await;
+        assert!(
+            matches!(again.unwrap(), AcquireOutcome::Acquired { fence: f, .. } if f == fence),
+            "round {round}: a retry by the same owner returns the same fence"
+        );
+        let (sent, _, released) = s.count(&k, s.store.release(&k, &owner)).await;
+        assert_eq!(released.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(sent, 1, "round {round}: a release: delete");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_of_a_held_key_is_held_and_leaves_no_node() {
+    let s = Solo::start().await;
+    let k = key("try-held");
+    let holder = OwnerToken::random();
+    let AcquireOutcome::Acquired { fence, .. } = s.store.acquire(&k, &holder, TTL).await.unwrap()
+    else {
+        panic!("the first acquire is granted");
+    };
+    for round in 0..3 {
+        let (sent, _, got) = s
+            .count(&k, s.store.acquire_no_wait(&k, &OwnerToken::random(), TTL))
+            .await;
+        assert!(
+            matches!(got.unwrap(), AcquireOutcome::Held { remaining: Some(r) } if r > Duration::ZERO),
+            "round {round}: a try of a held key is held, with the holder's TTL"
+        );
+        assert_eq!(
+            sent, 4,
+            "round {round}: create, list, then the delete of ours and a read of the holder's TTL"
+        );
+        let queue = s.raw.list_children(&s.store.lease_dir(&k)).await.unwrap();
+        assert_eq!(
+            queue.len(),
+            1,
+            "round {round}: only the holder's node: {queue:?}"
+        );
+    }
+    let info = s.store.inspect(&k).await.unwrap().unwrap();
+    assert_eq!((info.owner, info.fence), (holder, fence));
     s.store.release(&k, &holder).await.unwrap();
 }

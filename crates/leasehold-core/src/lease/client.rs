@@ -528,6 +528,7 @@ impl LeaseClient {
                         ttl: cfg.ttl(),
                         limit: cfg.op_timeout(),
                         may_hold,
+                        waits: deadline.is_some(),
                     };
                     (sent_at, step.attempt(&call).await)
                 }

@@ -58,6 +58,7 @@ pub struct StepCall<'a> {
     pub(crate) ttl: Duration,
     pub(crate) limit: Duration,
     pub(crate) may_hold: bool,
+    pub(crate) waits: bool,
 }
 
 impl StepCall<'_> {
@@ -81,6 +82,12 @@ impl StepCall<'_> {
     /// ([`acquire_any`](crate::acquire_any) does).
     pub fn may_hold(&self) -> bool {
         self.may_hold
+    }
+
+    /// Whether this acquire waits when the key is held (it was given a wait): when it does
+    /// not, a step may ask with [`Store::acquire_no_wait`].
+    pub fn waits(&self) -> bool {
+        self.waits
     }
 
     /// `call` bounded by the client's operation timeout: on expiry a
@@ -115,7 +122,12 @@ impl AcquireStep for OneKey<'_> {
     }
 
     async fn attempt(&self, call: &StepCall<'_>) -> Result<AcquireAnyOutcome, Error> {
-        let acquire = call.store().acquire(self.0, call.owner(), call.ttl());
+        let (store, owner, ttl) = (call.store(), call.owner(), call.ttl());
+        let acquire = if call.waits() {
+            store.acquire(self.0, owner, ttl)
+        } else {
+            store.acquire_no_wait(self.0, owner, ttl)
+        };
         Ok(call.bounded("acquire", acquire).await?.into())
     }
 }

@@ -71,6 +71,24 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError>;
 
+    /// [`acquire`](Self::acquire) for a caller that will not wait if `key` is held
+    /// ([`LeaseClient::try_acquire`](crate::LeaseClient::try_acquire)): the same contract
+    /// and the same answers. A store may take a way that is cheaper when the key is free
+    /// but that a caller about to wait must not take (ZooKeeper creates its node first, as
+    /// Curator's lock does: for a moment a held key shows it in the queue). The default
+    /// is [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire).
+    async fn acquire_no_wait(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        self.acquire(key, owner, ttl).await
+    }
+
     /// Compare-and-extend: extend the TTL only if `owner` holds `key`.
     async fn renew(
         &self,

@@ -85,6 +85,17 @@ pub trait Forward: Send + Sync + std::fmt::Debug + 'static {
         self.inner().acquire(key, owner, ttl).await
     }
 
+    /// [`Store::acquire_no_wait`]: this store's own [`acquire`](Self::acquire) (so a
+    /// wrapper that changes `acquire` changes a try alike) unless overridden.
+    async fn acquire_no_wait(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        Forward::acquire(self, key, owner, ttl).await
+    }
+
     /// [`Store::renew`].
     async fn renew(
         &self,
@@ -174,6 +185,15 @@ impl<T: Forward> Store for T {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         Forward::acquire(self, key, owner, ttl).await
+    }
+
+    async fn acquire_no_wait(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome, StoreError> {
+        Forward::acquire_no_wait(self, key, owner, ttl).await
     }
 
     async fn renew(
