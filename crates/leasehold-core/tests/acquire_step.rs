@@ -161,6 +161,8 @@ struct CountingWays {
     inner: MemoryStore,
     acquires: std::sync::atomic::AtomicU32,
     tries: std::sync::atomic::AtomicU32,
+    /// Whether it says it has a way of its own for a try.
+    own_try: bool,
 }
 
 #[async_trait]
@@ -179,6 +181,10 @@ impl leasehold_core::wrap::Forward for CountingWays {
         self.inner.acquire(key, owner, ttl).await
     }
 
+    fn has_acquire_no_wait(&self) -> bool {
+        self.own_try
+    }
+
     async fn acquire_no_wait(
         &self,
         key: &Key,
@@ -190,12 +196,33 @@ impl leasehold_core::wrap::Forward for CountingWays {
     }
 }
 
-/// `try_acquire` asks the store with `acquire_no_wait` (a store may then take a way that a
-/// caller about to wait must not: ZooKeeper creates its node first); an acquire with a
-/// wait, even one of zero, asks with `acquire`, held key or free.
+/// `try_acquire` asks the store with `acquire_no_wait` when the store has one (a store may
+/// then take a way that a caller about to wait must not: ZooKeeper creates its node
+/// first), and with `acquire` when it has not (the default `acquire_no_wait` would only
+/// add a boxed call); an acquire with a wait, even one of zero, asks with `acquire`, held
+/// key or free.
 #[tokio::test]
 async fn a_try_asks_the_store_not_to_wait_and_an_acquire_with_a_wait_does_not() {
-    let store = Arc::new(CountingWays::default());
+    let plain = Arc::new(CountingWays::default());
+    let client = LeaseClient::new(
+        plain.clone(),
+        LeaseConfig::new(Duration::from_secs(10)).unwrap(),
+    );
+    let lease = client.try_acquire("ways:plain").await.unwrap();
+    assert!(lease.release().await.unwrap());
+    let counts = (
+        plain.acquires.load(Ordering::Relaxed),
+        plain.tries.load(Ordering::Relaxed),
+    );
+    assert_eq!(
+        counts,
+        (1, 0),
+        "a store without a way of its own is asked to acquire"
+    );
+    let store = Arc::new(CountingWays {
+        own_try: true,
+        ..CountingWays::default()
+    });
     let config = LeaseConfig::builder(Duration::from_secs(10))
         .watchdog_thread(false)
         .build()

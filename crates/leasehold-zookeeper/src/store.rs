@@ -891,6 +891,10 @@ impl Store for ZkStore {
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
+    fn has_acquire_no_wait(&self) -> bool {
+        true
+    }
+
     async fn acquire_no_wait(
         &self,
         key: &Key,

@@ -85,7 +85,8 @@ impl StepCall<'_> {
     }
 
     /// Whether this acquire waits when the key is held (it was given a wait): when it does
-    /// not, a step may ask with [`Store::acquire_no_wait`].
+    /// not, a step may ask with [`Store::acquire_no_wait`] (where the store
+    /// [has one](Store::has_acquire_no_wait)).
     pub fn waits(&self) -> bool {
         self.waits
     }
@@ -123,7 +124,7 @@ impl AcquireStep for OneKey<'_> {
 
     async fn attempt(&self, call: &StepCall<'_>) -> Result<AcquireAnyOutcome, Error> {
         let (store, owner, ttl) = (call.store(), call.owner(), call.ttl());
-        let acquire = if call.waits() {
+        let acquire = if call.waits() || !store.has_acquire_no_wait() {
             store.acquire(self.0, owner, ttl)
         } else {
             store.acquire_no_wait(self.0, owner, ttl)

@@ -76,7 +76,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// and the same answers. A store may take a way that is cheaper when the key is free
     /// but that a caller about to wait must not take (ZooKeeper creates its node first, as
     /// Curator's lock does: for a moment a held key shows it in the queue). The default
-    /// is [`acquire`](Self::acquire).
+    /// is [`acquire`](Self::acquire). A store that implements it says so with
+    /// [`has_acquire_no_wait`](Self::has_acquire_no_wait); the client asks it only then.
     ///
     /// # Cancel safety
     /// As [`acquire`](Self::acquire).
@@ -87,6 +88,13 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         self.acquire(key, owner, ttl).await
+    }
+
+    /// Whether [`acquire_no_wait`](Self::acquire_no_wait) takes a way of its own (the
+    /// default: no). When it does not, a try asks with [`acquire`](Self::acquire) directly,
+    /// which saves the default's second boxed call.
+    fn has_acquire_no_wait(&self) -> bool {
+        false
     }
 
     /// Compare-and-extend: extend the TTL only if `owner` holds `key`.

@@ -96,6 +96,12 @@ pub trait Forward: Send + Sync + std::fmt::Debug + 'static {
         Forward::acquire(self, key, owner, ttl).await
     }
 
+    /// [`Store::has_acquire_no_wait`]: no, unless overridden (with
+    /// [`acquire_no_wait`](Self::acquire_no_wait)).
+    fn has_acquire_no_wait(&self) -> bool {
+        false
+    }
+
     /// [`Store::renew`].
     async fn renew(
         &self,
@@ -194,6 +200,10 @@ impl<T: Forward> Store for T {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         Forward::acquire_no_wait(self, key, owner, ttl).await
+    }
+
+    fn has_acquire_no_wait(&self) -> bool {
+        Forward::has_acquire_no_wait(self)
     }
 
     async fn renew(
