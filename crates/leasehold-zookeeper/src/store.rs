@@ -45,6 +45,14 @@ fn ttl_of(data: &[u8]) -> Result<Duration, StoreError> {
         })
 }
 
+/// What [`ZkStore::create_and_look`] found.
+enum Looked {
+    /// The answer: granted, or held by another owner (our node deleted).
+    Answer(AcquireOutcome),
+    /// Another node of the same owner is first (named): ours was deleted.
+    OwnAhead(String),
+}
+
 impl ZkStore {
     /// Opens the store from a `zookeeper://` URL (see [`ZkConfig::from_url`]): establishes
     /// the session and creates the root path if it is missing.
@@ -390,30 +398,49 @@ impl ZkStore {
         let sent = Instant::now();
         let s = self.session().await?;
         let dir = self.lease_dir(key);
-        let slot = (dir.clone(), *owner);
-        let (stat, node) = self.create_node(&s, &dir, owner, ttl).await?;
-        // Listed on the session that created the node: the member has applied every
-        // create before ours, so the queue is complete up to it.
-        let queue = self.queue(&s, &dir).await?;
+        match self.create_and_look(&s, &dir, owner, ttl, sent).await? {
+            Looked::Answer(answer) => Ok(answer),
+            // Another node of this owner is first (a concurrent call of the same owner):
+            // the way that adopts a node of the owner answers.
+            Looked::OwnAhead(_) => Box::pin(self.do_acquire(key, owner, ttl)).await,
+        }
+    }
+
+    /// Creates `owner`'s node in `dir` and lists the queue (on the session that created
+    /// the node: the member has applied every create before ours, so the queue is complete
+    /// up to it). Ours first: granted. Another first: ours is deleted, beside a read of the
+    /// first one's TTL for the `Held` answer, or, when the first is another node of this
+    /// owner, its name.
+    async fn create_and_look(
+        &self,
+        s: &Session,
+        dir: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        sent: Instant,
+    ) -> Result<Looked, StoreError> {
+        let slot = (dir.to_owned(), *owner);
+        let (stat, node) = self.create_node(s, dir, owner, ttl).await?;
+        let queue = self.queue(s, dir).await?;
         match queue.first() {
             Some((o, _, name)) if o == owner && node.ends_with(name.as_str()) => {
                 // The create committed through the leader, which checked the session live.
-                self.granted_node(&s, &dir, owner, node, &stat, ttl, sent)
+                self.granted_node(s, dir, owner, node, &stat, ttl, sent)
+                    .map(Looked::Answer)
             }
-            Some((o, _, _)) if o == owner => {
-                // Another node of this owner is first (a concurrent call of the same
-                // owner): ours goes, and the way that adopts a node of the owner answers.
-                self.delete_quietly(&s, &slot, &node).await;
-                Box::pin(self.do_acquire(key, owner, ttl)).await
+            Some((o, _, first)) if o == owner => {
+                let first = first.clone();
+                self.delete_quietly(s, &slot, &node).await;
+                Ok(Looked::OwnAhead(first))
             }
             Some((_, _, first)) => {
-                // Held: leave no node behind, and read the holder's TTL meanwhile.
+                // Another acquire got in first: leave no node behind.
                 let first = first.clone();
                 let ((), held) = tokio::join!(
-                    self.delete_quietly(&s, &slot, &node),
-                    self.held(&s, &dir, &first)
+                    self.delete_quietly(s, &slot, &node),
+                    self.held(s, dir, &first)
                 );
-                held
+                held.map(Looked::Answer)
             }
             None => Err(err(
                 StoreErrorKind::Ambiguous,
@@ -487,23 +514,9 @@ impl ZkStore {
             return self.held(&s, &dir, first).await;
         }
         // 3. Free: queue up, and see whether we are first.
-        let (stat, node) = self.create_node(&s, &dir, owner, ttl).await?;
-        let queue = self.queue(&s, &dir).await?;
-        match queue.first() {
-            Some((o, _, name)) if o == owner && node.ends_with(name.as_str()) => {
-                // The create committed through the leader, which checked the session live.
-                self.granted_node(&s, &dir, owner, node, &stat, ttl, sent)
-            }
-            Some((_, _, first)) => {
-                // Another acquire got in first: leave no node behind.
-                let first = first.clone();
-                self.delete_quietly(&s, &slot, &node).await;
-                self.held(&s, &dir, &first).await
-            }
-            None => Err(err(
-                StoreErrorKind::Ambiguous,
-                "zookeeper: the node just created is gone (session ended?)",
-            )),
+        match self.create_and_look(&s, &dir, owner, ttl, sent).await? {
+            Looked::Answer(answer) => Ok(answer),
+            Looked::OwnAhead(first) => self.held(&s, &dir, &first).await,
         }
     }
 
