@@ -38,7 +38,7 @@
 //! | C6c | a renewal the store answered *renewed* (`renew ok`, or `renew fail` `refused`) or a release it answered *released* (`release ok`) sent at or after another owner's later grant of the key was recorded | none |
 //! | C7a | an acknowledged write (`write ok`) whose `seq` is missing from the audit | none |
 //! | C7b | a counter that differs from its number of audit rows (a lost update) | none |
-//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (docs/design.md §4.11, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it); with `inspect_sees_candidates` (Redlock), also a later, higher fence after an earlier one that only inspections saw, each while an acquire call of the owner was in flight: the call that returned the owner, or, for an owner that no call returned, a call on the key that returned no lease (between an acquire's two rounds the nodes hold candidate fences, and an inspection takes the highest of the nodes that answered it; a call that fails leaves them until they expire) |
+//! | C8a | one owner token recorded with two fences, by any of: acquire replies, the store's inspections, audit rows, worker events | a later, higher fence first seen at least a TTL after an earlier one that no acquire returned (docs/design.md §4.11, ambiguous replies: a retry with the same owner "returns the lease already granted or grants it fresh"; a grant the caller never got is never renewed, so it has expired a TTL after it was first seen); with `failover_forgets_unacknowledged` (Sentinel, `min_replicas`), also a later, higher fence with a store fault between the two sightings, after an earlier one no acquire returned (a grant the replica did not acknowledge is answered ambiguously, and the fail-over forgets it); with `inspect_sees_candidates` (Redlock), also a later, higher fence after an earlier one that only inspections saw, each while an acquire call of the owner was in flight: the call that returned the owner, or, for an owner that no call returned, a call on the key that returned no lease (between an acquire's two rounds the nodes hold candidate fences, and an inspection takes the highest of the nodes that answered it; a call that fails leaves them until they expire); on any store, also a later, higher fence after an earlier one no acquire returned, when another owner was seen holding the key between the two sightings with a fence between the two (the store had ended the earlier grant: ZooKeeper drops a waiter's reservation a second after its owner's last call) |
 //! | C8b | the final inspection (`inspect` `final`, after every worker is gone and the bound has passed) shows a lease | none |
 //! | C9 | a `kill9` of an incarnation inside one of its windows with no window of that key starting within `takeover_bound` after it, the bound moved on by the time store faults (restart, fail-over) take within it | the harness's `end-kill` (nobody is left to take over); the history ends before the bound |
 //! | C10 | a window's first lost observation that no fault on its own incarnation or path explains | a fault explains it when it is a freeze of that incarnation, a proxy fault on its slot's own proxy (until `proxy-pass`), or a store restart (until `store-back`), that started at or before the observation and ended no more than `fault_reach` before it: a lease whose renewals a fault broke or delayed is lost by its deadline, within a TTL of the last renewal sent before the fault ended |
@@ -948,6 +948,15 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
     let spans = acquire_spans(events);
     // Per owner and fence: first sighting, whether an acquire returned it, where seen.
     let mut fences: BTreeMap<(&str, &str), BTreeMap<u64, Fenced>> = BTreeMap::new();
+    // Every sighting of a holder with its fence, by key: (when, owner, fence). Audit rows
+    // have no time of their own and are left out.
+    let mut held_by: BTreeMap<&str, Vec<(u64, &str, u64)>> = BTreeMap::new();
+    for g in grants(events, audit).iter().filter(|g| g.t != u64::MAX) {
+        held_by
+            .entry(g.key)
+            .or_default()
+            .push((g.t, g.owner, g.fence));
+    }
     for g in grants(events, audit) {
         let f = fences
             .entry((g.key, g.owner))
@@ -987,12 +996,26 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
                 && a.inspected_only
                 && spans.in_flight(key, owner, owner_returned, a)
         };
+        // Or another owner was seen holding the key after the earlier sighting and before
+        // the later one, with a fence between the two: the store had given the key to
+        // someone else, so the earlier grant (a waiter's reservation the store dropped when
+        // its owner made no call, a grant deleted unclaimed) had ended, and the later one
+        // is a fresh grant. Any store: a key held by another owner in between is the
+        // store's own word that the earlier one was over.
+        let taken_between = |a: &Fenced, b: &Fenced| {
+            held_by.get(key).is_some_and(|others| {
+                others.iter().any(|&(t, o, f)| {
+                    o != owner && a.fence < f && f < b.fence && a.last <= t && t <= b.first
+                })
+            })
+        };
         let fresh = |a: &Fenced, b: &Fenced| {
             !a.returned
                 && b.fence > a.fence
                 && (b.first >= a.first.saturating_add(cfg.ttl_ns)
                     || forgotten(a, b)
-                    || candidate(a))
+                    || candidate(a)
+                    || taken_between(a, b))
         };
         if seen.windows(2).any(|p| !fresh(&p[0], &p[1])) {
             let list: Vec<String> = seen

@@ -254,6 +254,65 @@ fn c8a_candidates_seen_during_a_call_that_returned_none_are_exempt_only_for_an_u
     assert_rules(&returned, &none, &redlock, &["C8a"]);
 }
 
+/// Owner O is seen holding with fence 5 by inspections only (a waiter's reservation, at
+/// 200 and 300 ms); `between` (if any) is another owner's grant `(at, fence)`; O is granted
+/// fence 9 at 700 ms, less than a TTL after the first sighting.
+fn reserved_then_regranted(between: Option<(u64, u64)>, o_returned: bool) -> Vec<Event> {
+    let mut h = vec![ev(100 * MS, "a#0", Op::Acquire, Phase::Invoke, "")];
+    if o_returned {
+        h.push(Event {
+            fence: Some(5),
+            valid_until: Some(900 * MS),
+            ..ev(150 * MS, "a#0", Op::Acquire, Phase::Ok, "O")
+        });
+        h.extend(released(320 * MS, "a#0", "O"));
+    }
+    h.push(inspect(200 * MS, "O", Some(5), ""));
+    h.push(inspect(300 * MS, "O", Some(5), ""));
+    if let Some((at, fence)) = between {
+        h.extend(acquired(at, "b#0", "P", fence));
+        h.extend(released(at + 50 * MS, "b#0", "P"));
+    }
+    h.extend(acquired(700 * MS, "a#0", "O", 9));
+    h.extend(released(800 * MS, "a#0", "O"));
+    h.push(end_at(2000 * MS));
+    h.sort_by_key(|e| e.t);
+    h
+}
+
+#[test]
+fn c8a_a_regrant_after_another_owner_held_the_key_in_between_is_exempt_only_then() {
+    let none = FinalState::default();
+    // Another owner held the key between the two sightings, with a fence between them.
+    assert_rules(
+        &reserved_then_regranted(Some((400 * MS, 6)), false),
+        &none,
+        &cfg(),
+        &[],
+    );
+    // Nobody in between.
+    assert_rules(
+        &reserved_then_regranted(None, false),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+    // The other owner's grant after O's later one (fence above both).
+    assert_rules(
+        &reserved_then_regranted(Some((900 * MS, 10)), false),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+    // O's earlier fence had been returned to it: no exemption.
+    assert_rules(
+        &reserved_then_regranted(Some((400 * MS, 6)), true),
+        &none,
+        &cfg(),
+        &["C8a"],
+    );
+}
+
 #[test]
 fn c8b_a_lease_left_over_after_the_run() {
     let (mut h, s) = clean();
