@@ -256,3 +256,42 @@ async fn a_try_asks_the_store_not_to_wait_and_an_acquire_with_a_wait_does_not() 
     );
     assert!(lease.release().await.unwrap());
 }
+
+/// The memory store with a way of its own for a try that it does not declare.
+#[derive(Debug, Default)]
+struct UndeclaredTry {
+    inner: MemoryStore,
+    tries: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait]
+impl leasehold_core::wrap::Forward for UndeclaredTry {
+    fn inner(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    async fn acquire_no_wait(
+        &self,
+        key: &Key,
+        owner: &leasehold_core::OwnerToken,
+        ttl: Duration,
+    ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::StoreError> {
+        self.tries.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire_no_wait(key, owner, ttl).await
+    }
+}
+
+/// A forwarding store has no way of its own for a try unless it says so
+/// (`Forward::has_acquire_no_wait` is false by default): the client asks it to `acquire`.
+#[tokio::test]
+async fn a_forwarding_store_is_asked_to_acquire_unless_it_declares_its_own_try() {
+    let store = Arc::new(UndeclaredTry::default());
+    assert!(!Store::has_acquire_no_wait(&*store));
+    let client = LeaseClient::new(
+        store.clone(),
+        LeaseConfig::new(Duration::from_secs(10)).unwrap(),
+    );
+    let lease = client.try_acquire("ways:undeclared").await.unwrap();
+    assert!(lease.release().await.unwrap());
+    assert_eq!(store.tries.load(Ordering::Relaxed), 0);
+}
