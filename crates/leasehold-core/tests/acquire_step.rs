@@ -155,14 +155,13 @@ async fn a_step_that_does_not_wait_for_releases_is_retried_on_the_backoff() {
     drop(held);
 }
 
-/// The memory store, counting the calls of each way to acquire.
+/// The memory store, counting the calls of each way to acquire. It does not declare its
+/// way for a try (`Forward::has_acquire_no_wait`'s default); [`Declared`] does.
 #[derive(Debug, Default)]
 struct CountingWays {
     inner: MemoryStore,
     acquires: std::sync::atomic::AtomicU32,
     tries: std::sync::atomic::AtomicU32,
-    /// Whether it says it has a way of its own for a try.
-    own_try: bool,
 }
 
 #[async_trait]
@@ -181,10 +180,6 @@ impl leasehold_core::wrap::Forward for CountingWays {
         self.inner.acquire(key, owner, ttl).await
     }
 
-    fn has_acquire_no_wait(&self) -> bool {
-        self.own_try
-    }
-
     async fn acquire_no_wait(
         &self,
         key: &Key,
@@ -196,14 +191,39 @@ impl leasehold_core::wrap::Forward for CountingWays {
     }
 }
 
-/// `try_acquire` asks the store with `acquire_no_wait` when the store has one (a store may
-/// then take a way that a caller about to wait must not: ZooKeeper creates its node
-/// first), and with `acquire` when it has not (the default `acquire_no_wait` would only
-/// add a boxed call); an acquire with a wait, even one of zero, asks with `acquire`, held
-/// key or free.
+/// [`CountingWays`], declaring its way for a try.
+#[derive(Debug, Default)]
+struct Declared(CountingWays);
+
+#[async_trait]
+impl leasehold_core::wrap::Forward for Declared {
+    fn inner(&self) -> &dyn Store {
+        &self.0
+    }
+
+    fn has_acquire_no_wait(&self) -> bool {
+        true
+    }
+
+    async fn acquire_no_wait(
+        &self,
+        key: &Key,
+        owner: &leasehold_core::OwnerToken,
+        ttl: Duration,
+    ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::StoreError> {
+        Store::acquire_no_wait(&self.0, key, owner, ttl).await
+    }
+}
+
+/// `try_acquire` asks the store with `acquire_no_wait` when the store declares one (a store
+/// may then take a way that a caller about to wait must not: ZooKeeper creates its node
+/// first), and with `acquire` when it does not — a forwarding store, unless it says so
+/// (the default `acquire_no_wait` would only add a boxed call); an acquire with a wait,
+/// even one of zero, asks with `acquire`, held key or free.
 #[tokio::test]
 async fn a_try_asks_the_store_not_to_wait_and_an_acquire_with_a_wait_does_not() {
     let plain = Arc::new(CountingWays::default());
+    assert!(!Store::has_acquire_no_wait(&*plain));
     let client = LeaseClient::new(
         plain.clone(),
         LeaseConfig::new(Duration::from_secs(10)).unwrap(),
@@ -219,15 +239,13 @@ async fn a_try_asks_the_store_not_to_wait_and_an_acquire_with_a_wait_does_not() 
         (1, 0),
         "a store without a way of its own is asked to acquire"
     );
-    let store = Arc::new(CountingWays {
-        own_try: true,
-        ..CountingWays::default()
-    });
+    let declared = Arc::new(Declared::default());
+    let store = &declared.0;
     let config = LeaseConfig::builder(Duration::from_secs(10))
         .watchdog_thread(false)
         .build()
         .unwrap();
-    let client = LeaseClient::new(store.clone(), config);
+    let client = LeaseClient::new(declared.clone(), config);
     let counts = || {
         (
             store.acquires.load(Ordering::Relaxed),
@@ -255,43 +273,4 @@ async fn a_try_asks_the_store_not_to_wait_and_an_acquire_with_a_wait_does_not() 
         "{acquires} acquires, {tries} tries"
     );
     assert!(lease.release().await.unwrap());
-}
-
-/// The memory store with a way of its own for a try that it does not declare.
-#[derive(Debug, Default)]
-struct UndeclaredTry {
-    inner: MemoryStore,
-    tries: std::sync::atomic::AtomicU32,
-}
-
-#[async_trait]
-impl leasehold_core::wrap::Forward for UndeclaredTry {
-    fn inner(&self) -> &dyn Store {
-        &self.inner
-    }
-
-    async fn acquire_no_wait(
-        &self,
-        key: &Key,
-        owner: &leasehold_core::OwnerToken,
-        ttl: Duration,
-    ) -> Result<leasehold_core::AcquireOutcome, leasehold_core::StoreError> {
-        self.tries.fetch_add(1, Ordering::Relaxed);
-        self.inner.acquire_no_wait(key, owner, ttl).await
-    }
-}
-
-/// A forwarding store has no way of its own for a try unless it says so
-/// (`Forward::has_acquire_no_wait` is false by default): the client asks it to `acquire`.
-#[tokio::test]
-async fn a_forwarding_store_is_asked_to_acquire_unless_it_declares_its_own_try() {
-    let store = Arc::new(UndeclaredTry::default());
-    assert!(!Store::has_acquire_no_wait(&*store));
-    let client = LeaseClient::new(
-        store.clone(),
-        LeaseConfig::new(Duration::from_secs(10)).unwrap(),
-    );
-    let lease = client.try_acquire("ways:undeclared").await.unwrap();
-    assert!(lease.release().await.unwrap());
-    assert_eq!(store.tries.load(Ordering::Relaxed), 0);
 }
