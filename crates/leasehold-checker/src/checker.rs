@@ -950,14 +950,15 @@ fn c8(events: &[Event], audit: &[&AuditRow], cfg: &CheckConfig, v: &mut Vec<Viol
     let mut fences: BTreeMap<(&str, &str), BTreeMap<u64, Fenced>> = BTreeMap::new();
     // Every sighting of a holder with its fence, by key: (when, owner, fence). Audit rows
     // have no time of their own and are left out.
+    let sightings = grants(events, audit);
     let mut held_by: BTreeMap<&str, Vec<(u64, &str, u64)>> = BTreeMap::new();
-    for g in grants(events, audit).iter().filter(|g| g.t != u64::MAX) {
+    for g in sightings.iter().filter(|g| g.t != u64::MAX) {
         held_by
             .entry(g.key)
             .or_default()
             .push((g.t, g.owner, g.fence));
     }
-    for g in grants(events, audit) {
+    for g in sightings {
         let f = fences
             .entry((g.key, g.owner))
             .or_default()

@@ -81,6 +81,14 @@ impl<C: Clone> Holder<C> {
             })
     }
 
+    /// The current connection, if its check is not due (no older than `max_age`).
+    fn ready(&self, max_age: Option<Duration>) -> Option<(u64, C)> {
+        match self.peek(max_age) {
+            Some((g, c, false)) => Some((g, c)),
+            _ => None,
+        }
+    }
+
     /// The current connection, checked again with `check` when its last check is older
     /// than `max_age`; or a new one from `connect`, used only once `check` accepts it.
     /// A connection that fails its check is dropped, so the next call connects and checks
@@ -98,8 +106,8 @@ impl<C: Clone> Holder<C> {
         K: FnOnce(C) -> KFut,
         KFut: Future<Output = Result<(), StoreError>>,
     {
-        if let Some((g, c, false)) = self.peek(max_age) {
-            return Ok((g, c));
+        if let Some(ready) = self.ready(max_age) {
+            return Ok(ready);
         }
         let _one_at_a_time = self.connecting.lock().await;
         match self.peek(max_age) {
@@ -508,23 +516,15 @@ impl Conn {
     /// The current connection, when there is one whose check is not due: what
     /// [`handle`](Self::handle) returns without connecting or checking.
     fn ready(&self) -> Option<Handle> {
-        fn fresh<C>((g, c, due): (u64, C, bool)) -> Option<(u64, C)> {
-            (!due).then_some((g, c))
-        }
         let age = self.policy_check;
         match &self.kind {
-            Kind::Standalone { holder, .. } => holder
-                .peek(age)
-                .and_then(fresh)
-                .map(|(g, c)| Handle::Standalone(g, c)),
-            Kind::Sentinel { holder, .. } => holder
-                .peek(age)
-                .and_then(fresh)
-                .map(|(g, c)| Handle::Standalone(g, c)),
-            Kind::Cluster { holder, .. } => holder
-                .peek(age)
-                .and_then(fresh)
-                .map(|(g, c)| Handle::Cluster(g, c)),
+            Kind::Standalone { holder, .. } => {
+                holder.ready(age).map(|(g, c)| Handle::Standalone(g, c))
+            }
+            Kind::Sentinel { holder, .. } => {
+                holder.ready(age).map(|(g, c)| Handle::Standalone(g, c))
+            }
+            Kind::Cluster { holder, .. } => holder.ready(age).map(|(g, c)| Handle::Cluster(g, c)),
         }
     }
 
