@@ -12,6 +12,7 @@ use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind};
 use crate::BACKEND;
 use crate::config::EtcdConfig;
 use crate::error::{err, map_err};
+use crate::wait::Waits;
 
 /// A lease store on an etcd cluster (v3 API).
 ///
@@ -33,6 +34,8 @@ pub struct EtcdStore {
     /// The grants this store made and has not released yet, so that a release needs no
     /// read first (see [`Grants`]).
     pub(crate) grants: Arc<Grants>,
+    /// What this store's waits left for the acquires that confirm them (see [`Waits`]).
+    pub(crate) waits: Arc<Waits>,
 }
 
 /// The most grants [`Grants`] remembers; a grant made while it is full is released by
@@ -229,6 +232,18 @@ impl EtcdStore {
         let mut lease = self.client.lease_client();
         if let Err(e) = lease.revoke(id).await {
             tracing::debug!(lease = id, error = %e, "etcd lease revoke failed; it expires by itself");
+        }
+    }
+
+    /// Revokes an etcd lease that holds no key any more, on a task of its own so that
+    /// the caller does not wait for it (best effort, as [`revoke_quietly`]; outside a
+    /// tokio runtime it is left to expire).
+    ///
+    /// [`revoke_quietly`]: Self::revoke_quietly
+    pub(crate) fn revoke_later(&self, id: i64) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let store = self.clone();
+            rt.spawn(async move { store.revoke_quietly(id).await });
         }
     }
 

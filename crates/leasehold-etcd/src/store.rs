@@ -20,7 +20,7 @@ use crate::BACKEND;
 use crate::config::EtcdConfig;
 use crate::conn::{EtcdStore, Grant, Holder, Unanswered, decode, gets};
 use crate::error::{err, map_err, tonic_code};
-use crate::wait::{Ahead, head_options, queue_entry, queue_prefix};
+use crate::wait::{Ahead, Place, head_options, queue_entry, queue_prefix};
 
 /// How many times a renewal answered `Unavailable` is tried again (within its bound).
 const RENEW_RETRIES: u32 = 3;
@@ -28,7 +28,7 @@ const RENEW_RETRIES: u32 = 3;
 const RENEW_RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// The TTL in whole seconds, rounded up (etcd leases have one-second resolution).
-fn ttl_secs(ttl: Duration) -> i64 {
+pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
     // check_ttl bounds the TTL to 24 h, so this never saturates.
     i64::try_from(secs).unwrap_or(i64::MAX)
@@ -83,6 +83,7 @@ impl EtcdStore {
             client,
             config,
             grants: Arc::default(),
+            waits: Arc::default(),
         };
         let probe = store.config.key_prefix().as_bytes().to_vec();
         let checked = store
@@ -221,9 +222,25 @@ impl EtcdStore {
         let want = ttl_secs(ttl);
         // Before anything is sent: etcd counts each grant's TTL from later than this.
         let sent = boottime();
+        // After a wait in line: its place, and its spare etcd lease once a keep-alive
+        // (sent after `sent`, so etcd's TTL counts from later still) finds it alive.
+        let waited = self.waits.take(&lease_key, owner);
         let mut spare = None;
+        if let Some(s) = waited.and_then(|w| w.spare) {
+            if s.asked != want {
+                self.revoke_later(s.lease);
+            } else {
+                match self.keep_alive_once(s.lease).await {
+                    Ok(true) => spare = Some((s.lease, s.granted)),
+                    // Gone (it lapsed: the waiter came back late): grant anew.
+                    Ok(false) => {}
+                    Err(_) => self.revoke_later(s.lease),
+                }
+            }
+        }
+        let place = waited.map(|w| w.place);
         let got = self
-            .acquire_on(&lease_key, owner, want, sent, &mut spare)
+            .acquire_on(&lease_key, owner, want, sent, place, &mut spare)
             .await;
         if let Some((id, _)) = spare {
             self.revoke_quietly(id).await;
@@ -231,8 +248,9 @@ impl EtcdStore {
         got
     }
 
-    /// The body of [`do_acquire`](Self::do_acquire). `spare` is an etcd lease granted for
-    /// `want` seconds that holds no key yet: a grant takes it (or grants anew when there is
+    /// The body of [`do_acquire`](Self::do_acquire). `waited` is the owner's place in
+    /// line after a wait of this store (the first transaction assumes it first in line
+    /// there). `spare` is an etcd lease granted for `want` seconds that holds no key yet: a grant takes it (or grants anew when there is
     /// none) and a failed transaction gives it back; whatever is left in it afterwards
     /// holds no key. A transaction or read that failed leaves it empty (its outcome is
     /// unknown: the lease may hold the key), so nothing is revoked then.
@@ -242,6 +260,7 @@ impl EtcdStore {
         owner: &OwnerToken,
         want: i64,
         sent: Option<Duration>,
+        waited: Option<Place>,
         spare: &mut Option<(i64, i64)>,
     ) -> Result<AcquireOutcome, StoreError> {
         let queue = queue_prefix(lease_key);
@@ -250,7 +269,8 @@ impl EtcdStore {
         // what the last transaction found, or read it. A key this store may have granted
         // to this owner already (an earlier call's transaction failed with its outcome
         // unknown: this is a retry) is read first.
-        let mut found = (!self.grants.holds(lease_key, owner)).then_some((None, Ahead::Nobody));
+        let mut found = (!self.grants.holds(lease_key, owner))
+            .then_some((None, waited.map_or(Ahead::Nobody, Ahead::Us)));
         // A waiter whose own entry lapsed between the read and the transaction retries
         // once as a newcomer.
         for _ in 0..3 {
@@ -317,8 +337,8 @@ impl EtcdStore {
                     if resp.succeeded() {
                         if let Some(place) = ours {
                             // Our queue entry went with the grant; its etcd lease now
-                            // holds nothing.
-                            self.revoke_quietly(place.lease).await;
+                            // holds nothing (revoked off the hand-off's path).
+                            self.revoke_later(place.lease);
                         }
                         // The put's revision is the key's create (and mod) revision.
                         let revision = resp.header().map_or(0, |h| h.revision());
@@ -551,7 +571,11 @@ impl Store for EtcdStore {
     /// [`wait_released`](WaitStore::wait_released)). When the key is ours already, a
     /// keep-alive (and a move to a longer lease when asked for a longer TTL); when it is
     /// another's, a time-to-live query for `Held { remaining }`. An etcd lease granted and
-    /// not used is revoked.
+    /// not used is revoked. After a wait of this store
+    /// ([`wait_turn`](WaitStore::wait_turn)): a keep-alive of the etcd lease the wait
+    /// granted for this owner (found gone: a grant anew) and one transaction that takes the
+    /// key at the owner's place in line; its queue entry's etcd lease is revoked on a task
+    /// of its own.
     ///
     /// # Cancel safety
     /// A dropped call may have granted an etcd lease (it expires by itself, holding no

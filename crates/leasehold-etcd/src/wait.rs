@@ -1,14 +1,16 @@
 //! [`WaitStore`] for etcd: waiters queue in arrival order under `<lease key>\0`, each
 //! entry on its own short etcd lease, as etcd's `concurrency.Mutex` does.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchFilterType, WatchOptions,
+    WatchFilterType, WatchOptions, WatchStream,
 };
-use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind, WaitStore};
+use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind, WaitOutcome, WaitStore};
 
 use crate::conn::{EtcdStore, Holder, decode, gets};
 use crate::error::{err, map_err};
@@ -53,6 +55,80 @@ impl Ahead {
 pub(crate) struct Place {
     pub(crate) revision: i64,
     pub(crate) lease: i64,
+}
+
+/// An etcd lease a waiter granted for the TTL it asked for, to hold the lease key once its
+/// turn comes (so that its confirming acquire needs no lease grant). It holds no key
+/// while the waiter waits; the wait keeps it alive with the queue entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Spare {
+    pub(crate) lease: i64,
+    /// The TTL (whole seconds) asked for.
+    pub(crate) asked: i64,
+    /// The TTL etcd granted.
+    pub(crate) granted: i64,
+}
+
+/// What a wait in line left for the acquire that confirms it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Waited {
+    /// The waiter's place in line when it last looked.
+    pub(crate) place: Place,
+    /// Its spare etcd lease, if the wait knew the TTL ([`WaitStore::wait_turn`]).
+    pub(crate) spare: Option<Spare>,
+}
+
+/// Entries of [`Waits`] beyond which old ones are dropped.
+const WAITS_KEPT: usize = 1 << 12;
+
+/// How long [`Waits`] keeps an entry that no acquire took (its waiter gave up): the spare
+/// etcd lease expires by itself, and the place is only a first guess.
+const WAITED_KEPT_FOR: Duration = Duration::from_secs(60);
+
+/// What each wait of this store left for the acquire that follows it, by lease key and
+/// owner: the acquire's first transaction then assumes the owner first in line at its
+/// place (not "nobody waits", which a waiter's own entry always fails), and takes the
+/// spare etcd lease instead of granting one. Only a hint: the transaction checks the
+/// place, and the spare is kept alive (sent after the acquire began) before it is used.
+#[derive(Debug, Default)]
+pub(crate) struct Waits(Mutex<HashMap<(String, OwnerToken), (Waited, Instant)>>);
+
+impl Waits {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), (Waited, Instant)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records what `owner`'s wait on `lease_key` left (replacing an earlier entry).
+    pub(crate) fn put(&self, lease_key: &str, owner: OwnerToken, waited: Waited) {
+        let mut map = self.lock();
+        let now = Instant::now();
+        if map.len() >= WAITS_KEPT {
+            map.retain(|_, (_, at)| now.duration_since(*at) < WAITED_KEPT_FOR);
+        }
+        if map.len() < WAITS_KEPT {
+            map.insert((lease_key.to_owned(), owner), (waited, now));
+        }
+    }
+
+    /// Takes what `owner`'s last wait on `lease_key` left, if anything.
+    pub(crate) fn take(&self, lease_key: &str, owner: &OwnerToken) -> Option<Waited> {
+        self.lock()
+            .remove(&(lease_key.to_owned(), *owner))
+            .map(|(w, _)| w)
+    }
+
+    /// What `owner`'s last wait on `lease_key` left, without taking it.
+    fn spare(&self, lease_key: &str, owner: &OwnerToken) -> Option<Spare> {
+        self.lock()
+            .get(&(lease_key.to_owned(), *owner))
+            .and_then(|(w, _)| w.spare)
+    }
+
+    /// How many entries are kept.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
 }
 
 /// The TTL of a waiter's queue entry: how long the entry outlives its waiter's last
@@ -209,8 +285,16 @@ impl EtcdStore {
     }
 
     /// Waits in line: joins the queue, watches the deletion of the predecessor's entry
-    /// until there is none, then (first in line) the deletion of the lease key.
-    async fn wait_in_line(&self, lease_key: &str, owner: &OwnerToken) -> Result<(), StoreError> {
+    /// until there is none, then (first in line) the deletion of the lease key. A waiter
+    /// that says the TTL it will ask for (`want`, whole seconds) also grants an etcd lease
+    /// of that TTL as it joins, kept alive with its entry: its confirming acquire puts the
+    /// key on it (see [`Waits`]).
+    async fn wait_in_line(
+        &self,
+        lease_key: &str,
+        owner: &OwnerToken,
+        want: Option<i64>,
+    ) -> Result<(), StoreError> {
         let line = self
             .bounded("read", self.read_line(lease_key, None))
             .await?;
@@ -224,57 +308,146 @@ impl EtcdStore {
             // Free for this owner now.
             return Ok(());
         }
-        let (place, entry_lease) = self
-            .bounded("join queue", self.join_queue(lease_key, owner))
-            .await?;
+        // A spare left by this owner's last wait is kept (kept alive below, or found gone
+        // by the acquire); one of another TTL is left to expire.
+        let kept = self
+            .waits
+            .spare(lease_key, owner)
+            .filter(|s| Some(s.asked) == want);
+        let join = self.bounded("join queue", self.join_queue(lease_key, owner));
+        // The line's watch is set up beside the join, before the line is read again.
+        let watching = self.bounded("watch", self.watch_line(lease_key));
+        let grant = async {
+            match (want, kept) {
+                (Some(asked), None) => {
+                    Some(self.bounded("lease grant", self.grant(asked)).await.map(
+                        |(lease, granted)| Spare {
+                            lease,
+                            asked,
+                            granted,
+                        },
+                    ))
+                }
+                _ => None,
+            }
+        };
+        let (joined, watching, granted) = tokio::join!(join, watching, grant);
+        // A failed grant costs only the acquire its own grant.
+        let spare = match granted {
+            Some(g) => g.ok(),
+            None => kept,
+        };
+        let (((place, entry_lease), mut stream), spare) =
+            match joined.and_then(|j| Ok((j, watching?))) {
+                Ok(j) => (j, spare),
+                Err(e) => {
+                    if let (Some(s), None) = (spare, kept) {
+                        self.revoke_quietly(s.lease).await;
+                    }
+                    return Err(e);
+                }
+            };
+        self.waits.put(
+            lease_key,
+            *owner,
+            Waited {
+                place: Place {
+                    revision: place,
+                    lease: entry_lease,
+                },
+                spare,
+            },
+        );
         let watch = async {
             loop {
                 let line = self
                     .bounded("read", self.read_line(lease_key, Some(place)))
                     .await?;
-                if let Some(before) = line.ahead {
-                    // Only the predecessor's deletion can move this waiter up.
-                    self.watch_deletion(before.key(), line.revision).await?;
-                    continue;
+                // Only the predecessor's deletion can move this waiter up; the first in
+                // line waits for the lease key's.
+                let (target, head) = match (&line.ahead, &line.holder) {
+                    (Some(before), _) => (before.key(), false),
+                    (None, Some(_)) => (lease_key.as_bytes(), true),
+                    (None, None) => return Ok(()),
+                };
+                let seen = deleted(&mut stream, target, line.revision).await?;
+                if head || !seen {
+                    return Ok(());
                 }
-                if line.holder.is_some() {
-                    self.watch_deletion(lease_key.as_bytes(), line.revision)
-                        .await?;
-                }
-                return Ok(());
             }
+        };
+        // The spare's keep-alives never end the wait: a spare gone is granted anew.
+        let keep_spare = async {
+            if let Some(s) = spare {
+                let _ = self.keep_entry_alive(s.lease).await;
+            }
+            std::future::pending().await
         };
         tokio::select! {
             r = watch => r,
             r = self.keep_entry_alive(entry_lease) => r,
+            r = keep_spare => r,
         }
     }
 
-    /// Returns once the lease key is deleted (released, expired, broken) after
-    /// `after_revision`, or once the watch ends (the caller re-checks either way).
-    async fn watch_deletion(&self, key: &[u8], after_revision: i64) -> Result<(), StoreError> {
-        let mut watch = self.client.watch_client();
+    /// A watch of every deletion in `lease_key`'s line: the lease key itself and its
+    /// whole queue (the range `[<lease key>, <lease key>\x01)`, which holds nothing else:
+    /// lease keys never hold a NUL), returned once etcd has created it.
+    ///
+    /// One watch serves a whole wait, and it starts at the revision etcd is at when it
+    /// creates it, before the line is read: etcd hands the events of a watch that starts
+    /// at a past revision (an "unsynced" watcher) only on its sync loop, every 100 ms,
+    /// where one that starts at its current revision gets each event as it is written. A
+    /// watch per step from the revision of the step's read (as this store did) waited up
+    /// to 100 ms whenever anything was written between the read and the watch, which
+    /// under contention was most hand-offs.
+    async fn watch_line(&self, lease_key: &str) -> Result<WatchStream, StoreError> {
+        let mut end = lease_key.as_bytes().to_vec();
+        end.push(1);
         let options = WatchOptions::new()
-            .with_start_revision(after_revision + 1)
+            .with_range(end)
             .with_filters([WatchFilterType::NoPut]);
-        let mut stream = self
-            .bounded("watch", async {
-                watch
-                    .watch(key, Some(options))
-                    .await
-                    .map_err(|e| map_err("watch", e))
-            })
-            .await?;
+        let mut watch = self.client.watch_client();
+        let mut stream = watch
+            .watch(lease_key, Some(options))
+            .await
+            .map_err(|e| map_err("watch", e))?;
         loop {
-            match stream.message().await {
-                // Puts are filtered out: any event is a delete. A cancelled watch (the
-                // start revision was compacted away) may have missed it.
-                Ok(Some(resp)) if resp.canceled() || !resp.events().is_empty() => return Ok(()),
-                // The creation notice, or a progress notice.
-                Ok(Some(_)) => {}
-                Ok(None) => return Err(watch_ended()),
-                Err(e) => return Err(map_err("watch", e)),
+            match stream.message().await.map_err(|e| map_err("watch", e))? {
+                Some(resp) if resp.created() && !resp.canceled() => return Ok(stream),
+                Some(resp) if resp.canceled() => {
+                    return Err(err(
+                        StoreErrorKind::Unavailable,
+                        format!("etcd refused a waiter's watch: {}", resp.cancel_reason()),
+                    ));
+                }
+                Some(_) => {}
+                None => return Err(watch_ended()),
             }
+        }
+    }
+}
+
+/// Waits on `stream` (a [`watch_line`](EtcdStore::watch_line)) for the deletion of `key`
+/// after revision `after`: `true` when seen, `false` when etcd cancelled the watch (the
+/// caller re-checks by acquiring).
+async fn deleted(stream: &mut WatchStream, key: &[u8], after: i64) -> Result<bool, StoreError> {
+    loop {
+        match stream.message().await {
+            Ok(Some(resp)) if resp.canceled() => return Ok(false),
+            // Puts are filtered out: every event is a deletion, its key's mod revision
+            // the deletion's. One from before the read is old news.
+            Ok(Some(resp)) => {
+                let gone = resp.events().iter().any(|e| {
+                    e.kv()
+                        .is_some_and(|kv| kv.key() == key && kv.mod_revision() > after)
+                });
+                if gone {
+                    return Ok(true);
+                }
+            }
+            Ok(None) => return Err(watch_ended()),
+            Err(e) => return Err(map_err("watch", e)),
         }
     }
 }
@@ -284,9 +457,10 @@ impl WaitStore for EtcdStore {
     /// Waits in line, as etcd's own `concurrency.Mutex` does: returns at once when the
     /// key is free for `owner` (nobody holds it and nobody else waits ahead); otherwise
     /// joins the key's queue (or keeps its place there) with an entry on its own short
-    /// etcd lease, kept alive while waiting, and watches only the deletion of the entry
-    /// just ahead of it; the first in line watches the lease key's deletion (a release,
-    /// a break or the holder's expiry: no polling). `owner` confirms with `acquire`.
+    /// etcd lease, kept alive while waiting, and watches the deletions in the key's line,
+    /// acting only on that of the entry just ahead of it; the first in line acts on the
+    /// lease key's deletion (a release, a break or the holder's expiry: no polling).
+    /// `owner` confirms with `acquire`.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the call closes the watch and stops the keep-alives; the
@@ -299,8 +473,79 @@ impl WaitStore for EtcdStore {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let lease_key = self.lease_key(key);
-        tokio::time::timeout(timeout, self.wait_in_line(&lease_key, owner))
+        tokio::time::timeout(timeout, self.wait_in_line(&lease_key, owner, None))
             .await
             .unwrap_or(Ok(()))
+    }
+
+    /// As [`wait_released`](WaitStore::wait_released), and the waiter also grants the
+    /// etcd lease its confirming acquire will put the key on (of `ttl`, rounded up to
+    /// whole seconds), kept alive while it waits: that acquire then sends a keep-alive
+    /// and one transaction, not a lease grant first. Always [`WaitOutcome::Retry`]: etcd
+    /// keeps the confirming acquire, because a grant by the release would have to move
+    /// the key to the waiter's etcd lease in one transaction that also gives it a new
+    /// create revision (the fence), and etcd refuses a delete and a put of one key in one
+    /// transaction (docs/design.md, section 11).
+    ///
+    /// # Cancel safety
+    /// As [`wait_released`](WaitStore::wait_released); the spare etcd lease, no longer
+    /// kept alive, expires by itself within `ttl` holding no key.
+    async fn wait_turn(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<WaitOutcome, StoreError> {
+        let lease_key = self.lease_key(key);
+        let want = crate::store::ttl_secs(ttl);
+        tokio::time::timeout(timeout, self.wait_in_line(&lease_key, owner, Some(want)))
+            .await
+            .unwrap_or(Ok(()))
+            .map(|()| WaitOutcome::Retry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waited(revision: i64, spare: Option<i64>) -> Waited {
+        Waited {
+            place: Place { revision, lease: 1 },
+            spare: spare.map(|lease| Spare {
+                lease,
+                asked: 5,
+                granted: 5,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_wait_is_taken_once_by_its_owner_on_its_key() {
+        let waits = Waits::default();
+        let (a, b) = (OwnerToken::random(), OwnerToken::random());
+        waits.put("k", a, waited(7, Some(70)));
+        waits.put("k", b, waited(8, None));
+        assert_eq!(waits.spare("k", &a).map(|s| s.lease), Some(70));
+        assert_eq!(waits.spare("k", &b), None);
+        assert_eq!(waits.take("j", &a), None, "another key's");
+        // A later wait of the same owner replaces the earlier one.
+        waits.put("k", a, waited(9, Some(71)));
+        assert_eq!(waits.take("k", &a), Some(waited(9, Some(71))));
+        assert_eq!(waits.take("k", &a), None, "taken once");
+        assert_eq!(waits.len(), 1);
+    }
+
+    #[test]
+    fn waits_beyond_the_bound_are_not_kept_while_the_kept_ones_are_recent() {
+        let waits = Waits::default();
+        for _ in 0..WAITS_KEPT {
+            waits.put("k", OwnerToken::random(), waited(1, None));
+        }
+        let late = OwnerToken::random();
+        waits.put("k", late, waited(2, None));
+        assert_eq!(waits.len(), WAITS_KEPT);
+        assert_eq!(waits.take("k", &late), None);
     }
 }

@@ -221,3 +221,72 @@ async fn a_waiter_whose_etcd_lease_is_revoked_loses_its_place_not_the_exclusion(
     let f1 = fence_of(s.store.acquire(&k, &w1, TTL).await.unwrap());
     assert!(f1 > f2);
 }
+
+/// The first in line learns of the release as etcd writes it, while other keys are
+/// written all the time. etcd hands a watch that starts at a past revision its events only
+/// on its sync loop, every 100 ms; the waiter's watch used to start at the revision of
+/// its last read, so a write between that read and the watch (here: always) held the
+/// hand-off up to 100 ms, half of that on the median. The waiter now watches its whole
+/// line from etcd's current revision, before it reads the line. Twelve hand-offs: the
+/// median wake must be well under half the sync period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_in_line_is_woken_by_the_release_while_other_keys_are_written() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = Solo::start().await;
+    let k = key("busy");
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (mut raw, stop) = (s.raw().await, stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                raw.put("etcd-queue:noise", n.to_string(), None)
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    let mut holder = OwnerToken::random();
+    fence_of(s.store.acquire(&k, &holder, TTL).await.unwrap());
+    let mut wakes = Vec::new();
+    for _ in 0..12 {
+        let w = OwnerToken::random();
+        assert!(is_held(&s.store.acquire(&k, &w, TTL).await.unwrap()));
+        let wait = {
+            let (store, k) = (s.store.clone(), k.clone());
+            tokio::spawn(async move {
+                let woke = store.wait_turn(&k, &w, TTL, LONG).await;
+                (woke, std::time::Instant::now())
+            })
+        };
+        let end = std::time::Instant::now() + LONG;
+        while queued(&s, &k).await != vec![w.to_string()] {
+            assert!(
+                std::time::Instant::now() < end,
+                "the waiter never got in line"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let released = std::time::Instant::now();
+        s.store.release(&k, &holder).await.unwrap();
+        let (woke, at) = tokio::time::timeout(LONG, wait)
+            .await
+            .expect("the release woke the waiter")
+            .unwrap();
+        woke.unwrap();
+        wakes.push(at.saturating_duration_since(released));
+        fence_of(s.store.acquire(&k, &w, TTL).await.unwrap());
+        holder = w;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.await.unwrap();
+    assert!(writes > 100, "the writer wrote {writes} times only");
+    wakes.sort();
+    assert!(
+        wakes[wakes.len() / 2] < Duration::from_millis(25),
+        "the first in line learned of the release late (sorted: {wakes:?})"
+    );
+}

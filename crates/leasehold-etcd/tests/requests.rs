@@ -329,3 +329,121 @@ async fn a_retry_after_a_lost_transaction_reply_reads_first_and_keeps_the_grant(
     );
     assert!(leases(&s).await.is_empty(), "no etcd lease is left");
 }
+
+/// A waiter's confirming acquire, after its wait in line saw the release: a keep-alive of
+/// the etcd lease the wait granted for it (its spare, granted as it joined and kept alive
+/// while it waited) and one transaction that takes the key at the waiter's place in line,
+/// so no lease grant and no transaction that fails on the waiter's own queue entry (the
+/// acquire after a wait used to send a grant and two transactions). The queue entry's
+/// etcd lease is revoked off the hand-off's path. The key is on the spare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_after_a_wait_in_line_is_a_keep_alive_and_one_transaction() {
+    use leasehold_core::{WaitOutcome, WaitStore};
+    let s = Solo::start().await;
+    let k = key("after-wait");
+    let ttl = Duration::from_secs(5);
+    let (a, w) = (OwnerToken::random(), OwnerToken::random());
+    acquire(&s, &k, &a, ttl).await;
+    let holder = leases(&s).await;
+    assert!(matches!(
+        s.store.acquire(&k, &w, ttl).await,
+        Ok(AcquireOutcome::Held { .. })
+    ));
+    let wait = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
+    };
+    // The waiter is in line once its entry's and its spare's etcd leases are there.
+    let waiting = until(|| async { (leases(&s).await.len() == 3).then_some(()) }).await;
+    assert!(waiting.is_some(), "the waiter never got in line");
+    let mut before_release = leases(&s).await;
+    before_release.retain(|l| !holder.contains(l));
+    assert_eq!(release(&s, &k, &a).await.get("Txn"), Some(&1));
+    let woke = tokio::time::timeout(Duration::from_secs(10), wait).await;
+    assert!(
+        matches!(woke, Ok(Ok(Ok(WaitOutcome::Retry)))),
+        "the release did not wake the waiter: {woke:?}"
+    );
+    let c0 = counts(&s.server);
+    acquire(&s, &k, &w, ttl).await;
+    // Only the key's etcd lease is left once the entry's is revoked.
+    let left = until(|| async {
+        let l = leases(&s).await;
+        (l.len() == 1).then_some(l)
+    })
+    .await
+    .expect("the queue entry's etcd lease was revoked");
+    assert_eq!(
+        sent(&c0, &counts(&s.server)),
+        expect(&[("LeaseKeepAlive", 1), ("LeaseRevoke", 1), ("Txn", 1)]),
+        "an acquire after a wait in line"
+    );
+    assert!(
+        before_release.contains(&left[0]),
+        "the key is on the lease the wait granted: {left:?} not in {before_release:?}"
+    );
+    release(&s, &k, &w).await;
+    assert!(leases(&s).await.is_empty(), "no etcd lease is left");
+}
+
+/// A waiter's spare etcd lease that ran out (its waiter stopped waiting and came back
+/// after the spare's TTL: paused, slow) is not used: the acquire finds it gone with its
+/// keep-alive and grants a lease of its own, so the grant's validity never counts from
+/// a lease etcd let lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_after_the_waits_spare_lapsed_grants_anew() {
+    use leasehold_core::WaitStore;
+    let s = Solo::start().await;
+    let k = key("spare-lapsed");
+    let ttl = Duration::from_secs(1);
+    let (a, w) = (OwnerToken::random(), OwnerToken::random());
+    acquire(&s, &k, &a, Duration::from_secs(30)).await;
+    let holder = leases(&s).await;
+    // A wait that stops once it is in line with its entry and its spare.
+    let wait = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
+    };
+    let waiting = until(|| async { (leases(&s).await.len() == 3).then_some(()) }).await;
+    assert!(waiting.is_some(), "the waiter never got in line");
+    wait.abort();
+    // With no keep-alives, the entry's and the spare's etcd leases expire.
+    let lapsed = until(|| async { (leases(&s).await == holder).then_some(()) }).await;
+    assert!(lapsed.is_some(), "the waiter's etcd leases never expired");
+    release(&s, &k, &a).await;
+    let c0 = counts(&s.server);
+    let got = s.store.acquire(&k, &w, ttl).await;
+    assert!(
+        matches!(got, Ok(AcquireOutcome::Acquired { .. })),
+        "{got:?}"
+    );
+    let sent = sent(&c0, &counts(&s.server));
+    assert_eq!(
+        sent.get("LeaseKeepAlive"),
+        Some(&1),
+        "the spare is checked: {sent:?}"
+    );
+    assert_eq!(
+        sent.get("LeaseGrant"),
+        Some(&1),
+        "a lease of its own: {sent:?}"
+    );
+    release(&s, &k, &w).await;
+    assert!(leases(&s).await.is_empty(), "no etcd lease is left");
+}
+
+/// Polls `f` every 20 ms for up to 20 s until it gives a value.
+async fn until<T, F, Fut>(mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
