@@ -1611,7 +1611,7 @@ async fn etcd_section(plan: Plan) -> Res<Section> {
         ],
         contended_about: {
             let mut a = contended_about(&plan, "");
-            a.push(format!("leasehold: {}; on etcd, waiters queue under the key in arrival order (each watching its predecessor) and the first is woken by the release.", leasehold_wait_legend()));
+            a.push(format!("leasehold: {}; on etcd, waiters queue under the key in arrival order (each woken by its predecessor's deletion, seen through one watch of the key's line) and the first is woken by the release, then takes the key on the etcd lease its wait granted.", leasehold_wait_legend()));
             a.push(format!("etcd-lock: a lease grant, then Lock, which waits in the server (its queue: the keys under the name, in create-revision order); plain: a lease grant, then the transaction, {}.", plain_retry_legend()));
             a.push("calls = leasehold: acquire, renew and release calls counted by a forwarding wrapper (the waits' own requests are not counted; each call one to four requests); etcd-lock, plain: their gRPC requests (grants, Lock calls, transactions, revokes).".into());
             a
