@@ -14,7 +14,7 @@ use leasehold_core::{Key, OwnerToken, StoreError, StoreErrorKind, WaitOutcome, W
 
 use crate::conn::{EtcdStore, Holder, decode, gets};
 use crate::error::{err, map_err};
-use crate::watch::watch_ended;
+use crate::watch::{cancelled, watch_ended};
 
 /// What one read of the lease key and of its queue found.
 pub(crate) struct Line {
@@ -112,9 +112,12 @@ impl Waits {
 
     /// Takes what `owner`'s last wait on `lease_key` left, if anything.
     pub(crate) fn take(&self, lease_key: &str, owner: &OwnerToken) -> Option<Waited> {
-        self.lock()
-            .remove(&(lease_key.to_owned(), *owner))
-            .map(|(w, _)| w)
+        let mut map = self.lock();
+        // Every acquire asks: one that follows no wait builds no key for the lookup.
+        if map.is_empty() {
+            return None;
+        }
+        map.remove(&(lease_key.to_owned(), *owner)).map(|(w, _)| w)
     }
 
     /// What `owner`'s last wait on `lease_key` left, without taking it.
@@ -415,12 +418,7 @@ impl EtcdStore {
         loop {
             match stream.message().await.map_err(|e| map_err("watch", e))? {
                 Some(resp) if resp.created() && !resp.canceled() => return Ok(stream),
-                Some(resp) if resp.canceled() => {
-                    return Err(err(
-                        StoreErrorKind::Unavailable,
-                        format!("etcd refused a waiter's watch: {}", resp.cancel_reason()),
-                    ));
-                }
+                Some(resp) if resp.canceled() => return Err(cancelled(&resp)),
                 Some(_) => {}
                 None => return Err(watch_ended()),
             }

@@ -28,7 +28,7 @@ fn answer_notifies(resp: &WatchResponse, lease_key: &[u8]) -> bool {
 
 /// The error of a watch etcd cancelled: its start revision was compacted away (or the
 /// watcher fell too far behind), or it was refused (permission denied).
-fn cancelled(resp: &WatchResponse) -> StoreError {
+pub(crate) fn cancelled(resp: &WatchResponse) -> StoreError {
     let reason = resp.cancel_reason();
     let kind = if reason.contains("permission") {
         StoreErrorKind::Config
