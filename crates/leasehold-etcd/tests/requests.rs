@@ -338,7 +338,7 @@ async fn a_retry_after_a_lost_transaction_reply_reads_first_and_keeps_the_grant(
 /// etcd lease is revoked off the hand-off's path. The key is on the spare.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_after_a_wait_in_line_is_a_keep_alive_and_one_transaction() {
-    use leasehold_core::{WaitOutcome, WaitStore};
+    use leasehold_core::WaitOutcome;
     let s = Solo::start().await;
     let k = key("after-wait");
     let ttl = Duration::from_secs(5);
@@ -349,13 +349,7 @@ async fn an_acquire_after_a_wait_in_line_is_a_keep_alive_and_one_transaction() {
         s.store.acquire(&k, &w, ttl).await,
         Ok(AcquireOutcome::Held { .. })
     ));
-    let wait = {
-        let (store, k) = (s.store.clone(), k.clone());
-        tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
-    };
-    // The waiter is in line once its entry's and its spare's etcd leases are there.
-    let waiting = until(|| async { (leases(&s).await.len() == 3).then_some(()) }).await;
-    assert!(waiting.is_some(), "the waiter never got in line");
+    let wait = in_line(&s, &k, w, ttl).await;
     let mut before_release = leases(&s).await;
     before_release.retain(|l| !holder.contains(l));
     assert_eq!(release(&s, &k, &a).await.get("Txn"), Some(&1));
@@ -392,7 +386,6 @@ async fn an_acquire_after_a_wait_in_line_is_a_keep_alive_and_one_transaction() {
 /// a lease etcd let lapse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_after_the_waits_spare_lapsed_grants_anew() {
-    use leasehold_core::WaitStore;
     let s = Solo::start().await;
     let k = key("spare-lapsed");
     let ttl = Duration::from_secs(1);
@@ -400,13 +393,7 @@ async fn an_acquire_after_the_waits_spare_lapsed_grants_anew() {
     acquire(&s, &k, &a, Duration::from_secs(30)).await;
     let holder = leases(&s).await;
     // A wait that stops once it is in line with its entry and its spare.
-    let wait = {
-        let (store, k) = (s.store.clone(), k.clone());
-        tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
-    };
-    let waiting = until(|| async { (leases(&s).await.len() == 3).then_some(()) }).await;
-    assert!(waiting.is_some(), "the waiter never got in line");
-    wait.abort();
+    in_line(&s, &k, w, ttl).await.abort();
     // With no keep-alives, the entry's and the spare's etcd leases expire.
     let lapsed = until(|| async { (leases(&s).await == holder).then_some(()) }).await;
     assert!(lapsed.is_some(), "the waiter's etcd leases never expired");
@@ -430,6 +417,25 @@ async fn an_acquire_after_the_waits_spare_lapsed_grants_anew() {
     );
     release(&s, &k, &w).await;
     assert!(leases(&s).await.is_empty(), "no etcd lease is left");
+}
+
+/// Starts `w`'s wait in line for `k` (asking for `ttl`) on a task of its own, and returns
+/// it once the waiter is in line: its queue entry's and its spare's etcd leases are there,
+/// beside the holder's.
+async fn in_line(
+    s: &Solo,
+    k: &Key,
+    w: OwnerToken,
+    ttl: Duration,
+) -> tokio::task::JoinHandle<Result<leasehold_core::WaitOutcome, leasehold_core::StoreError>> {
+    use leasehold_core::WaitStore;
+    let wait = {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
+    };
+    let waiting = until(|| async { (leases(s).await.len() == 3).then_some(()) }).await;
+    assert!(waiting.is_some(), "the waiter never got in line");
+    wait
 }
 
 /// Polls `f` every 20 ms for up to 20 s until it gives a value.
