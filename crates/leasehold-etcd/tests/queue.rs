@@ -290,3 +290,55 @@ async fn the_first_in_line_is_woken_by_the_release_while_other_keys_are_written(
         "the first in line learned of the release late (sorted: {wakes:?})"
     );
 }
+
+/// The first in line acts on the lease key's deletion only: a waiter behind it that goes
+/// away (its queue entry lapses and etcd deletes it, which its one watch of the line is
+/// told of) does not wake it; the release does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_in_line_is_not_woken_by_a_deletion_behind_it() {
+    let s = Solo::start().await;
+    let k = key("behind");
+    let (a, w1, w2) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    fence_of(s.store.acquire(&k, &a, TTL).await.unwrap());
+    let spawn_wait = |w: OwnerToken| {
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move {
+            let woke = store.wait_turn(&k, &w, TTL, LONG).await;
+            (woke, std::time::Instant::now())
+        })
+    };
+    let until_queued = |want: Vec<String>| {
+        let s = &s;
+        let k = &k;
+        async move {
+            let end = std::time::Instant::now() + LONG;
+            while queued(s, k).await != want {
+                assert!(std::time::Instant::now() < end, "never queued: {want:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let wait1 = spawn_wait(w1);
+    until_queued(vec![w1.to_string()]).await;
+    let wait2 = spawn_wait(w2);
+    until_queued(vec![w1.to_string(), w2.to_string()]).await;
+    // The second waiter goes away: its entry lapses within the queue's grace.
+    wait2.abort();
+    until_queued(vec![w1.to_string()]).await;
+    let released = std::time::Instant::now();
+    s.store.release(&k, &a).await.unwrap();
+    let (woke, at) = tokio::time::timeout(LONG, wait1)
+        .await
+        .expect("the release woke the first in line")
+        .unwrap();
+    woke.unwrap();
+    assert!(
+        at >= released,
+        "the first in line was woken {:?} before the release, by the deletion behind it",
+        released.duration_since(at)
+    );
+}

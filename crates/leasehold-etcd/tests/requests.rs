@@ -419,6 +419,55 @@ async fn an_acquire_after_the_waits_spare_lapsed_grants_anew() {
     assert!(leases(&s).await.is_empty(), "no etcd lease is left");
 }
 
+/// A waiter whose wait ended (its bound ran out at the holder's remaining TTL) and that
+/// waits again keeps its queue entry and its spare etcd lease: the second wait grants
+/// nothing, and the key goes onto the first wait's spare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_wait_of_the_same_owner_keeps_its_spare() {
+    let s = Solo::start().await;
+    let k = key("second-wait");
+    let ttl = Duration::from_secs(5);
+    let (a, w) = (OwnerToken::random(), OwnerToken::random());
+    acquire(&s, &k, &a, ttl).await;
+    let holder = leases(&s).await;
+    in_line(&s, &k, w, ttl).await.abort();
+    let mut first = leases(&s).await;
+    first.retain(|l| !holder.contains(l));
+    let c0 = counts(&s.server);
+    let wait = {
+        use leasehold_core::WaitStore;
+        let (store, k) = (s.store.clone(), k.clone());
+        tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
+    };
+    // In line again once both etcd leases are kept alive by the second wait.
+    let again = until(|| async {
+        let n = sent(&c0, &counts(&s.server));
+        (n.get("LeaseKeepAlive").copied().unwrap_or(0) >= 2).then_some(n)
+    })
+    .await
+    .expect("the second wait kept its etcd leases alive");
+    assert_eq!(
+        again.get("LeaseGrant"),
+        None,
+        "the second wait granted: {again:?}"
+    );
+    release(&s, &k, &a).await;
+    let woke = tokio::time::timeout(Duration::from_secs(10), wait).await;
+    assert!(matches!(woke, Ok(Ok(Ok(_)))), "{woke:?}");
+    acquire(&s, &k, &w, ttl).await;
+    let left = until(|| async {
+        let l = leases(&s).await;
+        (l.len() == 1).then_some(l)
+    })
+    .await
+    .expect("the queue entry's etcd lease was revoked");
+    assert!(
+        first.contains(&left[0]),
+        "the key is on the first wait's spare: {left:?} not in {first:?}"
+    );
+    release(&s, &k, &w).await;
+}
+
 /// Starts `w`'s wait in line for `k` (asking for `ttl`) on a task of its own, and returns
 /// it once the waiter is in line: its queue entry's and its spare's etcd leases are there,
 /// beside the holder's.
