@@ -339,19 +339,16 @@ async fn a_retry_after_a_lost_transaction_reply_reads_first_and_keeps_the_grant(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_after_a_wait_in_line_is_a_keep_alive_and_one_transaction() {
     use leasehold_core::WaitOutcome;
-    let s = Solo::start().await;
-    let k = key("after-wait");
     let ttl = Duration::from_secs(5);
-    let (a, w) = (OwnerToken::random(), OwnerToken::random());
-    acquire(&s, &k, &a, ttl).await;
-    let holder = leases(&s).await;
-    assert!(matches!(
-        s.store.acquire(&k, &w, ttl).await,
-        Ok(AcquireOutcome::Held { .. })
-    ));
-    let wait = in_line(&s, &k, w, ttl).await;
-    let mut before_release = leases(&s).await;
-    before_release.retain(|l| !holder.contains(l));
+    let InLine {
+        s,
+        k,
+        a,
+        w,
+        waiter: before_release,
+        wait,
+        ..
+    } = held_with_a_waiter_in_line("after-wait", ttl, ttl).await;
     assert_eq!(release(&s, &k, &a).await.get("Txn"), Some(&1));
     let woke = tokio::time::timeout(Duration::from_secs(10), wait).await;
     assert!(
@@ -360,21 +357,15 @@ async fn an_acquire_after_a_wait_in_line_is_a_keep_alive_and_one_transaction() {
     );
     let c0 = counts(&s.server);
     acquire(&s, &k, &w, ttl).await;
-    // Only the key's etcd lease is left once the entry's is revoked.
-    let left = until(|| async {
-        let l = leases(&s).await;
-        (l.len() == 1).then_some(l)
-    })
-    .await
-    .expect("the queue entry's etcd lease was revoked");
+    let left = only_lease(&s).await;
     assert_eq!(
         sent(&c0, &counts(&s.server)),
         expect(&[("LeaseKeepAlive", 1), ("LeaseRevoke", 1), ("Txn", 1)]),
         "an acquire after a wait in line"
     );
     assert!(
-        before_release.contains(&left[0]),
-        "the key is on the lease the wait granted: {left:?} not in {before_release:?}"
+        before_release.contains(&left),
+        "the key is on the lease the wait granted: {left} not in {before_release:?}"
     );
     release(&s, &k, &w).await;
     assert!(leases(&s).await.is_empty(), "no etcd lease is left");
@@ -386,14 +377,18 @@ async fn an_acquire_after_a_wait_in_line_is_a_keep_alive_and_one_transaction() {
 /// a lease etcd let lapse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_after_the_waits_spare_lapsed_grants_anew() {
-    let s = Solo::start().await;
-    let k = key("spare-lapsed");
     let ttl = Duration::from_secs(1);
-    let (a, w) = (OwnerToken::random(), OwnerToken::random());
-    acquire(&s, &k, &a, Duration::from_secs(30)).await;
-    let holder = leases(&s).await;
+    let InLine {
+        s,
+        k,
+        a,
+        w,
+        holder,
+        wait,
+        ..
+    } = held_with_a_waiter_in_line("spare-lapsed", Duration::from_secs(30), ttl).await;
     // A wait that stops once it is in line with its entry and its spare.
-    in_line(&s, &k, w, ttl).await.abort();
+    wait.abort();
     // With no keep-alives, the entry's and the spare's etcd leases expire.
     let lapsed = until(|| async { (leases(&s).await == holder).then_some(()) }).await;
     assert!(lapsed.is_some(), "the waiter's etcd leases never expired");
@@ -424,21 +419,19 @@ async fn an_acquire_after_the_waits_spare_lapsed_grants_anew() {
 /// nothing, and the key goes onto the first wait's spare.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_wait_of_the_same_owner_keeps_its_spare() {
-    let s = Solo::start().await;
-    let k = key("second-wait");
     let ttl = Duration::from_secs(5);
-    let (a, w) = (OwnerToken::random(), OwnerToken::random());
-    acquire(&s, &k, &a, ttl).await;
-    let holder = leases(&s).await;
-    in_line(&s, &k, w, ttl).await.abort();
-    let mut first = leases(&s).await;
-    first.retain(|l| !holder.contains(l));
+    let InLine {
+        s,
+        k,
+        a,
+        w,
+        waiter: first,
+        wait,
+        ..
+    } = held_with_a_waiter_in_line("second-wait", ttl, ttl).await;
+    wait.abort();
     let c0 = counts(&s.server);
-    let wait = {
-        use leasehold_core::WaitStore;
-        let (store, k) = (s.store.clone(), k.clone());
-        tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
-    };
+    let wait = spawn_wait(&s, &k, w, ttl);
     // In line again once both etcd leases are kept alive by the second wait.
     let again = until(|| async {
         let n = sent(&c0, &counts(&s.server));
@@ -455,36 +448,74 @@ async fn a_second_wait_of_the_same_owner_keeps_its_spare() {
     let woke = tokio::time::timeout(Duration::from_secs(10), wait).await;
     assert!(matches!(woke, Ok(Ok(Ok(_)))), "{woke:?}");
     acquire(&s, &k, &w, ttl).await;
-    let left = until(|| async {
-        let l = leases(&s).await;
-        (l.len() == 1).then_some(l)
-    })
-    .await
-    .expect("the queue entry's etcd lease was revoked");
+    let left = only_lease(&s).await;
     assert!(
-        first.contains(&left[0]),
-        "the key is on the first wait's spare: {left:?} not in {first:?}"
+        first.contains(&left),
+        "the key is on the first wait's spare: {left} not in {first:?}"
     );
     release(&s, &k, &w).await;
 }
 
-/// Starts `w`'s wait in line for `k` (asking for `ttl`) on a task of its own, and returns
-/// it once the waiter is in line: its queue entry's and its spare's etcd leases are there,
-/// beside the holder's.
-async fn in_line(
-    s: &Solo,
-    k: &Key,
+type Wait =
+    tokio::task::JoinHandle<Result<leasehold_core::WaitOutcome, leasehold_core::StoreError>>;
+
+/// A key held by `a` and `w` waiting in line for it: the server, the key, both owners, the
+/// holder's etcd leases, the waiter's (its queue entry's and its spare's) and its wait.
+struct InLine {
+    s: Solo,
+    k: Key,
+    a: OwnerToken,
     w: OwnerToken,
-    ttl: Duration,
-) -> tokio::task::JoinHandle<Result<leasehold_core::WaitOutcome, leasehold_core::StoreError>> {
+    holder: Vec<i64>,
+    waiter: Vec<i64>,
+    wait: Wait,
+}
+
+/// [`InLine`] on a fresh server: `a` acquires key `name` for `holder_ttl`, `w`'s acquire
+/// (for `ttl`) is answered `Held`, and `w` waits in line on a task of its own, returned
+/// once its queue entry's and its spare's etcd leases are there beside the holder's.
+async fn held_with_a_waiter_in_line(name: &str, holder_ttl: Duration, ttl: Duration) -> InLine {
+    let s = Solo::start().await;
+    let k = key(name);
+    let (a, w) = (OwnerToken::random(), OwnerToken::random());
+    acquire(&s, &k, &a, holder_ttl).await;
+    let holder = leases(&s).await;
+    assert!(matches!(
+        s.store.acquire(&k, &w, ttl).await,
+        Ok(AcquireOutcome::Held { .. })
+    ));
+    let wait = spawn_wait(&s, &k, w, ttl);
+    let in_line = until(|| async { (leases(&s).await.len() == 3).then_some(()) }).await;
+    assert!(in_line.is_some(), "the waiter never got in line");
+    let mut waiter = leases(&s).await;
+    waiter.retain(|l| !holder.contains(l));
+    InLine {
+        s,
+        k,
+        a,
+        w,
+        holder,
+        waiter,
+        wait,
+    }
+}
+
+/// `w`'s wait in line for `k` (asking for `ttl`), on a task of its own.
+fn spawn_wait(s: &Solo, k: &Key, w: OwnerToken, ttl: Duration) -> Wait {
     use leasehold_core::WaitStore;
-    let wait = {
-        let (store, k) = (s.store.clone(), k.clone());
-        tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
-    };
-    let waiting = until(|| async { (leases(s).await.len() == 3).then_some(()) }).await;
-    assert!(waiting.is_some(), "the waiter never got in line");
-    wait
+    let (store, k) = (s.store.clone(), k.clone());
+    tokio::spawn(async move { store.wait_turn(&k, &w, ttl, Duration::from_secs(30)).await })
+}
+
+/// The one etcd lease left (the key's), once the others (a queue entry's, revoked on a
+/// task of its own) are gone.
+async fn only_lease(s: &Solo) -> i64 {
+    until(|| async {
+        let l = leases(s).await;
+        (l.len() == 1).then(|| l[0])
+    })
+    .await
+    .expect("the queue entry's etcd lease was revoked")
 }
 
 /// Polls `f` every 20 ms for up to 20 s until it gives a value.
