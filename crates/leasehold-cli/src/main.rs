@@ -8,6 +8,7 @@ mod elect;
 mod exit;
 mod failure;
 mod guard;
+mod health;
 mod help;
 mod kind;
 mod man;

@@ -41,8 +41,9 @@ LEASEHOLD_STORE   the store URL when --store is not given
 LEASEHOLD_LOG     the log filter when --log is not given (RUST_LOG works too)
 XDG_STATE_HOME    where the default SQLite database lives (leasehold/leases.db)
 XDG_DATA_HOME     where install-completions writes (default ~/.local/share)
-The command run by `leasehold run` gets LEASEHOLD_KEY, LEASEHOLD_FENCE, LEASEHOLD_OWNER
-and LEASEHOLD_VALID_UNTIL (Unix ms) in its environment.";
+The command run by `leasehold run` gets LEASEHOLD_KEY, LEASEHOLD_FENCE, LEASEHOLD_OWNER,
+LEASEHOLD_VALID_UNTIL (Unix ms) and LEASEHOLD_HEALTH_FILE (a file saying held, at_risk
+or lost) in its environment.";
 
 /// Arguments of `leasehold install-completions`.
 #[derive(Debug, Args)]

@@ -25,13 +25,19 @@ use tokio::time::{Instant, sleep, sleep_until};
 use crate::admin::connect;
 use crate::failure::Failure;
 use crate::guard::Guard;
+use crate::health::HealthFile;
 use crate::run_json::Facts;
 use crate::{exit, parse_grace, parse_max_hold, parse_ttl, parse_wait};
 
 pub(crate) const HELP: &str = "\
 The command runs in its own process group with LEASEHOLD_KEY, LEASEHOLD_FENCE,
 LEASEHOLD_OWNER and LEASEHOLD_VALID_UNTIL (Unix ms, at start) in its environment; pass
-LEASEHOLD_FENCE with every write so the storage can reject a stale holder. With
+LEASEHOLD_FENCE with every write so the storage can reject a stale holder.
+LEASEHOLD_HEALTH_FILE names a file of one line that follows the lease's health: `held`;
+`at_risk <validity deadline, Unix ms>` from a failed renewal until one is confirmed (the
+lease is still held: finish the unit of work in hand, start no new one); `lost
+<reason>` once lost (the command is then stopped as below). --at-risk-signal SIG sends
+SIG to the command's group at each change between held and at risk. With
 --permits N, LEASEHOLD_KEY is the permit's slot lease (KEY#SLOT: guard writes with it,
 the fence is per slot) and LEASEHOLD_PERMIT_SLOT its number.
 
@@ -132,6 +138,11 @@ pub(crate) struct RunArgs {
     /// granted, which can be less than --ttl (ZooKeeper: at most its session timeout).
     #[arg(long, value_parser = parse_grace)]
     grace: Option<Duration>,
+    /// Send this signal (e.g. USR1) to the command's process group each time the lease
+    /// goes at risk (a renewal failed; it is still held until its deadline) and each time
+    /// it is held again (a renewal was confirmed). LEASEHOLD_HEALTH_FILE says which.
+    #[arg(long, value_parser = crate::health::parse_signal, value_name = "SIGNAL")]
+    at_risk_signal: Option<Signal>,
     /// Exit status when the lease is not acquired (default 75).
     #[arg(long, default_value_t = exit::NOT_ACQUIRED)]
     conflict_exit_code: u8,
@@ -320,6 +331,19 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
     if let Some(slot) = slot {
         cmd.env("LEASEHOLD_PERMIT_SLOT", slot.to_string());
     }
+    let mut health = match HealthFile::create(args.at_risk_signal) {
+        Ok(h) => h,
+        Err(e) => {
+            return Outcome {
+                status: Err(Failure::CannotExecute(format!(
+                    "cannot make the health file ({e}); the command was not started"
+                ))),
+                group_gone: true,
+            };
+        }
+    };
+    cmd.env("LEASEHOLD_HEALTH_FILE", health.path());
+    let mut changes = lease.health_changes();
     // Handlers first, so that no SIGCHLD and no signal to pass on is missed.
     let mut signals = match Signals::install() {
         Ok(s) => s,
@@ -465,6 +489,11 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
         if lease.valid_until() != deadline_sent && guard.deadline(lease) {
             deadline_sent = lease.valid_until();
         }
+        if let Some(sig) = health.update(lease, unix_ms_at)
+            && stopping.is_none()
+        {
+            job.signal(sig);
+        }
         if stopping.is_none()
             && let Some(why) = why_stop(lease, grace)
         {
@@ -478,6 +507,7 @@ async fn supervise(lease: &Lease, slot: Option<u32>, args: &RunArgs, grace: Dura
         let kill_at = stopping.as_ref().filter(|s| !s.killed).map(|s| s.kill_at);
         tokio::select! {
             _ = signals.child.recv() => {}
+            _ = changes.next(), if stopping.is_none() => {}
             reason = lost.wait(), if stopping.is_none() => {
                 stopping = begin_stop(&mut job, lease, grace, &StopWhy::Lost(describe_loss(reason)));
             }

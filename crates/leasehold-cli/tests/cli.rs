@@ -319,6 +319,93 @@ fn unreachable_store_stops_the_command_before_the_lease_expires() {
     proxy.set_mode(ProxyMode::Pass);
 }
 
+/// Waits until the log at `path` has a line starting with `prefix`, and returns its rest.
+fn wait_for_line(path: &std::path::Path, prefix: &str, timeout: Duration) -> String {
+    let until = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(rest) = text.lines().find_map(|l| l.strip_prefix(prefix)) {
+            return rest.to_owned();
+        }
+        assert!(Instant::now() < until, "no {prefix:?} line in {text:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `--at-risk-signal USR1` and LEASEHOLD_HEALTH_FILE, against Redis behind the fault
+/// proxy: a renewal lost in a blackhole puts the lease at risk; the command gets USR1 and
+/// reads `at_risk <deadline>` (a deadline before the store's own expiry) while the lease
+/// is still its own in Redis; once a renewal is confirmed it gets USR1 again and reads
+/// `held`, and it runs to its end.
+#[test]
+fn the_command_is_told_when_the_lease_is_at_risk_and_when_it_is_held_again() {
+    let redis = RedisServer::start();
+    let proxy = FaultProxy::start(redis.addr());
+    let env = Env::new();
+    let log = env.path("health.log");
+    let done = env.path("done");
+    // With --ttl 12s: renewed every 4 s, each renewal bounded by 2 s, retried 1 s after a
+    // failure, lost at the second failure in a row. The test has the second
+    // (1 s) between the first failure and the retry to let the network back.
+    let script = format!(
+        "trap 'echo \"USR1 $(cat \"$LEASEHOLD_HEALTH_FILE\")\" >> {log}' USR1; \
+         echo \"up $(cat \"$LEASEHOLD_HEALTH_FILE\")\" >> {log}; \
+         while [ ! -e {done} ]; do sleep 0.02; done; echo end >> {log}",
+        log = log.display(),
+        done = done.display(),
+    );
+    let url = format!("redis://127.0.0.1:{}/", proxy.port());
+    let mut holder = env.cmd();
+    holder.args([
+        "--store",
+        &url,
+        "run",
+        "--key",
+        "job:at-risk",
+        "--ttl",
+        "12s",
+        "--at-risk-signal",
+        "usr1",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let holder = WorkerProcess::spawn(holder);
+    assert_eq!(wait_for_line(&log, "up ", Duration::from_secs(20)), "held");
+    proxy.set_mode(ProxyMode::Blackhole);
+    let at_risk = wait_for_line(&log, "USR1 at_risk ", Duration::from_secs(12));
+    proxy.set_mode(ProxyMode::Pass);
+    let deadline_ms: u128 = at_risk.parse().expect("a deadline in Unix ms");
+    // Read from Redis directly (not through the proxy): the lease is still the holder's,
+    // and expires there after the deadline the command was given.
+    let keys = redis.cli(&["--scan", "--pattern", "*job:at-risk*"]);
+    let lease_key = keys
+        .lines()
+        .find(|k| !k.ends_with(":fence") && !k.is_empty())
+        .unwrap_or_else(|| panic!("no lease key in {keys:?}"))
+        .to_owned();
+    let before = now_ns() / 1_000_000;
+    let pttl: u128 = redis.cli(&["pttl", &lease_key]).trim().parse().unwrap();
+    assert!(
+        deadline_ms < before + pttl,
+        "the command's deadline is {} ms past the store's expiry",
+        deadline_ms - (before + pttl)
+    );
+    assert_eq!(
+        wait_for_line(&log, "USR1 held", Duration::from_secs(12)),
+        "",
+        "held again once a renewal is confirmed"
+    );
+    std::fs::write(&done, "").unwrap();
+    let status = holder
+        .wait_timeout(Duration::from_secs(15))
+        .expect("leasehold exits");
+    assert_eq!(status.code(), Some(0));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.ends_with("end\n"), "{text}");
+}
+
 #[test]
 fn signals_are_forwarded_to_the_command() {
     let env = Env::new();

@@ -461,7 +461,7 @@ fn dashboard_and_alert_rules_use_only_metrics_the_core_records() {
         assert!(names.len() >= 3, "{file}: {names:?}");
         for name in &names {
             let known = ALL.iter().any(|(base, kind)| match kind {
-                Kind::Counter => name == base,
+                Kind::Counter | Kind::Gauge => name == base,
                 Kind::Histogram => ["_bucket", "_sum", "_count"]
                     .iter()
                     .any(|s| *name == format!("{base}{s}")),
@@ -476,6 +476,7 @@ fn dashboard_and_alert_rules_use_only_metrics_the_core_records() {
         "LeaseholdFenceRejected",
         "LeaseholdAcquireErrors",
         "LeaseholdRenewalSlackLow",
+        "LeaseholdLeasesAtRisk",
     ] {
         assert!(rules.contains(&format!("alert: {alert}")), "{alert}");
     }

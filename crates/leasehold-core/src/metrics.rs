@@ -14,6 +14,8 @@
 //! | `leasehold_renewal_slack_seconds` | histogram | (validity left — old deadline − now — when a renewal is confirmed) |
 //! | `leasehold_lease_lost_total` | counter | `reason` (see [`LostReason::as_str`]; a [shutdown](crate::LeaseClient::shutdown) is not a loss and is not counted) |
 //! | `leasehold_fence_rejected_total` | counter | (recorded by the guards; `resource_type` only) |
+//! | `leasehold_leases_at_risk` | gauge | (leases of this process at risk now: a renewal failed, none confirmed since, deadline not passed) |
+//! | `leasehold_at_risk_total` | counter | (at-risk spells begun: counted even when shorter than a scrape interval) |
 //!
 //! **Renewal slack** is how much validity the lease still had when the store's
 //! confirmation of a renewal arrived: how close the holder came to losing it. With the
@@ -28,7 +30,9 @@
 
 use std::time::Duration;
 
-use metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+};
 
 use crate::lease::LostReason;
 
@@ -51,6 +55,11 @@ pub const LEASE_LOST_TOTAL: &str = "leasehold_lease_lost_total";
 /// `leasehold_fence_rejected_total`
 pub const FENCE_REJECTED_TOTAL: &str = "leasehold_fence_rejected_total";
 
+/// `leasehold_leases_at_risk`
+pub const LEASES_AT_RISK: &str = "leasehold_leases_at_risk";
+/// `leasehold_at_risk_total`
+pub const AT_RISK_TOTAL: &str = "leasehold_at_risk_total";
+
 /// Every metric the core and the guards record, with its kind.
 pub const ALL: &[(&str, Kind)] = &[
     (ACQUIRE_TOTAL, Kind::Counter),
@@ -62,6 +71,8 @@ pub const ALL: &[(&str, Kind)] = &[
     (RENEWAL_SLACK, Kind::Histogram),
     (LEASE_LOST_TOTAL, Kind::Counter),
     (FENCE_REJECTED_TOTAL, Kind::Counter),
+    (LEASES_AT_RISK, Kind::Gauge),
+    (AT_RISK_TOTAL, Kind::Counter),
 ];
 
 /// The kind of a metric in [`ALL`].
@@ -71,6 +82,8 @@ pub enum Kind {
     Counter,
     /// A histogram of seconds (exported as `_bucket`, `_sum`, `_count`, or as a summary).
     Histogram,
+    /// A gauge: a count now, which goes up and down.
+    Gauge,
 }
 
 /// Histogram buckets, in seconds, for every leasehold histogram: 1 ms to a day, about
@@ -114,6 +127,14 @@ pub fn describe() {
     describe_counter!(
         LEASE_LOST_TOTAL,
         "Leases lost, by reason (a shutdown is not counted)."
+    );
+    describe_gauge!(
+        LEASES_AT_RISK,
+        "Leases at risk now: a renewal failed and none was confirmed since."
+    );
+    describe_counter!(
+        AT_RISK_TOTAL,
+        "At-risk spells begun: the first failed renewal of a lease not lost for it."
     );
     describe_counter!(
         FENCE_REJECTED_TOTAL,
@@ -164,6 +185,19 @@ pub(crate) fn lease_lost(backend: &'static str, rt: &str, reason: LostReason, he
         .increment(1);
     histogram!(HOLD_DURATION, "backend" => backend, "resource_type" => rt, "end" => "lost")
         .record(held.as_secs_f64());
+}
+
+/// A lease's at-risk spell began (its first failed renewal of the spell).
+pub(crate) fn at_risk_began(backend: &'static str, rt: &str) {
+    let rt = rt.to_owned();
+    counter!(AT_RISK_TOTAL, "backend" => backend, "resource_type" => rt.clone()).increment(1);
+    gauge!(LEASES_AT_RISK, "backend" => backend, "resource_type" => rt).increment(1.0);
+}
+
+/// A lease's at-risk spell ended (a renewal confirmed, or the lease lost, released or
+/// dropped).
+pub(crate) fn at_risk_ended(backend: &'static str, rt: &str) {
+    gauge!(LEASES_AT_RISK, "backend" => backend, "resource_type" => rt.to_owned()).decrement(1.0);
 }
 
 /// Records a write rejected by a guard because its fence was below the highest accepted.

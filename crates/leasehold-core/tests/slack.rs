@@ -139,11 +139,13 @@ fn a_failed_renewal_shows_as_less_slack_on_the_retry() {
 #[test]
 fn the_slack_metric_is_in_the_list_of_metrics() {
     assert!(ALL.contains(&(RENEWAL_SLACK, Kind::Histogram)));
-    // Every counter ends in `_total`, every histogram in `_seconds` (Prometheus naming).
+    // Every counter ends in `_total`, every histogram in `_seconds`, and no gauge in
+    // `_total` (Prometheus naming).
     for (name, kind) in ALL {
         match kind {
             Kind::Counter => assert!(name.ends_with("_total"), "{name}"),
             Kind::Histogram => assert!(name.ends_with("_seconds"), "{name}"),
+            Kind::Gauge => assert!(!name.ends_with("_total"), "{name}"),
         }
     }
 }

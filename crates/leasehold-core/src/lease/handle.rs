@@ -12,6 +12,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::error::{Error, StoreError};
 use crate::key::Key;
+use crate::lease::health::{Health, HealthChanges};
 use crate::lease::live::LiveGuard;
 use crate::lease::lost::LostReason;
 use crate::lease::scheduler::SchedulerHandle;
@@ -167,6 +168,48 @@ impl Lease {
     /// [`is_valid`](Self::is_valid) does.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.shared.reason_now()
+    }
+
+    /// How the lease is doing: [`Health::Held`], [`Health::AtRisk`] from the first
+    /// renewal that failed until one is confirmed or the deadline passes, or
+    /// [`Health::Lost`]. Checks the deadline on the spot, as [`is_valid`](Self::is_valid)
+    /// does.
+    ///
+    /// # Examples
+    ///
+    /// Finish the unit of work in hand, but start no new one while the lease is at risk:
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{Health, LeaseClient, LeaseConfig, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), leasehold_core::Error> {
+    /// let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.try_acquire("job:export").await?;
+    /// let mut changes = lease.health_changes();
+    /// for unit in 0..3 {
+    ///     match lease.health() {
+    ///         Health::Held => { /* start unit */ }
+    ///         Health::AtRisk { .. } => {
+    ///             // Wait until it is held again (or lost) before starting another.
+    ///             if !changes.next().await.is_held() { break; }
+    ///         }
+    ///         _ => break, // lost: stop
+    ///     }
+    ///     # let _ = unit;
+    /// }
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn health(&self) -> Health {
+        self.shared.health()
+    }
+
+    /// The changes of [`health`](Self::health) from now on: `next().await` resolves at
+    /// each one (cancel safe; see [`HealthChanges::next`]).
+    pub fn health_changes(&self) -> HealthChanges {
+        HealthChanges::new(self.shared.clone())
     }
 
     /// The lost signal: a cloneable, `'static` handle that resolves with the reason when

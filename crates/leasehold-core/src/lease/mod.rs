@@ -5,6 +5,7 @@
 pub(crate) mod client;
 pub(crate) mod ended;
 mod handle;
+mod health;
 mod live;
 mod lost;
 pub(crate) mod observer;
@@ -16,6 +17,7 @@ mod watchdog;
 pub use client::{LeaseClient, LeaseClientBuilder, ShutdownReport};
 pub use ended::EndedGrants;
 pub use handle::{Lease, LostFuture, LostSignal};
+pub use health::{Health, HealthChanges};
 pub use lost::LostReason;
 pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use step::{AcquireStep, StepCall};

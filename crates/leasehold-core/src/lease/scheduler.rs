@@ -727,6 +727,7 @@ impl Scheduler {
                     };
                     return self.lose(id, reason);
                 }
+                e.shared.at_risk(now);
                 e.next_renew = now.add(retry_delay(&self.config, e.ttl()));
             }
         }

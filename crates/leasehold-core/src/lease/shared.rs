@@ -5,10 +5,12 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{At, LeaseClock};
 use crate::key::Key;
+use crate::lease::health::Health;
 use crate::lease::lost::LostReason;
 use crate::lease::watchdog::Watched;
 use crate::metrics as m;
@@ -30,6 +32,12 @@ struct State {
     /// on, and a token is a heap block of its own (about 100 bytes per held lease).
     /// Cancelled once `lost` is set.
     signal: Option<CancellationToken>,
+    /// Since when the lease is at risk: its first failed renewal of this spell, cleared by
+    /// a confirmed renewal, the loss or the end.
+    at_risk_since: Option<At>,
+    /// Told of every health change, made when first asked for (most leases are never
+    /// watched): its value counts the changes.
+    health: Option<watch::Sender<u64>>,
 }
 
 impl fmt::Debug for State {
@@ -42,6 +50,7 @@ impl fmt::Debug for State {
             .field("lost_at", &self.lost_at)
             .field("releasing", &self.releasing)
             .field("ended", &self.ended)
+            .field("at_risk_since", &self.at_risk_since)
             .finish()
     }
 }
@@ -111,6 +120,8 @@ impl LeaseShared {
                 releasing: false,
                 ended: false,
                 signal: None,
+                at_risk_since: None,
+                health: None,
             }),
         }
     }
@@ -205,7 +216,7 @@ impl LeaseShared {
     /// granted a shorter TTL than the grant before it set the store's expiry earlier too.
     /// The watchdog thread is then pointed at the earlier deadline.
     pub(crate) fn extend(self: &Arc<Self>, until: At, ttl: Duration, now: At) -> Option<At> {
-        let old = {
+        let (old, recovered) = {
             let mut s = self.lock();
             if s.done() || now >= s.valid_until {
                 return None;
@@ -213,8 +224,14 @@ impl LeaseShared {
             let old = s.valid_until;
             s.valid_until = until;
             s.ttl = ttl;
-            old
+            let recovered = s.at_risk_since.take().map(|_| s.health.clone());
+            (old, recovered)
         };
+        if let Some(tx) = recovered {
+            m::at_risk_ended(self.backend, self.key.resource_type());
+            tracing::info!(key = %self.key, owner = %self.owner, fence = self.fence.get(), "renewal confirmed: the lease is no longer at risk");
+            notify(tx);
+        }
         if until < old && self.watched.load(std::sync::atomic::Ordering::Acquire) {
             // The watchdog queued the old deadline: queue the new one instead. A lease
             // that ended meanwhile is dropped by the watchdog when it looks.
@@ -222,6 +239,60 @@ impl LeaseShared {
             crate::lease::watchdog::watch(self.clone());
         }
         Some(old)
+    }
+
+    /// A renewal failed at `now` and the lease is not lost for it: the lease is at risk
+    /// from now until a renewal is confirmed or its deadline passes. Returns whether this
+    /// call began the spell (a second failure in one spell changes nothing).
+    pub(crate) fn at_risk(&self, now: At) -> bool {
+        let (tx, deadline) = {
+            let mut s = self.lock();
+            if s.done() || s.at_risk_since.is_some() || now >= s.valid_until {
+                return false;
+            }
+            s.at_risk_since = Some(now);
+            (s.health.clone(), s.valid_until)
+        };
+        m::at_risk_began(self.backend, self.key.resource_type());
+        tracing::warn!(
+            key = %self.key,
+            owner = %self.owner,
+            fence = self.fence.get(),
+            left_ms = deadline.since(now).as_millis() as u64,
+            "a renewal failed: the lease is at risk until a renewal is confirmed or its deadline passes"
+        );
+        notify(tx);
+        true
+    }
+
+    /// The health now, after checking the deadline on the spot.
+    pub(crate) fn health(&self) -> Health {
+        self.check(self.clock.now());
+        let s = self.lock();
+        if let Some(reason) = s.lost {
+            return Health::Lost(reason);
+        }
+        match s.at_risk_since {
+            Some(since) => Health::AtRisk {
+                since: self.clock.to_tokio(since),
+                deadline: self.clock.to_tokio(s.valid_until),
+            },
+            None => Health::Held,
+        }
+    }
+
+    /// A receiver told of every health change from now on.
+    pub(crate) fn health_subscribe(&self) -> watch::Receiver<u64> {
+        self.lock()
+            .health
+            .get_or_insert_with(|| watch::Sender::new(0))
+            .subscribe()
+    }
+
+    /// Ends an at-risk spell without a confirmed renewal (lost, released or dropped):
+    /// the gauge counts it no more.
+    fn end_at_risk(s: &mut State) -> bool {
+        s.at_risk_since.take().is_some()
     }
 
     /// Checks the deadline at `now`; fires the lost signal when it has passed.
@@ -247,19 +318,23 @@ impl LeaseShared {
     /// holder let go of it, whatever a late renewal reply or the deadline says.
     pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
         let now = self.clock.now();
-        let signal = {
+        let (signal, health) = {
             let mut s = self.lock();
             if s.done() {
                 return false;
             }
             s.lost = Some(reason);
             s.lost_at = Some(now);
-            s.signal.clone()
+            if Self::end_at_risk(&mut s) {
+                m::at_risk_ended(self.backend, self.key.resource_type());
+            }
+            (s.signal.clone(), s.health.clone())
         };
         // A token asked for from now on is made cancelled.
         if let Some(signal) = signal {
             signal.cancel();
         }
+        notify(health);
         self.unwatch();
         let held = now.since(self.acquired_at);
         if reason == LostReason::Shutdown {
@@ -294,6 +369,9 @@ impl LeaseShared {
                 return false;
             }
             s.ended = true;
+            if Self::end_at_risk(&mut s) {
+                m::at_risk_ended(self.backend, self.key.resource_type());
+            }
             s.lost.is_some()
         };
         self.unwatch();
@@ -306,6 +384,13 @@ impl LeaseShared {
             );
         }
         true
+    }
+}
+
+/// Tells the watchers of a lease's health that it changed.
+fn notify(tx: Option<watch::Sender<u64>>) {
+    if let Some(tx) = tx {
+        tx.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
