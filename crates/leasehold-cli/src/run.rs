@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use leasehold::{Lease, LeaseClient, LeaseConfig, LostReason, LostSignal};
+use leasehold::{HoldEnd, Lease, LeaseClient, LeaseConfig, LostReason, LostSignal};
 use nix::errno::Errno;
 use nix::sys::signal::{SigSet, Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -143,12 +143,20 @@ pub(crate) struct RunArgs {
     /// it is held again (a renewal was confirmed). LEASEHOLD_HEALTH_FILE says which.
     #[arg(long, value_parser = crate::health::parse_signal, value_name = "SIGNAL")]
     at_risk_signal: Option<Signal>,
+    /// Keep the lease until this long after it was granted, even when the command ends
+    /// sooner (ShedLock's lockAtLeastFor), so that a copy on another machine whose timer
+    /// fires a little later does not run the job again. Where the store can keep a lease
+    /// for a set time (Redis, PostgreSQL and MariaDB/MySQL lease tables, SQLite) leasehold
+    /// sets it and exits at once; elsewhere (etcd, ZooKeeper, advisory locks, GET_LOCK,
+    /// Redlock) it stays, holding the lease, until then, and says so.
+    #[arg(long, value_parser = parse_max_hold, value_name = "DURATION")]
+    hold_at_least: Option<Duration>,
     /// Exit status when the lease is not acquired (default 75).
     #[arg(long, default_value_t = exit::NOT_ACQUIRED)]
     conflict_exit_code: u8,
     /// When done, print one line of JSON on standard output, after the command's own
     /// output: {"key","outcome","exit_code","command_exit_code","fence","owner","held_ms",
-    /// "released","error"}.
+    /// "released","left_until_ms","error"}.
     #[arg(long)]
     json: bool,
     /// The command and its arguments (after `--`).
@@ -238,22 +246,61 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
         facts.ended(false);
         return outcome.status;
     }
-    let released = match lease.release().await {
-        Ok(true) => {
+    let released = match args.hold_at_least {
+        Some(min) => {
+            let sets_expiry = client.store().capabilities().sets_expiry;
+            end_after(lease, min, sets_expiry, facts).await
+        }
+        None => match lease.release().await {
+            Ok(true) => {
+                tracing::info!(%key, "lease released");
+                true
+            }
+            Ok(false) => {
+                tracing::warn!(%key, "lease was no longer held at release");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "release failed; the lease expires after its TTL");
+                false
+            }
+        },
+    };
+    facts.ended(released);
+    outcome.status
+}
+
+/// `--hold-at-least`: ends the hold, but not before `min` after the grant. Returns whether
+/// the lease was released (not when it is left in the store to expire).
+async fn end_after(lease: Lease, min: Duration, sets_expiry: bool, facts: &mut Facts) -> bool {
+    let key = lease.key().clone();
+    let left = min.saturating_sub(lease.held_for());
+    if !left.is_zero() && !sets_expiry {
+        tracing::warn!(
+            %key,
+            left_ms = left.as_millis() as u64,
+            "--hold-at-least: this store keeps no lease after its holder stops renewing it, so leasehold stays, holding the lease, until the minimum hold has passed"
+        );
+    }
+    match lease.release_after(min).await {
+        Ok(HoldEnd::Released) => {
             tracing::info!(%key, "lease released");
             true
         }
-        Ok(false) => {
+        Ok(HoldEnd::LeftToExpire { until }) => {
+            facts.left_until(unix_ms_at(until));
+            tracing::info!(%key, left_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "lease left in the store until --hold-at-least has passed");
+            false
+        }
+        Ok(_) => {
             tracing::warn!(%key, "lease was no longer held at release");
             false
         }
         Err(e) => {
-            tracing::warn!(%key, error = %e, "release failed; the lease expires after its TTL");
+            tracing::warn!(%key, error = %e, "the lease could not be kept for --hold-at-least; it expires after its TTL");
             false
         }
-    };
-    facts.ended(released);
-    outcome.status
+    }
 }
 
 /// The grace period: `--grace`, or a fifth of the TTL the store granted (which may be less

@@ -34,6 +34,9 @@ pub(crate) struct Facts {
     /// Whether the lease was released at the end (false: not acquired, already lost, or
     /// left to expire because processes of the command could not be confirmed gone).
     released: bool,
+    /// With `--hold-at-least`: until when (Unix ms) the lease is left in the store, which
+    /// then expires it; `None` otherwise.
+    left_until_ms: Option<u64>,
     /// leasehold's one-line error, if it failed.
     error: Option<String>,
     #[serde(skip)]
@@ -51,6 +54,7 @@ impl Facts {
             owner: None,
             held_ms: None,
             released: false,
+            left_until_ms: None,
             error: None,
             acquired_at: None,
         }
@@ -61,6 +65,11 @@ impl Facts {
         self.fence = Some(fence);
         self.owner = Some(owner);
         self.acquired_at = Some(Instant::now());
+    }
+
+    /// The lease was left in the store until `unix_ms` (`--hold-at-least`).
+    pub(crate) fn left_until(&mut self, unix_ms: u128) {
+        self.left_until_ms = Some(u64::try_from(unix_ms).unwrap_or(u64::MAX));
     }
 
     /// The hold ended; `released` tells whether the store confirmed the release.

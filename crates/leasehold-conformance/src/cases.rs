@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::{
-    AcquireOutcome, Error, Fence, FenceDurability, Key, LeaseClient, LeaseConfig, LostReason,
-    OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
+    AcquireOutcome, Error, Fence, FenceDurability, HoldEnd, Key, LeaseClient, LeaseConfig,
+    LostReason, OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreErrorKind,
 };
 use tokio::time::{Instant, sleep, timeout};
 
@@ -361,6 +361,82 @@ pub async fn renew_extends_ttl(fx: &Fixture) {
         "renewal must not change the fence"
     );
     fx.store.release(&k, &a).await.unwrap();
+}
+
+/// `Lease::release_after` (ShedLock's `lockAtLeastFor`): a hold that ends before the
+/// minimum keeps the key from every other owner until the minimum has passed since the
+/// acquire was sent, and lets it go soon after. A store that claims
+/// `Capabilities::sets_expiry` leaves it in the store and answers at once
+/// (`HoldEnd::LeftToExpire`); any other keeps it held and renewed until then and releases
+/// it (`HoldEnd::Released`).
+pub async fn release_after_keeps_the_lease_for_the_minimum_hold(fx: &Fixture) {
+    let caps = fx.store.capabilities();
+    let k = key("release-after");
+    let client = fx.client();
+    // Longer than the TTL: kept by renewals, or by an expiry longer than the TTL.
+    let min = fx.ttl * 3;
+    let before = Instant::now();
+    let lease = client.try_acquire(&k).await.expect("acquire");
+    let granted = Instant::now();
+    let end = before + min;
+    let releasing = tokio::spawn(lease.release_after(min));
+    // Every other owner is kept out until the minimum has passed (less a margin for the
+    // store's clock rate: its expiry counts from when it processed the last renewal).
+    let other = OwnerToken::random();
+    let margin = Duration::from_millis(100);
+    while Instant::now() + margin < end {
+        match acquire_raw(fx, &k, &other, fx.ttl).await {
+            AcquireOutcome::Held { .. } => {}
+            AcquireOutcome::Acquired { .. } => panic!(
+                "release_after: taken {:?} after the acquire, before the minimum hold of {min:?}",
+                granted.elapsed()
+            ),
+        }
+        sleep(fx.ttl / 5).await;
+    }
+    let answered = timeout(min + slack(fx) * 2, releasing)
+        .await
+        .expect("release_after answers")
+        .expect("the task")
+        .expect("release_after");
+    if caps.sets_expiry {
+        match answered {
+            HoldEnd::LeftToExpire { until } => {
+                assert!(
+                    until >= end,
+                    "left until {until:?}, before the minimum {end:?}"
+                );
+                assert!(
+                    until <= granted + min + slack(fx),
+                    "left for longer than asked"
+                );
+            }
+            other => panic!("sets_expiry: left in the store, not {other:?}"),
+        }
+    } else {
+        assert_eq!(
+            answered,
+            HoldEnd::Released,
+            "without sets_expiry: held, then released"
+        );
+        assert!(Instant::now() >= end);
+    }
+    // Let go soon after the minimum: the next owner gets it.
+    let deadline = end + fx.ttl + slack(fx);
+    loop {
+        match acquire_raw(fx, &k, &other, fx.ttl).await {
+            AcquireOutcome::Acquired { .. } => break,
+            AcquireOutcome::Held { .. } => {
+                assert!(
+                    Instant::now() < deadline,
+                    "release_after: still held {:?} after the minimum hold",
+                    Instant::now() - end
+                );
+                sleep(fx.ttl / 10).await;
+            }
+        }
+    }
+    fx.store.release(&k, &other).await.unwrap();
 }
 
 /// `renew_many` (the scheduler's batch renewal: the store's batch, or each renewal on its
@@ -935,6 +1011,48 @@ pub async fn capabilities_are_honest(fx: &Fixture) {
             );
         }
         other => panic!("{other:?}"),
+    }
+
+    // sets_expiry: a renewal sets the expiry to the TTL asked, longer or shorter than
+    // before, and answers with it.
+    if caps.sets_expiry {
+        let long = fx.ttl * 20;
+        assert_eq!(
+            fx.store.renew(&k, &a, long).await.unwrap(),
+            RenewOutcome::Renewed { ttl: long },
+            "sets_expiry: a renewal answers the TTL asked"
+        );
+        if caps.reports_remaining {
+            let left = fx
+                .store
+                .inspect(&k)
+                .await
+                .unwrap()
+                .unwrap()
+                .remaining
+                .unwrap();
+            assert!(left > fx.ttl * 10, "sets_expiry: {left:?} left of {long:?}");
+        }
+        let short = fx.ttl * 2;
+        assert_eq!(
+            fx.store.renew(&k, &a, short).await.unwrap(),
+            RenewOutcome::Renewed { ttl: short }
+        );
+        if caps.reports_remaining {
+            let left = fx
+                .store
+                .inspect(&k)
+                .await
+                .unwrap()
+                .unwrap()
+                .remaining
+                .unwrap();
+            assert!(
+                left <= short,
+                "sets_expiry: {left:?} left of a renewal of {short:?}"
+            );
+        }
+        fx.store.renew(&k, &a, fx.ttl * 4).await.unwrap();
     }
 
     // wait_released: the waiter, woken, acquires as itself (a store that queues its

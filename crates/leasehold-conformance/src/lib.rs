@@ -521,6 +521,7 @@ macro_rules! __with_cases {
             cases::only_owner_renews_or_releases,
             cases::renew_extends_ttl,
             cases::renew_many_answers_each_lease_in_order,
+            cases::release_after_keeps_the_lease_for_the_minimum_hold,
             cases::renewal_after_own_expiry_is_refused,
             cases::inspect_reports_holder,
             cases::max_hold_fires_lost,

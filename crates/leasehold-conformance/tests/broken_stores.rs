@@ -111,10 +111,14 @@ enum Flaw {
     /// A hand-off's validity counts from the notice's arrival, not from a request the
     /// store answered "still waiting" before the grant.
     HandOffFromNotice,
+    /// A renewal keeps the TTL the lease was granted with (as etcd's keep-alive does)
+    /// while it answers the TTL asked, and the capabilities claim `sets_expiry` (the
+    /// memory store's claim, kept).
+    RenewKeepsGrantedTtl,
 }
 
 impl Flaw {
-    const ALL: [Flaw; 30] = [
+    const ALL: [Flaw; 31] = [
         Flaw::FenceNeverAdvances,
         Flaw::AnyOwner,
         Flaw::IgnoresExpiry,
@@ -145,6 +149,7 @@ impl Flaw {
         Flaw::DiagnosisInventsRows,
         Flaw::ClaimsHandOff,
         Flaw::HandOffFromNotice,
+        Flaw::RenewKeepsGrantedTtl,
     ];
 
     fn parse(s: &str) -> Flaw {
@@ -178,6 +183,8 @@ struct Broken {
     records: Mutex<HashMap<Key, Record>>,
     /// When each record was first written, for [`Flaw::RecordReadsLag`].
     written: Mutex<HashMap<Key, tokio::time::Instant>>,
+    /// The TTL each key was last granted, for [`Flaw::RenewKeepsGrantedTtl`].
+    granted: Mutex<HashMap<Key, Duration>>,
 }
 
 impl Broken {
@@ -189,6 +196,7 @@ impl Broken {
             arrivals: Mutex::new(HashMap::new()),
             records: Mutex::new(HashMap::new()),
             written: Mutex::new(HashMap::new()),
+            granted: Mutex::new(HashMap::new()),
         }
     }
 
@@ -334,6 +342,9 @@ impl Store for Broken {
         ttl: Duration,
     ) -> Result<AcquireOutcome, StoreError> {
         let out = self.acquire_inner(key, owner, self.ttl(ttl)).await?;
+        if let AcquireOutcome::Acquired { ttl, .. } = out {
+            self.granted.lock().unwrap().insert(key.clone(), ttl);
+        }
         Ok(match (self.flaw, out) {
             (Flaw::FenceNeverAdvances, AcquireOutcome::Acquired { ttl, .. }) => {
                 AcquireOutcome::Acquired {
@@ -368,7 +379,12 @@ impl Store for Broken {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<RenewOutcome, StoreError> {
-        let real_ttl = self.ttl(ttl);
+        let mut real_ttl = self.ttl(ttl);
+        if self.flaw == Flaw::RenewKeepsGrantedTtl
+            && let Some(granted) = self.granted.lock().unwrap().get(key)
+        {
+            real_ttl = *granted;
+        }
         let out = match self.flaw {
             Flaw::RenewDoesNothing => {
                 StoreError::check_ttl("broken", ttl)?;
@@ -810,6 +826,7 @@ const ALL_CASES: &[&str] = &[
     "only_owner_renews_or_releases",
     "renew_extends_ttl",
     "renew_many_answers_each_lease_in_order",
+    "release_after_keeps_the_lease_for_the_minimum_hold",
     "renewal_after_own_expiry_is_refused",
     "inspect_reports_holder",
     "max_hold_fires_lost",
@@ -846,6 +863,18 @@ const ALL_CASES: &[&str] = &[
 ];
 
 const KILLS: &[Kill] = &[
+    kill(
+        "release_after_keeps_the_lease_for_the_minimum_hold",
+        RenewKeepsGrantedTtl,
+        Memory,
+        "before the minimum hold",
+    ),
+    kill(
+        "capabilities_are_honest",
+        RenewKeepsGrantedTtl,
+        Memory,
+        "sets_expiry:",
+    ),
     kill(
         "row_01_holder_frozen_past_its_deadline_hears_lost_first_on_resume",
         IgnoresExpiry,
@@ -1379,6 +1408,7 @@ flaw_tests! {
     a_diagnosis_that_invents_rows_is_caught: DiagnosisInventsRows,
     a_hand_off_claimed_falsely_is_caught: ClaimsHandOff,
     a_hand_off_valid_from_its_notice_is_caught: HandOffFromNotice,
+    an_expiry_claimed_settable_but_kept_is_caught: RenewKeepsGrantedTtl,
 }
 
 #[test]

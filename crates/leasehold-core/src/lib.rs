@@ -35,7 +35,7 @@ pub use key::{IntoKey, Key, KeyError, MAX_KEY_LEN};
 pub use kind::ResourceKind;
 pub use lease::EndedGrants;
 pub use lease::{AcquireStep, LeaseClient, LeaseClientBuilder, ShutdownReport, StepCall};
-pub use lease::{Health, HealthChanges, Lease, LostFuture, LostReason, LostSignal};
+pub use lease::{Health, HealthChanges, HoldEnd, Lease, LostFuture, LostReason, LostSignal};
 pub use lease::{LeaseObserver, RenewalEvent, RenewalPhase};
 pub use semaphore::{Permit, Semaphore};
 pub use store::doctor::{Diagnosis, Fact, Finding, Verdict};

@@ -149,3 +149,29 @@ fn the_slack_metric_is_in_the_list_of_metrics() {
         }
     }
 }
+
+#[test]
+fn every_metric_is_described_once_described() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        leasehold_core::metrics::describe();
+        // A snapshot lists what was recorded: record each once.
+        for (name, kind) in ALL {
+            match kind {
+                Kind::Counter => metrics::counter!(*name).increment(1),
+                Kind::Histogram => metrics::histogram!(*name).record(1.0),
+                Kind::Gauge => metrics::gauge!(*name).set(1.0),
+            }
+        }
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(snapshot.len(), ALL.len());
+    for (key, unit, description, _) in snapshot {
+        let name = key.key().name().to_owned();
+        assert!(description.is_some(), "{name} has no description");
+        if name.ends_with("_seconds") {
+            assert_eq!(unit, Some(metrics::Unit::Seconds), "{name}");
+        }
+    }
+}

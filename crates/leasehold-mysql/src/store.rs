@@ -366,6 +366,8 @@ impl Store for MySqlLeaseStore {
         caps.reports_remaining = true;
         // Waiters queue in the server (a GET_LOCK turnstile per key), in arrival order.
         caps.fifo_wait = true;
+        // A renewal sets the row's expiry to the server's now + the TTL asked.
+        caps.sets_expiry = true;
         caps.fence_durability = FenceDurability::Durable;
         caps
     }

@@ -410,6 +410,8 @@ impl Store for PgLeaseStore {
         let mut caps = Capabilities::minimal();
         caps.fifo_wait = self.inner.queue.is_some();
         caps.reports_remaining = true;
+        // A renewal sets the row's expiry to the server's now + the TTL asked.
+        caps.sets_expiry = true;
         caps.fence_durability = FenceDurability::Durable;
         caps
     }

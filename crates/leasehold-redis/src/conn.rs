@@ -470,6 +470,11 @@ impl Conn {
         }
     }
 
+    /// Whether the primary is found through Sentinel.
+    pub(crate) fn is_sentinel(&self) -> bool {
+        matches!(self.kind, Kind::Sentinel { .. })
+    }
+
     pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.kind, Kind::Cluster { .. })
     }

@@ -425,6 +425,10 @@ impl Store for RedisStore {
         c.hands_off = self.notifier.is_some();
         c.reports_remaining = true;
         c.session_bound = false;
+        // A renewal is `PEXPIRE` of the TTL asked. Not through Sentinel: a replica whose
+        // clock runs ahead, once promoted, ends it sooner, and a renewal answers the TTL
+        // asked less that allowance ("Replica clocks" in the crate docs).
+        c.sets_expiry = !self.conn.is_sentinel();
         c.fence_durability = FenceDurability::ClockFloored;
         // Refused at every (re)connection and policy check unless accepted explicitly.
         c.may_evict = self.config.allow_eviction();

@@ -670,6 +670,8 @@ impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
         let mut caps = Capabilities::minimal();
         caps.reports_remaining = true;
+        // A renewal sets the row's expiry to now + the TTL asked.
+        caps.sets_expiry = true;
         caps.fence_durability = match self.config.get_synchronous() {
             Synchronous::Full => FenceDurability::Durable,
             Synchronous::Normal => FenceDurability::ClockFloored,

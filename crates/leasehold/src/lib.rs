@@ -8,12 +8,12 @@ use store::Registry;
 // What a user of leases names, at the root; what a store's writer needs, under `store`.
 pub use leasehold_core::{
     AcquireStep, Action, Backoff, CancellationToken, ConfigError, Diagnosis, Election, Error,
-    Fence, Finding, GuardDecision, Health, HealthChanges, Idempotency, IntoKey, Key, KeyError,
-    Leader, Leadership, Lease, LeaseClient, LeaseClientBuilder, LeaseConfig, LeaseConfigBuilder,
-    LeaseInfo, LeaseObserver, LostFuture, LostReason, LostSignal, MAX_KEY_LEN, OwnerToken,
-    ParseOwnerTokenError, Permit, Refusal, RenewalEvent, RenewalPhase, ResourceKind, ResourceName,
-    ResourceNameError, Semaphore, ShutdownReport, StepCall, Store, StoreError, StoreErrorKind,
-    Verdict,
+    Fence, Finding, GuardDecision, Health, HealthChanges, HoldEnd, Idempotency, IntoKey, Key,
+    KeyError, Leader, Leadership, Lease, LeaseClient, LeaseClientBuilder, LeaseConfig,
+    LeaseConfigBuilder, LeaseInfo, LeaseObserver, LostFuture, LostReason, LostSignal, MAX_KEY_LEN,
+    OwnerToken, ParseOwnerTokenError, Permit, Refusal, RenewalEvent, RenewalPhase, ResourceKind,
+    ResourceName, ResourceNameError, Semaphore, ShutdownReport, StepCall, Store, StoreError,
+    StoreErrorKind, Verdict,
 };
 pub use leasehold_core::{
     TlsFailure, TlsProblem, clock, config, election, guard, kind, memory, metrics, semaphore, tls,

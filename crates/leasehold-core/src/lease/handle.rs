@@ -17,7 +17,7 @@ use crate::lease::live::LiveGuard;
 use crate::lease::lost::LostReason;
 use crate::lease::scheduler::SchedulerHandle;
 use crate::lease::shared::LeaseShared;
-use crate::store::{ReleaseOutcome, Store};
+use crate::store::{ReleaseOutcome, RenewOutcome, Store};
 use crate::token::{Fence, OwnerToken};
 
 /// A held lease: the proof, for as long as it is valid, that this process may act on the
@@ -141,6 +141,12 @@ impl Lease {
     /// counts host suspension.
     pub fn remaining(&self) -> Duration {
         self.shared.valid_until().since(self.shared.clock.now())
+    }
+
+    /// How long since the acquire that granted the lease was sent (the moment every
+    /// schedule of the lease counts from), on the clock that counts host suspension.
+    pub fn held_for(&self) -> Duration {
+        self.shared.clock.now().since(self.shared.acquired_at)
     }
 
     /// Whether the lease is still believed held. Checks the deadline on the spot, so a
@@ -375,7 +381,155 @@ impl Lease {
     }
 }
 
+/// How [`Lease::release_after`] ended the hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HoldEnd {
+    /// Released: the minimum hold had passed (at the call, or after waiting for it).
+    Released,
+    /// Left in the store, which keeps it until at least `until` (on tokio's clock; the
+    /// store counts from when it processed the request, which is later) and then expires
+    /// it. Nothing renews it any more.
+    LeftToExpire {
+        /// The earliest moment the store may let another holder in.
+        until: Instant,
+    },
+    /// The store no longer listed this owner as the holder: it had expired or been taken
+    /// over (a release answered `NotOwner`).
+    NotHeld,
+}
+
 impl Lease {
+    /// Ends the hold, but not before `min_hold` after the grant (ShedLock's
+    /// `lockAtLeastFor`): a job that finishes early still keeps its siblings out for the
+    /// period, so a replica whose timer fires a little later does not run it again.
+    ///
+    /// The period counts from when the acquire was sent (never later than the store's
+    /// grant, so the lease is never kept for less than `min_hold` because of it). If it
+    /// has passed, this is [`release`](Self::release). Otherwise:
+    ///
+    /// - On a store whose renewal sets the expiry to the TTL asked
+    ///   ([`Capabilities::sets_expiry`](crate::Capabilities::sets_expiry): Redis, the SQL
+    ///   lease tables, SQLite) the lease's renewals stop, one last renewal sets its
+    ///   store-side expiry to the rest of the period, and this returns at once
+    ///   ([`HoldEnd::LeftToExpire`]). A renewal already on its way when this is called is
+    ///   waited for first (at most the operation timeout), so that it cannot shorten the
+    ///   expiry after; one whose reply timed out might still reach the store later.
+    /// - On any other store (etcd's fixed lease TTL, ZooKeeper's session, advisory locks
+    ///   and `GET_LOCK`, Redlock) the lease stays held and renewed in this process until
+    ///   the period has passed, then is released ([`HoldEnd::Released`]).
+    ///
+    /// Waiters of a Redis lease may wake later than the new expiry (at the remaining time
+    /// they were told before), never earlier.
+    ///
+    /// # Errors
+    /// - [`Error::LeaseLost`] if the lease was lost (before the call or while waiting);
+    /// - a store error of the last renewal or of the release: the lease was not released;
+    ///   after a failed last renewal it is left to expire (at the end of that renewal if
+    ///   the store applied it, else at the end of the one before, which may be earlier).
+    ///
+    /// Cancel safety: not cancel safe. Dropping the future while it waits drops the
+    /// lease, which releases it before the period has passed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::{sync::Arc, time::Duration};
+    /// use leasehold_core::{HoldEnd, LeaseClient, LeaseConfig, memory::MemoryStore};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), leasehold_core::Error> {
+    /// let client = LeaseClient::new(Arc::new(MemoryStore::new()), LeaseConfig::new(Duration::from_secs(10))?);
+    /// let lease = client.try_acquire("job:nightly").await?;
+    /// // ... the job, done in a second ...
+    /// let end = lease.release_after(Duration::from_secs(60)).await?;
+    /// assert!(matches!(end, HoldEnd::LeftToExpire { .. }));
+    /// // Another replica's timer, firing a few seconds later, finds it held.
+    /// assert!(client.try_acquire("job:nightly").await.is_err());
+    /// # Ok(()) }
+    /// ```
+    pub async fn release_after(self, min_hold: Duration) -> Result<HoldEnd, Error> {
+        let clock = self.shared.clock.clone();
+        let end = self.shared.acquired_at.add(min_hold);
+        if let Some(reason) = self.shared.reason_now() {
+            return Err(Error::LeaseLost(reason));
+        }
+        let remaining = end.since(clock.now());
+        if remaining.is_zero() {
+            return self.release_now().await;
+        }
+        if self.store.capabilities().sets_expiry && remaining <= crate::config::MAX_TTL {
+            return self.leave_until(end).await;
+        }
+        tracing::info!(
+            key = %self.shared.key,
+            fence = self.shared.fence.get(),
+            left_ms = remaining.as_millis() as u64,
+            "held until the minimum hold has passed (the store keeps no lease for a set time after its holder stops renewing)"
+        );
+        let lost = self.lost();
+        tokio::select! {
+            reason = lost.wait() => return Err(Error::LeaseLost(reason)),
+            () = tokio::time::sleep_until(clock.to_tokio(end)) => {}
+        }
+        self.release_now().await
+    }
+
+    async fn release_now(self) -> Result<HoldEnd, Error> {
+        Ok(if self.release().await? {
+            HoldEnd::Released
+        } else {
+            HoldEnd::NotHeld
+        })
+    }
+
+    /// Stops renewing and sets the store-side expiry to `end` (a store that
+    /// [`sets_expiry`](crate::Capabilities::sets_expiry)).
+    async fn leave_until(self, end: crate::clock::At) -> Result<HoldEnd, Error> {
+        use std::sync::atomic::Ordering;
+        let clock = self.shared.clock.clone();
+        // From here on the scheduler sends no renewal; one already sent is waited for, so
+        // that its TTL cannot replace the one set below.
+        self.shared.begin_release();
+        let waited_until = tokio::time::Instant::now() + self.op_timeout;
+        while self.shared.renewing.load(Ordering::SeqCst)
+            && tokio::time::Instant::now() < waited_until
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let sent = clock.now();
+        // In whole milliseconds, rounded up: the unit every store with a set expiry keeps.
+        let ms = end.since(sent).as_nanos().div_ceil(1_000_000);
+        let ttl = Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+            .max(crate::config::MIN_TTL);
+        let res = StoreError::bounded(
+            self.store.backend(),
+            "renew",
+            self.op_timeout,
+            self.store.renew(&self.shared.key, &self.shared.owner, ttl),
+        )
+        .await;
+        // Never released from here: the store expires it.
+        self.shared.end();
+        match res {
+            Ok(RenewOutcome::Renewed { ttl: granted }) if granted >= ttl => {
+                let until = clock.to_tokio(sent.add(ttl));
+                tracing::info!(key = %self.shared.key, fence = self.shared.fence.get(), ttl_ms = ttl.as_millis() as u64, "left in the store until the minimum hold has passed");
+                Ok(HoldEnd::LeftToExpire { until })
+            }
+            Ok(RenewOutcome::Renewed { ttl: granted }) => Err(StoreError::new(
+                crate::StoreErrorKind::Corrupt,
+                self.store.backend(),
+                format!(
+                    "release_after: the store claims to set the expiry asked but granted {granted:?} of {ttl:?}; the lease is left to expire then"
+                ),
+            )
+            .into()),
+            Ok(RenewOutcome::NotOwner) => Ok(HoldEnd::NotHeld),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Stops renewing the lease **without** releasing it: it stays in the store until it
     /// expires there, one TTL after its last renewal at most.
     ///

@@ -93,3 +93,25 @@ impl HealthChanges {
         self.shared.health()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_state_has_its_name_and_only_lost_is_not_held() {
+        let at = Instant::now();
+        let risk = Health::AtRisk {
+            since: at,
+            deadline: at,
+        };
+        let lost = Health::Lost(LostReason::Expired);
+        assert_eq!(
+            [Health::Held.as_str(), risk.as_str(), lost.as_str()],
+            ["held", "at_risk", "lost"]
+        );
+        assert!(Health::Held.is_held());
+        assert!(risk.is_held());
+        assert!(!lost.is_held());
+    }
+}

@@ -16,7 +16,7 @@ mod watchdog;
 
 pub use client::{LeaseClient, LeaseClientBuilder, ShutdownReport};
 pub use ended::EndedGrants;
-pub use handle::{Lease, LostFuture, LostSignal};
+pub use handle::{HoldEnd, Lease, LostFuture, LostSignal};
 pub use health::{Health, HealthChanges};
 pub use lost::LostReason;
 pub use observer::{LeaseObserver, RenewalEvent, RenewalPhase};

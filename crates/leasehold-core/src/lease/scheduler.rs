@@ -528,11 +528,24 @@ impl Scheduler {
         let budget = op_timeout.min(last_deadline.since(now));
         self.inflight.push(Box::pin(async move {
             let sent_at = clock.now();
+            // Marked on its way before the look below: a holder that lets go of the lease
+            // meanwhile (`Lease::release_after`) either sees the mark and waits for the
+            // answer, or is seen letting go and the renewal is not sent.
+            for (_, shared) in &leases {
+                shared
+                    .renewing
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             // Looked at again when the request is really about to go (the task may have
             // been preempted or the process frozen since the scheduler decided to renew):
             // a renewal is never sent for a lease past its deadline, lost or let go.
             let (sent, skipped): (Vec<_>, Vec<_>) =
                 leases.into_iter().partition(|(_, s)| s.is_held_at(sent_at));
+            for (_, shared) in &skipped {
+                shared
+                    .renewing
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+            }
             let skipped = skipped.into_iter().map(|(id, _)| id).collect();
             if sent.is_empty() {
                 return Done::Renew {
@@ -632,6 +645,9 @@ impl Scheduler {
         result: Result<RenewOutcome, StoreError>,
         tally: &mut Tally,
     ) {
+        shared
+            .renewing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         let now = self.clock.now();
         let Some(e) = self.entries.get_mut(&id) else {
             // Released, lost or shut down meanwhile: the reply changes nothing.

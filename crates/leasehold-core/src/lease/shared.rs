@@ -79,6 +79,9 @@ pub(crate) struct LeaseShared {
     pub(crate) id: u64,
     /// Whether the watchdog thread watches it.
     watched: std::sync::atomic::AtomicBool,
+    /// A renewal of it is on its way to the store (set by the scheduler when it sends one,
+    /// cleared when the answer, or the call's timeout, is handled).
+    pub(crate) renewing: std::sync::atomic::AtomicBool,
     pub(crate) key: Key,
     pub(crate) owner: OwnerToken,
     pub(crate) fence: Fence,
@@ -106,6 +109,7 @@ impl LeaseShared {
         Self {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             watched: std::sync::atomic::AtomicBool::new(false),
+            renewing: std::sync::atomic::AtomicBool::new(false),
             key: grant.key,
             owner: grant.owner,
             fence: grant.fence,

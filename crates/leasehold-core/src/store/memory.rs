@@ -103,6 +103,7 @@ impl Store for MemoryStore {
             fence_durability: FenceDurability::Process,
             may_evict: false,
             hands_off: false,
+            sets_expiry: true,
         }
     }
 

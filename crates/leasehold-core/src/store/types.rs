@@ -173,11 +173,20 @@ pub struct Capabilities {
     /// [`WaitOutcome::Granted`]; docs/design.md section 11): Redis with notifications.
     /// Elsewhere a waiter confirms with an acquire of its own.
     pub hands_off: bool,
+    /// A renewal sets the lease's store-side expiry to the TTL asked, counted from when the
+    /// store processed it, for any TTL up to [`MAX_TTL`](crate::config::MAX_TTL) (longer
+    /// or shorter than the one before), and answers with that TTL: a holder can leave its
+    /// lease in the store for a chosen time and go ([`Lease::release_after`](crate::Lease::release_after)).
+    /// Redis, the SQL lease tables and SQLite; not a store whose expiry is fixed at the
+    /// grant (etcd's lease TTL), bound to a session (ZooKeeper, advisory locks,
+    /// `GET_LOCK`), or answered as the validity left after the round trips (Redlock).
+    pub sets_expiry: bool,
 }
 
 impl Capabilities {
     /// The minimal set: no queue of waiters, no remaining TTL reported, not bound to a
-    /// session, fences in process memory, no eviction, no hand-off by notice.
+    /// session, fences in process memory, no eviction, no hand-off by notice, no expiry
+    /// set by a renewal.
     pub const fn minimal() -> Self {
         Self {
             fifo_wait: false,
@@ -186,6 +195,7 @@ impl Capabilities {
             fence_durability: FenceDurability::Process,
             may_evict: false,
             hands_off: false,
+            sets_expiry: false,
         }
     }
 }
