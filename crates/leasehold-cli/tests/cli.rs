@@ -259,6 +259,21 @@ fn holder_frozen_past_its_ttl_stops_its_command_and_reports_lease_lost() {
     assert!(!alive(child), "the command was stopped");
 }
 
+/// When Redis expires the lease whose key matches `pattern` (wall clock, ns), read from
+/// the server directly (not through a proxy in front of it).
+fn store_expiry_ns(redis: &RedisServer, pattern: &str) -> u128 {
+    let keys = redis.cli(&["--scan", "--pattern", pattern]);
+    let lease_key = keys
+        .lines()
+        .find(|k| !k.ends_with(":fence") && !k.is_empty())
+        .unwrap_or_else(|| panic!("no lease key in {keys:?}"))
+        .to_owned();
+    let before = now_ns();
+    let pttl: u128 = redis.cli(&["pttl", &lease_key]).trim().parse().unwrap();
+    assert!(pttl > 0, "lease key without expiry: {pttl}");
+    before + pttl * 1_000_000
+}
+
 #[test]
 fn unreachable_store_stops_the_command_before_the_lease_expires() {
     let redis = RedisServer::start();
@@ -288,17 +303,7 @@ fn unreachable_store_stops_the_command_before_the_lease_expires() {
     wait_for_file(&log, Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(1200)); // a renewal or two went through
     proxy.set_mode(ProxyMode::Blackhole);
-    // The store-side expiry, read from Redis directly (not through the proxy).
-    let keys = redis.cli(&["--scan"]);
-    let lease_key = keys
-        .lines()
-        .find(|k| !k.ends_with(":fence") && !k.is_empty())
-        .unwrap_or_else(|| panic!("no lease key in {keys:?}"))
-        .to_owned();
-    let before = now_ns();
-    let pttl: u128 = redis.cli(&["pttl", &lease_key]).trim().parse().unwrap();
-    assert!(pttl > 0, "lease key without expiry: {pttl}");
-    let store_expiry = before + pttl * 1_000_000;
+    let store_expiry = store_expiry_ns(&redis, "*job:netsplit*");
     let status = holder
         .wait_timeout(Duration::from_secs(15))
         .expect("leasehold exits");
@@ -377,20 +382,13 @@ fn the_command_is_told_when_the_lease_is_at_risk_and_when_it_is_held_again() {
     let at_risk = wait_for_line(&log, "USR1 at_risk ", Duration::from_secs(12));
     proxy.set_mode(ProxyMode::Pass);
     let deadline_ms: u128 = at_risk.parse().expect("a deadline in Unix ms");
-    // Read from Redis directly (not through the proxy): the lease is still the holder's,
-    // and expires there after the deadline the command was given.
-    let keys = redis.cli(&["--scan", "--pattern", "*job:at-risk*"]);
-    let lease_key = keys
-        .lines()
-        .find(|k| !k.ends_with(":fence") && !k.is_empty())
-        .unwrap_or_else(|| panic!("no lease key in {keys:?}"))
-        .to_owned();
-    let before = now_ns() / 1_000_000;
-    let pttl: u128 = redis.cli(&["pttl", &lease_key]).trim().parse().unwrap();
+    // The lease is still the holder's, and expires there after the deadline the command
+    // was given.
+    let store_expiry_ms = store_expiry_ns(&redis, "*job:at-risk*") / 1_000_000;
     assert!(
-        deadline_ms < before + pttl,
+        deadline_ms < store_expiry_ms,
         "the command's deadline is {} ms past the store's expiry",
-        deadline_ms - (before + pttl)
+        deadline_ms - store_expiry_ms
     );
     assert_eq!(
         wait_for_line(&log, "USR1 held", Duration::from_secs(12)),

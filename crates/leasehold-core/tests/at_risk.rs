@@ -12,7 +12,7 @@ use std::time::Duration;
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::metrics::{AT_RISK_TOTAL, LEASES_AT_RISK};
 use leasehold_core::wrap::{FaultStore, Unreachable};
-use leasehold_core::{Health, LeaseClient, LeaseConfig, LostReason, Store};
+use leasehold_core::{Health, HealthChanges, Lease, LeaseClient, LeaseConfig, LostReason, Store};
 use metrics_util::debugging::DebugValue;
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -32,8 +32,14 @@ fn config(failures: u32) -> LeaseConfig {
         .unwrap()
 }
 
-fn fault_store() -> Arc<FaultStore> {
-    Arc::new(FaultStore::new(Arc::new(MemoryStore::new())))
+/// A lease on the memory store behind the fault wrapper, lost after `failures` failed
+/// renewals in a row, and the stream of its health changes (from the grant).
+async fn held(failures: u32) -> (Arc<FaultStore>, LeaseClient, Lease, HealthChanges) {
+    let store = Arc::new(FaultStore::new(Arc::new(MemoryStore::new())));
+    let client = LeaseClient::new(store.clone(), config(failures));
+    let lease = client.try_acquire("job:a").await.unwrap();
+    let changes = lease.health_changes();
+    (store, client, lease, changes)
 }
 
 /// The gauge's value and the counter's (zero when never recorded).
@@ -53,11 +59,8 @@ fn at_risk_metrics(metrics: &[common::Recorded]) -> (f64, u64) {
 #[test]
 fn a_refused_renewal_puts_the_lease_at_risk_until_one_is_confirmed() {
     let ((), metrics) = common::recorded(async {
-        let store = fault_store();
-        let client = LeaseClient::new(store.clone(), config(3));
         let start = Instant::now();
-        let lease = client.try_acquire("job:a").await.unwrap();
-        let mut changes = lease.health_changes();
+        let (store, _client, lease, mut changes) = held(3).await;
         assert_eq!(lease.health(), Health::Held);
 
         // The first renewal (at 1 s) is refused.
@@ -96,11 +99,8 @@ fn a_refused_renewal_puts_the_lease_at_risk_until_one_is_confirmed() {
 #[test]
 fn a_timed_out_renewal_puts_the_lease_at_risk_at_its_timeout_not_before() {
     let ((), metrics) = common::recorded(async {
-        let store = fault_store();
-        let client = LeaseClient::new(store.clone(), config(3));
         let start = Instant::now();
-        let lease = client.try_acquire("job:a").await.unwrap();
-        let mut changes = lease.health_changes();
+        let (store, client, lease, mut changes) = held(3).await;
         store.set_unreachable(Some(Unreachable::Hang));
 
         // In flight, unanswered, but within its timeout: held.
@@ -125,12 +125,9 @@ fn a_timed_out_renewal_puts_the_lease_at_risk_at_its_timeout_not_before() {
 #[test]
 fn an_at_risk_lease_is_lost_at_its_deadline_and_the_change_is_told() {
     let ((), metrics) = common::recorded(async {
-        let store = fault_store();
         // Enough failures allowed that only the deadline loses it.
-        let client = LeaseClient::new(store.clone(), config(100));
-        let lease = client.try_acquire("job:a").await.unwrap();
+        let (store, _client, lease, mut changes) = held(100).await;
         let deadline = lease.valid_until();
-        let mut changes = lease.health_changes();
         store.set_unreachable(Some(Unreachable::Refuse));
         assert!(
             matches!(changes.next().await, Health::AtRisk { deadline: d, .. } if d == deadline)
@@ -149,10 +146,7 @@ fn an_at_risk_lease_is_lost_at_its_deadline_and_the_change_is_told() {
 #[test]
 fn a_lease_lost_at_once_is_never_at_risk() {
     let ((), metrics) = common::recorded(async {
-        let store = fault_store();
-        let client = LeaseClient::new(store.clone(), config(3));
-        let lease = client.try_acquire("job:a").await.unwrap();
-        let mut changes = lease.health_changes();
+        let (store, _client, lease, mut changes) = held(3).await;
         // An operator breaks it: the next renewal answers "not the owner".
         store.break_lease(lease.key()).await.unwrap();
         assert_eq!(changes.next().await, Health::Lost(LostReason::NotOwner));
@@ -164,10 +158,7 @@ fn a_lease_lost_at_once_is_never_at_risk() {
 #[test]
 fn with_one_failure_allowed_a_failed_renewal_loses_the_lease_without_a_spell_at_risk() {
     let ((), metrics) = common::recorded(async {
-        let store = fault_store();
-        let client = LeaseClient::new(store.clone(), config(1));
-        let lease = client.try_acquire("job:a").await.unwrap();
-        let mut changes = lease.health_changes();
+        let (store, _client, _lease, mut changes) = held(1).await;
         store.set_unreachable(Some(Unreachable::Refuse));
         assert!(matches!(changes.next().await, Health::Lost(_)));
     });
@@ -177,11 +168,8 @@ fn with_one_failure_allowed_a_failed_renewal_loses_the_lease_without_a_spell_at_
 #[test]
 fn a_change_while_nobody_waited_is_returned_by_the_next_wait() {
     common::recorded(async {
-        let store = fault_store();
-        let client = LeaseClient::new(store.clone(), config(3));
         let start = Instant::now();
-        let lease = client.try_acquire("job:a").await.unwrap();
-        let mut changes = lease.health_changes();
+        let (store, _client, lease, mut changes) = held(3).await;
         store.set_unreachable(Some(Unreachable::Refuse));
         // Nobody waits while the lease goes at risk.
         sleep_until(start + EVERY + Duration::from_millis(100)).await;
