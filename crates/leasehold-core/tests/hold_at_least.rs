@@ -192,3 +192,48 @@ async fn a_lease_already_lost_is_not_left_in_the_store() {
     ));
     assert!(free(&*store, "job:nightly").await);
 }
+
+#[tokio::test(start_paused = true)]
+async fn held_for_counts_from_the_acquire() {
+    let client = LeaseClient::new(Arc::new(MemoryStore::new()), config());
+    let lease = client.try_acquire("job:nightly").await.unwrap();
+    sleep(Duration::from_millis(1234)).await;
+    assert_eq!(lease.held_for(), Duration::from_millis(1234));
+}
+
+/// The memory store, claiming to set the expiry asked but granting half of it.
+#[derive(Debug, Default)]
+struct GrantsHalf(MemoryStore);
+
+#[async_trait]
+impl leasehold_core::wrap::Forward for GrantsHalf {
+    fn inner(&self) -> &dyn Store {
+        &self.0
+    }
+    async fn renew(
+        &self,
+        key: &Key,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        self.0.renew(key, owner, ttl / 2).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_grants_less_than_it_claims_is_an_error_and_nothing_is_released() {
+    let store = Arc::new(GrantsHalf::default());
+    let client = LeaseClient::new(store.clone(), config());
+    let start = Instant::now();
+    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let err = lease
+        .release_after(Duration::from_secs(10))
+        .await
+        .expect_err("granted half of what was asked");
+    assert!(err.to_string().contains("granted"), "{err}");
+    // Left to expire at what the store did grant (5 s), not released at once.
+    sleep_until(start + Duration::from_millis(4900)).await;
+    assert!(!free(&*store, "job:nightly").await);
+    sleep_until(start + Duration::from_secs(5)).await;
+    assert!(free(&*store, "job:nightly").await);
+}

@@ -491,12 +491,13 @@ impl Lease {
         // From here on the scheduler sends no renewal; one already sent is waited for, so
         // that its TTL cannot replace the one set below.
         self.shared.begin_release();
-        let waited_until = tokio::time::Instant::now() + self.op_timeout;
-        while self.shared.renewing.load(Ordering::SeqCst)
-            && tokio::time::Instant::now() < waited_until
-        {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        let answered = async {
+            while self.shared.renewing.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        // Bounded: a scheduler shut down meanwhile never clears the mark.
+        let _ = tokio::time::timeout(self.op_timeout, answered).await;
         let sent = clock.now();
         // In whole milliseconds, rounded up: the unit every store with a set expiry keeps.
         let ms = end.since(sent).as_nanos().div_ceil(1_000_000);
