@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use leasehold_core::{
-    AcquireOutcome, Error, Fence, Key, LeaseClient, LeaseConfig, LeaseInfo, LostReason, OwnerToken,
-    ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
+    AcquireOutcome, Error, Fence, Health, Key, LeaseClient, LeaseConfig, LeaseInfo, LostReason,
+    OwnerToken, ReleaseOutcome, RenewOutcome, Store, StoreError, StoreErrorKind,
 };
 use leasehold_testkit::{FaultProxy, ProxyMode};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
@@ -869,6 +869,70 @@ pub async fn row_06_slow_replies_shorten_validity_and_too_slow_fails(fx: &Fixtur
         .await
         .expect("slow replies: the key is usable afterwards");
     assert!(again.release().await.unwrap());
+}
+
+/// docs/faults.md row 7, as the holder sees it: a renewal lost in a blackhole puts the
+/// lease at risk (`Lease::health`) before anything loses it, while the server (read
+/// directly, not through the proxies) still lists the holder, with an expiry after the
+/// holder's deadline. A session-bound store may end the session instead (`Lost`). Once
+/// the network is back the lease ends held again or lost, never stuck at risk.
+pub async fn row_07_blackhole_puts_the_holder_at_risk_first(fx: &Fixture) {
+    let _proof = fx.proves(Fault::NetworkPartition);
+    let net = net(fx);
+    let caps = fx.store.capabilities();
+    let k = key("at-risk");
+    // Lost only at the deadline, however many renewals fail.
+    let config = LeaseConfig::builder(fx.ttl)
+        .renew_failures_before_lost(1000)
+        .build()
+        .expect("valid config");
+    let client = LeaseClient::new(fx.store.clone(), config);
+    let lease = client.try_acquire(&k).await.expect("at risk: acquire");
+    let mut changes = lease.health_changes();
+    net.set_mode(ProxyMode::Blackhole);
+    let first = timeout(fx.ttl * 2, changes.next())
+        .await
+        .expect("at risk: no change within twice the TTL of the blackhole");
+    match first {
+        Health::AtRisk { deadline, .. } => {
+            let asked = Instant::now();
+            let info = until_ok(fx, "direct inspect", || net.direct.inspect(&k))
+                .await
+                .expect("at risk: the server no longer has the lease");
+            assert_eq!(
+                info.owner,
+                *lease.owner(),
+                "at risk: the server lists another holder"
+            );
+            if let Some(left) = info.remaining {
+                assert!(
+                    deadline <= asked + left + net.remaining_resolution,
+                    "at risk: the holder's deadline is {:?} after the server's expiry",
+                    deadline - (asked + left)
+                );
+            }
+            assert!(lease.is_valid(), "at risk: not held while at risk");
+        }
+        Health::Lost(reason) if caps.session_bound => {
+            eprintln!("at risk: the session-bound store ended the session first: {reason}");
+        }
+        other => panic!("at risk: the first change in a blackhole is to at risk, not {other:?}"),
+    }
+    net.set_mode(ProxyMode::Pass);
+    let settled = timeout(fx.ttl * 3 + call_bound(fx), async {
+        loop {
+            let h = changes.next().await;
+            if h == Health::Held || !h.is_held() {
+                return h;
+            }
+        }
+    })
+    .await
+    .expect("at risk: neither held again nor lost after the network came back");
+    eprintln!("at risk: after the blackhole: {}", settled.as_str());
+    if settled == Health::Held {
+        let _ = lease.release().await;
+    }
 }
 
 /// docs/faults.md row 7: a blackhole. No call answers through it: each fails (within the store's

@@ -564,6 +564,7 @@ macro_rules! __with_fault_cases {
             fault_cases::row_05_lost_reply_retry_returns_same_lease,
             fault_cases::row_06_slow_replies_shorten_validity_and_too_slow_fails,
             fault_cases::row_07_blackhole_no_answer_and_recovery,
+            fault_cases::row_07_blackhole_puts_the_holder_at_risk_first,
             fault_cases::row_08_reset_mid_command_idempotent_retry,
             fault_cases::row_24_cancelled_acquires_leave_nothing_behind,
         }

@@ -858,11 +858,18 @@ const ALL_CASES: &[&str] = &[
     "row_05_lost_reply_retry_returns_same_lease",
     "row_06_slow_replies_shorten_validity_and_too_slow_fails",
     "row_07_blackhole_no_answer_and_recovery",
+    "row_07_blackhole_puts_the_holder_at_risk_first",
     "row_08_reset_mid_command_idempotent_retry",
     "row_24_cancelled_acquires_leave_nothing_behind",
 ];
 
 const KILLS: &[Kill] = &[
+    kill(
+        "row_07_blackhole_puts_the_holder_at_risk_first",
+        ExpiresEarly,
+        Redis,
+        "at risk: the server no longer has the lease",
+    ),
     kill(
         "release_after_keeps_the_lease_for_the_minimum_hold",
         RenewKeepsGrantedTtl,
