@@ -92,9 +92,15 @@ fn runs_once(env: &Env, argv: &[String], envs: &[(String, String)], log: &Path) 
     );
 }
 
-/// How long the store still keeps the lease `key` (it must be held).
-fn kept_for(env: &Env, url: &str, key: &str) -> Duration {
-    let out = env.run_ok(&["--store", url, "inspect", "--json", key]);
+/// How long the store at `url` (the embedded default: `None`) still keeps the lease `key`
+/// (it must be held).
+fn kept_for(env: &Env, url: Option<&str>, key: &str) -> Duration {
+    let mut args = Vec::new();
+    if let Some(url) = url {
+        args.extend(["--store", url]);
+    }
+    args.extend(["inspect", "--json", key]);
+    let out = env.run_ok(&args);
     let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(v["held"], true, "not kept after the job: {v}");
     Duration::from_millis(v["lease"]["remaining_ms"].as_u64().expect("remaining_ms"))
@@ -164,7 +170,7 @@ fn the_systemd_unit_runs_the_job_once_across_two_replicas_timers() {
         .collect();
     assert!(envs.iter().any(|(k, _)| k == "LEASEHOLD_STORE"), "{envs:?}");
     runs_once(&env, &argv, &envs, &log);
-    about_ten_minutes(kept_for(&env, &url, "nightly-invoices"));
+    about_ten_minutes(kept_for(&env, Some(&url), "nightly-invoices"));
 }
 
 #[test]
@@ -186,7 +192,7 @@ fn the_kubernetes_cronjob_runs_the_job_once_across_two_clusters() {
     // The Secret's URL.
     let envs = vec![("LEASEHOLD_STORE".to_owned(), url.clone())];
     runs_once(&env, &argv, &envs, &log);
-    about_ten_minutes(kept_for(&env, &url, "nightly-invoices"));
+    about_ten_minutes(kept_for(&env, Some(&url), "nightly-invoices"));
 }
 
 /// `--hold-at-least` on a store that keeps no lease for a set time (an advisory lock,
@@ -251,4 +257,58 @@ fn on_a_session_bound_store_run_stays_until_the_minimum_hold_has_passed() {
         "ran while another start held the lease for its minimum"
     );
     drop(holder);
+}
+
+/// `run --json --hold-at-least`: on the embedded SQLite store (which keeps a lease for a
+/// set time) the lease is left in the store, `left_until_ms` says until when, and nothing
+/// is said about staying; a minimum already past is a plain release.
+#[test]
+fn the_json_line_says_until_when_the_lease_is_left_in_the_store() {
+    let env = Env::new();
+    let run = |min: &str| {
+        env.run(&[
+            "run",
+            "--json",
+            "--no-wait",
+            "--key",
+            "job:left",
+            "--hold-at-least",
+            min,
+            "--",
+            "true",
+        ])
+    };
+    #[allow(clippy::disallowed_methods)] // compared with the Unix ms of the JSON line
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let before = now_ms();
+    let out = run("1m");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["released"], false, "{v}");
+    let until = v["left_until_ms"].as_u64().expect("left_until_ms");
+    assert!(
+        until >= before + 60_000 - 1_000 && until <= now_ms() + 60_000,
+        "left until {until}, a minute after {before}?"
+    );
+    assert!(
+        !stderr(&out).contains("leasehold stays"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(kept_for(&env, None, "job:left") > Duration::from_secs(50));
+
+    let out = run("1ms");
+    // Held by the first run's minimum: not acquired.
+    assert_eq!(out.status.code(), Some(75), "{}", stderr(&out));
+    env.run_ok(&["break", "job:left"]);
+    let out = run("1ms");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(v["released"], true, "{v}");
+    assert!(v["left_until_ms"].is_null(), "{v}");
 }
