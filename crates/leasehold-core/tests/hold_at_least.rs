@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use leasehold_core::memory::MemoryStore;
 use leasehold_core::{
-    Capabilities, Error, HoldEnd, Key, LeaseClient, LeaseConfig, LostReason, OwnerToken,
+    Capabilities, Error, HoldEnd, Key, Lease, LeaseClient, LeaseConfig, LostReason, OwnerToken,
     RenewOutcome, Store, StoreError,
 };
 use tokio::time::{Instant, sleep, sleep_until};
@@ -24,6 +24,14 @@ fn config() -> LeaseConfig {
         .watchdog_thread(false)
         .build()
         .unwrap()
+}
+
+/// A client of `store` holding `job:nightly`, and the instant it was acquired.
+async fn held(store: Arc<dyn Store>) -> (LeaseClient, Instant, Lease) {
+    let client = LeaseClient::new(store, config());
+    let start = Instant::now();
+    let lease = client.try_acquire("job:nightly").await.unwrap();
+    (client, start, lease)
 }
 
 /// Whether another owner can take `key` now.
@@ -42,9 +50,7 @@ async fn free(store: &dyn Store, key: &str) -> bool {
 #[tokio::test(start_paused = true)]
 async fn a_hold_that_ends_early_leaves_the_lease_in_the_store_until_the_minimum_has_passed() {
     let store = Arc::new(MemoryStore::new());
-    let client = LeaseClient::new(store.clone(), config());
-    let start = Instant::now();
-    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let (_client, start, lease) = held(store.clone()).await;
     sleep(Duration::from_millis(1500)).await;
     // Longer than the TTL: a renewal after this would cut it short.
     let min = Duration::from_secs(10);
@@ -70,8 +76,7 @@ async fn a_hold_that_ends_early_leaves_the_lease_in_the_store_until_the_minimum_
 #[tokio::test(start_paused = true)]
 async fn a_hold_longer_than_the_minimum_is_released_at_once() {
     let store = Arc::new(MemoryStore::new());
-    let client = LeaseClient::new(store.clone(), config());
-    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let (_client, _, lease) = held(store.clone()).await;
     sleep(Duration::from_secs(2)).await;
     assert_eq!(
         lease.release_after(Duration::from_secs(2)).await.unwrap(),
@@ -109,9 +114,7 @@ impl leasehold_core::wrap::Forward for SlowFirstRenewal {
 #[tokio::test(start_paused = true)]
 async fn a_renewal_in_flight_cannot_cut_the_minimum_hold_short() {
     let store = Arc::new(SlowFirstRenewal::default());
-    let client = LeaseClient::new(store.clone(), config());
-    let start = Instant::now();
-    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let (_client, start, lease) = held(store.clone()).await;
     // The first renewal leaves at 1 s and reaches the store at 1.5 s (TTL 3 s: it would
     // set the expiry to 4.5 s).
     sleep(Duration::from_millis(1100)).await;
@@ -146,9 +149,7 @@ impl leasehold_core::wrap::Forward for FixedExpiry {
 #[tokio::test(start_paused = true)]
 async fn where_the_store_cannot_keep_it_the_holder_keeps_it_renewed_until_the_minimum_has_passed() {
     let store = Arc::new(FixedExpiry::default());
-    let client = LeaseClient::new(store.clone(), config());
-    let start = Instant::now();
-    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let (_client, start, lease) = held(store.clone()).await;
     let min = Duration::from_secs(10);
     let releasing = tokio::spawn(lease.release_after(min));
     // Past several TTLs: renewed all along.
@@ -167,8 +168,7 @@ async fn where_the_store_cannot_keep_it_the_holder_keeps_it_renewed_until_the_mi
 #[tokio::test(start_paused = true)]
 async fn a_lease_lost_while_held_for_the_minimum_says_so() {
     let store = Arc::new(FixedExpiry::default());
-    let client = LeaseClient::new(store.clone(), config());
-    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let (_client, _, lease) = held(store.clone()).await;
     let key = lease.key().clone();
     let releasing = tokio::spawn(lease.release_after(Duration::from_secs(10)));
     sleep(Duration::from_millis(100)).await;
@@ -182,8 +182,7 @@ async fn a_lease_lost_while_held_for_the_minimum_says_so() {
 #[tokio::test(start_paused = true)]
 async fn a_lease_already_lost_is_not_left_in_the_store() {
     let store = Arc::new(MemoryStore::new());
-    let client = LeaseClient::new(store.clone(), config());
-    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let (_client, _, lease) = held(store.clone()).await;
     store.break_lease(lease.key()).await.unwrap();
     sleep(Duration::from_millis(1100)).await; // the renewal finds it broken
     assert!(matches!(
@@ -195,8 +194,7 @@ async fn a_lease_already_lost_is_not_left_in_the_store() {
 
 #[tokio::test(start_paused = true)]
 async fn held_for_counts_from_the_acquire() {
-    let client = LeaseClient::new(Arc::new(MemoryStore::new()), config());
-    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let (_client, _, lease) = held(Arc::new(MemoryStore::new())).await;
     sleep(Duration::from_millis(1234)).await;
     assert_eq!(lease.held_for(), Duration::from_millis(1234));
 }
@@ -223,9 +221,7 @@ impl leasehold_core::wrap::Forward for GrantsHalf {
 #[tokio::test(start_paused = true)]
 async fn a_store_that_grants_less_than_it_claims_is_an_error_and_nothing_is_released() {
     let store = Arc::new(GrantsHalf::default());
-    let client = LeaseClient::new(store.clone(), config());
-    let start = Instant::now();
-    let lease = client.try_acquire("job:nightly").await.unwrap();
+    let (_client, start, lease) = held(store.clone()).await;
     let err = lease
         .release_after(Duration::from_secs(10))
         .await
