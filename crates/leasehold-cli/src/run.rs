@@ -146,9 +146,10 @@ pub(crate) struct RunArgs {
     /// Keep the lease until this long after it was granted, even when the command ends
     /// sooner (ShedLock's lockAtLeastFor), so that a copy on another machine whose timer
     /// fires a little later does not run the job again. Where the store can keep a lease
-    /// for a set time (Redis, PostgreSQL and MariaDB/MySQL lease tables, SQLite) leasehold
-    /// sets it and exits at once; elsewhere (etcd, ZooKeeper, advisory locks, GET_LOCK,
-    /// Redlock) it stays, holding the lease, until then, and says so.
+    /// for a set time (Redis not through Sentinel, PostgreSQL and MariaDB/MySQL lease
+    /// tables, SQLite) leasehold sets it and exits at once; elsewhere (etcd, ZooKeeper,
+    /// advisory locks, GET_LOCK, Redlock, Sentinel) it stays, holding the lease, until
+    /// then, and says so.
     #[arg(long, value_parser = parse_max_hold, value_name = "DURATION")]
     hold_at_least: Option<Duration>,
     /// Exit status when the lease is not acquired (default 75).

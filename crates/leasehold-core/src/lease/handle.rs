@@ -409,14 +409,14 @@ impl Lease {
     /// has passed, this is [`release`](Self::release). Otherwise:
     ///
     /// - On a store whose renewal sets the expiry to the TTL asked
-    ///   ([`Capabilities::sets_expiry`](crate::Capabilities::sets_expiry): Redis, the SQL
-    ///   lease tables, SQLite) the lease's renewals stop, one last renewal sets its
+    ///   ([`Capabilities::sets_expiry`](crate::Capabilities::sets_expiry): Redis not
+    ///   through Sentinel, the SQL lease tables, SQLite) the lease's renewals stop, one last renewal sets its
     ///   store-side expiry to the rest of the period, and this returns at once
     ///   ([`HoldEnd::LeftToExpire`]). A renewal already on its way when this is called is
     ///   waited for first (at most the operation timeout), so that it cannot shorten the
     ///   expiry after; one whose reply timed out might still reach the store later.
     /// - On any other store (etcd's fixed lease TTL, ZooKeeper's session, advisory locks
-    ///   and `GET_LOCK`, Redlock) the lease stays held and renewed in this process until
+    ///   and `GET_LOCK`, Redlock, Redis through Sentinel) the lease stays held and renewed in this process until
     ///   the period has passed, then is released ([`HoldEnd::Released`]).
     ///
     /// Waiters of a Redis lease may wake later than the new expiry (at the remaining time

@@ -177,9 +177,10 @@ pub struct Capabilities {
     /// store processed it, for any TTL up to [`MAX_TTL`](crate::config::MAX_TTL) (longer
     /// or shorter than the one before), and answers with that TTL: a holder can leave its
     /// lease in the store for a chosen time and go ([`Lease::release_after`](crate::Lease::release_after)).
-    /// Redis, the SQL lease tables and SQLite; not a store whose expiry is fixed at the
-    /// grant (etcd's lease TTL), bound to a session (ZooKeeper, advisory locks,
-    /// `GET_LOCK`), or answered as the validity left after the round trips (Redlock).
+    /// Redis (not through Sentinel), the SQL lease tables and SQLite; not a store whose
+    /// expiry is fixed at the grant (etcd's lease TTL), bound to a session (ZooKeeper,
+    /// advisory locks, `GET_LOCK`), or answered as the validity left after the round trips
+    /// (Redlock) or less a replica-clock allowance (Sentinel).
     pub sets_expiry: bool,
 }
 
