@@ -248,10 +248,7 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
         return outcome.status;
     }
     let released = match args.hold_at_least {
-        Some(min) => {
-            let sets_expiry = client.store().capabilities().sets_expiry;
-            end_after(lease, min, sets_expiry, facts).await
-        }
+        Some(min) => end_after(lease, min, facts).await,
         None => match lease.release().await {
             Ok(true) => {
                 tracing::info!(%key, "lease released");
@@ -273,10 +270,9 @@ async fn hold(url: &str, args: &RunArgs, facts: &mut Facts) -> Result<u8, Failur
 
 /// `--hold-at-least`: ends the hold, but not before `min` after the grant. Returns whether
 /// the lease was released (not when it is left in the store to expire).
-async fn end_after(lease: Lease, min: Duration, sets_expiry: bool, facts: &mut Facts) -> bool {
+async fn end_after(lease: Lease, min: Duration, facts: &mut Facts) -> bool {
     let key = lease.key().clone();
-    let left = min.saturating_sub(lease.held_for());
-    if !left.is_zero() && !sets_expiry {
+    if let Some(left) = lease.held_in_process_for(min) {
         tracing::warn!(
             %key,
             left_ms = left.as_millis() as u64,

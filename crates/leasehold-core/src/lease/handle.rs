@@ -458,7 +458,7 @@ impl Lease {
         if remaining.is_zero() {
             return self.release_now().await;
         }
-        if self.store.capabilities().sets_expiry && remaining <= crate::config::MAX_TTL {
+        if self.held_in_process_for(min_hold).is_none() {
             return self.leave_until(end).await;
         }
         tracing::info!(
@@ -473,6 +473,16 @@ impl Lease {
             () = tokio::time::sleep_until(clock.to_tokio(end)) => {}
         }
         self.release_now().await
+    }
+
+    /// How long [`release_after(min_hold)`](Self::release_after) called now would keep
+    /// this process holding the lease before it releases it: `None` when it would return
+    /// at once (the minimum has passed, or the store keeps the lease for the rest of it).
+    pub fn held_in_process_for(&self, min_hold: Duration) -> Option<Duration> {
+        let remaining = min_hold.saturating_sub(self.held_for());
+        let store_keeps_it =
+            self.store.capabilities().sets_expiry && remaining <= crate::config::MAX_TTL;
+        (!remaining.is_zero() && !store_keeps_it).then_some(remaining)
     }
 
     async fn release_now(self) -> Result<HoldEnd, Error> {

@@ -246,13 +246,13 @@ impl LeaseShared {
     }
 
     /// A renewal failed at `now` and the lease is not lost for it: the lease is at risk
-    /// from now until a renewal is confirmed or its deadline passes. Returns whether this
-    /// call began the spell (a second failure in one spell changes nothing).
-    pub(crate) fn at_risk(&self, now: At) -> bool {
+    /// from now until a renewal is confirmed or its deadline passes (a second failure in
+    /// one spell changes nothing).
+    pub(crate) fn at_risk(&self, now: At) {
         let (tx, deadline) = {
             let mut s = self.lock();
             if s.done() || s.at_risk_since.is_some() || now >= s.valid_until {
-                return false;
+                return;
             }
             s.at_risk_since = Some(now);
             (s.health.clone(), s.valid_until)
@@ -266,7 +266,6 @@ impl LeaseShared {
             "a renewal failed: the lease is at risk until a renewal is confirmed or its deadline passes"
         );
         notify(tx);
-        true
     }
 
     /// The health now, after checking the deadline on the spot.
@@ -291,12 +290,6 @@ impl LeaseShared {
             .health
             .get_or_insert_with(|| watch::Sender::new(0))
             .subscribe()
-    }
-
-    /// Ends an at-risk spell without a confirmed renewal (lost, released or dropped):
-    /// the gauge counts it no more.
-    fn end_at_risk(s: &mut State) -> bool {
-        s.at_risk_since.take().is_some()
     }
 
     /// Checks the deadline at `now`; fires the lost signal when it has passed.
@@ -329,7 +322,8 @@ impl LeaseShared {
             }
             s.lost = Some(reason);
             s.lost_at = Some(now);
-            if Self::end_at_risk(&mut s) {
+            // A spell at risk ends with the loss.
+            if s.at_risk_since.take().is_some() {
                 m::at_risk_ended(self.backend, self.key.resource_type());
             }
             (s.signal.clone(), s.health.clone())
@@ -373,7 +367,8 @@ impl LeaseShared {
                 return false;
             }
             s.ended = true;
-            if Self::end_at_risk(&mut s) {
+            // A spell at risk ends with the hold.
+            if s.at_risk_since.take().is_some() {
                 m::at_risk_ended(self.backend, self.key.resource_type());
             }
             s.lost.is_some()
